@@ -1,0 +1,28 @@
+"""The exception hierarchy of p2ptrain.
+
+Bad user input is a ``ValueError`` (or a subclass), turned into a one-line message and exit code 2 by the
+CLI. Failures of other peers are ``ProtocolError`` subclasses: they name the peer and are handled, never
+branched on by their text.
+"""
+
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """A configuration file, flag or input file is invalid; the message is one line naming the problem."""
+
+
+class ProtocolError(RuntimeError):
+    """Another peer did something the protocol does not allow, or did not answer in time."""
+
+    def __init__(self, message: str, peer: str | None = None):
+        super().__init__(message if peer is None else f"{message} (peer {peer})")
+        self.peer = peer
+
+
+class PeerTimeoutError(ProtocolError):
+    """A call to a peer did not complete within its configured deadline."""
+
+
+class MessageRejected(ProtocolError):
+    """A message did not match what the receiver expected (shape, dtype, size, step, sender) and was refused."""

@@ -1,0 +1,58 @@
+"""Shared fixtures: a deadline on every test (pytest-timeout, pyproject) and no process left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+import pytest
+
+
+_WATCHED_NAMES = ("p2pd",)
+
+
+def _descendants() -> list[psutil.Process]:
+    """Our children, plus every libp2p daemon on the machine (an orphaned one is no longer our child)."""
+    try:
+        procs = {p.pid: p for p in psutil.Process(os.getpid()).children(recursive=True)}
+    except psutil.Error:
+        procs = {}
+    for p in psutil.process_iter(["name"]):
+        if p.info["name"] in _WATCHED_NAMES:
+            procs.setdefault(p.pid, p)
+    return list(procs.values())
+
+
+@pytest.fixture(autouse=True)
+def no_orphans():
+    """Every child process a test starts (workers, DHT processes, p2pd daemons) is gone when it ends.
+
+    Processes still alive a few seconds after the test are killed, and the test fails naming them, so a
+    leak is reported rather than hidden.
+    """
+    before = {p.pid for p in _descendants()}
+    yield
+    deadline = time.monotonic() + 10.0
+    leaked: list[psutil.Process] = []
+    while time.monotonic() < deadline:
+        leaked = [p for p in _descendants() if p.pid not in before and _alive(p)]
+        if not leaked:
+            return
+        time.sleep(0.2)
+    names = []
+    for p in leaked:
+        try:
+            names.append(f"{p.pid}:{' '.join(p.cmdline()[:3])}")
+            p.send_signal(signal.SIGKILL)
+        except psutil.Error:
+            pass
+    pytest.fail(f"processes left running after the test: {names}")
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
