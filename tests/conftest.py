@@ -19,8 +19,10 @@ def _descendants() -> list[psutil.Process]:
         procs = {p.pid: p for p in psutil.Process(os.getpid()).children(recursive=True)}
     except psutil.Error:
         procs = {}
-    for p in psutil.process_iter(["name"]):
-        if p.info["name"] in _WATCHED_NAMES:
+    for p in psutil.process_iter(["name", "ppid"]):
+        # Only orphans (re-parented to pid 1): a daemon with a live parent belongs to that parent's tree,
+        # possibly another test session on this shared machine, and must be neither blamed nor killed here.
+        if p.info["name"] in _WATCHED_NAMES and p.info["ppid"] == 1:
             procs.setdefault(p.pid, p)
     return list(procs.values())
 
