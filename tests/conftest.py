@@ -11,6 +11,9 @@ import pytest
 
 
 _WATCHED_NAMES = ("p2pd",)
+# torch starts one shared-memory manager per process on first use (hivemind's MPFuture shares torch memory);
+# it lives as long as the process that started it, so it is not something a test leaked.
+_PROCESS_LIFETIME_HELPERS = ("torch_shm_manager",)
 
 
 def _descendants() -> list[psutil.Process]:
@@ -24,7 +27,14 @@ def _descendants() -> list[psutil.Process]:
         # possibly another test session on this shared machine, and must be neither blamed nor killed here.
         if p.info["name"] in _WATCHED_NAMES and p.info["ppid"] == 1:
             procs.setdefault(p.pid, p)
-    return list(procs.values())
+    return [p for p in procs.values() if _name(p) not in _PROCESS_LIFETIME_HELPERS]
+
+
+def _name(p: psutil.Process) -> str:
+    try:
+        return p.name()
+    except psutil.Error:
+        return ""
 
 
 @pytest.fixture(autouse=True)
