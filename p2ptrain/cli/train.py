@@ -1,0 +1,123 @@
+"""``p2ptrain train``: train locally and print the loss of every step.
+
+    p2ptrain train                               # tiny preset, built-in corpus, a few seconds on a CPU
+    p2ptrain train --model small --steps 200 --data notes/ --device cuda
+    p2ptrain train --config train.toml --steps 50 --json > run.json
+
+Flags override the ``--config`` file, which overrides the defaults (``p2ptrain.runtime.config``). With no
+parallel flags this is single-process training, the reference of DESIGN.md's exactness contract.
+``--json`` prints one JSON document on stdout (per-step lines then go to stderr)::
+
+    {"model": "tiny", "device": "cpu", "num_parameters": 436864,
+     "losses": [5.598, ...], "step_time_s": [0.061, ...], "config": {...}}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import click
+
+from p2ptrain.planning.model_shapes import MODEL_PRESETS
+
+
+@click.command(
+    name="train",
+    help="Train locally and print the loss of every step. With no parallel flags: one process, the "
+    "reference every plan must reproduce. Flags override --config, which overrides the defaults.",
+)
+@click.option(
+    "--config", "config_path", type=click.Path(dir_okay=False), help="TOML file of TrainConfig keys."
+)
+@click.option("--model", type=click.Choice(list(MODEL_PRESETS)), help="Model preset.  [default: tiny]")
+@click.option("--steps", type=click.IntRange(min=1), help="Optimizer steps.  [default: 10]")
+@click.option("--batch-size", type=click.IntRange(min=1), help="Global batch, in sequences.  [default: 16]")
+@click.option("--micro-batches", type=click.IntRange(min=1), help="Micro-batches per replica.  [default: 2]")
+@click.option("--seq-len", type=click.IntRange(min=1), help="Tokens per sequence.  [default: the preset's]")
+@click.option(
+    "--lr", type=click.FloatRange(min=0, min_open=True), help="AdamW learning rate.  [default: 2e-3]"
+)
+@click.option("--seed", type=click.IntRange(min=0), help="Seed of parameters and batches.  [default: 0]")
+@click.option(
+    "--data", type=str, help="A UTF-8 text file or a folder of .txt files.  [default: built-in corpus]"
+)
+@click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), help="Where to train.  [default: auto]")
+@click.option("--threads", type=click.IntRange(min=1), help="CPU threads for torch.  [default: torch's]")
+@click.option(
+    "--stages", type=click.IntRange(min=1), help="Pipeline stages (distributed runtime).  [default: 1]"
+)
+@click.option(
+    "--replicas", type=click.IntRange(min=1), help="Replicas per stage (distributed runtime).  [default: 1]"
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+def command(
+    config_path: str | None,
+    model: str | None,
+    steps: int | None,
+    batch_size: int | None,
+    micro_batches: int | None,
+    seq_len: int | None,
+    lr: float | None,
+    seed: int | None,
+    data: str | None,
+    device: str | None,
+    threads: int | None,
+    stages: int | None,
+    replicas: int | None,
+    as_json: bool,
+) -> None:
+    from p2ptrain.config import load_toml
+    from p2ptrain.runtime.config import TrainConfig
+
+    cfg = load_toml(TrainConfig, config_path) if config_path else TrainConfig()
+    flags = {
+        "model": model,
+        "steps": steps,
+        "global_batch_size": batch_size,
+        "micro_batches": micro_batches,
+        "seq_len": seq_len,
+        "seed": seed,
+        "data": data,
+        "device": device,
+        "num_threads": threads,
+        "stages": stages,
+        "replicas": replicas,
+    }
+    overrides = {name: value for name, value in flags.items() if value is not None}
+    if lr is not None:
+        overrides["optimizer"] = dataclasses.replace(cfg.optimizer, lr=lr)
+    cfg = dataclasses.replace(cfg, **overrides)  # re-validates: a ValueError is one line, exit 2
+    if cfg.is_distributed:
+        raise ValueError(
+            f"--stages {cfg.stages} --replicas {cfg.replicas} needs the distributed runtime, which this build "
+            "does not have yet; use --stages 1 --replicas 1"
+        )
+    if cfg.deterministic:  # cuBLAS reads this when CUDA starts; without it matmuls may not repeat bit for bit
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+    from p2ptrain.runtime.reference import StepReport, train_reference
+
+    def print_step(report: StepReport) -> None:
+        click.echo(
+            f"step {report.step + 1}/{cfg.steps}  loss {report.loss:.4f}  time {report.step_time_s:.3f} s",
+            err=as_json,
+        )
+
+    result = train_reference(cfg, on_step=print_step)
+    if as_json:
+        document = {
+            "model": cfg.model,
+            "device": result.device,
+            "num_parameters": result.num_parameters,
+            "losses": result.losses,
+            "step_time_s": result.step_time_s,
+            "config": cfg.to_dict(),
+        }
+        click.echo(json.dumps(document))
+    else:
+        click.echo(
+            f"trained {cfg.model} ({result.num_parameters:,} parameters) on {result.device}: loss "
+            f"{result.losses[0]:.4f} -> {result.losses[-1]:.4f} in {sum(result.step_time_s):.1f} s"
+        )

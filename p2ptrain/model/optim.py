@@ -1,0 +1,51 @@
+"""The optimizer: AdamW, built the same way for the full model and for any stage.
+
+AdamW acts on each parameter alone, and the weight-decay groups are chosen per parameter (matrices and
+embeddings decay; biases and LayerNorm gains do not), so a stage's optimizer is exactly the full model's
+restricted to the stage's parameters.
+
+The learning rate is constant. There is no gradient clipping: clipping by the global norm needs the norm
+over *all* stages' gradients, one more cross-stage exchange per step before any stage may update, and
+clipping per stage would break exactness with single-process training. It stays off until a run needs it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """AdamW hyper-parameters (TOML table ``[optimizer]``)."""
+
+    lr: float = 2e-3  # suits the tiny and small presets; larger models want less (GPT-3 XL used 2e-4)
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0:
+            raise ValueError(f"optimizer.lr must be positive, got {self.lr}")
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"optimizer.{name} must be in [0, 1), got {getattr(self, name)}")
+        if not self.eps > 0:
+            raise ValueError(f"optimizer.eps must be positive, got {self.eps}")
+        if not self.weight_decay >= 0:
+            raise ValueError(f"optimizer.weight_decay must be non-negative, got {self.weight_decay}")
+
+
+def build_optimizer(module: nn.Module, cfg: OptimizerConfig) -> torch.optim.AdamW:
+    """AdamW over ``module``'s parameters; tensors of two or more dimensions get weight decay."""
+    params = list(module.parameters())
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(
+        [g for g in groups if g["params"]], lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps
+    )

@@ -1,0 +1,88 @@
+"""Training configuration: one frozen dataclass tree, built from flags or a TOML file (unknown keys refused).
+
+Example ``train.toml`` (every key optional; see the field comments for units and defaults)::
+
+    model = "small"
+    steps = 200
+    global_batch_size = 32
+    micro_batches = 4
+    seed = 1
+    data = "corpus/"
+
+    [optimizer]
+    lr = 1e-3
+    weight_decay = 0.1
+
+The defaults train the ``tiny`` preset on the built-in corpus for a handful of steps in seconds on a CPU.
+
+``stages`` and ``replicas`` describe the plan a distributed run uses (S × D workers). Single-process
+training ignores ``stages`` (it holds every layer) but follows ``replicas`` and ``micro_batches`` to split
+each global batch exactly as that plan would, so its float32 sums happen in the same groups.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal
+
+from p2ptrain.model.data import check_split
+from p2ptrain.model.optim import OptimizerConfig
+from p2ptrain.model.stage import stage_layer_range
+from p2ptrain.planning.model_shapes import ModelShape, model_shape
+
+Device = Literal["cpu", "cuda", "auto"]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """What to train, on what data, for how long, and how each step's global batch is split."""
+
+    model: str = "tiny"  # preset name in p2ptrain.planning.model_shapes.MODEL_PRESETS
+    steps: int = 10  # optimizer updates
+    global_batch_size: int = 16  # sequences per step, over all replicas
+    micro_batches: int = 2  # per replica per step (M)
+    seq_len: int | None = None  # tokens per sequence; None: the preset's
+    seed: int = 0  # parameters are drawn from (seed, name); batches from (seed, step)
+    data: str | None = None  # a UTF-8 text file or a folder of .txt; None: the built-in corpus
+    device: Device = "auto"  # "auto": cuda if available, else cpu
+    num_threads: int | None = None  # torch intra-op CPU threads; None: torch's default
+    deterministic: bool = True  # torch.use_deterministic_algorithms while training (warn-only)
+    stages: int = 1  # pipeline stages (S); 1 with replicas 1: plain single-process training
+    replicas: int = 1  # data-parallel replicas per stage (D)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+
+    def __post_init__(self) -> None:
+        shape = model_shape(self.model)  # ValueError naming the presets
+        for name in ("steps", "global_batch_size", "micro_batches", "stages", "replicas"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.seq_len is not None and self.seq_len < 1:
+            raise ValueError(f"seq_len must be at least 1, got {self.seq_len}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be non-negative, got {self.seed}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"num_threads must be at least 1, got {self.num_threads}")
+        if self.device not in ("cpu", "cuda", "auto"):
+            raise ValueError(f"device must be cpu, cuda or auto, got {self.device!r}")
+        check_split(self.global_batch_size, self.replicas, self.micro_batches)
+        stage_layer_range(shape.num_layers, 0, self.stages)  # ValueError if S does not fit the model
+
+    @property
+    def shape(self) -> ModelShape:
+        """The preset's shape with ``seq_len`` applied: what every stage builds and every batch holds."""
+        shape = model_shape(self.model)
+        return shape if self.seq_len is None else dataclasses.replace(shape, seq_len=self.seq_len)
+
+    @property
+    def micro_batch_size(self) -> int:
+        """Sequences in one micro-batch: B / (D · M)."""
+        return self.global_batch_size // (self.replicas * self.micro_batches)
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.stages * self.replicas > 1
+
+    def to_dict(self) -> dict:
+        """Plain data (the TOML tree): ``config_from_dict(TrainConfig, cfg.to_dict()) == cfg``."""
+        return dataclasses.asdict(self)

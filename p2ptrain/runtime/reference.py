@@ -1,0 +1,171 @@
+"""Single-process training: the reference every plan must reproduce (DESIGN.md, "Exactness").
+
+Run it as ``p2ptrain train`` (no parallel flags), or from Python::
+
+    from p2ptrain.runtime.config import TrainConfig
+    from p2ptrain.runtime.reference import train_reference
+    result = train_reference(TrainConfig(steps=20))
+    print(result.losses)
+
+Each step walks the global batch exactly as a plan with ``cfg.replicas`` replicas and ``cfg.micro_batches``
+micro-batches would: for each replica's shard, for each micro-batch, forward, ``micro_batch_loss``
+(``p2ptrain.model.loss``), backward; gradients accumulate in ``.grad``; then one AdamW step. The distributed
+runtime does the same work spread over stages, and sums the replicas' gradients with an all-reduce.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from p2ptrain.model.data import TrainData, inputs_and_targets, load_tokens, micro_batches, shard_of
+from p2ptrain.model.gpt import GPT
+from p2ptrain.model.loss import micro_batch_loss
+from p2ptrain.model.optim import build_optimizer
+from p2ptrain.runtime.config import TrainConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """One finished step: ``step`` counts from 0; ``loss`` is the global mean cross-entropy."""
+
+    step: int
+    loss: float
+    step_time_s: float
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    losses: list[float]  # one per step: the global mean cross-entropy before that step's update
+    step_time_s: list[float]  # one per step: batch, forward, backward and update, wall clock
+    state: dict[str, torch.Tensor]  # parameters after the last step, on the CPU, by full-model name
+    num_parameters: int
+    device: str
+
+
+def resolve_device(name: str) -> torch.device:
+    """``cpu``, ``cuda`` or ``auto`` (cuda when available); a ValueError if cuda is asked for and absent."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device cuda was requested but CUDA is not available here (use --device cpu)")
+    if name not in ("cpu", "cuda"):
+        raise ValueError(f"device must be cpu, cuda or auto, got {name!r}")
+    return torch.device(name)
+
+
+@contextlib.contextmanager
+def torch_settings(num_threads: int | None, deterministic: bool) -> Iterator[None]:
+    """Apply the config's process-wide torch settings for the duration of training, then restore them.
+
+    Deterministic mode is warn-only: an op without a deterministic kernel warns instead of failing. On
+    CUDA, bit-for-bit repeatability also needs ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` set before CUDA starts
+    (``p2ptrain train`` sets it).
+    """
+    previous_threads = torch.get_num_threads()
+    previous_mode = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    try:
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
+        torch.use_deterministic_algorithms(deterministic, warn_only=True)
+        yield
+    finally:
+        torch.set_num_threads(previous_threads)
+        torch.use_deterministic_algorithms(previous_mode[0], warn_only=previous_mode[1])
+
+
+def build_data(cfg: TrainConfig) -> TrainData:
+    """The deterministic batches of ``cfg`` (the same for every plan)."""
+    return TrainData(load_tokens(cfg.data), cfg.shape.seq_len, cfg.global_batch_size, cfg.seed)
+
+
+def accumulate_gradients(
+    model: nn.Module,
+    batch: torch.Tensor,
+    num_replicas: int,
+    num_micro_batches: int,
+    global_batch_tokens: int,
+) -> float:
+    """Forward and backward every micro-batch of every replica's shard of ``batch`` through ``model``.
+
+    Gradients add up in ``.grad`` (the caller zeroes them); returns the global mean cross-entropy, the sum
+    of the micro-batches' losses (see ``p2ptrain.model.loss``).
+    """
+    device = next(model.parameters()).device
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    for replica in range(num_replicas):
+        for rows in micro_batches(shard_of(batch, replica, num_replicas), num_micro_batches):
+            inputs, targets = inputs_and_targets(rows.to(device))
+            loss = micro_batch_loss(model(inputs), targets, global_batch_tokens)
+            loss.backward()
+            total += loss.detach()
+    return total.item()
+
+
+def train_reference(cfg: TrainConfig, on_step: Callable[[StepReport], None] | None = None) -> TrainResult:
+    """Train ``cfg.steps`` steps in this process; ``on_step`` sees each step as it finishes."""
+    device = resolve_device(cfg.device)
+    data = build_data(cfg)
+    losses: list[float] = []
+    step_times_s: list[float] = []
+    with torch_settings(cfg.num_threads, cfg.deterministic):
+        model = GPT(cfg.shape, seed=cfg.seed, device=device)
+        optimizer = build_optimizer(model, cfg.optimizer)
+        logger.info(
+            "training %s (%d parameters) on %s: %d steps of %d sequences × %d tokens, %d replica(s) × %d micro-batch(es)",
+            cfg.model,
+            model.num_parameters(),
+            device,
+            cfg.steps,
+            cfg.global_batch_size,
+            cfg.shape.seq_len,
+            cfg.replicas,
+            cfg.micro_batches,
+        )
+        for step in range(cfg.steps):
+            started = time.perf_counter()
+            batch = data.global_batch(step)
+            loss = accumulate_gradients(model, batch, cfg.replicas, cfg.micro_batches, data.tokens_per_batch)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            elapsed_s = time.perf_counter() - started
+            losses.append(loss)
+            step_times_s.append(elapsed_s)
+            logger.debug("step %d/%d loss %.4f (%.3f s)", step + 1, cfg.steps, loss, elapsed_s)
+            if on_step is not None:
+                on_step(StepReport(step=step, loss=loss, step_time_s=elapsed_s))
+        state = {name: tensor.detach().cpu().clone() for name, tensor in model.state_dict().items()}
+    logger.info("trained %d steps: loss %.4f -> %.4f", cfg.steps, losses[0], losses[-1])
+    return TrainResult(
+        losses=losses,
+        step_time_s=step_times_s,
+        state=state,
+        num_parameters=model.num_parameters(),
+        device=str(device),
+    )
+
+
+def reference_state(cfg: TrainConfig, steps: int) -> dict[str, torch.Tensor]:
+    """The full model's parameters after ``steps`` reference steps of ``cfg`` (0: the initial ones).
+
+    For exactness tests: every replica of stage j must hold ``stage_state_dict(reference_state(...), ...)``
+    after step ``steps`` (``p2ptrain.model.stage.stage_state_dict``).
+    """
+    if steps == 0:
+        model = GPT(cfg.shape, seed=cfg.seed, device="cpu")
+        return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+    return train_reference(dataclasses.replace(cfg, steps=steps)).state
