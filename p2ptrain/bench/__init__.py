@@ -1,0 +1,1 @@
+"""Measurements that benchmarks/ scripts print; importable so that one benchmark can call another's."""

@@ -1,0 +1,204 @@
+"""The receiver's side of tensor messages, without any networking: what is acceptable, what is buffered,
+who is waiting.
+
+The transport's handlers decode a message and hand it here in two steps: ``admit`` (on the header, before any
+payload is read: run, epoch/step window, size, buffer budget, duplicates, declared expectations) and
+``deliver`` (once all bytes are in: the same checks again, since the window or the expectations may have
+moved meanwhile). A refused message raises ``MessageRejected`` naming the sender and is never stored.
+
+Acceptance rules, for a receiver whose window is (run, epoch, step):
+
+- ``tag.run == run``;
+- ``epoch <= tag.epoch <= epoch + epoch_window`` and ``step <= tag.step <= step + step_window``
+  (older is stale, further is too far ahead; steps count globally across epochs);
+- at most ``max_message_bytes`` per message and ``max_buffered_bytes`` held in total (in flight + unread);
+- one message per (tag, sender) within the window;
+- if the receiver declared what it expects for a tag (``expect``, or a pending ``receive``), the sender must
+  be one it declared for that tag, with the declared shape and dtype.
+
+All methods must be called from the one event loop that owns the mailbox (the transport's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from p2ptrain.errors import MessageRejected
+from p2ptrain.net.messages import Header, Tag, dtype_name
+
+logger = logging.getLogger(__name__)
+
+Key = tuple[Tag, str]  # (tag, sender's base58 peer ID)
+
+
+@dataclass(frozen=True)
+class Window:
+    """Which run, epoch and step a receiver is at; messages are judged against it."""
+
+    run: str
+    epoch: int
+    step: int
+
+
+@dataclass(frozen=True)
+class Expectation:
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A message the mailbox agreed to take on its header; its bytes are reserved until delivered or abandoned."""
+
+    key: Key
+    header: Header
+
+
+class Mailbox:
+    """Buffered and awaited tensor messages of one receiver, keyed by (tag, sender)."""
+
+    def __init__(self, run: str, *, max_message_bytes: int, max_buffered_bytes: int, step_window: int, epoch_window: int):
+        self.window = Window(run, 0, 0)
+        self.max_message_bytes = max_message_bytes
+        self.max_buffered_bytes = max_buffered_bytes
+        self.step_window = step_window
+        self.epoch_window = epoch_window
+        self.held_bytes = 0  # in flight (admitted) + buffered (delivered, unread)
+        self._expected: dict[Tag, dict[str, Expectation]] = {}
+        self._in_flight: set[Key] = set()
+        self._buffered: dict[Key, torch.Tensor] = {}
+        self._consumed: set[Key] = set()
+        self._waiters: dict[Key, asyncio.Future] = {}
+
+    def window_problem(self, tag: Tag) -> str | None:
+        """Why ``tag`` is outside the window, or None when it is inside."""
+        w = self.window
+        if tag.run != w.run:
+            return f"run {tag.run!r} is not this receiver's run {w.run!r}"
+        if tag.epoch < w.epoch or tag.step < w.step:
+            return f"stale: epoch {tag.epoch} step {tag.step} is behind the receiver's epoch {w.epoch} step {w.step}"
+        if tag.epoch > w.epoch + self.epoch_window or tag.step > w.step + self.step_window:
+            return (f"too far ahead: epoch {tag.epoch} step {tag.step}, the receiver is at epoch {w.epoch} step "
+                    f"{w.step} and accepts {self.epoch_window} epoch(s) and {self.step_window} step(s) ahead")
+        return None
+
+    def admit(self, sender: str, header: Header) -> Admission:
+        """Reserve room for a message announced by ``header``; MessageRejected if it is not acceptable."""
+        key = (header.tag, sender)
+        problem = self._problem(key, header)
+        if problem is None and (key in self._in_flight or key in self._consumed or key in self._buffered):
+            problem = f"duplicate message for {header.tag}"
+        if problem is None and header.nbytes > self.max_message_bytes:
+            problem = f"message of {header.nbytes} bytes exceeds the limit of {self.max_message_bytes}"
+        if problem is None and self.held_bytes + header.nbytes > self.max_buffered_bytes:
+            problem = (f"receiver buffer full: {self.held_bytes} bytes held, {header.nbytes} more would exceed "
+                       f"{self.max_buffered_bytes}")
+        if problem is not None:
+            raise MessageRejected(problem, peer=sender)
+        self._in_flight.add(key)
+        self.held_bytes += header.nbytes
+        return Admission(key, header)
+
+    def deliver(self, admission: Admission, tensor: torch.Tensor) -> None:
+        """Hand a complete message to its waiter or buffer it; MessageRejected if it is no longer acceptable."""
+        key, header = admission.key, admission.header
+        assert key in self._in_flight, f"deliver without admission: {key}"
+        self._in_flight.discard(key)
+        problem = self._problem(key, header)
+        if problem is not None:
+            self.held_bytes -= header.nbytes
+            raise MessageRejected(problem, peer=key[1])
+        waiter = self._waiters.pop(key, None)
+        if waiter is not None and not waiter.done():
+            self._consume(key, header.nbytes)
+            waiter.set_result(tensor)
+        else:
+            self._buffered[key] = tensor
+
+    def abandon(self, admission: Admission) -> None:
+        """Release an admitted message that never completed (the stream broke or was refused midway)."""
+        if admission.key in self._in_flight:
+            self._in_flight.discard(admission.key)
+            self.held_bytes -= admission.header.nbytes
+
+    def expect(self, tag: Tag, sender: str, shape: tuple[int, ...], dtype: str) -> None:
+        """Declare that ``tag`` comes from ``sender`` with this shape and dtype; other arrivals are refused."""
+        problem = self.window_problem(tag)
+        if problem is not None:
+            raise ValueError(f"cannot expect {tag}: {problem}")
+        self._expected.setdefault(tag, {})[sender] = Expectation(tuple(shape), dtype)
+
+    def receive(self, tag: Tag, sender: str, shape: tuple[int, ...], dtype: str) -> asyncio.Future:
+        """A future for the tensor of (tag, sender); declares the expectation. Raises MessageRejected at once if
+        the message was buffered before the expectation and does not match it (it is dropped and logged)."""
+        key = (tag, sender)
+        if key in self._consumed:
+            raise ValueError(f"{tag} from peer {sender} was already received")
+        if key in self._waiters:
+            raise ValueError(f"{tag} from peer {sender} is already being awaited")
+        self.expect(tag, sender, shape, dtype)
+        future = asyncio.get_running_loop().create_future()
+        tensor = self._buffered.pop(key, None)
+        if tensor is None:
+            self._waiters[key] = future
+            return future
+        nbytes = tensor.numel() * tensor.element_size()
+        problem = self._mismatch(key, tuple(tensor.shape), dtype_name(tensor.dtype))
+        if problem is not None:
+            self.held_bytes -= nbytes
+            logger.warning("dropped buffered %s from peer %s: %s", tag, sender, problem)
+            raise MessageRejected(f"{tag}: {problem}", peer=sender)
+        self._consume(key, nbytes)
+        future.set_result(tensor)
+        return future
+
+    def forget(self, tag: Tag, sender: str, future: asyncio.Future) -> None:
+        """Stop waiting (the receive timed out or was cancelled); a later arrival is buffered as usual."""
+        if self._waiters.get((tag, sender)) is future:
+            del self._waiters[(tag, sender)]
+
+    def set_window(self, run: str, epoch: int, step: int) -> None:
+        """Move the window; drop buffered messages, expectations and waits that fall outside it."""
+        self.window = Window(run, epoch, step)
+        for key in [k for k in self._buffered if self.window_problem(k[0])]:
+            tensor = self._buffered.pop(key)
+            self.held_bytes -= tensor.numel() * tensor.element_size()
+            logger.info("dropped unread %s from peer %s: the window moved to %s", key[0], key[1], self.window)
+        for key in [k for k in self._waiters if self.window_problem(k[0])]:
+            waiter = self._waiters.pop(key)
+            if not waiter.done():
+                waiter.set_exception(MessageRejected(f"{key[0]} is outside the new window {self.window}", peer=key[1]))
+        self._consumed = {k for k in self._consumed if not self.window_problem(k[0])}
+        self._expected = {t: e for t, e in self._expected.items() if not self.window_problem(t)}
+
+    def close(self, reason: str) -> None:
+        """Fail every pending receive (the transport is shutting down)."""
+        for key, waiter in self._waiters.items():
+            if not waiter.done():
+                waiter.set_exception(MessageRejected(f"{key[0]} not received: {reason}", peer=key[1]))
+        self._waiters.clear()
+
+    def _problem(self, key: Key, header: Header) -> str | None:
+        return self.window_problem(header.tag) or self._mismatch(key, header.shape, header.dtype)
+
+    def _mismatch(self, key: Key, shape: tuple[int, ...], dtype: str) -> str | None:
+        tag, sender = key
+        expected = self._expected.get(tag)
+        if not expected:
+            return None
+        if sender not in expected:
+            return f"{tag} is expected from {', '.join(sorted(expected))}, not from this sender"
+        want = expected[sender]
+        if shape != want.shape:
+            return f"shape {shape} does not match the expected {want.shape}"
+        if dtype != want.dtype:
+            return f"dtype {dtype} does not match the expected {want.dtype}"
+        return None
+
+    def _consume(self, key: Key, nbytes: int) -> None:
+        self._consumed.add(key)  # expectations stay until the window moves: a late duplicate is still judged
+        self.held_bytes -= nbytes

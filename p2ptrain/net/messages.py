@@ -1,0 +1,195 @@
+"""What a tensor message says about itself: its tag and header, and how tensors become bytes and back.
+
+Pure (torch only, no libp2p). A message on the wire is a stream of pieces; the first carries the header as
+JSON, every piece carries the tag's key, and the payload bytes follow in order (see ``servicer.py``). The
+sender's peer ID is not in the header: the receiver takes it from the libp2p connection.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+
+import torch
+
+PROTOCOL_VERSION = 1
+MAX_HEADER_BYTES = 4096
+MAX_RANK = 8
+MAX_INDEX = 2**31 - 1
+
+# The kinds the runtime and the prober use; any identifier of the same shape is accepted.
+ACTIVATION = "activation"
+ACTIVATION_GRAD = "activation_grad"
+REDUCE_SHARD = "reduce_shard"
+GATHER_SHARD = "gather_shard"
+PROBE = "probe"
+
+_KIND = re.compile(r"[a-z][a-z0-9_]{0,31}")
+_RUN = re.compile(r"[A-Za-z0-9._-]{1,128}")
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "int16": torch.int16,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
+}
+_DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The wire name of ``dtype``; ValueError for dtypes the transport does not carry."""
+    try:
+        return _DTYPE_NAMES[dtype]
+    except KeyError:
+        raise ValueError(f"dtype {dtype} cannot be sent (supported: {', '.join(DTYPES)})") from None
+
+
+@dataclass(frozen=True, order=True)
+class Tag:
+    """Names one message of a run. A receiver holds at most one message per (tag, sender)."""
+
+    run: str
+    epoch: int
+    step: int
+    kind: str
+    micro_batch: int = 0
+    part: int = 0
+
+    def __post_init__(self):
+        if not isinstance(self.run, str) or not _RUN.fullmatch(self.run):
+            raise ValueError(f"tag run must be 1-128 characters of [A-Za-z0-9._-], got {self.run!r}")
+        if not isinstance(self.kind, str) or not _KIND.fullmatch(self.kind):
+            raise ValueError(f"tag kind must be a lowercase identifier of at most 32 characters, got {self.kind!r}")
+        for name in ("epoch", "step", "micro_batch", "part"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_INDEX:
+                raise ValueError(f"tag {name} must be an integer in 0..{MAX_INDEX}, got {value!r}")
+
+    @property
+    def key(self) -> str:
+        """A compact string naming the tag, repeated on every piece of a message."""
+        return f"{self.run}/{self.epoch}/{self.step}/{self.kind}/{self.micro_batch}/{self.part}"
+
+    def __str__(self) -> str:
+        return f"{self.kind}[run={self.run} epoch={self.epoch} step={self.step} mb={self.micro_batch} part={self.part}]"
+
+
+@dataclass(frozen=True)
+class Stamp:
+    """A time on a named monotonic clock: ``time.monotonic()`` seconds of the processes whose clock is ``clock``
+    (the machine's boot ID, see ``pacing.clock_domain``)."""
+
+    clock: str
+    time_s: float
+
+    def __post_init__(self):
+        if not isinstance(self.clock, str) or not 0 < len(self.clock) <= 64:
+            raise ValueError("a stamp's clock must be a string of 1-64 characters")
+        if isinstance(self.time_s, bool) or not isinstance(self.time_s, int | float) or not math.isfinite(self.time_s):
+            raise ValueError(f"a stamp's time must be a finite number, got {self.time_s!r}")
+
+    def to_json(self) -> list:
+        return [self.clock, self.time_s]
+
+    @classmethod
+    def from_json(cls, value: object) -> Stamp:
+        if not isinstance(value, list) or len(value) != 2:
+            raise ValueError(f"a stamp must be [clock, time], got {value!r}")
+        return cls(value[0], value[1])
+
+
+@dataclass(frozen=True)
+class Header:
+    """The first piece's metadata: the tag, the tensor's dtype and shape, and (for probes) the reply size."""
+
+    tag: Tag
+    dtype: str
+    shape: tuple[int, ...]
+    reply_bytes: int = 0
+    arrival: Stamp | None = None  # on emulated links: when the message arrives (see pacing.py)
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {self.dtype!r}")
+        if len(self.shape) > MAX_RANK or any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in self.shape):
+            raise ValueError(f"shape must be at most {MAX_RANK} non-negative integers, got {self.shape!r}")
+        if isinstance(self.reply_bytes, bool) or not isinstance(self.reply_bytes, int) or self.reply_bytes < 0:
+            raise ValueError(f"reply_bytes must be a non-negative integer, got {self.reply_bytes!r}")
+        if self.arrival is not None and not isinstance(self.arrival, Stamp):
+            raise ValueError("arrival must be a Stamp")
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * DTYPES[self.dtype].itemsize
+
+    def encode(self) -> bytes:
+        t = self.tag
+        fields = dict(v=PROTOCOL_VERSION, run=t.run, epoch=t.epoch, step=t.step, kind=t.kind, mb=t.micro_batch,
+                      part=t.part, dtype=self.dtype, shape=list(self.shape), nbytes=self.nbytes)
+        if self.reply_bytes:
+            fields["reply"] = self.reply_bytes
+        if self.arrival is not None:
+            fields["at"] = self.arrival.to_json()
+        return json.dumps(fields, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> Header:
+        """Parse and validate a header; ValueError (one line) for anything malformed."""
+        if len(data) > MAX_HEADER_BYTES:
+            raise ValueError(f"header of {len(data)} bytes exceeds {MAX_HEADER_BYTES}")
+        try:
+            fields = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise ValueError("header is not valid JSON") from None
+        if not isinstance(fields, dict):
+            raise ValueError("header is not a JSON object")
+        if fields.get("v") != PROTOCOL_VERSION:
+            raise ValueError(f"protocol version {fields.get('v')!r} is not {PROTOCOL_VERSION}")
+        try:
+            tag = Tag(fields["run"], fields["epoch"], fields["step"], fields["kind"], fields["mb"], fields["part"])
+            shape = fields["shape"]
+            if not isinstance(shape, list):
+                raise ValueError("shape is not a list")
+            arrival = Stamp.from_json(fields["at"]) if "at" in fields else None
+            header = cls(tag, fields["dtype"], tuple(shape), fields.get("reply", 0), arrival)
+        except KeyError as e:
+            raise ValueError(f"header lacks field {e.args[0]!r}") from None
+        except TypeError as e:
+            raise ValueError(f"header field has the wrong type: {e}") from None
+        if fields.get("nbytes") != header.nbytes:
+            raise ValueError(f"header announces {fields.get('nbytes')!r} bytes, its shape and dtype make {header.nbytes}")
+        return header
+
+
+def tensor_bytes(tensor: torch.Tensor) -> bytes:
+    """A copy of ``tensor``'s data in C order (so the caller may reuse the tensor at once)."""
+    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+    return flat.view(torch.uint8).numpy().tobytes()
+
+
+def tensor_from_bytes(data: bytearray, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """The tensor over ``data`` (no copy); ``len(data)`` must equal the shape's byte size."""
+    if len(data) == 0:
+        return torch.empty(shape, dtype=DTYPES[dtype])
+    return torch.frombuffer(data, dtype=DTYPES[dtype]).reshape(shape)
+
+
+def piece_bounds(size_bytes: int, chunk_bytes: int, tail_bytes: int = 0) -> list[tuple[int, int]]:
+    """Byte ranges of the pieces of a message: chunks of ``chunk_bytes``, then a final piece of at most
+    ``tail_bytes`` when ``tail_bytes`` > 0, so that an emulated link can hold back only a few bytes until the
+    message's arrival time while the rest already streams. Always at least one (possibly empty) piece.
+    """
+    tail = min(tail_bytes, size_bytes) if tail_bytes > 0 else 0
+    body = size_bytes - tail
+    bounds = [(lo, min(lo + chunk_bytes, body)) for lo in range(0, body, chunk_bytes)]
+    if tail or not bounds:
+        bounds.append((body, size_bytes))
+    return bounds

@@ -1,0 +1,265 @@
+"""The wire protocol of tensor messages and link probes: typed ``rpc_*`` endpoints on a hivemind servicer.
+
+A message is a stream of ``ExpertRequest`` pieces (hivemind's runtime protobuf, reused as a frame):
+
+    piece 0:  uid = tag key, metadata = header JSON (messages.Header), tensors[0].buffer = first bytes
+    piece k:  uid = tag key, metadata = b"",                          tensors[0].buffer = next bytes
+
+of at most ``chunk_bytes`` each (unary libp2p messages cap at 4 MiB; streams do not, but one piece must fit
+in memory twice). ``rpc_push`` takes one message per stream and answers one ``ExpertResponse`` whose
+metadata is ``{"ok": true}`` or ``{"error": "..."}``: the receiver refuses on the header, before reading the
+payload, whatever its mailbox does not accept, and refuses malformed streams (garbled header, pieces that
+disagree on the tag, more or fewer bytes than announced, a sender that stalls). ``rpc_probe`` takes a
+sequence of probe messages on one long-lived stream and answers each with ``reply_bytes`` of payload, shaped
+by the replier's own emulator on the reverse link; keeping the stream open keeps stream setup (milliseconds)
+out of the round trips the prober times.
+
+Handlers are thin: decode, validate, hand to the mailbox. Every refusal is logged here, once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import typing
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from hivemind.p2p import P2PContext, ServicerBase
+from hivemind.p2p.p2p_daemon_bindings.utils import P2PHandlerError
+from hivemind.proto import runtime_pb2
+
+from p2ptrain.errors import MessageRejected, ProtocolError
+from p2ptrain.net.emulation import LinkEmulator, Reservation
+from p2ptrain.net.mailbox import Mailbox
+from p2ptrain.net.messages import PROBE, Header, Stamp, piece_bounds, tensor_from_bytes
+from p2ptrain.net.pacing import TAIL_LEAD_S, Pacer
+
+logger = logging.getLogger(__name__)
+
+NAMESPACE = "p2ptrain"
+# On an emulated link the last TAIL_BYTES of a message are held back until its arrival time; the rest streams
+# as the link would deliver it, so real transfer time overlaps the emulated one instead of adding to it.
+TAIL_BYTES = 4096
+MAX_ERROR_CHARS = 500
+
+
+class Malformed(ValueError):
+    """A stream that does not follow the framing above."""
+
+
+class TensorServicer(ServicerBase):
+    """Receives tensor messages into a mailbox and answers link probes.
+
+    The rpc signatures use ``typing.AsyncIterator``: hivemind recognises streaming endpoints by it (a
+    ``collections.abc.AsyncIterator`` annotation would silently register a unary endpoint).
+    """
+
+    def __init__(
+        self, mailbox: Mailbox, emulator: LinkEmulator, pacer: Pacer, *, idle_timeout_s: float, max_reply_bytes: int
+    ):
+        self.mailbox = mailbox
+        self.emulator = emulator
+        self.pacer = pacer
+        self.idle_timeout_s = idle_timeout_s
+        self.max_reply_bytes = max_reply_bytes
+
+    @classmethod
+    def _get_handle_name(cls, namespace: str | None, method_name: str) -> str:
+        # The protocol name is part of the wire, not of the Python class (subclasses answer the same calls).
+        return f"{namespace}::tensor.{method_name}"
+
+    async def rpc_push(
+        self, requests: typing.AsyncIterator[runtime_pb2.ExpertRequest], context: P2PContext
+    ) -> typing.AsyncIterator[runtime_pb2.ExpertResponse]:
+        sender = context.remote_id.to_base58()
+        pieces = Pieces(requests, self.idle_timeout_s)
+        admission = None
+        try:
+            first = await pieces.next()
+            header = decode_header(first)
+            admission = self.mailbox.admit(sender, header)
+            buffer = bytearray(header.nbytes)
+            await read_payload(pieces, first, header, buffer)
+            if await pieces.next() is not None:
+                raise Malformed(f"more bytes than the header announced ({header.nbytes})")
+            await self.hold(header)
+            self.mailbox.deliver(admission, tensor_from_bytes(buffer, header.dtype, header.shape))
+            admission = None
+        except (Malformed, MessageRejected, asyncio.TimeoutError) as e:
+            yield refusal(sender, e)
+            return
+        finally:
+            if admission is not None:
+                self.mailbox.abandon(admission)
+        logger.debug("received %s (%d bytes) from peer %s", header.tag, header.nbytes, sender)
+        yield make_reply()
+
+    async def rpc_probe(
+        self, requests: typing.AsyncIterator[runtime_pb2.ExpertRequest], context: P2PContext
+    ) -> typing.AsyncIterator[runtime_pb2.ExpertResponse]:
+        sender = context.remote_id.to_base58()
+        pieces = Pieces(requests, self.idle_timeout_s)
+        while True:
+            try:
+                first = await pieces.next(allow_end=True)
+                if first is None:
+                    return
+                header = decode_header(first)
+                problem = self._probe_problem(header)
+                if problem is not None:
+                    raise MessageRejected(problem, peer=sender)
+                await read_payload(pieces, first, header, None)
+                await self.hold(header)
+            except (Malformed, MessageRejected, asyncio.TimeoutError) as e:
+                yield refusal(sender, e)
+                return
+            # the reply carries data, so it is shaped on the reverse link by this side's emulator
+            reservation = self.emulator.reserve(sender, header.reply_bytes)
+            arrival = None if reservation is None else self.pacer.stamp(reservation.arrive_s)
+            if reservation is not None:
+                lead_s = TAIL_LEAD_S if arrival is not None else 0.0
+                await self.pacer.sleep_until(reservation.arrive_s - lead_s)
+            yield make_reply(payload=bytes(header.reply_bytes), arrival=arrival)
+
+    async def hold(self, header: Header) -> None:
+        """Keep a shaped message until its stamped arrival time (see pacing.py)."""
+        try:
+            await self.pacer.hold(header.arrival, self.idle_timeout_s)
+        except ValueError as e:
+            raise Malformed(str(e)) from None
+
+    def _probe_problem(self, header: Header) -> str | None:
+        if header.tag.kind != PROBE:
+            return f"a probe stream carried a {header.tag.kind!r} message"
+        if header.tag.run != self.mailbox.window.run:
+            return f"run {header.tag.run!r} is not this receiver's run {self.mailbox.window.run!r}"
+        if header.nbytes > self.mailbox.max_message_bytes:
+            return f"probe of {header.nbytes} bytes exceeds the limit of {self.mailbox.max_message_bytes}"
+        if header.reply_bytes > self.max_reply_bytes:
+            return f"probe reply of {header.reply_bytes} bytes exceeds the limit of {self.max_reply_bytes}"
+        return None
+
+
+class Pieces:
+    """The pieces of an incoming stream, each awaited under the idle deadline."""
+
+    def __init__(self, requests: AsyncIterator[runtime_pb2.ExpertRequest], idle_timeout_s: float):
+        self._requests = requests.__aiter__()
+        self._idle_timeout_s = idle_timeout_s
+
+    async def next(self, allow_end: bool = True) -> runtime_pb2.ExpertRequest | None:
+        try:
+            return await asyncio.wait_for(self._requests.__anext__(), self._idle_timeout_s)
+        except StopAsyncIteration:
+            if not allow_end:
+                raise Malformed("the stream ended in the middle of a message") from None
+            return None
+        except asyncio.TimeoutError:
+            raise asyncio.TimeoutError(f"the sender sent nothing for {self._idle_timeout_s:.1f} s") from None
+
+
+def decode_header(first: runtime_pb2.ExpertRequest | None) -> Header:
+    if first is None:
+        raise Malformed("the stream ended before a header")
+    try:
+        header = Header.decode(first.metadata)
+    except ValueError as e:
+        raise Malformed(f"bad header: {e}") from None
+    if first.uid != header.tag.key:
+        raise Malformed("the first piece's tag disagrees with its header")
+    return header
+
+
+async def read_payload(
+    pieces: Pieces, first: runtime_pb2.ExpertRequest, header: Header, buffer: bytearray | None
+) -> None:
+    """Read the pieces of one message, starting with ``first``, into ``buffer`` (None: count only)."""
+    filled, piece = 0, first
+    while True:
+        if len(piece.tensors) > 1:
+            raise Malformed("a piece carries more than one buffer")
+        data = piece.tensors[0].buffer if piece.tensors else b""
+        if filled + len(data) > header.nbytes:
+            raise Malformed(f"more bytes than the header announced ({header.nbytes})")
+        if buffer is not None:
+            buffer[filled : filled + len(data)] = data
+        filled += len(data)
+        if filled == header.nbytes:
+            return
+        piece = await pieces.next(allow_end=False)
+        if piece.uid != header.tag.key:
+            raise Malformed(f"pieces disagree on the tag: {piece.uid[:100]!r} inside {header.tag.key!r}")
+        if piece.metadata:
+            raise Malformed("a header in the middle of a message")
+
+
+async def paced_requests(
+    header: Header, payload: bytes, reservation: Reservation | None, chunk_bytes: int, pacer: Pacer
+) -> AsyncIterator[runtime_pb2.ExpertRequest]:
+    """The pieces of one message, paced by the emulated link so that the last one leaves at its arrival time."""
+    view = memoryview(payload)
+    bounds = piece_bounds(len(payload), chunk_bytes, TAIL_BYTES if reservation is not None else 0)
+    lead_s = TAIL_LEAD_S if header.arrival is not None else 0.0  # the receiver holds it until the stamp
+    for index, (lo, hi) in enumerate(bounds):
+        if reservation is not None:  # a piece leaves when its first byte would arrive; the tail, when its last
+            last = index == len(bounds) - 1
+            await pacer.sleep_until(reservation.release_s(hi) - lead_s if last else reservation.release_s(lo))
+        yield runtime_pb2.ExpertRequest(
+            uid=header.tag.key,
+            metadata=header.encode() if index == 0 else b"",
+            tensors=[runtime_pb2.Tensor(buffer=view[lo:hi].tobytes())],
+        )
+
+
+def make_reply(error: str | None = None, payload: bytes = b"", arrival: Stamp | None = None) -> runtime_pb2.ExpertResponse:
+    metadata = {"ok": True} if error is None else {"error": error[:MAX_ERROR_CHARS]}
+    if arrival is not None:
+        metadata["at"] = arrival.to_json()
+    tensors = [runtime_pb2.Tensor(buffer=payload)] if payload else []
+    return runtime_pb2.ExpertResponse(metadata=json.dumps(metadata).encode(), tensors=tensors)
+
+
+def refusal(sender: str, error: Exception) -> runtime_pb2.ExpertResponse:
+    reason = str(error) if not isinstance(error, MessageRejected) else str(error).removesuffix(f" (peer {sender})")
+    logger.warning("refused a message from peer %s: %s", sender, reason)
+    return make_reply(error=reason)
+
+
+@dataclass(frozen=True)
+class Reply:
+    error: str | None
+    payload: bytes = b""
+    arrival: Stamp | None = None
+
+
+def parse_reply(response: runtime_pb2.ExpertResponse) -> Reply:
+    """A reply's error (None when ok), payload and arrival stamp; a malformed reply reads as an error."""
+    try:
+        metadata = json.loads(response.metadata)
+        if not isinstance(metadata, dict) or (metadata.get("ok") is not True and "error" not in metadata):
+            return Reply("the reply is neither ok nor an error")
+        if metadata.get("ok") is not True:
+            return Reply(str(metadata["error"])[:MAX_ERROR_CHARS])
+        arrival = Stamp.from_json(metadata["at"]) if "at" in metadata else None
+    except (UnicodeDecodeError, ValueError):  # JSONDecodeError is a ValueError, as is a bad stamp
+        return Reply("the reply is malformed")
+    return Reply(None, response.tensors[0].buffer if response.tensors else b"", arrival)
+
+
+async def first_reply(responses: AsyncIterator[runtime_pb2.ExpertResponse], peer: str) -> runtime_pb2.ExpertResponse:
+    """The first response of a call's stream, then the stream closed (which also stops its writer)."""
+    try:
+        return await next_reply(responses, peer)
+    finally:
+        await responses.aclose()
+
+
+async def next_reply(responses: AsyncIterator[runtime_pb2.ExpertResponse], peer: str) -> runtime_pb2.ExpertResponse:
+    try:
+        return await responses.__anext__()
+    except StopAsyncIteration:
+        raise ProtocolError("the connection closed before a reply", peer=peer) from None
+    except P2PHandlerError as e:
+        raise ProtocolError(f"the call failed on the receiver: {e}", peer=peer) from None

@@ -1,0 +1,316 @@
+"""Tensor transport over hivemind libp2p: one event loop in a background thread, a synchronous facade for
+torch code, a deadline on every call.
+
+    with Transport("demo", initial_peers=other.visible_maddrs) as t:          # standalone daemon (tests)
+        t.send(peer, Tag("demo", epoch=0, step=3, kind=ACTIVATION, micro_batch=1), x)
+        pending = t.send_async(peer, tag, x)                                   # overlap with compute
+        y = t.recv(tag, sender, shape=(8, 128), dtype=torch.float32)
+
+    t = Transport("demo", dht=dht)    # shares the DHT's libp2p daemon: one peer ID for records and tensors
+
+``send`` returns once the receiver accepted the message, raises ``MessageRejected`` when it refused it and
+``PeerTimeoutError`` naming the peer when no answer came within ``timeout_s`` (default
+``config.call_timeout_s``). On an emulated link the emulated transfer time (queueing behind earlier messages,
+n/β, α) is added to that deadline: it models time a real link would take, not a fault. The reply itself
+is not shaped (it carries no data), so a send returns at the emulated arrival time. ``recv`` waits under
+its own deadline and names the sender it waited for.
+
+Thread-safety: every public method may be called from any thread except the transport's own loop thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Coroutine, Sequence
+from typing import Any, TypeVar
+
+import hivemind
+import torch
+from hivemind.p2p import P2P, PeerID
+from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError
+
+from p2ptrain.errors import MessageRejected, PeerTimeoutError
+from p2ptrain.net.emulation import LinkEmulator
+from p2ptrain.net.mailbox import Mailbox
+from p2ptrain.net.messages import Header, Tag, dtype_name, tensor_bytes
+from p2ptrain.net.pacing import Pacer
+from p2ptrain.net.probe_session import ProbeSession
+from p2ptrain.net.servicer import NAMESPACE, TensorServicer, first_reply, paced_requests, parse_reply
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+PeerLike = PeerID | str
+LOOPBACK_MADDRS = ("/ip4/127.0.0.1/tcp/0",)
+
+
+@dataclasses.dataclass(frozen=True)
+class TransportConfig:
+    """Limits and deadlines of the tensor transport (every timeout in seconds, every size in bytes)."""
+
+    call_timeout_s: float = 30.0  # a send's deadline, and the longest a receiver waits between two pieces
+    startup_timeout_s: float = 30.0
+    shutdown_timeout_s: float = 10.0
+    dial_retry_s: float = 0.2  # pause between attempts to open a stream to a peer that cannot be dialled
+    chunk_bytes: int = 1 << 20
+    max_message_bytes: int = 256 << 20
+    max_buffered_bytes: int = 1 << 30  # in flight + received but not yet read, over all senders
+    max_probe_reply_bytes: int = 64 << 10
+    step_window: int = 2  # messages up to this many steps ahead of the receiver's window are accepted
+    epoch_window: int = 1  # ... and up to this many epochs ahead
+
+    def __post_init__(self):
+        for name in ("call_timeout_s", "startup_timeout_s", "shutdown_timeout_s", "dial_retry_s"):
+            if not 0 < getattr(self, name) < float("inf"):
+                raise ValueError(f"{name} must be a positive number of seconds, got {getattr(self, name)}")
+        if not 4096 <= self.chunk_bytes <= 3 << 20:
+            raise ValueError(f"chunk_bytes must be in 4096..{3 << 20} (libp2p messages cap at 4 MiB), got {self.chunk_bytes}")
+        if not 0 < self.max_message_bytes <= self.max_buffered_bytes:
+            raise ValueError("max_message_bytes must be positive and at most max_buffered_bytes")
+        if self.max_probe_reply_bytes < 0 or self.max_probe_reply_bytes > self.chunk_bytes:
+            raise ValueError("max_probe_reply_bytes must be in 0..chunk_bytes")
+        if self.step_window < 0 or self.epoch_window < 0:
+            raise ValueError("step_window and epoch_window must be >= 0")
+
+
+class Transport:
+    """Sends and receives tagged tensors over libp2p; owns its process's p2ptrain event loop."""
+
+    servicer_cls: type[TensorServicer] = TensorServicer  # tests subclass it to make misbehaving peers
+
+    def __init__(
+        self,
+        run: str,
+        config: TransportConfig | None = None,
+        *,
+        dht: hivemind.DHT | None = None,
+        initial_peers: Sequence[str] = (),
+        host_maddrs: Sequence[str] = LOOPBACK_MADDRS,
+        emulator: LinkEmulator | None = None,
+    ):
+        Tag(run, 0, 0, "probe")  # validates the run name
+        self.config = config = config or TransportConfig()
+        self.emulator = emulator if emulator is not None else LinkEmulator()
+        if self.emulator.clock is not time.monotonic:
+            raise ValueError("a transport's link emulator must use time.monotonic (arrival stamps cross processes)")
+        self.pacer = Pacer()
+        self.mailbox = Mailbox(run, max_message_bytes=config.max_message_bytes,
+                               max_buffered_bytes=config.max_buffered_bytes,
+                               step_window=config.step_window, epoch_window=config.epoch_window)
+        self.peer_id: PeerID | None = None
+        self._p2p: P2P | None = None
+        self._owns_daemon = dht is None
+        self._closed = False
+        self._tasks: set[asyncio.Task] = set()  # calls in flight, cancelled first at shutdown
+        self._close_lock = threading.Lock()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="p2ptrain-transport", daemon=True)
+        self._thread.start()
+        atexit.register(self.shutdown)
+        try:
+            self._call(self._start(dht, list(initial_peers), list(host_maddrs)), config.startup_timeout_s)
+        except BaseException:
+            self.shutdown()
+            raise
+        logger.info("transport of run %r up as peer %s", run, self.peer_id)
+
+    async def _start(self, dht: hivemind.DHT | None, initial_peers: list[str], host_maddrs: list[str]) -> None:
+        if dht is not None:
+            self._p2p = await dht.replicate_p2p()
+        else:
+            self._p2p = await P2P.create(initial_peers=initial_peers or None, host_maddrs=host_maddrs)
+        self.peer_id = self._p2p.peer_id
+        self._servicer = self.servicer_cls(self.mailbox, self.emulator, self.pacer, idle_timeout_s=self.config.call_timeout_s,
+                                           max_reply_bytes=self.config.max_probe_reply_bytes)
+        await self._servicer.add_p2p_handlers(self._p2p, namespace=NAMESPACE)
+
+    @property
+    def run(self) -> str:
+        return self.mailbox.window.run
+
+    @property
+    def visible_maddrs(self) -> list[str]:
+        """This peer's multiaddrs (with /p2p/ID), for another peer's ``initial_peers``."""
+        return [str(a) for a in self._call(self._p2p.get_visible_maddrs(), self.config.call_timeout_s)]
+
+    # --- sending -------------------------------------------------------------------------------------------
+
+    def send(self, peer: PeerLike, tag: Tag, tensor: torch.Tensor, timeout_s: float | None = None) -> None:
+        """Send ``tensor`` as message ``tag`` to ``peer`` and wait until it is accepted (see module docstring)."""
+        self.send_async(peer, tag, tensor, timeout_s).result()
+
+    def send_async(
+        self, peer: PeerLike, tag: Tag, tensor: torch.Tensor, timeout_s: float | None = None
+    ) -> concurrent.futures.Future[None]:
+        """Like ``send`` but returns at once; the tensor is copied first, so the caller may reuse it."""
+        header = Header(tag, dtype_name(tensor.dtype), tuple(tensor.shape))
+        if header.nbytes > self.config.max_message_bytes:
+            raise ValueError(f"{tag}: {header.nbytes} bytes exceed max_message_bytes={self.config.max_message_bytes}")
+        return self._submit(self._send(str(peer), header, tensor_bytes(tensor), timeout_s or self.config.call_timeout_s))
+
+    async def _send(self, peer: str, header: Header, payload: bytes, timeout_s: float) -> None:
+        reservation = self.emulator.reserve(peer, len(payload))
+        emulated_s = max(0.0, reservation.arrive_s - self.emulator.clock()) if reservation else 0.0
+        if reservation is not None:
+            header = dataclasses.replace(header, arrival=self.pacer.stamp(reservation.arrive_s))
+        try:
+            response = await asyncio.wait_for(self._push(peer, header, payload, reservation), emulated_s + timeout_s)
+        except asyncio.TimeoutError:
+            raise PeerTimeoutError(
+                f"sending {header.tag} ({len(payload)} bytes) got no answer within {timeout_s:.1f} s"
+                + (f" beyond its emulated {emulated_s:.2f} s" if reservation else ""), peer=peer) from None
+        error = parse_reply(response).error
+        if error is not None:
+            raise MessageRejected(f"the receiver refused {header.tag}: {error}", peer=peer)
+        logger.debug("sent %s (%d bytes) to peer %s", header.tag, len(payload), peer)
+
+    async def _push(self, peer: str, header: Header, payload: bytes, reservation) -> Any:
+        if reservation is not None:
+            await self.pacer.sleep_until(reservation.start_s)  # FIFO: wait until the link is free
+        stub = self.stub(peer)
+        responses = await self.open_stream(
+            peer, lambda: stub.rpc_push(paced_requests(header, payload, reservation, self.config.chunk_bytes,
+                                                       self.pacer)))
+        return await first_reply(responses, peer)
+
+    def stub(self, peer: PeerLike) -> Any:
+        """The rpc stub of ``peer``'s transport (for protocol code such as ProbeSession)."""
+        return self.servicer_cls.get_stub(self._p2p, PeerID.from_base58(str(peer)), namespace=NAMESPACE)
+
+    async def open_stream(self, peer: str, opener) -> Any:
+        """Open a stream to ``peer`` with ``opener()``, retrying while it cannot be dialled; the caller's
+        deadline ends the retries (hivemind alone would wait ~40 s for a silently dead peer)."""
+        while True:
+            try:
+                return await opener()
+            except (P2PDaemonError, ConnectionError, OSError) as e:
+                logger.debug("cannot open a stream to peer %s yet: %s", peer, e)
+                await asyncio.sleep(self.config.dial_retry_s)
+
+    # --- receiving -----------------------------------------------------------------------------------------
+
+    def recv(
+        self, tag: Tag, sender: PeerLike, shape: Sequence[int], dtype: torch.dtype, timeout_s: float | None = None
+    ) -> torch.Tensor:
+        """The tensor of message ``tag`` from ``sender``, which must have this shape and dtype.
+
+        Raises PeerTimeoutError naming ``sender`` if it does not arrive within ``timeout_s``, and
+        MessageRejected if a message buffered before this call does not match (it is dropped).
+        """
+        timeout_s = timeout_s or self.config.call_timeout_s
+        return self.recv_async(tag, sender, shape, dtype, timeout_s).result(timeout=timeout_s + self.config.shutdown_timeout_s)
+
+    def recv_async(
+        self, tag: Tag, sender: PeerLike, shape: Sequence[int], dtype: torch.dtype, timeout_s: float | None = None
+    ) -> concurrent.futures.Future[torch.Tensor]:
+        timeout_s = timeout_s or self.config.call_timeout_s
+        return self._submit(self._recv(tag, str(sender), tuple(shape), dtype_name(dtype), timeout_s))
+
+    async def _recv(self, tag: Tag, sender: str, shape: tuple[int, ...], dtype: str, timeout_s: float) -> torch.Tensor:
+        future = self.mailbox.receive(tag, sender, shape, dtype)
+        try:
+            return await asyncio.wait_for(future, timeout_s)
+        except asyncio.TimeoutError:
+            raise PeerTimeoutError(f"{tag} did not arrive within {timeout_s:.1f} s", peer=sender) from None
+        finally:
+            self.mailbox.forget(tag, sender, future)
+
+    def expect(self, tag: Tag, sender: PeerLike, shape: Sequence[int], dtype: torch.dtype) -> None:
+        """Declare ahead of arrival who sends ``tag`` and its shape/dtype, so a mismatch is refused on arrival
+        (with an error reply to its sender) rather than at ``recv``. May be called once per sender of a tag."""
+        self._call(self._in_loop(self.mailbox.expect, tag, str(sender), tuple(shape), dtype_name(dtype)))
+
+    def set_window(self, run: str, epoch: int, step: int) -> None:
+        """Accept messages of this run from (epoch, step) on; drop buffered messages now outside the window."""
+        self._call(self._in_loop(self.mailbox.set_window, run, epoch, step))
+
+    # --- probing and plumbing ------------------------------------------------------------------------------
+
+    def open_probe(self, peer: PeerLike) -> ProbeSession:
+        """A probe session to ``peer``, to be used inside the transport's loop (see ``run_coroutine``)."""
+        return ProbeSession(self, str(peer))
+
+    def run_coroutine(self, coroutine: Coroutine[Any, Any, T], timeout_s: float) -> T:
+        """Run ``coroutine`` on the transport's loop and wait for its result at most ``timeout_s``."""
+        return self._call(coroutine, timeout_s)
+
+    def _submit(self, coroutine: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        if self._closed:
+            coroutine.close()
+            raise RuntimeError("the transport is shut down")
+        return asyncio.run_coroutine_threadsafe(self._tracked(coroutine), self._loop)
+
+    async def _tracked(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        task = asyncio.current_task()
+        self._tasks.add(task)
+        try:
+            return await coroutine
+        finally:
+            self._tasks.discard(task)
+
+    def _call(self, coroutine: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
+        future = self._submit(coroutine)
+        try:
+            return future.result(timeout=timeout_s or self.config.call_timeout_s)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise TimeoutError(f"the transport's loop did not finish in {timeout_s or self.config.call_timeout_s} s") from None
+
+    @staticmethod
+    async def _in_loop(function, *args):
+        return function(*args)
+
+    # --- lifetime ------------------------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Stop serving, fail pending calls, stop the libp2p daemon (when it is ours) and the loop. Idempotent."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        atexit.unregister(self.shutdown)
+        try:
+            asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(self.config.shutdown_timeout_s + 1)
+        except Exception as e:  # a failed orderly stop must still reach the kill below
+            logger.warning("transport did not stop cleanly: %r", e)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(self.config.shutdown_timeout_s)
+        child = getattr(self._p2p, "_child", None)
+        if self._owns_daemon and child is not None and child.returncode is None:
+            logger.warning("killing libp2p daemon %s that outlived shutdown", child.pid)
+            child.kill()
+        self.pacer.close()
+        if not self._thread.is_alive():
+            self._loop.close()
+        logger.info("transport of peer %s shut down", self.peer_id)
+
+    async def _stop(self) -> None:
+        self.mailbox.close("the transport shut down")
+        await _cancel_all(self._tasks - {asyncio.current_task()}, self.config.shutdown_timeout_s / 4)
+        if self._p2p is not None:
+            if not self._owns_daemon:  # the DHT's daemon lives on: stop routing our protocols to this process
+                await asyncio.wait_for(self._servicer.remove_p2p_handlers(self._p2p, namespace=NAMESPACE),
+                                       self.config.shutdown_timeout_s / 4)
+            await asyncio.wait_for(self._p2p.shutdown(), self.config.shutdown_timeout_s / 4)
+        # what is left: hivemind's handler and reader tasks of the now closed connections
+        await _cancel_all(asyncio.all_tasks() - {asyncio.current_task()}, self.config.shutdown_timeout_s / 4)
+
+    def __enter__(self) -> Transport:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.shutdown()
+
+
+
+async def _cancel_all(tasks: set[asyncio.Task], timeout_s: float) -> None:
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=timeout_s)
