@@ -81,12 +81,12 @@ class TrainData:
     def __init__(self, tokens: np.ndarray, seq_len: int, global_batch_size: int, seed: int) -> None:
         if tokens.dtype != np.uint8 or tokens.ndim != 1:
             raise ValueError("tokens must be a one-dimensional uint8 array (byte tokens)")
+        if seq_len <= 0 or global_batch_size <= 0 or seed < 0:
+            raise ValueError("seq_len and global_batch_size must be positive and seed non-negative")
         if tokens.size < seq_len + 1:
             raise ValueError(
                 f"the corpus has {tokens.size} tokens; sequences of {seq_len} need at least {seq_len + 1}"
             )
-        if seq_len <= 0 or global_batch_size <= 0 or seed < 0:
-            raise ValueError("seq_len and global_batch_size must be positive and seed non-negative")
         self.tokens = tokens
         self.seq_len = seq_len
         self.global_batch_size = global_batch_size
