@@ -1,0 +1,70 @@
+"""Leader election and plan acceptance: pure functions over what an agent reads from the DHT.
+
+The live peer with the lowest peer ID leads. "Lowest" is the smallest base58 string, the order of
+hivemind's ``PeerID.__lt__``; every p2ptrain peer ID is a 46-character sha2-256 multihash (``Qm...``), so
+this is also the numeric order of the digests. "Live" is the caller's choice (typically: has an unexpired,
+verified peer record); a bootstrap peer publishes no peer record and so never leads.
+
+An agent follows a plan only if it is signed by the peer it also sees as lowest *and* was made for exactly
+the membership it sees; anything else is ignored with a log line (a plan by another peer is a warning, the
+leader's plan for an older membership is normal churn and only informational).
+
+Note: lowest-ID election is not Sybil-resistant: anyone may generate keys until one sorts first. An open
+swarm that must resist that needs an allow-list of peer IDs (not implemented here).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Iterable, Mapping
+
+from p2ptrain.net.identity import peer_id_to_bytes
+from p2ptrain.net.records import PlanRecord
+
+logger = logging.getLogger(__name__)
+
+
+def sorted_membership(peer_ids: Iterable[str]) -> tuple[str, ...]:
+    """Peer IDs in election order (lowest first), without repeats."""
+    return tuple(sorted(set(peer_ids)))
+
+
+def leader_of(peer_ids: Iterable[str]) -> str | None:
+    """The lowest peer ID, or None for an empty membership."""
+    return min(peer_ids, default=None)
+
+
+def membership_digest(peer_ids: Iterable[str]) -> str:
+    """A short hex digest naming a membership (sorted, de-duplicated), for logs and comparisons."""
+    h = hashlib.sha256()
+    for peer_id in sorted_membership(peer_ids):
+        h.update(peer_id_to_bytes(peer_id))
+    return h.hexdigest()[:16]
+
+
+def select_plan(plans: Mapping[str, PlanRecord], live_peers: Iterable[str]) -> PlanRecord | None:
+    """The plan to follow, from verified plans keyed by signer (``SwarmDHT.read_plans()``), or None.
+
+    Accepted only if signed by the lowest of ``live_peers`` and made for exactly that membership.
+    """
+    members = sorted_membership(live_peers)
+    leader = members[0] if members else None
+    chosen = None
+    for signer, plan in plans.items():
+        if signer != leader:
+            logger.warning(
+                "ignoring plan epoch %d signed by %s: the leader (lowest live peer) is %s",
+                plan.epoch,
+                signer,
+                leader,
+            )
+        elif plan.membership != members:
+            logger.info(
+                "leader %s's plan epoch %d is for membership %s (%d peers), live membership is %s (%d peers): "
+                "waiting for a new plan", signer, plan.epoch, membership_digest(plan.membership),
+                len(plan.membership), membership_digest(members), len(members),
+            )  # fmt: skip
+        else:
+            chosen = plan
+    return chosen

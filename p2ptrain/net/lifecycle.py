@@ -1,0 +1,169 @@
+"""Clean process lifecycle: SIGTERM/SIGINT become a stop flag, and shutdown runs in order, with deadlines.
+
+Why this is needed with hivemind: a ``hivemind.DHT`` is a forked child process that owns a Go ``p2pd``
+grandchild. A SIGTERM with Python's default handler kills the main process at once and orphans both;
+``DHT.shutdown()`` in turn, if the child does not stop within its grace period, SIGTERMs the child, which
+then dies without stopping its p2pd. So entry points (bootstrap, agent, swarm) do::
+
+    with StopSignal() as stop:              # SIGTERM/SIGINT now set a flag instead of killing us
+        with SwarmDHT(run_id, cfg) as dht:  # SwarmDHT.shutdown also reaps a p2pd left behind
+            while not stop.wait(period_s):
+                ...                          # work, heartbeats
+    # leaving the blocks shuts down the DHT and p2pd, then restores the previous handlers
+
+Forked children inherit Python signal handlers. A child that is not the process which installed the
+handler restores the default action and re-raises the signal, so ``terminate()`` on a child still ends it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable
+from types import FrameType
+
+logger = logging.getLogger(__name__)
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class StopSignal:
+    """Turns the given signals into a flag; ``wait(timeout_s)`` returns True once one arrived.
+
+    Install from the main thread (Python delivers signals there). A second signal while stopping is logged
+    and otherwise ignored: shutdown steps have their own deadlines, so it cannot hang for long.
+    """
+
+    def __init__(self, signals: Iterable[signal.Signals] = STOP_SIGNALS):
+        self._signals = tuple(signals)
+        self._event = threading.Event()
+        self._previous: dict[signal.Signals, object] = {}
+        self._owner_pid = os.getpid()
+        self.reason: str | None = None
+
+    def install(self) -> StopSignal:
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("StopSignal must be installed from the main thread")
+        self._owner_pid = os.getpid()
+        for sig in self._signals:
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+        self._previous.clear()
+
+    def __enter__(self) -> StopSignal:
+        return self.install()
+
+    def __exit__(self, *exc: object) -> None:
+        self.restore()
+
+    def set(self, reason: str = "stop requested") -> None:
+        """Request a stop without a signal (another thread, a fatal error in the main loop)."""
+        if not self._event.is_set():
+            self.reason = reason
+            self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        return self._event.wait(timeout_s)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != self._owner_pid:  # a forked child inherited this handler: behave as default
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        name = signal.Signals(signum).name
+        if self._event.is_set():
+            logger.warning("received %s again; already stopping", name)
+            return
+        logger.info("received %s, stopping", name)
+        self.set(f"received {name}")
+
+
+def shutdown_in_order(steps: Iterable[tuple[str, Callable[[], object]]]) -> list[str]:
+    """Run named shutdown steps in order, logging each; a failing step is logged and the rest still run.
+
+    Returns the names of the steps that raised. Each step must bound its own duration.
+    """
+    failed = []
+    for name, step in steps:
+        start = time.monotonic()
+        try:
+            step()
+        except Exception:
+            logger.exception("shutdown step %r failed", name)
+            failed.append(name)
+        else:
+            logger.debug("shutdown step %r done in %.2f s", name, time.monotonic() - start)
+    return failed
+
+
+def find_processes(expected_name: str, cmdline_contains: bytes) -> list[int]:
+    """Pids of running processes named ``expected_name`` whose command line contains ``cmdline_contains``.
+
+    Linux only (reads ``/proc``); elsewhere returns an empty list.
+    """
+    if not os.path.isdir("/proc"):
+        return []
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if cmdline_contains in cmdline and _is_running(int(entry), expected_name):
+            found.append(int(entry))
+    return found
+
+
+def terminate_stray_process(pid: int, expected_name: str, timeout_s: float) -> bool:
+    """SIGTERM, then SIGKILL after ``timeout_s``, a process that is not our child (e.g. an orphaned p2pd).
+
+    The process is only signalled while ``/proc/<pid>/cmdline`` still names ``expected_name`` (where
+    ``/proc`` exists), so a reused pid is left alone. Returns True if such a process was found running.
+    """
+    if not _is_running(pid, expected_name):
+        return False
+    logger.warning("%s (pid %d) is still running after shutdown; terminating it", expected_name, pid)
+    for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, timeout_s)):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return True
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if not _is_running(pid, expected_name):
+                return True
+            time.sleep(0.05)
+    logger.error("%s (pid %d) survived SIGKILL", expected_name, pid)
+    return True
+
+
+def _is_running(pid: int, expected_name: str) -> bool:
+    if not os.path.isdir("/proc"):  # no procfs (macOS): all we can tell is whether the pid exists
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[-1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return expected_name.encode() in cmdline and state not in (b"Z", b"X")

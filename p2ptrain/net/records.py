@@ -1,0 +1,398 @@
+"""Versioned DHT record schemas: what agents publish under the run's keys (see ``keys.py``).
+
+Every record is a frozen dataclass that validates itself on construction, so an invalid record can be
+neither published nor decoded. On the wire a record is a msgpack map ``{"v": 1, "kind": ..., <fields>}``:
+
+* ``v`` is the schema's *major* version; a decoder refuses other majors. Additive changes keep ``v`` and
+  add fields, which older decoders ignore (forward compatibility: unknown fields are tolerated).
+* values are checked strictly: types (never a bool for a number), finite numbers, positive bandwidths,
+  non-negative latencies, sane bounds on memory / TFLOP/s / sizes, well-formed peer IDs, and a plan's
+  assignment consistent with its membership.
+* an encoded record is at most ``MAX_RECORD_BYTES`` (24 KiB); ``encode`` refuses larger ones with
+  ``RecordTooLarge`` and ``decode`` refuses larger input before parsing. hivemind's DHT pipe hangs on values
+  past ~64 KiB, and the signature and subkey add ~0.8 KiB.
+
+Capacity (tested in ``tests/net/test_records.py``):
+
+* ``LinksRecord``: 16 bytes per measured peer (an 8-byte peer tag, float32 α, float32 β), so one row holds
+  up to ``MAX_LINK_PEERS`` = 1024 peers. Peers are named by tag (first 8 bytes of sha256 of the peer ID),
+  not by index into a membership list: each agent measures the peers *it* sees, so rows written under
+  different views stay readable; the reader resolves tags against the peer IDs it knows.
+* ``PlanRecord``: 36 bytes per member (34-byte peer ID + a uint16 slot), up to ``MAX_PLAN_PEERS`` = 512
+  members in one record; larger swarms would need the plan split under several subkeys (not implemented).
+* ``PeerRecord`` and ``ProgressRecord`` are fixed-size (well under 1 KiB).
+
+Who wrote a record is not a field: it is the peer ID derived from the entry's owner-signed subkey
+(``identity.py``); ``validators.py`` checks what binds a record to its writer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import msgpack
+from hivemind.utils.multiaddr import Multiaddr
+
+from p2ptrain import PROTOCOL_VERSION, __version__
+from p2ptrain.net import fields as f
+from p2ptrain.net.fields import RecordError, RecordTooLarge
+from p2ptrain.net.identity import PEER_ID_BYTES, check_peer_id, peer_id_from_bytes, peer_id_to_bytes
+from p2ptrain.net.keys import RecordKind
+
+__all__ = [
+    "SCHEMA_VERSION", "MAX_RECORD_BYTES", "MAX_LINK_PEERS", "MAX_PLAN_PEERS", "RecordError", "RecordTooLarge",
+    "PeerRecord", "LinkMeasurement", "LinksRecord", "PlanRecord", "ProgressRecord", "Record",
+    "decode_record", "peer_tag",
+]  # fmt: skip
+
+SCHEMA_VERSION = 1
+MAX_RECORD_BYTES = 24 * 1024
+MAX_LINK_PEERS = 1024
+MAX_PLAN_PEERS = 512
+PEER_TAG_BYTES = 8
+
+MAX_MEMORY_GB = 16384.0  # 16 TiB: beyond any single device (or host RAM for CPU agents)
+MAX_TFLOPS = 100_000.0  # 100 PFLOP/s: ~50x the fastest single accelerator
+MAX_LATENCY_MS = 60_000.0
+MAX_BANDWIDTH_GBPS = 10_000.0
+MAX_COST_S = 1e9
+MAX_STEP_TIME_S = 1e6
+MAX_ABS_LOSS = 1e9
+MAX_COUNTER = 2**53
+MAX_MADDRS = 16
+
+_VERSION_RE = re.compile(r"[0-9A-Za-z.+_-]{1,32}")
+_IDENT_RE = re.compile(r"[a-z0-9_-]{1,32}")
+
+
+def peer_tag(peer_id: str) -> bytes:
+    """The 8-byte name of a peer inside a links row (64 bits: accidental collisions are negligible, and
+    forging one costs ~2^64 RSA key generations)."""
+    return hashlib.sha256(peer_id_to_bytes(peer_id)).digest()[:PEER_TAG_BYTES]
+
+
+class _Record:
+    """Shared envelope: ``encode`` to msgpack bytes under the cap, ``decode`` strictly."""
+
+    kind: ClassVar[RecordKind]
+
+    def _fields(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    @classmethod
+    def _from_fields(cls, m: Mapping[str, Any]) -> _Record:
+        raise NotImplementedError
+
+    def encode(self) -> bytes:
+        data = msgpack.packb(
+            {"v": SCHEMA_VERSION, "kind": self.kind.value, **self._fields()}, use_bin_type=True
+        )
+        if len(data) > MAX_RECORD_BYTES:
+            raise RecordTooLarge(
+                f"{self.kind.value} record is {len(data)} bytes, over the {MAX_RECORD_BYTES}-byte cap of DHT values"
+            )
+        return data
+
+    @classmethod
+    def decode(cls, data: object) -> Any:
+        m = _unpack(cls.kind, data)
+        try:
+            return cls._from_fields(m)
+        except KeyError as e:
+            raise RecordError(f"{cls.kind.value} record: missing field {e.args[0]}") from None
+        except RecordError as e:
+            raise RecordError(f"{cls.kind.value} record: {e}") from None
+
+
+@dataclass(frozen=True)
+class PeerRecord(_Record):
+    """What an agent's device can do and where to reach it (key ``{run}.peers``)."""
+
+    device_name: str
+    memory_gb: float
+    tflops: float  # measured matmul throughput
+    maddrs: tuple[str, ...] = ()  # full multiaddrs, each ending in /p2p/<this peer's ID>
+    region: str = ""
+    p2ptrain_version: str = __version__
+    protocol_version: int = PROTOCOL_VERSION
+    kind: ClassVar[RecordKind] = RecordKind.PEER
+
+    def __post_init__(self) -> None:
+        _set(self, "device_name", f.text("device_name", self.device_name, 128, min_len=1))
+        _set(self, "memory_gb", f.number("memory_gb", self.memory_gb, 0.0, MAX_MEMORY_GB, lo_open=True))
+        _set(self, "tflops", f.number("tflops", self.tflops, 0.0, MAX_TFLOPS, lo_open=True))
+        maddrs = f.sequence("maddrs", self.maddrs, MAX_MADDRS)
+        _set(self, "maddrs", tuple(_check_maddr(m) for m in maddrs))
+        _set(self, "region", f.text("region", self.region, 64))
+        _set(
+            self,
+            "p2ptrain_version",
+            f.text("p2ptrain_version", self.p2ptrain_version, 32, pattern=_VERSION_RE),
+        )
+        _set(self, "protocol_version", f.integer("protocol_version", self.protocol_version, 1, 65535))
+
+    def _fields(self) -> dict[str, Any]:
+        return {
+            "device_name": self.device_name, "memory_gb": self.memory_gb, "tflops": self.tflops,
+            "maddrs": list(self.maddrs), "region": self.region,
+            "p2ptrain_version": self.p2ptrain_version, "protocol_version": self.protocol_version,
+        }  # fmt: skip
+
+    @classmethod
+    def _from_fields(cls, m: Mapping[str, Any]) -> PeerRecord:
+        return cls(
+            device_name=m["device_name"], memory_gb=m["memory_gb"], tflops=m["tflops"],
+            maddrs=tuple(f.sequence("maddrs", m.get("maddrs", ()), MAX_MADDRS)), region=m.get("region", ""),
+            p2ptrain_version=m["p2ptrain_version"], protocol_version=m["protocol_version"],
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LinkMeasurement:
+    """One directed link as measured by its sender: one-way latency α and bandwidth β (float32 precision)."""
+
+    latency_ms: float
+    bandwidth_gbps: float
+
+    def __post_init__(self) -> None:
+        latency = f.number("latency_ms", self.latency_ms, 0.0, MAX_LATENCY_MS)
+        bandwidth = f.number("bandwidth_gbps", self.bandwidth_gbps, 0.0, MAX_BANDWIDTH_GBPS, lo_open=True)
+        _set(self, "latency_ms", f.float32(latency))
+        bandwidth = f.float32(bandwidth)  # a tiny positive value may round to 0: check again
+        _set(
+            self,
+            "bandwidth_gbps",
+            f.number("bandwidth_gbps", bandwidth, 0.0, MAX_BANDWIDTH_GBPS, lo_open=True),
+        )
+
+
+@dataclass(frozen=True)
+class LinksRecord(_Record):
+    """One row of the α/β matrices: the writer's measurements to each peer it sees (key ``{run}.links``).
+
+    Build it with ``LinksRecord.from_peers({peer_id: LinkMeasurement(...)})``; read it with
+    ``record.resolve(known_peer_ids)``.
+    """
+
+    entries: tuple[tuple[bytes, LinkMeasurement], ...]  # (peer tag, measurement), sorted by tag
+    kind: ClassVar[RecordKind] = RecordKind.LINKS
+
+    def __post_init__(self) -> None:
+        entries = tuple(sorted(f.sequence("entries", self.entries, MAX_LINK_PEERS), key=lambda e: e[0]))
+        for tag, measurement in entries:
+            if not isinstance(tag, bytes) or len(tag) != PEER_TAG_BYTES:
+                raise RecordError(f"peer tags must be {PEER_TAG_BYTES} bytes")
+            if not isinstance(measurement, LinkMeasurement):
+                raise RecordError("entries must hold LinkMeasurement values")
+        if len({tag for tag, _ in entries}) != len(entries):
+            raise RecordError("a peer appears twice in the links row")
+        _set(self, "entries", entries)
+
+    @classmethod
+    def from_peers(cls, measurements: Mapping[str, LinkMeasurement]) -> LinksRecord:
+        return cls(tuple((peer_tag(peer_id), m) for peer_id, m in measurements.items()))
+
+    def resolve(self, peer_ids: Iterable[str]) -> dict[str, LinkMeasurement]:
+        """The measurements to those of ``peer_ids`` this row covers, keyed by peer ID."""
+        by_tag = dict(self.entries)
+        return {p: by_tag[t] for p in peer_ids if (t := peer_tag(p)) in by_tag}
+
+    def _fields(self) -> dict[str, Any]:
+        return {
+            "tags": b"".join(tag for tag, _ in self.entries),
+            "latency_ms": f.pack_float32([m.latency_ms for _, m in self.entries]),
+            "bandwidth_gbps": f.pack_float32([m.bandwidth_gbps for _, m in self.entries]),
+        }
+
+    @classmethod
+    def _from_fields(cls, m: Mapping[str, Any]) -> LinksRecord:
+        tags = f.binary("tags", m["tags"], item_size=PEER_TAG_BYTES, max_items=MAX_LINK_PEERS)
+        latency = f.binary("latency_ms", m["latency_ms"], item_size=4, max_items=MAX_LINK_PEERS)
+        bandwidth = f.binary("bandwidth_gbps", m["bandwidth_gbps"], item_size=4, max_items=MAX_LINK_PEERS)
+        n = len(tags) // PEER_TAG_BYTES
+        if len(latency) // 4 != n or len(bandwidth) // 4 != n:
+            raise RecordError("tags, latency_ms and bandwidth_gbps have different lengths")
+        values = zip(f.unpack_float32(latency), f.unpack_float32(bandwidth), strict=True)
+        tag_list = [tags[i * PEER_TAG_BYTES : (i + 1) * PEER_TAG_BYTES] for i in range(n)]
+        return cls(tuple((tag, LinkMeasurement(a, b)) for tag, (a, b) in zip(tag_list, values, strict=True)))
+
+
+@dataclass(frozen=True)
+class PlanRecord(_Record):
+    """The leader's plan (key ``{run}.plan``): who holds which (pipeline, stage), for which membership.
+
+    ``membership`` is sorted by peer ID (the order ``election.py`` uses), so ``membership[0]`` is the peer
+    that must have signed it. ``pipelines[i][j]`` is the index into ``membership`` of the peer holding
+    stage j of pipeline i (the DESIGN.md plan layout); members not in ``pipelines`` are spares.
+    """
+
+    epoch: int
+    membership: tuple[str, ...]
+    stages: int
+    replicas: int
+    pipelines: tuple[tuple[int, ...], ...]
+    cost_s: float  # predicted time per step under the cost model
+    data_parallel_s: float = 0.0
+    pipeline_s: float = 0.0
+    objective: str = "dtfm"
+    kind: ClassVar[RecordKind] = RecordKind.PLAN
+
+    def __post_init__(self) -> None:
+        _set(self, "epoch", f.integer("epoch", self.epoch, 0, MAX_COUNTER))
+        members = tuple(check_peer_id(p) for p in f.sequence("membership", self.membership, MAX_PLAN_PEERS))
+        if not members or any(a >= b for a, b in zip(members, members[1:], strict=False)):
+            raise RecordError("membership must be non-empty, sorted by peer ID, without repeats")
+        _set(self, "membership", members)
+        _set(self, "stages", f.integer("stages", self.stages, 1, len(members)))
+        _set(self, "replicas", f.integer("replicas", self.replicas, 1, len(members)))
+        if self.stages * self.replicas > len(members):
+            raise RecordError(
+                f"{self.stages} stages x {self.replicas} replicas need more than {len(members)} members"
+            )
+        rows = f.sequence("pipelines", self.pipelines, self.replicas)
+        if len(rows) != self.replicas or any(
+            len(f.sequence("pipeline", r, self.stages)) != self.stages for r in rows
+        ):
+            raise RecordError(f"pipelines must be {self.replicas} rows of {self.stages} member indices")
+        flat = [f.integer("pipelines[i][j]", x, 0, len(members) - 1) for row in rows for x in row]
+        if len(set(flat)) != len(flat):
+            raise RecordError("a member holds two slots in pipelines")
+        _set(self, "pipelines", tuple(tuple(row) for row in rows))
+        for name in ("cost_s", "data_parallel_s", "pipeline_s"):
+            _set(self, name, f.number(name, getattr(self, name), 0.0, MAX_COST_S))
+        _set(self, "objective", f.text("objective", self.objective, 32, pattern=_IDENT_RE))
+
+    @property
+    def leader(self) -> str:
+        return self.membership[0]
+
+    def position_of(self, peer_id: str) -> tuple[int, int] | None:
+        """(pipeline, stage) held by ``peer_id``, or None for a spare or a non-member."""
+        for i, row in enumerate(self.pipelines):
+            for j, index in enumerate(row):
+                if self.membership[index] == peer_id:
+                    return i, j
+        return None
+
+    def peer_at(self, pipeline: int, stage: int) -> str:
+        return self.membership[self.pipelines[pipeline][stage]]
+
+    @classmethod
+    def from_plan_json(cls, epoch: int, devices: Sequence[str], plan: Mapping[str, Any]) -> PlanRecord:
+        """From the planner's plan (DESIGN.md "Plan") over a cluster whose device i is peer ``devices[i]``."""
+        membership = tuple(sorted(devices))
+        index = {peer: i for i, peer in enumerate(membership)}
+        if len(index) != len(devices):
+            raise RecordError("a peer appears twice in devices")
+        pipelines = tuple(tuple(index[devices[d]] for d in row) for row in plan["pipelines"])
+        return cls(
+            epoch=epoch, membership=membership, stages=plan["stages"], replicas=plan["replicas"],
+            pipelines=pipelines, cost_s=plan["cost_s"], data_parallel_s=plan.get("data_parallel_s", 0.0),
+            pipeline_s=plan.get("pipeline_s", 0.0), objective=plan.get("objective", "dtfm"),
+        )  # fmt: skip
+
+    def _fields(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch, "membership": b"".join(peer_id_to_bytes(p) for p in self.membership),
+            "stages": self.stages, "replicas": self.replicas,
+            "pipelines": f.pack_uint16([x for row in self.pipelines for x in row]),
+            "cost_s": self.cost_s, "data_parallel_s": self.data_parallel_s, "pipeline_s": self.pipeline_s,
+            "objective": self.objective,
+        }  # fmt: skip
+
+    @classmethod
+    def _from_fields(cls, m: Mapping[str, Any]) -> PlanRecord:
+        raw = f.binary("membership", m["membership"], item_size=PEER_ID_BYTES, max_items=MAX_PLAN_PEERS)
+        try:
+            members = tuple(
+                peer_id_from_bytes(raw[i : i + PEER_ID_BYTES]) for i in range(0, len(raw), PEER_ID_BYTES)
+            )
+        except ValueError as e:
+            raise RecordError(f"membership: {e}") from None
+        stages = f.integer("stages", m["stages"], 1, MAX_PLAN_PEERS)
+        flat = f.unpack_uint16(f.binary("pipelines", m["pipelines"], item_size=2, max_items=MAX_PLAN_PEERS))
+        if len(flat) % stages:
+            raise RecordError(f"pipelines holds {len(flat)} slots, not a multiple of {stages} stages")
+        rows = tuple(flat[i : i + stages] for i in range(0, len(flat), stages))
+        return cls(
+            epoch=m["epoch"], membership=members, stages=stages, replicas=m["replicas"], pipelines=rows,
+            cost_s=m["cost_s"], data_parallel_s=m.get("data_parallel_s", 0.0), pipeline_s=m.get("pipeline_s", 0.0),
+            objective=m.get("objective", "dtfm"),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ProgressRecord(_Record):
+    """A heartbeat (key ``{run}.progress``): where the writer's training is. ``loss`` is None before step 1."""
+
+    epoch: int
+    step: int
+    loss: float | None
+    step_time_s: float
+    kind: ClassVar[RecordKind] = RecordKind.PROGRESS
+
+    def __post_init__(self) -> None:
+        _set(self, "epoch", f.integer("epoch", self.epoch, 0, MAX_COUNTER))
+        _set(self, "step", f.integer("step", self.step, 0, MAX_COUNTER))
+        if self.loss is not None:
+            _set(self, "loss", f.number("loss", self.loss, -MAX_ABS_LOSS, MAX_ABS_LOSS))
+        _set(self, "step_time_s", f.number("step_time_s", self.step_time_s, 0.0, MAX_STEP_TIME_S))
+
+    def _fields(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "step": self.step, "loss": self.loss, "step_time_s": self.step_time_s}
+
+    @classmethod
+    def _from_fields(cls, m: Mapping[str, Any]) -> ProgressRecord:
+        return cls(epoch=m["epoch"], step=m["step"], loss=m["loss"], step_time_s=m["step_time_s"])
+
+
+Record = PeerRecord | LinksRecord | PlanRecord | ProgressRecord
+RECORD_TYPES: dict[RecordKind, type[Any]] = {
+    cls.kind: cls for cls in (PeerRecord, LinksRecord, PlanRecord, ProgressRecord)
+}
+
+
+def decode_record(kind: RecordKind, data: object) -> Record:
+    """Decode bytes read under ``kind``'s key into its record type; RecordError (one line) if invalid."""
+    return RECORD_TYPES[kind].decode(data)
+
+
+def _unpack(kind: RecordKind, data: object) -> Mapping[str, Any]:
+    if not isinstance(data, bytes):
+        raise RecordError(f"{kind.value} record: value is {type(data).__name__}, not bytes")
+    if len(data) > MAX_RECORD_BYTES:
+        raise RecordTooLarge(f"{kind.value} record: {len(data)} bytes, over the {MAX_RECORD_BYTES}-byte cap")
+    try:
+        m = msgpack.unpackb(data, raw=False, strict_map_key=True, ext_hook=_refuse_ext)
+    except Exception as e:  # msgpack raises many unrelated types (ValueError, ExtraData, FormatError, ...)
+        raise RecordError(f"{kind.value} record: not a msgpack map ({type(e).__name__})") from None
+    if not isinstance(m, dict):
+        raise RecordError(f"{kind.value} record: not a msgpack map")
+    if m.get("v") != SCHEMA_VERSION or isinstance(m.get("v"), bool):
+        raise RecordError(
+            f"{kind.value} record: schema version {m.get('v')!r} is not {SCHEMA_VERSION} (peer runs another p2ptrain)"
+        )
+    if m.get("kind") != kind.value:
+        raise RecordError(f"{kind.value} record: its kind field says {m.get('kind')!r}")
+    return m
+
+
+def _refuse_ext(code: int, data: bytes) -> Any:
+    raise ValueError(f"msgpack extension type {code} is not allowed")
+
+
+def _check_maddr(maddr: Any) -> str:
+    f.text("maddr", maddr, 256, min_len=2)
+    try:
+        Multiaddr(maddr)
+    except Exception:  # the multiaddr parser raises several types for garbage
+        raise RecordError(f"maddr {maddr[:60]!r} is not a valid multiaddr") from None
+    return maddr
+
+
+def _set(obj: object, name: str, value: Any) -> None:
+    object.__setattr__(obj, name, value)

@@ -1,0 +1,69 @@
+"""Signals become a stop flag in the process that asked for it, and default behaviour in forked children."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from p2ptrain.net.lifecycle import StopSignal, find_processes, shutdown_in_order, terminate_stray_process
+
+
+@pytest.mark.timeout(10)
+def test_sigterm_and_sigint_set_the_flag_and_handlers_are_restored():
+    before = signal.getsignal(signal.SIGTERM)
+    with StopSignal() as stop:
+        assert not stop.wait(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.wait(5.0)
+        assert stop.reason == "received SIGTERM"
+        os.kill(os.getpid(), signal.SIGINT)  # a second signal while stopping is only logged
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def _sleep_forever() -> None:
+    time.sleep(60)
+
+
+@pytest.mark.timeout(20)
+def test_a_forked_child_still_dies_on_sigterm():
+    with StopSignal():
+        child = mp.get_context("fork").Process(target=_sleep_forever)
+        child.start()
+        time.sleep(0.2)
+        child.terminate()  # SIGTERM: the inherited handler must not swallow it
+        child.join(10)
+    assert child.exitcode == -signal.SIGTERM
+
+
+def test_shutdown_steps_all_run_even_if_one_fails():
+    ran = []
+
+    def boom() -> None:
+        raise RuntimeError("boom")
+
+    failed = shutdown_in_order([("a", lambda: ran.append("a")), ("b", boom), ("c", lambda: ran.append("c"))])
+    assert failed == ["b"] and ran == ["a", "c"]
+
+
+@pytest.mark.timeout(20)
+def test_a_stray_process_is_found_by_its_command_line_and_terminated():
+    marker = f"p2ptrain-test-{os.getpid()}-{time.monotonic_ns()}"
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-c", code, marker], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline() == b"up\n"  # SIGTERM is ignored from here on
+        assert find_processes("python", marker.encode()) == [proc.pid]
+        assert not terminate_stray_process(
+            proc.pid, "no-such-name", 1.0
+        )  # a pid of another program is left alone
+        assert terminate_stray_process(proc.pid, "python", 0.5)  # ignores SIGTERM: SIGKILL follows
+        assert proc.wait(5) == -signal.SIGKILL
+    finally:
+        proc.kill()
+        proc.wait()

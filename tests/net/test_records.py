@@ -1,0 +1,302 @@
+"""DHT record schemas: round trips, capacity, and every kind of bad input refused by decode."""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+
+import base58
+import msgpack
+import pytest
+
+from p2ptrain.net import records
+from p2ptrain.net.identity import generate_identity
+from p2ptrain.net.keys import RecordKind, RunKeys, check_run_id
+from p2ptrain.net.records import (
+    MAX_LINK_PEERS,
+    MAX_PLAN_PEERS,
+    MAX_RECORD_BYTES,
+    LinkMeasurement,
+    LinksRecord,
+    PeerRecord,
+    PlanRecord,
+    ProgressRecord,
+    RecordError,
+    RecordTooLarge,
+    decode_record,
+    peer_tag,
+)
+
+
+def fake_peer_ids(n: int, seed: int = 0) -> list[str]:
+    """Well-formed peer IDs (sha2-256 multihashes of random digests), cheaper than generating RSA keys."""
+    rng = random.Random(seed)
+    return sorted(base58.b58encode(b"\x12\x20" + rng.randbytes(32)).decode() for _ in range(n))
+
+
+PEERS = fake_peer_ids(6)
+
+
+def peer_record(**overrides):
+    fields = dict(device_name="NVIDIA H100 80GB", memory_gb=80.0, tflops=712.5, region="Oregon",
+                  maddrs=(f"/ip4/203.0.113.7/tcp/31337/p2p/{PEERS[0]}",))  # fmt: skip
+    fields.update(overrides)
+    return PeerRecord(**fields)
+
+
+def plan_record(**overrides):
+    fields = dict(epoch=3, membership=tuple(PEERS), stages=3, replicas=2, pipelines=((0, 1, 2), (3, 4, 5)),
+                  cost_s=49.2, data_parallel_s=22.7, pipeline_s=26.5)  # fmt: skip
+    fields.update(overrides)
+    return PlanRecord(**fields)
+
+
+def links_record():
+    return LinksRecord.from_peers(
+        {p: LinkMeasurement(10.0 + i, 0.5 * (i + 1)) for i, p in enumerate(PEERS[1:])}
+    )
+
+
+def wire(kind: RecordKind, **fields) -> bytes:
+    return msgpack.packb({"v": 1, "kind": kind.value, **fields}, use_bin_type=True)
+
+
+def wire_of(record, **changes) -> bytes:
+    """The record's wire map with some fields changed (or removed with None as the value of _drop)."""
+    m = msgpack.unpackb(record.encode(), raw=False)
+    drop = changes.pop("_drop", ())
+    m.update(changes)
+    for name in drop:
+        del m[name]
+    return msgpack.packb(m, use_bin_type=True)
+
+
+@pytest.mark.parametrize(
+    "record",
+    [peer_record(), peer_record(maddrs=(), region=""), links_record(), LinksRecord(()), plan_record(),
+     ProgressRecord(epoch=1, step=120, loss=3.25, step_time_s=1.5), ProgressRecord(0, 0, None, 0.0)],
+    ids=lambda r: type(r).__name__,
+)  # fmt: skip
+def test_round_trip(record):
+    assert decode_record(record.kind, record.encode()) == record
+
+
+def test_unknown_future_fields_are_accepted():
+    data = wire_of(peer_record(), gpu_count=8, interconnect={"nvlink": True})
+    assert decode_record(RecordKind.PEER, data) == peer_record()
+    assert decode_record(RecordKind.PLAN, wire_of(plan_record(), hints=[1, 2])) == plan_record()
+
+
+def test_ints_are_accepted_for_floats_but_bools_are_not():
+    assert decode_record(RecordKind.PEER, wire_of(peer_record(), memory_gb=80)).memory_gb == 80.0
+    with pytest.raises(RecordError, match="memory_gb must be a number"):
+        decode_record(RecordKind.PEER, wire_of(peer_record(), memory_gb=True))
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(memory_gb="80"), "memory_gb must be a number"),
+        (dict(memory_gb=math.nan), "memory_gb=nan is not a finite"),
+        (dict(memory_gb=-1.0), "memory_gb=-1 is outside"),
+        (dict(memory_gb=0.0), "memory_gb=0 is outside"),
+        (dict(memory_gb=1e12), "memory_gb=1e\\+12 is outside"),
+        (dict(tflops=math.inf), "tflops=inf is not a finite"),
+        (dict(tflops=5e9), "tflops=5e\\+09 is outside"),
+        (dict(device_name=""), "device_name must have 1..128"),
+        (dict(device_name="x" * 500), "device_name must have 1..128"),
+        (dict(device_name="gpu\x00"), "non-printable"),
+        (dict(maddrs=["not a multiaddr"]), "not a valid multiaddr"),
+        (dict(maddrs=["/ip4/1.2.3.4/tcp/1"] * 17), "maddrs has 17 items"),
+        (dict(maddrs="/ip4/1.2.3.4/tcp/1"), "maddrs must be a list"),
+        (dict(protocol_version=0), "protocol_version=0 is outside"),
+        (dict(protocol_version=1.0), "protocol_version must be an integer"),
+        (dict(p2ptrain_version="1.0; rm -rf"), "p2ptrain_version"),
+        (dict(_drop=["tflops"]), "missing field tflops"),
+    ],
+)
+def test_bad_peer_records_are_refused(changes, message):
+    with pytest.raises(RecordError, match=message):
+        decode_record(RecordKind.PEER, wire_of(peer_record(), **changes))
+
+
+def _links_wire(tags: bytes, latency: list[float], bandwidth: list[float]) -> bytes:
+    return wire(RecordKind.LINKS, tags=tags, latency_ms=records.f.pack_float32(latency),
+                bandwidth_gbps=records.f.pack_float32(bandwidth))  # fmt: skip
+
+
+TAGS = b"".join(peer_tag(p) for p in PEERS[:2])
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (_links_wire(TAGS, [1.0, 2.0], [1.0, math.nan]), "bandwidth_gbps=nan is not a finite"),
+        (_links_wire(TAGS, [1.0, 2.0], [1.0, -3.0]), "bandwidth_gbps=-3 is outside"),
+        (_links_wire(TAGS, [1.0, 2.0], [1.0, 0.0]), "bandwidth_gbps=0 is outside"),
+        (_links_wire(TAGS, [1.0, 2.0], [1.0, 1e7]), "bandwidth_gbps=1e\\+07 is outside"),
+        (_links_wire(TAGS, [1.0, -0.5], [1.0, 1.0]), "latency_ms=-0.5 is outside"),
+        (_links_wire(TAGS, [1.0, math.inf], [1.0, 1.0]), "latency_ms=inf is not a finite"),
+        (_links_wire(TAGS, [1.0], [1.0]), "different lengths"),
+        (_links_wire(TAGS[:8] * 2, [1.0, 2.0], [1.0, 1.0]), "appears twice"),
+        (_links_wire(TAGS + b"x", [1.0, 2.0], [1.0, 1.0]), "tags must hold"),
+        (
+            wire(RecordKind.LINKS, tags=TAGS, latency_ms=[1.0, 2.0], bandwidth_gbps=b""),
+            "latency_ms must be bytes",
+        ),
+    ],
+)
+def test_bad_links_records_are_refused(data, message):
+    with pytest.raises(RecordError, match=message):
+        decode_record(RecordKind.LINKS, data)
+
+
+def test_a_bandwidth_too_small_for_float32_is_refused():
+    with pytest.raises(RecordError, match="bandwidth_gbps=0 is outside"):
+        LinkMeasurement(latency_ms=1.0, bandwidth_gbps=1e-60)
+
+
+def _raw_ids(peers: list[str]) -> bytes:
+    return b"".join(base58.b58decode(p) for p in peers)
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(membership=_raw_ids(PEERS[::-1])), "sorted by peer ID"),
+        (dict(membership=_raw_ids([PEERS[0], *PEERS[:5]])), "sorted by peer ID, without repeats"),
+        (dict(membership=b"\x00" * 34 * 6), "malformed peer ID"),
+        (dict(membership=b""), "non-empty"),
+        (dict(stages=4), "not a multiple of 4 stages"),
+        (dict(replicas=3), "3 stages x 3 replicas"),
+        (dict(pipelines=records.f.pack_uint16([0, 1, 2, 3, 4, 9])), "pipelines\\[i\\]\\[j\\]=9 is outside"),
+        (dict(pipelines=records.f.pack_uint16([0, 1, 2, 3, 4, 4])), "holds two slots"),
+        (dict(pipelines=records.f.pack_uint16([0, 1, 2])), "pipelines must be 2 rows"),
+        (dict(cost_s=-1.0), "cost_s=-1 is outside"),
+        (dict(cost_s=math.nan), "cost_s=nan"),
+        (dict(epoch=-1), "epoch=-1 is outside"),
+        (dict(objective="DROP TABLE"), "objective"),
+    ],
+)
+def test_bad_plan_records_are_refused(changes, message):
+    with pytest.raises(RecordError, match=message):
+        decode_record(RecordKind.PLAN, wire_of(plan_record(), **changes))
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(step=-1), "step=-1 is outside"),
+        (dict(step=True), "step must be an integer"),
+        (dict(loss=math.nan), "loss=nan"),
+        (dict(loss="low"), "loss must be a number"),
+        (dict(step_time_s=-0.1), "step_time_s=-0.1 is outside"),
+    ],
+)
+def test_bad_progress_records_are_refused(changes, message):
+    with pytest.raises(RecordError, match=message):
+        decode_record(RecordKind.PROGRESS, wire_of(ProgressRecord(1, 2, 3.0, 0.5), **changes))
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (os.urandom(64), "not a msgpack map|schema version"),
+        (b"", "not a msgpack map"),
+        ("a string", "not bytes"),
+        (12, "not bytes"),
+        (msgpack.packb([1, 2, 3]), "not a msgpack map"),
+        (msgpack.packb({1: 2}), "not a msgpack map"),
+        (msgpack.packb({"v": 2, "kind": "peers"}), "schema version 2 is not 1"),
+        (msgpack.packb({"v": True, "kind": "peers"}), "schema version True"),
+        (peer_record().encode() + b"\x00", "not a msgpack map"),
+        (msgpack.packb(msgpack.ExtType(5, b"x")), "not a msgpack map"),
+        (b"\x00" * (MAX_RECORD_BYTES + 1), "over the 24576-byte cap"),
+    ],
+)
+def test_garbage_is_refused(data, message):
+    with pytest.raises(RecordError, match=message):
+        decode_record(RecordKind.PEER, data)
+
+
+def test_a_record_of_another_kind_is_refused():
+    with pytest.raises(RecordError, match="its kind field says 'peers'"):
+        decode_record(RecordKind.PLAN, peer_record().encode())
+
+
+def test_random_corruptions_never_escape_as_other_exceptions():
+    data = bytearray(plan_record().encode())
+    rng = random.Random(1)
+    for _ in range(300):
+        corrupted = bytearray(data)
+        for _ in range(rng.randint(1, 4)):
+            corrupted[rng.randrange(len(corrupted))] = rng.randrange(256)
+        try:
+            decode_record(RecordKind.PLAN, bytes(corrupted))
+        except RecordError:
+            pass
+
+
+def test_largest_links_row_and_plan_fit_the_cap():
+    peers = fake_peer_ids(MAX_PLAN_PEERS, seed=2)
+    row = LinksRecord.from_peers(
+        {p: LinkMeasurement(123.4, 0.79) for p in fake_peer_ids(MAX_LINK_PEERS, seed=3)}
+    )
+    plan = PlanRecord.from_plan_json(
+        7, peers, {"stages": 8, "replicas": MAX_PLAN_PEERS // 8, "cost_s": 1.0,
+                   "pipelines": [[i * 8 + j for j in range(8)] for i in range(MAX_PLAN_PEERS // 8)]},
+    )  # fmt: skip
+    for record in (row, plan):
+        data = record.encode()
+        assert len(data) <= MAX_RECORD_BYTES
+        assert decode_record(record.kind, data) == record
+    with pytest.raises(RecordError, match="at most 1024"):
+        LinksRecord.from_peers(
+            {p: LinkMeasurement(1.0, 1.0) for p in fake_peer_ids(MAX_LINK_PEERS + 1, seed=4)}
+        )
+
+
+def test_encode_refuses_a_record_over_the_cap(monkeypatch):
+    monkeypatch.setattr(records, "MAX_RECORD_BYTES", 100)
+    with pytest.raises(RecordTooLarge, match="over the 100-byte cap"):
+        links_record().encode()
+
+
+def test_links_row_resolves_tags_against_known_peers():
+    row = links_record()
+    resolved = row.resolve(PEERS + fake_peer_ids(3, seed=9))
+    assert set(resolved) == set(PEERS[1:])
+    assert resolved[PEERS[2]] == LinkMeasurement(11.0, 1.0)
+    assert decode_record(RecordKind.LINKS, row.encode()).resolve(PEERS) == resolved
+
+
+def test_plan_from_planner_json_maps_device_indices_to_sorted_members():
+    devices = [PEERS[3], PEERS[0], PEERS[5], PEERS[1]]  # cluster order, not sorted
+    plan = PlanRecord.from_plan_json(1, devices, {"stages": 2, "replicas": 2, "cost_s": 5.0,
+                                                  "pipelines": [[0, 1], [2, 3]], "baselines": {}})  # fmt: skip
+    assert plan.membership == (PEERS[0], PEERS[1], PEERS[3], PEERS[5])
+    assert plan.leader == PEERS[0]
+    assert plan.peer_at(0, 0) == PEERS[3] and plan.peer_at(1, 1) == PEERS[1]
+    assert plan.position_of(PEERS[5]) == (1, 0)
+    assert plan.position_of(PEERS[2]) is None
+
+
+def test_spare_members_are_allowed():
+    plan = plan_record(stages=2, replicas=2, pipelines=((0, 1), (2, 3)))
+    assert plan.position_of(PEERS[4]) is None
+
+
+def test_peer_ids_of_real_identities_are_well_formed_plan_members():
+    ids = sorted(generate_identity().peer_id for _ in range(2))
+    assert decode_record(RecordKind.PLAN, plan_record(membership=tuple(ids), stages=1, replicas=2,
+                                                      pipelines=((0,), (1,))).encode()).membership == tuple(ids)  # fmt: skip
+
+
+def test_run_keys_are_spelled_in_one_place():
+    keys = RunKeys("demo-1")
+    assert [keys.peers, keys.links, keys.plan, keys.progress] == ["demo-1.peers", "demo-1.links", "demo-1.plan",
+                                                                   "demo-1.progress"]  # fmt: skip
+    for bad in ("", "a.b", "-x", "x" * 65, "sp ace"):
+        with pytest.raises(ValueError, match="invalid run ID"):
+            check_run_id(bad)
