@@ -148,14 +148,19 @@ class SwarmDHT:
             raise PeerTimeoutError(
                 f"the DHT did not start within startup_timeout_s={cfg.startup_timeout_s}"
             ) from None
-        except BaseException as e:
+        except (ProtocolError, ConfigError):
             self.shutdown()
-            if isinstance(e, ProtocolError | ConfigError):
-                raise
+            raise
+        except Exception as e:  # hivemind and p2pd fail in many ways: one error type that names the peer
+            self.shutdown()
             hint = (
                 f" (initial peers: {' '.join(cfg.initial_peers)}; {_REACH_HINT})" if cfg.initial_peers else ""
             )
-            raise ProtocolError(f"could not start the DHT: {type(e).__name__}: {e}{hint}") from e
+            who = f"peer {self._identity.peer_id}" + (f" (identity file {path})" if path else "")
+            raise ProtocolError(f"could not start DHT {who}: {type(e).__name__}: {e}{hint}") from e
+        except BaseException:  # KeyboardInterrupt during startup: stop what started, then let it through
+            self.shutdown()
+            raise
         finally:
             key_file.close()
         if peer_id != self._identity.peer_id:  # the signing key must be p2pd's identity (see identity.py)

@@ -79,7 +79,7 @@ def swarm(tmp_path_factory):
     paths = []
     for n, identity in enumerate(identities):
         paths.append(str(tmp_path_factory.mktemp("ids") / f"peer{n}.key"))
-        with open(paths[-1], "wb") as f:
+        with open(os.open(paths[-1], os.O_WRONLY | os.O_CREAT, 0o600), "wb") as f:
             f.write(identity.to_protobuf())
     leader = SwarmDHT(RUN, dataclasses.replace(LOOPBACK, identity_path=paths[0])).start()
     joined = dataclasses.replace(LOOPBACK, initial_peers=tuple(leader.get_visible_maddrs()))
