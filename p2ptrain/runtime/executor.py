@@ -24,7 +24,7 @@ from typing import Protocol
 
 import torch
 
-from p2ptrain.model.data import TrainData
+from p2ptrain.model.data import TrainData, inputs_and_targets, micro_batches, shard_of
 from p2ptrain.model.loss import micro_batch_loss
 from p2ptrain.runtime.allreduce import GroupExchange, flatten, sharded_all_reduce, unflatten_into
 from p2ptrain.runtime.topology import Role, Topology
@@ -94,8 +94,9 @@ class StageExecutor:
         self.optimizer.zero_grad(set_to_none=False)
 
         for m, tokens in enumerate(micro):
+            inputs_m, targets = inputs_and_targets(tokens)
             if role.is_first:
-                x = tokens[:, :-1].to(self.device)
+                x = inputs_m.to(self.device)
                 inputs.append(None)
             else:
                 x = link.recv(prev_peer, ACTIVATION, m, 0, act_shape, torch.float32).to(self.device)
@@ -103,8 +104,7 @@ class StageExecutor:
                 inputs.append(x)
             out = self.module(x)
             if role.is_last:
-                targets = tokens[:, 1:].to(self.device)
-                out = micro_batch_loss(out, targets, self.data.tokens_per_batch)
+                out = micro_batch_loss(out, targets.to(self.device), self.data.tokens_per_batch)
             else:
                 sends.append(link.send(next_peer, ACTIVATION, m, 0, out.detach().cpu()))
             outputs.append(out)
@@ -127,10 +127,8 @@ class StageExecutor:
         return StepOutcome(step, loss)
 
     def _micro_batches(self, step: int, role: Role) -> list[torch.Tensor]:
-        batch = self.data.global_batch(step)
-        rows = batch.shape[0] // role.num_replicas
-        shard = batch[role.replica * rows : (role.replica + 1) * rows]
-        return list(torch.chunk(shard, self.num_micro_batches, dim=0))
+        shard = shard_of(self.data.global_batch(step), role.replica, role.num_replicas)
+        return micro_batches(shard, self.num_micro_batches)
 
     def _all_reduce_and_step(
         self, role: Role, topology: Topology, link: StepLink, loss_sum: torch.Tensor
@@ -147,9 +145,9 @@ class StageExecutor:
             loss = float(total[-1])
             total = total[:-1]
         with torch.no_grad():
-            targets = [p.grad if p.grad is not None else p.new_zeros(p.shape) for p in self.params]
-            unflatten_into(total.to(self.device), targets)
-            for p, g in zip(self.params, targets):
+            slots = [p.grad if p.grad is not None else p.new_zeros(p.shape) for p in self.params]
+            unflatten_into(total.to(self.device), slots)
+            for p, g in zip(self.params, slots):
                 p.grad = g
         self.optimizer.step()
         return loss
