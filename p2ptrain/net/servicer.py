@@ -20,6 +20,7 @@ Handlers are thin: decode, validate, hand to the mailbox. Every refusal is logge
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import typing
@@ -73,8 +74,14 @@ class TensorServicer(ServicerBase):
     async def rpc_push(
         self, requests: typing.AsyncIterator[runtime_pb2.ExpertRequest], context: P2PContext
     ) -> typing.AsyncIterator[runtime_pb2.ExpertResponse]:
-        sender = context.remote_id.to_base58()
         pieces = Pieces(requests, self.idle_timeout_s)
+        reply = await self._receive(pieces, context.remote_id.to_base58())
+        yield reply
+        if not is_ok(reply):
+            await pieces.drain()
+
+    async def _receive(self, pieces: Pieces, sender: str) -> runtime_pb2.ExpertResponse:
+        """Read one message into the mailbox; the reply says whether it was taken."""
         admission = None
         try:
             first = await pieces.next()
@@ -88,13 +95,12 @@ class TensorServicer(ServicerBase):
             self.mailbox.deliver(admission, tensor_from_bytes(buffer, header.dtype, header.shape))
             admission = None
         except (Malformed, MessageRejected, asyncio.TimeoutError) as e:
-            yield refusal(sender, e)
-            return
+            return refusal(sender, e)
         finally:
-            if admission is not None:
+            if admission is not None:  # refused or cancelled midway: release its room before replying
                 self.mailbox.abandon(admission)
         logger.debug("received %s (%d bytes) from peer %s", header.tag, header.nbytes, sender)
-        yield make_reply()
+        return make_reply()
 
     async def rpc_probe(
         self, requests: typing.AsyncIterator[runtime_pb2.ExpertRequest], context: P2PContext
@@ -114,6 +120,7 @@ class TensorServicer(ServicerBase):
                 await self.hold(header)
             except (Malformed, MessageRejected, asyncio.TimeoutError) as e:
                 yield refusal(sender, e)
+                await pieces.drain()
                 return
             # the reply carries data, so it is shaped on the reverse link by this side's emulator
             reservation = self.emulator.reserve(sender, header.reply_bytes)
@@ -158,6 +165,17 @@ class Pieces:
             return None
         except asyncio.TimeoutError:
             raise asyncio.TimeoutError(f"the sender sent nothing for {self._idle_timeout_s:.1f} s") from None
+
+    async def drain(self) -> None:
+        """Discard what the sender still sends, for at most the idle deadline, so that it can read our refusal:
+        closing the stream at once would break its writes, and a broken write hides the reply from it."""
+
+        async def discard():
+            async for _ in self._requests:
+                pass
+
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(discard(), self._idle_timeout_s)
 
 
 def decode_header(first: runtime_pb2.ExpertRequest | None) -> Header:
@@ -219,6 +237,10 @@ def make_reply(error: str | None = None, payload: bytes = b"", arrival: Stamp | 
         metadata["at"] = arrival.to_json()
     tensors = [runtime_pb2.Tensor(buffer=payload)] if payload else []
     return runtime_pb2.ExpertResponse(metadata=json.dumps(metadata).encode(), tensors=tensors)
+
+
+def is_ok(response: runtime_pb2.ExpertResponse) -> bool:
+    return parse_reply(response).error is None
 
 
 def refusal(sender: str, error: Exception) -> runtime_pb2.ExpertResponse:

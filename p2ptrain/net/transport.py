@@ -292,6 +292,7 @@ class Transport:
 
     async def _stop(self) -> None:
         self.mailbox.close("the transport shut down")
+        await asyncio.sleep(0)  # let pending receives take that error before they are cancelled
         await _cancel_all(self._tasks - {asyncio.current_task()}, self.config.shutdown_timeout_s / 4)
         if self._p2p is not None:
             if not self._owns_daemon:  # the DHT's daemon lives on: stop routing our protocols to this process

@@ -1,0 +1,259 @@
+"""The tensor transport on real libp2p daemons over loopback: round trips, refusals, dead peers, lifetime."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+import typing
+
+import hivemind
+import pytest
+import torch
+from hivemind.p2p import P2PContext
+from hivemind.proto import runtime_pb2
+from hivemind.utils import get_dht_time
+
+from p2ptrain.errors import MessageRejected, PeerTimeoutError
+from p2ptrain.net.messages import ACTIVATION, ACTIVATION_GRAD, REDUCE_SHARD, Header, Tag
+from p2ptrain.net.servicer import TensorServicer, first_reply, parse_reply
+from p2ptrain.net.transport import Transport, TransportConfig
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+RUN = "nettest"
+MIB = 1 << 20
+RECEIVER = TransportConfig(call_timeout_s=5.0, max_message_bytes=8 * MIB, max_buffered_bytes=16 * MIB)
+SENDER = TransportConfig(call_timeout_s=5.0)
+_steps = itertools.count(10, 10)
+
+
+@pytest.fixture(scope="module")
+def trio():
+    """Receiver ``a`` (8 MiB messages, 16 MiB buffered) and senders ``b`` and ``c``, shared by the module."""
+    with Transport(RUN, RECEIVER) as a:
+        with Transport(RUN, SENDER, initial_peers=a.visible_maddrs) as b:
+            with Transport(RUN, SENDER, initial_peers=a.visible_maddrs) as c:
+                yield a, b, c
+
+
+@pytest.fixture
+def step(trio) -> int:
+    """A step of its own for each test; every transport's window starts there."""
+    step = next(_steps)
+    for transport in trio:
+        transport.set_window(RUN, 0, step)
+    return step
+
+
+@pytest.fixture
+def refusals(caplog) -> pytest.LogCaptureFixture:
+    """The receivers' refusal log (``refusals.messages``)."""
+    caplog.set_level(logging.WARNING, logger="p2ptrain.net.servicer")
+    return caplog
+
+
+def tensors() -> list[torch.Tensor]:
+    return [
+        torch.randn(3, 700, 700),  # 5.9 MB: more than one libp2p message (4 MiB) and several chunks
+        torch.randn(17, 33).to(torch.bfloat16),
+        torch.arange(5, dtype=torch.int64),
+        torch.tensor([[True, False, True], [False, False, True]]),
+        torch.tensor(3.25, dtype=torch.float64),
+        torch.empty(0, 4),
+    ]
+
+
+def test_round_trip_of_dtypes_and_shapes(trio, step):
+    a, b, _ = trio
+    values = tensors()
+    tags = [Tag(RUN, 0, step, ACTIVATION, micro_batch=i) for i in range(len(values))]
+    early = a.recv_async(tags[0], b.peer_id, values[0].shape, values[0].dtype)  # waits before arrival
+    for tag, value in zip(tags, values, strict=True):
+        b.send(a.peer_id, tag, value)
+    assert torch.equal(early.result(timeout=10), values[0])
+    for tag, value in list(zip(tags, values, strict=True))[1:]:  # these arrived before the receive
+        received = a.recv(tag, str(b.peer_id), value.shape, value.dtype)
+        assert received.dtype == value.dtype and torch.equal(received, value)
+    assert a.mailbox.held_bytes == 0
+
+
+def test_concurrent_sends_and_a_collective_tag(trio, step):
+    a, b, c = trio
+    grads = [torch.full((1000,), float(i)) for i in range(4)]
+    pending = [b.send_async(a.peer_id, Tag(RUN, 0, step, ACTIVATION_GRAD, i), g) for i, g in enumerate(grads)]
+    shard = Tag(RUN, 0, step, REDUCE_SHARD, part=1)  # one tag, one message from each member of the group
+    for sender in (b, c):
+        a.expect(shard, sender.peer_id, (10,), torch.float32)
+    pending += [sender.send_async(a.peer_id, shard, torch.full((10,), i + 1.0)) for i, sender in enumerate((b, c))]
+    for future in pending:
+        future.result(timeout=20)
+    for i, g in enumerate(grads):
+        assert torch.equal(a.recv(Tag(RUN, 0, step, ACTIVATION_GRAD, i), b.peer_id, g.shape, g.dtype), g)
+    assert a.recv(shard, c.peer_id, (10,), torch.float32)[0] == 2.0
+    assert a.recv(shard, b.peer_id, (10,), torch.float32)[0] == 1.0
+
+
+def _refusal_cases(step: int):
+    """(name, who sends, tag, tensor): each is refused by receiver ``a``, which expects from ``b`` at ``step``
+    a (4, 4) float32 for Tag(RUN, 0, step, activation)."""
+    tag = Tag(RUN, 0, step, ACTIVATION)
+    return {
+        "wrong shape": ("b", tag, torch.zeros(4, 5)),
+        "wrong dtype": ("b", tag, torch.zeros(4, 4, dtype=torch.float16)),
+        "wrong sender": ("c", tag, torch.zeros(4, 4)),
+        "stale step": ("b", Tag(RUN, 0, step - 1, ACTIVATION), torch.zeros(4, 4)),
+        "step too far ahead": ("b", Tag(RUN, 0, step + 3, ACTIVATION), torch.zeros(4, 4)),
+        "wrong run": ("b", Tag("otherrun", 0, step, ACTIVATION), torch.zeros(4, 4)),
+        "oversized": ("b", Tag(RUN, 0, step, ACTIVATION, micro_batch=1), torch.zeros(8 * MIB // 4 + 1)),
+    }
+
+
+@pytest.mark.parametrize("case", list(_refusal_cases(1)))
+def test_refused_messages_are_logged_and_never_delivered(trio, step, refusals, case):
+    a, b, c = trio
+    who, tag, bad = _refusal_cases(step)[case]
+    sender = {"b": b, "c": c}[who]
+    right = Tag(RUN, 0, step, ACTIVATION)
+    a.expect(right, b.peer_id, (4, 4), torch.float32)
+    with pytest.raises(MessageRejected) as info:
+        sender.send(a.peer_id, tag, bad)
+    assert info.value.peer == str(a.peer_id)
+    assert any(str(sender.peer_id) in m and "refused" in m for m in refusals.messages), refusals.messages
+    assert a.mailbox.held_bytes == 0  # nothing of it was kept
+    b.send(a.peer_id, right, torch.ones(4, 4))  # the right message still gets through
+    assert torch.equal(a.recv(right, b.peer_id, (4, 4), torch.float32), torch.ones(4, 4))
+
+
+def test_duplicates_and_a_full_buffer_are_refused(trio, step, refusals):
+    a, b, _ = trio
+    big = torch.zeros(6 * MIB // 4)  # two fit in the receiver's 16 MiB, a third does not
+    tags = [Tag(RUN, 0, step, ACTIVATION, micro_batch=i) for i in range(3)]
+    b.send(a.peer_id, tags[0], big)
+    with pytest.raises(MessageRejected):
+        b.send(a.peer_id, tags[0], big)
+    b.send(a.peer_id, tags[1], big)
+    with pytest.raises(MessageRejected):
+        b.send(a.peer_id, tags[2], big)
+    assert sum("duplicate" in m for m in refusals.messages) == 1
+    assert sum("buffer full" in m for m in refusals.messages) == 1
+    a.set_window(RUN, 0, step + 1)  # unread messages of an old step are dropped, and their room freed
+    assert a.mailbox.held_bytes == 0
+    b.send(a.peer_id, Tag(RUN, 0, step + 1, ACTIVATION), big)
+
+
+def _frames(tag: Tag, header: bytes, pieces: list[tuple[str, bytes]]):
+    """A hand-made request stream: the header on the first piece, then (uid, bytes) pieces as given."""
+
+    async def requests():
+        for index, (uid, data) in enumerate(pieces):
+            yield runtime_pb2.ExpertRequest(uid=uid, metadata=header if index == 0 else b"",
+                                            tensors=[runtime_pb2.Tensor(buffer=data)])
+
+    return requests()
+
+
+def _malformed_cases(step: int):
+    tag = Tag(RUN, 0, step, ACTIVATION)
+    good = Header(tag, "float32", (4, 4)).encode()  # 64 bytes
+    other = Tag(RUN, 0, step, ACTIVATION, micro_batch=9).key
+    return {
+        "garbled header": (b"\x00{garbage", [(tag.key, bytes(64))]),
+        "header of another tag": (good, [(other, bytes(64))]),
+        "pieces disagree on the tag": (good, [(tag.key, bytes(32)), (other, bytes(32))]),
+        "more bytes than announced": (good, [(tag.key, bytes(32)), (tag.key, bytes(40))]),
+        "an extra piece after the end": (good, [(tag.key, bytes(64)), (tag.key, bytes(1))]),
+        "fewer bytes than announced": (good, [(tag.key, bytes(32))]),
+    }
+
+
+@pytest.mark.parametrize("case", list(_malformed_cases(1)))
+def test_malformed_streams_are_refused(trio, step, refusals, case):
+    a, b, _ = trio
+    header, pieces = _malformed_cases(step)[case]
+    right = Tag(RUN, 0, step, ACTIVATION)
+
+    async def push():
+        responses = await b.stub(a.peer_id).rpc_push(_frames(right, header, pieces))
+        return parse_reply(await first_reply(responses, str(a.peer_id)))
+
+    reply = b.run_coroutine(asyncio.wait_for(push(), 10), timeout_s=15)
+    assert reply.error is not None
+    assert any(str(b.peer_id) in m and "refused" in m for m in refusals.messages), refusals.messages
+    assert a.mailbox.held_bytes == 0
+    b.send(a.peer_id, right, torch.ones(4, 4))
+    assert torch.equal(a.recv(right, b.peer_id, (4, 4), torch.float32), torch.ones(4, 4))
+
+
+def test_a_receive_that_times_out_names_the_sender(trio, step):
+    a, b, _ = trio
+    start_s = time.monotonic()
+    with pytest.raises(PeerTimeoutError) as info:
+        a.recv(Tag(RUN, 0, step, ACTIVATION), b.peer_id, (1,), torch.float32, timeout_s=0.5)
+    assert info.value.peer == str(b.peer_id) and str(b.peer_id) in str(info.value)
+    assert time.monotonic() - start_s < 5  # no hang
+
+
+class DeafServicer(TensorServicer):
+    """A peer that accepts streams, reads everything and never answers."""
+
+    async def rpc_push(
+        self, requests: typing.AsyncIterator[runtime_pb2.ExpertRequest], context: P2PContext
+    ) -> typing.AsyncIterator[runtime_pb2.ExpertResponse]:
+        async for _ in requests:
+            pass
+        await asyncio.sleep(3600)
+        yield runtime_pb2.ExpertResponse()
+
+
+class DeafTransport(Transport):
+    servicer_cls = DeafServicer
+
+
+def test_a_peer_that_never_answers_is_named_within_the_deadline(make_transport):
+    deaf = make_transport(SENDER, cls=DeafTransport)
+    sender = make_transport(SENDER, join=deaf)
+    start_s = time.monotonic()
+    with pytest.raises(PeerTimeoutError) as info:
+        sender.send(deaf.peer_id, Tag(RUN, 0, 0, ACTIVATION), torch.zeros(1000), timeout_s=1.0)
+    assert info.value.peer == str(deaf.peer_id)
+    assert time.monotonic() - start_s < 5  # the deadline, not hivemind's ~40 s
+
+
+def test_a_shut_down_peer_is_named_within_the_deadline(make_transport):
+    receiver = make_transport(SENDER)
+    sender = make_transport(SENDER, join=receiver)
+    sender.send(receiver.peer_id, Tag(RUN, 0, 0, ACTIVATION), torch.zeros(10))
+    receiver.shutdown()
+    start_s = time.monotonic()
+    with pytest.raises(PeerTimeoutError) as info:
+        sender.send(receiver.peer_id, Tag(RUN, 0, 0, ACTIVATION, 1), torch.zeros(10), timeout_s=1.0)
+    assert info.value.peer == str(receiver.peer_id)
+    assert time.monotonic() - start_s < 5
+
+
+def test_shutdown_is_idempotent_and_fails_pending_receives(make_transport):
+    transport = make_transport(SENDER)
+    pending = transport.recv_async(Tag(RUN, 0, 0, ACTIVATION), "somepeer", (1,), torch.float32, timeout_s=30)
+    with transport:
+        pass
+    transport.shutdown()
+    with pytest.raises(MessageRejected):
+        pending.result(timeout=5)
+    with pytest.raises(RuntimeError):
+        transport.send("somepeer", Tag(RUN, 0, 0, ACTIVATION), torch.zeros(1))
+
+
+@pytest.mark.timeout(90)
+def test_a_transport_shares_the_dht_daemon(make_transport):
+    dht = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    try:
+        with Transport(RUN, SENDER, dht=dht) as shared:
+            assert shared.peer_id == dht.peer_id  # one peer ID for records and tensors
+            other = make_transport(SENDER, join=shared)
+            other.send(shared.peer_id, Tag(RUN, 0, 0, ACTIVATION), torch.ones(3))
+            assert torch.equal(shared.recv(Tag(RUN, 0, 0, ACTIVATION), other.peer_id, (3,), torch.float32), torch.ones(3))
+        assert dht.store("still", "alive", get_dht_time() + 30)  # the DHT outlives the transport
+    finally:
+        dht.shutdown()
