@@ -291,16 +291,17 @@ class Transport:
         logger.info("transport of peer %s shut down", self.peer_id)
 
     async def _stop(self) -> None:
+        step_s = self.config.shutdown_timeout_s / 4
         self.mailbox.close("the transport shut down")
         await asyncio.sleep(0)  # let pending receives take that error before they are cancelled
-        await _cancel_all(self._tasks - {asyncio.current_task()}, self.config.shutdown_timeout_s / 4)
+        await _cancel_all(self._tasks - {asyncio.current_task()}, step_s)
+        servicer = getattr(self, "_servicer", None)
+        if servicer is not None and not self._owns_daemon:  # the DHT's daemon lives on: stop routing to us
+            await _attempt("remove the rpc handlers", servicer.remove_p2p_handlers(self._p2p, namespace=NAMESPACE), step_s)
         if self._p2p is not None:
-            if not self._owns_daemon:  # the DHT's daemon lives on: stop routing our protocols to this process
-                await asyncio.wait_for(self._servicer.remove_p2p_handlers(self._p2p, namespace=NAMESPACE),
-                                       self.config.shutdown_timeout_s / 4)
-            await asyncio.wait_for(self._p2p.shutdown(), self.config.shutdown_timeout_s / 4)
+            await _attempt("stop the libp2p client and daemon", self._p2p.shutdown(), step_s)
         # what is left: hivemind's handler and reader tasks of the now closed connections
-        await _cancel_all(asyncio.all_tasks() - {asyncio.current_task()}, self.config.shutdown_timeout_s / 4)
+        await _cancel_all(asyncio.all_tasks() - {asyncio.current_task()}, step_s)
 
     def __enter__(self) -> Transport:
         return self
@@ -315,3 +316,11 @@ async def _cancel_all(tasks: set[asyncio.Task], timeout_s: float) -> None:
         task.cancel()
     if tasks:
         await asyncio.wait(tasks, timeout=timeout_s)
+
+
+async def _attempt(what: str, coroutine: Coroutine[Any, Any, Any], timeout_s: float) -> None:
+    """One step of shutdown: a failure is logged and the next step still runs."""
+    try:
+        await asyncio.wait_for(coroutine, timeout_s)
+    except Exception as e:
+        logger.warning("transport shutdown could not %s: %r", what, e)

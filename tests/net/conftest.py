@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import typing
 from collections.abc import Callable, Iterator
 
 import pytest
+from hivemind.p2p import P2PContext
+from hivemind.proto import runtime_pb2
 
+from p2ptrain.net.servicer import TensorServicer
 from p2ptrain.net.transport import Transport, TransportConfig
 
 RUN = "nettest"
@@ -25,3 +30,27 @@ def make_transport() -> Iterator[Callable[..., Transport]]:
     yield make
     for transport in reversed(made):
         transport.shutdown()
+
+
+class DeafServicer(TensorServicer):
+    """A peer that accepts streams, reads everything sent to it and never answers."""
+
+    async def rpc_push(
+        self, requests: typing.AsyncIterator[runtime_pb2.ExpertRequest], context: P2PContext
+    ) -> typing.AsyncIterator[runtime_pb2.ExpertResponse]:
+        async for _ in requests:
+            pass
+        await asyncio.sleep(3600)
+        yield runtime_pb2.ExpertResponse()
+
+    rpc_probe = rpc_push
+
+
+class DeafTransport(Transport):
+    servicer_cls = DeafServicer
+
+
+@pytest.fixture
+def deaf_transport_cls() -> type[Transport]:
+    """A Transport subclass whose endpoints read requests and never answer (pass as ``cls`` to make_transport)."""
+    return DeafTransport

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
-import typing
 
 import pytest
-from hivemind.p2p import P2PContext
-from hivemind.proto import runtime_pb2
 
 from p2ptrain.errors import PeerTimeoutError
 from p2ptrain.net.probe import LinkEstimate, LinkTable, ProbeConfig, measure_link
-from p2ptrain.net.servicer import TensorServicer
-from p2ptrain.net.transport import Transport, TransportConfig
+from p2ptrain.net.transport import TransportConfig
 
 # Sized so that a measurement takes a second or two: transfers of n/β ≥ max(3 RTT, 0.15 s), the fastest of 3.
 QUICK = ProbeConfig(pings=10, transfers=3, rtt_multiple=3.0, min_transfer_s=0.15, deadline_s=30.0)
@@ -34,26 +29,10 @@ def test_measured_latency_and_bandwidth_match_the_emulated_link(make_transport, 
     assert estimate.samples >= QUICK.pings + QUICK.transfers
 
 
-class SilentServicer(TensorServicer):
-    """Reads probes and never answers them."""
-
-    async def rpc_probe(
-        self, requests: typing.AsyncIterator[runtime_pb2.ExpertRequest], context: P2PContext
-    ) -> typing.AsyncIterator[runtime_pb2.ExpertResponse]:
-        async for _ in requests:
-            pass
-        await asyncio.sleep(3600)
-        yield runtime_pb2.ExpertResponse()
-
-
-class SilentTransport(Transport):
-    servicer_cls = SilentServicer
-
-
 @pytest.mark.integration
 @pytest.mark.timeout(60)
-def test_probing_a_silent_peer_ends_at_the_deadline(make_transport):
-    silent = make_transport(TransportConfig(call_timeout_s=1.0), cls=SilentTransport)
+def test_probing_a_silent_peer_ends_at_the_deadline(make_transport, deaf_transport_cls):
+    silent = make_transport(TransportConfig(call_timeout_s=1.0), cls=deaf_transport_cls)
     prober = make_transport(TransportConfig(call_timeout_s=1.0), join=silent)
     start_s = time.monotonic()
     with pytest.raises(PeerTimeoutError) as info:

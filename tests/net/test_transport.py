@@ -6,18 +6,16 @@ import asyncio
 import itertools
 import logging
 import time
-import typing
 
 import hivemind
 import pytest
 import torch
-from hivemind.p2p import P2PContext
 from hivemind.proto import runtime_pb2
 from hivemind.utils import get_dht_time
 
 from p2ptrain.errors import MessageRejected, PeerTimeoutError
 from p2ptrain.net.messages import ACTIVATION, ACTIVATION_GRAD, REDUCE_SHARD, Header, Tag
-from p2ptrain.net.servicer import TensorServicer, first_reply, parse_reply
+from p2ptrain.net.servicer import first_reply, parse_reply
 from p2ptrain.net.transport import Transport, TransportConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -195,24 +193,8 @@ def test_a_receive_that_times_out_names_the_sender(trio, step):
     assert time.monotonic() - start_s < 5  # no hang
 
 
-class DeafServicer(TensorServicer):
-    """A peer that accepts streams, reads everything and never answers."""
-
-    async def rpc_push(
-        self, requests: typing.AsyncIterator[runtime_pb2.ExpertRequest], context: P2PContext
-    ) -> typing.AsyncIterator[runtime_pb2.ExpertResponse]:
-        async for _ in requests:
-            pass
-        await asyncio.sleep(3600)
-        yield runtime_pb2.ExpertResponse()
-
-
-class DeafTransport(Transport):
-    servicer_cls = DeafServicer
-
-
-def test_a_peer_that_never_answers_is_named_within_the_deadline(make_transport):
-    deaf = make_transport(SENDER, cls=DeafTransport)
+def test_a_peer_that_never_answers_is_named_within_the_deadline(make_transport, deaf_transport_cls):
+    deaf = make_transport(SENDER, cls=deaf_transport_cls)
     sender = make_transport(SENDER, join=deaf)
     start_s = time.monotonic()
     with pytest.raises(PeerTimeoutError) as info:
