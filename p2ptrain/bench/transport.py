@@ -42,6 +42,7 @@ class Throughput:
 
 def measure_throughput(sizes_mib: Sequence[int] = (1, 4, 16, 64), repeats: int = 5) -> list[Throughput]:
     """Median MB/s over ``repeats`` transfers per size, for the transport and for a raw libp2p stream."""
+    sizes_mib = sorted(set(sizes_mib))
     transport = _transport_rates(sizes_mib, repeats)
     raw = asyncio.run(_raw_rates(sizes_mib, repeats))
     return [Throughput(size, transport[size], raw[size], repeats) for size in sizes_mib]
