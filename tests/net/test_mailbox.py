@@ -11,7 +11,15 @@ import torch
 
 from p2ptrain.errors import MessageRejected
 from p2ptrain.net.mailbox import Mailbox
-from p2ptrain.net.messages import Header, Stamp, Tag, dtype_name, piece_bounds, tensor_bytes, tensor_from_bytes
+from p2ptrain.net.messages import (
+    Header,
+    Stamp,
+    Tag,
+    dtype_name,
+    piece_bounds,
+    tensor_bytes,
+    tensor_from_bytes,
+)
 
 RUN = "mbox"
 A, B = "peerA", "peerB"
