@@ -119,6 +119,8 @@ class PeerRecord(_Record):
     region: str = ""
     p2ptrain_version: str = __version__
     protocol_version: int = PROTOCOL_VERSION
+    # on an emulated network (``p2ptrain swarm --scenario``): the device of the cluster file this peer plays
+    emulated_device: int | None = None
     kind: ClassVar[RecordKind] = RecordKind.PEER
 
     def __post_init__(self) -> None:
@@ -134,13 +136,18 @@ class PeerRecord(_Record):
             f.text("p2ptrain_version", self.p2ptrain_version, 32, pattern=_VERSION_RE),
         )
         _set(self, "protocol_version", f.integer("protocol_version", self.protocol_version, 1, 65535))
+        if self.emulated_device is not None:
+            _set(self, "emulated_device", f.integer("emulated_device", self.emulated_device, 0, MAX_PLAN_PEERS - 1))
 
     def _fields(self) -> dict[str, Any]:
-        return {
+        fields = {
             "device_name": self.device_name, "memory_gb": self.memory_gb, "tflops": self.tflops,
             "maddrs": list(self.maddrs), "region": self.region,
             "p2ptrain_version": self.p2ptrain_version, "protocol_version": self.protocol_version,
         }  # fmt: skip
+        if self.emulated_device is not None:  # optional field: absent unless emulating
+            fields["emulated_device"] = self.emulated_device
+        return fields
 
     @classmethod
     def _from_fields(cls, m: Mapping[str, Any]) -> PeerRecord:
@@ -148,6 +155,7 @@ class PeerRecord(_Record):
             device_name=m["device_name"], memory_gb=m["memory_gb"], tflops=m["tflops"],
             maddrs=tuple(f.sequence("maddrs", m.get("maddrs", ()), MAX_MADDRS)), region=m.get("region", ""),
             p2ptrain_version=m["p2ptrain_version"], protocol_version=m["protocol_version"],
+            emulated_device=m.get("emulated_device"),
         )  # fmt: skip
 
 

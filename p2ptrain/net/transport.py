@@ -34,6 +34,7 @@ import hivemind
 import torch
 from hivemind.p2p import P2P, PeerID
 from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError
+from hivemind.utils.multiaddr import Multiaddr
 
 from p2ptrain.errors import MessageRejected, PeerTimeoutError
 from p2ptrain.net.emulation import LinkEmulator
@@ -178,6 +179,25 @@ class Transport:
             peer, lambda: stub.rpc_push(paced_requests(header, payload, reservation, self.config.chunk_bytes,
                                                        self.pacer)))
         return await first_reply(responses, peer)
+
+    def connect(self, peer: PeerLike, maddrs: Sequence[str], timeout_s: float | None = None) -> None:
+        """Open a libp2p connection to ``peer`` at ``maddrs`` (full multiaddrs, with or without ``/p2p/ID``).
+
+        Dial a peer this way before the first message to it: finding it by ID alone through libp2p's
+        routing intermittently stalls. PeerTimeoutError naming the peer past ``timeout_s`` (default
+        ``config.call_timeout_s``); a daemon error (no address answers) is raised as is.
+        """
+        timeout_s = timeout_s or self.config.call_timeout_s
+        addresses = [Multiaddr(str(m).split("/p2p/")[0]) for m in maddrs]  # the daemon wants transport addresses
+        if not addresses:
+            raise ValueError(f"no address to dial peer {peer}")
+        client = self._p2p._client  # noqa: SLF001 - hivemind exposes no public connect
+        try:
+            self._call(asyncio.wait_for(client.connect(PeerID.from_base58(str(peer)), addresses), timeout_s),
+                       timeout_s + 1.0)
+        except (asyncio.TimeoutError, TimeoutError):
+            raise PeerTimeoutError(f"could not connect within {timeout_s:.1f} s to {' '.join(map(str, addresses))}",
+                                   peer=str(peer)) from None
 
     def stub(self, peer: PeerLike) -> Any:
         """The rpc stub of ``peer``'s transport (for protocol code such as ProbeSession)."""

@@ -1,0 +1,64 @@
+"""One stage in training: its module, optimizer and data built from a ``TrainConfig`` exactly as every
+trainer builds them, and one step over the transport.
+
+Shared by the fixed-plan worker (``worker.py``) and the agent (``p2ptrain.agent``), so that both train
+bit for bit like the single-process reference::
+
+    trainer = StageTrainer(cfg, role, device)           # cfg.stages and cfg.replicas are the plan's
+    for step in range(cfg.steps):
+        result = trainer.step(transport, run, epoch, step, topology, timeout_s=60.0)
+        print(result.loss, result.step_time_s)          # loss: on the last stage only
+
+Every message of a step is tagged with (run, epoch, step); the transport's window is moved to the step
+first, so messages of older steps or epochs are refused.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from p2ptrain.model.optim import build_optimizer
+from p2ptrain.model.stage import build_stage
+from p2ptrain.net.transport import Transport
+from p2ptrain.runtime.config import TrainConfig
+from p2ptrain.runtime.executor import StageExecutor
+from p2ptrain.runtime.link import TransportStepLink
+from p2ptrain.runtime.reference import build_data
+from p2ptrain.runtime.topology import Role, Topology
+
+
+@dataclass(frozen=True)
+class StepResult:
+    step: int
+    loss: float | None  # the global mean loss, known on the last stage only
+    step_time_s: float
+
+
+class StageTrainer:
+    """Stage ``role.stage`` of ``cfg.stages``: parameters from ``cfg.seed``, AdamW, the config's batches."""
+
+    def __init__(self, cfg: TrainConfig, role: Role, device: torch.device):
+        if (role.num_stages, role.num_replicas) != (cfg.stages, cfg.replicas):
+            raise ValueError(
+                f"role of a {role.num_stages}×{role.num_replicas} plan, config of {cfg.stages}×{cfg.replicas}"
+            )
+        self.cfg = cfg
+        self.role = role
+        self.module = build_stage(cfg.shape, role.stage, cfg.stages, cfg.seed, device)
+        self.optimizer = build_optimizer(self.module, cfg.optimizer)
+        self.executor = StageExecutor(
+            self.module, self.optimizer, build_data(cfg), cfg.micro_batches, cfg.shape.hidden_size
+        )
+
+    def step(
+        self, transport: Transport, run: str, epoch: int, step: int, topology: Topology, timeout_s: float
+    ) -> StepResult:
+        """Run step ``step`` of epoch ``epoch`` with the peers of ``topology``; every call under ``timeout_s``."""
+        started = time.perf_counter()
+        transport.set_window(run, epoch, step)
+        link = TransportStepLink(transport, run, epoch, step, timeout_s)
+        outcome = self.executor.run_step(step, self.role, topology, link)
+        return StepResult(step, outcome.loss, time.perf_counter() - started)
