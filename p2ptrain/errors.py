@@ -25,4 +25,16 @@ class PeerTimeoutError(ProtocolError):
 
 
 class MessageRejected(ProtocolError):
-    """A message did not match what the receiver expected (shape, dtype, size, step, sender) and was refused."""
+    """A message did not match what the receiver expected (shape, dtype, size, step, sender) and was refused.
+
+    ``code`` says why in a word a sender can act on: ``"duplicate"`` (the receiver already holds this
+    message from this sender), ``"stale"`` (the receiver has moved past its step), or ``"refused"``.
+    """
+
+    def __init__(self, message: str, peer: str | None = None, code: str = "refused"):
+        super().__init__(message, peer)
+        self.code = code
+
+
+class StreamClosed(ProtocolError):
+    """The connection closed before the receiver's reply: the message may or may not have been taken."""

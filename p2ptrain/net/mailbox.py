@@ -13,8 +13,10 @@ Acceptance rules, for a receiver whose window is (run, epoch, step):
   (older is stale, further is too far ahead; steps count globally across epochs);
 - at most ``max_message_bytes`` per message and ``max_buffered_bytes`` held in total (in flight + unread);
 - one message per (tag, sender) within the window;
-- if the receiver declared what it expects for a tag (``expect``, or a pending ``receive``), the sender must
-  be one it declared for that tag, with the declared shape and dtype.
+- if the receiver declared the senders of a tag (``expect``), the sender must be one of them, with the
+  declared shape and dtype;
+- a pending or past ``receive`` of (tag, sender) fixes that pair's shape and dtype only: other senders of
+  the same tag are still welcome (a collective receives one tag from several peers, one after another).
 
 All methods must be called from the one event loop that owns the mailbox (the transport's).
 """
@@ -69,10 +71,15 @@ class Mailbox:
         self.epoch_window = epoch_window
         self.held_bytes = 0  # in flight (admitted) + buffered (delivered, unread)
         self._expected: dict[Tag, dict[str, Expectation]] = {}
+        self._awaited: dict[Key, Expectation] = {}  # shape and dtype fixed by a receive of (tag, sender)
         self._in_flight: set[Key] = set()
         self._buffered: dict[Key, torch.Tensor] = {}
         self._consumed: set[Key] = set()
         self._waiters: dict[Key, asyncio.Future] = {}
+
+    def _is_stale(self, tag: Tag) -> bool:
+        w = self.window
+        return tag.run == w.run and (tag.epoch < w.epoch or tag.step < w.step)
 
     def window_problem(self, tag: Tag) -> str | None:
         """Why ``tag`` is outside the window, or None when it is inside."""
@@ -89,9 +96,13 @@ class Mailbox:
     def admit(self, sender: str, header: Header) -> Admission:
         """Reserve room for a message announced by ``header``; MessageRejected if it is not acceptable."""
         key = (header.tag, sender)
+        if key in self._consumed or key in self._buffered:  # a resend whose first copy was taken
+            raise MessageRejected(f"duplicate message for {header.tag}", peer=sender, code="duplicate")
+        if self._is_stale(header.tag):
+            raise MessageRejected(self.window_problem(header.tag), peer=sender, code="stale")
         problem = self._problem(key, header)
-        if problem is None and (key in self._in_flight or key in self._consumed or key in self._buffered):
-            problem = f"duplicate message for {header.tag}"
+        if problem is None and key in self._in_flight:
+            problem = f"duplicate message for {header.tag} while its first copy is still arriving"
         if problem is None and header.nbytes > self.max_message_bytes:
             problem = f"message of {header.nbytes} bytes exceeds the limit of {self.max_message_bytes}"
         if problem is None and self.held_bytes + header.nbytes > self.max_buffered_bytes:
@@ -140,7 +151,10 @@ class Mailbox:
             raise ValueError(f"{tag} from peer {sender} was already received")
         if key in self._waiters:
             raise ValueError(f"{tag} from peer {sender} is already being awaited")
-        self.expect(tag, sender, shape, dtype)
+        problem = self.window_problem(tag)
+        if problem is not None:
+            raise ValueError(f"cannot receive {tag}: {problem}")
+        self._awaited[key] = Expectation(tuple(shape), dtype)
         future = asyncio.get_running_loop().create_future()
         tensor = self._buffered.pop(key, None)
         if tensor is None:
@@ -174,6 +188,7 @@ class Mailbox:
                 waiter.set_exception(MessageRejected(f"{key[0]} is outside the new window {self.window}", peer=key[1]))
         self._consumed = {k for k in self._consumed if not self.window_problem(k[0])}
         self._expected = {t: e for t, e in self._expected.items() if not self.window_problem(t)}
+        self._awaited = {k: e for k, e in self._awaited.items() if not self.window_problem(k[0])}
 
     def close(self, reason: str) -> None:
         """Fail every pending receive (the transport is shutting down)."""
@@ -187,12 +202,12 @@ class Mailbox:
 
     def _mismatch(self, key: Key, shape: tuple[int, ...], dtype: str) -> str | None:
         tag, sender = key
-        expected = self._expected.get(tag)
-        if not expected:
+        declared = self._expected.get(tag)
+        if declared and sender not in declared:
+            return f"{tag} is expected from {', '.join(sorted(declared))}, not from this sender"
+        want = declared[sender] if declared else self._awaited.get(key)
+        if want is None:
             return None
-        if sender not in expected:
-            return f"{tag} is expected from {', '.join(sorted(expected))}, not from this sender"
-        want = expected[sender]
         if shape != want.shape:
             return f"shape {shape} does not match the expected {want.shape}"
         if dtype != want.dtype:

@@ -31,7 +31,7 @@ from hivemind.p2p import P2PContext, ServicerBase
 from hivemind.p2p.p2p_daemon_bindings.utils import P2PHandlerError
 from hivemind.proto import runtime_pb2
 
-from p2ptrain.errors import MessageRejected, ProtocolError
+from p2ptrain.errors import MessageRejected, ProtocolError, StreamClosed
 from p2ptrain.net.emulation import LinkEmulator, Reservation
 from p2ptrain.net.mailbox import Mailbox
 from p2ptrain.net.messages import PROBE, Header, Stamp, piece_bounds, tensor_from_bytes
@@ -231,8 +231,13 @@ async def paced_requests(
         )
 
 
-def make_reply(error: str | None = None, payload: bytes = b"", arrival: Stamp | None = None) -> runtime_pb2.ExpertResponse:
-    metadata = {"ok": True} if error is None else {"error": error[:MAX_ERROR_CHARS]}
+REFUSAL_CODES = ("refused", "duplicate", "stale")
+
+
+def make_reply(
+    error: str | None = None, payload: bytes = b"", arrival: Stamp | None = None, code: str = "refused"
+) -> runtime_pb2.ExpertResponse:
+    metadata = {"ok": True} if error is None else {"error": error[:MAX_ERROR_CHARS], "code": code}
     if arrival is not None:
         metadata["at"] = arrival.to_json()
     tensors = [runtime_pb2.Tensor(buffer=payload)] if payload else []
@@ -245,8 +250,9 @@ def is_ok(response: runtime_pb2.ExpertResponse) -> bool:
 
 def refusal(sender: str, error: Exception) -> runtime_pb2.ExpertResponse:
     reason = str(error) if not isinstance(error, MessageRejected) else str(error).removesuffix(f" (peer {sender})")
+    code = error.code if isinstance(error, MessageRejected) else "refused"
     logger.warning("refused a message from peer %s: %s", sender, reason)
-    return make_reply(error=reason)
+    return make_reply(error=reason, code=code)
 
 
 @dataclass(frozen=True)
@@ -254,6 +260,7 @@ class Reply:
     error: str | None
     payload: bytes = b""
     arrival: Stamp | None = None
+    code: str = "refused"  # why, when refused: see MessageRejected
 
 
 def parse_reply(response: runtime_pb2.ExpertResponse) -> Reply:
@@ -263,7 +270,8 @@ def parse_reply(response: runtime_pb2.ExpertResponse) -> Reply:
         if not isinstance(metadata, dict) or (metadata.get("ok") is not True and "error" not in metadata):
             return Reply("the reply is neither ok nor an error")
         if metadata.get("ok") is not True:
-            return Reply(str(metadata["error"])[:MAX_ERROR_CHARS])
+            code = metadata.get("code")
+            return Reply(str(metadata["error"])[:MAX_ERROR_CHARS], code=code if code in REFUSAL_CODES else "refused")
         arrival = Stamp.from_json(metadata["at"]) if "at" in metadata else None
     except (UnicodeDecodeError, ValueError):  # JSONDecodeError is a ValueError, as is a bad stamp
         return Reply("the reply is malformed")
@@ -282,6 +290,6 @@ async def next_reply(responses: AsyncIterator[runtime_pb2.ExpertResponse], peer:
     try:
         return await responses.__anext__()
     except StopAsyncIteration:
-        raise ProtocolError("the connection closed before a reply", peer=peer) from None
+        raise StreamClosed("the connection closed before a reply", peer=peer) from None
     except P2PHandlerError as e:
         raise ProtocolError(f"the call failed on the receiver: {e}", peer=peer) from None

@@ -24,6 +24,7 @@ import asyncio
 import atexit
 import concurrent.futures
 import dataclasses
+import itertools
 import logging
 import threading
 import time
@@ -36,7 +37,7 @@ from hivemind.p2p import P2P, PeerID
 from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError
 from hivemind.utils.multiaddr import Multiaddr
 
-from p2ptrain.errors import MessageRejected, PeerTimeoutError
+from p2ptrain.errors import MessageRejected, PeerTimeoutError, StreamClosed
 from p2ptrain.net.emulation import LinkEmulator
 from p2ptrain.net.mailbox import Mailbox
 from p2ptrain.net.messages import Header, Tag, dtype_name, tensor_bytes
@@ -160,15 +161,28 @@ class Transport:
         emulated_s = max(0.0, reservation.arrive_s - self.emulator.clock()) if reservation else 0.0
         if reservation is not None:
             header = dataclasses.replace(header, arrival=self.pacer.stamp(reservation.arrive_s))
-        try:
-            response = await asyncio.wait_for(self._push(peer, header, payload, reservation), emulated_s + timeout_s)
-        except asyncio.TimeoutError:
-            raise PeerTimeoutError(
-                f"sending {header.tag} ({len(payload)} bytes) got no answer within {timeout_s:.1f} s"
-                + (f" beyond its emulated {emulated_s:.2f} s" if reservation else ""), peer=peer) from None
-        error = parse_reply(response).error
-        if error is not None:
-            raise MessageRejected(f"the receiver refused {header.tag}: {error}", peer=peer)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + emulated_s + timeout_s
+        for attempt in itertools.count():
+            try:
+                response = await asyncio.wait_for(self._push(peer, header, payload, reservation), deadline - loop.time())
+            except asyncio.TimeoutError:
+                raise PeerTimeoutError(
+                    f"sending {header.tag} ({len(payload)} bytes) got no answer within {timeout_s:.1f} s"
+                    + (f" beyond its emulated {emulated_s:.2f} s" if reservation else ""), peer=peer) from None
+            except StreamClosed:
+                # The reply was lost, not necessarily the message: send again. The receiver holds at most one
+                # copy per (tag, sender), so a resend of a message it took is answered "duplicate".
+                if deadline - loop.time() <= self.config.dial_retry_s:
+                    raise PeerTimeoutError(f"sending {header.tag}: the connection kept closing", peer=peer) from None
+                logger.info("the reply to %s from peer %s was lost; sending again (attempt %d)", header.tag, peer,
+                            attempt + 2)
+                await asyncio.sleep(self.config.dial_retry_s)
+                continue
+            reply = parse_reply(response)
+            if reply.error is None or (attempt > 0 and reply.code in ("duplicate", "stale")):
+                break
+            raise MessageRejected(f"the receiver refused {header.tag}: {reply.error}", peer=peer, code=reply.code)
         logger.debug("sent %s (%d bytes) to peer %s", header.tag, len(payload), peer)
 
     async def _push(self, peer: str, header: Header, payload: bytes, reservation) -> Any:

@@ -147,7 +147,7 @@ class StageExecutor:
         with torch.no_grad():
             slots = [p.grad if p.grad is not None else p.new_zeros(p.shape) for p in self.params]
             unflatten_into(total.to(self.device), slots)
-            for p, g in zip(self.params, slots):
+            for p, g in zip(self.params, slots, strict=False):
                 p.grad = g
         self.optimizer.step()
         return loss

@@ -85,13 +85,14 @@ class _Follower:
 def train_distributed(
     cfg: TrainConfig,
     *,
-    launch: LaunchConfig = LaunchConfig(),
+    launch: LaunchConfig | None = None,
     workdir: str | None = None,
     links: LinkMatrices | None = None,
     save_states: bool = False,
     on_step: Callable[[StepReport], None] | None = None,
 ) -> DistributedResult:
     """Train ``cfg`` on ``cfg.stages`` × ``cfg.replicas`` worker processes (Megatron's rank order)."""
+    launch = launch or LaunchConfig()
     own_workdir = workdir is None
     root = Path(tempfile.mkdtemp(prefix="p2ptrain-train-") if own_workdir else workdir)
     root.mkdir(parents=True, exist_ok=True)
@@ -104,7 +105,7 @@ def train_distributed(
     try:
         initial_peers = tuple(str(a) for a in bootstrap.get_visible_maddrs())
         with ProcessGroup() as group:
-            for (stage, replica), key in zip(roles, keys):
+            for (stage, replica), key in zip(roles, keys, strict=False):
                 name = f"worker-{stage}-{replica}"
                 spec = WorkerSpec(
                     run=run, stage=stage, replica=replica, initial_peers=initial_peers, train=cfg,

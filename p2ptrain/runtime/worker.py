@@ -162,6 +162,8 @@ def run_worker(spec: WorkerSpec) -> None:
                     role.num_stages, role.num_replicas)
         with torch_settings(cfg.num_threads, cfg.deterministic):
             _train(spec, role, topology, transport, progress, device)
+        _finish_together(dht, spec, topology, role)
+        progress.write(event="done")
     finally:
         if transport is not None:
             transport.shutdown()
@@ -176,6 +178,27 @@ def connect(transport: Transport, peer: str, maddrs: list[str], timeout_s: float
     client = transport._p2p._client  # noqa: SLF001 - hivemind exposes no public connect
     addresses = [Multiaddr(m.split("/p2p/")[0]) for m in maddrs]  # the daemon wants transport addresses only
     transport.run_coroutine(client.connect(PeerID.from_base58(peer), addresses), timeout_s)
+
+
+def _finish_together(dht: hivemind.DHT, spec: WorkerSpec, topology: Topology, role: Role) -> None:
+    """Stay up until every peer we exchange tensors with has finished too.
+
+    A receiver that has all it needs may finish its last step while the reply acknowledging our last
+    message is still on its way; if it shut its daemon down at once, our send would fail. Each worker says
+    it is done (all its sends acknowledged) and leaves once its neighbours have said so, or after a deadline.
+    """
+    key = f"{spec.run}.done"
+    dht.store(key, True, hivemind.utils.get_dht_time() + spec.record_ttl_s, subkey=spec.role_key)
+    waiting_for = {f"{topology.role_of(p).stage}/{topology.role_of(p).replica}" for p in _neighbours(topology, role)}
+    deadline = time.monotonic() + spec.call_timeout_s
+    while waiting_for and time.monotonic() < deadline:
+        found = dht.get(key, latest=True)
+        if found is not None and isinstance(found.value, dict):
+            waiting_for -= set(found.value)
+        if waiting_for:
+            time.sleep(0.1)
+    if waiting_for:
+        logger.warning("leaving before %s said they were done", ", ".join(sorted(waiting_for)))
 
 
 def _neighbours(topology: Topology, role: Role) -> set[str]:
@@ -217,7 +240,6 @@ def _train(spec: WorkerSpec, role: Role, topology: Topology, transport: Transpor
             logger.info("step %d/%d loss %.4f (%.3f s)", step + 1, cfg.steps, outcome.loss, elapsed_s)
     if spec.state_path:
         torch.save({k: v.detach().cpu() for k, v in module.state_dict().items()}, spec.state_path)
-    progress.write(event="done")
 
 
 def load_spec(path: str) -> WorkerSpec:

@@ -161,3 +161,20 @@ def test_piece_bounds_cover_the_message():
     assert piece_bounds(25, 10) == [(0, 10), (10, 20), (20, 25)]
     assert piece_bounds(25, 10, tail_bytes=4) == [(0, 10), (10, 20), (20, 21), (21, 25)]
     assert piece_bounds(3, 10, tail_bytes=4) == [(0, 3)]
+
+
+def test_a_pending_receive_does_not_turn_away_other_senders_of_the_tag():
+    """A collective receives one tag from several peers in turn: while it waits for A, B's copy is kept."""
+
+    async def scenario():
+        box = mailbox()
+        h = header()
+        waiting_for_a = box.receive(h.tag, A, h.shape, h.dtype)
+        arrive(box, B, h, value=2.0)  # B's message comes first: buffered, not refused
+        assert "shape" in rejected(box, A, header(shape=(5,)))  # A's pair is fixed by the receive
+        arrive(box, A, h, value=1.0)
+        from_b = await box.receive(h.tag, B, h.shape, h.dtype)
+        return (await waiting_for_a), from_b
+
+    from_a, from_b = asyncio.run(scenario())
+    assert torch.equal(from_a, torch.full((4,), 1.0)) and torch.equal(from_b, torch.full((4,), 2.0))

@@ -6,16 +6,18 @@ import asyncio
 import itertools
 import logging
 import time
+import typing
 
 import hivemind
 import pytest
 import torch
+from hivemind.p2p import P2PContext
 from hivemind.proto import runtime_pb2
 from hivemind.utils import get_dht_time
 
 from p2ptrain.errors import MessageRejected, PeerTimeoutError
 from p2ptrain.net.messages import ACTIVATION, ACTIVATION_GRAD, REDUCE_SHARD, Header, Tag
-from p2ptrain.net.servicer import first_reply, parse_reply
+from p2ptrain.net.servicer import Pieces, TensorServicer, first_reply, is_ok, parse_reply
 from p2ptrain.net.transport import Transport, TransportConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -239,3 +241,37 @@ def test_a_transport_shares_the_dht_daemon(make_transport):
         assert dht.store("still", "alive", get_dht_time() + 30)  # the DHT outlives the transport
     finally:
         dht.shutdown()
+
+
+class _ForgetfulServicer(TensorServicer):
+    """Takes every first message but closes the stream without replying, as a lost reply would."""
+
+    forgot: set = set()
+
+    async def rpc_push(
+        self, requests: typing.AsyncIterator[runtime_pb2.ExpertRequest], context: P2PContext
+    ) -> typing.AsyncIterator[runtime_pb2.ExpertResponse]:
+        pieces = Pieces(requests, self.idle_timeout_s)
+        reply = await self._receive(pieces, context.remote_id.to_base58())
+        if is_ok(reply) and len(self.forgot) < 1:
+            self.forgot.add(context.remote_id.to_base58())
+            return  # the message is in the mailbox; the sender never hears so
+        yield reply
+
+
+class _ForgetfulTransport(Transport):
+    servicer_cls = _ForgetfulServicer
+
+
+def test_a_lost_reply_is_resent_and_the_message_taken_once(make_transport, caplog):
+    caplog.set_level(logging.INFO, logger="p2ptrain.net.transport")
+    receiver = make_transport(cls=_ForgetfulTransport)
+    sender = make_transport(join=receiver)
+    tag = Tag(RUN, 0, 0, ACTIVATION)
+    x = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    sender.send(receiver.peer_id, tag, x, timeout_s=10)  # first reply lost, resend answered "duplicate"
+    assert any("was lost; sending again" in r.getMessage() for r in caplog.records)
+    assert torch.equal(receiver.recv(tag, sender.peer_id, (3, 4), torch.float32, timeout_s=5), x)
+    with pytest.raises(MessageRejected) as info:  # a genuine second copy is still refused as a duplicate
+        sender.send(receiver.peer_id, tag, x, timeout_s=10)
+    assert info.value.code == "duplicate"

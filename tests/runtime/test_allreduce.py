@@ -59,7 +59,7 @@ def test_shard_bounds_cover_everything_once():
         for k in range(1, 7):
             bounds = shard_bounds(numel, k)
             assert bounds[0][0] == 0 and bounds[-1][1] == numel
-            assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+            assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:], strict=False))
             sizes = [e - s for s, e in bounds]
             assert max(sizes) - min(sizes) <= 1
 
@@ -69,5 +69,5 @@ def test_flatten_round_trip():
     flat = flatten(tensors)
     targets = [torch.zeros_like(t) for t in tensors]
     unflatten_into(flat, targets)
-    for a, b in zip(tensors, targets):
+    for a, b in zip(tensors, targets, strict=False):
         assert torch.equal(a, b)
