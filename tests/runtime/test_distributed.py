@@ -2,6 +2,7 @@
 loopback) gives the single-process losses, and replicas stay bit-identical after every step."""
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -35,3 +36,37 @@ def test_distributed_losses_equal_single_process(stages, replicas, tmp_path):
             diff = torch.cat([(got[k] - want[k]).reshape(-1) for k in want]).norm()
             norm = torch.cat([want[k].reshape(-1) for k in want]).norm()
             assert diff <= 1e-4 * norm
+
+
+@pytest.mark.timeout(180)
+def test_a_peer_that_stops_answering_is_named_within_the_deadline(tmp_path):
+    """SIGSTOP one worker (and its DHT process and libp2p daemon) mid-run: its pipeline neighbour's wait
+    ends in an error naming that peer within the configured call deadline, and nothing hangs."""
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    from p2ptrain.runtime.launcher import LaunchConfig
+
+    cfg = TrainConfig(steps=50, stages=2, replicas=1, global_batch_size=4, micro_batches=2, num_threads=1)
+    stopped = {}
+
+    def freeze_the_last_stage(report):
+        if report.step == 1 and not stopped:
+            for proc in psutil.Process().children(recursive=True):
+                if any("worker-1-0.spec.json" in part for part in proc.cmdline()):
+                    os.killpg(os.getpgid(proc.pid), signal.SIGSTOP)  # the worker's whole session
+                    stopped["at"] = time.monotonic()
+                    return
+
+    launch = LaunchConfig(call_timeout_s=5.0, step_timeout_s=60.0)
+    with pytest.raises(RuntimeError) as info:
+        train_distributed(cfg, launch=launch, workdir=str(tmp_path), on_step=freeze_the_last_stage)
+    waited_s = time.monotonic() - stopped["at"]
+    ready = [line for line in (tmp_path / "worker-1-0.progress.jsonl").read_text().splitlines() if '"ready"' in line]
+    frozen_peer = json.loads(ready[0])["peer"]
+    assert frozen_peer in str(info.value)
+    assert "PeerTimeoutError" in str(info.value)
+    assert waited_s < launch.call_timeout_s + 20
