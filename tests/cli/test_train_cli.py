@@ -88,7 +88,7 @@ def test_data_flag_trains_on_a_local_file(tmp_path):
         (["--model", "huge"], "Invalid value for '--model'"),
         (["--batch-size", "6", "--micro-batches", "4"], "does not split"),
         (["--data", "/nonexistent/corpus.txt"], "does not exist"),
-        (["--stages", "2"], "distributed runtime"),
+        (["--stages", "2", "--replicas", "3"], "does not split into 3 replicas"),
         (["--stages", "9"], "cannot cut 8 layers into 9 stages"),
         (["--config", "/nonexistent.toml"], "does not exist"),
         (["--frobnicate"], "No such option"),
@@ -119,3 +119,23 @@ def test_the_installed_command_prints_exactly_one_json_document_on_stdout():
     document = json.loads(process.stdout)  # fails on any extra output
     assert len(document["losses"]) == 3
     assert "step 3/3" in process.stderr
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_stages_and_replicas_run_workers_and_match_single_process(tmp_path):
+    """`p2ptrain train --stages 2 --replicas 2 --json`: worker processes, the single-process losses."""
+    flags = ["--steps", "3", "--batch-size", "8", "--micro-batches", "2", "--threads", "1"]
+    single = json.loads(invoke(*flags, "--json").stdout)
+    process = subprocess.run(
+        [sys.executable, "-m", "p2ptrain", "train", *flags, "--stages", "2", "--replicas", "2",
+         "--workdir", str(tmp_path), "--json"],
+        capture_output=True, text=True, timeout=170,
+    )
+    assert process.returncode == 0, process.stderr
+    document = json.loads(process.stdout)
+    assert document["replicas_identical"] is True
+    assert len(document["step_time_s"]) == 3
+    for got, want in zip(document["losses"], single["losses"], strict=True):
+        assert abs(got - want) <= 1e-4 * abs(want)
+    assert sorted(p.name for p in tmp_path.glob("*.log")) == [f"worker-{s}-{r}.log" for s in (0, 1) for r in (0, 1)]
