@@ -101,14 +101,18 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
     return value
 
 
-def load_toml(cls: type[T], path: str | Path) -> T:
-    """Load dataclass ``cls`` from a TOML file; a missing or malformed file is a one-line ConfigError."""
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """The tables of a TOML file (to merge flags into before ``config_from_dict``); one-line ConfigError."""
     path = Path(path)
     try:
         with path.open("rb") as f:
-            data = tomllib.load(f)
+            return tomllib.load(f)
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
-    return config_from_dict(cls, data)
+
+
+def load_toml(cls: type[T], path: str | Path) -> T:
+    """Load dataclass ``cls`` from a TOML file; a missing or malformed file is a one-line ConfigError."""
+    return config_from_dict(cls, read_toml(path))

@@ -1,0 +1,354 @@
+"""The agent: join a run, profile, measure links, elect, plan (the leader), follow the plan, train.
+
+    with StopSignal() as stop:
+        result = Agent(config, stop).run()
+
+States, driven by one loop in the calling (main) thread, every ``membership.poll_s``:
+
+1. **join**: profile the device (cached), start the DHT peer and the transport on its daemon (one peer ID
+   for records and tensors), publish our signed peer record (profile, addresses, emulated device).
+2. **measure**: each poll reads the peer records (membership), dials new peers by address, shapes the
+   links to them when emulating, and hands the settled ones to the link prober (a background thread that
+   publishes our links row).
+3. **elect**: the lowest live peer ID leads. The leader plans once ``plan_trigger`` says so (expected
+   peers present, or the join deadline passed) and every trainer's row covers the others (or
+   ``links_timeout_s`` passed): it builds the cluster from the records, runs the planner in a worker
+   thread (heartbeats and polling go on meanwhile), and publishes the plan record for the next epoch.
+4. **follow**: everyone (the leader too) reads the plan records and accepts the one signed by the peer it
+   also sees as lowest, for exactly the membership it sees (``election.select_plan``), then trains that
+   epoch (``epoch.run_epoch``). An epoch that ends early goes back to 1–4 with a new membership (churn
+   handling proper is the next step of the project).
+
+SIGTERM/SIGINT (the ``StopSignal``) interrupt any state: a blocked step is cut short by shutting the
+transport down, and the DHT process and p2pd are stopped in order, so nothing is left running.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from p2ptrain.agent.config import AgentConfig
+from p2ptrain.agent.epoch import EpochOutcome, Heartbeat, run_epoch
+from p2ptrain.agent.events import EventLog
+from p2ptrain.agent.leader import (
+    build_cluster,
+    cluster_order,
+    link_gaps,
+    make_plan,
+    run_workload,
+    trainers_and_spares,
+)
+from p2ptrain.agent.links import LinkProber
+from p2ptrain.agent.membership import Membership, MembershipTracker, plan_trigger
+from p2ptrain.agent.profile import profile_device
+from p2ptrain.errors import PeerTimeoutError, ProtocolError
+from p2ptrain.net.dht import SwarmDHT
+from p2ptrain.net.election import select_plan
+from p2ptrain.net.emulation import EmulationConfig, LinkEmulator, scaled_link
+from p2ptrain.net.lifecycle import StopSignal, shutdown_in_order
+from p2ptrain.net.records import PeerRecord, PlanRecord
+from p2ptrain.net.transport import Transport
+from p2ptrain.planning import Cluster, load_cluster
+from p2ptrain.runtime.reference import resolve_device, torch_settings
+
+logger = logging.getLogger(__name__)
+
+
+class AgentError(RuntimeError):
+    """The agent cannot go on (no plan in time, no feasible plan); the message says what to do."""
+
+
+@dataclass(frozen=True)
+class AgentResult:
+    peer_id: str
+    finished: bool  # every step was trained (or, for a spare, the trainers finished)
+    steps_done: int
+    stopped: str | None = None  # why it stopped early (a signal), None if it finished
+
+
+@dataclass
+class _Planning:
+    """A plan being computed by the leader in the planner thread."""
+
+    epoch: int
+    membership: tuple[str, ...]
+    devices: list[str]  # cluster order: device i of the plan is peer devices[i]
+    spares: list[str]
+    cluster: Cluster
+    workload: Any
+    trigger: str
+    future: concurrent.futures.Future
+
+
+class Agent:
+    def __init__(self, config: AgentConfig, stop: StopSignal):
+        self.config = config
+        self.stop = stop
+        self.events = EventLog(config.events_file)
+        self.dht: SwarmDHT | None = None
+        self.transport: Transport | None = None
+        self.prober: LinkProber | None = None
+        self.emulator = LinkEmulator()
+        self.network: Cluster | None = load_cluster(config.emulation.cluster_file) if config.emulation.enabled else None
+        if self.network is not None and not config.emulation.device_index < self.network.num_devices:
+            raise ValueError(f"emulation.device_index={config.emulation.device_index} is not a device of "
+                             f"{config.emulation.cluster_file} ({self.network.num_devices} devices)")
+        self._planner = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="p2ptrain-planner")
+        self._planning: _Planning | None = None
+        self._next_epoch = 0
+        self._planned_for: tuple[str, ...] | None = None
+        self._links_wait_since: float | None = None
+        self._dialled: set[str] = set()
+        self._shaped: set[str] = set()
+        self._plans_seen: tuple[Any, PlanRecord | None] = (None, None)
+        self._last_wait_note = ""
+        self._finished = threading.Event()
+        self.heartbeat: Heartbeat | None = None
+
+    # ---- lifetime ---------------------------------------------------------------------------------------
+
+    def run(self) -> AgentResult:
+        cfg = self.config
+        device = resolve_device(cfg.train.device)
+        with torch_settings(cfg.train.num_threads, cfg.train.deterministic):
+            profile = profile_device(device, cache_dir=_path(cfg.profile.cache_dir), refresh=cfg.profile.refresh,
+                                     measure_s=cfg.profile.measure_s)
+            self.events.write("profile", device_name=profile.device_name, tflops=profile.tflops,
+                              memory_gb=profile.memory_gb, cached=profile.cached)
+            if self.stop.is_set():
+                return AgentResult("", False, 0, self.stop.reason)
+            watcher = threading.Thread(target=self._interrupt_on_stop, name="p2ptrain-stop-watch", daemon=True)
+            watcher.start()
+            try:
+                self.dht = SwarmDHT(cfg.run, cfg.dht).start()
+                self.transport = Transport(cfg.run, cfg.transport, dht=self.dht.hivemind_dht, emulator=self.emulator)
+                self._publish_peer_record(profile)
+                self.prober = LinkProber(self.transport, self.dht, cfg.links, on_publish=self._on_links).start()
+                self.heartbeat = Heartbeat(self.dht)
+                return self._loop(device)
+            finally:
+                self._finished.set()
+                watcher.join()
+                self._shutdown()
+
+    def _interrupt_on_stop(self) -> None:
+        """On SIGTERM/SIGINT, cut a blocked step short: fail pending sends and receives."""
+        while not self._finished.is_set():
+            if self.stop.wait(0.2):
+                if self.prober is not None:
+                    self.prober.stop(timeout_s=0)
+                if self.transport is not None:
+                    self.transport.shutdown()
+                return
+
+    def _shutdown(self) -> None:
+        timeout_s = self.config.transport.shutdown_timeout_s
+        shutdown_in_order([
+            ("stop the link prober", lambda: self.prober and self.prober.stop(timeout_s)),
+            ("stop the planner", lambda: self._planner.shutdown(wait=False, cancel_futures=True)),
+            ("stop heartbeats", lambda: self.heartbeat and self.heartbeat.close()),
+            ("stop the transport", lambda: self.transport and self.transport.shutdown()),
+            ("stop the DHT peer", lambda: self.dht and self.dht.shutdown()),
+        ])  # fmt: skip
+
+    @property
+    def peer_id(self) -> str:
+        assert self.dht is not None
+        return self.dht.peer_id
+
+    def _publish_peer_record(self, profile) -> None:
+        emulation = self.config.emulation
+        region = self.config.region
+        if self.network is not None:
+            region = self.network.devices[emulation.device_index].region or region
+        record = PeerRecord(
+            device_name=profile.device_name, memory_gb=profile.memory_gb, tflops=profile.tflops,
+            maddrs=tuple(self.dht.get_visible_maddrs()[:16]), region=region,
+            emulated_device=emulation.device_index,
+        )  # fmt: skip
+        self.dht.publish_peer(record)
+        logger.info("joined run %r as peer %s%s", self.config.run, self.peer_id,
+                    f" (playing device {emulation.device_index}, {region})" if self.network is not None else "")
+        self.events.write("started", peer=self.peer_id, maddrs=list(record.maddrs), region=region,
+                          index=emulation.device_index)
+
+    # ---- the loop ---------------------------------------------------------------------------------------
+
+    def _loop(self, device) -> AgentResult:
+        cfg = self.config
+        tracker = MembershipTracker(self.peer_id)
+        started = time.monotonic()
+        membership = Membership({})
+        trained_epochs: set[int] = set()
+        while not self.stop.is_set():
+            membership = self._poll_membership(tracker, membership)
+            plan = self._accepted_plan(membership)
+            if plan is not None and plan.epoch not in trained_epochs:
+                trained_epochs.add(plan.epoch)
+                outcome = self._follow(plan, membership, device)
+                if outcome.finished:
+                    self.events.write("done", epoch=plan.epoch, steps=outcome.steps_done)
+                    logger.info("done: %d steps trained in epoch %d", outcome.steps_done, plan.epoch)
+                    return AgentResult(self.peer_id, True, outcome.steps_done)
+                if self.stop.is_set():
+                    break
+                self.prober.resume()
+                continue
+            if membership.leader == self.peer_id:
+                self._lead(membership, time.monotonic() - started)
+            elif not trained_epochs and time.monotonic() - started > cfg.membership.plan_timeout_s:
+                raise AgentError(
+                    f"no plan for the live membership ({len(membership)} peers, leader {membership.leader}) "
+                    f"within plan_timeout_s={cfg.membership.plan_timeout_s:.0f}; check the leader's log"
+                )
+            self.stop.wait(cfg.membership.poll_s)
+        logger.info("stopping (%s)", self.stop.reason)
+        self.events.write("stopped", reason=self.stop.reason)
+        return AgentResult(self.peer_id, False, 0, self.stop.reason)
+
+    def _poll_membership(self, tracker: MembershipTracker, previous: Membership) -> Membership:
+        try:
+            membership = tracker.update(self.dht.read_peers())
+        except ProtocolError as e:
+            logger.warning("reading the peer records failed: %s; keeping the last view", e)
+            return previous
+        for peer, record in membership.peers.items():
+            if peer == self.peer_id:
+                continue
+            self._shape_link(peer, record)
+            if peer not in self._dialled:
+                try:
+                    self.transport.connect(peer, record.maddrs, self.config.links.connect_timeout_s)
+                    self._dialled.add(peer)
+                except Exception as e:  # the daemon raises its own error types for an unreachable peer
+                    logger.warning("cannot dial peer %s at %s: %s; retrying", peer, " ".join(record.maddrs), e)
+        settle_s = self.config.links.settle_s
+        self.prober.set_peers(
+            p for p in membership.ids
+            if p != self.peer_id and p in self._dialled and tracker.known_for_s(p) >= settle_s
+        )  # fmt: skip
+        return membership
+
+    def _shape_link(self, peer: str, record: PeerRecord) -> None:
+        """Emulate the link to ``peer`` as the network's link from our device to the one it plays."""
+        if self.network is None or peer in self._shaped:
+            return
+        me, other = self.config.emulation.device_index, record.emulated_device
+        self._shaped.add(peer)
+        if other is None or other == me or other >= self.network.num_devices:
+            logger.warning("peer %s plays device %s: not a device of the emulated network other than ours (%d); "
+                           "its link is not shaped", peer, other, me)
+            return
+        emulation = EmulationConfig(self.config.emulation.time_scale, self.config.emulation.size_factor)
+        link = scaled_link(self.network.latency_ms[me, other], self.network.bandwidth_gbps[me, other], emulation)
+        self.emulator.set_link(peer, link.latency_s, link.bandwidth_bytes_per_s)
+        logger.info("link to peer %s (device %d) emulated: %.2f ms, %.3f Mbit/s", peer, other,
+                    link.latency_s * 1e3, link.bandwidth_bytes_per_s * 8 / 1e6)
+
+    def _on_links(self, row) -> None:
+        self.events.write("links", measured=len(row), row={p: [m.latency_ms, m.bandwidth_gbps] for p, m in row.items()})
+
+    def _accepted_plan(self, membership: Membership) -> PlanRecord | None:
+        try:
+            plans = self.dht.read_plans()
+        except ProtocolError as e:
+            logger.warning("reading the plan records failed: %s", e)
+            return None
+        key = (frozenset(plans.items()), membership.ids)
+        if key != self._plans_seen[0]:  # select_plan logs what it ignores: once per change, not per poll
+            self._plans_seen = (key, select_plan(plans, membership.ids) if membership.ids else None)
+        return self._plans_seen[1]
+
+    # ---- leading ----------------------------------------------------------------------------------------
+
+    def _lead(self, membership: Membership, waited_s: float) -> None:
+        if self._planning is not None:
+            if self._planning.future.done():
+                self._publish_plan(self._planning)
+            return
+        if self._planned_for == membership.ids:
+            return
+        trigger = plan_trigger(membership, self.config.membership, waited_s)
+        if trigger is None:
+            self._note_waiting(f"leading; waiting for peers: {len(membership)} live"
+                               + (f" of {self.config.membership.expect} expected" if self.config.membership.expect else ""))
+            return
+        order = cluster_order(membership.peers)
+        trainers, spares = trainers_and_spares(order, self.config.train)
+        try:
+            rows = self.dht.read_links()
+        except ProtocolError as e:
+            logger.warning("reading the links rows failed: %s", e)
+            return
+        gaps = link_gaps(trainers, rows)
+        now = time.monotonic()
+        if self._links_wait_since is None:
+            self._links_wait_since = now
+        if gaps and now - self._links_wait_since < self.config.membership.links_timeout_s:
+            self._note_waiting(f"leading; {trigger}; waiting for {len(gaps)} of {len(trainers) * (len(trainers) - 1)} "
+                               "link measurements")
+            return
+        cluster = build_cluster(trainers, membership.peers, rows, self.config.emulation)
+        stages = self.config.train.stages
+        workload = run_workload(self.config.train, stages, len(trainers) // stages, self.config.emulation.size_factor)
+        logger.info("planning epoch %d for %d peers (%s): %d stages × %d replicas, %d spare(s), strategy %s",
+                    self._next_epoch, len(membership), trigger, stages, len(trainers) // stages, len(spares),
+                    self.config.plan.strategy)
+        future = self._planner.submit(make_plan, cluster, workload, stages, self.config.plan)
+        self._planning = _Planning(self._next_epoch, membership.ids, trainers, spares, cluster, workload, trigger,
+                                   future)
+
+    def _publish_plan(self, planning: _Planning) -> None:
+        self._planning = None
+        try:
+            plan = planning.future.result()
+        except ValueError as e:
+            raise AgentError(f"the planner found no plan: {e}") from None
+        record = PlanRecord.from_plan_json(planning.epoch, planning.devices + planning.spares, plan)
+        self.dht.publish_plan(record)
+        self._planned_for = planning.membership
+        self._next_epoch = planning.epoch + 1
+        self._links_wait_since = None
+        baselines = ", ".join(f"{k} {v['cost_s']:.3f} s" for k, v in plan.get("baselines", {}).items())
+        logger.info("published plan epoch %d: predicted %.3f s/step (%s); pipelines %s", planning.epoch,
+                    plan["cost_s"], baselines, plan["pipelines"])
+        self.events.write(
+            "plan", epoch=planning.epoch, plan=plan, devices=planning.devices, spares=planning.spares,
+            trigger=planning.trigger, cluster=planning.cluster.to_dict(),
+            workload={"activation_gb": planning.workload.activation_gb, "gradient_gb": planning.workload.gradient_gb},
+        )  # fmt: skip
+
+    def _note_waiting(self, note: str) -> None:
+        if note != self._last_wait_note:
+            self._last_wait_note = note
+            logger.info("%s", note)
+
+    # ---- following --------------------------------------------------------------------------------------
+
+    def _follow(self, plan: PlanRecord, membership: Membership, device) -> EpochOutcome:
+        cfg = self.config
+        self.prober.pause(timeout_s=cfg.links.probe.deadline_s)  # training must not queue behind a probe
+        try:
+            return run_epoch(
+                plan, me=self.peer_id, train=cfg.train, device=device, transport=self.transport, dht=self.dht,
+                peers=dict(membership.peers), stop=self.stop, events=self.events, heartbeat=self.heartbeat,
+                call_timeout_s=cfg.transport.call_timeout_s, poll_s=cfg.membership.poll_s,
+                finish_timeout_s=cfg.membership.finish_timeout_s,
+            )  # fmt: skip
+        except Exception as e:
+            if self.stop.is_set():  # the stop watcher shut the transport down under a running step
+                return EpochOutcome(False, 0)
+            if isinstance(e, PeerTimeoutError):
+                raise AgentError(f"epoch {plan.epoch}: {e}; the peer may have left (re-planning on churn is not "
+                                 "implemented yet)") from e
+            raise
+
+
+def _path(value: str | None) -> Path | None:
+    return Path(value).expanduser() if value else None

@@ -1,0 +1,169 @@
+"""The agent's configuration: one frozen dataclass tree, from a TOML file and flags (unknown keys refused).
+
+Example (see ``agent/agent.example.toml`` for every key with comments)::
+
+    run = "demo"
+    initial_peers = ["/ip4/203.0.113.7/tcp/31337/p2p/QmBootstrap..."]
+
+    [train]
+    model = "tiny"
+    stages = 2
+    steps = 100
+
+    [membership]
+    expect = 4            # plan once 4 peers are live ...
+    join_deadline_s = 600 # ... or 10 minutes after start with at least min_peers of them
+    min_peers = 2
+
+Sub-tables reuse the configs of the layers they configure: ``[train]`` is ``TrainConfig`` (its ``replicas``
+is ignored: the plan decides it), ``[dht]`` is ``DHTConfig``, ``[transport]`` is ``TransportConfig``,
+``[links.probe]`` is ``ProbeConfig``. Every timeout is a field ending in ``_s``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal
+
+from p2ptrain.errors import ConfigError
+from p2ptrain.net.dht import DHTConfig
+from p2ptrain.net.keys import check_run_id
+from p2ptrain.net.probe import ProbeConfig
+from p2ptrain.net.transport import TransportConfig
+from p2ptrain.runtime.config import TrainConfig
+
+Strategy = Literal["scheduled", "megatron", "random"]
+STRATEGIES: tuple[str, ...] = ("scheduled", "megatron", "random")
+
+
+@dataclass(frozen=True)
+class MembershipConfig:
+    """When the leader plans: the expected number of peers, or a join deadline with a minimum.
+
+    Members beyond a multiple of ``train.stages`` (or beyond what the global batch splits into) are spares:
+    they stay in the run without a stage and leave when the trainers are done.
+    """
+
+    expect: int | None = None  # plan as soon as this many peers are live
+    join_deadline_s: float | None = None  # ... or this long after start, with at least min_peers live
+    min_peers: int = 1
+    links_timeout_s: float = 120.0  # leader: wait this long for complete link rows, then plan with what it has
+    plan_timeout_s: float = 900.0  # follower: give up if no plan for the live membership comes within this
+    poll_s: float = 1.0  # how often to read the run's records while waiting
+    finish_timeout_s: float = 60.0  # after the last step: wait this long for the other trainers to finish too
+
+    def __post_init__(self) -> None:
+        if self.expect is None and self.join_deadline_s is None:
+            raise ConfigError("membership: set expect (peers to wait for) or join_deadline_s (or both)")
+        if self.expect is not None and self.expect < 1:
+            raise ConfigError(f"membership.expect={self.expect} must be at least 1")
+        if self.min_peers < 1:
+            raise ConfigError(f"membership.min_peers={self.min_peers} must be at least 1")
+        for name in ("links_timeout_s", "plan_timeout_s", "poll_s", "finish_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"membership.{name}={getattr(self, name)} must be positive")
+        if self.join_deadline_s is not None and not self.join_deadline_s > 0:
+            raise ConfigError(f"membership.join_deadline_s={self.join_deadline_s} must be positive")
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """How the leader assigns stages: the scheduler, or a baseline for comparison."""
+
+    strategy: Strategy = "scheduled"
+    seed: int = 0  # the scheduler's and the random baseline's seed
+    time_budget_s: float = 60.0  # the scheduler's search budget
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ConfigError(f"plan.strategy={self.strategy!r} is not one of {', '.join(STRATEGIES)}")
+        if self.seed < 0 or not self.time_budget_s > 0:
+            raise ConfigError("plan.seed must be >= 0 and plan.time_budget_s positive")
+
+
+@dataclass(frozen=True)
+class LinksConfig:
+    """The link prober: rounds over every live peer, each link measured ``min_rounds`` times before it is
+    published, smoothed (EWMA) across rounds."""
+
+    probe: ProbeConfig = field(default_factory=ProbeConfig)
+    min_rounds: int = 1
+    ewma_weight: float = 0.3  # weight of a new measurement in the smoothed estimate
+    round_pause_s: float = 2.0  # pause between rounds
+    settle_s: float = 2.0  # after first seeing a peer, wait this long before probing it (see links.py)
+    connect_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.min_rounds < 1 or not 0 < self.ewma_weight <= 1:
+            raise ConfigError("links.min_rounds must be >= 1 and links.ewma_weight in (0, 1]")
+        for name in ("round_pause_s", "settle_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"links.{name} must be >= 0")
+        if not self.connect_timeout_s > 0:
+            raise ConfigError("links.connect_timeout_s must be positive")
+
+
+@dataclass(frozen=True)
+class EmulationSettings:
+    """Play device ``device_index`` of the network in ``cluster_file`` (the local swarm sets this).
+
+    Outgoing links to a peer are shaped once that peer's record says which device it plays; measured
+    values are converted back to the file's units before planning (α = α'/time_scale,
+    β = β'·time_scale/size_factor), and the workload is this run's bytes over ``size_factor``.
+    """
+
+    cluster_file: str | None = None
+    device_index: int | None = None
+    time_scale: float = 1.0
+    size_factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        if (self.cluster_file is None) != (self.device_index is None):
+            raise ConfigError("emulation: cluster_file and device_index go together")
+        if self.device_index is not None and self.device_index < 0:
+            raise ConfigError(f"emulation.device_index={self.device_index} must be >= 0")
+        for name in ("time_scale", "size_factor"):
+            if not 0 < getattr(self, name) < float("inf"):
+                raise ConfigError(f"emulation.{name}={getattr(self, name)} must be a positive number")
+
+    @property
+    def enabled(self) -> bool:
+        return self.cluster_file is not None
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    cache_dir: str | None = None  # None: $XDG_CACHE_HOME/p2ptrain or ~/.cache/p2ptrain
+    refresh: bool = False  # measure again even if the cache has this device
+    measure_s: float = 0.5  # how long the matmul benchmark runs
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    run: str = "demo"
+    initial_peers: tuple[str, ...] = ()  # e.g. the bootstrap's line (full multiaddrs with /p2p/)
+    region: str = ""  # free text shown in plans (e.g. "Frankfurt"); an emulated device's region wins
+    events_file: str | None = None  # append one JSON line per event (the local swarm reads it)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    membership: MembershipConfig = field(default_factory=lambda: MembershipConfig(expect=1))
+    plan: PlanConfig = field(default_factory=PlanConfig)
+    links: LinksConfig = field(default_factory=LinksConfig)
+    dht: DHTConfig = field(default_factory=DHTConfig)
+    transport: TransportConfig = field(default_factory=TransportConfig)
+    emulation: EmulationSettings = field(default_factory=EmulationSettings)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
+
+    def __post_init__(self) -> None:
+        try:
+            check_run_id(self.run)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        if not self.initial_peers:
+            raise ConfigError("initial_peers is empty: give the bootstrap's address line (--initial-peers)")
+        if self.dht.initial_peers and self.dht.initial_peers != self.initial_peers:
+            raise ConfigError("set initial_peers at the top level, not in [dht]")
+        object.__setattr__(self, "dht", dataclasses.replace(self.dht, initial_peers=tuple(self.initial_peers)))
+        expect = self.membership.expect
+        if expect is not None and expect < self.train.stages:
+            raise ConfigError(f"membership.expect={expect} is fewer peers than train.stages={self.train.stages}")

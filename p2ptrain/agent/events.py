@@ -1,0 +1,58 @@
+"""An agent's events as JSON lines in a file: what the local swarm's display and summary read.
+
+One JSON object per line, appended and flushed as it happens (``{"event": "step", "time": ..., ...}``);
+a reader only takes complete lines, so it may poll while the agent writes. Kinds an agent writes:
+``started``, ``profile``, ``links``, ``plan`` (the leader: cluster, workload, plan document), ``role``,
+``step``, ``done``, ``stopped``, ``error``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+
+class EventLog:
+    """Appends events to ``path``; a no-op without a path. Thread-safe."""
+
+    def __init__(self, path: str | Path | None):
+        self.path = Path(path) if path else None
+        self._lock = threading.Lock()
+
+    def write(self, event: str, **fields: Any) -> None:
+        if self.path is None:
+            return
+        line = json.dumps({"event": event, "time": time.time(), **fields}, separators=(",", ":")) + "\n"
+        with self._lock, self.path.open("a") as f:
+            f.write(line)
+
+
+class EventReader:
+    """Reads the complete lines appended to ``path`` since the last call."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._offset = 0
+        self.events: list[dict[str, Any]] = []
+
+    def poll(self) -> list[dict[str, Any]]:
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return []
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self._offset += len(complete)
+        new = [json.loads(line) for line in complete.decode().splitlines() if line.strip()]
+        self.events.extend(new)
+        return new
+
+    def last(self, event: str) -> dict[str, Any] | None:
+        return next((e for e in reversed(self.events) if e["event"] == event), None)
+
+    def all(self, event: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["event"] == event]

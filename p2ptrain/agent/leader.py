@@ -1,0 +1,185 @@
+"""What the leader does with the run's records: a cluster, a plan, a plan record. Pure (no I/O).
+
+1. ``trainers_and_spares``: how many replicas the live membership gives (``members // stages``, fewer if
+   the global batch does not split over them), and which peers train: the first ``stages × replicas`` in
+   cluster order; the others are spares.
+2. ``build_cluster``: devices from the peer records (region, TFLOP/s, memory), α and β from the links rows.
+   Each row holds its writer's measurements of its outgoing links; a pair's α is the mean of the two
+   directions and its β their harmonic mean (transfer times average, not rates), or the one direction
+   measured. A pair nobody measured gets the worst measured link (a conservative guess, logged). When
+   emulating, measured values become the emulated network's own units: α = α'/time_scale,
+   β = β'·time_scale/size_factor, so the plan's cost compares with one computed from the true matrices.
+3. ``run_workload``: c_PP and c_DP of this run (fp32 activations and gradients of the configured model and
+   batch), divided by the emulation's size factor.
+4. ``make_plan``: the scheduler, or a baseline (Megatron's rank order in cluster order; a random
+   assignment), as the plan document of DESIGN.md. Slow for big clusters: the agent runs it in a thread.
+
+Cluster order: by the device each peer plays when every member emulates one (so Megatron's order is the
+emulated network's device order), otherwise by peer ID.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from p2ptrain.agent.config import EmulationSettings, PlanConfig
+from p2ptrain.net.records import LinkMeasurement, LinksRecord, PeerRecord
+from p2ptrain.planning import (
+    Cluster,
+    Device,
+    Plan,
+    SearchStats,
+    Workload,
+    make_objective,
+    megatron_assignment,
+    random_assignment,
+    random_cost,
+    schedule,
+    workload_from_model,
+)
+from p2ptrain.planning.plan import Infeasible
+from p2ptrain.runtime.config import TrainConfig
+
+logger = logging.getLogger(__name__)
+
+FP32_BYTES = 4
+
+
+def cluster_order(peers: Mapping[str, PeerRecord]) -> list[str]:
+    """Peers in the cluster's device order (see the module docstring)."""
+    if peers and all(r.emulated_device is not None for r in peers.values()):
+        return sorted(peers, key=lambda p: (peers[p].emulated_device, p))
+    return sorted(peers)
+
+
+def replicas_for(num_members: int, train: TrainConfig) -> int:
+    """The most replicas (≤ members // stages) over which the global batch splits; 0 if none."""
+    for replicas in range(num_members // train.stages, 0, -1):
+        if train.global_batch_size % (replicas * train.micro_batches) == 0:
+            return replicas
+    return 0
+
+
+def trainers_and_spares(order: Sequence[str], train: TrainConfig) -> tuple[list[str], list[str]]:
+    replicas = replicas_for(len(order), train)
+    if replicas == 0:
+        raise ValueError(
+            f"{len(order)} peers cannot train {train.stages} stages of a global batch of "
+            f"{train.global_batch_size} in {train.micro_batches} micro-batches"
+        )
+    used = replicas * train.stages
+    return list(order[:used]), list(order[used:])
+
+
+def link_gaps(members: Sequence[str], rows: Mapping[str, LinksRecord]) -> list[tuple[str, str]]:
+    """Directed pairs (a, b) whose link a's row does not cover yet."""
+    gaps = []
+    for a in members:
+        covered = rows[a].resolve(members) if a in rows else {}
+        gaps.extend((a, b) for b in members if b != a and b not in covered)
+    return gaps
+
+
+def build_cluster(
+    order: Sequence[str],
+    peers: Mapping[str, PeerRecord],
+    rows: Mapping[str, LinksRecord],
+    emulation: EmulationSettings,
+) -> Cluster:
+    """The cluster of ``order``'s peers (device i = ``order[i]``), in the (emulated) network's units."""
+    n = len(order)
+    measured = {a: (rows[a].resolve(order) if a in rows else {}) for a in order}
+    latency, bandwidth = np.zeros((n, n)), np.zeros((n, n))
+    unknown = []
+    for i, a in enumerate(order):
+        for j, b in enumerate(order):
+            if i < j:
+                both = [m for m in (measured[a].get(b), measured[b].get(a)) if m is not None]
+                if both:
+                    latency[i, j] = latency[j, i] = _mean_latency(both)
+                    bandwidth[i, j] = bandwidth[j, i] = _mean_bandwidth(both)
+                else:
+                    unknown.append((i, j))
+    off = ~np.eye(n, dtype=bool)
+    if unknown:
+        known = off.copy()
+        for i, j in unknown:
+            known[i, j] = known[j, i] = False
+        worst_latency = float(latency[known].max()) if known.any() else 0.0
+        worst_bandwidth = float(bandwidth[known].min()) if known.any() else 1.0
+        for i, j in unknown:
+            latency[i, j] = latency[j, i] = worst_latency
+            bandwidth[i, j] = bandwidth[j, i] = worst_bandwidth
+        logger.warning("%d links were never measured; planning with the worst measured link for them "
+                       "(%.1f ms, %.4g Gbit/s)", len(unknown), worst_latency, worst_bandwidth)
+    if emulation.enabled:
+        latency[off] /= emulation.time_scale
+        bandwidth[off] *= emulation.time_scale / emulation.size_factor
+    devices = tuple(
+        Device(name=p, region=peers[p].region or None, tflops=peers[p].tflops, memory_gb=peers[p].memory_gb)
+        for p in order
+    )
+    return Cluster(devices, latency, bandwidth)
+
+
+def _mean_latency(measurements: list[LinkMeasurement]) -> float:
+    return sum(m.latency_ms for m in measurements) / len(measurements)
+
+
+def _mean_bandwidth(measurements: list[LinkMeasurement]) -> float:
+    return len(measurements) / sum(1.0 / m.bandwidth_gbps for m in measurements)
+
+
+def run_workload(train: TrainConfig, num_stages: int, num_replicas: int, size_factor: float = 1.0) -> Workload:
+    """This run's c_PP and c_DP in GB (fp32 activations and gradients), over the emulation's size factor."""
+    shape = train.shape
+    own = workload_from_model(
+        shape, num_stages=num_stages, num_replicas=num_replicas,
+        batch_tokens=train.global_batch_size * shape.seq_len,
+        activation_bytes=FP32_BYTES, gradient_bytes=FP32_BYTES,
+    )  # fmt: skip
+    source = f"{train.model}, batch {train.global_batch_size}"
+    if size_factor != 1.0:
+        source += f", over size factor {size_factor:.4g}"
+    return Workload(own.activation_gb / size_factor, own.gradient_gb / size_factor, source=source)
+
+
+def make_plan(cluster: Cluster, workload: Workload, num_stages: int, config: PlanConfig) -> dict[str, Any]:
+    """The plan document (DESIGN.md "Plan") of ``config.strategy`` over ``cluster``; ValueError if none."""
+    n = cluster.num_devices
+    if config.strategy == "scheduled":
+        plan = schedule(cluster, workload, num_stages, seed=config.seed, time_budget_s=config.time_budget_s,
+                        clock=time.perf_counter)
+        if isinstance(plan, Infeasible):
+            raise ValueError(f"no plan: {plan.reason}")
+        return plan.to_json()
+    if n % num_stages:
+        raise ValueError(f"{n} devices cannot be split into {num_stages} stages")
+    objective = make_objective("dtfm", cluster, workload, num_stages)
+    rng = np.random.default_rng(config.seed)
+    if config.strategy == "megatron":
+        sigma = megatron_assignment(n, num_stages)
+    else:
+        sigma = random_assignment(n, num_stages, rng)
+    megatron = objective.evaluate(megatron_assignment(n, num_stages))
+    plan = Plan(
+        pipelines=tuple(tuple(int(d) for d in row) for row in sigma),
+        objective=objective.name,
+        cost=objective.evaluate(sigma),
+        baselines={"megatron": megatron, "random": random_cost(objective, n, rng)},
+        search=SearchStats(seed=config.seed, evaluations=1, method=config.strategy, stopped_by="converged"),
+    )
+    return plan.to_json()
+
+
+def check_plan_json(plan: Mapping[str, Any], num_devices: int) -> None:
+    """An assertion that the planner's document is a full assignment of ``num_devices`` devices."""
+    flat = sorted(d for row in plan["pipelines"] for d in row)
+    assert flat == list(range(num_devices)), f"plan does not assign every device once: {plan['pipelines']}"
+    assert math.isfinite(plan["cost_s"])

@@ -1,0 +1,148 @@
+"""The link prober: a background thread measuring α and β to every peer, publishing this agent's row.
+
+In rounds: each round measures the link to every peer it was given (``set_peers``), in a random order
+(so that two agents rarely probe each other at the same moment, which would queue each one's replies
+behind the other's bulk transfers), with ``net.probe.measure_link`` over the transport, so link emulation
+applies. Estimates are smoothed across rounds (``LinkTable``, an EWMA); a peer enters the published row
+(``LinksRecord``, key ``{run}.links``) once it has been measured ``min_rounds`` times. The row is
+re-published whenever it changes. A failed measurement is logged and retried next round.
+
+``pause()`` stops probing between measurements (training traffic must not queue behind probes on the
+same links); ``resume()`` starts again (a later membership change needs fresh rows).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections.abc import Callable, Iterable
+
+from p2ptrain.agent.config import LinksConfig
+from p2ptrain.errors import ProtocolError
+from p2ptrain.net.dht import SwarmDHT
+from p2ptrain.net.probe import LinkTable, measure_link
+from p2ptrain.net.records import LinkMeasurement, LinksRecord
+from p2ptrain.net.transport import Transport
+
+logger = logging.getLogger(__name__)
+
+
+class LinkProber:
+    def __init__(
+        self,
+        transport: Transport,
+        dht: SwarmDHT,
+        config: LinksConfig,
+        on_publish: Callable[[dict[str, LinkMeasurement]], None] | None = None,
+        rng: random.Random | None = None,
+    ):
+        self.transport, self.dht, self.config = transport, dht, config
+        self.table = LinkTable(config.ewma_weight)
+        self.rounds: dict[str, int] = {}
+        self._on_publish = on_publish
+        self._rng = rng or random.Random()
+        self._peers: tuple[str, ...] = ()
+        self._published: dict[str, LinkMeasurement] | None = None
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._paused = False
+        self._measuring = False
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="p2ptrain-link-prober", daemon=True)
+
+    def start(self) -> LinkProber:
+        self._thread.start()
+        return self
+
+    def set_peers(self, peers: Iterable[str]) -> None:
+        """The peers to measure from the next round on (peers no longer given are dropped from the row)."""
+        peers = tuple(sorted(set(peers)))
+        with self._wake:
+            if peers != self._peers:
+                self._peers = peers
+                self._wake.notify_all()
+
+    def pause(self, timeout_s: float = 0.0) -> None:
+        """Stop probing; wait up to ``timeout_s`` for a measurement in progress to end."""
+        with self._wake:
+            self._paused = True
+            self._wake.wait_for(lambda: not self._measuring, timeout=timeout_s)
+
+    def resume(self) -> None:
+        with self._wake:
+            self._paused = False
+            self._wake.notify_all()
+
+    def stop(self, timeout_s: float) -> None:
+        with self._wake:
+            self._stopped = True
+            self._wake.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    def row(self) -> dict[str, LinkMeasurement]:
+        """What we publish: the smoothed estimate of every current peer measured ``min_rounds`` times."""
+        with self._lock:
+            peers = self._peers
+        estimates = self.table.snapshot()
+        return {
+            p: LinkMeasurement(estimates[p].latency_ms, estimates[p].bandwidth_gbps)
+            for p in peers
+            if self.rounds.get(p, 0) >= self.config.min_rounds and p in estimates
+        }
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._stopped and (self._paused or not self._peers):
+                    self._wake.wait()
+                if self._stopped:
+                    return
+                peers = list(self._peers)
+            self._rng.shuffle(peers)
+            for peer in peers:
+                if not self._measure(peer):
+                    return
+                self._publish()
+            with self._wake:
+                self._wake.wait_for(lambda: self._stopped, timeout=self.config.round_pause_s)
+
+    def _measure(self, peer: str) -> bool:
+        """Measure one link unless stopped, paused or the peer is gone; False once stopped."""
+        with self._lock:
+            if self._stopped:
+                return False
+            if self._paused or peer not in self._peers:
+                return True
+            self._measuring = True
+        try:
+            estimate = measure_link(self.transport, peer, self.config.probe)
+        except Exception as e:  # a peer that left, a timeout, the transport shutting down: never kill the thread
+            with self._lock:
+                if self._stopped:
+                    return False
+            logger.warning("measuring the link to peer %s failed (%s: %s); retrying next round",
+                           peer, type(e).__name__, e, exc_info=logger.isEnabledFor(logging.DEBUG))
+            return True
+        finally:
+            with self._wake:
+                self._measuring = False
+                self._wake.notify_all()
+        self.table.update(peer, estimate)
+        self.rounds[peer] = self.rounds.get(peer, 0) + 1
+        return True
+
+    def _publish(self) -> None:
+        row = self.row()
+        if row == self._published:
+            return
+        try:
+            self.dht.publish_links(LinksRecord.from_peers(row))
+        except ProtocolError as e:
+            logger.warning("publishing our links row failed: %s; retrying after the next measurement", e)
+            return
+        self._published = row
+        logger.info("published links to %d peers", len(row))
+        if self._on_publish is not None:
+            self._on_publish(row)

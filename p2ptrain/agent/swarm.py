@@ -1,0 +1,315 @@
+"""The local swarm: a bootstrap and N agents as separate processes on this machine (``p2ptrain swarm``).
+
+    result = run_swarm(SwarmConfig(agents=4, stages=2, steps=3), stop, on_update=display.update)
+
+Each child runs in its own session (``runtime.procgroup``), so stopping one stops everything it started
+(its DHT process, its p2pd). The work dir holds, per agent, its TOML config (``agent-K.toml``), identity
+(``agent-K.id``, so peer IDs are known before they start), log (``agent-K.log``) and events
+(``agent-K.events.jsonl``); the bootstrap's log and address line; the emulated network (``cluster.json``);
+and ``swarm.json``, the status file (PIDs, peer IDs, paths).
+
+Emulated networks: with ``scenario`` (one of the paper's, scaled to N devices) or ``cluster_file``, agent
+K plays device K: its transport shapes its links as that device's (DESIGN.md "Link emulation"), so the
+agents measure the network and the leader plans on measurements. Two factors map the network onto this
+machine: ``size_factor`` (this run's activation bytes per boundary over the paper's c_PP; automatic for a
+scenario) and ``time_scale`` (the network's seconds become this many seconds). With a scenario and no
+batch size, the global batch is chosen so that this run's c_PP/c_DP is near the paper's (0.72), so one
+size factor serves both kinds of transfer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from p2ptrain.agent.config import Strategy
+from p2ptrain.agent.events import EventReader
+from p2ptrain.agent.leader import run_workload
+from p2ptrain.agent.swarm_report import SwarmState, summarize
+from p2ptrain.errors import ConfigError
+from p2ptrain.net.bootstrap import write_atomically
+from p2ptrain.net.identity import generate_identity
+from p2ptrain.net.lifecycle import StopSignal
+from p2ptrain.net.probe import ProbeConfig
+from p2ptrain.planning import PAPER_WORKLOAD, Cluster, load_cluster, parameter_count, scenario
+from p2ptrain.runtime.config import TrainConfig
+from p2ptrain.runtime.procgroup import ProcessGroup, tail
+
+logger = logging.getLogger(__name__)
+
+PAPER_ACTIVATION_TO_GRADIENT = PAPER_WORKLOAD.activation_gb / PAPER_WORKLOAD.gradient_gb  # c_PP/c_DP ≈ 0.72
+DEFAULT_TIME_SCALE = 0.05  # a scenario's seconds -> emulated seconds
+LOOPBACK = "/ip4/127.0.0.1/tcp/0"
+
+# Probing on loopback (no emulation): links are fast and alike; small transfers keep the CPU free.
+LOOPBACK_PROBE = ProbeConfig(pings=5, transfers=2, max_transfer_bytes=4 << 20, rtt_multiple=3.0,
+                             min_transfer_s=0.02, max_transfer_s=0.5, deadline_s=30.0)  # fmt: skip
+# Probing an emulated network: transfers long against the round trip, the fastest of three counts.
+EMULATED_PROBE = ProbeConfig(pings=8, transfers=3, rtt_multiple=4.0, min_transfer_s=0.15, max_transfer_s=1.5,
+                             deadline_s=60.0)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SwarmConfig:
+    agents: int = 4
+    stages: int = 2
+    steps: int = 10
+    scenario: str | None = "worldwide"  # one of the paper's networks, scaled to `agents` devices; None: loopback
+    cluster_file: str | None = None  # or a cluster file of `agents` devices (DESIGN.md "Cluster file")
+    time_scale: float | None = None  # default: DEFAULT_TIME_SCALE for a scenario, 1 for a cluster file
+    size_factor: float | None = None  # default: automatic for a scenario, 1 for a cluster file
+    strategy: Strategy = "scheduled"
+    model: str = "tiny"
+    batch_size: int | None = None  # default: matched to the paper's c_PP/c_DP when emulating a scenario, else 16
+    micro_batches: int = 2
+    seed: int = 0
+    device: str = "cpu"
+    workdir: str | None = None  # default: a new temporary directory (kept: it holds the logs)
+    run: str | None = None  # default: swarm-<random>
+    startup_timeout_s: float = 240.0  # from launch until every agent has its role
+    step_timeout_s: float = 180.0  # longest wait for the next step
+    call_timeout_s: float = 60.0
+    probe: ProbeConfig | None = None  # default: LOOPBACK_PROBE or EMULATED_PROBE
+
+    def __post_init__(self) -> None:
+        if self.agents < 1 or self.stages < 1 or self.steps < 1:
+            raise ConfigError("--agents, --stages and --steps must be at least 1")
+        if self.agents < self.stages:
+            raise ConfigError(f"{self.agents} agents cannot hold {self.stages} stages")
+        if self.scenario is not None and self.cluster_file is not None:
+            raise ConfigError("give --scenario or --cluster, not both")
+        for name in ("time_scale", "size_factor"):
+            value = getattr(self, name)
+            if value is not None and not 0 < value < float("inf"):
+                raise ConfigError(f"--{name.replace('_', '-')} must be a positive number, got {value}")
+
+    @property
+    def emulated(self) -> bool:
+        return self.scenario is not None or self.cluster_file is not None
+
+
+@dataclass
+class AgentProcess:
+    index: int
+    peer_id: str
+    name: str
+    config_path: Path
+    log_path: Path
+    events: EventReader
+    pid: int = 0
+
+
+@dataclass
+class SwarmResult:
+    ok: bool  # every agent trained every step and exited 0
+    summary: dict[str, Any]
+    workdir: str
+    error: str | None = None
+    agents: list[AgentProcess] = field(default_factory=list)
+
+
+def matched_batch_size(train: TrainConfig, stages: int, replicas: int) -> int:
+    """The global batch whose c_PP/c_DP (fp32 activations per shard over one stage's gradients) is nearest
+    the paper's 0.72, rounded to a multiple of replicas × micro-batches."""
+    shape = train.shape
+    params_per_stage = parameter_count(shape) / stages
+    per_shard = PAPER_ACTIVATION_TO_GRADIENT * params_per_stage / (shape.seq_len * shape.hidden_size)
+    unit = replicas * train.micro_batches
+    return max(unit, unit * round(per_shard * replicas / unit))
+
+
+def plan_swarm(config: SwarmConfig) -> tuple[TrainConfig, Cluster | None, float, float]:
+    """The training config, the emulated network (or None) and its time scale and size factor."""
+    replicas = config.agents // config.stages
+    train = TrainConfig(model=config.model, steps=config.steps, global_batch_size=config.batch_size or 16,
+                        micro_batches=config.micro_batches, seed=config.seed, device=config.device, num_threads=1,
+                        stages=config.stages)  # fmt: skip
+    network = None
+    if config.scenario is not None:
+        network = scenario(config.scenario, config.agents)
+        if config.batch_size is None:
+            train = dataclasses.replace(train, global_batch_size=matched_batch_size(train, config.stages, replicas))
+    elif config.cluster_file is not None:
+        network = load_cluster(config.cluster_file)
+        if network.num_devices != config.agents:
+            raise ConfigError(f"{config.cluster_file} has {network.num_devices} devices; run --agents {network.num_devices}")
+    train = dataclasses.replace(train, replicas=replicas)  # checks that the batch splits
+    if network is None:
+        return train, None, 1.0, 1.0
+    time_scale = config.time_scale or (DEFAULT_TIME_SCALE if config.scenario else 1.0)
+    size_factor = config.size_factor
+    if size_factor is None:
+        own = run_workload(train, config.stages, replicas).activation_gb
+        size_factor = own / PAPER_WORKLOAD.activation_gb if config.scenario else 1.0
+    return train, network, time_scale, size_factor
+
+
+def run_swarm(
+    config: SwarmConfig, stop: StopSignal, on_update: Callable[[SwarmState], None] | None = None
+) -> SwarmResult:
+    """Start the swarm, follow it until every agent is done (or one fails, a deadline passes, or ``stop``),
+    stop every process, and summarise. Never leaves a process running."""
+    train, network, time_scale, size_factor = plan_swarm(config)
+    root = Path(config.workdir or tempfile.mkdtemp(prefix="p2ptrain-swarm-"))
+    root.mkdir(parents=True, exist_ok=True)
+    run = config.run or f"swarm-{uuid.uuid4().hex[:6]}"
+    cluster_path = None
+    if network is not None:
+        cluster_path = root / "cluster.json"
+        cluster_path.write_text(json.dumps(network.to_dict()))
+    agents = _prepare_agents(root, config.agents)
+    state = SwarmState(config=config, train=train, run=run, workdir=str(root), network=network,
+                       time_scale=time_scale, size_factor=size_factor, agents=agents)  # fmt: skip
+    with ProcessGroup(grace_s=15.0) as group:
+        try:
+            maddrs = _start_bootstrap(group, root, run, config.startup_timeout_s, stop)
+            for agent in agents:
+                toml = _agent_toml(config, train, run, maddrs, agent, root, cluster_path, time_scale, size_factor)
+                agent.config_path.write_text(toml)
+                child = group.start(agent.name, [sys.executable, "-m", "p2ptrain", "agent", "--config",
+                                                 str(agent.config_path)], log_path=agent.log_path)
+                agent.pid = child.pid
+            _write_status(root, run, group, agents)
+            error = _follow(config, group, state, stop, on_update)
+        except (TimeoutError, RuntimeError) as e:
+            error = str(e)
+        finally:
+            group.stop_all()  # agents stop before the bootstrap: every agent's own shutdown reaps its p2pd
+    summary = summarize(state)
+    ok = error is None and all(group.children[a.name].poll() == 0 for a in agents) and summary["finished"]
+    if error is None and not ok:
+        error = "an agent did not finish; see its log in " + str(root)
+    return SwarmResult(ok, summary, str(root), error, agents)
+
+
+def _prepare_agents(root: Path, count: int) -> list[AgentProcess]:
+    agents = []
+    for k in range(count):
+        identity = generate_identity()
+        path = root / f"agent-{k}.id"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(identity.to_protobuf())
+        agents.append(AgentProcess(k, identity.peer_id, f"agent-{k}", root / f"agent-{k}.toml",
+                                   root / f"agent-{k}.log", EventReader(root / f"agent-{k}.events.jsonl")))
+    return agents
+
+
+def _start_bootstrap(group: ProcessGroup, root: Path, run: str, timeout_s: float, stop: StopSignal) -> list[str]:
+    announce = root / "bootstrap.maddrs"
+    announce.unlink(missing_ok=True)
+    child = group.start("bootstrap", [sys.executable, "-m", "p2ptrain", "bootstrap", "--host-maddrs", LOOPBACK,
+                                      "--announce-file", str(announce), "--run-id", run],
+                        log_path=root / "bootstrap.log", stdout_path=root / "bootstrap.out")  # fmt: skip
+    deadline = time.monotonic() + timeout_s
+    while not announce.exists():
+        if child.poll() is not None:
+            raise RuntimeError(f"the bootstrap exited with code {child.poll()}: {tail(root / 'bootstrap.log', 5)}")
+        if stop.is_set():
+            raise RuntimeError(f"stopped ({stop.reason})")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the bootstrap did not start within {timeout_s:.0f} s; see {root / 'bootstrap.log'}")
+        time.sleep(0.1)
+    return announce.read_text().split()
+
+
+def _write_status(root: Path, run: str, group: ProcessGroup, agents: list[AgentProcess]) -> None:
+    status = {
+        "run": run, "swarm_pid": os.getpid(),
+        "bootstrap": {"pid": group.children["bootstrap"].pid, "log": str(root / "bootstrap.log"),
+                      "maddrs_file": str(root / "bootstrap.maddrs")},
+        "agents": [{"index": a.index, "pid": a.pid, "peer_id": a.peer_id, "log": str(a.log_path),
+                    "events": str(a.events.path), "config": str(a.config_path)} for a in agents],
+    }  # fmt: skip
+    write_atomically(root / "swarm.json", json.dumps(status, indent=1) + "\n")
+
+
+def _follow(config: SwarmConfig, group: ProcessGroup, state: SwarmState, stop: StopSignal,
+            on_update: Callable[[SwarmState], None] | None) -> str | None:  # fmt: skip
+    """Watch the agents until all exited; the reason for failing, or None."""
+    deadline = time.monotonic() + config.startup_timeout_s
+    steps_seen = 0
+    while True:
+        changed = any([bool(agent.events.poll()) for agent in state.agents])
+        if changed and on_update is not None:
+            on_update(state)
+        steps_now = state.steps_done()
+        if steps_now > steps_seen:
+            steps_seen, deadline = steps_now, time.monotonic() + config.step_timeout_s
+        running = [a for a in state.agents if group.children[a.name].poll() is None]
+        failed = [a for a in state.agents if group.children[a.name].poll() not in (None, 0)]
+        if failed:
+            agent = failed[0]
+            return f"agent {agent.index} exited with code {group.children[agent.name].poll()}: " + _last_error(agent)
+        if not running:
+            return None
+        if stop.is_set():
+            return f"stopped ({stop.reason})"
+        if group.children["bootstrap"].poll() is not None and not state.all_have_roles():
+            return "the bootstrap exited before the agents had a plan"
+        if time.monotonic() > deadline:
+            phase = "step" if state.all_have_roles() else "plan"
+            return f"no progress within the {phase} deadline; see the agents' logs in {state.workdir}"
+        stop.wait(0.2)
+
+
+def _last_error(agent: AgentProcess) -> str:
+    error = agent.events.last("error")
+    if error is not None:
+        return error["error"]
+    lines = [line for line in tail(agent.log_path, 40).splitlines() if "Error" in line or "ERROR" in line]
+    return lines[-1] if lines else f"see {agent.log_path}"
+
+
+def _agent_toml(config: SwarmConfig, train: TrainConfig, run: str, maddrs: list[str], agent: AgentProcess,
+                root: Path, cluster_path: Path | None, time_scale: float, size_factor: float) -> str:  # fmt: skip
+    probe = config.probe or (EMULATED_PROBE if cluster_path else LOOPBACK_PROBE)
+    tables: dict[str, Any] = {
+        "run": run, "initial_peers": maddrs, "events_file": str(agent.events.path),
+        "train": {k: v for k, v in asdict(train).items() if v is not None and k != "replicas"},
+        "membership": {"expect": config.agents, "poll_s": 0.5, "plan_timeout_s": config.startup_timeout_s,
+                       "links_timeout_s": config.startup_timeout_s / 2, "finish_timeout_s": config.call_timeout_s},
+        "plan": {"strategy": config.strategy, "seed": config.seed},
+        "links": {"settle_s": 1.5 if cluster_path else 0.0, "round_pause_s": 0.5,
+                  "min_rounds": 1, "probe": asdict(probe)},
+        "dht": {"host_maddrs": [LOOPBACK], "identity_path": str(root / f"agent-{agent.index}.id")},
+        "transport": {"call_timeout_s": config.call_timeout_s},
+    }  # fmt: skip
+    if cluster_path is not None:
+        tables["emulation"] = {"cluster_file": str(cluster_path), "device_index": agent.index,
+                               "time_scale": time_scale, "size_factor": size_factor}
+    return to_toml(tables)
+
+
+def to_toml(tables: dict[str, Any]) -> str:
+    """A TOML document of top-level keys and (dotted-name) tables of strings, numbers, bools and lists."""
+    lines = [f"{k} = {_toml_value(v)}" for k, v in tables.items() if not isinstance(v, dict)]
+    pending = [(k, v) for k, v in tables.items() if isinstance(v, dict)]
+    while pending:
+        name, table = pending.pop(0)
+        lines.append(f"\n[{name}]")
+        lines += [f"{k} = {_toml_value(v)}" for k, v in table.items() if not isinstance(v, dict)]
+        pending += [(f"{name}.{k}", v) for k, v in table.items() if isinstance(v, dict)]
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a valid TOML basic string
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {type(value).__name__} to TOML")

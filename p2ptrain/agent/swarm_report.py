@@ -1,0 +1,197 @@
+"""What the local swarm shows: its state from the agents' events, a live progress line, a final summary.
+
+The summary (``summarize``) is what ``p2ptrain swarm --json`` prints: ``losses`` and ``step_time_s`` per
+step as ``p2ptrain train --json`` has them, ``plan`` (the plan document of DESIGN.md with devices named by
+agent index), the predicted cost, the measured median step time, the emulation factors, the peer ID of
+each agent and, from the leader's cluster, the measured link matrices in the network's units.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TextIO
+
+from p2ptrain.planning import Cluster
+from p2ptrain.runtime.config import TrainConfig
+
+if TYPE_CHECKING:
+    from p2ptrain.agent.swarm import AgentProcess, SwarmConfig
+
+
+@dataclass
+class SwarmState:
+    config: SwarmConfig
+    train: TrainConfig
+    run: str
+    workdir: str
+    network: Cluster | None
+    time_scale: float
+    size_factor: float
+    agents: list[AgentProcess]
+    started: float = field(default_factory=time.monotonic)
+
+    def index_of(self, peer_id: str) -> int | None:
+        return next((a.index for a in self.agents if a.peer_id == peer_id), None)
+
+    def roles(self) -> dict[int, dict[str, Any]]:
+        return {a.index: r for a in self.agents if (r := a.events.last("role")) is not None}
+
+    def all_have_roles(self) -> bool:
+        return len(self.roles()) == len(self.agents)
+
+    def leader_plan(self) -> tuple[int, dict[str, Any]] | None:
+        for agent in self.agents:
+            event = agent.events.last("plan")
+            if event is not None:
+                return agent.index, event
+        return None
+
+    def steps_done(self) -> int:
+        return max((e["step"] for a in self.agents for e in a.events.all("step")), default=0)
+
+    def reporter(self) -> AgentProcess | None:
+        """The agent whose losses we show: the last stage of pipeline 0."""
+        last = self.train.stages - 1
+        for index, role in self.roles().items():
+            if role["stage"] == last and role["replica"] == 0:
+                return self.agents[index]
+        return None
+
+    def losses(self) -> list[float]:
+        reporter = self.reporter()
+        return [e["loss"] for e in reporter.events.all("step")] if reporter else []
+
+    def step_times(self) -> list[float]:
+        """Per step, the slowest trainer's step time (a step ends when its last stage does)."""
+        per_agent = [[e["step_time_s"] for e in a.events.all("step")] for a in self.agents]
+        per_agent = [times for times in per_agent if times]
+        steps = min((len(t) for t in per_agent), default=0)
+        return [max(t[i] for t in per_agent) for i in range(steps)]
+
+
+def summarize(state: SwarmState) -> dict[str, Any]:
+    config = state.config
+    losses, step_times = state.losses(), state.step_times()
+    done = [a.events.last("done") for a in state.agents]
+    summary: dict[str, Any] = {
+        "run": state.run, "workdir": state.workdir, "agents": len(state.agents), "stages": config.stages,
+        "replicas": state.train.replicas, "steps": config.steps, "model": state.train.model,
+        "network": config.scenario or config.cluster_file, "strategy": config.strategy,
+        "emulation": ({"time_scale": state.time_scale, "size_factor": state.size_factor}
+                      if state.network is not None else None),
+        "peers": {str(a.index): a.peer_id for a in state.agents},
+        "finished": all(d is not None for d in done) and len(losses) == config.steps,
+        "losses": losses, "step_time_s": step_times,
+        "median_step_time_s": statistics.median(step_times) if step_times else None,
+        "config": state.train.to_dict(),
+    }  # fmt: skip
+    leader = state.leader_plan()
+    if leader is not None:
+        index, event = leader
+        summary.update(_plan_by_agent(state, index, event))
+    return summary
+
+
+def _plan_by_agent(state: SwarmState, leader: int, event: dict[str, Any]) -> dict[str, Any]:
+    to_agent = [state.index_of(p) for p in event["devices"]]
+    plan = dict(event["plan"])
+    plan["pipelines"] = [[to_agent[d] for d in row] for row in plan["pipelines"]]
+    n = len(state.agents)
+    cluster = event["cluster"]
+    measured: dict[str, list[list[float | None]]] = {}
+    for key in ("latency_ms", "bandwidth_gbps"):
+        matrix: list[list[float | None]] = [[None] * n for _ in range(n)]
+        for i, a in enumerate(to_agent):
+            for j, b in enumerate(to_agent):
+                if a is not None and b is not None:
+                    matrix[a][b] = cluster[key][i][j]
+        measured[key] = matrix
+    return {
+        "leader": leader, "epoch": event["epoch"], "plan": plan, "predicted_cost_s": plan["cost_s"],
+        "predicted_emulated_s": plan["cost_s"] * state.time_scale if state.network is not None else None,
+        "workload": event["workload"], "measured": measured,
+        "spares": [state.index_of(p) for p in event["spares"]],
+    }  # fmt: skip
+
+
+class SwarmDisplay:
+    """One progress line on a terminal (redrawn), or a line per change elsewhere (logs, CI)."""
+
+    def __init__(self, stream: TextIO = sys.stderr):
+        self.stream = stream
+        self.tty = stream.isatty()
+        self._last = ""
+
+    def update(self, state: SwarmState) -> None:
+        line = self.line(state)
+        if line == self._last:
+            return
+        self._last = line
+        elapsed = f"[{time.monotonic() - state.started:5.1f} s] "
+        if self.tty:
+            self.stream.write("\r\x1b[2K" + elapsed + line)
+        else:
+            self.stream.write(elapsed + line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty and self._last:
+            self.stream.write("\n")
+            self.stream.flush()
+
+    @staticmethod
+    def line(state: SwarmState) -> str:
+        n = len(state.agents)
+        up = sum(1 for a in state.agents if a.events.last("started"))
+        linked = sum(1 for a in state.agents if a.events.last("links"))
+        parts = [f"agents up {up}/{n}", f"links {linked}/{n}"]
+        leader = state.leader_plan()
+        if leader is not None:
+            parts.append(f"plan epoch {leader[1]['epoch']} by agent {leader[0]} "
+                         f"(predicted {leader[1]['plan']['cost_s']:.3f} s/step)")
+        steps = state.steps_done()
+        if steps:
+            losses, times = state.losses(), state.step_times()
+            loss = f" loss {losses[-1]:.4f}" if losses else ""
+            took = f" ({times[-1]:.2f} s)" if times else ""
+            parts.append(f"step {steps}/{state.config.steps}{loss}{took}")
+        done = sum(1 for a in state.agents if a.events.last("done"))
+        if done:
+            parts.append(f"done {done}/{n}")
+        return " · ".join(parts)
+
+
+def format_summary(summary: dict[str, Any], regions: list[str | None] | None = None) -> str:
+    """The human-readable final summary (``regions[k]``: agent k's region, when emulating)."""
+    lines = []
+    emulation = summary.get("emulation")
+    where = f"on {summary['network']}" if summary["network"] else "on loopback"
+    if emulation:
+        where += f" (time scale {emulation['time_scale']:g}, size factor {emulation['size_factor']:.4g})"
+    lines.append(f"swarm {summary['run']}: {summary['agents']} agents {where}; {summary['model']}, batch "
+                 f"{summary['config']['global_batch_size']}, {summary['stages']} stages × {summary['replicas']} replicas")
+    plan = summary.get("plan")
+    if plan is not None:
+        emulated = summary.get("predicted_emulated_s")
+        lines.append(f"plan epoch {summary['epoch']} by agent {summary['leader']} (lowest peer ID), "
+                     f"{summary['strategy']}: predicted {plan['cost_s']:.3f} s/step"
+                     + (f" in the network's seconds ({emulated:.3f} s emulated)" if emulated is not None else ""))
+        baselines = plan.get("baselines", {})
+        if baselines:
+            lines.append("  baselines: " + ", ".join(f"{k} {v['cost_s']:.3f} s" for k, v in baselines.items()))
+        for i, row in enumerate(plan["pipelines"]):
+            names = [f"agent {k}" + (f" ({regions[k]})" if regions and regions[k] else "") for k in row]
+            lines.append(f"  pipeline {i}: " + " → ".join(names))
+        if summary.get("spares"):
+            lines.append("  spares: " + ", ".join(f"agent {k}" for k in summary["spares"]))
+    if summary["losses"]:
+        lines.append("step  loss     time")
+        for i, (loss, took) in enumerate(zip(summary["losses"], summary["step_time_s"], strict=False)):
+            lines.append(f"{i + 1:4d}  {loss:.4f}  {took:.3f} s")
+        median = summary["median_step_time_s"]
+        lines.append(f"median step time {median:.3f} s; loss {summary['losses'][0]:.4f} → {summary['losses'][-1]:.4f}")
+    lines.append(f"logs and status: {summary['workdir']}")
+    return "\n".join(lines)

@@ -1,0 +1,83 @@
+"""``p2ptrain swarm``: a bootstrap and N agents on this machine — the demo, the test rig, the benchmark rig.
+
+    p2ptrain swarm                                          # 4 agents, 2 stages, the paper's world-wide network
+    p2ptrain swarm --agents 8 --stages 4 --scenario worldwide --plan megatron --steps 20
+    p2ptrain swarm --agents 4 --stages 2 --steps 3 --scenario none --json > run.json
+
+Progress goes to stderr (one line redrawn on a terminal, a line per change otherwise), then a summary;
+``--json`` prints the summary as one JSON document on stdout instead (``losses`` and ``step_time_s`` per
+step, ``plan`` by agent index, predicted cost, emulation factors, peer IDs). The work dir keeps every
+agent's log and ``swarm.json`` (PIDs). Exit code 0 only if every agent trained every step; SIGTERM or
+Ctrl-C stop every process it started.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+import click
+
+from p2ptrain.agent.config import STRATEGIES
+from p2ptrain.planning.model_shapes import MODEL_PRESETS
+from p2ptrain.planning.scenarios import SCENARIOS
+
+
+@click.command(name="swarm")
+@click.option("--agents", type=click.IntRange(min=1), default=4, show_default=True, help="Agent processes.")
+@click.option("--stages", type=click.IntRange(min=1), default=2, show_default=True, help="Pipeline stages.")
+@click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True, help="Optimizer steps.")
+@click.option("--scenario", type=click.Choice([*SCENARIOS, "none"]), default="worldwide", show_default=True,
+              help="The paper's network to emulate, scaled to --agents devices; 'none': plain loopback.")
+@click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False),
+              help="Emulate this cluster file instead (DESIGN.md format, one device per agent).")
+@click.option("--time-scale", type=click.FloatRange(min=0, min_open=True),
+              help="Emulated seconds per network second.  [default: 0.05 for a scenario, 1 for --cluster]")
+@click.option("--size-factor", type=click.FloatRange(min=0, min_open=True),
+              help="This run's bytes per paper byte.  [default: automatic for a scenario, 1 for --cluster]")
+@click.option("--plan", "strategy", type=click.Choice(list(STRATEGIES)), default="scheduled", show_default=True,
+              help="The leader's strategy.")
+@click.option("--model", type=click.Choice(list(MODEL_PRESETS)), default="tiny", show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1),
+              help="Global batch.  [default: matched to the paper's c_PP/c_DP when emulating a scenario, else 16]")
+@click.option("--micro-batches", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu", show_default=True)
+@click.option("--workdir", type=click.Path(file_okay=False), help="Logs, configs and status here.  [default: a new temp dir]")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON document on stdout.")
+@click.pass_context
+def command(ctx: click.Context, agents: int, stages: int, steps: int, scenario: str, cluster_file: str | None,
+            time_scale: float | None, size_factor: float | None, strategy: str, model: str, batch_size: int | None,
+            micro_batches: int, seed: int, device: str, workdir: str | None, as_json: bool) -> None:  # fmt: skip
+    """Start a bootstrap and N agents on this machine, train, and summarise."""
+    from p2ptrain.agent.swarm import SwarmConfig, run_swarm
+    from p2ptrain.agent.swarm_report import SwarmDisplay, format_summary
+    from p2ptrain.net.lifecycle import StopSignal
+
+    if not (ctx.parent.params.get("verbose") if ctx.parent else 0):
+        logging.getLogger("p2ptrain").setLevel(logging.WARNING)  # the progress line is the output
+    config = SwarmConfig(
+        agents=agents, stages=stages, steps=steps, scenario=None if scenario == "none" or cluster_file else scenario,
+        cluster_file=cluster_file, time_scale=time_scale, size_factor=size_factor, strategy=strategy, model=model,
+        batch_size=batch_size, micro_batches=micro_batches, seed=seed, device=device, workdir=workdir,
+    )  # fmt: skip
+    display = SwarmDisplay(sys.stderr)
+    with StopSignal() as stop:
+        try:
+            result = run_swarm(config, stop, on_update=display.update)
+        finally:
+            display.close()
+    if as_json:
+        click.echo(json.dumps(result.summary))
+    else:
+        regions = None
+        if result.summary.get("network"):
+            from p2ptrain.planning import load_cluster
+
+            cluster = load_cluster(f"{result.workdir}/cluster.json")
+            regions = [d.region for d in cluster.devices]
+        click.echo(format_summary(result.summary, regions), err=True)
+    if not result.ok:
+        click.echo(f"Error: {result.error}", err=True)
+        ctx.exit(1)
