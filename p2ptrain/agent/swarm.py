@@ -4,7 +4,8 @@
 
 Each child runs in its own session (``runtime.procgroup``), so stopping one stops everything it started
 (its DHT process, its p2pd). The work dir holds, per agent, its TOML config (``agent-K.toml``), identity
-(``agent-K.id``, so peer IDs are known before they start), log (``agent-K.log``) and events
+(``agent-K.id``, so peer IDs are known before they start; identity files already in the work dir are
+reused), log (``agent-K.log``) and events
 (``agent-K.events.jsonl``); the bootstrap's log and address line; the emulated network (``cluster.json``);
 and ``swarm.json``, the status file (PIDs, peer IDs, paths).
 
@@ -38,7 +39,8 @@ from p2ptrain.agent.leader import run_workload
 from p2ptrain.agent.swarm_report import SwarmState, summarize
 from p2ptrain.errors import ConfigError
 from p2ptrain.net.bootstrap import write_atomically
-from p2ptrain.net.identity import generate_identity
+from p2ptrain.net.identity import load_or_create_identity
+from p2ptrain.net.keys import check_run_id
 from p2ptrain.net.lifecycle import StopSignal
 from p2ptrain.net.probe import ProbeConfig
 from p2ptrain.planning import PAPER_WORKLOAD, Cluster, load_cluster, parameter_count, scenario
@@ -84,6 +86,8 @@ class SwarmConfig:
     def __post_init__(self) -> None:
         if self.agents < 1 or self.stages < 1 or self.steps < 1:
             raise ConfigError("--agents, --stages and --steps must be at least 1")
+        if self.run is not None:
+            check_run_id(self.run)
         if self.agents < self.stages:
             raise ConfigError(f"{self.agents} agents cannot hold {self.stages} stages")
         if self.scenario is not None and self.cluster_file is not None:
@@ -195,11 +199,7 @@ def run_swarm(
 def _prepare_agents(root: Path, count: int) -> list[AgentProcess]:
     agents = []
     for k in range(count):
-        identity = generate_identity()
-        path = root / f"agent-{k}.id"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(identity.to_protobuf())
+        identity = load_or_create_identity(root / f"agent-{k}.id")  # a work dir reused keeps its peer IDs
         agents.append(AgentProcess(k, identity.peer_id, f"agent-{k}", root / f"agent-{k}.toml",
                                    root / f"agent-{k}.log", EventReader(root / f"agent-{k}.events.jsonl")))
     return agents
@@ -251,6 +251,13 @@ def _follow(config: SwarmConfig, group: ProcessGroup, state: SwarmState, stop: S
         if failed:
             agent = failed[0]
             return f"agent {agent.index} exited with code {group.children[agent.name].poll()}: " + _last_error(agent)
+        quit_early = [a for a in state.agents if group.children[a.name].poll() == 0 and a.events.last("done") is None]
+        if quit_early:
+            agent = quit_early[0]
+            agent.events.poll()
+            if agent.events.last("done") is None:
+                stopped = agent.events.last("stopped")
+                return f"agent {agent.index} stopped before finishing" + (f" ({stopped['reason']})" if stopped else "")
         if not running:
             return None
         if stop.is_set():

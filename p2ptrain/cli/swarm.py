@@ -45,11 +45,13 @@ from p2ptrain.planning.scenarios import SCENARIOS
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu", show_default=True)
 @click.option("--workdir", type=click.Path(file_okay=False), help="Logs, configs and status here.  [default: a new temp dir]")
+@click.option("--run", "run_id", help="Run name (DHT keys).  [default: swarm-<random>]")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON document on stdout.")
 @click.pass_context
 def command(ctx: click.Context, agents: int, stages: int, steps: int, scenario: str, cluster_file: str | None,
             time_scale: float | None, size_factor: float | None, strategy: str, model: str, batch_size: int | None,
-            micro_batches: int, seed: int, device: str, workdir: str | None, as_json: bool) -> None:  # fmt: skip
+            micro_batches: int, seed: int, device: str, workdir: str | None, run_id: str | None,
+            as_json: bool) -> None:  # fmt: skip
     """Start a bootstrap and N agents on this machine, train, and summarise."""
     from p2ptrain.agent.swarm import SwarmConfig, run_swarm
     from p2ptrain.agent.swarm_report import SwarmDisplay, format_summary
@@ -60,7 +62,7 @@ def command(ctx: click.Context, agents: int, stages: int, steps: int, scenario: 
     config = SwarmConfig(
         agents=agents, stages=stages, steps=steps, scenario=None if scenario == "none" or cluster_file else scenario,
         cluster_file=cluster_file, time_scale=time_scale, size_factor=size_factor, strategy=strategy, model=model,
-        batch_size=batch_size, micro_batches=micro_batches, seed=seed, device=device, workdir=workdir,
+        batch_size=batch_size, micro_batches=micro_batches, seed=seed, device=device, workdir=workdir, run=run_id,
     )  # fmt: skip
     display = SwarmDisplay(sys.stderr)
     with StopSignal() as stop:

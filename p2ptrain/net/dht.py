@@ -12,7 +12,8 @@ cleanly. The synchronous facade agents use (thread-safe)::
   across restarts (the file is created if missing); without it a fresh identity is made per start. p2pd
   reads the key from a private temporary copy (deleted once p2pd is up); its unique path also lets
   ``shutdown`` find a p2pd orphaned by a crashed DHT process.
-* Validators: every node installs ``RSASignatureValidator(own key)`` and ``SwarmRecordValidator`` (admission),
+* Validators: every node installs ``SignatureValidator(own key)`` (hivemind's RSA signatures, refusals logged)
+  and ``SwarmRecordValidator`` (admission),
   and readers verify every entry (``validators.py``).
 * Deadlines: every call to the DHT process waits at most ``request_timeout_s`` and then raises
   ``PeerTimeoutError``; start waits at most ``startup_timeout_s``; shutdown at most ``shutdown_timeout_s``
@@ -36,7 +37,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import hivemind
-from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.validation import RecordValidatorBase
 from hivemind.utils import get_dht_time
 from hivemind.utils.multiaddr import Multiaddr
@@ -47,7 +47,14 @@ from p2ptrain.net.keys import RecordKind, RunKeys
 from p2ptrain.net.lifecycle import find_processes, shutdown_in_order, terminate_stray_process
 from p2ptrain.net.records import LinksRecord, PeerRecord, PlanRecord, ProgressRecord, Record
 from p2ptrain.net.refresh import Refresher
-from p2ptrain.net.validators import MAX_TTL_S, RateLimitedLog, SwarmRecordValidator, Verified, verify_entries
+from p2ptrain.net.validators import (
+    MAX_TTL_S,
+    RateLimitedLog,
+    SignatureValidator,
+    SwarmRecordValidator,
+    Verified,
+    verify_entries,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -177,7 +184,7 @@ class SwarmDHT:
 
     def _record_validators(self, identity: Identity) -> list[RecordValidatorBase]:
         """What this node signs and admits with (tests subclass this to build a rogue node)."""
-        return [RSASignatureValidator(identity.private_key), SwarmRecordValidator(self._admission_runs)]
+        return [SignatureValidator(identity.private_key, self._admission_runs), SwarmRecordValidator(self._admission_runs)]
 
     def shutdown(self) -> None:
         """Stop refreshing, stop the DHT process and p2pd; idempotent, bounded by ``shutdown_timeout_s``."""

@@ -29,9 +29,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
 from hivemind.utils import MSGPackSerializer, get_dht_time
+from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.multiaddr import Multiaddr
 
 from p2ptrain.net.identity import peer_id_of_owner_mark
@@ -74,14 +76,35 @@ class RateLimitedLog:
             self._log.debug(message, *args)
 
 
+def run_key_ids(run_ids: Iterable[str]) -> dict[bytes, str]:
+    """The DHT IDs (as a ``DHTRecord.key`` holds them) of the given runs' keys, mapped to the key names."""
+    return {DHTID.generate(source=key).to_bytes(): key for run in run_ids for key in RunKeys(run).all().values()}
+
+
+class SignatureValidator(RSASignatureValidator):
+    """hivemind's RSA signature check (an owner-marked entry must carry its owner's signature), with a
+    warning for an entry it refuses under a run's keys: hivemind logs that at debug level only, and a
+    tampered entry (or one signed with another key than its subkey names) deserves a visible line."""
+
+    def __init__(self, private_key: RSAPrivateKey, run_ids: Iterable[str]):
+        super().__init__(private_key)
+        self._keys = run_key_ids(run_ids)
+        self._log = RateLimitedLog(logger)
+
+    def validate(self, record: DHTRecord) -> bool:
+        ok = super().validate(record)
+        key = self._keys.get(record.key)
+        if not ok and key is not None:
+            self._log.warning((key, "signature"), "DHT refuses an entry under %s: its signature does not match "
+                              "the owner key in its subkey (tampered, or not signed by that owner)", key)
+        return ok
+
+
 class SwarmRecordValidator(RecordValidatorBase):
     """Admission rules for the keys of the given runs (other keys pass untouched); see the module docstring."""
 
     def __init__(self, run_ids: Iterable[str]):
-        self._keys: dict[bytes, str] = {}
-        for run_id in run_ids:
-            for key in RunKeys(run_id).all().values():
-                self._keys[DHTID.generate(source=key).to_bytes()] = key
+        self._keys: dict[bytes, str] = run_key_ids(run_ids)
         self._log = RateLimitedLog(logger)
 
     def validate(self, record: DHTRecord) -> bool:
