@@ -202,7 +202,9 @@ class Agent:
                 continue
             if membership.leader == self.peer_id:
                 self._lead(membership, time.monotonic() - started)
-            elif not trained_epochs and time.monotonic() - started > cfg.membership.plan_timeout_s:
+            else:
+                self._note_waiting(f"waiting for a plan from the leader {membership.leader} ({len(membership)} peers live)")
+            if not trained_epochs and time.monotonic() - started > cfg.membership.plan_timeout_s:
                 raise AgentError(
                     f"no plan for the live membership ({len(membership)} peers, leader {membership.leader}) "
                     f"within plan_timeout_s={cfg.membership.plan_timeout_s:.0f}; check the leader's log"

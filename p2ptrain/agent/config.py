@@ -23,6 +23,7 @@ is ignored: the plan decides it), ``[dht]`` is ``DHTConfig``, ``[transport]`` is
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -163,7 +164,11 @@ class AgentConfig:
             raise ConfigError("initial_peers is empty: give the bootstrap's address line (--initial-peers)")
         if self.dht.initial_peers and self.dht.initial_peers != self.initial_peers:
             raise ConfigError("set initial_peers at the top level, not in [dht]")
-        object.__setattr__(self, "dht", dataclasses.replace(self.dht, initial_peers=tuple(self.initial_peers)))
+        identity_path = os.path.expanduser(self.dht.identity_path) if self.dht.identity_path else None
+        object.__setattr__(self, "dht", dataclasses.replace(self.dht, initial_peers=tuple(self.initial_peers),
+                                                            identity_path=identity_path))
+        if self.events_file:
+            object.__setattr__(self, "events_file", os.path.expanduser(self.events_file))
         expect = self.membership.expect
         if expect is not None and expect < self.train.stages:
             raise ConfigError(f"membership.expect={expect} is fewer peers than train.stages={self.train.stages}")
