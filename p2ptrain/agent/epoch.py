@@ -31,7 +31,7 @@ from p2ptrain.net.records import PeerRecord, PlanRecord, ProgressRecord
 from p2ptrain.net.transport import Transport
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.session import StageTrainer
-from p2ptrain.runtime.topology import Role, Topology
+from p2ptrain.runtime.topology import Topology
 
 logger = logging.getLogger(__name__)
 
@@ -47,13 +47,6 @@ def topology_of(plan: PlanRecord) -> Topology:
     return Topology.from_rows(
         [[plan.peer_at(i, j) for j in range(plan.stages)] for i in range(plan.replicas)]
     )
-
-
-def neighbours(topology: Topology, role: Role) -> set[str]:
-    """The peers a role exchanges tensors with: pipeline neighbours and its replica group."""
-    peers = set(topology.group(role.stage))
-    peers.update(p for p in (topology.prev_peer(role), topology.next_peer(role)) if p is not None)
-    return peers - {topology.holder(role.stage, role.replica)}
 
 
 class Heartbeat:
@@ -112,7 +105,7 @@ def run_epoch(
     )  # fmt: skip
     events.write("role", epoch=plan.epoch, stage=role.stage, replica=role.replica, stages=plan.stages,
                  replicas=plan.replicas, leader=plan.leader, cost_s=plan.cost_s)
-    for peer in sorted(neighbours(topology, role)):
+    for peer in sorted(topology.neighbours(role)):
         transport.connect(peer, peers[peer].maddrs if peer in peers else (), call_timeout_s)
     trainer = StageTrainer(cfg, role, device)
     losses: list[float] = []

@@ -78,3 +78,9 @@ class Topology:
     def group(self, stage: int) -> tuple[str, ...]:
         """Stage ``stage``'s data-parallel group, in replica order."""
         return tuple(row[stage] for row in self.pipelines)
+
+    def neighbours(self, role: Role) -> set[str]:
+        """The peers ``role`` exchanges tensors with: its pipeline neighbours and its replica group."""
+        peers = set(self.group(role.stage))
+        peers.update(p for p in (self.prev_peer(role), self.next_peer(role)) if p is not None)
+        return peers - {self.holder(role.stage, role.replica)}

@@ -28,14 +28,11 @@ import hivemind
 import torch
 
 from p2ptrain.config import config_from_dict
-from p2ptrain.model.optim import build_optimizer
-from p2ptrain.model.stage import build_stage
 from p2ptrain.net.emulation import EmulationConfig, LinkEmulator
 from p2ptrain.net.transport import Transport, TransportConfig
 from p2ptrain.runtime.config import TrainConfig
-from p2ptrain.runtime.executor import StageExecutor
-from p2ptrain.runtime.link import TransportStepLink
-from p2ptrain.runtime.reference import build_data, resolve_device, torch_settings
+from p2ptrain.runtime.reference import resolve_device, torch_settings
+from p2ptrain.runtime.session import StageTrainer
 from p2ptrain.runtime.topology import Role, Topology
 
 logger = logging.getLogger(__name__)
@@ -151,8 +148,8 @@ def run_worker(spec: WorkerSpec) -> None:
         transport = Transport(spec.run, TransportConfig(call_timeout_s=spec.call_timeout_s), dht=dht, emulator=emulator)
         peer_id = str(transport.peer_id)
         topology, maddrs = rendezvous(dht, spec, peer_id, transport.visible_maddrs)
-        for peer in _neighbours(topology, topology.role_of(peer_id)):
-            connect(transport, peer, maddrs[peer], spec.call_timeout_s)
+        for peer in topology.neighbours(topology.role_of(peer_id)):
+            transport.connect(peer, maddrs[peer], spec.call_timeout_s)  # dialling by ID alone can stall
         role = topology.role_of(peer_id)
         assert (role.stage, role.replica) == (spec.stage, spec.replica)
         if spec.links is not None:
@@ -170,16 +167,6 @@ def run_worker(spec: WorkerSpec) -> None:
         dht.shutdown()
 
 
-def connect(transport: Transport, peer: str, maddrs: list[str], timeout_s: float) -> None:
-    """Open a libp2p connection to ``peer`` at ``maddrs`` (under a deadline) before any tensor is sent."""
-    from hivemind.p2p import PeerID
-    from hivemind.utils.multiaddr import Multiaddr
-
-    client = transport._p2p._client  # noqa: SLF001 - hivemind exposes no public connect
-    addresses = [Multiaddr(m.split("/p2p/")[0]) for m in maddrs]  # the daemon wants transport addresses only
-    transport.run_coroutine(client.connect(PeerID.from_base58(peer), addresses), timeout_s)
-
-
 def _finish_together(dht: hivemind.DHT, spec: WorkerSpec, topology: Topology, role: Role) -> None:
     """Stay up until every peer we exchange tensors with has finished too.
 
@@ -189,7 +176,7 @@ def _finish_together(dht: hivemind.DHT, spec: WorkerSpec, topology: Topology, ro
     """
     key = f"{spec.run}.done"
     dht.store(key, True, hivemind.utils.get_dht_time() + spec.record_ttl_s, subkey=spec.role_key)
-    waiting_for = {f"{topology.role_of(p).stage}/{topology.role_of(p).replica}" for p in _neighbours(topology, role)}
+    waiting_for = {f"{topology.role_of(p).stage}/{topology.role_of(p).replica}" for p in topology.neighbours(role)}
     deadline = time.monotonic() + spec.call_timeout_s
     while waiting_for and time.monotonic() < deadline:
         found = dht.get(key, latest=True)
@@ -199,13 +186,6 @@ def _finish_together(dht: hivemind.DHT, spec: WorkerSpec, topology: Topology, ro
             time.sleep(0.1)
     if waiting_for:
         logger.warning("leaving before %s said they were done", ", ".join(sorted(waiting_for)))
-
-
-def _neighbours(topology: Topology, role: Role) -> set[str]:
-    """The peers this role exchanges tensors with: pipeline neighbours and the replica group."""
-    peers = set(topology.group(role.stage))
-    peers.update(p for p in (topology.prev_peer(role), topology.next_peer(role)) if p is not None)
-    return peers - {topology.holder(role.stage, role.replica)}
 
 
 def _emulate(emulator: LinkEmulator, links: LinkMatrices, topology: Topology, me: str) -> None:
@@ -221,25 +201,19 @@ def _emulate(emulator: LinkEmulator, links: LinkMatrices, topology: Topology, me
 
 def _train(spec: WorkerSpec, role: Role, topology: Topology, transport: Transport, progress, device) -> None:
     cfg = spec.train
-    module = build_stage(cfg.shape, role.stage, role.num_stages, cfg.seed, device)
-    optimizer = build_optimizer(module, cfg.optimizer)
-    executor = StageExecutor(module, optimizer, build_data(cfg), cfg.micro_batches, cfg.shape.hidden_size)
+    trainer = StageTrainer(cfg, role, device)
     for step in range(cfg.steps):
-        started = time.perf_counter()
-        transport.set_window(spec.run, 0, step)
-        link = TransportStepLink(transport, spec.run, 0, step, spec.call_timeout_s)
-        outcome = executor.run_step(step, role, topology, link)
-        elapsed_s = time.perf_counter() - started
-        event = {"event": "step", "step": step, "step_time_s": elapsed_s}
-        if outcome.loss is not None:
-            event["loss"] = outcome.loss
+        result = trainer.step(transport, spec.run, 0, step, topology, spec.call_timeout_s)
+        event = {"event": "step", "step": step, "step_time_s": result.step_time_s}
+        if result.loss is not None:
+            event["loss"] = result.loss
         if spec.check_replicas:
-            event["digest"] = params_digest(module)
+            event["digest"] = params_digest(trainer.module)
         progress.write(**event)
-        if outcome.loss is not None and role.replica == 0:
-            logger.info("step %d/%d loss %.4f (%.3f s)", step + 1, cfg.steps, outcome.loss, elapsed_s)
+        if result.loss is not None and role.replica == 0:
+            logger.info("step %d/%d loss %.4f (%.3f s)", step + 1, cfg.steps, result.loss, result.step_time_s)
     if spec.state_path:
-        torch.save({k: v.detach().cpu() for k, v in module.state_dict().items()}, spec.state_path)
+        torch.save({k: v.detach().cpu() for k, v in trainer.module.state_dict().items()}, spec.state_path)
 
 
 def load_spec(path: str) -> WorkerSpec:
