@@ -1,1 +1,50 @@
-"""p2ptrain.planning"""
+"""p2ptrain.planning — pure planning: which device runs which (pipeline, stage).
+
+numpy, scipy and networkx only; no torch, hivemind, asyncio, clock or global RNG. The leader agent calls
+``schedule`` in-process with the measured cluster::
+
+    from p2ptrain.planning import load_cluster, schedule, PAPER_WORKLOAD
+    plan = schedule(load_cluster("cluster.json"), PAPER_WORKLOAD, num_stages=8, seed=0)
+    plan.to_json()  # or an Infeasible with the reason
+"""
+
+from p2ptrain.planning.baselines import megatron_assignment, random_assignment, random_cost
+from p2ptrain.planning.cluster import Cluster, Device, cluster_from_dict, load_cluster
+from p2ptrain.planning.cost import CostBreakdown, DtfmObjective, Objective, make_objective
+from p2ptrain.planning.exhaustive import solve_exhaustive
+from p2ptrain.planning.model_shapes import MODEL_PRESETS, ModelShape, model_shape
+from p2ptrain.planning.plan import Infeasible, Plan, SearchStats
+from p2ptrain.planning.scenarios import PAPER_REFERENCE, SCENARIOS, scenario
+from p2ptrain.planning.scheduler import schedule
+from p2ptrain.planning.search import SearchConfig
+from p2ptrain.planning.workload import PAPER_WORKLOAD, Workload, parameter_count, workload_from_model
+
+__all__ = [
+    "MODEL_PRESETS",
+    "PAPER_REFERENCE",
+    "PAPER_WORKLOAD",
+    "SCENARIOS",
+    "Cluster",
+    "CostBreakdown",
+    "Device",
+    "DtfmObjective",
+    "Infeasible",
+    "ModelShape",
+    "Objective",
+    "Plan",
+    "SearchConfig",
+    "SearchStats",
+    "Workload",
+    "cluster_from_dict",
+    "load_cluster",
+    "make_objective",
+    "megatron_assignment",
+    "model_shape",
+    "parameter_count",
+    "random_assignment",
+    "random_cost",
+    "scenario",
+    "schedule",
+    "solve_exhaustive",
+    "workload_from_model",
+]

@@ -1,0 +1,69 @@
+"""What the scheduler returns: a Plan (with its cost, the baselines and how the search went) or Infeasible."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from p2ptrain.planning.cost import CostBreakdown
+
+
+@dataclass(frozen=True)
+class SearchStats:
+    """How a plan was found. ``seconds`` is None when the caller gave no clock."""
+
+    seed: int
+    evaluations: int
+    seconds: float | None = None
+    method: str = "search"  # "search" or "exhaustive" (then the plan is optimal)
+    stopped_by: str = "converged"  # "converged", "evaluations" or "time budget"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """``pipelines[i][j]`` is the device index holding stage j of pipeline i; column j is stage j's group."""
+
+    pipelines: tuple[tuple[int, ...], ...]
+    objective: str
+    cost: CostBreakdown
+    baselines: dict[str, CostBreakdown]
+    search: SearchStats
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.pipelines[0])
+
+    @property
+    def num_replicas(self) -> int:
+        return len(self.pipelines)
+
+    def stage_groups(self) -> list[list[int]]:
+        """The data-parallel group of each stage (column j of ``pipelines``)."""
+        return [[row[j] for row in self.pipelines] for j in range(self.num_stages)]
+
+    def to_json(self) -> dict[str, Any]:
+        """The plan document of DESIGN.md ("Plan"), plus ``search.method`` and ``search.stopped_by``."""
+        return {
+            "stages": self.num_stages,
+            "replicas": self.num_replicas,
+            "objective": self.objective,
+            "cost_s": self.cost.cost_s,
+            "data_parallel_s": self.cost.data_parallel_s,
+            "pipeline_s": self.cost.pipeline_s,
+            "pipelines": [list(p) for p in self.pipelines],
+            "baselines": {name: {"cost_s": c.cost_s} for name, c in self.baselines.items()},
+            "search": {
+                "seconds": self.search.seconds,
+                "evaluations": self.search.evaluations,
+                "seed": self.search.seed,
+                "method": self.search.method,
+                "stopped_by": self.search.stopped_by,
+            },
+        }
+
+
+@dataclass(frozen=True)
+class Infeasible:
+    """No plan exists for this request; ``reason`` is one line saying why and what to change."""
+
+    reason: str

@@ -1,0 +1,90 @@
+"""``schedule``: the planner's entry point — a cluster, a workload and a stage count in, a Plan out.
+
+A pure function: no clock is read unless one is passed (for ``time_budget_s`` and the reported search
+time), and all randomness comes from the seed (or the Generator passed in). It works in the canonical
+device order (``canonical``) and maps the plan back, so the plan does not depend on how devices are
+listed. Clusters of at most ``exhaustive_max_devices`` devices are solved exactly by enumeration; larger
+ones by the partition search (``search``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import numpy as np
+
+from p2ptrain.planning.baselines import megatron_assignment, random_cost
+from p2ptrain.planning.canonical import canonical_order
+from p2ptrain.planning.cluster import Cluster
+from p2ptrain.planning.cost import make_objective
+from p2ptrain.planning.exhaustive import MAX_DEVICES, solve_exhaustive
+from p2ptrain.planning.plan import Infeasible, Plan, SearchStats
+from p2ptrain.planning.search import Search, SearchConfig
+from p2ptrain.planning.workload import Workload
+
+log = logging.getLogger(__name__)
+
+
+def schedule(
+    cluster: Cluster,
+    workload: Workload,
+    num_stages: int,
+    *,
+    seed: int = 0,
+    rng: np.random.Generator | None = None,
+    objective: str = "dtfm",
+    time_budget_s: float | None = None,
+    clock: Callable[[], float] | None = None,
+    config: SearchConfig = SearchConfig(),
+    exhaustive_max_devices: int = MAX_DEVICES,
+) -> Plan | Infeasible:
+    """Assign (pipeline, stage) to every device of ``cluster``, minimising ``objective``.
+
+    ``seed`` makes the result reproducible (``rng``, when given, replaces it as the source of randomness;
+    ``seed`` is then only reported). ``time_budget_s`` caps the search and needs ``clock`` (e.g.
+    ``time.perf_counter``); a plan found within the evaluation budget does not depend on the clock.
+    ``exhaustive_max_devices=0`` switches the exact solver off, so that small clusters are searched too.
+    """
+    n = cluster.num_devices
+    if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
+        return Infeasible(f"the number of stages must be a positive integer, got {num_stages!r}")
+    if n % num_stages:
+        return Infeasible(f"{n} devices cannot be split into {num_stages} stages of equal size "
+                          f"(the device count must be a multiple of the stage count)")
+    if time_budget_s is not None and (clock is None or time_budget_s <= 0):
+        raise ValueError("a time budget needs a clock and must be positive")
+    start = clock() if clock else None
+    rng = rng if rng is not None else np.random.default_rng(seed)
+    search_rng, baseline_rng = rng.spawn(2)
+
+    canon = canonical_order(cluster)
+    obj = make_objective(objective, cluster.permuted(canon.order), workload, num_stages)
+    if n <= exhaustive_max_devices:
+        exact = solve_exhaustive(obj)
+        sigma, evaluations, method, stopped_by = exact.assignment, exact.partitions, "exhaustive", "converged"
+    else:
+        out_of_time = None
+        if time_budget_s is not None:
+            assert clock is not None and start is not None
+            out_of_time = lambda: clock() - start > time_budget_s  # noqa: E731
+        found = Search(obj, canon.twin_class, search_rng, config, out_of_time).run()
+        sigma, evaluations, method, stopped_by = found.assignment, found.evaluations, "search", found.stopped_by
+    cost = obj.evaluate(sigma)
+    pipelines = canon.order[sigma]
+    pipelines = pipelines[np.argsort(pipelines[:, 0], kind="stable")]
+    baselines = {
+        "megatron": obj.evaluate(canon.inverse[megatron_assignment(n, num_stages)]),
+        "random": random_cost(obj, n, baseline_rng),
+    }
+    seconds = clock() - start if clock and start is not None else None
+    log.info("planned %d devices in %d stages: %.3f s/iteration (%s, %d evaluations)", n, num_stages, cost.cost_s,
+             method, evaluations)
+    return Plan(
+        pipelines=tuple(tuple(int(d) for d in row) for row in pipelines),
+        objective=obj.name,
+        cost=cost,
+        baselines=baselines,
+        search=SearchStats(seed=seed, evaluations=int(evaluations), seconds=seconds, method=method,
+                           stopped_by=stopped_by),
+    )

@@ -1,0 +1,476 @@
+"""The search over partitions: groups of devices, one per stage, in a stage order.
+
+Why a partition is enough (see ``matching`` and ``path``): for a fixed partition into stage groups and a
+fixed stage order, the best pipelines are one bottleneck matching per hop, and the best order is a shortest
+open path over the groups. So the search moves devices between groups and keeps the order and matchings
+optimal (or near it) for the partition at hand.
+
+The score of a state is the pair (cost, surrogate), compared lexicographically. ``cost`` is the objective's
+exact value. The surrogate is the same objective fed with softened values — each group's value is a
+log-sum-exp of its per-member terms and each hop's value its bottleneck plus its crowding excess (how many
+matched links sit at or near the bottleneck), plus the crowding of the groups near the largest group value.
+The max in the cost makes it flat over huge regions (the reason the paper's GCMA never improves on the
+"spot" network): the surrogate still goes down when a move removes one of several links at the bottleneck,
+so the search walks across plateaus towards the move that finally lowers the cost.
+
+Moves swap two devices of different groups. Twins (``canonical``) are interchangeable, so only one device
+per twin class and group is tried. A move is scored with the stage order fixed (only the ≤ 4 hops next to
+the two groups and the two groups themselves change), which over-estimates the cost after re-ordering;
+after every sweep the order is re-optimised. Descent accepts the first improving move. Around it: starts
+built from the structure (stage groups inside regions; pipelines inside regions; greedy groups; greedy
+chains) and random ones; then iterated local search — perturb the best state by a few random swaps,
+descend, keep the result when it is no worse — until ``patience`` rounds bring nothing, the evaluation
+budget is spent, or the deadline passes. Everything random comes from the Generator passed in, and the
+stopping rule is a count, so a seed fixes the result unless the time budget cuts the search short.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from p2ptrain.planning.cost import CostBreakdown, Objective
+from p2ptrain.planning.matching import bottleneck_matching, bottleneck_value
+from p2ptrain.planning.path import EXACT_PATH_LIMIT, best_path
+
+log = logging.getLogger(__name__)
+
+SOFTNESS = 0.01  # τ as a fraction of the median link cost: the surrogate's temperature
+REL_TOL = 1e-9
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """Knobs of the search; the defaults are what ``p2ptrain plan`` uses."""
+
+    random_starts: int = 2
+    elite: int = 2  # how many of the best starts iterated local search works on
+    patience: int = 8  # perturbation rounds without improvement before stopping …
+    min_evaluations: int = 1_000  # … once at least this many moves were evaluated (small clusters: cheap)
+    max_evaluations: int = 400_000  # move evaluations, summed over the whole search
+    exact_path_max_stages: int = EXACT_PATH_LIMIT
+
+
+@dataclass
+class SearchResult:
+    assignment: np.ndarray  # D_dp × D_pp, device indices of the problem given to the search
+    cost: CostBreakdown
+    evaluations: int
+    stopped_by: str
+
+
+Key = tuple[int, ...]
+
+
+class _Problem:
+    """What every state shares: the objective, twin classes, caches of group and hop values."""
+
+    def __init__(self, objective: Objective, twin_class: np.ndarray):
+        self.obj = objective
+        self.link = objective.hop_link_s
+        self.twin = twin_class
+        self._twin_list = [int(c) for c in twin_class]
+        n = len(twin_class)
+        off = self.link[~np.eye(n, dtype=bool)]
+        scale = float(np.median(off)) if off.size else 1.0
+        self.tau_hop = SOFTNESS * scale if scale > 0 else 1.0
+        self.tau_group: float | None = None
+        self.group_cache: dict[Key, tuple[float, float]] = {}
+        self.signature_cache: dict[Key, Key] = {}
+        self.hop_cache: dict[tuple[Key, Key], tuple[float, float]] = {}
+        self.evaluations = 0
+
+    def signature(self, key: Key) -> Key:
+        """The twin classes of a group's members: groups with equal signatures are interchangeable."""
+        sig = self.signature_cache.get(key)
+        if sig is None:
+            if len(self.signature_cache) > 2_000_000:
+                self.signature_cache.clear()
+            twin = self._twin_list
+            sig = self.signature_cache[key] = tuple(sorted([twin[m] for m in key]))
+        return sig
+
+    def group(self, key: Key) -> tuple[float, float]:
+        """(value, soft value) of a stage group."""
+        sig = self.signature(key)
+        hit = self.group_cache.get(sig)
+        if hit is None:
+            terms = self.obj.group_terms(np.array(key))
+            top = float(terms.max())
+            if self.tau_group is None:
+                self.tau_group = SOFTNESS * top if top > 0 else 1.0
+            soft = top + self.tau_group * math.log(float(np.exp((terms - top) / self.tau_group).sum()))
+            hit = self.group_cache[sig] = (top, soft)
+        return hit
+
+    def hop(self, a: Key, b: Key) -> tuple[float, float]:
+        """(bottleneck, bottleneck + crowding excess) of the hop between two groups."""
+        sa, sb = self.signature(a), self.signature(b)
+        k = (sa, sb) if sa <= sb else (sb, sa)
+        hit = self.hop_cache.get(k)
+        if hit is None:
+            if len(self.hop_cache) > 2_000_000:
+                self.hop_cache.clear()
+            t, excess, _ = bottleneck_matching(self.link[np.array(a)[:, None], np.array(b)], self.tau_hop)
+            hit = self.hop_cache[k] = (t, t + excess)
+        return hit
+
+    def score(self, gv: list[float], gs: list[float], hv: list[float], hs: list[float]) -> tuple[float, float]:
+        cost = self.obj.combine(gv, hv).cost_s
+        top = max(gs)
+        tau = self.tau_group or 1.0
+        crowd = tau * math.log(sum(math.exp((x - top) / tau) for x in gs))
+        return cost, self.obj.combine(gs, hs).cost_s + crowd
+
+
+def _better(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    tol = REL_TOL * max(1.0, abs(b[0]))
+    if a[0] < b[0] - tol:
+        return True
+    return a[0] <= b[0] + tol and a[1] < b[1] - REL_TOL * max(1.0, abs(b[1]))
+
+
+class _State:
+    """A partition (sorted member tuples per group) and a stage order, with cached values."""
+
+    def __init__(self, problem: _Problem, groups: list[Key], order: list[int]):
+        self.p = problem
+        self.groups = list(groups)
+        self.order = list(order)
+        # "don't look" bookkeeping: a group pair scanned without finding a move is not scanned again
+        # until one of the two groups or a stage-order neighbour of either changes
+        self.clock = 0
+        self.changed = [0] * len(groups)
+        self.scanned: dict[tuple[int, int], int] = {}
+        self._refresh()
+
+    def copy(self) -> _State:
+        twin = _State(self.p, self.groups, self.order)
+        twin.clock, twin.changed, twin.scanned = self.clock, list(self.changed), dict(self.scanned)
+        return twin
+
+    def touch(self, *groups: int) -> None:
+        self.clock += 1
+        last = len(self.order) - 1
+        for g in groups:
+            k = self.pos[g]
+            for n in (self.order[max(k - 1, 0)], g, self.order[min(k + 1, last)]):
+                self.changed[n] = self.clock
+
+    @staticmethod
+    def _neighbours(order: list[int]) -> dict[int, frozenset[int]]:
+        return {g: frozenset(order[max(k - 1, 0) : k + 2]) for k, g in enumerate(order)}
+
+    def is_clean(self, g: int, h: int) -> bool:
+        return self.scanned.get((g, h), -1) >= max(self.changed[g], self.changed[h])
+
+    def mark_clean(self, g: int, h: int) -> None:
+        self.scanned[(g, h)] = self.clock
+
+    def _refresh(self) -> None:
+        self.pos = {g: k for k, g in enumerate(self.order)}
+        vals = [self.p.group(key) for key in self.groups]
+        self.gv = [v for v, _ in vals]
+        self.gs = [s for _, s in vals]
+        hops = [self.p.hop(self.groups[a], self.groups[b]) for a, b in zip(self.order, self.order[1:])]
+        self.hv = [v for v, _ in hops]
+        self.hs = [s for _, s in hops]
+        self.score = self.p.score(self._staged(self.gv), self._staged(self.gs), self.hv, self.hs)
+
+    def _staged(self, per_group: list[float]) -> list[float]:
+        return [per_group[g] for g in self.order]
+
+    def swap_score(self, g: int, h: int, xs: tuple[int, ...], ys: tuple[int, ...]) -> tuple[tuple[float, float], Key, Key]:
+        """The score after swapping devices ``xs`` (in group g) with ``ys`` (in group h), order fixed."""
+        new_g = tuple(sorted([m for m in self.groups[g] if m not in xs] + list(ys)))
+        new_h = tuple(sorted([m for m in self.groups[h] if m not in ys] + list(xs)))
+        return self.regroup_score(g, h, new_g, new_h), new_g, new_h
+
+    def regroup_score(self, g: int, h: int, new_g: Key, new_h: Key) -> tuple[float, float]:
+        """The score with groups g and h replaced by ``new_g`` and ``new_h``, order fixed."""
+        p = self.p
+        p.evaluations += 1
+        gv, gs = list(self.gv), list(self.gs)
+        gv[g], gs[g] = p.group(new_g)
+        gv[h], gs[h] = p.group(new_h)
+        hv, hs = list(self.hv), list(self.hs)
+        last = len(self.order) - 2
+        for k in {self.pos[g] - 1, self.pos[g], self.pos[h] - 1, self.pos[h]}:
+            if 0 <= k <= last:
+                a, b = self.order[k], self.order[k + 1]
+                ka = new_g if a == g else new_h if a == h else self.groups[a]
+                kb = new_g if b == g else new_h if b == h else self.groups[b]
+                hv[k], hs[k] = p.hop(ka, kb)
+        return p.score(self._staged(gv), self._staged(gs), hv, hs)
+
+    def apply(self, g: int, h: int, new_g: Key, new_h: Key) -> None:
+        self.groups[g], self.groups[h] = new_g, new_h
+        self.touch(g, h)
+        self._refresh()
+
+    def reorder(self, exact_limit: int) -> bool:
+        """Re-optimise the stage order for the current partition; True when the score improved."""
+        s = len(self.groups)
+        if s <= 2:
+            return False
+        weights = np.zeros((s, s))
+        for a in range(s):
+            for b in range(a + 1, s):
+                weights[a, b] = weights[b, a] = self.p.hop(self.groups[a], self.groups[b])[0]
+        order = [int(g) for g in best_path(weights, exact_limit)]
+        if order == self.order or order[::-1] == self.order:
+            return False
+        old_order, old_score = self.order, self.score
+        self.order = order
+        self._refresh()
+        if _better(self.score, old_score):
+            self.clock += 1
+            before, after = self._neighbours(old_order), self._neighbours(self.order)
+            for g in range(s):
+                if before[g] != after[g]:
+                    self.changed[g] = self.clock
+            return True
+        self.order = old_order
+        self._refresh()
+        return False
+
+
+class Search:
+    """Partition search for one objective. ``twin_class[d]`` marks interchangeable devices."""
+
+    def __init__(
+        self,
+        objective: Objective,
+        twin_class: np.ndarray,
+        rng: np.random.Generator,
+        config: SearchConfig = SearchConfig(),
+        deadline: Callable[[], bool] | None = None,
+    ):
+        self.p = _Problem(objective, np.asarray(twin_class))
+        self.rng = rng
+        self.cfg = config
+        self.out_of_time = deadline or (lambda: False)
+        self.num_stages = objective.num_stages
+        self.num_replicas = objective.num_replicas
+        self.n = self.num_stages * self.num_replicas
+        self.stopped_by = "converged"
+
+    # -- budget ------------------------------------------------------------------------------------------
+
+    def _exhausted(self) -> bool:
+        if self.p.evaluations >= self.cfg.max_evaluations:
+            self.stopped_by = "evaluations"
+            return True
+        if self.out_of_time():
+            self.stopped_by = "time budget"
+            return True
+        return False
+
+    # -- states ------------------------------------------------------------------------------------------
+
+    def _state_from_assignment(self, sigma: np.ndarray) -> _State:
+        groups = [tuple(sorted(int(d) for d in sigma[:, j])) for j in range(self.num_stages)]
+        state = _State(self.p, groups, list(range(self.num_stages)))
+        state.reorder(self.cfg.exact_path_max_stages)
+        return state
+
+    def _starts(self) -> list[tuple[str, np.ndarray]]:
+        s, r, n = self.num_stages, self.num_replicas, self.n
+        link = self.p.link
+        starts = [
+            ("blocks", np.arange(n).reshape(s, r).T),  # stage groups inside twin classes / regions
+            ("transposed", np.arange(n).reshape(r, s)),  # pipelines inside regions
+            ("greedy groups", _greedy_groups(link, r).T),
+            ("greedy chains", _greedy_chains(link, s)),
+            ("aligned chains", _aligned_chains(link, self.p.twin, s)),
+        ]
+        for k in range(self.cfg.random_starts):
+            starts.append((f"random {k}", self.rng.permutation(n).reshape(r, s)))
+        return starts
+
+    # -- local search ------------------------------------------------------------------------------------
+
+    def _candidates(self, state: _State, g: int, h: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+        """Swaps between groups g and h: for each pair of twin classes, 1, 2, 4, … devices of each at once
+        (block moves let whole regions change group; without twins every swap is of one device)."""
+        twin = self.p.twin
+        by_class_g: dict[int, list[int]] = {}
+        by_class_h: dict[int, list[int]] = {}
+        for x in state.groups[g]:
+            by_class_g.setdefault(int(twin[x]), []).append(x)
+        for y in state.groups[h]:
+            by_class_h.setdefault(int(twin[y]), []).append(y)
+        moves = []
+        for cx, xs in by_class_g.items():
+            for cy, ys in by_class_h.items():
+                if cx == cy:
+                    continue
+                most = min(len(xs), len(ys))
+                sizes = sorted({1 << k for k in range(most.bit_length()) if 1 << k <= most} | {most})
+                moves.extend((tuple(xs[:m]), tuple(ys[:m])) for m in sizes)
+        order = self.rng.permutation(len(moves))
+        return [moves[i] for i in order]
+
+    def descend(self, state: _State) -> _State:
+        """First-improvement descent over swaps, re-ordering after each sweep, to a local optimum."""
+        s = self.num_stages
+        pairs = [(g, h) for g in range(s) for h in range(g + 1, s)]
+        while not self._exhausted():
+            improved = False
+            for i in self.rng.permutation(len(pairs)):
+                g, h = pairs[i]
+                if state.is_clean(g, h):
+                    continue
+                for xs, ys in self._candidates(state, g, h):
+                    score, new_g, new_h = state.swap_score(g, h, xs, ys)
+                    if _better(score, state.score):
+                        state.apply(g, h, new_g, new_h)
+                        improved = True
+                        break
+                else:
+                    state.mark_clean(g, h)
+                if self._exhausted():
+                    break
+            improved = state.reorder(self.cfg.exact_path_max_stages) or improved
+            if not improved:
+                break
+        return state
+
+    def _perturb(self, state: _State) -> _State:
+        self.p.evaluations += 1  # the perturbed state is scored: this also bounds rounds that try no move
+        out = state.copy()
+        s = self.num_stages
+        for _ in range(int(self.rng.integers(2, 3 + s))):
+            g, h = self.rng.choice(s, size=2, replace=False)
+            x = out.groups[g][int(self.rng.integers(len(out.groups[g])))]
+            y = out.groups[h][int(self.rng.integers(len(out.groups[h])))]
+            if self.p.twin[x] != self.p.twin[y]:
+                out.groups[g] = tuple(sorted([m for m in out.groups[g] if m != x] + [y]))
+                out.groups[h] = tuple(sorted([m for m in out.groups[h] if m != y] + [x]))
+                out.touch(int(g), int(h))
+        out._refresh()
+        return out
+
+    def run(self) -> SearchResult:
+        if self.num_stages == 1 or self.num_replicas == 1 and self.num_stages <= 2:
+            return self._result(self._state_from_assignment(np.arange(self.n).reshape(self.num_replicas, -1)))
+        found = []
+        for name, sigma in self._starts():
+            state = self.descend(self._state_from_assignment(sigma))
+            log.debug("start %s: %.4f s", name, state.score[0])
+            found.append(state)
+            if self._exhausted():
+                break
+        found.sort(key=lambda st: st.score)
+        elite = found[: self.cfg.elite]
+        idle = 0  # rounds since the best state last improved
+        while (idle < self.cfg.patience or self.p.evaluations < self.cfg.min_evaluations) and not self._exhausted():
+            i = idle % len(elite)
+            base = elite[i]
+            cand = self.descend(self._perturb(base))
+            improves_best = _better(cand.score, elite[0].score)
+            if not _better(base.score, cand.score):
+                elite[i] = cand  # better, or as good: drift along the plateau
+            elite.sort(key=lambda st: st.score)
+            idle = 0 if improves_best else idle + 1
+        best = min(elite + found, key=lambda st: st.score)
+        return self._result(best)
+
+    # -- output ------------------------------------------------------------------------------------------
+
+    def _result(self, state: _State) -> SearchResult:
+        sigma = compose_pipelines(self.p.link, [state.groups[g] for g in state.order], self.p.tau_hop)
+        cost = self.p.obj.evaluate(sigma)
+        return SearchResult(sigma, cost, self.p.evaluations, self.stopped_by)
+
+
+def compose_pipelines(link: np.ndarray, stage_groups: list[Key], tau: float) -> np.ndarray:
+    """Pipelines from stage groups in stage order: chain one bottleneck matching per hop."""
+    current = np.array(stage_groups[0])
+    columns = [current]
+    for nxt in stage_groups[1:]:
+        nxt = np.array(nxt)
+        _, _, cols = bottleneck_matching(link[np.ix_(current, nxt)], tau)
+        current = nxt[cols]
+        columns.append(current)
+    return np.stack(columns, axis=1)
+
+
+def _greedy_groups(link: np.ndarray, size: int) -> np.ndarray:
+    """Groups grown around the first free device from its cheapest free links (rows: groups)."""
+    free = np.ones(len(link), dtype=bool)
+    groups = []
+    while free.any():
+        seed = int(np.flatnonzero(free)[0])
+        free[seed] = False
+        cand = np.flatnonzero(free)
+        near = cand[np.argsort(link[seed, cand], kind="stable")[: size - 1]]
+        free[near] = False
+        groups.append(np.concatenate([[seed], near]))
+    return np.array(groups)
+
+
+def _greedy_chains(link: np.ndarray, length: int) -> np.ndarray:
+    """Pipelines grown from the first free device by always taking the cheapest free next link."""
+    free = np.ones(len(link), dtype=bool)
+    chains = []
+    while free.any():
+        chain = [int(np.flatnonzero(free)[0])]
+        free[chain[0]] = False
+        while len(chain) < length:
+            cand = np.flatnonzero(free)
+            nxt = int(cand[np.argmin(link[chain[-1], cand])])
+            free[nxt] = False
+            chain.append(nxt)
+        chains.append(chain)
+    return np.array(chains)
+
+
+def _aligned_chains(link: np.ndarray, twin: np.ndarray, length: int) -> np.ndarray:
+    """Pipelines that keep clusters together, with the clusters at the same stages in every pipeline.
+
+    A cluster is a twin class whose internal link is cheaper than any link leaving it (a region, a
+    multi-GPU instance). Clusters are cut into runs of at most ``length`` devices, the runs packed into
+    pipelines (largest first, each into the emptiest pipeline), the rest of each pipeline filled with the remaining devices,
+    and every pipeline ends with its longest run: so consecutive stages share fast links in *all*
+    pipelines at once, which is what makes a hop fast (the "spot" optimum: four single-GPU instances,
+    then one 4-GPU instance, in every pipeline).
+    """
+    n = len(link)
+    classes: dict[int, list[int]] = {}
+    for d in range(n):
+        classes.setdefault(int(twin[d]), []).append(d)
+    runs = []
+    for members in classes.values():
+        if len(members) < 2:
+            continue
+        outside = np.setdiff1d(np.arange(n), members)
+        inner = link[members[0], members[1]]
+        if outside.size and inner >= link[members[0], outside].min():
+            continue
+        runs += [members[i : i + length] for i in range(0, len(members), length)]
+    runs.sort(key=len, reverse=True)
+    room = [length] * (n // length)
+    placed: list[list[list[int]]] = [[] for _ in room]
+    for run in runs:
+        fits = [i for i, r in enumerate(room) if r >= len(run)]
+        if fits:
+            i = min(fits, key=lambda k: (-room[k], k))  # the emptiest: one cluster a pipeline if possible
+            placed[i].append(run)
+            room[i] -= len(run)
+    used = {d for chain in placed for run in chain for d in run}
+    rest = iter(d for d in range(n) if d not in used)
+    chains = []
+    for r, chain in zip(room, placed):
+        head = [next(rest) for _ in range(r)]
+        chains.append(head + [d for run in sorted(chain, key=len) for d in run])
+    return np.array(chains)
+
+
+def lower_bound_hop(link: np.ndarray, a: Key, b: Key) -> float:
+    """The bottleneck of one hop (exposed for tests)."""
+    return bottleneck_value(link[np.ix_(a, b)])
