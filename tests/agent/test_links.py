@@ -44,10 +44,10 @@ def test_leader_plans_a_measured_worldwide_swarm_as_well_as_the_true_network(tmp
     true_plan_s = schedule(truth, workload, 2).cost.cost_s
     assert measured_plan_s <= 1.02 * true_plan_s, (summary["plan"], measured_plan_s, true_plan_s)
     # bandwidths are measured within 10%; latencies too where the emulated delay (α × time scale) is at least
-    # 2 ms: below that, loopback's own fraction of a millisecond is no longer small against it
+    # 5 ms: each hop adds a few tenths of a millisecond of real processing, small only against longer delays
     off = ~np.eye(8, dtype=bool)
     bandwidth = np.array(summary["measured"]["bandwidth_gbps"], dtype=float)
     assert np.allclose(bandwidth[off], truth.bandwidth_gbps[off], rtol=0.10)
     latency = np.array(summary["measured"]["latency_ms"], dtype=float)
-    slow = off & (truth.latency_ms * summary["emulation"]["time_scale"] >= 2.0)
+    slow = off & (truth.latency_ms * summary["emulation"]["time_scale"] >= 5.0)
     assert slow.sum() >= 20 and np.allclose(latency[slow], truth.latency_ms[slow], rtol=0.10)
