@@ -1,0 +1,111 @@
+"""``p2ptrain plan``: plan a cluster — which device runs which (pipeline, stage).
+
+    p2ptrain plan --scenario worldwide                  # the paper's 64-device world-wide network
+    p2ptrain plan --scenario spot --devices 16 --stages 4
+    p2ptrain plan --cluster examples/clusters/three_regions.json --stages 4 --json
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import click
+
+from p2ptrain.planning import (
+    MODEL_PRESETS,
+    PAPER_WORKLOAD,
+    SCENARIOS,
+    Infeasible,
+    load_cluster,
+    model_shape,
+    scenario,
+    schedule,
+    workload_from_model,
+)
+from p2ptrain.planning.report import format_plan
+from p2ptrain.planning.workload import PAPER_BATCH_TOKENS
+
+DEFAULT_STAGES = 8
+DEFAULT_TIME_BUDGET_S = 60.0
+
+
+class OneLineErrors(click.Command):
+    """A click command whose flag errors are one line ("Error: …", exit 2), like every other bad input."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as e:
+            raise ValueError(e.format_message()) from None
+
+
+@click.command(name="plan", cls=OneLineErrors)
+@click.option("--scenario", "scenario_name", metavar="NAME",
+              help=f"Plan one of the paper's networks: {', '.join(SCENARIOS)}.")
+@click.option("--devices", type=int, metavar="N",
+              help="With --scenario: scale the network to N devices, keeping its structure (default 64).")
+@click.option("--cluster", "cluster_file", metavar="FILE",
+              help="Plan the cluster in this JSON file (devices, latency_ms, bandwidth_gbps; see DESIGN.md).")
+@click.option("--stages", type=int, metavar="S",
+              help=f"Pipeline stages; the device count must be a multiple (default {DEFAULT_STAGES}).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the search: same seed, same plan.")
+@click.option("--time-budget", type=float, default=DEFAULT_TIME_BUDGET_S, show_default=True, metavar="SECONDS",
+              help="Stop the search after this long, with the best plan so far (it usually converges sooner).")
+@click.option("--model", "model_name", metavar="NAME",
+              help=f"Derive c_PP and c_DP from a model preset ({', '.join(MODEL_PRESETS)}) instead of the "
+                   "paper's constants (c_PP 0.471249 GB, c_DP 0.65 GB).")
+@click.option("--batch-tokens", type=int, default=PAPER_BATCH_TOKENS, show_default=True, metavar="TOKENS",
+              help="With --model: the global batch in tokens.")
+@click.option("--activation-gb", type=float, metavar="GB",
+              help="c_PP: activations one data shard sends across one stage boundary, in GB (overrides).")
+@click.option("--gradient-gb", type=float, metavar="GB",
+              help="c_DP: gradients of one stage, all-reduced by its data-parallel group, in GB (overrides).")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON document (DESIGN.md) instead.")
+def command(
+    scenario_name: str | None,
+    devices: int | None,
+    cluster_file: str | None,
+    stages: int | None,
+    seed: int,
+    time_budget: float,
+    model_name: str | None,
+    batch_tokens: int,
+    activation_gb: float | None,
+    gradient_gb: float | None,
+    as_json: bool,
+) -> None:
+    """Assign pipeline stages and data shards to devices, minimising communication time per iteration
+    (the paper's cost model), and compare the plan with Megatron's rank order and random assignments."""
+    if (scenario_name is None) == (cluster_file is None):
+        raise ValueError("give exactly one of --scenario NAME or --cluster FILE")
+    if devices is not None and scenario_name is None:
+        raise ValueError("--devices scales a --scenario; a --cluster file has its own devices")
+    if time_budget <= 0:
+        raise ValueError(f"--time-budget must be positive, got {time_budget:g}")
+    if scenario_name is not None:
+        cluster = scenario(scenario_name, 64 if devices is None else devices)
+        title = f"scenario {scenario_name}"
+    else:
+        cluster = load_cluster(cluster_file)
+        title = f"cluster {cluster_file}"
+    num_stages = DEFAULT_STAGES if stages is None else stages
+    if num_stages < 1 or cluster.num_devices % num_stages:
+        hint = "" if stages is not None else " (pass --stages)"
+        raise ValueError(f"{cluster.num_devices} devices cannot be split into {num_stages} stages of equal size{hint}")
+    workload = PAPER_WORKLOAD
+    if model_name is not None:
+        workload = workload_from_model(model_shape(model_name), num_stages=num_stages,
+                                       num_replicas=cluster.num_devices // num_stages, batch_tokens=batch_tokens,
+                                       source=f"model {model_name}, {batch_tokens} tokens a batch")
+    workload = workload.with_overrides(activation_gb, gradient_gb)
+    plan = schedule(cluster, workload, num_stages, seed=seed, time_budget_s=time_budget, clock=time.perf_counter)
+    if isinstance(plan, Infeasible):
+        raise ValueError(plan.reason)
+    if as_json:
+        doc = plan.to_json()
+        doc["devices"] = [d.name for d in cluster.devices]
+        doc["workload"] = {"activation_gb": workload.activation_gb, "gradient_gb": workload.gradient_gb}
+        click.echo(json.dumps(doc))
+    else:
+        click.echo(format_plan(plan, cluster, workload, title))
