@@ -54,7 +54,7 @@ from p2ptrain.net.emulation import EmulationConfig, LinkEmulator, scaled_link
 from p2ptrain.net.lifecycle import StopSignal, shutdown_in_order
 from p2ptrain.net.records import PeerRecord, PlanRecord
 from p2ptrain.net.transport import Transport
-from p2ptrain.planning import Cluster, load_cluster
+from p2ptrain.planning import Cluster, Workload, load_cluster
 from p2ptrain.runtime.reference import resolve_device, torch_settings
 
 logger = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ class _Planning:
     devices: list[str]  # cluster order: device i of the plan is peer devices[i]
     spares: list[str]
     cluster: Cluster
-    workload: Any
+    workload: Workload
     trigger: str
     future: concurrent.futures.Future
 
@@ -132,6 +132,9 @@ class Agent:
                 self.prober = LinkProber(self.transport, self.dht, cfg.links, on_publish=self._on_links).start()
                 self.heartbeat = Heartbeat(self.dht)
                 return self._loop(device)
+            except Exception as e:
+                self.events.write("error", error=f"{type(e).__name__}: {e}")
+                raise
             finally:
                 self._finished.set()
                 watcher.join()
