@@ -171,4 +171,5 @@ class AgentConfig:
             object.__setattr__(self, "events_file", os.path.expanduser(self.events_file))
         expect = self.membership.expect
         if expect is not None and expect < self.train.stages:
-            raise ConfigError(f"membership.expect={expect} is fewer peers than train.stages={self.train.stages}")
+            raise ConfigError(f"membership.expect={expect} is fewer peers than train.stages={self.train.stages}: "
+                              "set --expect (membership.expect) to the number of agents of the run")

@@ -129,6 +129,8 @@ class SwarmDisplay:
         line = self.line(state)
         if line == self._last:
             return
+        if not self._last:
+            self.stream.write(f"swarm {state.run}: {len(state.agents)} agents; logs and status in {state.workdir}\n")
         self._last = line
         elapsed = f"[{time.monotonic() - state.started:5.1f} s] "
         if self.tty:
