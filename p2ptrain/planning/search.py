@@ -33,6 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from scipy.cluster.hierarchy import fcluster, linkage
+
 from p2ptrain.planning.cost import CostBreakdown, Objective
 from p2ptrain.planning.matching import bottleneck_matching, bottleneck_value
 from p2ptrain.planning.path import EXACT_PATH_LIMIT, best_path
@@ -254,6 +256,10 @@ class Search:
         self.rng = rng
         self.cfg = config
         self.out_of_time = deadline or (lambda: False)
+        # Moves treat near-twins (links within NEAR_TWIN_RATIO of each other: one region of a measured
+        # network) as interchangeable, which shrinks the neighbourhood as exact twins do; a final descent
+        # then tries every swap. Scores are always exact.
+        self.move_class = near_twin_classes(objective.hop_link_s, self.p.twin)
         self.num_stages = objective.num_stages
         self.num_replicas = objective.num_replicas
         self.n = self.num_stages * self.num_replicas
@@ -297,7 +303,7 @@ class Search:
     def _candidates(self, state: _State, g: int, h: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
         """Swaps between groups g and h: for each pair of twin classes, 1, 2, 4, … devices of each at once
         (block moves let whole regions change group; without twins every swap is of one device)."""
-        twin = self.p.twin
+        twin = self.move_class
         by_class_g: dict[int, list[int]] = {}
         by_class_h: dict[int, list[int]] = {}
         for x in state.groups[g]:
@@ -348,12 +354,27 @@ class Search:
             g, h = self.rng.choice(s, size=2, replace=False)
             x = out.groups[g][int(self.rng.integers(len(out.groups[g])))]
             y = out.groups[h][int(self.rng.integers(len(out.groups[h])))]
-            if self.p.twin[x] != self.p.twin[y]:
+            if self.move_class[x] != self.move_class[y]:
                 out.groups[g] = tuple(sorted([m for m in out.groups[g] if m != x] + [y]))
                 out.groups[h] = tuple(sorted([m for m in out.groups[h] if m != y] + [x]))
                 out.touch(int(g), int(h))
         out._refresh()
         return out
+
+    def _iterate(self, elite: list[_State], patience: int, min_evaluations: int) -> list[_State]:
+        """Iterated local search on the elite states until ``patience`` rounds bring no new best."""
+        elite = sorted(elite, key=lambda st: st.score)
+        idle = 0  # rounds since the best state last improved
+        while (idle < patience or self.p.evaluations < min_evaluations) and not self._exhausted():
+            i = idle % len(elite)
+            base = elite[i]
+            cand = self.descend(self._perturb(base))
+            improves_best = _better(cand.score, elite[0].score)
+            if not _better(base.score, cand.score):
+                elite[i] = cand  # better, or as good: drift along the plateau
+            elite.sort(key=lambda st: st.score)
+            idle = 0 if improves_best else idle + 1
+        return elite
 
     def run(self) -> SearchResult:
         if self.num_stages == 1 or self.num_replicas == 1 and self.num_stages <= 2:
@@ -366,17 +387,12 @@ class Search:
             if self._exhausted():
                 break
         found.sort(key=lambda st: st.score)
-        elite = found[: self.cfg.elite]
-        idle = 0  # rounds since the best state last improved
-        while (idle < self.cfg.patience or self.p.evaluations < self.cfg.min_evaluations) and not self._exhausted():
-            i = idle % len(elite)
-            base = elite[i]
-            cand = self.descend(self._perturb(base))
-            improves_best = _better(cand.score, elite[0].score)
-            if not _better(base.score, cand.score):
-                elite[i] = cand  # better, or as good: drift along the plateau
-            elite.sort(key=lambda st: st.score)
-            idle = 0 if improves_best else idle + 1
+        elite = self._iterate(found[: self.cfg.elite], self.cfg.patience, self.cfg.min_evaluations)
+        if not np.array_equal(self.move_class, self.p.twin) and not self._exhausted():
+            # near-twins were moved as one; now every single swap, from the best states
+            self.move_class = self.p.twin
+            polished = [self.descend(_State(self.p, st.groups, st.order)) for st in elite]
+            elite = self._iterate(polished, self.cfg.patience, 0)
         best = min(elite + found, key=lambda st: st.score)
         return self._result(best)
 
@@ -398,6 +414,29 @@ def compose_pipelines(link: np.ndarray, stage_groups: list[Key], tau: float) -> 
         current = nxt[cols]
         columns.append(current)
     return np.stack(columns, axis=1)
+
+
+NEAR_TWIN_RATIO = 1.25
+
+
+def near_twin_classes(link: np.ndarray, twin: np.ndarray, ratio: float = NEAR_TWIN_RATIO) -> np.ndarray:
+    """Classes of devices whose links to every other device are within ``ratio`` of each other (complete
+    linkage: every pair in a class), each a union of exact twin classes. Numbered like ``twin`` (the class
+    of its first twin class), so they are canonical too."""
+    reps = [int(np.flatnonzero(twin == c)[0]) for c in range(int(twin.max()) + 1)]
+    if len(reps) < 2:
+        return twin.copy()
+    rows = np.log(np.maximum(link[np.ix_(reps, reps)], 1e-12))
+    for k, r in enumerate(reps):
+        mates = np.flatnonzero(twin == twin[r])
+        # a class's link to itself: its internal link, or (alone) its cheapest link
+        rows[k, k] = np.log(max(link[r, mates[1]], 1e-12)) if len(mates) > 1 else np.delete(rows[k], k).min()
+    tree = linkage(rows, method="complete", metric="chebyshev")
+    labels = fcluster(tree, t=np.log(ratio), criterion="distance")
+    first: dict[int, int] = {}
+    for k, lab in enumerate(labels):
+        first.setdefault(int(lab), k)
+    return np.array([first[int(labels[c])] for c in twin])
 
 
 def _greedy_groups(link: np.ndarray, size: int) -> np.ndarray:
