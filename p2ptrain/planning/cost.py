@@ -123,8 +123,16 @@ def check_assignment(assignment: np.ndarray, num_replicas: int, num_stages: int,
     return sigma
 
 
+OBJECTIVES = ("dtfm", "simulated")
+
+
 def make_objective(name: str, cluster: Cluster, workload: Workload, num_stages: int) -> Objective:
-    """The objective called ``name`` (only "dtfm" so far)."""
+    """The objective called ``name``: "dtfm" (the paper's communication cost, above) or "simulated" (the
+    step time of our runtime, ``simulated.py``; its workload may be a ``StepWorkload`` with a step profile)."""
     if name == "dtfm":
         return DtfmObjective(cluster, workload, num_stages)
-    raise ValueError(f"unknown objective {name!r} (choose from dtfm)")
+    if name == "simulated":
+        from p2ptrain.planning.simulated import SimulatedObjective  # it builds on this module
+
+        return SimulatedObjective(cluster, workload, num_stages)
+    raise ValueError(f"unknown objective {name!r} (choose from {', '.join(OBJECTIVES)})")

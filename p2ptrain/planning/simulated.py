@@ -1,0 +1,276 @@
+"""The ``simulated`` objective: the step time of what the runtime really does, not just its traffic.
+
+The paper's cost (``cost.DtfmObjective``) adds communication only: every hop carries a whole shard's
+activations as one message, one boundary after another, and every all-reduce exchanges its shards with one
+peer after another. Our runtime (``runtime/executor.py``, ``runtime/allreduce.py``) and the link emulator
+(``net/emulation.py``) do something else, and this module predicts it. Units: the cluster's (α in ms, β in
+Gbit/s, volumes in GB) and the network's seconds; ``StepProfile`` holds what is not communication.
+
+What one step does, on the device holding stage j of pipeline i (M micro-batches, S stages, D pipelines):
+
+1. forward, m = 0 … M−1: wait for micro-batch m's activations from stage j−1 (stage 0 has its tokens),
+   compute F_j, send the output to stage j+1 without waiting (the send is queued on the link);
+2. backward, m = M−1 … 0: wait for the gradient of micro-batch m from stage j+1 (the last stage has its
+   loss), compute B_j, send the input's gradient to stage j−1 without waiting;
+3. all-reduce of the stage's g_j GB of gradients in its group of D: send the 1/D shard that member k owns
+   to every member k (all at once, one message per link), wait for the D−1 shards of ours, add, send the
+   reduced shard to every member, wait for theirs and for our own sends to be taken; then the optimizer
+   step U_j; then the step ends once every send of the step was taken.
+
+A device starts step t+1 when it ended step t. A step's measured time is the slowest device's.
+
+Links, as the emulator shapes them: the directed link a→b is a FIFO. A message of x GB handed to it at
+time t starts at max(t, when the link is free), occupies it 8x/β_ab (bandwidth serialises) and arrives
+α_ab + o later, o being the transport's own per-message overhead (latency overlaps with the next
+message's serialisation). Different destinations are different FIFOs: a device's D−1 shard messages
+travel in parallel — unlike the paper's model, which sums them.
+
+``evaluate`` is this event simulation, exactly (``simulate``): ``steps`` steps from a common start,
+vectorised over pipelines and groups (O(steps · M · S) numpy operations), and the prediction is the
+median of the per-step times after the first (the measured one skips the warm-up step too).
+
+The search needs the decomposition of ``cost.Objective``: group values, bottleneck hop values, a
+non-decreasing ``combine``. The closed form below has it, and bounds the simulation from above on
+symmetric links (tested on random instances); the search optimises it and the plan is then evaluated
+exactly.
+
+- A pipeline's forward pass is a flow shop of M identical jobs through the resources F_0, link 0→1, F_1,
+  …, F_{S−1} (a link's resource time is its serialisation τ; its latency α + o is a pure delay). For
+  identical jobs the makespan is Σ resource times + Σ delays + (M−1) · max resource time: the longest
+  path through the M × resources grid stays on the slowest resource for the M−1 extra jobs. The
+  backward pass is the same flow shop in reverse, starting when the last stage finished its forward.
+  With a hop's value h = (α+o+τ)_{a→b} + (α+o+τ)_{b→a} (one micro-batch there and back, τ = 8·c_PP/(M·β)),
+  bottlenecked over pipelines like the paper's, and C_j = F_j + B_j:
+      FB = Σ_j C_j + Σ_hops h + (M−1) · max(max_j C_j, max_hops h)
+  (the bottleneck term uses a hop's whole value, latency included, for both directions: an upper bound
+  with symmetric links, tight when serialisation dominates, as it does in the paper's regime).
+- An all-reduce that starts together finishes by max over paths i → r → k of (α+o+8·s/β)_{ir} +
+  (α+o+8·s/β)_{rk} (a shard to its owner r, the reduced shard from r), s = g/D. Member d's term
+      max_r (α+o+8s/β)_{r→d} + max_r (α+o+8s/β)_{d→r}
+  bounds every such path through d, so the group's value is the max of its members' terms. g is the
+  largest stage's gradients (``group_terms`` does not know the stage), so it is an upper bound too.
+- ``combine`` = FB + max_j (group value_j + U_j): the pipeline, then the slowest group's all-reduce and
+  update. In steady state the step is the slowest cycle "stage j's forward → last stage → back to stage j
+  → stage j's all-reduce → its next step" (a max-plus cycle), whose forward/backward part is at most FB.
+
+Compute times are for a device of ``reference_tflops``; a device whose ``tflops`` is known computes
+reference/tflops times as long (the closed form uses the slowest device for every stage).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from p2ptrain.planning.cluster import Cluster
+from p2ptrain.planning.cost import GBIT_PER_GB, CostBreakdown, check_assignment
+from p2ptrain.planning.workload import Workload
+
+DEFAULT_STEPS = 4  # simulated steps; the first is left out of the median, as in measurements
+
+
+@dataclass(frozen=True)
+class StepProfile:
+    """What a step does besides moving bytes, in the network's seconds (see the module docstring).
+
+    Per-stage tuples have one entry per stage, or are empty (no compute; every stage all-reduces the
+    workload's ``gradient_gb``). ``forward_s``/``backward_s``: one micro-batch on a device of
+    ``reference_tflops`` (None: every device alike). ``update_s``: flattening gradients and the optimizer
+    step. ``message_s``: the transport's overhead per message, added to every message's latency.
+    """
+
+    micro_batches: int = 1
+    forward_s: tuple[float, ...] = ()
+    backward_s: tuple[float, ...] = ()
+    update_s: tuple[float, ...] = ()
+    gradient_gb: tuple[float, ...] = ()
+    message_s: float = 0.0
+    reference_tflops: float | None = None
+    steps: int = DEFAULT_STEPS
+
+    def __post_init__(self) -> None:
+        if isinstance(self.micro_batches, bool) or not isinstance(self.micro_batches, int) or self.micro_batches < 1:
+            raise ValueError(f"step profile: micro_batches must be a positive integer, got {self.micro_batches!r}")
+        if not isinstance(self.steps, int) or self.steps < 2:
+            raise ValueError(f"step profile: steps must be an integer of at least 2, got {self.steps!r}")
+        for name in ("forward_s", "backward_s", "update_s", "gradient_gb"):
+            values = tuple(float(v) for v in getattr(self, name))
+            if any(not math.isfinite(v) or v < 0 for v in values):
+                raise ValueError(f"step profile: {name} must hold non-negative numbers, got {values}")
+            object.__setattr__(self, name, values)
+        if not (math.isfinite(self.message_s) and self.message_s >= 0):
+            raise ValueError(f"step profile: message_s must be a non-negative number, got {self.message_s!r}")
+        ref = self.reference_tflops
+        if ref is not None and not (math.isfinite(ref) and ref > 0):
+            raise ValueError(f"step profile: reference_tflops must be positive, got {ref!r}")
+
+    def per_stage(self, name: str, num_stages: int, default: float) -> np.ndarray:
+        """The per-stage tuple ``name`` as an array of ``num_stages`` (``default`` everywhere when empty)."""
+        values = getattr(self, name)
+        if not values:
+            return np.full(num_stages, float(default))
+        if len(values) != num_stages:
+            raise ValueError(f"step profile: {name} has {len(values)} entries for {num_stages} stages")
+        return np.array(values, dtype=float)
+
+    def scaled(self, factor: float) -> StepProfile:
+        """The same profile with every time multiplied by ``factor`` (e.g. real seconds → network seconds)."""
+        return StepProfile(
+            micro_batches=self.micro_batches,
+            forward_s=tuple(v * factor for v in self.forward_s),
+            backward_s=tuple(v * factor for v in self.backward_s),
+            update_s=tuple(v * factor for v in self.update_s),
+            gradient_gb=self.gradient_gb,
+            message_s=self.message_s * factor,
+            reference_tflops=self.reference_tflops,
+            steps=self.steps,
+        )
+
+
+@dataclass(frozen=True)
+class StepWorkload(Workload):
+    """A workload (c_PP, c_DP) with the step profile the ``simulated`` objective needs."""
+
+    step: StepProfile = field(default_factory=StepProfile)
+
+
+@dataclass(frozen=True)
+class SimulatedSteps:
+    """The event simulation of an assignment: each step's time (the slowest device's) and the split of
+    the last step's critical device into its forward/backward part and its all-reduce + update part."""
+
+    step_s: tuple[float, ...]
+    pipeline_s: float
+    data_parallel_s: float
+
+    @property
+    def predicted_s(self) -> float:
+        """The median step time after the first (warm-up) step."""
+        return float(np.median(self.step_s[1:]))
+
+
+class SimulatedObjective:
+    """Step time of GPipe + sharded all-reduce over per-link FIFOs (module docstring)."""
+
+    name = "simulated"
+
+    def __init__(self, cluster: Cluster, workload: Workload, num_stages: int):
+        n = cluster.num_devices
+        if num_stages <= 0 or n % num_stages:
+            raise ValueError(f"{n} devices cannot be split into {num_stages} stages of equal size")
+        profile = workload.step if isinstance(workload, StepWorkload) else StepProfile()
+        self.profile = profile
+        self.num_stages = s = num_stages
+        self.num_replicas = d = n // num_stages
+        self.micro_batches = m = profile.micro_batches
+        off = ~np.eye(n, dtype=bool)
+        # seconds a message takes to arrive after it starts (α + o), and seconds per GB on the link (8/β)
+        self.delay_s = np.where(off, cluster.latency_ms / 1000.0 + profile.message_s, 0.0)
+        with np.errstate(divide="ignore"):
+            self.s_per_gb = np.where(off, GBIT_PER_GB / np.where(off, cluster.bandwidth_gbps, 1.0), 0.0)
+        self.activation_gb = workload.activation_gb / m  # one micro-batch's activations
+        self.gradient_gb = profile.per_stage("gradient_gb", s, workload.gradient_gb)
+        self.forward_s = profile.per_stage("forward_s", s, 0.0)
+        self.backward_s = profile.per_stage("backward_s", s, 0.0)
+        self.update_s = profile.per_stage("update_s", s, 0.0)
+        self.slowdown = _slowdown(cluster, profile.reference_tflops)
+        one_way = self.delay_s + self.activation_gb * self.s_per_gb
+        hop = one_way + one_way.T
+        np.fill_diagonal(hop, 0.0)
+        hop.setflags(write=False)
+        self.hop_link_s = hop
+        self._pair_dp_s = np.where(off, self.delay_s + self.gradient_gb.max() / d * self.s_per_gb, 0.0)
+        worst = float(self.slowdown.max())
+        self._compute_s = (self.forward_s + self.backward_s) * worst
+        self._update_s = self.update_s * worst
+
+    # -- the closed form the search optimises ---------------------------------------------------------------
+
+    def group_terms(self, members: np.ndarray) -> np.ndarray:
+        sub = self._pair_dp_s[np.ix_(members, members)]  # sub[i, k]: member i → member k
+        return sub.max(axis=0) + sub.max(axis=1)
+
+    def combine(self, group_values: Sequence[float], hop_values: Sequence[float]) -> CostBreakdown:
+        compute = self._compute_s
+        hops = [float(h) for h in hop_values]
+        bottleneck = max(float(compute.max()), max(hops, default=0.0))
+        pipeline = float(compute.sum()) + sum(hops) + (self.micro_batches - 1) * bottleneck
+        data_parallel = max(float(g) + float(u) for g, u in zip(group_values, self._update_s, strict=True))
+        return CostBreakdown(cost_s=pipeline + data_parallel, data_parallel_s=data_parallel, pipeline_s=pipeline)
+
+    # -- the exact event simulation -------------------------------------------------------------------------
+
+    def evaluate(self, assignment: np.ndarray) -> CostBreakdown:
+        sim = self.simulate(assignment)
+        return CostBreakdown(cost_s=sim.predicted_s, data_parallel_s=sim.data_parallel_s, pipeline_s=sim.pipeline_s)
+
+    def simulate(self, assignment: np.ndarray, steps: int | None = None) -> SimulatedSteps:
+        """Run ``steps`` (default: the profile's) steps of ``assignment`` through the event model."""
+        sigma = check_assignment(assignment, self.num_replicas, self.num_stages, len(self.hop_link_s))
+        return _simulate(self, sigma, steps or self.profile.steps)
+
+
+def _slowdown(cluster: Cluster, reference_tflops: float | None) -> np.ndarray:
+    """Per device: how many times longer than the reference device it computes (1 when unknown)."""
+    if reference_tflops is None:
+        return np.ones(cluster.num_devices)
+    return np.array([reference_tflops / d.tflops if d.tflops else 1.0 for d in cluster.devices])
+
+
+def _simulate(obj: SimulatedObjective, sigma: np.ndarray, steps: int) -> SimulatedSteps:
+    d, s, m = obj.num_replicas, obj.num_stages, obj.micro_batches
+    a, b = sigma[:, :-1], sigma[:, 1:]  # pipeline i's hop h: a[i, h] → b[i, h]
+    lat_f, ser_f = obj.delay_s[a, b], obj.activation_gb * obj.s_per_gb[a, b]
+    lat_b, ser_b = obj.delay_s[b, a], obj.activation_gb * obj.s_per_gb[b, a]
+    cols = sigma.T  # cols[j, i]: stage j's member of pipeline i
+    src, dst = cols[:, :, None], cols[:, None, :]
+    lat_g = obj.delay_s[src, dst]  # [j, i, k]: link from member i to member k of stage j's group
+    ser_g = (obj.gradient_gb / d)[:, None, None] * obj.s_per_gb[src, dst]
+    slow = obj.slowdown[sigma]
+    fwd, bwd, upd = obj.forward_s * slow, obj.backward_s * slow, obj.update_s * slow
+    off = ~np.eye(d, dtype=bool)
+    free_f = np.full((d, s - 1), -np.inf)  # when each link is free again (FIFO), kept across steps
+    free_b = np.full((d, s - 1), -np.inf)
+    free_g = np.full((s, d, d), -np.inf)
+    start = np.zeros((d, s))
+    step_s, split = [], (0.0, 0.0)
+    for _ in range(steps):
+        busy = start.copy()  # when each device is done with what it computed so far
+        sent = start.copy()  # when each device's last pipeline message arrived
+        arrive = np.zeros((d, s, m))
+        for mb in range(m):  # forward: micro-batch by micro-batch, stage by stage
+            for j in range(s):
+                ready = busy[:, j] if j == 0 else np.maximum(busy[:, j], arrive[:, j, mb])
+                busy[:, j] = ready + fwd[:, j]
+                if j < s - 1:
+                    free_f[:, j] = np.maximum(busy[:, j], free_f[:, j]) + ser_f[:, j]
+                    arrive[:, j + 1, mb] = free_f[:, j] + lat_f[:, j]
+                    sent[:, j] = np.maximum(sent[:, j], arrive[:, j + 1, mb])
+        for mb in reversed(range(m)):  # backward: last micro-batch first, last stage first
+            for j in reversed(range(s)):
+                ready = busy[:, j] if j == s - 1 else np.maximum(busy[:, j], arrive[:, j, mb])
+                busy[:, j] = ready + bwd[:, j]
+                if j > 0:
+                    free_b[:, j - 1] = np.maximum(busy[:, j], free_b[:, j - 1]) + ser_b[:, j - 1]
+                    arrive[:, j - 1, mb] = free_b[:, j - 1] + lat_b[:, j - 1]
+                    sent[:, j] = np.maximum(sent[:, j], arrive[:, j - 1, mb])
+        backward_done = busy.T  # [j, i]
+        reduced = backward_done
+        if d > 1:
+            free_g = np.maximum(backward_done[:, :, None], free_g) + ser_g  # reduce-scatter: shard to owner
+            arrive_r = np.where(off, free_g + lat_g, -np.inf)
+            reduced = np.maximum(backward_done, arrive_r.max(axis=1))
+            free_g = np.maximum(reduced[:, :, None], free_g) + ser_g  # all-gather: behind the shard (FIFO)
+            arrive_g = np.where(off, free_g + lat_g, -np.inf)
+            gathered = np.maximum(reduced, arrive_g.max(axis=1))
+            reduced = np.maximum(gathered, np.maximum(arrive_r, arrive_g).max(axis=2))  # own sends taken
+        end = np.maximum(reduced.T + upd, sent)
+        took = end - start
+        crit = np.unravel_index(int(np.argmax(took)), took.shape)
+        split = (float(busy[crit] - start[crit]), float(end[crit] - busy[crit]))
+        step_s.append(float(took.max()))
+        start = end
+    return SimulatedSteps(step_s=tuple(step_s), pipeline_s=split[0], data_parallel_s=split[1])
