@@ -142,7 +142,7 @@ def _device(d: Any, i: int) -> Device:
     numbers = {}
     for key in ("tflops", "memory_gb"):
         v = d.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0):
             raise ValueError(f"cluster: devices[{i}].{key} must be a positive number, got {v!r}")
         numbers[key] = None if v is None else float(v)
     return Device(name=name, region=region, **numbers)

@@ -62,7 +62,7 @@ def solve_exhaustive(objective: Objective, max_devices: int = MAX_DEVICES) -> Ex
             break
         orders = _best_orders(hop, parts[chunk])
         solved += len(chunk)
-        for i, order in zip(chunk, orders):
+        for i, order in zip(chunk, orders, strict=False):
             row = parts[i][order]
             cost = objective.combine(group_value[row].tolist(), _path_hops(hop, row))
             if best_cost is None or cost.cost_s < best_cost.cost_s:
@@ -125,7 +125,7 @@ def _best_orders(hop: np.ndarray, parts: np.ndarray) -> np.ndarray:
 
 
 def _path_hops(hop: np.ndarray, ordered: np.ndarray) -> list[float]:
-    return [float(hop[a, b]) for a, b in zip(ordered[:-1], ordered[1:])]
+    return [float(hop[a, b]) for a, b in zip(ordered[:-1], ordered[1:], strict=False)]
 
 
 def _compose(link: np.ndarray, stage_groups: np.ndarray) -> np.ndarray:

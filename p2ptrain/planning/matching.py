@@ -55,7 +55,7 @@ def bottleneck_matching(cost: np.ndarray, tau: float) -> tuple[float, float, np.
     # Usually the lower bound is the answer, and one solve both proves it and picks the least crowded
     # matching; otherwise search t first.
     t = float(max(cost.min(axis=1).max(), cost.min(axis=0).max()))
-    for attempt in range(2):
+    for _ in range(2):
         with np.errstate(under="ignore"):
             weights = np.where(cost <= t, np.exp((cost - t) / tau), 2.0 * d)
         rows, cols = linear_sum_assignment(weights)

@@ -54,7 +54,7 @@ def _pipeline_table(plan: Plan, cluster: Cluster) -> list[str]:
     header = ["pipeline"] + [f"stage {j}" for j in range(stages)]
     body = [[str(i)] + [device_label(cluster, p[j]) for j in range(stages)] for i, p in enumerate(pipes)]
     widths = [max(len(row[k]) for row in [header, *body]) for k in range(len(header))]
-    out = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [header, *body]]
+    out = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip() for row in [header, *body]]
     hidden = []
     if plan.num_replicas > len(pipes):
         hidden.append(f"{plan.num_replicas - len(pipes)} more pipelines")

@@ -114,7 +114,7 @@ def _region_links(spec: dict[str, Any]) -> dict[frozenset[str], tuple[float, flo
 def _regions(
     regions: tuple[str, ...], counts: list[int], intra: dict[str, float], links: dict[frozenset[str], tuple[float, float]]
 ) -> Cluster:
-    devices = [Device(name=f"{r}-{k}", region=r) for r, c in zip(regions, counts) for k in range(c)]
+    devices = [Device(name=f"{r}-{k}", region=r) for r, c in zip(regions, counts, strict=False) for k in range(c)]
     names = [d.region for d in devices]
     n = len(devices)
     latency, bandwidth = np.empty((n, n)), np.empty((n, n))

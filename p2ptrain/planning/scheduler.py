@@ -20,7 +20,7 @@ from p2ptrain.planning.cluster import Cluster
 from p2ptrain.planning.cost import make_objective
 from p2ptrain.planning.exhaustive import MAX_DEVICES, solve_exhaustive
 from p2ptrain.planning.plan import Infeasible, Plan, SearchStats
-from p2ptrain.planning.search import Search, SearchConfig
+from p2ptrain.planning.search import DEFAULT_SEARCH, Search, SearchConfig
 from p2ptrain.planning.workload import Workload
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ def schedule(
     objective: str = "dtfm",
     time_budget_s: float | None = None,
     clock: Callable[[], float] | None = None,
-    config: SearchConfig = SearchConfig(),
+    config: SearchConfig = DEFAULT_SEARCH,
     exhaustive_max_devices: int = MAX_DEVICES,
 ) -> Plan | Infeasible:
     """Assign (pipeline, stage) to every device of ``cluster``, minimising ``objective``.

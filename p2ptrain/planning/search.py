@@ -33,11 +33,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scipy.cluster.hierarchy import fcluster, linkage
-
 from p2ptrain.planning.cost import CostBreakdown, Objective
-from p2ptrain.planning.matching import bottleneck_matching, bottleneck_value
+from p2ptrain.planning.matching import bottleneck_matching
 from p2ptrain.planning.path import EXACT_PATH_LIMIT, best_path
+from p2ptrain.planning.starts import aligned_chains, greedy_chains, greedy_groups, near_twin_classes
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +54,9 @@ class SearchConfig:
     min_evaluations: int = 1_000  # … once at least this many moves were evaluated (small clusters: cheap)
     max_evaluations: int = 400_000  # move evaluations, summed over the whole search
     exact_path_max_stages: int = EXACT_PATH_LIMIT
+
+
+DEFAULT_SEARCH = SearchConfig()
 
 
 @dataclass
@@ -178,7 +180,7 @@ class _State:
         vals = [self.p.group(key) for key in self.groups]
         self.gv = [v for v, _ in vals]
         self.gs = [s for _, s in vals]
-        hops = [self.p.hop(self.groups[a], self.groups[b]) for a, b in zip(self.order, self.order[1:])]
+        hops = [self.p.hop(self.groups[a], self.groups[b]) for a, b in zip(self.order, self.order[1:], strict=False)]
         self.hv = [v for v, _ in hops]
         self.hs = [s for _, s in hops]
         self.score = self.p.score(self._staged(self.gv), self._staged(self.gs), self.hv, self.hs)
@@ -249,12 +251,12 @@ class Search:
         objective: Objective,
         twin_class: np.ndarray,
         rng: np.random.Generator,
-        config: SearchConfig = SearchConfig(),
+        config: SearchConfig | None = None,
         deadline: Callable[[], bool] | None = None,
     ):
         self.p = _Problem(objective, np.asarray(twin_class))
         self.rng = rng
-        self.cfg = config
+        self.cfg = config or DEFAULT_SEARCH
         self.out_of_time = deadline or (lambda: False)
         # Moves treat near-twins (links within NEAR_TWIN_RATIO of each other: one region of a measured
         # network) as interchangeable, which shrinks the neighbourhood as exact twins do; a final descent
@@ -290,9 +292,9 @@ class Search:
         starts = [
             ("blocks", np.arange(n).reshape(s, r).T),  # stage groups inside twin classes / regions
             ("transposed", np.arange(n).reshape(r, s)),  # pipelines inside regions
-            ("greedy groups", _greedy_groups(link, r).T),
-            ("greedy chains", _greedy_chains(link, s)),
-            ("aligned chains", _aligned_chains(link, self.p.twin, s)),
+            ("greedy groups", greedy_groups(link, r).T),
+            ("greedy chains", greedy_chains(link, s)),
+            ("aligned chains", aligned_chains(link, self.p.twin, s)),
         ]
         for k in range(self.cfg.random_starts):
             starts.append((f"random {k}", self.rng.permutation(n).reshape(r, s)))
@@ -414,102 +416,3 @@ def compose_pipelines(link: np.ndarray, stage_groups: list[Key], tau: float) -> 
         current = nxt[cols]
         columns.append(current)
     return np.stack(columns, axis=1)
-
-
-NEAR_TWIN_RATIO = 1.25
-
-
-def near_twin_classes(link: np.ndarray, twin: np.ndarray, ratio: float = NEAR_TWIN_RATIO) -> np.ndarray:
-    """Classes of devices whose links to every other device are within ``ratio`` of each other (complete
-    linkage: every pair in a class), each a union of exact twin classes. Numbered like ``twin`` (the class
-    of its first twin class), so they are canonical too."""
-    reps = [int(np.flatnonzero(twin == c)[0]) for c in range(int(twin.max()) + 1)]
-    if len(reps) < 2:
-        return twin.copy()
-    rows = np.log(np.maximum(link[np.ix_(reps, reps)], 1e-12))
-    for k, r in enumerate(reps):
-        mates = np.flatnonzero(twin == twin[r])
-        # a class's link to itself: its internal link, or (alone) its cheapest link
-        rows[k, k] = np.log(max(link[r, mates[1]], 1e-12)) if len(mates) > 1 else np.delete(rows[k], k).min()
-    tree = linkage(rows, method="complete", metric="chebyshev")
-    labels = fcluster(tree, t=np.log(ratio), criterion="distance")
-    first: dict[int, int] = {}
-    for k, lab in enumerate(labels):
-        first.setdefault(int(lab), k)
-    return np.array([first[int(labels[c])] for c in twin])
-
-
-def _greedy_groups(link: np.ndarray, size: int) -> np.ndarray:
-    """Groups grown around the first free device from its cheapest free links (rows: groups)."""
-    free = np.ones(len(link), dtype=bool)
-    groups = []
-    while free.any():
-        seed = int(np.flatnonzero(free)[0])
-        free[seed] = False
-        cand = np.flatnonzero(free)
-        near = cand[np.argsort(link[seed, cand], kind="stable")[: size - 1]]
-        free[near] = False
-        groups.append(np.concatenate([[seed], near]))
-    return np.array(groups)
-
-
-def _greedy_chains(link: np.ndarray, length: int) -> np.ndarray:
-    """Pipelines grown from the first free device by always taking the cheapest free next link."""
-    free = np.ones(len(link), dtype=bool)
-    chains = []
-    while free.any():
-        chain = [int(np.flatnonzero(free)[0])]
-        free[chain[0]] = False
-        while len(chain) < length:
-            cand = np.flatnonzero(free)
-            nxt = int(cand[np.argmin(link[chain[-1], cand])])
-            free[nxt] = False
-            chain.append(nxt)
-        chains.append(chain)
-    return np.array(chains)
-
-
-def _aligned_chains(link: np.ndarray, twin: np.ndarray, length: int) -> np.ndarray:
-    """Pipelines that keep clusters together, with the clusters at the same stages in every pipeline.
-
-    A cluster is a twin class whose internal link is cheaper than any link leaving it (a region, a
-    multi-GPU instance). Clusters are cut into runs of at most ``length`` devices, the runs packed into
-    pipelines (largest first, each into the emptiest pipeline), the rest of each pipeline filled with the remaining devices,
-    and every pipeline ends with its longest run: so consecutive stages share fast links in *all*
-    pipelines at once, which is what makes a hop fast (the "spot" optimum: four single-GPU instances,
-    then one 4-GPU instance, in every pipeline).
-    """
-    n = len(link)
-    classes: dict[int, list[int]] = {}
-    for d in range(n):
-        classes.setdefault(int(twin[d]), []).append(d)
-    runs = []
-    for members in classes.values():
-        if len(members) < 2:
-            continue
-        outside = np.setdiff1d(np.arange(n), members)
-        inner = link[members[0], members[1]]
-        if outside.size and inner >= link[members[0], outside].min():
-            continue
-        runs += [members[i : i + length] for i in range(0, len(members), length)]
-    runs.sort(key=len, reverse=True)
-    room = [length] * (n // length)
-    placed: list[list[list[int]]] = [[] for _ in room]
-    for run in runs:
-        fits = [i for i, r in enumerate(room) if r >= len(run)]
-        if fits:
-            i = min(fits, key=lambda k: (-room[k], k))  # the emptiest: one cluster a pipeline if possible
-            placed[i].append(run)
-            room[i] -= len(run)
-    used = {d for chain in placed for run in chain for d in run}
-    rest = iter(d for d in range(n) if d not in used)
-    chains = []
-    for r, chain in zip(room, placed):
-        head = [next(rest) for _ in range(r)]
-        chains.append(head + [d for run in sorted(chain, key=len) for d in run])
-    return np.array(chains)
-
-
-def lower_bound_hop(link: np.ndarray, a: Key, b: Key) -> float:
-    """The bottleneck of one hop (exposed for tests)."""
-    return bottleneck_value(link[np.ix_(a, b)])

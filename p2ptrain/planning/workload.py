@@ -37,7 +37,7 @@ class Workload:
     def __post_init__(self) -> None:
         for name in ("activation_gb", "gradient_gb"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"workload: {name} must be a non-negative number of GB, got {v!r}")
 
     def with_overrides(self, activation_gb: float | None = None, gradient_gb: float | None = None) -> Workload:

@@ -1,6 +1,13 @@
 import pytest
 
-from p2ptrain.planning import PAPER_WORKLOAD, ModelShape, Workload, model_shape, parameter_count, workload_from_model
+from p2ptrain.planning import (
+    PAPER_WORKLOAD,
+    ModelShape,
+    Workload,
+    model_shape,
+    parameter_count,
+    workload_from_model,
+)
 
 
 def test_paper_preset_is_the_public_constants():
