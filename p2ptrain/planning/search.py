@@ -26,6 +26,8 @@ stopping rule is a count, so a seed fixes the result unless the time budget cuts
 
 from __future__ import annotations
 
+import functools
+import itertools
 import logging
 import math
 from collections.abc import Callable
@@ -68,6 +70,15 @@ class SearchResult:
 
 
 Key = tuple[int, ...]
+Score = tuple[float, float]
+Order = list[int]
+REORDER_IN_MOVES_STAGES = 3
+
+
+@functools.cache
+def _paths(s: int) -> tuple[tuple[int, ...], ...]:
+    """Every stage order of s groups, each path once (not also its reverse)."""
+    return tuple(q for q in itertools.permutations(range(s)) if q[0] < q[-1])
 
 
 class _Problem:
@@ -188,31 +199,49 @@ class _State:
     def _staged(self, per_group: list[float]) -> list[float]:
         return [per_group[g] for g in self.order]
 
-    def swap_score(self, g: int, h: int, xs: tuple[int, ...], ys: tuple[int, ...]) -> tuple[tuple[float, float], Key, Key]:
-        """The score after swapping devices ``xs`` (in group g) with ``ys`` (in group h), order fixed."""
+    def swap_score(self, g: int, h: int, xs: tuple[int, ...], ys: tuple[int, ...]) -> tuple[Score, Key, Key, Order]:
+        """The score after swapping devices ``xs`` (in group g) with ``ys`` (in group h)."""
         new_g = tuple(sorted([m for m in self.groups[g] if m not in xs] + list(ys)))
         new_h = tuple(sorted([m for m in self.groups[h] if m not in ys] + list(xs)))
-        return self.regroup_score(g, h, new_g, new_h), new_g, new_h
+        score, order = self.regroup_score(g, h, new_g, new_h)
+        return score, new_g, new_h, order
 
-    def regroup_score(self, g: int, h: int, new_g: Key, new_h: Key) -> tuple[float, float]:
-        """The score with groups g and h replaced by ``new_g`` and ``new_h``, order fixed."""
+    def regroup_score(self, g: int, h: int, new_g: Key, new_h: Key) -> tuple[Score, Order]:
+        """The score with groups g and h replaced by ``new_g`` and ``new_h``, and the stage order it needs:
+        the current one, except with at most ``REORDER_IN_MOVES_STAGES`` stages, where every order is tried
+        (with so few groups a move often pays only in another order, and trying them all is cheap)."""
         p = self.p
         p.evaluations += 1
         gv, gs = list(self.gv), list(self.gs)
         gv[g], gs[g] = p.group(new_g)
         gv[h], gs[h] = p.group(new_h)
+        groups = list(self.groups)
+        groups[g], groups[h] = new_g, new_h
+        if 2 < len(groups) <= REORDER_IN_MOVES_STAGES:
+            best: tuple[Score, Order] | None = None
+            for order in _paths(len(groups)):
+                hops = [p.hop(groups[a], groups[b]) for a, b in zip(order, order[1:], strict=False)]
+                score = p.score([gv[x] for x in order], [gs[x] for x in order], [v for v, _ in hops],
+                                [w for _, w in hops])
+                if best is None or _better(score, best[0]):
+                    best = (score, list(order))
+            assert best is not None
+            return best
         hv, hs = list(self.hv), list(self.hs)
         last = len(self.order) - 2
         for k in {self.pos[g] - 1, self.pos[g], self.pos[h] - 1, self.pos[h]}:
             if 0 <= k <= last:
                 a, b = self.order[k], self.order[k + 1]
-                ka = new_g if a == g else new_h if a == h else self.groups[a]
-                kb = new_g if b == g else new_h if b == h else self.groups[b]
-                hv[k], hs[k] = p.hop(ka, kb)
-        return p.score(self._staged(gv), self._staged(gs), hv, hs)
+                hv[k], hs[k] = p.hop(groups[a], groups[b])
+        return p.score(self._staged(gv), self._staged(gs), hv, hs), self.order
 
-    def apply(self, g: int, h: int, new_g: Key, new_h: Key) -> None:
+    def apply(self, g: int, h: int, new_g: Key, new_h: Key, order: Order) -> None:
         self.groups[g], self.groups[h] = new_g, new_h
+        if order != self.order:
+            self.order = list(order)
+            self.pos = {x: k for k, x in enumerate(self.order)}
+            self.clock += 1
+            self.changed = [self.clock] * len(self.groups)
         self.touch(g, h)
         self._refresh()
 
@@ -334,9 +363,9 @@ class Search:
                 if state.is_clean(g, h):
                     continue
                 for xs, ys in self._candidates(state, g, h):
-                    score, new_g, new_h = state.swap_score(g, h, xs, ys)
+                    score, new_g, new_h, order = state.swap_score(g, h, xs, ys)
                     if _better(score, state.score):
-                        state.apply(g, h, new_g, new_h)
+                        state.apply(g, h, new_g, new_h, order)
                         improved = True
                         break
                 else:

@@ -66,7 +66,4 @@ def test_default_search_matches_a_run_with_20_times_the_budget():
         ours = schedule(cluster, workload, stages, seed=0)
         longer = schedule(cluster, workload, stages, seed=1, config=long)
         ratios.append(ours.cost.cost_s / longer.cost.cost_s - 1.0)
-    ratios = np.array(ratios)
-    # known miss: instance 3 (48 devices, 3 stages, 30 of them in London) ends 1.4 % above the long run
-    assert (ratios <= 1e-9).sum() >= 11
-    assert ratios.max() <= 0.02
+    assert max(ratios) <= 1e-9, ratios
