@@ -13,15 +13,24 @@ The max in the cost makes it flat over huge regions (the reason the paper's GCMA
 "spot" network): the surrogate still goes down when a move removes one of several links at the bottleneck,
 so the search walks across plateaus towards the move that finally lowers the cost.
 
-Moves swap two devices of different groups. Twins (``canonical``) are interchangeable, so only one device
-per twin class and group is tried. A move is scored with the stage order fixed (only the ≤ 4 hops next to
-the two groups and the two groups themselves change), which over-estimates the cost after re-ordering;
-after every sweep the order is re-optimised. Descent accepts the first improving move. Around it: starts
-built from the structure (stage groups inside regions; pipelines inside regions; greedy groups; greedy
-chains) and random ones; then iterated local search — perturb the best state by a few random swaps,
-descend, keep the result when it is no worse — until ``patience`` rounds bring nothing, the evaluation
-budget is spent, or the deadline passes. Everything random comes from the Generator passed in, and the
-stopping rule is a count, so a seed fixes the result unless the time budget cuts the search short.
+Moves swap devices between two groups: for each pair of twin classes (``canonical``: interchangeable
+devices, a region or an instance) one device of each, or 2, 4, … of each at once (block moves, so a
+region can change group without passing through worse states). A move is scored with the stage order
+fixed — only the ≤ 4 hops next to the two groups and the two groups change — which over-estimates the
+cost after re-ordering; after every sweep the order is re-optimised (with 3 stages every order is tried
+per move: cheap, and there a move often pays only in another order). Descent accepts the first improving
+move; a group pair scanned without success is skipped until it or a neighbour changes.
+
+Around it: starts built from the structure (stage groups inside regions; pipelines inside regions; greedy
+groups; greedy chains; clusters aligned at the same stages of every pipeline — ``starts``) and random
+ones; then iterated local search — perturb one of the best states by a few random swaps, descend, keep
+the result when it is no worse — until ``patience`` rounds bring no new best (and at least
+``min_evaluations`` moves were scored), the evaluation budget is spent, or the deadline passes. In a
+measured network no two devices are exact twins; the first phase moves near-twins (links within 25 % of
+each other) as one, then a second phase repeats the iterated search with every single swap.
+
+Everything random comes from the Generator passed in, and the stopping rule is a count, so a seed fixes
+the result unless the time budget cuts the search short.
 """
 
 from __future__ import annotations

@@ -136,3 +136,18 @@ def test_plan_json_has_the_contract_fields():
     assert set(doc["baselines"]) == {"megatron", "random"} and "cost_s" in doc["baselines"]["random"]
     assert {"seconds", "evaluations", "seed"} <= set(doc["search"])
     assert doc["cost_s"] == pytest.approx(doc["data_parallel_s"] + doc["pipeline_s"])
+
+
+def test_report_shows_the_table_and_truncates_large_plans():
+    from p2ptrain.planning import CostBreakdown, SearchStats, megatron_assignment
+    from p2ptrain.planning.report import format_plan
+
+    cluster = scenario("worldwide", 128)
+    sigma = megatron_assignment(128, 16)  # 8 pipelines × 16 stages: more stages than the table shows
+    cost = DtfmObjective(cluster, PAPER_WORKLOAD, 16).evaluate(sigma)
+    plan = Plan(tuple(map(tuple, sigma.tolist())), "dtfm", cost, {"megatron": cost, "random": CostBreakdown(9, 4, 5)},
+                SearchStats(seed=0, evaluations=1))
+    text = format_plan(plan, cluster, PAPER_WORKLOAD, "worldwide")
+    assert "stage 11" in text and "stage 12 " not in text.split("regions of")[0]
+    assert "4 more stages (--json prints the whole plan)" in text
+    assert "stage 0: 8×Oregon" in text and "stage 15: 8×Ireland" in text  # every stage's regions
