@@ -26,15 +26,16 @@ transport down, and the DHT process and p2pd are stopped in order, so nothing is
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import logging
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from p2ptrain.agent.churn import CHECKPOINT, join_start, source_indices
 from p2ptrain.agent.config import AgentConfig
-from p2ptrain.agent.epoch import EpochOutcome, Heartbeat, run_epoch
+from p2ptrain.agent.epoch import EpochContext, EpochOutcome, Heartbeat, run_epoch
 from p2ptrain.agent.events import EventLog
 from p2ptrain.agent.leader import (
     build_cluster,
@@ -47,14 +48,17 @@ from p2ptrain.agent.leader import (
 from p2ptrain.agent.links import LinkProber
 from p2ptrain.agent.membership import Membership, MembershipTracker, plan_trigger
 from p2ptrain.agent.profile import profile_device
-from p2ptrain.errors import PeerTimeoutError, ProtocolError
+from p2ptrain.agent.replan import JOIN, Replan, ReplanWatch
+from p2ptrain.agent.stage_state import StateKeeper
+from p2ptrain.errors import ProtocolError
 from p2ptrain.net.dht import SwarmDHT
-from p2ptrain.net.election import select_plan
+from p2ptrain.net.election import latest_plan
 from p2ptrain.net.emulation import EmulationConfig, LinkEmulator, scaled_link
 from p2ptrain.net.lifecycle import StopSignal, shutdown_in_order
 from p2ptrain.net.records import PeerRecord, PlanRecord
 from p2ptrain.net.transport import Transport
 from p2ptrain.planning import Cluster, Workload, load_cluster
+from p2ptrain.runtime.checkpoint import latest_complete
 from p2ptrain.runtime.reference import resolve_device, torch_settings
 
 logger = logging.getLogger(__name__)
@@ -84,6 +88,9 @@ class _Planning:
     workload: Workload
     trigger: str
     future: concurrent.futures.Future
+    replan: Replan | None = None  # None: the run's first plan
+    start_step: int = 0
+    sources: tuple[str, ...] = ()
 
 
 class Agent:
@@ -102,11 +109,19 @@ class Agent:
         self._planner = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="p2ptrain-planner")
         self._planning: _Planning | None = None
         self._next_epoch = 0
-        self._planned_for: tuple[str, ...] | None = None
+        self._published: PlanRecord | None = None  # the last plan this agent published as leader
+        self._following: PlanRecord | None = None  # the last plan this agent followed
+        self._newest_seen: PlanRecord | None = None  # the highest-epoch plan read (any signer)
         self._links_wait_since: float | None = None
         self._dialled: set[str] = set()
         self._shaped: set[str] = set()
-        self._plans_seen: tuple[Any, PlanRecord | None] = (None, None)
+        self._tracker: MembershipTracker | None = None
+        self._membership = Membership({})
+        self._last_poll = 0.0
+        self._started = time.monotonic()
+        self._done_now: int | None = None  # steps done in the epoch being trained
+        self._watch = ReplanWatch(config.churn)
+        self.keeper = StateKeeper(config.churn.keep_states)
         self._last_wait_note = ""
         self._finished = threading.Event()
         self.heartbeat: Heartbeat | None = None
@@ -185,29 +200,29 @@ class Agent:
 
     def _loop(self, device) -> AgentResult:
         cfg = self.config
-        tracker = MembershipTracker(self.peer_id)
-        started = time.monotonic()
-        membership = Membership({})
-        trained_epochs: set[int] = set()
+        self._tracker = MembershipTracker(self.peer_id)
+        self._started = time.monotonic()
         while not self.stop.is_set():
-            membership = self._poll_membership(tracker, membership)
-            plan = self._accepted_plan(membership)
-            if plan is not None and plan.epoch not in trained_epochs:
-                trained_epochs.add(plan.epoch)
-                outcome = self._follow(plan, membership, device)
+            self._poll()
+            plan = self._next_plan()
+            if plan is not None:
+                outcome = self._follow(plan, device)
                 if outcome.finished:
-                    self.events.write("done", epoch=plan.epoch, steps=outcome.steps_done)
-                    logger.info("done: %d steps trained in epoch %d", outcome.steps_done, plan.epoch)
+                    held = self.keeper.latest_step == outcome.steps_done and outcome.steps_done > 0
+                    self.events.write("done", epoch=plan.epoch, steps=outcome.steps_done,
+                                      stage=self.keeper.stage if held else None,
+                                      params_sha256=self.keeper.digest() if held else None)
+                    logger.info("done: %d steps trained (last epoch %d)", outcome.steps_done, plan.epoch)
                     return AgentResult(self.peer_id, True, outcome.steps_done)
                 if self.stop.is_set():
                     break
-                self.prober.resume()
                 continue
+            membership = self._membership
             if membership.leader == self.peer_id:
-                self._lead(membership, time.monotonic() - started)
+                self._lead(membership)
             else:
                 self._note_waiting(f"waiting for a plan from the leader {membership.leader} ({len(membership)} peers live)")
-            if not trained_epochs and time.monotonic() - started > cfg.membership.plan_timeout_s:
+            if self._following is None and time.monotonic() - self._started > cfg.membership.plan_timeout_s:
                 raise AgentError(
                     f"no plan for the live membership ({len(membership)} peers, leader {membership.leader}) "
                     f"within plan_timeout_s={cfg.membership.plan_timeout_s:.0f}; check the leader's log"
@@ -216,6 +231,21 @@ class Agent:
         logger.info("stopping (%s)", self.stop.reason)
         self.events.write("stopped", reason=self.stop.reason)
         return AgentResult(self.peer_id, False, 0, self.stop.reason)
+
+    def _poll(self) -> None:
+        self._membership = self._poll_membership(self._tracker, self._membership)
+        self._last_poll = time.monotonic()
+
+    def _should_halt(self, done: int | None) -> bool:
+        """At a step boundary of an epoch (``done``: steps done; None for a spare): poll and lead as the idle
+        loop does (every ``poll_s``), and say whether a newer plan takes over from here."""
+        self._done_now = done
+        if time.monotonic() - self._last_poll >= self.config.membership.poll_s:
+            self._poll()
+            if self._membership.leader == self.peer_id:
+                self._lead(self._membership)
+        plan = self._next_plan()
+        return plan is not None and (done is None or plan.start_step <= done)
 
     def _poll_membership(self, tracker: MembershipTracker, previous: Membership) -> Membership:
         try:
@@ -259,27 +289,33 @@ class Agent:
     def _on_links(self, row) -> None:
         self.events.write("links", measured=len(row), row={p: [m.latency_ms, m.bandwidth_gbps] for p, m in row.items()})
 
-    def _accepted_plan(self, membership: Membership) -> PlanRecord | None:
+    def _next_plan(self) -> PlanRecord | None:
+        """The plan to follow next (``election.latest_plan``), or None."""
         try:
             plans = self.dht.read_plans()
         except ProtocolError as e:
             logger.warning("reading the plan records failed: %s", e)
             return None
-        key = (frozenset(plans.items()), membership.ids)
-        if key != self._plans_seen[0]:  # select_plan logs what it ignores: once per change, not per poll
-            self._plans_seen = (key, select_plan(plans, membership.ids) if membership.ids else None)
-        return self._plans_seen[1]
+        newest = max(plans.values(), key=lambda p: p.epoch, default=None)
+        if newest is not None and (self._newest_seen is None or newest.epoch > self._newest_seen.epoch):
+            self._newest_seen = newest
+        after = self._following.epoch if self._following is not None else -1
+        return latest_plan(plans, self._membership.ids, self.peer_id, after) if self._membership.ids else None
 
     # ---- leading ----------------------------------------------------------------------------------------
 
-    def _lead(self, membership: Membership, waited_s: float) -> None:
+    def _lead(self, membership: Membership) -> None:
         if self._planning is not None:
             if self._planning.future.done():
                 self._publish_plan(self._planning)
             return
-        if self._planned_for == membership.ids:
+        current = self._following or self._newest_seen
+        if self._published is not None and (current is None or self._published.epoch > current.epoch):
+            return  # our newest plan is not taken up yet
+        if current is not None:
+            self._replan(current, membership)
             return
-        trigger = plan_trigger(membership, self.config.membership, waited_s)
+        trigger = plan_trigger(membership, self.config.membership, time.monotonic() - self._started)
         if trigger is None:
             self._note_waiting(f"leading; waiting for peers: {len(membership)} live"
                                + (f" of {self.config.membership.expect} expected" if self.config.membership.expect else ""))
@@ -299,15 +335,56 @@ class Agent:
             self._note_waiting(f"leading; {trigger}; waiting for {len(gaps)} of {len(trainers) * (len(trainers) - 1)} "
                                "link measurements")
             return
+        start_step, sources, trigger = self._first_start(trigger)
+        self._start_planning(membership, trainers, spares, rows, trigger, None, start_step, sources)
+
+    def _first_start(self, trigger: str) -> tuple[int, tuple[str, ...], str]:
+        """Step 0 from the seed, or with ``checkpoint.resume`` the last complete checkpoint."""
+        ckpt, train = self.config.checkpoint, self.config.train
+        step = latest_complete(ckpt.dir, train.stages, train.model) if ckpt.resume else None
+        if step is None:
+            if ckpt.resume:
+                logger.warning("resume: no complete checkpoint of %d stages of %s in %s; starting at step 0",
+                               train.stages, train.model, ckpt.dir)
+            return 0, (), trigger
+        return step, (CHECKPOINT,) * train.stages, f"{trigger}; resumed from the checkpoint of step {step}"
+
+    def _replan(self, current: PlanRecord, membership: Membership) -> None:
+        try:
+            progress = self.dht.read_progress()
+        except ProtocolError as e:
+            logger.warning("reading progress failed: %s", e)
+            return
+        ckpt, train = self.config.checkpoint, self.config.train
+        last = latest_complete(ckpt.dir, train.stages, train.model) if ckpt.dir else None
+        replan = self._watch.check(current, membership.ids, progress, train.steps, [last] if last is not None else [],
+                                   time.monotonic(), self._done_now)
+        if replan is None:
+            if self._watch.note:
+                self._note_waiting(f"leading; {self._watch.note}")
+            return
+        peers = {p: membership.peers[p] for p in replan.members if p in membership.peers}
+        trainers, spares = trainers_and_spares(cluster_order(peers), train)
+        try:
+            rows = self.dht.read_links()
+        except ProtocolError:
+            rows = {}
+        restart = replan.restart
+        self._start_planning(Membership(peers), trainers, spares, rows, replan.reason, replan,
+                             restart.step if restart else 0, restart.sources if restart else ())
+
+    def _start_planning(self, membership: Membership, trainers: list[str], spares: list[str], rows, trigger: str,
+                        replan: Replan | None, start_step: int, sources: tuple[str, ...]) -> None:  # fmt: skip
         cluster = build_cluster(trainers, membership.peers, rows, self.config.emulation)
         stages = self.config.train.stages
         workload = run_workload(self.config.train, stages, len(trainers) // stages, self.config.emulation.size_factor)
         logger.info("planning epoch %d for %d peers (%s): %d stages × %d replicas, %d spare(s), strategy %s",
                     self._next_epoch, len(membership), trigger, stages, len(trainers) // stages, len(spares),
                     self.config.plan.strategy)
+        epoch = max(self._next_epoch, (self._newest_seen.epoch + 1) if self._newest_seen is not None else 0)
         future = self._planner.submit(make_plan, cluster, workload, stages, self.config.plan)
-        self._planning = _Planning(self._next_epoch, membership.ids, trainers, spares, cluster, workload, trigger,
-                                   future)
+        self._planning = _Planning(epoch, membership.ids, trainers, spares, cluster, workload, trigger, future,
+                                   replan, start_step, sources)
 
     def _publish_plan(self, planning: _Planning) -> None:
         self._planning = None
@@ -316,18 +393,43 @@ class Agent:
         except ValueError as e:
             raise AgentError(f"the planner found no plan: {e}") from None
         record = PlanRecord.from_plan_json(planning.epoch, planning.devices + planning.spares, plan)
+        start_step, sources = planning.start_step, planning.sources
+        if planning.replan is not None and planning.replan.kind == JOIN:
+            start_step, sources = self._join_point(record)
+        record = dataclasses.replace(record, start_step=start_step, reason=planning.trigger[:120],
+                                     sources=source_indices(sources, record.membership))
         self.dht.publish_plan(record)
-        self._planned_for = planning.membership
+        self._published = record
         self._next_epoch = planning.epoch + 1
         self._links_wait_since = None
+        self._watch.reset()
         baselines = ", ".join(f"{k} {v['cost_s']:.3f} s" for k, v in plan.get("baselines", {}).items())
         logger.info("published plan epoch %d: predicted %.3f s/step (%s); pipelines %s", planning.epoch,
                     plan["cost_s"], baselines, plan["pipelines"])
         self.events.write(
             "plan", epoch=planning.epoch, plan=plan, devices=planning.devices, spares=planning.spares,
-            trigger=planning.trigger, cluster=planning.cluster.to_dict(),
+            trigger=planning.trigger, cluster=planning.cluster.to_dict(), start_step=start_step,
+            sources=list(sources), replan=planning.replan.kind if planning.replan else None,
             workload={"activation_gb": planning.workload.activation_gb, "gradient_gb": planning.workload.gradient_gb},
         )  # fmt: skip
+
+    def _join_point(self, record: PlanRecord) -> tuple[int, tuple[str, ...]]:
+        """A join re-plan's start (``churn.join_start``) and sources: each stage's lowest-replica trainer of
+        the epoch being trained (every one of them stops at that step, holding it)."""
+        current = self._following or self._newest_seen
+        try:
+            progress = self.dht.read_progress()
+        except ProtocolError:
+            progress = {}
+        seen = [r.step for r in progress.values() if r.epoch == current.epoch]
+        if self._done_now is not None:
+            seen.append(self._done_now)
+        sources = []
+        for stage in range(current.stages):
+            holders = [current.peer_at(i, stage) for i in range(current.replicas)]
+            live = [p for p in holders if p in record.membership]
+            sources.append(live[0] if live else CHECKPOINT)
+        return join_start(seen), tuple(sources)
 
     def _note_waiting(self, note: str) -> None:
         if note != self._last_wait_note:
@@ -336,23 +438,27 @@ class Agent:
 
     # ---- following --------------------------------------------------------------------------------------
 
-    def _follow(self, plan: PlanRecord, membership: Membership, device) -> EpochOutcome:
+    def _follow(self, plan: PlanRecord, device) -> EpochOutcome:
         cfg = self.config
+        self._following = plan
+        self._done_now = None
         self.prober.pause(timeout_s=cfg.links.probe.deadline_s)  # training must not queue behind a probe
+        context = EpochContext(
+            me=self.peer_id, train=cfg.train, device=device, transport=self.transport, dht=self.dht,
+            stop=self.stop, events=self.events, heartbeat=self.heartbeat, keeper=self.keeper,
+            checkpoint=cfg.checkpoint, call_timeout_s=cfg.transport.call_timeout_s, poll_s=cfg.membership.poll_s,
+            finish_timeout_s=cfg.membership.finish_timeout_s, should_halt=self._should_halt,
+        )  # fmt: skip
         try:
-            return run_epoch(
-                plan, me=self.peer_id, train=cfg.train, device=device, transport=self.transport, dht=self.dht,
-                peers=dict(membership.peers), stop=self.stop, events=self.events, heartbeat=self.heartbeat,
-                call_timeout_s=cfg.transport.call_timeout_s, poll_s=cfg.membership.poll_s,
-                finish_timeout_s=cfg.membership.finish_timeout_s,
-            )  # fmt: skip
-        except Exception as e:
+            return run_epoch(plan, context, dict(self._membership.peers))
+        except Exception:
             if self.stop.is_set():  # the stop watcher shut the transport down under a running step
                 return EpochOutcome(False, 0)
-            if isinstance(e, PeerTimeoutError):
-                raise AgentError(f"epoch {plan.epoch}: {e}; the peer may have left (re-planning on churn is not "
-                                 "implemented yet)") from e
             raise
+        finally:
+            self._done_now = None
+            if not self.stop.is_set():
+                self.prober.resume()
 
 
 def _path(value: str | None) -> Path | None:

@@ -134,6 +134,51 @@ class EmulationSettings:
 
 
 @dataclass(frozen=True)
+class ChurnConfig:
+    """Re-planning when peers fail or join (``agent.py``, ``churn.py``).
+
+    A trainer whose call fails (``transport.call_timeout_s``) halts and says so in its heartbeat; a peer
+    whose peer record expires (``dht.peer_ttl_s``: a dead peer stops refreshing it) is gone. The leader
+    then waits up to ``halt_timeout_s`` for every live trainer to halt (one that does not is left out of
+    the next plan) and publishes the next epoch. Peers that join while training goes on get a role once
+    ``join_min_new_peers`` of them wait, or once ``join_every_steps`` steps passed since the first did.
+    """
+
+    halt_timeout_s: float = 30.0
+    join_min_new_peers: int = 1
+    join_every_steps: int | None = None
+    keep_states: int = 2  # a trainer keeps its stage's state after its last this many steps
+
+    def __post_init__(self) -> None:
+        if not self.halt_timeout_s > 0:
+            raise ConfigError(f"churn.halt_timeout_s={self.halt_timeout_s} must be positive")
+        if self.join_min_new_peers < 1 or (self.join_every_steps is not None and self.join_every_steps < 1):
+            raise ConfigError("churn.join_min_new_peers and churn.join_every_steps must be at least 1")
+        if self.keep_states < 2:
+            raise ConfigError(f"churn.keep_states={self.keep_states} must be at least 2")
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Every ``every_steps`` steps, replica 0 of each stage saves the stage's state under ``dir``
+    (``runtime.checkpoint``: safetensors + manifest). With ``resume``, the first plan starts from the last
+    complete checkpoint there; a re-plan that lost every replica of a stage falls back to it. Every agent
+    must see the same ``dir`` (one machine, or a shared file system)."""
+
+    dir: str | None = None
+    every_steps: int = 0  # 0: never save
+    resume: bool = False
+
+    def __post_init__(self) -> None:
+        if self.every_steps < 0:
+            raise ConfigError(f"checkpoint.every_steps={self.every_steps} must be >= 0")
+        if (self.every_steps or self.resume) and not self.dir:
+            raise ConfigError("checkpoint.dir is required to save checkpoints or resume from them")
+        if self.dir:
+            object.__setattr__(self, "dir", os.path.expanduser(self.dir))
+
+
+@dataclass(frozen=True)
 class ProfileConfig:
     cache_dir: str | None = None  # None: $XDG_CACHE_HOME/p2ptrain or ~/.cache/p2ptrain
     refresh: bool = False  # measure again even if the cache has this device
@@ -154,6 +199,8 @@ class AgentConfig:
     transport: TransportConfig = field(default_factory=TransportConfig)
     emulation: EmulationSettings = field(default_factory=EmulationSettings)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
+    churn: ChurnConfig = field(default_factory=ChurnConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     def __post_init__(self) -> None:
         try:

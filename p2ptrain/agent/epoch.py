@@ -9,8 +9,13 @@ otherwise shut its daemon down while the acknowledgement of someone's last messa
 
 A spare (a member the plan gives no stage) idles until the trainers' heartbeats say they are done.
 
-Churn (a new membership while training, hence a new epoch, state transfer) is the caller's loop to grow:
-``EpochOutcome.finished`` is False when the epoch ended early.
+Churn: the epoch starts at the plan's ``start_step`` with each stage's state from the plan's source for it
+(``churn.source_of``): a peer that kept it sends it to every trainer of the stage (a spare of this plan
+too), or it comes from the last complete checkpoint, or from the seed at step 0. Every completed step is
+kept (``StateKeeper``) and, every ``checkpoint.every_steps``, saved by replica 0 of each stage. A call that
+fails (the configured deadline) *halts* the epoch, and so does a newer plan that starts at or before the
+steps done (``should_halt``, asked at every step boundary): the agent publishes a halted heartbeat saying
+which steps it keeps and returns ``EpochOutcome(halted=True)``; the leader re-plans from those heartbeats.
 """
 
 from __future__ import annotations
@@ -19,16 +24,22 @@ import concurrent.futures
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from p2ptrain.agent.churn import CHECKPOINT, INIT, source_of
+from p2ptrain.agent.config import CheckpointConfig
 from p2ptrain.agent.events import EventLog
+from p2ptrain.agent.stage_state import StateKeeper, recv_state, send_state
 from p2ptrain.errors import ProtocolError
+from p2ptrain.model.stage import build_stage
 from p2ptrain.net.dht import SwarmDHT
 from p2ptrain.net.lifecycle import StopSignal
 from p2ptrain.net.records import PeerRecord, PlanRecord, ProgressRecord
 from p2ptrain.net.transport import Transport
+from p2ptrain.runtime.checkpoint import load_stage, load_state_tensors, save_stage, state_tensors
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.session import StageTrainer
 from p2ptrain.runtime.topology import Topology
@@ -41,6 +52,31 @@ class EpochOutcome:
     finished: bool  # every step of the run is done
     steps_done: int
     losses: tuple[float, ...] = ()
+    halted: bool = False  # ended early for a re-plan (a failed call, or a newer plan)
+
+
+class StateUnavailable(RuntimeError):
+    """This agent is a plan's source of a state it does not keep (the plan was made on stale heartbeats)."""
+
+
+@dataclass
+class EpochContext:
+    """What an epoch needs from its agent (the same for every epoch of the agent)."""
+
+    me: str
+    train: TrainConfig
+    device: torch.device
+    transport: Transport
+    dht: SwarmDHT
+    stop: StopSignal
+    events: EventLog
+    heartbeat: Heartbeat
+    keeper: StateKeeper
+    checkpoint: CheckpointConfig
+    call_timeout_s: float
+    poll_s: float
+    finish_timeout_s: float
+    should_halt: Callable[[int | None], bool]  # at a step boundary (steps done; None for a spare)
 
 
 def topology_of(plan: PlanRecord) -> Topology:
@@ -78,56 +114,137 @@ class Heartbeat:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-def run_epoch(
-    plan: PlanRecord,
-    *,
-    me: str,
-    train: TrainConfig,
-    device: torch.device,
-    transport: Transport,
-    dht: SwarmDHT,
-    peers: dict[str, PeerRecord],
-    stop: StopSignal,
-    events: EventLog,
-    heartbeat: Heartbeat,
-    call_timeout_s: float,
-    poll_s: float,
-    finish_timeout_s: float,
-) -> EpochOutcome:
+HALTING_ERRORS = (ProtocolError, TimeoutError, concurrent.futures.TimeoutError, StateUnavailable)
+
+
+def run_epoch(plan: PlanRecord, ctx: EpochContext, peers: dict[str, PeerRecord]) -> EpochOutcome:
     topology = topology_of(plan)
-    cfg = dataclasses.replace(train, stages=plan.stages, replicas=plan.replicas)
-    if me not in topology.peers:
-        return _idle_as_spare(plan, topology, cfg, dht, stop, events, poll_s)
-    role = topology.role_of(me)
+    cfg = dataclasses.replace(ctx.train, stages=plan.stages, replicas=plan.replicas)
+    try:
+        sends = _serve_state(plan, topology, cfg, ctx, peers)
+    except HALTING_ERRORS as e:
+        return _halt(plan, ctx, plan.start_step, None, e)
+    if ctx.me not in topology.peers:
+        return _idle_as_spare(plan, topology, cfg, ctx, sends)
+    role = topology.role_of(ctx.me)
     logger.info(
-        "epoch %d: stage %d of pipeline %d (%d stages × %d replicas, leader %s, predicted %.3f s/step)",
-        plan.epoch, role.stage, role.replica, plan.stages, plan.replicas, plan.leader, plan.cost_s,
+        "epoch %d: stage %d of pipeline %d (%d stages × %d replicas, leader %s, from step %d, predicted %.3f s/step)",
+        plan.epoch, role.stage, role.replica, plan.stages, plan.replicas, plan.leader, plan.start_step, plan.cost_s,
     )  # fmt: skip
-    events.write("role", epoch=plan.epoch, stage=role.stage, replica=role.replica, stages=plan.stages,
-                 replicas=plan.replicas, leader=plan.leader, cost_s=plan.cost_s)
-    for peer in sorted(topology.neighbours(role)):
-        transport.connect(peer, peers[peer].maddrs if peer in peers else (), call_timeout_s)
-    trainer = StageTrainer(cfg, role, device)
+    ctx.events.write("role", epoch=plan.epoch, stage=role.stage, replica=role.replica, stages=plan.stages,
+                     replicas=plan.replicas, leader=plan.leader, cost_s=plan.cost_s, start_step=plan.start_step)
+    done = plan.start_step
     losses: list[float] = []
-    done = 0
-    for step in range(cfg.steps):
-        if stop.is_set():
+    try:
+        for peer in sorted(topology.neighbours(role)):
+            ctx.transport.connect(peer, peers[peer].maddrs if peer in peers else (), ctx.call_timeout_s)
+        trainer = StageTrainer(cfg, role, ctx.device)
+        _take_state(plan, role.stage, trainer, ctx)
+        _wait_sends(sends, ctx.call_timeout_s)
+        for step in range(plan.start_step, cfg.steps):
+            if ctx.stop.is_set():
+                return EpochOutcome(False, done, tuple(losses))
+            if ctx.should_halt(done):
+                return _halt(plan, ctx, done, role.stage, None)
+            result = trainer.step(ctx.transport, ctx.dht.keys.run_id, plan.epoch, step, topology, ctx.call_timeout_s)
+            done = step + 1
+            ctx.keeper.record(done, trainer.module, trainer.optimizer)
+            if result.loss is not None:
+                losses.append(result.loss)
+            _checkpoint(ctx, cfg, role.stage, role.replica, done)
+            record = ProgressRecord(plan.epoch, done, result.loss, result.step_time_s)
+            if done == cfg.steps:
+                ctx.heartbeat.flush(record)  # the others wait for it before they leave
+            else:
+                ctx.heartbeat.beat(record)
+            ctx.events.write("step", epoch=plan.epoch, step=done, loss=result.loss, step_time_s=result.step_time_s,
+                             stage=role.stage, replica=role.replica)
+            loss = f" loss {result.loss:.4f}" if result.loss is not None else ""
+            logger.info("epoch %d step %d/%d%s (%.3f s)", plan.epoch, done, cfg.steps, loss, result.step_time_s)
+    except HALTING_ERRORS as e:
+        if ctx.stop.is_set():
             return EpochOutcome(False, done, tuple(losses))
-        result = trainer.step(transport, dht.keys.run_id, plan.epoch, step, topology, call_timeout_s)
-        done = step + 1
-        if result.loss is not None:
-            losses.append(result.loss)
-        record = ProgressRecord(plan.epoch, done, result.loss, result.step_time_s)
-        if done == cfg.steps:
-            heartbeat.flush(record)  # the others wait for it before they leave
-        else:
-            heartbeat.beat(record)
-        events.write("step", epoch=plan.epoch, step=done, loss=result.loss, step_time_s=result.step_time_s,
-                     stage=role.stage, replica=role.replica)
-        loss = f" loss {result.loss:.4f}" if result.loss is not None else ""
-        logger.info("epoch %d step %d/%d%s (%.3f s)", plan.epoch, done, cfg.steps, loss, result.step_time_s)
-    _finish_together(plan, topology, me, cfg.steps, dht, stop, poll_s, finish_timeout_s)
+        return _halt(plan, ctx, done, role.stage, e)
+    if not _finish_together(plan, topology, cfg.steps, ctx):
+        return _halt(plan, ctx, done, role.stage, None)
     return EpochOutcome(True, done, tuple(losses))
+
+
+def _serve_state(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: EpochContext,
+                 peers: dict[str, PeerRecord]) -> list[concurrent.futures.Future]:  # fmt: skip
+    """Send the states this agent is the plan's source of to the stages' other trainers (before this
+    agent takes up its own role, which replaces what it keeps)."""
+    sends: list[concurrent.futures.Future] = []
+    for stage in range(plan.stages):
+        if source_of(plan, stage) != ctx.me:
+            continue
+        tensors = ctx.keeper.get(stage, plan.stages, plan.start_step)
+        if tensors is None:
+            raise StateUnavailable(f"the plan of epoch {plan.epoch} has this agent send stage {stage}'s state "
+                                   f"after step {plan.start_step}, which it does not keep")
+        module = build_stage(cfg.shape, stage, cfg.stages, cfg.seed, torch.device("cpu"))  # names and shapes
+        for replica in range(plan.replicas):
+            peer = topology.holder(stage, replica)
+            if peer != ctx.me:
+                ctx.transport.connect(peer, peers[peer].maddrs if peer in peers else (), ctx.call_timeout_s)
+                sends += send_state(ctx.transport, peer, ctx.dht.keys.run_id, plan.epoch, plan.start_step, tensors,
+                                    module, ctx.call_timeout_s)
+                logger.info("epoch %d: sending stage %d's state after step %d to peer %s", plan.epoch, stage,
+                            plan.start_step, peer)
+    return sends
+
+
+def _wait_sends(sends: list[concurrent.futures.Future], timeout_s: float) -> None:
+    for future in sends:
+        future.result(timeout=timeout_s + 5.0)
+
+
+def _take_state(plan: PlanRecord, stage: int, trainer: StageTrainer, ctx: EpochContext) -> None:
+    """Load stage ``stage``'s state after ``plan.start_step`` from the plan's source of it."""
+    step, source = plan.start_step, source_of(plan, stage)
+    started = time.monotonic()
+    if source == INIT:
+        tensors = None  # the trainer was just built from the seed
+    elif source == CHECKPOINT:
+        tensors = load_stage(ctx.checkpoint.dir, step, stage, plan.stages, ctx.train.model)
+    elif source == ctx.me:
+        tensors = ctx.keeper.get(stage, plan.stages, step)
+        assert tensors is not None  # _serve_state checked it
+    else:
+        ctx.transport.set_window(ctx.dht.keys.run_id, plan.epoch, step)
+        tensors = recv_state(ctx.transport, source, ctx.dht.keys.run_id, plan.epoch, step, trainer.module,
+                             ctx.call_timeout_s)
+    if tensors is not None:
+        load_state_tensors(trainer.module, trainer.optimizer, tensors)
+    ctx.keeper.reset(stage, plan.stages, step,
+                     tensors if tensors is not None else state_tensors(trainer.module, trainer.optimizer))
+    where = {INIT: "the seed", CHECKPOINT: "the checkpoint", ctx.me: "this agent"}.get(source, f"peer {source}")
+    took_s = time.monotonic() - started
+    logger.info("epoch %d: stage %d's state after step %d from %s (%.2f s)", plan.epoch, stage, step, where, took_s)
+    ctx.events.write("state", epoch=plan.epoch, stage=stage, step=step, source=source, seconds=took_s)
+
+
+def _checkpoint(ctx: EpochContext, cfg: TrainConfig, stage: int, replica: int, done: int) -> None:
+    every = ctx.checkpoint.every_steps
+    if not every or replica != 0 or done % every:
+        return
+    tensors = ctx.keeper.get(stage, cfg.stages, done)
+    assert tensors is not None
+    save_stage(ctx.checkpoint.dir, done, stage, cfg.stages, cfg.model, cfg.seed, tensors)
+    ctx.events.write("checkpoint", step=done, stage=stage)
+
+
+def _halt(plan: PlanRecord, ctx: EpochContext, done: int, stage: int | None, error: BaseException | None) -> EpochOutcome:
+    """Stop this epoch: say in a heartbeat which steps of our stage we keep, and wait for the next plan."""
+    kept = 0
+    if stage is not None and ctx.keeper.get(stage, plan.stages, done) is not None:
+        kept = ctx.keeper.kept if ctx.keeper.latest_step == done else 1
+    why = f"{type(error).__name__}: {error}" if error is not None else "a newer plan"
+    logger.warning("epoch %d halted after step %d (%s); keeping %d state(s), waiting for the next plan",
+                   plan.epoch, done, why, kept)
+    ctx.events.write("halted", epoch=plan.epoch, step=done, kept=kept, reason=why)
+    ctx.heartbeat.flush(ProgressRecord(plan.epoch, done, None, 0.0, halted=True, kept=kept))
+    return EpochOutcome(False, done, halted=True)
 
 
 def _finished_peers(dht: SwarmDHT, epoch: int, steps: int) -> set[str]:
@@ -139,30 +256,36 @@ def _finished_peers(dht: SwarmDHT, epoch: int, steps: int) -> set[str]:
     return {p for p, r in progress.items() if r.epoch == epoch and r.step >= steps}
 
 
-def _finish_together(
-    plan: PlanRecord, topology: Topology, me: str, steps: int, dht: SwarmDHT, stop: StopSignal,
-    poll_s: float, timeout_s: float,
-) -> None:  # fmt: skip
-    waiting = set(topology.peers) - {me}
-    deadline = time.monotonic() + timeout_s
-    while waiting and not stop.is_set() and time.monotonic() < deadline:
-        waiting -= _finished_peers(dht, plan.epoch, steps)
+def _finish_together(plan: PlanRecord, topology: Topology, steps: int, ctx: EpochContext) -> bool:
+    """Wait for the other trainers' last heartbeats; False if a newer plan came first (a peer failed in
+    the last step: the run goes on without us leaving)."""
+    waiting = set(topology.peers) - {ctx.me}
+    deadline = time.monotonic() + ctx.finish_timeout_s
+    while waiting and not ctx.stop.is_set() and time.monotonic() < deadline:
+        waiting -= _finished_peers(ctx.dht, plan.epoch, steps)
         if waiting:
-            stop.wait(min(poll_s, 0.25))
-    if waiting and not stop.is_set():
+            if ctx.should_halt(steps):
+                return False
+            ctx.stop.wait(min(ctx.poll_s, 0.25))
+    if waiting and not ctx.stop.is_set():
         logger.warning("leaving before %d trainer(s) said they were done: %s", len(waiting), ", ".join(sorted(waiting)))
+    return True
 
 
-def _idle_as_spare(
-    plan: PlanRecord, topology: Topology, cfg: TrainConfig, dht: SwarmDHT, stop: StopSignal, events: EventLog,
-    poll_s: float,
-) -> EpochOutcome:  # fmt: skip
+def _idle_as_spare(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: EpochContext,
+                   sends: list[concurrent.futures.Future]) -> EpochOutcome:  # fmt: skip
     logger.info("epoch %d: spare (the plan uses %d of %d members); waiting for the trainers to finish",
                 plan.epoch, len(topology.peers), len(plan.membership))
-    events.write("role", epoch=plan.epoch, stage=None, replica=None, stages=plan.stages, replicas=plan.replicas,
-                 leader=plan.leader, cost_s=plan.cost_s)
-    while not stop.wait(poll_s):
-        if set(topology.peers) <= _finished_peers(dht, plan.epoch, cfg.steps):
+    ctx.events.write("role", epoch=plan.epoch, stage=None, replica=None, stages=plan.stages, replicas=plan.replicas,
+                     leader=plan.leader, cost_s=plan.cost_s, start_step=plan.start_step)
+    try:
+        _wait_sends(sends, ctx.call_timeout_s)
+    except HALTING_ERRORS as e:
+        return _halt(plan, ctx, plan.start_step, None, e)
+    while not ctx.stop.wait(ctx.poll_s):
+        if set(topology.peers) <= _finished_peers(ctx.dht, plan.epoch, cfg.steps):
             logger.info("the trainers finished all %d steps", cfg.steps)
             return EpochOutcome(True, 0)
+        if ctx.should_halt(None):
+            return EpochOutcome(False, 0, halted=True)
     return EpochOutcome(False, 0)

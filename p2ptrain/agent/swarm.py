@@ -24,6 +24,8 @@ import dataclasses
 import json
 import logging
 import os
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -82,8 +84,28 @@ class SwarmConfig:
     step_timeout_s: float = 180.0  # longest wait for the next step
     call_timeout_s: float = 60.0
     probe: ProbeConfig | None = None  # default: LOOPBACK_PROBE or EMULATED_PROBE
+    peer_ttl_s: float = 10.0  # a dead agent is noticed by its peer record expiring (refreshed every half)
+    kills: tuple[tuple[str, int], ...] = ()  # (agent index or "leader", step): SIGKILL it while that step runs
+    joins: tuple[tuple[int, int], ...] = ()  # (count, step): start this many more agents when that step is done
+    checkpoint_every: int = 0  # every K steps each stage's replica 0 saves a checkpoint in <workdir>/checkpoints
+    resume: bool = False  # the first plan starts from the last complete checkpoint there
 
     def __post_init__(self) -> None:
+        self._check()
+        for agent, step in self.kills:
+            if agent != "leader" and not (agent.isdigit() and int(agent) < self.agents + sum(n for n, _ in self.joins)):
+                raise ConfigError(f"--kill {agent}@{step}: AGENT must be an agent index or 'leader'")
+            if not 1 <= step <= self.steps:
+                raise ConfigError(f"--kill {agent}@{step}: STEP must be in 1..{self.steps}")
+        for count, step in self.joins:
+            if count < 1 or not 0 <= step < self.steps:
+                raise ConfigError(f"--join {count}@{step}: N must be >= 1 and STEP in 0..{self.steps - 1}")
+        if self.joins and self.emulated:
+            raise ConfigError("--join needs a loopback swarm (--scenario none): a joiner plays no emulated device")
+        if self.checkpoint_every < 0 or not self.peer_ttl_s > 0:
+            raise ConfigError("--checkpoint-every must be >= 0 and the peer TTL positive")
+
+    def _check(self) -> None:
         if self.agents < 1 or self.stages < 1 or self.steps < 1:
             raise ConfigError("--agents, --stages and --steps must be at least 1")
         if self.run is not None:
@@ -171,34 +193,41 @@ def run_swarm(
     if network is not None:
         cluster_path = root / "cluster.json"
         cluster_path.write_text(json.dumps(network.to_dict()))
-    agents = _prepare_agents(root, config.agents)
+    agents = _prepare_agents(root, range(config.agents))
     state = SwarmState(config=config, train=train, run=run, workdir=str(root), network=network,
                        time_scale=time_scale, size_factor=size_factor, agents=agents)  # fmt: skip
     with ProcessGroup(grace_s=15.0) as group:
         try:
             maddrs = _start_bootstrap(group, root, run, config.startup_timeout_s, stop)
-            for agent in agents:
-                toml = _agent_toml(config, train, run, maddrs, agent, root, cluster_path, time_scale, size_factor)
-                agent.config_path.write_text(toml)
-                child = group.start(agent.name, [sys.executable, "-m", "p2ptrain", "agent", "--config",
-                                                 str(agent.config_path)], log_path=agent.log_path)
-                agent.pid = child.pid
-            _write_status(root, run, group, agents)
-            error = _follow(config, group, state, stop, on_update)
+            def launch(new: list[AgentProcess]) -> None:
+                for agent in new:
+                    toml = _agent_toml(config, train, run, maddrs, agent, root, cluster_path, time_scale, size_factor)
+                    agent.config_path.write_text(toml)
+                    child = group.start(agent.name, [sys.executable, "-m", "p2ptrain", "agent", "--config",
+                                                     str(agent.config_path)], log_path=agent.log_path)
+                    agent.pid = child.pid
+                _write_status(root, run, group, state.agents)
+
+            launch(agents)
+            faults = FaultInjector(config, group, state, root, launch)
+            error = _follow(config, group, state, stop, on_update, faults)
         except (TimeoutError, RuntimeError) as e:
             error = str(e)
         finally:
             group.stop_all()  # agents stop before the bootstrap: every agent's own shutdown reaps its p2pd
     summary = summarize(state)
-    ok = error is None and all(group.children[a.name].poll() == 0 for a in agents) and summary["finished"]
+    ok = error is None and summary["finished"] and all(
+        group.children[a.name].poll() == 0 for a in state.agents if a.index not in state.killed
+    )
     if error is None and not ok:
         error = "an agent did not finish; see its log in " + str(root)
-    return SwarmResult(ok, summary, str(root), error, agents)
+    return SwarmResult(ok, summary, str(root), error, state.agents)
 
 
-def _prepare_agents(root: Path, count: int) -> list[AgentProcess]:
+def _prepare_agents(root: Path, indices) -> list[AgentProcess]:
     agents = []
-    for k in range(count):
+    for k in indices:
+        (root / f"agent-{k}.events.jsonl").unlink(missing_ok=True)  # a reused work dir: this run's events only
         identity = load_or_create_identity(root / f"agent-{k}.id")  # a work dir reused keeps its peer IDs
         agents.append(AgentProcess(k, identity.peer_id, f"agent-{k}", root / f"agent-{k}.toml",
                                    root / f"agent-{k}.log", EventReader(root / f"agent-{k}.events.jsonl")))
@@ -234,8 +263,46 @@ def _write_status(root: Path, run: str, group: ProcessGroup, agents: list[AgentP
     write_atomically(root / "swarm.json", json.dumps(status, indent=1) + "\n")
 
 
+class FaultInjector:
+    """``--kill`` and ``--join``: act on the swarm when the agents' events say a step was reached."""
+
+    def __init__(self, config: SwarmConfig, group: ProcessGroup, state: SwarmState, root: Path,
+                 launch: Callable[[list[AgentProcess]], None]):  # fmt: skip
+        self.group, self.state, self.root, self.launch = group, state, root, launch
+        self.kills = sorted(config.kills, key=lambda k: k[1])
+        self.joins = sorted(config.joins, key=lambda j: j[1])
+
+    def tick(self) -> None:
+        done = self.state.steps_done()
+        while self.kills and done >= self.kills[0][1] - 1 and (done or self.state.all_have_roles()):
+            agent, step = self.kills.pop(0)
+            self._kill(agent, step)
+        while self.joins and done >= self.joins[0][1]:
+            count, step = self.joins.pop(0)
+            first = len(self.state.agents)
+            new = _prepare_agents(self.root, range(first, first + count))
+            self.state.agents.extend(new)
+            self.launch(new)
+            logger.info("started %d joining agent(s) after step %d: %s", count, step, [a.index for a in new])
+            self.state.joins.append({"step": step, "agents": [a.index for a in new], "time": time.time()})
+
+    def _kill(self, agent: str, step: int) -> None:
+        index = self.state.current_leader() if agent == "leader" else int(agent)
+        if index is None or index >= len(self.state.agents) or index in self.state.killed:
+            logger.warning("--kill %s@%d: no such live agent; skipped", agent, step)
+            return
+        name = self.state.agents[index].name
+        self.group.signal(name, signal.SIGKILL)
+        self.state.killed[index] = {"step": step, "time": time.time(), "as": agent}
+        logger.info("killed agent %d (%s) with step %d in flight", index, agent, step)
+        try:
+            self.group.children[name].popen.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            logger.error("agent %d survived SIGKILL", index)
+
+
 def _follow(config: SwarmConfig, group: ProcessGroup, state: SwarmState, stop: StopSignal,
-            on_update: Callable[[SwarmState], None] | None) -> str | None:  # fmt: skip
+            on_update: Callable[[SwarmState], None] | None, faults: FaultInjector) -> str | None:  # fmt: skip
     """Watch the agents until all exited; the reason for failing, or None."""
     deadline = time.monotonic() + config.startup_timeout_s
     steps_seen = 0
@@ -243,11 +310,12 @@ def _follow(config: SwarmConfig, group: ProcessGroup, state: SwarmState, stop: S
         changed = any([bool(agent.events.poll()) for agent in state.agents])
         if changed and on_update is not None:
             on_update(state)
+        faults.tick()
         steps_now = state.steps_done()
         if steps_now > steps_seen:
             steps_seen, deadline = steps_now, time.monotonic() + config.step_timeout_s
         running = [a for a in state.agents if group.children[a.name].poll() is None]
-        failed = [a for a in state.agents if group.children[a.name].poll() not in (None, 0)]
+        failed = [a for a in state.agents if group.children[a.name].poll() not in (None, 0) and a.index not in state.killed]
         if failed:
             agent = failed[0]
             return f"agent {agent.index} exited with code {group.children[agent.name].poll()}: " + _last_error(agent)
@@ -289,8 +357,12 @@ def _agent_toml(config: SwarmConfig, train: TrainConfig, run: str, maddrs: list[
         "plan": {"strategy": config.strategy, "seed": config.seed},
         "links": {"settle_s": 1.5 if cluster_path else 0.0, "round_pause_s": 0.5,
                   "min_rounds": 1, "probe": asdict(probe)},
-        "dht": {"host_maddrs": [LOOPBACK], "identity_path": str(root / f"agent-{agent.index}.id")},
+        "dht": {"host_maddrs": [LOOPBACK], "identity_path": str(root / f"agent-{agent.index}.id"),
+                "peer_ttl_s": config.peer_ttl_s},
         "transport": {"call_timeout_s": config.call_timeout_s},
+        "churn": {"halt_timeout_s": max(config.call_timeout_s, config.peer_ttl_s) * 2},
+        "checkpoint": {"dir": str(root / "checkpoints"), "every_steps": config.checkpoint_every,
+                       "resume": config.resume},
     }  # fmt: skip
     if cluster_path is not None:
         tables["emulation"] = {"cluster_file": str(cluster_path), "device_index": agent.index,

@@ -32,6 +32,8 @@ class SwarmState:
     size_factor: float
     agents: list[AgentProcess]
     started: float = field(default_factory=time.monotonic)
+    killed: dict[int, dict[str, Any]] = field(default_factory=dict)  # agent index -> {step, time, as}
+    joins: list[dict[str, Any]] = field(default_factory=list)
 
     def index_of(self, peer_id: str) -> int | None:
         return next((a.index for a in self.agents if a.peer_id == peer_id), None)
@@ -42,40 +44,74 @@ class SwarmState:
     def all_have_roles(self) -> bool:
         return len(self.roles()) == len(self.agents)
 
+    def plans(self) -> list[tuple[int, dict[str, Any]]]:
+        """Every plan event (agent index, event), by epoch: leaders change when one fails."""
+        found = [(a.index, e) for a in self.agents for e in a.events.all("plan")]
+        return sorted(found, key=lambda item: item[1]["epoch"])
+
     def leader_plan(self) -> tuple[int, dict[str, Any]] | None:
-        for agent in self.agents:
-            event = agent.events.last("plan")
-            if event is not None:
-                return agent.index, event
-        return None
+        """The run's first plan (the one training started with)."""
+        plans = self.plans()
+        return plans[0] if plans else None
+
+    def current_leader(self) -> int | None:
+        plans = self.plans()
+        return plans[-1][0] if plans else None
+
+    def start_step(self) -> int:
+        first = self.leader_plan()
+        return first[1].get("start_step", 0) if first else 0
 
     def steps_done(self) -> int:
         return max((e["step"] for a in self.agents for e in a.events.all("step")), default=0)
 
-    def reporter(self) -> AgentProcess | None:
-        """The agent whose losses we show: the last stage of pipeline 0."""
-        last = self.train.stages - 1
-        for index, role in self.roles().items():
-            if role["stage"] == last and role["replica"] == 0:
-                return self.agents[index]
-        return None
+    def _final_steps(self) -> dict[int, list[dict[str, Any]]]:
+        """Per step, its step events from the last epoch that completed it (a re-plan may redo steps)."""
+        by_step: dict[int, list[dict[str, Any]]] = {}
+        for agent in self.agents:
+            for e in agent.events.all("step"):
+                kept = by_step.get(e["step"])
+                if kept is None or e["epoch"] > kept[0]["epoch"]:
+                    by_step[e["step"]] = [e]
+                elif e["epoch"] == kept[0]["epoch"]:
+                    kept.append(e)
+        return dict(sorted(by_step.items()))
 
     def losses(self) -> list[float]:
-        reporter = self.reporter()
-        return [e["loss"] for e in reporter.events.all("step")] if reporter else []
+        """Per step from the run's start step on, the global loss (reported by the last stage)."""
+        out = []
+        for events in self._final_steps().values():
+            loss = next((e["loss"] for e in events if e["loss"] is not None), None)
+            if loss is not None:
+                out.append(loss)
+        return out
 
     def step_times(self) -> list[float]:
         """Per step, the slowest trainer's step time (a step ends when its last stage does)."""
-        per_agent = [[e["step_time_s"] for e in a.events.all("step")] for a in self.agents]
-        per_agent = [times for times in per_agent if times]
-        steps = min((len(t) for t in per_agent), default=0)
-        return [max(t[i] for t in per_agent) for i in range(steps)]
+        return [max(e["step_time_s"] for e in events) for events in self._final_steps().values()]
+
+    def replans(self) -> list[dict[str, Any]]:
+        """Every re-planned epoch: why, and (after a kill) the seconds from the kill to its first step."""
+        out = []
+        for _, event in self.plans():
+            if not event.get("replan"):
+                continue
+            steps = [e["time"] for a in self.agents for e in a.events.all("step") if e["epoch"] == event["epoch"]]
+            kills = [k["time"] for k in self.killed.values() if k["time"] <= event["time"]]
+            failure = kills[-1] if event["replan"] == "failure" and kills else None
+            out.append({
+                "epoch": event["epoch"], "kind": event["replan"], "reason": event["trigger"],
+                "start_step": event.get("start_step", 0),
+                "from_checkpoint": "checkpoint" in event.get("sources", []),
+                "recovery_s": (min(steps) - failure) if failure is not None and steps else None,
+            })  # fmt: skip
+        return out
 
 
 def summarize(state: SwarmState) -> dict[str, Any]:
     config = state.config
     losses, step_times = state.losses(), state.step_times()
-    done = [a.events.last("done") for a in state.agents]
+    done = [a.events.last("done") for a in state.agents if a.index not in state.killed]
     summary: dict[str, Any] = {
         "run": state.run, "workdir": state.workdir, "agents": len(state.agents), "stages": config.stages,
         "replicas": state.train.replicas, "steps": config.steps, "model": state.train.model,
@@ -83,7 +119,9 @@ def summarize(state: SwarmState) -> dict[str, Any]:
         "emulation": ({"time_scale": state.time_scale, "size_factor": state.size_factor}
                       if state.network is not None else None),
         "peers": {str(a.index): a.peer_id for a in state.agents},
-        "finished": all(d is not None for d in done) and len(losses) == config.steps,
+        "finished": all(d is not None for d in done) and len(losses) == config.steps - state.start_step(),
+        "start_step": state.start_step(), "replans": state.replans(),
+        "killed": {str(k): v for k, v in state.killed.items()}, "joins": state.joins,
         "losses": losses, "step_time_s": step_times,
         "median_step_time_s": statistics.median(step_times) if step_times else None,
         "config": state.train.to_dict(),
@@ -191,9 +229,13 @@ def format_summary(summary: dict[str, Any], regions: list[str | None] | None = N
             lines.append("  spares: " + ", ".join(f"agent {k}" for k in summary["spares"]))
     if summary["losses"]:
         lines.append("step  loss     time")
+        first = summary.get("start_step", 0)
         for i, (loss, took) in enumerate(zip(summary["losses"], summary["step_time_s"], strict=False)):
-            lines.append(f"{i + 1:4d}  {loss:.4f}  {took:.3f} s")
+            lines.append(f"{first + i + 1:4d}  {loss:.4f}  {took:.3f} s")
         median = summary["median_step_time_s"]
         lines.append(f"median step time {median:.3f} s; loss {summary['losses'][0]:.4f} → {summary['losses'][-1]:.4f}")
+    for r in summary.get("replans", []):
+        took = f", {r['recovery_s']:.1f} s from the kill to its first step" if r["recovery_s"] is not None else ""
+        lines.append(f"re-planned epoch {r['epoch']} at step {r['start_step']}: {r['reason']}{took}")
     lines.append(f"logs and status: {summary['workdir']}")
     return "\n".join(lines)

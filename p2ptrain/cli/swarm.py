@@ -47,11 +47,23 @@ from p2ptrain.planning.scenarios import SCENARIOS
 @click.option("--workdir", type=click.Path(file_okay=False), help="Logs, configs and status here.  [default: a new temp dir]")
 @click.option("--run", "run_id", help="Run name (DHT keys).  [default: swarm-<random>]")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON document on stdout.")
+@click.option("--kill", "kills", multiple=True, metavar="AGENT@STEP", callback=lambda c, p, v: _at_pairs(v, "--kill"),
+              help="SIGKILL agent AGENT (an index, or 'leader') while step STEP is in flight; repeatable.")
+@click.option("--join", "joins", multiple=True, metavar="N@STEP", callback=lambda c, p, v: _at_pairs(v, "--join"),
+              help="Start N more agents once step STEP is done; they take a role at the next re-plan; repeatable.")
+@click.option("--checkpoint-every", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Save every stage's state every K steps in <workdir>/checkpoints (0: never).")
+@click.option("--resume", is_flag=True, help="Start from the last complete checkpoint in <workdir>/checkpoints.")
+@click.option("--call-timeout", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
+              help="Seconds a tensor call may take before its peer counts as failed.")
+@click.option("--peer-ttl", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
+              help="Seconds a silent agent stays a member (its peer record's lifetime).")
 @click.pass_context
 def command(ctx: click.Context, agents: int, stages: int, steps: int, scenario: str, cluster_file: str | None,
             time_scale: float | None, size_factor: float | None, strategy: str, model: str, batch_size: int | None,
             micro_batches: int, seed: int, device: str, workdir: str | None, run_id: str | None,
-            as_json: bool) -> None:  # fmt: skip
+            as_json: bool, kills: tuple, joins: tuple, checkpoint_every: int, resume: bool, call_timeout: float,
+            peer_ttl: float) -> None:  # fmt: skip
     """Start a bootstrap and N agents on this machine, train, and summarise."""
     from p2ptrain.agent.swarm import SwarmConfig, run_swarm
     from p2ptrain.agent.swarm_report import SwarmDisplay, format_summary
@@ -63,6 +75,8 @@ def command(ctx: click.Context, agents: int, stages: int, steps: int, scenario: 
         agents=agents, stages=stages, steps=steps, scenario=None if scenario == "none" or cluster_file else scenario,
         cluster_file=cluster_file, time_scale=time_scale, size_factor=size_factor, strategy=strategy, model=model,
         batch_size=batch_size, micro_batches=micro_batches, seed=seed, device=device, workdir=workdir, run=run_id,
+        kills=tuple((a, int(s)) for a, s in kills), joins=tuple((int(n), int(s)) for n, s in joins),
+        checkpoint_every=checkpoint_every, resume=resume, call_timeout_s=call_timeout, peer_ttl_s=peer_ttl,
     )  # fmt: skip
     display = SwarmDisplay(sys.stderr)
     with StopSignal() as stop:
@@ -83,3 +97,15 @@ def command(ctx: click.Context, agents: int, stages: int, steps: int, scenario: 
     if not result.ok:
         click.echo(f"Error: {result.error}", err=True)
         ctx.exit(1)
+
+
+def _at_pairs(values: tuple[str, ...], option: str) -> tuple[tuple[str, str], ...]:
+    """``A@B`` values as (A, B) pairs, B a whole number."""
+    pairs = []
+    for value in values:
+        head, sep, step = value.partition("@")
+        if not sep or not head or not step.isdigit() or (option == "--join" and not head.isdigit()):
+            raise click.BadParameter(f"{value!r} is not {'AGENT@STEP' if option == '--kill' else 'N@STEP'}",
+                                     param_hint=option)
+        pairs.append((head, step))
+    return tuple(pairs)

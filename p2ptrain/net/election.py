@@ -68,3 +68,17 @@ def select_plan(plans: Mapping[str, PlanRecord], live_peers: Iterable[str]) -> P
         else:
             chosen = plan
     return chosen
+
+
+def latest_plan(plans: Mapping[str, PlanRecord], live_peers: Iterable[str], me: str, after_epoch: int) -> PlanRecord | None:
+    """The plan to follow under churn: the highest epoch above ``after_epoch`` signed by the lowest live peer
+    and naming ``me`` as a member, or None. Epochs decide: a plan of an older epoch (a leader that died or
+    came back late) is never followed again, and a new leader numbers its plans above every plan it has
+    seen, so a swarm never splits over two plans. The plan's membership need not equal the live view: views
+    differ for a moment while records expire, and the plan itself says who trains and who idles.
+    """
+    leader = leader_of(live_peers)
+    plan = plans.get(leader) if leader is not None else None
+    if plan is None or plan.epoch <= after_epoch or me not in plan.membership:
+        return None
+    return plan

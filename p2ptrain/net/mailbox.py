@@ -79,16 +79,18 @@ class Mailbox:
 
     def _is_stale(self, tag: Tag) -> bool:
         w = self.window
-        return tag.run == w.run and (tag.epoch < w.epoch or tag.step < w.step)
+        return tag.run == w.run and (tag.epoch < w.epoch or (tag.epoch == w.epoch and tag.step < w.step))
 
     def window_problem(self, tag: Tag) -> str | None:
         """Why ``tag`` is outside the window, or None when it is inside."""
         w = self.window
         if tag.run != w.run:
             return f"run {tag.run!r} is not this receiver's run {w.run!r}"
-        if tag.epoch < w.epoch or tag.step < w.step:
+        # A newer epoch may start at any step (a re-plan rolls back to the last committed step), so steps
+        # are compared within one epoch only.
+        if self._is_stale(tag):
             return f"stale: epoch {tag.epoch} step {tag.step} is behind the receiver's epoch {w.epoch} step {w.step}"
-        if tag.epoch > w.epoch + self.epoch_window or tag.step > w.step + self.step_window:
+        if tag.epoch > w.epoch + self.epoch_window or (tag.epoch == w.epoch and tag.step > w.step + self.step_window):
             return (f"too far ahead: epoch {tag.epoch} step {tag.step}, the receiver is at epoch {w.epoch} step "
                     f"{w.step} and accepts {self.epoch_window} epoch(s) and {self.step_window} step(s) ahead")
         return None

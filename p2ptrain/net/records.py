@@ -45,7 +45,7 @@ from p2ptrain.net.keys import RecordKind
 
 __all__ = [
     "SCHEMA_VERSION", "MAX_RECORD_BYTES", "MAX_LINK_PEERS", "MAX_PLAN_PEERS", "RecordError", "RecordTooLarge",
-    "PeerRecord", "LinkMeasurement", "LinksRecord", "PlanRecord", "ProgressRecord", "Record",
+    "SOURCE_CHECKPOINT", "SOURCE_INIT", "PeerRecord", "LinkMeasurement", "LinksRecord", "PlanRecord", "ProgressRecord", "Record",
     "decode_record", "peer_tag",
 ]  # fmt: skip
 
@@ -54,6 +54,9 @@ MAX_RECORD_BYTES = 24 * 1024
 MAX_LINK_PEERS = 1024
 MAX_PLAN_PEERS = 512
 PEER_TAG_BYTES = 8
+SOURCE_CHECKPOINT = 0xFFFF  # PlanRecord.sources: the stage's state comes from the last complete checkpoint
+SOURCE_INIT = 0xFFFE  # ... from the seed (step 0)
+MAX_KEPT_STATES = 16
 
 MAX_MEMORY_GB = 16384.0  # 16 TiB: beyond any single device (or host RAM for CPU agents)
 MAX_TFLOPS = 100_000.0  # 100 PFLOP/s: ~50x the fastest single accelerator
@@ -236,6 +239,11 @@ class PlanRecord(_Record):
     ``membership`` is sorted by peer ID (the order ``election.py`` uses), so ``membership[0]`` is the peer
     that must have signed it. ``pipelines[i][j]`` is the index into ``membership`` of the peer holding
     stage j of pipeline i (the DESIGN.md plan layout); members not in ``pipelines`` are spares.
+
+    Churn fields (additive; absent in a first plan): training resumes at ``start_step`` (steps completed),
+    and ``sources[j]`` says where stage j's state at that step comes from: a member index (a surviving
+    replica that holds it), ``SOURCE_CHECKPOINT`` (the run's last complete checkpoint) or ``SOURCE_INIT``
+    (the seed's initial parameters; only at step 0). ``reason`` says why this epoch was planned.
     """
 
     epoch: int
@@ -247,6 +255,9 @@ class PlanRecord(_Record):
     data_parallel_s: float = 0.0
     pipeline_s: float = 0.0
     objective: str = "dtfm"
+    start_step: int = 0
+    sources: tuple[int, ...] = ()
+    reason: str = ""
     kind: ClassVar[RecordKind] = RecordKind.PLAN
 
     def __post_init__(self) -> None:
@@ -273,6 +284,17 @@ class PlanRecord(_Record):
         for name in ("cost_s", "data_parallel_s", "pipeline_s"):
             _set(self, name, f.number(name, getattr(self, name), 0.0, MAX_COST_S))
         _set(self, "objective", f.text("objective", self.objective, 32, pattern=_IDENT_RE))
+        _set(self, "start_step", f.integer("start_step", self.start_step, 0, MAX_COUNTER))
+        sources = tuple(f.sequence("sources", self.sources, self.stages))
+        if sources and len(sources) != self.stages:
+            raise RecordError(f"sources must name one source per stage ({self.stages}), got {len(sources)}")
+        for x in sources:
+            if f.integer("sources[j]", x, 0, SOURCE_CHECKPOINT) >= len(members) and x < SOURCE_INIT:
+                raise RecordError(f"sources[j]={x} is not a member index")
+        if SOURCE_INIT in sources and self.start_step != 0:
+            raise RecordError("a stage can start from the seed's parameters only at step 0")
+        _set(self, "sources", sources)
+        _set(self, "reason", f.text("reason", self.reason, 120))
 
     @property
     def leader(self) -> str:
@@ -309,7 +331,8 @@ class PlanRecord(_Record):
             "stages": self.stages, "replicas": self.replicas,
             "pipelines": f.pack_uint16([x for row in self.pipelines for x in row]),
             "cost_s": self.cost_s, "data_parallel_s": self.data_parallel_s, "pipeline_s": self.pipeline_s,
-            "objective": self.objective,
+            "objective": self.objective, "start_step": self.start_step,
+            "sources": f.pack_uint16(self.sources), "reason": self.reason,
         }  # fmt: skip
 
     @classmethod
@@ -329,18 +352,27 @@ class PlanRecord(_Record):
         return cls(
             epoch=m["epoch"], membership=members, stages=stages, replicas=m["replicas"], pipelines=rows,
             cost_s=m["cost_s"], data_parallel_s=m.get("data_parallel_s", 0.0), pipeline_s=m.get("pipeline_s", 0.0),
-            objective=m.get("objective", "dtfm"),
+            objective=m.get("objective", "dtfm"), start_step=m.get("start_step", 0),
+            sources=f.unpack_uint16(f.binary("sources", m.get("sources", b""), item_size=2, max_items=stages)),
+            reason=m.get("reason", ""),
         )  # fmt: skip
 
 
 @dataclass(frozen=True)
 class ProgressRecord(_Record):
-    """A heartbeat (key ``{run}.progress``): where the writer's training is. ``loss`` is None before step 1."""
+    """A heartbeat (key ``{run}.progress``): where the writer's training is. ``loss`` is None before step 1.
+
+    ``halted``: the writer stopped training this epoch (a call failed, or it ended at a re-plan point) and
+    waits for the next plan; it then keeps its stage's states of the ``kept`` last steps up to ``step``
+    (``kept`` = 0: none), which the leader uses to choose where the next epoch starts (additive fields).
+    """
 
     epoch: int
     step: int
     loss: float | None
     step_time_s: float
+    halted: bool = False
+    kept: int = 0
     kind: ClassVar[RecordKind] = RecordKind.PROGRESS
 
     def __post_init__(self) -> None:
@@ -349,13 +381,18 @@ class ProgressRecord(_Record):
         if self.loss is not None:
             _set(self, "loss", f.number("loss", self.loss, -MAX_ABS_LOSS, MAX_ABS_LOSS))
         _set(self, "step_time_s", f.number("step_time_s", self.step_time_s, 0.0, MAX_STEP_TIME_S))
+        if not isinstance(self.halted, bool):
+            raise RecordError("halted must be a boolean")
+        _set(self, "kept", f.integer("kept", self.kept, 0, MAX_KEPT_STATES))
 
     def _fields(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "step": self.step, "loss": self.loss, "step_time_s": self.step_time_s}
+        return {"epoch": self.epoch, "step": self.step, "loss": self.loss, "step_time_s": self.step_time_s,
+                "halted": self.halted, "kept": self.kept}
 
     @classmethod
     def _from_fields(cls, m: Mapping[str, Any]) -> ProgressRecord:
-        return cls(epoch=m["epoch"], step=m["step"], loss=m["loss"], step_time_s=m["step_time_s"])
+        return cls(epoch=m["epoch"], step=m["step"], loss=m["loss"], step_time_s=m["step_time_s"],
+                   halted=m.get("halted", False), kept=m.get("kept", 0))
 
 
 Record = PeerRecord | LinksRecord | PlanRecord | ProgressRecord

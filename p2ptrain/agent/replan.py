@@ -1,0 +1,99 @@
+"""When the leader re-plans, for whom, and from which step: ``ReplanWatch`` (no I/O; the clock is an argument).
+
+Given the plan being trained (epoch e), the live peers and the heartbeats it read, the leader re-plans when
+
+* **a trainer failed**: it is no longer live (its peer record expired) or it halted (a call failed). The
+  watch then waits until every live trainer of epoch e has halted — they all do within the call deadline,
+  since no step completes without every trainer — or ``halt_timeout_s`` passed (those that did not halt
+  are left out). The new epoch starts at ``churn.restart_point`` over what the halted trainers keep and
+  the complete checkpoints; every live peer but those left out is a member.
+* **peers joined** (live, not members of epoch e): once ``join_min_new_peers`` wait, or
+  ``join_every_steps`` steps passed since the first did. Training goes on meanwhile; the plan starts at
+  ``churn.join_start`` of the progress seen when it is published, with each stage's state from its
+  lowest-replica live trainer of epoch e.
+
+Nothing is re-planned once every trainer of epoch e finished.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from p2ptrain.agent.churn import Holding, Restart, holding_of, restart_point
+from p2ptrain.agent.config import ChurnConfig
+from p2ptrain.net.records import PlanRecord, ProgressRecord
+
+FAILURE = "failure"
+JOIN = "join"
+
+
+@dataclass(frozen=True)
+class Replan:
+    kind: str  # FAILURE or JOIN
+    members: tuple[str, ...]  # the next plan's members (sorted)
+    reason: str
+    restart: Restart | None = None  # a failure's restart point (a join's is fixed when it is published)
+
+
+class ReplanWatch:
+    """The leader's view of the epoch being trained; ``check`` says when and how to re-plan."""
+
+    def __init__(self, churn: ChurnConfig):
+        self.churn = churn
+        self.note = ""  # what the watch waits for (for the log)
+        self._failure_since: float | None = None
+        self._joiners_since_step: int | None = None
+
+    def reset(self) -> None:
+        self._failure_since = self._joiners_since_step = None
+        self.note = ""
+
+    def check(
+        self, plan: PlanRecord, live: Iterable[str], progress: Mapping[str, ProgressRecord], steps: int,
+        checkpoints: Iterable[int], now: float, done: int | None = None,
+    ) -> Replan | None:  # fmt: skip
+        live = set(live)
+        trainers = {plan.peer_at(i, j) for i in range(plan.replicas) for j in range(plan.stages)}
+        ours = {p: r for p, r in progress.items() if r.epoch == plan.epoch}
+        if all(p in ours and ours[p].step >= steps for p in trainers):
+            return None
+        halted = {p: r for p, r in ours.items() if r.halted and p in live}
+        dead = sorted(trainers - live)
+        if dead or set(halted) & trainers:
+            return self._failure(plan, live, trainers, dead, halted, checkpoints, now)
+        joiners = sorted(live - set(plan.membership))
+        if not joiners:
+            self._joiners_since_step = None
+            return None
+        furthest = max([r.step for r in ours.values()] + ([done] if done is not None else []), default=0)
+        if self._joiners_since_step is None:
+            self._joiners_since_step = furthest
+        every = self.churn.join_every_steps
+        if len(joiners) >= self.churn.join_min_new_peers or (every and furthest - self._joiners_since_step >= every):
+            return Replan(JOIN, tuple(sorted(live)), f"{len(joiners)} peer(s) joined: {', '.join(joiners)}")
+        self.note = f"{len(joiners)} peer(s) wait to join (re-plan at {self.churn.join_min_new_peers})"
+        return None
+
+    def _failure(self, plan: PlanRecord, live: set[str], trainers: set[str], dead: list[str],
+                 halted: Mapping[str, ProgressRecord], checkpoints: Iterable[int], now: float) -> Replan | None:  # fmt: skip
+        if self._failure_since is None:
+            self._failure_since = now
+        waiting = (trainers & live) - set(halted)
+        if waiting and now - self._failure_since < self.churn.halt_timeout_s:
+            self.note = f"re-planning epoch {plan.epoch}: waiting for {len(waiting)} trainer(s) to halt"
+            return None
+        holdings: dict[str, Holding] = {}
+        for peer, record in halted.items():
+            holding = holding_of(plan, peer, record.step, record.kept)
+            if holding is not None:
+                holdings[peer] = holding
+        restart = restart_point(plan.stages, holdings, checkpoints)
+        why = f"peer(s) {', '.join(dead)} left" if dead else f"a step failed on {len(halted)} trainer(s)"
+        if restart.lost_stages:
+            why += f"; every replica of stage(s) {', '.join(map(str, restart.lost_stages))} was lost"
+        if restart.from_checkpoint:
+            why += f"; resuming from the checkpoint of step {restart.step}"
+        if waiting:
+            why += f"; left out (did not halt within {self.churn.halt_timeout_s:.0f} s): {', '.join(sorted(waiting))}"
+        return Replan(FAILURE, tuple(sorted(live - waiting)), why, restart)

@@ -1,0 +1,199 @@
+"""The pure parts of churn handling: the restart step, the re-plan decision, plan selection by epoch, the
+churn fields of the records, and the state a trainer keeps and sends (over a real loopback transport)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from p2ptrain.agent.churn import CHECKPOINT, INIT, Holding, holding_of, join_start, restart_point, source_indices, source_of
+from p2ptrain.agent.config import ChurnConfig
+from p2ptrain.agent.leader import replicas_for
+from p2ptrain.agent.replan import FAILURE, JOIN, ReplanWatch
+from p2ptrain.agent.stage_state import StateKeeper, recv_state, send_state
+from p2ptrain.model.optim import build_optimizer
+from p2ptrain.model.stage import build_stage
+from p2ptrain.net.election import latest_plan
+from p2ptrain.net.identity import generate_identity
+from p2ptrain.net.records import SOURCE_CHECKPOINT, PlanRecord, ProgressRecord, RecordError
+from p2ptrain.runtime.checkpoint import state_tensors
+from p2ptrain.runtime.config import TrainConfig
+
+PEERS = sorted(generate_identity().peer_id for _ in range(7))
+A, B, C, D, E, F, G = PEERS
+
+
+def plan_of(epoch: int, members, rows, start_step: int = 0, sources=()) -> PlanRecord:
+    members = tuple(sorted(members))
+    pipelines = tuple(tuple(members.index(p) for p in row) for row in rows)
+    return PlanRecord(epoch=epoch, membership=members, stages=len(rows[0]), replicas=len(rows), pipelines=pipelines,
+                      cost_s=1.0, start_step=start_step, sources=tuple(sources))
+
+
+# ---- restart_point --------------------------------------------------------------------------------------
+
+
+def test_restart_is_the_highest_step_every_stage_holds():
+    # stage 0's survivor did step 5, stage 1's replicas 4 and 5 (keeping the step before too): restart at 5
+    holdings = {A: Holding(0, 4, 5), B: Holding(1, 3, 4), C: Holding(1, 4, 5)}
+    restart = restart_point(2, holdings)
+    assert restart.step == 5 and restart.sources == (A, C) and not restart.from_checkpoint
+    # stage 1 only reached 4: stage 0 rolls back to its kept step 4
+    restart = restart_point(2, {A: Holding(0, 4, 5), B: Holding(1, 3, 4)})
+    assert restart.step == 4 and restart.sources == (A, B)
+
+
+def test_the_lowest_holder_is_the_source():
+    assert restart_point(1, {C: Holding(0, 2, 3), B: Holding(0, 2, 3)}).sources == (B,)
+
+
+def test_a_lost_stage_falls_back_to_the_last_checkpoint_or_the_seed():
+    restart = restart_point(2, {A: Holding(0, 6, 7)}, checkpoints=[4])
+    assert restart.step == 4 and restart.sources == (CHECKPOINT, CHECKPOINT)
+    assert restart.from_checkpoint and restart.lost_stages == (1,)
+    restart = restart_point(2, {A: Holding(0, 6, 7)})
+    assert restart.step == 0 and restart.sources == (INIT, INIT)
+
+
+def test_a_checkpoint_behind_the_survivors_is_not_used():
+    restart = restart_point(2, {A: Holding(0, 6, 7), B: Holding(1, 6, 7)}, checkpoints=[6])
+    assert restart.step == 7 and restart.sources == (A, B)
+
+
+def test_holdings_from_halted_heartbeats_stay_inside_the_epoch():
+    plan = plan_of(3, [A, B, C, D], [[A, B], [C, D]], start_step=5)
+    assert holding_of(plan, C, 7, 2) == Holding(0, 6, 7)
+    assert holding_of(plan, D, 5, 2) == Holding(1, 5, 5)  # nothing before the epoch's start
+    assert holding_of(plan, B, 5, 0) is None and holding_of(plan, E, 5, 2) is None
+
+
+def test_sources_round_trip_through_the_plan_record():
+    members = (A, B, C)
+    plan = plan_of(1, members, [[A, B]], start_step=4, sources=source_indices([C, CHECKPOINT], members))
+    assert plan.sources == (2, SOURCE_CHECKPOINT)
+    decoded = PlanRecord.decode(plan.encode())
+    assert decoded == plan and [source_of(decoded, j) for j in range(2)] == [C, CHECKPOINT]
+    assert source_of(plan_of(0, members, [[A, B]]), 1) == INIT
+    with pytest.raises(RecordError):
+        plan_of(1, members, [[A, B]], start_step=4, sources=source_indices([INIT, INIT], members))
+    with pytest.raises(RecordError):
+        plan_of(1, members, [[A, B]], sources=(7, 0))
+
+
+def test_progress_records_carry_halted_and_kept():
+    record = ProgressRecord(2, 7, None, 0.0, halted=True, kept=2)
+    assert ProgressRecord.decode(record.encode()) == record
+    assert ProgressRecord.decode(ProgressRecord(2, 7, 1.5, 0.1).encode()).halted is False
+
+
+def test_replicas_keep_the_global_batch_split():
+    train = TrainConfig(stages=3, global_batch_size=16, micro_batches=2)
+    assert [replicas_for(n, train) for n in (3, 5, 6, 7, 9, 12)] == [1, 1, 2, 2, 2, 4]
+    assert replicas_for(2, train) == 0
+    assert join_start([3, 4]) == 6 and join_start([]) == 2
+
+
+# ---- ReplanWatch ----------------------------------------------------------------------------------------
+
+PLAN = plan_of(1, [A, B, C, D, E], [[A, B], [C, D]])  # E is a spare
+
+
+def halted(step: int, kept: int = 2, epoch: int = 1) -> ProgressRecord:
+    return ProgressRecord(epoch, step, None, 0.0, halted=True, kept=kept)
+
+
+def test_a_dead_trainer_is_replanned_once_the_survivors_halted():
+    watch = ReplanWatch(ChurnConfig(halt_timeout_s=30))
+    live = [A, C, D, E]  # B died
+    assert watch.check(PLAN, live, {A: halted(4)}, steps=10, checkpoints=[], now=0.0) is None
+    assert "waiting" in watch.note
+    replan = watch.check(PLAN, live, {A: halted(4), C: halted(5), D: halted(4)}, steps=10, checkpoints=[], now=1.0)
+    assert replan.kind == FAILURE and replan.members == (A, C, D, E) and B in replan.reason
+    assert replan.restart.step == 4 and replan.restart.sources == (A, D)  # C (stage 0, step 5) rolls back to 4
+
+
+def test_a_trainer_that_never_halts_is_left_out_after_the_timeout():
+    watch = ReplanWatch(ChurnConfig(halt_timeout_s=5))
+    progress = {A: halted(4), B: halted(4), C: halted(4)}
+    assert watch.check(PLAN, PEERS[:5], progress, steps=10, checkpoints=[], now=0.0) is None
+    replan = watch.check(PLAN, PEERS[:5], progress, steps=10, checkpoints=[], now=6.0)
+    assert replan.members == (A, B, C, E) and "left out" in replan.reason
+
+
+def test_a_lost_stage_restarts_from_the_checkpoint():
+    replan = ReplanWatch(ChurnConfig()).check(PLAN, [A, C, E], {A: halted(7), C: halted(7)}, steps=10,
+                                              checkpoints=[6], now=0.0)
+    assert replan.restart.step == 6 and replan.restart.from_checkpoint and "checkpoint of step 6" in replan.reason
+
+
+def test_joiners_wait_for_the_configured_count_or_steps():
+    progress = {A: ProgressRecord(1, 3, None, 0.1)}
+    watch = ReplanWatch(ChurnConfig(join_min_new_peers=2, join_every_steps=4))
+    assert watch.check(PLAN, [A, B, C, D, E, F], progress, steps=10, checkpoints=[], now=0.0, done=3) is None
+    replan = watch.check(PLAN, [A, B, C, D, E, F, G], progress, steps=10, checkpoints=[], now=0.0, done=3)
+    assert replan.kind == JOIN and replan.members == tuple(PEERS) and replan.restart is None
+    watch.reset()
+    assert watch.check(PLAN, [A, B, C, D, E, F], progress, steps=10, checkpoints=[], now=0.0, done=3) is None
+    assert watch.check(PLAN, [A, B, C, D, E, F], progress, steps=10, checkpoints=[], now=0.0, done=7).kind == JOIN
+
+
+def test_nothing_is_replanned_after_the_last_step():
+    finished = {p: ProgressRecord(1, 10, None, 0.1) for p in (A, B, C, D)}
+    assert ReplanWatch(ChurnConfig()).check(PLAN, [A, C, D, E, F], finished, steps=10, checkpoints=[], now=0.0) is None
+
+
+# ---- latest_plan ----------------------------------------------------------------------------------------
+
+
+def test_the_highest_epoch_of_the_lowest_live_peer_is_followed():
+    old = plan_of(1, [A, B, C], [[A, B, C]])
+    new = plan_of(2, [B, C, D], [[B, C, D]])
+    plans = {A: old, B: new}
+    assert latest_plan(plans, [A, B, C, D], C, after_epoch=0) == old  # A is still live: its plan stands
+    assert latest_plan(plans, [B, C, D], C, after_epoch=1) == new  # A's record expired: B leads
+    assert latest_plan(plans, [B, C, D], C, after_epoch=2) is None  # already followed
+    assert latest_plan(plans, [B, C, D, E], E, after_epoch=0) is None  # not a member: a joiner waits
+    assert latest_plan({C: new}, [B, C, D], D, after_epoch=0) is None  # signed by someone who is not the leader
+
+
+# ---- the kept state and its transfer ---------------------------------------------------------------------
+
+
+def trained_stage(steps: int):
+    cfg = TrainConfig()
+    module = build_stage(cfg.shape, 0, 2, cfg.seed, torch.device("cpu"))
+    optimizer = build_optimizer(module, cfg.optimizer)
+    for _ in range(steps):
+        module.zero_grad()
+        sum(p.square().sum() for p in module.parameters()).backward()
+        optimizer.step()
+    return cfg, module, optimizer
+
+
+def test_the_keeper_keeps_the_last_states_of_one_stage():
+    _, module, optimizer = trained_stage(1)
+    keeper = StateKeeper(keep=2)
+    keeper.reset(0, 2, 3, state_tensors(module, optimizer))
+    for step in (4, 5):
+        keeper.record(step, module, optimizer)
+    assert keeper.kept == 2 and keeper.latest_step == 5
+    assert keeper.get(0, 2, 3) is None and keeper.get(0, 2, 4) is not None and keeper.get(1, 2, 5) is None
+    assert keeper.digest() == StateKeeper.digest(keeper) and len(keeper.digest()) == 64
+
+
+@pytest.mark.timeout(60)
+def test_a_state_sent_over_the_transport_arrives_whole():
+    from p2ptrain.net.transport import Transport
+
+    cfg, module, optimizer = trained_stage(2)
+    state = state_tensors(module, optimizer)
+    with Transport("churn") as sender, Transport("churn", initial_peers=sender.visible_maddrs) as receiver:
+        receiver.set_window("churn", 0, 0)  # still in an older epoch: the state of epoch 1 is taken ahead
+        futures = send_state(sender, str(receiver.peer_id), "churn", 1, 2, state, module, timeout_s=20)
+        receiver.set_window("churn", 1, 2)
+        fresh = build_stage(cfg.shape, 0, 2, cfg.seed, torch.device("cpu"))
+        got = recv_state(receiver, str(sender.peer_id), "churn", 1, 2, fresh, timeout_s=20)
+        for future in futures:
+            future.result(timeout=20)
+    assert got.keys() == state.keys()
+    assert all(torch.equal(got[k], state[k]) for k in state)
