@@ -55,9 +55,11 @@ from p2ptrain.net.dht import SwarmDHT
 from p2ptrain.net.election import latest_plan
 from p2ptrain.net.emulation import EmulationConfig, LinkEmulator, scaled_link
 from p2ptrain.net.lifecycle import StopSignal, shutdown_in_order
-from p2ptrain.net.records import PeerRecord, PlanRecord
+from p2ptrain.net.records import ComputeMeasurement, PeerRecord, PlanRecord
 from p2ptrain.net.transport import Transport
 from p2ptrain.planning import Cluster, Workload, load_cluster
+from p2ptrain.planning.simulated import StepWorkload
+from p2ptrain.runtime.calibration import calibrate, expected_rows, step_profile, step_workload
 from p2ptrain.runtime.checkpoint import latest_complete
 from p2ptrain.runtime.reference import resolve_device, torch_settings
 
@@ -136,6 +138,7 @@ class Agent:
                                      measure_s=cfg.profile.measure_s)
             self.events.write("profile", device_name=profile.device_name, tflops=profile.tflops,
                               memory_gb=profile.memory_gb, cached=profile.cached)
+            compute = self._calibrate(device)
             if self.stop.is_set():
                 return AgentResult("", False, 0, self.stop.reason)
             watcher = threading.Thread(target=self._interrupt_on_stop, name="p2ptrain-stop-watch", daemon=True)
@@ -143,7 +146,7 @@ class Agent:
             try:
                 self.dht = SwarmDHT(cfg.run, cfg.dht).start()
                 self.transport = Transport(cfg.run, cfg.transport, dht=self.dht.hivemind_dht, emulator=self.emulator)
-                self._publish_peer_record(profile)
+                self._publish_peer_record(profile, compute)
                 self.prober = LinkProber(self.transport, self.dht, cfg.links, on_publish=self._on_links).start()
                 self.heartbeat = Heartbeat(self.dht)
                 return self._loop(device)
@@ -180,7 +183,17 @@ class Agent:
         assert self.dht is not None
         return self.dht.peer_id
 
-    def _publish_peer_record(self, profile) -> None:
+    def _calibrate(self, device) -> ComputeMeasurement | None:
+        """For the simulated objective: time the run's model on this device (``runtime.calibration``)."""
+        cfg = self.config
+        if cfg.plan.objective != "simulated":
+            return None
+        rows = expected_rows(cfg.train, cfg.membership.expect or cfg.membership.min_peers)
+        compute = calibrate(cfg.train, rows, device)
+        self.events.write("calibration", **compute.to_wire())
+        return compute
+
+    def _publish_peer_record(self, profile, compute: ComputeMeasurement | None = None) -> None:
         emulation = self.config.emulation
         region = self.config.region
         if self.network is not None:
@@ -188,7 +201,7 @@ class Agent:
         record = PeerRecord(
             device_name=profile.device_name, memory_gb=profile.memory_gb, tflops=profile.tflops,
             maddrs=tuple(self.dht.get_visible_maddrs()[:16]), region=region,
-            emulated_device=emulation.device_index,
+            emulated_device=emulation.device_index, compute=compute,
         )  # fmt: skip
         self.dht.publish_peer(record)
         logger.info("joined run %r as peer %s%s", self.config.run, self.peer_id,
@@ -378,6 +391,8 @@ class Agent:
         cluster = build_cluster(trainers, membership.peers, rows, self.config.emulation)
         stages = self.config.train.stages
         workload = run_workload(self.config.train, stages, len(trainers) // stages, self.config.emulation.size_factor)
+        if self.config.plan.objective == "simulated":
+            workload = self._step_workload(workload, trainers, membership, stages)
         logger.info("planning epoch %d for %d peers (%s): %d stages × %d replicas, %d spare(s), strategy %s",
                     self._next_epoch, len(membership), trigger, stages, len(trainers) // stages, len(spares),
                     self.config.plan.strategy)
@@ -385,6 +400,18 @@ class Agent:
         future = self._planner.submit(make_plan, cluster, workload, stages, self.config.plan)
         self._planning = _Planning(epoch, membership.ids, trainers, spares, cluster, workload, trigger, future,
                                    replan, start_step, sources)
+
+    def _step_workload(self, workload: Workload, trainers: list[str], membership: Membership, stages: int) -> Workload:
+        """The workload with the trainers' calibrated step profile, in the (emulated) network's units."""
+        emulation = self.config.emulation
+        measured = [r.compute for p in trainers if (r := membership.peers.get(p)) is not None and r.compute]
+        if len(measured) < len(trainers):
+            logger.warning("%d of %d trainers published no calibration; the step profile uses the others'",
+                           len(trainers) - len(measured), len(trainers))
+        profile = step_profile(measured, self.config.train, stages, len(trainers) // stages,
+                               time_scale=emulation.time_scale if emulation.enabled else 1.0,
+                               size_factor=emulation.size_factor if emulation.enabled else 1.0)  # fmt: skip
+        return step_workload(workload, profile)
 
     def _publish_plan(self, planning: _Planning) -> None:
         self._planning = None
@@ -410,7 +437,9 @@ class Agent:
             "plan", epoch=planning.epoch, plan=plan, devices=planning.devices, spares=planning.spares,
             trigger=planning.trigger, cluster=planning.cluster.to_dict(), start_step=start_step,
             sources=list(sources), replan=planning.replan.kind if planning.replan else None,
-            workload={"activation_gb": planning.workload.activation_gb, "gradient_gb": planning.workload.gradient_gb},
+            workload={"activation_gb": planning.workload.activation_gb, "gradient_gb": planning.workload.gradient_gb,
+                      **({"step": dataclasses.asdict(planning.workload.step)}
+                         if isinstance(planning.workload, StepWorkload) else {})},
         )  # fmt: skip
 
     def _join_point(self, record: PlanRecord) -> tuple[int, tuple[str, ...]]:

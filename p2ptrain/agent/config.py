@@ -36,6 +36,8 @@ from p2ptrain.runtime.config import TrainConfig
 
 Strategy = Literal["scheduled", "megatron", "random"]
 STRATEGIES: tuple[str, ...] = ("scheduled", "megatron", "random")
+ObjectiveName = Literal["dtfm", "simulated"]
+OBJECTIVE_NAMES: tuple[str, ...] = ("dtfm", "simulated")
 
 
 @dataclass(frozen=True)
@@ -75,10 +77,15 @@ class PlanConfig:
     strategy: Strategy = "scheduled"
     seed: int = 0  # the scheduler's and the random baseline's seed
     time_budget_s: float = 60.0  # the scheduler's search budget
+    # what plans are scored by: the paper's communication cost, or the runtime's simulated step time (every
+    # agent then calibrates its device on the run's model and publishes it in its peer record)
+    objective: ObjectiveName = "dtfm"
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
             raise ConfigError(f"plan.strategy={self.strategy!r} is not one of {', '.join(STRATEGIES)}")
+        if self.objective not in OBJECTIVE_NAMES:
+            raise ConfigError(f"plan.objective={self.objective!r} is not one of {', '.join(OBJECTIVE_NAMES)}")
         if self.seed < 0 or not self.time_budget_s > 0:
             raise ConfigError("plan.seed must be >= 0 and plan.time_budget_s positive")
 

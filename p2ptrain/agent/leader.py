@@ -12,7 +12,9 @@
 3. ``run_workload``: c_PP and c_DP of this run (fp32 activations and gradients of the configured model and
    batch), divided by the emulation's size factor.
 4. ``make_plan``: the scheduler, or a baseline (Megatron's rank order in cluster order; a random
-   assignment), as the plan document of DESIGN.md. Slow for big clusters: the agent runs it in a thread.
+   assignment), as the plan document of DESIGN.md, scored by ``config.objective`` (for "simulated" the
+   workload carries the members' calibrated step profile, ``runtime.calibration``). Slow for big clusters:
+   the agent runs it in a thread.
 
 Cluster order: by the device each peer plays when every member emulates one (so Megatron's order is the
 emulated network's device order), otherwise by peer ID.
@@ -154,14 +156,14 @@ def make_plan(cluster: Cluster, workload: Workload, num_stages: int, config: Pla
     """The plan document (DESIGN.md "Plan") of ``config.strategy`` over ``cluster``; ValueError if none."""
     n = cluster.num_devices
     if config.strategy == "scheduled":
-        plan = schedule(cluster, workload, num_stages, seed=config.seed, time_budget_s=config.time_budget_s,
-                        clock=time.perf_counter)
+        plan = schedule(cluster, workload, num_stages, seed=config.seed, objective=config.objective,
+                        time_budget_s=config.time_budget_s, clock=time.perf_counter)
         if isinstance(plan, Infeasible):
             raise ValueError(f"no plan: {plan.reason}")
         return plan.to_json()
     if n % num_stages:
         raise ValueError(f"{n} devices cannot be split into {num_stages} stages")
-    objective = make_objective("dtfm", cluster, workload, num_stages)
+    objective = make_objective(config.objective, cluster, workload, num_stages)
     rng = np.random.default_rng(config.seed)
     if config.strategy == "megatron":
         sigma = megatron_assignment(n, num_stages)

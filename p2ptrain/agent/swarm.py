@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from p2ptrain.agent.config import Strategy
+from p2ptrain.agent.config import ObjectiveName, Strategy
 from p2ptrain.agent.events import EventReader
 from p2ptrain.agent.leader import run_workload
 from p2ptrain.agent.swarm_report import SwarmState, summarize
@@ -73,6 +73,7 @@ class SwarmConfig:
     time_scale: float | None = None  # default: DEFAULT_TIME_SCALE for a scenario, 1 for a cluster file
     size_factor: float | None = None  # default: automatic for a scenario, 1 for a cluster file
     strategy: Strategy = "scheduled"
+    objective: ObjectiveName = "dtfm"  # what the leader scores plans by ("simulated": agents calibrate first)
     model: str = "tiny"
     batch_size: int | None = None  # default: matched to the paper's c_PP/c_DP when emulating a scenario, else 16
     micro_batches: int = 2
@@ -354,7 +355,7 @@ def _agent_toml(config: SwarmConfig, train: TrainConfig, run: str, maddrs: list[
         "train": {k: v for k, v in asdict(train).items() if v is not None and k != "replicas"},
         "membership": {"expect": config.agents, "poll_s": 0.5, "plan_timeout_s": config.startup_timeout_s,
                        "links_timeout_s": config.startup_timeout_s / 2, "finish_timeout_s": config.call_timeout_s},
-        "plan": {"strategy": config.strategy, "seed": config.seed},
+        "plan": {"strategy": config.strategy, "seed": config.seed, "objective": config.objective},
         "links": {"settle_s": 1.5 if cluster_path else 0.0, "round_pause_s": 0.5,
                   "min_rounds": 1, "probe": asdict(probe)},
         "dht": {"host_maddrs": [LOOPBACK], "identity_path": str(root / f"agent-{agent.index}.id"),

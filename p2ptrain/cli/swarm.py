@@ -19,7 +19,7 @@ import sys
 
 import click
 
-from p2ptrain.agent.config import STRATEGIES
+from p2ptrain.agent.config import OBJECTIVE_NAMES, STRATEGIES
 from p2ptrain.planning.model_shapes import MODEL_PRESETS
 from p2ptrain.planning.scenarios import SCENARIOS
 
@@ -38,6 +38,8 @@ from p2ptrain.planning.scenarios import SCENARIOS
               help="This run's bytes per paper byte.  [default: automatic for a scenario, 1 for --cluster]")
 @click.option("--plan", "strategy", type=click.Choice(list(STRATEGIES)), default="scheduled", show_default=True,
               help="The leader's strategy.")
+@click.option("--objective", type=click.Choice(list(OBJECTIVE_NAMES)), default="dtfm", show_default=True,
+              help="What the leader scores plans by: the paper's communication cost, or the simulated step time.")
 @click.option("--model", type=click.Choice(list(MODEL_PRESETS)), default="tiny", show_default=True)
 @click.option("--batch-size", type=click.IntRange(min=1),
               help="Global batch.  [default: matched to the paper's c_PP/c_DP when emulating a scenario, else 16]")
@@ -60,8 +62,8 @@ from p2ptrain.planning.scenarios import SCENARIOS
               help="Seconds a silent agent stays a member (its peer record's lifetime).")
 @click.pass_context
 def command(ctx: click.Context, agents: int, stages: int, steps: int, scenario: str, cluster_file: str | None,
-            time_scale: float | None, size_factor: float | None, strategy: str, model: str, batch_size: int | None,
-            micro_batches: int, seed: int, device: str, workdir: str | None, run_id: str | None,
+            time_scale: float | None, size_factor: float | None, strategy: str, objective: str, model: str,
+            batch_size: int | None, micro_batches: int, seed: int, device: str, workdir: str | None, run_id: str | None,
             as_json: bool, kills: tuple, joins: tuple, checkpoint_every: int, resume: bool, call_timeout: float,
             peer_ttl: float) -> None:  # fmt: skip
     """Start a bootstrap and N agents on this machine, train, and summarise."""
@@ -73,7 +75,8 @@ def command(ctx: click.Context, agents: int, stages: int, steps: int, scenario: 
         logging.getLogger("p2ptrain").setLevel(logging.WARNING)  # the progress line is the output
     config = SwarmConfig(
         agents=agents, stages=stages, steps=steps, scenario=None if scenario == "none" or cluster_file else scenario,
-        cluster_file=cluster_file, time_scale=time_scale, size_factor=size_factor, strategy=strategy, model=model,
+        cluster_file=cluster_file, time_scale=time_scale, size_factor=size_factor, strategy=strategy,
+        objective=objective, model=model,
         batch_size=batch_size, micro_batches=micro_batches, seed=seed, device=device, workdir=workdir, run=run_id,
         kills=tuple((a, int(s)) for a, s in kills), joins=tuple((int(n), int(s)) for n, s in joins),
         checkpoint_every=checkpoint_every, resume=resume, call_timeout_s=call_timeout, peer_ttl_s=peer_ttl,

@@ -45,7 +45,7 @@ from p2ptrain.net.keys import RecordKind
 
 __all__ = [
     "SCHEMA_VERSION", "MAX_RECORD_BYTES", "MAX_LINK_PEERS", "MAX_PLAN_PEERS", "RecordError", "RecordTooLarge",
-    "SOURCE_CHECKPOINT", "SOURCE_INIT", "PeerRecord", "LinkMeasurement", "LinksRecord", "PlanRecord", "ProgressRecord", "Record",
+    "ComputeMeasurement", "SOURCE_CHECKPOINT", "SOURCE_INIT", "PeerRecord", "LinkMeasurement", "LinksRecord", "PlanRecord", "ProgressRecord", "Record",
     "decode_record", "peer_tag",
 ]  # fmt: skip
 
@@ -111,6 +111,52 @@ class _Record:
             raise RecordError(f"{cls.kind.value} record: {e}") from None
 
 
+MAX_COMPUTE_S = 3600.0  # one micro-batch through one block: an hour is past any sane device
+MAX_ROWS = 1 << 20
+
+
+@dataclass(frozen=True)
+class ComputeMeasurement:
+    """What the writer's device takes for the run's model (``runtime.calibration``), in seconds: forward and
+    backward of one block for one micro-batch of ``rows`` sequences of ``seq_len`` tokens, what the first
+    stage adds (embeddings) and the last (final LayerNorm, head, loss), the optimizer step per million
+    parameters, and the transport's local cost of one message."""
+
+    rows: int
+    seq_len: int
+    layer_s: tuple[float, float]  # (forward, backward)
+    embed_s: tuple[float, float]
+    head_s: tuple[float, float]
+    update_s_per_mparam: float
+    message_s: float
+
+    def __post_init__(self) -> None:
+        _set(self, "rows", f.integer("compute.rows", self.rows, 1, MAX_ROWS))
+        _set(self, "seq_len", f.integer("compute.seq_len", self.seq_len, 1, MAX_ROWS))
+        for name in ("layer_s", "embed_s", "head_s"):
+            pair = f.sequence(f"compute.{name}", getattr(self, name), 2)
+            if len(pair) != 2:
+                raise RecordError(f"compute.{name} must be (forward, backward)")
+            _set(self, name, tuple(f.number(f"compute.{name}", v, 0.0, MAX_COMPUTE_S) for v in pair))
+        for name in ("update_s_per_mparam", "message_s"):
+            _set(self, name, f.number(f"compute.{name}", getattr(self, name), 0.0, MAX_COMPUTE_S))
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"rows": self.rows, "seq_len": self.seq_len, "layer_s": list(self.layer_s),
+                "embed_s": list(self.embed_s), "head_s": list(self.head_s),
+                "update_s_per_mparam": self.update_s_per_mparam, "message_s": self.message_s}  # fmt: skip
+
+    @classmethod
+    def from_wire(cls, m: Any) -> ComputeMeasurement:
+        if not isinstance(m, dict):
+            raise RecordError("compute must be a map")
+        try:
+            return cls(rows=m["rows"], seq_len=m["seq_len"], layer_s=m["layer_s"], embed_s=m["embed_s"],
+                       head_s=m["head_s"], update_s_per_mparam=m["update_s_per_mparam"], message_s=m["message_s"])
+        except KeyError as e:
+            raise RecordError(f"compute: missing field {e.args[0]}") from None
+
+
 @dataclass(frozen=True)
 class PeerRecord(_Record):
     """What an agent's device can do and where to reach it (key ``{run}.peers``)."""
@@ -124,6 +170,7 @@ class PeerRecord(_Record):
     protocol_version: int = PROTOCOL_VERSION
     # on an emulated network (``p2ptrain swarm --scenario``): the device of the cluster file this peer plays
     emulated_device: int | None = None
+    compute: ComputeMeasurement | None = None  # optional: the agent's calibration of the run's model
     kind: ClassVar[RecordKind] = RecordKind.PEER
 
     def __post_init__(self) -> None:
@@ -141,6 +188,8 @@ class PeerRecord(_Record):
         _set(self, "protocol_version", f.integer("protocol_version", self.protocol_version, 1, 65535))
         if self.emulated_device is not None:
             _set(self, "emulated_device", f.integer("emulated_device", self.emulated_device, 0, MAX_PLAN_PEERS - 1))
+        if self.compute is not None and not isinstance(self.compute, ComputeMeasurement):
+            raise RecordError("compute must be a ComputeMeasurement")
 
     def _fields(self) -> dict[str, Any]:
         fields = {
@@ -150,6 +199,8 @@ class PeerRecord(_Record):
         }  # fmt: skip
         if self.emulated_device is not None:  # optional field: absent unless emulating
             fields["emulated_device"] = self.emulated_device
+        if self.compute is not None:  # optional field: absent unless the agent calibrated
+            fields["compute"] = self.compute.to_wire()
         return fields
 
     @classmethod
@@ -159,6 +210,7 @@ class PeerRecord(_Record):
             maddrs=tuple(f.sequence("maddrs", m.get("maddrs", ()), MAX_MADDRS)), region=m.get("region", ""),
             p2ptrain_version=m["p2ptrain_version"], protocol_version=m["protocol_version"],
             emulated_device=m.get("emulated_device"),
+            compute=ComputeMeasurement.from_wire(m["compute"]) if "compute" in m else None,
         )  # fmt: skip
 
 

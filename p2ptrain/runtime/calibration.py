@@ -1,0 +1,226 @@
+"""Calibration: what an agent measures about its own device for the ``simulated`` objective, and how the
+leader turns the members' measurements into a step profile.
+
+``calibrate(train, rows, device)`` times, on this device with this process's torch settings, a real forward
+and backward of the run's model for one micro-batch of ``rows`` sequences:
+
+- one block alone (``layer_s``); block 0 with the embeddings, and the last block with the final LayerNorm,
+  the head and the loss: their excess over one block is what the first (``embed_s``) and the last stage
+  (``head_s``) add;
+- the update after the all-reduce (flatten the gradients, unflatten the sum, AdamW) of one block, per
+  million parameters;
+- the local cost of one message: a tensor to bytes and back, its header encoded and decoded, and the two
+  thread hand-offs a send and a receive take (the caller's thread to the transport's loop and back). The
+  network part of a message (stream, latency) is what the link prober measures, in α.
+
+Each timing is the fastest of ``repeats`` runs after a warm-up, a few milliseconds apart: the least
+disturbed sample, as the link prober takes the fastest transfer. That is the device's speed, not the
+load of the moment: agents calibrate while they start up, and on a machine shared by a whole local swarm
+that is the busiest moment of the run (every agent starting its DHT and libp2p daemons at once), which
+would inflate a median several times over. What a step loses to other processes on a shared machine
+while it trains is therefore not in the profile (the e2e benchmark measures how much it is).
+
+``step_workload`` (leader): a stage's compute is its blocks' plus the first/last excess, scaled linearly
+from the calibrated rows to the plan's micro-batch; the median over the members' measurements (robust to
+one noisy agent); the exact parameter count of each stage for its gradient volume; everything converted to
+the emulated network's units (seconds / time_scale, bytes / size_factor).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from p2ptrain.model.loss import micro_batch_loss
+from p2ptrain.model.optim import build_optimizer
+from p2ptrain.model.stage import build_stage, stage_layer_range
+from p2ptrain.net.messages import Header, Tag, dtype_name, tensor_bytes, tensor_from_bytes
+from p2ptrain.net.records import ComputeMeasurement
+from p2ptrain.planning.model_shapes import ModelShape
+from p2ptrain.planning.simulated import StepProfile, StepWorkload
+from p2ptrain.planning.workload import GB, Workload
+from p2ptrain.runtime.allreduce import flatten, unflatten_into
+from p2ptrain.runtime.config import TrainConfig
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_REPEATS = 9
+SPACING_S = 0.005
+FP32_BYTES = 4
+
+
+def calibrate(train: TrainConfig, rows: int, device: torch.device, repeats: int = DEFAULT_REPEATS) -> ComputeMeasurement:
+    """Time the run's model on ``device`` for micro-batches of ``rows`` sequences (module docstring)."""
+    shape = train.shape
+    started = time.perf_counter()
+    num_layers = shape.num_layers
+    first = _time_block(train, 0, rows, device, repeats)
+    if num_layers >= 3:  # block 1 is a plain block; the ends' excess over it is what the ends add
+        plain = _time_block(train, 1, rows, device, repeats)
+        final = _time_block(train, num_layers - 1, rows, device, repeats)
+        layer = (plain.forward_s, plain.backward_s)
+    else:  # no plain block: the ends are all there is (one block: stage 0 holds everything)
+        plain = first
+        final = _time_block(train, 1, rows, device, repeats) if num_layers == 2 else _Timing(0.0, 0.0, 0.0, 1)
+        layer = (0.0, 0.0)
+    measurement = ComputeMeasurement(
+        rows=rows, seq_len=shape.seq_len, layer_s=layer,
+        embed_s=(max(first.forward_s - layer[0], 0.0), max(first.backward_s - layer[1], 0.0)),
+        head_s=(max(final.forward_s - layer[0], 0.0), max(final.backward_s - layer[1], 0.0)),
+        update_s_per_mparam=plain.update_s / plain.parameters * 1e6,
+        message_s=_message_s(rows, shape, repeats),
+    )  # fmt: skip
+    logger.info("calibrated %s at %d rows in %.2f s: block %.2f/%.2f ms, embeddings +%.2f/%.2f ms, head "
+                "+%.2f/%.2f ms, update %.2f ms per Mparam, %.2f ms per message", train.model, rows,
+                time.perf_counter() - started, *(1e3 * v for v in measurement.layer_s),
+                *(1e3 * v for v in measurement.embed_s), *(1e3 * v for v in measurement.head_s),
+                1e3 * measurement.update_s_per_mparam, 1e3 * measurement.message_s)  # fmt: skip
+    return measurement
+
+
+class _Timing:
+    def __init__(self, forward_s: float, backward_s: float, update_s: float, parameters: int):
+        self.forward_s, self.backward_s, self.update_s, self.parameters = forward_s, backward_s, update_s, parameters
+
+
+def _time_block(train: TrainConfig, block: int, rows: int, device: torch.device, repeats: int) -> _Timing:
+    """Forward, backward and update of block ``block`` alone, with the embeddings or head if it has them."""
+    shape = train.shape
+    module = build_stage(shape, block, shape.num_layers, train.seed, device)  # one block a stage
+    optimizer = build_optimizer(module, train.optimizer)
+    params = [p for p in module.parameters() if p.requires_grad]
+    generator = torch.Generator().manual_seed(train.seed)
+    tokens = torch.randint(0, shape.vocab_size, (rows, shape.seq_len), generator=generator).to(device)
+    hidden = torch.randn(rows, shape.seq_len, shape.hidden_size, generator=generator).to(device)
+    forward, backward, update = [], [], []
+    for _ in range(repeats + 1):  # the first round warms up (allocations, kernels)
+        x = tokens if module.has_embeddings else hidden.clone().requires_grad_(True)
+        start = _now(device)
+        out = module(x)
+        if module.has_head:
+            out = micro_batch_loss(out, tokens, train.global_batch_size * shape.seq_len)
+        mid = _now(device)
+        out.backward() if module.has_head else out.backward(hidden)
+        end = _now(device)
+        flat = flatten([p.grad for p in params])
+        unflatten_into(flat, [p.grad for p in params])
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=False)
+        forward.append(mid - start)
+        backward.append(end - mid)
+        update.append(_now(device) - end)
+        time.sleep(SPACING_S)  # samples apart in time: a preemption spoils one, not all
+    return _Timing(min(forward[1:]), min(backward[1:]), min(update[1:]), sum(p.numel() for p in params))
+
+
+def _now(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def _message_s(rows: int, shape: ModelShape, repeats: int) -> float:
+    """The local cost of one activation message: bytes and header both ways, and two thread hand-offs."""
+    tensor = torch.randn(rows, shape.seq_len, shape.hidden_size)
+    tag = Tag("calibration", 0, 0, "activation")
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="p2ptrain-calibration", daemon=True)
+    thread.start()
+
+    async def hand_back(payload: bytes) -> bytes:
+        return payload
+
+    def one() -> None:
+        header = Header(tag, dtype_name(tensor.dtype), tuple(tensor.shape))
+        payload = tensor_bytes(tensor)
+        payload = asyncio.run_coroutine_threadsafe(hand_back(payload), loop).result(timeout=10)
+        decoded = Header.decode(header.encode())
+        received = tensor_from_bytes(bytearray(payload), decoded.dtype, decoded.shape)
+        asyncio.run_coroutine_threadsafe(hand_back(b""), loop).result(timeout=10)
+        assert received.shape == tensor.shape
+
+    try:
+        return _fastest_s(one, repeats)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        loop.close()
+
+
+def _fastest_s(fn: Callable[[], None], repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+        time.sleep(SPACING_S)
+    return min(times)
+
+
+# -- the leader's side ----------------------------------------------------------------------------------------
+
+
+def stage_parameters(shape: ModelShape, num_stages: int) -> list[int]:
+    """Parameters of each stage (built on the meta device: nothing is allocated)."""
+    return [build_stage(shape, j, num_stages, seed=0, device="meta").num_parameters() for j in range(num_stages)]
+
+
+def step_profile(
+    measurements: Sequence[ComputeMeasurement],
+    train: TrainConfig,
+    num_stages: int,
+    num_replicas: int,
+    *,
+    time_scale: float = 1.0,
+    size_factor: float = 1.0,
+    steps: int | None = None,
+) -> StepProfile:
+    """The step profile of a plan of ``num_stages`` × ``num_replicas`` (module docstring), in the network's
+    units. Without measurements, compute and message overhead are zero (communication only)."""
+    shape, m = train.shape, train.micro_batches
+    params = stage_parameters(shape, num_stages)
+    grads = [(p + (1 if j == num_stages - 1 else 0)) * FP32_BYTES / GB / size_factor for j, p in enumerate(params)]
+    extra = {} if steps is None else {"steps": steps}
+    if not measurements:
+        return StepProfile(micro_batches=m, gradient_gb=tuple(grads), **extra)
+    rows = train.global_batch_size // (num_replicas * m)
+
+    def median(get: Callable[[ComputeMeasurement], float]) -> float:
+        # compute grows with the tokens of a micro-batch: scale from the rows each agent measured
+        return statistics.median(get(c) * rows * shape.seq_len / (c.rows * c.seq_len) for c in measurements)
+
+    layer = (median(lambda c: c.layer_s[0]), median(lambda c: c.layer_s[1]))
+    embed = (median(lambda c: c.embed_s[0]), median(lambda c: c.embed_s[1]))
+    head = (median(lambda c: c.head_s[0]), median(lambda c: c.head_s[1]))
+    per_param = statistics.median(c.update_s_per_mparam for c in measurements) / 1e6
+    message_s = statistics.median(c.message_s for c in measurements)
+    forward, backward = [], []
+    for j in range(num_stages):
+        blocks = len(stage_layer_range(shape.num_layers, j, num_stages))
+        ends = [embed] * (j == 0) + [head] * (j == num_stages - 1)
+        forward.append(blocks * layer[0] + sum(e[0] for e in ends))
+        backward.append(blocks * layer[1] + sum(e[1] for e in ends))
+    profile = StepProfile(micro_batches=m, forward_s=tuple(forward), backward_s=tuple(backward),
+                          update_s=tuple(p * per_param for p in params), gradient_gb=tuple(grads),
+                          message_s=message_s, **extra)  # fmt: skip
+    return profile.scaled(1.0 / time_scale)
+
+
+def step_workload(workload: Workload, profile: StepProfile) -> StepWorkload:
+    """``workload`` (c_PP, c_DP) carrying ``profile``, for ``make_objective("simulated", ...)``."""
+    return StepWorkload(workload.activation_gb, workload.gradient_gb, workload.source, step=profile)
+
+
+def expected_rows(train: TrainConfig, members: int) -> int:
+    """Sequences per micro-batch of a plan over ``members`` peers (one replica if they are too few)."""
+    replicas = max(1, members // train.stages)
+    while replicas > 1 and train.global_batch_size % (replicas * train.micro_batches):
+        replicas -= 1
+    return max(1, train.global_batch_size // (replicas * train.micro_batches))
