@@ -3,13 +3,19 @@
 Both trainers run the same model, global batch, micro-batches and seed in the same benchmark run, so the
 ratio is measured side by side on the same (shared, noisy) machine. The first step of each is left out of
 the median (it includes warm-up: allocation, first connections).
+
+    p2ptrain bench runtime [--model tiny] [--steps 8] [--batch-size 16] [--stages 2 --replicas 2] [--json]
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
 import statistics
 from dataclasses import dataclass
+
+import click
 
 from p2ptrain.bench.transport import Throughput, measure_throughput
 from p2ptrain.runtime.config import TrainConfig
@@ -51,3 +57,39 @@ def measure_step_times(cfg: TrainConfig) -> StepTimes:
 
 def run(cfg: TrainConfig, sizes_mib=(1, 4, 16, 64), repeats: int = 5) -> tuple[list[Throughput], StepTimes]:
     return measure_throughput(sizes_mib, repeats), measure_step_times(cfg)
+
+
+@click.command(name="runtime", help="Transport throughput on loopback, and the step time of S x D worker processes "
+               "beside single-process training (same model, batch and seed), measured in one run.")
+@click.option("--model", default="tiny", show_default=True, help="Model preset.")
+@click.option("--steps", type=click.IntRange(min=2), default=8, show_default=True, help="Steps per trainer.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True, help="Global batch.")
+@click.option("--micro-batches", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--stages", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--replicas", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--sizes", default="1,4,16,64", show_default=True, help="Transport tensor sizes, MiB, comma-separated.")
+@click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True, help="Timed transfers per size.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def command(model, steps, batch_size, micro_batches, stages, replicas, sizes, repeats, as_json) -> None:
+    try:
+        sizes_mib = [int(s) for s in sizes.split(",")]
+    except ValueError:
+        raise click.BadParameter(f"{sizes!r} is not a comma-separated list of MiB", param_hint="--sizes") from None
+    logging.getLogger("p2ptrain").setLevel(logging.WARNING)
+    cfg = TrainConfig(model=model, steps=steps, global_batch_size=batch_size, micro_batches=micro_batches,
+                      stages=stages, replicas=replicas, num_threads=1)
+    throughput, times = run(cfg, sizes_mib, repeats)
+    if as_json:
+        click.echo(json.dumps({
+            "transport": [dataclasses.asdict(t) | {"ratio": t.ratio} for t in throughput],
+            "step_time": dataclasses.asdict(times) | {"ratio": times.ratio},
+        }))
+        return
+    click.echo("transport throughput on loopback (median of repeats; 1 MB = 1e6 bytes)")
+    click.echo(f"{'size MiB':>8} {'transport MB/s':>14} {'raw stream MB/s':>16} {'ratio':>6}")
+    for t in throughput:
+        click.echo(f"{t.size_mib:>8} {t.transport_mb_per_s:>14.0f} {t.raw_stream_mb_per_s:>16.0f} {t.ratio:>6.2f}")
+    click.echo(f"\nstep time, {times.model}, global batch {times.global_batch_size}, one torch thread per process")
+    click.echo(f"  single process:                      {times.single_process_median_s * 1e3:8.1f} ms")
+    click.echo(f"  {times.stages} stages x {times.replicas} replicas (processes): {times.distributed_median_s * 1e3:8.1f} ms")
+    click.echo(f"  ratio distributed / single:          {times.ratio:8.2f}x   losses equal: {times.losses_equal}")

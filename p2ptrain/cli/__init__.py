@@ -35,13 +35,7 @@ class _LazyGroup(click.Group):
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name not in _COMMANDS:
             return None
-        try:
-            module = importlib.import_module(f"p2ptrain.cli.{name}")
-        except ModuleNotFoundError as e:
-            if e.name == f"p2ptrain.cli.{name}":
-                return _not_yet(name)
-            raise
-        return module.command
+        return importlib.import_module(f"p2ptrain.cli.{name}").command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         with formatter.section("Commands"):
@@ -55,14 +49,6 @@ class _LazyGroup(click.Group):
             ctx.exit(2)
 
 
-def _not_yet(name: str) -> click.Command:
-    @click.command(name=name, help=_COMMANDS[name])
-    def stub() -> None:
-        raise click.ClickException(f"'{name}' is not available in this build")
-
-    return stub
-
-
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="p2ptrain")
 @click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
@@ -74,9 +60,7 @@ def main(verbose: int, quiet: bool) -> None:
 
 def configure_logging(verbose: int = 0, quiet: bool = False) -> None:
     """Logging is configured here, in the entry point, never by the library."""
-    level = logging.WARNING if quiet else logging.INFO if verbose <= 1 else logging.DEBUG
-    if verbose == 0 and not quiet:
-        level = logging.INFO
+    level = logging.WARNING if quiet else logging.DEBUG if verbose >= 2 else logging.INFO
     logging.basicConfig(
         level=level,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
