@@ -52,6 +52,33 @@ from p2ptrain.planning.model_shapes import MODEL_PRESETS
     "--replicas", type=click.IntRange(min=1), help="Replicas per stage (distributed runtime).  [default: 1]"
 )
 @click.option(
+    "--plan",
+    "plan_path",
+    type=click.Path(dir_okay=False),
+    help="A plan JSON (p2ptrain plan --json): its stages, replicas and which device holds what.",
+)
+@click.option(
+    "--cluster",
+    "cluster_path",
+    type=click.Path(dir_okay=False),
+    help="With --plan: emulate this cluster file's links between the workers.",
+)
+@click.option("--scenario", help="With --plan: emulate this paper network's links (scaled to the plan's devices).")
+@click.option(
+    "--time-scale",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="Emulation: the network's seconds x this (alpha' = alpha x scale, beta' = beta x size factor / scale).",
+)
+@click.option(
+    "--size-factor",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="Emulation: this run's bytes per message over the network's (see DESIGN.md).",
+)
+@click.option(
     "--workdir",
     type=click.Path(file_okay=False),
     help="With --stages/--replicas: keep worker specs, logs and progress files here.  [default: a temporary dir]",
@@ -71,6 +98,11 @@ def command(
     threads: int | None,
     stages: int | None,
     replicas: int | None,
+    plan_path: str | None,
+    cluster_path: str | None,
+    scenario: str | None,
+    time_scale: float,
+    size_factor: float,
     workdir: str | None,
     as_json: bool,
 ) -> None:
@@ -92,6 +124,18 @@ def command(
         "replicas": replicas,
     }
     overrides = {name: value for name, value in flags.items() if value is not None}
+    links = None
+    if plan_path is not None:
+        from p2ptrain.runtime.plan_file import load_plan_file
+
+        plan = load_plan_file(plan_path)
+        for name, value in (("stages", stages), ("replicas", replicas)):
+            if value is not None and value != getattr(plan, name):
+                raise ValueError(f"--{name} {value} disagrees with the plan's {getattr(plan, name)} {name}")
+        overrides.update(stages=plan.stages, replicas=plan.replicas)
+        links = _emulated_links(plan, cluster_path, scenario, time_scale, size_factor)
+    elif cluster_path is not None or scenario is not None:
+        raise ValueError("--cluster and --scenario go with --plan (which device each worker plays)")
     if lr is not None:
         overrides["optimizer"] = dataclasses.replace(cfg.optimizer, lr=lr)
     cfg = dataclasses.replace(cfg, **overrides)  # re-validates: a ValueError is one line, exit 2
@@ -107,7 +151,7 @@ def command(
         )
 
     if cfg.is_distributed:
-        _train_distributed(cfg, workdir, as_json, print_step)
+        _train_distributed(cfg, workdir, as_json, print_step, links)
         return
     result = train_reference(cfg, on_step=print_step)
     if as_json:
@@ -127,7 +171,25 @@ def command(
         )
 
 
-def _train_distributed(cfg, workdir: str | None, as_json: bool, print_step) -> None:
+def _emulated_links(plan, cluster_path, scenario, time_scale, size_factor):
+    """The network the workers emulate, or None; one-line errors for inconsistent flags."""
+    if cluster_path is not None and scenario is not None:
+        raise ValueError("give --cluster or --scenario, not both")
+    if cluster_path is None and scenario is None:
+        return None
+    from p2ptrain.net.emulation import EmulationConfig
+    from p2ptrain.planning import load_cluster
+    from p2ptrain.planning import scenario as paper_scenario
+
+    devices = plan.stages * plan.replicas
+    cluster = load_cluster(cluster_path) if cluster_path else paper_scenario(scenario, devices)
+    emulation = EmulationConfig(time_scale=time_scale, size_factor=size_factor)
+    click.echo(f"emulating {cluster_path or scenario} ({devices} devices): time scale {time_scale:g}, "
+               f"size factor {size_factor:g}", err=True)
+    return plan.links(cluster.latency_ms.tolist(), cluster.bandwidth_gbps.tolist(), emulation)
+
+
+def _train_distributed(cfg, workdir: str | None, as_json: bool, print_step, links=None) -> None:
     """S × D worker processes on loopback (Megatron's rank order), the real runtime."""
     import dataclasses as dc
 
@@ -136,7 +198,7 @@ def _train_distributed(cfg, workdir: str | None, as_json: bool, print_step) -> N
     if cfg.num_threads is None:  # S × D processes share this machine's cores
         cfg = dc.replace(cfg, num_threads=1)
     try:
-        result = train_distributed(cfg, workdir=workdir, on_step=print_step)
+        result = train_distributed(cfg, workdir=workdir, on_step=print_step, links=links)
     except (RuntimeError, TimeoutError) as e:  # a worker failed or a deadline passed: one line, exit 1
         raise click.ClickException(str(e).splitlines()[0]) from None
     if as_json:
