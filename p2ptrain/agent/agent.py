@@ -363,6 +363,12 @@ class Agent:
         return step, (CHECKPOINT,) * train.stages, f"{trigger}; resumed from the checkpoint of step {step}"
 
     def _replan(self, current: PlanRecord, membership: Membership) -> None:
+        settle_s = self.config.dht.peer_ttl_s
+        if time.monotonic() - self._started < settle_s:
+            # A peer that just started (a joiner) has not seen every live peer's record yet: in one record
+            # lifetime every live peer refreshed its own.
+            self._note_waiting(f"leading; learning who is live ({settle_s:.0f} s) before re-planning")
+            return
         try:
             progress = self.dht.read_progress()
         except ProtocolError as e:
@@ -422,7 +428,12 @@ class Agent:
         record = PlanRecord.from_plan_json(planning.epoch, planning.devices + planning.spares, plan)
         start_step, sources = planning.start_step, planning.sources
         if planning.replan is not None and planning.replan.kind == JOIN:
-            start_step, sources = self._join_point(record)
+            point = self._join_point(record)
+            if point is None:
+                logger.warning("not admitting the joiners: a stage of epoch %d has no live trainer left",
+                               (self._following or self._newest_seen).epoch)
+                return
+            start_step, sources = point
         record = dataclasses.replace(record, start_step=start_step, reason=planning.trigger[:120],
                                      sources=source_indices(sources, record.membership))
         self.dht.publish_plan(record)
@@ -442,7 +453,7 @@ class Agent:
                          if isinstance(planning.workload, StepWorkload) else {})},
         )  # fmt: skip
 
-    def _join_point(self, record: PlanRecord) -> tuple[int, tuple[str, ...]]:
+    def _join_point(self, record: PlanRecord) -> tuple[int, tuple[str, ...]] | None:
         """A join re-plan's start (``churn.join_start``) and sources: each stage's lowest-replica trainer of
         the epoch being trained (every one of them stops at that step, holding it)."""
         current = self._following or self._newest_seen
@@ -457,7 +468,9 @@ class Agent:
         for stage in range(current.stages):
             holders = [current.peer_at(i, stage) for i in range(current.replicas)]
             live = [p for p in holders if p in record.membership]
-            sources.append(live[0] if live else CHECKPOINT)
+            if not live:
+                return None  # a failure, not a join: the halted heartbeats will say where to restart
+            sources.append(live[0])
         return join_start(seen), tuple(sources)
 
     def _note_waiting(self, note: str) -> None:

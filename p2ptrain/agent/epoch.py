@@ -206,7 +206,10 @@ def _take_state(plan: PlanRecord, stage: int, trainer: StageTrainer, ctx: EpochC
     if source == INIT:
         tensors = None  # the trainer was just built from the seed
     elif source == CHECKPOINT:
-        tensors = load_stage(ctx.checkpoint.dir, step, stage, plan.stages, ctx.train.model)
+        try:
+            tensors = load_stage(ctx.checkpoint.dir or "", step, stage, plan.stages, ctx.train.model)
+        except (ValueError, OSError) as e:
+            raise StateUnavailable(f"epoch {plan.epoch} starts stage {stage} from a checkpoint: {e}") from e
     elif source == ctx.me:
         tensors = ctx.keeper.get(stage, plan.stages, step)
         assert tensors is not None  # _serve_state checked it

@@ -2,10 +2,11 @@
 
 Given the plan being trained (epoch e), the live peers and the heartbeats it read, the leader re-plans when
 
-* **a trainer failed**: it is no longer live (its peer record expired) or it halted (a call failed). The
-  watch then waits until every live trainer of epoch e has halted — they all do within the call deadline,
-  since no step completes without every trainer — or ``halt_timeout_s`` passed (those that did not halt
-  are left out). The new epoch starts at ``churn.restart_point`` over what the halted trainers keep and
+* **a trainer halted** (a call failed): a trainer that dies makes every other trainer halt within the
+  call deadline, since no step completes without every trainer, so a halt is the failure signal (a peer
+  record that lapses for a moment while its agent trains on is not). The watch then waits until every
+  live trainer of epoch e has halted, or ``halt_timeout_s`` passed (those that did not halt are left out);
+  dead trainers (their peer records expired) are not waited for. The new epoch starts at ``churn.restart_point`` over what the halted trainers keep and
   the complete checkpoints; every live peer but those left out is a member.
 * **peers joined** (live, not members of epoch e): once ``join_min_new_peers`` wait, or
   ``join_every_steps`` steps passed since the first did. Training goes on meanwhile; the plan starts at
@@ -60,8 +61,9 @@ class ReplanWatch:
             return None
         halted = {p: r for p, r in ours.items() if r.halted and p in live}
         dead = sorted(trainers - live)
-        if dead or set(halted) & trainers:
+        if set(halted) & trainers:
             return self._failure(plan, live, trainers, dead, halted, checkpoints, now)
+        self._failure_since = None
         joiners = sorted(live - set(plan.membership))
         if not joiners:
             self._joiners_since_step = None

@@ -6,7 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from p2ptrain.agent.churn import CHECKPOINT, INIT, Holding, holding_of, join_start, restart_point, source_indices, source_of
+from p2ptrain.agent.churn import (
+    CHECKPOINT,
+    INIT,
+    Holding,
+    holding_of,
+    join_start,
+    restart_point,
+    source_indices,
+    source_of,
+)
 from p2ptrain.agent.config import ChurnConfig
 from p2ptrain.agent.leader import replicas_for
 from p2ptrain.agent.replan import FAILURE, JOIN, ReplanWatch
@@ -105,6 +114,7 @@ def halted(step: int, kept: int = 2, epoch: int = 1) -> ProgressRecord:
 def test_a_dead_trainer_is_replanned_once_the_survivors_halted():
     watch = ReplanWatch(ChurnConfig(halt_timeout_s=30))
     live = [A, C, D, E]  # B died
+    assert watch.check(PLAN, live, {}, steps=10, checkpoints=[], now=0.0) is None  # nobody halted yet
     assert watch.check(PLAN, live, {A: halted(4)}, steps=10, checkpoints=[], now=0.0) is None
     assert "waiting" in watch.note
     replan = watch.check(PLAN, live, {A: halted(4), C: halted(5), D: halted(4)}, steps=10, checkpoints=[], now=1.0)
