@@ -25,9 +25,11 @@ transport down, and the DHT process and p2pd are stopped in order, so nothing is
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import logging
+import statistics
 import threading
 import time
 from dataclasses import dataclass
@@ -127,6 +129,7 @@ class Agent:
         self._last_wait_note = ""
         self._finished = threading.Event()
         self.heartbeat: Heartbeat | None = None
+        self._poll_s: collections.deque[float] = collections.deque(maxlen=64)  # idle loop: poll, read plans, lead
 
     # ---- lifetime ---------------------------------------------------------------------------------------
 
@@ -216,6 +219,7 @@ class Agent:
         self._tracker = MembershipTracker(self.peer_id)
         self._started = time.monotonic()
         while not self.stop.is_set():
+            polled = time.perf_counter()
             self._poll()
             plan = self._next_plan()
             if plan is not None:
@@ -235,6 +239,7 @@ class Agent:
                 self._lead(membership)
             else:
                 self._note_waiting(f"waiting for a plan from the leader {membership.leader} ({len(membership)} peers live)")
+            self._poll_s.append(time.perf_counter() - polled)  # a step boundary does the same (simulated objective)
             if self._following is None and time.monotonic() - self._started > cfg.membership.plan_timeout_s:
                 raise AgentError(
                     f"no plan for the live membership ({len(membership)} peers, leader {membership.leader}) "
@@ -414,7 +419,8 @@ class Agent:
         if len(measured) < len(trainers):
             logger.warning("%d of %d trainers published no calibration; the step profile uses the others'",
                            len(trainers) - len(measured), len(trainers))
-        profile = step_profile(measured, self.config.train, stages, len(trainers) // stages,
+        boundary_s = statistics.median(self._poll_s) if self._poll_s else 0.0  # every step boundary polls the same
+        profile = step_profile(measured, self.config.train, stages, len(trainers) // stages, boundary_s=boundary_s,
                                time_scale=emulation.time_scale if emulation.enabled else 1.0,
                                size_factor=emulation.size_factor if emulation.enabled else 1.0)  # fmt: skip
         return step_workload(workload, profile)

@@ -17,7 +17,7 @@ import numpy as np
 from p2ptrain.planning.baselines import megatron_assignment, random_cost
 from p2ptrain.planning.canonical import canonical_order
 from p2ptrain.planning.cluster import Cluster
-from p2ptrain.planning.cost import make_objective
+from p2ptrain.planning.cost import make_objective, refine_assignment
 from p2ptrain.planning.exhaustive import MAX_DEVICES, solve_exhaustive
 from p2ptrain.planning.plan import Infeasible, Plan, SearchStats
 from p2ptrain.planning.search import DEFAULT_SEARCH, Search, SearchConfig
@@ -70,6 +70,7 @@ def schedule(
             out_of_time = lambda: clock() - start > time_budget_s  # noqa: E731
         found = Search(obj, canon.twin_class, search_rng, config, out_of_time).run()
         sigma, evaluations, method, stopped_by = found.assignment, found.evaluations, "search", found.stopped_by
+    sigma = refine_assignment(obj, sigma)  # the simulated objective re-orders stages under its exact cost
     cost = obj.evaluate(sigma)
     pipelines = canon.order[sigma]
     pipelines = pipelines[np.argsort(pipelines[:, 0], kind="stable")]

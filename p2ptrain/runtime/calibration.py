@@ -178,18 +178,21 @@ def step_profile(
     num_stages: int,
     num_replicas: int,
     *,
+    boundary_s: float = 0.0,
     time_scale: float = 1.0,
     size_factor: float = 1.0,
     steps: int | None = None,
 ) -> StepProfile:
     """The step profile of a plan of ``num_stages`` × ``num_replicas`` (module docstring), in the network's
-    units. Without measurements, compute and message overhead are zero (communication only)."""
+    units. Without measurements, compute and message overhead are zero (communication only).
+    ``boundary_s``: what an agent does between two steps (real seconds; the leader times its own polls)."""
     shape, m = train.shape, train.micro_batches
     params = stage_parameters(shape, num_stages)
     grads = [(p + (1 if j == num_stages - 1 else 0)) * FP32_BYTES / GB / size_factor for j, p in enumerate(params)]
     extra = {} if steps is None else {"steps": steps}
     if not measurements:
-        return StepProfile(micro_batches=m, gradient_gb=tuple(grads), **extra)
+        return StepProfile(micro_batches=m, gradient_gb=tuple(grads), boundary_s=boundary_s, **extra).scaled(
+            1.0 / time_scale)
     rows = train.global_batch_size // (num_replicas * m)
 
     def median(get: Callable[[ComputeMeasurement], float]) -> float:
@@ -209,7 +212,7 @@ def step_profile(
         backward.append(blocks * layer[1] + sum(e[1] for e in ends))
     profile = StepProfile(micro_batches=m, forward_s=tuple(forward), backward_s=tuple(backward),
                           update_s=tuple(p * per_param for p in params), gradient_gb=tuple(grads),
-                          message_s=message_s, **extra)  # fmt: skip
+                          message_s=message_s, boundary_s=boundary_s, **extra)  # fmt: skip
     return profile.scaled(1.0 / time_scale)
 
 
