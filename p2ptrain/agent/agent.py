@@ -14,10 +14,16 @@ States, driven by one loop in the calling (main) thread, every ``membership.poll
    peers present, or the join deadline passed) and every trainer's row covers the others (or
    ``links_timeout_s`` passed): it builds the cluster from the records, runs the planner in a worker
    thread (heartbeats and polling go on meanwhile), and publishes the plan record for the next epoch.
-4. **follow**: everyone (the leader too) reads the plan records and accepts the one signed by the peer it
-   also sees as lowest, for exactly the membership it sees (``election.select_plan``), then trains that
-   epoch (``epoch.run_epoch``). An epoch that ends early goes back to 1–4 with a new membership (churn
-   handling proper is the next step of the project).
+4. **follow**: everyone (the leader too) reads the plan records and follows the highest epoch signed by
+   the peer it sees as lowest that names it as a member (``election.latest_plan``; epochs decide, so a
+   leader that comes back late cannot split the swarm), then trains that epoch (``epoch.run_epoch``).
+5. **churn**: at every step boundary an epoch asks ``_should_halt``, which polls and leads as the idle loop
+   does. A failed call halts the epoch (a heartbeat says which steps of its stage the agent keeps); the
+   leader — the lowest live peer, so the next one when a leader dies — waits for every live trainer to
+   halt and publishes the next epoch from the highest step every stage still has (``replan.ReplanWatch``,
+   ``churn.restart_point``: a surviving replica's kept state, else the last checkpoint). Joiners wait
+   until the next re-plan point, then the trainers stop at the plan's start step and hand over their
+   stages' states. Checkpoints (``[checkpoint]``) are written by replica 0 of each stage every K steps.
 
 SIGTERM/SIGINT (the ``StopSignal``) interrupt any state: a blocked step is cut short by shutting the
 transport down, and the DHT process and p2pd are stopped in order, so nothing is left running.
