@@ -66,6 +66,24 @@ def test_a_killed_replica_and_then_a_killed_leader_do_not_change_the_losses(tmp_
 
 
 @pytest.mark.timeout(300)
+def test_losing_every_replica_of_a_stage_falls_back_to_the_last_checkpoint(tmp_path):
+    ids = peer_ids(tmp_path, 4)
+    # Megatron's order on loopback: stage 1's group is the two highest peer IDs
+    stage_1 = sorted(range(4), key=ids.__getitem__)[2:]
+    code, summary, stderr = run_swarm(
+        tmp_path, "--agents", "4", "--stages", "2", "--steps", "7", "--checkpoint-every", "2",
+        "--kill", f"{stage_1[0]}@6", "--kill", f"{stage_1[1]}@6", *FAST, timeout_s=280,
+    )  # fmt: skip
+    assert code == 0, stderr[-3000:]
+    assert summary["finished"] and summary["plan"]["pipelines"][0][1] in stage_1
+    (replan,) = summary["replans"]
+    assert replan["from_checkpoint"] and replan["start_step"] == 4
+    assert "every replica of stage(s) 1 was lost; resuming from the checkpoint of step 4" in replan["reason"]
+    assert_reference_losses(summary)  # steps 5-7 redone on 2 agents: the uninterrupted run's losses
+    assert_no_process_left(tmp_path)
+
+
+@pytest.mark.timeout(300)
 def test_joiners_take_roles_with_their_replicas_parameters(tmp_path):
     # enough steps that the joiners (a process start, a DHT, a profile) arrive while the run trains
     code, summary, stderr = run_swarm(
