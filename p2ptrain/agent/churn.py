@@ -75,10 +75,15 @@ def restart_point(num_stages: int, holdings: Mapping[str, Holding], checkpoints:
     raise AssertionError("step 0 always has a source")  # unreachable: the seed covers step 0
 
 
-def holding_of(plan: PlanRecord, peer: str, step: int, kept: int) -> Holding | None:
-    """What ``peer`` keeps after halting in ``plan``'s epoch with ``step`` steps done and ``kept`` states."""
+def holding_of(plan: PlanRecord, peer: str, step: int, kept: int, stage: int | None = None) -> Holding | None:
+    """What ``peer`` keeps after halting in ``plan``'s epoch: ``kept`` states up to ``step`` of ``stage``
+    (None: of its stage in ``plan``, from the epoch's start on)."""
+    if kept < 1:
+        return None
+    if stage is not None:
+        return Holding(stage, step - kept + 1, step) if stage < plan.stages else None
     position = plan.position_of(peer)
-    if position is None or kept < 1:
+    if position is None:
         return None
     return Holding(position[1], max(step - kept + 1, plan.start_step), step)
 

@@ -123,7 +123,7 @@ def run_epoch(plan: PlanRecord, ctx: EpochContext, peers: dict[str, PeerRecord])
     try:
         sends = _serve_state(plan, topology, cfg, ctx, peers)
     except HALTING_ERRORS as e:
-        return _halt(plan, ctx, plan.start_step, None, e)
+        return _halt(plan, ctx, plan.start_step, e)
     if ctx.me not in topology.peers:
         return _idle_as_spare(plan, topology, cfg, ctx, sends)
     role = topology.role_of(ctx.me)
@@ -145,7 +145,7 @@ def run_epoch(plan: PlanRecord, ctx: EpochContext, peers: dict[str, PeerRecord])
             if ctx.stop.is_set():
                 return EpochOutcome(False, done, tuple(losses))
             if ctx.should_halt(done):
-                return _halt(plan, ctx, done, role.stage, None)
+                return _halt(plan, ctx, done, None)
             result = trainer.step(ctx.transport, ctx.dht.keys.run_id, plan.epoch, step, topology, ctx.call_timeout_s)
             done = step + 1
             ctx.keeper.record(done, trainer.module, trainer.optimizer)
@@ -164,9 +164,9 @@ def run_epoch(plan: PlanRecord, ctx: EpochContext, peers: dict[str, PeerRecord])
     except HALTING_ERRORS as e:
         if ctx.stop.is_set():
             return EpochOutcome(False, done, tuple(losses))
-        return _halt(plan, ctx, done, role.stage, e)
+        return _halt(plan, ctx, done, e)
     if not _finish_together(plan, topology, cfg.steps, ctx):
-        return _halt(plan, ctx, done, role.stage, None)
+        return _halt(plan, ctx, done, None)
     return EpochOutcome(True, done, tuple(losses))
 
 
@@ -237,16 +237,18 @@ def _checkpoint(ctx: EpochContext, cfg: TrainConfig, stage: int, replica: int, d
     ctx.events.write("checkpoint", step=done, stage=stage)
 
 
-def _halt(plan: PlanRecord, ctx: EpochContext, done: int, stage: int | None, error: BaseException | None) -> EpochOutcome:
-    """Stop this epoch: say in a heartbeat which steps of our stage we keep, and wait for the next plan."""
-    kept = 0
-    if stage is not None and ctx.keeper.get(stage, plan.stages, done) is not None:
-        kept = ctx.keeper.kept if ctx.keeper.latest_step == done else 1
+def _halt(plan: PlanRecord, ctx: EpochContext, done: int, error: BaseException | None) -> EpochOutcome:
+    """Stop this epoch: say in a heartbeat which states we keep (of this epoch, or of an earlier one when
+    this epoch failed before we took up our stage), and wait for the next plan."""
+    keeper = ctx.keeper
+    held = keeper.latest_step is not None and keeper.num_stages == plan.stages
+    step, kept = (keeper.latest_step, keeper.kept) if held else (done, 0)
     why = f"{type(error).__name__}: {error}" if error is not None else "a newer plan"
-    logger.warning("epoch %d halted after step %d (%s); keeping %d state(s), waiting for the next plan",
-                   plan.epoch, done, why, kept)
-    ctx.events.write("halted", epoch=plan.epoch, step=done, kept=kept, reason=why)
-    ctx.heartbeat.flush(ProgressRecord(plan.epoch, done, None, 0.0, halted=True, kept=kept))
+    logger.warning("epoch %d halted after step %d (%s); keeping %d state(s) of stage %s up to step %d, waiting "
+                   "for the next plan", plan.epoch, done, why, kept, keeper.stage, step)
+    ctx.events.write("halted", epoch=plan.epoch, step=done, kept=kept, stage=keeper.stage, reason=why)
+    ctx.heartbeat.flush(ProgressRecord(plan.epoch, step, None, 0.0, halted=True, kept=kept,
+                                       stage=keeper.stage if held else None))
     return EpochOutcome(False, done, halted=True)
 
 
@@ -284,7 +286,7 @@ def _idle_as_spare(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: 
     try:
         _wait_sends(sends, ctx.call_timeout_s)
     except HALTING_ERRORS as e:
-        return _halt(plan, ctx, plan.start_step, None, e)
+        return _halt(plan, ctx, plan.start_step, e)
     while not ctx.stop.wait(ctx.poll_s):
         if set(topology.peers) <= _finished_peers(ctx.dht, plan.epoch, cfg.steps):
             logger.info("the trainers finished all %d steps", cfg.steps)

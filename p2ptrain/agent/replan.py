@@ -87,7 +87,7 @@ class ReplanWatch:
             return None
         holdings: dict[str, Holding] = {}
         for peer, record in halted.items():
-            holding = holding_of(plan, peer, record.step, record.kept)
+            holding = holding_of(plan, peer, record.step, record.kept, record.stage)
             if holding is not None:
                 holdings[peer] = holding
         restart = restart_point(plan.stages, holdings, checkpoints)

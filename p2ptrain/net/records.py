@@ -415,8 +415,9 @@ class ProgressRecord(_Record):
     """A heartbeat (key ``{run}.progress``): where the writer's training is. ``loss`` is None before step 1.
 
     ``halted``: the writer stopped training this epoch (a call failed, or it ended at a re-plan point) and
-    waits for the next plan; it then keeps its stage's states of the ``kept`` last steps up to ``step``
-    (``kept`` = 0: none), which the leader uses to choose where the next epoch starts (additive fields).
+    waits for the next plan; it then keeps stage ``stage``'s states of the ``kept`` last steps up to
+    ``step`` (``kept`` = 0: none), which the leader uses to choose where the next epoch starts (additive
+    fields; ``stage`` None: the stage the writer holds in this epoch's plan).
     """
 
     epoch: int
@@ -425,6 +426,7 @@ class ProgressRecord(_Record):
     step_time_s: float
     halted: bool = False
     kept: int = 0
+    stage: int | None = None
     kind: ClassVar[RecordKind] = RecordKind.PROGRESS
 
     def __post_init__(self) -> None:
@@ -436,15 +438,17 @@ class ProgressRecord(_Record):
         if not isinstance(self.halted, bool):
             raise RecordError("halted must be a boolean")
         _set(self, "kept", f.integer("kept", self.kept, 0, MAX_KEPT_STATES))
+        if self.stage is not None:
+            _set(self, "stage", f.integer("stage", self.stage, 0, MAX_PLAN_PEERS))
 
     def _fields(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "step": self.step, "loss": self.loss, "step_time_s": self.step_time_s,
-                "halted": self.halted, "kept": self.kept}
+                "halted": self.halted, "kept": self.kept, "stage": self.stage}
 
     @classmethod
     def _from_fields(cls, m: Mapping[str, Any]) -> ProgressRecord:
         return cls(epoch=m["epoch"], step=m["step"], loss=m["loss"], step_time_s=m["step_time_s"],
-                   halted=m.get("halted", False), kept=m.get("kept", 0))
+                   halted=m.get("halted", False), kept=m.get("kept", 0), stage=m.get("stage"))
 
 
 Record = PeerRecord | LinksRecord | PlanRecord | ProgressRecord

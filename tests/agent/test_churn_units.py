@@ -74,6 +74,8 @@ def test_holdings_from_halted_heartbeats_stay_inside_the_epoch():
     assert holding_of(plan, C, 7, 2) == Holding(0, 6, 7)
     assert holding_of(plan, D, 5, 2) == Holding(1, 5, 5)  # nothing before the epoch's start
     assert holding_of(plan, B, 5, 0) is None and holding_of(plan, E, 5, 2) is None
+    # a peer that failed before taking up its new stage still keeps its old stage's states
+    assert holding_of(plan, E, 4, 2, stage=1) == Holding(1, 3, 4)
 
 
 def test_sources_round_trip_through_the_plan_record():
@@ -90,7 +92,7 @@ def test_sources_round_trip_through_the_plan_record():
 
 
 def test_progress_records_carry_halted_and_kept():
-    record = ProgressRecord(2, 7, None, 0.0, halted=True, kept=2)
+    record = ProgressRecord(2, 7, None, 0.0, halted=True, kept=2, stage=1)
     assert ProgressRecord.decode(record.encode()) == record
     assert ProgressRecord.decode(ProgressRecord(2, 7, 1.5, 0.1).encode()).halted is False
 
