@@ -62,7 +62,8 @@ class ReplanWatch:
         halted = {p: r for p, r in ours.items() if r.halted and p in live}
         dead = sorted(trainers - live)
         if set(halted) & trainers:
-            return self._failure(plan, live, trainers, dead, halted, checkpoints, now)
+            finished = {p: r for p, r in ours.items() if p in trainers & live and not r.halted and r.step >= steps}
+            return self._failure(plan, live, trainers, dead, halted, finished, checkpoints, now)
         self._failure_since = None
         joiners = sorted(live - set(plan.membership))
         if not joiners:
@@ -78,16 +79,20 @@ class ReplanWatch:
         return None
 
     def _failure(self, plan: PlanRecord, live: set[str], trainers: set[str], dead: list[str],
-                 halted: Mapping[str, ProgressRecord], checkpoints: Iterable[int], now: float) -> Replan | None:  # fmt: skip
+                 halted: Mapping[str, ProgressRecord], finished: Mapping[str, ProgressRecord],
+                 checkpoints: Iterable[int], now: float) -> Replan | None:  # fmt: skip
+        """Trainers that finished every step before the failure wait for their peers' last heartbeats and
+        take up the next plan from there: they count as holders of their last steps, not as waited for."""
         if self._failure_since is None:
             self._failure_since = now
-        waiting = (trainers & live) - set(halted)
+        waiting = (trainers & live) - set(halted) - set(finished)
         if waiting and now - self._failure_since < self.churn.halt_timeout_s:
             self.note = f"re-planning epoch {plan.epoch}: waiting for {len(waiting)} trainer(s) to halt"
             return None
         holdings: dict[str, Holding] = {}
-        for peer, record in halted.items():
-            holding = holding_of(plan, peer, record.step, record.kept, record.stage)
+        for peer, record in [*halted.items(), *finished.items()]:
+            kept = record.kept if record.halted else self.churn.keep_states
+            holding = holding_of(plan, peer, record.step, kept, record.stage if record.halted else None)
             if holding is not None:
                 holdings[peer] = holding
         restart = restart_point(plan.stages, holdings, checkpoints)

@@ -149,6 +149,12 @@ def test_joiners_wait_for_the_configured_count_or_steps():
     assert watch.check(PLAN, [A, B, C, D, E, F], progress, steps=10, checkpoints=[], now=0.0, done=7).kind == JOIN
 
 
+def test_trainers_that_finished_before_a_failure_are_sources_not_waited_for():
+    progress = {A: ProgressRecord(1, 10, 3.0, 0.1), B: halted(9), C: ProgressRecord(1, 10, None, 0.1)}
+    replan = ReplanWatch(ChurnConfig()).check(PLAN, [A, B, C, E], progress, steps=10, checkpoints=[], now=0.0)
+    assert replan.kind == FAILURE and replan.restart.step == 9 and replan.restart.sources == (A, B)
+
+
 def test_nothing_is_replanned_after_the_last_step():
     finished = {p: ProgressRecord(1, 10, None, 0.1) for p in (A, B, C, D)}
     assert ReplanWatch(ChurnConfig()).check(PLAN, [A, C, D, E, F], finished, steps=10, checkpoints=[], now=0.0) is None
