@@ -3,6 +3,7 @@
     p2ptrain plan --scenario worldwide                  # the paper's 64-device world-wide network
     p2ptrain plan --scenario spot --devices 16 --stages 4
     p2ptrain plan --cluster examples/clusters/three_regions.json --stages 4 --json
+    p2ptrain plan --scenario worldwide --objective simulated --micro-batches 4   # our runtime's step time
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from p2ptrain.planning import (
     schedule,
     workload_from_model,
 )
+from p2ptrain.planning.cost import OBJECTIVES
 from p2ptrain.planning.report import format_plan
+from p2ptrain.planning.simulated import StepProfile, StepWorkload
 from p2ptrain.planning.workload import PAPER_BATCH_TOKENS
 
 DEFAULT_STAGES = 8
@@ -61,6 +64,11 @@ class OneLineErrors(click.Command):
               help="c_PP: activations one data shard sends across one stage boundary, in GB (overrides).")
 @click.option("--gradient-gb", type=float, metavar="GB",
               help="c_DP: gradients of one stage, all-reduced by its data-parallel group, in GB (overrides).")
+@click.option("--objective", type=click.Choice(list(OBJECTIVES)), default="dtfm", show_default=True,
+              help="dtfm: the paper's communication cost; simulated: the step time of our runtime (GPipe "
+                   "micro-batches, per-link FIFOs, parallel all-reduce shards; communication only here).")
+@click.option("--micro-batches", type=click.IntRange(min=1), metavar="M",
+              help="With --objective simulated: micro-batches per pipeline and step (default 1).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON document (DESIGN.md) instead.")
 def command(
     scenario_name: str | None,
@@ -73,6 +81,8 @@ def command(
     batch_tokens: int,
     activation_gb: float | None,
     gradient_gb: float | None,
+    objective: str,
+    micro_batches: int | None,
     as_json: bool,
 ) -> None:
     """Assign pipeline stages and data shards to devices, minimising communication time per iteration
@@ -99,7 +109,13 @@ def command(
                                        num_replicas=cluster.num_devices // num_stages, batch_tokens=batch_tokens,
                                        source=f"model {model_name}, {batch_tokens} tokens a batch")
     workload = workload.with_overrides(activation_gb, gradient_gb)
-    plan = schedule(cluster, workload, num_stages, seed=seed, time_budget_s=time_budget, clock=time.perf_counter)
+    if micro_batches is not None and objective != "simulated":
+        raise ValueError("--micro-batches needs --objective simulated (the paper's cost has no micro-batches)")
+    if objective == "simulated":
+        workload = StepWorkload(workload.activation_gb, workload.gradient_gb, workload.source,
+                                step=StepProfile(micro_batches=micro_batches or 1))
+    plan = schedule(cluster, workload, num_stages, seed=seed, objective=objective, time_budget_s=time_budget,
+                    clock=time.perf_counter)
     if isinstance(plan, Infeasible):
         raise ValueError(plan.reason)
     if as_json:

@@ -1,0 +1,276 @@
+"""End to end: the local swarm on one of the paper's emulated networks, trained with the scheduled plan,
+Megatron's rank order and a seeded random assignment — same model, data, batch and steps — and for each
+the measured step time beside the step time the planner predicted (the ``simulated`` objective).
+
+    p2ptrain bench e2e --scenario worldwide                 # 8 agents, 4 stages × 2 replicas, 8 steps
+    p2ptrain bench e2e --scenario spot --agents 4 --stages 2 --steps 3 --json
+    python benchmarks/e2e.py                                # all five networks, one table and one chart
+
+How a run replays the paper's regime (DESIGN.md "Link emulation"): agent k plays device k of the network
+scaled to N devices (``scenarios.scenario``). The global batch is chosen so that this run's c_PP/c_DP is
+the paper's (≈ 0.72), and the size factor is this run's c_PP over the paper's (GPT-3 XL) c_PP, so a
+transfer takes as long relative to latency as the paper's did. The time scale makes the paper's seconds
+emulated seconds: unless given, it is chosen so that Megatron's order takes ``TARGET_STEP_S`` emulated
+seconds of communication (the simulated objective on the true network, without compute), which keeps
+transfers dominant, as they were for GPT-3 XL on these links, while a step takes a second or two.
+
+Every plan is made by the swarm's leader on what the agents measured (links by the prober, compute and
+per-message cost by calibration, the pause between steps by the leader's own polls), scored by the
+simulated objective; its prediction is reported in emulated seconds (comparable with the measured ones)
+and in the network's (the paper's) seconds. The measured step time is the median over steps 2…K of the
+time from one step's end to the next's (a step ends when its last agent ends it; step 1 warms up): the
+period at which the swarm trains, which is what the simulation predicts. The paper's cost model
+(``dtfm``) of the same plan on the same measurements is reported beside it.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+
+from p2ptrain.planning import SCENARIOS, Cluster, Device, Workload, make_objective, megatron_assignment
+
+logger = logging.getLogger(__name__)
+
+PLANS = ("scheduled", "megatron", "random")
+TARGET_STEP_S = 2.0  # emulated seconds of communication Megatron's order takes, when no time scale is given
+DEFAULT_OUT = "benchmarks/results"
+
+
+@dataclass(frozen=True)
+class E2EConfig:
+    scenario: str
+    agents: int = 8
+    stages: int = 4
+    steps: int = 8
+    time_scale: float | None = None  # None: TARGET_STEP_S over Megatron's simulated communication
+    micro_batches: int = 2
+    model: str = "tiny"
+    seed: int = 0  # the model's, the data's, the scheduler's and the random assignment's
+    workdir: str | None = None  # a folder per plan inside; default: a temporary folder per swarm
+    plans: tuple[str, ...] = PLANS  # which of them to run ("scheduled" always)
+
+    def __post_init__(self) -> None:
+        if self.scenario not in SCENARIOS:
+            raise ValueError(f"unknown scenario {self.scenario!r} (choose from {', '.join(SCENARIOS)})")
+        if self.steps < 2:
+            raise ValueError("--steps must be at least 2 (the first step is a warm-up and not measured)")
+        unknown = set(self.plans) - set(PLANS)
+        if unknown or "scheduled" not in self.plans:
+            raise ValueError(f"--plans: {', '.join(PLANS)}, always with scheduled (got {', '.join(self.plans)})")
+
+
+def emulation_factors(config: E2EConfig) -> dict[str, Any]:
+    """The training config, network, size factor and time scale of ``config`` (see the module docstring)."""
+    from p2ptrain.agent.leader import run_workload
+    from p2ptrain.agent.swarm import plan_swarm
+    from p2ptrain.runtime.calibration import step_profile, step_workload
+
+    train, network, _, size_factor = plan_swarm(_swarm_config(config, "megatron", 1.0))
+    assert network is not None
+    replicas = config.agents // config.stages
+    time_scale = config.time_scale
+    megatron_s = None
+    if time_scale is None:
+        workload = run_workload(train, config.stages, replicas, size_factor)
+        profile = step_profile([], train, config.stages, replicas, size_factor=size_factor)
+        objective = make_objective("simulated", network, step_workload(workload, profile), config.stages)
+        megatron_s = objective.evaluate(megatron_assignment(config.agents, config.stages)).cost_s
+        time_scale = TARGET_STEP_S / megatron_s
+    return {"train": train, "network": network, "size_factor": size_factor, "time_scale": time_scale,
+            "megatron_communication_s": megatron_s}  # fmt: skip
+
+
+def _swarm_config(config: E2EConfig, strategy: str, time_scale: float, workdir: str | None = None):
+    from p2ptrain.agent.swarm import SwarmConfig
+
+    return SwarmConfig(agents=config.agents, stages=config.stages, steps=config.steps, scenario=config.scenario,
+                       time_scale=time_scale, strategy=strategy, objective="simulated", model=config.model,
+                       micro_batches=config.micro_batches, seed=config.seed, workdir=workdir)  # fmt: skip
+
+
+def run_e2e(config: E2EConfig, stop) -> dict[str, Any]:
+    """Run the swarm once per plan on ``config.scenario`` and return the report (``--json``'s document)."""
+    from p2ptrain.agent.swarm import run_swarm
+
+    factors = emulation_factors(config)
+    train, time_scale = factors["train"], factors["time_scale"]
+    logger.info("%s: %d agents, %s, batch %d in %d micro-batches; size factor %.4g, time scale %.4g",
+                config.scenario, config.agents, train.model, train.global_batch_size, train.micro_batches,
+                factors["size_factor"], time_scale)  # fmt: skip
+    plans: dict[str, Any] = {}
+    for strategy in [p for p in PLANS if p in config.plans]:
+        workdir = str(Path(config.workdir) / strategy) if config.workdir else None
+        result = run_swarm(_swarm_config(config, strategy, time_scale, workdir), stop)
+        if not result.ok:
+            raise RuntimeError(f"{config.scenario}, {strategy}: the swarm failed: {result.error}")
+        plans[strategy] = plan_row(result.summary, step_completions(result.agents), time_scale)
+        logger.info("%s, %s: measured %.3f s, predicted %.3f s", config.scenario, strategy,
+                    plans[strategy]["measured_step_s"], plans[strategy]["predicted_step_s"])
+    return {
+        "scenario": config.scenario, "agents": config.agents, "stages": config.stages,
+        "replicas": config.agents // config.stages, "steps": config.steps, "model": train.model,
+        "global_batch_size": train.global_batch_size, "micro_batches": train.micro_batches,
+        "size_factor": factors["size_factor"], "time_scale": time_scale, "seed": config.seed,
+        "plans": plans, "speedups": speedups(plans),
+    }  # fmt: skip
+
+
+def step_completions(agents) -> list[float]:
+    """When each step ended: the time of the last agent's event for it (wall clock, steps 1, 2, …)."""
+    ends: dict[int, float] = {}
+    for agent in agents:
+        for event in agent.events.all("step"):
+            ends[event["step"]] = max(ends.get(event["step"], 0.0), event["time"])
+    return [ends[k] for k in sorted(ends)]
+
+
+def plan_row(summary: dict[str, Any], completions: list[float], time_scale: float) -> dict[str, Any]:
+    """One plan's measured and predicted step times, from its swarm's summary and step completion times."""
+    times = [b - a for a, b in zip(completions, completions[1:], strict=False)]  # steps 2…K: from one's end to the next's
+    plan = summary["plan"]
+    measured = statistics.median(times)
+    predicted = plan["cost_s"] * time_scale
+    cluster = _measured_cluster(summary["measured"])
+    workload = Workload(summary["workload"]["activation_gb"], summary["workload"]["gradient_gb"])
+    sigma = np.array(plan["pipelines"])
+    dtfm = make_objective("dtfm", cluster, workload, len(sigma[0])).evaluate(sigma).cost_s
+    return {
+        "measured_step_s": measured, "predicted_step_s": predicted, "predicted_paper_s": plan["cost_s"],
+        "error": predicted / measured - 1.0, "dtfm_step_s": dtfm * time_scale, "dtfm_paper_s": dtfm,
+        "objective": plan["objective"], "pipelines": plan["pipelines"], "step_time_s": times,
+        "agent_step_time_s": summary["step_time_s"],
+        "loss_first": summary["losses"][0], "loss_last": summary["losses"][-1],
+    }  # fmt: skip
+
+
+def _measured_cluster(measured: dict[str, list[list[float | None]]]) -> Cluster:
+    """The leader's measured links (by agent index, in the network's units) as a cluster."""
+    latency = np.array([[v or 0.0 for v in row] for row in measured["latency_ms"]])
+    bandwidth = np.array([[v or 1.0 for v in row] for row in measured["bandwidth_gbps"]])
+    devices = tuple(Device(name=f"agent-{k}") for k in range(len(latency)))
+    return Cluster(devices, latency, bandwidth)
+
+
+def speedups(plans: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """The scheduled plan's speedup over each baseline, measured and predicted."""
+    ours = plans["scheduled"]
+    return {
+        f"over_{base}": {
+            "measured": plans[base]["measured_step_s"] / ours["measured_step_s"],
+            "predicted": plans[base]["predicted_step_s"] / ours["predicted_step_s"],
+            "dtfm": plans[base]["dtfm_step_s"] / ours["dtfm_step_s"],
+        }
+        for base in PLANS[1:]
+        if base in plans
+    }
+
+
+def format_reports(reports: list[dict[str, Any]]) -> str:
+    """The table of one or more networks' reports."""
+    head = (f"{'network':<11} {'scale':>7} {'plan':<10} {'measured s':>10} {'predicted s':>11} {'error':>7} "
+            f"{'paper s':>8} {'dtfm s':>7}  {'speedup: measured':>17} {'predicted':>9} {'dtfm':>6}")  # fmt: skip
+    lines = [head, "-" * len(head)]
+    for r in reports:
+        for k, name in enumerate(p for p in PLANS if p in r["plans"]):
+            p = r["plans"][name]
+            ratio = "" if name == "scheduled" else _ratio_cells(r["speedups"][f"over_{name}"])
+            scale = f"{r['time_scale']:7.3g}" if k == 0 else " " * 7
+            net = r["scenario"] if k == 0 else ""
+            lines.append(f"{net:<11} {scale} {name:<10} {p['measured_step_s']:10.3f} {p['predicted_step_s']:11.3f} "
+                         f"{100 * p['error']:+6.1f}% {p['predicted_paper_s']:8.2f} {p['dtfm_step_s']:7.3f}  "
+                         f"{ratio}".rstrip())  # fmt: skip
+    first = reports[0]
+    lines.append(
+        f"{first['agents']} agents, {first['stages']} stages × {first['replicas']} replicas, {first['model']}, "
+        f"batch {first['global_batch_size']} in {first['micro_batches']} micro-batches, {first['steps']} steps "
+        f"(median of steps 2…{first['steps']}), random assignment seed {first['seed']}; size factor "
+        f"{first['size_factor']:.4g}; seconds are emulated (the network's times the scale) but 'paper s', the "
+        f"prediction in the network's seconds; dtfm: the paper's cost of the same plan; speedup = baseline / "
+        f"scheduled"
+    )
+    return "\n".join(lines)
+
+
+def _ratio_cells(s: dict[str, float]) -> str:
+    return f"{s['measured']:16.2f}× {s['predicted']:8.2f}× {s['dtfm']:5.2f}×"
+
+
+def write_results(reports: list[dict[str, Any]], out_dir: Path, stem: str) -> list[Path]:
+    """``stem``.json (the list of reports), ``stem``.csv (a row per network and plan) and ``stem``.png in
+    ``out_dir``; the paths written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / f"{stem}.json", out_dir / f"{stem}.csv"]
+    paths[0].write_text(json.dumps(reports, indent=1) + "\n")
+    with paths[1].open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["network", "plan", "measured_step_s", "predicted_step_s", "error", "dtfm_step_s",
+                         "predicted_paper_s", "time_scale", "size_factor"])  # fmt: skip
+        for r in reports:
+            for name in r["plans"]:
+                p = r["plans"][name]
+                writer.writerow([r["scenario"], name, f"{p['measured_step_s']:.4f}", f"{p['predicted_step_s']:.4f}",
+                                 f"{p['error']:.4f}", f"{p['dtfm_step_s']:.4f}", f"{p['predicted_paper_s']:.4f}",
+                                 f"{r['time_scale']:.6g}", f"{r['size_factor']:.6g}"])  # fmt: skip
+    try:
+        from p2ptrain.bench.e2e_chart import draw
+    except ModuleNotFoundError as e:  # matplotlib is in the "bench" extra
+        logger.warning("no chart: %s (pip install 'p2ptrain[bench]')", e)
+        return paths
+    paths.append(draw(reports, out_dir / f"{stem}.png"))
+    return paths
+
+
+@click.command(name="e2e")
+@click.option("--scenario", type=click.Choice(list(SCENARIOS)), required=True, help="The paper's network to emulate.")
+@click.option("--agents", type=click.IntRange(min=2), default=8, show_default=True, help="Agent processes.")
+@click.option("--stages", type=click.IntRange(min=1), default=4, show_default=True, help="Pipeline stages.")
+@click.option("--steps", type=click.IntRange(min=2), default=8, show_default=True,
+              help="Steps per plan (the first is not measured).")
+@click.option("--time-scale", type=click.FloatRange(min=0, min_open=True),
+              help=f"Emulated seconds per network second.  [default: Megatron's order takes {TARGET_STEP_S:g} s "
+                   "of communication]")
+@click.option("--micro-batches", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--plans", default=",".join(PLANS), show_default=True,
+              help="Which plans to run, comma-separated (scheduled always).")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Seed of the model, the data, the scheduler and the random assignment.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=DEFAULT_OUT, show_default=True,
+              help="Where e2e-NETWORK.json (a list of one report), .csv and .png go.")
+@click.option("--workdir", type=click.Path(file_okay=False), help="Keep the swarms' logs here (one folder per plan).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON document on stdout.")
+def command(scenario: str, agents: int, stages: int, steps: int, time_scale: float | None, micro_batches: int,
+            plans: str, seed: int, out_dir: str, workdir: str | None, as_json: bool) -> None:  # fmt: skip
+    """One emulated network end to end: scheduled plan, Megatron's order, random; measured beside predicted."""
+    from p2ptrain.net.lifecycle import StopSignal
+
+    if agents % stages:
+        raise ValueError(f"--agents {agents} is not a multiple of --stages {stages}")
+    config = E2EConfig(scenario=scenario, agents=agents, stages=stages, steps=steps, time_scale=time_scale,
+                       micro_batches=micro_batches, seed=seed, workdir=workdir,
+                       plans=tuple(p.strip() for p in plans.split(",") if p.strip()))  # fmt: skip
+    _progress_logging()
+    with StopSignal() as stop:
+        report = run_e2e(config, stop)
+    paths = write_results([report], Path(out_dir), f"e2e-{scenario}")
+    if as_json:
+        click.echo(json.dumps(report))
+    else:
+        click.echo(format_reports([report]))
+        click.echo("wrote " + ", ".join(str(p) for p in paths))
+
+
+def _progress_logging() -> None:
+    """One line per swarm on stderr (the agents' own logs stay in their work dirs)."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("p2ptrain").setLevel(logging.WARNING)
+    logger.setLevel(logging.INFO)
