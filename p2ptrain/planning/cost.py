@@ -88,11 +88,8 @@ class DtfmObjective:
     name = "dtfm"
 
     def __init__(self, cluster: Cluster, workload: Workload, num_stages: int):
-        n = cluster.num_devices
-        if num_stages <= 0 or n % num_stages:
-            raise ValueError(f"{n} devices cannot be split into {num_stages} stages of equal size")
         self.num_stages = num_stages
-        self.num_replicas = n // num_stages
+        self.num_replicas = replicas_of(cluster.num_devices, num_stages)
         self.hop_link_s = link_cost_s(cluster, workload.activation_gb)
         # one 1/D_dp shard exchanged with a peer, both ways
         self.pair_dp_s = link_cost_s(cluster, workload.gradient_gb / self.num_replicas)
@@ -111,6 +108,13 @@ class DtfmObjective:
         group_values = self.pair_dp_s[cols[:, :, None], cols[:, None, :]].sum(axis=2).max(axis=1)
         hop_values = self.hop_link_s[sigma[:, :-1], sigma[:, 1:]].max(axis=0) if self.num_stages > 1 else []
         return self.combine(group_values, hop_values)
+
+
+def replicas_of(num_devices: int, num_stages: int) -> int:
+    """D_dp for ``num_devices`` in ``num_stages`` stages; ValueError unless the stages are of equal size."""
+    if num_stages <= 0 or num_devices % num_stages:
+        raise ValueError(f"{num_devices} devices cannot be split into {num_stages} stages of equal size")
+    return num_devices // num_stages
 
 
 def check_assignment(assignment: np.ndarray, num_replicas: int, num_stages: int, num_devices: int) -> np.ndarray:

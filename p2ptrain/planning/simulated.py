@@ -74,7 +74,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from p2ptrain.planning.cluster import Cluster
-from p2ptrain.planning.cost import GBIT_PER_GB, CostBreakdown, check_assignment
+from p2ptrain.planning.cost import GBIT_PER_GB, CostBreakdown, check_assignment, replicas_of
 from p2ptrain.planning.matching import bottleneck_matching
 from p2ptrain.planning.workload import Workload
 
@@ -178,12 +178,11 @@ class SimulatedObjective:
 
     def __init__(self, cluster: Cluster, workload: Workload, num_stages: int):
         n = cluster.num_devices
-        if num_stages <= 0 or n % num_stages:
-            raise ValueError(f"{n} devices cannot be split into {num_stages} stages of equal size")
+        d = replicas_of(n, num_stages)
         profile = workload.step if isinstance(workload, StepWorkload) else StepProfile()
         self.profile = profile
         self.num_stages = s = num_stages
-        self.num_replicas = d = n // num_stages
+        self.num_replicas = d
         self.micro_batches = m = profile.micro_batches
         off = ~np.eye(n, dtype=bool)
         # seconds a message takes to arrive after it starts (α + o), and seconds per GB on the link (8/β)
