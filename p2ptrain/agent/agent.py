@@ -40,6 +40,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from p2ptrain.agent.churn import CHECKPOINT, join_start, source_indices
 from p2ptrain.agent.config import AgentConfig
@@ -121,7 +122,9 @@ class Agent:
         self._next_epoch = 0
         self._published: PlanRecord | None = None  # the last plan this agent published as leader
         self._following: PlanRecord | None = None  # the last plan this agent followed
-        self._newest_seen: PlanRecord | None = None  # the highest-epoch plan read (any signer)
+        self._newest_seen: PlanRecord | None = None  # the highest-epoch plan read from a live signer
+        self._max_epoch_seen = -1  # over every verified plan: a new leader numbers above it
+        self._plans_logged: Any = None
         self._links_wait_since: float | None = None
         self._dialled: set[str] = set()
         self._shaped: set[str] = set()
@@ -320,11 +323,16 @@ class Agent:
         except ProtocolError as e:
             logger.warning("reading the plan records failed: %s", e)
             return None
-        newest = max(plans.values(), key=lambda p: p.epoch, default=None)
+        live = self._membership.ids
+        self._max_epoch_seen = max([self._max_epoch_seen, *(p.epoch for p in plans.values())])
+        # a plan by a peer that is not live (a rogue, a leader long dead) is never the one being trained
+        newest = max((p for s, p in plans.items() if s in live), key=lambda p: p.epoch, default=None)
         if newest is not None and (self._newest_seen is None or newest.epoch > self._newest_seen.epoch):
             self._newest_seen = newest
+        key = (frozenset(plans.items()), live)
+        log, self._plans_logged = key != self._plans_logged, key  # say what is ignored once per change
         after = self._following.epoch if self._following is not None else -1
-        return latest_plan(plans, self._membership.ids, self.peer_id, after) if self._membership.ids else None
+        return latest_plan(plans, live, self.peer_id, after, log=log) if live else None
 
     # ---- leading ----------------------------------------------------------------------------------------
 
@@ -413,7 +421,7 @@ class Agent:
         logger.info("planning epoch %d for %d peers (%s): %d stages × %d replicas, %d spare(s), strategy %s",
                     self._next_epoch, len(membership), trigger, stages, len(trainers) // stages, len(spares),
                     self.config.plan.strategy)
-        epoch = max(self._next_epoch, (self._newest_seen.epoch + 1) if self._newest_seen is not None else 0)
+        epoch = max(self._next_epoch, self._max_epoch_seen + 1)
         future = self._planner.submit(make_plan, cluster, workload, stages, self.config.plan)
         self._planning = _Planning(epoch, membership.ids, trainers, spares, cluster, workload, trigger, future,
                                    replan, start_step, sources)
