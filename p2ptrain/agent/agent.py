@@ -138,7 +138,7 @@ class Agent:
         self._last_wait_note = ""
         self._finished = threading.Event()
         self.heartbeat: Heartbeat | None = None
-        self._poll_s: collections.deque[float] = collections.deque(maxlen=64)  # idle loop: poll, read plans, lead
+        self._poll_s: collections.deque[float] = collections.deque(maxlen=64)  # idle loop: read peers and plans
 
     # ---- lifetime ---------------------------------------------------------------------------------------
 
@@ -231,6 +231,7 @@ class Agent:
             polled = time.perf_counter()
             self._poll()
             plan = self._next_plan()
+            self._poll_s.append(time.perf_counter() - polled)  # a step boundary reads the same (simulated objective)
             if plan is not None:
                 outcome = self._follow(plan, device)
                 if outcome.finished:
@@ -248,7 +249,6 @@ class Agent:
                 self._lead(membership)
             else:
                 self._note_waiting(f"waiting for a plan from the leader {membership.leader} ({len(membership)} peers live)")
-            self._poll_s.append(time.perf_counter() - polled)  # a step boundary does the same (simulated objective)
             if self._following is None and time.monotonic() - self._started > cfg.membership.plan_timeout_s:
                 raise AgentError(
                     f"no plan for the live membership ({len(membership)} peers, leader {membership.leader}) "

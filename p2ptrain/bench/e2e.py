@@ -37,6 +37,7 @@ import click
 import numpy as np
 
 from p2ptrain.planning import SCENARIOS, Cluster, Device, Workload, make_objective, megatron_assignment
+from p2ptrain.planning.simulated import StepProfile, StepWorkload
 
 logger = logging.getLogger(__name__)
 
@@ -107,11 +108,14 @@ def run_e2e(config: E2EConfig, stop) -> dict[str, Any]:
                 config.scenario, config.agents, train.model, train.global_batch_size, train.micro_batches,
                 factors["size_factor"], time_scale)  # fmt: skip
     plans: dict[str, Any] = {}
+    models: dict[str, Any] = {}
     for strategy in [p for p in PLANS if p in config.plans]:
         workdir = str(Path(config.workdir) / strategy) if config.workdir else None
         result = run_swarm(_swarm_config(config, strategy, time_scale, workdir), stop)
         if not result.ok:
             raise RuntimeError(f"{config.scenario}, {strategy}: the swarm failed: {result.error}")
+        if strategy == "scheduled":
+            models = leader_objectives(result.summary)
         plans[strategy] = plan_row(result.summary, step_completions(result.agents), time_scale)
         logger.info("%s, %s: measured %.3f s, predicted %.3f s", config.scenario, strategy,
                     plans[strategy]["measured_step_s"], plans[strategy]["predicted_step_s"])
@@ -120,7 +124,7 @@ def run_e2e(config: E2EConfig, stop) -> dict[str, Any]:
         "replicas": config.agents // config.stages, "steps": config.steps, "model": train.model,
         "global_batch_size": train.global_batch_size, "micro_batches": train.micro_batches,
         "size_factor": factors["size_factor"], "time_scale": time_scale, "seed": config.seed,
-        "plans": plans, "speedups": speedups(plans),
+        "plans": plans, "speedups": speedups(plans, models),
     }  # fmt: skip
 
 
@@ -135,21 +139,31 @@ def step_completions(agents) -> list[float]:
 
 def plan_row(summary: dict[str, Any], completions: list[float], time_scale: float) -> dict[str, Any]:
     """One plan's measured and predicted step times, from its swarm's summary and step completion times."""
-    times = [b - a for a, b in zip(completions, completions[1:], strict=False)]  # steps 2…K: from one's end to the next's
+    times = [b - a for a, b in zip(completions, completions[1:], strict=False)]  # steps 2…K: end to end
     plan = summary["plan"]
     measured = statistics.median(times)
     predicted = plan["cost_s"] * time_scale
-    cluster = _measured_cluster(summary["measured"])
-    workload = Workload(summary["workload"]["activation_gb"], summary["workload"]["gradient_gb"])
-    sigma = np.array(plan["pipelines"])
-    dtfm = make_objective("dtfm", cluster, workload, len(sigma[0])).evaluate(sigma).cost_s
+    dtfm = leader_objectives(summary)["dtfm"].evaluate(np.array(plan["pipelines"])).cost_s
     return {
         "measured_step_s": measured, "predicted_step_s": predicted, "predicted_paper_s": plan["cost_s"],
         "error": predicted / measured - 1.0, "dtfm_step_s": dtfm * time_scale, "dtfm_paper_s": dtfm,
         "objective": plan["objective"], "pipelines": plan["pipelines"], "step_time_s": times,
-        "agent_step_time_s": summary["step_time_s"],
+        "agent_step_time_s": summary["step_time_s"], "step_profile": summary["workload"].get("step"),
         "loss_first": summary["losses"][0], "loss_last": summary["losses"][-1],
     }  # fmt: skip
+
+
+def leader_objectives(summary: dict[str, Any]) -> dict[str, Any]:
+    """Both objectives on what a swarm's leader planned with: its measured links, workload, step profile."""
+    cluster = _measured_cluster(summary["measured"])
+    workload = summary["workload"]
+    stages = len(summary["plan"]["pipelines"][0])
+    step = workload.get("step")
+    profile = StepProfile(**{k: tuple(v) if isinstance(v, list) else v for k, v in step.items()}) if step else None
+    simulated = StepWorkload(workload["activation_gb"], workload["gradient_gb"], step=profile or StepProfile())
+    return {"dtfm": make_objective("dtfm", cluster, Workload(workload["activation_gb"], workload["gradient_gb"]),
+                                   stages),
+            "simulated": make_objective("simulated", cluster, simulated, stages)}  # fmt: skip
 
 
 def _measured_cluster(measured: dict[str, list[list[float | None]]]) -> Cluster:
@@ -160,14 +174,23 @@ def _measured_cluster(measured: dict[str, list[list[float | None]]]) -> Cluster:
     return Cluster(devices, latency, bandwidth)
 
 
-def speedups(plans: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """The scheduled plan's speedup over each baseline, measured and predicted."""
+def speedups(plans: dict[str, Any], models: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """The scheduled plan's speedup over each baseline: measured (each plan in its own swarm); predicted
+    and the paper's model (dtfm), each plan evaluated on the same measurements, the scheduled swarm's
+    leader's; and the ratio of the predictions each swarm's leader made on its own measurements."""
     ours = plans["scheduled"]
+
+    def ratio(name: str, base: str) -> float:
+        objective = models[name]
+        return (objective.evaluate(np.array(plans[base]["pipelines"])).cost_s
+                / objective.evaluate(np.array(ours["pipelines"])).cost_s)  # fmt: skip
+
     return {
         f"over_{base}": {
             "measured": plans[base]["measured_step_s"] / ours["measured_step_s"],
-            "predicted": plans[base]["predicted_step_s"] / ours["predicted_step_s"],
-            "dtfm": plans[base]["dtfm_step_s"] / ours["dtfm_step_s"],
+            "predicted": ratio("simulated", base),
+            "dtfm": ratio("dtfm", base),
+            "predicted_by_each_leader": plans[base]["predicted_step_s"] / ours["predicted_step_s"],
         }
         for base in PLANS[1:]
         if base in plans

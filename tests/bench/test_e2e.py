@@ -38,7 +38,7 @@ def test_e2e_reports_measured_and_predicted_step_times_for_each_plan(tmp_path, m
     assert report["plans"]["megatron"]["pipelines"] == [[0, 2], [1, 3]]  # Megatron's rank order, by agent
     assert 0 < report["time_scale"] and 0 < report["size_factor"] < 1
     assert set(report["speedups"]) == {"over_megatron"}
-    assert set(report["speedups"]["over_megatron"]) == {"measured", "predicted", "dtfm"}
+    assert set(report["speedups"]["over_megatron"]) == {"measured", "predicted", "dtfm", "predicted_by_each_leader"}
     written = {p.name for p in out.iterdir()}
     assert {"e2e-worldwide.json", "e2e-worldwide.csv"} <= written
     if importlib.util.find_spec("matplotlib") is not None:  # the chart needs the "bench" extra
