@@ -508,7 +508,8 @@ class Agent:
         context = EpochContext(
             me=self.peer_id, train=cfg.train, device=device, transport=self.transport, dht=self.dht,
             stop=self.stop, events=self.events, heartbeat=self.heartbeat, keeper=self.keeper,
-            checkpoint=cfg.checkpoint, call_timeout_s=cfg.transport.call_timeout_s, poll_s=cfg.membership.poll_s,
+            checkpoint=cfg.checkpoint, call_timeout_s=cfg.transport.call_timeout_s,
+            state_timeout_s=cfg.transport.call_timeout_s + cfg.churn.halt_timeout_s, poll_s=cfg.membership.poll_s,
             finish_timeout_s=cfg.membership.finish_timeout_s, should_halt=self._should_halt,
         )  # fmt: skip
         try:

@@ -74,6 +74,7 @@ class EpochContext:
     keeper: StateKeeper
     checkpoint: CheckpointConfig
     call_timeout_s: float
+    state_timeout_s: float  # the state hand-over: its sources may still be training up to the start step
     poll_s: float
     finish_timeout_s: float
     should_halt: Callable[[int | None], bool]  # at a step boundary (steps done; None for a spare)
@@ -140,7 +141,7 @@ def run_epoch(plan: PlanRecord, ctx: EpochContext, peers: dict[str, PeerRecord])
             ctx.transport.connect(peer, peers[peer].maddrs if peer in peers else (), ctx.call_timeout_s)
         trainer = StageTrainer(cfg, role, ctx.device)
         _take_state(plan, role.stage, trainer, ctx)
-        _wait_sends(sends, ctx.call_timeout_s)
+        _wait_sends(sends, ctx.state_timeout_s)
         for step in range(plan.start_step, cfg.steps):
             if ctx.stop.is_set():
                 return EpochOutcome(False, done, tuple(losses))
@@ -188,7 +189,7 @@ def _serve_state(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Ep
             if peer != ctx.me:
                 ctx.transport.connect(peer, peers[peer].maddrs if peer in peers else (), ctx.call_timeout_s)
                 sends += send_state(ctx.transport, peer, ctx.dht.keys.run_id, plan.epoch, plan.start_step, tensors,
-                                    module, ctx.call_timeout_s)
+                                    module, ctx.state_timeout_s)
                 logger.info("epoch %d: sending stage %d's state after step %d to peer %s", plan.epoch, stage,
                             plan.start_step, peer)
     return sends
@@ -216,7 +217,7 @@ def _take_state(plan: PlanRecord, stage: int, trainer: StageTrainer, ctx: EpochC
     else:
         ctx.transport.set_window(ctx.dht.keys.run_id, plan.epoch, step)
         tensors = recv_state(ctx.transport, source, ctx.dht.keys.run_id, plan.epoch, step, trainer.module,
-                             ctx.call_timeout_s)
+                             ctx.state_timeout_s)
     if tensors is not None:
         load_state_tensors(trainer.module, trainer.optimizer, tensors)
     ctx.keeper.reset(stage, plan.stages, step,
@@ -284,9 +285,14 @@ def _idle_as_spare(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: 
     ctx.events.write("role", epoch=plan.epoch, stage=None, replica=None, stages=plan.stages, replicas=plan.replicas,
                      leader=plan.leader, cost_s=plan.cost_s, start_step=plan.start_step)
     try:
-        _wait_sends(sends, ctx.call_timeout_s)
+        _wait_sends(sends, ctx.state_timeout_s)
     except HALTING_ERRORS as e:
         return _halt(plan, ctx, plan.start_step, e)
+    keeper = ctx.keeper
+    if keeper.latest_step is not None and keeper.num_stages == plan.stages:
+        # what this spare keeps (it may have trained before): a source for the leader's next re-plan
+        ctx.heartbeat.flush(ProgressRecord(plan.epoch, keeper.latest_step, None, 0.0, halted=True,
+                                           kept=keeper.kept, stage=keeper.stage))
     while not ctx.stop.wait(ctx.poll_s):
         if set(topology.peers) <= _finished_peers(ctx.dht, plan.epoch, cfg.steps):
             logger.info("the trainers finished all %d steps", cfg.steps)

@@ -59,7 +59,7 @@ class ReplanWatch:
         ours = {p: r for p, r in progress.items() if r.epoch == plan.epoch}
         if all(p in ours and ours[p].step >= steps for p in trainers):
             return None
-        halted = {p: r for p, r in ours.items() if r.halted and p in live}
+        halted = {p: r for p, r in ours.items() if r.halted and p in live}  # spares say what they keep too
         dead = sorted(trainers - live)
         if set(halted) & trainers:
             finished = {p: r for p, r in ours.items() if p in trainers & live and not r.halted and r.step >= steps}
