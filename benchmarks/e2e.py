@@ -4,7 +4,7 @@ the simulated objective's predictions; one table, and e2e.json, e2e.csv and e2e.
 
     python benchmarks/e2e.py [--agents 8] [--stages 4] [--steps 8] [--networks worldwide,spot] [--out DIR]
 
-About four minutes a network on a 2-core machine (three swarms of 8 agents each).
+About five minutes a network on a 2-core machine (three swarms of 8 agents each).
 """
 
 from __future__ import annotations
