@@ -17,6 +17,7 @@ from p2ptrain.planning.plan import Infeasible, Plan, SearchStats
 from p2ptrain.planning.scenarios import PAPER_REFERENCE, SCENARIOS, scenario
 from p2ptrain.planning.scheduler import schedule
 from p2ptrain.planning.search import SearchConfig
+from p2ptrain.planning.simulated import SimulatedObjective, StepProfile, StepWorkload
 from p2ptrain.planning.workload import PAPER_WORKLOAD, Workload, parameter_count, workload_from_model
 
 __all__ = [
@@ -34,6 +35,9 @@ __all__ = [
     "Plan",
     "SearchConfig",
     "SearchStats",
+    "SimulatedObjective",
+    "StepProfile",
+    "StepWorkload",
     "Workload",
     "cluster_from_dict",
     "load_cluster",

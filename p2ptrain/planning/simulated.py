@@ -229,7 +229,7 @@ class SimulatedObjective:
 
         The closed form does not see where a group sits, the simulation does: a slow all-reduce late in
         the pipeline overlaps the backward pass still running through the earlier stages, one at stage 0
-        does not (on the "spot" network that is the difference between 2.0 and 2.8 emulated seconds). So
+        does not (on the "spot" network of 8 devices, Megatron's order is 1.4 times faster than its mirror). So
         the search's groups are put in their best order: every order up to ``MAX_PERMUTED_STAGES`` stages,
         beyond that the mirror image and pairwise exchanges of positions, first improvement, at most
         ``MAX_REFINE_EVALUATIONS`` simulations.
