@@ -154,21 +154,19 @@ def command(
         _train_distributed(cfg, workdir, as_json, print_step, links)
         return
     result = train_reference(cfg, on_step=print_step)
+    _report(cfg, result, as_json, {"device": result.device, "num_parameters": result.num_parameters},
+            f"{cfg.model} ({result.num_parameters:,} parameters) on {result.device}")
+
+
+def _report(cfg, result, as_json: bool, fields: dict, what: str, suffix: str = "") -> None:
+    """One JSON document (losses, step times, config and ``fields``), or one summary line."""
     if as_json:
-        document = {
-            "model": cfg.model,
-            "device": result.device,
-            "num_parameters": result.num_parameters,
-            "losses": result.losses,
-            "step_time_s": result.step_time_s,
-            "config": cfg.to_dict(),
-        }
+        document = {"model": cfg.model, **fields, "losses": result.losses, "step_time_s": result.step_time_s,
+                    "config": cfg.to_dict()}
         click.echo(json.dumps(document))
     else:
-        click.echo(
-            f"trained {cfg.model} ({result.num_parameters:,} parameters) on {result.device}: loss "
-            f"{result.losses[0]:.4f} -> {result.losses[-1]:.4f} in {sum(result.step_time_s):.1f} s"
-        )
+        click.echo(f"trained {what}: loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f} in "
+                   f"{sum(result.step_time_s):.1f} s{suffix}")
 
 
 def _emulated_links(plan, cluster_path, scenario, time_scale, size_factor):
@@ -201,21 +199,7 @@ def _train_distributed(cfg, workdir: str | None, as_json: bool, print_step, link
         result = train_distributed(cfg, workdir=workdir, on_step=print_step, links=links)
     except (RuntimeError, TimeoutError) as e:  # a worker failed or a deadline passed: one line, exit 1
         raise click.ClickException(str(e).splitlines()[0]) from None
-    if as_json:
-        document = {
-            "model": cfg.model,
-            "stages": cfg.stages,
-            "replicas": cfg.replicas,
-            "losses": result.losses,
-            "step_time_s": result.step_time_s,
-            "replicas_identical": result.replicas_identical,
-            "peers": result.peers,
-            "config": cfg.to_dict(),
-        }
-        click.echo(json.dumps(document))
-    else:
-        click.echo(
-            f"trained {cfg.model} on {cfg.stages} stages × {cfg.replicas} replicas: loss "
-            f"{result.losses[0]:.4f} -> {result.losses[-1]:.4f} in {sum(result.step_time_s):.1f} s; "
-            "replicas identical after every step"
-        )
+    fields = {"stages": cfg.stages, "replicas": cfg.replicas, "replicas_identical": result.replicas_identical,
+              "peers": result.peers}
+    _report(cfg, result, as_json, fields, f"{cfg.model} on {cfg.stages} stages × {cfg.replicas} replicas",
+            "; replicas identical after every step")
