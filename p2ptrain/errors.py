@@ -38,3 +38,8 @@ class MessageRejected(ProtocolError):
 
 class StreamClosed(ProtocolError):
     """The connection closed before the receiver's reply: the message may or may not have been taken."""
+
+
+class PeerFailed(ProtocolError):
+    """A peer of this epoch stopped answering heartbeats or reported a failure: the calls of the epoch were
+    cut short (``Transport.abort_epoch``) instead of waiting for their data deadlines."""

@@ -10,7 +10,8 @@ Acceptance rules, for a receiver whose window is (run, epoch, step):
 
 - ``tag.run == run``;
 - ``epoch <= tag.epoch <= epoch + epoch_window`` and ``step <= tag.step <= step + step_window``
-  (older is stale, further is too far ahead; steps count globally across epochs);
+  (older is stale, further is too far ahead; steps count globally across epochs); kinds in
+  ``EPOCH_ONLY_KINDS`` (state backups, sent in the background) are judged by their epoch alone;
 - at most ``max_message_bytes`` per message and ``max_buffered_bytes`` held in total (in flight + unread);
 - one message per (tag, sender) within the window;
 - if the receiver declared the senders of a tag (``expect``), the sender must be one of them, with the
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from p2ptrain.errors import MessageRejected
-from p2ptrain.net.messages import Header, Tag, dtype_name
+from p2ptrain.net.messages import EPOCH_ONLY_KINDS, Header, Tag, dtype_name
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +80,8 @@ class Mailbox:
 
     def _is_stale(self, tag: Tag) -> bool:
         w = self.window
+        if tag.kind in EPOCH_ONLY_KINDS:
+            return tag.run == w.run and tag.epoch < w.epoch
         return tag.run == w.run and (tag.epoch < w.epoch or (tag.epoch == w.epoch and tag.step < w.step))
 
     def window_problem(self, tag: Tag) -> str | None:
@@ -90,7 +93,8 @@ class Mailbox:
         # are compared within one epoch only.
         if self._is_stale(tag):
             return f"stale: epoch {tag.epoch} step {tag.step} is behind the receiver's epoch {w.epoch} step {w.step}"
-        if tag.epoch > w.epoch + self.epoch_window or (tag.epoch == w.epoch and tag.step > w.step + self.step_window):
+        steps_ahead = tag.epoch == w.epoch and tag.step > w.step + self.step_window and tag.kind not in EPOCH_ONLY_KINDS
+        if tag.epoch > w.epoch + self.epoch_window or steps_ahead:
             return (f"too far ahead: epoch {tag.epoch} step {tag.step}, the receiver is at epoch {w.epoch} step "
                     f"{w.step} and accepts {self.epoch_window} epoch(s) and {self.step_window} step(s) ahead")
         return None

@@ -25,6 +25,10 @@ ACTIVATION_GRAD = "activation_grad"
 REDUCE_SHARD = "reduce_shard"
 GATHER_SHARD = "gather_shard"
 PROBE = "probe"
+BACKUP = "backup"  # a stage's state copied to a peer that keeps it warm (``agent.backup``)
+# Kinds judged by epoch only: they are sent in the background and may arrive after the receiver's own
+# training moved past their step.
+EPOCH_ONLY_KINDS = frozenset({BACKUP})
 
 _KIND = re.compile(r"[a-z][a-z0-9_]{0,31}")
 _RUN = re.compile(r"[A-Za-z0-9._-]{1,128}")

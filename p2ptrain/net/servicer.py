@@ -36,6 +36,7 @@ from p2ptrain.net.emulation import LinkEmulator, Reservation
 from p2ptrain.net.mailbox import Mailbox
 from p2ptrain.net.messages import PROBE, Header, Stamp, piece_bounds, tensor_from_bytes
 from p2ptrain.net.pacing import TAIL_LEAD_S, Pacer
+from p2ptrain.net.status import PeerStatus
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +66,7 @@ class TensorServicer(ServicerBase):
         self.pacer = pacer
         self.idle_timeout_s = idle_timeout_s
         self.max_reply_bytes = max_reply_bytes
+        self.status = PeerStatus()  # what a ping answers (``net.status``); the agent keeps it current
 
     @classmethod
     def _get_handle_name(cls, namespace: str | None, method_name: str) -> str:
@@ -102,6 +104,12 @@ class TensorServicer(ServicerBase):
         logger.debug("received %s (%d bytes) from peer %s", header.tag, header.nbytes, sender)
         return make_reply()
 
+    async def rpc_ping(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
+        """A heartbeat: answer at once with our status (the run's name goes in ``uid``); no mailbox involved."""
+        if request.uid != self.mailbox.window.run:
+            return make_reply(error=f"run {request.uid[:100]!r} is not this peer's run")
+        return runtime_pb2.ExpertResponse(metadata=self.status.encode())
+
     async def rpc_probe(
         self, requests: typing.AsyncIterator[runtime_pb2.ExpertRequest], context: P2PContext
     ) -> typing.AsyncIterator[runtime_pb2.ExpertResponse]:
@@ -117,6 +125,7 @@ class TensorServicer(ServicerBase):
                 if problem is not None:
                     raise MessageRejected(problem, peer=sender)
                 await read_payload(pieces, first, header, None)
+                read_s = self.pacer.clock()
                 await self.hold(header)
             except (Malformed, MessageRejected, asyncio.TimeoutError) as e:
                 yield refusal(sender, e)
@@ -128,7 +137,9 @@ class TensorServicer(ServicerBase):
             if reservation is not None:
                 lead_s = TAIL_LEAD_S if arrival is not None else 0.0
                 await self.pacer.sleep_until(reservation.arrive_s - lead_s)
-            yield make_reply(payload=bytes(header.reply_bytes), arrival=arrival)
+            # when the probe arrived, on our clock: the prober times the link one way with it (net.probe)
+            received = self.pacer.stamp(self.pacer.arrived_s(header.arrival, read_s))
+            yield make_reply(payload=bytes(header.reply_bytes), arrival=arrival, received=received)
 
     async def hold(self, header: Header) -> None:
         """Keep a shaped message until its stamped arrival time (see pacing.py)."""
@@ -235,11 +246,14 @@ REFUSAL_CODES = ("refused", "duplicate", "stale")
 
 
 def make_reply(
-    error: str | None = None, payload: bytes = b"", arrival: Stamp | None = None, code: str = "refused"
+    error: str | None = None, payload: bytes = b"", arrival: Stamp | None = None, code: str = "refused",
+    received: Stamp | None = None,
 ) -> runtime_pb2.ExpertResponse:
     metadata = {"ok": True} if error is None else {"error": error[:MAX_ERROR_CHARS], "code": code}
     if arrival is not None:
         metadata["at"] = arrival.to_json()
+    if received is not None:
+        metadata["rx"] = received.to_json()
     tensors = [runtime_pb2.Tensor(buffer=payload)] if payload else []
     return runtime_pb2.ExpertResponse(metadata=json.dumps(metadata).encode(), tensors=tensors)
 
@@ -261,6 +275,7 @@ class Reply:
     payload: bytes = b""
     arrival: Stamp | None = None
     code: str = "refused"  # why, when refused: see MessageRejected
+    received: Stamp | None = None  # a probe reply's: when the probe arrived, on the replier's clock
 
 
 def parse_reply(response: runtime_pb2.ExpertResponse) -> Reply:
@@ -273,9 +288,10 @@ def parse_reply(response: runtime_pb2.ExpertResponse) -> Reply:
             code = metadata.get("code")
             return Reply(str(metadata["error"])[:MAX_ERROR_CHARS], code=code if code in REFUSAL_CODES else "refused")
         arrival = Stamp.from_json(metadata["at"]) if "at" in metadata else None
+        received = Stamp.from_json(metadata["rx"]) if "rx" in metadata else None
     except (UnicodeDecodeError, ValueError):  # JSONDecodeError is a ValueError, as is a bad stamp
         return Reply("the reply is malformed")
-    return Reply(None, response.tensors[0].buffer if response.tensors else b"", arrival)
+    return Reply(None, response.tensors[0].buffer if response.tensors else b"", arrival, received=received)
 
 
 async def first_reply(responses: AsyncIterator[runtime_pb2.ExpertResponse], peer: str) -> runtime_pb2.ExpertResponse:
@@ -291,5 +307,7 @@ async def next_reply(responses: AsyncIterator[runtime_pb2.ExpertResponse], peer:
         return await responses.__anext__()
     except StopAsyncIteration:
         raise StreamClosed("the connection closed before a reply", peer=peer) from None
+    except (ConnectionError, asyncio.IncompleteReadError) as e:  # the peer's daemon went away mid-call
+        raise StreamClosed(f"the connection broke before a reply: {e!r}", peer=peer) from None
     except P2PHandlerError as e:
         raise ProtocolError(f"the call failed on the receiver: {e}", peer=peer) from None

@@ -35,15 +35,17 @@ import hivemind
 import torch
 from hivemind.p2p import P2P, PeerID
 from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError
+from hivemind.proto import runtime_pb2
 from hivemind.utils.multiaddr import Multiaddr
 
-from p2ptrain.errors import MessageRejected, PeerTimeoutError, StreamClosed
+from p2ptrain.errors import MessageRejected, PeerFailed, PeerTimeoutError, ProtocolError, StreamClosed
 from p2ptrain.net.emulation import LinkEmulator
 from p2ptrain.net.mailbox import Mailbox
 from p2ptrain.net.messages import Header, Tag, dtype_name, tensor_bytes
 from p2ptrain.net.pacing import Pacer
 from p2ptrain.net.probe_session import ProbeSession
 from p2ptrain.net.servicer import NAMESPACE, TensorServicer, first_reply, paced_requests, parse_reply
+from p2ptrain.net.status import PeerStatus
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +112,9 @@ class Transport:
         self._owns_daemon = dht is None
         self._closed = False
         self._tasks: set[asyncio.Task] = set()  # calls in flight, cancelled first at shutdown
+        self._task_epochs: dict[asyncio.Task, int] = {}  # the epoch of each send and receive in flight
+        self._aborted_epoch, self._abort_reason = -1, ""  # calls of epochs up to this one fail at once
+        self._aborted_tasks: set[asyncio.Task] = set()
         self._close_lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="p2ptrain-transport", daemon=True)
@@ -154,7 +159,8 @@ class Transport:
         header = Header(tag, dtype_name(tensor.dtype), tuple(tensor.shape))
         if header.nbytes > self.config.max_message_bytes:
             raise ValueError(f"{tag}: {header.nbytes} bytes exceed max_message_bytes={self.config.max_message_bytes}")
-        return self._submit(self._send(str(peer), header, tensor_bytes(tensor), timeout_s or self.config.call_timeout_s))
+        return self._submit(self._send(str(peer), header, tensor_bytes(tensor), timeout_s or self.config.call_timeout_s),
+                            epoch=tag.epoch)
 
     async def _send(self, peer: str, header: Header, payload: bytes, timeout_s: float) -> None:
         reservation = self.emulator.reserve(peer, len(payload))
@@ -244,7 +250,7 @@ class Transport:
         self, tag: Tag, sender: PeerLike, shape: Sequence[int], dtype: torch.dtype, timeout_s: float | None = None
     ) -> concurrent.futures.Future[torch.Tensor]:
         timeout_s = timeout_s or self.config.call_timeout_s
-        return self._submit(self._recv(tag, str(sender), tuple(shape), dtype_name(dtype), timeout_s))
+        return self._submit(self._recv(tag, str(sender), tuple(shape), dtype_name(dtype), timeout_s), epoch=tag.epoch)
 
     async def _recv(self, tag: Tag, sender: str, shape: tuple[int, ...], dtype: str, timeout_s: float) -> torch.Tensor:
         future = self.mailbox.receive(tag, sender, shape, dtype)
@@ -274,19 +280,79 @@ class Transport:
         """Run ``coroutine`` on the transport's loop and wait for its result at most ``timeout_s``."""
         return self._call(coroutine, timeout_s)
 
-    def _submit(self, coroutine: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+    def _submit(self, coroutine: Coroutine[Any, Any, T], epoch: int | None = None) -> concurrent.futures.Future[T]:
         if self._closed:
             coroutine.close()
             raise RuntimeError("the transport is shut down")
-        return asyncio.run_coroutine_threadsafe(self._tracked(coroutine), self._loop)
+        return asyncio.run_coroutine_threadsafe(self._tracked(coroutine, epoch), self._loop)
 
-    async def _tracked(self, coroutine: Coroutine[Any, Any, T]) -> T:
+    async def _tracked(self, coroutine: Coroutine[Any, Any, T], epoch: int | None = None) -> T:
         task = asyncio.current_task()
+        if epoch is not None and epoch <= self._aborted_epoch:
+            coroutine.close()
+            raise PeerFailed(f"epoch {epoch} was aborted: {self._abort_reason}")
         self._tasks.add(task)
+        if epoch is not None:
+            self._task_epochs[task] = epoch
         try:
             return await coroutine
+        except asyncio.CancelledError:
+            if task in self._aborted_tasks:
+                raise PeerFailed(f"epoch {epoch} was aborted: {self._abort_reason}") from None
+            raise
         finally:
             self._tasks.discard(task)
+            self._task_epochs.pop(task, None)
+            self._aborted_tasks.discard(task)
+
+    # --- liveness ------------------------------------------------------------------------------------------
+
+    @property
+    def status(self) -> PeerStatus:
+        return self._servicer.status
+
+    @status.setter
+    def status(self, status: PeerStatus) -> None:
+        """What this peer answers to pings from now on (``net.status``)."""
+        self._servicer.status = status
+
+    def ping_all(self, peers: Sequence[str], timeout_s: float) -> dict[str, PeerStatus | ProtocolError]:
+        """Ping every peer at once; per peer its status, or the error (no answer within ``timeout_s``, a
+        refusal, a malformed answer)."""
+        if not peers:
+            return {}
+        results = self._call(self._ping_all(peers, timeout_s), timeout_s + 5.0)
+        return dict(zip(peers, results, strict=True))
+
+    async def _ping_all(self, peers: Sequence[str], timeout_s: float) -> list[PeerStatus | ProtocolError]:
+        return await asyncio.gather(*(self._ping(str(p), timeout_s) for p in peers))
+
+    async def _ping(self, peer: str, timeout_s: float) -> PeerStatus | ProtocolError:
+        request = runtime_pb2.ExpertRequest(uid=self.run)
+        try:
+            reply = await asyncio.wait_for(self.stub(peer).rpc_ping(request), timeout_s)
+        except asyncio.TimeoutError:
+            return PeerTimeoutError(f"no answer to a ping within {timeout_s:.1f} s", peer=peer)
+        except Exception as e:  # the daemon raises its own types for a peer it cannot reach
+            return ProtocolError(f"ping failed: {type(e).__name__}: {e}", peer=peer)
+        try:
+            return PeerStatus.decode(reply.metadata)
+        except ValueError as e:
+            return ProtocolError(f"bad ping answer: {e}", peer=peer)
+
+    def abort_epoch(self, epoch: int, reason: str) -> None:
+        """Fail every send and receive of epochs up to ``epoch`` now, and any started later, with PeerFailed:
+        a peer of that epoch failed, so waiting for the data deadlines would only delay the re-plan."""
+        self._call(self._in_loop(self._abort, epoch, reason))
+
+    def _abort(self, epoch: int, reason: str) -> None:
+        if epoch <= self._aborted_epoch:
+            return
+        self._aborted_epoch, self._abort_reason = epoch, reason
+        for task, task_epoch in list(self._task_epochs.items()):
+            if task_epoch <= epoch and not task.done():
+                self._aborted_tasks.add(task)
+                task.cancel()
 
     def _call(self, coroutine: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
         future = self._submit(coroutine)

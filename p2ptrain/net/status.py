@@ -1,0 +1,57 @@
+"""What a peer says about itself when pinged: the liveness protocol's payload (pure; no I/O).
+
+Heartbeats are separate from data: a small ``rpc_ping`` on the transport answers at once from the
+transport's event loop, whatever the training thread is doing, with the answerer's ``PeerStatus``. A ping
+that gets no answer says the peer is dead or cut off (``agent.liveness`` decides when); an answer says
+where the peer is, so a failure one trainer noticed spreads to the others in one ping round instead of
+one data deadline.
+
+States: ``idle`` (no epoch being trained: waiting for a plan, a spare, or done), ``train`` (training epoch
+``epoch``, ``step`` steps done), ``fail`` (stopped epoch ``epoch`` because a call or a peer failed: the
+others of that epoch should stop waiting for it), ``halt`` (stopped epoch ``epoch`` at a re-plan point,
+cleanly: nothing to propagate).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+IDLE, TRAIN, FAIL, HALT = "idle", "train", "fail", "halt"
+STATES = (IDLE, TRAIN, FAIL, HALT)
+MAX_STATUS_BYTES = 256
+MAX_COUNTER = 2**53
+
+
+@dataclass(frozen=True)
+class PeerStatus:
+    state: str = IDLE
+    epoch: int = 0
+    step: int = 0
+
+    def __post_init__(self) -> None:
+        if self.state not in STATES:
+            raise ValueError(f"status state {self.state!r} is not one of {', '.join(STATES)}")
+        for name in ("epoch", "step"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNTER:
+                raise ValueError(f"status {name} must be an integer in 0..{MAX_COUNTER}, got {value!r}")
+
+    def encode(self) -> bytes:
+        return json.dumps({"state": self.state, "epoch": self.epoch, "step": self.step}).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> PeerStatus:
+        """The status in a ping reply; ValueError (one line) for anything malformed."""
+        if len(data) > MAX_STATUS_BYTES:
+            raise ValueError(f"status of {len(data)} bytes exceeds {MAX_STATUS_BYTES}")
+        try:
+            m = json.loads(data)
+        except (UnicodeDecodeError, ValueError):
+            raise ValueError("status is not JSON") from None
+        if not isinstance(m, dict):
+            raise ValueError("status is not a JSON object")
+        try:
+            return cls(m.get("state"), m.get("epoch"), m.get("step"))
+        except TypeError:
+            raise ValueError("status has the wrong fields") from None

@@ -1,0 +1,119 @@
+"""Heartbeat pings and epoch aborts on real libp2p daemons over loopback (``Transport.ping_all``,
+``Transport.abort_epoch``), and the mailbox's epoch-only kinds (state copies sent in the background)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from p2ptrain.errors import PeerFailed, PeerTimeoutError, ProtocolError
+from p2ptrain.net.messages import ACTIVATION, BACKUP, Tag
+from p2ptrain.net.status import FAIL, TRAIN, PeerStatus
+from p2ptrain.net.transport import Transport, TransportConfig
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+RUN = "pingtest"
+CONFIG = TransportConfig(call_timeout_s=30.0)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    with Transport(RUN, CONFIG) as a, Transport(RUN, CONFIG, initial_peers=a.visible_maddrs) as b:
+        yield a, b
+
+
+def test_a_ping_answers_with_the_peers_status(pair):
+    a, b = pair
+    b.status = PeerStatus(TRAIN, 3, 17)
+    (result,) = a.ping_all([str(b.peer_id)], timeout_s=10.0).values()
+    assert result == PeerStatus(TRAIN, 3, 17)
+    b.status = PeerStatus(FAIL, 3, 17)
+    assert a.ping_all([str(b.peer_id)], timeout_s=10.0)[str(b.peer_id)].state == FAIL
+
+
+def test_a_ping_of_another_run_is_refused(pair):
+    a, _ = pair
+    with Transport("otherrun", CONFIG, initial_peers=a.visible_maddrs) as other:
+        result = other.ping_all([str(a.peer_id)], timeout_s=10.0)[str(a.peer_id)]
+    assert isinstance(result, ProtocolError) and "bad ping answer" in str(result)
+
+
+def test_a_status_is_validated_both_ways():
+    with pytest.raises(ValueError, match="state"):
+        PeerStatus("dancing", 0, 0)
+    for garbage in (b"", b"[1]", b'{"state": "train", "epoch": -1, "step": 0}', b"x" * 300,
+                    b'{"state": "train", "epoch": true, "step": 0}'):
+        with pytest.raises(ValueError):
+            PeerStatus.decode(garbage)
+    assert PeerStatus.decode(PeerStatus(TRAIN, 2, 5).encode()) == PeerStatus(TRAIN, 2, 5)
+
+
+def test_aborting_an_epoch_fails_its_pending_and_later_calls_at_once(pair):
+    a, b = pair
+    a.set_window(RUN, 5, 0)
+    waiting = a.recv_async(Tag(RUN, 5, 0, ACTIVATION), b.peer_id, (4,), torch.float32, timeout_s=60.0)
+    time.sleep(0.2)
+    started = time.monotonic()
+    a.abort_epoch(5, "peer X stopped answering heartbeats")
+    with pytest.raises(PeerFailed, match="peer X stopped answering"):
+        waiting.result(timeout=10.0)
+    assert time.monotonic() - started < 10.0  # not the 60 s deadline
+    with pytest.raises(PeerFailed):
+        a.recv(Tag(RUN, 5, 1, ACTIVATION), b.peer_id, (4,), torch.float32, timeout_s=60.0)
+    # a newer epoch is not affected
+    a.set_window(RUN, 6, 0)
+    b.send(a.peer_id, Tag(RUN, 6, 0, ACTIVATION), torch.ones(4))
+    assert torch.equal(a.recv(Tag(RUN, 6, 0, ACTIVATION), b.peer_id, (4,), torch.float32), torch.ones(4))
+
+
+def test_copies_are_judged_by_epoch_only(pair):
+    a, b = pair
+    a.set_window(RUN, 7, 40)
+    # a step behind and far ahead of the receiver's window: still taken for a backup, not for an activation
+    b.send(a.peer_id, Tag(RUN, 7, 3, BACKUP, 1, 0), torch.arange(5.0))
+    b.send(a.peer_id, Tag(RUN, 7, 900, BACKUP, 1, 0), torch.arange(6.0))
+    with pytest.raises(ProtocolError, match="stale"):
+        b.send(a.peer_id, Tag(RUN, 7, 3, ACTIVATION), torch.arange(5.0))
+    assert a.recv(Tag(RUN, 7, 3, BACKUP, 1, 0), b.peer_id, (5,), torch.float32).sum() == 10
+    assert a.recv(Tag(RUN, 7, 900, BACKUP, 1, 0), b.peer_id, (6,), torch.float32).sum() == 15
+    a.set_window(RUN, 8, 0)  # an older epoch's copy is stale
+    with pytest.raises(ProtocolError, match="stale"):
+        b.send(a.peer_id, Tag(RUN, 7, 4, BACKUP, 1, 0), torch.arange(5.0))
+
+
+STOPPABLE = """
+import sys, time
+from p2ptrain.net.transport import Transport
+t = Transport("pingtest", initial_peers=sys.argv[1:])
+print(t.peer_id, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_stopped_peer_times_out_and_a_killed_one_is_unreachable(pair):
+    a, _ = pair
+    child = subprocess.Popen([sys.executable, "-c", STOPPABLE, *a.visible_maddrs], stdout=subprocess.PIPE,
+                             text=True, start_new_session=True)
+    try:
+        peer = child.stdout.readline().strip()
+        assert isinstance(a.ping_all([peer], timeout_s=10.0)[peer], PeerStatus)
+        os.killpg(child.pid, signal.SIGSTOP)  # the process and its daemon: cut off, not dead
+        result = a.ping_all([peer], timeout_s=1.0)[peer]
+        assert isinstance(result, PeerTimeoutError), result
+        os.killpg(child.pid, signal.SIGCONT)
+        assert isinstance(a.ping_all([peer], timeout_s=10.0)[peer], PeerStatus)
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait(timeout=10)
+        results = [a.ping_all([peer], timeout_s=2.0)[peer] for _ in range(3)]
+        assert all(isinstance(r, ProtocolError) for r in results), results
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait(timeout=10)
