@@ -1,12 +1,19 @@
-"""Churn benchmark: how long a swarm takes to recover from a SIGKILLed agent, beside its step time.
+"""Churn benchmark: how long a swarm takes from a failure to its next completed step, with the defaults a
+user gets, beside the same runs without heartbeats and warm copies (how p2ptrain recovered before them).
 
-    python benchmarks/churn.py [--agents 6] [--stages 3] [--steps 10] [--call-timeout 4] [--peer-ttl 4] [--json]
+    python benchmarks/churn.py [--json] [--only kill|partition]
 
-Runs a loopback swarm (Megatron plans, checkpoints every 2 steps) that loses a non-leader agent with step 3
-in flight and then the leader with step 7 in flight, and prints, per re-plan, the seconds from the kill to
-the next completed step, the same in median step times, and why the leader re-planned. Recovery is bounded
-by the call deadline (the survivors halt), the peer record lifetime (the dead peer leaves the membership),
-the plan's publication and the state hand-over; the printed ratio says what that costs in steps.
+Two runs, each twice (defaults; then ``--no-liveness --no-warm-copies``), in one invocation:
+
+* **kill**: the paper's world-wide network emulated on 6 agents (3 stages), an agent SIGKILLed with step 3
+  in flight, then the leader with step 6 in flight (``p2ptrain swarm --agents 6 --stages 3 --steps 10
+  --kill 4@3 --kill leader@6``);
+* **partition**: 4 agents on loopback (2 stages), one agent other than the leader cut off (SIGSTOP of its
+  processes) with step 3 in flight, for 20 s.
+
+Per re-plan: the seconds from the failure to the next completed step, the same in median step times,
+where the new epoch starts and how many steps were redone; and what the warm copies cost (one copy's
+predicted seconds, every how many steps, seconds per step).
 """
 
 from __future__ import annotations
@@ -21,38 +28,58 @@ from p2ptrain.agent.swarm import SwarmConfig, run_swarm
 from p2ptrain.net.identity import load_or_create_identity
 from p2ptrain.net.lifecycle import StopSignal
 
+TODAY = {"liveness": False, "warm_copies": False}
+
+
+def _configs(only: str | None) -> list[tuple[str, str, SwarmConfig]]:
+    runs = []
+    for label, extra in (("defaults", {}), ("no heartbeats, no copies", TODAY)):
+        if only in (None, "kill"):
+            workdir = tempfile.mkdtemp(prefix="p2ptrain-bench-churn-kill-")
+            runs.append(("kill", label, SwarmConfig(agents=6, stages=3, steps=10, workdir=workdir,
+                                                     kills=(("4", 3), ("leader", 6)), **extra)))
+        if only in (None, "partition"):
+            workdir = tempfile.mkdtemp(prefix="p2ptrain-bench-churn-partition-")
+            ids = [load_or_create_identity(f"{workdir}/agent-{k}.id").peer_id for k in range(4)]
+            cut = next(str(k) for k in range(4) if ids[k] != min(ids))
+            runs.append(("partition", label, SwarmConfig(agents=4, stages=2, steps=12, scenario=None, workdir=workdir,
+                                                          partitions=((cut, 3, 20.0),), **extra)))
+    return runs
+
 
 @click.command()
-@click.option("--agents", default=6, show_default=True)
-@click.option("--stages", default=3, show_default=True)
-@click.option("--steps", default=10, show_default=True)
-@click.option("--call-timeout", default=4.0, show_default=True)
-@click.option("--peer-ttl", default=4.0, show_default=True)
+@click.option("--only", type=click.Choice(["kill", "partition"]), help="Run one of the two scenarios.")
 @click.option("--json", "as_json", is_flag=True)
-def main(agents: int, stages: int, steps: int, call_timeout: float, peer_ttl: float, as_json: bool) -> None:
-    workdir = tempfile.mkdtemp(prefix="p2ptrain-bench-churn-")
-    ids = [load_or_create_identity(f"{workdir}/agent-{k}.id").peer_id for k in range(agents)]
-    replica = next(k for k in range(agents) if ids[k] != min(ids))
-    config = SwarmConfig(agents=agents, stages=stages, steps=steps, scenario=None, strategy="megatron",
-                         workdir=workdir, call_timeout_s=call_timeout, peer_ttl_s=peer_ttl, checkpoint_every=2,
-                         kills=((str(replica), 3), ("leader", 7)))  # fmt: skip
-    with StopSignal() as stop:
-        result = run_swarm(config, stop)
-    summary = result.summary
-    step_s = summary["median_step_time_s"] or float("nan")
-    rows = [{**r, "steps_lost": (r["recovery_s"] / step_s) if r["recovery_s"] is not None else None}
-            for r in summary["replans"]]  # fmt: skip
+def main(only: str | None, as_json: bool) -> None:
+    results = []
+    for scenario, label, config in _configs(only):
+        click.echo(f"running {scenario} ({label}) in {config.workdir} ...", err=True)
+        with StopSignal() as stop:
+            result = run_swarm(config, stop)
+        summary = result.summary
+        step_s = summary["median_step_time_s"] or float("nan")
+        replans = [{**r, "in_steps": r["recovery_s"] / step_s if r["recovery_s"] is not None else None}
+                   for r in summary["replans"]]  # fmt: skip
+        results.append({"scenario": scenario, "settings": label, "ok": result.ok, "median_step_time_s": step_s,
+                        "restarted_from_zero": any(r["start_step"] == 0 for r in replans), "replans": replans,
+                        "workdir": result.workdir})  # fmt: skip
     if as_json:
-        click.echo(json.dumps({"ok": result.ok, "median_step_time_s": step_s, "replans": rows,
-                               "call_timeout_s": call_timeout, "peer_ttl_s": peer_ttl}))
+        click.echo(json.dumps(results))
         return
-    click.echo(f"{agents} agents, {stages} stages, {steps} steps on loopback; call deadline {call_timeout:g} s, "
-               f"peer record lifetime {peer_ttl:g} s; finished: {result.ok}; median step {step_s:.3f} s")
-    click.echo(f"{'epoch':>5} {'from step':>9} {'recovery s':>10} {'in steps':>8}  reason")
-    for r in rows:
-        recovery = f"{r['recovery_s']:10.2f} {r['steps_lost']:7.1f}×" if r["recovery_s"] is not None else f"{'—':>10} {'—':>8}"
-        click.echo(f"{r['epoch']:>5} {r['start_step']:>9} {recovery}  {r['reason'][:90]}")
-    click.echo(f"logs: {workdir}")
+    click.echo(f"{'scenario':<10} {'settings':<25} {'ok':<5} {'step s':>6}  {'epoch':>5} {'kind':<8} {'from':>4} "
+               f"{'redone':>6} {'recovery s':>10} {'in steps':>8}  copies (every, s/copy, s/step)")
+    for run in results:
+        for r in run["replans"] or [{}]:
+            copies = r.get("warm_copies") or {}
+            recovery = (f"{r['recovery_s']:10.1f} {r['in_steps']:7.1f}×" if r.get("recovery_s") is not None
+                        else f"{'—':>10} {'—':>8}")  # fmt: skip
+            copy = (f"{copies['every_steps']}, {copies['copy_s']:.3f}, {copies['per_step_s']:.4f}"
+                    if copies.get("every_steps") else "off")  # fmt: skip
+            click.echo(f"{run['scenario']:<10} {run['settings']:<25} {str(run['ok']):<5} {run['median_step_time_s']:6.2f}  "
+                       f"{r.get('epoch', '—'):>5} {r.get('kind', '—'):<8} {r.get('start_step', '—'):>4} "
+                       f"{r.get('steps_redone', '—'):>6} {recovery}  {copy}")
+    click.echo("recovery: seconds from the kill (or the cut) to the next completed step; from: the step the new "
+               "epoch starts at; redone: steps trained again")
 
 
 if __name__ == "__main__":

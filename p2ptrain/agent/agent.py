@@ -24,6 +24,11 @@ States, driven by one loop in the calling (main) thread, every ``membership.poll
    ``churn.restart_point``: a surviving replica's kept state, else the last checkpoint). Joiners wait
    until the next re-plan point, then the trainers stop at the plan's start step and hand over their
    stages' states. Checkpoints (``[checkpoint]``) are written by replica 0 of each stage every K steps.
+6. **liveness and warm copies**: a heartbeat thread (``liveness.LivenessMonitor``) pings the members; a dead
+   trainer, or one that failed its epoch, aborts our epoch's pending calls at once, and dead peers leave
+   our view of the live members until they answer again. Every plan names a backup peer per stage that
+   keeps a warm copy of it (``backup``); every agent keeps its copies on its own disk (``state_store``),
+   which ``checkpoint.resume`` restarts a whole swarm from.
 
 SIGTERM/SIGINT (the ``StopSignal``) interrupt any state: a blocked step is cut short by shutting the
 transport down, and the DHT process and p2pd are stopped in order, so nothing is left running.
@@ -35,6 +40,7 @@ import collections
 import concurrent.futures
 import dataclasses
 import logging
+import os
 import statistics
 import threading
 import time
@@ -42,29 +48,34 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from p2ptrain.agent.churn import CHECKPOINT, join_start, source_indices
+from p2ptrain.agent.churn import copies_of, join_start, restart_point, source_indices
 from p2ptrain.agent.config import AgentConfig
 from p2ptrain.agent.epoch import EpochContext, EpochOutcome, Heartbeat, run_epoch
 from p2ptrain.agent.events import EventLog
 from p2ptrain.agent.leader import (
     build_cluster,
     cluster_order,
+    compute_estimate_s,
     link_gaps,
     make_plan,
     run_workload,
+    stage_state_bytes,
     trainers_and_spares,
+    warm_copies,
 )
 from p2ptrain.agent.links import LinkProber
+from p2ptrain.agent.liveness import LivenessMonitor, epoch_failure
 from p2ptrain.agent.membership import Membership, MembershipTracker, plan_trigger
 from p2ptrain.agent.profile import profile_device
 from p2ptrain.agent.replan import JOIN, Replan, ReplanWatch
 from p2ptrain.agent.stage_state import StateKeeper
+from p2ptrain.agent.state_store import StateStore
 from p2ptrain.errors import ProtocolError
 from p2ptrain.net.dht import SwarmDHT
 from p2ptrain.net.election import latest_plan
 from p2ptrain.net.emulation import EmulationConfig, LinkEmulator, scaled_link
 from p2ptrain.net.lifecycle import StopSignal, shutdown_in_order
-from p2ptrain.net.records import ComputeMeasurement, PeerRecord, PlanRecord
+from p2ptrain.net.records import NO_BACKUP, ComputeMeasurement, PeerRecord, PlanRecord, ProgressRecord
 from p2ptrain.net.transport import Transport
 from p2ptrain.planning import Cluster, Workload, load_cluster
 from p2ptrain.planning.simulated import StepWorkload
@@ -102,6 +113,8 @@ class _Planning:
     replan: Replan | None = None  # None: the run's first plan
     start_step: int = 0
     sources: tuple[str, ...] = ()
+    members: Cluster | None = None  # every member's links (trainers in ``devices`` order, then spares)
+    step_s: float = 0.0  # the measured step time (0: not measured yet)
 
 
 class Agent:
@@ -135,6 +148,10 @@ class Agent:
         self._done_now: int | None = None  # steps done in the epoch being trained
         self._watch = ReplanWatch(config.churn)
         self.keeper = StateKeeper(config.churn.keep_states)
+        self.store: StateStore | None = None
+        self.liveness: LivenessMonitor | None = None
+        self._aborted = -1  # the last epoch the heartbeats aborted
+        self._training: int | None = None  # the epoch being trained (None between epochs)
         self._last_wait_note = ""
         self._finished = threading.Event()
         self.heartbeat: Heartbeat | None = None
@@ -158,6 +175,11 @@ class Agent:
             try:
                 self.dht = SwarmDHT(cfg.run, cfg.dht).start()
                 self.transport = Transport(cfg.run, cfg.transport, dht=self.dht.hivemind_dht, emulator=self.emulator)
+                self.store = StateStore(self.keeper, self._local_dir(), cfg.train.model, cfg.train.seed)
+                if cfg.checkpoint.resume:
+                    self._offer_saved_states()
+                if cfg.liveness.enabled:
+                    self.liveness = LivenessMonitor(self.transport, cfg.liveness, on_round=self._on_heartbeats).start()
                 self._publish_peer_record(profile, compute)
                 self.prober = LinkProber(self.transport, self.dht, cfg.links, on_publish=self._on_links).start()
                 self.heartbeat = Heartbeat(self.dht)
@@ -183,6 +205,8 @@ class Agent:
     def _shutdown(self) -> None:
         timeout_s = self.config.transport.shutdown_timeout_s
         shutdown_in_order([
+            ("stop heartbeat pings", lambda: self.liveness and self.liveness.stop(timeout_s)),
+            ("finish writing state copies", lambda: self.store and self.store.close(timeout_s)),
             ("stop the link prober", lambda: self.prober and self.prober.stop(timeout_s)),
             ("stop the planner", lambda: self._planner.shutdown(wait=False, cancel_futures=True)),
             ("stop heartbeats", lambda: self.heartbeat and self.heartbeat.close()),
@@ -195,6 +219,38 @@ class Agent:
         assert self.dht is not None
         return self.dht.peer_id
 
+    def _local_dir(self) -> Path | None:
+        """Where this agent keeps its own state copies (``[checkpoint] local_dir``; "" for nowhere)."""
+        local = self.config.checkpoint.local_dir
+        if local == "":
+            return None
+        if local is not None:
+            return Path(local)
+        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        return cache / "p2ptrain" / "state" / self.config.run / self.peer_id
+
+    def _offer_saved_states(self) -> None:
+        """``--resume``: say which stage states our own disk holds, before the leader plans (peer record
+        after this), so that the first plan restarts from them."""
+        found = self.store.scan_disk(self.config.train.stages)
+        logger.info("resume: %d verified state copies on this agent's disk%s", len(found),
+                    f" (newest step {max(s for _, s in found)})" if found else "")
+        self.dht.publish_progress(ProgressRecord(0, 0, None, 0.0, halted=True, holds=tuple(found[-32:])))
+
+    def _on_heartbeats(self) -> None:
+        """After every heartbeat round (the liveness thread): abort the epoch being trained if one of its
+        trainers is dead or failed it, or if this agent itself was silent long enough to be counted dead."""
+        silent_s = self.liveness.take_silence()
+        plan = self._following
+        if plan is None or plan.epoch <= self._aborted or plan.epoch != self._training:
+            return
+        reason = epoch_failure(plan, self.peer_id, self.liveness.dead(), self.liveness.statuses())
+        if reason is None and silent_s > self.config.liveness.timeout_s:
+            reason = f"this agent was silent for {silent_s:.0f} s (stopped or cut off): its peers re-planned without it"
+        if reason is not None:
+            self._aborted = plan.epoch
+            logger.warning("epoch %d: %s; halting it", plan.epoch, reason)
+            self.transport.abort_epoch(plan.epoch, reason)
     def _calibrate(self, device) -> ComputeMeasurement | None:
         """For the simulated objective: time the run's model on this device (``runtime.calibration``)."""
         cfg = self.config
@@ -244,6 +300,10 @@ class Agent:
                 if self.stop.is_set():
                     break
                 continue
+            if self._finished_without_me():
+                logger.info("the run finished without this agent (not a member of the last plan)")
+                self.events.write("done", epoch=self._newest_seen.epoch, steps=0, stage=None, params_sha256=None)
+                return AgentResult(self.peer_id, True, 0)
             membership = self._membership
             if membership.leader == self.peer_id:
                 self._lead(membership)
@@ -280,6 +340,10 @@ class Agent:
         except ProtocolError as e:
             logger.warning("reading the peer records failed: %s; keeping the last view", e)
             return previous
+        if self.liveness is not None:
+            self.liveness.watch(self._watch_targets(membership))
+            dead = self.liveness.dead()
+            membership = Membership({p: r for p, r in membership.peers.items() if p not in dead or p == self.peer_id})
         for peer, record in membership.peers.items():
             if peer == self.peer_id:
                 continue
@@ -296,6 +360,21 @@ class Agent:
             if p != self.peer_id and p in self._dialled and tracker.known_for_s(p) >= settle_s
         )  # fmt: skip
         return membership
+
+    def _watch_targets(self, membership: Membership) -> set[str]:
+        """Whom to ping: every member in a small run; beyond ``watch_all_up_to``, the peers of our pipeline
+        and replica group, the leader and the next in line (who watch everyone)."""
+        others = [p for p in membership.ids if p != self.peer_id]
+        first_two = set(membership.ids[:2])
+        if len(others) <= self.config.liveness.watch_all_up_to or self.peer_id in first_two:
+            return set(others)
+        targets = first_two - {self.peer_id}
+        plan = self._following
+        if plan is not None and plan.position_of(self.peer_id) is not None:
+            row, stage = plan.position_of(self.peer_id)
+            targets |= {plan.peer_at(row, j) for j in (stage - 1, stage + 1) if 0 <= j < plan.stages}
+            targets |= {plan.peer_at(i, stage) for i in range(plan.replicas)}
+        return (targets & set(others)) | {p for p in others if p not in (plan.membership if plan else ())}
 
     def _shape_link(self, peer: str, record: PeerRecord) -> None:
         """Emulate the link to ``peer`` as the network's link from our device to the one it plays."""
@@ -367,23 +446,34 @@ class Agent:
             self._note_waiting(f"leading; {trigger}; waiting for {len(gaps)} of {len(trainers) * (len(trainers) - 1)} "
                                "link measurements")
             return
-        start_step, sources, trigger = self._first_start(trigger)
+        start_step, sources, trigger = self._first_start(trigger, membership)
         self._start_planning(membership, trainers, spares, rows, trigger, None, start_step, sources)
 
-    def _first_start(self, trigger: str) -> tuple[int, tuple[str, ...], str]:
-        """Step 0 from the seed, or with ``checkpoint.resume`` the last complete checkpoint."""
+    def _first_start(self, trigger: str, membership: Membership) -> tuple[int, tuple[str, ...], str]:
+        """Step 0 from the seed, or with ``checkpoint.resume`` the newest step every stage has a copy of:
+        on a live member's own disk (their first heartbeats say which), or in the shared checkpoint dir."""
         ckpt, train = self.config.checkpoint, self.config.train
-        step = latest_complete(ckpt.dir, train.stages, train.model) if ckpt.resume else None
-        if step is None:
-            if ckpt.resume:
-                logger.warning("resume: no complete checkpoint of %d stages of %s in %s; starting at step 0",
-                               train.stages, train.model, ckpt.dir)
+        if not ckpt.resume:
             return 0, (), trigger
-        return step, (CHECKPOINT,) * train.stages, f"{trigger}; resumed from the checkpoint of step {step}"
+        try:
+            progress = self.dht.read_progress()
+        except ProtocolError as e:
+            logger.warning("resume: reading the members' copies failed (%s)", e)
+            progress = {}
+        holdings = {p: copies_of(r.holds) for p, r in progress.items() if p in membership}
+        shared = latest_complete(ckpt.dir, train.stages, train.model) if ckpt.dir else None
+        restart = restart_point(train.stages, holdings, [shared] if shared is not None else [])
+        if restart.step == 0:
+            logger.warning("resume: no step has a copy of all %d stages of %s on the live agents' disks%s; "
+                           "starting at step 0", train.stages, train.model,
+                           f" or in {ckpt.dir}" if ckpt.dir else "")  # fmt: skip
+            return 0, (), trigger
+        where = "the checkpoint" if restart.from_checkpoint else "the agents' own copies"
+        return restart.step, restart.sources, f"{trigger}; resumed from {where} of step {restart.step}"
 
     def _replan(self, current: PlanRecord, membership: Membership) -> None:
         settle_s = self.config.dht.peer_ttl_s
-        if time.monotonic() - self._started < settle_s:
+        if self._following is None and self._published is None and time.monotonic() - self._started < settle_s:
             # A peer that just started (a joiner) has not seen every live peer's record yet: in one record
             # lifetime every live peer refreshed its own.
             self._note_waiting(f"leading; learning who is live ({settle_s:.0f} s) before re-planning")
@@ -408,12 +498,16 @@ class Agent:
         except ProtocolError:
             rows = {}
         restart = replan.restart
+        times = [r.step_time_s for r in progress.values() if r.epoch == current.epoch and r.step_time_s > 0]
         self._start_planning(Membership(peers), trainers, spares, rows, replan.reason, replan,
-                             restart.step if restart else 0, restart.sources if restart else ())
+                             restart.step if restart else 0, restart.sources if restart else (),
+                             statistics.median(times) if times else 0.0)
 
     def _start_planning(self, membership: Membership, trainers: list[str], spares: list[str], rows, trigger: str,
-                        replan: Replan | None, start_step: int, sources: tuple[str, ...]) -> None:  # fmt: skip
+                        replan: Replan | None, start_step: int, sources: tuple[str, ...],
+                        step_s: float = 0.0) -> None:  # fmt: skip
         cluster = build_cluster(trainers, membership.peers, rows, self.config.emulation)
+        members = build_cluster(trainers + spares, membership.peers, rows, self.config.emulation) if spares else cluster
         stages = self.config.train.stages
         workload = run_workload(self.config.train, stages, len(trainers) // stages, self.config.emulation.size_factor)
         if self.config.plan.objective == "simulated":
@@ -424,7 +518,7 @@ class Agent:
         epoch = max(self._next_epoch, self._max_epoch_seen + 1)
         future = self._planner.submit(make_plan, cluster, workload, stages, self.config.plan)
         self._planning = _Planning(epoch, membership.ids, trainers, spares, cluster, workload, trigger, future,
-                                   replan, start_step, sources)
+                                   replan, start_step, sources, members, step_s)
 
     def _step_workload(self, workload: Workload, trainers: list[str], membership: Membership, stages: int) -> Workload:
         """The workload with the trainers' calibrated step profile, in the (emulated) network's units."""
@@ -454,8 +548,13 @@ class Agent:
                                (self._following or self._newest_seen).epoch)
                 return
             start_step, sources = point
+        copies = self._warm_copies(planning, plan)
+        index = {p: i for i, p in enumerate(record.membership)}
         record = dataclasses.replace(record, start_step=start_step, reason=planning.trigger[:120],
-                                     sources=source_indices(sources, record.membership))
+                                     sources=source_indices(sources, record.membership),
+                                     backups=tuple(NO_BACKUP if p is None else index[p] for p in copies["peers"]),
+                                     backup_every=copies["every_steps"])  # fmt: skip
+        plan = {**plan, "warm_copies": copies}
         self.dht.publish_plan(record)
         self._published = record
         self._next_epoch = planning.epoch + 1
@@ -472,6 +571,22 @@ class Agent:
                       **({"step": dataclasses.asdict(planning.workload.step)}
                          if isinstance(planning.workload, StepWorkload) else {})},
         )  # fmt: skip
+
+    def _warm_copies(self, planning: _Planning, plan: dict[str, Any]) -> dict[str, Any]:
+        """Who keeps each stage's warm copy, and how often (``leader.warm_copies``); the step time is the
+        one measured in the last epoch, else the plan's prediction plus the slowest trainer's compute."""
+        cfg = self.config
+        scale = cfg.emulation.time_scale if cfg.emulation.enabled else 1.0
+        step_s = planning.step_s or plan["cost_s"] * scale + compute_estimate_s(
+            cfg.train, plan["stages"], plan["replicas"], min(d.tflops for d in planning.cluster.devices))
+        churn = cfg.churn
+        if not planning.step_s and churn.backup_every == "auto":
+            churn = dataclasses.replace(churn, backup_max_every=min(churn.backup_max_every, churn.backup_first_every))
+        copies = warm_copies(plan, planning.devices, planning.spares, planning.members or planning.cluster,
+                             stage_state_bytes(cfg.train, cfg.train.stages), step_s, churn, cfg.emulation)
+        logger.info("warm copies every %d step(s) (one copy %.3f s, %.4f s per step) to %s", copies["every_steps"],
+                    copies["copy_s"], copies["per_step_s"], copies["peers"])
+        return copies
 
     def _join_point(self, record: PlanRecord) -> tuple[int, tuple[str, ...]] | None:
         """A join re-plan's start (``churn.join_start``) and sources: each stage's lowest-replica trainer of
@@ -493,6 +608,20 @@ class Agent:
             sources.append(live[0])
         return join_start(seen), tuple(sources)
 
+    def _finished_without_me(self) -> bool:
+        """Whether the newest plan (we are not a member: we came back after being left out) is done: every
+        one of its trainers trained the last step."""
+        plan = self._newest_seen
+        if plan is None or self.peer_id in plan.membership:
+            return False
+        try:
+            progress = self.dht.read_progress()
+        except ProtocolError:
+            return False
+        trainers = {plan.peer_at(i, j) for i in range(plan.replicas) for j in range(plan.stages)}
+        done = {p for p, r in progress.items() if r.epoch == plan.epoch and r.step >= self.config.train.steps}
+        return trainers <= done
+
     def _note_waiting(self, note: str) -> None:
         if note != self._last_wait_note:
             self._last_wait_note = note
@@ -504,14 +633,18 @@ class Agent:
         cfg = self.config
         self._following = plan
         self._done_now = None
-        self.prober.pause(timeout_s=cfg.links.probe.deadline_s)  # training must not queue behind a probe
+        self.prober.pause(timeout_s=min(cfg.links.probe.deadline_s, cfg.links.pause_wait_s))  # nor queue behind a probe
+        # Heartbeats notice failures; the data deadline only has to allow the plan's slowest step.
+        scale = cfg.emulation.time_scale if cfg.emulation.enabled else 1.0
+        call_timeout_s = max(cfg.transport.call_timeout_s, cfg.liveness.deadline_multiple * plan.cost_s * scale)
         context = EpochContext(
             me=self.peer_id, train=cfg.train, device=device, transport=self.transport, dht=self.dht,
-            stop=self.stop, events=self.events, heartbeat=self.heartbeat, keeper=self.keeper,
-            checkpoint=cfg.checkpoint, call_timeout_s=cfg.transport.call_timeout_s,
-            state_timeout_s=cfg.transport.call_timeout_s + cfg.churn.halt_timeout_s, poll_s=cfg.membership.poll_s,
+            stop=self.stop, events=self.events, heartbeat=self.heartbeat, keeper=self.keeper, store=self.store,
+            checkpoint=cfg.checkpoint, call_timeout_s=call_timeout_s,
+            state_timeout_s=call_timeout_s + cfg.churn.halt_timeout_s, poll_s=cfg.membership.poll_s,
             finish_timeout_s=cfg.membership.finish_timeout_s, should_halt=self._should_halt,
         )  # fmt: skip
+        self._training = plan.epoch
         try:
             return run_epoch(plan, context, dict(self._membership.peers))
         except Exception:
@@ -519,6 +652,7 @@ class Agent:
                 return EpochOutcome(False, 0)
             raise
         finally:
+            self._training = None
             self._done_now = None
             if not self.stop.is_set():
                 self.prober.resume()

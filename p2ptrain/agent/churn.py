@@ -13,14 +13,17 @@ trainers' completed-step counts differ by at most one. With s = min over stages 
 surviving replicas of steps completed), every count is in {s − 1, s, s + 1}: each stage has a replica
 holding step s (its latest or the one before), replicas ahead roll back to it, replicas behind fetch it.
 
-``restart_point`` generalises this to what the halted peers report they keep (their last ``kept`` steps)
-plus the complete checkpoints on disk: the largest step for which every stage has a source. When every
-replica of a stage is gone, that is the last complete checkpoint (or step 0: the seed).
+``restart_point`` generalises this to what the halted peers report they keep (their last ``kept`` steps),
+the warm copies they hold (``ProgressRecord.holds``: other stages' states sent to them every
+``backup_every`` steps, and their own copies on disk, ``agent.backup``), plus the complete checkpoints of a
+shared directory: the largest step for which every stage has a source. When every replica of a stage is
+gone, that is its last warm copy's step (every trainer keeps its own state at those steps too), else the
+last complete checkpoint, else step 0 (the seed).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from p2ptrain.net.records import SOURCE_CHECKPOINT, SOURCE_INIT, PlanRecord
@@ -31,39 +34,51 @@ INIT = "init"
 
 @dataclass(frozen=True)
 class Holding:
-    """What a live peer keeps: stage ``stage``'s states after steps ``first`` … ``last``."""
+    """What a live peer keeps: stage ``stage``'s states after steps ``first`` … ``last``; ``copy``: a warm
+    copy (of a stage it does not train, or on its disk), not a trainer's kept state."""
 
     stage: int
     first: int
     last: int
+    copy: bool = False
 
     def holds(self, stage: int, step: int) -> bool:
         return stage == self.stage and self.first <= step <= self.last
+
+
+def copies_of(holds: Iterable[tuple[int, int]]) -> list[Holding]:
+    """``ProgressRecord.holds`` pairs as holdings."""
+    return [Holding(stage, step, step, copy=True) for stage, step in holds]
 
 
 @dataclass(frozen=True)
 class Restart:
     step: int  # the new epoch starts with this many steps completed
     sources: tuple[str, ...]  # per stage: a peer ID, CHECKPOINT or INIT
-    lost_stages: tuple[int, ...] = ()  # stages no live peer kept any state of
+    lost_stages: tuple[int, ...] = ()  # stages no live trainer kept any state of
+    from_copy: tuple[int, ...] = ()  # stages that restart from a warm copy
 
     @property
     def from_checkpoint(self) -> bool:
         return CHECKPOINT in self.sources
 
 
-def restart_point(num_stages: int, holdings: Mapping[str, Holding], checkpoints: Iterable[int] = ()) -> Restart:
-    """The largest step every stage can start from: a live holder (the lowest peer ID among them), else a
-    complete checkpoint of that step, else the seed at step 0."""
+def restart_point(num_stages: int, holdings: Mapping[str, Holding | Collection[Holding]],
+                  checkpoints: Iterable[int] = ()) -> Restart:  # fmt: skip
+    """The largest step every stage can start from: a live holder (a trainer's kept state before a warm
+    copy, then the lowest peer ID), else a complete checkpoint of that step, else the seed at step 0."""
+    held = [(p, h) for p, hs in holdings.items() for h in ([hs] if isinstance(hs, Holding) else hs)]
     checkpoint_steps = set(checkpoints)
-    candidates = {0} | checkpoint_steps | {s for h in holdings.values() for s in range(h.first, h.last + 1)}
-    lost = tuple(j for j in range(num_stages) if not any(h.stage == j for h in holdings.values()))
+    candidates = {0} | checkpoint_steps | {s for _, h in held for s in range(h.first, h.last + 1)}
+    lost = tuple(j for j in range(num_stages) if not any(h.stage == j and not h.copy for _, h in held))
     for step in sorted(candidates, reverse=True):
-        sources = []
+        sources, from_copy = [], []
         for stage in range(num_stages):
-            holders = sorted(p for p, h in holdings.items() if h.holds(stage, step))
+            holders = sorted((h.copy, p) for p, h in held if h.holds(stage, step))
             if holders:
-                sources.append(holders[0])
+                sources.append(holders[0][1])
+                if holders[0][0]:
+                    from_copy.append(stage)
             elif step in checkpoint_steps:
                 sources.append(CHECKPOINT)
             elif step == 0:
@@ -71,7 +86,7 @@ def restart_point(num_stages: int, holdings: Mapping[str, Holding], checkpoints:
             else:
                 break
         else:
-            return Restart(step, tuple(sources), lost)
+            return Restart(step, tuple(sources), lost, tuple(from_copy))
     raise AssertionError("step 0 always has a source")  # unreachable: the seed covers step 0
 
 

@@ -101,6 +101,7 @@ class LinksConfig:
     round_pause_s: float = 2.0  # pause between rounds
     settle_s: float = 2.0  # after first seeing a peer, wait this long before probing it (see links.py)
     connect_timeout_s: float = 10.0
+    pause_wait_s: float = 3.0  # training waits at most this long for a measurement in progress (a dead peer's ends late)
 
     def __post_init__(self) -> None:
         if self.min_rounds < 1 or not 0 < self.ewma_weight <= 1:
@@ -108,8 +109,8 @@ class LinksConfig:
         for name in ("round_pause_s", "settle_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"links.{name} must be >= 0")
-        if not self.connect_timeout_s > 0:
-            raise ConfigError("links.connect_timeout_s must be positive")
+        if not self.connect_timeout_s > 0 or self.pause_wait_s < 0:
+            raise ConfigError("links.connect_timeout_s must be positive and links.pause_wait_s >= 0")
 
 
 @dataclass(frozen=True)
@@ -144,21 +145,38 @@ class EmulationSettings:
 class ChurnConfig:
     """Re-planning when peers fail or join (``agent.py``, ``churn.py``).
 
-    A trainer whose call fails (``transport.call_timeout_s``) halts and says so in its heartbeat; a peer
-    whose peer record expires (``dht.peer_ttl_s``: a dead peer stops refreshing it) is gone. The leader
+    A trainer whose call fails, or whose plan peer stops answering heartbeats or reports a failure
+    (``[liveness]``), halts and says so in its heartbeat; a peer whose peer record expires
+    (``dht.peer_ttl_s``) or that stops answering the leader's heartbeats is gone. The leader
     then waits up to ``halt_timeout_s`` for every live trainer to halt (one that does not is left out of
     the next plan) and publishes the next epoch. Peers that join while training goes on get a role once
     ``join_min_new_peers`` of them wait, or once ``join_every_steps`` steps passed since the first did.
+
+    Warm copies (``agent.backup``): every plan names a backup peer per stage (spares first), which the
+    stage's replica 0 sends the stage's state at the epoch's start and every ``backup_every`` steps; with
+    "auto" the leader picks the interval so that one copy costs at most ``backup_budget`` of the steps
+    between copies (at most ``backup_max_every``, and at most ``backup_first_every`` until a step time was
+    measured: predictions miss per-step overheads); 0 turns periodic copies off.
     """
 
     halt_timeout_s: float = 30.0
     join_min_new_peers: int = 1
     join_every_steps: int | None = None
     keep_states: int = 2  # a trainer keeps its stage's state after its last this many steps
+    backup_every: int | Literal["auto"] = "auto"
+    backup_budget: float = 0.1
+    backup_max_every: int = 50
+    backup_first_every: int = 5
 
     def __post_init__(self) -> None:
         if not self.halt_timeout_s > 0:
             raise ConfigError(f"churn.halt_timeout_s={self.halt_timeout_s} must be positive")
+        if self.backup_every != "auto" and (isinstance(self.backup_every, bool) or not isinstance(self.backup_every, int)
+                                            or self.backup_every < 0):
+            raise ConfigError(f"churn.backup_every={self.backup_every!r} must be \"auto\" or a whole number >= 0")
+        if not 0 < self.backup_budget <= 1 or self.backup_max_every < 1 or self.backup_first_every < 1:
+            raise ConfigError("churn.backup_budget must be in (0, 1], churn.backup_max_every and "
+                              "churn.backup_first_every at least 1")
         if self.join_min_new_peers < 1 or (self.join_every_steps is not None and self.join_every_steps < 1):
             raise ConfigError("churn.join_min_new_peers and churn.join_every_steps must be at least 1")
         if self.keep_states < 2:
@@ -166,21 +184,55 @@ class ChurnConfig:
 
 
 @dataclass(frozen=True)
+class LivenessConfig:
+    """Heartbeats separate from data (``agent.liveness``): every ``interval_s`` an agent pings the peers it
+    watches (every member up to ``watch_all_up_to`` members; beyond, its plan neighbours, the leader and the
+    next in line), each ping under ``ping_timeout_s``. A peer that has not answered for ``timeout_s`` is dead:
+    the epoch it trains in halts at once, and it leaves this agent's view of the live peers until it
+    answers again. Tensor calls then need no short deadline: theirs is ``deadline_multiple`` × the plan's
+    predicted step time, and at least ``transport.call_timeout_s``."""
+
+    enabled: bool = True
+    interval_s: float = 1.0
+    ping_timeout_s: float = 2.0
+    timeout_s: float = 6.0
+    watch_all_up_to: int = 32
+    deadline_multiple: float = 4.0
+
+    def __post_init__(self) -> None:
+        for name in ("interval_s", "ping_timeout_s", "timeout_s", "deadline_multiple"):
+            if not 0 < getattr(self, name) < float("inf"):
+                raise ConfigError(f"liveness.{name}={getattr(self, name)} must be a positive number")
+        if self.timeout_s < 2 * self.interval_s:
+            raise ConfigError(f"liveness.timeout_s={self.timeout_s} must be at least two pings "
+                              f"(2 × interval_s = {2 * self.interval_s})")
+        if self.watch_all_up_to < 1:
+            raise ConfigError("liveness.watch_all_up_to must be at least 1")
+
+
+@dataclass(frozen=True)
 class CheckpointConfig:
-    """Every ``every_steps`` steps, replica 0 of each stage saves the stage's state under ``dir``
-    (``runtime.checkpoint``: safetensors + manifest). With ``resume``, the first plan starts from the last
-    complete checkpoint there; a re-plan that lost every replica of a stage falls back to it. Every agent
-    must see the same ``dir`` (one machine, or a shared file system)."""
+    """Every agent keeps its own copies (``local_dir``; default ``<cache>/p2ptrain/state/<run>/<peer ID>``;
+    "" for none): its stage's state at every warm-copy step and the warm copies it keeps for others
+    (``agent.state_store``). With ``resume`` the first plan starts from the newest step every stage has a
+    copy of on some live agent's disk (no shared directory needed).
+
+    Optionally also a shared directory (``dir``, every agent must see the same one): every ``every_steps``
+    steps, replica 0 of each stage saves the stage's state there (``runtime.checkpoint``); ``resume`` and
+    re-plans that lost a stage then also consider its complete checkpoints."""
 
     dir: str | None = None
     every_steps: int = 0  # 0: never save
     resume: bool = False
+    local_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.every_steps < 0:
             raise ConfigError(f"checkpoint.every_steps={self.every_steps} must be >= 0")
-        if (self.every_steps or self.resume) and not self.dir:
-            raise ConfigError("checkpoint.dir is required to save checkpoints or resume from them")
+        if self.every_steps and not self.dir:
+            raise ConfigError("checkpoint.dir is required to save checkpoints (every_steps)")
+        if self.local_dir:
+            object.__setattr__(self, "local_dir", os.path.expanduser(self.local_dir))
         if self.dir:
             object.__setattr__(self, "dir", os.path.expanduser(self.dir))
 
@@ -207,6 +259,7 @@ class AgentConfig:
     emulation: EmulationSettings = field(default_factory=EmulationSettings)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     churn: ChurnConfig = field(default_factory=ChurnConfig)
+    liveness: LivenessConfig = field(default_factory=LivenessConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     def __post_init__(self) -> None:

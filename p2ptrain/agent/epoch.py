@@ -16,6 +16,13 @@ kept (``StateKeeper``) and, every ``checkpoint.every_steps``, saved by replica 0
 fails (the configured deadline) *halts* the epoch, and so does a newer plan that starts at or before the
 steps done (``should_halt``, asked at every step boundary): the agent publishes a halted heartbeat saying
 which steps it keeps and returns ``EpochOutcome(halted=True)``; the leader re-plans from those heartbeats.
+A failed peer is noticed by heartbeat pings (``agent.liveness``), which abort the epoch's pending calls, so
+the data deadline (``call_timeout_s``, sized by the plan's predicted step time) is only a last resort.
+
+Warm copies (``agent.backup``): each stage's replica 0 sends the stage's state to the plan's backup peer
+of the stage every ``plan.backup_every`` steps (and the epoch's source sends it the start state); every
+trainer also writes its own state to its own disk at those steps (``StateStore``). The halted heartbeat
+lists those copies (``holds``), so the leader can restart a lost stage from them.
 """
 
 from __future__ import annotations
@@ -29,15 +36,18 @@ from dataclasses import dataclass
 
 import torch
 
+from p2ptrain.agent.backup import BackupReceiver, BackupSender
 from p2ptrain.agent.churn import CHECKPOINT, INIT, source_of
 from p2ptrain.agent.config import CheckpointConfig
 from p2ptrain.agent.events import EventLog
 from p2ptrain.agent.stage_state import StateKeeper, recv_state, send_state
+from p2ptrain.agent.state_store import StateStore
 from p2ptrain.errors import ProtocolError
 from p2ptrain.model.stage import build_stage
 from p2ptrain.net.dht import SwarmDHT
 from p2ptrain.net.lifecycle import StopSignal
-from p2ptrain.net.records import PeerRecord, PlanRecord, ProgressRecord
+from p2ptrain.net.records import MAX_HOLDS, PeerRecord, PlanRecord, ProgressRecord
+from p2ptrain.net.status import FAIL, HALT, IDLE, TRAIN, PeerStatus
 from p2ptrain.net.transport import Transport
 from p2ptrain.runtime.checkpoint import load_stage, load_state_tensors, save_stage, state_tensors
 from p2ptrain.runtime.config import TrainConfig
@@ -72,12 +82,23 @@ class EpochContext:
     events: EventLog
     heartbeat: Heartbeat
     keeper: StateKeeper
+    store: StateStore
     checkpoint: CheckpointConfig
     call_timeout_s: float
     state_timeout_s: float  # the state hand-over: its sources may still be training up to the start step
     poll_s: float
     finish_timeout_s: float
     should_halt: Callable[[int | None], bool]  # at a step boundary (steps done; None for a spare)
+    on_copy: Callable[[int, int], None] | None = None  # a warm copy (stage, step) was received
+
+    def set_status(self, state: str, epoch: int, step: int) -> None:
+        """What heartbeat pings answer (``net.status``)."""
+        self.transport.status = PeerStatus(state, epoch, step)
+
+    def holds(self, num_stages: int) -> tuple[tuple[int, int], ...]:
+        """The copies to list in a heartbeat: the newest ``MAX_HOLDS``."""
+        pairs = self.store.holds(num_stages)
+        return tuple(sorted(pairs, key=lambda p: p[1])[-MAX_HOLDS:])
 
 
 def topology_of(plan: PlanRecord) -> Topology:
@@ -121,8 +142,22 @@ HALTING_ERRORS = (ProtocolError, TimeoutError, concurrent.futures.TimeoutError, 
 def run_epoch(plan: PlanRecord, ctx: EpochContext, peers: dict[str, PeerRecord]) -> EpochOutcome:
     topology = topology_of(plan)
     cfg = dataclasses.replace(ctx.train, stages=plan.stages, replicas=plan.replicas)
+    run = ctx.dht.keys.run_id
+    ctx.set_status(TRAIN if ctx.me in topology.peers else IDLE, plan.epoch, plan.start_step)
+    sender = BackupSender(ctx.transport, run, plan.epoch, ctx.state_timeout_s)
+    receiver = _start_backup_receiver(plan, topology, cfg, ctx)
     try:
-        sends = _serve_state(plan, topology, cfg, ctx, peers)
+        return _run_epoch(plan, topology, cfg, ctx, peers, sender)
+    finally:
+        if receiver is not None:
+            receiver.stop()
+        sender.close()
+
+
+def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: EpochContext,
+               peers: dict[str, PeerRecord], sender: BackupSender) -> EpochOutcome:  # fmt: skip
+    try:
+        sends = _serve_state(plan, topology, cfg, ctx, peers, sender)
     except HALTING_ERRORS as e:
         return _halt(plan, ctx, plan.start_step, e)
     if ctx.me not in topology.peers:
@@ -138,7 +173,7 @@ def run_epoch(plan: PlanRecord, ctx: EpochContext, peers: dict[str, PeerRecord])
     losses: list[float] = []
     try:
         for peer in sorted(topology.neighbours(role)):
-            ctx.transport.connect(peer, peers[peer].maddrs if peer in peers else (), ctx.call_timeout_s)
+            _connect(ctx, peers, peer)
         trainer = StageTrainer(cfg, role, ctx.device)
         _take_state(plan, role.stage, trainer, ctx)
         _wait_sends(sends, ctx.state_timeout_s)
@@ -150,9 +185,11 @@ def run_epoch(plan: PlanRecord, ctx: EpochContext, peers: dict[str, PeerRecord])
             result = trainer.step(ctx.transport, ctx.dht.keys.run_id, plan.epoch, step, topology, ctx.call_timeout_s)
             done = step + 1
             ctx.keeper.record(done, trainer.module, trainer.optimizer)
+            ctx.set_status(TRAIN, plan.epoch, done)
             if result.loss is not None:
                 losses.append(result.loss)
             _checkpoint(ctx, cfg, role.stage, role.replica, done)
+            _copy(plan, ctx, role.stage, role.replica, done, trainer.module, sender)
             record = ProgressRecord(plan.epoch, done, result.loss, result.step_time_s)
             if done == cfg.steps:
                 ctx.heartbeat.flush(record)  # the others wait for it before they leave
@@ -168,18 +205,20 @@ def run_epoch(plan: PlanRecord, ctx: EpochContext, peers: dict[str, PeerRecord])
         return _halt(plan, ctx, done, e)
     if not _finish_together(plan, topology, cfg.steps, ctx):
         return _halt(plan, ctx, done, None)
+    ctx.set_status(IDLE, plan.epoch, done)
     return EpochOutcome(True, done, tuple(losses))
 
 
 def _serve_state(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: EpochContext,
-                 peers: dict[str, PeerRecord]) -> list[concurrent.futures.Future]:  # fmt: skip
-    """Send the states this agent is the plan's source of to the stages' other trainers (before this
-    agent takes up its own role, which replaces what it keeps)."""
+                 peers: dict[str, PeerRecord], sender: BackupSender) -> list[concurrent.futures.Future]:  # fmt: skip
+    """Send the states this agent is the plan's source of to the stages' other trainers and, as a warm
+    copy, to the stage's backup peer (before this agent takes up its own role, which replaces what it
+    keeps)."""
     sends: list[concurrent.futures.Future] = []
     for stage in range(plan.stages):
         if source_of(plan, stage) != ctx.me:
             continue
-        tensors = ctx.keeper.get(stage, plan.stages, plan.start_step)
+        tensors = ctx.store.get(stage, plan.stages, plan.start_step)
         if tensors is None:
             raise StateUnavailable(f"the plan of epoch {plan.epoch} has this agent send stage {stage}'s state "
                                    f"after step {plan.start_step}, which it does not keep")
@@ -187,12 +226,65 @@ def _serve_state(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Ep
         for replica in range(plan.replicas):
             peer = topology.holder(stage, replica)
             if peer != ctx.me:
-                ctx.transport.connect(peer, peers[peer].maddrs if peer in peers else (), ctx.call_timeout_s)
+                _connect(ctx, peers, peer)
                 sends += send_state(ctx.transport, peer, ctx.dht.keys.run_id, plan.epoch, plan.start_step, tensors,
-                                    module, ctx.state_timeout_s)
+                                    module, ctx.state_timeout_s, stage)
                 logger.info("epoch %d: sending stage %d's state after step %d to peer %s", plan.epoch, stage,
                             plan.start_step, peer)
+        backup = plan.backup_of(stage)
+        if backup is not None and backup != ctx.me:
+            sender.send(backup, stage, plan.start_step, tensors, module)
     return sends
+
+
+def _start_backup_receiver(plan: PlanRecord, topology: Topology, cfg: TrainConfig,
+                           ctx: EpochContext) -> BackupReceiver | None:  # fmt: skip
+    """Receive the warm copies this agent keeps in this epoch: from each such stage's source (its start
+    state), then from the stage's replica 0 (every ``backup_every`` steps)."""
+    senders: dict[int, list[tuple[str, int]]] = {}
+    for stage in range(plan.stages):
+        if plan.backup_of(stage) != ctx.me:
+            continue
+        source, first = source_of(plan, stage), topology.holder(stage, 0)
+        chain = []
+        if source not in (INIT, CHECKPOINT, ctx.me):
+            chain.append((source, 0))
+        if not chain or source != first:
+            chain.append((first, 0))
+        senders[stage] = chain
+    if not senders:
+        return None
+    ctx.transport.set_window(ctx.dht.keys.run_id, plan.epoch, plan.start_step)
+
+    def module_of(stage: int) -> torch.nn.Module:
+        return build_stage(cfg.shape, stage, cfg.stages, cfg.seed, torch.device("cpu"))
+
+    return BackupReceiver(ctx.transport, ctx.store, ctx.dht.keys.run_id, plan.epoch, plan.stages, senders,
+                          module_of, on_copy=ctx.on_copy, poll_s=ctx.poll_s).start()
+
+
+def _copy(plan: PlanRecord, ctx: EpochContext, stage: int, replica: int, done: int, module: torch.nn.Module,
+          sender: BackupSender) -> None:  # fmt: skip
+    """At a warm-copy step: our own state to our disk, and replica 0's to the stage's backup peer."""
+    every = plan.backup_every
+    if not every or done % every:
+        return
+    tensors = ctx.keeper.get(stage, plan.stages, done)
+    assert tensors is not None  # just recorded
+    ctx.store.save_own(stage, plan.stages, done, tensors)
+    backup = plan.backup_of(stage)
+    if replica == 0 and backup is not None:
+        sender.send(backup, stage, done, tensors, module)
+
+
+def _connect(ctx: EpochContext, peers: dict[str, PeerRecord], peer: str) -> None:
+    """Dial a peer of the plan at its recorded addresses; without a record in our view (it lapsed for a
+    moment on a busy DHT) we keep the connection the membership poll opened, and a dead peer fails the
+    epoch through its calls."""
+    if peer in peers and peers[peer].maddrs:
+        ctx.transport.connect(peer, peers[peer].maddrs, ctx.call_timeout_s)
+    else:
+        logger.info("epoch: no address of peer %s in our view; using the connection we have", peer)
 
 
 def _wait_sends(sends: list[concurrent.futures.Future], timeout_s: float) -> None:
@@ -212,16 +304,18 @@ def _take_state(plan: PlanRecord, stage: int, trainer: StageTrainer, ctx: EpochC
         except (ValueError, OSError) as e:
             raise StateUnavailable(f"epoch {plan.epoch} starts stage {stage} from a checkpoint: {e}") from e
     elif source == ctx.me:
-        tensors = ctx.keeper.get(stage, plan.stages, step)
+        tensors = ctx.store.get(stage, plan.stages, step)
         assert tensors is not None  # _serve_state checked it
     else:
         ctx.transport.set_window(ctx.dht.keys.run_id, plan.epoch, step)
         tensors = recv_state(ctx.transport, source, ctx.dht.keys.run_id, plan.epoch, step, trainer.module,
-                             ctx.state_timeout_s)
+                             ctx.state_timeout_s, stage)
     if tensors is not None:
         load_state_tensors(trainer.module, trainer.optimizer, tensors)
-    ctx.keeper.reset(stage, plan.stages, step,
-                     tensors if tensors is not None else state_tensors(trainer.module, trainer.optimizer))
+    tensors = tensors if tensors is not None else state_tensors(trainer.module, trainer.optimizer)
+    ctx.keeper.reset(stage, plan.stages, step, tensors)
+    if step > 0:
+        ctx.store.save_own(stage, plan.stages, step, tensors)  # a warm-copy step: the backups get it too
     where = {INIT: "the seed", CHECKPOINT: "the checkpoint", ctx.me: "this agent"}.get(source, f"peer {source}")
     took_s = time.monotonic() - started
     logger.info("epoch %d: stage %d's state after step %d from %s (%.2f s)", plan.epoch, stage, step, where, took_s)
@@ -245,11 +339,14 @@ def _halt(plan: PlanRecord, ctx: EpochContext, done: int, error: BaseException |
     held = keeper.latest_step is not None and keeper.num_stages == plan.stages
     step, kept = (keeper.latest_step, keeper.kept) if held else (done, 0)
     why = f"{type(error).__name__}: {error}" if error is not None else "a newer plan"
-    logger.warning("epoch %d halted after step %d (%s); keeping %d state(s) of stage %s up to step %d, waiting "
-                   "for the next plan", plan.epoch, done, why, kept, keeper.stage, step)
-    ctx.events.write("halted", epoch=plan.epoch, step=done, kept=kept, stage=keeper.stage, reason=why)
+    ctx.set_status(FAIL if error is not None else HALT, plan.epoch, done)
+    holds = ctx.holds(plan.stages)
+    logger.warning("epoch %d halted after step %d (%s); keeping %d state(s) of stage %s up to step %d and %d "
+                   "copies, waiting for the next plan", plan.epoch, done, why, kept, keeper.stage, step, len(holds))
+    ctx.events.write("halted", epoch=plan.epoch, step=done, kept=kept, stage=keeper.stage, reason=why,
+                     holds=[list(h) for h in holds])
     ctx.heartbeat.flush(ProgressRecord(plan.epoch, step, None, 0.0, halted=True, kept=kept,
-                                       stage=keeper.stage if held else None))
+                                       stage=keeper.stage if held else None, holds=holds))
     return EpochOutcome(False, done, halted=True)
 
 
@@ -278,6 +375,16 @@ def _finish_together(plan: PlanRecord, topology: Topology, steps: int, ctx: Epoc
     return True
 
 
+def _publish_spare_holdings(plan: PlanRecord, ctx: EpochContext) -> None:
+    keeper, holds = ctx.keeper, ctx.holds(plan.stages)
+    own = keeper.latest_step is not None and keeper.num_stages == plan.stages
+    if not own and not holds:
+        return
+    ctx.heartbeat.flush(ProgressRecord(plan.epoch, keeper.latest_step if own else plan.start_step, None, 0.0,
+                                       halted=True, kept=keeper.kept if own else 0,
+                                       stage=keeper.stage if own else None, holds=holds))  # fmt: skip
+
+
 def _idle_as_spare(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: EpochContext,
                    sends: list[concurrent.futures.Future]) -> EpochOutcome:  # fmt: skip
     logger.info("epoch %d: spare (the plan uses %d of %d members); waiting for the trainers to finish",
@@ -288,12 +395,12 @@ def _idle_as_spare(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: 
         _wait_sends(sends, ctx.state_timeout_s)
     except HALTING_ERRORS as e:
         return _halt(plan, ctx, plan.start_step, e)
-    keeper = ctx.keeper
-    if keeper.latest_step is not None and keeper.num_stages == plan.stages:
-        # what this spare keeps (it may have trained before): a source for the leader's next re-plan
-        ctx.heartbeat.flush(ProgressRecord(plan.epoch, keeper.latest_step, None, 0.0, halted=True,
-                                           kept=keeper.kept, stage=keeper.stage))
+    published = None
     while not ctx.stop.wait(ctx.poll_s):
+        if ctx.store.version != published:
+            # what this spare keeps (states it trained before, warm copies): sources for the next re-plan
+            published = ctx.store.version
+            _publish_spare_holdings(plan, ctx)
         if set(topology.peers) <= _finished_peers(ctx.dht, plan.epoch, cfg.steps):
             logger.info("the trainers finished all %d steps", cfg.steps)
             return EpochOutcome(True, 0)

@@ -16,6 +16,9 @@
    workload carries the members' calibrated step profile, ``runtime.calibration``). Slow for big clusters:
    the agent runs it in a thread.
 
+5. ``warm_copies``: per stage the peer keeping a warm copy of its state and the interval of the copies
+   (``agent.backup``), from the measured links of every member (spares too) and the step time.
+
 Cluster order: by the device each peer plays when every member emulates one (so Megatron's order is the
 emulated network's device order), otherwise by peer ID.
 """
@@ -30,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from p2ptrain.agent.config import EmulationSettings, PlanConfig
+from p2ptrain.agent.config import ChurnConfig, EmulationSettings, PlanConfig
 from p2ptrain.net.records import LinkMeasurement, LinksRecord, PeerRecord
 from p2ptrain.planning import (
     Cluster,
@@ -40,6 +43,7 @@ from p2ptrain.planning import (
     Workload,
     make_objective,
     megatron_assignment,
+    parameter_count,
     random_assignment,
     random_cost,
     schedule,
@@ -185,3 +189,80 @@ def check_plan_json(plan: Mapping[str, Any], num_devices: int) -> None:
     flat = sorted(d for row in plan["pipelines"] for d in row)
     assert flat == list(range(num_devices)), f"plan does not assign every device once: {plan['pipelines']}"
     assert math.isfinite(plan["cost_s"])
+
+
+TRAINER_COPY_WEIGHT = 2.0  # a trainer's link also carries training traffic
+
+
+def choose_backups(groups: Sequence[Sequence[int]], candidates: Sequence[int], spares: Sequence[int],
+                   copy_s: np.ndarray) -> list[int | None]:  # fmt: skip
+    """Per stage j, the device keeping its copy: not in ``groups[j]`` (the stage's devices, replica 0
+    first); spares before trainers at equal cost; ``copy_s[a, b]`` the time of one copy from a to b. None
+    when no device is outside the stage's group."""
+    spare_set = set(spares)
+    share = math.ceil(len(groups) / max(1, len(candidates)))
+    load = dict.fromkeys(candidates, 0)
+    chosen: list[int | None] = []
+    for group in groups:
+        source = group[0]
+        options = [c for c in candidates if c not in group and load[c] < share]
+        if not options:
+            options = [c for c in candidates if c not in group]
+        if not options:
+            chosen.append(None)
+            continue
+        weight = {c: 1.0 if c in spare_set else TRAINER_COPY_WEIGHT for c in options}
+        best = min(options, key=lambda c: (weight[c] * copy_s[source, c], c not in spare_set, load[c], c))
+        load[best] += 1
+        chosen.append(best)
+    return chosen
+
+
+def backup_interval(copy_s: float, step_s: float, budget: float, max_every: int) -> int:
+    """Steps between copies so that one copy takes at most ``budget`` of that many steps' time."""
+    if copy_s <= 0:
+        return 1
+    if step_s <= 0:
+        return max_every
+    return max(1, min(max_every, math.ceil(copy_s / (budget * step_s))))
+
+
+STATE_TENSORS_PER_PARAMETER = 3  # the parameter and AdamW's two moments
+
+
+def compute_estimate_s(train: TrainConfig, num_stages: int, num_replicas: int, tflops: float) -> float:
+    """A stage's forward and backward time per step (6 FLOPs per parameter and token) at ``tflops``."""
+    tokens = train.global_batch_size * train.shape.seq_len / num_replicas
+    return 6 * parameter_count(train.shape) / num_stages * tokens / (tflops * 1e12)
+
+
+def stage_state_bytes(train: TrainConfig, num_stages: int) -> float:
+    """The bytes of one stage's training state (fp32 parameters and AdamW moments; an even split)."""
+    return STATE_TENSORS_PER_PARAMETER * FP32_BYTES * parameter_count(train.shape) / num_stages
+
+
+def warm_copies(plan: Mapping[str, Any], devices: Sequence[str], spares: Sequence[str], cluster: Cluster,
+                state_bytes: float, step_s: float, churn: ChurnConfig,
+                emulation: EmulationSettings) -> dict[str, Any]:  # fmt: skip
+    """Who keeps each stage's warm copy and how often (``agent.backup``), for ``plan`` over ``devices``.
+
+    ``cluster`` holds every member, trainers (``devices``, in the plan's device order) first, then
+    ``spares``; ``step_s`` is the step time in seconds (measured, or predicted). Returns the peers (None:
+    nobody), ``every_steps``, the slowest copy's seconds and its cost per step."""
+    scale = emulation.time_scale if emulation.enabled else 1.0
+    size = state_bytes / (emulation.size_factor if emulation.enabled else 1.0)
+    n = cluster.num_devices
+    bandwidth_bytes = np.where(np.eye(n, dtype=bool), np.inf, cluster.bandwidth_gbps * 1e9 / 8)
+    copy_s = (cluster.latency_ms / 1e3 + size / bandwidth_bytes) * scale  # seconds on this run's links
+    stages = plan["stages"]
+    groups = [[row[j] for row in plan["pipelines"]] for j in range(stages)]
+    spare_ids = list(range(len(devices), n))
+    chosen = choose_backups(groups, list(range(n)), spare_ids, copy_s)
+    slowest = max((float(copy_s[g[0], c]) for g, c in zip(groups, chosen, strict=True) if c is not None), default=0.0)
+    if churn.backup_every == "auto":
+        every = backup_interval(slowest, step_s, churn.backup_budget, churn.backup_max_every)
+    else:
+        every = churn.backup_every
+    order = list(devices) + list(spares)
+    return {"peers": [order[c] if c is not None else None for c in chosen], "every_steps": every,
+            "copy_s": slowest, "per_step_s": slowest / every if every else 0.0}

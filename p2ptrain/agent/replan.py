@@ -8,6 +8,8 @@ Given the plan being trained (epoch e), the live peers and the heartbeats it rea
   live trainer of epoch e has halted, or ``halt_timeout_s`` passed (those that did not halt are left out);
   dead trainers (their peer records expired) are not waited for. The new epoch starts at ``churn.restart_point`` over what the halted trainers keep and
   the complete checkpoints; every live peer but those left out is a member.
+* **a spare keeping warm copies left**: training goes on; the next epoch (with other backup peers) starts
+  at a re-plan point as for joiners.
 * **peers joined** (live, not members of epoch e): once ``join_min_new_peers`` wait, or
   ``join_every_steps`` steps passed since the first did. Training goes on meanwhile; the plan starts at
   ``churn.join_start`` of the progress seen when it is published, with each stage's state from its
@@ -21,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from p2ptrain.agent.churn import Holding, Restart, holding_of, restart_point
+from p2ptrain.agent.churn import Holding, Restart, copies_of, holding_of, restart_point
 from p2ptrain.agent.config import ChurnConfig
 from p2ptrain.net.records import PlanRecord, ProgressRecord
 
@@ -65,6 +67,10 @@ class ReplanWatch:
             finished = {p: r for p, r in ours.items() if p in trainers & live and not r.halted and r.step >= steps}
             return self._failure(plan, live, trainers, dead, halted, finished, checkpoints, now)
         self._failure_since = None
+        keepers = {plan.backup_of(j) for j in range(plan.stages)} - {None}
+        lost_keepers = sorted(keepers - live - trainers)
+        if lost_keepers:  # training goes on, but a stage has one copy fewer: re-plan at the next point
+            return Replan(JOIN, tuple(sorted(live)), f"peer(s) {', '.join(lost_keepers)} keeping warm copies left")
         joiners = sorted(live - set(plan.membership))
         if not joiners:
             self._joiners_since_step = None
@@ -89,16 +95,17 @@ class ReplanWatch:
         if waiting and now - self._failure_since < self.churn.halt_timeout_s:
             self.note = f"re-planning epoch {plan.epoch}: waiting for {len(waiting)} trainer(s) to halt"
             return None
-        holdings: dict[str, Holding] = {}
+        holdings: dict[str, list[Holding]] = {}
         for peer, record in [*halted.items(), *finished.items()]:
             kept = record.kept if record.halted else self.churn.keep_states
             holding = holding_of(plan, peer, record.step, kept, record.stage if record.halted else None)
-            if holding is not None:
-                holdings[peer] = holding
+            holdings[peer] = ([holding] if holding is not None else []) + copies_of(record.holds)
         restart = restart_point(plan.stages, holdings, checkpoints)
         why = f"peer(s) {', '.join(dead)} left" if dead else f"a step failed on {len(halted)} trainer(s)"
         if restart.lost_stages:
             why += f"; every replica of stage(s) {', '.join(map(str, restart.lost_stages))} was lost"
+        if restart.from_copy:
+            why += f"; stage(s) {', '.join(map(str, restart.from_copy))} from warm copies of step {restart.step}"
         if restart.from_checkpoint:
             why += f"; resuming from the checkpoint of step {restart.step}"
         if waiting:

@@ -79,7 +79,7 @@ class StateKeeper:
         return h.hexdigest()
 
 
-def _shapes(module: torch.nn.Module, with_optimizer: bool) -> list[tuple[str, tuple[int, ...]]]:
+def state_shapes(module: torch.nn.Module, with_optimizer: bool) -> list[tuple[str, tuple[int, ...]]]:
     params = dict(module.named_parameters())
     out = []
     for name in state_names(module, with_optimizer):
@@ -92,23 +92,24 @@ def _shapes(module: torch.nn.Module, with_optimizer: bool) -> list[tuple[str, tu
     return out
 
 
-def _parts(numel: int) -> list[tuple[int, int]]:
+def state_parts(numel: int) -> list[tuple[int, int]]:
     return shard_bounds(numel, max(1, -(-numel // PART_NUMEL)))
 
 
 def send_state(
     transport: Transport, peer: str, run: str, epoch: int, step: int, tensors: dict[str, torch.Tensor],
-    module: torch.nn.Module, timeout_s: float,
+    module: torch.nn.Module, timeout_s: float, stage: int = 0,
 ) -> list[Future]:  # fmt: skip
-    """Send ``tensors`` (a state of the stage ``module`` is) to ``peer``; futures of the sends.
+    """Send ``tensors`` (a state of stage ``stage``, which ``module`` is) to ``peer``; futures of the sends.
+    The stage goes in the tags' micro-batch field: one peer may send several stages to the same receiver.
 
     A receiver still in an older epoch may refuse a message as too far ahead; the send is retried until
     ``timeout_s`` (it moves its window when it takes up the new plan)."""
-    names = [n for n, _ in _shapes(module, with_optimizer=step > 0)]
+    names = [n for n, _ in state_shapes(module, with_optimizer=step > 0)]
     flat = flatten([tensors[n] for n in names])
     futures = []
-    for part, (start, end) in enumerate(_parts(flat.numel())):
-        tag = Tag(run, epoch, step, STATE, 0, part)
+    for part, (start, end) in enumerate(state_parts(flat.numel())):
+        tag = Tag(run, epoch, step, STATE, stage, part)
         futures.append(_send_retrying(transport, peer, tag, flat[start:end].contiguous(), timeout_s))
     return futures
 
@@ -137,16 +138,21 @@ def _send_retrying(transport: Transport, peer: str, tag: Tag, tensor: torch.Tens
 
 
 def recv_state(
-    transport: Transport, peer: str, run: str, epoch: int, step: int, module: torch.nn.Module, timeout_s: float
+    transport: Transport, peer: str, run: str, epoch: int, step: int, module: torch.nn.Module, timeout_s: float,
+    stage: int = 0,
 ) -> dict[str, torch.Tensor]:
-    """The state of ``module``'s stage after ``step`` steps, from ``peer`` (see ``send_state``)."""
-    shapes = _shapes(module, with_optimizer=step > 0)
+    """The state of ``module``'s stage (``stage``) after ``step`` steps, from ``peer`` (see ``send_state``)."""
+    shapes = state_shapes(module, with_optimizer=step > 0)
     numel = sum(int(torch.Size(s).numel()) for _, s in shapes)
     pieces = [
-        transport.recv(Tag(run, epoch, step, STATE, 0, part), peer, (end - start,), torch.float32, timeout_s)
-        for part, (start, end) in enumerate(_parts(numel))
+        transport.recv(Tag(run, epoch, step, STATE, stage, part), peer, (end - start,), torch.float32, timeout_s)
+        for part, (start, end) in enumerate(state_parts(numel))
     ]
-    flat = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
+    return unflatten_state(torch.cat(pieces) if len(pieces) > 1 else pieces[0], shapes)
+
+
+def unflatten_state(flat: torch.Tensor, shapes: list[tuple[str, tuple[int, ...]]]) -> dict[str, torch.Tensor]:
+    """The named tensors of a flat state vector (``state_shapes`` order)."""
     out, offset = {}, 0
     for name, shape in shapes:
         n = int(torch.Size(shape).numel())

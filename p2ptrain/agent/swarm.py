@@ -85,11 +85,17 @@ class SwarmConfig:
     step_timeout_s: float = 180.0  # longest wait for the next step
     call_timeout_s: float = 60.0
     probe: ProbeConfig | None = None  # default: LOOPBACK_PROBE or EMULATED_PROBE
-    peer_ttl_s: float = 10.0  # a dead agent is noticed by its peer record expiring (refreshed every half)
+    peer_ttl_s: float = 30.0  # a peer record's lifetime (refreshed every half); heartbeats notice the dead sooner
     kills: tuple[tuple[str, int], ...] = ()  # (agent index or "leader", step): SIGKILL it while that step runs
+    # (agent index, step, seconds): SIGSTOP its process group (agent, DHT, p2pd: cut off, not dead) while
+    # that step runs, SIGCONT it that many seconds later
+    partitions: tuple[tuple[str, int, float], ...] = ()
     joins: tuple[tuple[int, int], ...] = ()  # (count, step): start this many more agents when that step is done
     checkpoint_every: int = 0  # every K steps each stage's replica 0 saves a checkpoint in <workdir>/checkpoints
-    resume: bool = False  # the first plan starts from the last complete checkpoint there
+    shared_checkpoints: bool = False  # resume and re-plans also read <workdir>/checkpoints (with checkpoint_every)
+    resume: bool = False  # the first plan starts from the agents' own copies (<workdir>/agent-K.state)
+    liveness: bool = True  # heartbeat pings (off: failures show only as failed calls and expired records)
+    warm_copies: bool = True  # periodic warm copies of every stage (off: only the epochs' start copies)
 
     def __post_init__(self) -> None:
         self._check()
@@ -98,6 +104,10 @@ class SwarmConfig:
                 raise ConfigError(f"--kill {agent}@{step}: AGENT must be an agent index or 'leader'")
             if not 1 <= step <= self.steps:
                 raise ConfigError(f"--kill {agent}@{step}: STEP must be in 1..{self.steps}")
+        for agent, step, seconds in self.partitions:
+            if not (agent.isdigit() and int(agent) < self.agents) or not 1 <= step <= self.steps or not seconds > 0:
+                raise ConfigError(f"--partition {agent}@{step}:{seconds:g}: AGENT must be an agent index, STEP in "
+                                  f"1..{self.steps} and SECONDS positive")
         for count, step in self.joins:
             if count < 1 or not 0 <= step < self.steps:
                 raise ConfigError(f"--join {count}@{step}: N must be >= 1 and STEP in 0..{self.steps - 1}")
@@ -218,7 +228,7 @@ def run_swarm(
             group.stop_all()  # agents stop before the bootstrap: every agent's own shutdown reaps its p2pd
     summary = summarize(state)
     ok = error is None and summary["finished"] and all(
-        group.children[a.name].poll() == 0 for a in state.agents if a.index not in state.killed
+        group.children[a.name].poll() == 0 for a in state.agents if not state.is_killed(a.index)
     )
     if error is None and not ok:
         error = "an agent did not finish; see its log in " + str(root)
@@ -272,12 +282,27 @@ class FaultInjector:
         self.group, self.state, self.root, self.launch = group, state, root, launch
         self.kills = sorted(config.kills, key=lambda k: k[1])
         self.joins = sorted(config.joins, key=lambda j: j[1])
+        self.partitions = sorted(config.partitions, key=lambda p: p[1])
+        self.resumes: list[tuple[float, int]] = []  # (monotonic time, agent index) to SIGCONT
 
     def tick(self) -> None:
         done = self.state.steps_done()
         while self.kills and done >= self.kills[0][1] - 1 and (done or self.state.all_have_roles()):
             agent, step = self.kills.pop(0)
             self._kill(agent, step)
+        while self.partitions and done >= self.partitions[0][1] - 1 and (done or self.state.all_have_roles()):
+            agent, step, seconds = self.partitions.pop(0)
+            index = int(agent)
+            self.group.signal(self.state.agents[index].name, signal.SIGSTOP)
+            self.state.killed[index] = {"step": step, "time": time.time(), "as": "partitioned", "seconds": seconds}
+            self.resumes.append((time.monotonic() + seconds, index))
+            logger.info("stopped agent %d (cut off) with step %d in flight, for %g s", index, step, seconds)
+        for due, index in list(self.resumes):
+            if time.monotonic() >= due:
+                self.resumes.remove((due, index))
+                self.group.signal(self.state.agents[index].name, signal.SIGCONT)
+                self.state.killed[index]["resumed"] = time.time()
+                logger.info("agent %d continues after its partition", index)
         while self.joins and done >= self.joins[0][1]:
             count, step = self.joins.pop(0)
             first = len(self.state.agents)
@@ -289,7 +314,7 @@ class FaultInjector:
 
     def _kill(self, agent: str, step: int) -> None:
         index = self.state.current_leader() if agent == "leader" else int(agent)
-        if index is None or index >= len(self.state.agents) or index in self.state.killed:
+        if index is None or index >= len(self.state.agents) or self.state.is_killed(index):
             logger.warning("--kill %s@%d: no such live agent; skipped", agent, step)
             return
         name = self.state.agents[index].name
@@ -316,7 +341,7 @@ def _follow(config: SwarmConfig, group: ProcessGroup, state: SwarmState, stop: S
         if steps_now > steps_seen:
             steps_seen, deadline = steps_now, time.monotonic() + config.step_timeout_s
         running = [a for a in state.agents if group.children[a.name].poll() is None]
-        failed = [a for a in state.agents if group.children[a.name].poll() not in (None, 0) and a.index not in state.killed]
+        failed = [a for a in state.agents if group.children[a.name].poll() not in (None, 0) and not state.is_killed(a.index)]
         if failed:
             agent = failed[0]
             return f"agent {agent.index} exited with code {group.children[agent.name].poll()}: " + _last_error(agent)
@@ -362,9 +387,14 @@ def _agent_toml(config: SwarmConfig, train: TrainConfig, run: str, maddrs: list[
                 "peer_ttl_s": config.peer_ttl_s},
         "transport": {"call_timeout_s": config.call_timeout_s},
         "churn": {"halt_timeout_s": max(config.call_timeout_s, config.peer_ttl_s) * 2},
-        "checkpoint": {"dir": str(root / "checkpoints"), "every_steps": config.checkpoint_every,
-                       "resume": config.resume},
+        "liveness": {"enabled": config.liveness},
+        "checkpoint": {"every_steps": config.checkpoint_every, "resume": config.resume,
+                       "local_dir": str(root / f"agent-{agent.index}.state")},
     }  # fmt: skip
+    if config.checkpoint_every or config.shared_checkpoints:
+        tables["checkpoint"]["dir"] = str(root / "checkpoints")
+    if not config.warm_copies:
+        tables["churn"]["backup_every"] = 0
     if cluster_path is not None:
         tables["emulation"] = {"cluster_file": str(cluster_path), "device_index": agent.index,
                                "time_scale": time_scale, "size_factor": size_factor}

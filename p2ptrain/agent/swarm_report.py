@@ -32,8 +32,12 @@ class SwarmState:
     size_factor: float
     agents: list[AgentProcess]
     started: float = field(default_factory=time.monotonic)
-    killed: dict[int, dict[str, Any]] = field(default_factory=dict)  # agent index -> {step, time, as}
+    killed: dict[int, dict[str, Any]] = field(default_factory=dict)  # agent index -> {step, time, as}; partitions too
     joins: list[dict[str, Any]] = field(default_factory=list)
+
+    def is_killed(self, index: int) -> bool:
+        """Killed for good (a partitioned agent comes back and must finish like the others)."""
+        return index in self.killed and self.killed[index]["as"] != "partitioned"
 
     def index_of(self, peer_id: str) -> int | None:
         return next((a.index for a in self.agents if a.peer_id == peer_id), None)
@@ -99,11 +103,15 @@ class SwarmState:
             steps = [e["time"] for a in self.agents for e in a.events.all("step") if e["epoch"] == event["epoch"]]
             kills = [k["time"] for k in self.killed.values() if k["time"] <= event["time"]]
             failure = kills[-1] if event["replan"] == "failure" and kills else None
+            before = [e["step"] for a in self.agents for e in a.events.all("step") if e["time"] <= event["time"]]
+            start = event.get("start_step", 0)
             out.append({
                 "epoch": event["epoch"], "kind": event["replan"], "reason": event["trigger"],
-                "start_step": event.get("start_step", 0),
+                "start_step": start,
                 "from_checkpoint": "checkpoint" in event.get("sources", []),
                 "recovery_s": (min(steps) - failure) if failure is not None and steps else None,
+                "steps_redone": max(0, max(before, default=0) - start),
+                "warm_copies": event["plan"].get("warm_copies"),
             })  # fmt: skip
         return out
 
@@ -111,7 +119,7 @@ class SwarmState:
 def summarize(state: SwarmState) -> dict[str, Any]:
     config = state.config
     losses, step_times = state.losses(), state.step_times()
-    done = [a.events.last("done") for a in state.agents if a.index not in state.killed]
+    done = [a.events.last("done") for a in state.agents if not state.is_killed(a.index)]
     summary: dict[str, Any] = {
         "run": state.run, "workdir": state.workdir, "agents": len(state.agents), "stages": config.stages,
         "replicas": state.train.replicas, "steps": config.steps, "model": state.train.model,

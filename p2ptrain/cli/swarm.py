@@ -3,6 +3,7 @@
     p2ptrain swarm                                          # 4 agents, 2 stages, the paper's world-wide network
     p2ptrain swarm --agents 8 --stages 4 --scenario worldwide --plan megatron --steps 20
     p2ptrain swarm --agents 4 --stages 2 --steps 3 --scenario none --json > run.json
+    p2ptrain swarm --agents 6 --stages 3 --kill 4@3 --kill leader@6 --partition 2@8:15 --steps 12 --json
 
 Progress goes to stderr (one line redrawn on a terminal, a line per change otherwise), then a summary;
 ``--json`` prints the summary as one JSON document on stdout instead (``losses`` and ``step_time_s`` per
@@ -51,21 +52,31 @@ from p2ptrain.planning.scenarios import SCENARIOS
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON document on stdout.")
 @click.option("--kill", "kills", multiple=True, metavar="AGENT@STEP", callback=lambda c, p, v: _at_pairs(v, "--kill"),
               help="SIGKILL agent AGENT (an index, or 'leader') while step STEP is in flight; repeatable.")
+@click.option("--partition", "partitions", multiple=True, metavar="AGENT@STEP:SECONDS",
+              callback=lambda c, p, v: _partitions(v),
+              help="Cut agent AGENT off (SIGSTOP its processes) while step STEP is in flight, for SECONDS; repeatable.")
 @click.option("--join", "joins", multiple=True, metavar="N@STEP", callback=lambda c, p, v: _at_pairs(v, "--join"),
               help="Start N more agents once step STEP is done; they take a role at the next re-plan; repeatable.")
 @click.option("--checkpoint-every", type=click.IntRange(min=0), default=0, show_default=True,
               help="Save every stage's state every K steps in <workdir>/checkpoints (0: never).")
-@click.option("--resume", is_flag=True, help="Start from the last complete checkpoint in <workdir>/checkpoints.")
+@click.option("--resume", is_flag=True,
+              help="Start from the newest step every stage has a copy of on the agents' own disks "
+                   "(<workdir>/agent-K.state), or in <workdir>/checkpoints with --checkpoint-every.")
+@click.option("--liveness/--no-liveness", default=True, show_default=True,
+              help="Heartbeat pings that notice a dead or cut-off agent within seconds (off: only failed calls "
+                   "and expired records do).")
+@click.option("--warm-copies/--no-warm-copies", default=True, show_default=True,
+              help="Copy every stage's state to another agent every few steps (off: only at re-plans).")
 @click.option("--call-timeout", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
               help="Seconds a tensor call may take before its peer counts as failed.")
-@click.option("--peer-ttl", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
-              help="Seconds a silent agent stays a member (its peer record's lifetime).")
+@click.option("--peer-ttl", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True,
+              help="Lifetime of an agent's peer record (heartbeats notice a silent agent sooner).")
 @click.pass_context
 def command(ctx: click.Context, agents: int, stages: int, steps: int, scenario: str, cluster_file: str | None,
             time_scale: float | None, size_factor: float | None, strategy: str, objective: str, model: str,
             batch_size: int | None, micro_batches: int, seed: int, device: str, workdir: str | None, run_id: str | None,
-            as_json: bool, kills: tuple, joins: tuple, checkpoint_every: int, resume: bool, call_timeout: float,
-            peer_ttl: float) -> None:  # fmt: skip
+            as_json: bool, kills: tuple, partitions: tuple, joins: tuple, checkpoint_every: int, resume: bool, call_timeout: float,
+            peer_ttl: float, liveness: bool, warm_copies: bool) -> None:  # fmt: skip
     """Start a bootstrap and N agents on this machine, train, and summarise."""
     from p2ptrain.agent.swarm import SwarmConfig, run_swarm
     from p2ptrain.agent.swarm_report import SwarmDisplay, format_summary
@@ -78,8 +89,9 @@ def command(ctx: click.Context, agents: int, stages: int, steps: int, scenario: 
         cluster_file=cluster_file, time_scale=time_scale, size_factor=size_factor, strategy=strategy,
         objective=objective, model=model,
         batch_size=batch_size, micro_batches=micro_batches, seed=seed, device=device, workdir=workdir, run=run_id,
-        kills=tuple((a, int(s)) for a, s in kills), joins=tuple((int(n), int(s)) for n, s in joins),
+        kills=tuple((a, int(s)) for a, s in kills), partitions=partitions, joins=tuple((int(n), int(s)) for n, s in joins),
         checkpoint_every=checkpoint_every, resume=resume, call_timeout_s=call_timeout, peer_ttl_s=peer_ttl,
+        liveness=liveness, warm_copies=warm_copies,
     )  # fmt: skip
     display = SwarmDisplay(sys.stderr)
     with StopSignal() as stop:
@@ -100,6 +112,19 @@ def command(ctx: click.Context, agents: int, stages: int, steps: int, scenario: 
     if not result.ok:
         click.echo(f"Error: {result.error}", err=True)
         ctx.exit(1)
+
+
+def _partitions(values: tuple[str, ...]) -> tuple[tuple[str, int, float], ...]:
+    """``AGENT@STEP:SECONDS`` values as (AGENT, STEP, SECONDS)."""
+    out = []
+    for value in values:
+        head, _, seconds = value.partition(":")
+        try:
+            ((agent, step),) = _at_pairs((head,), "--partition")
+            out.append((agent, int(step), float(seconds)))
+        except (click.BadParameter, ValueError):
+            raise click.BadParameter(f"{value!r} is not AGENT@STEP:SECONDS", param_hint="--partition") from None
+    return tuple(out)
 
 
 def _at_pairs(values: tuple[str, ...], option: str) -> tuple[tuple[str, str], ...]:

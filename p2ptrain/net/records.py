@@ -45,7 +45,7 @@ from p2ptrain.net.keys import RecordKind
 
 __all__ = [
     "SCHEMA_VERSION", "MAX_RECORD_BYTES", "MAX_LINK_PEERS", "MAX_PLAN_PEERS", "RecordError", "RecordTooLarge",
-    "ComputeMeasurement", "SOURCE_CHECKPOINT", "SOURCE_INIT", "PeerRecord", "LinkMeasurement", "LinksRecord", "PlanRecord", "ProgressRecord", "Record",
+    "ComputeMeasurement", "SOURCE_CHECKPOINT", "SOURCE_INIT", "NO_BACKUP", "PeerRecord", "LinkMeasurement", "LinksRecord", "PlanRecord", "ProgressRecord", "Record",
     "decode_record", "peer_tag",
 ]  # fmt: skip
 
@@ -56,7 +56,9 @@ MAX_PLAN_PEERS = 512
 PEER_TAG_BYTES = 8
 SOURCE_CHECKPOINT = 0xFFFF  # PlanRecord.sources: the stage's state comes from the last complete checkpoint
 SOURCE_INIT = 0xFFFE  # ... from the seed (step 0)
+NO_BACKUP = 0xFFFF  # PlanRecord.backups: nobody keeps a copy of this stage
 MAX_KEPT_STATES = 16
+MAX_HOLDS = 32
 
 MAX_MEMORY_GB = 16384.0  # 16 TiB: beyond any single device (or host RAM for CPU agents)
 MAX_TFLOPS = 100_000.0  # 100 PFLOP/s: ~50x the fastest single accelerator
@@ -296,6 +298,10 @@ class PlanRecord(_Record):
     and ``sources[j]`` says where stage j's state at that step comes from: a member index (a surviving
     replica that holds it), ``SOURCE_CHECKPOINT`` (the run's last complete checkpoint) or ``SOURCE_INIT``
     (the seed's initial parameters; only at step 0). ``reason`` says why this epoch was planned.
+
+    Warm copies (additive): ``backups[j]`` is the member that keeps a copy of stage j's state (it is not one
+    of the stage's trainers; ``NO_BACKUP``: nobody), sent by the stage's replica 0 at the epoch's start and
+    after every ``backup_every`` steps (0: at the start only).
     """
 
     epoch: int
@@ -310,6 +316,8 @@ class PlanRecord(_Record):
     start_step: int = 0
     sources: tuple[int, ...] = ()
     reason: str = ""
+    backups: tuple[int, ...] = ()
+    backup_every: int = 0
     kind: ClassVar[RecordKind] = RecordKind.PLAN
 
     def __post_init__(self) -> None:
@@ -347,6 +355,17 @@ class PlanRecord(_Record):
             raise RecordError("a stage can start from the seed's parameters only at step 0")
         _set(self, "sources", sources)
         _set(self, "reason", f.text("reason", self.reason, 120))
+        backups = tuple(f.sequence("backups", self.backups, self.stages))
+        if backups and len(backups) != self.stages:
+            raise RecordError(f"backups must name one peer per stage ({self.stages}), got {len(backups)}")
+        for j, x in enumerate(backups):
+            if f.integer("backups[j]", x, 0, NO_BACKUP) != NO_BACKUP:
+                if x >= len(members):
+                    raise RecordError(f"backups[{j}]={x} is not a member index")
+                if any(row[j] == x for row in self.pipelines):
+                    raise RecordError(f"backups[{j}] is a trainer of stage {j}, not another peer")
+        _set(self, "backups", backups)
+        _set(self, "backup_every", f.integer("backup_every", self.backup_every, 0, MAX_COUNTER))
 
     @property
     def leader(self) -> str:
@@ -362,6 +381,12 @@ class PlanRecord(_Record):
 
     def peer_at(self, pipeline: int, stage: int) -> str:
         return self.membership[self.pipelines[pipeline][stage]]
+
+    def backup_of(self, stage: int) -> str | None:
+        """The member keeping a warm copy of ``stage``'s state, or None."""
+        if not self.backups or self.backups[stage] == NO_BACKUP:
+            return None
+        return self.membership[self.backups[stage]]
 
     @classmethod
     def from_plan_json(cls, epoch: int, devices: Sequence[str], plan: Mapping[str, Any]) -> PlanRecord:
@@ -385,6 +410,7 @@ class PlanRecord(_Record):
             "cost_s": self.cost_s, "data_parallel_s": self.data_parallel_s, "pipeline_s": self.pipeline_s,
             "objective": self.objective, "start_step": self.start_step,
             "sources": f.pack_uint16(self.sources), "reason": self.reason,
+            "backups": f.pack_uint16(self.backups), "backup_every": self.backup_every,
         }  # fmt: skip
 
     @classmethod
@@ -407,6 +433,8 @@ class PlanRecord(_Record):
             objective=m.get("objective", "dtfm"), start_step=m.get("start_step", 0),
             sources=f.unpack_uint16(f.binary("sources", m.get("sources", b""), item_size=2, max_items=stages)),
             reason=m.get("reason", ""),
+            backups=f.unpack_uint16(f.binary("backups", m.get("backups", b""), item_size=2, max_items=stages)),
+            backup_every=m.get("backup_every", 0),
         )  # fmt: skip
 
 
@@ -417,7 +445,9 @@ class ProgressRecord(_Record):
     ``halted``: the writer stopped training this epoch (a call failed, or it ended at a re-plan point) and
     waits for the next plan; it then keeps stage ``stage``'s states of the ``kept`` last steps up to
     ``step`` (``kept`` = 0: none), which the leader uses to choose where the next epoch starts (additive
-    fields; ``stage`` None: the stage the writer holds in this epoch's plan).
+    fields; ``stage`` None: the stage the writer holds in this epoch's plan). ``holds`` lists further
+    states the writer can serve, as (stage, step) pairs: warm copies of other peers' stages and its own
+    copies on disk (additive).
     """
 
     epoch: int
@@ -427,6 +457,7 @@ class ProgressRecord(_Record):
     halted: bool = False
     kept: int = 0
     stage: int | None = None
+    holds: tuple[tuple[int, int], ...] = ()
     kind: ClassVar[RecordKind] = RecordKind.PROGRESS
 
     def __post_init__(self) -> None:
@@ -440,15 +471,27 @@ class ProgressRecord(_Record):
         _set(self, "kept", f.integer("kept", self.kept, 0, MAX_KEPT_STATES))
         if self.stage is not None:
             _set(self, "stage", f.integer("stage", self.stage, 0, MAX_PLAN_PEERS))
+        holds = []
+        for pair in f.sequence("holds", self.holds, MAX_HOLDS):
+            pair = f.sequence("holds[i]", pair, 2)
+            if len(pair) != 2:
+                raise RecordError("holds must be (stage, step) pairs")
+            holds.append((f.integer("holds stage", pair[0], 0, MAX_PLAN_PEERS),
+                          f.integer("holds step", pair[1], 0, MAX_COUNTER)))
+        _set(self, "holds", tuple(sorted(set(holds))))
 
     def _fields(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "step": self.step, "loss": self.loss, "step_time_s": self.step_time_s,
-                "halted": self.halted, "kept": self.kept, "stage": self.stage}
+        fields = {"epoch": self.epoch, "step": self.step, "loss": self.loss, "step_time_s": self.step_time_s,
+                  "halted": self.halted, "kept": self.kept, "stage": self.stage}
+        if self.holds:  # optional field: absent unless the writer keeps copies
+            fields["holds"] = [list(pair) for pair in self.holds]
+        return fields
 
     @classmethod
     def _from_fields(cls, m: Mapping[str, Any]) -> ProgressRecord:
         return cls(epoch=m["epoch"], step=m["step"], loss=m["loss"], step_time_s=m["step_time_s"],
-                   halted=m.get("halted", False), kept=m.get("kept", 0), stage=m.get("stage"))
+                   halted=m.get("halted", False), kept=m.get("kept", 0), stage=m.get("stage"),
+                   holds=tuple(m.get("holds", ())))
 
 
 Record = PeerRecord | LinksRecord | PlanRecord | ProgressRecord

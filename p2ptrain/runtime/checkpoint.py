@@ -147,35 +147,79 @@ def save_stage(
     return manifest_path
 
 
+def _manifest(folder: Path, stage: int, num_stages: int, model: str) -> StageManifest | None:
+    """Stage ``stage``'s manifest in a step folder when it is of this partition and model and its file
+    matches its digest; None otherwise (a missing stage quietly, anything else with a log line)."""
+    path = folder / f"stage-{stage:03d}-of-{num_stages:03d}.json"
+    try:
+        manifest = StageManifest.from_json(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (ValueError, TypeError, KeyError) as e:
+        logger.warning("checkpoint: ignoring %s: %s", path, e)
+        return None
+    if manifest.model != model or manifest.stage != stage or manifest.num_stages != num_stages:
+        return None
+    data = folder / manifest.file
+    if not data.exists() or _sha256(data) != manifest.sha256:
+        logger.warning("checkpoint: %s does not match its manifest's digest; ignoring it", data)
+        return None
+    return manifest
+
+
 def _manifests(folder: Path, num_stages: int, model: str) -> dict[int, StageManifest] | None:
     """The valid manifests of a step folder for this partition and model, when every stage has one."""
     found: dict[int, StageManifest] = {}
     for stage in range(num_stages):
-        path = folder / f"stage-{stage:03d}-of-{num_stages:03d}.json"
-        try:
-            manifest = StageManifest.from_json(path.read_text())
-        except FileNotFoundError:
-            return None
-        except (ValueError, TypeError, KeyError) as e:
-            logger.warning("checkpoint: ignoring %s: %s", path, e)
-            return None
-        if manifest.model != model or manifest.stage != stage or manifest.num_stages != num_stages:
-            return None
-        data = folder / manifest.file
-        if not data.exists() or _sha256(data) != manifest.sha256:
-            logger.warning("checkpoint: %s does not match its manifest's digest; ignoring step %s", data, folder.name)
+        manifest = _manifest(folder, stage, num_stages, model)
+        if manifest is None:
             return None
         found[stage] = manifest
     return found
 
 
+def _steps(root: Path) -> list[int]:
+    """The step folders under ``root``, newest first."""
+    if not root.is_dir():
+        return []
+    return sorted((int(m.group(1)) for p in root.iterdir() if (m := _STEP_DIR.fullmatch(p.name))), reverse=True)
+
+
+def saved_stages(root: str | Path, num_stages: int, model: str) -> list[tuple[int, int]]:
+    """Every verified (stage, step) copy under ``root``, whether or not its step is complete (an agent's own
+    copies: ``agent.stage_state.StateStore``)."""
+    root = Path(root)
+    return [(stage, step) for step in _steps(root) for stage in range(num_stages)
+            if _manifest(step_dir(root, step), stage, num_stages, model) is not None]  # fmt: skip
+
+
+def load_saved_stage(root: str | Path, step: int, stage: int, num_stages: int, model: str) -> dict[str, torch.Tensor]:
+    """One verified stage copy (``saved_stages``); ValueError if it is missing or does not match its digest."""
+    manifest = _manifest(step_dir(Path(root), step), stage, num_stages, model)
+    if manifest is None:
+        raise ValueError(f"no verified copy of stage {stage} of {num_stages} after step {step} in {root}")
+    return load_file(str(step_dir(Path(root), step) / manifest.file))
+
+
+def prune_stage(root: str | Path, stage: int, num_stages: int, keep_steps: int) -> None:
+    """Delete stage ``stage``'s copies under ``root`` but the newest ``keep_steps`` (and empty step folders)."""
+    root = Path(root)
+    name = f"stage-{stage:03d}-of-{num_stages:03d}"
+    held = [s for s in _steps(root) if (step_dir(root, s) / f"{name}.json").exists()]
+    for step in held[keep_steps:]:
+        folder = step_dir(root, step)
+        for suffix in (".json", ".safetensors"):
+            (folder / f"{name}{suffix}").unlink(missing_ok=True)
+        try:
+            folder.rmdir()
+        except OSError:
+            pass  # other stages' copies are still there
+
+
 def latest_complete(root: str | Path, num_stages: int, model: str) -> int | None:
     """The largest step with a complete, verified checkpoint of every stage; None when there is none."""
     root = Path(root)
-    if not root.is_dir():
-        return None
-    steps = sorted((int(m.group(1)) for p in root.iterdir() if (m := _STEP_DIR.fullmatch(p.name))), reverse=True)
-    for step in steps:
+    for step in _steps(root):
         if _manifests(step_dir(root, step), num_stages, model) is not None:
             return step
     return None

@@ -1,8 +1,9 @@
 """Churn end to end: real agent processes SIGKILLed or joining mid-run, real DHT and libp2p on loopback.
 
-Each test runs ``p2ptrain swarm`` with short deadlines (calls 8 s, peer records 6 s: short, yet long enough
-for a machine shared with other work) and checks the loss curve against single-process training
-(``train_reference``): re-plans keep the global batch, so every step's loss is the uninterrupted run's.
+Each test runs ``p2ptrain swarm`` — with the default settings a user gets (heartbeats, warm copies, each
+agent's own state directory), or with short data deadlines where a test is about the shared checkpoint
+directory — and checks the loss curve against single-process training (``train_reference``): re-plans keep
+the global batch, so every step's loss is the uninterrupted run's.
 A kill fires when the swarm's events say the step before it is done, so on a busy machine the run may
 have moved a step further; the restart steps are checked against what the run wrote, not a fixed number.
 """
@@ -14,7 +15,7 @@ from agent_helpers import events, is_alive, read_status, run_swarm
 
 from p2ptrain.config import config_from_dict
 from p2ptrain.net.identity import load_or_create_identity
-from p2ptrain.runtime.checkpoint import latest_complete
+from p2ptrain.runtime.checkpoint import saved_stages
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.reference import train_reference
 
@@ -42,30 +43,50 @@ def peer_ids(workdir, count: int) -> list[str]:
     return [load_or_create_identity(workdir / f"agent-{k}.id").peer_id for k in range(count)]
 
 
-@pytest.mark.timeout(420)
-def test_a_killed_replica_and_then_a_killed_leader_do_not_change_the_losses(tmp_path):
+@pytest.mark.timeout(600)
+def test_with_default_settings_a_killed_replica_and_leader_cost_seconds_and_no_restart_from_zero(tmp_path):
+    # the issue's command as a user types it: the emulated world-wide network, default deadlines
     ids = peer_ids(tmp_path, 6)
-    leader = ids.index(min(ids))
-    replica = next(k for k in range(6) if k != leader)
     code, summary, stderr = run_swarm(
-        tmp_path, "--agents", "6", "--stages", "3", "--steps", "8", "--checkpoint-every", "2",
-        "--kill", f"{replica}@3", "--kill", "leader@6", *FAST, timeout_s=400,
+        tmp_path, "--agents", "6", "--stages", "3", "--steps", "10", "--kill", "4@3", "--kill", "leader@6",
+        timeout_s=580,
     )  # fmt: skip
     assert code == 0, stderr[-3000:]
-    assert summary["finished"] and summary["killed"][str(leader)]["as"] == "leader"
+    assert summary["finished"] and summary["killed"]["4"]["as"] == "4"
     assert_reference_losses(summary)
     first, second = summary["replans"]
-    # 1: a replica of every stage survived: 3 stages x 1 replica (5 live), state from the survivors
-    assert first["kind"] == "failure" and ids[replica] in first["reason"] and not first["from_checkpoint"]
-    assert first["start_step"] >= 2
-    # 2: the leader held the only replica of its stage: the next-lowest peer re-plans from the checkpoint
-    assert second["from_checkpoint"] and second["start_step"] in (4, 6)
-    assert f"resuming from the checkpoint of step {second['start_step']}" in second["reason"]
-    planners = {e["epoch"]: k for k in range(6) for e in events(tmp_path / f"agent-{k}.events.jsonl")
-                if e["event"] == "plan"}  # fmt: skip
-    assert planners[0] == leader and planners[second["epoch"]] == sorted(range(6), key=ids.__getitem__)[1]
-    print("recovery (s):", [r["recovery_s"] for r in summary["replans"]])
-    assert all(r["recovery_s"] is not None for r in summary["replans"])
+    # a replica of every stage survived: at most the step in flight is redone (trainers are a step apart)
+    assert first["kind"] == "failure" and ids[4] in first["reason"] and first["steps_redone"] <= 1
+    # the leader (a trainer: a failure; or a spare keeping warm copies: a re-plan at the next point) is
+    # replaced and training goes on from a recent step, never from the seed
+    assert second["start_step"] >= first["start_step"] >= 1 and not second["from_checkpoint"]
+    killed_leader = summary["peers"][next(k for k, v in summary["killed"].items() if v["as"] == "leader")]
+    assert killed_leader in second["reason"]
+    for replan in summary["replans"]:
+        assert replan["warm_copies"]["every_steps"] >= 1 and None not in replan["warm_copies"]["peers"]
+    print("recovery (s):", [r["recovery_s"] for r in summary["replans"]],
+          "steps redone:", [r["steps_redone"] for r in summary["replans"]])
+    assert first["recovery_s"] is not None
+    assert_no_process_left(tmp_path)
+
+
+@pytest.mark.timeout(420)
+def test_a_partitioned_agent_is_detected_replanned_around_and_does_not_corrupt_the_run(tmp_path):
+    ids = peer_ids(tmp_path, 4)
+    cut = next(k for k in range(4) if ids[k] != min(ids))
+    code, summary, stderr = run_swarm(
+        tmp_path, "--agents", "4", "--stages", "2", "--steps", "12", "--scenario", "none",
+        "--partition", f"{cut}@3:20", timeout_s=400,
+    )  # fmt: skip
+    assert code == 0, stderr[-3000:]  # every agent exits 0, the one that was cut off too
+    assert summary["finished"] and summary["killed"][str(cut)]["as"] == "partitioned"
+    assert_reference_losses(summary)
+    failure = summary["replans"][0]
+    assert failure["kind"] == "failure" and ids[cut] in failure["reason"] and failure["start_step"] >= 2
+    print("recovery (s):", failure["recovery_s"], "replans:", [(r["kind"], r["reason"]) for r in summary["replans"]])
+    cut_events = events(tmp_path / f"agent-{cut}.events.jsonl")
+    assert any(e["event"] == "halted" for e in cut_events)  # it noticed, and stopped its stale epoch
+    assert any(e["event"] == "done" for e in cut_events)
     assert_no_process_left(tmp_path)
 
 
@@ -76,7 +97,7 @@ def test_losing_every_replica_of_a_stage_falls_back_to_the_last_checkpoint(tmp_p
     stage_1 = sorted(range(4), key=ids.__getitem__)[2:]
     code, summary, stderr = run_swarm(
         tmp_path, "--agents", "4", "--stages", "2", "--steps", "7", "--checkpoint-every", "2",
-        "--kill", f"{stage_1[0]}@6", "--kill", f"{stage_1[1]}@6", *FAST, timeout_s=280,
+        "--kill", f"{stage_1[0]}@6", "--kill", f"{stage_1[1]}@6", "--no-warm-copies", *FAST, timeout_s=280,
     )  # fmt: skip
     assert code == 0, stderr[-3000:]
     assert summary["finished"] and summary["plan"]["pipelines"][0][1] in stage_1
@@ -110,15 +131,17 @@ def test_joiners_take_roles_with_their_replicas_parameters(tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_a_whole_swarm_restarted_with_resume_continues_the_loss_curve(tmp_path):
-    args = ("--agents", "2", "--stages", "2", "--steps", "6", "--checkpoint-every", "2", *FAST)
-    code, summary, _ = run_swarm(tmp_path, *args, "--kill", "0@5", "--kill", "1@5", timeout_s=140)
-    assert code != 0 and not summary["finished"]  # every agent was killed with step 5 in flight
+def test_a_whole_swarm_restarted_with_resume_on_its_own_disks_continues_the_loss_curve(tmp_path):
+    args = ("--agents", "2", "--stages", "2", "--steps", "8", "--scenario", "none")
+    code, summary, _ = run_swarm(tmp_path, *args, "--kill", "0@7", "--kill", "1@7", timeout_s=140)
+    assert code != 0 and not summary["finished"]  # every agent was killed with step 7 in flight
     assert_no_process_left(tmp_path)
-    saved = latest_complete(tmp_path / "checkpoints", 2, "tiny")  # step 4, or 2 if a stage was still in step 4
-    assert saved in (2, 4)
+    assert not (tmp_path / "checkpoints").exists()  # no shared directory: each agent's own copies only
+    held = set().union(*(saved_stages(tmp_path / f"agent-{k}.state", 2, "tiny") for k in range(2)))
+    common = max(s for _, s in held if (0, s) in held and (1, s) in held)
+    assert common >= 1
     code, summary, stderr = run_swarm(tmp_path, *args, "--resume", timeout_s=140)
     assert code == 0, stderr[-3000:]
-    assert summary["finished"] and summary["start_step"] == saved and len(summary["losses"]) == 6 - saved
+    assert summary["finished"] and summary["start_step"] == common and len(summary["losses"]) == 8 - common
     assert_reference_losses(summary)
     assert_no_process_left(tmp_path)

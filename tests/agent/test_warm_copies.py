@@ -1,0 +1,218 @@
+"""Liveness and warm copies, the pure parts and the state store: when a peer is dead, when an epoch halts,
+who keeps each stage's copy and how often, restarts from copies, the records that carry them, the store's
+disk copies, and a copy sent and verified over a real loopback transport."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from p2ptrain.agent.backup import BackupReceiver, BackupSender
+from p2ptrain.agent.churn import Holding, copies_of, restart_point
+from p2ptrain.agent.config import LivenessConfig
+from p2ptrain.agent.leader import backup_interval, choose_backups
+from p2ptrain.agent.liveness import PeerHealth, epoch_failure
+from p2ptrain.agent.stage_state import StateKeeper
+from p2ptrain.agent.state_store import StateStore
+from p2ptrain.errors import ConfigError, PeerTimeoutError, ProtocolError
+from p2ptrain.model.optim import build_optimizer
+from p2ptrain.model.stage import build_stage
+from p2ptrain.net.identity import generate_identity
+from p2ptrain.net.records import NO_BACKUP, PlanRecord, ProgressRecord, RecordError
+from p2ptrain.net.status import FAIL, HALT, TRAIN, PeerStatus
+from p2ptrain.runtime.checkpoint import state_tensors
+from p2ptrain.runtime.config import TrainConfig
+
+PEERS = sorted(generate_identity().peer_id for _ in range(5))
+A, B, C, D, E = PEERS
+
+
+def plan_of(rows, members=PEERS, **extra) -> PlanRecord:
+    members = tuple(sorted(members))
+    pipelines = tuple(tuple(members.index(p) for p in row) for row in rows)
+    return PlanRecord(epoch=3, membership=members, stages=len(rows[0]), replicas=len(rows), pipelines=pipelines,
+                      cost_s=1.0, **extra)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# ---- liveness ---------------------------------------------------------------------------------------------
+
+
+def test_a_silent_peer_is_dead_after_the_timeout_and_not_before_two_pings():
+    clock = Clock()
+    health = PeerHealth(timeout_s=6.0, clock=clock)
+    health.watch([A, B])
+    health.record(A, PeerStatus(TRAIN, 0, 1))
+    clock.now += 5.9
+    health.record(A, PeerTimeoutError("no answer", peer=A))
+    health.record(B, PeerStatus(TRAIN, 0, 1))
+    assert health.dead() == frozenset()
+    clock.now += 0.2
+    assert health.dead() == {A}  # 6.1 s since its last answer
+    health.record(A, PeerStatus(TRAIN, 0, 2))
+    assert health.dead() == frozenset()  # it answered again
+    health.watch([A, B, C])
+    clock.now += 60
+    assert health.is_dead(A) and not health.is_dead(C)  # C: never pinged yet
+
+
+def test_a_peer_whose_daemon_is_gone_is_dead_after_three_unreachable_pings():
+    clock = Clock()
+    health = PeerHealth(timeout_s=6.0, clock=clock)
+    health.watch([A])
+    health.record(A, PeerStatus(TRAIN, 0, 1))
+    for _ in range(2):
+        health.record(A, ProtocolError("failed to dial", peer=A))
+    assert not health.is_dead(A)
+    health.record(A, PeerTimeoutError("no answer", peer=A))  # a hanging dial does not reset the count
+    health.record(A, ProtocolError("failed to dial", peer=A))
+    assert health.is_dead(A)
+    health.forgive()  # our own silence (we were stopped): everyone starts afresh
+    assert not health.is_dead(A)
+
+
+def test_an_epoch_halts_on_a_dead_or_failed_trainer_only():
+    plan = plan_of([[A, B], [C, D]])  # E is a spare
+    assert epoch_failure(plan, A, dead=[E], statuses={}) is None
+    assert "stopped answering" in epoch_failure(plan, A, dead=[D], statuses={})
+    assert epoch_failure(plan, E, dead=[D], statuses={}) is None  # a spare has no epoch to halt
+    assert "on a failure" in epoch_failure(plan, A, dead=[], statuses={B: PeerStatus(FAIL, 3, 5)})
+    # stopping cleanly at a re-plan point, an older epoch's failure, or training a newer epoch: go on
+    for status in (PeerStatus(HALT, 3, 5), PeerStatus(FAIL, 2, 5), PeerStatus(TRAIN, 4, 5)):
+        assert epoch_failure(plan, A, dead=[], statuses={B: status}) is None
+
+
+def test_liveness_settings_are_checked():
+    with pytest.raises(ConfigError, match="two pings"):
+        LivenessConfig(interval_s=5.0, timeout_s=6.0)
+    with pytest.raises(ConfigError):
+        LivenessConfig(ping_timeout_s=0)
+
+
+# ---- who keeps the copies, how often ------------------------------------------------------------------------
+
+
+def test_copies_go_outside_the_stage_spares_first_and_fastest():
+    # 2 stages x 1 replica on devices 0 and 1; spares 2 and 3; device 3 has the faster link from 0
+    copy_s = np.full((4, 4), 10.0)
+    copy_s[0, 3], copy_s[0, 2], copy_s[1, 2], copy_s[1, 3] = 1.0, 2.0, 1.0, 3.0
+    assert choose_backups([[0], [1]], [0, 1, 2, 3], [2, 3], copy_s) == [3, 2]
+    # no spares: the other stage's trainers (each takes its share)
+    assert choose_backups([[0, 2], [1, 3]], [0, 1, 2, 3], [], copy_s) in ([1, 0], [3, 0], [1, 2], [3, 2])
+    got = choose_backups([[0, 2], [1, 3]], [0, 1, 2, 3], [], copy_s)
+    assert got[0] in (1, 3) and got[1] in (0, 2)
+    assert choose_backups([[0, 1]], [0, 1], [], copy_s) == [None]  # nobody outside the stage
+
+
+def test_the_interval_keeps_copies_within_their_budget():
+    assert backup_interval(copy_s=0.1, step_s=1.0, budget=0.1, max_every=50) == 1
+    assert backup_interval(copy_s=1.5, step_s=1.0, budget=0.1, max_every=50) == 15
+    assert backup_interval(copy_s=100.0, step_s=1.0, budget=0.1, max_every=50) == 50
+    assert backup_interval(copy_s=1.0, step_s=0.0, budget=0.1, max_every=50) == 50
+
+
+# ---- restarting from copies ---------------------------------------------------------------------------------
+
+
+def test_a_lost_stage_restarts_from_its_warm_copy_at_a_step_the_others_keep():
+    # stage 1's trainers are gone; C keeps a copy of it after step 4; stage 0's trainer keeps 6, 7 and 4
+    holdings = {A: [Holding(0, 6, 7), *copies_of([(0, 4)])], C: copies_of([(1, 4)])}
+    restart = restart_point(2, holdings)
+    assert (restart.step, restart.sources, restart.lost_stages, restart.from_copy) == (4, (A, C), (1,), (0, 1))
+    # a trainer's kept state goes before a copy of the same step
+    restart = restart_point(2, {A: [Holding(0, 4, 5)], B: copies_of([(0, 5)]), C: [Holding(1, 4, 5)]})
+    assert restart.sources == (A, C) and restart.from_copy == ()
+    # without the copy: step 0, from the seed
+    assert restart_point(2, {A: [Holding(0, 6, 7)]}).step == 0
+
+
+def test_records_carry_copies_and_backups_and_refuse_bad_ones():
+    record = ProgressRecord(3, 7, None, 0.0, halted=True, kept=2, holds=((1, 4), (0, 6), (1, 4)))
+    assert record.holds == ((0, 6), (1, 4))
+    assert ProgressRecord.decode(record.encode()) == record
+    for holds in ([(1,)], [(1, -2)], [("a", 3)], [(0, 1)] * 0 + [(i, i) for i in range(40)]):
+        with pytest.raises(RecordError):
+            ProgressRecord(3, 7, None, 0.0, holds=holds)
+    plan = plan_of([[A, B]], backups=(PEERS.index(C), NO_BACKUP), backup_every=5)
+    assert PlanRecord.decode(plan.encode()) == plan
+    assert plan.backup_of(0) == C and plan.backup_of(1) is None
+    with pytest.raises(RecordError, match="trainer of stage 0"):
+        plan_of([[A, B]], backups=(PEERS.index(A), NO_BACKUP))
+    with pytest.raises(RecordError, match="one peer per stage"):
+        plan_of([[A, B]], backups=(PEERS.index(C),))
+    assert plan_of([[A, B]]).backup_of(0) is None  # an older plan without backups
+
+
+# ---- the store ----------------------------------------------------------------------------------------------
+
+
+def stage_state(stage: int, seed: int = 0) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    cfg = TrainConfig(model="tiny", stages=2, replicas=1, seed=seed)
+    module = build_stage(cfg.shape, stage, 2, seed, torch.device("cpu"))
+    optimizer = build_optimizer(module, cfg.optimizer)
+    sum(p.square().sum() for p in module.parameters()).backward()
+    optimizer.step()  # a state after a step holds AdamW's moments
+    return module, state_tensors(module, optimizer)
+
+
+def test_the_store_serves_kept_states_copies_and_disk_copies_after_a_restart(tmp_path):
+    _, own = stage_state(0)
+    _, other = stage_state(1, seed=1)
+    keeper = StateKeeper(2)
+    store = StateStore(keeper, tmp_path, "tiny", 0, keep_copies=2, keep_on_disk=2)
+    store.save_own(0, 2, 4, own)
+    for step in (3, 5, 8):
+        store.add_copy(1, 2, step, other)
+    store.flush(30.0)
+    assert store.holds(2) == [(0, 4), (1, 5), (1, 8)]  # the two newest copies of a stage, memory and disk
+    assert store.get(1, 2, 3) is None
+    store.close()
+    # a new agent on the same directory (a restart): what is on disk, verified
+    again = StateStore(StateKeeper(2), tmp_path, "tiny", 0)
+    assert sorted(again.scan_disk(2)) == [(0, 4), (1, 5), (1, 8)]
+    loaded = again.get(1, 2, 8)
+    assert all(torch.equal(loaded[k], other[k]) for k in other)
+    # a tampered file is refused, not served
+    data = next((tmp_path / "step-00000005").glob("stage-001*.safetensors"))
+    data.write_bytes(data.read_bytes()[:-8] + b"garbage!")
+    assert sorted(StateStore(StateKeeper(2), tmp_path, "tiny", 0).scan_disk(2)) == [(0, 4), (1, 8)]
+    again.close()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_a_copy_is_sent_verified_and_kept(tmp_path):
+    from p2ptrain.net.transport import Transport, TransportConfig
+
+    module, state = stage_state(1)
+    config = TransportConfig(call_timeout_s=30.0)
+    with Transport("copytest", config) as a, Transport("copytest", config, initial_peers=a.visible_maddrs) as b:
+        store = StateStore(StateKeeper(2), tmp_path, "tiny", 0)
+        got = []
+        receiver = BackupReceiver(a, store, "copytest", 2, 2, {1: [(str(b.peer_id), 0)]},
+                                  lambda stage: build_stage(TrainConfig().shape, stage, 2, 0, torch.device("cpu")),
+                                  on_copy=lambda stage, step: got.append((stage, step)), poll_s=0.2).start()
+        sender = BackupSender(b, "copytest", 2, 30.0)
+        try:
+            a.set_window("copytest", 2, 0)
+            sender.send(str(a.peer_id), 1, 6, state, module)
+            sender.close(wait_s=30.0)
+            deadline = time.monotonic() + 30.0
+            while not got and time.monotonic() < deadline:
+                time.sleep(0.1)
+        finally:
+            receiver.stop()
+        assert got == [(1, 6)]
+        kept = store.get(1, 2, 6)
+        assert kept is not None and all(torch.equal(kept[k], state[k]) for k in state)
+        store.close()
