@@ -23,6 +23,7 @@ _COMMANDS = {
     "train": "Train locally: one process, or stages x replicas worker processes on loopback.",
     "bootstrap": "Run a DHT-only bootstrap peer and print its multiaddrs.",
     "agent": "Join a run, profile, elect a leader, plan and train.",
+    "token": "Closed runs: make a join token with the organiser's key, or print the organiser's ID.",
     "swarm": "Start a bootstrap and N agents on this machine (the demo, test and benchmark rig).",
     "bench": "Benchmarks: planner, runtime, end-to-end.",
 }

@@ -41,13 +41,20 @@ from p2ptrain.planning.model_shapes import MODEL_PRESETS
 @click.option("--identity", type=click.Path(dir_okay=False), help="Identity file: a stable peer ID (created if missing).")
 @click.option("--host-maddrs", multiple=True, help="Listen on these multiaddrs, e.g. /ip4/0.0.0.0/tcp/31338.")
 @click.option("--announce-maddrs", multiple=True, help="Public multiaddrs to advertise (behind NAT).")
+@click.option("--reachability", type=click.Choice(["auto", "public", "private"]),
+              help="private: behind NAT with no open port (reachable through relays); public: reachable, relays "
+                   "for others.  [default: auto]")
+@click.option("--relay", "relays", multiple=True,
+              help="Relay to be reached through when private (full multiaddr).  [default: the initial peers]")
+@click.option("--join-token", help="This peer's join token for a closed run (from the organiser).")
 @click.option("--region", help="Where this device is (free text shown in plans).")
 @click.option("--events-file", type=click.Path(dir_okay=False), help="Append one JSON line per event here.")
 def command(config_path: str | None, initial_peers: tuple[str, ...], run_id: str | None, stages: int | None,
             expect: int | None, join_deadline_s: float | None, min_peers: int | None, model: str | None,
             steps: int | None, batch_size: int | None, micro_batches: int | None, seed: int | None,
             device: str | None, threads: int | None, strategy: str | None, identity: str | None,
-            host_maddrs: tuple[str, ...], announce_maddrs: tuple[str, ...], region: str | None,
+            host_maddrs: tuple[str, ...], announce_maddrs: tuple[str, ...], reachability: str | None,
+            relays: tuple[str, ...], join_token: str | None, region: str | None,
             events_file: str | None) -> None:  # fmt: skip
     """Join a run through --initial-peers, profile, elect a leader, plan and train."""
     from p2ptrain.config import config_from_dict, read_toml
@@ -63,6 +70,8 @@ def command(config_path: str | None, initial_peers: tuple[str, ...], run_id: str
         ("plan", "strategy"): strategy, ("dht", "identity_path"): identity,
         ("dht", "host_maddrs"): list(_split(host_maddrs)) or None,
         ("dht", "announce_maddrs"): list(_split(announce_maddrs)) or None,
+        ("dht", "relay", "reachability"): reachability, ("dht", "relay", "relays"): list(_split(relays)) or None,
+        ("dht", "admission", "token"): join_token,
     }  # fmt: skip
     for path, value in flags.items():
         if value is not None:

@@ -44,6 +44,11 @@ def _split(values: tuple[str, ...]) -> tuple[str, ...]:
     "--run-id", "run_ids", multiple=True, help="Check records of this run at admission (repeatable)."
 )
 @click.option(
+    "--reachability", type=click.Choice(["auto", "public", "private"]),
+    help="public: relay for agents behind NAT (the default); private: this bootstrap is itself behind NAT.",
+)
+@click.option("--no-relay-service", is_flag=True, help="Do not relay for agents behind NAT.")
+@click.option(
     "--config", "config_path", type=click.Path(dir_okay=False), help="TOML config (flags override it)."
 )
 def command(
@@ -53,6 +58,8 @@ def command(
     identity: str | None,
     announce_file: str | None,
     run_ids: tuple[str, ...],
+    reachability: str | None,
+    no_relay_service: bool,
     config_path: str | None,
 ) -> None:
     """Run a DHT-only bootstrap peer and print its multiaddrs on one line."""
@@ -73,7 +80,13 @@ def command(
     overrides = {
         name: value for name, value in (("announce_file", announce_file), ("run_ids", run_ids)) if value
     }
-    config = dataclasses.replace(config, dht=dataclasses.replace(config.dht, **dht_overrides), **overrides)
+    relay = config.dht.relay
+    if reachability or no_relay_service:
+        relay = dataclasses.replace(relay, reachability=reachability or relay.reachability,
+                                    serve=relay.serve and not no_relay_service)
+    config = dataclasses.replace(
+        config, dht=dataclasses.replace(config.dht, relay=relay, **dht_overrides), **overrides
+    )
 
     def print_maddrs(maddrs: list[str]) -> None:
         click.echo(" ".join(maddrs))

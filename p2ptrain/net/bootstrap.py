@@ -19,13 +19,15 @@ from p2ptrain.errors import ConfigError
 from p2ptrain.net.dht import DHTConfig, SwarmDHT
 from p2ptrain.net.keys import check_run_id
 from p2ptrain.net.lifecycle import StopSignal
+from p2ptrain.net.relay import RelayConfig
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class BootstrapConfig:
-    dht: DHTConfig = field(default_factory=DHTConfig)
+    # a bootstrap is public and relays for agents behind NAT (bootstrap/README.md says what that costs)
+    dht: DHTConfig = field(default_factory=lambda: DHTConfig(relay=RelayConfig(reachability="public")))
     announce_file: str | None = None  # where to write the multiaddr line (atomically); removed on exit
     run_ids: tuple[str, ...] = ()  # runs whose keys this peer checks at admission (optional, recommended)
     status_period_s: float = 60.0  # how often to log the routing table size

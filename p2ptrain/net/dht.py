@@ -33,7 +33,7 @@ import logging
 import threading
 import weakref
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import hivemind
@@ -42,11 +42,13 @@ from hivemind.utils import get_dht_time
 from hivemind.utils.multiaddr import Multiaddr
 
 from p2ptrain.errors import ConfigError, PeerTimeoutError, ProtocolError
+from p2ptrain.net.admission import AdmissionConfig, AdmissionPolicy, attach_token
 from p2ptrain.net.identity import Identity, TemporaryIdentityFile, generate_identity, load_or_create_identity
 from p2ptrain.net.keys import RecordKind, RunKeys
 from p2ptrain.net.lifecycle import find_processes, shutdown_in_order, terminate_stray_process
 from p2ptrain.net.records import LinksRecord, PeerRecord, PlanRecord, ProgressRecord, Record
 from p2ptrain.net.refresh import Refresher
+from p2ptrain.net.relay import RelayConfig, circuit_maddrs, is_circuit, multiaddr_bytes
 from p2ptrain.net.validators import (
     MAX_TTL_S,
     RateLimitedLog,
@@ -70,6 +72,8 @@ class DHTConfig:
     announce_maddrs: tuple[str, ...] = ()  # public addresses, when behind NAT / port forwarding
     identity_path: str | None = None  # stable peer ID; created if missing; None: a new identity per start
     client_mode: bool = False  # True: do not serve DHT requests (peers behind NAT that nobody can dial)
+    relay: RelayConfig = field(default_factory=RelayConfig)  # circuit relays: serve them, or be reached through them
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)  # closed runs: who may take part
     peer_ttl_s: float = 60.0
     links_ttl_s: float = 300.0
     plan_ttl_s: float = 120.0
@@ -116,6 +120,9 @@ class SwarmDHT:
         self._admission_runs = tuple(dict.fromkeys(([run_id] if run_id else []) + list(admission_run_ids)))
         for run in self._admission_runs:
             RunKeys(run)  # validates the run ID
+        self._policies = {run: AdmissionPolicy(run, self.config.admission) for run in self._admission_runs}
+        self._token = self.config.admission.token_bytes()
+        self._admitted_by_token: set[str] = set()  # writers whose records carried a valid token
         self._identity: Identity | None = None
         self._dht: hivemind.DHT | None = None
         self._p2pd_marker: bytes | None = None
@@ -141,7 +148,8 @@ class SwarmDHT:
         atexit.register(self._atexit_hook)
         logger.info("starting DHT peer %s on %s", self._identity.peer_id, ", ".join(cfg.host_maddrs))
         try:
-            self._dht = hivemind.DHT(
+            self._dht = _RelayingDHT(
+                cfg.relay.p2pd_extra_args(cfg.initial_peers), **cfg.relay.p2p_kwargs(cfg.initial_peers),
                 initial_peers=list(cfg.initial_peers) or None, start=False, record_validators=validators,
                 shutdown_timeout=cfg.shutdown_timeout_s, host_maddrs=list(cfg.host_maddrs),
                 announce_maddrs=list(cfg.announce_maddrs) or None, identity_path=key_file.path,
@@ -184,7 +192,8 @@ class SwarmDHT:
 
     def _record_validators(self, identity: Identity) -> list[RecordValidatorBase]:
         """What this node signs and admits with (tests subclass this to build a rogue node)."""
-        return [SignatureValidator(identity.private_key, self._admission_runs), SwarmRecordValidator(self._admission_runs)]
+        return [SignatureValidator(identity.private_key, self._admission_runs),
+                SwarmRecordValidator(self._admission_runs, self._policies)]
 
     def shutdown(self) -> None:
         """Stop refreshing, stop the DHT process and p2pd; idempotent, bounded by ``shutdown_timeout_s``."""
@@ -240,12 +249,33 @@ class SwarmDHT:
         return self._dht
 
     def get_visible_maddrs(self, latest: bool = False) -> list[str]:
-        """Our full multiaddrs (ending in ``/p2p/<peer ID>``), non-loopback first."""
+        """Our full multiaddrs (ending in ``/p2p/<peer ID>``): circuit addresses through our relays first (a
+        peer behind NAT is reachable only there), then the others, loopback last."""
         maddrs = [
             str(m)
             for m in self._call(functools.partial(_visible_maddrs, latest=latest), "get_visible_maddrs")
         ]
-        return sorted(maddrs, key=lambda m: m.startswith(("/ip4/127.", "/ip6/::1/")))
+        circuits = circuit_maddrs(self.config.relay.relays_for(self.config.initial_peers), self.peer_id)
+        return circuits + sorted(maddrs, key=lambda m: m.startswith(("/ip4/127.", "/ip6/::1/")))
+
+    def dial_through_relays(self, records: dict[str, PeerRecord]) -> None:
+        """Open a connection through a relay to every peer of ``records`` that advertises circuit addresses
+        and is not connected yet, in the background (the DHT process; each dial under ``request_timeout_s``).
+
+        The transport dials peers by their record's addresses but hands p2pd only the transport part of
+        each (``Transport.connect``), which for a circuit address is the relay itself; once a connection
+        through the relay is open, that dial finds it and succeeds.
+        """
+        targets = {
+            peer: tuple(m for m in record.maddrs if is_circuit(m))
+            for peer, record in records.items()
+            if peer != self.peer_id and any(is_circuit(m) for m in record.maddrs)
+        }
+        if targets:
+            timeout_s = self.config.request_timeout_s
+            with self._pipe_lock:
+                self.hivemind_dht.run_coroutine(functools.partial(_dial_circuits, targets=targets, timeout_s=timeout_s),
+                                                return_future=True)
 
     def routing_table_size(self) -> int:
         """How many other DHT peers this node knows (for health logs)."""
@@ -283,6 +313,8 @@ class SwarmDHT:
 
     def _store(self, kind: RecordKind, record: Record) -> bool:
         value = record.encode()
+        if self._token is not None:  # a closed run: our records show our join token (admission.py)
+            value = attach_token(value, self._token)
         key = self._key(kind)
         expiration_time = get_dht_time() + self.config.ttl_s(kind)
         with self._pipe_lock:
@@ -315,12 +347,28 @@ class SwarmDHT:
             )
             return {}
         now = get_dht_time()
-        return {
-            p: v for p, v in verify_entries(kind, found.value, self._log).items() if v.expiration_time > now
+        policy = self._policies.get(self.keys.run_id)
+        verified = {
+            p: v for p, v in verify_entries(kind, found.value, self._log, policy).items() if v.expiration_time > now
         }
+        if policy is not None and policy.closed:
+            self._admitted_by_token.update(verified)
+        return verified
+
+    def is_admitted(self, peer_id: str) -> bool:
+        """May ``peer_id`` take part in our run: always in an open run; in a closed one, if it is listed or
+        a record of its with a valid join token was read (the transport's ``Mailbox.admit_sender``)."""
+        policy = self._policies.get(self.keys.run_id) if self.keys is not None else None
+        if policy is None or not policy.closed:
+            return True
+        return policy.refusal(peer_id, None) is None or peer_id in self._admitted_by_token
 
     def read_peers(self) -> dict[str, PeerRecord]:
-        return {p: v.record for p, v in self.read(RecordKind.PEER).items()}  # type: ignore[misc]
+        """Verified peer records; peers reachable only through a relay are dialled through it (see
+        ``dial_through_relays``) so that the transport can reach them."""
+        peers = {p: v.record for p, v in self.read(RecordKind.PEER).items()}
+        self.dial_through_relays(peers)  # type: ignore[arg-type]
+        return peers  # type: ignore[return-value]
 
     def read_links(self) -> dict[str, LinksRecord]:
         return {p: v.record for p, v in self.read(RecordKind.LINKS).items()}  # type: ignore[misc]
@@ -363,6 +411,63 @@ async def _node_status(_dht: hivemind.DHT, node: Any) -> tuple[str, int]:
 
 async def _visible_maddrs(_dht: hivemind.DHT, node: Any, latest: bool) -> list[Any]:
     return await node.get_visible_maddrs(latest=latest)
+
+
+async def _dial_circuits(_dht: hivemind.DHT, node: Any, targets: dict[str, tuple[str, ...]], timeout_s: float) -> None:
+    """In the DHT process: connect to each target through its circuit addresses, unless connected already."""
+    import asyncio
+
+    from hivemind.p2p import PeerID
+
+    p2p = node.p2p
+    connected = {str(info.peer_id) for info in await p2p.list_peers()}
+    for peer, maddrs in targets.items():
+        if peer in connected or peer in _dialling:
+            continue
+        _dialling.add(peer)
+        asyncio.create_task(_dial_one(p2p, PeerID.from_base58(peer), maddrs, timeout_s))
+
+
+_dialling: set[str] = set()  # in the DHT process: peers being dialled through a relay now
+
+
+async def _dial_one(p2p: Any, peer: Any, maddrs: tuple[str, ...], timeout_s: float) -> None:
+    import asyncio
+
+    try:
+        addresses = [multiaddr_bytes(m.rsplit("/p2p/", 1)[0]) for m in maddrs]
+        await asyncio.wait_for(p2p._client.connect(peer, addresses), timeout_s)  # noqa: SLF001 - no public dial
+        logger.info("connected to peer %s through a relay", peer)
+    except Exception as e:  # the daemon raises its own error types; the next read of the peers dials again
+        logger.info("could not reach peer %s through a relay yet: %s", peer, e)
+    finally:
+        _dialling.discard(str(peer))
+
+
+class _RelayingDHT(hivemind.DHT):
+    """A hivemind DHT whose p2pd gets the relay flags hivemind has no option for (``relay.py``).
+
+    They are added to p2pd's command line inside the DHT's own (forked) process, so nothing else in the
+    parent process changes.
+    """
+
+    def __init__(self, p2pd_args: dict[str, object], **kwargs: Any):
+        super().__init__(**kwargs)
+        self._p2pd_args = dict(p2pd_args)
+
+    def run(self) -> None:
+        from hivemind.p2p import P2P
+
+        make_args = P2P._make_process_args  # noqa: SLF001 - the one place hivemind builds p2pd's argv
+        extra = self._p2pd_args
+
+        def with_relay_flags(*args: Any, **kwargs: Any) -> list[str]:
+            # relayDiscovery=0 needs static relays; hivemind's identity check starts a daemon without them
+            flags = {k: v for k, v in extra.items() if k != "relayDiscovery" or kwargs.get("trustedRelays")}
+            return make_args(*args, **{**kwargs, **flags})
+
+        P2P._make_process_args = staticmethod(with_relay_flags)  # noqa: SLF001 - in this forked process only
+        super().run()
 
 
 def _shutdown_at_exit(ref: weakref.ReferenceType[SwarmDHT]) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -77,6 +78,8 @@ class Mailbox:
         self._buffered: dict[Key, torch.Tensor] = {}
         self._consumed: set[Key] = set()
         self._waiters: dict[Key, asyncio.Future] = {}
+        # closed runs: whether a sender is admitted to the run (``SwarmDHT.is_admitted``); None admits everyone
+        self.admit_sender: Callable[[str], bool] | None = None
 
     def _is_stale(self, tag: Tag) -> bool:
         w = self.window
@@ -101,6 +104,8 @@ class Mailbox:
 
     def admit(self, sender: str, header: Header) -> Admission:
         """Reserve room for a message announced by ``header``; MessageRejected if it is not acceptable."""
+        if self.admit_sender is not None and not self.admit_sender(sender):
+            raise MessageRejected(f"peer {sender} is not admitted to run {self.window.run!r}", peer=sender)
         key = (header.tag, sender)
         if key in self._consumed or key in self._buffered:  # a resend whose first copy was taken
             raise MessageRejected(f"duplicate message for {header.tag}", peer=sender, code="duplicate")

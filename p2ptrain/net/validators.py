@@ -34,11 +34,12 @@ from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
 from hivemind.utils import MSGPackSerializer, get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
-from hivemind.utils.multiaddr import Multiaddr
 
+from p2ptrain.net.admission import MAX_TOKEN_BYTES, AdmissionPolicy, token_of
 from p2ptrain.net.identity import peer_id_of_owner_mark
 from p2ptrain.net.keys import RecordKind, RunKeys
 from p2ptrain.net.records import MAX_RECORD_BYTES, PeerRecord, PlanRecord, Record, RecordError, decode_record
+from p2ptrain.net.relay import target_peer
 
 logger = logging.getLogger(__name__)
 
@@ -101,10 +102,12 @@ class SignatureValidator(RSASignatureValidator):
 
 
 class SwarmRecordValidator(RecordValidatorBase):
-    """Admission rules for the keys of the given runs (other keys pass untouched); see the module docstring."""
+    """Admission rules for the keys of the given runs (other keys pass untouched); see the module docstring.
+    ``policies``: closed runs' admission (``admission.py``), by run."""
 
-    def __init__(self, run_ids: Iterable[str]):
+    def __init__(self, run_ids: Iterable[str], policies: Mapping[str, AdmissionPolicy] | None = None):
         self._keys: dict[bytes, str] = run_key_ids(run_ids)
+        self._policies = {run: p for run, p in (policies or {}).items() if p.closed}
         self._log = RateLimitedLog(logger)
 
     def validate(self, record: DHTRecord) -> bool:
@@ -112,12 +115,17 @@ class SwarmRecordValidator(RecordValidatorBase):
         if key is None:
             return True
         try:
-            peer_id_of_owner_mark(MSGPackSerializer.loads(record.subkey))
+            writer = peer_id_of_owner_mark(MSGPackSerializer.loads(record.subkey))
             value = MSGPackSerializer.loads(record.value)
             if not isinstance(value, bytes):
                 raise ValueError(f"value is {type(value).__name__}, not bytes")
-            if len(value) > MAX_RECORD_BYTES:
-                raise ValueError(f"value is {len(value)} bytes, over the {MAX_RECORD_BYTES}-byte cap")
+            policy = self._policies.get(key.split(".", 1)[0])
+            cap = MAX_RECORD_BYTES + (MAX_TOKEN_BYTES + 32 if policy is not None else 0)  # a closed run's token
+            if len(value) > cap:
+                raise ValueError(f"value is {len(value)} bytes, over the {cap}-byte cap")
+            refusal = policy.refusal(writer, token_of(value)) if policy is not None else None
+            if refusal is not None:
+                raise ValueError(f"peer {writer} is {refusal}" if refusal.startswith("not") else f"peer {writer}: {refusal}")
             if record.expiration_time > get_dht_time() + MAX_TTL_S + _CLOCK_SLACK_S:
                 raise ValueError(f"expiration is more than {MAX_TTL_S:.0f} s ahead")
         except Exception as e:  # msgpack and key parsing raise various types for garbage
@@ -133,15 +141,18 @@ class SwarmRecordValidator(RecordValidatorBase):
         if not isinstance(other, SwarmRecordValidator):
             return False
         self._keys.update(other._keys)  # same rules, more keys
+        self._policies.update(other._policies)
         return True
 
 
 def verify_entries(
-    kind: RecordKind, entries: Mapping[Any, Any], log: RateLimitedLog | None = None
+    kind: RecordKind, entries: Mapping[Any, Any], log: RateLimitedLog | None = None,
+    policy: AdmissionPolicy | None = None,
 ) -> dict[str, Verified[Record]]:
     """The valid records among the ``{subkey: ValueWithExpiration}`` a DHT get returned, by writer's peer ID.
 
-    Each invalid entry is logged (peer, reason) and skipped; the others are unaffected.
+    Each invalid entry is logged (peer, reason) and skipped; the others are unaffected. With a closed run's
+    ``policy``, entries of writers it does not admit are skipped too.
     """
     log = log or RateLimitedLog(logger)
     verified: dict[str, Verified[Record]] = {}
@@ -149,7 +160,11 @@ def verify_entries(
         peer_id = "?"
         try:
             peer_id = peer_id_of_owner_mark(subkey)
-            record = decode_record(kind, getattr(item, "value", item))
+            raw = getattr(item, "value", item)
+            refusal = policy.refusal(peer_id, token_of(raw)) if policy is not None else None
+            if refusal is not None:
+                raise RecordError(refusal)
+            record = decode_record(kind, raw)
             check_binding(peer_id, record)
         except (RecordError, ValueError) as e:
             log.warning(
@@ -168,7 +183,7 @@ def check_binding(peer_id: str, record: Record) -> None:
             "only that leader may sign it"
         )
     if isinstance(record, PeerRecord):
-        for maddr in record.maddrs:
-            parsed = Multiaddr(maddr)
-            if "p2p" in parsed and parsed["p2p"] != peer_id:
+        for maddr in record.maddrs:  # the last /p2p/ names the peer (a circuit address names its relay first)
+            target = target_peer(maddr)
+            if target is not None and target != peer_id:
                 raise RecordError(f"peer record advertises an address of another peer: {maddr}")
