@@ -7,8 +7,9 @@ applies. Estimates are smoothed across rounds (``LinkTable``, an EWMA); a peer e
 (``LinksRecord``, key ``{run}.links``) once it has been measured ``min_rounds`` times. The row is
 re-published whenever it changes. A failed measurement is logged and retried next round.
 
-``pause()`` stops probing between measurements (training traffic must not queue behind probes on the
-same links); ``resume()`` starts again (a later membership change needs fresh rows).
+``pause()`` stops probing (training traffic must not queue behind probes on the same links): a
+measurement in progress ends after its current round trip, without a result; ``resume()`` starts again (a
+later membership change needs fresh rows).
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ class LinkProber:
                 return True
             self._measuring = True
         try:
-            estimate = measure_link(self.transport, peer, self.config.probe)
+            estimate = measure_link(self.transport, peer, self.config.probe, stop=self._interrupted)
         except Exception as e:  # a peer that left, a timeout, the transport shutting down: never kill the thread
             with self._lock:
                 if self._stopped:
@@ -129,9 +130,14 @@ class LinkProber:
             with self._wake:
                 self._measuring = False
                 self._wake.notify_all()
+        if estimate is None:  # paused or stopped midway
+            return True
         self.table.update(peer, estimate)
         self.rounds[peer] = self.rounds.get(peer, 0) + 1
         return True
+
+    def _interrupted(self) -> bool:
+        return self._paused or self._stopped  # read without the lock: a flag, re-read before every round trip
 
     def _publish(self) -> None:
         row = self.row()

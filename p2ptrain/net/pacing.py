@@ -64,5 +64,13 @@ class Pacer:
             raise ValueError(f"arrival stamp lies {stamp.time_s - self.clock():.1f} s ahead, more than {limit_s:.1f} s")
         await self.sleep_until(stamp.time_s)
 
+    def arrived_s(self, stamp: Stamp | None, read_s: float) -> float:
+        """When a message whose last bytes were read at ``read_s`` arrived: its stamped arrival if that is on our
+        clock and the bytes were in by then (how late ``hold`` then woke is our scheduling, not the link's),
+        else ``read_s``."""
+        if stamp is None or stamp.clock != clock_domain():
+            return read_s
+        return max(stamp.time_s, read_s)
+
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,15 +1,27 @@
 """Measuring a link's latency α and bandwidth β over the transport's own rpc, so emulation applies.
 
-Method (``measure_link``), on one probe stream to the peer:
+Method (``measure_link``), on one probe stream to the peer. Each probe is timed two ways (``RoundTrip``):
+its round trip, and its one-way delay — the replier's arrival time of the request minus our send time.
+The one-way delay leaves out the reply's way back (which queues behind the peer's own probes of us, and
+waits for both peers to be scheduled) and, under emulation, a late wake-up on either side (the arrival is
+the request's stamp when its bytes were in by then). Both sums carry only delays that add time, so the
+smallest samples are the least disturbed; below, a "delay" is the one-way delay when the peer reports
+arrivals, else the round trip.
 
-1. ``pings`` empty round trips: RTT = α_ab + α_ba, and α ≈ min RTT / 2. Delays on the path (scheduling,
-   a busy link) only ever add time, so the minimum is the least disturbed sample.
-2. Bulk transfers of n bytes answered by an empty reply take RTT + n/β, so β = n / (T − RTT). The size
-   adapts: starting at ``first_transfer_bytes`` it grows until a transfer's n/β takes at least
-   ``rtt_multiple`` × RTT and ``min_transfer_s`` (so RTT and timer noise are small against it), but not
-   beyond ``max_transfer_s`` or ``max_transfer_bytes``, so a slow link does not take forever. Then
-   ``transfers`` transfers of that size; the fastest counts, for the same reason as the minimum RTT.
-3. All of it under ``deadline_s``; every round trip under the transport's call deadline.
+1. ``pings`` empty probes: α = the smallest one-way delay when both clocks are one (one machine), else the
+   smallest RTT / 2.
+2. Transfers of n bytes take a delay of (their ping's) + n/β, so β = n / (delay − the smallest ping delay);
+   on other machines the clocks' offset cancels in that difference. The size adapts: starting at
+   ``first_transfer_bytes`` it grows until a transfer's n/β takes at least ``rtt_multiple`` × RTT and
+   ``min_transfer_s`` (so RTT and timer noise are small against it), but not beyond ``max_transfer_s`` or
+   ``max_transfer_bytes``, so a slow link does not take forever.
+3. Then at least ``transfers`` transfers of that size, each followed by a ping; the fastest counts. A busy
+   machine delays many samples (half of them, on two cores running eight agents), by different amounts:
+   undisturbed samples agree, disturbed ones rarely do. So while the fastest ``transfers`` transfers, or
+   the fastest two pings, spread over more than ``agreement`` × n/β, another transfer and ping follow, up
+   to ``max_transfers``; then the fastest still counts, flagged (``LinkEstimate.agreed``) and logged.
+4. All of it under ``deadline_s``; every round trip under the transport's call deadline. A ``stop`` callable
+   (the prober's pause) is asked before every round trip: once it says so, the measurement ends, no result.
 
 Repeated measurements are smoothed per peer by ``LinkTable`` (EWMA), which is what an agent publishes.
 """
@@ -18,12 +30,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from p2ptrain.errors import PeerTimeoutError
 
 if TYPE_CHECKING:
+    from p2ptrain.net.probe_session import ProbeSession, RoundTrip
     from p2ptrain.net.transport import PeerLike, Transport
 
 logger = logging.getLogger(__name__)
@@ -35,7 +49,9 @@ MIN_SERIAL_S = 1e-6  # a transfer faster than this is below what we can time
 @dataclass(frozen=True)
 class ProbeConfig:
     pings: int = 8
-    transfers: int = 3
+    transfers: int = 3  # at least this many transfers of the final size; the fastest this many must agree
+    max_transfers: int = 10  # more transfers (and pings) while they do not (module docstring)
+    agreement: float = 0.02  # share of the transfer time n/β within which agreeing samples lie
     first_transfer_bytes: int = 64 << 10
     max_transfer_bytes: int = 64 << 20
     rtt_multiple: float = 10.0
@@ -44,8 +60,10 @@ class ProbeConfig:
     deadline_s: float = 60.0
 
     def __post_init__(self):
-        if self.pings < 1 or self.transfers < 1:
-            raise ValueError("pings and transfers must be at least 1")
+        if self.pings < 2 or self.transfers < 2 or self.max_transfers < self.transfers:
+            raise ValueError("pings and transfers must be at least 2 (two samples to compare), max_transfers >= transfers")
+        if not 0 < self.agreement < 1:
+            raise ValueError(f"agreement must be a share in (0, 1), got {self.agreement}")
         if not 0 < self.first_transfer_bytes <= self.max_transfer_bytes:
             raise ValueError("first_transfer_bytes must be positive and at most max_transfer_bytes")
         if not 0 < self.min_transfer_s <= self.max_transfer_s or self.rtt_multiple < 0 or self.deadline_s <= 0:
@@ -59,61 +77,121 @@ class LinkEstimate:
     latency_ms: float
     bandwidth_gbps: float
     samples: int  # round trips behind the estimate (summed over smoothed measurements)
+    agreed: bool = True  # the fastest samples agreed (see the module docstring); else a best guess
 
 
-def measure_link(transport: Transport, peer: PeerLike, config: ProbeConfig | None = None) -> LinkEstimate:
-    """Measure α and β to ``peer`` (blocking); PeerTimeoutError naming it past ``config.deadline_s``."""
+def measure_link(
+    transport: Transport, peer: PeerLike, config: ProbeConfig | None = None, stop: Callable[[], bool] | None = None
+) -> LinkEstimate | None:
+    """Measure α and β to ``peer`` (blocking); PeerTimeoutError naming it past ``config.deadline_s``; None
+    once ``stop()`` (asked between round trips, from the transport's loop) says to stop."""
     config = config or ProbeConfig()
-    return transport.run_coroutine(ameasure_link(transport, peer, config), config.deadline_s + 5.0)
+    return transport.run_coroutine(ameasure_link(transport, peer, config, stop), config.deadline_s + 5.0)
 
 
-async def ameasure_link(transport: Transport, peer: PeerLike, config: ProbeConfig | None = None) -> LinkEstimate:
+async def ameasure_link(
+    transport: Transport, peer: PeerLike, config: ProbeConfig | None = None, stop: Callable[[], bool] | None = None
+) -> LinkEstimate | None:
     """``measure_link`` inside the transport's loop."""
     config = config or ProbeConfig()
-    peer = str(peer)
-    deadline_s = time.monotonic() + config.deadline_s
+    async with transport.open_probe(peer) as session:
+        return await ameasure_session(session, config, stop)
 
-    def remaining_s() -> float:
-        left_s = min(deadline_s - time.monotonic(), transport.config.call_timeout_s)
+
+class _Stopped(Exception):
+    pass
+
+
+async def ameasure_session(
+    session: ProbeSession, config: ProbeConfig, stop: Callable[[], bool] | None = None
+) -> LinkEstimate | None:
+    """The method of the module docstring, on an open probe stream (anything with ``peer``, ``transport.config``
+    and ``roundtrip`` as ``ProbeSession`` has them)."""
+    try:
+        return await _measure(session, config, stop or (lambda: False))
+    except _Stopped:
+        logger.debug("stopped measuring the link to peer %s", session.peer)
+        return None
+
+
+async def _measure(session: ProbeSession, config: ProbeConfig, stop: Callable[[], bool]) -> LinkEstimate:
+    peer = session.peer
+    call_timeout_s = session.transport.config.call_timeout_s
+    begin_s = time.monotonic()
+    deadline_s = begin_s + config.deadline_s
+
+    async def probe(size: int) -> RoundTrip:
+        if stop():
+            raise _Stopped
+        left_s = min(deadline_s - time.monotonic(), call_timeout_s)
         if left_s <= 0:
             raise PeerTimeoutError(f"link probe did not finish within {config.deadline_s:.1f} s", peer=peer)
-        return left_s
+        return await session.roundtrip(size, timeout_s=left_s)
 
-    async with transport.open_probe(peer) as session:
-        rtts_s = [await session.roundtrip(0, timeout_s=remaining_s()) for _ in range(config.pings)]
-        rtt_s = min(rtts_s)
-        target_s = max(config.rtt_multiple * rtt_s, config.min_transfer_s)
-        size = config.first_transfer_bytes
-        while True:
-            elapsed_s = await session.roundtrip(size, timeout_s=remaining_s())
-            serial_s = max(elapsed_s - rtt_s, MIN_SERIAL_S)
-            logger.debug("probe of %d bytes to peer %s took %.4f s", size, peer, elapsed_s)
-            if serial_s >= 0.8 * target_s or size >= config.max_transfer_bytes:
-                break
-            rate = size / serial_s
-            grown = max(2 * size, int(rate * target_s * 1.1))
-            size = min(grown, config.max_transfer_bytes, max(int(rate * config.max_transfer_s), size + 1))
-        transfers_s = [elapsed_s]
-        for _ in range(config.transfers - 1):
-            transfers_s.append(await session.roundtrip(size, timeout_s=remaining_s()))
-            rtts_s.append(await session.roundtrip(0, timeout_s=remaining_s()))
-    rtt_s = min(rtts_s)
-    serial_s = max(min(transfers_s) - rtt_s, MIN_SERIAL_S)
+    pings = [await probe(0) for _ in range(config.pings)]
+    rtt_s = min(p.rtt_s for p in pings)
+    target_s = max(config.rtt_multiple * rtt_s, config.min_transfer_s)
+    size = config.first_transfer_bytes
+    while True:
+        transfer = await probe(size)
+        serial_s = max(_delay(transfer, pings) - min(_delay(p, pings) for p in pings), MIN_SERIAL_S)
+        logger.debug("probe of %d bytes to peer %s: %.4f s after the fastest ping", size, peer, serial_s)
+        if serial_s >= 0.8 * target_s or size >= config.max_transfer_bytes:
+            break
+        rate = size / serial_s
+        grown = max(2 * size, int(rate * target_s * 1.1))
+        size = min(grown, config.max_transfer_bytes, max(int(rate * config.max_transfer_s), size + 1))
+    transfers = [transfer]
+    while len(transfers) < config.transfers or (
+        not _agree(transfers, pings, config) and len(transfers) < config.max_transfers
+    ):
+        transfers.append(await probe(size))
+        pings.append(await probe(0))
+    agreed = _agree(transfers, pings, config)
+    if not agreed:
+        logger.info("probes to peer %s still disagreed after %d transfers; the fastest counts", peer, len(transfers))
+    samples = pings + transfers
+    floor_s = min(_delay(p, samples) for p in pings)
+    serial_s = max(min(_delay(t, samples) for t in transfers) - floor_s, MIN_SERIAL_S)
+    one_way = all(s.one_way_s is not None and s.same_clock for s in samples)
+    latency_s = floor_s if one_way else min(p.rtt_s for p in pings) / 2
     estimate = LinkEstimate(
-        latency_ms=rtt_s / 2 * 1e3,
+        latency_ms=latency_s * 1e3,
         bandwidth_gbps=size / serial_s * BITS_PER_BYTE / 1e9,
-        samples=len(rtts_s) + len(transfers_s),
+        samples=len(samples),
+        agreed=agreed,
     )
-    logger.info("link to peer %s: %.2f ms, %.4f Gbit/s (%d round trips, transfers of %d bytes)",
-                peer, estimate.latency_ms, estimate.bandwidth_gbps, estimate.samples, size)
+    logger.info("link to peer %s: %.2f ms, %.4f Gbit/s (%d round trips, %d transfers of %d bytes%s, %s, %.2f s)",
+                peer, estimate.latency_ms, estimate.bandwidth_gbps, estimate.samples, len(transfers), size,
+                "" if agreed else " that disagreed", "one-way" if one_way else "round trips",
+                time.monotonic() - begin_s)  # fmt: skip
     return estimate
+
+
+def _delay(sample: RoundTrip, samples: Sequence[RoundTrip]) -> float:
+    """The sample's one-way delay when every sample has one (so that they compare), else its round trip."""
+    one_way = all(s.one_way_s is not None for s in samples)
+    return sample.one_way_s if one_way else sample.rtt_s
+
+
+def _agree(transfers: Sequence[RoundTrip], pings: Sequence[RoundTrip], config: ProbeConfig) -> bool:
+    """Whether the fastest ``config.transfers`` transfers, and the fastest two pings, lie within
+    ``config.agreement`` × n/β. Two disturbed samples may agree by chance; three rarely do."""
+    samples = [*transfers, *pings]
+    fast_transfers = sorted(_delay(t, samples) for t in transfers)[: config.transfers]
+    fast_pings = sorted(_delay(p, samples) for p in pings)[:2]
+    tolerance_s = config.agreement * max(fast_transfers[0] - fast_pings[0], MIN_SERIAL_S)
+    return (len(fast_transfers) == config.transfers and fast_transfers[-1] - fast_transfers[0] <= tolerance_s
+            and fast_pings[1] - fast_pings[0] <= tolerance_s)  # fmt: skip
 
 
 class LinkTable:
     """Smoothed link estimates per peer: an exponentially weighted moving average over measurements.
 
     Latency is averaged as is; bandwidth through its inverse (seconds per bit), which is what adds up in
-    transfer times, so one slow measurement weighs as much as it costs.
+    transfer times, so one slow measurement weighs as much as it costs. A measurement whose samples did not
+    agree (``LinkEstimate.agreed``) stands in only until an agreed one comes, which replaces it: one
+    disturbed measurement does not pull an average that took several good ones.
     """
 
     def __init__(self, weight: float = 0.3):
@@ -124,7 +202,9 @@ class LinkTable:
 
     def update(self, peer: PeerLike, estimate: LinkEstimate) -> LinkEstimate:
         old = self._estimates.get(str(peer))
-        if old is not None:
+        if old is not None and old.agreed and not estimate.agreed:
+            return old
+        if old is not None and old.agreed:
             w = self.weight
             estimate = replace(
                 estimate,

@@ -6,7 +6,7 @@ the transport's loop::
 
     async def rtts(transport, peer):
         async with transport.open_probe(peer) as session:
-            return [await session.roundtrip(request_bytes=0) for _ in range(5)]
+            return [(await session.roundtrip(request_bytes=0)).rtt_s for _ in range(5)]
 
     transport.run_coroutine(rtts(transport, peer), timeout_s=30)
 """
@@ -15,15 +15,34 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from p2ptrain.errors import MessageRejected, PeerTimeoutError, ProtocolError
 from p2ptrain.net.messages import PROBE, Header, Tag
+from p2ptrain.net.pacing import clock_domain
 from p2ptrain.net.servicer import next_reply, paced_requests, parse_reply
 
 if TYPE_CHECKING:
     from p2ptrain.net.transport import Transport
+
+
+@dataclass(frozen=True)
+class RoundTrip:
+    """One timed probe.
+
+    ``rtt_s`` runs from handing the request to the link until the reply is back: both directions, and every
+    scheduling delay of both peers on the way. ``one_way_s`` is the replier's arrival time of the request (its
+    clock) minus our send time (ours): the request's one-way delay plus the offset between the two clocks,
+    which is zero when ``same_clock`` (one machine) and otherwise cancels in a difference of two one-way
+    times. It leaves out the reply's way back; under emulation the arrival is the request's stamp when its
+    bytes were in by then, so a late wake-up of either peer does not count either. None from a replier that
+    does not report arrivals.
+    """
+
+    rtt_s: float
+    one_way_s: float | None = None
+    same_clock: bool = False
 
 
 class ProbeSession:
@@ -55,14 +74,15 @@ class ProbeSession:
             async for piece in paced_requests(*message):
                 yield piece
 
-    async def roundtrip(self, request_bytes: int, reply_bytes: int = 0, timeout_s: float | None = None) -> float:
-        """Seconds from handing ``request_bytes`` to the link until the peer's ``reply_bytes`` are back.
+    async def roundtrip(self, request_bytes: int, reply_bytes: int = 0, timeout_s: float | None = None) -> RoundTrip:
+        """Send ``request_bytes``, get the peer's ``reply_bytes`` back; the times of both ways (``RoundTrip``).
 
         Includes queueing behind earlier messages on the emulated link. PeerTimeoutError past ``timeout_s``
         (default: the transport's call_timeout_s) beyond the emulated time of the request.
         """
         config, emulator = self.transport.config, self.transport.emulator
         timeout_s = timeout_s or config.call_timeout_s
+        sent_s = self.transport.pacer.clock()  # the clock of arrival stamps, as the replier reports them
         start_s = time.perf_counter()
         header = Header(Tag(self.transport.run, 0, 0, PROBE), "uint8", (request_bytes,), reply_bytes)
         reservation = emulator.reserve(self.peer, request_bytes)
@@ -84,4 +104,7 @@ class ProbeSession:
             await self.transport.pacer.hold(reply.arrival, timeout_s)
         except ValueError as e:
             raise ProtocolError(f"a probe reply was malformed: {e}", peer=self.peer) from None
-        return time.perf_counter() - start_s
+        rtt_s = time.perf_counter() - start_s
+        if reply.received is None:
+            return RoundTrip(rtt_s)
+        return RoundTrip(rtt_s, reply.received.time_s - sent_s, reply.received.clock == clock_domain())

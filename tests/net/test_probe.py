@@ -1,13 +1,19 @@
-"""The link prober measures emulated links through the transport; smoothing; a deadline on a silent peer."""
+"""The link prober measures emulated links through the transport, also when scheduling delays disturb most
+samples; smoothing; a deadline on a silent peer."""
 
 from __future__ import annotations
 
+import asyncio
+import random
 import time
+from types import SimpleNamespace
 
 import pytest
 
 from p2ptrain.errors import PeerTimeoutError
-from p2ptrain.net.probe import LinkEstimate, LinkTable, ProbeConfig, measure_link
+from p2ptrain.net.pacing import Pacer
+from p2ptrain.net.probe import LinkEstimate, LinkTable, ProbeConfig, ameasure_session, measure_link
+from p2ptrain.net.probe_session import RoundTrip
 from p2ptrain.net.transport import TransportConfig
 
 # Sized so that a measurement takes a second or two: transfers of n/β ≥ max(3 RTT, 0.15 s), the fastest of 3.
@@ -41,6 +47,117 @@ def test_probing_a_silent_peer_ends_at_the_deadline(make_transport, deaf_transpo
     assert time.monotonic() - start_s < 10  # no hang
 
 
+class LatePacer(Pacer):
+    """A pacer on a busy machine: a third of its waits end late, by 10-80 ms (a seeded draw)."""
+
+    def __init__(self):
+        super().__init__()
+        self.rng = random.Random(7)
+
+    async def sleep_until(self, when_s: float) -> None:
+        late_s = self.rng.uniform(0.010, 0.080) if self.rng.random() < 1 / 3 else 0.0
+        await super().sleep_until(when_s + late_s)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(90)
+def test_late_wakeups_on_both_sides_do_not_bias_the_measurement(make_transport, monkeypatch):
+    # every paced send, every hold until a stamp and every reply of both peers may wake up late: the tail of
+    # a transfer then arrives after its emulated arrival, and a reply comes back late; a third of them do
+    monkeypatch.setattr("p2ptrain.net.transport.Pacer", LatePacer)
+    a = make_transport(CONFIG)
+    b = make_transport(CONFIG, join=a)
+    assert isinstance(b.pacer, LatePacer)
+    latency_ms, bandwidth_mbit = 10.0, 50.0
+    for sender, receiver in ((a, b), (b, a)):
+        sender.emulator.set_link(str(receiver.peer_id), latency_ms / 1e3, bandwidth_mbit * 1e6 / 8)
+    estimate = measure_link(b, a.peer_id, QUICK)
+    assert estimate.latency_ms == pytest.approx(latency_ms, rel=0.10)
+    assert estimate.bandwidth_gbps == pytest.approx(bandwidth_mbit / 1e3, rel=0.10)
+
+
+class ModelSession:
+    """A probe session over a modelled link, no network: a probe of n bytes arrives α + n/β after it is sent,
+    plus a scheduling delay drawn from ``late``; its reply takes α + another draw. The replier's clock is
+    ``offset_s`` ahead of ours; ``reports`` False: a replier that does not report arrivals."""
+
+    def __init__(self, latency_s: float, bandwidth_bytes_per_s: float, late, offset_s: float = 0.0,
+                 reports: bool = True):  # fmt: skip
+        self.peer = "model"
+        self.transport = SimpleNamespace(config=SimpleNamespace(call_timeout_s=5.0))
+        self.latency_s, self.bandwidth_bytes_per_s, self.late = latency_s, bandwidth_bytes_per_s, late
+        self.offset_s, self.reports = offset_s, reports
+        self.sizes: list[int] = []
+
+    async def roundtrip(self, request_bytes: int, reply_bytes: int = 0, timeout_s: float | None = None) -> RoundTrip:
+        self.sizes.append(request_bytes)
+        there_s = self.latency_s + request_bytes / self.bandwidth_bytes_per_s + self.late()
+        back_s = self.latency_s + self.late()
+        if not self.reports:
+            return RoundTrip(there_s + back_s)
+        return RoundTrip(there_s + back_s, there_s + self.offset_s, same_clock=self.offset_s == 0.0)
+
+
+def late_draws(seed: int, share: float, most_s: float):
+    rng = random.Random(seed)
+    return lambda: rng.uniform(0.0, most_s) if rng.random() < share else 0.0
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_most_samples_delayed_still_give_the_link_exactly(seed):
+    # 60% of the one-way trips and of the replies are late by up to 100 ms against a 0.15 s transfer: the
+    # fastest of three would often be late; more transfers follow until the fastest two agree
+    session = ModelSession(0.005, 2.5e6, late_draws(seed, share=0.6, most_s=0.100))
+    estimate = asyncio.run(ameasure_session(session, QUICK))
+    assert estimate.latency_ms == pytest.approx(5.0, rel=0.01)
+    assert estimate.bandwidth_gbps == pytest.approx(0.020, rel=0.01)
+    assert session.sizes.count(session.sizes[-2]) <= QUICK.max_transfers  # bounded
+
+
+def test_a_quiet_link_costs_no_more_samples_than_the_configured_ones():
+    session = ModelSession(0.005, 2.5e6, lambda: 0.0)
+    estimate = asyncio.run(ameasure_session(session, QUICK))
+    assert estimate.agreed and estimate.bandwidth_gbps == pytest.approx(0.020, rel=1e-6)
+    transfers = [n for n in session.sizes if n > 0]
+    assert transfers.count(transfers[-1]) == QUICK.transfers
+
+
+def test_replies_late_on_the_way_back_do_not_count_when_the_replier_reports_arrivals():
+    # every reply is late (the peer's own probes of us fill the way back): one-way times leave it out
+    rng, draws = random.Random(3), [0]
+
+    def late() -> float:  # the session draws for the way there, then for the way back
+        draws[0] += 1
+        return rng.uniform(0.02, 0.2) if draws[0] % 2 == 0 else 0.0
+
+    estimate = asyncio.run(ameasure_session(ModelSession(0.005, 2.5e6, late), QUICK))
+    assert estimate.latency_ms == pytest.approx(5.0, rel=1e-6)
+    assert estimate.bandwidth_gbps == pytest.approx(0.020, rel=1e-6)
+
+
+def test_clocks_apart_cancel_in_the_bandwidth_and_latency_falls_back_to_round_trips():
+    session = ModelSession(0.005, 2.5e6, lambda: 0.0, offset_s=123.4)  # another machine's clock
+    estimate = asyncio.run(ameasure_session(session, QUICK))
+    assert estimate.latency_ms == pytest.approx(5.0, rel=1e-6)  # min RTT / 2
+    assert estimate.bandwidth_gbps == pytest.approx(0.020, rel=1e-6)
+    old_peer = ModelSession(0.005, 2.5e6, lambda: 0.0, reports=False)  # round trips only
+    assert asyncio.run(ameasure_session(old_peer, QUICK)).bandwidth_gbps == pytest.approx(0.020, rel=1e-6)
+
+
+def test_samples_that_never_agree_give_a_flagged_best_guess():
+    rng = random.Random(5)
+    session = ModelSession(0.005, 2.5e6, lambda: rng.uniform(0.03, 0.1))  # every sample late
+    estimate = asyncio.run(ameasure_session(session, QUICK))
+    assert not estimate.agreed
+    assert sum(1 for n in session.sizes if n == session.sizes[-2]) == QUICK.max_transfers
+
+
+def test_a_measurement_asked_to_stop_ends_after_the_round_trip_in_progress():
+    session = ModelSession(0.005, 2.5e6, lambda: 0.0)
+    estimate = asyncio.run(ameasure_session(session, QUICK, stop=lambda: len(session.sizes) >= 12))
+    assert estimate is None and len(session.sizes) == 12  # the prober paused: no result, no further probes
+
+
 def test_link_table_smooths_latency_and_transfer_time():
     table = LinkTable(weight=0.5)
     assert table.update("p", LinkEstimate(10.0, 1.0, 5)) == LinkEstimate(10.0, 1.0, 5)
@@ -52,8 +169,19 @@ def test_link_table_smooths_latency_and_transfer_time():
     assert table.get("p") is None and table.snapshot() == {}
 
 
+def test_link_table_keeps_a_disagreeing_measurement_out_of_an_agreed_average():
+    table = LinkTable(weight=0.5)
+    guess = LinkEstimate(12.0, 0.5, 20, agreed=False)
+    assert table.update("p", guess) == guess  # nothing better yet
+    good = LinkEstimate(10.0, 1.0, 10)
+    assert table.update("p", good) == good  # replaces the guess, not averaged with it
+    assert table.update("p", LinkEstimate(30.0, 0.1, 20, agreed=False)) == good
+    assert table.update("p", LinkEstimate(20.0, 0.5, 10)).latency_ms == pytest.approx(15.0)
+
+
 def test_bad_probe_configs_are_refused():
-    for kwargs in [dict(pings=0), dict(first_transfer_bytes=0), dict(min_transfer_s=3.0, max_transfer_s=2.0)]:
+    for kwargs in [dict(pings=0), dict(transfers=1), dict(max_transfers=2), dict(agreement=0.0),
+                   dict(first_transfer_bytes=0), dict(min_transfer_s=3.0, max_transfer_s=2.0)]:  # fmt: skip
         with pytest.raises(ValueError):
             ProbeConfig(**kwargs)
     with pytest.raises(ValueError):
