@@ -31,6 +31,7 @@ import concurrent.futures
 import functools
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -123,6 +124,8 @@ class SwarmDHT:
         self._policies = {run: AdmissionPolicy(run, self.config.admission) for run in self._admission_runs}
         self._token = self.config.admission.token_bytes()
         self._admitted_by_token: set[str] = set()  # writers whose records carried a valid token
+        self._relay_dials: dict[str, float] = {}  # peer: when we last dialled it through a relay
+        self._relay_dial_future: Any = None
         self._identity: Identity | None = None
         self._dht: hivemind.DHT | None = None
         self._p2pd_marker: bytes | None = None
@@ -266,16 +269,21 @@ class SwarmDHT:
         each (``Transport.connect``), which for a circuit address is the relay itself; once a connection
         through the relay is open, that dial finds it and succeeds.
         """
+        now = time.monotonic()
+        retry_s = self.config.relay.redial_s
         targets = {
             peer: tuple(m for m in record.maddrs if is_circuit(m))
             for peer, record in records.items()
             if peer != self.peer_id and any(is_circuit(m) for m in record.maddrs)
+            and now - self._relay_dials.get(peer, -retry_s) >= retry_s
         }
         if targets:
+            self._relay_dials.update(dict.fromkeys(targets, now))
             timeout_s = self.config.request_timeout_s
-            with self._pipe_lock:
-                self.hivemind_dht.run_coroutine(functools.partial(_dial_circuits, targets=targets, timeout_s=timeout_s),
-                                                return_future=True)
+            with self._pipe_lock:  # kept: a dropped future would cancel the dials
+                self._relay_dial_future = self.hivemind_dht.run_coroutine(
+                    functools.partial(_dial_circuits, targets=targets, timeout_s=timeout_s), return_future=True
+                )
 
     def routing_table_size(self) -> int:
         """How many other DHT peers this node knows (for health logs)."""
@@ -421,14 +429,9 @@ async def _dial_circuits(_dht: hivemind.DHT, node: Any, targets: dict[str, tuple
 
     p2p = node.p2p
     connected = {str(info.peer_id) for info in await p2p.list_peers()}
-    for peer, maddrs in targets.items():
-        if peer in connected or peer in _dialling:
-            continue
-        _dialling.add(peer)
-        asyncio.create_task(_dial_one(p2p, PeerID.from_base58(peer), maddrs, timeout_s))
-
-
-_dialling: set[str] = set()  # in the DHT process: peers being dialled through a relay now
+    dials = [_dial_one(p2p, PeerID.from_base58(peer), maddrs, timeout_s)
+             for peer, maddrs in targets.items() if peer not in connected]
+    await asyncio.gather(*dials)
 
 
 async def _dial_one(p2p: Any, peer: Any, maddrs: tuple[str, ...], timeout_s: float) -> None:
@@ -438,10 +441,8 @@ async def _dial_one(p2p: Any, peer: Any, maddrs: tuple[str, ...], timeout_s: flo
         addresses = [multiaddr_bytes(m.rsplit("/p2p/", 1)[0]) for m in maddrs]
         await asyncio.wait_for(p2p._client.connect(peer, addresses), timeout_s)  # noqa: SLF001 - no public dial
         logger.info("connected to peer %s through a relay", peer)
-    except Exception as e:  # the daemon raises its own error types; the next read of the peers dials again
+    except Exception as e:  # the daemon raises its own error types; a later read of the peers dials again
         logger.info("could not reach peer %s through a relay yet: %s", peer, e)
-    finally:
-        _dialling.discard(str(peer))
 
 
 class _RelayingDHT(hivemind.DHT):

@@ -64,6 +64,7 @@ class RelayConfig:
     max_circuits: int = 64
     max_reservations: int = 128
     buffer_bytes: int = 4 * MIB
+    redial_s: float = 30.0  # dial a peer that advertises circuit addresses at most this often (``SwarmDHT``)
 
     def __post_init__(self) -> None:
         if self.reachability not in REACHABILITIES:
@@ -95,7 +96,10 @@ class RelayConfig:
         """What hivemind's ``P2P.create`` takes (forwarded by ``hivemind.DHT``)."""
         kwargs: dict[str, object] = {"use_relay": True}
         if self.reachability != "auto":
-            kwargs["force_reachability"] = self.reachability
+            # AutoNAT is moot once reachability is said, and p2pd ties hole punching to it: a punched
+            # connection replaces the relayed one, and where the NATs do not keep it (ours drop unsolicited
+            # inbound) the peers lose each other until the next dial
+            kwargs.update(force_reachability=self.reachability, auto_nat=False)
         relays = self.relays_for(initial_peers)
         if relays:
             kwargs.update(use_auto_relay=True, trusted_relays=list(relays))

@@ -18,7 +18,7 @@ BOOT = (f"/ip4/198.18.0.2/tcp/31337/p2p/{RELAY}", f"/ip4/127.0.0.1/tcp/31337/p2p
 def test_a_private_peer_reserves_on_the_public_initial_peers_without_background_discovery():
     config = RelayConfig(reachability="private")
     assert config.relays_for(BOOT) == BOOT[:1]
-    assert config.p2p_kwargs(BOOT) == {"use_relay": True, "force_reachability": "private", "use_auto_relay": True,
+    assert config.p2p_kwargs(BOOT) == {"use_relay": True, "force_reachability": "private", "auto_nat": False, "use_auto_relay": True,
                                        "trusted_relays": [BOOT[0]]}  # fmt: skip
     assert config.p2pd_extra_args(BOOT)["relayDiscovery"] is False
 

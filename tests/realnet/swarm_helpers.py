@@ -1,0 +1,46 @@
+"""Running p2ptrain's real commands inside the test network: a bootstrap, agents (``events`` and ``wait_for``
+are the agent tests' own)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from agent_helpers import events, wait_for  # noqa: F401 - re-exported for the tests here
+from netns import Host, Network
+
+BOOTSTRAP_PORT = 31337
+
+
+def start_bootstrap(net: Network, host: Host, workdir: Path, *args: str) -> str:
+    """``p2ptrain bootstrap`` on ``host`` at a fixed port; returns its address line."""
+    announce = workdir / "bootstrap.maddrs"
+    with open(workdir / "bootstrap.log", "wb") as log:
+        net.popen(host, [sys.executable, "-m", "p2ptrain", "-v", "bootstrap", "--host-maddrs",
+                         f"/ip4/0.0.0.0/tcp/{BOOTSTRAP_PORT}", "--announce-file", str(announce), *args],
+                  stdout=subprocess.DEVNULL, stderr=log)  # fmt: skip
+    wait_for(announce.exists, 90, "the bootstrap's address line")
+    return announce.read_text().strip()
+
+
+def start_agent(net: Network, host: Host, workdir: Path, name: str, *args: str) -> subprocess.Popen:
+    with open(workdir / f"{name}.log", "wb") as log:
+        return net.popen(host, [sys.executable, "-m", "p2ptrain", "agent", "--events-file",
+                                str(workdir / f"{name}.events"), *args],
+                         stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+
+
+def wait_all(procs: dict[str, subprocess.Popen], timeout_s: float, workdir: Path) -> None:
+    """Every agent exits 0 within ``timeout_s`` (else the tail of each log in the failure)."""
+    deadline = time.monotonic() + timeout_s
+    codes = {}
+    for name, proc in procs.items():
+        try:
+            codes[name] = proc.wait(max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            codes[name] = None
+    if any(code != 0 for code in codes.values()):
+        tails = "\n".join(f"--- {n} ({codes[n]})\n" + (workdir / f"{n}.log").read_text()[-3000:] for n in procs)
+        raise AssertionError(f"agents did not all finish: {codes}\n{tails}")
