@@ -134,7 +134,8 @@ async def _measure(session: ProbeSession, config: ProbeConfig, stop: Callable[[]
     size = config.first_transfer_bytes
     while True:
         transfer = await probe(size)
-        serial_s = max(_delay(transfer, pings) - min(_delay(p, pings) for p in pings), MIN_SERIAL_S)
+        both = [*pings, transfer]
+        serial_s = max(_delay(transfer, both) - min(_delay(p, both) for p in pings), MIN_SERIAL_S)
         logger.debug("probe of %d bytes to peer %s: %.4f s after the fastest ping", size, peer, serial_s)
         if serial_s >= 0.8 * target_s or size >= config.max_transfer_bytes:
             break
@@ -148,8 +149,6 @@ async def _measure(session: ProbeSession, config: ProbeConfig, stop: Callable[[]
         transfers.append(await probe(size))
         pings.append(await probe(0))
     agreed = _agree(transfers, pings, config)
-    if not agreed:
-        logger.info("probes to peer %s still disagreed after %d transfers; the fastest counts", peer, len(transfers))
     samples = pings + transfers
     floor_s = min(_delay(p, samples) for p in pings)
     serial_s = max(min(_delay(t, samples) for t in transfers) - floor_s, MIN_SERIAL_S)
@@ -170,7 +169,7 @@ async def _measure(session: ProbeSession, config: ProbeConfig, stop: Callable[[]
 
 def _delay(sample: RoundTrip, samples: Sequence[RoundTrip]) -> float:
     """The sample's one-way delay when every sample has one (so that they compare), else its round trip."""
-    one_way = all(s.one_way_s is not None for s in samples)
+    one_way = sample.one_way_s is not None and all(s.one_way_s is not None for s in samples)
     return sample.one_way_s if one_way else sample.rtt_s
 
 

@@ -103,7 +103,7 @@ def late_draws(seed: int, share: float, most_s: float):
     return lambda: rng.uniform(0.0, most_s) if rng.random() < share else 0.0
 
 
-@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("seed", range(10))
 def test_most_samples_delayed_still_give_the_link_exactly(seed):
     # 60% of the one-way trips and of the replies are late by up to 100 ms against a 0.15 s transfer: the
     # fastest of three would often be late; more transfers follow until the fastest two agree
