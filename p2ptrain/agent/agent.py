@@ -548,6 +548,10 @@ class Agent:
                                (self._following or self._newest_seen).epoch)
                 return
             start_step, sources = point
+            if start_step >= self.config.train.steps:
+                logger.info("not re-planning (%s): the run ends before the next re-plan point", planning.trigger)
+                self._watch.reset()
+                return
         copies = self._warm_copies(planning, plan)
         index = {p: i for i, p in enumerate(record.membership)}
         record = dataclasses.replace(record, start_step=start_step, reason=planning.trigger[:120],

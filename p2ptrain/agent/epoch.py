@@ -281,10 +281,15 @@ def _connect(ctx: EpochContext, peers: dict[str, PeerRecord], peer: str) -> None
     """Dial a peer of the plan at its recorded addresses; without a record in our view (it lapsed for a
     moment on a busy DHT) we keep the connection the membership poll opened, and a dead peer fails the
     epoch through its calls."""
-    if peer in peers and peers[peer].maddrs:
-        ctx.transport.connect(peer, peers[peer].maddrs, ctx.call_timeout_s)
-    else:
+    if peer not in peers or not peers[peer].maddrs:
         logger.info("epoch: no address of peer %s in our view; using the connection we have", peer)
+        return
+    try:
+        ctx.transport.connect(peer, peers[peer].maddrs, ctx.call_timeout_s)
+    except ProtocolError:
+        raise  # a deadline: the epoch halts
+    except Exception as e:  # the daemon raises its own types for a peer it cannot dial
+        logger.warning("epoch: cannot dial peer %s (%s); its calls will tell", peer, e)
 
 
 def _wait_sends(sends: list[concurrent.futures.Future], timeout_s: float) -> None:

@@ -67,6 +67,9 @@ class ReplanWatch:
             finished = {p: r for p, r in ours.items() if p in trainers & live and not r.halted and r.step >= steps}
             return self._failure(plan, live, trainers, dead, halted, finished, checkpoints, now)
         self._failure_since = None
+        furthest = max([r.step for r in ours.values()] + ([done] if done is not None else []), default=0)
+        if furthest + 2 >= steps:
+            return None  # a re-plan point (``churn.join_start``) would come after the last step
         keepers = {plan.backup_of(j) for j in range(plan.stages)} - {None}
         lost_keepers = sorted(keepers - live - trainers)
         if lost_keepers:  # training goes on, but a stage has one copy fewer: re-plan at the next point
@@ -75,7 +78,6 @@ class ReplanWatch:
         if not joiners:
             self._joiners_since_step = None
             return None
-        furthest = max([r.step for r in ours.values()] + ([done] if done is not None else []), default=0)
         if self._joiners_since_step is None:
             self._joiners_since_step = furthest
         every = self.churn.join_every_steps

@@ -97,13 +97,11 @@ class StateStore:
     def _write_now(self, stage: int, num_stages: int, step: int, tensors: dict[str, torch.Tensor]) -> None:
         try:
             save_stage(self.disk_dir, step, stage, num_stages, self.model, self.seed, tensors)
-            prune_stage(self.disk_dir, stage, num_stages, self.keep_on_disk)
+            kept = {(stage, num_stages, t) for t in prune_stage(self.disk_dir, stage, num_stages, self.keep_on_disk)}
         except OSError as e:
             logger.warning("could not write the copy of stage %d after step %d to %s: %s", stage, step,
                            self.disk_dir, e)
             return
-        kept = {(s, n, t) for s, t in saved_stages(self.disk_dir, num_stages, self.model) for n in [num_stages]
-                if s == stage}  # fmt: skip
         with self._lock:
             self._on_disk = {k for k in self._on_disk if k[:2] != (stage, num_stages)} | kept
             self.version += 1

@@ -201,8 +201,9 @@ def load_saved_stage(root: str | Path, step: int, stage: int, num_stages: int, m
     return load_file(str(step_dir(Path(root), step) / manifest.file))
 
 
-def prune_stage(root: str | Path, stage: int, num_stages: int, keep_steps: int) -> None:
-    """Delete stage ``stage``'s copies under ``root`` but the newest ``keep_steps`` (and empty step folders)."""
+def prune_stage(root: str | Path, stage: int, num_stages: int, keep_steps: int) -> list[int]:
+    """Delete stage ``stage``'s copies under ``root`` but the newest ``keep_steps`` (and empty step folders);
+    the steps kept (their manifests exist; not re-verified)."""
     root = Path(root)
     name = f"stage-{stage:03d}-of-{num_stages:03d}"
     held = [s for s in _steps(root) if (step_dir(root, s) / f"{name}.json").exists()]
@@ -214,6 +215,7 @@ def prune_stage(root: str | Path, stage: int, num_stages: int, keep_steps: int) 
             folder.rmdir()
         except OSError:
             pass  # other stages' copies are still there
+    return held[:keep_steps]
 
 
 def latest_complete(root: str | Path, num_stages: int, model: str) -> int | None:

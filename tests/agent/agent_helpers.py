@@ -17,10 +17,20 @@ def swarm_command(workdir: Path, *args: str) -> list[str]:
 
 def run_swarm(workdir: Path, *args: str, timeout_s: float = 240) -> tuple[int, dict | None, str]:
     """Run ``p2ptrain swarm --json`` to the end: (exit code, the JSON summary or None, stderr)."""
-    proc = subprocess.run(swarm_command(workdir, "--json", *args), capture_output=True, text=True,
-                          timeout=timeout_s)  # fmt: skip
-    summary = json.loads(proc.stdout) if proc.stdout.strip() else None
-    return proc.returncode, summary, proc.stderr
+    proc = subprocess.Popen(swarm_command(workdir, "--json", *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # SIGTERM: the swarm stops every process it started (SIGKILL would orphan them)
+        try:
+            proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+        raise
+    summary = json.loads(stdout) if stdout.strip() else None
+    return proc.returncode, summary, stderr
 
 
 def wait_for(predicate, timeout_s: float, what: str, poll_s: float = 0.2):

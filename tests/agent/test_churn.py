@@ -54,19 +54,24 @@ def test_with_default_settings_a_killed_replica_and_leader_cost_seconds_and_no_r
     assert code == 0, stderr[-3000:]
     assert summary["finished"] and summary["killed"]["4"]["as"] == "4"
     assert_reference_losses(summary)
-    first, second = summary["replans"]
+    first, *rest = summary["replans"]
     # a replica of every stage survived: at most the step in flight is redone (trainers are a step apart)
     assert first["kind"] == "failure" and ids[4] in first["reason"] and first["steps_redone"] <= 1
-    # the leader (a trainer: a failure; or a spare keeping warm copies: a re-plan at the next point) is
-    # replaced and training goes on from a recent step, never from the seed
-    assert second["start_step"] >= first["start_step"] >= 1 and not second["from_checkpoint"]
     killed_leader = summary["peers"][next(k for k, v in summary["killed"].items() if v["as"] == "leader")]
-    assert killed_leader in second["reason"]
+    plans = {e["epoch"]: e for k in range(6) for e in events(tmp_path / f"agent-{k}.events.jsonl") if e["event"] == "plan"}
+    if killed_leader in plans[first["epoch"]]["devices"]:
+        # a trainer: the next leader re-plans from the survivors' states and warm copies, never the seed
+        (second,) = rest
+        assert second["kind"] == "failure" and killed_leader in second["reason"]
+    else:
+        # a spare keeping warm copies: training goes on; new keepers at the next re-plan point, if one is left
+        assert all(r["kind"] == "join" and killed_leader in r["reason"] for r in rest) and len(rest) <= 1
+    assert all(r["start_step"] >= 1 and not r["from_checkpoint"] for r in summary["replans"])
     for replan in summary["replans"]:
         assert replan["warm_copies"]["every_steps"] >= 1 and None not in replan["warm_copies"]["peers"]
     print("recovery (s):", [r["recovery_s"] for r in summary["replans"]],
           "steps redone:", [r["steps_redone"] for r in summary["replans"]])
-    assert first["recovery_s"] is not None
+    assert all(r["recovery_s"] is not None for r in summary["replans"] if r["kind"] == "failure")
     assert_no_process_left(tmp_path)
 
 
@@ -130,17 +135,17 @@ def test_joiners_take_roles_with_their_replicas_parameters(tmp_path):
     assert_no_process_left(tmp_path)
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_a_whole_swarm_restarted_with_resume_on_its_own_disks_continues_the_loss_curve(tmp_path):
     args = ("--agents", "2", "--stages", "2", "--steps", "8", "--scenario", "none")
-    code, summary, _ = run_swarm(tmp_path, *args, "--kill", "0@7", "--kill", "1@7", timeout_s=140)
+    code, summary, _ = run_swarm(tmp_path, *args, "--kill", "0@7", "--kill", "1@7", timeout_s=280)
     assert code != 0 and not summary["finished"]  # every agent was killed with step 7 in flight
     assert_no_process_left(tmp_path)
     assert not (tmp_path / "checkpoints").exists()  # no shared directory: each agent's own copies only
     held = set().union(*(saved_stages(tmp_path / f"agent-{k}.state", 2, "tiny") for k in range(2)))
     common = max(s for _, s in held if (0, s) in held and (1, s) in held)
     assert common >= 1
-    code, summary, stderr = run_swarm(tmp_path, *args, "--resume", timeout_s=140)
+    code, summary, stderr = run_swarm(tmp_path, *args, "--resume", timeout_s=280)
     assert code == 0, stderr[-3000:]
     assert summary["finished"] and summary["start_step"] == common and len(summary["losses"]) == 8 - common
     assert_reference_losses(summary)
