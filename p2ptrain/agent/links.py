@@ -4,7 +4,9 @@ In rounds: each round measures the link to every peer it was given (``set_peers`
 (so that two agents rarely probe each other at the same moment, which would queue each one's replies
 behind the other's bulk transfers), with ``net.probe.measure_link`` over the transport, so link emulation
 applies. Estimates are smoothed across rounds (``LinkTable``, an EWMA); a peer enters the published row
-(``LinksRecord``, key ``{run}.links``) once it has been measured ``min_rounds`` times. The row is
+(``LinksRecord``, key ``{run}.links``) once it has been measured ``min_rounds`` times with samples that
+agreed (``LinkEstimate.agreed``), or, on a machine too busy for that, after one more measurement as a best
+guess (it is replaced once an agreed one comes). The row is
 re-published whenever it changes. A failed measurement is logged and retried next round.
 
 ``pause()`` stops probing (training traffic must not queue behind probes on the same links): a
@@ -40,7 +42,8 @@ class LinkProber:
     ):
         self.transport, self.dht, self.config = transport, dht, config
         self.table = LinkTable(config.ewma_weight)
-        self.rounds: dict[str, int] = {}
+        self.rounds: dict[str, int] = {}  # measurements per peer whose samples agreed
+        self.attempts: dict[str, int] = {}  # measurements per peer, agreed or not
         self._on_publish = on_publish
         self._rng = rng or random.Random()
         self._peers: tuple[str, ...] = ()
@@ -83,14 +86,15 @@ class LinkProber:
             self._thread.join(timeout_s)
 
     def row(self) -> dict[str, LinkMeasurement]:
-        """What we publish: the smoothed estimate of every current peer measured ``min_rounds`` times."""
+        """What we publish: the smoothed estimate of every current peer measured well enough (module docstring)."""
         with self._lock:
             peers = self._peers
         estimates = self.table.snapshot()
         return {
             p: LinkMeasurement(estimates[p].latency_ms, estimates[p].bandwidth_gbps)
             for p in peers
-            if self.rounds.get(p, 0) >= self.config.min_rounds and p in estimates
+            if p in estimates and (self.rounds.get(p, 0) >= self.config.min_rounds
+                                   or self.attempts.get(p, 0) > self.config.min_rounds)  # fmt: skip
         }
 
     def _run(self) -> None:
@@ -133,7 +137,9 @@ class LinkProber:
         if estimate is None:  # paused or stopped midway
             return True
         self.table.update(peer, estimate)
-        self.rounds[peer] = self.rounds.get(peer, 0) + 1
+        self.attempts[peer] = self.attempts.get(peer, 0) + 1
+        if estimate.agreed:
+            self.rounds[peer] = self.rounds.get(peer, 0) + 1
         return True
 
     def _interrupted(self) -> bool:
