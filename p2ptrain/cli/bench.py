@@ -11,7 +11,8 @@ import importlib
 import click
 
 BENCHMARKS = {
-    "planner": "The scheduler on the paper's five networks and at 1024 devices, against Megatron, random and GCMA.",
+    "planner": "The scheduler on the paper's five networks and at 1024 devices, against Megatron, random and GCMA; "
+               "then on the same networks as measured (perturbed links), beside GCMA run live.",
     "runtime": "Training step time of the pipeline + data-parallel runtime.",
     "e2e": "End to end: a local swarm on an emulated network; scheduled, Megatron's and a random plan, measured "
            "beside the simulated objective's predictions.",

@@ -4,6 +4,7 @@
     p2ptrain plan --scenario spot --devices 16 --stages 4
     p2ptrain plan --cluster examples/clusters/three_regions.json --stages 4 --json
     p2ptrain plan --scenario worldwide --objective simulated --micro-batches 4   # our runtime's step time
+    p2ptrain plan --cluster measured.json --search gcma --time-budget 10      # the paper's scheduler, live
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from p2ptrain.planning import (
 from p2ptrain.planning.cost import OBJECTIVES
 from p2ptrain.planning.report import format_plan
 from p2ptrain.planning.simulated import StepProfile, StepWorkload
+from p2ptrain.planning.strategies import DEFAULT_METHOD, SEARCH_METHODS
 from p2ptrain.planning.workload import PAPER_BATCH_TOKENS
 
 DEFAULT_STAGES = 8
@@ -55,6 +57,10 @@ class OneLineErrors(click.Command):
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the search: same seed, same plan.")
 @click.option("--time-budget", type=float, default=DEFAULT_TIME_BUDGET_S, show_default=True, metavar="SECONDS",
               help="Stop the search after this long, with the best plan so far (it usually converges sooner).")
+@click.option("--search", "search_method", type=click.Choice(list(SEARCH_METHODS)), default=DEFAULT_METHOD,
+              show_default=True,
+              help="clustered: our search, on the regions and instances recovered from the links, then on the links "
+                   "as measured; partition: our partition search on the links alone; gcma: the paper's scheduler.")
 @click.option("--model", "model_name", metavar="NAME",
               help=f"Derive c_PP and c_DP from a model preset ({', '.join(MODEL_PRESETS)}) instead of the "
                    "paper's constants (c_PP 0.471249 GB, c_DP 0.65 GB).")
@@ -77,6 +83,7 @@ def command(
     stages: int | None,
     seed: int,
     time_budget: float,
+    search_method: str,
     model_name: str | None,
     batch_tokens: int,
     activation_gb: float | None,
@@ -115,7 +122,7 @@ def command(
         workload = StepWorkload(workload.activation_gb, workload.gradient_gb, workload.source,
                                 step=StepProfile(micro_batches=micro_batches or 1))
     plan = schedule(cluster, workload, num_stages, seed=seed, objective=objective, time_budget_s=time_budget,
-                    clock=time.perf_counter)
+                    clock=time.perf_counter, search=search_method)
     if isinstance(plan, Infeasible):
         raise ValueError(plan.reason)
     if as_json:

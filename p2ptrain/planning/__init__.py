@@ -12,23 +12,29 @@ from p2ptrain.planning.baselines import megatron_assignment, random_assignment, 
 from p2ptrain.planning.cluster import Cluster, Device, cluster_from_dict, load_cluster
 from p2ptrain.planning.cost import CostBreakdown, DtfmObjective, Objective, make_objective
 from p2ptrain.planning.exhaustive import solve_exhaustive
+from p2ptrain.planning.gcma import GcmaConfig
+from p2ptrain.planning.measured import link_clusters, perturbed
 from p2ptrain.planning.model_shapes import MODEL_PRESETS, ModelShape, model_shape
 from p2ptrain.planning.plan import Infeasible, Plan, SearchStats
 from p2ptrain.planning.scenarios import PAPER_REFERENCE, SCENARIOS, scenario
 from p2ptrain.planning.scheduler import schedule
 from p2ptrain.planning.search import SearchConfig
 from p2ptrain.planning.simulated import SimulatedObjective, StepProfile, StepWorkload
+from p2ptrain.planning.strategies import DEFAULT_METHOD, SEARCH_METHODS
 from p2ptrain.planning.workload import PAPER_WORKLOAD, Workload, parameter_count, workload_from_model
 
 __all__ = [
     "MODEL_PRESETS",
     "PAPER_REFERENCE",
+    "DEFAULT_METHOD",
     "PAPER_WORKLOAD",
     "SCENARIOS",
+    "SEARCH_METHODS",
     "Cluster",
     "CostBreakdown",
     "Device",
     "DtfmObjective",
+    "GcmaConfig",
     "Infeasible",
     "ModelShape",
     "Objective",
@@ -40,11 +46,13 @@ __all__ = [
     "StepWorkload",
     "Workload",
     "cluster_from_dict",
+    "link_clusters",
     "load_cluster",
     "make_objective",
     "megatron_assignment",
     "model_shape",
     "parameter_count",
+    "perturbed",
     "random_assignment",
     "random_cost",
     "scenario",

@@ -15,8 +15,9 @@ class SearchStats:
     seed: int
     evaluations: int
     seconds: float | None = None
-    method: str = "search"  # "search" or "exhaustive" (then the plan is optimal)
+    method: str = "clustered"  # a search method (``SEARCH_METHODS``) or "exhaustive" (then it is optimal)
     stopped_by: str = "converged"  # "converged", "evaluations" or "time budget"
+    fallback: str | None = None  # "megatron": the search found nothing cheaper, the plan is that order
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,8 @@ class Plan:
         return [[row[j] for row in self.pipelines] for j in range(self.num_stages)]
 
     def to_json(self) -> dict[str, Any]:
-        """The plan document of DESIGN.md ("Plan"), plus ``search.method`` and ``search.stopped_by``."""
+        """The plan document of DESIGN.md ("Plan"), plus ``search.method``, ``search.stopped_by`` and
+        ``search.fallback``."""
         return {
             "stages": self.num_stages,
             "replicas": self.num_replicas,
@@ -58,6 +60,7 @@ class Plan:
                 "seed": self.search.seed,
                 "method": self.search.method,
                 "stopped_by": self.search.stopped_by,
+                "fallback": self.search.fallback,
             },
         }
 

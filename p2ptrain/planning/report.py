@@ -45,6 +45,9 @@ def format_plan(plan: Plan, cluster: Cluster, workload: Workload, title: str) ->
     s = plan.search
     took = f"{s.seconds:.2f} s, " if s.seconds is not None else ""
     lines.append(f"search: {s.method}, {took}{s.evaluations} evaluations, seed {s.seed}, stopped: {s.stopped_by}")
+    if s.fallback == "megatron":
+        lines.append("the search found no plan cheaper than Megatron's rank order: this plan IS Megatron's order "
+                     "(give it a larger --time-budget to search further)")
     return "\n".join(lines)
 
 

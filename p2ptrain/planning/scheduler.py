@@ -19,8 +19,10 @@ from p2ptrain.planning.canonical import canonical_order
 from p2ptrain.planning.cluster import Cluster
 from p2ptrain.planning.cost import make_objective, refine_assignment
 from p2ptrain.planning.exhaustive import MAX_DEVICES, solve_exhaustive
+from p2ptrain.planning.gcma import GcmaConfig
 from p2ptrain.planning.plan import Infeasible, Plan, SearchStats
-from p2ptrain.planning.search import DEFAULT_SEARCH, Search, SearchConfig
+from p2ptrain.planning.search import DEFAULT_SEARCH, SearchConfig
+from p2ptrain.planning.strategies import DEFAULT_METHOD, SEARCH_METHODS, run_search
 from p2ptrain.planning.workload import Workload
 
 log = logging.getLogger(__name__)
@@ -38,6 +40,8 @@ def schedule(
     clock: Callable[[], float] | None = None,
     config: SearchConfig = DEFAULT_SEARCH,
     exhaustive_max_devices: int = MAX_DEVICES,
+    search: str = DEFAULT_METHOD,
+    gcma: GcmaConfig | None = None,
 ) -> Plan | Infeasible:
     """Assign (pipeline, stage) to every device of ``cluster``, minimising ``objective``.
 
@@ -45,7 +49,13 @@ def schedule(
     ``seed`` is then only reported). ``time_budget_s`` caps the search and needs ``clock`` (e.g.
     ``time.perf_counter``); a plan found within the evaluation budget does not depend on the clock.
     ``exhaustive_max_devices=0`` switches the exact solver off, so that small clusters are searched too.
+    ``search`` names the search method (``SEARCH_METHODS``; the default is our best; ``gcma`` configures the
+    paper's). When the search's
+    plan costs more than Megatron's rank order (a budget too short for a large network), the plan is that
+    order, and ``search.fallback`` says so.
     """
+    if search not in SEARCH_METHODS:
+        raise ValueError(f"unknown search {search!r} (choose from {', '.join(SEARCH_METHODS)})")
     n = cluster.num_devices
     if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
         return Infeasible(f"the number of stages must be a positive integer, got {num_stages!r}")
@@ -68,16 +78,20 @@ def schedule(
         if time_budget_s is not None:
             assert clock is not None and start is not None
             out_of_time = lambda: clock() - start > time_budget_s  # noqa: E731
-        found = Search(obj, canon.twin_class, search_rng, config, out_of_time).run()
-        sigma, evaluations, method, stopped_by = found.assignment, found.evaluations, "search", found.stopped_by
+        found = run_search(search, obj, cluster.permuted(canon.order), workload, canon.twin_class, search_rng,
+                           config, out_of_time, gcma)
+        sigma, evaluations, method, stopped_by = found.assignment, found.evaluations, search, found.stopped_by
     sigma = refine_assignment(obj, sigma)  # the simulated objective re-orders stages under its exact cost
     cost = obj.evaluate(sigma)
+    megatron_sigma = canon.inverse[megatron_assignment(n, num_stages)]
+    baselines = {"megatron": obj.evaluate(megatron_sigma), "random": random_cost(obj, n, baseline_rng)}
+    fallback = None
+    if baselines["megatron"].cost_s < cost.cost_s:
+        sigma, cost, fallback = megatron_sigma, baselines["megatron"], "megatron"
+        log.warning("the %s search found nothing better than Megatron's rank order (%s): planning that order",
+                    method, stopped_by)
     pipelines = canon.order[sigma]
     pipelines = pipelines[np.argsort(pipelines[:, 0], kind="stable")]
-    baselines = {
-        "megatron": obj.evaluate(canon.inverse[megatron_assignment(n, num_stages)]),
-        "random": random_cost(obj, n, baseline_rng),
-    }
     seconds = clock() - start if clock and start is not None else None
     log.info("planned %d devices in %d stages: %.3f s/iteration (%s, %d evaluations)", n, num_stages, cost.cost_s,
              method, evaluations)
@@ -87,5 +101,5 @@ def schedule(
         cost=cost,
         baselines=baselines,
         search=SearchStats(seed=seed, evaluations=int(evaluations), seconds=seconds, method=method,
-                           stopped_by=stopped_by),
+                           stopped_by=stopped_by, fallback=fallback),
     )

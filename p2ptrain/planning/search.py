@@ -304,17 +304,17 @@ class Search:
         self.num_replicas = objective.num_replicas
         self.n = self.num_stages * self.num_replicas
         self.stopped_by = "converged"
+        # when set, moves are single swaps of devices of the same class (``improve``)
+        self.within: np.ndarray | None = None
+        self.best_states: list[_State] = []
 
     # -- budget ------------------------------------------------------------------------------------------
 
     def _exhausted(self) -> bool:
-        if self.p.evaluations >= self.cfg.max_evaluations:
-            self.stopped_by = "evaluations"
-            return True
-        if self.out_of_time():
-            self.stopped_by = "time budget"
-            return True
-        return False
+        stop = budget_stop(self.p.evaluations, self.cfg.max_evaluations, self.out_of_time)
+        if stop:
+            self.stopped_by = stop
+        return stop is not None
 
     # -- states ------------------------------------------------------------------------------------------
 
@@ -343,6 +343,10 @@ class Search:
     def _candidates(self, state: _State, g: int, h: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
         """Swaps between groups g and h: for each pair of twin classes, 1, 2, 4, … devices of each at once
         (block moves let whole regions change group; without twins every swap is of one device)."""
+        if self.within is not None:
+            within = self.within
+            same = [((x,), (y,)) for x in state.groups[g] for y in state.groups[h] if within[x] == within[y]]
+            return [same[i] for i in self.rng.permutation(len(same))]
         twin = self.move_class
         by_class_g: dict[int, list[int]] = {}
         by_class_h: dict[int, list[int]] = {}
@@ -393,8 +397,14 @@ class Search:
         for _ in range(int(self.rng.integers(2, 3 + s))):
             g, h = self.rng.choice(s, size=2, replace=False)
             x = out.groups[g][int(self.rng.integers(len(out.groups[g])))]
-            y = out.groups[h][int(self.rng.integers(len(out.groups[h])))]
-            if self.move_class[x] != self.move_class[y]:
+            if self.within is not None:  # a mate of x in another group
+                mates = [m for m in out.groups[h] if self.within[m] == self.within[x]]
+                if not mates:
+                    continue
+                y = mates[int(self.rng.integers(len(mates)))]
+            else:
+                y = out.groups[h][int(self.rng.integers(len(out.groups[h])))]
+            if self.within is not None or self.move_class[x] != self.move_class[y]:
                 out.groups[g] = tuple(sorted([m for m in out.groups[g] if m != x] + [y]))
                 out.groups[h] = tuple(sorted([m for m in out.groups[h] if m != y] + [x]))
                 out.touch(int(g), int(h))
@@ -416,9 +426,26 @@ class Search:
             idle = 0 if improves_best else idle + 1
         return elite
 
+    def improve(self, assignments: list[np.ndarray], classes: np.ndarray, full_swaps: bool) -> SearchResult:
+        """Improve ``assignments`` (found on a snapped network, whose clusters ``classes`` were exact twins
+        there): first swaps between members of one cluster (they differ only by noise: the moves the
+        snapped search could not see), then, with ``full_swaps``, every single swap."""
+        self.within = np.asarray(classes)
+        found = [self.descend(self._state_from_assignment(sigma)) for sigma in assignments]
+        found.sort(key=lambda st: st.score)
+        elite = self._iterate(found[: self.cfg.elite], self.cfg.patience, 0)
+        self.within = None
+        if full_swaps and not self._exhausted():
+            self.move_class = np.arange(self.n)
+            elite = [self.descend(_State(self.p, st.groups, st.order)) for st in elite]
+            elite = self._iterate(elite, self.cfg.patience, 0)
+        return self._result(min(elite + found, key=lambda st: st.score))
+
     def run(self) -> SearchResult:
+        """Search from the starts; ``best_states`` then holds the final states, best first."""
         if self.num_stages == 1 or self.num_replicas == 1 and self.num_stages <= 2:
-            return self._result(self._state_from_assignment(np.arange(self.n).reshape(self.num_replicas, -1)))
+            self.best_states = [self._state_from_assignment(np.arange(self.n).reshape(self.num_replicas, -1))]
+            return self._result(self.best_states[0])
         found = []
         for name, sigma in self._starts():
             state = self.descend(self._state_from_assignment(sigma))
@@ -433,8 +460,19 @@ class Search:
             self.move_class = self.p.twin
             polished = [self.descend(_State(self.p, st.groups, st.order)) for st in elite]
             elite = self._iterate(polished, self.cfg.patience, 0)
-        best = min(elite + found, key=lambda st: st.score)
-        return self._result(best)
+        self.best_states = sorted(elite + found, key=lambda st: st.score)
+        return self._result(self.best_states[0])
+
+    def stage_groups(self, count: int) -> list[list[Key]]:
+        """The stage groups (in stage order) of up to ``count`` of the best final states, each once."""
+        out: list[list[Key]] = []
+        for st in self.best_states:
+            groups = [st.groups[g] for g in st.order]
+            if groups not in out:
+                out.append(groups)
+            if len(out) == count:
+                break
+        return out
 
     # -- output ------------------------------------------------------------------------------------------
 
@@ -442,6 +480,15 @@ class Search:
         sigma = compose_pipelines(self.p.link, [state.groups[g] for g in state.order], self.p.tau_hop)
         cost = self.p.obj.evaluate(sigma)
         return SearchResult(sigma, cost, self.p.evaluations, self.stopped_by)
+
+
+def budget_stop(count: int, limit: int, out_of_time: Callable[[], bool]) -> str | None:
+    """Why a search must stop ("evaluations" or "time budget"), or None while it may go on."""
+    if count >= limit:
+        return "evaluations"
+    if out_of_time():
+        return "time budget"
+    return None
 
 
 def compose_pipelines(link: np.ndarray, stage_groups: list[Key], tau: float) -> np.ndarray:

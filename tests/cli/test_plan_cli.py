@@ -61,7 +61,7 @@ def test_cluster_file_and_workload_flags():
 def test_help_explains_every_flag():
     r = CliRunner().invoke(main, ["plan", "--help"])
     assert r.exit_code == 0
-    for flag in ("--scenario", "--devices", "--cluster", "--stages", "--seed", "--time-budget", "--model",
+    for flag in ("--scenario", "--devices", "--cluster", "--stages", "--seed", "--time-budget", "--search", "--model",
                  "--batch-tokens", "--activation-gb", "--gradient-gb", "--json"):
         assert flag in r.output
 
@@ -98,6 +98,7 @@ def test_bad_cluster_files_fail_in_one_line(tmp_path, change, words):
         (["--scenario", "spot", "--model", "huge"], "unknown model preset 'huge'"),
         (["--scenario", "spot", "--activation-gb", "-1"], "activation_gb must be a non-negative"),
         (["--scenario", "spot", "--frobnicate"], "No such option"),
+        (["--scenario", "spot", "--search", "annealing"], "'annealing' is not one of"),
     ],
 )
 def test_bad_flags_fail_in_one_line(args, words):
@@ -124,3 +125,29 @@ def test_bench_group_lists_its_benchmarks():
     assert r.exit_code == 0 and "planner" in r.output and "runtime" in r.output and "e2e" in r.output
     r = CliRunner().invoke(main, ["bench", "planner", "--help"])
     assert r.exit_code == 0 and "--large" in r.output and "--json" in r.output
+
+
+@pytest.mark.parametrize("method", ["clustered", "partition", "gcma"])
+def test_search_flag_names_the_method_in_the_plan(method):
+    r = _run("--scenario", "regional", "--devices", "16", "--stages", "4", "--search", method, "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["search"]["method"] == method and doc["search"]["fallback"] is None
+    assert doc["cost_s"] <= doc["baselines"]["megatron"]["cost_s"]
+    default = json.loads(_run("--scenario", "regional", "--devices", "16", "--stages", "4", "--json").stdout)
+    assert default["search"]["method"] == "clustered"
+
+
+def test_a_plan_no_better_than_megatron_is_megatrons_order_and_says_so():
+    # one second of budget on a clock that jumps a second a tick: the search stops before it finds anything
+    from p2ptrain.planning import PAPER_WORKLOAD, scenario, schedule
+    from p2ptrain.planning.report import format_plan
+
+    ticks = iter(range(10**6))
+    cluster = scenario("multi_dc", 64)
+    plan = schedule(cluster, PAPER_WORKLOAD, 8, search="gcma", time_budget_s=1.0, clock=lambda: float(next(ticks)))
+    assert plan.search.fallback == "megatron"  # two random partitions (~3× Megatron's cost here) were all it saw
+    assert plan.cost == plan.baselines["megatron"]
+    assert plan.pipelines == tuple(tuple(range(i, 64, 8)) for i in range(8))
+    assert "this plan IS Megatron's order" in format_plan(plan, cluster, PAPER_WORKLOAD, "multi_dc")
+    assert plan.to_json()["search"]["fallback"] == "megatron"

@@ -4,18 +4,21 @@ import numpy as np
 import pytest
 
 from p2ptrain.planning import SearchConfig, Workload, make_objective, schedule, solve_exhaustive
+from p2ptrain.planning.measured import perturbed
 
 from .random_clusters import _world, random_instance, region_cluster
 
 
-def _gaps(seeds, jitter):
+def _gaps(seeds, jitter, perturb=0.0):
     gaps = []
     for seed in seeds:
         cluster, workload, stages = random_instance(seed, jitter=jitter)
+        if perturb:  # measured: every link's latency and bandwidth off by up to ±perturb, order shuffled
+            cluster, _ = perturbed(cluster, perturb, np.random.default_rng(seed + 1))
         best = solve_exhaustive(make_objective("dtfm", cluster, workload, stages)).cost.cost_s
         # the search itself: the exhaustive shortcut for small clusters is switched off
         plan = schedule(cluster, workload, stages, seed=seed, exhaustive_max_devices=0)
-        assert plan.search.method == "search"
+        assert plan.search.method == "clustered"
         gaps.append(plan.cost.cost_s / best - 1.0)
     return np.array(gaps)
 
@@ -32,6 +35,15 @@ def test_search_finds_the_optimum_on_200_region_clusters():
 def test_search_on_measured_like_clusters_without_twins():
     # every link jittered by up to ±30 %: no two devices alike, as in a measured network
     gaps = _gaps(range(1000, 1100), jitter=0.3)
+    assert (gaps > -1e-9).all()
+    assert (gaps < 1e-9).mean() >= 0.95
+    assert gaps.max() <= 0.02
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("level, first", [(0.10, 3000), (0.25, 4000)])
+def test_search_on_perturbed_region_clusters(level, first):
+    gaps = _gaps(range(first, first + 60), jitter=0.0, perturb=level)
     assert (gaps > -1e-9).all()
     assert (gaps < 1e-9).mean() >= 0.95
     assert gaps.max() <= 0.02
