@@ -151,12 +151,15 @@ class SwarmDHT:
         atexit.register(self._atexit_hook)
         logger.info("starting DHT peer %s on %s", self._identity.peer_id, ", ".join(cfg.host_maddrs))
         try:
+            # hivemind's check that an identity is free starts a second daemon with it and connects it to
+            # the initial peers: a relay then briefly knows two connections of one private peer and drops
+            # circuits to it, so a private peer skips the check (its identity file is its own)
             self._dht = _RelayingDHT(
                 cfg.relay.p2pd_extra_args(cfg.initial_peers), **cfg.relay.p2p_kwargs(cfg.initial_peers),
                 initial_peers=list(cfg.initial_peers) or None, start=False, record_validators=validators,
                 shutdown_timeout=cfg.shutdown_timeout_s, host_maddrs=list(cfg.host_maddrs),
                 announce_maddrs=list(cfg.announce_maddrs) or None, identity_path=key_file.path,
-                check_if_identity_free=bool(path), client_mode=cfg.client_mode,
+                check_if_identity_free=bool(path) and cfg.relay.reachability != "private", client_mode=cfg.client_mode,
                 startup_timeout=cfg.startup_timeout_s, ensure_bootstrap_success=False,
             )  # fmt: skip
             self._dht.run_in_background(await_ready=True, timeout=cfg.startup_timeout_s)
@@ -264,17 +267,21 @@ class SwarmDHT:
     def dial_through_relays(self, records: dict[str, PeerRecord]) -> None:
         """Open a connection through a relay to every peer of ``records`` that advertises circuit addresses
         and is not connected yet, in the background (the DHT process; each dial under ``request_timeout_s``).
+        A public peer dials none (they dial it); of two private peers, the one with the lower ID dials.
 
         The transport dials peers by their record's addresses but hands p2pd only the transport part of
         each (``Transport.connect``), which for a circuit address is the relay itself; once a connection
         through the relay is open, that dial finds it and succeeds.
         """
+        if self.config.relay.reachability == "public":
+            return  # peers behind NAT dial us directly
         now = time.monotonic()
         retry_s = self.config.relay.redial_s
+        # Of two peers behind NAT, only the lower ID dials: circuits opened both ways at once get reset
         targets = {
             peer: tuple(m for m in record.maddrs if is_circuit(m))
             for peer, record in records.items()
-            if peer != self.peer_id and any(is_circuit(m) for m in record.maddrs)
+            if peer > self.peer_id and any(is_circuit(m) for m in record.maddrs)
             and now - self._relay_dials.get(peer, -retry_s) >= retry_s
         }
         if targets:
