@@ -175,6 +175,7 @@ class Agent:
             try:
                 self.dht = SwarmDHT(cfg.run, cfg.dht).start()
                 self.transport = Transport(cfg.run, cfg.transport, dht=self.dht.hivemind_dht, emulator=self.emulator)
+                self.transport.mailbox.admit_sender = self.dht.is_admitted  # closed runs: tensors from members only
                 self.store = StateStore(self.keeper, self._local_dir(), cfg.train.model, cfg.train.seed)
                 if cfg.checkpoint.resume:
                     self._offer_saved_states()
@@ -565,8 +566,11 @@ class Agent:
         self._links_wait_since = None
         self._watch.reset()
         baselines = ", ".join(f"{k} {v['cost_s']:.3f} s" for k, v in plan.get("baselines", {}).items())
-        logger.info("published plan epoch %d: predicted %.3f s/step (%s); pipelines %s", planning.epoch,
-                    plan["cost_s"], baselines, plan["pipelines"])
+        search = plan.get("search") or {}
+        logger.info("published plan epoch %d: predicted %.3f s/step (%s); pipelines %s; planned in %.2f s by the %s "
+                    "search%s", planning.epoch, plan["cost_s"], baselines, plan["pipelines"], search.get("seconds", 0.0),
+                    search.get("method", "?"), f" ({search['fallback']}'s order: the search did not beat it)"
+                    if search.get("fallback") else "")  # fmt: skip
         self.events.write(
             "plan", epoch=planning.epoch, plan=plan, devices=planning.devices, spares=planning.spares,
             trigger=planning.trigger, cluster=planning.cluster.to_dict(), start_step=start_step,

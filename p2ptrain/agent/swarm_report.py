@@ -157,6 +157,7 @@ def _plan_by_agent(state: SwarmState, leader: int, event: dict[str, Any]) -> dic
         measured[key] = matrix
     return {
         "leader": leader, "epoch": event["epoch"], "plan": plan, "predicted_cost_s": plan["cost_s"],
+        "planning_s": (plan.get("search") or {}).get("seconds"),
         "predicted_emulated_s": plan["cost_s"] * state.time_scale if state.network is not None else None,
         "workload": event["workload"], "measured": measured,
         "spares": [state.index_of(p) for p in event["spares"]],
@@ -230,6 +231,11 @@ def format_summary(summary: dict[str, Any], regions: list[str | None] | None = N
         baselines = plan.get("baselines", {})
         if baselines:
             lines.append("  baselines: " + ", ".join(f"{k} {v['cost_s']:.3f} s" for k, v in baselines.items()))
+        search = plan.get("search") or {}
+        if "seconds" in search:
+            lines.append(f"  planned in {search['seconds']:.2f} s ({search.get('method', '?')} search"
+                         + (f"; {search['fallback']}'s order: the search did not beat it" if search.get("fallback") else "")
+                         + ")")
         for i, row in enumerate(plan["pipelines"]):
             names = [f"agent {k}" + (f" ({regions[k]})" if regions and regions[k] else "") for k in row]
             lines.append(f"  pipeline {i}: " + " → ".join(names))
@@ -243,7 +249,8 @@ def format_summary(summary: dict[str, Any], regions: list[str | None] | None = N
         median = summary["median_step_time_s"]
         lines.append(f"median step time {median:.3f} s; loss {summary['losses'][0]:.4f} → {summary['losses'][-1]:.4f}")
     for r in summary.get("replans", []):
-        took = f", {r['recovery_s']:.1f} s from the kill to its first step" if r["recovery_s"] is not None else ""
-        lines.append(f"re-planned epoch {r['epoch']} at step {r['start_step']}: {r['reason']}{took}")
+        took = f", {r['recovery_s']:.1f} s from the failure to its first step" if r["recovery_s"] is not None else ""
+        redone = f", {r['steps_redone']} step(s) redone" if r.get("steps_redone") else ""
+        lines.append(f"re-planned epoch {r['epoch']} at step {r['start_step']}: {r['reason']}{took}{redone}")
     lines.append(f"logs and status: {summary['workdir']}")
     return "\n".join(lines)

@@ -36,7 +36,6 @@ import torch
 from hivemind.p2p import P2P, PeerID
 from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError
 from hivemind.proto import runtime_pb2
-from hivemind.utils.multiaddr import Multiaddr
 
 from p2ptrain.errors import MessageRejected, PeerFailed, PeerTimeoutError, ProtocolError, StreamClosed
 from p2ptrain.net.emulation import LinkEmulator
@@ -44,6 +43,7 @@ from p2ptrain.net.mailbox import Mailbox
 from p2ptrain.net.messages import Header, Tag, dtype_name, tensor_bytes
 from p2ptrain.net.pacing import Pacer
 from p2ptrain.net.probe_session import ProbeSession
+from p2ptrain.net.relay import multiaddr_bytes
 from p2ptrain.net.servicer import NAMESPACE, TensorServicer, first_reply, paced_requests, parse_reply
 from p2ptrain.net.status import PeerStatus
 
@@ -208,7 +208,8 @@ class Transport:
         ``config.call_timeout_s``); a daemon error (no address answers) is raised as is.
         """
         timeout_s = timeout_s or self.config.call_timeout_s
-        addresses = [Multiaddr(str(m).split("/p2p/")[0]) for m in maddrs]  # the daemon wants transport addresses
+        # the daemon wants addresses without the peer's own /p2p/ID; a relay's /p2p/<relay> part stays
+        addresses = [multiaddr_bytes(str(m).rsplit("/p2p/", 1)[0]) for m in maddrs]
         if not addresses:
             raise ValueError(f"no address to dial peer {peer}")
         client = self._p2p._client  # noqa: SLF001 - hivemind exposes no public connect
