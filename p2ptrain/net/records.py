@@ -59,6 +59,7 @@ SOURCE_INIT = 0xFFFE  # ... from the seed (step 0)
 NO_BACKUP = 0xFFFF  # PlanRecord.backups: nobody keeps a copy of this stage
 MAX_KEPT_STATES = 16
 MAX_HOLDS = 32
+MAX_BASELINES = 8
 
 MAX_MEMORY_GB = 16384.0  # 16 TiB: beyond any single device (or host RAM for CPU agents)
 MAX_TFLOPS = 100_000.0  # 100 PFLOP/s: ~50x the fastest single accelerator
@@ -302,6 +303,10 @@ class PlanRecord(_Record):
     Warm copies (additive): ``backups[j]`` is the member that keeps a copy of stage j's state (it is not one
     of the stage's trainers; ``NO_BACKUP``: nobody), sent by the stage's replica 0 at the epoch's start and
     after every ``backup_every`` steps (0: at the start only).
+
+    Baselines (additive): ``baselines`` pairs a baseline's name with its predicted cost per step under the
+    same cost model (the planner's ``"baselines"``: Megatron's order, random), so that a reader (the monitor)
+    shows what the plan saves without knowing the workload.
     """
 
     epoch: int
@@ -318,6 +323,7 @@ class PlanRecord(_Record):
     reason: str = ""
     backups: tuple[int, ...] = ()
     backup_every: int = 0
+    baselines: tuple[tuple[str, float], ...] = ()
     kind: ClassVar[RecordKind] = RecordKind.PLAN
 
     def __post_init__(self) -> None:
@@ -366,6 +372,14 @@ class PlanRecord(_Record):
                     raise RecordError(f"backups[{j}] is a trainer of stage {j}, not another peer")
         _set(self, "backups", backups)
         _set(self, "backup_every", f.integer("backup_every", self.backup_every, 0, MAX_COUNTER))
+        baselines = []
+        for pair in f.sequence("baselines", self.baselines, MAX_BASELINES):
+            pair = f.sequence("baselines[i]", pair, 2)
+            if len(pair) != 2:
+                raise RecordError("baselines must be (name, cost_s) pairs")
+            baselines.append((f.text("baseline name", pair[0], 32, pattern=_IDENT_RE),
+                              f.number("baseline cost_s", pair[1], 0.0, MAX_COST_S)))
+        _set(self, "baselines", tuple(baselines))
 
     @property
     def leader(self) -> str:
@@ -400,6 +414,7 @@ class PlanRecord(_Record):
             epoch=epoch, membership=membership, stages=plan["stages"], replicas=plan["replicas"],
             pipelines=pipelines, cost_s=plan["cost_s"], data_parallel_s=plan.get("data_parallel_s", 0.0),
             pipeline_s=plan.get("pipeline_s", 0.0), objective=plan.get("objective", "dtfm"),
+            baselines=tuple((name, b["cost_s"]) for name, b in list(plan.get("baselines", {}).items())[:MAX_BASELINES]),
         )  # fmt: skip
 
     def _fields(self) -> dict[str, Any]:
@@ -411,6 +426,7 @@ class PlanRecord(_Record):
             "objective": self.objective, "start_step": self.start_step,
             "sources": f.pack_uint16(self.sources), "reason": self.reason,
             "backups": f.pack_uint16(self.backups), "backup_every": self.backup_every,
+            **({"baselines": [list(pair) for pair in self.baselines]} if self.baselines else {}),
         }  # fmt: skip
 
     @classmethod
@@ -434,7 +450,7 @@ class PlanRecord(_Record):
             sources=f.unpack_uint16(f.binary("sources", m.get("sources", b""), item_size=2, max_items=stages)),
             reason=m.get("reason", ""),
             backups=f.unpack_uint16(f.binary("backups", m.get("backups", b""), item_size=2, max_items=stages)),
-            backup_every=m.get("backup_every", 0),
+            backup_every=m.get("backup_every", 0), baselines=tuple(m.get("baselines", ())),
         )  # fmt: skip
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import random
@@ -280,6 +281,18 @@ def test_plan_from_planner_json_maps_device_indices_to_sorted_members():
     assert plan.peer_at(0, 0) == PEERS[3] and plan.peer_at(1, 1) == PEERS[1]
     assert plan.position_of(PEERS[5]) == (1, 0)
     assert plan.position_of(PEERS[2]) is None
+
+
+def test_plan_carries_the_planners_baselines_and_reads_without_them():
+    devices = [PEERS[0], PEERS[1]]
+    plan = PlanRecord.from_plan_json(1, devices, {"stages": 2, "replicas": 1, "cost_s": 5.0, "pipelines": [[0, 1]],
+                                                  "baselines": {"megatron": {"cost_s": 7.5}, "random": {"cost_s": 9.0}}})
+    assert plan.baselines == (("megatron", 7.5), ("random", 9.0))
+    assert decode_record(RecordKind.PLAN, plan.encode()) == plan
+    older = dataclasses.replace(plan, baselines=())  # a plan from before the field: no key on the wire
+    assert decode_record(RecordKind.PLAN, older.encode()).baselines == ()
+    with pytest.raises(RecordError):
+        dataclasses.replace(plan, baselines=(("<b>x</b>", 1.0),))  # names are identifiers, not free text
 
 
 def test_spare_members_are_allowed():
