@@ -98,6 +98,7 @@ class SwarmConfig:
     resume: bool = False  # the first plan starts from the agents' own copies (<workdir>/agent-K.state)
     liveness: bool = True  # heartbeat pings (off: failures show only as failed calls and expired records)
     warm_copies: bool = True  # periodic warm copies of every stage (off: only the epochs' start copies)
+    monitor_port: int | None = None  # also start ``p2ptrain monitor`` on this port (0: any free port); None: no
 
     def __post_init__(self) -> None:
         self._check()
@@ -115,6 +116,8 @@ class SwarmConfig:
                 raise ConfigError(f"--join {count}@{step}: N must be >= 1 and STEP in 0..{self.steps - 1}")
         if self.joins and self.emulated:
             raise ConfigError("--join needs a loopback swarm (--scenario none): a joiner plays no emulated device")
+        if self.monitor_port is not None and not 0 <= self.monitor_port <= 65535:
+            raise ConfigError(f"--monitor {self.monitor_port}: the port must be in 0..65535")
         if self.checkpoint_every < 0 or not self.peer_ttl_s > 0:
             raise ConfigError("--checkpoint-every must be >= 0 and the peer TTL positive")
 
@@ -194,10 +197,13 @@ def plan_swarm(config: SwarmConfig) -> tuple[TrainConfig, Cluster | None, float,
 
 
 def run_swarm(
-    config: SwarmConfig, stop: StopSignal, on_update: Callable[[SwarmState], None] | None = None
+    config: SwarmConfig, stop: StopSignal, on_update: Callable[[SwarmState], None] | None = None,
+    on_monitor: Callable[[str], None] | None = None,
 ) -> SwarmResult:
     """Start the swarm, follow it until every agent is done (or one fails, a deadline passes, or ``stop``),
-    stop every process, and summarise. Never leaves a process running."""
+    stop every process, and summarise. Never leaves a process running. With ``config.monitor_port``, a
+    monitor starts before the agents (so it sees the run from its start) and ``on_monitor(url)`` is called
+    once its page answers; it stops with the swarm."""
     train, network, time_scale, size_factor = plan_swarm(config)
     root = Path(config.workdir or tempfile.mkdtemp(prefix="p2ptrain-swarm-"))
     root.mkdir(parents=True, exist_ok=True)
@@ -212,6 +218,11 @@ def run_swarm(
     with ProcessGroup(grace_s=15.0) as group:
         try:
             maddrs = _start_bootstrap(group, root, run, config.startup_timeout_s, stop)
+            if config.monitor_port is not None:
+                url = _start_monitor(group, root, run, maddrs, config, train, network is not None,
+                                     (time_scale, size_factor), stop)  # fmt: skip
+                if on_monitor is not None:
+                    on_monitor(url)
             def launch(new: list[AgentProcess]) -> None:
                 for agent in new:
                     toml = _agent_toml(config, train, run, maddrs, agent, root, cluster_path, time_scale, size_factor)
@@ -253,16 +264,36 @@ def _start_bootstrap(group: ProcessGroup, root: Path, run: str, timeout_s: float
     child = group.start("bootstrap", [sys.executable, "-m", "p2ptrain", "bootstrap", "--host-maddrs", LOOPBACK,
                                       "--announce-file", str(announce), "--run-id", run],
                         log_path=root / "bootstrap.log", stdout_path=root / "bootstrap.out")  # fmt: skip
+    return _wait_announced(announce, child, "bootstrap", root / "bootstrap.log", timeout_s, stop).split()
+
+
+def _wait_announced(announce: Path, child, name: str, log: Path, timeout_s: float, stop: StopSignal) -> str:
+    """The line ``child`` writes to ``announce`` once it is up; RuntimeError if it exits or we are stopped
+    first, TimeoutError past ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while not announce.exists():
         if child.poll() is not None:
-            raise RuntimeError(f"the bootstrap exited with code {child.poll()}: {tail(root / 'bootstrap.log', 5)}")
+            raise RuntimeError(f"the {name} exited with code {child.poll()}: {tail(log, 5)}")
         if stop.is_set():
             raise RuntimeError(f"stopped ({stop.reason})")
         if time.monotonic() > deadline:
-            raise TimeoutError(f"the bootstrap did not start within {timeout_s:.0f} s; see {root / 'bootstrap.log'}")
+            raise TimeoutError(f"the {name} did not start within {timeout_s:.0f} s; see {log}")
         time.sleep(0.1)
-    return announce.read_text().split()
+    return announce.read_text().strip()
+
+
+def _start_monitor(group: ProcessGroup, root: Path, run: str, maddrs: list[str], config: SwarmConfig,
+                   train: TrainConfig, emulated: bool, factors: tuple[float, float], stop: StopSignal) -> str:  # fmt: skip
+    """Start ``p2ptrain monitor`` on the swarm's DHT; its page's URL, once it answers."""
+    announce = root / "monitor.url"
+    announce.unlink(missing_ok=True)
+    command = [sys.executable, "-m", "p2ptrain", "monitor", "--initial-peers", " ".join(maddrs), "--run", run,
+               "--port", str(config.monitor_port), "--poll", "1", "--announce-file", str(announce),
+               "--tokens-per-step", str(train.global_batch_size * train.shape.seq_len)]  # fmt: skip
+    if emulated:
+        command += ["--time-scale", repr(factors[0]), "--size-factor", repr(factors[1])]
+    child = group.start("monitor", command, log_path=root / "monitor.log", stdout_path=root / "monitor.out")
+    return _wait_announced(announce, child, "monitor", root / "monitor.log", config.startup_timeout_s, stop)
 
 
 def _write_status(root: Path, run: str, group: ProcessGroup, agents: list[AgentProcess]) -> None:
@@ -273,7 +304,17 @@ def _write_status(root: Path, run: str, group: ProcessGroup, agents: list[AgentP
         "agents": [{"index": a.index, "pid": a.pid, "peer_id": a.peer_id, "log": str(a.log_path),
                     "events": str(a.events.path), "config": str(a.config_path)} for a in agents],
     }  # fmt: skip
+    if "monitor" in group.children:
+        status["monitor"] = {"pid": group.children["monitor"].pid, "log": str(root / "monitor.log"),
+                             "url": _read_or_none(root / "monitor.url")}  # fmt: skip
     write_atomically(root / "swarm.json", json.dumps(status, indent=1) + "\n")
+
+
+def _read_or_none(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        return None
 
 
 class FaultInjector:

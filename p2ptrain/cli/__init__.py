@@ -25,6 +25,7 @@ _COMMANDS = {
     "agent": "Join a run, profile, elect a leader, plan and train.",
     "token": "Closed runs: make a join token with the organiser's key, or print the organiser's ID.",
     "swarm": "Start a bootstrap and N agents on this machine (the demo, test and benchmark rig).",
+    "monitor": "Serve a live web page, a JSON API and Prometheus metrics of a run.",
     "bench": "Benchmarks: planner, runtime, end-to-end.",
 }
 

@@ -4,6 +4,7 @@
     p2ptrain swarm --agents 8 --stages 4 --scenario worldwide --plan megatron --steps 20
     p2ptrain swarm --agents 4 --stages 2 --steps 3 --scenario none --json > run.json
     p2ptrain swarm --agents 6 --stages 3 --kill 4@3 --kill leader@6 --partition 2@8:15 --steps 12 --json
+    p2ptrain swarm --agents 8 --stages 4 --steps 40 --monitor 8080     # and watch it on http://127.0.0.1:8080/
 
 Progress goes to stderr (one line redrawn on a terminal, a line per change otherwise), then a summary;
 ``--json`` prints the summary as one JSON document on stdout instead (``losses`` and ``step_time_s`` per
@@ -71,12 +72,16 @@ from p2ptrain.planning.scenarios import SCENARIOS
               help="Seconds a tensor call may take before its peer counts as failed.")
 @click.option("--peer-ttl", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True,
               help="Lifetime of an agent's peer record (heartbeats notice a silent agent sooner).")
+@click.option("--monitor", "monitor_port", type=click.IntRange(0, 65535), is_flag=False, flag_value=0,
+              default=None, metavar="[PORT]",
+              help="Also serve the run's live web page (p2ptrain monitor) on PORT (none given: any free port); "
+                   "its address is printed when it is up.")
 @click.pass_context
 def command(ctx: click.Context, agents: int, stages: int, steps: int, scenario: str, cluster_file: str | None,
             time_scale: float | None, size_factor: float | None, strategy: str, objective: str, model: str,
             batch_size: int | None, micro_batches: int, seed: int, device: str, workdir: str | None, run_id: str | None,
             as_json: bool, kills: tuple, partitions: tuple, joins: tuple, checkpoint_every: int, resume: bool, call_timeout: float,
-            peer_ttl: float, liveness: bool, warm_copies: bool) -> None:  # fmt: skip
+            peer_ttl: float, liveness: bool, warm_copies: bool, monitor_port: int | None) -> None:  # fmt: skip
     """Start a bootstrap and N agents on this machine, train, and summarise."""
     from p2ptrain.agent.swarm import SwarmConfig, run_swarm
     from p2ptrain.agent.swarm_report import SwarmDisplay, format_summary
@@ -91,12 +96,13 @@ def command(ctx: click.Context, agents: int, stages: int, steps: int, scenario: 
         batch_size=batch_size, micro_batches=micro_batches, seed=seed, device=device, workdir=workdir, run=run_id,
         kills=tuple((a, int(s)) for a, s in kills), partitions=partitions, joins=tuple((int(n), int(s)) for n, s in joins),
         checkpoint_every=checkpoint_every, resume=resume, call_timeout_s=call_timeout, peer_ttl_s=peer_ttl,
-        liveness=liveness, warm_copies=warm_copies,
+        liveness=liveness, warm_copies=warm_copies, monitor_port=monitor_port,
     )  # fmt: skip
     display = SwarmDisplay(sys.stderr)
     with StopSignal() as stop:
         try:
-            result = run_swarm(config, stop, on_update=display.update)
+            result = run_swarm(config, stop, on_update=display.update,
+                               on_monitor=lambda url: click.echo(f"monitor: {url}", err=True))
         finally:
             display.close()
     if as_json:

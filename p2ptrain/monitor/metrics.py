@@ -1,0 +1,75 @@
+"""Prometheus metrics of a run (``/metrics``), for organisers who already run Prometheus and Grafana.
+
+A custom collector over the monitor's view: every scrape reads the view's state as it is then, so there
+are no gauges to keep in step with it, and the registry is the monitor's own (never the process-global
+one). Labels are the run ID and peer IDs only: both are validated identifiers, never peer-chosen free text.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+LIVENESS = ("training", "spare", "waiting", "halted", "silent", "left", "unknown")
+
+
+class RunCollector:
+    """Yields the run's metrics from ``state()`` (a ``RunView.state()`` document) and ``errors()``, the
+    monitor's failed DHT polls."""
+
+    def __init__(self, state: Callable[[], dict[str, Any]], errors: Callable[[], int]):
+        self._state, self._errors = state, errors
+
+    def collect(self) -> Iterator[Metric]:
+        state = self._state()
+        run, summary = state["run"], state["summary"]
+        peers = GaugeMetricFamily("p2ptrain_peers", "Peers seen by the monitor, by liveness", labels=["run", "liveness"])
+        counts = Counter(p["liveness"] for p in state["peers"])
+        for liveness in LIVENESS:
+            peers.add_metric([run, liveness], counts.get(liveness, 0))
+        yield peers
+        gauges = {
+            "epoch": ("p2ptrain_epoch", "Epoch of the plan the run follows"),
+            "step": ("p2ptrain_step", "Highest step a heartbeat reported"),
+            "loss": ("p2ptrain_loss", "Training loss of the latest step seen"),
+            "step_time_s": ("p2ptrain_step_seconds", "Median measured step time of the latest steps"),
+            "predicted_step_s": ("p2ptrain_predicted_step_seconds", "The plan's predicted step time"),
+            "tokens_per_s": ("p2ptrain_tokens_per_second", "Training throughput (needs the tokens per step)"),
+        }
+        for key, (name, help_) in gauges.items():
+            if summary.get(key) is not None:
+                gauge = GaugeMetricFamily(name, help_, labels=["run"])
+                gauge.add_metric([run], summary[key])
+                yield gauge
+        for key, name, help_ in (("replans", "p2ptrain_replans", "Re-plans seen (plan epochs after the first)"),
+                                 ("joins", "p2ptrain_joins", "Peers that joined while the monitor watched"),
+                                 ("leaves", "p2ptrain_leaves", "Peers whose records expired")):  # fmt: skip
+            counter = CounterMetricFamily(name, help_, labels=["run"])
+            counter.add_metric([run], summary[key])
+            yield counter
+        step = GaugeMetricFamily("p2ptrain_peer_step", "Step of each peer's latest heartbeat", labels=["run", "peer"])
+        age = GaugeMetricFamily("p2ptrain_peer_heartbeat_age_seconds", "Seconds since each peer's heartbeat moved",
+                                labels=["run", "peer"])  # fmt: skip
+        for peer in state["peers"]:
+            if peer["step"] is not None:
+                step.add_metric([run, peer["peer_id"]], peer["step"])
+            if peer["heartbeat_age_s"] is not None:
+                age.add_metric([run, peer["peer_id"]], peer["heartbeat_age_s"])
+        yield step
+        yield age
+        polls = CounterMetricFamily("p2ptrain_monitor_polls", "DHT polls by the monitor", labels=["run"])
+        polls.add_metric([run], state["polls"])
+        yield polls
+        errors = CounterMetricFamily("p2ptrain_monitor_poll_errors", "DHT polls that failed", labels=["run"])
+        errors.add_metric([run], self._errors())
+        yield errors
+
+
+def make_registry(collector: RunCollector) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return registry

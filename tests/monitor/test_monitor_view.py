@@ -1,0 +1,114 @@
+"""The monitor's view on hand-made records: roles, liveness, joins, leaves, re-plans, series, link units."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import base58
+import pytest
+
+from p2ptrain.monitor.metrics import RunCollector, make_registry
+from p2ptrain.monitor.server import dumps_safe
+from p2ptrain.monitor.view import RunView, Snapshot, ViewConfig, current_plan
+from p2ptrain.net.records import LinkMeasurement, LinksRecord, PeerRecord, PlanRecord, ProgressRecord
+
+rng = random.Random(1)
+PEERS = sorted(base58.b58encode(b"\x12\x20" + rng.randbytes(32)).decode() for _ in range(5))
+
+
+def peer(i: int, **fields) -> PeerRecord:
+    return PeerRecord(**{"device_name": f"GPU {i}", "memory_gb": 16.0, "tflops": 100.0, "region": f"r{i}", **fields})
+
+
+def plan(epoch: int, members: list[str], pipelines, **fields) -> PlanRecord:
+    stages = len(pipelines[0])
+    return PlanRecord(epoch=epoch, membership=tuple(sorted(members)), stages=stages, replicas=len(pipelines),
+                      pipelines=pipelines, cost_s=10.0, **fields)  # fmt: skip
+
+
+def test_roles_liveness_series_and_events_follow_the_records():
+    view = RunView(ViewConfig(run="demo", tokens_per_step=1000, silent_after_s=5.0))
+    first = plan(0, PEERS[:4], ((0, 1), (2, 3)), baselines=(("megatron", 15.0),))
+    peers = {p: peer(i) for i, p in enumerate(PEERS[:4])}
+    view.update(Snapshot(100.0, peers, plans={PEERS[0]: first}))
+    progress = {PEERS[1]: ProgressRecord(0, 1, 5.0, 0.5), PEERS[3]: ProgressRecord(0, 1, 5.0, 0.3),
+                PEERS[0]: ProgressRecord(0, 1, None, 0.4)}  # fmt: skip
+    view.update(Snapshot(101.0, peers, plans={PEERS[0]: first}, progress=progress))
+    # a fifth peer joins; the leader's record expires and the next-lowest peer re-plans from step 1
+    peers2 = {p: peer(i) for i, p in enumerate(PEERS) if i != 0}
+    second = plan(1, PEERS[1:], ((0, 1), (2, 3)), start_step=1, reason="peer left")
+    progress2 = {PEERS[2]: ProgressRecord(1, 2, 4.0, 1.0)}
+    view.update(Snapshot(108.0, peers2, plans={PEERS[0]: first, PEERS[1]: second}, progress=progress2))
+    state = view.state(108.0)
+
+    assert [e["kind"] for e in state["events"]] == ["start", "plan", "join", "leave", "plan"]
+    assert "peer left" in state["events"][-1]["text"] and state["events"][-1]["epoch"] == 1
+    summary = state["summary"]
+    assert (summary["epoch"], summary["replans"], summary["joins"], summary["leaves"]) == (1, 1, 1, 1)
+    by_id = {p["peer_id"]: p for p in state["peers"]}
+    assert by_id[PEERS[0]]["liveness"] == "left"
+    assert by_id[PEERS[2]]["role"] == {"kind": "trainer", "pipeline": 0, "stage": 1}
+    assert by_id[PEERS[1]]["leader"] and by_id[PEERS[1]]["role"]["stage"] == 0
+    assert by_id[PEERS[3]]["liveness"] == "silent"  # a trainer of epoch 1 whose heartbeat has not moved for 7 s
+    assert by_id[PEERS[2]]["liveness"] == "training" and by_id[PEERS[2]]["heartbeat_age_s"] == 0.0
+    assert state["plan"]["pipelines"] == [[PEERS[1], PEERS[2]], [PEERS[3], PEERS[4]]]
+    assert state["plan"]["baselines"] == {} and state["plan"]["reason"] == "peer left"
+    series = state["series"]
+    assert series["loss"] == [[1, 5.0], [2, 4.0]]
+    assert series["step_time_s"] == [[1, 0.4], [2, 1.0]]  # the median over the step's trainers
+    assert series["tokens_per_s"] == [[1, 2500.0], [2, 1000.0]]
+    assert series["predicted_step_s"] == [[1, 10.0], [2, 10.0]]
+    json.loads(dumps_safe(state))  # serialisable as it is
+
+
+def test_a_step_redone_after_a_replan_replaces_the_older_epochs_point():
+    view = RunView(ViewConfig(run="demo"))
+    peers = {p: peer(i) for i, p in enumerate(PEERS[:2])}
+    view.update(Snapshot(1.0, peers, progress={PEERS[1]: ProgressRecord(0, 3, 3.0, 0.1)}))
+    view.update(Snapshot(2.0, peers, progress={PEERS[1]: ProgressRecord(1, 3, 2.9, 0.2)}))
+    view.update(Snapshot(3.0, peers, progress={PEERS[0]: ProgressRecord(0, 3, 3.1, 0.1)}))  # late, older epoch
+    assert view.state()["series"]["loss"] == [[3, 2.9]]
+
+
+def test_links_are_shown_in_the_emulated_networks_units():
+    view = RunView(ViewConfig(run="demo", time_scale=0.05, size_factor=0.01, emulated=True))
+    peers = {p: peer(i) for i, p in enumerate(PEERS[:2])}
+    links = {PEERS[0]: LinksRecord.from_peers({PEERS[1]: LinkMeasurement(5.0, 0.5)})}
+    view.update(Snapshot(1.0, peers, links=links))
+    matrix = view.state()["links"]
+    assert matrix["peers"] == PEERS[:2]
+    assert matrix["latency_ms"][0][1] == pytest.approx(100.0) and matrix["latency_ms"][1][0] is None
+    assert matrix["bandwidth_gbps"][0][1] == pytest.approx(2.5)
+
+
+def test_the_current_plan_is_the_lowest_live_peers():
+    old, new = plan(0, PEERS[:2], ((0, 1),)), plan(1, PEERS[1:3], ((0, 1),))
+    plans = {PEERS[0]: old, PEERS[1]: new}
+    assert current_plan(plans, PEERS[:3]) is old
+    assert current_plan(plans, PEERS[1:3]) is new
+    assert current_plan(plans, PEERS[3:]) is new  # no live signer: the newest
+    assert current_plan({}, PEERS) is None
+
+
+def test_relayed_peers_and_metrics():
+    relay = f"/ip4/203.0.113.7/tcp/31337/p2p/{PEERS[4]}/p2p-circuit/p2p/{PEERS[0]}"
+    view = RunView(ViewConfig(run="demo"))
+    view.update(Snapshot(1.0, {PEERS[0]: peer(0, maddrs=(relay,)), PEERS[1]: peer(1)},
+                         progress={PEERS[0]: ProgressRecord(0, 2, 4.5, 0.25)}))  # fmt: skip
+    state = view.state(3.0)
+    assert [p["address"] for p in state["peers"]] == ["relayed", "direct"]
+    from prometheus_client import generate_latest
+
+    text = generate_latest(make_registry(RunCollector(lambda: state, lambda: 7))).decode()
+    assert 'p2ptrain_peers{liveness="waiting",run="demo"} 2.0' in text
+    assert 'p2ptrain_loss{run="demo"} 4.5' in text
+    assert f'p2ptrain_peer_heartbeat_age_seconds{{peer="{PEERS[0]}",run="demo"}} 2.0' in text
+    assert 'p2ptrain_monitor_poll_errors_total{run="demo"} 7.0' in text
+
+
+def test_json_has_no_html_meaningful_characters_yet_the_same_strings():
+    hostile = {"name": "<script>alert('x')</script> & \"q\""}
+    text = dumps_safe(hostile)
+    assert not set("<>&'") & set(text)
+    assert json.loads(text) == hostile
