@@ -1,0 +1,49 @@
+"""Helpers for the monitor tests: ``p2ptrain monitor`` as a real process, and its HTTP answers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+from agent_helpers import wait_for
+
+
+def start_monitor(workdir: Path, maddrs: str, run: str, *args: str) -> tuple[subprocess.Popen, str]:
+    """``p2ptrain monitor`` on any free port, joined through ``maddrs``; (process, its page's URL)."""
+    announce = workdir / "test-monitor.url"
+    with open(workdir / "test-monitor.log", "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "p2ptrain", "-v", "monitor", "--initial-peers", maddrs,
+                                 "--run", run, "--port", "0", "--poll", "0.5", "--announce-file", str(announce),
+                                 *args], stdout=subprocess.DEVNULL, stderr=log)  # fmt: skip
+    try:
+        wait_for(lambda: announce.exists() or proc.poll() is not None, 120, "the monitor's URL")
+        assert proc.poll() is None, (workdir / "test-monitor.log").read_text()[-3000:]
+    except BaseException:
+        stop_process(proc)
+        raise
+    return proc, announce.read_text().strip()
+
+
+def stop_process(proc: subprocess.Popen, timeout_s: float = 60) -> int | None:
+    """SIGTERM (the monitor then stops its DHT and p2pd), SIGKILL past ``timeout_s``."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    return proc.returncode
+
+
+def get(url: str, timeout_s: float = 15) -> tuple[bytes, dict[str, str]]:
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        return response.read(), dict(response.headers)
+
+
+def get_state(base_url: str) -> dict:
+    body, _ = get(base_url + "api/state")
+    return json.loads(body)
