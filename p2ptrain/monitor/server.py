@@ -126,7 +126,7 @@ class MonitorApp:
         self.registry = make_registry(RunCollector(self.state, lambda: self.errors))
 
     def state(self) -> dict[str, Any]:
-        return self.view.state(time.time())
+        return {**self.view.state(time.time()), "poll_errors": self.errors}
 
     async def poll_forever(self, stop: StopSignal) -> None:
         loop = asyncio.get_running_loop()

@@ -115,7 +115,7 @@ class RunView:
                 self._event(snap.time, "leave", peer_id, "left (its peer record expired)")
         for peer_id, record in snap.progress.items():
             self._beat(snap.time, peer_id, record)
-        self._links = dict(snap.links)
+        self._links.update(snap.links)  # a row stays as last measured once its writer has gone
         self._follow_plan(snap.time, current_plan(snap.plans, snap.peers))
         self._prune()
 
@@ -178,7 +178,7 @@ class RunView:
         step_s = statistics.median(times) if times else None
         alive = [p for p in self._peers.values() if p.left_at is None and p.record is not None]
         return {
-            "run": cfg.run, "time": now, "polls": self.polls,
+            "run": cfg.run, "time": now, "polls": self.polls, "last_read": self._updated,
             "emulation": {"time_scale": cfg.time_scale, "size_factor": cfg.size_factor} if cfg.emulated else None,
             "tokens_per_step": cfg.tokens_per_step,
             "summary": {

@@ -58,7 +58,9 @@ function renderSummary(state) {
 // ---- charts --------------------------------------------------------------------------------------------
 
 function lineChart(id, series, markers, opts) {
-  const W = 640, H = opts.height || 220, L = 56, R = 12, T = 10, B = 28;
+  // drawn at the container's width, so that text keeps its size however wide the panel is
+  const W = Math.max(320, document.getElementById(id).clientWidth || 640), H = opts.height || 220;
+  const L = 56, R = 12, T = 10, B = 28;
   const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img" });
   const points = series.flatMap((s) => s.points);
   if (!points.length) {
@@ -81,12 +83,12 @@ function lineChart(id, series, markers, opts) {
     axis.append(svg("line", { x1: L, x2: W - R, y1: sy(y), y2: sy(y) }));
     axis.append(svg("text", { x: L - 6, y: sy(y) + 4, "text-anchor": "end" }, (opts.tick || fmt)(y)));
   }
-  const steps = Math.min(6, Math.round(x1 - x0));
+  const steps = Math.max(1, Math.min(Math.floor(W / 90), Math.round(x1 - x0)));
   for (let i = 0; i <= steps; i++) {
     const x = Math.round(x0 + ((x1 - x0) * i) / steps);
     axis.append(svg("text", { x: sx(x), y: H - 8, "text-anchor": "middle" }, x));
   }
-  axis.append(svg("text", { x: W - R, y: H - 8, "text-anchor": "end" }, "step"));
+  axis.append(svg("text", { x: L - 6, y: H - 8, "text-anchor": "end" }, "step"));
   root.append(axis);
   for (const m of markers) {
     if (m.x < x0 || m.x > x1) continue;
@@ -200,7 +202,8 @@ function heatmap(id, state, matrix, unit, lowIsGood) {
   }
   const lo = Math.log(Math.min(...values)), hi = Math.log(Math.max(...values));
   const cell = Math.max(12, Math.min(40, Math.floor(520 / n))), L = 80, T = 80;
-  const root = svg("svg", { viewBox: `0 0 ${L + n * cell + 4} ${T + n * cell + 4}`, role: "img" });
+  const [w, h] = [L + n * cell + 4, T + n * cell + 4];
+  const root = svg("svg", { viewBox: `0 0 ${w} ${h}`, width: w, height: h, role: "img" });
   peers.forEach((peer, i) => {
     const name = label(state, peer);
     root.append(svg("text", { x: L - 4, y: T + i * cell + cell / 2 + 4, "text-anchor": "end" }, name));
@@ -215,7 +218,8 @@ function heatmap(id, state, matrix, unit, lowIsGood) {
     rect.append(svg("title", {}, `${label(state, peers[i])} → ${label(state, peers[j])}: ${v === null ? "not measured" : fmt(v, 3) + " " + unit}`));
     root.append(rect);
   }));
-  replace(id, root);
+  const [best, worst] = lowIsGood ? [Math.exp(lo), Math.exp(hi)] : [Math.exp(hi), Math.exp(lo)];
+  replace(id, root, el("p", { class: "muted" }, `green ${fmt(best, 3)} ${unit} … red ${fmt(worst, 3)} ${unit}; grey: not measured`));
 }
 
 function renderLinks(state) {
@@ -239,7 +243,10 @@ function render(state) {
   document.getElementById("run").textContent = state.run;
   document.title = `p2ptrain · ${state.run}`;
   const emu = state.emulation ? ` · emulated network (time scale ${state.emulation.time_scale}, size factor ${fmt(state.emulation.size_factor, 4)})` : "";
-  document.getElementById("status").textContent = `updated ${clock(state.time)} · ${state.polls} reads of the DHT${emu}`;
+  const read = state.last_read === null ? "no read of the DHT yet"
+    : `last read of the DHT ${clock(state.last_read)} (${Math.round(state.time - state.last_read)} s ago)`;
+  const failed = state.poll_errors ? ` · ${state.poll_errors} reads failed` : "";
+  document.getElementById("status").textContent = `${read} · ${state.polls} reads${failed}${emu}`;
   renderSummary(state);
   renderCharts(state);
   renderPlan(state);
