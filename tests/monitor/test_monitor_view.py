@@ -52,6 +52,12 @@ def test_roles_liveness_series_and_events_follow_the_records():
     assert by_id[PEERS[1]]["leader"] and by_id[PEERS[1]]["role"]["stage"] == 0
     assert by_id[PEERS[3]]["liveness"] == "silent"  # a trainer of epoch 1 whose heartbeat has not moved for 7 s
     assert by_id[PEERS[2]]["liveness"] == "training" and by_id[PEERS[2]]["heartbeat_age_s"] == 0.0
+    # a peer that halted in epoch 1 waits for a plan; one that halted in epoch 0 has had its role in epoch 1 since
+    view.update(Snapshot(109.0, peers2, plans={PEERS[1]: second},
+                         progress={PEERS[2]: ProgressRecord(1, 2, None, 0.0, halted=True),
+                                   PEERS[4]: ProgressRecord(0, 1, None, 0.0, halted=True)}))  # fmt: skip
+    liveness = {p["peer_id"]: p["liveness"] for p in view.state(109.0)["peers"]}
+    assert (liveness[PEERS[2]], liveness[PEERS[4]]) == ("halted", "training")
     assert state["plan"]["pipelines"] == [[PEERS[1], PEERS[2]], [PEERS[3], PEERS[4]]]
     assert state["plan"]["baselines"] == {} and state["plan"]["reason"] == "peer left"
     series = state["series"]
