@@ -5,6 +5,13 @@
     p2ptrain plan --cluster examples/clusters/three_regions.json --stages 4 --json
     p2ptrain plan --scenario worldwide --objective simulated --micro-batches 4   # our runtime's step time
     p2ptrain plan --cluster measured.json --search gcma --time-budget 10      # the paper's scheduler, live
+    p2ptrain plan --scenario volunteers --model gpt3-xl   # mixed GPUs: layer split, memory, compute-aware
+
+With ``--objective simulated --model NAME`` on a cluster whose devices say their ``tflops`` or
+``memory_gb`` (mixed GPUs), the plan is compute- and memory-aware (``planning.joint``): the layer split and
+the assignment are chosen together for the simulated step time with compute, every stage fitting its
+devices' memory. That is the default on the built-in mixed networks (``volunteers``); elsewhere the
+default stays the paper's communication cost, so existing cluster files plan as they always did.
 """
 
 from __future__ import annotations
@@ -15,12 +22,17 @@ import time
 import click
 
 from p2ptrain.planning import (
+    ALL_SCENARIOS,
+    MIXED_SCENARIOS,
     MODEL_PRESETS,
     PAPER_WORKLOAD,
-    SCENARIOS,
+    Cluster,
     Infeasible,
+    Plan,
+    Workload,
     load_cluster,
     model_shape,
+    model_workload,
     scenario,
     schedule,
     workload_from_model,
@@ -47,7 +59,7 @@ class OneLineErrors(click.Command):
 
 @click.command(name="plan", cls=OneLineErrors)
 @click.option("--scenario", "scenario_name", metavar="NAME",
-              help=f"Plan one of the paper's networks: {', '.join(SCENARIOS)}.")
+              help=f"Plan a built-in network: {', '.join(ALL_SCENARIOS)} (volunteers: mixed GPUs).")
 @click.option("--devices", type=int, metavar="N",
               help="With --scenario: scale the network to N devices, keeping its structure (default 64).")
 @click.option("--cluster", "cluster_file", metavar="FILE",
@@ -70,11 +82,16 @@ class OneLineErrors(click.Command):
               help="c_PP: activations one data shard sends across one stage boundary, in GB (overrides).")
 @click.option("--gradient-gb", type=float, metavar="GB",
               help="c_DP: gradients of one stage, all-reduced by its data-parallel group, in GB (overrides).")
-@click.option("--objective", type=click.Choice(list(OBJECTIVES)), default="dtfm", show_default=True,
+@click.option("--objective", type=click.Choice(list(OBJECTIVES)),
               help="dtfm: the paper's communication cost; simulated: the step time of our runtime (GPipe "
-                   "micro-batches, per-link FIFOs, parallel all-reduce shards; communication only here).")
+                   "micro-batches, per-link FIFOs, parallel all-reduce shards; communication only unless the "
+                   "devices are mixed). Default: simulated with --model on a mixed scenario (volunteers), dtfm otherwise.")
 @click.option("--micro-batches", type=click.IntRange(min=1), metavar="M",
-              help="With --objective simulated: micro-batches per pipeline and step (default 1).")
+              help="With --objective simulated: micro-batches per pipeline and step (default 1; mixed devices: "
+                   "micro-batches of at most 4 sequences, at least 4 per stage).")
+@click.option("--recompute/--no-recompute", default=True, show_default=True,
+              help="Mixed devices: activation checkpointing (a stage keeps each block's input, not its "
+                   "activations; the backward pass recomputes the forward).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON document (DESIGN.md) instead.")
 def command(
     scenario_name: str | None,
@@ -90,6 +107,7 @@ def command(
     gradient_gb: float | None,
     objective: str,
     micro_batches: int | None,
+    recompute: bool,
     as_json: bool,
 ) -> None:
     """Assign pipeline stages and data shards to devices, minimising communication time per iteration
@@ -101,6 +119,8 @@ def command(
     if time_budget <= 0:
         raise ValueError(f"--time-budget must be positive, got {time_budget:g}")
     if scenario_name is not None:
+        if scenario_name not in ALL_SCENARIOS:
+            raise ValueError(f"unknown scenario {scenario_name!r} (choose from {', '.join(ALL_SCENARIOS)})")
         cluster = scenario(scenario_name, 64 if devices is None else devices)
         title = f"scenario {scenario_name}"
     else:
@@ -110,6 +130,21 @@ def command(
     if num_stages < 1 or cluster.num_devices % num_stages:
         hint = "" if stages is not None else " (pass --stages)"
         raise ValueError(f"{cluster.num_devices} devices cannot be split into {num_stages} stages of equal size{hint}")
+    if objective is None:  # as before mixed devices came, except on the built-in mixed networks
+        objective = "simulated" if scenario_name in MIXED_SCENARIOS and model_name is not None else "dtfm"
+    mixed = model_name is not None and any(d.tflops or d.memory_gb for d in cluster.devices)
+    if mixed and objective == "simulated":
+        if activation_gb is not None or gradient_gb is not None:
+            raise ValueError("--activation-gb/--gradient-gb do not apply to a mixed-device plan (the model sets them)")
+        workload = model_workload(model_shape(model_name), cluster, num_stages=num_stages, batch_tokens=batch_tokens,
+                                  micro_batches=micro_batches or _micro_batches(model_name, cluster, num_stages,
+                                                                                batch_tokens),
+                                  recompute=recompute,
+                                  source=f"model {model_name}, {batch_tokens} tokens a batch")
+        plan = schedule(cluster, workload, num_stages, seed=seed, objective=objective, time_budget_s=time_budget,
+                        clock=time.perf_counter, search=search_method)
+        _print(plan, cluster, workload, title, as_json)
+        return
     workload = PAPER_WORKLOAD
     if model_name is not None:
         workload = workload_from_model(model_shape(model_name), num_stages=num_stages,
@@ -123,6 +158,21 @@ def command(
                                 step=StepProfile(micro_batches=micro_batches or 1))
     plan = schedule(cluster, workload, num_stages, seed=seed, objective=objective, time_budget_s=time_budget,
                     clock=time.perf_counter, search=search_method)
+    _print(plan, cluster, workload, title, as_json)
+
+
+MIXED_SEQUENCES_PER_MICRO_BATCH = 4
+
+
+def _micro_batches(model_name: str, cluster: Cluster, num_stages: int, batch_tokens: int) -> int:
+    """Mixed devices' default M: micro-batches of at most 4 sequences, and at least 4 per stage (GPipe's
+    bubble is (S − 1)/(M + S − 1) of a step)."""
+    shard_tokens = batch_tokens / (cluster.num_devices // num_stages)
+    per_micro_batch = MIXED_SEQUENCES_PER_MICRO_BATCH * model_shape(model_name).seq_len
+    return max(4 * num_stages, -(-int(shard_tokens) // per_micro_batch))
+
+
+def _print(plan: Plan | Infeasible, cluster: Cluster, workload: Workload, title: str, as_json: bool) -> None:
     if isinstance(plan, Infeasible):
         raise ValueError(plan.reason)
     if as_json:

@@ -13,17 +13,30 @@ from p2ptrain.planning.cluster import Cluster, Device, cluster_from_dict, load_c
 from p2ptrain.planning.cost import CostBreakdown, DtfmObjective, Objective, make_objective
 from p2ptrain.planning.exhaustive import solve_exhaustive
 from p2ptrain.planning.gcma import GcmaConfig
+from p2ptrain.planning.joint import LayerCosts, LayeredWorkload, model_workload
+from p2ptrain.planning.layers import LayerModel, Parts, layer_model
 from p2ptrain.planning.measured import link_clusters, perturbed
 from p2ptrain.planning.model_shapes import MODEL_PRESETS, ModelShape, model_shape
 from p2ptrain.planning.plan import Infeasible, Plan, SearchStats
-from p2ptrain.planning.scenarios import PAPER_REFERENCE, SCENARIOS, scenario
+from p2ptrain.planning.scenarios import ALL_SCENARIOS, MIXED_SCENARIOS, PAPER_REFERENCE, SCENARIOS, scenario
 from p2ptrain.planning.scheduler import schedule
 from p2ptrain.planning.search import SearchConfig
 from p2ptrain.planning.simulated import SimulatedObjective, StepProfile, StepWorkload
+from p2ptrain.planning.split import check_layers, even_layers
 from p2ptrain.planning.strategies import DEFAULT_METHOD, SEARCH_METHODS
 from p2ptrain.planning.workload import PAPER_WORKLOAD, Workload, parameter_count, workload_from_model
 
 __all__ = [
+    "ALL_SCENARIOS",
+    "MIXED_SCENARIOS",
+    "LayerCosts",
+    "LayerModel",
+    "LayeredWorkload",
+    "Parts",
+    "check_layers",
+    "even_layers",
+    "layer_model",
+    "model_workload",
     "MODEL_PRESETS",
     "PAPER_REFERENCE",
     "DEFAULT_METHOD",

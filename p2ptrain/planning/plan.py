@@ -29,6 +29,13 @@ class Plan:
     cost: CostBreakdown
     baselines: dict[str, CostBreakdown]
     search: SearchStats
+    # Mixed devices (``joint``): stage j holds blocks [a, b) = layers[j] (None: the even split), its peak
+    # memory per device in GB, and what the plan was scored for (wire format of activations, schedule).
+    layers: tuple[tuple[int, int], ...] | None = None
+    stage_memory_gb: tuple[float, ...] | None = None
+    wire: str | None = None
+    schedule: str | None = None
+    unfit_baselines: tuple[str, ...] = ()  # baselines that do not fit the devices' memory (priced anyway)
 
     @property
     def num_stages(self) -> int:
@@ -44,8 +51,9 @@ class Plan:
 
     def to_json(self) -> dict[str, Any]:
         """The plan document of DESIGN.md ("Plan"), plus ``search.method``, ``search.stopped_by`` and
-        ``search.fallback``."""
-        return {
+        ``search.fallback``; plans with a layer split add ``layers``, ``stage_memory_gb``, ``wire`` and
+        ``schedule`` (docs/mixed-gpus.md)."""
+        doc = {
             "stages": self.num_stages,
             "replicas": self.num_replicas,
             "objective": self.objective,
@@ -53,7 +61,8 @@ class Plan:
             "data_parallel_s": self.cost.data_parallel_s,
             "pipeline_s": self.cost.pipeline_s,
             "pipelines": [list(p) for p in self.pipelines],
-            "baselines": {name: {"cost_s": c.cost_s} for name, c in self.baselines.items()},
+            "baselines": {name: {"cost_s": c.cost_s, **({"fits": False} if name in self.unfit_baselines else {})}
+                          for name, c in self.baselines.items()},
             "search": {
                 "seconds": self.search.seconds,
                 "evaluations": self.search.evaluations,
@@ -63,6 +72,14 @@ class Plan:
                 "fallback": self.search.fallback,
             },
         }
+        if self.layers is not None:
+            doc["layers"] = [list(r) for r in self.layers]
+        if self.stage_memory_gb is not None:
+            doc["stage_memory_gb"] = [round(x, 6) for x in self.stage_memory_gb]
+        for key in ("wire", "schedule"):
+            if getattr(self, key) is not None:
+                doc[key] = getattr(self, key)
+        return doc
 
 
 @dataclass(frozen=True)

@@ -30,11 +30,15 @@ def format_plan(plan: Plan, cluster: Cluster, workload: Workload, title: str) ->
     lines.append("")
     lines += _stage_regions(plan, cluster)
     lines.append("")
+    if plan.layers is not None:
+        lines += _stage_layers(plan, cluster)
+        lines.append("")
     ours = plan.cost
     lines.append(
         f"cost: {ours.cost_s:.3f} s/iteration = data-parallel {ours.data_parallel_s:.3f} s + pipeline {ours.pipeline_s:.3f} s"
     )
-    rows = [("this plan", ours)] + [(name, c) for name, c in plan.baselines.items()]
+    rows = [("this plan", ours)] + [(name + (" (does not fit)" if name in plan.unfit_baselines else ""), c)
+                                    for name, c in plan.baselines.items()]
     width = max(len(name) for name, _ in rows)
     lines.append(f"  {'':{width}}  {'cost s':>10}  {'data-par. s':>11}  {'pipeline s':>10}  {'× this plan':>11}")
     for name, c in rows:
@@ -75,4 +79,19 @@ def _stage_regions(plan: Plan, cluster: Cluster) -> list[str]:
     for j, group in enumerate(plan.stage_groups()):
         counts = Counter(cluster.devices[d].region or "?" for d in group)
         out.append(f"  stage {j}: " + ", ".join(f"{n}×{r}" if n > 1 else r for r, n in sorted(counts.items())))
+    return out
+
+
+def _stage_layers(plan: Plan, cluster: Cluster) -> list[str]:
+    """Each stage's blocks, its peak memory beside its smallest device's, and its cards' speeds."""
+    out = [f"layer split (schedule {plan.schedule}, {plan.wire} activations) and memory per device:"]
+    memory = plan.stage_memory_gb or (None,) * plan.num_stages
+    for j, ((a, b), group) in enumerate(zip(plan.layers or (), plan.stage_groups(), strict=True)):
+        caps = [cluster.devices[d].memory_gb for d in group]
+        known = [c for c in caps if c is not None]
+        fit = f" of {min(known):g} GB" if known else ""
+        used = f"{memory[j]:.2f} GB{fit}" if memory[j] is not None else "?"
+        speeds = Counter(f"{cluster.devices[d].tflops:g}" if cluster.devices[d].tflops else "?" for d in group)
+        cards = ", ".join(f"{n}×{t}" if n > 1 else t for t, n in sorted(speeds.items()))
+        out.append(f"  stage {j}: blocks {a}-{b - 1} ({b - a}), memory {used}, TFLOP/s {cards}")
     return out

@@ -17,6 +17,13 @@ sizes — devices are listed instance by instance or region by region, always in
   paper's regional configuration (Virginia–Oregon 1.15 Gbit/s there, not the 0.79 of the world table).
 - ``worldwide``: Oregon, Virginia, Ohio, Tokyo, Seoul, London, Frankfurt, Ireland, shared out the same way
   (8 → one device a region, 1024 → 128 a region). 5 ms / 2 Gbit/s inside; across, the inter-region table.
+
+Not the paper's (``MIXED_SCENARIOS``; the paper's five are ``SCENARIOS``):
+
+- ``volunteers``: the ``worldwide`` network with a volunteer's mix of cards instead of 64 V100s: device k
+  (listed region by region) is card ``VOLUNTEER_CARDS[k % 8]``, so 8 devices give one card a region and
+  64 give every region one of each. Each card's peak dense fp16/bf16 tensor TFLOP/s (fp32 accumulate) and
+  memory, from the vendors' data sheets (see ``VOLUNTEER_CARDS``).
 """
 
 from __future__ import annotations
@@ -30,7 +37,26 @@ import numpy as np
 
 from p2ptrain.planning.cluster import Cluster, Device
 
-SCENARIOS = ("datacenter", "spot", "multi_dc", "regional", "worldwide")
+SCENARIOS = ("datacenter", "spot", "multi_dc", "regional", "worldwide")  # the paper's networks
+MIXED_SCENARIOS = ("volunteers",)  # mixed GPUs on the paper's world-wide links
+ALL_SCENARIOS = SCENARIOS + MIXED_SCENARIOS
+
+# (card, peak dense fp16/bf16 tensor TFLOP/s with fp32 accumulate, memory GB), from the data sheets:
+# NVIDIA A100 Tensor Core GPU data sheet (SXM 80 GB: 312 TFLOP/s bf16); NVIDIA Ada GPU architecture
+# whitepaper, appendix (GeForce RTX 4090: 165.2 TFLOP/s fp16 with fp32 accumulate, 24 GB); NVIDIA Ampere
+# GA102 GPU architecture whitepaper (GeForce RTX 3090: 71 TFLOP/s fp16 with fp16 accumulate, 35.6 with
+# fp32; 24 GB); NVIDIA T4 data sheet (65 TFLOP/s mixed precision, 16 GB); NVIDIA V100 data sheet (SXM2
+# 32 GB: 125 TFLOP/s); NVIDIA A10 data sheet (125 TFLOP/s fp16 tensor, 24 GB).
+VOLUNTEER_CARDS: tuple[tuple[str, float, float], ...] = (
+    ("A100-80GB", 312.0, 80.0),
+    ("RTX4090", 165.2, 24.0),
+    ("RTX3090", 35.6, 24.0),
+    ("T4", 65.0, 16.0),
+    ("V100-32GB", 125.0, 32.0),
+    ("RTX3090", 35.6, 24.0),
+    ("A10", 125.0, 24.0),
+    ("T4", 65.0, 16.0),
+)
 PAPER_DEVICES = 64
 PAPER_STAGES = 8
 
@@ -56,10 +82,12 @@ def scenario_data() -> dict[str, Any]:
 
 def scenario(name: str, num_devices: int = PAPER_DEVICES) -> Cluster:
     """The paper's network ``name`` with ``num_devices`` devices (see the module docstring for scaling)."""
-    if name not in SCENARIOS:
-        raise ValueError(f"unknown scenario {name!r} (choose from {', '.join(SCENARIOS)})")
+    if name not in ALL_SCENARIOS:
+        raise ValueError(f"unknown scenario {name!r} (choose from {', '.join(ALL_SCENARIOS)})")
     if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 1:
         raise ValueError(f"scenario: the number of devices must be a positive integer, got {num_devices!r}")
+    if name == "volunteers":
+        return _volunteers(scenario("worldwide", num_devices))
     spec = scenario_data()["scenarios"][name]
     if name in ("datacenter", "spot"):
         return _instances(name, spec, _instance_sizes(name, num_devices))
@@ -70,6 +98,14 @@ def scenario(name: str, num_devices: int = PAPER_DEVICES) -> Cluster:
     links = _region_links(spec)
     counts = _share(num_devices, len(regions))
     return _regions(regions, counts, spec["intra_region"], links)
+
+
+def _volunteers(world: Cluster) -> Cluster:
+    devices = []
+    for k, d in enumerate(world.devices):
+        card, tflops, memory_gb = VOLUNTEER_CARDS[k % len(VOLUNTEER_CARDS)]
+        devices.append(Device(name=f"{d.name}-{card}", region=d.region, tflops=tflops, memory_gb=memory_gb))
+    return Cluster(tuple(devices), world.latency_ms, world.bandwidth_gbps)
 
 
 def _instance_sizes(name: str, n: int) -> list[int]:

@@ -4,7 +4,8 @@ A pure function: no clock is read unless one is passed (for ``time_budget_s`` an
 time), and all randomness comes from the seed (or the Generator passed in). It works in the canonical
 device order (``canonical``) and maps the plan back, so the plan does not depend on how devices are
 listed. Clusters of at most ``exhaustive_max_devices`` devices are solved exactly by enumeration; larger
-ones by the partition search (``search``).
+ones by the partition search (``search``). A ``LayeredWorkload`` under the ``simulated`` objective (mixed
+devices) is planned by ``joint``: the layer split and the assignment together, under memory limits.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from p2ptrain.planning.cluster import Cluster
 from p2ptrain.planning.cost import make_objective, refine_assignment
 from p2ptrain.planning.exhaustive import MAX_DEVICES, solve_exhaustive
 from p2ptrain.planning.gcma import GcmaConfig
+from p2ptrain.planning.joint import LayeredWorkload, schedule_layered
 from p2ptrain.planning.plan import Infeasible, Plan, SearchStats
 from p2ptrain.planning.search import DEFAULT_SEARCH, SearchConfig
 from p2ptrain.planning.strategies import DEFAULT_METHOD, SEARCH_METHODS, run_search
@@ -64,8 +66,13 @@ def schedule(
                           f"(the device count must be a multiple of the stage count)")
     if time_budget_s is not None and (clock is None or time_budget_s <= 0):
         raise ValueError("a time budget needs a clock and must be positive")
-    start = clock() if clock else None
     rng = rng if rng is not None else np.random.default_rng(seed)
+    if isinstance(workload, LayeredWorkload) and objective == "simulated":  # mixed devices: split and assign
+        return schedule_layered(cluster, workload, num_stages, inner=schedule, seed=seed, rng=rng,
+                                time_budget_s=time_budget_s, clock=clock,
+                                search_kwargs={"config": config, "exhaustive_max_devices": exhaustive_max_devices,
+                                               "search": search, "gcma": gcma})
+    start = clock() if clock else None
     search_rng, baseline_rng = rng.spawn(2)
 
     canon = canonical_order(cluster)

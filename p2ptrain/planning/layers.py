@@ -1,0 +1,133 @@
+"""The workload per layer: what each block, the embeddings and the head cost, so that a plan can cut a
+model into stages of any layer counts and check that every stage fits its devices' memory.
+
+A stage holding blocks [a, b) costs (b − a) blocks, plus the embeddings on stage 0 and the head (final
+LayerNorm, LM head, loss) on the last stage. Every per-part figure is a ``Parts`` triple (block,
+embeddings, head), so one formula prices any split (``Parts.stage``).
+
+Derivations, for a GPT of L blocks, width h, a heads, sequence length T, vocabulary V, a micro-batch of
+n tokens (``micro_batch_tokens``), M micro-batches per pipeline and step:
+
+- Parameters (``workload.parameter_count``): a block 12h² + 13h, the embeddings V·h + T·h, the head
+  2h + h·V.
+- Forward FLOPs of one micro-batch: a block's matrix products are 12h² multiply-adds per token (q, k, v and
+  the output projection 4h², the MLP 8h²), attention scores and their weighted sum 2·T·h more (causal
+  masking computes the full T×T product): 2·n·(12h² + 2Th). The head 2·n·h·V; the embeddings a lookup
+  (0). The backward pass is twice the forward (a gradient for the input and one for the weights), plus
+  one forward again with ``recompute``.
+- Training state: 16 bytes per parameter whatever the precision — fp32 weights, gradients and AdamW's two
+  moments (4 + 4 + 8; our runtime), or fp16 weights and gradients with fp32 master weights and moments
+  (2 + 2 + 4 + 8; mixed precision as the paper trained).
+- Activations kept for the backward pass, per token of a micro-batch: a block 34h + 5aT bytes with 2-byte
+  activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
+  eq. 2), scaled by activation_bytes / 2; the head keeps the final LayerNorm's input and output (2h values)
+  and the fp32 logits and their softmax (8V bytes); the embeddings nothing (the first block counts its own
+  input). GPipe runs all M forward passes before the first backward, so a stage holds M micro-batches'
+  activations at its peak. With ``recompute`` (activation checkpointing) a block keeps only its input
+  (h values per token) for each micro-batch, plus one micro-batch's full working set while it recomputes
+  (the head likewise: its input for every micro-batch, its logits for one at a time).
+
+Units: GB is 10⁹ bytes. Times are computed elsewhere (``compute_parts``: FLOPs over a device's speed;
+``runtime.calibration``: measured).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from p2ptrain.planning.model_shapes import ModelShape
+
+GB = 1e9
+STATE_BYTES_PER_PARAMETER = 16
+BACKWARD_FLOPS_PER_FORWARD = 2.0
+# Achieved fraction of a card's peak FLOP/s in training (model FLOPs utilisation): 0.35 is typical of
+# well-tuned GPT training on data-centre and consumer GPUs alike (Narayanan et al. 2021 report 44-52 %
+# with Megatron at scale; smaller per-device batches get less). Only the ratio to the network matters.
+DEFAULT_UTILISATION = 0.35
+
+
+@dataclass(frozen=True)
+class Parts:
+    """One quantity per part of the model: a block, the embeddings (stage 0), the head (last stage)."""
+
+    block: float
+    embeddings: float = 0.0
+    head: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("block", "embeddings", "head"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"layer parts: {name} must be a non-negative number, got {v!r}")
+
+    def stage(self, blocks: int, first: bool, last: bool) -> float:
+        """The quantity for a stage of ``blocks`` blocks (with the embeddings if first, the head if last)."""
+        return blocks * self.block + (self.embeddings if first else 0.0) + (self.head if last else 0.0)
+
+    def scaled(self, factor: float) -> Parts:
+        return Parts(self.block * factor, self.embeddings * factor, self.head * factor)
+
+
+@dataclass(frozen=True)
+class LayerModel:
+    """What every part of a GPT costs for one plan shape (module docstring): parameters, forward FLOPs of
+    one micro-batch, and device memory at the stage's peak (training state + activations of M
+    micro-batches) in bytes."""
+
+    num_layers: int
+    parameters: Parts
+    forward_flops: Parts
+    memory_bytes: Parts
+    micro_batches: int
+    stage_extra_bytes: float = 0.0  # on every stage whatever it holds (a recomputation's working set)
+    recompute: bool = False  # activation checkpointing: the backward pass runs the forward again
+
+    def stage_memory_gb(self, layers: tuple[tuple[int, int], ...]) -> tuple[float, ...]:
+        """Peak memory of each stage of the split ``layers`` ([a, b) per stage), in GB."""
+        last = len(layers) - 1
+        return tuple((self.memory_bytes.stage(b - a, j == 0, j == last) + self.stage_extra_bytes) / GB
+                     for j, (a, b) in enumerate(layers))
+
+    def stage_parameters(self, layers: tuple[tuple[int, int], ...]) -> tuple[int, ...]:
+        last = len(layers) - 1
+        return tuple(int(self.parameters.stage(b - a, j == 0, j == last)) for j, (a, b) in enumerate(layers))
+
+
+def layer_model(
+    shape: ModelShape,
+    *,
+    micro_batch_tokens: float,
+    micro_batches: int,
+    activation_bytes: int = 2,
+    recompute: bool = False,
+) -> LayerModel:
+    """The per-part costs of ``shape`` for micro-batches of ``micro_batch_tokens`` tokens (module docstring)."""
+    if micro_batch_tokens <= 0 or micro_batches < 1 or activation_bytes < 1:
+        raise ValueError("layer model: micro_batch_tokens, micro_batches and activation_bytes must be positive")
+    h, a, t, v, n = shape.hidden_size, shape.num_heads, shape.seq_len, shape.vocab_size, micro_batch_tokens
+    params = Parts(block=12 * h * h + 13 * h, embeddings=v * h + t * h, head=2 * h + h * v)
+    flops = Parts(block=2 * n * (12 * h * h + 2 * t * h), embeddings=0.0, head=2 * n * h * v)
+    full_block = n * (34 * h + 5 * a * t) * activation_bytes / 2
+    if recompute:
+        kept_block, transient = n * h * activation_bytes * micro_batches, full_block
+    else:
+        kept_block, transient = full_block * micro_batches, 0.0
+    head_full = n * (2 * h * activation_bytes + 8 * v)
+    head_acts = n * h * activation_bytes * micro_batches + head_full if recompute else head_full * micro_batches
+    memory = Parts(
+        block=STATE_BYTES_PER_PARAMETER * params.block + kept_block,
+        embeddings=STATE_BYTES_PER_PARAMETER * params.embeddings,
+        head=STATE_BYTES_PER_PARAMETER * params.head + head_acts,
+    )
+    return LayerModel(shape.num_layers, params, flops, memory, micro_batches, stage_extra_bytes=transient,
+                      recompute=recompute)
+
+
+def compute_parts(model: LayerModel, reference_tflops: float, utilisation: float = DEFAULT_UTILISATION
+                  ) -> tuple[Parts, Parts]:
+    """Forward and backward seconds of one micro-batch per part on a device of ``reference_tflops`` peak."""
+    if not (reference_tflops > 0 and 0 < utilisation <= 1):
+        raise ValueError("compute: reference_tflops must be positive and utilisation in (0, 1]")
+    forward = model.forward_flops.scaled(1.0 / (reference_tflops * 1e12 * utilisation))
+    return forward, forward.scaled(BACKWARD_FLOPS_PER_FORWARD + (1.0 if model.recompute else 0.0))
