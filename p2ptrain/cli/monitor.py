@@ -2,6 +2,7 @@
 
     p2ptrain monitor --initial-peers /ip4/203.0.113.7/tcp/31337/p2p/Qm... --run demo --port 8080
     p2ptrain monitor --initial-peers "$(cat maddrs.txt)" --run demo --host 0.0.0.0 --tokens-per-step 16384
+    p2ptrain monitor --initial-peers "$(cat maddrs.txt)" --run demo --tensorboard runs/demo   # and TensorBoard
 
 Prints the page's URL on one stdout line; the page is at ``/``, the JSON at ``/api/state``, Prometheus
 metrics at ``/metrics``. Logs to stderr, runs until SIGTERM or SIGINT. It never joins the run: it publishes
@@ -37,9 +38,11 @@ from p2ptrain.errors import ProtocolError
               help="An emulated network's size factor (p2ptrain swarm sets it).")
 @click.option("--announce-file", type=click.Path(dir_okay=False), help="Also write the URL to this file.")
 @click.option("--server-mode", is_flag=True, help="Serve DHT requests too (default: client mode, only read).")
+@click.option("--tensorboard", "tensorboard_dir", type=click.Path(file_okay=False),
+              help="Also write the run's progress as TensorBoard event files here (needs p2ptrain[tensorboard]).")
 def command(initial_peers: tuple[str, ...], run_id: str, port: int, host: str, poll_s: float,
             tokens_per_step: int | None, time_scale: float | None, size_factor: float | None,
-            announce_file: str | None, server_mode: bool) -> None:  # fmt: skip
+            announce_file: str | None, server_mode: bool, tensorboard_dir: str | None) -> None:  # fmt: skip
     """Serve a live web page, a JSON API and Prometheus metrics of a run."""
     from p2ptrain.monitor.server import MonitorConfig, serve_monitor
     from p2ptrain.net.lifecycle import StopSignal
@@ -48,7 +51,7 @@ def command(initial_peers: tuple[str, ...], run_id: str, port: int, host: str, p
     config = dataclasses.replace(
         base, dht=dataclasses.replace(base.dht, initial_peers=_split(initial_peers), client_mode=not server_mode),
         host=host, port=port, poll_s=poll_s, tokens_per_step=tokens_per_step, time_scale=time_scale,
-        size_factor=size_factor, announce_file=announce_file,
+        size_factor=size_factor, announce_file=announce_file, tensorboard_dir=tensorboard_dir,
     )  # fmt: skip
 
     def print_url(url: str) -> None:

@@ -38,6 +38,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from p2ptrain.errors import ConfigError
 from p2ptrain.monitor.metrics import RunCollector, make_registry
+from p2ptrain.monitor.tensorboard import TensorBoardLog
 from p2ptrain.monitor.view import RunView, Snapshot, ViewConfig
 from p2ptrain.net.dht import DHTConfig, SwarmDHT
 from p2ptrain.net.keys import RecordKind, check_run_id
@@ -73,6 +74,7 @@ class MonitorConfig:
     size_factor: float | None = None
     silent_after_s: float = 30.0  # a trainer whose heartbeat has not moved for this long is "silent"
     announce_file: str | None = None  # also write the URL here (atomically); removed on exit
+    tensorboard_dir: str | None = None  # also write the run's progress as TensorBoard event files here
 
     def __post_init__(self) -> None:
         try:
@@ -124,6 +126,7 @@ class MonitorApp:
         self._read = read
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="p2ptrain-monitor-poll")
         self.registry = make_registry(RunCollector(self.state, lambda: self.errors))
+        self.tensorboard = TensorBoardLog(config.tensorboard_dir) if config.tensorboard_dir else None
 
     def state(self) -> dict[str, Any]:
         return {**self.view.state(time.time()), "poll_errors": self.errors}
@@ -134,6 +137,8 @@ class MonitorApp:
             started = time.monotonic()
             try:
                 self.view.update(await loop.run_in_executor(self._pool, self._read))
+                if self.tensorboard is not None:
+                    self.tensorboard.write(self.state())
             except Exception as e:  # a slow or failed DHT read: count it, say so, try again next period
                 self.errors += 1
                 logger.warning("reading the run's records failed (%s: %s); retrying", type(e).__name__, e)
@@ -142,6 +147,8 @@ class MonitorApp:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self.tensorboard is not None:
+            self.tensorboard.close(self.state())
 
     def web_app(self) -> web.Application:
         app = web.Application(middlewares=[_security_headers])

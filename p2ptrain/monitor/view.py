@@ -88,6 +88,7 @@ class RunView:
         self._steps: dict[int, _Step] = {}
         self._events: list[dict[str, Any]] = []
         self._counts = {"join": 0, "leave": 0, "plan": 0}
+        self._events_total = 0  # events ever, also those dropped past max_events
         self._updated: float | None = None
         self.polls = 0
 
@@ -158,6 +159,7 @@ class RunView:
             self._counts[kind] += 1
         extra.setdefault("step", max(self._steps, default=0))  # where the charts mark it
         self._events.append({"time": now, "kind": kind, "peer": peer, "text": text, **extra})
+        self._events_total += 1
 
     def _prune(self) -> None:
         del self._events[: max(0, len(self._events) - self.config.max_events)]
@@ -197,7 +199,7 @@ class RunView:
             "links": self._link_matrix(),
             "plan": self._plan_state(),
             "series": series,
-            "events": list(self._events),
+            "events": list(self._events), "events_total": self._events_total,
         }  # fmt: skip
 
     def _peer_order(self) -> list[str]:

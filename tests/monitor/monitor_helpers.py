@@ -47,3 +47,25 @@ def get(url: str, timeout_s: float = 15) -> tuple[bytes, dict[str, str]]:
 def get_state(base_url: str) -> dict:
     body, _ = get(base_url + "api/state")
     return json.loads(body)
+
+
+def tensorboard_scalars(logdir) -> tuple[dict[str, list[tuple[int, float]]], list[str]]:
+    """The scalars (tag -> [(step, value)]) and text tags in a directory's TensorBoard event files."""
+    import struct
+
+    from tensorboardX.proto import event_pb2
+
+    scalars: dict[str, list[tuple[int, float]]] = {}
+    texts = []
+    for path in sorted(logdir.glob("events.out.tfevents.*")):
+        data, i = path.read_bytes(), 0
+        while i < len(data):  # TFRecord: length, its CRC, the Event, its CRC
+            (length,) = struct.unpack("<Q", data[i : i + 8])
+            event = event_pb2.Event.FromString(data[i + 12 : i + 12 + length])
+            i += 12 + length + 4
+            for value in event.summary.value:
+                if value.HasField("simple_value"):
+                    scalars.setdefault(value.tag, []).append((event.step, round(value.simple_value, 4)))
+                else:
+                    texts.append(value.tag)
+    return scalars, texts

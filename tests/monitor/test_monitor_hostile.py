@@ -15,7 +15,7 @@ import json
 import pytest
 from agent_helpers import wait_for
 from browser import CHROMIUM, CHROMIUM_MISSING, Chromium
-from monitor_helpers import get, get_state, start_monitor, stop_process
+from monitor_helpers import get, get_state, start_monitor, stop_process, tensorboard_scalars
 
 from p2ptrain.net.dht import DHTConfig, SwarmDHT
 from p2ptrain.net.identity import generate_identity
@@ -32,7 +32,8 @@ REASON = "</title><script>window.__pwned=4</script><b>bold</b> & <a href=javascr
 
 @pytest.fixture(scope="module")
 def hostile_monitor(tmp_path_factory):
-    """A monitor watching a run whose only peer writes hostile text; yields (its URL, the writer's peer ID)."""
+    """A monitor watching a run whose only peer writes hostile text; yields (its URL, the writer's peer ID,
+    the DHT's address line)."""
     workdir = tmp_path_factory.mktemp("hostile")
     with SwarmDHT(None, DHTConfig(host_maddrs=LOOPBACK)) as bootstrap:
         maddrs = bootstrap.get_visible_maddrs()
@@ -52,13 +53,13 @@ def hostile_monitor(tmp_path_factory):
                     return state["peers"] and state["plan"] and state["series"]["loss"]
 
                 wait_for(complete, 90, "the monitor showing the hostile peer, its plan and its loss", poll_s=0.5)
-                yield url, me
+                yield url, me, " ".join(maddrs)
             finally:
                 stop_process(proc)
 
 
 def test_hostile_text_comes_out_of_the_api_as_data_not_markup(hostile_monitor):
-    url, me = hostile_monitor
+    url, me, _ = hostile_monitor
     body, headers = get(url + "api/state")
     assert not {b"<", b">", b"&", b"'"} & {bytes([c]) for c in body}, "markup characters in the JSON bytes"
     assert headers["Content-Type"].startswith("application/json")
@@ -79,7 +80,7 @@ def test_hostile_text_comes_out_of_the_api_as_data_not_markup(hostile_monitor):
 @pytest.mark.skipif(CHROMIUM is None, reason=CHROMIUM_MISSING)
 @pytest.mark.timeout(300)
 def test_hostile_text_renders_as_text_in_chromium(hostile_monitor, tmp_path):
-    url, _ = hostile_monitor
+    url, _, _ = hostile_monitor
 
     async def check(page):
         await page.wait_for("document.querySelectorAll('#peers tbody tr').length === 1 && "
@@ -103,3 +104,16 @@ def test_hostile_text_renders_as_text_in_chromium(hostile_monitor, tmp_path):
     assert (found["device"], found["region"]) == (NAME, REGION)
     assert REASON in found["title"] and REASON in found["events"]
     assert (tmp_path / "hostile.png").stat().st_size > 10_000
+
+
+def test_tensorboard_event_files_of_a_monitor(hostile_monitor, tmp_path):
+    pytest.importorskip("tensorboardX")
+    _, _, maddrs = hostile_monitor
+    proc, url = start_monitor(tmp_path, maddrs, RUN, "--tensorboard", str(tmp_path / "tb"))
+    try:
+        wait_for(lambda: get_state(url)["series"]["loss"], 90, "the second monitor seeing the loss", poll_s=0.5)
+    finally:
+        assert stop_process(proc) == 0  # SIGTERM: it writes what it has and closes the event file
+    scalars, texts = tensorboard_scalars(tmp_path / "tb")
+    assert scalars["train/loss"] == [(3, 2.5)] and scalars["train/step_time_s"] == [(3, 0.2)]
+    assert "events/plan/text_summary" in texts

@@ -7,6 +7,7 @@ import random
 
 import base58
 import pytest
+from monitor_helpers import tensorboard_scalars
 
 from p2ptrain.monitor.metrics import RunCollector, make_registry
 from p2ptrain.monitor.server import dumps_safe
@@ -118,3 +119,23 @@ def test_json_has_no_html_meaningful_characters_yet_the_same_strings():
     text = dumps_safe(hostile)
     assert not set("<>&'") & set(text)
     assert json.loads(text) == hostile
+
+
+def test_tensorboard_gets_each_step_once_and_the_events(tmp_path):
+    pytest.importorskip("tensorboardX")
+    from p2ptrain.monitor.tensorboard import TensorBoardLog
+
+    view = RunView(ViewConfig(run="demo", tokens_per_step=100))
+    peers = {p: peer(i) for i, p in enumerate(PEERS[:2])}
+    log = TensorBoardLog(str(tmp_path))
+    for t, (step, loss) in enumerate([(1, 5.0), (1, 5.0), (2, 4.5), (3, 4.25)]):
+        view.update(Snapshot(float(t), peers, plans={PEERS[0]: plan(0, PEERS[:2], ((0, 1),))},
+                             progress={PEERS[1]: ProgressRecord(0, step, loss, 0.5)}))  # fmt: skip
+        log.write(view.state())
+        log.write(view.state())  # nothing new: nothing written twice
+    log.close(view.state())  # writes step 3 (until now it waited for a later step) and drains the writer
+    scalars, texts = tensorboard_scalars(tmp_path)
+    assert scalars["train/loss"] == [(1, 5.0), (2, 4.5), (3, 4.25)]
+    assert scalars["train/tokens_per_s"] == [(1, 200.0), (2, 200.0), (3, 200.0)]
+    assert scalars["train/predicted_step_s"] == [(1, 10.0), (2, 10.0), (3, 10.0)]
+    assert [t.split("/")[1] for t in texts] == ["start", "plan"]
