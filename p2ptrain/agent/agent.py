@@ -66,6 +66,7 @@ from p2ptrain.agent.leader import (
 from p2ptrain.agent.links import LinkProber
 from p2ptrain.agent.liveness import LivenessMonitor, epoch_failure
 from p2ptrain.agent.membership import Membership, MembershipTracker, plan_trigger
+from p2ptrain.agent.plan_check import LeaderWatch, PlanGate
 from p2ptrain.agent.profile import profile_device
 from p2ptrain.agent.replan import JOIN, Replan, ReplanWatch
 from p2ptrain.agent.stage_state import StateKeeper
@@ -143,6 +144,9 @@ class Agent:
         self._shaped: set[str] = set()
         self._tracker: MembershipTracker | None = None
         self._membership = Membership({})
+        self._seen = Membership({})  # the live view before passed-over leaders are left out
+        self._leaders = LeaderWatch(config.membership.leader_grace_s, config.membership.leader_backoff_s)
+        self._gate: PlanGate | None = None
         self._last_poll = 0.0
         self._started = time.monotonic()
         self._done_now: int | None = None  # steps done in the epoch being trained
@@ -283,6 +287,11 @@ class Agent:
     def _loop(self, device) -> AgentResult:
         cfg = self.config
         self._tracker = MembershipTracker(self.peer_id)
+        self._gate = PlanGate(self.peer_id, cfg.train, cfg.plan, cfg.emulation, self._leaders, cfg.dht.peer_ttl_s,
+                              self.dht.read_links,
+                              lambda cluster, trainers: self._plan_workload(trainers, self._membership),
+                              lambda plan, reason: self.events.write("plan_refused", epoch=plan.epoch,
+                                                                     signer=plan.leader, reason=reason))  # fmt: skip
         self._started = time.monotonic()
         while not self.stop.is_set():
             polled = time.perf_counter()
@@ -310,6 +319,7 @@ class Agent:
                 self._lead(membership)
             else:
                 self._note_waiting(f"waiting for a plan from the leader {membership.leader} ({len(membership)} peers live)")
+                self._watch_leader(membership)
             if self._following is None and time.monotonic() - self._started > cfg.membership.plan_timeout_s:
                 raise AgentError(
                     f"no plan for the live membership ({len(membership)} peers, leader {membership.leader}) "
@@ -345,6 +355,10 @@ class Agent:
             self.liveness.watch(self._watch_targets(membership))
             dead = self.liveness.dead()
             membership = Membership({p: r for p, r in membership.peers.items() if p not in dead or p == self.peer_id})
+        self._seen = membership
+        passed_over = self._leaders.excluded() - {self.peer_id}
+        if passed_over:
+            membership = Membership({p: r for p, r in membership.peers.items() if p not in passed_over})
         for peer, record in membership.peers.items():
             if peer == self.peer_id:
                 continue
@@ -405,14 +419,71 @@ class Agent:
             return None
         live = self._membership.ids
         self._max_epoch_seen = max([self._max_epoch_seen, *(p.epoch for p in plans.values())])
-        # a plan by a peer that is not live (a rogue, a leader long dead) is never the one being trained
-        newest = max((p for s, p in plans.items() if s in live), key=lambda p: p.epoch, default=None)
-        if newest is not None and (self._newest_seen is None or newest.epoch > self._newest_seen.epoch):
-            self._newest_seen = newest
         key = (frozenset(plans.items()), live)
         log, self._plans_logged = key != self._plans_logged, key  # say what is ignored once per change
         after = self._following.epoch if self._following is not None else -1
-        return latest_plan(plans, live, self.peer_id, after, log=log) if live else None
+        plan = latest_plan(plans, live, self.peer_id, after, log=log) if live else None
+        if plan is not None and not self._gate.accept(plan, self._membership.peers, self._tracker.known_for_s,
+                                                      first=self._following is None):  # fmt: skip
+            plan = None
+        # a plan by a peer that is not live (a rogue, a leader long dead), or one we refused, is never the
+        # one being trained
+        if self._newest_seen is not None and self._gate.refused(self._newest_seen):
+            self._newest_seen = None
+        newest = max((p for s, p in plans.items() if s in live and not self._gate.refused(p)), key=lambda p: p.epoch,
+                     default=None)  # fmt: skip
+        if newest is not None and (self._newest_seen is None or newest.epoch > self._newest_seen.epoch):
+            self._newest_seen = newest
+        return plan
+
+    def _watch_leader(self, membership: Membership) -> None:
+        """Pass over a leader that has not published a plan we accept in time (``plan_check.LeaderWatch``).
+        The clock runs while a plan is due: the first once the plan trigger fired and the links are measured
+        (as the leader itself decides); a later one from when we went idle after an epoch, with no newer plan
+        published since (a peer left out of a newer plan waits for a re-plan point like any joiner)."""
+        cfg = self.config
+        followed = self._following.epoch if self._following is not None else -1
+        if self._newest_seen is not None and self._newest_seen.epoch > followed:
+            self._leaders.waiting(None, False)
+            return
+        allowance = cfg.plan.time_budget_s
+        if self._following is None:
+            due = self._first_plan_due(membership)
+        else:
+            due, allowance = True, allowance + cfg.churn.halt_timeout_s + cfg.dht.peer_ttl_s
+        leader = self._leaders.waiting(membership.leader, due, allowance)
+        if leader is None:
+            return
+        backoff = self._leaders.pass_over(leader)
+        logger.warning("passing over the leader %s: no plan we accept came within %.0f s of one being due; the "
+                       "next-lowest peer leads (it may lead again in %.0f s)", leader,
+                       cfg.membership.leader_grace_s + allowance, backoff)  # fmt: skip
+        self.events.write("passed_over", peer=leader, backoff_s=backoff)
+        self._membership = Membership({p: r for p, r in membership.peers.items() if p != leader})
+
+    def _first_plan_due(self, membership: Membership) -> bool:
+        cfg = self.config
+        waited = time.monotonic() - self._started
+        if plan_trigger(self._seen, cfg.membership, waited) is None:
+            self._links_wait_since = None
+            return False
+        try:
+            trainers, _ = trainers_and_spares(cluster_order(membership.peers), cfg.train)
+            gaps = link_gaps(trainers, self.dht.read_links())
+        except (ValueError, ProtocolError):
+            return False
+        now = time.monotonic()
+        if self._links_wait_since is None:
+            self._links_wait_since = now
+        return not gaps or now - self._links_wait_since >= cfg.membership.links_timeout_s
+
+    def _plan_workload(self, trainers: list[str], membership: Membership) -> Workload:
+        """The workload a plan of ``trainers`` is scored with, ours or (to check it) the leader's."""
+        stages = self.config.train.stages
+        workload = run_workload(self.config.train, stages, len(trainers) // stages, self.config.emulation.size_factor)
+        if self.config.plan.objective == "simulated":
+            workload = self._step_workload(workload, trainers, membership, stages)
+        return workload
 
     # ---- leading ----------------------------------------------------------------------------------------
 
@@ -427,7 +498,7 @@ class Agent:
         if current is not None:
             self._replan(current, membership)
             return
-        trigger = plan_trigger(membership, self.config.membership, time.monotonic() - self._started)
+        trigger = plan_trigger(self._seen, self.config.membership, time.monotonic() - self._started)
         if trigger is None:
             self._note_waiting(f"leading; waiting for peers: {len(membership)} live"
                                + (f" of {self.config.membership.expect} expected" if self.config.membership.expect else ""))
@@ -493,7 +564,11 @@ class Agent:
                 self._note_waiting(f"leading; {self._watch.note}")
             return
         peers = {p: membership.peers[p] for p in replan.members if p in membership.peers}
-        trainers, spares = trainers_and_spares(cluster_order(peers), train)
+        try:
+            trainers, spares = trainers_and_spares(cluster_order(peers), train)
+        except ValueError as e:
+            self._note_waiting(f"leading; cannot re-plan ({replan.reason}): {e}; waiting for peers")
+            return
         try:
             rows = self.dht.read_links()
         except ProtocolError:
@@ -510,9 +585,7 @@ class Agent:
         cluster = build_cluster(trainers, membership.peers, rows, self.config.emulation)
         members = build_cluster(trainers + spares, membership.peers, rows, self.config.emulation) if spares else cluster
         stages = self.config.train.stages
-        workload = run_workload(self.config.train, stages, len(trainers) // stages, self.config.emulation.size_factor)
-        if self.config.plan.objective == "simulated":
-            workload = self._step_workload(workload, trainers, membership, stages)
+        workload = self._plan_workload(trainers, membership)
         logger.info("planning epoch %d for %d peers (%s): %d stages × %d replicas, %d spare(s), strategy %s",
                     self._next_epoch, len(membership), trigger, stages, len(trainers) // stages, len(spares),
                     self.config.plan.strategy)

@@ -55,6 +55,10 @@ class MembershipConfig:
     plan_timeout_s: float = 900.0  # follower: give up if no plan for the live membership comes within this
     poll_s: float = 1.0  # how often to read the run's records while waiting
     finish_timeout_s: float = 60.0  # after the last step: wait this long for the other trainers to finish too
+    # a leader gets this long (plus plan.time_budget_s) from when a plan is due to publish one we accept;
+    # then it is passed over (the next-lowest peer leads) for leader_backoff_s, doubling with each repeat
+    leader_grace_s: float = 60.0
+    leader_backoff_s: float = 300.0
 
     def __post_init__(self) -> None:
         if self.expect is None and self.join_deadline_s is None:
@@ -63,7 +67,8 @@ class MembershipConfig:
             raise ConfigError(f"membership.expect={self.expect} must be at least 1")
         if self.min_peers < 1:
             raise ConfigError(f"membership.min_peers={self.min_peers} must be at least 1")
-        for name in ("links_timeout_s", "plan_timeout_s", "poll_s", "finish_timeout_s"):
+        for name in ("links_timeout_s", "plan_timeout_s", "poll_s", "finish_timeout_s", "leader_grace_s",
+                     "leader_backoff_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"membership.{name}={getattr(self, name)} must be positive")
         if self.join_deadline_s is not None and not self.join_deadline_s > 0:
@@ -80,6 +85,10 @@ class PlanConfig:
     # what plans are scored by: the paper's communication cost, or the runtime's simulated step time (every
     # agent then calibrates its device on the run's model and publishes it in its peer record)
     objective: ObjectiveName = "dtfm"
+    # followers check a leader's plan before following it: it must plan the members they see, and predict
+    # at most (1 + verify_tolerance) times the step time of their own plan of the same records
+    verify: bool = True
+    verify_tolerance: float = 0.1
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -88,6 +97,8 @@ class PlanConfig:
             raise ConfigError(f"plan.objective={self.objective!r} is not one of {', '.join(OBJECTIVE_NAMES)}")
         if self.seed < 0 or not self.time_budget_s > 0:
             raise ConfigError("plan.seed must be >= 0 and plan.time_budget_s positive")
+        if not self.verify_tolerance >= 0:
+            raise ConfigError(f"plan.verify_tolerance={self.verify_tolerance} must be >= 0")
 
 
 @dataclass(frozen=True)

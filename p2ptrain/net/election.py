@@ -9,8 +9,9 @@ An agent follows a plan only if it is signed by the peer it also sees as lowest 
 the membership it sees; anything else is ignored with a log line (a plan by another peer is a warning, the
 leader's plan for an older membership is normal churn and only informational).
 
-Note: lowest-ID election is not Sybil-resistant: anyone may generate keys until one sorts first. An open
-swarm that must resist that needs an allow-list of peer IDs (not implemented here).
+Note: lowest-ID election is not Sybil-resistant: anyone may generate keys until one sorts first. Closed
+runs admit only listed peers or holders of a join token (``net.admission``); in any run, followers check a
+plan before following it and pass over a leader that publishes none they accept (``agent.plan_check``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,186 @@
+"""The follower's checks of a leader's plan and its watch on the leader (``agent.plan_check``), without I/O:
+a small measured world-wide network as peer and links records, plans that are fine and plans that are not."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+
+import numpy as np
+import pytest
+
+from p2ptrain.agent.config import EmulationSettings, PlanConfig
+from p2ptrain.agent.leader import build_cluster, make_plan, run_workload
+from p2ptrain.agent.plan_check import LeaderWatch, PlanGate, cost_check, membership_problem
+from p2ptrain.net.identity import generate_identity
+from p2ptrain.net.records import LinkMeasurement, LinksRecord, PeerRecord, PlanRecord
+from p2ptrain.planning import make_objective
+from p2ptrain.planning.scenarios import scenario
+from p2ptrain.runtime.config import TrainConfig
+
+TRAIN = TrainConfig(model="tiny", steps=2, global_batch_size=8, micro_batches=2, stages=2)
+NO_EMULATION = EmulationSettings()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(scope="module")
+def world():
+    """Five peers (IDs sorted) playing the first five world-wide devices: their records and links rows."""
+    peers = sorted(generate_identity().peer_id for _ in range(5))
+    net = scenario("worldwide", 5)
+    records = {p: PeerRecord(device_name=f"dev{k}", memory_gb=16.0, tflops=10.0) for k, p in enumerate(peers)}
+    rows = {a: LinksRecord.from_peers({b: LinkMeasurement(float(net.latency_ms[i, j]), float(net.bandwidth_gbps[i, j]))
+                                       for j, b in enumerate(peers) if j != i})
+            for i, a in enumerate(peers)}  # fmt: skip
+    return peers, records, rows
+
+
+def plan_record(peers: list[str], trainers: list[str], order: tuple[int, ...]) -> PlanRecord:
+    """A 2-stage plan of ``trainers`` (in ``order``) with every other peer a spare."""
+    devices = trainers + [p for p in peers if p not in trainers]
+    plan = {"stages": 2, "replicas": len(trainers) // 2, "pipelines": np.array(order).reshape(-1, 2).tolist(),
+            "cost_s": 1.0}  # fmt: skip
+    return PlanRecord.from_plan_json(0, devices, plan)
+
+
+def workload_for(cluster, trainers):
+    return run_workload(TRAIN, 2, len(trainers) // 2)
+
+
+def scored(peers, records, rows, trainers):
+    cluster = build_cluster(trainers, records, rows, NO_EMULATION)
+    objective = make_objective("dtfm", cluster, workload_for(cluster, trainers), 2)
+    costs = {p: objective.evaluate(np.array(p).reshape(-1, 2)).cost_s for p in itertools.permutations(range(4))}
+    return min(costs, key=costs.get), max(costs, key=costs.get), costs
+
+
+def test_the_best_plan_passes_and_the_worst_is_refused_with_both_costs(world):
+    peers, records, rows = world
+    trainers = peers[:4]
+    best, worst, costs = scored(peers, records, rows, trainers)
+    assert costs[worst] > 1.1 * costs[best]  # the network makes the order matter
+
+    good = cost_check(plan_record(peers, trainers, best), records, rows, TRAIN, PlanConfig(), NO_EMULATION,
+                      workload_for, 0.1)  # fmt: skip
+    assert good.problem is None
+    assert good.theirs_s == pytest.approx(costs[best]) and good.ours_s <= costs[best] + 1e-9
+
+    bad = cost_check(plan_record(peers, trainers, worst), records, rows, TRAIN, PlanConfig(), NO_EMULATION,
+                     workload_for, 0.1)  # fmt: skip
+    assert bad.theirs_s == pytest.approx(costs[worst])
+    assert bad.problem is not None and "our own plan of the same records predicts" in bad.problem
+    # the tolerance is the line: the same plan passes when allowed to be that much slower
+    lenient = cost_check(plan_record(peers, trainers, worst), records, rows, TRAIN, PlanConfig(), NO_EMULATION,
+                         workload_for, costs[worst] / bad.ours_s - 1 + 1e-6)  # fmt: skip
+    assert lenient.problem is None
+
+
+def test_a_plan_that_trains_the_wrong_peers_or_stages_is_refused(world):
+    peers, records, rows = world
+    with pytest.raises(ValueError, match="the run's settings train 4 of 5"):
+        cost_check(plan_record(peers, peers[:2], (0, 1)), records, rows, TRAIN, PlanConfig(), NO_EMULATION,
+                   workload_for, 0.1)  # fmt: skip
+    one_stage = PlanRecord(epoch=0, membership=tuple(peers), stages=1, replicas=4, pipelines=((0,), (1,), (2,), (3,)),
+                           cost_s=1.0)  # fmt: skip
+    with pytest.raises(ValueError, match="it has 1 stages; the run trains 2"):
+        cost_check(one_stage, records, rows, TRAIN, PlanConfig(), NO_EMULATION, workload_for, 0.1)
+
+
+def test_a_plan_from_a_slow_trainer_choice_is_scored_on_its_own_trainers(world):
+    """A leader that trains the spare (Seoul) instead of a better-placed peer is scored on what it chose."""
+    peers, records, rows = world
+    ours = make_plan(build_cluster(peers[:4], records, rows, NO_EMULATION), workload_for(None, peers[:4]), 2,
+                     PlanConfig())["cost_s"]  # fmt: skip
+    theirs = [peers[0], peers[1], peers[2], peers[4]]
+    best, _, costs = scored(peers, records, rows, theirs)
+    check = cost_check(plan_record(peers, theirs, best), records, rows, TRAIN, PlanConfig(), NO_EMULATION,
+                       workload_for, 0.1)  # fmt: skip
+    assert check.theirs_s == pytest.approx(costs[best]) and check.ours_s == pytest.approx(ours)
+
+
+def test_membership_problems():
+    a, b, c, d = sorted(generate_identity().peer_id for _ in range(4))
+    plan = PlanRecord(epoch=0, membership=(a, b, c), stages=1, replicas=2, pipelines=((0,), (1,)), cost_s=1.0)
+    assert membership_problem(plan, {a, b, c}, {a, b, c}, first=True) is None
+    assert "names 1 peer(s) we do not see live" in membership_problem(plan, {a, b}, {a, b}, first=False)
+    assert "leaves out 1 live peer(s)" in membership_problem(plan, {a, b, c, d}, {a, b, c, d}, first=True)
+    assert membership_problem(plan, {a, b, c, d}, {a, b, c}, first=True) is None  # d is new: the leader may not know it
+    assert membership_problem(plan, {a, b, c, d}, {a, b, c, d}, first=False) is None  # a later plan may leave d out
+
+
+def test_leader_watch_passes_over_after_grace_and_backs_off_doubling():
+    clock = Clock()
+    watch = LeaderWatch(grace_s=10.0, backoff_s=60.0, clock=clock)
+    assert watch.waiting("L", due=False) is None
+    clock.now += 100
+    assert watch.waiting("L", due=True, allowance_s=5.0) is None  # the clock starts when the plan is due
+    clock.now += 15
+    assert watch.waiting("L", due=True, allowance_s=5.0) is None  # exactly grace + allowance: not yet
+    clock.now += 0.1
+    assert watch.waiting("L", due=True, allowance_s=5.0) == "L"
+    assert watch.pass_over("L") == 60.0 and watch.excluded() == {"L"}
+
+    assert watch.waiting("M", due=True) is None
+    clock.now += 8
+    watch.satisfied()  # a plan came: the clock stops
+    assert watch.waiting("M", due=True) is None
+    clock.now += 8
+    assert watch.waiting("N", due=True) is None  # another leader: its own clock
+    clock.now += 8
+    assert watch.waiting("N", due=True) is None
+    clock.now += 3
+    assert watch.waiting("N", due=True) == "N"
+
+    clock.now += 53  # L's back-off ends; passed over again, it waits twice as long
+    assert watch.excluded() == set()
+    assert watch.pass_over("L") == 120.0
+    clock.now += 119
+    assert "L" in watch.excluded()
+    clock.now += 2
+    assert "L" not in watch.excluded()
+
+
+def test_gate_waits_for_unseen_members_then_refuses_once_and_skips_our_own(world, caplog):
+    peers, records, rows = world
+    me, clock = peers[3], Clock()
+    refusals = []
+    gate = PlanGate(me, TRAIN, PlanConfig(), NO_EMULATION, LeaderWatch(10.0, 60.0, clock=clock), settle_s=5.0,
+                    read_rows=lambda: rows, workload_for=workload_for,
+                    on_refusal=lambda plan, reason: refusals.append(reason))  # fmt: skip
+    best, worst, _ = scored(peers, records, rows, peers[:4])
+    live = {p: records[p] for p in peers[:4]}  # the spare peers[4] not seen yet
+    known = {p: 60.0 for p in peers}.__getitem__
+    plan = plan_record(peers, peers[:4], best)
+    assert not gate.accept(plan, live, known, first=True) and not refusals  # our view may lag: wait
+    clock.now += 6
+    assert not gate.accept(plan, live, known, first=True)
+    assert len(refusals) == 1 and "we do not see live" in refusals[0]
+    assert gate.accept(plan, records, known, first=True)  # now we see it
+
+    bad = plan_record(peers, peers[:4], worst)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert not gate.accept(bad, records, known, first=True)
+        assert not gate.accept(bad, records, known, first=True)
+    assert gate.refused(bad) and not gate.refused(plan)
+    assert len(refusals) == 2 and sum("it predicts" in r.message for r in caplog.records) == 1
+
+    off = PlanGate(me, TRAIN, PlanConfig(verify=False), NO_EMULATION, LeaderWatch(10.0, 60.0, clock=clock), 5.0,
+                   lambda: rows, workload_for)  # fmt: skip
+    assert off.accept(bad, records, known, first=True)  # checks off: the leader's word is taken
+
+
+def test_gate_takes_our_own_plan_unchecked(world):
+    peers, records, rows = world
+    _, worst, _ = scored(peers, records, rows, peers[:4])
+    bad = plan_record(peers, peers[:4], worst)
+    gate = PlanGate(bad.leader, TRAIN, PlanConfig(), NO_EMULATION, LeaderWatch(10.0, 60.0), 5.0,
+                    lambda: pytest.fail("our own plan is not checked"), workload_for)  # fmt: skip
+    assert gate.accept(bad, records, lambda p: 60.0, first=True)
