@@ -132,7 +132,7 @@ def command(
         for name, value in (("stages", stages), ("replicas", replicas)):
             if value is not None and value != getattr(plan, name):
                 raise ValueError(f"--{name} {value} disagrees with the plan's {getattr(plan, name)} {name}")
-        overrides.update(stages=plan.stages, replicas=plan.replicas)
+        overrides.update(stages=plan.stages, replicas=plan.replicas, layers=plan.layers)
         links = _emulated_links(plan, cluster_path, scenario, time_scale, size_factor)
     elif cluster_path is not None or scenario is not None:
         raise ValueError("--cluster and --scenario go with --plan (which device each worker plays)")

@@ -15,7 +15,8 @@ Example ``train.toml`` (every key optional; see the field comments for units and
 
 The defaults train the ``tiny`` preset on the built-in corpus for a handful of steps in seconds on a CPU.
 
-``stages`` and ``replicas`` describe the plan a distributed run uses (S × D workers). Single-process
+``stages`` and ``replicas`` describe the plan a distributed run uses (S × D workers), ``layers`` its layer
+split when it is not the even one (a plan for mixed devices; e.g. ``layers = [[0, 5], [5, 8]]``). Single-process
 training ignores ``stages`` (it holds every layer) but follows ``replicas`` and ``micro_batches`` to split
 each global batch exactly as that plan would, so its float32 sums happen in the same groups.
 """
@@ -29,6 +30,7 @@ from typing import Literal
 from p2ptrain.model.data import check_split
 from p2ptrain.model.optim import OptimizerConfig
 from p2ptrain.model.stage import stage_layer_range
+from p2ptrain.planning.split import check_layers
 from p2ptrain.planning.model_shapes import ModelShape, model_shape
 
 Device = Literal["cpu", "cuda", "auto"]
@@ -50,6 +52,7 @@ class TrainConfig:
     deterministic: bool = True  # torch.use_deterministic_algorithms while training (warn-only)
     stages: int = 1  # pipeline stages (S); 1 with replicas 1: plain single-process training
     replicas: int = 1  # data-parallel replicas per stage (D)
+    layers: tuple[tuple[int, int], ...] | None = None  # the plan's split: stage j holds blocks [a, b); None: even
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
 
     def __post_init__(self) -> None:
@@ -67,6 +70,8 @@ class TrainConfig:
             raise ValueError(f"device must be cpu, cuda or auto, got {self.device!r}")
         check_split(self.global_batch_size, self.replicas, self.micro_batches)
         stage_layer_range(shape.num_layers, 0, self.stages)  # ValueError if S does not fit the model
+        if self.layers is not None:
+            object.__setattr__(self, "layers", check_layers(self.layers, shape.num_layers, self.stages))
 
     @property
     def shape(self) -> ModelShape:

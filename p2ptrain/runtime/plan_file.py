@@ -3,6 +3,8 @@
 The file is the plan JSON of DESIGN.md (``p2ptrain plan --json`` writes it): ``stages``, ``replicas`` and
 ``pipelines[i][j]``, the device holding stage ``j`` of pipeline ``i``. Worker (stage j, replica i) plays
 that device; with a cluster, its transport emulates the device's links (DESIGN.md's link emulation).
+An optional ``layers`` (a plan for mixed devices: stage j holds blocks [a, b)) is the split the stages are
+built with; without it, the even split.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from p2ptrain.net.emulation import EmulationConfig
+from p2ptrain.planning.split import check_layers
 from p2ptrain.runtime.worker import LinkMatrices
 
 
@@ -20,6 +23,7 @@ class PlanFile:
     stages: int
     replicas: int
     pipelines: tuple[tuple[int, ...], ...]
+    layers: tuple[tuple[int, int], ...] | None = None
 
     def device_of_role(self) -> dict[str, int]:
         return {f"{s}/{r}": self.pipelines[r][s] for r in range(self.replicas) for s in range(self.stages)}
@@ -65,4 +69,11 @@ def load_plan_file(path: str | Path) -> PlanFile:
     flat = [d for row in rows for d in row]
     if len(set(flat)) != len(flat):
         raise ValueError(f"plan file {path}: a device appears twice")
-    return PlanFile(stages, replicas, tuple(rows))
+    layers = data.get("layers")
+    if layers is not None:
+        try:
+            end = layers[-1][1] if isinstance(layers, list) and layers and isinstance(layers[-1], list) else -1
+            layers = check_layers(layers, end if isinstance(end, int) else -1, stages)
+        except (ValueError, IndexError) as e:
+            raise ValueError(f"plan file {path}: {e}") from None
+    return PlanFile(stages, replicas, tuple(rows), layers)

@@ -47,7 +47,7 @@ class StageTrainer:
             )
         self.cfg = cfg
         self.role = role
-        self.module = build_stage(cfg.shape, role.stage, cfg.stages, cfg.seed, device)
+        self.module = build_stage(cfg.shape, role.stage, cfg.stages, cfg.seed, device, layers=cfg.layers)
         self.optimizer = build_optimizer(self.module, cfg.optimizer)
         self.executor = StageExecutor(
             self.module, self.optimizer, build_data(cfg), cfg.micro_batches, cfg.shape.hidden_size

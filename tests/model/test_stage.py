@@ -84,3 +84,27 @@ def test_state_dict_slices_load_into_stages_and_stages_merge_back():
 def test_slicing_a_state_dict_that_lacks_the_stages_entries_fails():
     with pytest.raises(KeyError, match="lacks"):
         stage_state_dict({}, TINY, 0, 2)
+
+
+@pytest.mark.parametrize("layers", [((0, 1), (1, 8)), ((0, 6), (6, 7), (7, 8)), ((0, 2), (2, 3), (3, 4), (4, 8))])
+def test_uneven_splits_chain_to_the_full_model_and_hold_their_blocks(layers):
+    tokens = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        expected = GPT(TINY, seed=1)(tokens)
+        x = tokens
+        for j, (a, b) in enumerate(layers):
+            stage = build_stage(TINY, j, len(layers), seed=1, layers=layers)
+            assert stage_layer_range(TINY.num_layers, j, len(layers), layers) == range(a, b)
+            assert {int(k.split(".")[1]) for k in stage.state_dict() if k.startswith("blocks.")} == set(range(a, b))
+            x = stage(x)
+    torch.testing.assert_close(x, expected, rtol=0, atol=1e-6)
+
+
+def test_a_bad_split_is_refused_by_the_stage_and_the_train_config():
+    from p2ptrain.runtime.config import TrainConfig
+
+    with pytest.raises(ValueError, match="layers end at block 6 but the model has 8 blocks"):
+        build_stage(TINY, 0, 2, seed=0, layers=((0, 3), (3, 6)))
+    with pytest.raises(ValueError, match="one \\[first, end\\) range per stage \\(3\\)"):
+        TrainConfig(stages=3, layers=((0, 3), (3, 8)))
+    assert TrainConfig(stages=2, layers=[[0, 3], [3, 8]]).layers == ((0, 3), (3, 8))  # TOML lists become tuples

@@ -16,12 +16,16 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("stages,replicas", [(2, 2), (4, 1), (1, 4)])
-def test_distributed_losses_equal_single_process(stages, replicas, tmp_path):
+@pytest.mark.parametrize("stages,replicas,layers", [
+    (2, 2, None), (4, 1, None), (1, 4, None),
+    (2, 2, ((0, 6), (6, 8))),  # uneven splits, as plans for mixed devices cut
+    (3, 1, ((0, 1), (1, 2), (2, 8))),
+])
+def test_distributed_losses_equal_single_process(stages, replicas, layers, tmp_path):
     cfg = TrainConfig(steps=10, stages=stages, replicas=replicas, global_batch_size=8, micro_batches=2,
-                      num_threads=1)
+                      num_threads=1, layers=layers)
     result = train_distributed(cfg, workdir=str(tmp_path), save_states=True)
-    reference = train_reference(dataclasses.replace(cfg, stages=1, replicas=1))
+    reference = train_reference(dataclasses.replace(cfg, stages=1, replicas=1, layers=None))
 
     assert len(result.losses) == cfg.steps
     for got, want in zip(result.losses, reference.losses, strict=False):
@@ -29,9 +33,12 @@ def test_distributed_losses_equal_single_process(stages, replicas, tmp_path):
     assert result.replicas_identical  # digests compared after every step (a mismatch raises)
 
     for stage in range(stages):
-        want = stage_state_dict(reference.state, cfg.shape, stage, stages)
+        want = stage_state_dict(reference.state, cfg.shape, stage, stages, layers)
         for replica in range(replicas):
             got = torch.load(tmp_path / f"worker-{stage}-{replica}.state.pt")
+            if layers is not None:  # the stage holds exactly its blocks of the split
+                blocks = {int(k.split(".")[1]) for k in got if k.startswith("blocks.")}
+                assert blocks == set(range(*layers[stage]))
             assert got.keys() == want.keys()
             diff = torch.cat([(got[k] - want[k]).reshape(-1) for k in want]).norm()
             norm = torch.cat([want[k].reshape(-1) for k in want]).norm()

@@ -12,6 +12,13 @@ def _write(tmp_path, data):
     return path
 
 
+def test_a_plan_with_layers_carries_its_split_and_one_without_is_even(tmp_path):
+    doc = {"stages": 2, "replicas": 1, "pipelines": [[1, 0]]}
+    assert load_plan_file(_write(tmp_path, doc)).layers is None
+    plan = load_plan_file(_write(tmp_path, {**doc, "layers": [[0, 5], [5, 8]]}))
+    assert plan.layers == ((0, 5), (5, 8))
+
+
 def test_a_plan_maps_roles_to_devices_and_links(tmp_path):
     plan = load_plan_file(_write(tmp_path, {"stages": 2, "replicas": 2, "pipelines": [[1, 0], [2, 3]]}))
     assert plan.device_of_role() == {"0/0": 1, "1/0": 0, "0/1": 2, "1/1": 3}
@@ -33,6 +40,9 @@ def test_a_plan_maps_roles_to_devices_and_links(tmp_path):
         ({"stages": 2, "replicas": 1, "pipelines": [[0]]}, "pipeline 0 must list 2 devices"),
         ({"stages": 2, "replicas": 1, "pipelines": [[0, 5]]}, "outside 0..1"),
         ({"stages": 2, "replicas": 1, "pipelines": [[1, 1]]}, "appears twice"),
+        ({"stages": 2, "replicas": 1, "pipelines": [[0, 1]], "layers": [[0, 3]]}, "one \\[first, end\\) range per stage"),
+        ({"stages": 2, "replicas": 1, "pipelines": [[0, 1]], "layers": [[0, 3], [4, 8]]}, "stages must hold contiguous"),
+        ({"stages": 2, "replicas": 1, "pipelines": [[0, 1]], "layers": "even"}, "one \\[first, end\\) range"),
     ],
 )
 def test_bad_plan_files_are_refused_in_one_line(tmp_path, data, message):
