@@ -29,6 +29,7 @@ Who wrote a record is not a field: it is the peer ID derived from the entry's ow
 from __future__ import annotations
 
 import hashlib
+import itertools
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -307,6 +308,9 @@ class PlanRecord(_Record):
     Baselines (additive): ``baselines`` pairs a baseline's name with its predicted cost per step under the
     same cost model (the planner's ``"baselines"``: Megatron's order, random), so that a reader (the monitor)
     shows what the plan saves without knowing the workload.
+
+    Mixed devices (additive): ``layers[j]`` is the number of blocks stage j holds (stage 0 the first
+    ``layers[0]``, …), the plan's layer split; empty: the even split.
     """
 
     epoch: int
@@ -324,6 +328,7 @@ class PlanRecord(_Record):
     backups: tuple[int, ...] = ()
     backup_every: int = 0
     baselines: tuple[tuple[str, float], ...] = ()
+    layers: tuple[int, ...] = ()
     kind: ClassVar[RecordKind] = RecordKind.PLAN
 
     def __post_init__(self) -> None:
@@ -372,6 +377,10 @@ class PlanRecord(_Record):
                     raise RecordError(f"backups[{j}] is a trainer of stage {j}, not another peer")
         _set(self, "backups", backups)
         _set(self, "backup_every", f.integer("backup_every", self.backup_every, 0, MAX_COUNTER))
+        layers = tuple(f.integer("layers[j]", x, 1, MAX_COUNTER) for x in f.sequence("layers", self.layers, self.stages))
+        if layers and len(layers) != self.stages:
+            raise RecordError(f"layers must give one block count per stage ({self.stages}), got {len(layers)}")
+        _set(self, "layers", layers)
         baselines = []
         for pair in f.sequence("baselines", self.baselines, MAX_BASELINES):
             pair = f.sequence("baselines[i]", pair, 2)
@@ -396,6 +405,14 @@ class PlanRecord(_Record):
     def peer_at(self, pipeline: int, stage: int) -> str:
         return self.membership[self.pipelines[pipeline][stage]]
 
+    @property
+    def layer_ranges(self) -> tuple[tuple[int, int], ...] | None:
+        """The layer split as [a, b) ranges per stage (``TrainConfig.layers``), None for the even split."""
+        if not self.layers:
+            return None
+        ends = tuple(itertools.accumulate(self.layers))
+        return tuple((end - size, end) for size, end in zip(self.layers, ends, strict=True))
+
     def backup_of(self, stage: int) -> str | None:
         """The member keeping a warm copy of ``stage``'s state, or None."""
         if not self.backups or self.backups[stage] == NO_BACKUP:
@@ -415,6 +432,7 @@ class PlanRecord(_Record):
             pipelines=pipelines, cost_s=plan["cost_s"], data_parallel_s=plan.get("data_parallel_s", 0.0),
             pipeline_s=plan.get("pipeline_s", 0.0), objective=plan.get("objective", "dtfm"),
             baselines=tuple((name, b["cost_s"]) for name, b in list(plan.get("baselines", {}).items())[:MAX_BASELINES]),
+            layers=tuple(b - a for a, b in plan.get("layers") or ()),
         )  # fmt: skip
 
     def _fields(self) -> dict[str, Any]:
@@ -427,6 +445,7 @@ class PlanRecord(_Record):
             "sources": f.pack_uint16(self.sources), "reason": self.reason,
             "backups": f.pack_uint16(self.backups), "backup_every": self.backup_every,
             **({"baselines": [list(pair) for pair in self.baselines]} if self.baselines else {}),
+            **({"layers": f.pack_uint16(self.layers)} if self.layers else {}),
         }  # fmt: skip
 
     @classmethod
@@ -451,6 +470,7 @@ class PlanRecord(_Record):
             reason=m.get("reason", ""),
             backups=f.unpack_uint16(f.binary("backups", m.get("backups", b""), item_size=2, max_items=stages)),
             backup_every=m.get("backup_every", 0), baselines=tuple(m.get("baselines", ())),
+            layers=f.unpack_uint16(f.binary("layers", m.get("layers", b""), item_size=2, max_items=stages)),
         )  # fmt: skip
 
 
