@@ -15,10 +15,10 @@ a worker thread under the DHT's own request deadline while the loop keeps answer
 Like the bootstrap, the monitor publishes no record, so it is never a member and never leads. It runs in
 client mode by default: it asks the DHT, it stores nothing for others, and its going away loses no record.
 
-Peer records are untrusted input. JSON responses escape ``<``, ``>``, ``&`` and quotes' HTML meaning away
-(``\\u003c`` ...), so no response holds markup a browser could run even if sniffed; they are served with
-``nosniff`` and a strict Content-Security-Policy (scripts from the monitor only, no inline script); and the
-page builds its DOM with ``textContent`` only.
+Peer records are untrusted input. JSON responses carry ``<``, ``>``, ``&`` and ``'`` as ``\\u`` escapes, so no
+response holds markup a browser could run even if it sniffed one as HTML; every response has ``nosniff`` and
+a strict Content-Security-Policy (scripts and styles from the monitor only, no inline script); and the page
+builds its DOM with ``textContent`` only.
 """
 
 from __future__ import annotations

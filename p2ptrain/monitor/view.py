@@ -218,8 +218,11 @@ class RunView:
         age = now - peer.beat_at if now is not None and peer.beat_at is not None else None
         if peer.left_at is not None or record is None:
             liveness = "left" if peer.left_at is not None else "unknown"
-        elif progress is not None and progress.halted and (self._plan is None or progress.epoch >= self._plan.epoch):
-            liveness = "halted"  # waiting for the next plan (a halt of an older epoch is over once a plan came)
+        elif (progress is not None and progress.halted and role["kind"] != "spare"
+              and (self._plan is None or progress.epoch >= self._plan.epoch)):
+            # waiting for the next plan; a halt of an older epoch is over once a plan came, and a spare's
+            # heartbeat always says halted (it idles, keeping states for the leader)
+            liveness = "halted"
         elif role["kind"] == "trainer" and age is not None and age > self.config.silent_after_s:
             liveness = "silent"
         else:

@@ -59,6 +59,11 @@ def test_roles_liveness_series_and_events_follow_the_records():
                                    PEERS[4]: ProgressRecord(0, 1, None, 0.0, halted=True)}))  # fmt: skip
     liveness = {p["peer_id"]: p["liveness"] for p in view.state(109.0)["peers"]}
     assert (liveness[PEERS[2]], liveness[PEERS[4]]) == ("halted", "training")
+    spare_plan = plan(2, PEERS[1:], ((0, 1),))  # PEERS[3] and PEERS[4] idle as spares, and say halted
+    view.update(Snapshot(110.0, peers2, plans={PEERS[1]: spare_plan},
+                         progress={PEERS[4]: ProgressRecord(2, 2, None, 0.0, halted=True)}))  # fmt: skip
+    liveness = {p["peer_id"]: p["liveness"] for p in view.state(110.0)["peers"]}
+    assert (liveness[PEERS[3]], liveness[PEERS[4]]) == ("spare", "spare")
     assert state["plan"]["pipelines"] == [[PEERS[1], PEERS[2]], [PEERS[3], PEERS[4]]]
     assert state["plan"]["baselines"] == {} and state["plan"]["reason"] == "peer left"
     series = state["series"]
