@@ -39,6 +39,7 @@ class ViewConfig:
     silent_after_s: float = 30.0  # a trainer whose heartbeat has not moved for this long is shown as silent
     max_points: int = 10_000  # steps kept in the series (the oldest go first)
     max_events: int = 1_000
+    max_link_peers: int = 128  # the heat maps' side: N² cells go to the page every poll (plan members first)
 
 
 @dataclass(frozen=True)
@@ -255,7 +256,7 @@ class RunView:
         return {"kind": "spare", "backup_of": [j for j in range(plan.stages) if plan.backup_of(j) == peer_id]}
 
     def _link_matrix(self) -> dict[str, Any]:
-        order = self._peer_order()
+        order = self._peer_order()[: self.config.max_link_peers]
         cfg = self.config
         latency, bandwidth = [], []
         for writer in order:

@@ -144,3 +144,10 @@ def test_tensorboard_gets_each_step_once_and_the_events(tmp_path):
     assert scalars["train/tokens_per_s"] == [(1, 200.0), (2, 200.0), (3, 200.0)]
     assert scalars["train/predicted_step_s"] == [(1, 10.0), (2, 10.0), (3, 10.0)]
     assert [t.split("/")[1] for t in texts] == ["start", "plan"]
+
+
+def test_the_link_matrix_is_capped_plan_members_first():
+    view = RunView(ViewConfig(run="demo", max_link_peers=2))
+    view.update(Snapshot(1.0, {p: peer(i) for i, p in enumerate(PEERS)}, plans={PEERS[1]: plan(0, PEERS[1:4], ((2, 0),))}))
+    matrix = view.state()["links"]
+    assert matrix["peers"] == [PEERS[3], PEERS[1]] and len(matrix["latency_ms"]) == 2
