@@ -80,7 +80,8 @@ from p2ptrain.net.records import NO_BACKUP, ComputeMeasurement, PeerRecord, Plan
 from p2ptrain.net.transport import Transport
 from p2ptrain.planning import Cluster, Workload, load_cluster
 from p2ptrain.planning.simulated import StepWorkload
-from p2ptrain.runtime.calibration import calibrate, expected_rows, step_profile, step_workload
+from p2ptrain.runtime.calibration import calibrate, expected_rows, layered_workload, step_profile, step_workload
+from p2ptrain.runtime.compute_speed import compute_slowdown
 from p2ptrain.runtime.checkpoint import latest_complete
 from p2ptrain.runtime.reference import resolve_device, torch_settings
 
@@ -131,6 +132,9 @@ class Agent:
         if self.network is not None and not config.emulation.device_index < self.network.num_devices:
             raise ValueError(f"emulation.device_index={config.emulation.device_index} is not a device of "
                              f"{config.emulation.cluster_file} ({self.network.num_devices} devices)")
+        # playing a device of a mixed cluster: compute as many times slower as its card is than the fastest
+        self.compute_slowdown = (compute_slowdown(self.network, config.emulation.device_index)
+                                 if self.network is not None else 1.0)
         self._planner = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="p2ptrain-planner")
         self._planning: _Planning | None = None
         self._next_epoch = 0
@@ -262,7 +266,7 @@ class Agent:
         if cfg.plan.objective != "simulated":
             return None
         rows = expected_rows(cfg.train, cfg.membership.expect or cfg.membership.min_peers)
-        compute = calibrate(cfg.train, rows, device)
+        compute = calibrate(cfg.train, rows, device, compute_slowdown=self.compute_slowdown)
         self.events.write("calibration", **compute.to_wire())
         return compute
 
@@ -602,6 +606,10 @@ class Agent:
             logger.warning("%d of %d trainers published no calibration; the step profile uses the others'",
                            len(trainers) - len(measured), len(trainers))
         boundary_s = statistics.median(self._poll_s) if self._poll_s else 0.0  # every step boundary polls the same
+        if measured and len(measured) == len(trainers):  # each device's own measurement (mixed devices)
+            return layered_workload(measured, workload, self.config.train, len(trainers) // stages,
+                                    boundary_s=boundary_s, time_scale=emulation.time_scale if emulation.enabled else 1.0,
+                                    size_factor=emulation.size_factor if emulation.enabled else 1.0)  # fmt: skip
         profile = step_profile(measured, self.config.train, stages, len(trainers) // stages, boundary_s=boundary_s,
                                time_scale=emulation.time_scale if emulation.enabled else 1.0,
                                size_factor=emulation.size_factor if emulation.enabled else 1.0)  # fmt: skip
@@ -724,6 +732,7 @@ class Agent:
             checkpoint=cfg.checkpoint, call_timeout_s=call_timeout_s,
             state_timeout_s=call_timeout_s + cfg.churn.halt_timeout_s, poll_s=cfg.membership.poll_s,
             finish_timeout_s=cfg.membership.finish_timeout_s, should_halt=self._should_halt,
+            compute_slowdown=self.compute_slowdown,
         )  # fmt: skip
         self._training = plan.epoch
         try:

@@ -90,6 +90,7 @@ class EpochContext:
     finish_timeout_s: float
     should_halt: Callable[[int | None], bool]  # at a step boundary (steps done; None for a spare)
     on_copy: Callable[[int, int], None] | None = None  # a warm copy (stage, step) was received
+    compute_slowdown: float = 1.0  # emulated compute speed (``runtime.compute_speed``)
 
     def set_status(self, state: str, epoch: int, step: int) -> None:
         """What heartbeat pings answer (``net.status``)."""
@@ -141,7 +142,7 @@ HALTING_ERRORS = (ProtocolError, TimeoutError, concurrent.futures.TimeoutError, 
 
 def run_epoch(plan: PlanRecord, ctx: EpochContext, peers: dict[str, PeerRecord]) -> EpochOutcome:
     topology = topology_of(plan)
-    cfg = dataclasses.replace(ctx.train, stages=plan.stages, replicas=plan.replicas)
+    cfg = dataclasses.replace(ctx.train, stages=plan.stages, replicas=plan.replicas, layers=plan.layer_ranges)
     run = ctx.dht.keys.run_id
     ctx.set_status(TRAIN if ctx.me in topology.peers else IDLE, plan.epoch, plan.start_step)
     sender = BackupSender(ctx.transport, run, plan.epoch, ctx.state_timeout_s)
@@ -174,7 +175,7 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
     try:
         for peer in sorted(topology.neighbours(role)):
             _connect(ctx, peers, peer)
-        trainer = StageTrainer(cfg, role, ctx.device)
+        trainer = StageTrainer(cfg, role, ctx.device, ctx.compute_slowdown)
         _take_state(plan, role.stage, trainer, ctx)
         _wait_sends(sends, ctx.state_timeout_s)
         for step in range(plan.start_step, cfg.steps):
@@ -222,7 +223,7 @@ def _serve_state(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Ep
         if tensors is None:
             raise StateUnavailable(f"the plan of epoch {plan.epoch} has this agent send stage {stage}'s state "
                                    f"after step {plan.start_step}, which it does not keep")
-        module = build_stage(cfg.shape, stage, cfg.stages, cfg.seed, torch.device("cpu"))  # names and shapes
+        module = build_stage(cfg.shape, stage, cfg.stages, cfg.seed, torch.device("cpu"), cfg.layers)  # names, shapes
         for replica in range(plan.replicas):
             peer = topology.holder(stage, replica)
             if peer != ctx.me:
@@ -257,7 +258,7 @@ def _start_backup_receiver(plan: PlanRecord, topology: Topology, cfg: TrainConfi
     ctx.transport.set_window(ctx.dht.keys.run_id, plan.epoch, plan.start_step)
 
     def module_of(stage: int) -> torch.nn.Module:
-        return build_stage(cfg.shape, stage, cfg.stages, cfg.seed, torch.device("cpu"))
+        return build_stage(cfg.shape, stage, cfg.stages, cfg.seed, torch.device("cpu"), cfg.layers)
 
     return BackupReceiver(ctx.transport, ctx.store, ctx.dht.keys.run_id, plan.epoch, plan.stages, senders,
                           module_of, on_copy=ctx.on_copy, poll_s=ctx.poll_s).start()

@@ -49,7 +49,10 @@ from p2ptrain.planning import (
     schedule,
     workload_from_model,
 )
+from p2ptrain.planning.joint import LayeredWorkload
 from p2ptrain.planning.plan import Infeasible
+from p2ptrain.planning.split import even_layers
+from p2ptrain.runtime.calibration import with_measured_speeds
 from p2ptrain.runtime.config import TrainConfig
 
 logger = logging.getLogger(__name__)
@@ -131,7 +134,8 @@ def build_cluster(
         Device(name=p, region=peers[p].region or None, tflops=peers[p].tflops, memory_gb=peers[p].memory_gb)
         for p in order
     )
-    return Cluster(devices, latency, bandwidth)
+    # mixed devices: every trainer's own calibration is its speed (``runtime.calibration``), when all have one
+    return with_measured_speeds(Cluster(devices, latency, bandwidth), [peers[p].compute for p in order])
 
 
 def _mean_latency(measurements: list[LinkMeasurement]) -> float:
@@ -167,6 +171,8 @@ def make_plan(cluster: Cluster, workload: Workload, num_stages: int, config: Pla
         return plan.to_json()
     if n % num_stages:
         raise ValueError(f"{n} devices cannot be split into {num_stages} stages")
+    if isinstance(workload, LayeredWorkload):  # a baseline keeps the even split
+        workload = workload.at(even_layers(workload.costs.num_layers, num_stages))
     objective = make_objective(config.objective, cluster, workload, num_stages)
     rng = np.random.default_rng(config.seed)
     if config.strategy == "megatron":

@@ -32,7 +32,7 @@ import numpy as np
 from p2ptrain.agent.config import EmulationSettings, PlanConfig
 from p2ptrain.agent.leader import build_cluster, cluster_order, make_plan, trainers_and_spares
 from p2ptrain.net.records import LinksRecord, PeerRecord, PlanRecord
-from p2ptrain.planning import Cluster, Workload, make_objective
+from p2ptrain.planning import Cluster, LayeredWorkload, Workload, even_layers, make_objective
 from p2ptrain.runtime.config import TrainConfig
 
 logger = logging.getLogger(__name__)
@@ -94,6 +94,8 @@ def cost_check(plan: PlanRecord, peers: Mapping[str, PeerRecord], rows: Mapping[
     theirs = trainers_of(plan)
     cluster = build_cluster(theirs, peers, rows, emulation)
     workload = workload_for(cluster, theirs)
+    if isinstance(workload, LayeredWorkload):  # mixed devices: their plan at its own layer split
+        workload = workload.at(plan.layer_ranges or even_layers(workload.costs.num_layers, plan.stages))
     theirs_s = make_objective(config.objective, cluster, workload, plan.stages).evaluate(
         assignment_of(plan, theirs)).cost_s
     ours, _ = trainers_and_spares(cluster_order({p: peers[p] for p in plan.membership}), train)

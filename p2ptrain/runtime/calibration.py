@@ -24,11 +24,17 @@ while it trains is therefore not in the profile (the e2e benchmark measures how 
 from the calibrated rows to the plan's micro-batch; the median over the members' measurements (robust to
 one noisy agent); the exact parameter count of each stage for its gradient volume; everything converted to
 the emulated network's units (seconds / time_scale, bytes / size_factor).
+
+``layered_workload`` (leader, mixed devices): not the median but each device's own measurement — the
+workload priced per layer at the fastest device's speed, every device's measured speed in its cluster
+entry (``with_measured_speeds``), so that the planner chooses the layer split and the assignment together
+(``planning.joint``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import statistics
 import threading
@@ -42,10 +48,14 @@ from p2ptrain.model.optim import build_optimizer
 from p2ptrain.model.stage import build_stage, stage_layer_range
 from p2ptrain.net.messages import Header, Tag, dtype_name, tensor_bytes, tensor_from_bytes
 from p2ptrain.net.records import ComputeMeasurement
+from p2ptrain.planning.cluster import Cluster
+from p2ptrain.planning.joint import LayerCosts, LayeredWorkload
+from p2ptrain.planning.layers import Parts, layer_model
 from p2ptrain.planning.model_shapes import ModelShape
 from p2ptrain.planning.simulated import StepProfile, StepWorkload
 from p2ptrain.planning.workload import GB, Workload
 from p2ptrain.runtime.allreduce import flatten, unflatten_into
+from p2ptrain.runtime.compute_speed import NO_PACING, ComputePacer
 from p2ptrain.runtime.config import TrainConfig
 
 logger = logging.getLogger(__name__)
@@ -55,19 +65,22 @@ SPACING_S = 0.005
 FP32_BYTES = 4
 
 
-def calibrate(train: TrainConfig, rows: int, device: torch.device, repeats: int = DEFAULT_REPEATS) -> ComputeMeasurement:
-    """Time the run's model on ``device`` for micro-batches of ``rows`` sequences (module docstring)."""
+def calibrate(train: TrainConfig, rows: int, device: torch.device, repeats: int = DEFAULT_REPEATS,
+              compute_slowdown: float = 1.0) -> ComputeMeasurement:
+    """Time the run's model on ``device`` for micro-batches of ``rows`` sequences (module docstring);
+    ``compute_slowdown`` > 1 paces the compute as the trainer will (an emulated slower device)."""
     shape = train.shape
+    pacer = ComputePacer(compute_slowdown)
     started = time.perf_counter()
     num_layers = shape.num_layers
-    first = _time_block(train, 0, rows, device, repeats)
+    first = _time_block(train, 0, rows, device, repeats, pacer)
     if num_layers >= 3:  # block 1 is a plain block; the ends' excess over it is what the ends add
-        plain = _time_block(train, 1, rows, device, repeats)
-        final = _time_block(train, num_layers - 1, rows, device, repeats)
+        plain = _time_block(train, 1, rows, device, repeats, pacer)
+        final = _time_block(train, num_layers - 1, rows, device, repeats, pacer)
         layer = (plain.forward_s, plain.backward_s)
     else:  # no plain block: the ends are all there is (one block: stage 0 holds everything)
         plain = first
-        final = _time_block(train, 1, rows, device, repeats) if num_layers == 2 else _Timing(0.0, 0.0, 0.0, 1)
+        final = _time_block(train, 1, rows, device, repeats, pacer) if num_layers == 2 else _Timing(0.0, 0.0, 0.0, 1)
         layer = (0.0, 0.0)
     measurement = ComputeMeasurement(
         rows=rows, seq_len=shape.seq_len, layer_s=layer,
@@ -89,7 +102,8 @@ class _Timing:
         self.forward_s, self.backward_s, self.update_s, self.parameters = forward_s, backward_s, update_s, parameters
 
 
-def _time_block(train: TrainConfig, block: int, rows: int, device: torch.device, repeats: int) -> _Timing:
+def _time_block(train: TrainConfig, block: int, rows: int, device: torch.device, repeats: int,
+                pacer: ComputePacer = NO_PACING) -> _Timing:
     """Forward, backward and update of block ``block`` alone, with the embeddings or head if it has them."""
     shape = train.shape
     module = build_stage(shape, block, shape.num_layers, train.seed, device)  # one block a stage
@@ -102,15 +116,21 @@ def _time_block(train: TrainConfig, block: int, rows: int, device: torch.device,
     for _ in range(repeats + 1):  # the first round warms up (allocations, kernels)
         x = tokens if module.has_embeddings else hidden.clone().requires_grad_(True)
         start = _now(device)
-        out = module(x)
-        if module.has_head:
-            out = micro_batch_loss(out, tokens, train.global_batch_size * shape.seq_len)
+        with pacer.compute():
+            out = module(x)
+            if module.has_head:
+                out = micro_batch_loss(out, tokens, train.global_batch_size * shape.seq_len)
+            _now(device)
         mid = _now(device)
-        out.backward() if module.has_head else out.backward(hidden)
+        with pacer.compute():
+            out.backward() if module.has_head else out.backward(hidden)
+            _now(device)
         end = _now(device)
-        flat = flatten([p.grad for p in params])
-        unflatten_into(flat, [p.grad for p in params])
-        optimizer.step()
+        with pacer.compute():
+            flat = flatten([p.grad for p in params])
+            unflatten_into(flat, [p.grad for p in params])
+            optimizer.step()
+            _now(device)
         optimizer.zero_grad(set_to_none=False)
         forward.append(mid - start)
         backward.append(end - mid)
@@ -227,3 +247,63 @@ def expected_rows(train: TrainConfig, members: int) -> int:
     while replicas > 1 and train.global_batch_size % (replicas * train.micro_batches):
         replicas -= 1
     return max(1, train.global_batch_size // (replicas * train.micro_batches))
+
+
+# -- mixed devices: each device's own measurement -------------------------------------------------------------
+
+SPEED_UNIT = 1e12  # measured speeds are block-tokens per second over 10¹² (a device's ``tflops`` field)
+
+
+def measured_speed(c: ComputeMeasurement) -> float:
+    """A device's measured speed: tokens a second through one block, forward and backward (over
+    ``SPEED_UNIT``, the unit of a cluster device's ``tflops``; only ratios between devices matter)."""
+    seconds = sum(c.layer_s) or (sum(c.embed_s) + sum(c.head_s))
+    tokens = c.rows * c.seq_len
+    return tokens / max(seconds, 1e-9) / SPEED_UNIT
+
+
+def layered_workload(
+    measurements: Sequence[ComputeMeasurement],
+    workload: Workload,
+    train: TrainConfig,
+    num_replicas: int,
+    *,
+    boundary_s: float = 0.0,
+    time_scale: float = 1.0,
+    size_factor: float = 1.0,
+    steps: int | None = None,
+) -> LayeredWorkload:
+    """This run's workload priced per layer (``planning.joint``) from the trainers' own measurements:
+    compute at the fastest device's speed (``measured_speed``; the others' are their devices' ``tflops``,
+    ``with_measured_speeds``), gradients and memory of every part of the model, in the network's units."""
+    if not measurements:
+        raise ValueError("a layered workload needs at least one calibration")
+    shape, m = train.shape, train.micro_batches
+    fastest = max(measurements, key=measured_speed)
+    rows = train.global_batch_size // (num_replicas * m)
+    k = rows * shape.seq_len / (fastest.rows * fastest.seq_len) / time_scale  # to this plan's micro-batch
+    model = layer_model(shape, micro_batch_tokens=rows * shape.seq_len, micro_batches=m, activation_bytes=FP32_BYTES)
+    per_param = fastest.update_s_per_mparam / 1e6 / time_scale
+    costs = LayerCosts(
+        num_layers=shape.num_layers,
+        forward_s=Parts(fastest.layer_s[0] * k, fastest.embed_s[0] * k, fastest.head_s[0] * k),
+        backward_s=Parts(fastest.layer_s[1] * k, fastest.embed_s[1] * k, fastest.head_s[1] * k),
+        update_s=model.parameters.scaled(per_param),
+        gradient_gb=model.parameters.scaled(FP32_BYTES / GB / size_factor),
+        memory_gb=model.memory_bytes.scaled(1 / GB),
+    )
+    extra = {} if steps is None else {"steps": steps}
+    step = StepProfile(micro_batches=m, message_s=statistics.median(c.message_s for c in measurements) / time_scale,
+                       boundary_s=boundary_s / time_scale, reference_tflops=measured_speed(fastest), **extra)
+    return LayeredWorkload(workload.activation_gb, workload.gradient_gb, workload.source, step=step, costs=costs,
+                           wire="fp32")
+
+
+def with_measured_speeds(cluster: Cluster, measurements: Sequence[ComputeMeasurement | None]) -> Cluster:
+    """``cluster`` whose device i's ``tflops`` is ``measured_speed(measurements[i])``, when every device has
+    one (the leader and the followers that check its plan price the same speeds); unchanged otherwise."""
+    if len(measurements) != cluster.num_devices or any(c is None for c in measurements):
+        return cluster
+    devices = tuple(dataclasses.replace(d, tflops=measured_speed(c)) for d, c in zip(cluster.devices, measurements,
+                                                                                      strict=True))
+    return Cluster(devices, cluster.latency_ms, cluster.bandwidth_gbps)

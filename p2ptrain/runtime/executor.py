@@ -27,6 +27,7 @@ import torch
 from p2ptrain.model.data import TrainData, inputs_and_targets, micro_batches, shard_of
 from p2ptrain.model.loss import micro_batch_loss
 from p2ptrain.runtime.allreduce import GroupExchange, flatten, sharded_all_reduce, unflatten_into
+from p2ptrain.runtime.compute_speed import NO_PACING, ComputePacer
 from p2ptrain.runtime.topology import Role, Topology
 
 logger = logging.getLogger(__name__)
@@ -74,7 +75,9 @@ class StageExecutor:
         data: TrainData,
         num_micro_batches: int,
         hidden_size: int,
+        pacer: ComputePacer = NO_PACING,
     ):
+        self.pacer = pacer  # emulated compute speed (``compute_speed``): forward, backward, update stretched
         self.module = module
         self.optimizer = optimizer
         self.data = data
@@ -102,21 +105,24 @@ class StageExecutor:
                 x = link.recv(prev_peer, ACTIVATION, m, 0, act_shape, torch.float32).to(self.device)
                 x.requires_grad_(True)
                 inputs.append(x)
-            out = self.module(x)
-            if role.is_last:
-                out = micro_batch_loss(out, targets.to(self.device), self.data.tokens_per_batch)
-            else:
+            with self.pacer.compute():
+                out = self.module(x)
+                if role.is_last:
+                    out = micro_batch_loss(out, targets.to(self.device), self.data.tokens_per_batch)
+            if not role.is_last:
                 sends.append(link.send(next_peer, ACTIVATION, m, 0, out.detach().cpu()))
             outputs.append(out)
 
         loss_sum = torch.zeros((), dtype=torch.float32)
         for m in reversed(range(len(micro))):
             if role.is_last:
-                outputs[m].backward()
+                with self.pacer.compute():
+                    outputs[m].backward()
                 loss_sum += outputs[m].detach().cpu()
             else:
                 grad = link.recv(next_peer, ACTIVATION_GRAD, m, 0, act_shape, torch.float32).to(self.device)
-                outputs[m].backward(grad)
+                with self.pacer.compute():
+                    outputs[m].backward(grad)
             if not role.is_first:
                 sends.append(link.send(prev_peer, ACTIVATION_GRAD, m, 0, inputs[m].grad.detach().cpu()))
             outputs[m] = inputs[m] = None  # free the activations of this micro-batch
@@ -133,21 +139,22 @@ class StageExecutor:
     def _all_reduce_and_step(
         self, role: Role, topology: Topology, link: StepLink, loss_sum: torch.Tensor
     ) -> float | None:
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        vectors = [g.detach().cpu() for g in grads]
-        if role.is_last:
-            vectors.append(loss_sum.reshape(1))
-        flat = flatten(vectors)
+        with self.pacer.compute():
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+            vectors = [g.detach().cpu() for g in grads]
+            if role.is_last:
+                vectors.append(loss_sum.reshape(1))
+            flat = flatten(vectors)
         exchange: GroupExchange = _GroupOverLink(link, topology.group(role.stage))
         total = sharded_all_reduce(flat, role.replica, role.num_replicas, exchange)
         loss = None
         if role.is_last:
             loss = float(total[-1])
             total = total[:-1]
-        with torch.no_grad():
+        with self.pacer.compute(), torch.no_grad():
             slots = [p.grad if p.grad is not None else p.new_zeros(p.shape) for p in self.params]
             unflatten_into(total.to(self.device), slots)
             for p, g in zip(self.params, slots, strict=False):
                 p.grad = g
-        self.optimizer.step()
+            self.optimizer.step()
         return loss

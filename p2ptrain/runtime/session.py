@@ -23,6 +23,7 @@ import torch
 from p2ptrain.model.optim import build_optimizer
 from p2ptrain.model.stage import build_stage
 from p2ptrain.net.transport import Transport
+from p2ptrain.runtime.compute_speed import ComputePacer
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.executor import StageExecutor
 from p2ptrain.runtime.link import TransportStepLink
@@ -38,9 +39,10 @@ class StepResult:
 
 
 class StageTrainer:
-    """Stage ``role.stage`` of ``cfg.stages``: parameters from ``cfg.seed``, AdamW, the config's batches."""
+    """Stage ``role.stage`` of ``cfg.stages`` (blocks by ``cfg.layers``): parameters from ``cfg.seed``, AdamW,
+    the config's batches; ``compute_slowdown`` > 1 emulates a slower device (``compute_speed``)."""
 
-    def __init__(self, cfg: TrainConfig, role: Role, device: torch.device):
+    def __init__(self, cfg: TrainConfig, role: Role, device: torch.device, compute_slowdown: float = 1.0):
         if (role.num_stages, role.num_replicas) != (cfg.stages, cfg.replicas):
             raise ValueError(
                 f"role of a {role.num_stages}×{role.num_replicas} plan, config of {cfg.stages}×{cfg.replicas}"
@@ -50,7 +52,8 @@ class StageTrainer:
         self.module = build_stage(cfg.shape, role.stage, cfg.stages, cfg.seed, device, layers=cfg.layers)
         self.optimizer = build_optimizer(self.module, cfg.optimizer)
         self.executor = StageExecutor(
-            self.module, self.optimizer, build_data(cfg), cfg.micro_batches, cfg.shape.hidden_size
+            self.module, self.optimizer, build_data(cfg), cfg.micro_batches, cfg.shape.hidden_size,
+            pacer=ComputePacer(compute_slowdown),
         )
 
     def step(

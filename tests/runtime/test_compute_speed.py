@@ -1,0 +1,87 @@
+"""Mixed devices in the runtime: emulated compute speed (the pacer), each device's own measured speed,
+and the per-layer workload the leader plans with."""
+
+from __future__ import annotations
+
+import pytest
+
+from p2ptrain.net.records import ComputeMeasurement
+from p2ptrain.planning import Cluster, Device, Workload, scenario
+from p2ptrain.planning.layers import layer_model
+from p2ptrain.planning.split import even_layers
+from p2ptrain.runtime import compute_speed
+from p2ptrain.runtime.calibration import layered_workload, measured_speed, step_profile, with_measured_speeds
+from p2ptrain.runtime.compute_speed import ComputePacer, compute_slowdown
+from p2ptrain.runtime.config import TrainConfig
+
+TRAIN = TrainConfig(model="tiny", global_batch_size=40, micro_batches=2, stages=4, replicas=2)
+FAST = ComputeMeasurement(rows=10, seq_len=64, layer_s=(0.002, 0.004), embed_s=(0.001, 0.003),
+                          head_s=(0.0005, 0.001), update_s_per_mparam=0.02, message_s=0.0003)  # fmt: skip
+SLOW = ComputeMeasurement(rows=10, seq_len=64, layer_s=(0.006, 0.012), embed_s=(0.003, 0.009),
+                          head_s=(0.0015, 0.003), update_s_per_mparam=0.06, message_s=0.0005)  # fmt: skip
+
+
+class FakeClock:
+    def __init__(self):
+        self.now, self.sleeps = 0.0, []
+
+    def perf_counter(self):
+        return self.now
+
+    def sleep(self, s):
+        self.sleeps.append(s)
+        self.now += s
+
+
+def test_the_pacer_stretches_each_stretch_of_compute_by_its_factor(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(compute_speed, "time", clock)
+    pacer = ComputePacer(3.5)
+    with pacer.compute():
+        clock.now += 0.2  # the compute took 0.2 s
+    with pacer.compute():
+        clock.now += 0.1
+    assert clock.sleeps == pytest.approx([0.5, 0.25])
+    assert pacer.slept_s == pytest.approx(0.75)
+    with ComputePacer(1.0).compute():
+        clock.now += 0.3
+    assert len(clock.sleeps) == 2  # as fast as the machine: no sleep
+    with pytest.raises(ValueError, match="at least 1"):
+        ComputePacer(0.5)
+
+
+def test_slowdown_is_the_fastest_card_over_ones_own():
+    cluster = scenario("volunteers", 8)
+    slow = [compute_slowdown(cluster, k) for k in range(8)]
+    fastest = max(d.tflops for d in cluster.devices)
+    assert slow == pytest.approx([fastest / d.tflops for d in cluster.devices])
+    assert min(slow) == 1.0 and max(slow) > 8
+    assert compute_slowdown(scenario("worldwide", 8), 3) == 1.0  # no tflops: no emulated compute
+
+
+def test_each_devices_own_speed_goes_into_the_cluster():
+    assert measured_speed(FAST) == pytest.approx(3 * measured_speed(SLOW))
+    base = Cluster((Device("a", tflops=100.0), Device("b")), [[0, 1], [1, 0]], [[0, 1], [1, 0]])
+    mixed = with_measured_speeds(base, [FAST, SLOW])
+    assert [d.tflops for d in mixed.devices] == [measured_speed(FAST), measured_speed(SLOW)]
+    assert with_measured_speeds(base, [FAST, None]) is base  # all or nothing: one unit for every device
+
+
+def test_the_layered_workload_prices_parts_at_the_fastest_device():
+    workload = Workload(0.01, 0.02)
+    layered = layered_workload([SLOW, FAST, SLOW, FAST], workload, TRAIN, 2, boundary_s=0.05, time_scale=0.5,
+                               size_factor=0.1)
+    costs = layered.costs
+    # micro-batches of 40 / (2 · 2) = 10 rows, as measured; times over the time scale
+    assert costs.forward_s.block == pytest.approx(0.002 / 0.5)
+    assert costs.backward_s.head == pytest.approx(0.001 / 0.5)
+    assert layered.step.reference_tflops == pytest.approx(measured_speed(FAST))
+    assert layered.step.boundary_s == pytest.approx(0.1)
+    model = layer_model(TRAIN.shape, micro_batch_tokens=10 * 64, micro_batches=2, activation_bytes=4)
+    assert costs.gradient_gb.block == pytest.approx(model.parameters.block * 4e-9 / 0.1)
+    # at the even split it is the (fastest device's) step profile of the median path, stage for stage
+    even = layered.at(even_layers(8, 4)).step
+    median = step_profile([FAST], TRAIN, 4, 2, boundary_s=0.05, time_scale=0.5, size_factor=0.1)
+    assert even.forward_s == pytest.approx(median.forward_s)
+    assert even.backward_s == pytest.approx(median.backward_s)
+    assert even.gradient_gb == pytest.approx(median.gradient_gb, rel=1e-3)  # the loss scalar aside
