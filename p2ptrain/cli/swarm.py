@@ -23,15 +23,16 @@ import click
 
 from p2ptrain.agent.config import OBJECTIVE_NAMES, STRATEGIES
 from p2ptrain.planning.model_shapes import MODEL_PRESETS
-from p2ptrain.planning.scenarios import SCENARIOS
+from p2ptrain.planning.scenarios import ALL_SCENARIOS
 
 
 @click.command(name="swarm")
 @click.option("--agents", type=click.IntRange(min=1), default=4, show_default=True, help="Agent processes.")
 @click.option("--stages", type=click.IntRange(min=1), default=2, show_default=True, help="Pipeline stages.")
 @click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True, help="Optimizer steps.")
-@click.option("--scenario", type=click.Choice([*SCENARIOS, "none"]), default="worldwide", show_default=True,
-              help="The paper's network to emulate, scaled to --agents devices; 'none': plain loopback.")
+@click.option("--scenario", type=click.Choice([*ALL_SCENARIOS, "none"]), default="worldwide", show_default=True,
+              help="The network to emulate, scaled to --agents devices (volunteers: mixed GPUs too, their compute "
+                   "emulated); 'none': plain loopback.")
 @click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False),
               help="Emulate this cluster file instead (DESIGN.md format, one device per agent).")
 @click.option("--time-scale", type=click.FloatRange(min=0, min_open=True),
