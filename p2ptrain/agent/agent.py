@@ -78,7 +78,7 @@ from p2ptrain.net.emulation import EmulationConfig, LinkEmulator, scaled_link
 from p2ptrain.net.lifecycle import StopSignal, shutdown_in_order
 from p2ptrain.net.records import NO_BACKUP, ComputeMeasurement, PeerRecord, PlanRecord, ProgressRecord
 from p2ptrain.net.transport import Transport
-from p2ptrain.planning import Cluster, Workload, load_cluster
+from p2ptrain.planning import Cluster, LayeredWorkload, Workload, load_cluster
 from p2ptrain.planning.simulated import StepWorkload
 from p2ptrain.runtime.calibration import calibrate, expected_rows, layered_workload, step_profile, step_workload
 from p2ptrain.runtime.compute_speed import compute_slowdown
@@ -658,7 +658,9 @@ class Agent:
             sources=list(sources), replan=planning.replan.kind if planning.replan else None,
             workload={"activation_gb": planning.workload.activation_gb, "gradient_gb": planning.workload.gradient_gb,
                       **({"step": dataclasses.asdict(planning.workload.step)}
-                         if isinstance(planning.workload, StepWorkload) else {})},
+                         if isinstance(planning.workload, StepWorkload) else {}),
+                      **({"layer_costs": dataclasses.asdict(planning.workload.costs)}
+                         if isinstance(planning.workload, LayeredWorkload) else {})},
         )  # fmt: skip
 
     def _warm_copies(self, planning: _Planning, plan: dict[str, Any]) -> dict[str, Any]:
@@ -666,8 +668,11 @@ class Agent:
         one measured in the last epoch, else the plan's prediction plus the slowest trainer's compute."""
         cfg = self.config
         scale = cfg.emulation.time_scale if cfg.emulation.enabled else 1.0
-        step_s = planning.step_s or plan["cost_s"] * scale + compute_estimate_s(
-            cfg.train, plan["stages"], plan["replicas"], min(d.tflops for d in planning.cluster.devices))
+        if isinstance(planning.workload, LayeredWorkload):  # mixed devices: the prediction includes compute
+            step_s = planning.step_s or plan["cost_s"] * scale
+        else:
+            step_s = planning.step_s or plan["cost_s"] * scale + compute_estimate_s(
+                cfg.train, plan["stages"], plan["replicas"], min(d.tflops for d in planning.cluster.devices))
         churn = cfg.churn
         if not planning.step_s and churn.backup_every == "auto":
             churn = dataclasses.replace(churn, backup_max_every=min(churn.backup_max_every, churn.backup_first_every))

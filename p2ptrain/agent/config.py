@@ -34,8 +34,10 @@ from p2ptrain.net.probe import ProbeConfig
 from p2ptrain.net.transport import TransportConfig
 from p2ptrain.runtime.config import TrainConfig
 
-Strategy = Literal["scheduled", "megatron", "random"]
-STRATEGIES: tuple[str, ...] = ("scheduled", "megatron", "random")
+# communication_only: the paper's planner (its communication cost, every stage the same number of layers),
+# scored by the run's objective: what a plan that ignores mixed devices' compute and memory would do
+Strategy = Literal["scheduled", "megatron", "random", "communication_only"]
+STRATEGIES: tuple[str, ...] = ("scheduled", "megatron", "random", "communication_only")
 ObjectiveName = Literal["dtfm", "simulated"]
 OBJECTIVE_NAMES: tuple[str, ...] = ("dtfm", "simulated")
 

@@ -177,6 +177,12 @@ def make_plan(cluster: Cluster, workload: Workload, num_stages: int, config: Pla
     rng = np.random.default_rng(config.seed)
     if config.strategy == "megatron":
         sigma = megatron_assignment(n, num_stages)
+    elif config.strategy == "communication_only":  # the paper's planner: links only, even split
+        paper = schedule(cluster, Workload(workload.activation_gb, workload.gradient_gb), num_stages, seed=config.seed,
+                         objective="dtfm", time_budget_s=config.time_budget_s, clock=time.perf_counter)
+        if isinstance(paper, Infeasible):
+            raise ValueError(f"no plan: {paper.reason}")
+        sigma = np.array(paper.pipelines)
     else:
         sigma = random_assignment(n, num_stages, rng)
     megatron = objective.evaluate(megatron_assignment(n, num_stages))

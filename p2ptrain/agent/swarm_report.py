@@ -155,6 +155,11 @@ def _plan_by_agent(state: SwarmState, leader: int, event: dict[str, Any]) -> dic
                 if a is not None and b is not None:
                     matrix[a][b] = cluster[key][i][j]
         measured[key] = matrix
+    speeds: list[float | None] = [None] * n  # each agent's speed as the leader planned with it (mixed devices)
+    for i, a in enumerate(to_agent):
+        if a is not None and i < len(cluster["devices"]):
+            speeds[a] = cluster["devices"][i].get("tflops")
+    measured["tflops"] = speeds
     return {
         "leader": leader, "epoch": event["epoch"], "plan": plan, "predicted_cost_s": plan["cost_s"],
         "planning_s": (plan.get("search") or {}).get("seconds"),
