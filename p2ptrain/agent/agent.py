@@ -80,9 +80,15 @@ from p2ptrain.net.records import NO_BACKUP, ComputeMeasurement, PeerRecord, Plan
 from p2ptrain.net.transport import Transport
 from p2ptrain.planning import Cluster, LayeredWorkload, Workload, load_cluster
 from p2ptrain.planning.simulated import StepWorkload
-from p2ptrain.runtime.calibration import calibrate, expected_rows, layered_workload, step_profile, step_workload
-from p2ptrain.runtime.compute_speed import compute_slowdown
+from p2ptrain.runtime.calibration import (
+    calibrate,
+    expected_rows,
+    layered_workload,
+    step_profile,
+    step_workload,
+)
 from p2ptrain.runtime.checkpoint import latest_complete
+from p2ptrain.runtime.compute_speed import compute_slowdown
 from p2ptrain.runtime.reference import resolve_device, torch_settings
 
 logger = logging.getLogger(__name__)

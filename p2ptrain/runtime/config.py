@@ -30,8 +30,8 @@ from typing import Literal
 from p2ptrain.model.data import check_split
 from p2ptrain.model.optim import OptimizerConfig
 from p2ptrain.model.stage import stage_layer_range
-from p2ptrain.planning.split import check_layers
 from p2ptrain.planning.model_shapes import ModelShape, model_shape
+from p2ptrain.planning.split import check_layers
 
 Device = Literal["cpu", "cuda", "auto"]
 

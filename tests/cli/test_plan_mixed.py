@@ -41,7 +41,7 @@ def test_volunteers_json_has_layers_memory_wire_and_schedule():
     doc = json.loads(r.stdout)
     layers = doc["layers"]
     assert len(layers) == 4 and layers[0][0] == 0 and layers[-1][1] == 24
-    assert all(a < b == c for (a, b), (c, _) in zip(layers, layers[1:]))
+    assert all(a < b == c for (a, b), (c, _) in zip(layers, layers[1:], strict=False))
     cluster = scenario("volunteers", 8)
     for j, need in enumerate(doc["stage_memory_gb"]):
         assert all(need <= cluster.devices[p[j]].memory_gb for p in doc["pipelines"])

@@ -10,7 +10,7 @@ from p2ptrain.planning import Cluster, Device, schedule
 from p2ptrain.planning.joint import LayerCosts, LayeredWorkload
 from p2ptrain.planning.layers import Parts
 from p2ptrain.planning.simulated import SimulatedObjective, StepProfile
-from p2ptrain.planning.split import even_layers, layers_from_sizes
+from p2ptrain.planning.split import layers_from_sizes
 
 from .random_clusters import _world, region_cluster
 
@@ -30,7 +30,7 @@ def mixed_instance(seed: int):
     num_layers = int(rng.integers(max(4, stages), 7))
     f = float(rng.uniform(0.02, 0.3))
     block_gb = float(rng.uniform(2.0, 8.0))
-    devices = tuple(Device(d.name, d.region, tflops=t, memory_gb=m) for d, (t, m) in zip(base.devices, cards))
+    devices = tuple(Device(d.name, d.region, tflops=t, memory_gb=m) for d, (t, m) in zip(base.devices, cards, strict=False))
     cluster = Cluster(devices, base.latency_ms, base.bandwidth_gbps)
     costs = LayerCosts(
         num_layers=num_layers,
