@@ -67,10 +67,18 @@ def agent_ids(summary: dict) -> list[str]:
     return [summary["peers"][str(k)] for k in range(len(summary["peers"]))]
 
 
+def trained(watched_swarm: dict) -> dict:
+    """The swarm's summary; fails with the end of its output and its monitor's log unless it trained."""
+    workdir = watched_swarm["workdir"]
+    log = (workdir / "test-monitor.log").read_text()[-1500:] if (workdir / "test-monitor.log").exists() else ""
+    assert watched_swarm["code"] == 0 and watched_swarm["summary"], (
+        f"swarm exited {watched_swarm['code']}: {watched_swarm['stderr'][-2500:]}\ntest monitor: {log}")
+    return watched_swarm["summary"]
+
+
 @pytest.mark.timeout(480)
 def test_api_shows_the_swarms_records(watched_swarm):
-    summary = watched_swarm["summary"]
-    assert watched_swarm["code"] == 0, watched_swarm["stderr"][-3000:]
+    summary = trained(watched_swarm)
     state = get_state(watched_swarm["url"])
     ids = agent_ids(summary)
     assert state["run"] == RUN
@@ -81,24 +89,27 @@ def test_api_shows_the_swarms_records(watched_swarm):
         assert peer["device_name"] and peer["memory_gb"] > 0 and peer["tflops"] > 0 and peer["address"] == "direct"
         assert peer["role"]["kind"] == "trainer"
     plan = state["plan"]
-    assert plan["pipelines"] == [[summary["peers"][str(a)] for a in row] for row in summary["plan"]["pipelines"]]
+    replans = [r["epoch"] for r in summary["replans"]]  # a busy machine may halt an epoch: training goes on
+    plan_epochs = [e["epoch"] for e in state["events"] if e["kind"] == "plan"]
+    assert plan_epochs[0] == 0 and set(plan_epochs) <= {0, *replans} and plan["epoch"] == max([0, *replans])
     assert plan["leader"] == summary["peers"][str(summary["leader"])] == min(ids)
-    assert plan["cost_s"] == pytest.approx(summary["predicted_cost_s"]) == plan["predicted_step_s"]
     assert set(plan["baselines"]) == set(summary["plan"]["baselines"]) and plan["baselines"]
+    if not replans:  # the summary describes the first plan
+        assert plan["pipelines"] == [[summary["peers"][str(a)] for a in row] for row in summary["plan"]["pipelines"]]
+        assert plan["cost_s"] == pytest.approx(summary["predicted_cost_s"]) == plan["predicted_step_s"]
     # every loss the monitor saw is the loss the agents reported for that step (the monitor samples)
     losses = state["series"]["loss"]
     assert losses, "the monitor saw no loss"
     for step, loss in losses:
         assert 1 <= step <= STEPS and loss == pytest.approx(summary["losses"][step - 1], rel=1e-9)
     assert all(seconds > 0 for _, seconds in state["series"]["step_time_s"])
-    assert state["summary"]["loss"] == losses[-1][1] and state["summary"]["epoch"] == 0
+    assert state["summary"]["loss"] == losses[-1][1] and state["summary"]["epoch"] == plan["epoch"]
     links = state["links"]
     index = {p: i for i, p in enumerate(links["peers"])}
     for a in ids:
         for b in ids:
             if a != b:
                 assert links["latency_ms"][index[a]][index[b]] >= 0 and links["bandwidth_gbps"][index[a]][index[b]] > 0
-    assert [e["epoch"] for e in state["events"] if e["kind"] == "plan"] == [0]
     metrics, headers = get(watched_swarm["url"] + "metrics")
     assert headers["Content-Type"].startswith("text/plain")
     assert f'p2ptrain_step{{run="{RUN}"}} {float(state["summary"]["step"])}'.encode() in metrics
@@ -107,7 +118,7 @@ def test_api_shows_the_swarms_records(watched_swarm):
 
 @pytest.mark.timeout(480)
 def test_swarm_monitor_flag_serves_the_run_while_it_trains(watched_swarm):
-    summary, live = watched_swarm["summary"], watched_swarm["live"]
+    summary, live = trained(watched_swarm), watched_swarm["live"]
     url = watched_swarm["status"]["monitor"]["url"]
     assert f"monitor: {url}" in watched_swarm["stderr"]
     assert live and all(s["run"] == RUN for s in live)
@@ -124,9 +135,9 @@ def test_swarm_monitor_flag_serves_the_run_while_it_trains(watched_swarm):
 @pytest.mark.skipif(CHROMIUM is None, reason=CHROMIUM_MISSING)
 @pytest.mark.timeout(480)
 def test_page_of_a_real_swarm_in_chromium(watched_swarm, tmp_path):
+    ids = agent_ids(trained(watched_swarm))
     state = get_state(watched_swarm["url"])
     points = len(state["series"]["loss"])
-    ids = agent_ids(watched_swarm["summary"])
 
     async def check(page):
         found = await page.wait_for(f"""(() => {{
