@@ -28,7 +28,9 @@ class MessageRejected(ProtocolError):
     """A message did not match what the receiver expected (shape, dtype, size, step, sender) and was refused.
 
     ``code`` says why in a word a sender can act on: ``"duplicate"`` (the receiver already holds this
-    message from this sender), ``"stale"`` (the receiver has moved past its step), or ``"refused"``.
+    message from this sender), ``"stale"`` (the receiver has moved past its step), ``"not_sender"`` (the
+    sender is in none of the receiver's plans and not a live peer), ``"too_slow"`` (the payload arrived far
+    slower than the link allows and was cut off), or ``"refused"``.
     """
 
     def __init__(self, message: str, peer: str | None = None, code: str = "refused"):

@@ -69,6 +69,7 @@ from p2ptrain.agent.membership import Membership, MembershipTracker, plan_trigge
 from p2ptrain.agent.plan_check import LeaderWatch, PlanGate
 from p2ptrain.agent.profile import profile_device
 from p2ptrain.agent.replan import JOIN, Replan, ReplanWatch
+from p2ptrain.agent.senders import min_rates, sender_budgets
 from p2ptrain.agent.stage_state import StateKeeper
 from p2ptrain.agent.state_store import StateStore
 from p2ptrain.errors import ProtocolError
@@ -384,7 +385,15 @@ class Agent:
             p for p in membership.ids
             if p != self.peer_id and p in self._dialled and tracker.known_for_s(p) >= settle_s
         )  # fmt: skip
+        self._admit_senders(membership)
         return membership
+
+    def _admit_senders(self, membership: Membership, *plans: PlanRecord) -> None:
+        """Who may send us tensors, and how much each may hold (``agent.senders``): the members of the plans
+        we train or may train next, then other live peers; nobody else."""
+        candidates = (self._following, self._newest_seen, *plans)
+        self.transport.mailbox.senders = sender_budgets(candidates, membership.ids, self.peer_id, self.config.train,
+                                                        self.config.transport.step_window)  # fmt: skip
 
     def _watch_targets(self, membership: Membership) -> set[str]:
         """Whom to ping: every member in a small run; beyond ``watch_all_up_to``, the peers of our pipeline
@@ -418,6 +427,7 @@ class Agent:
                     link.latency_s * 1e3, link.bandwidth_bytes_per_s * 8 / 1e6)
 
     def _on_links(self, row) -> None:
+        self.transport.mailbox.min_rates = min_rates(row)
         self.events.write("links", measured=len(row), row={p: [m.latency_ms, m.bandwidth_gbps] for p, m in row.items()})
 
     def _next_plan(self) -> PlanRecord | None:
@@ -732,6 +742,7 @@ class Agent:
     def _follow(self, plan: PlanRecord, device) -> EpochOutcome:
         cfg = self.config
         self._following = plan
+        self._admit_senders(self._membership, plan)
         self._done_now = None
         self.prober.pause(timeout_s=min(cfg.links.probe.deadline_s, cfg.links.pause_wait_s))  # nor queue behind a probe
         # Heartbeats notice failures; the data deadline only has to allow the plan's slowest step.

@@ -13,6 +13,10 @@ Acceptance rules, for a receiver whose window is (run, epoch, step):
   (older is stale, further is too far ahead; steps count globally across epochs); kinds in
   ``EPOCH_ONLY_KINDS`` (state backups, sent in the background) are judged by their epoch alone;
 - at most ``max_message_bytes`` per message and ``max_buffered_bytes`` held in total (in flight + unread);
+- with ``senders`` set (the agent sets it from its plans and its view of the members): only those peers,
+  each within its own budget (in flight + unread from that sender), so that no sender, member or not, can
+  take the room another needs. Budgets marked reserved (the plans' members, sized from the plans' messages)
+  do not count against ``max_buffered_bytes``; the others (live peers outside the plans) share it;
 - one message per (tag, sender) within the window;
 - if the receiver declared the senders of a tag (``expect``), the sender must be one of them, with the
   declared shape and dtype;
@@ -26,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -55,11 +59,20 @@ class Expectation:
 
 
 @dataclass(frozen=True)
+class SenderBudget:
+    """What one sender may hold in this mailbox at once (bytes), and whether that room is its own."""
+
+    nbytes: int
+    reserved: bool = False  # sized from a plan: not counted against the shared max_buffered_bytes
+
+
+@dataclass(frozen=True)
 class Admission:
     """A message the mailbox agreed to take on its header; its bytes are reserved until delivered or abandoned."""
 
     key: Key
     header: Header
+    shared: bool = True  # counted against max_buffered_bytes (see ``SenderBudget.reserved``)
 
 
 class Mailbox:
@@ -72,10 +85,20 @@ class Mailbox:
         self.step_window = step_window
         self.epoch_window = epoch_window
         self.held_bytes = 0  # in flight (admitted) + buffered (delivered, unread)
+        self.shared_bytes = 0  # the part of held_bytes from senders without a reserved budget
+        self.held_by: dict[str, int] = {}
+        # who may send, and how much each may hold (None: anyone, within max_buffered_bytes); replaced whole
+        # by the agent's thread, read by the loop
+        self.senders: Mapping[str, SenderBudget] | None = None
+        # the slowest rate (bytes/s) at which an admitted message may arrive, per sender (the agent sets it
+        # from the measured links), else ``min_rate_bytes_per_s``; a slower one is cut off (``deadline_s``)
+        self.min_rates: Mapping[str, float] = {}
+        self.min_rate_bytes_per_s = 16 << 10
         self._expected: dict[Tag, dict[str, Expectation]] = {}
         self._awaited: dict[Key, Expectation] = {}  # shape and dtype fixed by a receive of (tag, sender)
         self._in_flight: set[Key] = set()
         self._buffered: dict[Key, torch.Tensor] = {}
+        self._shared_buffered: dict[Key, bool] = {}  # whether a buffered message counts against the shared room
         self._consumed: set[Key] = set()
         self._waiters: dict[Key, asyncio.Future] = {}
         # closed runs: whether a sender is admitted to the run (``SwarmDHT.is_admitted``); None admits everyone
@@ -106,6 +129,7 @@ class Mailbox:
         """Reserve room for a message announced by ``header``; MessageRejected if it is not acceptable."""
         if self.admit_sender is not None and not self.admit_sender(sender):
             raise MessageRejected(f"peer {sender} is not admitted to run {self.window.run!r}", peer=sender)
+        budget = self._budget(sender)
         key = (header.tag, sender)
         if key in self._consumed or key in self._buffered:  # a resend whose first copy was taken
             raise MessageRejected(f"duplicate message for {header.tag}", peer=sender, code="duplicate")
@@ -116,14 +140,44 @@ class Mailbox:
             problem = f"duplicate message for {header.tag} while its first copy is still arriving"
         if problem is None and header.nbytes > self.max_message_bytes:
             problem = f"message of {header.nbytes} bytes exceeds the limit of {self.max_message_bytes}"
-        if problem is None and self.held_bytes + header.nbytes > self.max_buffered_bytes:
-            problem = (f"receiver buffer full: {self.held_bytes} bytes held, {header.nbytes} more would exceed "
+        if problem is None and budget is not None and self.held_by.get(sender, 0) + header.nbytes > budget.nbytes:
+            problem = (f"sender's budget full: {self.held_by.get(sender, 0)} bytes held from this peer, "
+                       f"{header.nbytes} more would exceed its {budget.nbytes}")
+        shared = budget is None or not budget.reserved
+        if problem is None and shared and self.shared_bytes + header.nbytes > self.max_buffered_bytes:
+            problem = (f"receiver buffer full: {self.shared_bytes} bytes held, {header.nbytes} more would exceed "
                        f"{self.max_buffered_bytes}")
         if problem is not None:
             raise MessageRejected(problem, peer=sender)
         self._in_flight.add(key)
-        self.held_bytes += header.nbytes
-        return Admission(key, header)
+        self._hold(sender, header.nbytes, shared)
+        return Admission(key, header, shared)
+
+    def deadline_s(self, sender: str, nbytes: int, slack_s: float) -> float:
+        """How long the payload of an admitted message of ``nbytes`` from ``sender`` may take to arrive."""
+        return slack_s + nbytes / max(self.min_rates.get(sender, 0.0), self.min_rate_bytes_per_s)
+
+    def _budget(self, sender: str) -> SenderBudget | None:
+        """The sender's budget; MessageRejected (code ``not_sender``) if ``senders`` leaves it out."""
+        senders = self.senders
+        if senders is None:
+            return None
+        budget = senders.get(sender)
+        if budget is None:
+            raise MessageRejected(f"peer {sender} is neither a member of this run's plans nor a live peer",
+                                  peer=sender, code="not_sender")  # fmt: skip
+        return budget
+
+    def _hold(self, sender: str, nbytes: int, shared: bool) -> None:
+        """Count ``nbytes`` from ``sender`` as held (negative: released)."""
+        self.held_bytes += nbytes
+        if shared:
+            self.shared_bytes += nbytes
+        held = self.held_by.get(sender, 0) + nbytes
+        if held:
+            self.held_by[sender] = held
+        else:
+            self.held_by.pop(sender, None)
 
     def deliver(self, admission: Admission, tensor: torch.Tensor) -> None:
         """Hand a complete message to its waiter or buffer it; MessageRejected if it is no longer acceptable."""
@@ -132,20 +186,22 @@ class Mailbox:
         self._in_flight.discard(key)
         problem = self._problem(key, header)
         if problem is not None:
-            self.held_bytes -= header.nbytes
+            self._hold(key[1], -header.nbytes, admission.shared)
             raise MessageRejected(problem, peer=key[1])
         waiter = self._waiters.pop(key, None)
         if waiter is not None and not waiter.done():
-            self._consume(key, header.nbytes)
+            self._consumed.add(key)
+            self._hold(key[1], -header.nbytes, admission.shared)
             waiter.set_result(tensor)
         else:
             self._buffered[key] = tensor
+            self._shared_buffered[key] = admission.shared
 
     def abandon(self, admission: Admission) -> None:
         """Release an admitted message that never completed (the stream broke or was refused midway)."""
         if admission.key in self._in_flight:
             self._in_flight.discard(admission.key)
-            self.held_bytes -= admission.header.nbytes
+            self._hold(admission.key[1], -admission.header.nbytes, admission.shared)
 
     def expect(self, tag: Tag, sender: str, shape: tuple[int, ...], dtype: str) -> None:
         """Declare that ``tag`` comes from ``sender`` with this shape and dtype; other arrivals are refused."""
@@ -174,7 +230,7 @@ class Mailbox:
         nbytes = tensor.numel() * tensor.element_size()
         problem = self._mismatch(key, tuple(tensor.shape), dtype_name(tensor.dtype))
         if problem is not None:
-            self.held_bytes -= nbytes
+            self._release_buffered(key, nbytes)
             logger.warning("dropped buffered %s from peer %s: %s", tag, sender, problem)
             raise MessageRejected(f"{tag}: {problem}", peer=sender)
         self._consume(key, nbytes)
@@ -191,7 +247,7 @@ class Mailbox:
         self.window = Window(run, epoch, step)
         for key in [k for k in self._buffered if self.window_problem(k[0])]:
             tensor = self._buffered.pop(key)
-            self.held_bytes -= tensor.numel() * tensor.element_size()
+            self._release_buffered(key, tensor.numel() * tensor.element_size())
             logger.info("dropped unread %s from peer %s: the window moved to %s", key[0], key[1], self.window)
         for key in [k for k in self._waiters if self.window_problem(k[0])]:
             waiter = self._waiters.pop(key)
@@ -227,4 +283,8 @@ class Mailbox:
 
     def _consume(self, key: Key, nbytes: int) -> None:
         self._consumed.add(key)  # expectations stay until the window moves: a late duplicate is still judged
-        self.held_bytes -= nbytes
+        self._release_buffered(key, nbytes)
+
+    def _release_buffered(self, key: Key, nbytes: int) -> None:
+        """A buffered message was read or dropped (it was popped from ``_buffered`` already)."""
+        self._hold(key[1], -nbytes, self._shared_buffered.pop(key, True))

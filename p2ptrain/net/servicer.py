@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 import typing
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -90,7 +91,12 @@ class TensorServicer(ServicerBase):
             header = decode_header(first)
             admission = self.mailbox.admit(sender, header)
             buffer = bytearray(header.nbytes)
-            await read_payload(pieces, first, header, buffer)
+            deadline_s = self.mailbox.deadline_s(sender, header.nbytes, self.idle_timeout_s)
+            try:
+                await asyncio.wait_for(read_payload(pieces, first, header, buffer), deadline_s)
+            except asyncio.TimeoutError:
+                raise MessageRejected(f"{header.tag}: {header.nbytes} bytes did not arrive within {deadline_s:.0f} s "
+                                      "(far slower than the link allows); cut off", peer=sender, code="too_slow") from None
             if await pieces.next() is not None:
                 raise Malformed(f"more bytes than the header announced ({header.nbytes})")
             await self.hold(header)
@@ -242,7 +248,7 @@ async def paced_requests(
         )
 
 
-REFUSAL_CODES = ("refused", "duplicate", "stale")
+REFUSAL_CODES = ("refused", "duplicate", "stale", "not_sender", "too_slow")
 
 
 def make_reply(
@@ -262,10 +268,25 @@ def is_ok(response: runtime_pb2.ExpertResponse) -> bool:
     return parse_reply(response).error is None
 
 
+REFUSAL_LOG_EVERY_S = 30.0
+_refusals_logged: dict[tuple[str, str], tuple[float, int]] = {}  # (sender, code) -> (last logged, unlogged since)
+
+
 def refusal(sender: str, error: Exception) -> runtime_pb2.ExpertResponse:
     reason = str(error) if not isinstance(error, MessageRejected) else str(error).removesuffix(f" (peer {sender})")
     code = error.code if isinstance(error, MessageRejected) else "refused"
-    logger.warning("refused a message from peer %s: %s", sender, reason)
+    if code != "not_sender":
+        logger.warning("refused a message from peer %s: %s", sender, reason)
+        return make_reply(error=reason, code=code)
+    # a peer outside the run that keeps sending gets one line per REFUSAL_LOG_EVERY_S, with the count
+    now = time.monotonic()
+    last, unlogged = _refusals_logged.get((sender, code), (-REFUSAL_LOG_EVERY_S, 0))
+    if now - last >= REFUSAL_LOG_EVERY_S:
+        more = f" ({unlogged} more refused since the last line)" if unlogged else ""
+        logger.warning("refused a message from peer %s: %s%s", sender, reason, more)
+        _refusals_logged[(sender, code)] = (now, 0)
+    else:
+        _refusals_logged[(sender, code)] = (last, unlogged + 1)
     return make_reply(error=reason, code=code)
 
 
