@@ -79,3 +79,14 @@ def is_alive(pid: int) -> bool:
     except psutil.NoSuchProcess:
         return False
 
+
+def bootstrap_maddrs(workdir: Path, timeout_s: float = 90) -> list[str]:
+    """The swarm's bootstrap address line (``<workdir>/bootstrap.maddrs``), once written."""
+
+    def read() -> str | None:
+        try:
+            return (workdir / "bootstrap.maddrs").read_text().strip() or None
+        except FileNotFoundError:
+            return None
+
+    return wait_for(read, timeout_s, "the bootstrap's address line").split()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import msgpack
 import pytest
-from agent_helpers import events, swarm_command, wait_for
+from agent_helpers import bootstrap_maddrs, events, swarm_command
 from hivemind.utils import get_dht_time
 
 from p2ptrain import PROTOCOL_VERSION, __version__
@@ -104,7 +104,7 @@ def test_rogue_records_are_ignored_and_the_swarm_trains_on_the_real_plan(tmp_pat
     )  # fmt: skip
     rogues: list[Rogue] = []
     try:
-        maddrs = wait_for(lambda: _read(tmp_path / "bootstrap.maddrs"), 90, "the bootstrap's address line").split()
+        maddrs = bootstrap_maddrs(tmp_path)
         rogue_a = Rogue(tmp_path / "rogue-a.id", maddrs)
         rogues.append(rogue_a)
         a = rogue_a.dht.peer_id
@@ -162,12 +162,3 @@ def test_rogue_records_are_ignored_and_the_swarm_trains_on_the_real_plan(tmp_pat
     reference = train_reference(config_from_dict(TrainConfig, summary["config"]))
     for got, want in zip(summary["losses"], reference.losses, strict=True):
         assert abs(got - want) <= 1e-4 * abs(want)
-
-
-def _read(path: Path) -> str | None:
-    try:
-        text = path.read_text().strip()
-    except FileNotFoundError:
-        return None
-    return text or None
-

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from agent_helpers import swarm_command, wait_for
+from agent_helpers import bootstrap_maddrs, swarm_command
 
 from p2ptrain.config import config_from_dict
 from p2ptrain.runtime.config import TrainConfig
@@ -38,7 +38,7 @@ def test_a_non_member_flooding_and_trickling_tensors_is_refused_and_training_goe
                              stdout=subprocess.PIPE, stderr=stderr, text=True)  # fmt: skip
     rogue = None
     try:
-        maddrs = wait_for(lambda: _read(tmp_path / "bootstrap.maddrs"), 90, "the bootstrap's address line").split()
+        maddrs = bootstrap_maddrs(tmp_path)
         rogue = subprocess.Popen([sys.executable, str(HERE / "rogue_sender.py"), RUN, *maddrs],
                                  stdout=subprocess.PIPE, stderr=open(tmp_path / "rogue.log", "w"), text=True)  # noqa: SIM115
         out, _ = swarm.communicate(timeout=360)
@@ -70,11 +70,3 @@ def test_a_non_member_flooding_and_trickling_tensors_is_refused_and_training_goe
     reference = train_reference(config_from_dict(TrainConfig, summary["config"]))
     for got, want in zip(summary["losses"], reference.losses, strict=True):
         assert abs(got - want) <= 1e-4 * abs(want)
-
-
-def _read(path: Path) -> str | None:
-    try:
-        text = path.read_text().strip()
-    except FileNotFoundError:
-        return None
-    return text or None
