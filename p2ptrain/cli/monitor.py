@@ -6,7 +6,8 @@
 
 Prints the page's URL on one stdout line; the page is at ``/``, the JSON at ``/api/state``, Prometheus
 metrics at ``/metrics``. Logs to stderr, runs until SIGTERM or SIGINT. It never joins the run: it publishes
-nothing, so it is never a member and never leads.
+nothing, so it is never a member and never leads. Flags override the ``--config`` TOML file (the fields of
+``MonitorConfig``; ``[dht]`` those of ``DHTConfig``).
 """
 
 from __future__ import annotations
@@ -17,19 +18,19 @@ import sys
 import click
 
 from p2ptrain.cli.bootstrap import _split
+from p2ptrain.config import load_toml
 from p2ptrain.errors import ProtocolError
 
 
 @click.command(name="monitor")
-@click.option("--initial-peers", multiple=True, required=True,
+@click.option("--initial-peers", multiple=True,
               help="Peers of the run to join through, e.g. the bootstrap's line (full multiaddrs with /p2p/).")
-@click.option("--run", "run_id", required=True, help="The run to watch (its DHT keys).")
-@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True,
-              help="HTTP port (0: any free port; the printed URL says which).")
-@click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to serve on; 0.0.0.0 shows the page to other machines.")
-@click.option("--poll", "poll_s", type=click.FloatRange(min=0, min_open=True), default=2.0, show_default=True,
-              help="Seconds between reads of the run's records.")
+@click.option("--run", "run_id", help="The run to watch (its DHT keys).")
+@click.option("--port", type=click.IntRange(0, 65535),
+              help="HTTP port (0: any free port; the printed URL says which).  [default: 8080]")
+@click.option("--host", help="Address to serve on; 0.0.0.0 shows the page to other machines.  [default: 127.0.0.1]")
+@click.option("--poll", "poll_s", type=click.FloatRange(min=0, min_open=True),
+              help="Seconds between reads of the run's records.  [default: 2]")
 @click.option("--tokens-per-step", type=click.IntRange(min=1),
               help="Global batch × sequence length, to show tokens/s.")
 @click.option("--time-scale", type=click.FloatRange(min=0, min_open=True),
@@ -40,19 +41,34 @@ from p2ptrain.errors import ProtocolError
 @click.option("--server-mode", is_flag=True, help="Serve DHT requests too (default: client mode, only read).")
 @click.option("--tensorboard", "tensorboard_dir", type=click.Path(file_okay=False),
               help="Also write the run's progress as TensorBoard event files here (needs p2ptrain[tensorboard]).")
-def command(initial_peers: tuple[str, ...], run_id: str, port: int, host: str, poll_s: float,
-            tokens_per_step: int | None, time_scale: float | None, size_factor: float | None,
-            announce_file: str | None, server_mode: bool, tensorboard_dir: str | None) -> None:  # fmt: skip
+@click.option("--config", "config_path", type=click.Path(dir_okay=False),
+              help="TOML config: MonitorConfig's fields, [dht] its DHTConfig (flags override it).")
+def command(initial_peers: tuple[str, ...], run_id: str | None, port: int | None, host: str | None,
+            poll_s: float | None, tokens_per_step: int | None, time_scale: float | None,
+            size_factor: float | None, announce_file: str | None, server_mode: bool, tensorboard_dir: str | None,
+            config_path: str | None) -> None:  # fmt: skip
     """Serve a live web page, a JSON API and Prometheus metrics of a run."""
+    from p2ptrain.errors import ConfigError
     from p2ptrain.monitor.server import MonitorConfig, serve_monitor
     from p2ptrain.net.lifecycle import StopSignal
 
-    base = MonitorConfig(run=run_id)
-    config = dataclasses.replace(
-        base, dht=dataclasses.replace(base.dht, initial_peers=_split(initial_peers), client_mode=not server_mode),
-        host=host, port=port, poll_s=poll_s, tokens_per_step=tokens_per_step, time_scale=time_scale,
-        size_factor=size_factor, announce_file=announce_file, tensorboard_dir=tensorboard_dir,
-    )  # fmt: skip
+    if config_path:
+        config = load_toml(MonitorConfig, config_path)
+    elif run_id:
+        config = MonitorConfig(run=run_id)
+    else:
+        raise ConfigError("say which run to watch: --run NAME (or run = ... in --config)")
+    flags = {"run": run_id, "host": host, "port": port, "poll_s": poll_s, "tokens_per_step": tokens_per_step,
+             "time_scale": time_scale, "size_factor": size_factor, "announce_file": announce_file,
+             "tensorboard_dir": tensorboard_dir}  # fmt: skip
+    dht = config.dht
+    if initial_peers:
+        dht = dataclasses.replace(dht, initial_peers=_split(initial_peers))
+    if server_mode:
+        dht = dataclasses.replace(dht, client_mode=False)
+    if not dht.initial_peers:
+        raise ConfigError("say whom to join through: --initial-peers MADDR (e.g. the bootstrap's line)")
+    config = dataclasses.replace(config, dht=dht, **{k: v for k, v in flags.items() if v is not None})
 
     def print_url(url: str) -> None:
         click.echo(url)
