@@ -5,6 +5,13 @@ the measured step time beside the step time the planner predicted (the ``simulat
     p2ptrain bench e2e --scenario worldwide                 # 8 agents, 4 stages × 2 replicas, 8 steps
     p2ptrain bench e2e --scenario spot --agents 4 --stages 2 --steps 3 --json
     python benchmarks/e2e.py                                # all five networks, one table and one chart
+    p2ptrain bench e2e --scenario volunteers                # mixed GPUs: compute-aware plan, the paper's, Megatron's
+
+Mixed GPUs (``volunteers``): each agent also computes as many times slower as its card is than the
+fastest (``runtime.compute_speed``), and the plans compared are the compute- and memory-aware plan
+(``scheduled``: layer split and assignment together, ``planning.joint``), the paper's communication-only
+plan with every stage the same number of layers (``communication_only``) and Megatron's order; each is
+predicted at its own layer split on the scheduled swarm's measurements (links and every agent's speed).
 
 How a run replays the paper's regime (DESIGN.md "Link emulation"): agent k plays device k of the network
 scaled to N devices (``scenarios.scenario``). The global batch is chosen so that this run's c_PP/c_DP is
@@ -38,12 +45,26 @@ from typing import Any
 import click
 import numpy as np
 
-from p2ptrain.planning import SCENARIOS, Cluster, Device, Workload, make_objective, megatron_assignment
+from p2ptrain.planning import (
+    ALL_SCENARIOS,
+    MIXED_SCENARIOS,
+    Cluster,
+    Device,
+    LayerCosts,
+    LayeredWorkload,
+    Parts,
+    Workload,
+    even_layers,
+    make_objective,
+    megatron_assignment,
+)
 from p2ptrain.planning.simulated import StepProfile, StepWorkload
 
 logger = logging.getLogger(__name__)
 
-PLANS = ("scheduled", "megatron", "random")
+PLANS = ("scheduled", "communication_only", "megatron", "random")  # in the tables' order
+PAPER_PLANS = ("scheduled", "megatron", "random")  # the default on the paper's networks
+MIXED_PLANS = ("scheduled", "communication_only", "megatron")  # the default on mixed GPUs
 TARGET_STEP_S = 3.0  # emulated seconds of communication Megatron's order takes, when no time scale is given
 DEFAULT_OUT = "benchmarks/results"
 
@@ -59,11 +80,13 @@ class E2EConfig:
     model: str = "tiny"
     seed: int = 0  # the model's, the data's, the scheduler's and the random assignment's
     workdir: str | None = None  # a folder per plan inside; default: a temporary folder per swarm
-    plans: tuple[str, ...] = PLANS  # which of them to run ("scheduled" always)
+    plans: tuple[str, ...] = ()  # which of them to run ("scheduled" always); () the scenario's default
 
     def __post_init__(self) -> None:
-        if self.scenario not in SCENARIOS:
-            raise ValueError(f"unknown scenario {self.scenario!r} (choose from {', '.join(SCENARIOS)})")
+        if self.scenario not in ALL_SCENARIOS:
+            raise ValueError(f"unknown scenario {self.scenario!r} (choose from {', '.join(ALL_SCENARIOS)})")
+        if not self.plans:
+            object.__setattr__(self, "plans", MIXED_PLANS if self.scenario in MIXED_SCENARIOS else PAPER_PLANS)
         if self.steps < 2:
             raise ValueError("--steps must be at least 2 (the first step is a warm-up and not measured)")
         unknown = set(self.plans) - set(PLANS)
@@ -146,33 +169,55 @@ def plan_row(summary: dict[str, Any], completions: list[float], time_scale: floa
     measured = statistics.median(times)
     predicted = plan["cost_s"] * time_scale
     dtfm = leader_objectives(summary)["dtfm"].evaluate(np.array(plan["pipelines"])).cost_s
+    layers = plan.get("layers")
     return {
         "measured_step_s": measured, "predicted_step_s": predicted, "predicted_paper_s": plan["cost_s"],
         "error": predicted / measured - 1.0, "dtfm_step_s": dtfm * time_scale, "dtfm_paper_s": dtfm,
-        "objective": plan["objective"], "pipelines": plan["pipelines"], "step_time_s": times,
+        "objective": plan["objective"], "pipelines": plan["pipelines"], "layers": layers, "step_time_s": times,
         "agent_step_time_s": summary["step_time_s"], "step_profile": summary["workload"].get("step"),
         "loss_first": summary["losses"][0], "loss_last": summary["losses"][-1],
     }  # fmt: skip
 
 
 def leader_objectives(summary: dict[str, Any]) -> dict[str, Any]:
-    """Both objectives on what a swarm's leader planned with: its measured links, workload, step profile."""
+    """Both objectives on what a swarm's leader planned with: its measured links, workload, step profile
+    (and, for mixed devices, every agent's speed and the per-layer costs: "simulated" then scores a plan
+    at its own layer split, ``evaluate(pipelines, layers)``)."""
     cluster = _measured_cluster(summary["measured"])
     workload = summary["workload"]
     stages = len(summary["plan"]["pipelines"][0])
     step = workload.get("step")
     profile = StepProfile(**{k: tuple(v) if isinstance(v, list) else v for k, v in step.items()}) if step else None
+    dtfm = make_objective("dtfm", cluster, Workload(workload["activation_gb"], workload["gradient_gb"]), stages)
+    if "layer_costs" in workload:
+        raw = workload["layer_costs"]
+        costs = LayerCosts(**{k: Parts(**v) if isinstance(v, dict) else v for k, v in raw.items()})
+        layered = LayeredWorkload(workload["activation_gb"], workload["gradient_gb"], step=profile or StepProfile(),
+                                  costs=costs)
+        return {"dtfm": dtfm, "simulated": _AtLayers(cluster, layered, stages)}
     simulated = StepWorkload(workload["activation_gb"], workload["gradient_gb"], step=profile or StepProfile())
-    return {"dtfm": make_objective("dtfm", cluster, Workload(workload["activation_gb"], workload["gradient_gb"]),
-                                   stages),
-            "simulated": make_objective("simulated", cluster, simulated, stages)}  # fmt: skip
+    return {"dtfm": dtfm, "simulated": make_objective("simulated", cluster, simulated, stages)}
 
 
-def _measured_cluster(measured: dict[str, list[list[float | None]]]) -> Cluster:
-    """The leader's measured links (by agent index, in the network's units) as a cluster."""
+class _AtLayers:
+    """The simulated objective of a layered workload, for plans at any layer split (None: even)."""
+
+    def __init__(self, cluster: Cluster, workload: LayeredWorkload, stages: int):
+        self.cluster, self.workload, self.stages = cluster, workload, stages
+
+    def evaluate(self, pipelines: np.ndarray, layers: list[list[int]] | None = None):
+        assert self.workload.costs is not None
+        split = tuple(tuple(r) for r in layers) if layers else even_layers(self.workload.costs.num_layers, self.stages)
+        return make_objective("simulated", self.cluster, self.workload.at(split), self.stages).evaluate(pipelines)
+
+
+def _measured_cluster(measured: dict[str, list[Any]]) -> Cluster:
+    """The leader's measured links (by agent index, in the network's units) and, when it planned with them,
+    every agent's speed, as a cluster."""
     latency = np.array([[v or 0.0 for v in row] for row in measured["latency_ms"]])
     bandwidth = np.array([[v or 1.0 for v in row] for row in measured["bandwidth_gbps"]])
-    devices = tuple(Device(name=f"agent-{k}") for k in range(len(latency)))
+    speeds = measured.get("tflops") or [None] * len(latency)
+    devices = tuple(Device(name=f"agent-{k}", tflops=speeds[k]) for k in range(len(latency)))
     return Cluster(devices, latency, bandwidth)
 
 
@@ -184,6 +229,9 @@ def speedups(plans: dict[str, Any], models: dict[str, Any]) -> dict[str, dict[st
 
     def ratio(name: str, base: str) -> float:
         objective = models[name]
+        if isinstance(objective, _AtLayers):  # each plan at its own layer split
+            return (objective.evaluate(np.array(plans[base]["pipelines"]), plans[base].get("layers")).cost_s
+                    / objective.evaluate(np.array(ours["pipelines"]), ours.get("layers")).cost_s)  # fmt: skip
         return (objective.evaluate(np.array(plans[base]["pipelines"])).cost_s
                 / objective.evaluate(np.array(ours["pipelines"])).cost_s)  # fmt: skip
 
@@ -201,7 +249,7 @@ def speedups(plans: dict[str, Any], models: dict[str, Any]) -> dict[str, dict[st
 
 def format_reports(reports: list[dict[str, Any]]) -> str:
     """The table of one or more networks' reports."""
-    head = (f"{'network':<11} {'scale':>7} {'plan':<10} {'measured s':>10} {'predicted s':>11} {'error':>7} "
+    head = (f"{'network':<11} {'scale':>7} {'plan':<18} {'measured s':>10} {'predicted s':>11} {'error':>7} "
             f"{'paper s':>8} {'dtfm s':>7}  {'speedup: measured':>17} {'predicted':>9} {'dtfm':>6}")  # fmt: skip
     lines = [head, "-" * len(head)]
     for r in reports:
@@ -210,7 +258,7 @@ def format_reports(reports: list[dict[str, Any]]) -> str:
             ratio = "" if name == "scheduled" else _ratio_cells(r["speedups"][f"over_{name}"])
             scale = f"{r['time_scale']:7.3g}" if k == 0 else " " * 7
             net = r["scenario"] if k == 0 else ""
-            lines.append(f"{net:<11} {scale} {name:<10} {p['measured_step_s']:10.3f} {p['predicted_step_s']:11.3f} "
+            lines.append(f"{net:<11} {scale} {name:<18} {p['measured_step_s']:10.3f} {p['predicted_step_s']:11.3f} "
                          f"{100 * p['error']:+6.1f}% {p['predicted_paper_s']:8.2f} {p['dtfm_step_s']:7.3f}  "
                          f"{ratio}".rstrip())  # fmt: skip
     first = reports[0]
@@ -255,7 +303,8 @@ def write_results(reports: list[dict[str, Any]], out_dir: Path, stem: str) -> li
 
 
 @click.command(name="e2e")
-@click.option("--scenario", type=click.Choice(list(SCENARIOS)), required=True, help="The paper's network to emulate.")
+@click.option("--scenario", type=click.Choice(list(ALL_SCENARIOS)), required=True,
+              help="The network to emulate (volunteers: mixed GPUs, compute emulated too).")
 @click.option("--agents", type=click.IntRange(min=2), default=8, show_default=True, help="Agent processes.")
 @click.option("--stages", type=click.IntRange(min=1), default=4, show_default=True, help="Pipeline stages.")
 @click.option("--steps", type=click.IntRange(min=2), default=8, show_default=True,
@@ -264,8 +313,9 @@ def write_results(reports: list[dict[str, Any]], out_dir: Path, stem: str) -> li
               help=f"Emulated seconds per network second.  [default: Megatron's order takes {TARGET_STEP_S:g} s "
                    "of communication]")
 @click.option("--micro-batches", type=click.IntRange(min=1), default=2, show_default=True)
-@click.option("--plans", default=",".join(PLANS), show_default=True,
-              help="Which plans to run, comma-separated (scheduled always).")
+@click.option("--plans", default="",
+              help=f"Which plans to run, comma-separated, of {', '.join(PLANS)} (scheduled always).  [default: "
+                   f"{','.join(PAPER_PLANS)}; on mixed GPUs {','.join(MIXED_PLANS)}]")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
               help="Seed of the model, the data, the scheduler and the random assignment.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=DEFAULT_OUT, show_default=True,

@@ -13,7 +13,7 @@ matplotlib.use("Agg")  # files only, no display
 
 import matplotlib.pyplot as plt  # noqa: E402
 
-MARKERS = {"scheduled": "o", "megatron": "s", "random": "^"}
+MARKERS = {"scheduled": "o", "megatron": "s", "random": "^", "communication_only": "D"}
 TOLERANCE = 0.15
 
 

@@ -254,12 +254,15 @@ def expected_rows(train: TrainConfig, members: int) -> int:
 SPEED_UNIT = 1e12  # measured speeds are block-tokens per second over 10¹² (a device's ``tflops`` field)
 
 
+def _block_s(c: ComputeMeasurement) -> float:
+    """A device's time for one block forward and backward at its measured rows (the ends if no block)."""
+    return max(sum(c.layer_s) or (sum(c.embed_s) + sum(c.head_s)), 1e-9)
+
+
 def measured_speed(c: ComputeMeasurement) -> float:
     """A device's measured speed: tokens a second through one block, forward and backward (over
     ``SPEED_UNIT``, the unit of a cluster device's ``tflops``; only ratios between devices matter)."""
-    seconds = sum(c.layer_s) or (sum(c.embed_s) + sum(c.head_s))
-    tokens = c.rows * c.seq_len
-    return tokens / max(seconds, 1e-9) / SPEED_UNIT
+    return c.rows * c.seq_len / _block_s(c) / SPEED_UNIT
 
 
 def layered_workload(
@@ -275,20 +278,29 @@ def layered_workload(
 ) -> LayeredWorkload:
     """This run's workload priced per layer (``planning.joint``) from the trainers' own measurements:
     compute at the fastest device's speed (``measured_speed``; the others' are their devices' ``tflops``,
-    ``with_measured_speeds``), gradients and memory of every part of the model, in the network's units."""
+    ``with_measured_speeds``), gradients and memory of every part of the model, in the network's units.
+    How a block's time divides into forward and backward, and what the embeddings, the head and the update
+    take beside it, is the median over the devices of each one's ratio to its own block time (alike on
+    every device; one device's differences of minima are noisy)."""
     if not measurements:
         raise ValueError("a layered workload needs at least one calibration")
     shape, m = train.shape, train.micro_batches
     fastest = max(measurements, key=measured_speed)
     rows = train.global_batch_size // (num_replicas * m)
-    k = rows * shape.seq_len / (fastest.rows * fastest.seq_len) / time_scale  # to this plan's micro-batch
+    reference_s = _block_s(fastest) / time_scale  # at the fastest device's measured rows, network seconds
+    grow = rows * shape.seq_len / (fastest.rows * fastest.seq_len)  # compute grows with the micro-batch
+
+    def part(get: Callable[[ComputeMeasurement], float]) -> float:
+        return statistics.median(get(c) / _block_s(c) for c in measurements) * reference_s
+
     model = layer_model(shape, micro_batch_tokens=rows * shape.seq_len, micro_batches=m, activation_bytes=FP32_BYTES)
-    per_param = fastest.update_s_per_mparam / 1e6 / time_scale
     costs = LayerCosts(
         num_layers=shape.num_layers,
-        forward_s=Parts(fastest.layer_s[0] * k, fastest.embed_s[0] * k, fastest.head_s[0] * k),
-        backward_s=Parts(fastest.layer_s[1] * k, fastest.embed_s[1] * k, fastest.head_s[1] * k),
-        update_s=model.parameters.scaled(per_param),
+        forward_s=Parts(*(grow * part(get) for get in (lambda c: c.layer_s[0], lambda c: c.embed_s[0],
+                                                        lambda c: c.head_s[0]))),
+        backward_s=Parts(*(grow * part(get) for get in (lambda c: c.layer_s[1], lambda c: c.embed_s[1],
+                                                         lambda c: c.head_s[1]))),
+        update_s=model.parameters.scaled(part(lambda c: c.update_s_per_mparam / 1e6)),  # not grown: per parameter
         gradient_gb=model.parameters.scaled(FP32_BYTES / GB / size_factor),
         memory_gb=model.memory_bytes.scaled(1 / GB),
     )

@@ -85,3 +85,14 @@ def test_the_layered_workload_prices_parts_at_the_fastest_device():
     assert even.forward_s == pytest.approx(median.forward_s)
     assert even.backward_s == pytest.approx(median.backward_s)
     assert even.gradient_gb == pytest.approx(median.gradient_gb, rel=1e-3)  # the loss scalar aside
+
+
+def test_how_a_step_divides_into_parts_is_the_median_over_devices():
+    # the fastest device's head excess came out 0 (a difference of noisy minima); the others agree that the
+    # head takes a quarter of a block's forward: the plan prices the head by them, at the fastest's speed
+    noisy = ComputeMeasurement(**{**FAST.__dict__, "head_s": (0.0, 0.0), "layer_s": (0.0015, 0.003)})
+    layered = layered_workload([noisy, FAST, SLOW], Workload(0.01, 0.02), TRAIN, 2)
+    block = 0.0045  # the fastest device's block, forward and backward
+    assert layered.costs.forward_s.block + layered.costs.backward_s.block == pytest.approx(block)
+    assert layered.costs.forward_s.head == pytest.approx(0.0005 / 0.006 * block)
+    assert layered.step.reference_tflops == pytest.approx(measured_speed(noisy))
