@@ -67,12 +67,16 @@ def agent_ids(summary: dict) -> list[str]:
     return [summary["peers"][str(k)] for k in range(len(summary["peers"]))]
 
 
+def monitor_log(watched_swarm: dict) -> str:
+    path = watched_swarm["workdir"] / "test-monitor.log"
+    return path.read_text()[-1500:] if path.exists() else ""
+
+
 def trained(watched_swarm: dict) -> dict:
     """The swarm's summary; fails with the end of its output and its monitor's log unless it trained."""
-    workdir = watched_swarm["workdir"]
-    log = (workdir / "test-monitor.log").read_text()[-1500:] if (workdir / "test-monitor.log").exists() else ""
     assert watched_swarm["code"] == 0 and watched_swarm["summary"], (
-        f"swarm exited {watched_swarm['code']}: {watched_swarm['stderr'][-2500:]}\ntest monitor: {log}")
+        f"swarm exited {watched_swarm['code']}: {watched_swarm['stderr'][-2500:]}\n"
+        f"test monitor: {monitor_log(watched_swarm)}")
     return watched_swarm["summary"]
 
 
@@ -83,7 +87,7 @@ def test_api_shows_the_swarms_records(watched_swarm):
     ids = agent_ids(summary)
     assert state["run"] == RUN
     peers = {p["peer_id"]: p for p in state["peers"]}
-    assert set(peers) == set(ids)
+    assert set(peers) == set(ids), (state["summary"], state["polls"], state["poll_errors"], monitor_log(watched_swarm))
     for peer_id in ids:
         peer = peers[peer_id]
         assert peer["device_name"] and peer["memory_gb"] > 0 and peer["tflops"] > 0 and peer["address"] == "direct"
