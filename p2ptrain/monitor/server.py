@@ -133,15 +133,22 @@ class MonitorApp:
 
     async def poll_forever(self, stop: StopSignal) -> None:
         loop = asyncio.get_running_loop()
+        failing = False
         while not stop.is_set():
             started = time.monotonic()
             try:
                 self.view.update(await loop.run_in_executor(self._pool, self._read))
                 if self.tensorboard is not None:
                     self.tensorboard.write(self.state())
-            except Exception as e:  # a slow or failed DHT read: count it, say so, try again next period
+                if failing:
+                    logger.info("reading the run's records works again")
+                failing = False
+            except Exception as e:  # a slow or failed DHT read: count it, say so once, try again next period
                 self.errors += 1
-                logger.warning("reading the run's records failed (%s: %s); retrying", type(e).__name__, e)
+                (logger.debug if failing else logger.warning)(
+                    "reading the run's records failed (%s: %s); retrying every %g s, the page shows what was read",
+                    type(e).__name__, e, self.config.poll_s)  # fmt: skip
+                failing = True
             while not stop.is_set() and time.monotonic() - started < self.config.poll_s:
                 await asyncio.sleep(min(0.1, self.config.poll_s))
 
