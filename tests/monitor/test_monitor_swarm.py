@@ -153,10 +153,13 @@ def test_page_of_a_real_swarm_in_chromium(watched_swarm, tmp_path):
                 && {{rows, cells, points, links, events: document.querySelectorAll('#events li').length}};
         }})()""", 120, "the page listing the peers, drawing the plan, the loss points and the links")  # fmt: skip
         await page.screenshot(tmp_path / "swarm.png")
+        found["elsewhere"] = await page.evaluate(
+            "performance.getEntriesByType('resource').map(r => r.name).filter(n => !n.startsWith(location.origin))")
         return found, page.exceptions()
 
     with Chromium(tmp_path) as chrome:
         found, exceptions = asyncio.run(chrome.visit(watched_swarm["url"], check))
     assert sorted(found["rows"]) == sorted(ids) and sorted(found["cells"]) == sorted(ids)
     assert found["events"] >= 2 and not exceptions, exceptions
+    assert found["elsewhere"] == []  # every script, style and request went to the monitor itself
     assert (tmp_path / "swarm.png").stat().st_size > 10_000

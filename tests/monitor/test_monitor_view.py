@@ -151,3 +151,19 @@ def test_the_link_matrix_is_capped_plan_members_first():
     view.update(Snapshot(1.0, {p: peer(i) for i, p in enumerate(PEERS)}, plans={PEERS[1]: plan(0, PEERS[1:4], ((2, 0),))}))
     matrix = view.state()["links"]
     assert matrix["peers"] == [PEERS[3], PEERS[1]] and len(matrix["latency_ms"]) == 2
+
+
+def test_the_page_loads_nothing_from_elsewhere_and_writes_no_html():
+    import re
+
+    from p2ptrain.monitor.server import STATIC_DIR
+
+    files = {path.name: path.read_text() for path in STATIC_DIR.iterdir()}
+    assert set(files) == {"index.html", "app.js", "style.css"}
+    for name, text in files.items():
+        urls = set(re.findall(r"(?:https?:)?//[\w.-]+", text)) - {"http://www.w3.org"}  # the SVG namespace
+        assert not urls, (name, urls)
+        assert "@import" not in text and "url(" not in text, name
+    script = files["app.js"]
+    for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"):
+        assert sink not in script, sink
