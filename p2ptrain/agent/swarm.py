@@ -7,7 +7,8 @@ Each child runs in its own session (``runtime.procgroup``), so stopping one stop
 (``agent-K.id``, so peer IDs are known before they start; identity files already in the work dir are
 reused), log (``agent-K.log``) and events
 (``agent-K.events.jsonl``); the bootstrap's log and address line; the emulated network (``cluster.json``);
-and ``swarm.json``, the status file (PIDs, peer IDs, paths).
+and ``swarm.json``, the status file (PIDs, peer IDs, paths); with a monitor (``monitor_port``), its log
+(``monitor.log``) and page's URL (``monitor.url``, also in ``swarm.json``).
 
 Emulated networks: with ``scenario`` (one of the paper's, scaled to N devices) or ``cluster_file``, agent
 K plays device K: its transport shapes its links as that device's (DESIGN.md "Link emulation"), so the
