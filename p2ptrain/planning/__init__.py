@@ -13,8 +13,14 @@ from p2ptrain.planning.cluster import Cluster, Device, cluster_from_dict, load_c
 from p2ptrain.planning.cost import CostBreakdown, DtfmObjective, Objective, make_objective
 from p2ptrain.planning.exhaustive import solve_exhaustive
 from p2ptrain.planning.gcma import GcmaConfig
-from p2ptrain.planning.joint import LayerCosts, LayeredWorkload, model_workload
-from p2ptrain.planning.layers import LayerModel, Parts, layer_model
+from p2ptrain.planning.layers import (
+    LayerCosts,
+    LayeredWorkload,
+    LayerModel,
+    Parts,
+    layer_model,
+    model_workload,
+)
 from p2ptrain.planning.measured import link_clusters, perturbed
 from p2ptrain.planning.model_shapes import MODEL_PRESETS, ModelShape, model_shape
 from p2ptrain.planning.plan import Infeasible, Plan, SearchStats

@@ -28,7 +28,6 @@ grouping that comes closest (devices grouped by memory).
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import math
@@ -40,113 +39,21 @@ import numpy as np
 from p2ptrain.planning.baselines import megatron_assignment, random_assignment
 from p2ptrain.planning.cluster import Cluster
 from p2ptrain.planning.cost import CostBreakdown
-from p2ptrain.planning.layers import DEFAULT_UTILISATION, GB, Parts, compute_parts, layer_model
-from p2ptrain.planning.model_shapes import ModelShape
+from p2ptrain.planning.layers import LayeredWorkload  # also imported from here (agent.leader)
 from p2ptrain.planning.plan import Infeasible, Plan, SearchStats
-from p2ptrain.planning.simulated import SimulatedObjective, StepProfile, StepWorkload
+from p2ptrain.planning.simulated import SimulatedObjective
 from p2ptrain.planning.split import Layers, even_layers, layers_from_sizes, minmax_split
 from p2ptrain.planning.workload import Workload
 
 log = logging.getLogger(__name__)
 
-PAPER_DEVICE_TFLOPS = 125.0  # the paper's V100: fp16 tensor-core peak (NVIDIA V100 data sheet)
 MAX_JOINT_EVALUATIONS = 20_000  # simulations in the local search, over all starts
 MAX_PERMUTED_GROUPS = 6
 MAX_ENUMERATED_SPLITS = 120  # the split of an assignment: every split up to this many
-MAX_SWEEP_SPLITS = 4_000  # swaps × splits: below, every swap is priced at each of its splits
+MAX_SWEEP_SPLITS = 600  # swaps × splits: below, every swap is priced at each of its splits
+MAX_CACHED_COSTS = 200_000
 REL_GAIN = 1e-9
 MAX_CACHED_SPLITS = 512
-
-
-@dataclass(frozen=True)
-class LayerCosts:
-    """Per-part costs (``layers.Parts``: a block, the embeddings, the head) in the network's units:
-    seconds of one micro-batch on the reference device, GB of gradients on the wire, GB of device memory
-    (plus ``stage_memory_gb`` on every stage)."""
-
-    num_layers: int
-    forward_s: Parts
-    backward_s: Parts
-    update_s: Parts
-    gradient_gb: Parts
-    memory_gb: Parts
-    stage_memory_gb: float = 0.0
-
-    def per_stage(self, parts: Parts, layers: Layers) -> tuple[float, ...]:
-        last = len(layers) - 1
-        return tuple(parts.stage(b - a, j == 0, j == last) for j, (a, b) in enumerate(layers))
-
-    def memory(self, layers: Layers) -> tuple[float, ...]:
-        """Peak memory of each stage of ``layers`` on each of its devices, GB."""
-        return tuple(m + self.stage_memory_gb for m in self.per_stage(self.memory_gb, layers))
-
-    def profile(self, base: StepProfile, layers: Layers) -> StepProfile:
-        """``base`` with the per-stage compute, update and gradients of the split ``layers``."""
-        return dataclasses.replace(
-            base, forward_s=self.per_stage(self.forward_s, layers), backward_s=self.per_stage(self.backward_s, layers),
-            update_s=self.per_stage(self.update_s, layers), gradient_gb=self.per_stage(self.gradient_gb, layers))
-
-
-@dataclass(frozen=True)
-class LayeredWorkload(StepWorkload):
-    """A step workload priced per layer, so that the planner chooses the split (``costs``); ``step`` holds
-    what does not depend on it (micro-batches, message overhead, pause between steps, reference speed).
-    ``wire``: the activations' format on the wire the volumes were computed for."""
-
-    costs: LayerCosts | None = None
-    wire: str = "fp32"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.costs is None:
-            raise ValueError("a layered workload needs its layer costs")
-
-    def at(self, layers: Layers) -> StepWorkload:
-        """The plain step workload of the split ``layers``."""
-        assert self.costs is not None
-        profile = self.costs.profile(self.step, layers)
-        return StepWorkload(self.activation_gb, max(profile.gradient_gb), self.source, step=profile)
-
-
-def model_workload(
-    shape: ModelShape,
-    cluster: Cluster,
-    *,
-    num_stages: int,
-    batch_tokens: int,
-    micro_batches: int,
-    activation_bytes: int = 2,
-    gradient_bytes: int = 4,
-    recompute: bool = False,
-    utilisation: float = DEFAULT_UTILISATION,
-    source: str = "model",
-) -> LayeredWorkload:
-    """The layered workload of ``shape`` on ``cluster`` (``layers``: FLOPs over peak speed × utilisation).
-
-    The reference device is the cluster's fastest; a device without ``tflops`` counts as the reference (with
-    no speeds known at all, every device is the paper's V100). The optimizer update is left out (memory
-    bound, small beside forward and backward on a GPU)."""
-    replicas = cluster.num_devices // num_stages
-    shard_tokens = batch_tokens / replicas
-    model = layer_model(shape, micro_batch_tokens=shard_tokens / micro_batches, micro_batches=micro_batches,
-                        activation_bytes=activation_bytes, recompute=recompute)
-    speeds = [d.tflops for d in cluster.devices if d.tflops]
-    reference = max(speeds) if speeds else PAPER_DEVICE_TFLOPS
-    forward, backward = compute_parts(model, reference, utilisation)
-    costs = LayerCosts(
-        num_layers=shape.num_layers, forward_s=forward, backward_s=backward, update_s=Parts(0.0),
-        gradient_gb=model.parameters.scaled(gradient_bytes / GB), memory_gb=model.memory_bytes.scaled(1 / GB),
-        stage_memory_gb=model.stage_extra_bytes / GB)
-    return LayeredWorkload(
-        activation_gb=shard_tokens * shape.hidden_size * activation_bytes / GB,
-        gradient_gb=parameter_gb(costs, num_stages), source=source,
-        step=StepProfile(micro_batches=micro_batches, reference_tflops=reference), costs=costs,
-        wire={2: "fp16", 4: "fp32"}.get(activation_bytes, f"{activation_bytes}-byte"))
-
-
-def parameter_gb(costs: LayerCosts, num_stages: int) -> float:
-    """The largest stage's gradients under the even split (the workload's c_DP, for the paper's cost)."""
-    return max(costs.per_stage(costs.gradient_gb, even_layers(costs.num_layers, num_stages)))
 
 
 @dataclass
@@ -165,6 +72,7 @@ class _Joint:
         self.num_stages, self.num_replicas = num_stages, cluster.num_devices // num_stages
         self.even = even_layers(self.costs.num_layers, num_stages)
         self._objectives: dict[Layers, SimulatedObjective] = {}
+        self._costs: dict[tuple[bytes, Layers], float] = {}
         self.slow = self.objective(self.even).slowdown
         self.cap = np.array([d.memory_gb if d.memory_gb else np.inf for d in cluster.devices])
         self.evaluations = 0
@@ -183,8 +91,14 @@ class _Joint:
         return obj
 
     def cost(self, sigma: np.ndarray, layers: Layers) -> float:
-        self.evaluations += 1
-        return self.objective(layers).simulate(sigma).predicted_s
+        key = (np.asarray(sigma, dtype=np.intp).tobytes(), layers)
+        hit = self._costs.get(key)
+        if hit is None:  # the starts' searches meet the same states: simulate each once
+            if len(self._costs) > MAX_CACHED_COSTS:
+                self._costs.clear()
+            self.evaluations += 1
+            hit = self._costs[key] = self.objective(layers).simulate(sigma).predicted_s
+        return hit
 
     def fits(self, sigma: np.ndarray, layers: Layers) -> bool:
         return bool(np.all(np.array(self.costs.memory(layers)) <= self.cap[sigma].min(axis=0) * (1 + 1e-12)))
@@ -294,7 +208,7 @@ class _Joint:
                         found.sigma, found.layers, found.cost_s = trial, layers, c
                         improved = any_gain = True
                         break
-                if self.evaluations >= until:
+                if self.evaluations >= until or out_of_time():
                     break
         return any_gain
 

@@ -27,16 +27,25 @@ n tokens (``micro_batch_tokens``), M micro-batches per pipeline and step:
   (h values per token) for each micro-batch, plus one micro-batch's full working set while it recomputes
   (the head likewise: its input for every micro-batch, its logits for one at a time).
 
-Units: GB is 10⁹ bytes. Times are computed elsewhere (``compute_parts``: FLOPs over a device's speed;
-``runtime.calibration``: measured).
+Units: GB is 10⁹ bytes. Times: ``compute_parts`` (FLOPs over a device's speed) or measured
+(``runtime.calibration``).
+
+What the planner prices (``planning.joint``): ``LayerCosts``, the parts in the network's units (seconds of
+one micro-batch on the reference device, GB of gradients, GB of memory), and ``LayeredWorkload``, a step
+workload that gives the per-stage profile of any split (``at``); ``model_workload`` builds one from a
+model shape and a cluster's cards.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
+from p2ptrain.planning.cluster import Cluster
 from p2ptrain.planning.model_shapes import ModelShape
+from p2ptrain.planning.simulated import StepProfile, StepWorkload
+from p2ptrain.planning.split import Layers, even_layers
 
 GB = 1e9
 STATE_BYTES_PER_PARAMETER = 16
@@ -45,6 +54,7 @@ BACKWARD_FLOPS_PER_FORWARD = 2.0
 # well-tuned GPT training on data-centre and consumer GPUs alike (Narayanan et al. 2021 report 44-52 %
 # with Megatron at scale; smaller per-device batches get less). Only the ratio to the network matters.
 DEFAULT_UTILISATION = 0.35
+PAPER_DEVICE_TFLOPS = 125.0  # the paper's V100: fp16 tensor-core peak (NVIDIA V100 data sheet)
 
 
 @dataclass(frozen=True)
@@ -131,3 +141,94 @@ def compute_parts(model: LayerModel, reference_tflops: float, utilisation: float
         raise ValueError("compute: reference_tflops must be positive and utilisation in (0, 1]")
     forward = model.forward_flops.scaled(1.0 / (reference_tflops * 1e12 * utilisation))
     return forward, forward.scaled(BACKWARD_FLOPS_PER_FORWARD + (1.0 if model.recompute else 0.0))
+
+
+@dataclass(frozen=True)
+class LayerCosts:
+    """Per-part costs (``layers.Parts``: a block, the embeddings, the head) in the network's units:
+    seconds of one micro-batch on the reference device, GB of gradients on the wire, GB of device memory
+    (plus ``stage_memory_gb`` on every stage)."""
+
+    num_layers: int
+    forward_s: Parts
+    backward_s: Parts
+    update_s: Parts
+    gradient_gb: Parts
+    memory_gb: Parts
+    stage_memory_gb: float = 0.0
+
+    def per_stage(self, parts: Parts, layers: Layers) -> tuple[float, ...]:
+        last = len(layers) - 1
+        return tuple(parts.stage(b - a, j == 0, j == last) for j, (a, b) in enumerate(layers))
+
+    def memory(self, layers: Layers) -> tuple[float, ...]:
+        """Peak memory of each stage of ``layers`` on each of its devices, GB."""
+        return tuple(m + self.stage_memory_gb for m in self.per_stage(self.memory_gb, layers))
+
+    def profile(self, base: StepProfile, layers: Layers) -> StepProfile:
+        """``base`` with the per-stage compute, update and gradients of the split ``layers``."""
+        return dataclasses.replace(
+            base, forward_s=self.per_stage(self.forward_s, layers), backward_s=self.per_stage(self.backward_s, layers),
+            update_s=self.per_stage(self.update_s, layers), gradient_gb=self.per_stage(self.gradient_gb, layers))
+
+
+@dataclass(frozen=True)
+class LayeredWorkload(StepWorkload):
+    """A step workload priced per layer, so that the planner chooses the split (``costs``); ``step`` holds
+    what does not depend on it (micro-batches, message overhead, pause between steps, reference speed).
+    ``wire``: the activations' format on the wire the volumes were computed for."""
+
+    costs: LayerCosts | None = None
+    wire: str = "fp32"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.costs is None:
+            raise ValueError("a layered workload needs its layer costs")
+
+    def at(self, layers: Layers) -> StepWorkload:
+        """The plain step workload of the split ``layers``."""
+        assert self.costs is not None
+        profile = self.costs.profile(self.step, layers)
+        return StepWorkload(self.activation_gb, max(profile.gradient_gb), self.source, step=profile)
+
+
+def model_workload(
+    shape: ModelShape,
+    cluster: Cluster,
+    *,
+    num_stages: int,
+    batch_tokens: int,
+    micro_batches: int,
+    activation_bytes: int = 2,
+    gradient_bytes: int = 4,
+    recompute: bool = False,
+    utilisation: float = DEFAULT_UTILISATION,
+    source: str = "model",
+) -> LayeredWorkload:
+    """The layered workload of ``shape`` on ``cluster`` (``layers``: FLOPs over peak speed × utilisation).
+
+    The reference device is the cluster's fastest; a device without ``tflops`` counts as the reference (with
+    no speeds known at all, every device is the paper's V100). The optimizer update is left out (memory
+    bound, small beside forward and backward on a GPU)."""
+    replicas = cluster.num_devices // num_stages
+    shard_tokens = batch_tokens / replicas
+    model = layer_model(shape, micro_batch_tokens=shard_tokens / micro_batches, micro_batches=micro_batches,
+                        activation_bytes=activation_bytes, recompute=recompute)
+    speeds = [d.tflops for d in cluster.devices if d.tflops]
+    reference = max(speeds) if speeds else PAPER_DEVICE_TFLOPS
+    forward, backward = compute_parts(model, reference, utilisation)
+    costs = LayerCosts(
+        num_layers=shape.num_layers, forward_s=forward, backward_s=backward, update_s=Parts(0.0),
+        gradient_gb=model.parameters.scaled(gradient_bytes / GB), memory_gb=model.memory_bytes.scaled(1 / GB),
+        stage_memory_gb=model.stage_extra_bytes / GB)
+    return LayeredWorkload(
+        activation_gb=shard_tokens * shape.hidden_size * activation_bytes / GB,
+        gradient_gb=parameter_gb(costs, num_stages), source=source,
+        step=StepProfile(micro_batches=micro_batches, reference_tflops=reference), costs=costs,
+        wire={2: "fp16", 4: "fp32"}.get(activation_bytes, f"{activation_bytes}-byte"))
+
+
+def parameter_gb(costs: LayerCosts, num_stages: int) -> float:
+    """The largest stage's gradients under the even split (the workload's c_DP, for the paper's cost)."""
+    return max(costs.per_stage(costs.gradient_gb, even_layers(costs.num_layers, num_stages)))

@@ -49,8 +49,7 @@ from p2ptrain.model.stage import build_stage, stage_layer_range
 from p2ptrain.net.messages import Header, Tag, dtype_name, tensor_bytes, tensor_from_bytes
 from p2ptrain.net.records import ComputeMeasurement
 from p2ptrain.planning.cluster import Cluster
-from p2ptrain.planning.joint import LayerCosts, LayeredWorkload
-from p2ptrain.planning.layers import Parts, layer_model
+from p2ptrain.planning.layers import LayerCosts, LayeredWorkload, Parts, layer_model
 from p2ptrain.planning.model_shapes import ModelShape
 from p2ptrain.planning.simulated import StepProfile, StepWorkload
 from p2ptrain.planning.workload import GB, Workload

@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 
 from p2ptrain.planning import Cluster, Device, schedule
-from p2ptrain.planning.joint import LayerCosts, LayeredWorkload
-from p2ptrain.planning.layers import Parts
+from p2ptrain.planning.layers import LayerCosts, LayeredWorkload, Parts
 from p2ptrain.planning.simulated import SimulatedObjective, StepProfile
 from p2ptrain.planning.split import layers_from_sizes
 

@@ -3,8 +3,7 @@
 import pytest
 
 from p2ptrain.planning import Cluster, Device, Infeasible, ModelShape, parameter_count, schedule
-from p2ptrain.planning.joint import LayerCosts, LayeredWorkload
-from p2ptrain.planning.layers import compute_parts, layer_model
+from p2ptrain.planning.layers import LayerCosts, LayeredWorkload, compute_parts, layer_model
 from p2ptrain.planning.simulated import StepProfile
 
 # 4 blocks, h = 8, 2 heads, T = 4, V = 16; micro-batches of 8 tokens (2 sequences), M = 2, fp32 activations
