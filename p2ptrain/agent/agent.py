@@ -68,6 +68,7 @@ from p2ptrain.agent.liveness import LivenessMonitor, epoch_failure
 from p2ptrain.agent.membership import Membership, MembershipTracker, plan_trigger
 from p2ptrain.agent.plan_check import LeaderWatch, PlanGate
 from p2ptrain.agent.profile import profile_device
+from p2ptrain.agent.quarantine import Quarantine
 from p2ptrain.agent.replan import JOIN, Replan, ReplanWatch
 from p2ptrain.agent.senders import min_rates, sender_budgets
 from p2ptrain.agent.stage_state import StateKeeper
@@ -162,6 +163,7 @@ class Agent:
         self._started = time.monotonic()
         self._done_now: int | None = None  # steps done in the epoch being trained
         self._watch = ReplanWatch(config.churn)
+        self.quarantine = Quarantine(config.churn.quarantine_s, config.churn.quarantine_max_s)
         self.keeper = StateKeeper(config.churn.keep_states)
         self.store: StateStore | None = None
         self.liveness: LivenessMonitor | None = None
@@ -577,13 +579,21 @@ class Agent:
             return
         ckpt, train = self.config.checkpoint, self.config.train
         last = latest_complete(ckpt.dir, train.stages, train.model) if ckpt.dir else None
-        replan = self._watch.check(current, membership.ids, progress, train.steps, [last] if last is not None else [],
+        live = self.quarantine.without(membership.ids)  # a quarantined peer is no joiner before its back-off ends
+        replan = self._watch.check(current, live, progress, train.steps, [last] if last is not None else [],
                                    time.monotonic(), self._done_now)
         if replan is None:
             if self._watch.note:
                 self._note_waiting(f"leading; {self._watch.note}")
             return
-        peers = {p: membership.peers[p] for p in replan.members if p in membership.peers}
+        for peer in replan.culprits:
+            if peer != self.peer_id:
+                backoff = self.quarantine.add(peer)
+                logger.warning("quarantining peer %s for %.0f s: it failed epoch %d (%s)", peer, backoff,
+                               current.epoch, replan.reason)  # fmt: skip
+                self.events.write("quarantined", peer=peer, epoch=current.epoch, seconds=backoff, reason=replan.reason)
+        held = self.quarantine.held()
+        peers = {p: membership.peers[p] for p in replan.members if p in membership.peers and p not in held}
         try:
             trainers, spares = trainers_and_spares(cluster_order(peers), train)
         except ValueError as e:

@@ -180,8 +180,14 @@ class ChurnConfig:
     backup_budget: float = 0.1
     backup_max_every: int = 50
     backup_first_every: int = 5
+    # a failure's causes stay out of the plans this long, doubling per repeat (``agent.quarantine``)
+    quarantine_s: float = 60.0
+    quarantine_max_s: float = 3600.0
 
     def __post_init__(self) -> None:
+        if not 0 < self.quarantine_s <= self.quarantine_max_s:
+            raise ConfigError(f"churn.quarantine_s={self.quarantine_s} must be positive and at most "
+                              f"churn.quarantine_max_s={self.quarantine_max_s}")
         if not self.halt_timeout_s > 0:
             raise ConfigError(f"churn.halt_timeout_s={self.halt_timeout_s} must be positive")
         if self.backup_every != "auto" and (isinstance(self.backup_every, bool) or not isinstance(self.backup_every, int)

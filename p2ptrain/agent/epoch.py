@@ -42,7 +42,7 @@ from p2ptrain.agent.config import CheckpointConfig
 from p2ptrain.agent.events import EventLog
 from p2ptrain.agent.stage_state import StateKeeper, recv_state, send_state
 from p2ptrain.agent.state_store import StateStore
-from p2ptrain.errors import ProtocolError
+from p2ptrain.errors import MessageRejected, PeerTimeoutError, ProtocolError, StreamClosed
 from p2ptrain.model.stage import build_stage
 from p2ptrain.net.dht import SwarmDHT
 from p2ptrain.net.lifecycle import StopSignal
@@ -351,9 +351,19 @@ def _halt(plan: PlanRecord, ctx: EpochContext, done: int, error: BaseException |
                    "copies, waiting for the next plan", plan.epoch, done, why, kept, keeper.stage, step, len(holds))
     ctx.events.write("halted", epoch=plan.epoch, step=done, kept=kept, stage=keeper.stage, reason=why,
                      holds=[list(h) for h in holds])
+    blame = blamed_peer(error, plan)
     ctx.heartbeat.flush(ProgressRecord(plan.epoch, step, None, 0.0, halted=True, kept=kept,
-                                       stage=keeper.stage if held else None, holds=holds))
+                                       stage=keeper.stage if held else None, holds=holds, blame=blame))
     return EpochOutcome(False, done, halted=True)
+
+
+def blamed_peer(error: BaseException | None, plan: PlanRecord) -> str | None:
+    """The plan member whose own call failed our epoch (it timed out, broke, or was refused by it), if any.
+    An epoch aborted because *another* peer failed (``PeerFailed``) blames nobody: the peer it names is
+    only the one whose call was cut short."""
+    if isinstance(error, PeerTimeoutError | StreamClosed | MessageRejected) and error.peer in plan.membership:
+        return error.peer
+    return None
 
 
 def _finished_peers(dht: SwarmDHT, epoch: int, steps: int) -> set[str]:

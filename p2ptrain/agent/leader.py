@@ -5,8 +5,10 @@
    cluster order; the others are spares.
 2. ``build_cluster``: devices from the peer records (region, TFLOP/s, memory), α and β from the links rows.
    Each row holds its writer's measurements of its outgoing links; a pair's α is the mean of the two
-   directions and its β their harmonic mean (transfer times average, not rates), or the one direction
-   measured. A pair nobody measured gets the worst measured link (a conservative guess, logged). When
+   directions and its β their harmonic mean (transfer times average, not rates). A row is its writer's
+   claim: where the two ends' figures are more than ``LINK_DISAGREEMENT`` (10x) apart the worse one counts
+   (logged), and a link only one end measured is never better than the best link both ends measured.
+   A pair nobody measured gets the worst measured link (a conservative guess, logged). When
    emulating, measured values become the emulated network's own units: α = α'/time_scale,
    β = β'·time_scale/size_factor, so the plan's cost compares with one computed from the true matrices.
 3. ``run_workload``: c_PP and c_DP of this run (fp32 activations and gradients of the configured model and
@@ -105,17 +107,35 @@ def build_cluster(
     n = len(order)
     measured = {a: (rows[a].resolve(order) if a in rows else {}) for a in order}
     latency, bandwidth = np.zeros((n, n)), np.zeros((n, n))
-    unknown = []
+    unknown, one_sided, disputed = [], [], []
     for i, a in enumerate(order):
         for j, b in enumerate(order):
             if i < j:
                 both = [m for m in (measured[a].get(b), measured[b].get(a)) if m is not None]
-                if both:
+                if len(both) == 2 and _disagree(*both):
+                    disputed.append((a, b))  # a row's claim is checked by the other end's measurement
+                    latency[i, j] = latency[j, i] = max(m.latency_ms for m in both)
+                    bandwidth[i, j] = bandwidth[j, i] = min(m.bandwidth_gbps for m in both)
+                elif both:
                     latency[i, j] = latency[j, i] = _mean_latency(both)
                     bandwidth[i, j] = bandwidth[j, i] = _mean_bandwidth(both)
+                    if len(both) == 1:
+                        one_sided.append((i, j))
                 else:
                     unknown.append((i, j))
     off = ~np.eye(n, dtype=bool)
+    if disputed:
+        logger.warning("%d link(s) measured very differently by their two ends (more than %gx apart), planned with "
+                       "the worse figure: %s", len(disputed), LINK_DISAGREEMENT,
+                       ", ".join(f"{a}-{b}" for a, b in disputed[:4]))  # fmt: skip
+    checked = off.copy()
+    for i, j in unknown + one_sided:
+        checked[i, j] = checked[j, i] = False
+    if one_sided and checked.any():
+        # a link only one end measured is never better than the best link both ends agreed on
+        for i, j in one_sided:
+            latency[i, j] = latency[j, i] = max(latency[i, j], float(latency[checked].min()))
+            bandwidth[i, j] = bandwidth[j, i] = min(bandwidth[i, j], float(bandwidth[checked].max()))
     if unknown:
         known = off.copy()
         for i, j in unknown:
@@ -136,6 +156,17 @@ def build_cluster(
     )
     # mixed devices: every trainer's own calibration is its speed (``runtime.calibration``), when all have one
     return with_measured_speeds(Cluster(devices, latency, bandwidth), [peers[p].compute for p in order])
+
+
+LINK_DISAGREEMENT = 10.0  # beyond this ratio of the two ends' figures a link is disputed: the worse counts
+
+
+def _disagree(a: LinkMeasurement, b: LinkMeasurement) -> bool:
+    """Whether two ends' measurements of one link are too far apart to be the same link's two directions
+    (home uplinks are often several times slower than a data centre's: that much is honest asymmetry)."""
+    ratio = max(a.bandwidth_gbps, b.bandwidth_gbps) / min(a.bandwidth_gbps, b.bandwidth_gbps)
+    slow, fast = max(a.latency_ms, b.latency_ms), min(a.latency_ms, b.latency_ms)
+    return ratio > LINK_DISAGREEMENT or slow > LINK_DISAGREEMENT * fast + 10.0
 
 
 def _mean_latency(measurements: list[LinkMeasurement]) -> float:

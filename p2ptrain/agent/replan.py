@@ -37,6 +37,9 @@ class Replan:
     members: tuple[str, ...]  # the next plan's members (sorted)
     reason: str
     restart: Restart | None = None  # a failure's restart point (a join's is fixed when it is published)
+    # a failure's likely causes: trainers that died or did not halt in time, and peers a halted trainer
+    # blamed (``ProgressRecord.blame``); the leader quarantines them (``agent.quarantine``)
+    culprits: tuple[str, ...] = ()
 
 
 class ReplanWatch:
@@ -112,4 +115,6 @@ class ReplanWatch:
             why += f"; resuming from the checkpoint of step {restart.step}"
         if waiting:
             why += f"; left out (did not halt within {self.churn.halt_timeout_s:.0f} s): {', '.join(sorted(waiting))}"
-        return Replan(FAILURE, tuple(sorted(live - waiting)), why, restart)
+        blamed = {r.blame for r in halted.values() if r.blame in plan.membership}
+        culprits = tuple(sorted(set(dead) | waiting | blamed))
+        return Replan(FAILURE, tuple(sorted(live - waiting)), why, restart, culprits)

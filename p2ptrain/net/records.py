@@ -62,10 +62,14 @@ MAX_KEPT_STATES = 16
 MAX_HOLDS = 32
 MAX_BASELINES = 8
 
-MAX_MEMORY_GB = 16384.0  # 16 TiB: beyond any single device (or host RAM for CPU agents)
-MAX_TFLOPS = 100_000.0  # 100 PFLOP/s: ~50x the fastest single accelerator
+# Claims beyond any real device are refused (the record is ignored, with its reason logged): the largest
+# accelerator holds 288 GB and the largest volunteer host is far below 8 TiB of RAM (a CPU agent reports
+# its RAM); the fastest accelerator's dense bf16 peak is ~2.5 PFLOP/s; no single link of one peer carries
+# 1 Tbit/s.
+MAX_MEMORY_GB = 8192.0
+MAX_TFLOPS = 10_000.0
 MAX_LATENCY_MS = 60_000.0
-MAX_BANDWIDTH_GBPS = 10_000.0
+MAX_BANDWIDTH_GBPS = 1_000.0
 MAX_COST_S = 1e9
 MAX_STEP_TIME_S = 1e6
 MAX_ABS_LOSS = 1e9
@@ -483,7 +487,8 @@ class ProgressRecord(_Record):
     ``step`` (``kept`` = 0: none), which the leader uses to choose where the next epoch starts (additive
     fields; ``stage`` None: the stage the writer holds in this epoch's plan). ``holds`` lists further
     states the writer can serve, as (stage, step) pairs: warm copies of other peers' stages and its own
-    copies on disk (additive).
+    copies on disk (additive). ``blame``: the peer whose call failed this writer's epoch (it timed out, broke
+    or was refused by that peer), when one did (additive; the leader may quarantine it).
     """
 
     epoch: int
@@ -494,6 +499,7 @@ class ProgressRecord(_Record):
     kept: int = 0
     stage: int | None = None
     holds: tuple[tuple[int, int], ...] = ()
+    blame: str | None = None
     kind: ClassVar[RecordKind] = RecordKind.PROGRESS
 
     def __post_init__(self) -> None:
@@ -515,19 +521,26 @@ class ProgressRecord(_Record):
             holds.append((f.integer("holds stage", pair[0], 0, MAX_PLAN_PEERS),
                           f.integer("holds step", pair[1], 0, MAX_COUNTER)))
         _set(self, "holds", tuple(sorted(set(holds))))
+        if self.blame is not None:
+            try:
+                _set(self, "blame", check_peer_id(self.blame))
+            except ValueError as e:
+                raise RecordError(f"blame: {e}") from None
 
     def _fields(self) -> dict[str, Any]:
         fields = {"epoch": self.epoch, "step": self.step, "loss": self.loss, "step_time_s": self.step_time_s,
                   "halted": self.halted, "kept": self.kept, "stage": self.stage}
         if self.holds:  # optional field: absent unless the writer keeps copies
             fields["holds"] = [list(pair) for pair in self.holds]
+        if self.blame is not None:  # optional field: absent unless a peer failed the writer's epoch
+            fields["blame"] = peer_id_to_bytes(self.blame)
         return fields
 
     @classmethod
     def _from_fields(cls, m: Mapping[str, Any]) -> ProgressRecord:
         return cls(epoch=m["epoch"], step=m["step"], loss=m["loss"], step_time_s=m["step_time_s"],
                    halted=m.get("halted", False), kept=m.get("kept", 0), stage=m.get("stage"),
-                   holds=tuple(m.get("holds", ())))
+                   holds=tuple(m.get("holds", ())), blame=_peer_from_bytes("blame", m.get("blame")))
 
 
 Record = PeerRecord | LinksRecord | PlanRecord | ProgressRecord
@@ -576,3 +589,15 @@ def _check_maddr(maddr: Any) -> str:
 
 def _set(obj: object, name: str, value: Any) -> None:
     object.__setattr__(obj, name, value)
+
+
+def _peer_from_bytes(name: str, raw: object) -> str | None:
+    if raw is None:
+        return None
+    data = f.binary(name, raw, item_size=PEER_ID_BYTES, max_items=1)
+    if not data:
+        raise RecordError(f"{name} must name one peer")
+    try:
+        return peer_id_from_bytes(data)
+    except ValueError as e:
+        raise RecordError(f"{name}: {e}") from None

@@ -1,0 +1,99 @@
+"""Untrusted members: who a failure re-plan blames and quarantines, the back-off, and the links rows as
+claims that the other end checks (``agent.quarantine``, ``ReplanWatch`` culprits, ``build_cluster``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_churn_units import PLAN, A, B, C, D, E
+
+from p2ptrain.agent.config import ChurnConfig, EmulationSettings
+from p2ptrain.agent.epoch import blamed_peer
+from p2ptrain.agent.leader import build_cluster
+from p2ptrain.agent.quarantine import Quarantine
+from p2ptrain.agent.replan import FAILURE, ReplanWatch
+from p2ptrain.errors import MessageRejected, PeerFailed, PeerTimeoutError, StreamClosed
+from p2ptrain.net.records import LinkMeasurement, LinksRecord, PeerRecord, ProgressRecord, RecordError
+
+
+def halted(step: int, blame: str | None = None) -> ProgressRecord:
+    return ProgressRecord(1, step, None, 0.0, halted=True, kept=2, blame=blame)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_back_off_doubles_per_repeat_caps_and_is_forgotten_after_a_quiet_spell():
+    clock = Clock()
+    q = Quarantine(60.0, 600.0, clock=clock)
+    assert q.add(A) == 60.0 and q.held() == {A} and q.without([A, B]) == (B,)
+    clock.now = 59.0
+    assert q.remaining_s(A) == pytest.approx(1.0)
+    clock.now = 60.5
+    assert q.held() == set()  # back after its back-off: a transient failure costs one
+    assert [q.add(A) for _ in range(4)] == [120.0, 240.0, 480.0, 600.0]  # repeats: longer, up to the cap
+    clock.now += 600.5 + 601.0  # no failure for longer than the cap: a fresh start
+    assert q.add(A) == 60.0
+
+
+def test_a_failure_names_its_culprits_dead_silent_and_blamed():
+    # B died; C neither trains nor halts; A blames D (a call to D timed out); E (a spare) halts
+    progress = {A: halted(4, blame=D), D: halted(4), E: halted(4)}
+    watch = ReplanWatch(ChurnConfig(halt_timeout_s=5))
+    live = [A, C, D, E]
+    assert watch.check(PLAN, live, progress, steps=10, checkpoints=[], now=0.0) is None  # C may still halt
+    replan = watch.check(PLAN, live, progress, steps=10, checkpoints=[], now=6.0)
+    assert replan.kind == FAILURE and replan.culprits == tuple(sorted((B, C, D)))
+    assert C not in replan.members and D in replan.members  # the leader takes D out (agent: quarantine)
+
+
+def test_only_a_peers_own_failed_call_blames_it():
+    plan = PLAN
+    assert blamed_peer(PeerTimeoutError("no reply", peer=B), plan) == B
+    assert blamed_peer(StreamClosed("broke", peer=C), plan) == C
+    assert blamed_peer(MessageRejected("refused", peer=D), plan) == D
+    assert blamed_peer(PeerFailed("aborted: another peer failed", peer=B), plan) is None
+    assert blamed_peer(PeerTimeoutError("no reply", peer="QmNotAMember"), plan) is None
+    assert blamed_peer(RuntimeError("local"), plan) is None and blamed_peer(None, plan) is None
+
+
+def test_blame_rides_in_the_progress_record_and_must_name_a_peer():
+    record = ProgressRecord(2, 4, None, 0.0, halted=True, kept=1, blame=B)
+    assert ProgressRecord.decode(record.encode()).blame == B
+    assert ProgressRecord.decode(ProgressRecord(2, 4, None, 0.0).encode()).blame is None
+    with pytest.raises(RecordError):
+        ProgressRecord(2, 4, None, 0.0, blame="not a peer id")
+
+
+def _cluster(rows):
+    peers = {p: PeerRecord(device_name="d", memory_gb=16.0, tflops=10.0) for p in (A, B, C)}
+    return build_cluster([A, B, C], peers, {p: LinksRecord.from_peers(r) for p, r in rows.items()},
+                         EmulationSettings())  # fmt: skip
+
+
+def test_a_links_row_is_a_claim_the_other_end_checks(caplog):
+    m = LinkMeasurement
+    honest = {A: {B: m(20.0, 0.1), C: m(30.0, 0.2)}, B: {A: m(22.0, 0.3), C: m(25.0, 0.1)},
+              C: {A: m(31.0, 0.2), B: m(25.0, 0.1)}}  # fmt: skip
+    cluster = _cluster(honest)
+    # honest asymmetry (0.1 vs 0.3 Gbit/s) is averaged as before: transfer times, not rates
+    assert cluster.bandwidth_gbps[0, 1] == pytest.approx(2 / (1 / 0.1 + 1 / 0.3))
+    assert cluster.latency_ms[0, 1] == pytest.approx(21.0)
+    # C claims 0 ms and 900 Gbit/s to everyone: the other ends measured otherwise, the worse figure counts
+    liar = dict(honest, **{C: {A: m(0.0, 900.0), B: m(0.0, 900.0)}})
+    cluster = _cluster(liar)
+    assert cluster.bandwidth_gbps[0, 2] == pytest.approx(0.2) and cluster.latency_ms[0, 2] == pytest.approx(30.0)
+    assert cluster.bandwidth_gbps[1, 2] == pytest.approx(0.1) and cluster.latency_ms[1, 2] == pytest.approx(25.0)
+    assert "2 link(s) measured very differently by their two ends" in caplog.text
+    # a link only its claimant measured is never better than the best link both ends measured
+    alone = {A: {B: m(20.0, 0.1)}, B: {A: m(22.0, 0.3), C: m(25.0, 0.1)}, C: {A: m(0.0, 900.0), B: m(25.0, 0.1)}}
+    cluster = _cluster(alone)
+    both = [cluster.bandwidth_gbps[0, 1], cluster.bandwidth_gbps[1, 2]]
+    assert cluster.bandwidth_gbps[0, 2] == pytest.approx(max(both))
+    assert cluster.latency_ms[0, 2] == pytest.approx(min(cluster.latency_ms[0, 1], cluster.latency_ms[1, 2]))
+    assert np.isfinite(cluster.bandwidth_gbps).all()
