@@ -281,8 +281,14 @@ def schedule_layered(
             if best is None or c < best.cost_s:
                 best = _Found(sigma, even, c)
     budget = MAX_JOINT_EVALUATIONS // (len(starts) + 1)
-    for sigma in starts:
-        found = joint.local_search(sigma, local_rng, budget, out_of_time)
+
+    def opening(sigma: np.ndarray) -> float:  # a start's step at its balanced split: the best go first
+        layers = joint.balanced(sigma)
+        return joint.cost(sigma, layers) if layers is not None else math.inf
+
+    starts.sort(key=opening)
+    for k, sigma in enumerate(starts):
+        found = joint.local_search(sigma, local_rng, budget, _share_of(remaining, len(starts) - k, clock, out_of_time))
         if found is not None and (best is None or found.cost_s < best.cost_s * (1 - REL_GAIN)):
             best = found
     if best is not None and best.layers != even and not out_of_time():
@@ -314,6 +320,16 @@ def schedule_layered(
                            stopped_by="time budget" if out_of_time() else "converged"),
         layers=best.layers, stage_memory_gb=joint.costs.memory(best.layers), wire=workload.wire, schedule="gpipe",
         unfit_baselines=tuple(unfit))
+
+
+def _share_of(remaining: Callable[[], float | None], parts: int, clock: Callable[[], float] | None,
+              out_of_time: Callable[[], bool]) -> Callable[[], bool]:
+    """A deadline for one of ``parts`` searches sharing what is left of the time budget (none without one)."""
+    left = remaining()
+    if left is None or clock is None:
+        return out_of_time
+    until = clock() + left / parts
+    return lambda: out_of_time() or clock() >= until
 
 
 def _memory_reason(joint: _Joint) -> str:
