@@ -91,6 +91,9 @@ class PlanConfig:
     # at most (1 + verify_tolerance) times the step time of their own plan of the same records
     verify: bool = True
     verify_tolerance: float = 0.1
+    # ... plus this much: where steps are short (loopback), link noise moves both plans' costs by more than
+    # 10% and nobody gains from the difference
+    verify_slack_s: float = 0.05
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -99,8 +102,9 @@ class PlanConfig:
             raise ConfigError(f"plan.objective={self.objective!r} is not one of {', '.join(OBJECTIVE_NAMES)}")
         if self.seed < 0 or not self.time_budget_s > 0:
             raise ConfigError("plan.seed must be >= 0 and plan.time_budget_s positive")
-        if not self.verify_tolerance >= 0:
-            raise ConfigError(f"plan.verify_tolerance={self.verify_tolerance} must be >= 0")
+        if not self.verify_tolerance >= 0 or not self.verify_slack_s >= 0:
+            raise ConfigError(f"plan.verify_tolerance={self.verify_tolerance} and plan.verify_slack_s="
+                              f"{self.verify_slack_s} must be >= 0")
 
 
 @dataclass(frozen=True)

@@ -73,19 +73,21 @@ class CostCheck:
     theirs_s: float
     ours_s: float
     tolerance: float
+    slack_s: float = 0.0
 
     @property
     def problem(self) -> str | None:
-        if self.theirs_s <= self.ours_s * (1.0 + self.tolerance) + 1e-9:
+        if self.theirs_s <= self.ours_s * (1.0 + self.tolerance) + self.slack_s + 1e-9:
             return None
         return (f"it predicts {self.theirs_s:.4g} s per step on the measured links; our own plan of the same "
                 f"records predicts {self.ours_s:.4g} s ({self.theirs_s / self.ours_s:.2f}x, more than "
-                f"{1 + self.tolerance:.2f}x)")
+                f"{1 + self.tolerance:.2f}x and {self.slack_s:g} s)")
 
 
 def cost_check(plan: PlanRecord, peers: Mapping[str, PeerRecord], rows: Mapping[str, LinksRecord],
                train: TrainConfig, config: PlanConfig, emulation: EmulationSettings,
-               workload_for: Callable[[Cluster, list[str]], Workload], tolerance: float) -> CostCheck:  # fmt: skip
+               workload_for: Callable[[Cluster, list[str]], Workload], tolerance: float,
+               slack_s: float = 0.0) -> CostCheck:  # fmt: skip
     """Score ``plan`` and our own plan of its members (``peers``: their records; ``rows``: the links rows)
     with the run's objective; ``workload_for(cluster, trainers)`` gives the workload both are scored with.
     Raises ValueError where we cannot plan these members ourselves."""
@@ -104,7 +106,7 @@ def cost_check(plan: PlanRecord, peers: Mapping[str, PeerRecord], rows: Mapping[
                          f"{len(plan.membership)} members")
     own = build_cluster(ours, peers, rows, emulation)
     ours_s = make_plan(own, workload_for(own, ours), plan.stages, config)["cost_s"]
-    return CostCheck(float(theirs_s), float(ours_s), tolerance)
+    return CostCheck(float(theirs_s), float(ours_s), tolerance, slack_s)
 
 
 @dataclass
@@ -220,7 +222,7 @@ class PlanGate:
             return "its links rows could not be read (retrying)"
         try:
             check = cost_check(plan, live, rows, self.train, self.plan, self.emulation, self.workload_for,
-                               self.plan.verify_tolerance)  # fmt: skip
+                               self.plan.verify_tolerance, self.plan.verify_slack_s)  # fmt: skip
         except ValueError as e:
             self._costs[key] = str(e)
             return self._costs[key]

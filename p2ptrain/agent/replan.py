@@ -28,6 +28,7 @@ from p2ptrain.agent.config import ChurnConfig
 from p2ptrain.net.records import PlanRecord, ProgressRecord
 
 FAILURE = "failure"
+BLAMED_HALT_S = 10.0  # how long a trainer blamed for a failed call gets to halt (heartbeats: ~2 rounds of 6 s)
 JOIN = "join"
 
 
@@ -37,8 +38,8 @@ class Replan:
     members: tuple[str, ...]  # the next plan's members (sorted)
     reason: str
     restart: Restart | None = None  # a failure's restart point (a join's is fixed when it is published)
-    # a failure's likely causes: trainers that died or did not halt in time, and peers a halted trainer
-    # blamed (``ProgressRecord.blame``); the leader quarantines them (``agent.quarantine``)
+    # a failure's likely causes: trainers that died or did not halt in time (a trainer a halted peer blamed,
+    # ``ProgressRecord.blame``, gets less time); the leader quarantines them (``agent.quarantine``)
     culprits: tuple[str, ...] = ()
 
 
@@ -50,9 +51,14 @@ class ReplanWatch:
         self.note = ""  # what the watch waits for (for the log)
         self._failure_since: float | None = None
         self._joiners_since_step: int | None = None
+        # halted heartbeats seen for the epoch being watched: a halt is final, so one missing from a later
+        # read (a DHT read under load may miss records) still counts, and the wait for the rest goes on
+        self._halted: dict[str, ProgressRecord] = {}
+        self._epoch: int | None = None
 
     def reset(self) -> None:
         self._failure_since = self._joiners_since_step = None
+        self._halted, self._epoch = {}, None
         self.note = ""
 
     def check(
@@ -64,7 +70,10 @@ class ReplanWatch:
         ours = {p: r for p, r in progress.items() if r.epoch == plan.epoch}
         if all(p in ours and ours[p].step >= steps for p in trainers):
             return None
-        halted = {p: r for p, r in ours.items() if r.halted and p in live}  # spares say what they keep too
+        if self._epoch != plan.epoch:
+            self._halted, self._epoch, self._failure_since = {}, plan.epoch, None
+        self._halted.update({p: r for p, r in ours.items() if r.halted})
+        halted = {p: r for p, r in self._halted.items() if p in live}  # spares say what they keep too
         dead = sorted(trainers - live)
         if set(halted) & trainers:
             finished = {p: r for p, r in ours.items() if p in trainers & live and not r.halted and r.step >= steps}
@@ -96,8 +105,13 @@ class ReplanWatch:
         take up the next plan from there: they count as holders of their last steps, not as waited for."""
         if self._failure_since is None:
             self._failure_since = now
+        # A trainer a halted peer blames gets only BLAMED_HALT_S to halt too (an honest one, stuck behind the
+        # failure like its blamer, halts within a heartbeat round): re-planning never waits on a culprit's
+        # cooperation. One that halted is no culprit: timeouts cascade, so blame alone proves nothing.
+        blamed = {r.blame for r in halted.values() if r.blame in plan.membership}
         waiting = (trainers & live) - set(halted) - set(finished)
-        if waiting and now - self._failure_since < self.churn.halt_timeout_s:
+        limit = self.churn.halt_timeout_s if waiting - blamed else min(self.churn.halt_timeout_s, BLAMED_HALT_S)
+        if waiting and now - self._failure_since < limit:
             self.note = f"re-planning epoch {plan.epoch}: waiting for {len(waiting)} trainer(s) to halt"
             return None
         holdings: dict[str, list[Holding]] = {}
@@ -114,7 +128,8 @@ class ReplanWatch:
         if restart.from_checkpoint:
             why += f"; resuming from the checkpoint of step {restart.step}"
         if waiting:
-            why += f"; left out (did not halt within {self.churn.halt_timeout_s:.0f} s): {', '.join(sorted(waiting))}"
-        blamed = {r.blame for r in halted.values() if r.blame in plan.membership}
-        culprits = tuple(sorted(set(dead) | waiting | blamed))
+            why += f"; left out (did not halt within {limit:.0f} s): {', '.join(sorted(waiting))}"
+        if waiting & blamed:
+            why += f"; blamed by a halted trainer: {', '.join(sorted(waiting & blamed))}"
+        culprits = tuple(sorted(set(dead) | waiting))
         return Replan(FAILURE, tuple(sorted(live - waiting)), why, restart, culprits)

@@ -90,3 +90,59 @@ def bootstrap_maddrs(workdir: Path, timeout_s: float = 90) -> list[str]:
             return None
 
     return wait_for(read, timeout_s, "the bootstrap's address line").split()
+
+
+def sorted_identities(workdir: Path, count: int) -> None:
+    """Identity files agent-0..agent-(count-1) in the swarm's work dir, in peer-ID (election) order."""
+    from p2ptrain.net.identity import generate_identity
+
+    for k, identity in enumerate(sorted((generate_identity() for _ in range(count)), key=lambda i: i.peer_id)):
+        (workdir / f"agent-{k}.id").write_bytes(identity.to_protobuf())
+        (workdir / f"agent-{k}.id").chmod(0o600)
+
+
+def run_agents(workdir: Path, config, commands: dict, overrides: dict, timeout_s: float, on_start=None):
+    """A swarm started by hand: a bootstrap and ``config.agents`` agents with the settings ``p2ptrain swarm``
+    writes (each table updated from ``overrides``), agent k running ``commands[k] + [its config file]``
+    where given (a misbehaving peer), ``p2ptrain agent --config`` otherwise. Waits until every agent without
+    a command exited (``on_start(group, agents)`` runs once they are started), then stops the rest.
+    Returns (agents, exit codes of the honest ones, train config)."""
+    import tomllib
+
+    from p2ptrain.agent.swarm import _agent_toml, _prepare_agents, plan_swarm, to_toml
+    from p2ptrain.runtime.procgroup import ProcessGroup, tail
+
+    train, network, time_scale, size_factor = plan_swarm(config)
+    cluster_path = None
+    if network is not None:
+        cluster_path = workdir / "cluster.json"
+        cluster_path.write_text(json.dumps(network.to_dict()))
+    agents = _prepare_agents(workdir, range(config.agents))
+    with ProcessGroup(grace_s=15.0) as group:
+        announce = workdir / "bootstrap.maddrs"
+        group.start("bootstrap", [sys.executable, "-m", "p2ptrain", "bootstrap", "--host-maddrs",
+                                  "/ip4/127.0.0.1/tcp/0", "--announce-file", str(announce), "--run-id", config.run],
+                    log_path=workdir / "bootstrap.log")  # fmt: skip
+        wait_for(announce.exists, 90, "the bootstrap's address line")
+        maddrs = announce.read_text().split()
+        for agent in agents:
+            tables = tomllib.loads(_agent_toml(config, train, config.run, maddrs, agent, workdir, cluster_path,
+                                               time_scale, size_factor))  # fmt: skip
+            for table, values in overrides.items():
+                tables.setdefault(table, {}).update(values)
+            agent.config_path.write_text(to_toml(tables))
+            argv = [*commands.get(agent.index, [sys.executable, "-m", "p2ptrain", "agent", "--config"]),
+                    str(agent.config_path)]  # fmt: skip
+            group.start(agent.name, argv, log_path=agent.log_path)
+        if on_start is not None:
+            on_start(group, agents)
+        deadline = time.monotonic() + timeout_s
+        honest = [a for a in agents if a.index not in commands]
+        for agent in honest:
+            child = group.children[agent.name]
+            while child.poll() is None and time.monotonic() < deadline:
+                time.sleep(1.0)
+        codes = {a.name: group.children[a.name].poll() for a in honest}
+        if any(code != 0 for code in codes.values()):
+            print("\n".join(f"--- {a.name}\n{tail(a.log_path, 40)}" for a in agents))
+    return agents, codes, train

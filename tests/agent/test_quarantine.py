@@ -11,7 +11,7 @@ from p2ptrain.agent.config import ChurnConfig, EmulationSettings
 from p2ptrain.agent.epoch import blamed_peer
 from p2ptrain.agent.leader import build_cluster
 from p2ptrain.agent.quarantine import Quarantine
-from p2ptrain.agent.replan import FAILURE, ReplanWatch
+from p2ptrain.agent.replan import BLAMED_HALT_S, FAILURE, ReplanWatch
 from p2ptrain.errors import MessageRejected, PeerFailed, PeerTimeoutError, StreamClosed
 from p2ptrain.net.records import LinkMeasurement, LinksRecord, PeerRecord, ProgressRecord, RecordError
 
@@ -41,15 +41,30 @@ def test_back_off_doubles_per_repeat_caps_and_is_forgotten_after_a_quiet_spell()
     assert q.add(A) == 60.0
 
 
-def test_a_failure_names_its_culprits_dead_silent_and_blamed():
-    # B died; C neither trains nor halts; A blames D (a call to D timed out); E (a spare) halts
+def test_a_failure_names_its_culprits_the_dead_and_the_silent():
+    # B died; C neither trains nor halts; A blamed D, but D halted too (timeouts cascade): no culprit
     progress = {A: halted(4, blame=D), D: halted(4), E: halted(4)}
     watch = ReplanWatch(ChurnConfig(halt_timeout_s=5))
     live = [A, C, D, E]
     assert watch.check(PLAN, live, progress, steps=10, checkpoints=[], now=0.0) is None  # C may still halt
     replan = watch.check(PLAN, live, progress, steps=10, checkpoints=[], now=6.0)
-    assert replan.kind == FAILURE and replan.culprits == tuple(sorted((B, C, D)))
-    assert C not in replan.members and D in replan.members  # the leader takes D out (agent: quarantine)
+    assert replan.kind == FAILURE and replan.culprits == (B, C)
+    assert C not in replan.members and D in replan.members and "left out" in replan.reason
+
+
+def test_a_blamed_trainer_that_does_not_halt_is_not_waited_for_long():
+    watch = ReplanWatch(ChurnConfig(halt_timeout_s=120))
+    progress = {A: halted(4, blame=B), C: halted(4), D: halted(4), E: halted(4)}  # B never halts
+    assert watch.check(PLAN, [A, B, C, D, E], progress, steps=10, checkpoints=[], now=0.0) is None
+    assert watch.check(PLAN, [A, B, C, D, E], progress, steps=10, checkpoints=[], now=BLAMED_HALT_S - 1) is None
+    replan = watch.check(PLAN, [A, B, C, D, E], progress, steps=10, checkpoints=[], now=BLAMED_HALT_S + 0.1)
+    assert replan.kind == FAILURE and replan.culprits == (B,) and B not in replan.members
+    assert "blamed by a halted trainer" in replan.reason
+    # an unblamed trainer that has not halted is waited for the full halt_timeout_s
+    watch = ReplanWatch(ChurnConfig(halt_timeout_s=120))
+    progress = {A: halted(4), C: halted(4), D: halted(4), E: halted(4)}
+    assert watch.check(PLAN, [A, B, C, D, E], progress, steps=10, checkpoints=[], now=0.0) is None
+    assert watch.check(PLAN, [A, B, C, D, E], progress, steps=10, checkpoints=[], now=60.0) is None
 
 
 def test_only_a_peers_own_failed_call_blames_it():
@@ -97,3 +112,14 @@ def test_a_links_row_is_a_claim_the_other_end_checks(caplog):
     assert cluster.bandwidth_gbps[0, 2] == pytest.approx(max(both))
     assert cluster.latency_ms[0, 2] == pytest.approx(min(cluster.latency_ms[0, 1], cluster.latency_ms[1, 2]))
     assert np.isfinite(cluster.bandwidth_gbps).all()
+
+
+def test_a_halt_missing_from_a_later_read_still_counts_and_the_wait_ends():
+    """DHT reads under load may miss records: a halted trainer seen once stays halted for that epoch, so the
+    wait for the others is not restarted by every read that misses it."""
+    watch = ReplanWatch(ChurnConfig(halt_timeout_s=30))
+    live = [A, B, C, D, E]
+    assert watch.check(PLAN, live, {A: halted(4)}, steps=10, checkpoints=[], now=0.0) is None
+    assert watch.check(PLAN, live, {}, steps=10, checkpoints=[], now=10.0) is None  # A's record missing
+    replan = watch.check(PLAN, live, {B: halted(4)}, steps=10, checkpoints=[], now=31.0)
+    assert replan.kind == FAILURE and replan.culprits == tuple(sorted((C, D))) and replan.restart.step == 4

@@ -1,0 +1,112 @@
+"""Rogue benchmark: what a misbehaving peer costs a run, with the defaults a user gets, beside a clean run.
+
+    python benchmarks/rogue.py [--json]
+
+Each scenario runs a real local swarm on loopback (tiny model, 2 stages, 6 steps), in one invocation:
+
+* **clean**: 4 agents, nobody misbehaving;
+* **non-member flood**: the same 4 agents, and a peer outside the run (``tests/agent/rogue_sender.py``: a
+  real identity on the run's DHT, no peer record) that opens four streams into every agent announcing
+  256 MiB and trickling a byte every two seconds, and sends each agent eight 1 MiB messages a second;
+* **boasting swallower**: 4 honest agents and a fifth member (``tests/agent/rogue_member.py``) that claims
+  9 PFLOP/s, 8000 GB and 900 Gbit/s links and, given a stage, takes tensors and answers nothing (tensor
+  deadline 15 s, a clean 5-agent run beside it).
+
+Per run: the wall time from launch until every honest agent finished, beside its clean run's (ratio), the
+plans published, the peers quarantined, and the honest messages refused (goal: 0).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import click
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "agent"))
+
+from agent_helpers import bootstrap_maddrs, events, run_agents, sorted_identities  # noqa: E402
+
+from p2ptrain.agent.swarm import SwarmConfig  # noqa: E402
+
+ROGUES = ROOT / "tests" / "agent"
+
+
+def _tally(workdir: Path, honest: set[str], leader_events: Path | None) -> dict:
+    logs = "".join(p.read_text() for p in workdir.glob("agent-*.log"))
+    refused = re.findall(r"refused a message from peer (\w+)", logs)
+    plans = [e for e in events(leader_events) if e["event"] == "plan"] if leader_events else []
+    quarantined = [e["peer"] for e in events(leader_events) if e["event"] == "quarantined"] if leader_events else []
+    return {"plans": len(plans), "quarantined": len(quarantined),
+            "honest_refused": sum(1 for p in refused if p in honest),
+            "rogue_refused_lines": sum(1 for p in refused if p not in honest)}  # fmt: skip
+
+
+def _swarm(flood: bool) -> dict:
+    workdir = Path(tempfile.mkdtemp(prefix="p2ptrain-bench-rogue-"))
+    run = "rogue-bench"
+    started = time.monotonic()
+    swarm = subprocess.Popen([sys.executable, "-m", "p2ptrain", "swarm", "--json", "--workdir", str(workdir), "--run",
+                              run, "--scenario", "none", "--agents", "4", "--stages", "2", "--steps", "6"],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+    rogue = None
+    if flood:
+        rogue = subprocess.Popen([sys.executable, str(ROGUES / "rogue_sender.py"), run, *bootstrap_maddrs(workdir)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+    out, _ = swarm.communicate(timeout=1200)
+    took = time.monotonic() - started
+    if rogue is not None:
+        rogue.send_signal(signal.SIGTERM)
+        rogue.communicate(timeout=60)
+    summary = json.loads(out) if out.strip() else {}
+    honest = set(summary.get("peers", {}).values())
+    leader = summary.get("leader")
+    return {"ok": swarm.returncode == 0 and summary.get("finished", False), "seconds": took,
+            "workdir": str(workdir), **_tally(workdir, honest, workdir / f"agent-{leader}.events.jsonl"
+                                              if leader is not None else None)}  # fmt: skip
+
+
+def _members(swallower: bool) -> dict:
+    workdir = Path(tempfile.mkdtemp(prefix="p2ptrain-bench-rogue-"))
+    sorted_identities(workdir, 5)
+    config = SwarmConfig(agents=5, stages=2, steps=6, scenario=None, workdir=str(workdir), run="rogue-bench-member",
+                         call_timeout_s=15.0)  # fmt: skip
+    commands = {1: [sys.executable, str(ROGUES / "rogue_member.py"), "swallow"]} if swallower else {}
+    started = time.monotonic()
+    agents, codes, _ = run_agents(workdir, config, commands, {}, 900)
+    took = time.monotonic() - started
+    honest = {a.peer_id for a in agents if a.index not in commands}
+    return {"ok": all(c == 0 for c in codes.values()), "seconds": took, "workdir": str(workdir),
+            **_tally(workdir, honest, agents[0].events.path)}  # fmt: skip
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True)
+def main(as_json: bool) -> None:
+    rows = []
+    for scenario, clean, attacked in (("non-member flood", lambda: _swarm(False), lambda: _swarm(True)),
+                                      ("boasting swallower", lambda: _members(False), lambda: _members(True))):
+        click.echo(f"running {scenario}: clean, then attacked ...", err=True)
+        base, hit = clean(), attacked()
+        rows.append({"scenario": scenario, "clean": base, "attacked": hit, "ratio": hit["seconds"] / base["seconds"]})
+    if as_json:
+        click.echo(json.dumps(rows))
+        return
+    click.echo(f"{'scenario':<20} {'ok':<5} {'clean s':>8} {'attacked s':>10} {'ratio':>6} {'plans':>5} "
+               f"{'quarantined':>11} {'honest refused':>14} {'rogue refused (log lines)':>25}")
+    for r in rows:
+        a = r["attacked"]
+        click.echo(f"{r['scenario']:<20} {str(a['ok'] and r['clean']['ok']):<5} {r['clean']['seconds']:8.1f} "
+                   f"{a['seconds']:10.1f} {r['ratio']:5.2f}x {a['plans']:>5} {a['quarantined']:>11} "
+                   f"{a['honest_refused']:>14} {a['rogue_refused_lines']:>25}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""A member that misbehaves, for the tests of untrusted peers (not a test module).
+
+    python rogue_member.py swallow CONFIG
+
+It runs the real agent, with a real identity and real streams, but claims what no device has (9 PFLOP/s,
+8000 GB, and in its links row 0.01 ms and 900 Gbit/s to everyone) and, once a plan gives it a stage, never
+trains: it takes the tensors sent to it and answers nothing, and it never halts. It answers pings (its
+transport does), so heartbeats alone never call it dead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+from p2ptrain.agent.agent import Agent
+from p2ptrain.agent.config import AgentConfig
+from p2ptrain.agent.epoch import EpochOutcome
+from p2ptrain.cli import configure_logging
+from p2ptrain.config import config_from_dict, read_toml
+from p2ptrain.net.lifecycle import StopSignal
+from p2ptrain.net.records import LinkMeasurement, LinksRecord
+
+
+class Swallower(Agent):
+    def _publish_peer_record(self, profile, compute=None) -> None:
+        publish_links = self.dht.publish_links
+
+        def boast(record: LinksRecord) -> bool:
+            peers = record.resolve(self._membership.ids)
+            return publish_links(LinksRecord.from_peers({p: LinkMeasurement(0.01, 900.0) for p in peers}))
+
+        self.dht.publish_links = boast
+        super()._publish_peer_record(dataclasses.replace(profile, tflops=9000.0, memory_gb=8000.0), compute)
+
+    def _follow(self, plan, device) -> EpochOutcome:
+        self._following = plan
+        self._admit_senders(self._membership, plan)
+        self._note_waiting(f"rogue: given epoch {plan.epoch}; taking tensors and answering nothing")
+        self.stop.wait()
+        return EpochOutcome(False, 0)
+
+
+def main(mode: str, config_path: str) -> None:
+    configure_logging(1)
+    config = config_from_dict(AgentConfig, read_toml(config_path))
+    with StopSignal() as stop:
+        {"swallow": Swallower}[mode](config, stop).run()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
