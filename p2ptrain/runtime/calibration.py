@@ -69,7 +69,7 @@ def calibrate(train: TrainConfig, rows: int, device: torch.device, repeats: int 
     """Time the run's model on ``device`` for micro-batches of ``rows`` sequences (module docstring);
     ``compute_slowdown`` > 1 paces the compute as the trainer will (an emulated slower device)."""
     shape = train.shape
-    pacer = ComputePacer(compute_slowdown)
+    pacer = ComputePacer(compute_slowdown, cpu_clock=torch.device(device).type == "cpu")
     started = time.perf_counter()
     num_layers = shape.num_layers
     first = _time_block(train, 0, rows, device, repeats, pacer)

@@ -53,7 +53,7 @@ class StageTrainer:
         self.optimizer = build_optimizer(self.module, cfg.optimizer)
         self.executor = StageExecutor(
             self.module, self.optimizer, build_data(cfg), cfg.micro_batches, cfg.shape.hidden_size,
-            pacer=ComputePacer(compute_slowdown),
+            pacer=ComputePacer(compute_slowdown, cpu_clock=torch.device(device).type == "cpu"),
         )
 
     def step(

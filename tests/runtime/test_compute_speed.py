@@ -23,10 +23,13 @@ SLOW = ComputeMeasurement(rows=10, seq_len=64, layer_s=(0.006, 0.012), embed_s=(
 
 class FakeClock:
     def __init__(self):
-        self.now, self.sleeps = 0.0, []
+        self.now, self.cpu, self.sleeps = 0.0, 0.0, []
 
     def perf_counter(self):
         return self.now
+
+    def thread_time(self):
+        return self.cpu
 
     def sleep(self, s):
         self.sleeps.append(s)
@@ -48,6 +51,16 @@ def test_the_pacer_stretches_each_stretch_of_compute_by_its_factor(monkeypatch):
     assert len(clock.sleeps) == 2  # as fast as the machine: no sleep
     with pytest.raises(ValueError, match="at least 1"):
         ComputePacer(0.5)
+
+
+def test_on_a_cpu_the_pacer_stretches_the_threads_own_compute_not_its_wait_for_a_core(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(compute_speed, "time", clock)
+    pacer = ComputePacer(3.0, cpu_clock=True)
+    with pacer.compute():
+        clock.now += 0.5  # half a second of wall time, of which the thread computed 0.2 s
+        clock.cpu += 0.2
+    assert clock.sleeps == pytest.approx([0.4])
 
 
 def test_slowdown_is_the_fastest_card_over_ones_own():
