@@ -1,0 +1,107 @@
+"""Members that fail a run cost it at most one epoch: they are quarantined out of the plans, and a peer that
+failed once (an honest transient failure) comes back when its back-off ends.
+
+Both run a real swarm on loopback (tiny model, 2 stages) started by hand, with the settings ``p2ptrain swarm``
+writes and a short tensor deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from agent_helpers import events, run_agents, sorted_identities
+
+from p2ptrain.agent.swarm import SwarmConfig
+from p2ptrain.runtime.reference import train_reference
+
+pytestmark = pytest.mark.integration
+
+HERE = Path(__file__).resolve().parent
+
+
+def losses_of(agents) -> dict[int, float]:
+    """Step -> loss, as the last stage's trainers reported it (the last epoch that trained a step wins)."""
+    out = {}
+    for agent in agents:
+        for e in events(agent.events.path):
+            if e["event"] == "step" and e["loss"] is not None:
+                out[e["step"]] = e["loss"]
+    return out
+
+
+def assert_reference(agents, train) -> None:
+    got = losses_of(agents)
+    reference = train_reference(train).losses
+    assert sorted(got) == list(range(1, len(reference) + 1)), sorted(got)
+    for step, want in enumerate(reference, start=1):
+        assert abs(got[step] - want) <= 1e-4 * abs(want), (step, got[step], want)
+
+
+@pytest.mark.timeout(480)
+def test_a_member_that_boasts_and_swallows_tensors_is_quarantined_after_one_failed_epoch(tmp_path):
+    # agent-1 (second-lowest ID: a trainer, never the leader) claims 9 PFLOP/s and 900 Gbit/s links and,
+    # given a stage, takes tensors and answers nothing, and never halts
+    sorted_identities(tmp_path, 5)
+    config = SwarmConfig(agents=5, stages=2, steps=6, scenario=None, workdir=str(tmp_path), run="swallower",
+                         call_timeout_s=15.0)  # fmt: skip
+    agents, codes, train = run_agents(
+        tmp_path, config, {1: [sys.executable, str(HERE / "rogue_member.py"), "swallow"]},
+        {"churn": {"halt_timeout_s": 120.0}}, 420)
+    assert all(code == 0 for code in codes.values()), codes
+    rogue, leader = agents[1].peer_id, agents[0]
+    plans = [e for e in events(leader.events.path) if e["event"] == "plan"]
+    assert rogue in plans[0]["devices"]  # it was given a stage ...
+    assert len(plans) == 2 and rogue not in plans[1]["devices"] + plans[1]["spares"]  # ... once
+    quarantined = [e for e in events(leader.events.path) if e["event"] == "quarantined"]
+    assert [e["peer"] for e in quarantined] == [rogue] and quarantined[0]["epoch"] == plans[0]["epoch"]
+    assert "blamed by a halted trainer" in quarantined[0]["reason"]  # not waited for (halt_timeout_s is 120 s)
+    log = leader.log_path.read_text()
+    assert f"quarantining peer {rogue} for 60 s" in log
+    assert "measured very differently by their two ends" in log  # its links row was not believed
+    assert_reference([a for a in agents if a.index != 1], train)
+
+
+@pytest.mark.timeout(480)
+def test_a_peer_with_a_transient_failure_rejoins_after_its_back_off(tmp_path):
+    sorted_identities(tmp_path, 4)
+    config = SwarmConfig(agents=4, stages=2, steps=400, scenario=None, workdir=str(tmp_path), run="transient",
+                         call_timeout_s=15.0)  # fmt: skip
+    cut = 3  # the highest ID: never the leader
+    frozen = {}
+
+    def freeze_once_training(group, agents):
+        def run():
+            path = agents[cut].events.path
+            deadline = time.monotonic() + 240
+            while time.monotonic() < deadline and not any(e["event"] == "step" and e["step"] >= 3 for e in events(path)):
+                time.sleep(0.2)
+            pgid = os.getpgid(group.children[agents[cut].name].pid)
+            os.killpg(pgid, signal.SIGSTOP)  # its agent, DHT process and p2pd: a machine that froze
+            frozen["at"] = time.monotonic()
+            time.sleep(20.0)  # longer than the re-plan around it takes
+            os.killpg(pgid, signal.SIGCONT)
+
+        threading.Thread(target=run, daemon=True).start()
+
+    agents, codes, train = run_agents(tmp_path, config, {}, {"churn": {"quarantine_s": 20.0}}, 420,
+                                      on_start=freeze_once_training)  # fmt: skip
+    assert all(code == 0 for code in codes.values()), codes
+    leader, peer = agents[0], agents[cut].peer_id
+    plans = [e for e in events(leader.events.path) if e["event"] == "plan"]
+    members = [set(p["devices"]) | set(p["spares"]) for p in plans]
+    quarantined = [e for e in events(leader.events.path) if e["event"] == "quarantined"]
+    assert [e["peer"] for e in quarantined] == [peer] and quarantined[0]["seconds"] == 20.0
+    left_out = next(k for k, m in enumerate(members) if peer not in m)
+    back = next(k for k in range(left_out + 1, len(plans)) if peer in members[k])  # it rejoined ...
+    assert plans[back]["replan"] == "join"
+    times = {e["epoch"]: e["time"] for e in events(leader.events.path) if e["event"] == "plan"}
+    assert times[plans[back]["epoch"]] - quarantined[0]["time"] >= 20.0  # ... once its back-off ended
+    assert any(e["event"] == "role" and e["epoch"] == plans[back]["epoch"] and e["stage"] is not None
+               for e in events(agents[cut].events.path)) or peer in plans[back]["spares"]  # fmt: skip
+    assert_reference(agents, train)
