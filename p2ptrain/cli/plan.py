@@ -88,7 +88,7 @@ class OneLineErrors(click.Command):
                    "devices are mixed). Default: simulated with --model on a mixed scenario (volunteers), dtfm otherwise.")
 @click.option("--micro-batches", type=click.IntRange(min=1), metavar="M",
               help="With --objective simulated: micro-batches per pipeline and step (default 1; mixed devices: "
-                   "micro-batches of at most 4 sequences, at least 4 per stage).")
+                   "micro-batches of at most 4 sequences, at least 4 per stage, at most 64).")
 @click.option("--recompute/--no-recompute", default=True, show_default=True,
               help="Mixed devices: activation checkpointing (a stage keeps each block's input, not its "
                    "activations; the backward pass recomputes the forward).")
@@ -162,14 +162,15 @@ def command(
 
 
 MIXED_SEQUENCES_PER_MICRO_BATCH = 4
+MAX_DEFAULT_MICRO_BATCHES = 64  # the simulation's cost grows with M
 
 
 def _micro_batches(model_name: str, cluster: Cluster, num_stages: int, batch_tokens: int) -> int:
     """Mixed devices' default M: micro-batches of at most 4 sequences, and at least 4 per stage (GPipe's
-    bubble is (S − 1)/(M + S − 1) of a step)."""
+    bubble is (S − 1)/(M + S − 1) of a step), at most ``MAX_DEFAULT_MICRO_BATCHES``."""
     shard_tokens = batch_tokens / (cluster.num_devices // num_stages)
     per_micro_batch = MIXED_SEQUENCES_PER_MICRO_BATCH * model_shape(model_name).seq_len
-    return max(4 * num_stages, -(-int(shard_tokens) // per_micro_batch))
+    return min(max(4 * num_stages, -(-int(shard_tokens) // per_micro_batch)), MAX_DEFAULT_MICRO_BATCHES)
 
 
 def _print(plan: Plan | Infeasible, cluster: Cluster, workload: Workload, title: str, as_json: bool) -> None:

@@ -63,3 +63,18 @@ def test_paper_networks_plan_as_before():
     r = _run("--scenario", "worldwide", "--devices", "8", "--stages", "4", "--model", "gpt3-xl", "--json")
     doc = json.loads(r.stdout)
     assert doc["objective"] == "dtfm" and "layers" not in doc
+
+
+def test_a_cluster_file_with_cards_is_compute_aware_on_request_only(tmp_path):
+    net = scenario("worldwide", 4)
+    cards = [(312.0, 80.0), (35.6, 24.0), (65.0, 16.0), (165.2, 24.0)]
+    doc = {"devices": [{"name": f"d{k}", "tflops": t, "memory_gb": m} for k, (t, m) in enumerate(cards)],
+           "latency_ms": net.latency_ms.tolist(), "bandwidth_gbps": net.bandwidth_gbps.tolist()}
+    path = tmp_path / "cards.json"
+    path.write_text(json.dumps(doc))
+    plain = json.loads(_run("--cluster", str(path), "--stages", "2", "--model", "tiny", "--json").stdout)
+    assert plain["objective"] == "dtfm" and "layers" not in plain  # as every existing file plans
+    r = _run("--cluster", str(path), "--stages", "2", "--model", "tiny", "--objective", "simulated", "--json")
+    assert r.exit_code == 0, r.output
+    aware = json.loads(r.stdout)
+    assert aware["search"]["method"] == "joint" and len(aware["layers"]) == 2 and aware["layers"][1][1] == 8
