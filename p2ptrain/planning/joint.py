@@ -19,8 +19,10 @@ Search (``schedule_layered``), all exact simulations of (assignment, split):
    or two blocks between any two stages while the simulated step improves.
 3. Local search: swap two devices (across stages: other groups; within a stage: other pipelines) while
    the step improves (each swap priced at its balanced split and at the current one), in a random order
-   from the seed; then the split again; repeated until neither improves; then one more search from the
-   partition search at the best split found.
+   from the seed; then the split again; repeated until neither improves. Starts go best first (their
+   step at the balanced split), each with an equal share of the time left; then one more search from the
+   partition search at the best split found. Every start is also priced as it is at the even split, so
+   the plan is never slower than the paper's plan or Megatron's order where those fit.
 
 A plan that fits nowhere is ``Infeasible``, naming the stage, its need and the shortfall for the
 grouping that comes closest (devices grouped by memory).
@@ -48,12 +50,12 @@ from p2ptrain.planning.workload import Workload
 log = logging.getLogger(__name__)
 
 MAX_JOINT_EVALUATIONS = 20_000  # simulations in the local search, over all starts
-MAX_PERMUTED_GROUPS = 6
+MAX_PERMUTED_GROUPS = 6  # memory grouping: every stage order of the groups up to this many stages
 MAX_ENUMERATED_SPLITS = 120  # the split of an assignment: every split up to this many
 MAX_SWEEP_SPLITS = 600  # swaps × splits: below, every swap is priced at each of its splits
-MAX_CACHED_COSTS = 200_000
-REL_GAIN = 1e-9
-MAX_CACHED_SPLITS = 512
+MAX_CACHED_COSTS = 200_000  # simulated (assignment, split) pairs remembered
+REL_GAIN = 1e-9  # a change must be better than this, relatively, to be taken
+MAX_CACHED_SPLITS = 512  # simulated objectives (one per split) remembered
 
 
 @dataclass
