@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from p2ptrain.agent.churn import copies_of, join_start, restart_point, source_indices
+from p2ptrain.agent.churn import CHECKPOINT, INIT, copies_of, join_start, restart_point, source_indices
 from p2ptrain.agent.config import AgentConfig
 from p2ptrain.agent.epoch import EpochContext, EpochOutcome, Heartbeat, run_epoch
 from p2ptrain.agent.events import EventLog
@@ -592,7 +592,9 @@ class Agent:
                 logger.warning("quarantining peer %s for %.0f s: it failed epoch %d (%s)", peer, backoff,
                                current.epoch, replan.reason)  # fmt: skip
                 self.events.write("quarantined", peer=peer, epoch=current.epoch, seconds=backoff, reason=replan.reason)
-        held = self.quarantine.held()
+        # the quarantined stay out, except a peer the restart takes a stage's state from (it holds it; the
+        # plan must name it as a member)
+        held = self.quarantine.held() - set(replan.restart.sources if replan.restart else ())
         peers = {p: membership.peers[p] for p in replan.members if p in membership.peers and p not in held}
         try:
             trainers, spares = trainers_and_spares(cluster_order(peers), train)
@@ -660,6 +662,12 @@ class Agent:
                 logger.info("not re-planning (%s): the run ends before the next re-plan point", planning.trigger)
                 self._watch.reset()
                 return
+        strays = [p for p in sources if p not in (CHECKPOINT, INIT) and p not in record.membership]
+        if strays:  # a source left between the check and the plan: check again
+            logger.warning("not publishing epoch %d: the restart's source(s) %s are no longer members; re-planning",
+                           planning.epoch, ", ".join(strays))  # fmt: skip
+            self._watch.reset()
+            return
         copies = self._warm_copies(planning, plan)
         index = {p: i for i, p in enumerate(record.membership)}
         record = dataclasses.replace(record, start_step=start_step, reason=planning.trigger[:120],
