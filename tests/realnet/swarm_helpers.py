@@ -3,6 +3,7 @@ are the agent tests' own)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -44,3 +45,35 @@ def wait_all(procs: dict[str, subprocess.Popen], timeout_s: float, workdir: Path
     if any(code != 0 for code in codes.values()):
         tails = "\n".join(f"--- {n} ({codes[n]})\n" + (workdir / f"{n}.log").read_text()[-3000:] for n in procs)
         raise AssertionError(f"agents did not all finish: {codes}\n{tails}")
+
+
+REPO = Path(__file__).resolve().parents[2]
+MARK = "<!-- volunteer-path -->"
+
+
+def home_volunteer_script(bootstrap_line: str) -> str:
+    """agent/README.md's marked blocks, in order, with the organiser's bootstrap line in ``BOOTSTRAP``."""
+    readme = (REPO / "agent" / "README.md").read_text()
+    blocks = re.findall(re.escape(MARK) + r"\s*```bash\n(.*?)```", readme, flags=re.S)
+    assert blocks and len(blocks) == readme.count(MARK), "every marked block must be a bash block"
+    script, count = re.subn(r'^BOOTSTRAP=".*"$', f'BOOTSTRAP="{bootstrap_line}"', "\n".join(blocks), flags=re.M)
+    assert count == 1, "the README must set BOOTSTRAP exactly once"
+    assert "--reachability private" in script, "the home path needs no open port"
+    return script
+
+
+def start_home_volunteers(net: Network, homes: list[Host], script: str, workdir: Path) -> dict[str, subprocess.Popen]:
+    """Each home runs ``script`` with its own HOME (config, identity and caches inside it)."""
+    import os
+
+    bin_dir = str(Path(sys.executable).parent)  # `p2ptrain` as installed next to this interpreter
+    procs = {}
+    for k, host in enumerate(homes, start=1):
+        home = workdir / f"volunteer{k}"
+        home.mkdir()
+        env = {**os.environ, "HOME": str(home), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+        env.pop("XDG_CACHE_HOME", None)  # the README's default cache dir, inside the volunteer's home
+        with open(workdir / f"volunteer{k}.log", "wb") as log:
+            procs[f"volunteer{k}"] = net.popen(host, ["bash", "-euo", "pipefail", "-c", script], cwd=REPO, env=env,
+                                               stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    return procs
