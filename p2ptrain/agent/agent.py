@@ -445,8 +445,13 @@ class Agent:
         log, self._plans_logged = key != self._plans_logged, key  # say what is ignored once per change
         after = self._following.epoch if self._following is not None else -1
         plan = latest_plan(plans, live, self.peer_id, after, log=log) if live else None
+        # the run's first epoch for us: nothing followed, no earlier plan seen (a joiner's first plan may
+        # leave out live peers: the quarantined, or joiners after it)
+        newest = self._newest_seen
+        first = self._following is None and (newest is None or self._gate.refused(newest) or
+                                             (plan is not None and newest.epoch >= plan.epoch))  # fmt: skip
         if plan is not None and not self._gate.accept(plan, self._membership.peers, self._tracker.known_for_s,
-                                                      first=self._following is None):  # fmt: skip
+                                                      first=first):  # fmt: skip
             plan = None
         # a plan by a peer that is not live (a rogue, a leader long dead), or one we refused, is never the
         # one being trained
