@@ -127,7 +127,7 @@ def test_forged_unsigned_and_dictionary_replacing_entries_are_refused(swarm):
     leader, follower, rogue = swarm
     honest = profile_of(leader)
     publish_and_see(leader, follower, honest)
-    forged = dataclasses.replace(honest, device_name="forged", tflops=99999.0).encode()
+    forged = dataclasses.replace(honest, device_name="forged", tflops=9999.0).encode()
     rogue.store_raw(RecordKind.PEER, forged, subkey=leader._identity.owner_mark)  # signed by the rogue's key
     rogue.store_raw(RecordKind.PEER, forged, subkey=b"some plain subkey")  # no owner mark
     rogue.hivemind_dht.store(
