@@ -429,7 +429,12 @@ class Agent:
                     link.latency_s * 1e3, link.bandwidth_bytes_per_s * 8 / 1e6)
 
     def _on_links(self, row) -> None:
-        self.transport.mailbox.min_rates = min_rates(row)
+        try:  # the other ends' own rows: the direction their messages to us travel
+            rows = self.dht.read_links()
+        except ProtocolError:
+            rows = {}
+        toward_us = {p: m for p, r in rows.items() if (m := r.resolve([self.peer_id]).get(self.peer_id))}
+        self.transport.mailbox.min_rates = min_rates(row, toward_us)
         self.events.write("links", measured=len(row), row={p: [m.latency_ms, m.bandwidth_gbps] for p, m in row.items()})
 
     def _next_plan(self) -> PlanRecord | None:

@@ -52,6 +52,15 @@ def sender_budgets(plans: Iterable[PlanRecord | None], live: Iterable[str], me: 
     return budgets
 
 
-def min_rates(row: Mapping[str, LinkMeasurement], fraction: float = SLOW_FRACTION) -> dict[str, float]:
-    """Per peer, the slowest acceptable arrival rate (bytes/s): ``fraction`` of our measured link to it."""
-    return {p: m.bandwidth_gbps * 1e9 / 8 * fraction for p, m in row.items()}
+def min_rates(row: Mapping[str, LinkMeasurement], toward_us: Mapping[str, LinkMeasurement] | None = None,
+              fraction: float = SLOW_FRACTION) -> dict[str, float]:  # fmt: skip
+    """Per peer, the slowest acceptable arrival rate (bytes/s): ``fraction`` of the link's measured bandwidth.
+    ``row``: our measurements toward each peer; ``toward_us``: each peer's own measurement toward us (its
+    links row), which is the direction its messages travel. The slower of the two counts: a home's uplink
+    is often far slower than the link the other way."""
+    toward_us = toward_us or {}
+    rates = {}
+    for peer, m in row.items():
+        gbps = min(m.bandwidth_gbps, toward_us[peer].bandwidth_gbps) if peer in toward_us else m.bandwidth_gbps
+        rates[peer] = gbps * 1e9 / 8 * fraction
+    return rates

@@ -78,6 +78,10 @@ def test_arrival_deadline_from_the_measured_link_with_a_floor():
     assert box.deadline_s(OTHER, 16 << 10, slack_s=30.0) == pytest.approx(31.0)  # the floor: 16 KiB/s
     rates = min_rates({MEMBER: LinkMeasurement(10.0, 0.08)})  # 80 Mbit/s = 10 MB/s measured
     assert rates[MEMBER] == pytest.approx(1e6)  # a tenth of it
+    # the member's own row says its uplink toward us is 8 Mbit/s: its messages travel that way
+    rates = min_rates({MEMBER: LinkMeasurement(10.0, 0.08), OTHER: LinkMeasurement(10.0, 0.08)},
+                      {MEMBER: LinkMeasurement(10.0, 0.008)})  # fmt: skip
+    assert rates[MEMBER] == pytest.approx(1e5) and rates[OTHER] == pytest.approx(1e6)
 
 
 def test_budgets_from_plans_and_live_peers():
