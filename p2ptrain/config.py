@@ -69,7 +69,7 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
                 errors.append(str(e))
         raise ConfigError(errors[0] if errors else f"{path}: invalid value {value!r}")
     if origin in (tuple, list):
-        if not isinstance(value, (list, tuple)):
+        if not isinstance(value, list | tuple):
             raise ConfigError(f"{path}: expected a list, got {type(value).__name__}")
         args = typing.get_args(tp)
         item_type = args[0] if args else Any
@@ -78,7 +78,7 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
     if tp is Any:
         return value
     if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{path}: expected a number, got {value!r}")
         return float(value)
     if tp is int:

@@ -9,7 +9,6 @@ import time
 import psutil
 import pytest
 
-
 _WATCHED_NAMES = ("p2pd",)
 # torch starts one shared-memory manager per process on first use (hivemind's MPFuture shares torch memory);
 # it lives as long as the process that started it, so it is not something a test leaked.
