@@ -193,6 +193,7 @@ class Agent:
                 self.dht = SwarmDHT(cfg.run, cfg.dht).start()
                 self.transport = Transport(cfg.run, cfg.transport, dht=self.dht.hivemind_dht, emulator=self.emulator)
                 self.transport.mailbox.admit_sender = self.dht.is_admitted  # closed runs: tensors from members only
+                self.transport.mailbox.senders = {}  # nobody sends tensors before we know the run (``_admit_senders``)
                 self.store = StateStore(self.keeper, self._local_dir(), cfg.train.model, cfg.train.seed)
                 if cfg.checkpoint.resume:
                     self._offer_saved_states()

@@ -10,8 +10,10 @@ the leader's word for a plan:
   joiners who wait for the next re-plan point).
 * ``cost_problem``: the follower plans the same records itself (the scheduler is deterministic with the
   run's seed and takes seconds), scores the leader's assignment and its own with the same objective on the
-  same measured links, and refuses the leader's if it is more than ``tolerance`` slower. Both are scored on
-  the follower's inputs, so links re-measured since the leader planned move both figures alike.
+  same measured links, and refuses the leader's if it is more than ``tolerance`` (a fraction) plus
+  ``slack_s`` slower. Both are scored on the follower's inputs, so links re-measured since the leader
+  planned move both figures alike; the slack covers short steps (loopback), where link noise alone moves
+  the two plans' costs by more than the tolerance.
 * ``LeaderWatch``: once a plan is *due* (from the follower's own view: the plan trigger fired and the
   links are measured, or an epoch it trained halted), the leader has ``grace_s`` (plus the search budget)
   to publish a plan that passes both checks; otherwise the follower passes it over: it leaves the

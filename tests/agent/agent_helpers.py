@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -146,3 +147,19 @@ def run_agents(workdir: Path, config, commands: dict, overrides: dict, timeout_s
         if any(code != 0 for code in codes.values()):
             print("\n".join(f"--- {a.name}\n{tail(a.log_path, 40)}" for a in agents))
     return agents, codes, train
+
+
+@contextlib.contextmanager
+def background_swarm(workdir: Path, *args: str):
+    """``p2ptrain swarm --json`` started in the background (stderr in ``<workdir>/swarm.stderr``), for a
+    test that does something beside it; whatever happens inside, the swarm is stopped (SIGTERM: it stops
+    every process it started) and waited for on the way out."""
+    with open(workdir / "swarm.stderr", "w") as stderr:
+        swarm = subprocess.Popen(swarm_command(workdir, "--json", *args), stdout=subprocess.PIPE, stderr=stderr,
+                                 text=True)  # fmt: skip
+        try:
+            yield swarm
+        finally:
+            if swarm.poll() is None:
+                swarm.terminate()
+                swarm.wait(60)

@@ -14,13 +14,12 @@ from __future__ import annotations
 import json
 import math
 import struct
-import subprocess
 import threading
 from pathlib import Path
 
 import msgpack
 import pytest
-from agent_helpers import bootstrap_maddrs, events, swarm_command
+from agent_helpers import background_swarm, bootstrap_maddrs, events
 from hivemind.utils import get_dht_time
 
 from p2ptrain import PROTOCOL_VERSION, __version__
@@ -97,49 +96,41 @@ def test_rogue_records_are_ignored_and_the_swarm_trains_on_the_real_plan(tmp_pat
         (tmp_path / f"{name}.id").chmod(0o600)
     agent_ids = identities[1:]
     agents = [i.peer_id for i in agent_ids]
-    stderr = open(tmp_path / "swarm.stderr", "w")  # noqa: SIM115 - closed below
-    swarm = subprocess.Popen(
-        swarm_command(tmp_path, "--json", "--run", RUN, "--agents", str(AGENTS), "--stages", "2", "--steps", "3"),
-        stdout=subprocess.PIPE, stderr=stderr, text=True,
-    )  # fmt: skip
     rogues: list[Rogue] = []
-    try:
-        maddrs = bootstrap_maddrs(tmp_path)
-        rogue_a = Rogue(tmp_path / "rogue-a.id", maddrs)
-        rogues.append(rogue_a)
-        a = rogue_a.dht.peer_id
-        self_led = PlanRecord(epoch=0, membership=tuple(sorted([a, *agents])), stages=2, replicas=2,
-                              pipelines=((0, 1), (2, 3)), cost_s=0.0)
-        rogue_a.entries = [
-            (keys.peers, rogue_a.owner_mark, impossible_peer_record()),
-            (keys.links, rogue_a.owner_mark, impossible_links_row(agents)),
-            (keys.plan, rogue_a.owner_mark, self_led.encode()),
-        ]
-        rogue_a.start()
+    with background_swarm(tmp_path, "--run", RUN, "--agents", str(AGENTS), "--stages", "2", "--steps", "3") as swarm:
+        try:
+            maddrs = bootstrap_maddrs(tmp_path)
+            rogue_a = Rogue(tmp_path / "rogue-a.id", maddrs)
+            rogues.append(rogue_a)
+            a = rogue_a.dht.peer_id
+            self_led = PlanRecord(epoch=0, membership=tuple(sorted([a, *agents])), stages=2, replicas=2,
+                                  pipelines=((0, 1), (2, 3)), cost_s=0.0)
+            rogue_a.entries = [
+                (keys.peers, rogue_a.owner_mark, impossible_peer_record()),
+                (keys.links, rogue_a.owner_mark, impossible_links_row(agents)),
+                (keys.plan, rogue_a.owner_mark, self_led.encode()),
+            ]
+            rogue_a.start()
 
-        (tmp_path / "rogue-b.id").write_bytes(generate_identity().to_protobuf())
-        (tmp_path / "rogue-b.id").chmod(0o600)
-        rogue_b = Rogue(tmp_path / "rogue-b.id", maddrs)
-        rogues.append(rogue_b)
-        b = rogue_b.dht.peer_id
-        not_mine = PlanRecord(epoch=0, membership=tuple(agents), stages=2, replicas=2, pipelines=((3, 2), (1, 0)),
-                              cost_s=0.0)
-        tampered = PeerRecord(device_name="tampered", memory_gb=1.0, tflops=1.0)
-        rogue_b.entries = [
-            (keys.plan, rogue_b.owner_mark, not_mine.encode()),
-            (keys.plan, b"unsigned", not_mine.encode()),
-            (keys.peers, agent_ids[0].owner_mark, tampered.encode()),
-        ]
-        rogue_b.start()
+            (tmp_path / "rogue-b.id").write_bytes(generate_identity().to_protobuf())
+            (tmp_path / "rogue-b.id").chmod(0o600)
+            rogue_b = Rogue(tmp_path / "rogue-b.id", maddrs)
+            rogues.append(rogue_b)
+            b = rogue_b.dht.peer_id
+            not_mine = PlanRecord(epoch=0, membership=tuple(agents), stages=2, replicas=2, pipelines=((3, 2), (1, 0)),
+                                  cost_s=0.0)
+            tampered = PeerRecord(device_name="tampered", memory_gb=1.0, tflops=1.0)
+            rogue_b.entries = [
+                (keys.plan, rogue_b.owner_mark, not_mine.encode()),
+                (keys.plan, b"unsigned", not_mine.encode()),
+                (keys.peers, agent_ids[0].owner_mark, tampered.encode()),
+            ]
+            rogue_b.start()
 
-        out, _ = swarm.communicate(timeout=240)
-    finally:
-        if swarm.poll() is None:
-            swarm.terminate()
-            swarm.wait(60)
-        stderr.close()
-        for rogue in rogues:
-            rogue.close()
+            out, _ = swarm.communicate(timeout=240)
+        finally:
+            for rogue in rogues:
+                rogue.close()
     assert swarm.returncode == 0, (tmp_path / "swarm.stderr").read_text()[-3000:]
 
     summary = json.loads(out)

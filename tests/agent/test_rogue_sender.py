@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from agent_helpers import bootstrap_maddrs, swarm_command
+from agent_helpers import background_swarm, bootstrap_maddrs
 
 from p2ptrain.config import config_from_dict
 from p2ptrain.runtime.config import TrainConfig
@@ -32,25 +32,17 @@ RUN = "rogue-sender-test"
 
 @pytest.mark.timeout(420)
 def test_a_non_member_flooding_and_trickling_tensors_is_refused_and_training_goes_on(tmp_path):
-    stderr = open(tmp_path / "swarm.stderr", "w")  # noqa: SIM115 - closed below
-    swarm = subprocess.Popen(swarm_command(tmp_path, "--json", "--run", RUN, "--scenario", "none", "--agents", "4",
-                                           "--stages", "2", "--steps", "100"),
-                             stdout=subprocess.PIPE, stderr=stderr, text=True)  # fmt: skip
-    rogue = None
-    try:
-        maddrs = bootstrap_maddrs(tmp_path)
-        rogue = subprocess.Popen([sys.executable, str(HERE / "rogue_sender.py"), RUN, *maddrs],
-                                 stdout=subprocess.PIPE, stderr=open(tmp_path / "rogue.log", "w"), text=True)  # noqa: SIM115
-        out, _ = swarm.communicate(timeout=360)
-    finally:
-        if swarm.poll() is None:
-            swarm.terminate()
-            swarm.wait(60)
-        stderr.close()
-        rogue_out = ""
-        if rogue is not None:
-            rogue.send_signal(signal.SIGTERM)
-            rogue_out, _ = rogue.communicate(timeout=60)
+    rogue_out = ""
+    with background_swarm(tmp_path, "--run", RUN, "--scenario", "none", "--agents", "4", "--stages", "2",
+                          "--steps", "100") as swarm:  # fmt: skip
+        with open(tmp_path / "rogue.log", "w") as log:
+            rogue = subprocess.Popen([sys.executable, str(HERE / "rogue_sender.py"), RUN, *bootstrap_maddrs(tmp_path)],
+                                     stdout=subprocess.PIPE, stderr=log, text=True)  # fmt: skip
+            try:
+                out, _ = swarm.communicate(timeout=360)
+            finally:
+                rogue.send_signal(signal.SIGTERM)
+                rogue_out, _ = rogue.communicate(timeout=60)
     assert swarm.returncode == 0, (tmp_path / "swarm.stderr").read_text()[-3000:]
     summary = json.loads(out)
     agents = set(summary["peers"].values())
