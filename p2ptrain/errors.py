@@ -29,7 +29,8 @@ class MessageRejected(ProtocolError):
 
     ``code`` says why in a word a sender can act on: ``"duplicate"`` (the receiver already holds this
     message from this sender), ``"stale"`` (the receiver has moved past its step), ``"not_sender"`` (the
-    sender is in none of the receiver's plans and not a live peer), ``"too_slow"`` (the payload arrived far
+    sender is in none of the receiver's plans and not a live peer, or the plan of the tag's epoch does not
+    have it send that tag, ``agent.tag_senders``), ``"too_slow"`` (the payload arrived far
     slower than the link allows and was cut off), or ``"refused"``.
     """
 

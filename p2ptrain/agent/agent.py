@@ -73,6 +73,7 @@ from p2ptrain.agent.replan import JOIN, Replan, ReplanWatch
 from p2ptrain.agent.senders import min_rates, sender_budgets
 from p2ptrain.agent.stage_state import StateKeeper
 from p2ptrain.agent.state_store import StateStore
+from p2ptrain.agent.tag_senders import TagSenders
 from p2ptrain.errors import ProtocolError
 from p2ptrain.net.dht import SwarmDHT
 from p2ptrain.net.election import latest_plan
@@ -393,10 +394,12 @@ class Agent:
 
     def _admit_senders(self, membership: Membership, *plans: PlanRecord) -> None:
         """Who may send us tensors, and how much each may hold (``agent.senders``): the members of the plans
-        we train or may train next, then other live peers; nobody else."""
+        we train or may train next, then other live peers; nobody else. Which tag each sends: ``agent.tag_senders``."""
         candidates = (self._following, self._newest_seen, *plans)
-        self.transport.mailbox.senders = sender_budgets(candidates, membership.ids, self.peer_id, self.config.train,
-                                                        self.config.transport.step_window)  # fmt: skip
+        mailbox = self.transport.mailbox
+        mailbox.sends_tag = TagSenders.of(self.peer_id, candidates)  # and each tag only from the peer sending it
+        mailbox.senders = sender_budgets(candidates, membership.ids, self.peer_id, self.config.train,
+                                         self.config.transport.step_window)  # fmt: skip
 
     def _watch_targets(self, membership: Membership) -> set[str]:
         """Whom to ping: every member in a small run; beyond ``watch_all_up_to``, the peers of our pipeline

@@ -17,6 +17,7 @@ Acceptance rules, for a receiver whose window is (run, epoch, step):
   each within its own budget (in flight + unread from that sender), so that no sender, member or not, can
   take the room another needs. Budgets marked reserved (the plans' members, sized from the plans' messages)
   do not count against ``max_buffered_bytes``; the others (live peers outside the plans) share it;
+- with ``sends_tag`` set: only from the peer the plan of the tag's epoch has send that tag to us;
 - one message per (tag, sender) within the window;
 - if the receiver declared the senders of a tag (``expect``), the sender must be one of them, with the
   declared shape and dtype;
@@ -103,6 +104,8 @@ class Mailbox:
         self._waiters: dict[Key, asyncio.Future] = {}
         # closed runs: whether a sender is admitted to the run (``SwarmDHT.is_admitted``); None admits everyone
         self.admit_sender: Callable[[str], bool] | None = None
+        # why ``sender`` does not send ``tag`` in our plans (``agent.tag_senders``), None if it does; unset: anyone
+        self.sends_tag: Callable[[str, Tag], str | None] | None = None
 
     def _is_stale(self, tag: Tag) -> bool:
         w = self.window
@@ -135,6 +138,8 @@ class Mailbox:
             raise MessageRejected(f"duplicate message for {header.tag}", peer=sender, code="duplicate")
         if self._is_stale(header.tag):
             raise MessageRejected(self.window_problem(header.tag), peer=sender, code="stale")
+        if self.sends_tag is not None and (why := self.sends_tag(sender, header.tag)) is not None:
+            raise MessageRejected(why, peer=sender, code="not_sender")
         problem = self._problem(key, header)
         if problem is None and key in self._in_flight:
             problem = f"duplicate message for {header.tag} while its first copy is still arriving"
