@@ -45,6 +45,11 @@ from p2ptrain.planning.model_shapes import MODEL_PRESETS
 )
 @click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), help="Where to train.  [default: auto]")
 @click.option("--threads", type=click.IntRange(min=1), help="CPU threads for torch.  [default: torch's]")
+@click.option("--wire", type=click.Choice(["fp32", "bf16", "int8", "int4"]),
+              help="How tensors travel between workers (fp32 is exact).  [default: fp32]")
+@click.option("--schedule", type=click.Choice(["gpipe", "1f1b"]), help="Pipeline schedule.  [default: gpipe]")
+@click.option("--overlap/--no-overlap", default=None,
+              help="All-reduce gradient buckets during the last backward.  [default: overlap]")
 @click.option(
     "--stages", type=click.IntRange(min=1), help="Pipeline stages (distributed runtime).  [default: 1]"
 )
@@ -96,6 +101,9 @@ def command(
     data: str | None,
     device: str | None,
     threads: int | None,
+    wire: str | None,
+    schedule: str | None,
+    overlap: bool | None,
     stages: int | None,
     replicas: int | None,
     plan_path: str | None,
@@ -120,6 +128,9 @@ def command(
         "data": data,
         "device": device,
         "num_threads": threads,
+        "wire": wire,
+        "schedule": schedule,
+        "overlap": overlap,
         "stages": stages,
         "replicas": replicas,
     }

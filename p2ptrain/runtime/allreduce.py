@@ -10,6 +10,12 @@ member ``k`` owns shard ``k``:
 Each member sends ``(n−1)/n`` of the vector twice and receives as much: the ``2 · c_DP / D_dp`` per peer
 pair of the cost model. Because every shard is added up by exactly one member in a fixed order and then
 copied, all replicas end with bit-identical sums, hence identical parameters after the optimizer step.
+
+With a lossy wire (``p2ptrain.runtime.wire``) every shard travels encoded: a member encodes its vector with
+error feedback (what the encoding dropped is added to its next step's vector), the owner decodes the ``n − 1``
+copies it receives and adds them and its own in replica order in float32, then encodes
+the sum (with its own error feedback) and every member, the owner included, decodes that same message. So
+replicas still hold bit-identical sums. With ``fp32`` the messages are the tensors themselves: exact.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ from typing import Protocol
 
 import torch
 
+from p2ptrain.runtime.wire import Codec, ErrorFeedback
+
 REDUCE = "reduce_shard"
 GATHER = "gather_shard"
 
@@ -29,7 +37,7 @@ class GroupExchange(Protocol):
 
     def send(self, to_rank: int, kind: str, part: int, tensor: torch.Tensor) -> Future: ...
 
-    def recv(self, from_rank: int, kind: str, part: int, numel: int, dtype: torch.dtype) -> torch.Tensor: ...
+    def recv(self, from_rank: int, kind: str, part: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor: ...
 
 
 def shard_bounds(numel: int, num_shards: int) -> list[tuple[int, int]]:
@@ -43,30 +51,49 @@ def shard_bounds(numel: int, num_shards: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def sharded_all_reduce(flat: torch.Tensor, rank: int, group_size: int, exchange: GroupExchange) -> torch.Tensor:
-    """Sum ``flat`` (1-D, contiguous) over the group; returns a new tensor, identical on every member."""
+def sharded_all_reduce(
+    flat: torch.Tensor,
+    rank: int,
+    group_size: int,
+    exchange: GroupExchange,
+    feedback: ErrorFeedback | None = None,
+    key: object = 0,
+) -> torch.Tensor:
+    """Sum ``flat`` (1-D, contiguous, float32) over the group; returns a new tensor, identical on every member.
+
+    ``feedback`` (default: exact fp32) encodes the messages; ``key`` names this vector's residuals in it (the
+    same vector of the next step must pass the same key).
+    """
     if group_size == 1:
         return flat.clone()
     assert flat.dim() == 1 and 0 <= rank < group_size
+    feedback = feedback or ErrorFeedback(Codec("fp32"))
+    codec = feedback.codec
     bounds = shard_bounds(flat.numel(), group_size)
     sends: list[Future] = []
     for k, (start, end) in enumerate(bounds):
         if k != rank:
-            sends.append(exchange.send(k, REDUCE, k, flat[start:end].contiguous()))
+            message, _ = feedback.encode((key, REDUCE, k), flat[start:end].contiguous())
+            sends.append(exchange.send(k, REDUCE, k, message))
     my_start, my_end = bounds[rank]
-    my_numel = my_end - my_start
-    reduced = torch.zeros(my_numel, dtype=flat.dtype)
+    my_shape = (my_end - my_start,)
+    wire_shape, wire_dtype = codec.wire_spec(my_shape)
+    reduced = torch.zeros(my_shape, dtype=torch.float32)
     for r in range(group_size):  # fixed order: the same additions on every member
-        part = flat[my_start:my_end] if r == rank else exchange.recv(r, REDUCE, rank, my_numel, flat.dtype)
-        reduced += part
+        if r == rank:
+            reduced += flat[my_start:my_end]  # our own copy needs no encoding
+        else:
+            reduced += codec.decode(exchange.recv(r, REDUCE, rank, wire_shape, wire_dtype), my_shape)
+    message, decoded = feedback.encode((key, GATHER), reduced)
     for k in range(group_size):
         if k != rank:
-            sends.append(exchange.send(k, GATHER, rank, reduced))
+            sends.append(exchange.send(k, GATHER, rank, message))
     out = torch.empty_like(flat)
-    out[my_start:my_end] = reduced
+    out[my_start:my_end] = decoded
     for r, (start, end) in enumerate(bounds):
         if r != rank:
-            out[start:end] = exchange.recv(r, GATHER, r, end - start, flat.dtype)
+            wire_shape, wire_dtype = codec.wire_spec((end - start,))
+            out[start:end] = codec.decode(exchange.recv(r, GATHER, r, wire_shape, wire_dtype), (end - start,))
     _wait_all(sends)
     return out
 

@@ -9,6 +9,10 @@ Example ``train.toml`` (every key optional; see the field comments for units and
     seed = 1
     data = "corpus/"
 
+    wire = "bf16"          # fp32 (exact), bf16, int8, int4: p2ptrain.runtime.wire
+    schedule = "1f1b"      # gpipe or 1f1b: p2ptrain.runtime.schedule
+    overlap = true         # all-reduce buckets during the last backward: p2ptrain.runtime.buckets
+
     [optimizer]
     lr = 1e-3
     weight_decay = 0.1
@@ -32,6 +36,8 @@ from p2ptrain.model.optim import OptimizerConfig
 from p2ptrain.model.stage import stage_layer_range
 from p2ptrain.planning.model_shapes import ModelShape, model_shape
 from p2ptrain.planning.split import check_layers
+from p2ptrain.runtime.schedule import SCHEDULES, ScheduleName
+from p2ptrain.runtime.wire import WIRE_FORMATS, WireName
 
 Device = Literal["cpu", "cuda", "auto"]
 
@@ -53,10 +59,20 @@ class TrainConfig:
     stages: int = 1  # pipeline stages (S); 1 with replicas 1: plain single-process training
     replicas: int = 1  # data-parallel replicas per stage (D)
     layers: tuple[tuple[int, int], ...] | None = None  # the plan's split: stage j holds blocks [a, b); None: even
+    wire: WireName = "fp32"  # how tensors travel between workers (p2ptrain.runtime.wire); fp32 is exact
+    schedule: ScheduleName = "gpipe"  # pipeline schedule: gpipe or 1f1b (p2ptrain.runtime.schedule)
+    overlap: bool = True  # start each gradient bucket's all-reduce during the last backward (exact either way)
+    bucket_elements: int = 1 << 18  # gradient elements per all-reduce bucket (1 MiB of fp32)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
 
     def __post_init__(self) -> None:
         shape = model_shape(self.model)  # ValueError naming the presets
+        if self.wire not in WIRE_FORMATS:
+            raise ValueError(f"unknown wire format {self.wire!r} (known: {', '.join(WIRE_FORMATS)})")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"unknown schedule {self.schedule!r} (known: {', '.join(SCHEDULES)})")
+        if self.bucket_elements < 1:
+            raise ValueError(f"bucket_elements must be at least 1, got {self.bucket_elements}")
         for name in ("steps", "global_batch_size", "micro_batches", "stages", "replicas"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")

@@ -1,16 +1,24 @@
-"""One stage of one pipeline, for one step: the paper's GPipe schedule, then the group's all-reduce.
+"""One stage of one pipeline, for one step: a pipeline schedule, then the group's all-reduce.
 
-Schedule of a step on the peer holding (stage j, replica i), with M micro-batches:
+Schedule of a step on the peer holding (stage j, replica i), with M micro-batches, in the order of
+``schedule.schedule_ops`` (``gpipe``: every forward then every backward; ``1f1b``: at most S − j micro-batches
+in flight):
 
-1. forward, micro-batch 0 … M−1: stage 0 embeds its own tokens (every peer derives the global batch of the
-   step from the seed, so tokens never travel); later stages receive activations from stage j−1 of the
-   same pipeline; all but the last send their output to stage j+1; the last computes the micro-batch loss
-   of ``p2ptrain.model.loss`` (token CE summed, over the global batch's token count);
-2. backward, micro-batch M−1 … 0: the last stage back-propagates its loss, the others the gradient received
-   from stage j+1; all but stage 0 send the gradient of their input back to stage j−1;
-3. the stage's gradients (and, on the last stage, the summed loss) are flattened and summed over the
-   replica group with the sharded all-reduce; the optimizer steps. Every replica applies the same sum, so
-   replicas stay bit-identical.
+* forward of micro-batch m: stage 0 embeds its own tokens (every peer derives the global batch of the step
+  from the seed, so tokens never travel); later stages receive activations from stage j−1 of the same
+  pipeline; all but the last send their output to stage j+1; the last computes the micro-batch loss of
+  ``p2ptrain.model.loss`` (token CE summed, over the global batch's token count);
+* backward of micro-batch m: the last stage back-propagates its loss, the others the gradient received
+  from stage j+1; all but stage 0 send the gradient of their input back to stage j−1;
+* the stage's gradients (and, on the last stage, the summed loss) are summed over the replica group with the
+  sharded all-reduce, bucket by bucket (``buckets``): with ``overlap`` each bucket starts during the last
+  backward as soon as its gradients are final; then the optimizer steps. Every replica applies the same sum,
+  so replicas stay bit-identical.
+
+Tensors travel in the run's wire format (``wire``): activations, activation gradients and data-parallel
+gradients each by their codec; ``fp32`` sends today's tensors unchanged. Sends are asynchronous: compute
+never waits for a send, only for what it receives. The executor measures its saved activations
+(``memory.ActivationMeter``) and reports the step's peak.
 
 The executor knows nothing of libp2p: it talks to a ``StepLink`` bound to (run, epoch, step).
 """
@@ -26,9 +34,12 @@ import torch
 
 from p2ptrain.model.data import TrainData, inputs_and_targets, micro_batches, shard_of
 from p2ptrain.model.loss import micro_batch_loss
-from p2ptrain.runtime.allreduce import GroupExchange, flatten, sharded_all_reduce, unflatten_into
+from p2ptrain.runtime.buckets import BucketedAllReduce
 from p2ptrain.runtime.compute_speed import NO_PACING, ComputePacer
+from p2ptrain.runtime.memory import ActivationMeter
+from p2ptrain.runtime.schedule import FORWARD, schedule_ops
 from p2ptrain.runtime.topology import Role, Topology
+from p2ptrain.runtime.wire import wire_format
 
 logger = logging.getLogger(__name__)
 
@@ -46,23 +57,29 @@ class StepLink(Protocol):
     ) -> torch.Tensor: ...
 
 
+DEFAULT_BUCKET_ELEMENTS = 1 << 18  # gradient elements per all-reduce bucket: 1 MiB of fp32
+
+
 @dataclass(frozen=True)
 class StepOutcome:
     step: int
     loss: float | None  # the global mean loss, known on the last stage only
+    peak_activation_bytes: int = 0  # saved-for-backward bytes held at once (``memory.ActivationMeter``)
+    peak_in_flight: int = 0  # micro-batches forwarded and not yet back-propagated, at most at once
 
 
 class _GroupOverLink:
-    """Adapts a StepLink to the all-reduce's rank addressing inside stage ``stage``'s group."""
+    """Adapts a StepLink to the all-reduce's rank addressing inside stage ``stage``'s group; ``bucket`` goes in
+    the micro-batch field of the tags."""
 
-    def __init__(self, link: StepLink, group: tuple[str, ...]):
-        self.link, self.group = link, group
+    def __init__(self, link: StepLink, group: tuple[str, ...], bucket: int = 0):
+        self.link, self.group, self.bucket = link, group, bucket
 
     def send(self, to_rank: int, kind: str, part: int, tensor: torch.Tensor) -> Future:
-        return self.link.send(self.group[to_rank], kind, 0, part, tensor)
+        return self.link.send(self.group[to_rank], kind, self.bucket, part, tensor)
 
-    def recv(self, from_rank: int, kind: str, part: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        return self.link.recv(self.group[from_rank], kind, 0, part, (numel,), dtype)
+    def recv(self, from_rank: int, kind: str, part: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        return self.link.recv(self.group[from_rank], kind, self.bucket, part, shape, dtype)
 
 
 class StageExecutor:
@@ -76,6 +93,10 @@ class StageExecutor:
         num_micro_batches: int,
         hidden_size: int,
         pacer: ComputePacer = NO_PACING,
+        wire: str = "fp32",
+        schedule: str = "gpipe",
+        overlap: bool = True,
+        bucket_elements: int = DEFAULT_BUCKET_ELEMENTS,
     ):
         self.pacer = pacer  # emulated compute speed (``compute_speed``): forward, backward, update stretched
         self.module = module
@@ -83,78 +104,103 @@ class StageExecutor:
         self.data = data
         self.num_micro_batches = num_micro_batches
         self.hidden_size = hidden_size
+        self.wire = wire_format(wire)
+        schedule_ops(schedule, 1, 0, 1)  # ValueError for an unknown name
+        self.schedule = schedule
+        self.overlap = overlap
         self.params = [p for p in module.parameters() if p.requires_grad]
         self.device = self.params[0].device if self.params else torch.device("cpu")
+        self.reducer = BucketedAllReduce(self.params, bucket_elements, self.wire.gradient)
+        self.meter = ActivationMeter(self.params)
 
     def run_step(self, step: int, role: Role, topology: Topology, link: StepLink) -> StepOutcome:
         micro = self._micro_batches(step, role)
-        prev_peer, next_peer = topology.prev_peer(role), topology.next_peer(role)
-        sends: list[Future] = []
-        inputs: list[torch.Tensor | None] = []
-        outputs: list[torch.Tensor] = []
         rows, seq_len = micro[0].shape[0], micro[0].shape[1] - 1
-        act_shape = (rows, seq_len, self.hidden_size)
+        state = _StepState(role, topology.prev_peer(role), topology.next_peer(role), link, (rows, seq_len, self.hidden_size))
         self.optimizer.zero_grad(set_to_none=False)
+        self.meter.reset_peak()
+        group = topology.group(role.stage)
+        if role.num_replicas > 1:
+            self.reducer.begin(role.replica, role.num_replicas, lambda b: _GroupOverLink(link, group, b))
+        backwards_left = len(micro)
+        try:
+            for op, m in schedule_ops(self.schedule, role.num_stages, role.stage, len(micro)):
+                if op == FORWARD:
+                    self._forward(state, m, micro[m])
+                    continue
+                backwards_left -= 1
+                if backwards_left == 0 and self.overlap and role.num_replicas > 1:
+                    self.reducer.arm()  # this backward makes the gradients final
+                self._backward(state, m)
+            loss = self._all_reduce_and_step(role, state.loss_sum)
+        finally:
+            for future in state.sends:
+                future.result()
+        return StepOutcome(step, loss, self.meter.peak_bytes, state.peak_in_flight)
 
-        for m, tokens in enumerate(micro):
-            inputs_m, targets = inputs_and_targets(tokens)
-            if role.is_first:
-                x = inputs_m.to(self.device)
-                inputs.append(None)
-            else:
-                x = link.recv(prev_peer, ACTIVATION, m, 0, act_shape, torch.float32).to(self.device)
-                x.requires_grad_(True)
-                inputs.append(x)
-            with self.pacer.compute():
-                out = self.module(x)
-                if role.is_last:
-                    out = micro_batch_loss(out, targets.to(self.device), self.data.tokens_per_batch)
-            if not role.is_last:
-                sends.append(link.send(next_peer, ACTIVATION, m, 0, out.detach().cpu()))
-            outputs.append(out)
-
-        loss_sum = torch.zeros((), dtype=torch.float32)
-        for m in reversed(range(len(micro))):
+    def _forward(self, state: _StepState, m: int, tokens: torch.Tensor) -> None:
+        role, link = state.role, state.link
+        inputs_m, targets = inputs_and_targets(tokens)
+        if role.is_first:
+            x = inputs_m.to(self.device)
+            state.inputs[m] = None
+        else:
+            codec = self.wire.activation
+            shape, dtype = codec.wire_spec(state.act_shape)
+            x = codec.decode(link.recv(state.prev_peer, ACTIVATION, m, 0, shape, dtype), state.act_shape).to(self.device)
+            x.requires_grad_(True)
+            state.inputs[m] = x
+        with self.pacer.compute(), self.meter.saving():
+            out = self.module(x)
             if role.is_last:
-                with self.pacer.compute():
-                    outputs[m].backward()
-                loss_sum += outputs[m].detach().cpu()
-            else:
-                grad = link.recv(next_peer, ACTIVATION_GRAD, m, 0, act_shape, torch.float32).to(self.device)
-                with self.pacer.compute():
-                    outputs[m].backward(grad)
-            if not role.is_first:
-                sends.append(link.send(prev_peer, ACTIVATION_GRAD, m, 0, inputs[m].grad.detach().cpu()))
-            outputs[m] = inputs[m] = None  # free the activations of this micro-batch
+                out = micro_batch_loss(out, targets.to(self.device), self.data.tokens_per_batch)
+        if not role.is_last:
+            state.sends.append(link.send(state.next_peer, ACTIVATION, m, 0, self.wire.activation.encode(out.detach().cpu())))
+        state.outputs[m] = out
+        state.peak_in_flight = max(state.peak_in_flight, len(state.outputs))
 
-        loss = self._all_reduce_and_step(role, topology, link, loss_sum)
-        for future in sends:
-            future.result()
-        return StepOutcome(step, loss)
+    def _backward(self, state: _StepState, m: int) -> None:
+        role, link = state.role, state.link
+        out = state.outputs.pop(m)
+        if role.is_last:
+            with self.pacer.compute():
+                out.backward()
+            state.loss_sum += out.detach().cpu()
+        else:
+            codec = self.wire.activation_grad
+            shape, dtype = codec.wire_spec(state.act_shape)
+            grad = codec.decode(link.recv(state.next_peer, ACTIVATION_GRAD, m, 0, shape, dtype), state.act_shape)
+            with self.pacer.compute():
+                out.backward(grad.to(self.device))
+        x = state.inputs.pop(m)  # this micro-batch's activations are freed with its graph
+        if not role.is_first:
+            state.sends.append(link.send(state.prev_peer, ACTIVATION_GRAD, m, 0,
+                                         self.wire.activation_grad.encode(x.grad.detach().cpu())))
 
     def _micro_batches(self, step: int, role: Role) -> list[torch.Tensor]:
         shard = shard_of(self.data.global_batch(step), role.replica, role.num_replicas)
         return micro_batches(shard, self.num_micro_batches)
 
-    def _all_reduce_and_step(
-        self, role: Role, topology: Topology, link: StepLink, loss_sum: torch.Tensor
-    ) -> float | None:
-        with self.pacer.compute():
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-            vectors = [g.detach().cpu() for g in grads]
-            if role.is_last:
-                vectors.append(loss_sum.reshape(1))
-            flat = flatten(vectors)
-        exchange: GroupExchange = _GroupOverLink(link, topology.group(role.stage))
-        total = sharded_all_reduce(flat, role.replica, role.num_replicas, exchange)
-        loss = None
-        if role.is_last:
-            loss = float(total[-1])
-            total = total[:-1]
+    def _all_reduce_and_step(self, role: Role, loss_sum: torch.Tensor) -> float | None:
+        loss = float(loss_sum) if role.is_last else None
+        if role.num_replicas > 1:
+            loss = self.reducer.finish(loss_sum if role.is_last else None)
         with self.pacer.compute(), torch.no_grad():
-            slots = [p.grad if p.grad is not None else p.new_zeros(p.shape) for p in self.params]
-            unflatten_into(total.to(self.device), slots)
-            for p, g in zip(self.params, slots, strict=False):
-                p.grad = g
+            for p in self.params:
+                if p.grad is None:
+                    p.grad = p.new_zeros(p.shape)
             self.optimizer.step()
         return loss
+
+
+class _StepState:
+    """What one step holds between its forwards and backwards."""
+
+    def __init__(self, role: Role, prev_peer: str | None, next_peer: str | None, link: StepLink,
+                 act_shape: tuple[int, int, int]):  # fmt: skip
+        self.role, self.prev_peer, self.next_peer, self.link, self.act_shape = role, prev_peer, next_peer, link, act_shape
+        self.inputs: dict[int, torch.Tensor | None] = {}
+        self.outputs: dict[int, torch.Tensor] = {}  # forward done, backward not yet
+        self.sends: list[Future] = []
+        self.loss_sum = torch.zeros((), dtype=torch.float32)
+        self.peak_in_flight = 0

@@ -36,6 +36,8 @@ class StepResult:
     step: int
     loss: float | None  # the global mean loss, known on the last stage only
     step_time_s: float
+    peak_activation_bytes: int = 0  # saved-for-backward bytes held at once during the step
+    peak_in_flight: int = 0  # micro-batches forwarded and not yet back-propagated, at most at once
 
 
 class StageTrainer:
@@ -54,6 +56,7 @@ class StageTrainer:
         self.executor = StageExecutor(
             self.module, self.optimizer, build_data(cfg), cfg.micro_batches, cfg.shape.hidden_size,
             pacer=ComputePacer(compute_slowdown, cpu_clock=torch.device(device).type == "cpu"),
+            wire=cfg.wire, schedule=cfg.schedule, overlap=cfg.overlap, bucket_elements=cfg.bucket_elements,
         )
 
     def step(
@@ -64,4 +67,5 @@ class StageTrainer:
         transport.set_window(run, epoch, step)
         link = TransportStepLink(transport, run, epoch, step, timeout_s)
         outcome = self.executor.run_step(step, self.role, topology, link)
-        return StepResult(step, outcome.loss, time.perf_counter() - started)
+        return StepResult(step, outcome.loss, time.perf_counter() - started, outcome.peak_activation_bytes,
+                          outcome.peak_in_flight)

@@ -204,7 +204,8 @@ def _train(spec: WorkerSpec, role: Role, topology: Topology, transport: Transpor
     trainer = StageTrainer(cfg, role, device)
     for step in range(cfg.steps):
         result = trainer.step(transport, spec.run, 0, step, topology, spec.call_timeout_s)
-        event = {"event": "step", "step": step, "step_time_s": result.step_time_s}
+        event = {"event": "step", "step": step, "step_time_s": result.step_time_s,
+                 "peak_activation_bytes": result.peak_activation_bytes, "peak_in_flight": result.peak_in_flight}
         if result.loss is not None:
             event["loss"] = result.loss
         if spec.check_replicas:

@@ -1,0 +1,146 @@
+"""A stage's data-parallel all-reduce in buckets, overlapped with the backward pass that produces them.
+
+The stage's parameters are cut into buckets of about ``bucket_elements`` elements, in reverse parameter
+order (the order backward reaches them). During the step's last backward (the one after which no gradient
+changes), each parameter's ``register_post_accumulate_grad_hook`` marks it done; when a bucket's parameters
+are all done, the bucket is handed to one communication thread, which flattens its gradients and runs the
+sharded all-reduce (``allreduce``) while backward goes on in the compute thread. Buckets start in bucket
+order on every replica (a bucket ready early waits for the ones before it), so the replicas' reductions meet
+in the same order and never wait on each other crosswise. The last stage's loss travels as one more, exact
+fp32 "bucket" after the gradients. ``finish`` waits for every bucket and writes the sums into ``.grad``.
+
+Each bucket's message is tagged with the bucket index as its micro-batch number (kinds ``reduce_shard``
+and ``gather_shard``, part = shard index), so buckets and shards of one step never mix. The arithmetic is
+the unbucketed all-reduce's, element by element: fp32 + overlap is bit-identical to fp32 without it.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+
+from p2ptrain.runtime.allreduce import GroupExchange, flatten, sharded_all_reduce, unflatten_into
+from p2ptrain.runtime.wire import Codec, ErrorFeedback
+
+
+def plan_buckets(numels: Sequence[int], bucket_elements: int) -> list[list[int]]:
+    """Parameter indices per bucket: reverse order, a new bucket once the current one holds
+    ``bucket_elements`` or more (a parameter is never split)."""
+    buckets: list[list[int]] = []
+    size = bucket_elements
+    for i in reversed(range(len(numels))):
+        if size >= bucket_elements:
+            buckets.append([])
+            size = 0
+        buckets[-1].append(i)
+        size += numels[i]
+    return buckets
+
+
+class _Round:
+    """The buckets of one step: which are ready, which started, their pending results."""
+
+    def __init__(self, owner: BucketedAllReduce, rank: int, group_size: int,
+                 exchange_for: Callable[[int], GroupExchange]):  # fmt: skip
+        self.owner, self.rank, self.group_size, self.exchange_for = owner, rank, group_size, exchange_for
+        self.pending = [len(b) for b in owner.buckets]
+        self.ready: set[int] = set()
+        self.next_to_start = 0
+        self.futures: list[Future] = []
+        self.armed = False
+        self.lock = threading.Lock()
+
+    def param_done(self, index: int) -> None:
+        with self.lock:
+            if not self.armed:
+                return
+            b = self.owner.bucket_of[index]
+            self.pending[b] -= 1
+            if self.pending[b] == 0:
+                self.ready.add(b)
+                self._start_ready()
+
+    def start_all(self) -> None:
+        with self.lock:
+            self.ready.update(range(len(self.owner.buckets)))
+            self._start_ready()
+
+    def _start_ready(self) -> None:
+        while self.next_to_start in self.ready:
+            b = self.next_to_start
+            self.futures.append(self.owner.pool.submit(self.owner.reduce_bucket, b, self))
+            self.next_to_start += 1
+
+
+class BucketedAllReduce:
+    """Sums a stage's gradients over its replica group, bucket by bucket (see the module docstring)."""
+
+    def __init__(self, params: Sequence[torch.nn.Parameter], bucket_elements: int, codec: Codec):
+        self.params = list(params)
+        self.buckets = plan_buckets([p.numel() for p in self.params], bucket_elements)
+        self.bucket_of = {i: b for b, bucket in enumerate(self.buckets) for i in bucket}
+        self.feedback = ErrorFeedback(codec)
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="p2ptrain-allreduce")
+        weakref.finalize(self, self.pool.shutdown, wait=False)  # an executor per epoch: no idle thread left
+        self._round: _Round | None = None
+        self.overlapped_buckets = 0  # of the last step: buckets started before its backward ended
+        for i, p in enumerate(self.params):
+            p.register_post_accumulate_grad_hook(self._hook(i))
+
+    def _hook(self, index: int):
+        def on_grad(_param: torch.Tensor) -> None:
+            current = self._round
+            if current is not None:
+                current.param_done(index)
+        return on_grad
+
+    def begin(self, rank: int, group_size: int, exchange_for: Callable[[int], GroupExchange]) -> None:
+        """Start a step: ``exchange_for(bucket)`` talks to the group under that bucket's tags."""
+        self._round = _Round(self, rank, group_size, exchange_for)
+
+    def arm(self) -> None:
+        """The next backward is the step's last: start each bucket as soon as its gradients are final."""
+        assert self._round is not None
+        with self._round.lock:
+            self._round.armed = True
+
+    def reduce_bucket(self, b: int, round_: _Round) -> torch.Tensor:
+        grads = [self.params[i].grad for i in self.buckets[b]]
+        flat = flatten([g.detach().cpu() if g is not None else torch.zeros(self.params[i].shape)
+                        for g, i in zip(grads, self.buckets[b], strict=True)])  # fmt: skip
+        return sharded_all_reduce(flat, round_.rank, round_.group_size, round_.exchange_for(b), self.feedback, key=b)
+
+    def finish(self, loss_sum: torch.Tensor | None) -> float | None:
+        """Start what has not started, wait for every bucket, write the sums into ``.grad``; the summed loss
+        (exact) when ``loss_sum`` is given."""
+        round_ = self._round
+        assert round_ is not None
+        with round_.lock:
+            self.overlapped_buckets = round_.next_to_start
+        round_.start_all()
+        loss_future = None
+        if loss_sum is not None:
+            exact = ErrorFeedback(Codec("fp32"))
+            exchange = round_.exchange_for(len(self.buckets))
+            loss_future = self.pool.submit(sharded_all_reduce, loss_sum.reshape(1).to(torch.float32),
+                                           round_.rank, round_.group_size, exchange, exact)  # fmt: skip
+        try:
+            totals = [f.result() for f in round_.futures]  # each bounded by the exchange's call deadlines
+            loss = float(loss_future.result()[0]) if loss_future is not None else None
+        finally:
+            self._round = None
+        with torch.no_grad():
+            for bucket, total in zip(self.buckets, totals, strict=True):
+                slots = [self.params[i].grad if self.params[i].grad is not None else self.params[i].new_zeros(
+                    self.params[i].shape) for i in bucket]  # fmt: skip
+                unflatten_into(total.to(slots[0].device), slots)
+                for i, g in zip(bucket, slots, strict=True):
+                    self.params[i].grad = g
+        return loss
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False)

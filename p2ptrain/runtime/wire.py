@@ -1,0 +1,197 @@
+"""Wire formats: how a run's tensors travel, chosen per run (``[train] wire`` / ``p2ptrain train --wire``).
+
+One name picks the codec of each tensor kind the runtime sends (``WIRE_FORMATS``):
+
+======  =====================  =====================  =====================================================
+name    activations            activation gradients   data-parallel gradients (reduce-scatter, all-gather)
+======  =====================  =====================  =====================================================
+fp32    float32, 4 B/elem      float32, 4 B/elem      float32, 4 B/elem: exact, today's bytes bit for bit
+bf16    bfloat16, 2 B/elem     bfloat16, 2 B/elem     bfloat16, 2 B/elem, with error feedback
+int8    blockwise int8         blockwise int8         blockwise int8, with error feedback
+int4    blockwise int4         blockwise int8         blockwise int4, with error feedback
+======  =====================  =====================  =====================================================
+
+Bytes per element on the wire (what a link carries; the transport's chunk headers aside), ``BLOCK`` = 64:
+
+* ``fp32``: 4; ``bf16``: 2 (torch's bfloat16, round to nearest even);
+* ``int8``: 1 + 4/64 = 1.0625 — per block of 64 elements one float32 scale (absmax / 127) and 64 signed
+  codes in −127…127, rounded to nearest: ``|x − x̂| ≤ absmax_block / 254`` (plus float32 rounding);
+* ``int4``: 0.5 + 4/64 = 0.5625 — per block one float32 scale (absmax / 7) and codes −7…7 packed two to a
+  byte: ``|x − x̂| ≤ absmax_block / 14``.
+
+An int8/int4 message is one flat ``uint8`` tensor: the ``ceil(n / 64)`` float32 scales first, then the codes
+(``wire_bytes(name, n)``). ``fp32`` and ``bf16`` messages keep the tensor's shape.
+
+Activations and their gradients are quantised as they are, without error feedback: every step draws fresh
+sequences, so a micro-batch slot never carries the same sample twice and AQ-SGD's reference (the previous
+value sent for the same sample) would be a different sequence's activation — a change as large as the value
+itself. Data-parallel gradients are the same quantity step after step, so they get error feedback
+(``ErrorFeedback``): what a member's encoding dropped is added to its next step's gradient (and, for the
+shard a member sums, what the all-gather's encoding dropped to its next sum).
+
+Decoding is deterministic and every shard is summed in float32 by one member in replica order, then sent
+encoded to all and decoded by all (its owner included): replicas apply bit-identical updates whatever the
+wire. The codecs are pure torch functions. hivemind's compression is not used: its codecs produce protobuf
+messages, and its blockwise 8-bit codec needs bitsandbytes; torch's own dtypes serve fp32 and bf16.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+WireName = Literal["fp32", "bf16", "int8", "int4"]
+WIRE_FORMATS: tuple[str, ...] = ("fp32", "bf16", "int8", "int4")
+BLOCK = 64  # elements per quantisation block (one float32 scale each)
+SCALE_BYTES = 4
+_LEVELS = {"int8": 127, "int4": 7}
+
+
+class WireError(ValueError):
+    """A message that does not decode: wrong size or invalid scales."""
+
+
+@dataclass(frozen=True)
+class Codec:
+    """Encoding of float32 tensors for one tensor kind: ``fp32``, ``bf16``, ``int8`` or ``int4``."""
+
+    name: str
+
+    def __post_init__(self) -> None:
+        if self.name not in WIRE_FORMATS:
+            raise ValueError(f"unknown wire format {self.name!r} (known: {', '.join(WIRE_FORMATS)})")
+
+    @property
+    def exact(self) -> bool:
+        return self.name == "fp32"
+
+    def wire_spec(self, shape: tuple[int, ...]) -> tuple[tuple[int, ...], torch.dtype]:
+        """The shape and dtype of the message that carries a float32 tensor of ``shape``."""
+        if self.name == "fp32":
+            return tuple(shape), torch.float32
+        if self.name == "bf16":
+            return tuple(shape), torch.bfloat16
+        return (wire_bytes(self.name, math.prod(shape)),), torch.uint8
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """The message of float32 tensor ``x`` (on the CPU, contiguous)."""
+        x = x.detach().to("cpu", torch.float32).contiguous()
+        if self.name == "fp32":
+            return x
+        if self.name == "bf16":
+            return x.to(torch.bfloat16)
+        return quantise_blockwise(x.reshape(-1), _LEVELS[self.name])
+
+    def decode(self, message: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+        """The float32 tensor of ``shape`` that ``message`` carries; WireError if it cannot."""
+        want_shape, want_dtype = self.wire_spec(shape)
+        if tuple(message.shape) != want_shape or message.dtype != want_dtype:
+            raise WireError(f"{self.name} message of {tuple(message.shape)} {message.dtype}, expected "
+                            f"{want_shape} {want_dtype} for a tensor of {tuple(shape)}")
+        if self.name == "fp32":
+            return message
+        if self.name == "bf16":
+            return message.to(torch.float32)
+        return dequantise_blockwise(message, math.prod(shape), _LEVELS[self.name]).reshape(shape)
+
+    def round_trip(self, x: torch.Tensor) -> torch.Tensor:
+        """``decode(encode(x))``: what the receiver will hold."""
+        return self.decode(self.encode(x), tuple(x.shape))
+
+
+@dataclass(frozen=True)
+class WireFormat:
+    """The codec of each tensor kind of a run."""
+
+    name: str
+    activation: Codec
+    activation_grad: Codec
+    gradient: Codec  # data-parallel gradients
+
+
+def wire_format(name: str) -> WireFormat:
+    """The run's codecs for wire ``name``; ValueError (one line) for an unknown name."""
+    if name not in WIRE_FORMATS:
+        raise ValueError(f"unknown wire format {name!r} (known: {', '.join(WIRE_FORMATS)})")
+    backward = "int8" if name == "int4" else name  # 4-bit gradients through the pipeline lose too much
+    return WireFormat(name, Codec(name), Codec(backward), Codec(name))
+
+
+def bytes_per_element(name: str) -> float:
+    """Wire bytes per float32 element of codec ``name``, scale overhead included (for cost models)."""
+    return {"fp32": 4.0, "bf16": 2.0, "int8": 1 + SCALE_BYTES / BLOCK, "int4": 0.5 + SCALE_BYTES / BLOCK}[name]
+
+
+def wire_bytes(name: str, numel: int) -> int:
+    """The exact size in bytes of codec ``name``'s message for ``numel`` elements."""
+    if name in ("fp32", "bf16"):
+        return numel * (4 if name == "fp32" else 2)
+    blocks = -(-numel // BLOCK)
+    codes = numel if name == "int8" else -(-numel // 2)
+    return blocks * SCALE_BYTES + codes
+
+
+def quantise_blockwise(flat: torch.Tensor, levels: int) -> torch.Tensor:
+    """``flat`` (1-D float32) as one uint8 message: per block of ``BLOCK`` a float32 scale, then the codes
+    (int8 for ``levels`` 127, packed nibbles for ``levels`` 7); rounded to nearest."""
+    numel = flat.numel()
+    blocks = -(-numel // BLOCK)
+    padded = torch.zeros(blocks * BLOCK, dtype=torch.float32)
+    padded[:numel] = flat
+    absmax = padded.view(blocks, BLOCK).abs().amax(dim=1)
+    scales = absmax / levels
+    safe = torch.where(scales > 0, scales, torch.ones_like(scales))
+    codes = torch.round(padded.view(blocks, BLOCK) / safe[:, None]).clamp_(-levels, levels)
+    codes = codes.reshape(-1)[:numel].to(torch.int8)
+    if levels == 7:
+        nibbles = (codes + 8).to(torch.uint8)  # 1 … 15
+        if numel % 2:
+            nibbles = torch.cat([nibbles, torch.full((1,), 8, dtype=torch.uint8)])
+        payload = nibbles[0::2] | (nibbles[1::2] << 4)
+    else:
+        payload = codes.view(torch.uint8)
+    return torch.cat([scales.view(torch.uint8), payload])
+
+
+def dequantise_blockwise(message: torch.Tensor, numel: int, levels: int) -> torch.Tensor:
+    """The inverse of ``quantise_blockwise``: a 1-D float32 tensor of ``numel`` elements."""
+    blocks = -(-numel // BLOCK)
+    scales = message[: blocks * SCALE_BYTES].clone().view(torch.float32)
+    if not bool(torch.isfinite(scales).all()) or bool((scales < 0).any()):
+        raise WireError("quantised message with a negative or non-finite scale")
+    payload = message[blocks * SCALE_BYTES:]
+    if levels == 7:
+        nibbles = torch.stack([payload & 0x0F, payload >> 4], dim=1).reshape(-1)[:numel]
+        codes = nibbles.to(torch.float32) - 8
+    else:
+        codes = payload.clone().view(torch.int8).to(torch.float32)
+    padded = torch.zeros(blocks * BLOCK, dtype=torch.float32)
+    padded[:numel] = codes
+    return (padded.view(blocks, BLOCK) * scales[:, None]).reshape(-1)[:numel]
+
+
+class ErrorFeedback:
+    """Residuals of a lossy codec, kept per key (a bucket, or a bucket's shard): ``encode`` sends
+    ``x + residual`` and keeps what the encoding dropped for the next call with the same key.
+
+    The residuals are local state: replicas keep different ones, and they are not checkpointed (a re-plan
+    or restart starts from zero, a one-step perturbation of the size of one quantisation error).
+    """
+
+    def __init__(self, codec: Codec):
+        self.codec = codec
+        self.residuals: dict[object, torch.Tensor] = {}
+
+    def encode(self, key: object, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The message for ``x`` compensated by the key's residual, and its decoded value."""
+        if self.codec.exact:
+            return self.codec.encode(x), x
+        residual = self.residuals.get(key)
+        corrected = x if residual is None or residual.shape != x.shape else x + residual
+        message = self.codec.encode(corrected)
+        decoded = self.codec.decode(message, tuple(x.shape))
+        self.residuals[key] = corrected - decoded
+        return message, decoded

@@ -1,0 +1,147 @@
+"""The executor's schedules, buckets and wire formats, with S × D executors in threads of this process over
+an in-memory link (the real transport is in test_distributed). Measures activation memory."""
+
+import dataclasses
+import queue
+import threading
+from concurrent.futures import Future
+
+import pytest
+import torch
+
+from p2ptrain.model.optim import build_optimizer
+from p2ptrain.model.stage import build_stage
+from p2ptrain.runtime.config import TrainConfig
+from p2ptrain.runtime.executor import StageExecutor
+from p2ptrain.runtime.reference import build_data, train_reference
+from p2ptrain.runtime.topology import Topology
+
+DEADLINE_S = 60.0
+
+
+class MemoryLink:
+    """A StepLink over queues shared by every thread; receives wait under a deadline."""
+
+    def __init__(self, boxes, lock, me):
+        self.boxes, self.lock, self.me = boxes, lock, me
+
+    def _box(self, src, dst, kind, micro_batch, part):
+        with self.lock:
+            return self.boxes.setdefault((src, dst, kind, micro_batch, part), queue.Queue())
+
+    def send(self, peer, kind, micro_batch, part, tensor):
+        self._box(self.me, peer, kind, micro_batch, part).put(tensor.clone())
+        done = Future()
+        done.set_result(None)
+        return done
+
+    def recv(self, peer, kind, micro_batch, part, shape, dtype):
+        t = self._box(peer, self.me, kind, micro_batch, part).get(timeout=DEADLINE_S)
+        assert tuple(t.shape) == tuple(shape) and t.dtype == dtype, (kind, t.shape, shape, t.dtype, dtype)
+        return t
+
+
+def train_in_threads(cfg: TrainConfig):
+    """Per step: the last stage's loss, every executor's parameters, and each step's outcomes by role."""
+    rows = [[f"p{s}-{r}" for s in range(cfg.stages)] for r in range(cfg.replicas)]
+    topology = Topology.from_rows(rows)
+    data = build_data(cfg)
+    executors = {}
+    for peer in topology.peers:
+        role = topology.role_of(peer)
+        module = build_stage(cfg.shape, role.stage, cfg.stages, cfg.seed)
+        executors[peer] = StageExecutor(module, build_optimizer(module, cfg.optimizer), data, cfg.micro_batches,
+                                        cfg.shape.hidden_size, wire=cfg.wire, schedule=cfg.schedule,
+                                        overlap=cfg.overlap, bucket_elements=cfg.bucket_elements)
+    outcomes = {peer: [] for peer in executors}
+    errors = []
+    for step in range(cfg.steps):
+        boxes, lock = {}, threading.Lock()
+
+        def work(peer, step=step, boxes=boxes, lock=lock):
+            try:
+                role = topology.role_of(peer)
+                outcomes[peer].append(executors[peer].run_step(step, role, topology, MemoryLink(boxes, lock, peer)))
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=work, args=(peer,)) for peer in executors]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=DEADLINE_S * 2)
+        assert not errors, errors
+        assert not any(t.is_alive() for t in threads)
+    losses = [o.loss for o in outcomes[rows[0][-1]]]
+    return losses, executors, outcomes, topology
+
+
+def params_of(executor):
+    return [p.detach().clone() for p in executor.module.parameters()]
+
+
+BASE = TrainConfig(steps=3, stages=2, replicas=2, global_batch_size=16, micro_batches=4, num_threads=1,
+                   bucket_elements=5000)
+
+
+@pytest.mark.timeout(120)
+def test_overlap_and_1f1b_give_the_reference_losses_and_overlap_changes_no_bit():
+    torch.set_num_threads(1)
+    reference = train_reference(dataclasses.replace(BASE, stages=1, replicas=1))
+    runs = {}
+    for schedule in ("gpipe", "1f1b"):
+        for overlap in (False, True):
+            cfg = dataclasses.replace(BASE, schedule=schedule, overlap=overlap)
+            losses, executors, _, topology = train_in_threads(cfg)
+            for got, want in zip(losses, reference.losses, strict=True):
+                assert abs(got - want) <= 1e-4 * abs(want)
+            for stage in range(cfg.stages):
+                group = topology.group(stage)
+                first = params_of(executors[group[0]])
+                for peer in group[1:]:
+                    assert all(torch.equal(a, b) for a, b in zip(first, params_of(executors[peer]), strict=True))
+            runs[(schedule, overlap)] = (losses, [params_of(e) for e in executors.values()])
+            overlapped = [e.reducer.overlapped_buckets for e in executors.values()]
+            # with overlap every bucket starts before the last backward returns; without, none
+            assert overlapped == ([len(e.reducer.buckets) for e in executors.values()] if overlap else [0] * 4)
+            assert min(len(e.reducer.buckets) for e in executors.values()) > 3
+    for schedule in ("gpipe", "1f1b"):  # overlap reorders messages, not arithmetic
+        (l0, p0), (l1, p1) = runs[(schedule, False)], runs[(schedule, True)]
+        assert l0 == l1
+        assert all(torch.equal(a, b) for x, y in zip(p0, p1, strict=True) for a, b in zip(x, y, strict=True))
+
+
+@pytest.mark.timeout(120)
+def test_1f1b_activation_memory_is_bounded_by_the_stages_not_the_micro_batches():
+    torch.set_num_threads(1)
+    cfg = dataclasses.replace(BASE, steps=1, stages=3, replicas=1, micro_batches=8, global_batch_size=16,
+                              model="tiny")
+    peaks = {}
+    for schedule in ("gpipe", "1f1b"):
+        _, _, outcomes, topology = train_in_threads(dataclasses.replace(cfg, schedule=schedule))
+        peaks[schedule] = {topology.role_of(p).stage: o[0] for p, o in outcomes.items()}
+    for stage in range(cfg.stages):
+        gpipe, one_f_one_b = peaks["gpipe"][stage], peaks["1f1b"][stage]
+        in_flight = cfg.stages - stage
+        assert gpipe.peak_in_flight == cfg.micro_batches
+        assert one_f_one_b.peak_in_flight == in_flight
+        per_micro_batch = gpipe.peak_activation_bytes / cfg.micro_batches  # every micro-batch is the same size
+        assert one_f_one_b.peak_activation_bytes <= in_flight * per_micro_batch * 1.01
+        assert one_f_one_b.peak_activation_bytes >= (in_flight - 1) * per_micro_batch
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("wire", ["bf16", "int8", "int4"])
+def test_compressed_wire_keeps_replicas_bit_identical(wire):
+    torch.set_num_threads(1)
+    cfg = dataclasses.replace(BASE, wire=wire, schedule="1f1b")
+    losses, executors, _, topology = train_in_threads(cfg)
+    reference = train_reference(dataclasses.replace(BASE, stages=1, replicas=1))
+    for stage in range(cfg.stages):
+        group = topology.group(stage)
+        first = params_of(executors[group[0]])
+        for peer in group[1:]:
+            assert all(torch.equal(a, b) for a, b in zip(first, params_of(executors[peer]), strict=True))
+    for got, want in zip(losses, reference.losses, strict=True):
+        assert abs(got - want) <= 0.02 * want  # three steps: close to the exact run, not equal
+    assert losses != reference.losses or wire == "bf16"
