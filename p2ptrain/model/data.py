@@ -1,12 +1,17 @@
-"""Training data: byte-level tokens, a built-in corpus, and deterministic global batches with their split.
+"""Training data: byte-level tokens, a built-in corpus, prepared datasets, and deterministic global batches
+with their split.
 
-Tokens are bytes (vocabulary 256): a text's tokens are its UTF-8 encoding, so any text trains any preset.
+Tokens are bytes (vocabulary 256) for text: a text's tokens are its UTF-8 encoding, so any text trains any
+preset. A prepared dataset (``p2ptrain data prepare``, ``p2ptrain.model.prepared``) brings its own
+tokenizer (byte-level or BPE) and is read through memory maps, never loaded: ``--data PATH`` naming a folder
+with a ``manifest.json`` trains on its ``train`` split and evaluates on its ``val`` split.
 
 Corpus: with no path, the plain-text files shipped in ``p2ptrain/model/data/*.txt`` (sorted by name,
 concatenated; about 100 KB, nothing downloaded, nothing read outside the package). ``--data PATH`` names a
 UTF-8 text file, or a folder whose ``*.txt`` files (searched recursively, sorted by relative path) are
 concatenated byte for byte. Missing, empty or binary data is refused with a one-line ValueError. The corpus
-is held in memory.
+is held in memory. ``data_identity`` names the data (tokenizer and content digest): every agent of a run
+must train on the same.
 
 Batches: the global batch of step ``s`` is ``B`` windows of ``T + 1`` consecutive tokens whose start
 offsets are drawn uniformly by a ``numpy.random.Generator`` seeded with ``(seed, s)``; it depends on the
@@ -20,13 +25,17 @@ gives the global batch back. ``B`` must be divisible by ``D·M``.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.resources
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from p2ptrain.model.prepared import PreparedDataset, TokenShards, is_prepared
+
 VOCAB_SIZE = 256
+Tokens = np.ndarray | TokenShards  # in memory (text), or memory-mapped shards (a prepared dataset)
 
 
 def encode(text: str) -> np.ndarray:
@@ -61,6 +70,30 @@ def load_tokens(path: str | Path | None = None) -> np.ndarray:
     return _tokens_of([(str(f), f.read_bytes()) for f in files], str(path))
 
 
+def load_split(path: str | Path | None, split: str = "train") -> Tokens:
+    """The tokens to train on: a prepared dataset's ``split`` (memory-mapped), else the text's bytes (the
+    text has no validation split: ``split`` must be "train")."""
+    if is_prepared(path):
+        return PreparedDataset(path).split(split)
+    if split != "train":
+        raise ValueError(f"data {path or 'the built-in corpus'} is plain text with no {split} split: prepare it "
+                         "with p2ptrain data prepare to hold one out")
+    return load_tokens(path)
+
+
+def data_vocab_size(path: str | Path | None) -> int:
+    """The vocabulary of the data's tokenizer: a prepared dataset's, else 256 (bytes)."""
+    return PreparedDataset(path).vocab_size if is_prepared(path) else VOCAB_SIZE
+
+
+def data_identity(path: str | Path | None) -> str:
+    """What the data is, for agents to compare: ``{tokenizer}:{16 hex digits of content}``
+    (``PreparedDataset.data_id`` for a prepared dataset; ``byte-256:…`` of the bytes for text)."""
+    if is_prepared(path):
+        return PreparedDataset(path).data_id
+    return f"byte-{VOCAB_SIZE}:{hashlib.sha256(load_tokens(path).tobytes()).hexdigest()[:16]}"
+
+
 def _tokens_of(sources: list[tuple[str, bytes]], what: str) -> np.ndarray:
     for name, raw in sources:
         if b"\x00" in raw:
@@ -78,9 +111,9 @@ def _tokens_of(sources: list[tuple[str, bytes]], what: str) -> np.ndarray:
 class TrainData:
     """Deterministic global batches of ``global_batch_size`` windows of ``seq_len + 1`` tokens."""
 
-    def __init__(self, tokens: np.ndarray, seq_len: int, global_batch_size: int, seed: int) -> None:
-        if tokens.dtype != np.uint8 or tokens.ndim != 1:
-            raise ValueError("tokens must be a one-dimensional uint8 array (byte tokens)")
+    def __init__(self, tokens: Tokens, seq_len: int, global_batch_size: int, seed: int) -> None:
+        if isinstance(tokens, np.ndarray) and (tokens.dtype.kind != "u" or tokens.ndim != 1):
+            raise ValueError("tokens must be a one-dimensional array of unsigned integers")
         if seq_len <= 0 or global_batch_size <= 0 or seed < 0:
             raise ValueError("seq_len and global_batch_size must be positive and seed non-negative")
         if tokens.size < seq_len + 1:
@@ -104,8 +137,27 @@ class TrainData:
         rng = np.random.default_rng([self.seed, step])
         window = self.seq_len + 1
         starts = rng.integers(0, self.tokens.size - window + 1, size=self.global_batch_size)
-        rows = self.tokens[starts[:, None] + np.arange(window)]
-        return torch.from_numpy(rows.astype(np.int64))
+        return torch.from_numpy(windows(self.tokens, starts, window))
+
+
+def windows(tokens: Tokens, starts: np.ndarray, window: int) -> np.ndarray:
+    """Rows ``tokens[s : s + window]`` for each ``s`` in ``starts``, as int64 ``[len(starts), window]``."""
+    if isinstance(tokens, TokenShards):
+        return tokens.windows(starts, window)
+    return tokens[np.asarray(starts)[:, None] + np.arange(window)].astype(np.int64)
+
+
+def validation_batches(tokens: Tokens, seq_len: int, batch_size: int, max_batches: int) -> list[torch.Tensor]:
+    """Fixed validation batches: consecutive windows of ``seq_len + 1`` tokens (stride ``seq_len``) from the
+    start of ``tokens``, ``batch_size`` rows each, at most ``max_batches`` (fewer when the split is short;
+    the last batch may hold fewer rows). The same for every run of the same data and shape."""
+    count = min((tokens.size - 1) // seq_len, batch_size * max_batches)
+    if count < 1:
+        raise ValueError(f"the validation split has {tokens.size} tokens; sequences of {seq_len} need "
+                         f"at least {seq_len + 1}")
+    starts = np.arange(count) * seq_len
+    rows = torch.from_numpy(windows(tokens, starts, seq_len + 1))
+    return list(rows.split(batch_size))
 
 
 def check_split(global_batch_size: int, num_replicas: int, num_micro_batches: int) -> None:

@@ -20,6 +20,13 @@ no head          (after the blocks)         hidden ``[B, T, d]``
 No dropout: training is exact (DESIGN.md, "Exactness"). The LM head is not tied to the token embedding,
 because they sit on different stages; tying them would need an extra gradient exchange every step.
 
+``precision`` (bf16, fp16) runs the module's compute under autocast, fp32 parameters kept, and hands
+fp32 hidden states on (``p2ptrain.model.precision``); ``checkpointing`` recomputes each block's activations
+in the backward pass instead of keeping them.
+
+The model is GPT-2's (``p2ptrain.export`` writes it as a ``GPT2LMHeadModel``): pre-LayerNorm with eps
+1e-5, biases everywhere but the head, exact (erf) GELU, learned positions, an untied head.
+
 Parameters are created on the ``meta`` device and then filled by ``p2ptrain.model.init.init_parameters``,
 which draws each one from ``(seed, its name)``: a stage built alone gets exactly the numbers of the full
 model's slice, and nothing touches the global RNG.
@@ -30,8 +37,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from p2ptrain.model.init import init_parameters
+from p2ptrain.model.precision import LossScaler, autocast, scale_gradient
 from p2ptrain.planning.model_shapes import ModelShape
 
 
@@ -91,8 +100,14 @@ class GPT(nn.Module):
         *,
         seed: int = 0,
         device: torch.device | str = "cpu",
+        precision: str = "fp32",
+        checkpointing: bool = False,
     ) -> None:
         super().__init__()
+        autocast(precision, torch.device(device))  # a ValueError for an unknown precision
+        self.precision = precision
+        self.checkpointing = checkpointing
+        self.loss_scaler = LossScaler() if precision == "fp16" else None  # read by build_optimizer
         layers = range(shape.num_layers) if layers is None else layers
         if layers.step != 1 or len(layers) == 0 or layers.start < 0 or layers.stop > shape.num_layers:
             raise ValueError(
@@ -115,16 +130,26 @@ class GPT(nn.Module):
             init_parameters(self, seed, shape.num_layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.has_embeddings:
-            seq = x.shape[1]
-            if seq > self.shape.seq_len:
-                raise ValueError(f"sequence of {seq} tokens is longer than the model's {self.shape.seq_len}")
-            positions = torch.arange(seq, device=x.device)
-            x = self.tok_emb(x) + self.pos_emb(positions)
-        for block in self.blocks.values():
-            x = block(x)
-        if self.has_head:
-            x = self.head(self.ln_f(x))
+        scaler = self.loss_scaler if torch.is_grad_enabled() else None
+        if scaler is not None and not self.has_embeddings:
+            x = scale_gradient(x, 1.0 / scaler.scale)  # the gradient we send back is the true one
+        with autocast(self.precision, x.device):
+            if self.has_embeddings:
+                seq = x.shape[1]
+                if seq > self.shape.seq_len:
+                    raise ValueError(f"sequence of {seq} tokens is longer than the model's {self.shape.seq_len}")
+                positions = torch.arange(seq, device=x.device)
+                x = self.tok_emb(x) + self.pos_emb(positions)
+            for block in self.blocks.values():
+                if self.checkpointing and torch.is_grad_enabled():
+                    x = checkpoint(block, x, use_reentrant=False)
+                else:
+                    x = block(x)
+            if self.has_head:
+                x = self.head(self.ln_f(x))
+        x = x.float()  # hidden states travel, and logits reach the loss, in fp32 whatever the precision
+        if scaler is not None:
+            x = scale_gradient(x, scaler.scale)  # our parameters' gradients come out scale times larger
         return x
 
     def num_parameters(self) -> int:

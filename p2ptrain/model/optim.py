@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from p2ptrain.model.precision import ScaledAdamW
+
 
 @dataclass(frozen=True)
 class OptimizerConfig:
@@ -46,6 +48,8 @@ def build_optimizer(module: nn.Module, cfg: OptimizerConfig) -> torch.optim.Adam
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(
-        [g for g in groups if g["params"]], lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps
-    )
+    kwargs = {"lr": cfg.lr, "betas": (cfg.beta1, cfg.beta2), "eps": cfg.eps}
+    scaler = getattr(module, "loss_scaler", None)
+    if scaler is not None:  # fp16: gradients arrive loss-scaled (``p2ptrain.model.precision``)
+        return ScaledAdamW([g for g in groups if g["params"]], scaler, **kwargs)
+    return torch.optim.AdamW([g for g in groups if g["params"]], **kwargs)

@@ -40,6 +40,8 @@ def build_stage(
     seed: int,
     device: torch.device | str = "cpu",
     layers: Layers | None = None,
+    precision: str = "fp32",
+    checkpointing: bool = False,
 ) -> GPT:
     """Stage ``stage_index`` of ``num_stages`` (blocks ``layers[stage_index]``, or the even split),
     initialised from ``seed`` exactly like the full model's slice.
@@ -48,7 +50,7 @@ def build_stage(
     returns logits ``[B, T, vocab_size]``, the others hidden. With ``num_stages == 1`` it is the full model.
     """
     blocks = stage_layer_range(shape.num_layers, stage_index, num_stages, layers)
-    return GPT(shape, blocks, seed=seed, device=device)
+    return GPT(shape, blocks, seed=seed, device=device, precision=precision, checkpointing=checkpointing)
 
 
 def stage_state_dict(
