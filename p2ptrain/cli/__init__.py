@@ -20,11 +20,14 @@ from p2ptrain import __version__
 
 _COMMANDS = {
     "plan": "Plan a cluster: assign pipeline stages and data shards to devices.",
+    "data": "Prepare tokenized datasets (memory-mapped token shards) and inspect them.",
     "train": "Train locally: one process, or stages x replicas worker processes on loopback.",
     "bootstrap": "Run a DHT-only bootstrap peer and print its multiaddrs.",
     "agent": "Join a run, profile, elect a leader, plan and train.",
     "token": "Closed runs: make a join token with the organiser's key, or print the organiser's ID.",
     "swarm": "Start a bootstrap and N agents on this machine (the demo, test and benchmark rig).",
+    "export": "Export a checkpoint as a Hugging Face GPT-2 model (safetensors + config.json).",
+    "generate": "Sample text from a checkpoint.",
     "monitor": "Serve a live web page, a JSON API and Prometheus metrics of a run.",
     "bench": "Benchmarks: planner, runtime, end-to-end.",
 }

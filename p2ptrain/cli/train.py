@@ -3,13 +3,21 @@
     p2ptrain train                               # tiny preset, built-in corpus, a few seconds on a CPU
     p2ptrain train --model small --steps 200 --data notes/ --device cuda
     p2ptrain train --config train.toml --steps 50 --json > run.json
+    p2ptrain train --data data/corpus --model small --steps 200 --eval-every 50 --save ckpt/
 
 Flags override the ``--config`` file, which overrides the defaults (``p2ptrain.runtime.config``). With no
 parallel flags this is single-process training, the reference of DESIGN.md's exactness contract.
 ``--json`` prints one JSON document on stdout (per-step lines then go to stderr)::
 
     {"model": "tiny", "device": "cpu", "num_parameters": 436864,
-     "losses": [5.598, ...], "step_time_s": [0.061, ...], "config": {...}}
+     "losses": [5.598, ...], "step_time_s": [0.061, ...], "config": {...},
+     "val_losses": [[50, 4.1], ...], "data_id": "bpe-8000:…", "tokens_per_s": 5120.3, "mfu": 0.021,
+     "throughput": {"tokens_per_s": …, "model_tflops": …, "mfu": …, "peak_tflops": …, "peak_source": …}}
+
+Throughput counts the trained tokens over the steps' wall time (evaluation excluded); MFU is against the
+device's data-sheet peak at the run's precision, else its measured matmul throughput
+(``p2ptrain.runtime.throughput``). ``--save DIR`` writes the trained model as a checkpoint
+(``p2ptrain.runtime.checkpoint``) that ``p2ptrain export`` and ``p2ptrain generate`` read.
 """
 
 from __future__ import annotations
@@ -45,6 +53,14 @@ from p2ptrain.planning.model_shapes import MODEL_PRESETS
 )
 @click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), help="Where to train.  [default: auto]")
 @click.option("--threads", type=click.IntRange(min=1), help="CPU threads for torch.  [default: torch's]")
+@click.option("--precision", type=click.Choice(["fp32", "bf16", "fp16"]),
+              help="Compute precision (autocast; fp32 master weights; fp32 is exact).  [default: fp32]")
+@click.option("--activation-checkpointing/--no-activation-checkpointing", "checkpointing", default=None,
+              help="Recompute block activations in backward (less memory).  [default: off]")
+@click.option("--eval-every", type=click.IntRange(min=0),
+              help="Validation loss every this many steps and at the end (a prepared dataset).  [default: 0]")
+@click.option("--save", "save_dir", type=click.Path(file_okay=False),
+              help="Single-process: write the trained model as a checkpoint here (for export, generate).")
 @click.option("--wire", type=click.Choice(["fp32", "bf16", "int8", "int4"]),
               help="How tensors travel between workers (fp32 is exact).  [default: fp32]")
 @click.option("--schedule", type=click.Choice(["gpipe", "1f1b"]), help="Pipeline schedule.  [default: gpipe]")
@@ -101,6 +117,10 @@ def command(
     data: str | None,
     device: str | None,
     threads: int | None,
+    precision: str | None,
+    checkpointing: bool | None,
+    eval_every: int | None,
+    save_dir: str | None,
     wire: str | None,
     schedule: str | None,
     overlap: bool | None,
@@ -128,6 +148,9 @@ def command(
         "data": data,
         "device": device,
         "num_threads": threads,
+        "precision": precision,
+        "activation_checkpointing": checkpointing,
+        "eval_every": eval_every,
         "wire": wire,
         "schedule": schedule,
         "overlap": overlap,
@@ -156,28 +179,69 @@ def command(
     from p2ptrain.runtime.reference import StepReport, train_reference
 
     def print_step(report: StepReport) -> None:
+        val = "" if report.val_loss is None else f"  val_loss {report.val_loss:.4f}"
         click.echo(
-            f"step {report.step + 1}/{cfg.steps}  loss {report.loss:.4f}  time {report.step_time_s:.3f} s",
+            f"step {report.step + 1}/{cfg.steps}  loss {report.loss:.4f}{val}  time {report.step_time_s:.3f} s",
             err=as_json,
         )
 
+    if save_dir is not None and cfg.is_distributed:
+        raise ValueError("--save goes with single-process training (agents write checkpoints with [checkpoint])")
     if cfg.is_distributed:
         _train_distributed(cfg, workdir, as_json, print_step, links)
         return
     result = train_reference(cfg, on_step=print_step)
+    if save_dir is not None:
+        from p2ptrain.runtime.checkpoint import PARAM, save_stage
+
+        tensors = {PARAM + name: tensor for name, tensor in result.state.items()}
+        save_stage(save_dir, cfg.steps, 0, 1, cfg.model, cfg.seed, tensors)
+        click.echo(f"saved the model after step {cfg.steps} to {save_dir}", err=True)
     _report(cfg, result, as_json, {"device": result.device, "num_parameters": result.num_parameters},
             f"{cfg.model} ({result.num_parameters:,} parameters) on {result.device}")
 
 
-def _report(cfg, result, as_json: bool, fields: dict, what: str, suffix: str = "") -> None:
-    """One JSON document (losses, step times, config and ``fields``), or one summary line."""
+def _report(cfg, result, as_json: bool, fields: dict, what: str, suffix: str = "", num_devices: int = 1) -> None:
+    """One JSON document (losses, step times, config, throughput and ``fields``), or summary lines."""
+    from p2ptrain.model.data import data_identity
+    from p2ptrain.runtime.throughput import throughput
+
+    tokens = cfg.global_batch_size * cfg.shape.seq_len * len(result.losses)
+    speed = throughput(cfg.shape, tokens, sum(result.step_time_s), _peak(cfg), num_devices)
+    val_losses = [list(v) for v in getattr(result, "val_losses", [])]
     if as_json:
         document = {"model": cfg.model, **fields, "losses": result.losses, "step_time_s": result.step_time_s,
-                    "config": cfg.to_dict()}
+                    "val_losses": val_losses, "data_id": data_identity(cfg.data),
+                    "tokens_per_s": speed.to_json()["tokens_per_s"], "mfu": speed.to_json()["mfu"],
+                    "throughput": speed.to_json(), "config": cfg.to_dict()}
         click.echo(json.dumps(document))
     else:
-        click.echo(f"trained {what}: loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f} in "
+        val = f", validation loss {val_losses[-1][1]:.4f}" if val_losses else ""
+        click.echo(f"trained {what}: loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f}{val} in "
                    f"{sum(result.step_time_s):.1f} s{suffix}")
+        click.echo(f"throughput: {speed.line()}")
+
+
+def _peak(cfg) -> tuple[float | None, str]:
+    """The device's peak for MFU: its data sheet's at the run's precision, else its measured (cached) matmul
+    throughput (``p2ptrain.agent.profile``, measured once per device and thread count)."""
+    import torch
+
+    from p2ptrain.agent.profile import device_name, profile_device
+    from p2ptrain.runtime.reference import resolve_device
+    from p2ptrain.runtime.throughput import peak_tflops
+
+    device = resolve_device(cfg.device)
+    peak = peak_tflops(device_name(device), cfg.precision, None)
+    if peak[0] is not None:
+        return peak
+    threads = torch.get_num_threads()
+    try:
+        if cfg.num_threads is not None:
+            torch.set_num_threads(cfg.num_threads)
+        return peak_tflops("", cfg.precision, profile_device(device).tflops)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _emulated_links(plan, cluster_path, scenario, time_scale, size_factor):

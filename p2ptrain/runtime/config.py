@@ -7,7 +7,9 @@ Example ``train.toml`` (every key optional; see the field comments for units and
     global_batch_size = 32
     micro_batches = 4
     seed = 1
-    data = "corpus/"
+    data = "corpus/"          # or a prepared dataset: p2ptrain data prepare corpus/ data/corpus
+    precision = "bf16"        # fp32 (exact), bf16 or fp16: autocast, fp32 master weights
+    eval_every = 50           # validation loss every 50 steps (needs a prepared dataset)
 
     wire = "bf16"          # fp32 (exact), bf16, int8, int4: p2ptrain.runtime.wire
     schedule = "1f1b"      # gpipe or 1f1b: p2ptrain.runtime.schedule
@@ -23,6 +25,12 @@ The defaults train the ``tiny`` preset on the built-in corpus for a handful of s
 split when it is not the even one (a plan for mixed devices; e.g. ``layers = [[0, 5], [5, 8]]``). Single-process
 training ignores ``stages`` (it holds every layer) but follows ``replicas`` and ``micro_batches`` to split
 each global batch exactly as that plan would, so its float32 sums happen in the same groups.
+
+With a prepared dataset (``p2ptrain data prepare``) the model's vocabulary is the dataset tokenizer's
+(``vocab_size`` None); an explicit ``vocab_size`` must hold every token id. ``precision`` other than fp32
+runs the stages' forward and backward under autocast (``p2ptrain.model.precision``); fp32 is the exact mode.
+``activation_checkpointing`` recomputes each block's activations in the backward pass (less memory, about
+a third more compute).
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
-from p2ptrain.model.data import check_split
+from p2ptrain.model.data import check_split, data_vocab_size
 from p2ptrain.model.optim import OptimizerConfig
 from p2ptrain.model.stage import stage_layer_range
 from p2ptrain.planning.model_shapes import ModelShape, model_shape
@@ -40,6 +48,7 @@ from p2ptrain.runtime.schedule import SCHEDULES, ScheduleName
 from p2ptrain.runtime.wire import WIRE_FORMATS, WireName
 
 Device = Literal["cpu", "cuda", "auto"]
+Precision = Literal["fp32", "bf16", "fp16"]
 
 
 @dataclass(frozen=True)
@@ -52,13 +61,18 @@ class TrainConfig:
     micro_batches: int = 2  # per replica per step (M)
     seq_len: int | None = None  # tokens per sequence; None: the preset's
     seed: int = 0  # parameters are drawn from (seed, name); batches from (seed, step)
-    data: str | None = None  # a UTF-8 text file or a folder of .txt; None: the built-in corpus
+    data: str | None = None  # a UTF-8 text file, a folder of .txt, or a prepared dataset; None: the built-in corpus
+    vocab_size: int | None = None  # None: a prepared dataset's tokenizer's, else the preset's
     device: Device = "auto"  # "auto": cuda if available, else cpu
     num_threads: int | None = None  # torch intra-op CPU threads; None: torch's default
     deterministic: bool = True  # torch.use_deterministic_algorithms while training (warn-only)
     stages: int = 1  # pipeline stages (S); 1 with replicas 1: plain single-process training
     replicas: int = 1  # data-parallel replicas per stage (D)
     layers: tuple[tuple[int, int], ...] | None = None  # the plan's split: stage j holds blocks [a, b); None: even
+    precision: Precision = "fp32"  # fp32 (exact), bf16 or fp16 (autocast; fp16 with loss scaling)
+    activation_checkpointing: bool = False  # recompute block activations in backward (saves memory)
+    eval_every: int = 0  # validation loss every this many steps and after the last (0: never)
+    eval_batches: int = 4  # validation batches of global_batch_size sequences each
     wire: WireName = "fp32"  # how tensors travel between workers (p2ptrain.runtime.wire); fp32 is exact
     schedule: ScheduleName = "gpipe"  # pipeline schedule: gpipe or 1f1b (p2ptrain.runtime.schedule)
     overlap: bool = True  # start each gradient bucket's all-reduce during the last backward (exact either way)
@@ -88,12 +102,25 @@ class TrainConfig:
         stage_layer_range(shape.num_layers, 0, self.stages)  # ValueError if S does not fit the model
         if self.layers is not None:
             object.__setattr__(self, "layers", check_layers(self.layers, shape.num_layers, self.stages))
+        if self.precision not in ("fp32", "bf16", "fp16"):
+            raise ValueError(f"precision must be fp32, bf16 or fp16, got {self.precision!r}")
+        if self.eval_every < 0 or self.eval_batches < 1:
+            raise ValueError("eval_every must be non-negative and eval_batches at least 1")
+        tokens = data_vocab_size(self.data)  # a malformed dataset manifest: a one-line ValueError
+        if self.vocab_size is None and tokens != 256:
+            object.__setattr__(self, "vocab_size", tokens)
+        if self.vocab_size is not None and self.vocab_size < tokens:
+            raise ValueError(f"vocab_size {self.vocab_size} cannot hold the {tokens} token ids of the data's tokenizer")
 
     @property
     def shape(self) -> ModelShape:
         """The preset's shape with ``seq_len`` applied: what every stage builds and every batch holds."""
         shape = model_shape(self.model)
-        return shape if self.seq_len is None else dataclasses.replace(shape, seq_len=self.seq_len)
+        if self.seq_len is not None:
+            shape = dataclasses.replace(shape, seq_len=self.seq_len)
+        if self.vocab_size is not None:
+            shape = dataclasses.replace(shape, vocab_size=self.vocab_size)
+        return shape
 
     @property
     def micro_batch_size(self) -> int:

@@ -11,6 +11,11 @@ Each step walks the global batch exactly as a plan with ``cfg.replicas`` replica
 micro-batches would: for each replica's shard, for each micro-batch, forward, ``micro_batch_loss``
 (``p2ptrain.model.loss``), backward; gradients accumulate in ``.grad``; then one AdamW step. The distributed
 runtime does the same work spread over stages, and sums the replicas' gradients with an all-reduce.
+
+``cfg.precision`` and ``cfg.activation_checkpointing`` act inside the model (``p2ptrain.model.gpt``).
+With ``cfg.eval_every`` K > 0, the validation loss (``evaluate``: the mean token cross-entropy over the
+data's fixed validation batches) is measured after every K-th step and after the last; it is not part of
+the steps' times.
 """
 
 from __future__ import annotations
@@ -25,7 +30,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from p2ptrain.model.data import TrainData, inputs_and_targets, load_tokens, micro_batches, shard_of
+from p2ptrain.model.data import (
+    TrainData,
+    inputs_and_targets,
+    load_split,
+    micro_batches,
+    shard_of,
+    validation_batches,
+)
 from p2ptrain.model.gpt import GPT
 from p2ptrain.model.loss import micro_batch_loss
 from p2ptrain.model.optim import build_optimizer
@@ -41,6 +53,7 @@ class StepReport:
     step: int
     loss: float
     step_time_s: float
+    val_loss: float | None = None  # after this step, when it was evaluated
 
 
 @dataclass(frozen=True)
@@ -50,6 +63,7 @@ class TrainResult:
     state: dict[str, torch.Tensor]  # parameters after the last step, on the CPU, by full-model name
     num_parameters: int
     device: str
+    val_losses: list[tuple[int, float]] = dataclasses.field(default_factory=list)  # (steps done, loss)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -88,7 +102,25 @@ def torch_settings(num_threads: int | None, deterministic: bool) -> Iterator[Non
 
 def build_data(cfg: TrainConfig) -> TrainData:
     """The deterministic batches of ``cfg`` (the same for every plan)."""
-    return TrainData(load_tokens(cfg.data), cfg.shape.seq_len, cfg.global_batch_size, cfg.seed)
+    return TrainData(load_split(cfg.data), cfg.shape.seq_len, cfg.global_batch_size, cfg.seed)
+
+
+def build_validation(cfg: TrainConfig) -> list[torch.Tensor]:
+    """The fixed validation batches of ``cfg``'s data (a prepared dataset's ``val`` split)."""
+    return validation_batches(load_split(cfg.data, "val"), cfg.shape.seq_len, cfg.global_batch_size,
+                              cfg.eval_batches)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, batches: list[torch.Tensor]) -> float:
+    """Mean token cross-entropy of the full ``model`` over ``batches`` (rows of ``T + 1`` tokens)."""
+    device = next(model.parameters()).device
+    total, count = 0.0, 0
+    for rows in batches:
+        inputs, targets = inputs_and_targets(rows.to(device))
+        total += micro_batch_loss(model(inputs), targets, targets.numel()).item() * targets.numel()
+        count += targets.numel()
+    return total / count
 
 
 def accumulate_gradients(
@@ -118,10 +150,13 @@ def train_reference(cfg: TrainConfig, on_step: Callable[[StepReport], None] | No
     """Train ``cfg.steps`` steps in this process; ``on_step`` sees each step as it finishes."""
     device = resolve_device(cfg.device)
     data = build_data(cfg)
+    validation = build_validation(cfg) if cfg.eval_every else []
     losses: list[float] = []
     step_times_s: list[float] = []
+    val_losses: list[tuple[int, float]] = []
     with torch_settings(cfg.num_threads, cfg.deterministic):
-        model = GPT(cfg.shape, seed=cfg.seed, device=device)
+        model = GPT(cfg.shape, seed=cfg.seed, device=device, precision=cfg.precision,
+                    checkpointing=cfg.activation_checkpointing)
         optimizer = build_optimizer(model, cfg.optimizer)
         logger.info(
             "training %s (%d parameters) on %s: %d steps of %d sequences × %d tokens, %d replica(s) × %d micro-batch(es)",
@@ -146,8 +181,12 @@ def train_reference(cfg: TrainConfig, on_step: Callable[[StepReport], None] | No
             losses.append(loss)
             step_times_s.append(elapsed_s)
             logger.debug("step %d/%d loss %.4f (%.3f s)", step + 1, cfg.steps, loss, elapsed_s)
+            val_loss = None
+            if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
+                val_loss = evaluate(model, validation)
+                val_losses.append((step + 1, val_loss))
             if on_step is not None:
-                on_step(StepReport(step=step, loss=loss, step_time_s=elapsed_s))
+                on_step(StepReport(step=step, loss=loss, step_time_s=elapsed_s, val_loss=val_loss))
         state = {name: tensor.detach().cpu().clone() for name, tensor in model.state_dict().items()}
     logger.info("trained %d steps: loss %.4f -> %.4f", cfg.steps, losses[0], losses[-1])
     return TrainResult(
@@ -156,6 +195,7 @@ def train_reference(cfg: TrainConfig, on_step: Callable[[StepReport], None] | No
         state=state,
         num_parameters=model.num_parameters(),
         device=str(device),
+        val_losses=val_losses,
     )
 
 
@@ -166,6 +206,6 @@ def reference_state(cfg: TrainConfig, steps: int) -> dict[str, torch.Tensor]:
     after step ``steps`` (``p2ptrain.model.stage.stage_state_dict``).
     """
     if steps == 0:
-        model = GPT(cfg.shape, seed=cfg.seed, device="cpu")
+        model = GPT(cfg.shape, seed=cfg.seed, device="cpu")  # precision does not change initial values
         return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
     return train_reference(dataclasses.replace(cfg, steps=steps)).state

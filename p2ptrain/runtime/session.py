@@ -51,7 +51,8 @@ class StageTrainer:
             )
         self.cfg = cfg
         self.role = role
-        self.module = build_stage(cfg.shape, role.stage, cfg.stages, cfg.seed, device, layers=cfg.layers)
+        self.module = build_stage(cfg.shape, role.stage, cfg.stages, cfg.seed, device, layers=cfg.layers,
+                                  precision=cfg.precision, checkpointing=cfg.activation_checkpointing)
         self.optimizer = build_optimizer(self.module, cfg.optimizer)
         self.executor = StageExecutor(
             self.module, self.optimizer, build_data(cfg), cfg.micro_batches, cfg.shape.hidden_size,
