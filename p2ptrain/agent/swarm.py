@@ -80,6 +80,9 @@ class SwarmConfig:
     model: str = "tiny"
     batch_size: int | None = None  # default: matched to the paper's c_PP/c_DP when emulating a scenario, else 16
     micro_batches: int = 2
+    wire: str = "fp32"  # TrainConfig.wire: how tensors travel (p2ptrain.runtime.wire)
+    schedule: str = "gpipe"  # TrainConfig.schedule: gpipe or 1f1b
+    overlap: bool = True  # TrainConfig.overlap: gradient buckets all-reduced during the last backward
     seed: int = 0
     device: str = "cpu"
     workdir: str | None = None  # default: a new temporary directory (kept: it holds the logs)
@@ -176,7 +179,8 @@ def plan_swarm(config: SwarmConfig) -> tuple[TrainConfig, Cluster | None, float,
     replicas = config.agents // config.stages
     train = TrainConfig(model=config.model, steps=config.steps, global_batch_size=config.batch_size or 16,
                         micro_batches=config.micro_batches, seed=config.seed, device=config.device, num_threads=1,
-                        stages=config.stages)  # fmt: skip
+                        stages=config.stages, wire=config.wire, schedule=config.schedule,
+                        overlap=config.overlap)  # fmt: skip
     network = None
     if config.scenario is not None:
         network = scenario(config.scenario, config.agents)

@@ -33,6 +33,9 @@ from p2ptrain.planning.model_shapes import MODEL_PRESETS
 @click.option("--steps", type=click.IntRange(min=1), help="Optimizer steps.  [default: 10]")
 @click.option("--batch-size", type=click.IntRange(min=1), help="Global batch, in sequences.  [default: 16]")
 @click.option("--micro-batches", type=click.IntRange(min=1), help="Micro-batches per replica.  [default: 2]")
+@click.option("--wire", type=click.Choice(["fp32", "bf16", "int8", "int4"]),
+              help="How tensors travel between agents (fp32 is exact; every agent of a run must agree).  [default: fp32]")
+@click.option("--schedule", type=click.Choice(["gpipe", "1f1b"]), help="Pipeline schedule.  [default: gpipe]")
 @click.option("--seed", type=click.IntRange(min=0), help="Seed of parameters and batches.  [default: 0]")
 @click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), help="Where to train.  [default: auto]")
 @click.option("--threads", type=click.IntRange(min=1), help="CPU threads for torch.  [default: torch's]")
@@ -51,7 +54,8 @@ from p2ptrain.planning.model_shapes import MODEL_PRESETS
 @click.option("--events-file", type=click.Path(dir_okay=False), help="Append one JSON line per event here.")
 def command(config_path: str | None, initial_peers: tuple[str, ...], run_id: str | None, stages: int | None,
             expect: int | None, join_deadline_s: float | None, min_peers: int | None, model: str | None,
-            steps: int | None, batch_size: int | None, micro_batches: int | None, seed: int | None,
+            steps: int | None, batch_size: int | None, micro_batches: int | None, wire: str | None,
+            schedule: str | None, seed: int | None,
             device: str | None, threads: int | None, strategy: str | None, identity: str | None,
             host_maddrs: tuple[str, ...], announce_maddrs: tuple[str, ...], reachability: str | None,
             relays: tuple[str, ...], join_token: str | None, region: str | None,
@@ -64,7 +68,8 @@ def command(config_path: str | None, initial_peers: tuple[str, ...], run_id: str
         ("run",): run_id, ("initial_peers",): list(_split(initial_peers)) or None, ("region",): region,
         ("events_file",): events_file, ("train", "stages"): stages, ("train", "model"): model,
         ("train", "steps"): steps, ("train", "global_batch_size"): batch_size,
-        ("train", "micro_batches"): micro_batches, ("train", "seed"): seed, ("train", "device"): device,
+        ("train", "micro_batches"): micro_batches, ("train", "wire"): wire, ("train", "schedule"): schedule,
+        ("train", "seed"): seed, ("train", "device"): device,
         ("train", "num_threads"): threads, ("membership", "expect"): expect,
         ("membership", "join_deadline_s"): join_deadline_s, ("membership", "min_peers"): min_peers,
         ("plan", "strategy"): strategy, ("dht", "identity_path"): identity,
