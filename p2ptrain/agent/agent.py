@@ -164,7 +164,9 @@ class Agent:
         self._started = time.monotonic()
         self._done_now: int | None = None  # steps done in the epoch being trained
         self._watch = ReplanWatch(config.churn)
-        self.quarantine = Quarantine(config.churn.quarantine_s, config.churn.quarantine_max_s)
+        self.quarantine = Quarantine(config.churn.quarantine_s, config.churn.quarantine_max_s,
+                                     blame_epochs=config.churn.quarantine_blames,
+                                     blame_window_s=config.churn.blame_window_s)  # fmt: skip
         self.keeper = StateKeeper(config.churn.keep_states)
         self.store: StateStore | None = None
         self.liveness: LivenessMonitor | None = None
@@ -606,6 +608,7 @@ class Agent:
                 logger.warning("quarantining peer %s for %.0f s: it failed epoch %d (%s)", peer, backoff,
                                current.epoch, replan.reason)  # fmt: skip
                 self.events.write("quarantined", peer=peer, epoch=current.epoch, seconds=backoff, reason=replan.reason)
+        self._count_blames(current, replan)
         # the quarantined stay out, except a peer the restart takes a stage's state from (it holds it; the
         # plan must name it as a member)
         held = self.quarantine.held() - set(replan.restart.sources if replan.restart else ())
@@ -624,6 +627,26 @@ class Agent:
         self._start_planning(Membership(peers), trainers, spares, rows, replan.reason, replan,
                              restart.step if restart else 0, restart.sources if restart else (),
                              statistics.median(times) if times else 0.0)
+
+    def _count_blames(self, current: PlanRecord, replan: Replan) -> None:
+        """Members blamed for this failure that halted: quarantined once blamed for ``churn.quarantine_blames``
+        epochs within ``churn.blame_window_s`` (``agent.quarantine``), else counted."""
+        churn = self.config.churn
+        for peer in replan.blamed:
+            if peer == self.peer_id:
+                continue
+            count = self.quarantine.blame(peer, current.epoch)
+            if count < churn.quarantine_blames:
+                logger.info("peer %s was blamed for epoch %d's failed calls (%d of %d epochs within %.0f s before "
+                            "it is quarantined)", peer, current.epoch, count, churn.quarantine_blames,
+                            churn.blame_window_s)  # fmt: skip
+                self.events.write("blamed", peer=peer, epoch=current.epoch, count=count)
+                continue
+            backoff = self.quarantine.add(peer)
+            reason = (f"blamed by a halted trainer for the failed calls of {count} epochs within "
+                      f"{churn.blame_window_s:.0f} s (the last {current.epoch})")
+            logger.warning("quarantining peer %s for %.0f s: %s", peer, backoff, reason)
+            self.events.write("quarantined", peer=peer, epoch=current.epoch, seconds=backoff, reason=reason)
 
     def _start_planning(self, membership: Membership, trainers: list[str], spares: list[str], rows, trigger: str,
                         replan: Replan | None, start_step: int, sources: tuple[str, ...],

@@ -187,8 +187,15 @@ class ChurnConfig:
     # a failure's causes stay out of the plans this long, doubling per repeat (``agent.quarantine``)
     quarantine_s: float = 60.0
     quarantine_max_s: float = 3600.0
+    # a member blamed by a halted trainer for the failure of this many epochs within blame_window_s is
+    # quarantined too, though it halted (it took tensors and answered nothing); blamed once: only counted
+    quarantine_blames: int = 2
+    blame_window_s: float = 900.0
 
     def __post_init__(self) -> None:
+        if self.quarantine_blames < 1 or not self.blame_window_s > 0:
+            raise ConfigError(f"churn.quarantine_blames={self.quarantine_blames} must be at least 1 and "
+                              f"churn.blame_window_s={self.blame_window_s} positive")
         if not 0 < self.quarantine_s <= self.quarantine_max_s:
             raise ConfigError(f"churn.quarantine_s={self.quarantine_s} must be positive and at most "
                               f"churn.quarantine_max_s={self.quarantine_max_s}")

@@ -7,6 +7,13 @@ longer than that), and peers a halted trainer blamed for its failed call. Each i
 costs the run one failed epoch, then fewer and fewer; a peer that failed once (an honest transient
 failure: a reboot, a lost connection) comes back as a joiner when its back-off ends. Repeats are forgotten
 after ``quarantine_max_s`` without a failure.
+
+Blame alone does not make a culprit (timeouts cascade: an honest peer stuck behind a failure is blamed
+too), so a member that takes tensors, answers nothing and then halts like everyone else would fail every
+epoch it is given. ``blame`` counts the distinct epochs a peer was blamed for: blamed in ``blame_epochs``
+of them within ``blame_window_s``, it is quarantined like a culprit (with the same growing back-off). A
+peer blamed once (an honest neighbour of a failure) is only counted. The tally is the leader's own: a new
+leader starts counting afresh.
 """
 
 from __future__ import annotations
@@ -16,12 +23,16 @@ from collections.abc import Callable, Iterable
 
 
 class Quarantine:
-    def __init__(self, base_s: float, max_s: float, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, base_s: float, max_s: float, clock: Callable[[], float] = time.monotonic, *,
+                 blame_epochs: int = 2, blame_window_s: float = 900.0):  # fmt: skip
         self.base_s = base_s
         self.max_s = max_s
         self.clock = clock
+        self.blame_epochs = blame_epochs
+        self.blame_window_s = blame_window_s
         self._until: dict[str, float] = {}
         self._strikes: dict[str, tuple[int, float]] = {}  # peer -> (failures, when the last one was)
+        self._blamed: dict[str, dict[int, float]] = {}  # peer -> {epoch it was blamed for: when}
 
     def add(self, peer: str) -> float:
         """Quarantine ``peer``; returns its back-off in seconds."""
@@ -46,3 +57,15 @@ class Quarantine:
     def without(self, peers: Iterable[str]) -> tuple[str, ...]:
         held = self.held()
         return tuple(p for p in peers if p not in held)
+
+    def blame(self, peer: str, epoch: int) -> int:
+        """Count that ``peer`` was blamed for epoch ``epoch``'s failure; returns the distinct epochs it was
+        blamed for within ``blame_window_s`` (a repeat report of one epoch counts once). The caller
+        quarantines it (``add``) once that reaches ``blame_epochs``; the count then starts over."""
+        now = self.clock()
+        epochs = {e: t for e, t in self._blamed.get(peer, {}).items() if now - t <= self.blame_window_s}
+        epochs.setdefault(epoch, now)
+        self._blamed[peer] = epochs
+        if len(epochs) >= self.blame_epochs:
+            del self._blamed[peer]
+        return len(epochs)

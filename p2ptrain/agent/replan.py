@@ -41,6 +41,9 @@ class Replan:
     # a failure's likely causes: trainers that died or did not halt in time (a trainer a halted peer blamed,
     # ``ProgressRecord.blame``, gets less time); the leader quarantines them (``agent.quarantine``)
     culprits: tuple[str, ...] = ()
+    # members a halted trainer blamed for its failed call that halted too, at the root of the blames
+    # (``blame_roots``): no culprits, but the leader counts the epochs each is blamed for (``Quarantine.blame``)
+    blamed: tuple[str, ...] = ()
 
 
 class ReplanWatch:
@@ -132,4 +135,21 @@ class ReplanWatch:
         if waiting & blamed:
             why += f"; blamed by a halted trainer: {', '.join(sorted(waiting & blamed))}"
         culprits = tuple(sorted(set(dead) | waiting))
-        return Replan(FAILURE, tuple(sorted(live - waiting)), why, restart, culprits)
+        edges = {p: r.blame for p, r in halted.items() if r.blame in plan.membership and r.blame != p}
+        accused = tuple(sorted(blame_roots(edges) - set(culprits)))
+        return Replan(FAILURE, tuple(sorted(live - waiting)), why, restart, culprits, accused)
+
+
+def blame_roots(edges: Mapping[str, str]) -> set[str]:
+    """Where the blames of a failed epoch end (``edges``: halted peer -> the peer it blamed). A halted peer
+    that blames another was stuck waiting on it, a victim of the cascade: the failure is at the end of the
+    chain, the blamed peer that blamed nobody. A chain that comes back on itself (a rogue accusing its
+    accuser) has no end: every peer on the loop counts (the honest one among them only for one back-off)."""
+    roots: set[str] = set()
+    for start in set(edges.values()):
+        chain, peer = [], start
+        while peer in edges and peer not in chain:
+            chain.append(peer)
+            peer = edges[peer]
+        roots.update([peer] if peer not in edges else chain[chain.index(peer):])
+    return roots

@@ -1,11 +1,15 @@
-"""A member that misbehaves, for the tests of untrusted peers (not a test module).
+"""Members that misbehave, for the tests of untrusted peers (not a test module).
 
     python rogue_member.py swallow CONFIG
+    python rogue_member.py swallow_and_halt CONFIG
 
-It runs the real agent, with a real identity and real streams, but claims what no device has (9 PFLOP/s,
-8000 GB, and in its links row 0.01 ms and 900 Gbit/s to everyone) and, once a plan gives it a stage, never
-trains: it takes the tensors sent to it and answers nothing, and it never halts. It answers pings (its
-transport does), so heartbeats alone never call it dead.
+Each runs the real agent, with a real identity and real streams. ``swallow`` claims what no device has
+(9 PFLOP/s, 8000 GB, and in its links row 0.01 ms and 900 Gbit/s to everyone) and, once a plan gives it a
+stage, never trains: it takes the tensors sent to it and answers nothing, and it never halts. It answers
+pings (its transport does), so heartbeats alone never call it dead. ``swallow_and_halt`` claims nothing
+special and swallows tensors the same way, but halts like an honest peer once another trainer of its epoch
+did (a halted heartbeat, blaming nobody), so it is never left out for not halting: it takes up every plan
+that names it.
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ from p2ptrain.agent.config import AgentConfig
 from p2ptrain.agent.epoch import EpochOutcome
 from p2ptrain.cli import configure_logging
 from p2ptrain.config import config_from_dict, read_toml
+from p2ptrain.errors import ProtocolError
 from p2ptrain.net.lifecycle import StopSignal
-from p2ptrain.net.records import LinkMeasurement, LinksRecord
+from p2ptrain.net.records import LinkMeasurement, LinksRecord, ProgressRecord
 
 
 class Swallower(Agent):
@@ -41,11 +46,27 @@ class Swallower(Agent):
         return EpochOutcome(False, 0)
 
 
+class CooperativeSwallower(Agent):
+    def _follow(self, plan, device) -> EpochOutcome:
+        self._following = plan
+        self._admit_senders(self._membership, plan)
+        self._note_waiting(f"rogue: given epoch {plan.epoch}; taking tensors, answering nothing, halting when told")
+        while not self.stop.wait(self.config.membership.poll_s):
+            try:
+                progress = self.dht.read_progress()
+            except ProtocolError:
+                continue
+            if any(r.epoch == plan.epoch and r.halted for p, r in progress.items() if p != self.peer_id):
+                self.heartbeat.flush(ProgressRecord(plan.epoch, plan.start_step, None, 0.0, halted=True))
+                return EpochOutcome(False, 0, halted=True)
+        return EpochOutcome(False, 0)
+
+
 def main(mode: str, config_path: str) -> None:
     configure_logging(1)
     config = config_from_dict(AgentConfig, read_toml(config_path))
     with StopSignal() as stop:
-        {"swallow": Swallower}[mode](config, stop).run()
+        {"swallow": Swallower, "swallow_and_halt": CooperativeSwallower}[mode](config, stop).run()
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from p2ptrain.agent.config import ChurnConfig, EmulationSettings
 from p2ptrain.agent.epoch import blamed_peer
 from p2ptrain.agent.leader import build_cluster
 from p2ptrain.agent.quarantine import Quarantine
-from p2ptrain.agent.replan import BLAMED_HALT_S, FAILURE, ReplanWatch
+from p2ptrain.agent.replan import BLAMED_HALT_S, FAILURE, ReplanWatch, blame_roots
 from p2ptrain.errors import MessageRejected, PeerFailed, PeerTimeoutError, StreamClosed
 from p2ptrain.net.records import LinkMeasurement, LinksRecord, PeerRecord, ProgressRecord, RecordError
 
@@ -50,6 +50,33 @@ def test_a_failure_names_its_culprits_the_dead_and_the_silent():
     replan = watch.check(PLAN, live, progress, steps=10, checkpoints=[], now=6.0)
     assert replan.kind == FAILURE and replan.culprits == (B, C)
     assert C not in replan.members and D in replan.members and "left out" in replan.reason
+    assert replan.blamed == (D,)  # counted by the leader (``Quarantine.blame``), not quarantined
+
+
+def test_blames_are_counted_where_their_chain_ends():
+    assert blame_roots({}) == set()
+    assert blame_roots({A: B, C: A, D: B}) == {B}  # C waited on A, which waited on B: B's failure
+    assert blame_roots({A: B, B: A, C: A}) == {A, B}  # B accuses its accuser: both count
+    assert blame_roots({A: B, B: C, C: B, D: E}) == {B, C, E}
+    # the watch hands the leader the roots that halted (dead or silent ones are culprits already)
+    progress = {A: halted(4, blame=D), C: halted(4, blame=A), D: halted(4), E: halted(4, blame=D)}
+    replan = ReplanWatch(ChurnConfig(halt_timeout_s=5)).check(PLAN, [A, C, D, E], progress, steps=10,
+                                                              checkpoints=[], now=6.0)
+    assert replan.culprits == (B,) and replan.blamed == (D,)
+
+
+def test_a_member_blamed_in_two_epochs_is_quarantined_though_it_halted():
+    clock = Clock()
+    q = Quarantine(60.0, 600.0, clock=clock, blame_epochs=2, blame_window_s=300.0)
+    assert q.blame(D, 1) == 1 and q.held() == set()  # blamed once: an honest neighbour of a failure
+    assert q.blame(D, 1) == 1  # the same epoch's failure read again counts once
+    clock.now = 100.0
+    assert q.blame(D, 2) == 2  # the caller quarantines it now (``Agent._count_blames``) ...
+    assert q.add(D) == 60.0 and q.held() == {D}
+    assert q.blame(D, 3) == 1  # ... and the count starts over
+    clock.now = 100.0 + 301.0
+    assert q.blame(D, 4) == 1  # blamed again only after the window: counted once again
+    assert q.blame(E, 4) == 1 and q.blame(E, 5) == 2
 
 
 def test_a_blamed_trainer_that_does_not_halt_is_not_waited_for_long():

@@ -1,7 +1,8 @@
-"""Members that fail a run cost it at most one epoch: they are quarantined out of the plans, and a peer that
-failed once (an honest transient failure) comes back when its back-off ends.
+"""Members that fail a run cost it at most one epoch (two for one that halts like an honest peer): they are
+quarantined out of the plans, and a peer that failed once (an honest transient failure) comes back when its
+back-off ends.
 
-Both run a real swarm on loopback (tiny model, 2 stages) started by hand, with the settings ``p2ptrain swarm``
+Each runs a real swarm on loopback (tiny model, 2 stages) started by hand, with the settings ``p2ptrain swarm``
 writes and a short tensor deadline.
 """
 
@@ -64,6 +65,29 @@ def test_a_member_that_boasts_and_swallows_tensors_is_quarantined_after_one_fail
     log = leader.log_path.read_text()
     assert f"quarantining peer {rogue} for 60 s" in log
     assert "measured very differently by their two ends" in log  # its links row was not believed
+    assert_reference([a for a in agents if a.index != 1], train)
+
+
+@pytest.mark.timeout(480)
+def test_a_member_that_swallows_tensors_and_halts_is_quarantined_after_two_failed_epochs(tmp_path):
+    # agent-1 (a trainer, never the leader) takes tensors and answers nothing, but halts like everyone once
+    # another trainer did: it is no culprit of any one failure, only the peer they all blame
+    sorted_identities(tmp_path, 5)
+    config = SwarmConfig(agents=5, stages=2, steps=6, scenario=None, workdir=str(tmp_path), run="cooperative",
+                         call_timeout_s=15.0)  # fmt: skip
+    agents, codes, train = run_agents(
+        tmp_path, config, {1: [sys.executable, str(HERE / "rogue_member.py"), "swallow_and_halt"]}, {}, 420)
+    assert all(code == 0 for code in codes.values()), codes
+    rogue, leader = agents[1].peer_id, agents[0]
+    plans = [e for e in events(leader.events.path) if e["event"] == "plan"]
+    given = [p["epoch"] for p in plans if rogue in p["devices"] + p["spares"]]
+    assert 1 <= len(given) <= 2 and rogue not in plans[-1]["devices"] + plans[-1]["spares"], given
+    quarantined = [e for e in events(leader.events.path) if e["event"] == "quarantined"]
+    assert [e["peer"] for e in quarantined] == [rogue], quarantined  # nobody honest
+    assert "blamed by a halted trainer for the failed calls of 2 epochs" in quarantined[0]["reason"]
+    blamed = [e for e in events(leader.events.path) if e["event"] == "blamed"]
+    assert {e["peer"] for e in blamed} <= {rogue}, blamed
+    assert f"quarantining peer {rogue} for 60 s" in leader.log_path.read_text()
     assert_reference([a for a in agents if a.index != 1], train)
 
 
