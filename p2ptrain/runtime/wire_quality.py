@@ -1,0 +1,96 @@
+"""What a lossy wire costs in quality: the same run trained with each wire format, side by side.
+
+    from p2ptrain.runtime.config import TrainConfig
+    from p2ptrain.runtime.wire_quality import compare_wires
+    report = compare_wires(TrainConfig(steps=200, stages=2, replicas=2, global_batch_size=16, num_threads=1))
+    for row in report["wires"]:
+        print(row["wire"], row["final_loss"], row["final_loss_vs_fp32"])
+
+Every run is the real runtime (``launcher.train_distributed``: S × D worker processes on loopback) on the
+same seed, data and plan, so the losses differ only by what the wire dropped. Besides the losses, each row
+gives the bytes one step puts on the wire per kind (``step_wire_bytes``). ``delta_coding_error`` measures
+the premise of AQ-SGD's activation delta coding on this data (see ``wire``'s docstring).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Sequence
+
+import torch
+
+from p2ptrain.model.data import inputs_and_targets, micro_batches, shard_of
+from p2ptrain.model.stage import build_stage
+from p2ptrain.planning import parameter_count
+from p2ptrain.runtime.config import TrainConfig
+from p2ptrain.runtime.reference import build_data
+from p2ptrain.runtime.wire import Codec, wire_bytes, wire_format
+
+
+def step_wire_bytes(cfg: TrainConfig) -> dict[str, int]:
+    """Bytes one step sends, over the whole run, per tensor kind (headers aside): activations and their
+    gradients over every pipeline boundary of every pipeline, and the sharded all-reduce of every stage's
+    group (each member sends (n−1)/n of its gradients in the reduce-scatter and as much in the all-gather)."""
+    fmt = wire_format(cfg.wire)
+    shape = cfg.shape
+    act_numel = cfg.micro_batch_size * shape.seq_len * shape.hidden_size
+    boundaries = (cfg.stages - 1) * cfg.replicas * cfg.micro_batches
+    n = cfg.replicas
+    per_stage = parameter_count(shape) / cfg.stages
+    shard = per_stage / n if n > 1 else 0
+    all_reduce = 2 * n * (n - 1) * wire_bytes(fmt.gradient.name, round(shard)) * cfg.stages
+    return {
+        "activation": boundaries * wire_bytes(fmt.activation.name, act_numel),
+        "activation_grad": boundaries * wire_bytes(fmt.activation_grad.name, act_numel),
+        "all_reduce": int(all_reduce),
+    }
+
+
+def compare_wires(cfg: TrainConfig, wires: Sequence[str] = ("fp32", "bf16", "int8", "int4"),
+                  last_k: int = 10, workdir: str | None = None) -> dict:  # fmt: skip
+    """Train ``cfg`` once per wire (distributed: ``cfg.stages`` × ``cfg.replicas`` workers); the final loss,
+    the mean of the last ``last_k`` losses, each relative to fp32's, and the wire bytes per step."""
+    from p2ptrain.runtime.launcher import train_distributed
+
+    if not cfg.is_distributed:
+        raise ValueError("compare_wires needs a distributed plan (stages × replicas > 1)")
+    rows = []
+    for wire in wires:
+        run = dataclasses.replace(cfg, wire=wire)
+        result = train_distributed(run, workdir=f"{workdir}/{wire}" if workdir else None)
+        rows.append({"wire": wire, "losses": result.losses, "final_loss": result.losses[-1],
+                     "last_mean_loss": statistics.fmean(result.losses[-last_k:]),
+                     "step_time_s": statistics.median(result.step_time_s),
+                     "replicas_identical": result.replicas_identical, "step_wire_bytes": step_wire_bytes(run)})
+    base = next((r for r in rows if r["wire"] == "fp32"), None)
+    for row in rows:
+        if base is not None:
+            row["final_loss_vs_fp32"] = row["final_loss"] / base["final_loss"] - 1
+            row["last_mean_loss_vs_fp32"] = row["last_mean_loss"] / base["last_mean_loss"] - 1
+    config = {k: v for k, v in cfg.to_dict().items() if k != "wire"}
+    return {"config": config, "last_k": last_k, "wires": rows}
+
+
+def delta_coding_error(cfg: TrainConfig, codec_name: str = "int8", steps: int = 20) -> dict[str, float]:
+    """Relative error (‖x̂ − x‖ / ‖x‖, mean over steps) of stage 0's output activation sent as it is, and sent
+    as AQ-SGD does: the change against the value last sent for the same micro-batch slot (both ends keep the
+    reconstruction). Parameters stay fixed, the case most favourable to delta coding."""
+    torch.manual_seed(cfg.seed)
+    module = build_stage(cfg.shape, 0, max(2, cfg.stages), cfg.seed)
+    data = build_data(cfg)
+    codec = Codec(codec_name)
+    reference = None
+    direct, delta = [], []
+    with torch.no_grad():
+        for step in range(steps):
+            tokens = micro_batches(shard_of(data.global_batch(step), 0, cfg.replicas), cfg.micro_batches)[0]
+            x = module(inputs_and_targets(tokens)[0])
+            direct.append(float((codec.round_trip(x) - x).norm() / x.norm()))
+            if reference is not None:
+                sent = reference + codec.round_trip(x - reference)
+                delta.append(float((sent - x).norm() / x.norm()))
+                reference = sent
+            else:
+                reference = codec.round_trip(x)
+    return {"direct": statistics.fmean(direct), "delta": statistics.fmean(delta)}
