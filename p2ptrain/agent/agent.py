@@ -75,6 +75,7 @@ from p2ptrain.agent.stage_state import StateKeeper
 from p2ptrain.agent.state_store import StateStore
 from p2ptrain.agent.tag_senders import TagSenders
 from p2ptrain.errors import ProtocolError
+from p2ptrain.model.data import data_identity
 from p2ptrain.net.dht import SwarmDHT
 from p2ptrain.net.election import latest_plan
 from p2ptrain.net.emulation import EmulationConfig, LinkEmulator, scaled_link
@@ -144,6 +145,7 @@ class Agent:
         # playing a device of a mixed cluster: compute as many times slower as its card is than the fastest
         self.compute_slowdown = (compute_slowdown(self.network, config.emulation.device_index)
                                  if self.network is not None else 1.0)
+        self.data_id = data_identity(config.train.data)  # in our peer record: the run's agents must agree
         self._planner = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="p2ptrain-planner")
         self._planning: _Planning | None = None
         self._next_epoch = 0
@@ -291,7 +293,7 @@ class Agent:
         record = PeerRecord(
             device_name=profile.device_name, memory_gb=profile.memory_gb, tflops=profile.tflops,
             maddrs=tuple(self.dht.get_visible_maddrs()[:16]), region=region,
-            emulated_device=emulation.device_index, compute=compute,
+            emulated_device=emulation.device_index, compute=compute, data=self.data_id,
         )  # fmt: skip
         self.dht.publish_peer(record)
         logger.info("joined run %r as peer %s%s", self.config.run, self.peer_id,
@@ -303,7 +305,7 @@ class Agent:
 
     def _loop(self, device) -> AgentResult:
         cfg = self.config
-        self._tracker = MembershipTracker(self.peer_id)
+        self._tracker = MembershipTracker(self.peer_id, data=self.data_id)
         self._gate = PlanGate(self.peer_id, cfg.train, cfg.plan, cfg.emulation, self._leaders, cfg.dht.peer_ttl_s,
                               self.dht.read_links,
                               lambda cluster, trainers: self._plan_workload(trainers, self._membership),
@@ -450,6 +452,9 @@ class Agent:
         except ProtocolError as e:
             logger.warning("reading the plan records failed: %s", e)
             return None
+        refusal = self._tracker.refusal(plans)  # the run's plans are made by peers training other data
+        if refusal is not None:
+            raise AgentError(refusal)
         live = self._membership.ids
         self._max_epoch_seen = max([self._max_epoch_seen, *(p.epoch for p in plans.values())])
         key = (frozenset(plans.items()), live)

@@ -1,7 +1,8 @@
 """Who is in the run: the live peers, from the verified peer records an agent reads, and when to plan.
 
 A peer is *live* while it has an unexpired, verified peer record (``SwarmDHT.read_peers`` drops invalid,
-unsigned and expired entries with a log line) of our protocol version. The bootstrap publishes no peer
+unsigned and expired entries with a log line) of our protocol version that trains our data (its record's
+``data``, the tokenizer and content digest; ``refusal`` says when the run trains other data). The bootstrap publishes no peer
 record, so it is never a member. The view is sorted by peer ID, the election order: ``leader`` is the
 lowest. Pure bookkeeping, no I/O: the agent feeds it what it reads.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from p2ptrain import PROTOCOL_VERSION
@@ -49,9 +50,11 @@ class Membership:
 class MembershipTracker:
     """Turns successive reads of the peer records into membership views, logging joins and leaves."""
 
-    def __init__(self, me: str, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, me: str, clock: Callable[[], float] = time.monotonic, data: str = ""):
         self.me = me
         self.clock = clock
+        self.data = data
+        self.other_data: dict[str, str] = {}  # peers left out because they train other data: their data
         self.first_seen: dict[str, float] = {}
         self._current: dict[str, PeerRecord] = {}
         self._refused: set[str] = set()
@@ -67,6 +70,12 @@ class MembershipTracker:
                         peer_id, record.protocol_version, record.p2ptrain_version, PROTOCOL_VERSION,
                     )  # fmt: skip
                 continue
+            if record.data != self.data:
+                if peer_id not in self.other_data:
+                    logger.warning("ignoring peer %s: it trains data %s, we train %s", peer_id,
+                                   record.data or "(unsaid)", self.data or "(unsaid)")
+                self.other_data[peer_id] = record.data
+                continue
             live[peer_id] = record
         now = self.clock()
         for peer_id in live.keys() - self._current.keys():
@@ -80,6 +89,16 @@ class MembershipTracker:
             logger.info("peer %s left (its peer record expired)", peer_id)
         self._current = live
         return Membership(dict(sorted(live.items())))
+
+    def refusal(self, plan_signers: Iterable[str]) -> str | None:
+        """Why this agent cannot take part (one line), or None: the run's plans are all signed by peers that
+        train other data, so the run trains that data, not ours."""
+        signers = set(plan_signers)
+        theirs = sorted({self.other_data[s] for s in signers if s in self.other_data})
+        if not theirs or signers - self.other_data.keys():
+            return None
+        return (f"this run trains data {', '.join(theirs)} but this agent's is {self.data or '(unsaid)'}: give it "
+                "the run's prepared dataset (p2ptrain data info shows a dataset's id)")
 
     def known_for_s(self, peer_id: str) -> float:
         """How long ``peer_id`` has been live in our view (0 if it is not)."""

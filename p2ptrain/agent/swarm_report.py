@@ -134,11 +134,28 @@ def summarize(state: SwarmState) -> dict[str, Any]:
         "median_step_time_s": statistics.median(step_times) if step_times else None,
         "config": state.train.to_dict(),
     }  # fmt: skip
+    summary.update(_throughput(state, step_times))
     leader = state.leader_plan()
     if leader is not None:
         index, event = leader
         summary.update(_plan_by_agent(state, index, event))
     return summary
+
+
+def _throughput(state: SwarmState, step_times: list[float]) -> dict[str, Any]:
+    """Tokens/s and MFU of the trained steps (``runtime.throughput``): every trainer's device at the peak its
+    profile says (data sheet for a known GPU, else its measured matmul throughput)."""
+    from p2ptrain.runtime.throughput import peak_tflops, throughput
+
+    if not step_times:
+        return {"tokens_per_s": None, "mfu": None, "throughput": None}
+    train = state.train
+    profile = next((e for a in state.agents if (e := a.events.last("profile")) is not None), None)
+    peak = peak_tflops(profile["device_name"], train.precision, profile["tflops"]) if profile else (None, "unknown")
+    tokens = train.global_batch_size * train.shape.seq_len * len(step_times)
+    speed = throughput(train.shape, tokens, sum(step_times), peak, num_devices=train.stages * train.replicas)
+    return {"tokens_per_s": speed.to_json()["tokens_per_s"], "mfu": speed.to_json()["mfu"],
+            "throughput": speed.to_json()}
 
 
 def _plan_by_agent(state: SwarmState, leader: int, event: dict[str, Any]) -> dict[str, Any]:
@@ -253,6 +270,10 @@ def format_summary(summary: dict[str, Any], regions: list[str | None] | None = N
             lines.append(f"{first + i + 1:4d}  {loss:.4f}  {took:.3f} s")
         median = summary["median_step_time_s"]
         lines.append(f"median step time {median:.3f} s; loss {summary['losses'][0]:.4f} → {summary['losses'][-1]:.4f}")
+        if summary.get("throughput"):
+            from p2ptrain.runtime.throughput import Throughput
+
+            lines.append(f"throughput: {Throughput(**summary['throughput']).line()}")
     for r in summary.get("replans", []):
         took = f", {r['recovery_s']:.1f} s from the failure to its first step" if r["recovery_s"] is not None else ""
         redone = f", {r['steps_redone']} step(s) redone" if r.get("steps_redone") else ""

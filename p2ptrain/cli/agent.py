@@ -37,6 +37,9 @@ from p2ptrain.planning.model_shapes import MODEL_PRESETS
               help="How tensors travel between agents (fp32 is exact; every agent of a run must agree).  [default: fp32]")
 @click.option("--schedule", type=click.Choice(["gpipe", "1f1b"]), help="Pipeline schedule.  [default: gpipe]")
 @click.option("--seed", type=click.IntRange(min=0), help="Seed of parameters and batches.  [default: 0]")
+@click.option("--data", "data_path", help="Training data: text, or a prepared dataset; every agent of a run needs the same.")
+@click.option("--precision", type=click.Choice(["fp32", "bf16", "fp16"]),
+              help="Compute precision (autocast; fp32 is exact).  [default: fp32]")
 @click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), help="Where to train.  [default: auto]")
 @click.option("--threads", type=click.IntRange(min=1), help="CPU threads for torch.  [default: torch's]")
 @click.option("--plan", "strategy", type=click.Choice(list(STRATEGIES)),
@@ -55,7 +58,7 @@ from p2ptrain.planning.model_shapes import MODEL_PRESETS
 def command(config_path: str | None, initial_peers: tuple[str, ...], run_id: str | None, stages: int | None,
             expect: int | None, join_deadline_s: float | None, min_peers: int | None, model: str | None,
             steps: int | None, batch_size: int | None, micro_batches: int | None, wire: str | None,
-            schedule: str | None, seed: int | None,
+            schedule: str | None, seed: int | None, data_path: str | None, precision: str | None,
             device: str | None, threads: int | None, strategy: str | None, identity: str | None,
             host_maddrs: tuple[str, ...], announce_maddrs: tuple[str, ...], reachability: str | None,
             relays: tuple[str, ...], join_token: str | None, region: str | None,
@@ -69,7 +72,8 @@ def command(config_path: str | None, initial_peers: tuple[str, ...], run_id: str
         ("events_file",): events_file, ("train", "stages"): stages, ("train", "model"): model,
         ("train", "steps"): steps, ("train", "global_batch_size"): batch_size,
         ("train", "micro_batches"): micro_batches, ("train", "wire"): wire, ("train", "schedule"): schedule,
-        ("train", "seed"): seed, ("train", "device"): device,
+        ("train", "seed"): seed, ("train", "device"): device, ("train", "data"): data_path,
+        ("train", "precision"): precision,
         ("train", "num_threads"): threads, ("membership", "expect"): expect,
         ("membership", "join_deadline_s"): join_deadline_s, ("membership", "min_peers"): min_peers,
         ("plan", "strategy"): strategy, ("dht", "identity_path"): identity,

@@ -78,6 +78,7 @@ MAX_MADDRS = 16
 
 _VERSION_RE = re.compile(r"[0-9A-Za-z.+_-]{1,32}")
 _IDENT_RE = re.compile(r"[a-z0-9_-]{1,32}")
+_DATA_RE = re.compile(r"[a-z0-9]{1,16}-[0-9]{1,8}:[0-9a-f]{16}")  # tokenizer label : content digest
 
 
 def peer_tag(peer_id: str) -> bytes:
@@ -179,6 +180,9 @@ class PeerRecord(_Record):
     # on an emulated network (``p2ptrain swarm --scenario``): the device of the cluster file this peer plays
     emulated_device: int | None = None
     compute: ComputeMeasurement | None = None  # optional: the agent's calibration of the run's model
+    # optional: what it trains on (``p2ptrain.model.data.data_identity``: tokenizer and content digest);
+    # agents of a run must agree on it (``agent.membership``)
+    data: str = ""
     kind: ClassVar[RecordKind] = RecordKind.PEER
 
     def __post_init__(self) -> None:
@@ -198,6 +202,7 @@ class PeerRecord(_Record):
             _set(self, "emulated_device", f.integer("emulated_device", self.emulated_device, 0, MAX_PLAN_PEERS - 1))
         if self.compute is not None and not isinstance(self.compute, ComputeMeasurement):
             raise RecordError("compute must be a ComputeMeasurement")
+        _set(self, "data", f.text("data", self.data, 64, pattern=_DATA_RE) if self.data else "")
 
     def _fields(self) -> dict[str, Any]:
         fields = {
@@ -209,6 +214,8 @@ class PeerRecord(_Record):
             fields["emulated_device"] = self.emulated_device
         if self.compute is not None:  # optional field: absent unless the agent calibrated
             fields["compute"] = self.compute.to_wire()
+        if self.data:  # optional field: absent for agents that do not say
+            fields["data"] = self.data
         return fields
 
     @classmethod
@@ -219,6 +226,7 @@ class PeerRecord(_Record):
             p2ptrain_version=m["p2ptrain_version"], protocol_version=m["protocol_version"],
             emulated_device=m.get("emulated_device"),
             compute=ComputeMeasurement.from_wire(m["compute"]) if "compute" in m else None,
+            data=m.get("data", ""),
         )  # fmt: skip
 
 
