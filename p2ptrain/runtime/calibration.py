@@ -292,7 +292,8 @@ def layered_workload(
     def part(get: Callable[[ComputeMeasurement], float]) -> float:
         return statistics.median(get(c) / _block_s(c) for c in measurements) * reference_s
 
-    model = layer_model(shape, micro_batch_tokens=rows * shape.seq_len, micro_batches=m, activation_bytes=FP32_BYTES)
+    model = layer_model(shape, micro_batch_tokens=rows * shape.seq_len, micro_batches=m, activation_bytes=FP32_BYTES,
+                        recompute=train.activation_checkpointing)  # checkpointed stages keep block inputs only
     costs = LayerCosts(
         num_layers=shape.num_layers,
         forward_s=Parts(*(grow * part(get) for get in (lambda c: c.layer_s[0], lambda c: c.embed_s[0],
