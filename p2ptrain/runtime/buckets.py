@@ -3,10 +3,12 @@
 The stage's parameters are cut into buckets of about ``bucket_elements`` elements, in reverse parameter
 order (the order backward reaches them). During the step's last backward (the one after which no gradient
 changes), each parameter's ``register_post_accumulate_grad_hook`` marks it done; when a bucket's parameters
-are all done, the bucket is handed to one communication thread, which flattens its gradients and runs the
-sharded all-reduce (``allreduce``) while backward goes on in the compute thread. Buckets start in bucket
-order on every replica (a bucket ready early waits for the ones before it), so the replicas' reductions meet
-in the same order and never wait on each other crosswise. The last stage's loss travels as one more, exact
+are all done, the bucket is handed to a pool of communication threads, which flatten its gradients and run
+the sharded all-reduce (``allreduce``) while backward goes on in the compute thread. Up to
+``MAX_BUCKETS_IN_FLIGHT`` buckets are reduced at once, so on a long link their round trips overlap instead of
+adding up. Buckets start in bucket order on every replica (a bucket ready early waits for the ones before
+it) and the pool takes them first in, first out, so the oldest unfinished bucket is running on every replica
+and the reductions never wait on each other crosswise. The last stage's loss travels as one more, exact
 fp32 "bucket" after the gradients. ``finish`` waits for every bucket and writes the sums into ``.grad``.
 
 Each bucket's message is tagged with the bucket index as its micro-batch number (kinds ``reduce_shard``
@@ -25,6 +27,8 @@ import torch
 
 from p2ptrain.runtime.allreduce import GroupExchange, flatten, sharded_all_reduce, unflatten_into
 from p2ptrain.runtime.wire import Codec, ErrorFeedback
+
+MAX_BUCKETS_IN_FLIGHT = 4  # communication threads per stage
 
 
 def plan_buckets(numels: Sequence[int], bucket_elements: int) -> list[list[int]]:
@@ -84,7 +88,7 @@ class BucketedAllReduce:
         self.buckets = plan_buckets([p.numel() for p in self.params], bucket_elements)
         self.bucket_of = {i: b for b, bucket in enumerate(self.buckets) for i in bucket}
         self.feedback = ErrorFeedback(codec)
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="p2ptrain-allreduce")
+        self.pool = ThreadPoolExecutor(max_workers=MAX_BUCKETS_IN_FLIGHT, thread_name_prefix="p2ptrain-allreduce")
         weakref.finalize(self, self.pool.shutdown, wait=False)  # an executor per epoch: no idle thread left
         self._round: _Round | None = None
         self.overlapped_buckets = 0  # of the last step: buckets started before its backward ended

@@ -142,21 +142,21 @@ def quantise_blockwise(flat: torch.Tensor, levels: int) -> torch.Tensor:
     (int8 for ``levels`` 127, packed nibbles for ``levels`` 7); rounded to nearest."""
     numel = flat.numel()
     blocks = -(-numel // BLOCK)
-    padded = torch.zeros(blocks * BLOCK, dtype=torch.float32)
-    padded[:numel] = flat
-    absmax = padded.view(blocks, BLOCK).abs().amax(dim=1)
-    scales = absmax / levels
-    safe = torch.where(scales > 0, scales, torch.ones_like(scales))
-    codes = torch.round(padded.view(blocks, BLOCK) / safe[:, None]).clamp_(-levels, levels)
-    codes = codes.reshape(-1)[:numel].to(torch.int8)
+    head = blocks * SCALE_BYTES
+    message = torch.empty(head + (numel if levels == 127 else -(-numel // 2)), dtype=torch.uint8)
+    view = _blocks(flat, blocks)
+    absmax = view.abs().amax(dim=1)
+    torch.div(absmax, levels, out=message[:head].view(torch.float32))
+    inverse = torch.where(absmax > 0, levels / absmax, torch.zeros_like(absmax))
+    codes = (view * inverse[:, None]).round_().clamp_(-levels, levels).reshape(-1)[:numel].to(torch.int8)
     if levels == 7:
         nibbles = (codes + 8).to(torch.uint8)  # 1 … 15
         if numel % 2:
             nibbles = torch.cat([nibbles, torch.full((1,), 8, dtype=torch.uint8)])
-        payload = nibbles[0::2] | (nibbles[1::2] << 4)
+        torch.bitwise_or(nibbles[0::2], nibbles[1::2] << 4, out=message[head:])
     else:
-        payload = codes.view(torch.uint8)
-    return torch.cat([scales.view(torch.uint8), payload])
+        message[head:] = codes.view(torch.uint8)
+    return message
 
 
 def dequantise_blockwise(message: torch.Tensor, numel: int, levels: int) -> torch.Tensor:
@@ -167,13 +167,19 @@ def dequantise_blockwise(message: torch.Tensor, numel: int, levels: int) -> torc
         raise WireError("quantised message with a negative or non-finite scale")
     payload = message[blocks * SCALE_BYTES:]
     if levels == 7:
-        nibbles = torch.stack([payload & 0x0F, payload >> 4], dim=1).reshape(-1)[:numel]
-        codes = nibbles.to(torch.float32) - 8
+        codes = torch.stack([payload & 0x0F, payload >> 4], dim=1).reshape(-1)[:numel].to(torch.float32) - 8
     else:
-        codes = payload.clone().view(torch.int8).to(torch.float32)
+        codes = payload.view(torch.int8).to(torch.float32)
+    return (_blocks(codes, blocks) * scales[:, None]).reshape(-1)[:numel]
+
+
+def _blocks(flat: torch.Tensor, blocks: int) -> torch.Tensor:
+    """``flat`` as ``[blocks, BLOCK]``, zero-padded at the end when its size is not a multiple of BLOCK."""
+    if flat.numel() == blocks * BLOCK:
+        return flat.view(blocks, BLOCK)
     padded = torch.zeros(blocks * BLOCK, dtype=torch.float32)
-    padded[:numel] = codes
-    return (padded.view(blocks, BLOCK) * scales[:, None]).reshape(-1)[:numel]
+    padded[: flat.numel()] = flat
+    return padded.view(blocks, BLOCK)
 
 
 class ErrorFeedback:
