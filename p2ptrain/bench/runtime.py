@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import click
 
-from p2ptrain.bench.transport import Throughput, measure_throughput
+from p2ptrain.bench.transport import Throughput, measure_throughput, throughput_table
 from p2ptrain.runtime.config import TrainConfig
 
 
@@ -55,7 +55,7 @@ def measure_step_times(cfg: TrainConfig) -> StepTimes:
     )
 
 
-def run(cfg: TrainConfig, sizes_mib=(1, 4, 16, 64), repeats: int = 5) -> tuple[list[Throughput], StepTimes]:
+def run(cfg: TrainConfig, sizes_mib=(1, 4, 16, 64), repeats: int = 15) -> tuple[list[Throughput], StepTimes]:
     return measure_throughput(sizes_mib, repeats), measure_step_times(cfg)
 
 
@@ -68,7 +68,8 @@ def run(cfg: TrainConfig, sizes_mib=(1, 4, 16, 64), repeats: int = 5) -> tuple[l
 @click.option("--stages", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--replicas", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--sizes", default="1,4,16,64", show_default=True, help="Transport tensor sizes, MiB, comma-separated.")
-@click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True, help="Timed transfers per size.")
+@click.option("--repeats", type=click.IntRange(min=1), default=15, show_default=True,
+              help="Interleaved rounds per transport size and pattern (median reported).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def command(model, steps, batch_size, micro_batches, stages, replicas, sizes, repeats, as_json) -> None:
     try:
@@ -85,10 +86,7 @@ def command(model, steps, batch_size, micro_batches, stages, replicas, sizes, re
             "step_time": dataclasses.asdict(times) | {"ratio": times.ratio},
         }))
         return
-    click.echo("transport throughput on loopback (median of repeats; 1 MB = 1e6 bytes)")
-    click.echo(f"{'size MiB':>8} {'transport MB/s':>14} {'raw stream MB/s':>16} {'ratio':>6}")
-    for t in throughput:
-        click.echo(f"{t.size_mib:>8} {t.transport_mb_per_s:>14.0f} {t.raw_stream_mb_per_s:>16.0f} {t.ratio:>6.2f}")
+    click.echo(throughput_table(throughput))
     click.echo(f"\nstep time, {times.model}, global batch {times.global_batch_size}, one torch thread per process")
     click.echo(f"  single process:                      {times.single_process_median_s * 1e3:8.1f} ms")
     click.echo(f"  {times.stages} stages x {times.replicas} replicas (processes): {times.distributed_median_s * 1e3:8.1f} ms")

@@ -1,16 +1,26 @@
-"""Transport throughput on loopback, side by side with raw libp2p streams on the same machine.
+"""Transport throughput on loopback, side by side with a raw libp2p stream on the same machine.
 
 ``measure_throughput`` times ``send`` + ``recv`` of float32 tensors between two transports (two libp2p
-daemons on 127.0.0.1), and the same number of bytes written to a bare hivemind binary stream between two
-other daemons: the ratio says what our framing, validation and copies cost over libp2p itself. The machine
-is shared, so both are measured in one run and the median of several repeats is reported.
+daemons on 127.0.0.1), and the same number of bytes written to one persistent bare hivemind binary stream
+between two other daemons (an 8-byte length, the bytes, a 1-byte answer: the least a message with an
+acknowledgement can cost over libp2p). The ratio says what our framing, validation, copies and the
+synchronous facade's thread hops cost over libp2p itself.
+
+The machine is shared and its load swings within seconds, so the two are interleaved — one transport
+message, then one raw message, repeated — and the median of each is reported. Two patterns:
+
+- ``sequential``: one message at a time, each waited for (send, then recv) before the next;
+- ``streamed``: ``window`` messages handed to ``send_async`` at once (the runtime's pattern), against the
+  same number written back to back on the raw stream before reading their answers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import statistics
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,11 +36,13 @@ logger = logging.getLogger(__name__)
 MIB = 1 << 20
 RUN = "bench"
 RAW_PROTOCOL = "p2ptrain.bench.raw"
+TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
 class Throughput:
     size_mib: int
+    pattern: str  # "sequential" or "streamed" (see the module docstring)
     transport_mb_per_s: float  # 1 MB = 10^6 bytes
     raw_stream_mb_per_s: float
     repeats: int
@@ -40,64 +52,122 @@ class Throughput:
         return self.transport_mb_per_s / self.raw_stream_mb_per_s
 
 
-def measure_throughput(sizes_mib: Sequence[int] = (1, 4, 16, 64), repeats: int = 5) -> list[Throughput]:
-    """Median MB/s over ``repeats`` transfers per size, for the transport and for a raw libp2p stream."""
+def measure_throughput(sizes_mib: Sequence[int] = (1, 4, 16, 64), repeats: int = 5, window: int = 8) -> list[Throughput]:
+    """Median MB/s over ``repeats`` interleaved rounds per size and pattern, transport beside raw stream."""
     sizes_mib = sorted(set(sizes_mib))
-    transport = _transport_rates(sizes_mib, repeats)
-    raw = asyncio.run(_raw_rates(sizes_mib, repeats))
-    return [Throughput(size, transport[size], raw[size], repeats) for size in sizes_mib]
-
-
-def _transport_rates(sizes_mib: Sequence[int], repeats: int) -> dict[int, float]:
-    config = TransportConfig(max_message_bytes=max(sizes_mib) * MIB, max_buffered_bytes=2 * max(sizes_mib) * MIB)
-    rates = {}
-    with Transport(RUN, config) as receiver, Transport(RUN, config, initial_peers=receiver.visible_maddrs) as sender:
-        for part, size in enumerate(sizes_mib):
-            tensor = torch.randn(size * MIB // 4)
-            seconds = []
-            for i in range(repeats + 1):  # the first is a warm-up (stream setup, page faults)
-                tag = Tag(RUN, 0, 0, "bench", micro_batch=i, part=part)
-                start_s = time.perf_counter()
-                sender.send(receiver.peer_id, tag, tensor)
-                received = receiver.recv(tag, sender.peer_id, tensor.shape, tensor.dtype)
-                seconds.append(time.perf_counter() - start_s)
-                assert received.shape == tensor.shape
-            rates[size] = size * MIB / statistics.median(seconds[1:]) / 1e6
-            logger.info("transport: %d MiB at %.0f MB/s", size, rates[size])
-    return rates
-
-
-async def _raw_rates(sizes_mib: Sequence[int], repeats: int) -> dict[int, float]:
-    async def sink(_info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        size = int.from_bytes(await reader.readexactly(8), "big")
-        received = 0
-        while received < size:
-            received += len(await reader.read(MIB))
-        writer.write(b"\x01")
-        await writer.drain()
-        writer.close()
-
-    receiver = await P2P.create(host_maddrs=["/ip4/127.0.0.1/tcp/0"])
-    sender = await P2P.create(initial_peers=await receiver.get_visible_maddrs(), host_maddrs=["/ip4/127.0.0.1/tcp/0"])
-    rates = {}
-    try:
-        await receiver.add_binary_stream_handler(RAW_PROTOCOL, sink)
+    config = TransportConfig(max_message_bytes=max(sizes_mib) * MIB,
+                             max_buffered_bytes=2 * window * max(sizes_mib) * MIB)
+    results = []
+    with RawPair() as raw, Transport(RUN, config) as receiver, \
+            Transport(RUN, config, initial_peers=receiver.visible_maddrs) as sender:
+        parts = itertools.count()
         for size in sizes_mib:
-            payload = memoryview(bytes(size * MIB))
-            seconds = []
-            for _ in range(repeats + 1):
-                start_s = time.perf_counter()
-                _, reader, writer = await sender.call_binary_stream_handler(receiver.peer_id, RAW_PROTOCOL)
-                writer.write((size * MIB).to_bytes(8, "big"))
-                for offset in range(0, len(payload), MIB):
-                    writer.write(payload[offset : offset + MIB])
-                    await writer.drain()
-                await asyncio.wait_for(reader.readexactly(1), timeout=60)
-                writer.close()
-                seconds.append(time.perf_counter() - start_s)
-            rates[size] = size * MIB / statistics.median(seconds[1:]) / 1e6
-            logger.info("raw stream: %d MiB at %.0f MB/s", size, rates[size])
+            tensor = torch.randn(size * MIB // 4)
+            for pattern, count in (("sequential", 1), ("streamed", window)):
+                ours, theirs = [], []
+                for _ in range(repeats + 1):  # the first round is a warm-up (stream setup, page faults)
+                    tags = [Tag(RUN, 0, 0, "bench", micro_batch=k, part=next(parts)) for k in range(count)]
+                    ours.append(_transport_round(sender, receiver, tags, tensor))
+                    theirs.append(raw.round(size * MIB, count))
+                results.append(Throughput(size, pattern, _rate(size, count, ours[1:]), _rate(size, count, theirs[1:]),
+                                          repeats))
+                logger.info("%s %d MiB: transport %.0f MB/s, raw stream %.0f MB/s", pattern, size,
+                            results[-1].transport_mb_per_s, results[-1].raw_stream_mb_per_s)
+    return results
+
+
+def throughput_table(results: Sequence[Throughput]) -> str:
+    """The results as the table ``p2ptrain bench runtime`` prints."""
+    lines = ["transport throughput on loopback beside one persistent raw libp2p stream, interleaved "
+             "(median of rounds; 1 MB = 1e6 bytes)",
+             f"{'size MiB':>8} {'pattern':>10} {'transport MB/s':>14} {'raw stream MB/s':>16} {'ratio':>6}"]
+    for r in results:
+        lines.append(f"{r.size_mib:>8} {r.pattern:>10} {r.transport_mb_per_s:>14.0f} {r.raw_stream_mb_per_s:>16.0f} "
+                     f"{r.ratio:>6.2f}")
+    return "\n".join(lines)
+
+
+def _rate(size_mib: int, count: int, seconds: list[float]) -> float:
+    return count * size_mib * MIB / statistics.median(seconds) / 1e6
+
+
+def _transport_round(sender: Transport, receiver: Transport, tags: list[Tag], tensor: torch.Tensor) -> float:
+    start_s = time.perf_counter()
+    if len(tags) == 1:
+        sender.send(receiver.peer_id, tags[0], tensor)
+    else:
+        for future in [sender.send_async(receiver.peer_id, tag, tensor) for tag in tags]:
+            future.result(timeout=TIMEOUT_S)
+    for tag in tags:
+        assert receiver.recv(tag, sender.peer_id, tensor.shape, tensor.dtype).shape == tensor.shape
+    return time.perf_counter() - start_s
+
+
+class RawPair:
+    """Two bare libp2p daemons and one persistent stream between them, on a loop of their own."""
+
+    def __init__(self):
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="bench-raw", daemon=True)
+
+    def __enter__(self) -> RawPair:
+        self._thread.start()
+        self._call(self._start())
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        try:
+            self._call(self._stop())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(TIMEOUT_S)
+
+    def round(self, size_bytes: int, count: int) -> float:
+        """Seconds to write ``count`` messages of ``size_bytes`` and read their answers (timed on the loop)."""
+        return self._call(self._round(size_bytes, count))
+
+    def _call(self, coroutine):
+        return asyncio.run_coroutine_threadsafe(asyncio.wait_for(coroutine, TIMEOUT_S), self._loop).result()
+
+    async def _start(self) -> None:
+        self._receiver = await P2P.create(host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+        self._sender = await P2P.create(initial_peers=await self._receiver.get_visible_maddrs(),
+                                        host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+        await self._receiver.add_binary_stream_handler(RAW_PROTOCOL, _sink)
+        _, self._reader, self._writer = await self._sender.call_binary_stream_handler(self._receiver.peer_id,
+                                                                                      RAW_PROTOCOL)
+
+    async def _round(self, size_bytes: int, count: int) -> float:
+        payload = memoryview(bytes(size_bytes))
+        start_s = time.perf_counter()
+        for _ in range(count):
+            self._writer.write(size_bytes.to_bytes(8, "big"))
+            for offset in range(0, size_bytes, MIB):
+                self._writer.write(payload[offset : offset + MIB])
+                await self._writer.drain()
+        await self._reader.readexactly(count)
+        return time.perf_counter() - start_s
+
+    async def _stop(self) -> None:
+        self._writer.close()
+        await self._sender.shutdown()
+        await self._receiver.shutdown()
+
+
+async def _sink(_info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Read length-prefixed messages, answer each with one byte, until the stream ends."""
+    try:
+        while True:
+            size = int.from_bytes(await reader.readexactly(8), "big")
+            received = 0
+            while received < size:
+                chunk = await reader.read(min(MIB, size - received))
+                if not chunk:
+                    return
+                received += len(chunk)
+            writer.write(b"\x01")
+            await writer.drain()
+    except (asyncio.IncompleteReadError, ConnectionError):
+        return
     finally:
-        await sender.shutdown()
-        await receiver.shutdown()
-    return rates
+        writer.close()

@@ -6,10 +6,14 @@ A message is a stream of ``ExpertRequest`` pieces (hivemind's runtime protobuf, 
     piece k:  uid = tag key, metadata = b"",                          tensors[0].buffer = next bytes
 
 of at most ``chunk_bytes`` each (unary libp2p messages cap at 4 MiB; streams do not, but one piece must fit
-in memory twice). ``rpc_push`` takes one message per stream and answers one ``ExpertResponse`` whose
-metadata is ``{"ok": true}`` or ``{"error": "..."}``: the receiver refuses on the header, before reading the
-payload, whatever its mailbox does not accept, and refuses malformed streams (garbled header, pieces that
-disagree on the tag, more or fewer bytes than announced, a sender that stalls). ``rpc_probe`` takes a
+in memory twice). ``rpc_push`` takes messages one after another on one long-lived stream (the sender keeps a
+few per peer open, ``channel.py``: opening one costs milliseconds) and answers each, in order, with one
+``ExpertResponse`` whose metadata is ``{"ok": true}`` or ``{"error": "..."}``. The receiver refuses on the
+header, before reading the payload, whatever its mailbox does not accept; the sender then stops writing that
+message and the receiver skips what it already sent of it (its pieces carry no header, the next message's
+first piece does). A malformed stream (garbled header, pieces that disagree on the tag, more or fewer bytes
+than announced, a sender that stalls inside a message or sends far slower than its link allows) is refused
+and closed. A stream with no new message for ``stream_idle_s`` is closed quietly. ``rpc_probe`` takes a
 sequence of probe messages on one long-lived stream and answers each with ``reply_bytes`` of payload, shaped
 by the replier's own emulator on the reverse link; keeping the stream open keeps stream setup (milliseconds)
 out of the round trips the prober times.
@@ -27,13 +31,16 @@ import time
 import typing
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
-from hivemind.p2p import P2PContext, ServicerBase
+from hivemind.p2p import P2P, P2PContext, ServicerBase
+from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 from hivemind.p2p.p2p_daemon_bindings.utils import P2PHandlerError
 from hivemind.proto import runtime_pb2
 
 from p2ptrain.errors import MessageRejected, ProtocolError, StreamClosed
 from p2ptrain.net.emulation import LinkEmulator, Reservation
+from p2ptrain.net.frames import FrameError, Piece, read_pieces
 from p2ptrain.net.mailbox import Mailbox
 from p2ptrain.net.messages import PROBE, Header, Stamp, piece_bounds, tensor_from_bytes
 from p2ptrain.net.pacing import TAIL_LEAD_S, Pacer
@@ -60,12 +67,14 @@ class TensorServicer(ServicerBase):
     """
 
     def __init__(
-        self, mailbox: Mailbox, emulator: LinkEmulator, pacer: Pacer, *, idle_timeout_s: float, max_reply_bytes: int
+        self, mailbox: Mailbox, emulator: LinkEmulator, pacer: Pacer, *, idle_timeout_s: float, max_reply_bytes: int,
+        stream_idle_s: float = 120.0,
     ):
         self.mailbox = mailbox
         self.emulator = emulator
         self.pacer = pacer
-        self.idle_timeout_s = idle_timeout_s
+        self.idle_timeout_s = idle_timeout_s  # the longest wait for the next piece inside a message
+        self.stream_idle_s = stream_idle_s  # ... and for the next message on a stream
         self.max_reply_bytes = max_reply_bytes
         self.status = PeerStatus()  # what a ping answers (``net.status``); the agent keeps it current
 
@@ -74,41 +83,88 @@ class TensorServicer(ServicerBase):
         # The protocol name is part of the wire, not of the Python class (subclasses answer the same calls).
         return f"{namespace}::tensor.{method_name}"
 
+    async def add_p2p_handlers(self, p2p: P2P, wrapper: Any = None, *, namespace: str | None = None,
+                               balanced: bool = False) -> None:
+        """hivemind's registration of every ``rpc_*`` endpoint, except that ``rpc_push`` reads its stream's frames
+        itself (frames.py: one copy of the data instead of five; the wire format is the same)."""
+        self._collect_rpc_handlers()
+        self._local_id = p2p.peer_id
+        push_name = self._get_handle_name(namespace, "rpc_push")
+        await asyncio.gather(
+            p2p.add_binary_stream_handler(push_name, self._push_stream, balanced=balanced),
+            *[p2p.add_protobuf_handler(self._get_handle_name(namespace, h.method_name), getattr(self, h.method_name),
+                                       h.request_type, stream_input=h.stream_input, stream_output=h.stream_output,
+                                       balanced=balanced)
+              for h in self._rpc_handlers if h.method_name != "rpc_push"])
+
+    async def remove_p2p_handlers(self, p2p: P2P, *, namespace: str | None = None) -> None:
+        self._collect_rpc_handlers()
+        await asyncio.gather(
+            p2p.remove_binary_stream_handler(self._get_handle_name(namespace, "rpc_push")),
+            *[p2p.remove_protobuf_handler(self._get_handle_name(namespace, h.method_name),
+                                          stream_input=h.stream_input, stream_output=h.stream_output)
+              for h in self._rpc_handlers if h.method_name != "rpc_push"])
+
+    async def _push_stream(self, info: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """A stream of ``rpc_push``: its pieces in, its replies out (hivemind's framing), until either side ends."""
+        context = P2PContext(handle_name="rpc_push", local_id=self._local_id, remote_id=info.peer_id)
+        try:
+            async for reply in self.rpc_push(read_pieces(reader), context):
+                await asyncio.wait_for(P2P.send_protobuf(reply, writer), self.idle_timeout_s)
+        except (ConnectionError, OSError, asyncio.TimeoutError) as e:  # the sender went away or stopped reading
+            logger.debug("push stream from peer %s ended: %r", info.peer_id, e)
+        except Exception:
+            logger.warning("push stream from peer %s failed", info.peer_id, exc_info=True)
+        finally:
+            writer.close()
+
     async def rpc_push(
         self, requests: typing.AsyncIterator[runtime_pb2.ExpertRequest], context: P2PContext
     ) -> typing.AsyncIterator[runtime_pb2.ExpertResponse]:
+        sender = context.remote_id.to_base58()
         pieces = Pieces(requests, self.idle_timeout_s)
-        reply = await self._receive(pieces, context.remote_id.to_base58())
-        yield reply
-        if not is_ok(reply):
-            await pieces.drain()
+        while await pieces.more(self.stream_idle_s):
+            reply, rest = await self._receive_one(pieces, sender)
+            yield reply
+            if rest is CLOSE:
+                await pieces.drain()
+                return
+            if isinstance(rest, Header) and not await pieces.skip(rest, self.idle_timeout_s):
+                return
 
     async def _receive(self, pieces: Pieces, sender: str) -> runtime_pb2.ExpertResponse:
         """Read one message into the mailbox; the reply says whether it was taken."""
+        return (await self._receive_one(pieces, sender))[0]
+
+    async def _receive_one(self, pieces: Pieces, sender: str) -> tuple[runtime_pb2.ExpertResponse, Rest]:
+        """Read one message into the mailbox: the reply, and what follows on the stream (``Rest``)."""
         admission = None
+        rest: Rest = CLOSE
         try:
             first = await pieces.next()
             header = decode_header(first)
+            rest = header  # refused on the header: skip what the sender sends of it until it hears so
             admission = self.mailbox.admit(sender, header)
-            buffer = bytearray(header.nbytes)
+            rest = CLOSE
             deadline_s = self.mailbox.deadline_s(sender, header.nbytes, self.idle_timeout_s)
             try:
-                await asyncio.wait_for(read_payload(pieces, first, header, buffer), deadline_s)
+                buffer = await asyncio.wait_for(read_payload(pieces, first, header), deadline_s)
             except asyncio.TimeoutError:
                 raise MessageRejected(f"{header.tag}: {header.nbytes} bytes did not arrive within {deadline_s:.0f} s "
                                       "(far slower than the link allows); cut off", peer=sender, code="too_slow") from None
-            if await pieces.next() is not None:
-                raise Malformed(f"more bytes than the header announced ({header.nbytes})")
             await self.hold(header)
+            rest = NEXT
             self.mailbox.deliver(admission, tensor_from_bytes(buffer, header.dtype, header.shape))
             admission = None
         except (Malformed, MessageRejected, asyncio.TimeoutError) as e:
-            return refusal(sender, e)
+            if isinstance(rest, Header):
+                pieces.skipping_from(first)
+            return refusal(sender, e), rest
         finally:
             if admission is not None:  # refused or cancelled midway: release its room before replying
                 self.mailbox.abandon(admission)
         logger.debug("received %s (%d bytes) from peer %s", header.tag, header.nbytes, sender)
-        return make_reply()
+        return make_reply(), NEXT
 
     async def rpc_ping(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
         """A heartbeat: answer at once with our status (the run's name goes in ``uid``); no mailbox involved."""
@@ -130,7 +186,7 @@ class TensorServicer(ServicerBase):
                 problem = self._probe_problem(header)
                 if problem is not None:
                     raise MessageRejected(problem, peer=sender)
-                await read_payload(pieces, first, header, None)
+                await read_payload(pieces, first, header, keep=False)
                 read_s = self.pacer.clock()
                 await self.hold(header)
             except (Malformed, MessageRejected, asyncio.TimeoutError) as e:
@@ -166,22 +222,77 @@ class TensorServicer(ServicerBase):
         return None
 
 
-class Pieces:
-    """The pieces of an incoming stream, each awaited under the idle deadline."""
+class _Next:
+    """After a reply: read the stream's next message."""
 
-    def __init__(self, requests: AsyncIterator[runtime_pb2.ExpertRequest], idle_timeout_s: float):
+
+class _Close:
+    """After a reply: the stream is unusable (malformed, stalled): close it."""
+
+
+NEXT, CLOSE = _Next(), _Close()
+Rest = _Next | _Close | Header  # a Header: refused on it; skip the rest of that message first
+
+
+class Pieces:
+    """The pieces of an incoming stream (``frames.Piece``, or hivemind's ``ExpertRequest`` protobufs, read as
+    pieces), each awaited under the idle deadline, with one piece of lookahead."""
+
+    def __init__(self, requests: AsyncIterator[Piece | runtime_pb2.ExpertRequest], idle_timeout_s: float):
         self._requests = requests.__aiter__()
         self._idle_timeout_s = idle_timeout_s
+        self._ahead: Piece | None = None
+        self._skipped = 0  # payload bytes of a refused message already read
 
-    async def next(self, allow_end: bool = True) -> runtime_pb2.ExpertRequest | None:
+    async def next(self, allow_end: bool = True, timeout_s: float | None = None) -> Piece | None:
+        if self._ahead is not None:
+            piece, self._ahead = self._ahead, None
+            return piece
+        timeout_s = timeout_s or self._idle_timeout_s
         try:
-            return await asyncio.wait_for(self._requests.__anext__(), self._idle_timeout_s)
+            return as_piece(await asyncio.wait_for(self._requests.__anext__(), timeout_s))
+        except FrameError as e:
+            raise Malformed(str(e)) from None
         except StopAsyncIteration:
             if not allow_end:
                 raise Malformed("the stream ended in the middle of a message") from None
             return None
         except asyncio.TimeoutError:
-            raise asyncio.TimeoutError(f"the sender sent nothing for {self._idle_timeout_s:.1f} s") from None
+            raise asyncio.TimeoutError(f"the sender sent nothing for {timeout_s:.1f} s") from None
+
+    async def more(self, idle_s: float) -> bool:
+        """Whether another message follows, waiting at most ``idle_s`` for its first piece."""
+        if self._ahead is None:
+            try:
+                self._ahead = await self.next(timeout_s=idle_s)
+            except asyncio.TimeoutError:
+                return False
+        return self._ahead is not None
+
+    def skipping_from(self, first: Piece) -> None:
+        self._skipped = len(first.data)
+
+    async def skip(self, header: Header, timeout_s: float) -> bool:
+        """After refusing ``header``: discard its pieces until the next message's header, at most ``timeout_s``
+        in all. False when the stream cannot go on (it ended, stalled, or sent what no message looks like)."""
+
+        async def discard() -> bool:
+            while self._skipped < header.nbytes:
+                piece = await self.next(allow_end=True)
+                if piece is None:
+                    return False
+                if piece.metadata:  # the sender heard the refusal and stopped: the next message begins
+                    self._ahead = piece
+                    return True
+                if piece.uid != header.tag.key:
+                    return False
+                self._skipped += len(piece.data)
+            return self._skipped == header.nbytes
+
+        try:
+            return await asyncio.wait_for(discard(), timeout_s)
+        except asyncio.TimeoutError:
+            return False
 
     async def drain(self) -> None:
         """Discard what the sender still sends, for at most the idle deadline, so that it can read our refusal:
@@ -195,7 +306,14 @@ class Pieces:
             await asyncio.wait_for(discard(), self._idle_timeout_s)
 
 
-def decode_header(first: runtime_pb2.ExpertRequest | None) -> Header:
+def as_piece(request: Piece | runtime_pb2.ExpertRequest) -> Piece:
+    if isinstance(request, Piece):
+        return request
+    return Piece(request.uid, request.metadata, request.tensors[0].buffer if request.tensors else b"",
+                 len(request.tensors))
+
+
+def decode_header(first: Piece | None) -> Header:
     if first is None:
         raise Malformed("the stream ended before a header")
     try:
@@ -208,21 +326,24 @@ def decode_header(first: runtime_pb2.ExpertRequest | None) -> Header:
 
 
 async def read_payload(
-    pieces: Pieces, first: runtime_pb2.ExpertRequest, header: Header, buffer: bytearray | None
-) -> None:
-    """Read the pieces of one message, starting with ``first``, into ``buffer`` (None: count only)."""
-    filled, piece = 0, first
+    pieces: Pieces, first: Piece, header: Header, keep: bool = True
+) -> bytearray | None:
+    """Read the pieces of one message, starting with ``first``; its bytes (None when not ``keep``)."""
+    buffer, filled, piece = None, 0, first
     while True:
-        if len(piece.tensors) > 1:
+        if piece.buffers > 1:
             raise Malformed("a piece carries more than one buffer")
-        data = piece.tensors[0].buffer if piece.tensors else b""
+        data = piece.data
         if filled + len(data) > header.nbytes:
             raise Malformed(f"more bytes than the header announced ({header.nbytes})")
-        if buffer is not None:
+        if keep and filled == 0 and len(data) == header.nbytes:
+            buffer = bytearray(data)  # a message in one piece: one copy, no zeroed buffer first
+        elif keep:
+            buffer = buffer if buffer is not None else bytearray(header.nbytes)
             buffer[filled : filled + len(data)] = data
         filled += len(data)
         if filled == header.nbytes:
-            return
+            return buffer
         piece = await pieces.next(allow_end=False)
         if piece.uid != header.tag.key:
             raise Malformed(f"pieces disagree on the tag: {piece.uid[:100]!r} inside {header.tag.key!r}")
@@ -230,10 +351,11 @@ async def read_payload(
             raise Malformed("a header in the middle of a message")
 
 
-async def paced_requests(
+async def paced_pieces(
     header: Header, payload: bytes, reservation: Reservation | None, chunk_bytes: int, pacer: Pacer
-) -> AsyncIterator[runtime_pb2.ExpertRequest]:
-    """The pieces of one message, paced by the emulated link so that the last one leaves at its arrival time."""
+) -> AsyncIterator[tuple[bytes, memoryview]]:
+    """(metadata, bytes) of each piece of one message, paced by the emulated link so that the last one leaves
+    at its arrival time; the metadata is the header on the first piece and empty after."""
     view = memoryview(payload)
     bounds = piece_bounds(len(payload), chunk_bytes, TAIL_BYTES if reservation is not None else 0)
     lead_s = TAIL_LEAD_S if header.arrival is not None else 0.0  # the receiver holds it until the stamp
@@ -241,11 +363,16 @@ async def paced_requests(
         if reservation is not None:  # a piece leaves when its first byte would arrive; the tail, when its last
             last = index == len(bounds) - 1
             await pacer.sleep_until(reservation.release_s(hi) - lead_s if last else reservation.release_s(lo))
-        yield runtime_pb2.ExpertRequest(
-            uid=header.tag.key,
-            metadata=header.encode() if index == 0 else b"",
-            tensors=[runtime_pb2.Tensor(buffer=view[lo:hi].tobytes())],
-        )
+        yield header.encode() if index == 0 else b"", view[lo:hi]
+
+
+async def paced_requests(
+    header: Header, payload: bytes, reservation: Reservation | None, chunk_bytes: int, pacer: Pacer
+) -> AsyncIterator[runtime_pb2.ExpertRequest]:
+    """The pieces of one message as protobufs (see ``paced_pieces``)."""
+    async for metadata, data in paced_pieces(header, payload, reservation, chunk_bytes, pacer):
+        yield runtime_pb2.ExpertRequest(uid=header.tag.key, metadata=metadata,
+                                        tensors=[runtime_pb2.Tensor(buffer=data.tobytes())])
 
 
 REFUSAL_CODES = ("refused", "duplicate", "stale", "not_sender", "too_slow")

@@ -13,7 +13,8 @@ torch code, a deadline on every call.
 ``config.call_timeout_s``). On an emulated link the emulated transfer time (queueing behind earlier messages,
 n/β, α) is added to that deadline: it models time a real link would take, not a fault. The reply itself
 is not shaped (it carries no data), so a send returns at the emulated arrival time. ``recv`` waits under
-its own deadline and names the sender it waited for.
+its own deadline and names the sender it waited for. Messages to one peer share a few persistent streams
+(``config.streams_per_peer``, see ``channel.py``): no stream setup per message.
 
 Thread-safety: every public method may be called from any thread except the transport's own loop thread.
 """
@@ -38,13 +39,14 @@ from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError
 from hivemind.proto import runtime_pb2
 
 from p2ptrain.errors import MessageRejected, PeerFailed, PeerTimeoutError, ProtocolError, StreamClosed
+from p2ptrain.net.channel import Channels
 from p2ptrain.net.emulation import LinkEmulator
 from p2ptrain.net.mailbox import Mailbox
 from p2ptrain.net.messages import Header, Tag, dtype_name, tensor_bytes
 from p2ptrain.net.pacing import Pacer
 from p2ptrain.net.probe_session import ProbeSession
 from p2ptrain.net.relay import multiaddr_bytes
-from p2ptrain.net.servicer import NAMESPACE, TensorServicer, first_reply, paced_requests, parse_reply
+from p2ptrain.net.servicer import NAMESPACE, TensorServicer, parse_reply
 from p2ptrain.net.status import PeerStatus
 
 logger = logging.getLogger(__name__)
@@ -62,6 +64,8 @@ class TransportConfig:
     startup_timeout_s: float = 30.0
     shutdown_timeout_s: float = 10.0
     dial_retry_s: float = 0.2  # pause between attempts to open a stream to a peer that cannot be dialled
+    stream_idle_s: float = 120.0  # a receiver closes a tensor stream with no message for this long (senders: half)
+    streams_per_peer: int = 2  # persistent tensor streams a sender keeps to one peer (channel.py)
     chunk_bytes: int = 1 << 20
     max_message_bytes: int = 256 << 20
     max_buffered_bytes: int = 1 << 30  # in flight + received but not yet read, over all senders
@@ -70,7 +74,7 @@ class TransportConfig:
     epoch_window: int = 1  # ... and up to this many epochs ahead
 
     def __post_init__(self):
-        for name in ("call_timeout_s", "startup_timeout_s", "shutdown_timeout_s", "dial_retry_s"):
+        for name in ("call_timeout_s", "startup_timeout_s", "shutdown_timeout_s", "dial_retry_s", "stream_idle_s"):
             if not 0 < getattr(self, name) < float("inf"):
                 raise ValueError(f"{name} must be a positive number of seconds, got {getattr(self, name)}")
         if not 4096 <= self.chunk_bytes <= 3 << 20:
@@ -81,6 +85,8 @@ class TransportConfig:
             raise ValueError("max_probe_reply_bytes must be in 0..chunk_bytes")
         if self.step_window < 0 or self.epoch_window < 0:
             raise ValueError("step_window and epoch_window must be >= 0")
+        if not 1 <= self.streams_per_peer <= 16:
+            raise ValueError(f"streams_per_peer must be in 1..16, got {self.streams_per_peer}")
 
 
 class Transport:
@@ -134,12 +140,22 @@ class Transport:
             self._p2p = await P2P.create(initial_peers=initial_peers or None, host_maddrs=host_maddrs)
         self.peer_id = self._p2p.peer_id
         self._servicer = self.servicer_cls(self.mailbox, self.emulator, self.pacer, idle_timeout_s=self.config.call_timeout_s,
-                                           max_reply_bytes=self.config.max_probe_reply_bytes)
+                                           max_reply_bytes=self.config.max_probe_reply_bytes,
+                                           stream_idle_s=self.config.stream_idle_s)
         await self._servicer.add_p2p_handlers(self._p2p, namespace=NAMESPACE)
+        self._channels = Channels(self._p2p, self.servicer_cls._get_handle_name(NAMESPACE, "rpc_push"), self.pacer,
+                                  self.config.chunk_bytes, per_peer=self.config.streams_per_peer,
+                                  idle_s=self.config.stream_idle_s / 2)
 
     @property
     def run(self) -> str:
         return self.mailbox.window.run
+
+    @property
+    def p2p(self) -> P2P:
+        """The libp2p client this transport calls peers with (``forward.Routes`` wraps it for peers behind NAT)."""
+        assert self._p2p is not None, "the transport has not started"
+        return self._p2p
 
     @property
     def visible_maddrs(self) -> list[str]:
@@ -192,13 +208,14 @@ class Transport:
         logger.debug("sent %s (%d bytes) to peer %s", header.tag, len(payload), peer)
 
     async def _push(self, peer: str, header: Header, payload: bytes, reservation) -> Any:
-        if reservation is not None:
-            await self.pacer.sleep_until(reservation.start_s)  # FIFO: wait until the link is free
-        stub = self.stub(peer)
-        responses = await self.open_stream(
-            peer, lambda: stub.rpc_push(paced_requests(header, payload, reservation, self.config.chunk_bytes,
-                                                       self.pacer)))
-        return await first_reply(responses, peer)
+        channel = self._channels.pick(peer)  # at once: messages keep the order of their link reservations
+        while True:
+            try:
+                return await channel.push(header, payload, reservation)
+            except (P2PDaemonError, ConnectionError, OSError) as e:  # the peer cannot be dialled (yet)
+                logger.debug("cannot open a stream to peer %s yet: %s", peer, e)
+            await asyncio.sleep(self.config.dial_retry_s)  # the caller's deadline ends the retries
+            channel = self._channels.pick(peer)
 
     def connect(self, peer: PeerLike, maddrs: Sequence[str], timeout_s: float | None = None) -> None:
         """Open a libp2p connection to ``peer`` at ``maddrs`` (full multiaddrs, with or without ``/p2p/ID``).
@@ -394,6 +411,9 @@ class Transport:
     async def _stop(self) -> None:
         step_s = self.config.shutdown_timeout_s / 4
         self.mailbox.close("the transport shut down")
+        channels = getattr(self, "_channels", None)
+        if channels is not None:
+            channels.close_all()
         await asyncio.sleep(0)  # let pending receives take that error before they are cancelled
         await _cancel_all(self._tasks - {asyncio.current_task()}, step_s)
         servicer = getattr(self, "_servicer", None)

@@ -15,9 +15,9 @@ from hivemind.p2p import P2PContext
 from hivemind.proto import runtime_pb2
 from hivemind.utils import get_dht_time
 
-from p2ptrain.errors import MessageRejected, PeerTimeoutError
+from p2ptrain.errors import MessageRejected, PeerFailed, PeerTimeoutError
 from p2ptrain.net.messages import ACTIVATION, ACTIVATION_GRAD, REDUCE_SHARD, Header, Tag
-from p2ptrain.net.servicer import Pieces, TensorServicer, first_reply, is_ok, parse_reply
+from p2ptrain.net.servicer import Pieces, TensorServicer, is_ok, parse_reply
 from p2ptrain.net.transport import Transport, TransportConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -163,9 +163,18 @@ def _malformed_cases(step: int):
         "header of another tag": (good, [(other, bytes(64))]),
         "pieces disagree on the tag": (good, [(tag.key, bytes(32)), (other, bytes(32))]),
         "more bytes than announced": (good, [(tag.key, bytes(32)), (tag.key, bytes(40))]),
-        "an extra piece after the end": (good, [(tag.key, bytes(64)), (tag.key, bytes(1))]),
         "fewer bytes than announced": (good, [(tag.key, bytes(32))]),
     }
+
+
+def _replies(b: Transport, a: Transport, requests) -> list:
+    """Every reply ``a`` gives on one stream of ``requests`` from ``b``, until ``a`` closes it."""
+
+    async def push():
+        responses = await b.stub(a.peer_id).rpc_push(requests)
+        return [parse_reply(response) async for response in responses]
+
+    return b.run_coroutine(asyncio.wait_for(push(), 10), timeout_s=15)
 
 
 @pytest.mark.parametrize("case", list(_malformed_cases(1)))
@@ -173,17 +182,71 @@ def test_malformed_streams_are_refused(trio, step, refusals, case):
     a, b, _ = trio
     header, pieces = _malformed_cases(step)[case]
     right = Tag(RUN, 0, step, ACTIVATION)
-
-    async def push():
-        responses = await b.stub(a.peer_id).rpc_push(_frames(right, header, pieces))
-        return parse_reply(await first_reply(responses, str(a.peer_id)))
-
-    reply = b.run_coroutine(asyncio.wait_for(push(), 10), timeout_s=15)
-    assert reply.error is not None
+    replies = _replies(b, a, _frames(right, header, pieces))
+    assert len(replies) == 1 and replies[0].error is not None, replies
     assert any(str(b.peer_id) in m and "refused" in m for m in refusals.messages), refusals.messages
     assert a.mailbox.held_bytes == 0
     b.send(a.peer_id, right, torch.ones(4, 4))
     assert torch.equal(a.recv(right, b.peer_id, (4, 4), torch.float32), torch.ones(4, 4))
+
+
+def test_a_stray_piece_after_a_whole_message_is_refused_and_closes_the_stream(trio, step, refusals):
+    """On a persistent stream a piece without a header after a complete message is a malformed next message:
+    the complete one is taken, the stray piece refused, the stream closed."""
+    a, b, _ = trio
+    tag = Tag(RUN, 0, step, ACTIVATION)
+    header = Header(tag, "float32", (4, 4)).encode()
+    replies = _replies(b, a, _frames(tag, header, [(tag.key, bytes(64)), (tag.key, bytes(1))]))
+    assert [r.error is None for r in replies] == [True, False], replies
+    assert torch.equal(a.recv(tag, b.peer_id, (4, 4), torch.float32), torch.zeros(4, 4))
+    assert a.mailbox.held_bytes == 0
+
+
+def test_many_messages_share_one_stream_and_refusals_skip_only_their_own_bytes(trio, step, refusals):
+    """One stream: a message, one refused on its header with its payload still following, then another one;
+    both good ones are taken and the refused one's bytes are never read as a message."""
+    a, b, _ = trio
+    tags = [Tag(RUN, 0, step, ACTIVATION, micro_batch=i) for i in range(3)]
+    a.expect(tags[1], b.peer_id, (4, 4), torch.float32)
+    wrong = Header(tags[1], "float32", (2, 2, 4)).encode()  # the declared shape is (4, 4): refused on the header
+
+    async def requests():
+        for tag, header, data in [(tags[0], None, bytes(64)), (tags[1], wrong, bytes(64)), (tags[2], None, bytes(64))]:
+            header = header or Header(tag, "float32", (4, 4)).encode()
+            yield runtime_pb2.ExpertRequest(uid=tag.key, metadata=header, tensors=[runtime_pb2.Tensor(buffer=data[:32])])
+            yield runtime_pb2.ExpertRequest(uid=tag.key, tensors=[runtime_pb2.Tensor(buffer=data[32:])])
+
+    replies = _replies(b, a, requests())
+    assert [r.error is None for r in replies] == [True, False, True], replies
+    for tag in (tags[0], tags[2]):
+        assert torch.equal(a.recv(tag, b.peer_id, (4, 4), torch.float32), torch.zeros(4, 4))
+    assert a.mailbox.held_bytes == 0
+
+
+def test_sends_reuse_persistent_streams(trio, step):
+    """Many sends to one peer, one after another and concurrently, open at most ``streams_per_peer``
+    streams (each new stream is a handler call on the receiver)."""
+    a, b, _ = trio
+    opened = []
+    original = b._channels.pick
+
+    def counting_pick(peer):
+        channel = original(peer)
+        opened.append(id(channel))
+        return channel
+
+    b._channels.pick = counting_pick
+    try:
+        tags = [Tag(RUN, 0, step, ACTIVATION_GRAD, micro_batch=i) for i in range(24)]
+        for tag in tags[:8]:
+            b.send(a.peer_id, tag, torch.ones(100))
+        for future in [b.send_async(a.peer_id, tag, torch.ones(100_000)) for tag in tags[8:]]:
+            future.result(timeout=20)
+    finally:
+        del b._channels.pick
+    assert len(set(opened)) <= SENDER.streams_per_peer
+    for tag in tags[:8]:
+        assert torch.equal(a.recv(tag, b.peer_id, (100,), torch.float32), torch.ones(100))
 
 
 def test_a_receive_that_times_out_names_the_sender(trio, step):
@@ -275,3 +338,26 @@ def test_a_lost_reply_is_resent_and_the_message_taken_once(make_transport, caplo
     with pytest.raises(MessageRejected) as info:  # a genuine second copy is still refused as a duplicate
         sender.send(receiver.peer_id, tag, x, timeout_s=10)
     assert info.value.code == "duplicate"
+
+
+def test_a_message_cut_off_midway_closes_only_its_stream_and_frees_the_receiver(make_transport):
+    """An epoch aborted while a message is half written on a slow emulated link: that call fails at once, the
+    receiver releases the room it admitted, and the next message to the same peer goes through."""
+    receiver = make_transport(RECEIVER)
+    sender = make_transport(SENDER, join=receiver)
+    sender.emulator.set_link(str(receiver.peer_id), latency_s=0.0, bandwidth_bytes_per_s=1e6)  # 3 MB take 3 s
+    pending = sender.send_async(receiver.peer_id, Tag(RUN, 0, 0, ACTIVATION), torch.zeros(3 * MIB // 4))
+    deadline_s = time.monotonic() + 10
+    while receiver.mailbox.held_bytes == 0 and time.monotonic() < deadline_s:  # admitted on its header
+        time.sleep(0.05)
+    assert receiver.mailbox.held_bytes == 3 * MIB
+    sender.abort_epoch(0, "test")
+    with pytest.raises(PeerFailed):
+        pending.result(timeout=10)
+    sender.emulator.clear_link(str(receiver.peer_id))
+    tag = Tag(RUN, 1, 0, ACTIVATION)
+    sender.send(receiver.peer_id, tag, torch.ones(5))
+    assert torch.equal(receiver.recv(tag, sender.peer_id, (5,), torch.float32), torch.ones(5))
+    while receiver.mailbox.held_bytes and time.monotonic() < deadline_s:
+        time.sleep(0.05)
+    assert receiver.mailbox.held_bytes == 0
