@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from p2ptrain.agent.churn import CHECKPOINT, INIT, copies_of, join_start, restart_point, source_indices
+from p2ptrain.agent.claims import ComputeWatch, bounded, record_problem, with_slowdowns
 from p2ptrain.agent.config import AgentConfig
 from p2ptrain.agent.epoch import EpochContext, EpochOutcome, Heartbeat, run_epoch
 from p2ptrain.agent.events import EventLog
@@ -82,8 +83,9 @@ from p2ptrain.net.emulation import EmulationConfig, LinkEmulator, scaled_link
 from p2ptrain.net.lifecycle import StopSignal, shutdown_in_order
 from p2ptrain.net.records import NO_BACKUP, ComputeMeasurement, PeerRecord, PlanRecord, ProgressRecord
 from p2ptrain.net.transport import Transport
-from p2ptrain.planning import Cluster, LayeredWorkload, Workload, load_cluster
+from p2ptrain.planning import Cluster, LayeredWorkload, Workload, even_layers, load_cluster
 from p2ptrain.planning.simulated import StepWorkload
+from p2ptrain.planning.split import Layers
 from p2ptrain.runtime.calibration import (
     calibrate,
     expected_rows,
@@ -127,6 +129,8 @@ class _Planning:
     sources: tuple[str, ...] = ()
     members: Cluster | None = None  # every member's links (trainers in ``devices`` order, then spares)
     step_s: float = 0.0  # the measured step time (0: not measured yet)
+    slowdowns: dict[str, float] = dataclasses.field(default_factory=dict)  # claims replaced (``agent.claims``)
+    layers: Layers | None = None  # the split a re-plan keeps (``Agent._split_workload``)
 
 
 class Agent:
@@ -169,6 +173,8 @@ class Agent:
         self.quarantine = Quarantine(config.churn.quarantine_s, config.churn.quarantine_max_s,
                                      blame_epochs=config.churn.quarantine_blames,
                                      blame_window_s=config.churn.blame_window_s)  # fmt: skip
+        self._compute = ComputeWatch(config.claims.speed_tolerance, config.claims.min_steps)
+        self._claims_noted: set[tuple[str, str]] = set()  # (peer, what was said): each said once
         self.keeper = StateKeeper(config.churn.keep_states)
         self.store: StateStore | None = None
         self.liveness: LivenessMonitor | None = None
@@ -308,7 +314,7 @@ class Agent:
         self._tracker = MembershipTracker(self.peer_id, data=self.data_id)
         self._gate = PlanGate(self.peer_id, cfg.train, cfg.plan, cfg.emulation, self._leaders, cfg.dht.peer_ttl_s,
                               self.dht.read_links,
-                              lambda cluster, trainers: self._plan_workload(trainers, self._membership),
+                              lambda cluster, trainers, peers: self._plan_workload(trainers, Membership(dict(peers))),
                               lambda plan, reason: self.events.write("plan_refused", epoch=plan.epoch,
                                                                      signer=plan.leader, reason=reason))  # fmt: skip
         self._started = time.monotonic()
@@ -366,7 +372,7 @@ class Agent:
 
     def _poll_membership(self, tracker: MembershipTracker, previous: Membership) -> Membership:
         try:
-            membership = tracker.update(self.dht.read_peers())
+            membership = self._checked_claims(tracker.update(self.dht.read_peers()))
         except ProtocolError as e:
             logger.warning("reading the peer records failed: %s; keeping the last view", e)
             return previous
@@ -395,6 +401,29 @@ class Agent:
         )  # fmt: skip
         self._admit_senders(membership)
         return membership
+
+    def _checked_claims(self, membership: Membership) -> Membership:
+        """The members whose claims a real device could make, their tflops bounded by their calibration
+        (``agent.claims``: a pure function of each record, so every agent's view agrees)."""
+        shape, peak = self.config.train.shape, self.config.claims.peak_over_calibrated
+        peers = {}
+        for peer, record in membership.peers.items():
+            problem = record_problem(record, shape)
+            if problem is not None:
+                self._note_claim(peer, f"ignoring peer {peer}: {problem}", "claim_refused", reason=problem)
+                continue
+            peers[peer] = bounded(record, shape, peak)
+            if peers[peer].tflops < record.tflops:
+                self._note_claim(peer, f"peer {peer} claims {record.tflops:g} TFLOP/s, {peak:g}x beyond what its "
+                                 f"calibration shows: planned with {peers[peer].tflops:.3g}", "claim_bounded",
+                                 claimed=record.tflops, bound=peers[peer].tflops)  # fmt: skip
+        return Membership(peers)
+
+    def _note_claim(self, peer: str, line: str, event: str, **fields: Any) -> None:
+        if (peer, event) not in self._claims_noted:
+            self._claims_noted.add((peer, event))
+            logger.warning("%s", line)
+            self.events.write(event, peer=peer, **fields)
 
     def _admit_senders(self, membership: Membership, *plans: PlanRecord) -> None:
         """Who may send us tensors, and how much each may hold (``agent.senders``): the members of the plans
@@ -522,11 +551,22 @@ class Agent:
 
     def _plan_workload(self, trainers: list[str], membership: Membership) -> Workload:
         """The workload a plan of ``trainers`` is scored with, ours or (to check it) the leader's."""
+        return self._split_workload(trainers, membership)[0]
+
+    def _split_workload(self, trainers: list[str], membership: Membership) -> tuple[Workload, Layers | None]:
+        """``_plan_workload``, and the layer split a re-plan keeps (None: the planner chooses). Stage states
+        are kept and handed over per stage, so once the run trains with a split its re-plans keep it (a new
+        split would ask a source for blocks it does not hold); the leader and the followers that check its
+        plan pin the same split, the one of the plan being trained."""
         stages = self.config.train.stages
         workload = run_workload(self.config.train, stages, len(trainers) // stages, self.config.emulation.size_factor)
         if self.config.plan.objective == "simulated":
             workload = self._step_workload(workload, trainers, membership, stages)
-        return workload
+        current = self._following or self._newest_seen
+        if not isinstance(workload, LayeredWorkload) or current is None:
+            return workload, None
+        layers = current.layer_ranges or even_layers(workload.costs.num_layers, stages)
+        return workload.at(layers), layers
 
     # ---- leading ----------------------------------------------------------------------------------------
 
@@ -598,6 +638,7 @@ class Agent:
         except ProtocolError as e:
             logger.warning("reading progress failed: %s", e)
             return
+        self._compute.observe(current, progress)
         ckpt, train = self.config.checkpoint, self.config.train
         last = latest_complete(ckpt.dir, train.stages, train.model) if ckpt.dir else None
         live = self.quarantine.without(membership.ids)  # a quarantined peer is no joiner before its back-off ends
@@ -656,17 +697,35 @@ class Agent:
     def _start_planning(self, membership: Membership, trainers: list[str], spares: list[str], rows, trigger: str,
                         replan: Replan | None, start_step: int, sources: tuple[str, ...],
                         step_s: float = 0.0) -> None:  # fmt: skip
+        slowdowns = self._judge_compute(membership)
+        membership = Membership(with_slowdowns(membership.peers, slowdowns))
         cluster = build_cluster(trainers, membership.peers, rows, self.config.emulation)
         members = build_cluster(trainers + spares, membership.peers, rows, self.config.emulation) if spares else cluster
         stages = self.config.train.stages
-        workload = self._plan_workload(trainers, membership)
+        workload, layers = self._split_workload(trainers, membership)
         logger.info("planning epoch %d for %d peers (%s): %d stages × %d replicas, %d spare(s), strategy %s",
                     self._next_epoch, len(membership), trigger, stages, len(trainers) // stages, len(spares),
                     self.config.plan.strategy)
         epoch = max(self._next_epoch, self._max_epoch_seen + 1)
         future = self._planner.submit(make_plan, cluster, workload, stages, self.config.plan)
         self._planning = _Planning(epoch, membership.ids, trainers, spares, cluster, workload, trigger, future,
-                                   replan, start_step, sources, members, step_s)
+                                   replan, start_step, sources, members, step_s, slowdowns, layers)
+
+    def _judge_compute(self, membership: Membership) -> dict[str, float]:
+        """Before a plan: what the epoch trained showed of each trainer's compute (``agent.claims``); the
+        factors the next plan prices the members with."""
+        current = self._following or self._newest_seen
+        for s in self._compute.judge(current, membership.peers, self.config.train) if current is not None else ():
+            if s.factor > 1.0:
+                logger.warning("peer %s computed a step of epoch %d in %.3f s where its calibration predicts %.3f s "
+                               "(%.1fx, beyond the %gx tolerated): planned %.1fx slower from now on", s.peer, s.epoch,
+                               s.observed_s, s.predicted_s, s.factor, self.config.claims.speed_tolerance, s.factor)
+            else:
+                logger.info("peer %s computed as its calibration predicts again (epoch %d: %.3f s, predicted %.3f s); "
+                            "its claim counts again", s.peer, s.epoch, s.observed_s, s.predicted_s)
+            self.events.write("claim_corrected", peer=s.peer, epoch=s.epoch, factor=round(s.factor, 4),
+                              observed_s=s.observed_s, predicted_s=s.predicted_s)
+        return self._compute.slowdowns_of(membership.ids)
 
     def _step_workload(self, workload: Workload, trainers: list[str], membership: Membership, stages: int) -> Workload:
         """The workload with the trainers' calibrated step profile, in the (emulated) network's units."""
@@ -691,6 +750,8 @@ class Agent:
             plan = planning.future.result()
         except ValueError as e:
             raise AgentError(f"the planner found no plan: {e}") from None
+        if planning.layers is not None:  # planned at the split the run trains with
+            plan = {**plan, "layers": [list(r) for r in planning.layers]}
         record = PlanRecord.from_plan_json(planning.epoch, planning.devices + planning.spares, plan)
         start_step, sources = planning.start_step, planning.sources
         if planning.replan is not None and planning.replan.kind == JOIN:
@@ -713,6 +774,7 @@ class Agent:
         copies = self._warm_copies(planning, plan)
         index = {p: i for i, p in enumerate(record.membership)}
         record = dataclasses.replace(record, start_step=start_step, reason=planning.trigger[:120],
+                                     slowdowns=tuple((index[p], f) for p, f in planning.slowdowns.items() if p in index),
                                      sources=source_indices(sources, record.membership),
                                      backups=tuple(NO_BACKUP if p is None else index[p] for p in copies["peers"]),
                                      backup_every=copies["every_steps"])  # fmt: skip
@@ -732,6 +794,7 @@ class Agent:
             "plan", epoch=planning.epoch, plan=plan, devices=planning.devices, spares=planning.spares,
             trigger=planning.trigger, cluster=planning.cluster.to_dict(), start_step=start_step,
             sources=list(sources), replan=planning.replan.kind if planning.replan else None,
+            slowdowns=planning.slowdowns,
             workload={"activation_gb": planning.workload.activation_gb, "gradient_gb": planning.workload.gradient_gb,
                       **({"step": dataclasses.asdict(planning.workload.step)}
                          if isinstance(planning.workload, StepWorkload) else {}),

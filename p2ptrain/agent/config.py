@@ -214,6 +214,24 @@ class ChurnConfig:
 
 
 @dataclass(frozen=True)
+class ClaimsConfig:
+    """A device's claims checked (``agent.claims``): its tflops at most ``peak_over_calibrated`` times the
+    FLOP/s its own calibration of the run's model shows (small models reach a few per cent of a card's
+    peak); once it trains, a peer whose compute per step (the median over at least ``min_steps`` steps of
+    an epoch) is more than ``speed_tolerance`` times what its calibration predicts is planned at the speed
+    it showed (a world-wide run is noisy: shared cards, throttled laptops; a few times slower is honest)."""
+
+    peak_over_calibrated: float = 100.0
+    speed_tolerance: float = 4.0
+    min_steps: int = 3
+
+    def __post_init__(self) -> None:
+        if not self.peak_over_calibrated >= 1 or not self.speed_tolerance >= 1 or self.min_steps < 1:
+            raise ConfigError(f"claims.peak_over_calibrated={self.peak_over_calibrated} and claims.speed_tolerance="
+                              f"{self.speed_tolerance} must be at least 1, claims.min_steps={self.min_steps} too")
+
+
+@dataclass(frozen=True)
 class LivenessConfig:
     """Heartbeats separate from data (``agent.liveness``): every ``interval_s`` an agent pings the peers it
     watches (every member up to ``watch_all_up_to`` members; beyond, its plan neighbours, the leader and the
@@ -290,6 +308,7 @@ class AgentConfig:
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     churn: ChurnConfig = field(default_factory=ChurnConfig)
     liveness: LivenessConfig = field(default_factory=LivenessConfig)
+    claims: ClaimsConfig = field(default_factory=ClaimsConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     def __post_init__(self) -> None:

@@ -183,7 +183,9 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
                 return EpochOutcome(False, done, tuple(losses))
             if ctx.should_halt(done):
                 return _halt(plan, ctx, done, None)
+            busy_s = trainer.executor.pacer.busy_s
             result = trainer.step(ctx.transport, ctx.dht.keys.run_id, plan.epoch, step, topology, ctx.call_timeout_s)
+            compute_s = trainer.executor.pacer.busy_s - busy_s  # our own compute, none of the waits (``claims``)
             done = step + 1
             ctx.keeper.record(done, trainer.module, trainer.optimizer)
             ctx.set_status(TRAIN, plan.epoch, done)
@@ -191,13 +193,13 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
                 losses.append(result.loss)
             _checkpoint(ctx, cfg, role.stage, role.replica, done)
             _copy(plan, ctx, role.stage, role.replica, done, trainer.module, sender)
-            record = ProgressRecord(plan.epoch, done, result.loss, result.step_time_s)
+            record = ProgressRecord(plan.epoch, done, result.loss, result.step_time_s, compute_s=compute_s)
             if done == cfg.steps:
                 ctx.heartbeat.flush(record)  # the others wait for it before they leave
             else:
                 ctx.heartbeat.beat(record)
             ctx.events.write("step", epoch=plan.epoch, step=done, loss=result.loss, step_time_s=result.step_time_s,
-                             stage=role.stage, replica=role.replica)
+                             stage=role.stage, replica=role.replica, compute_s=round(compute_s, 6))
             loss = f" loss {result.loss:.4f}" if result.loss is not None else ""
             logger.info("epoch %d step %d/%d%s (%.3f s)", plan.epoch, done, cfg.steps, loss, result.step_time_s)
     except HALTING_ERRORS as e:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from p2ptrain.agent.claims import plan_slowdowns, with_slowdowns
 from p2ptrain.agent.config import EmulationSettings, PlanConfig
 from p2ptrain.agent.leader import build_cluster, cluster_order, make_plan, trainers_and_spares
 from p2ptrain.net.records import LinksRecord, PeerRecord, PlanRecord
@@ -88,16 +89,16 @@ class CostCheck:
 
 def cost_check(plan: PlanRecord, peers: Mapping[str, PeerRecord], rows: Mapping[str, LinksRecord],
                train: TrainConfig, config: PlanConfig, emulation: EmulationSettings,
-               workload_for: Callable[[Cluster, list[str]], Workload], tolerance: float,
+               workload_for: Callable[[Cluster, list[str], Mapping[str, PeerRecord]], Workload], tolerance: float,
                slack_s: float = 0.0) -> CostCheck:  # fmt: skip
     """Score ``plan`` and our own plan of its members (``peers``: their records; ``rows``: the links rows)
-    with the run's objective; ``workload_for(cluster, trainers)`` gives the workload both are scored with.
+    with the run's objective; ``workload_for(cluster, trainers, peers)`` gives the workload both are scored with.
     Raises ValueError where we cannot plan these members ourselves."""
     if plan.stages != train.stages:
         raise ValueError(f"it has {plan.stages} stages; the run trains {train.stages}")
     theirs = trainers_of(plan)
     cluster = build_cluster(theirs, peers, rows, emulation)
-    workload = workload_for(cluster, theirs)
+    workload = workload_for(cluster, theirs, peers)
     if isinstance(workload, LayeredWorkload):  # mixed devices: their plan at its own layer split
         workload = workload.at(plan.layer_ranges or even_layers(workload.costs.num_layers, plan.stages))
     theirs_s = make_objective(config.objective, cluster, workload, plan.stages).evaluate(
@@ -107,7 +108,7 @@ def cost_check(plan: PlanRecord, peers: Mapping[str, PeerRecord], rows: Mapping[
         raise ValueError(f"it trains {len(theirs)} peers where the run's settings train {len(ours)} of "
                          f"{len(plan.membership)} members")
     own = build_cluster(ours, peers, rows, emulation)
-    ours_s = make_plan(own, workload_for(own, ours), plan.stages, config)["cost_s"]
+    ours_s = make_plan(own, workload_for(own, ours, peers), plan.stages, config)["cost_s"]
     return CostCheck(float(theirs_s), float(ours_s), tolerance, slack_s)
 
 
@@ -174,7 +175,7 @@ class PlanGate:
     def __init__(self, me: str, train: TrainConfig, plan: PlanConfig, emulation: EmulationSettings,
                  leaders: LeaderWatch, settle_s: float,
                  read_rows: Callable[[], Mapping[str, LinksRecord]],
-                 workload_for: Callable[[Cluster, list[str]], Workload],
+                 workload_for: Callable[[Cluster, list[str], Mapping[str, PeerRecord]], Workload],
                  on_refusal: Callable[[PlanRecord, str], None] = lambda plan, reason: None):  # fmt: skip
         self.me, self.train, self.plan, self.emulation = me, train, plan, emulation
         self.leaders = leaders
@@ -222,6 +223,7 @@ class PlanGate:
         except Exception as e:  # noqa: BLE001 - a failed read is retried at the next poll, not a verdict
             logger.warning("cannot read the links rows to check plan epoch %d: %s", plan.epoch, e)
             return "its links rows could not be read (retrying)"
+        live = with_slowdowns(live, plan_slowdowns(plan))  # the leader's factors: only ever slower (``claims``)
         try:
             check = cost_check(plan, live, rows, self.train, self.plan, self.emulation, self.workload_for,
                                self.plan.verify_tolerance, self.plan.verify_slack_s)  # fmt: skip

@@ -71,6 +71,7 @@ MAX_TFLOPS = 10_000.0
 MAX_LATENCY_MS = 60_000.0
 MAX_BANDWIDTH_GBPS = 1_000.0
 MAX_COST_S = 1e9
+MAX_SLOWDOWN = 1e4  # a plan may price a member at most this many times slower than its record
 MAX_STEP_TIME_S = 1e6
 MAX_ABS_LOSS = 1e9
 MAX_COUNTER = 2**53
@@ -323,6 +324,10 @@ class PlanRecord(_Record):
 
     Mixed devices (additive): ``layers[j]`` is the number of blocks stage j holds (stage 0 the first
     ``layers[0]``, …), the plan's layer split; empty: the even split.
+
+    Claims checked (additive): ``slowdowns`` pairs a member index with a factor ≥ 1: the leader priced that
+    member's device this many times slower than its peer record says, from what it showed in training
+    (``agent.claims``); followers check the plan's cost with the same factors. Empty: the records as they are.
     """
 
     epoch: int
@@ -341,6 +346,7 @@ class PlanRecord(_Record):
     backup_every: int = 0
     baselines: tuple[tuple[str, float], ...] = ()
     layers: tuple[int, ...] = ()
+    slowdowns: tuple[tuple[int, float], ...] = ()
     kind: ClassVar[RecordKind] = RecordKind.PLAN
 
     def __post_init__(self) -> None:
@@ -401,6 +407,16 @@ class PlanRecord(_Record):
             baselines.append((f.text("baseline name", pair[0], 32, pattern=_IDENT_RE),
                               f.number("baseline cost_s", pair[1], 0.0, MAX_COST_S)))
         _set(self, "baselines", tuple(baselines))
+        slowdowns = []
+        for pair in f.sequence("slowdowns", self.slowdowns, MAX_PLAN_PEERS):
+            pair = f.sequence("slowdowns[i]", pair, 2)
+            if len(pair) != 2:
+                raise RecordError("slowdowns must be (member index, factor) pairs")
+            slowdowns.append((f.integer("slowdown member", pair[0], 0, len(members) - 1),
+                              f.number("slowdown factor", pair[1], 1.0, MAX_SLOWDOWN)))
+        if len({i for i, _ in slowdowns}) != len(slowdowns):
+            raise RecordError("slowdowns name a member twice")
+        _set(self, "slowdowns", tuple(sorted(slowdowns)))
 
     @property
     def leader(self) -> str:
@@ -458,6 +474,7 @@ class PlanRecord(_Record):
             "backups": f.pack_uint16(self.backups), "backup_every": self.backup_every,
             **({"baselines": [list(pair) for pair in self.baselines]} if self.baselines else {}),
             **({"layers": f.pack_uint16(self.layers)} if self.layers else {}),
+            **({"slowdowns": [list(pair) for pair in self.slowdowns]} if self.slowdowns else {}),
         }  # fmt: skip
 
     @classmethod
@@ -483,6 +500,7 @@ class PlanRecord(_Record):
             backups=f.unpack_uint16(f.binary("backups", m.get("backups", b""), item_size=2, max_items=stages)),
             backup_every=m.get("backup_every", 0), baselines=tuple(m.get("baselines", ())),
             layers=f.unpack_uint16(f.binary("layers", m.get("layers", b""), item_size=2, max_items=stages)),
+            slowdowns=tuple(m.get("slowdowns", ())),
         )  # fmt: skip
 
 
@@ -496,7 +514,9 @@ class ProgressRecord(_Record):
     fields; ``stage`` None: the stage the writer holds in this epoch's plan). ``holds`` lists further
     states the writer can serve, as (stage, step) pairs: warm copies of other peers' stages and its own
     copies on disk (additive). ``blame``: the peer whose call failed this writer's epoch (it timed out, broke
-    or was refused by that peer), when one did (additive; the leader may quarantine it).
+    or was refused by that peer), when one did (additive; the leader may quarantine it). ``compute_s``:
+    the writer's own compute in step ``step`` (forward, backward, update; no waiting), 0 when not measured
+    (additive; the leader checks it against the writer's calibration, ``agent.claims``).
     """
 
     epoch: int
@@ -508,6 +528,7 @@ class ProgressRecord(_Record):
     stage: int | None = None
     holds: tuple[tuple[int, int], ...] = ()
     blame: str | None = None
+    compute_s: float = 0.0
     kind: ClassVar[RecordKind] = RecordKind.PROGRESS
 
     def __post_init__(self) -> None:
@@ -516,6 +537,7 @@ class ProgressRecord(_Record):
         if self.loss is not None:
             _set(self, "loss", f.number("loss", self.loss, -MAX_ABS_LOSS, MAX_ABS_LOSS))
         _set(self, "step_time_s", f.number("step_time_s", self.step_time_s, 0.0, MAX_STEP_TIME_S))
+        _set(self, "compute_s", f.number("compute_s", self.compute_s, 0.0, MAX_STEP_TIME_S))
         if not isinstance(self.halted, bool):
             raise RecordError("halted must be a boolean")
         _set(self, "kept", f.integer("kept", self.kept, 0, MAX_KEPT_STATES))
@@ -542,13 +564,16 @@ class ProgressRecord(_Record):
             fields["holds"] = [list(pair) for pair in self.holds]
         if self.blame is not None:  # optional field: absent unless a peer failed the writer's epoch
             fields["blame"] = peer_id_to_bytes(self.blame)
+        if self.compute_s:  # optional field: absent unless the writer measured its compute
+            fields["compute_s"] = self.compute_s
         return fields
 
     @classmethod
     def _from_fields(cls, m: Mapping[str, Any]) -> ProgressRecord:
         return cls(epoch=m["epoch"], step=m["step"], loss=m["loss"], step_time_s=m["step_time_s"],
                    halted=m.get("halted", False), kept=m.get("kept", 0), stage=m.get("stage"),
-                   holds=tuple(m.get("holds", ())), blame=_peer_from_bytes("blame", m.get("blame")))
+                   holds=tuple(m.get("holds", ())), blame=_peer_from_bytes("blame", m.get("blame")),
+                   compute_s=m.get("compute_s", 0.0))
 
 
 Record = PeerRecord | LinksRecord | PlanRecord | ProgressRecord

@@ -32,19 +32,24 @@ class ComputePacer:
         self.slowdown = float(slowdown)
         self.cpu_clock = cpu_clock  # time the compute by this thread's CPU time (a CPU device)
         self.slept_s = 0.0
+        self.busy_s = 0.0  # wall seconds of every block, stretch included (what a step computed: ``agent.claims``)
 
     @contextmanager
     def compute(self) -> Iterator[None]:
         """Time the block; then sleep (slowdown − 1) times as long."""
-        if self.slowdown == 1.0:
+        wall = time.perf_counter()
+        try:
+            if self.slowdown == 1.0:
+                yield
+                return
+            clock = time.thread_time if self.cpu_clock else time.perf_counter
+            started = clock()
             yield
-            return
-        clock = time.thread_time if self.cpu_clock else time.perf_counter
-        started = clock()
-        yield
-        extra = (clock() - started) * (self.slowdown - 1.0)
-        self.slept_s += extra
-        time.sleep(extra)
+            extra = (clock() - started) * (self.slowdown - 1.0)
+            self.slept_s += extra
+            time.sleep(extra)
+        finally:
+            self.busy_s += time.perf_counter() - wall
 
 
 NO_PACING = ComputePacer()

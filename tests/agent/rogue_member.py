@@ -2,6 +2,7 @@
 
     python rogue_member.py swallow CONFIG
     python rogue_member.py swallow_and_halt CONFIG
+    python rogue_member.py boast_compute CONFIG
 
 Each runs the real agent, with a real identity and real streams. ``swallow`` claims what no device has
 (9 PFLOP/s, 8000 GB, and in its links row 0.01 ms and 900 Gbit/s to everyone) and, once a plan gives it a
@@ -9,7 +10,8 @@ stage, never trains: it takes the tensors sent to it and answers nothing, and it
 pings (its transport does), so heartbeats alone never call it dead. ``swallow_and_halt`` claims nothing
 special and swallows tensors the same way, but halts like an honest peer once another trainer of its epoch
 did (a halted heartbeat, blaming nobody), so it is never left out for not halting: it takes up every plan
-that names it.
+that names it. ``boast_compute`` trains honestly but publishes a calibration 30 times faster than its
+device measured.
 """
 
 from __future__ import annotations
@@ -62,11 +64,19 @@ class CooperativeSwallower(Agent):
         return EpochOutcome(False, 0)
 
 
+class ComputeBoaster(Agent):
+    def _calibrate(self, device):
+        c = super()._calibrate(device)
+        return dataclasses.replace(c, layer_s=tuple(t / 30 for t in c.layer_s), embed_s=tuple(t / 30 for t in c.embed_s),
+                                   head_s=tuple(t / 30 for t in c.head_s),
+                                   update_s_per_mparam=c.update_s_per_mparam / 30)  # fmt: skip
+
+
 def main(mode: str, config_path: str) -> None:
     configure_logging(1)
     config = config_from_dict(AgentConfig, read_toml(config_path))
     with StopSignal() as stop:
-        {"swallow": Swallower, "swallow_and_halt": CooperativeSwallower}[mode](config, stop).run()
+        {"swallow": Swallower, "swallow_and_halt": CooperativeSwallower, "boast_compute": ComputeBoaster}[mode](config, stop).run()
 
 
 if __name__ == "__main__":

@@ -76,7 +76,8 @@ def wire_of(record, **changes) -> bytes:
 @pytest.mark.parametrize(
     "record",
     [peer_record(), peer_record(maddrs=(), region=""), links_record(), LinksRecord(()), plan_record(),
-     ProgressRecord(epoch=1, step=120, loss=3.25, step_time_s=1.5), ProgressRecord(0, 0, None, 0.0)],
+     ProgressRecord(epoch=1, step=120, loss=3.25, step_time_s=1.5), ProgressRecord(0, 0, None, 0.0),
+     plan_record(slowdowns=((4, 6.5), (1, 12.0))), ProgressRecord(1, 2, 3.0, 0.5, compute_s=0.25)],
     ids=lambda r: type(r).__name__,
 )  # fmt: skip
 def test_round_trip(record):
@@ -178,6 +179,10 @@ def _raw_ids(peers: list[str]) -> bytes:
         (dict(cost_s=math.nan), "cost_s=nan"),
         (dict(epoch=-1), "epoch=-1 is outside"),
         (dict(objective="DROP TABLE"), "objective"),
+        (dict(slowdowns=[[9, 2.0]]), "slowdown member=9 is outside"),
+        (dict(slowdowns=[[1, 0.5]]), "slowdown factor=0.5 is outside"),  # a leader may only slow a claim
+        (dict(slowdowns=[[1, 2.0], [1, 3.0]]), "name a member twice"),
+        (dict(slowdowns=[[1]]), "slowdowns must be"),
     ],
 )
 def test_bad_plan_records_are_refused(changes, message):
@@ -193,6 +198,8 @@ def test_bad_plan_records_are_refused(changes, message):
         (dict(loss=math.nan), "loss=nan"),
         (dict(loss="low"), "loss must be a number"),
         (dict(step_time_s=-0.1), "step_time_s=-0.1 is outside"),
+        (dict(compute_s=-1.0), "compute_s=-1 is outside"),
+        (dict(compute_s="fast"), "compute_s must be a number"),
     ],
 )
 def test_bad_progress_records_are_refused(changes, message):
