@@ -87,6 +87,7 @@ class SwarmConfig:
     device: str = "cpu"
     data: str | None = None  # TrainConfig.data: text, or a prepared dataset (p2ptrain data prepare); None: built-in
     precision: str = "fp32"  # TrainConfig.precision: fp32 (exact), bf16 or fp16
+    eval_every: int = 0  # TrainConfig.eval_every: the summary evaluates the checkpoints of every K steps
     workdir: str | None = None  # default: a new temporary directory (kept: it holds the logs)
     run: str | None = None  # default: swarm-<random>
     startup_timeout_s: float = 240.0  # from launch until every agent has its role
@@ -182,7 +183,7 @@ def plan_swarm(config: SwarmConfig) -> tuple[TrainConfig, Cluster | None, float,
     train = TrainConfig(model=config.model, steps=config.steps, global_batch_size=config.batch_size or 16,
                         micro_batches=config.micro_batches, seed=config.seed, device=config.device, num_threads=1,
                         stages=config.stages, wire=config.wire, schedule=config.schedule,
-                        overlap=config.overlap, precision=config.precision,
+                        overlap=config.overlap, precision=config.precision, eval_every=config.eval_every,
                         data=str(Path(config.data).resolve()) if config.data else None)  # fmt: skip
     network = None
     if config.scenario is not None:

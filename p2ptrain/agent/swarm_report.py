@@ -12,6 +12,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from p2ptrain.planning import Cluster
@@ -135,6 +136,7 @@ def summarize(state: SwarmState) -> dict[str, Any]:
         "config": state.train.to_dict(),
     }  # fmt: skip
     summary.update(_throughput(state, step_times))
+    summary["val_losses"] = _validation(state)
     leader = state.leader_plan()
     if leader is not None:
         index, event = leader
@@ -156,6 +158,30 @@ def _throughput(state: SwarmState, step_times: list[float]) -> dict[str, Any]:
     speed = throughput(train.shape, tokens, sum(step_times), peak, num_devices=train.stages * train.replicas)
     return {"tokens_per_s": speed.to_json()["tokens_per_s"], "mfu": speed.to_json()["mfu"],
             "throughput": speed.to_json()}
+
+
+def _validation(state: SwarmState) -> list[list[float]]:
+    """With ``eval_every`` K on a prepared dataset: the validation loss (``reference.evaluate``) of every
+    complete checkpoint in ``<workdir>/checkpoints`` after a multiple of K steps or the last, gathered from
+    its stages (``p2ptrain.export``): the agents themselves do not evaluate."""
+    from p2ptrain.model.prepared import is_prepared
+
+    train, root = state.train, Path(state.workdir) / "checkpoints"
+    if not train.eval_every or not is_prepared(train.data) or not root.is_dir():
+        return []
+    from p2ptrain.export import build_model, gather_checkpoint
+    from p2ptrain.runtime.reference import build_validation, evaluate
+
+    batches, out = build_validation(train), []
+    for folder in sorted(root.glob("step-*")):
+        step = int(folder.name.removeprefix("step-"))
+        if step % train.eval_every and step != train.steps:
+            continue
+        try:
+            out.append([step, evaluate(build_model(gather_checkpoint(folder)), batches)])
+        except ValueError:  # not complete (a stage still writing, or killed)
+            continue
+    return out
 
 
 def _plan_by_agent(state: SwarmState, leader: int, event: dict[str, Any]) -> dict[str, Any]:
@@ -270,6 +296,8 @@ def format_summary(summary: dict[str, Any], regions: list[str | None] | None = N
             lines.append(f"{first + i + 1:4d}  {loss:.4f}  {took:.3f} s")
         median = summary["median_step_time_s"]
         lines.append(f"median step time {median:.3f} s; loss {summary['losses'][0]:.4f} → {summary['losses'][-1]:.4f}")
+        if summary.get("val_losses"):
+            lines.append("validation loss: " + ", ".join(f"step {k} {v:.4f}" for k, v in summary["val_losses"]))
         if summary.get("throughput"):
             from p2ptrain.runtime.throughput import Throughput
 

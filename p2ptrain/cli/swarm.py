@@ -58,6 +58,8 @@ from p2ptrain.planning.scenarios import ALL_SCENARIOS
               "[default: the built-in corpus]")
 @click.option("--precision", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32", show_default=True,
               help="Compute precision (autocast; fp32 is exact).")
+@click.option("--eval-every", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Validation loss of the checkpoints every K steps (a prepared dataset; with --checkpoint-every).")
 @click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu", show_default=True)
 @click.option("--workdir", type=click.Path(file_okay=False), help="Logs, configs and status here.  [default: a new temp dir]")
 @click.option("--run", "run_id", help="Run name (DHT keys).  [default: swarm-<random>]")
@@ -90,7 +92,7 @@ from p2ptrain.planning.scenarios import ALL_SCENARIOS
 @click.pass_context
 def command(ctx: click.Context, agents: int, stages: int, steps: int, scenario: str, cluster_file: str | None,
             time_scale: float | None, size_factor: float | None, strategy: str, objective: str, model: str,
-            batch_size: int | None, micro_batches: int, wire: str, schedule: str, overlap: bool, seed: int, data: str | None, precision: str, device: str, workdir: str | None, run_id: str | None,
+            batch_size: int | None, micro_batches: int, wire: str, schedule: str, overlap: bool, seed: int, data: str | None, precision: str, eval_every: int, device: str, workdir: str | None, run_id: str | None,
             as_json: bool, kills: tuple, partitions: tuple, joins: tuple, checkpoint_every: int, resume: bool, call_timeout: float,
             peer_ttl: float, liveness: bool, warm_copies: bool, monitor_port: int | None) -> None:  # fmt: skip
     """Start a bootstrap and N agents on this machine, train, and summarise."""
@@ -104,7 +106,7 @@ def command(ctx: click.Context, agents: int, stages: int, steps: int, scenario: 
         agents=agents, stages=stages, steps=steps, scenario=None if scenario == "none" or cluster_file else scenario,
         cluster_file=cluster_file, time_scale=time_scale, size_factor=size_factor, strategy=strategy,
         objective=objective, model=model,
-        batch_size=batch_size, micro_batches=micro_batches, wire=wire, schedule=schedule, overlap=overlap, seed=seed, data=data, precision=precision, device=device, workdir=workdir, run=run_id,
+        batch_size=batch_size, micro_batches=micro_batches, wire=wire, schedule=schedule, overlap=overlap, seed=seed, data=data, precision=precision, eval_every=eval_every, device=device, workdir=workdir, run=run_id,
         kills=tuple((a, int(s)) for a, s in kills), partitions=partitions, joins=tuple((int(n), int(s)) for n, s in joins),
         checkpoint_every=checkpoint_every, resume=resume, call_timeout_s=call_timeout, peer_ttl_s=peer_ttl,
         liveness=liveness, warm_copies=warm_copies, monitor_port=monitor_port,

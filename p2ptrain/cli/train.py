@@ -270,11 +270,42 @@ def _train_distributed(cfg, workdir: str | None, as_json: bool, print_step, link
 
     if cfg.num_threads is None:  # S × D processes share this machine's cores
         cfg = dc.replace(cfg, num_threads=1)
+    if cfg.eval_every:
+        from p2ptrain.runtime.reference import build_validation
+
+        build_validation(cfg)  # no validation split: one line before any worker starts
     try:
-        result = train_distributed(cfg, workdir=workdir, on_step=print_step, links=links)
+        result = train_distributed(cfg, workdir=workdir, on_step=print_step, links=links,
+                                   save_states=bool(cfg.eval_every))
     except (RuntimeError, TimeoutError) as e:  # a worker failed or a deadline passed: one line, exit 1
         raise click.ClickException(str(e).splitlines()[0]) from None
+    if cfg.eval_every:
+        result.val_losses = [(cfg.steps, _evaluate_final(cfg, result.workdir, keep=workdir is not None))]
+        click.echo(f"validation loss after step {cfg.steps}: {result.val_losses[0][1]:.4f}", err=as_json)
     fields = {"stages": cfg.stages, "replicas": cfg.replicas, "replicas_identical": result.replicas_identical,
               "peers": result.peers}
     _report(cfg, result, as_json, fields, f"{cfg.model} on {cfg.stages} stages × {cfg.replicas} replicas",
             "; replicas identical after every step")
+
+
+def _evaluate_final(cfg, folder: str, keep: bool) -> float:
+    """Distributed runs evaluate once, at the end: the stages' final states (replica 0's; replicas are
+    identical) put together into the full model, on the validation split."""
+    import shutil
+    from pathlib import Path
+
+    import torch
+
+    from p2ptrain.model.gpt import GPT
+    from p2ptrain.runtime.reference import build_validation, evaluate
+
+    state = {}
+    for stage in range(cfg.stages):
+        state.update(torch.load(Path(folder) / f"worker-{stage}-0.state.pt"))
+    model = GPT(cfg.shape, device="meta")
+    model.to_empty(device="cpu")
+    model.load_state_dict(state)
+    loss = evaluate(model.eval(), build_validation(cfg))
+    if not keep:
+        shutil.rmtree(folder, ignore_errors=True)
+    return loss

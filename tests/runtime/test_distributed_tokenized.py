@@ -4,6 +4,7 @@ give the single-process losses, and the replicas stay identical."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -22,7 +23,7 @@ WORDS = "wind over the harbour moved the boats and the gulls cried above the mar
 def test_distributed_on_a_prepared_bpe_dataset_equals_single_process(tmp_path):
     rng = np.random.default_rng(2)
     (tmp_path / "corpus.jsonl").write_text("".join(
-        '{"text": "%s"}\n' % " ".join(rng.choice(WORDS, size=400)) for _ in range(30)))
+        json.dumps({"text": " ".join(rng.choice(WORDS, size=400))}) + "\n" for _ in range(30)))
     prepare_dataset(PrepareConfig(str(tmp_path / "corpus.jsonl"), str(tmp_path / "data"), train_tokenizer=300,
                                   shard_tokens=2000))  # several shards: windows straddle them
     cfg = TrainConfig(steps=6, stages=2, replicas=2, global_batch_size=8, micro_batches=2, num_threads=1,
@@ -33,3 +34,20 @@ def test_distributed_on_a_prepared_bpe_dataset_equals_single_process(tmp_path):
     assert len(result.losses) == cfg.steps and result.replicas_identical
     for got, want in zip(result.losses, reference.losses, strict=True):
         assert abs(got - want) <= 1e-4 * abs(want), (result.losses, reference.losses)
+
+
+@pytest.mark.timeout(300)
+def test_train_cli_evaluates_a_distributed_run_like_a_single_process_one(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "corpus.txt").write_text(" ".join(np.random.default_rng(3).choice(WORDS, size=6000)))
+    prepare_dataset(PrepareConfig(str(tmp_path / "corpus.txt"), str(tmp_path / "data"), train_tokenizer=300))
+    flags = ["train", "--data", str(tmp_path / "data"), "--steps", "3", "--eval-every", "3", "--seq-len", "32",
+             "--batch-size", "8", "--threads", "1", "--json"]
+    runs = [json.loads(subprocess.run([sys.executable, "-m", "p2ptrain", *flags, *extra], capture_output=True,
+                                      text=True, timeout=240, check=True).stdout)
+            for extra in ([], ["--stages", "2"])]
+    (single_step, single), (split_step, split) = runs[0]["val_losses"][-1], runs[1]["val_losses"][-1]
+    assert single_step == split_step == 3 and abs(single - split) <= 1e-4 * single
+    assert runs[1]["tokens_per_s"] > 0 and runs[1]["mfu"] is not None
