@@ -198,10 +198,13 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
                 ctx.heartbeat.flush(record)  # the others wait for it before they leave
             else:
                 ctx.heartbeat.beat(record)
+            tokens_per_s = cfg.global_batch_size * cfg.shape.seq_len / max(result.step_time_s, 1e-9)  # the run's
             ctx.events.write("step", epoch=plan.epoch, step=done, loss=result.loss, step_time_s=result.step_time_s,
-                             stage=role.stage, replica=role.replica, compute_s=round(compute_s, 6))
+                             stage=role.stage, replica=role.replica, compute_s=round(compute_s, 6),
+                             tokens_per_s=round(tokens_per_s, 1))
             loss = f" loss {result.loss:.4f}" if result.loss is not None else ""
-            logger.info("epoch %d step %d/%d%s (%.3f s)", plan.epoch, done, cfg.steps, loss, result.step_time_s)
+            logger.info("epoch %d step %d/%d%s (%.3f s, %.0f tokens/s)", plan.epoch, done, cfg.steps, loss,
+                        result.step_time_s, tokens_per_s)
     except HALTING_ERRORS as e:
         if ctx.stop.is_set():
             return EpochOutcome(False, done, tuple(losses))
