@@ -7,7 +7,7 @@ parsing that protobuf around a megabyte of data copies it four more times than t
 (about 1.5 ms of a 1 MiB message that libp2p moves in ~4 ms on loopback), so both ends handle the frame by
 hand and keep the protobuf wire format: the sender writes the few header bytes and then the data straight
 from its buffer (``request_frame_head``); the receiver parses the fields as they come and reads the data
-with one copy out of the stream (``read_pieces``). Callers using hivemind's generated stubs interoperate
+as it arrives into the buffer the tensor will use (``read_pieces``). Callers using hivemind's generated stubs interoperate
 with both (tests check the encodings agree).
 
 Pure asyncio streams; no libp2p calls.
@@ -42,7 +42,7 @@ class Piece:
 
     uid: str
     metadata: bytes
-    data: bytes
+    data: bytes | bytearray  # a bytearray when read off a stream here: the receiver may keep it as it is
     buffers: int = 1  # how many tensor buffers the frame carried (a piece carries exactly one)
 
 
@@ -109,7 +109,7 @@ async def _read_tensor(outer: _Fields, length: int) -> bytes:
     while fields.left:
         number, wire, size = await fields.next()
         if number == TENSOR_BUFFER and wire == LENGTH_DELIMITED:
-            data = await fields.read(size, MAX_PIECE_BYTES)
+            data = await fields.read_data(size)
         else:
             await fields.skip(wire, size)
     return data
@@ -139,6 +139,22 @@ class _Fields:
             raise FrameError(f"a field of {size} bytes runs past its piece or exceeds {limit}")
         self.left -= size
         return await self.reader.readexactly(size)
+
+    async def read_data(self, size: int) -> bytearray:
+        """A tensor buffer, read as it arrives: ``readexactly`` of a megabyte would let the stream's buffer
+        grow past its limit, pause reading after every few hundred kilobytes and stall the sender's daemon."""
+        if size > self.left or size > MAX_PIECE_BYTES:
+            raise FrameError(f"a buffer of {size} bytes runs past its piece or exceeds {MAX_PIECE_BYTES}")
+        self.left -= size
+        data = bytearray(size)
+        view, filled = memoryview(data), 0
+        while filled < size:
+            chunk = await self.reader.read(size - filled)
+            if not chunk:
+                raise asyncio.IncompleteReadError(bytes(view[:filled]), size)
+            view[filled : filled + len(chunk)] = chunk
+            filled += len(chunk)
+        return data
 
     async def skip(self, wire: int, size: int) -> None:
         if wire == LENGTH_DELIMITED:

@@ -336,8 +336,8 @@ async def read_payload(
         data = piece.data
         if filled + len(data) > header.nbytes:
             raise Malformed(f"more bytes than the header announced ({header.nbytes})")
-        if keep and filled == 0 and len(data) == header.nbytes:
-            buffer = bytearray(data)  # a message in one piece: one copy, no zeroed buffer first
+        if keep and filled == 0 and len(data) == header.nbytes:  # a message in one piece: no copy when we can keep it
+            buffer = data if isinstance(data, bytearray) else bytearray(data)
         elif keep:
             buffer = buffer if buffer is not None else bytearray(header.nbytes)
             buffer[filled : filled + len(data)] = data
