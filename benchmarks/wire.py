@@ -7,10 +7,20 @@ activation delta coding measured on this data.
 
 Prints per wire the loss after the last step and the mean of the last 10 steps, each relative to fp32, and
 the bytes one step puts on the wire. The issue's goals: within 1 % (bf16) and 3 % (8-bit) after 200 steps.
+
+With ``--plan PLAN.json --scenario worldwide`` (a plan of ``p2ptrain plan --json`` for that scenario) it
+instead measures step times on the emulated network, side by side in interleaved rounds: today's fp32
+GPipe without overlap, then fp32, bf16, int8 and int4 with 1F1B and overlap::
+
+    p2ptrain plan --scenario worldwide --devices 4 --stages 2 --json > plan.json
+    python benchmarks/wire.py --plan plan.json --scenario worldwide --batch-size 76 --steps 12
+
+The size factor defaults to the swarm's automatic one (this run's activation bytes over the paper's).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 
@@ -30,10 +40,24 @@ from p2ptrain.runtime.wire_quality import compare_wires, delta_coding_error
 @click.option("--schedule", type=click.Choice(["gpipe", "1f1b"]), default="1f1b", show_default=True)
 @click.option("--wires", default="fp32,bf16,int8,int4", show_default=True, help="Comma-separated wire formats.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--plan", "plan_path", type=click.Path(dir_okay=False), help="Measure step times on this plan.")
+@click.option("--scenario", default="worldwide", show_default=True, help="With --plan: the network to emulate.")
+@click.option("--time-scale", type=float, default=0.05, show_default=True)
+@click.option("--size-factor", type=float, help="With --plan.  [default: automatic, as the swarm's]")
+@click.option("--rounds", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--settings", default="fp32/gpipe/no-overlap,fp32/1f1b/overlap,bf16/1f1b/overlap,int8/1f1b/overlap,"
+              "int4/1f1b/overlap", show_default=True, help="With --plan: WIRE/SCHEDULE/overlap|no-overlap, ...; the "
+              "first is the baseline.")
+@click.option("--bucket-elements", type=click.IntRange(min=1), default=1 << 18, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
-def command(model, steps, stages, replicas, micro_batches, batch_size, schedule, wires, seed, as_json):
+def command(model, steps, stages, replicas, micro_batches, batch_size, schedule, wires, seed, plan_path, scenario,
+            time_scale, size_factor, rounds, settings, bucket_elements, as_json):  # fmt: skip
     cfg = TrainConfig(model=model, steps=steps, stages=stages, replicas=replicas, micro_batches=micro_batches,
-                      global_batch_size=batch_size, schedule=schedule, seed=seed, num_threads=1)
+                      global_batch_size=batch_size, schedule=schedule, seed=seed, num_threads=1,
+                      bucket_elements=bucket_elements)
+    if plan_path is not None:
+        _step_times(cfg, plan_path, scenario, time_scale, size_factor, rounds, _settings(settings), as_json)
+        return
     report = compare_wires(cfg, [w.strip() for w in wires.split(",") if w.strip()])
     report["delta_coding_error"] = {name: delta_coding_error(cfg, name) for name in ("int8", "int4")}
     if as_json:
@@ -51,6 +75,43 @@ def command(model, steps, stages, replicas, micro_batches, batch_size, schedule,
     for name, err in report["delta_coding_error"].items():
         click.echo(f"{name} activation error, sent as is: {err['direct']:.4f}; as the change since the slot's "
                    f"last value (AQ-SGD): {err['delta']:.4f}")
+
+
+def _settings(text: str) -> list[tuple[str, str, bool]]:
+    settings = []
+    for item in text.split(","):
+        parts = item.strip().split("/")
+        if len(parts) != 3 or parts[2] not in ("overlap", "no-overlap"):
+            raise click.BadParameter(f"{item!r}: expected WIRE/SCHEDULE/overlap or WIRE/SCHEDULE/no-overlap")
+        settings.append((parts[0], parts[1], parts[2] == "overlap"))
+    return settings
+
+
+def _step_times(cfg, plan_path, scenario, time_scale, size_factor, rounds, settings, as_json):
+    from p2ptrain.agent.leader import run_workload
+    from p2ptrain.net.emulation import EmulationConfig
+    from p2ptrain.planning import PAPER_WORKLOAD
+    from p2ptrain.planning import scenario as paper_scenario
+    from p2ptrain.runtime.plan_file import load_plan_file
+    from p2ptrain.runtime.wire_quality import compare_step_times
+
+    plan = load_plan_file(plan_path)
+    cfg = dataclasses.replace(cfg, stages=plan.stages, replicas=plan.replicas, layers=plan.layers)
+    if size_factor is None:
+        size_factor = run_workload(cfg, plan.stages, plan.replicas).activation_gb / PAPER_WORKLOAD.activation_gb
+    cluster = paper_scenario(scenario, plan.stages * plan.replicas)
+    links = plan.links(cluster.latency_ms.tolist(), cluster.bandwidth_gbps.tolist(),
+                       EmulationConfig(time_scale=time_scale, size_factor=size_factor))
+    rows = compare_step_times(cfg, settings, links, rounds=rounds)
+    if as_json:
+        click.echo(json.dumps({"scenario": scenario, "time_scale": time_scale, "size_factor": size_factor,
+                               "config": cfg.to_dict(), "settings": rows}))
+        return
+    click.echo(f"{scenario}, {plan.stages} stages x {plan.replicas} replicas, batch {cfg.global_batch_size}, "
+               f"time scale {time_scale:g}, size factor {size_factor:.4g}, {rounds} rounds of {cfg.steps} steps")
+    for row in rows:
+        click.echo(f"{row['wire']:<5} {row['schedule']:<6} {'overlap' if row['overlap'] else 'no overlap':<11}"
+                   f"{row['step_time_s']:>8.3f} s {row['speedup_vs_first']:>6.2f}x")
 
 
 if __name__ == "__main__":

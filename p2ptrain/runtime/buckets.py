@@ -112,6 +112,10 @@ class BucketedAllReduce:
         with self._round.lock:
             self._round.armed = True
 
+    def abandon(self) -> None:
+        """The step failed: forget its round (buckets in flight end by their own deadlines, unused)."""
+        self._round = None
+
     def reduce_bucket(self, b: int, round_: _Round) -> torch.Tensor:
         grads = [self.params[i].grad for i in self.buckets[b]]
         flat = flatten([g.detach().cpu() if g is not None else torch.zeros(self.params[i].shape)

@@ -118,7 +118,7 @@ class StageExecutor:
         rows, seq_len = micro[0].shape[0], micro[0].shape[1] - 1
         state = _StepState(role, topology.prev_peer(role), topology.next_peer(role), link, (rows, seq_len, self.hidden_size))
         self.optimizer.zero_grad(set_to_none=False)
-        self.meter.reset_peak()
+        self.meter.reset(self.params)
         group = topology.group(role.stage)
         if role.num_replicas > 1:
             self.reducer.begin(role.replica, role.num_replicas, lambda b: _GroupOverLink(link, group, b))
@@ -133,6 +133,9 @@ class StageExecutor:
                     self.reducer.arm()  # this backward makes the gradients final
                 self._backward(state, m)
             loss = self._all_reduce_and_step(role, state.loss_sum)
+        except BaseException:
+            self.reducer.abandon()  # no hook of a later step may act for this one
+            raise
         finally:
             for future in state.sends:
                 future.result()

@@ -40,8 +40,11 @@ class ActivationMeter:
         self.live_bytes = 0
         self.peak_bytes = 0
 
-    def reset_peak(self) -> None:
+    def reset(self, parameters: Iterable[torch.Tensor]) -> None:
+        """Start a new peak; ``parameters`` are the ones to leave out now (a state hand-over may have
+        replaced their storage)."""
         with self._lock:
+            self._param_storages = {p.untyped_storage().data_ptr() for p in parameters}
             self.peak_bytes = self.live_bytes
 
     @contextlib.contextmanager

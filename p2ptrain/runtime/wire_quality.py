@@ -1,4 +1,4 @@
-"""What a lossy wire costs in quality: the same run trained with each wire format, side by side.
+"""What a lossy wire costs in quality, and what the runtime's settings buy in step time, side by side.
 
     from p2ptrain.runtime.config import TrainConfig
     from p2ptrain.runtime.wire_quality import compare_wires
@@ -10,6 +10,9 @@ Every run is the real runtime (``launcher.train_distributed``: S × D worker pro
 same seed, data and plan, so the losses differ only by what the wire dropped. Besides the losses, each row
 gives the bytes one step puts on the wire per kind (``step_wire_bytes``). ``delta_coding_error`` measures
 the premise of AQ-SGD's activation delta coding on this data (see ``wire``'s docstring).
+
+``compare_step_times`` trains the same run with several (wire, schedule, overlap) settings on an emulated
+network (``worker.LinkMatrices``), in interleaved rounds, and reports each setting's median step time.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -26,6 +30,9 @@ from p2ptrain.planning import parameter_count
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.reference import build_data
 from p2ptrain.runtime.wire import Codec, wire_bytes, wire_format
+
+if TYPE_CHECKING:
+    from p2ptrain.runtime.worker import LinkMatrices
 
 
 def step_wire_bytes(cfg: TrainConfig) -> dict[str, int]:
@@ -94,3 +101,24 @@ def delta_coding_error(cfg: TrainConfig, codec_name: str = "int8", steps: int = 
             else:
                 reference = codec.round_trip(x)
     return {"direct": statistics.fmean(direct), "delta": statistics.fmean(delta)}
+
+
+def compare_step_times(cfg: TrainConfig, settings: Sequence[tuple[str, str, bool]], links: LinkMatrices | None,
+                       rounds: int = 2, skip_steps: int = 2) -> list[dict]:  # fmt: skip
+    """Median step time of ``cfg`` under each (wire, schedule, overlap) setting; the settings run one after
+    another, ``rounds`` times over (so a machine's slow minute touches each alike); the first ``skip_steps``
+    steps of each run (connections warming up) are left out. Rows in the order of ``settings``."""
+    from p2ptrain.runtime.launcher import train_distributed
+
+    times: dict[tuple[str, str, bool], list[float]] = {s: [] for s in settings}
+    losses: dict[tuple[str, str, bool], float] = {}
+    for _ in range(rounds):
+        for wire, schedule, overlap in settings:
+            run = dataclasses.replace(cfg, wire=wire, schedule=schedule, overlap=overlap)
+            result = train_distributed(run, links=links)
+            times[(wire, schedule, overlap)] += result.step_time_s[skip_steps:]
+            losses[(wire, schedule, overlap)] = result.losses[-1]
+    base = statistics.median(times[settings[0]])
+    return [{"wire": w, "schedule": sch, "overlap": o, "step_time_s": statistics.median(times[(w, sch, o)]),
+             "speedup_vs_first": base / statistics.median(times[(w, sch, o)]), "final_loss": losses[(w, sch, o)]}
+            for w, sch, o in settings]
