@@ -62,7 +62,7 @@ class Throughput:
                 "peak_source": self.peak_source}
 
     def line(self) -> str:
-        mfu = "n/a" if self.mfu is None else f"{100 * self.mfu:.2f} % of {self.peak_tflops:g} TFLOP/s ({self.peak_source})"
+        mfu = "n/a" if self.mfu is None else f"{100 * self.mfu:.2f} % of {self.peak_tflops:.3g} TFLOP/s ({self.peak_source})"
         return f"{self.tokens_per_s:,.0f} tokens/s, {self.model_tflops:.3f} model TFLOP/s, MFU {mfu}"
 
 
