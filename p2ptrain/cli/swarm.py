@@ -59,7 +59,8 @@ from p2ptrain.planning.scenarios import ALL_SCENARIOS
 @click.option("--precision", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32", show_default=True,
               help="Compute precision (autocast; fp32 is exact).")
 @click.option("--eval-every", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Validation loss of the checkpoints every K steps (a prepared dataset; with --checkpoint-every).")
+              help="Validation loss of the checkpoints every K steps (a prepared dataset; checkpoints every K "
+              "steps unless --checkpoint-every says otherwise).")
 @click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), default="cpu", show_default=True)
 @click.option("--workdir", type=click.Path(file_okay=False), help="Logs, configs and status here.  [default: a new temp dir]")
 @click.option("--run", "run_id", help="Run name (DHT keys).  [default: swarm-<random>]")
@@ -108,7 +109,7 @@ def command(ctx: click.Context, agents: int, stages: int, steps: int, scenario: 
         objective=objective, model=model,
         batch_size=batch_size, micro_batches=micro_batches, wire=wire, schedule=schedule, overlap=overlap, seed=seed, data=data, precision=precision, eval_every=eval_every, device=device, workdir=workdir, run=run_id,
         kills=tuple((a, int(s)) for a, s in kills), partitions=partitions, joins=tuple((int(n), int(s)) for n, s in joins),
-        checkpoint_every=checkpoint_every, resume=resume, call_timeout_s=call_timeout, peer_ttl_s=peer_ttl,
+        checkpoint_every=checkpoint_every or eval_every, resume=resume, call_timeout_s=call_timeout, peer_ttl_s=peer_ttl,
         liveness=liveness, warm_copies=warm_copies, monitor_port=monitor_port,
     )  # fmt: skip
     display = SwarmDisplay(sys.stderr)
