@@ -126,6 +126,8 @@ class SwarmDHT:
         self._admitted_by_token: set[str] = set()  # writers whose records carried a valid token
         self._relay_dials: dict[str, float] = {}  # peer: when we last dialled it through a relay
         self._relay_dial_future: Any = None
+        # told every peer record read (``forward.Routes.update``: who is behind NAT, through which relay)
+        self.peer_listeners: list[Callable[[dict[str, tuple[str, ...]]], None]] = []
         self._identity: Identity | None = None
         self._dht: hivemind.DHT | None = None
         self._p2pd_marker: bytes | None = None
@@ -383,6 +385,8 @@ class SwarmDHT:
         ``dial_through_relays``) so that the transport can reach them."""
         peers = {p: v.record for p, v in self.read(RecordKind.PEER).items()}
         self.dial_through_relays(peers)  # type: ignore[arg-type]
+        for listener in self.peer_listeners:
+            listener({peer: tuple(record.maddrs) for peer, record in peers.items()})  # type: ignore[attr-defined]
         return peers  # type: ignore[return-value]
 
     def read_links(self) -> dict[str, LinksRecord]:

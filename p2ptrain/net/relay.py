@@ -41,6 +41,17 @@ MIB = 1 << 20
 
 
 @dataclass(frozen=True)
+class ForwardLimits:
+    """What a forwarding peer allows (``forward.py``): streams open at once in all and per origin, and how
+    long one may stay idle (no byte either way) before it is closed."""
+
+    max_streams: int = 256
+    max_streams_per_peer: int = 32
+    idle_s: float = 300.0
+    open_timeout_s: float = 20.0
+
+
+@dataclass(frozen=True)
 class RelayConfig:
     """Circuit relays: whether this peer relays for others, and whether it is reachable only through them.
 
@@ -65,6 +76,11 @@ class RelayConfig:
     max_reservations: int = 128
     buffer_bytes: int = 4 * MIB
     redial_s: float = 30.0  # dial a peer that advertises circuit addresses at most this often (``SwarmDHT``)
+    # forwarding (``forward.py``): what carries tensors to peers behind NAT, since p2pd's circuits stop at 128 KiB
+    forward: bool = True  # a public peer that serves relays also forwards streams for peers behind NAT
+    forward_max_streams: int = 256  # forwarded streams open at once, in all
+    forward_max_streams_per_peer: int = 32  # ... and from one origin
+    forward_idle_s: float = 300.0  # a forwarded stream with no byte either way for this long is closed
 
     def __post_init__(self) -> None:
         if self.reachability not in REACHABILITIES:
@@ -73,6 +89,8 @@ class RelayConfig:
             raise ConfigError(f"relay.relay_data_limit_bytes={self.relay_data_limit_bytes} must be at least 1 MiB")
         if not self.relay_time_limit_s >= 60:
             raise ConfigError(f"relay.relay_time_limit_s={self.relay_time_limit_s} must be at least 60")
+        if not 1 <= self.forward_max_streams_per_peer <= self.forward_max_streams or not self.forward_idle_s > 0:
+            raise ConfigError("relay.forward_max_streams_per_peer must be in 1..forward_max_streams, forward_idle_s > 0")
         if self.max_circuits < 1 or self.max_reservations < 1 or self.buffer_bytes < 4096:
             raise ConfigError("relay.max_circuits and relay.max_reservations must be >= 1, buffer_bytes >= 4096")
         for maddr in self.relays:
@@ -82,6 +100,9 @@ class RelayConfig:
                 raise ConfigError(f"relay.relays: {maddr!r} is not a multiaddr") from None
             if "p2p" not in parsed:
                 raise ConfigError(f"relay.relays: {maddr} lacks /p2p/<relay's peer ID>")
+
+    def forward_limits(self) -> ForwardLimits:
+        return ForwardLimits(self.forward_max_streams, self.forward_max_streams_per_peer, self.forward_idle_s)
 
     def relays_for(self, initial_peers: tuple[str, ...]) -> tuple[str, ...]:
         """The relays a private peer reserves on: the given ones, else the initial peers."""
