@@ -107,3 +107,15 @@ def test_fp32_feedback_is_the_identity():
     x = torch.randn(10)
     message, decoded = feedback.encode(0, x)
     assert torch.equal(message, x) and torch.equal(decoded, x) and not feedback.residuals
+
+
+def test_unknown_wire_or_schedule_in_a_config_is_one_line():
+    from p2ptrain.config import config_from_dict
+    from p2ptrain.errors import ConfigError
+    from p2ptrain.runtime.config import TrainConfig
+
+    for key, value in (("wire", "int3"), ("schedule", "pipedream"), ("bucket_elements", 0)):
+        with pytest.raises(ConfigError) as info:
+            config_from_dict(TrainConfig, {key: value})
+        assert "\n" not in str(info.value) and str(value) in str(info.value)
+    assert config_from_dict(TrainConfig, {"wire": "int8", "schedule": "1f1b", "overlap": False}).wire == "int8"
