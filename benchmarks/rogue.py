@@ -10,7 +10,10 @@ Each scenario runs a real local swarm on loopback (tiny model, 2 stages, 6 steps
   256 MiB and trickling a byte every two seconds, and sends each agent eight 1 MiB messages a second;
 * **boasting swallower**: 4 honest agents and a fifth member (``tests/agent/rogue_member.py``) that claims
   9 PFLOP/s, 8000 GB and 900 Gbit/s links and, given a stage, takes tensors and answers nothing (tensor
-  deadline 15 s, a clean 5-agent run beside it).
+  deadline 15 s, a clean 5-agent run beside it);
+* **cooperative swallower**: the same, but a member that claims nothing special, takes tensors, answers
+  nothing and then halts like an honest peer once another trainer did (``swallow_and_halt``): no single
+  failure makes it a culprit, the blames of two epochs quarantine it (the same clean run beside it).
 
 Per run: the wall time from launch until every honest agent finished, beside its clean run's (ratio), the
 plans published, the peers quarantined, and the honest messages refused (goal: 0).
@@ -73,12 +76,12 @@ def _swarm(flood: bool) -> dict:
                                               if leader is not None else None)}  # fmt: skip
 
 
-def _members(swallower: bool) -> dict:
+def _members(mode: str | None) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="p2ptrain-bench-rogue-"))
     sorted_identities(workdir, 5)
     config = SwarmConfig(agents=5, stages=2, steps=6, scenario=None, workdir=str(workdir), run="rogue-bench-member",
                          call_timeout_s=15.0)  # fmt: skip
-    commands = {1: [sys.executable, str(ROGUES / "rogue_member.py"), "swallow"]} if swallower else {}
+    commands = {1: [sys.executable, str(ROGUES / "rogue_member.py"), mode]} if mode else {}
     started = time.monotonic()
     agents, codes, _ = run_agents(workdir, config, commands, {}, 900)
     took = time.monotonic() - started
@@ -91,19 +94,26 @@ def _members(swallower: bool) -> dict:
 @click.option("--json", "as_json", is_flag=True)
 def main(as_json: bool) -> None:
     rows = []
+    members: dict = {}  # one clean 5-agent run serves both member scenarios
+
+    def clean_members() -> dict:
+        members.setdefault("clean", _members(None))
+        return members["clean"]
+
     for scenario, clean, attacked in (("non-member flood", lambda: _swarm(False), lambda: _swarm(True)),
-                                      ("boasting swallower", lambda: _members(False), lambda: _members(True))):
+                                      ("boasting swallower", clean_members, lambda: _members("swallow")),
+                                      ("cooperative swallower", clean_members, lambda: _members("swallow_and_halt"))):
         click.echo(f"running {scenario}: clean, then attacked ...", err=True)
         base, hit = clean(), attacked()
         rows.append({"scenario": scenario, "clean": base, "attacked": hit, "ratio": hit["seconds"] / base["seconds"]})
     if as_json:
         click.echo(json.dumps(rows))
         return
-    click.echo(f"{'scenario':<20} {'ok':<5} {'clean s':>8} {'attacked s':>10} {'ratio':>6} {'plans':>5} "
+    click.echo(f"{'scenario':<21} {'ok':<5} {'clean s':>8} {'attacked s':>10} {'ratio':>6} {'plans':>5} "
                f"{'quarantined':>11} {'honest refused':>14} {'rogue refused (log lines)':>25}")
     for r in rows:
         a = r["attacked"]
-        click.echo(f"{r['scenario']:<20} {str(a['ok'] and r['clean']['ok']):<5} {r['clean']['seconds']:8.1f} "
+        click.echo(f"{r['scenario']:<21} {str(a['ok'] and r['clean']['ok']):<5} {r['clean']['seconds']:8.1f} "
                    f"{a['seconds']:10.1f} {r['ratio']:5.2f}x {a['plans']:>5} {a['quarantined']:>11} "
                    f"{a['honest_refused']:>14} {a['rogue_refused_lines']:>25}")
 

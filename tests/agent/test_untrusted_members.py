@@ -44,22 +44,29 @@ def assert_reference(agents, train) -> None:
         assert abs(got[step] - want) <= 1e-4 * abs(want), (step, got[step], want)
 
 
+def swarm_with_rogue(tmp_path, mode: str, run: str, overrides: dict):
+    """5 agents (2 stages, 6 steps, 15 s tensor deadline), agent-1 (a trainer, never the leader) running
+    ``rogue_member.py mode``; returns the agents, the run's settings and the leader's events, once every
+    honest agent finished."""
+    sorted_identities(tmp_path, 5)
+    config = SwarmConfig(agents=5, stages=2, steps=6, scenario=None, workdir=str(tmp_path), run=run,
+                         call_timeout_s=15.0)  # fmt: skip
+    agents, codes, train = run_agents(tmp_path, config, {1: [sys.executable, str(HERE / "rogue_member.py"), mode]},
+                                      overrides, 420)  # fmt: skip
+    assert all(code == 0 for code in codes.values()), codes
+    return agents, train, events(agents[0].events.path)
+
+
 @pytest.mark.timeout(480)
 def test_a_member_that_boasts_and_swallows_tensors_is_quarantined_after_one_failed_epoch(tmp_path):
     # agent-1 (second-lowest ID: a trainer, never the leader) claims 9 PFLOP/s and 900 Gbit/s links and,
     # given a stage, takes tensors and answers nothing, and never halts
-    sorted_identities(tmp_path, 5)
-    config = SwarmConfig(agents=5, stages=2, steps=6, scenario=None, workdir=str(tmp_path), run="swallower",
-                         call_timeout_s=15.0)  # fmt: skip
-    agents, codes, train = run_agents(
-        tmp_path, config, {1: [sys.executable, str(HERE / "rogue_member.py"), "swallow"]},
-        {"churn": {"halt_timeout_s": 120.0}}, 420)
-    assert all(code == 0 for code in codes.values()), codes
+    agents, train, log = swarm_with_rogue(tmp_path, "swallow", "swallower", {"churn": {"halt_timeout_s": 120.0}})
     rogue, leader = agents[1].peer_id, agents[0]
-    plans = [e for e in events(leader.events.path) if e["event"] == "plan"]
+    plans = [e for e in log if e["event"] == "plan"]
     assert rogue in plans[0]["devices"]  # it was given a stage ...
     assert len(plans) == 2 and rogue not in plans[1]["devices"] + plans[1]["spares"]  # ... once
-    quarantined = [e for e in events(leader.events.path) if e["event"] == "quarantined"]
+    quarantined = [e for e in log if e["event"] == "quarantined"]
     assert [e["peer"] for e in quarantined] == [rogue] and quarantined[0]["epoch"] == plans[0]["epoch"]
     assert "blamed by a halted trainer" in quarantined[0]["reason"]  # not waited for (halt_timeout_s is 120 s)
     log = leader.log_path.read_text()
@@ -72,20 +79,15 @@ def test_a_member_that_boasts_and_swallows_tensors_is_quarantined_after_one_fail
 def test_a_member_that_swallows_tensors_and_halts_is_quarantined_after_two_failed_epochs(tmp_path):
     # agent-1 (a trainer, never the leader) takes tensors and answers nothing, but halts like everyone once
     # another trainer did: it is no culprit of any one failure, only the peer they all blame
-    sorted_identities(tmp_path, 5)
-    config = SwarmConfig(agents=5, stages=2, steps=6, scenario=None, workdir=str(tmp_path), run="cooperative",
-                         call_timeout_s=15.0)  # fmt: skip
-    agents, codes, train = run_agents(
-        tmp_path, config, {1: [sys.executable, str(HERE / "rogue_member.py"), "swallow_and_halt"]}, {}, 420)
-    assert all(code == 0 for code in codes.values()), codes
+    agents, train, log = swarm_with_rogue(tmp_path, "swallow_and_halt", "cooperative", {})
     rogue, leader = agents[1].peer_id, agents[0]
-    plans = [e for e in events(leader.events.path) if e["event"] == "plan"]
+    plans = [e for e in log if e["event"] == "plan"]
     given = [p["epoch"] for p in plans if rogue in p["devices"] + p["spares"]]
     assert 1 <= len(given) <= 2 and rogue not in plans[-1]["devices"] + plans[-1]["spares"], given
-    quarantined = [e for e in events(leader.events.path) if e["event"] == "quarantined"]
+    quarantined = [e for e in log if e["event"] == "quarantined"]
     assert [e["peer"] for e in quarantined] == [rogue], quarantined  # nobody honest
     assert "blamed by a halted trainer for the failed calls of 2 epochs" in quarantined[0]["reason"]
-    blamed = [e for e in events(leader.events.path) if e["event"] == "blamed"]
+    blamed = [e for e in log if e["event"] == "blamed"]
     assert {e["peer"] for e in blamed} <= {rogue}, blamed
     assert f"quarantining peer {rogue} for 60 s" in leader.log_path.read_text()
     assert_reference([a for a in agents if a.index != 1], train)
