@@ -17,8 +17,9 @@ States, driven by one loop in the calling (main) thread, every ``membership.poll
 4. **follow**: everyone (the leader too) reads the plan records and follows the highest epoch signed by
    the peer it sees as lowest that names it as a member (``election.latest_plan``; epochs decide, so a
    leader that comes back late cannot split the swarm), then trains that epoch (``epoch.run_epoch``).
-5. **churn**: at every step boundary an epoch asks ``_should_halt``, which polls and leads as the idle loop
-   does. A failed call halts the epoch (a heartbeat says which steps of its stage the agent keeps); the
+5. **churn**: at every step boundary an epoch asks ``_should_halt``, whose answer a thread of its own keeps
+   current by polling and leading as the idle loop does (``agent.boundary``: no DHT read on the training
+   thread). A failed call halts the epoch (a heartbeat says which steps of its stage the agent keeps); the
    leader — the lowest live peer, so the next one when a leader dies — waits for every live trainer to
    halt and publishes the next epoch from the highest step every stage still has (``replan.ReplanWatch``,
    ``churn.restart_point``: a surviving replica's kept state, else the last checkpoint). Joiners wait
@@ -48,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from p2ptrain.agent.boundary import INTERVAL_S, BoundaryWatch
 from p2ptrain.agent.churn import CHECKPOINT, INIT, copies_of, join_start, restart_point, source_indices
 from p2ptrain.agent.claims import ComputeWatch, bounded, record_problem, with_slowdowns
 from p2ptrain.agent.config import AgentConfig
@@ -169,6 +171,7 @@ class Agent:
         self._last_poll = 0.0
         self._started = time.monotonic()
         self._done_now: int | None = None  # steps done in the epoch being trained
+        self._boundary: BoundaryWatch[PlanRecord] | None = None  # the step-boundary check while an epoch trains
         self._watch = ReplanWatch(config.churn)
         self.quarantine = Quarantine(config.churn.quarantine_s, config.churn.quarantine_max_s,
                                      blame_epochs=config.churn.quarantine_blames,
@@ -183,7 +186,7 @@ class Agent:
         self._last_wait_note = ""
         self._finished = threading.Event()
         self.heartbeat: Heartbeat | None = None
-        self._poll_s: collections.deque[float] = collections.deque(maxlen=64)  # idle loop: read peers and plans
+        self._poll_s: collections.deque[float] = collections.deque(maxlen=64)  # a step boundary's cost to training
 
     # ---- lifetime ---------------------------------------------------------------------------------------
 
@@ -319,10 +322,8 @@ class Agent:
                                                                      signer=plan.leader, reason=reason))  # fmt: skip
         self._started = time.monotonic()
         while not self.stop.is_set():
-            polled = time.perf_counter()
             self._poll()
             plan = self._next_plan()
-            self._poll_s.append(time.perf_counter() - polled)  # a step boundary reads the same (simulated objective)
             if plan is not None:
                 outcome = self._follow(plan, device)
                 if outcome.finished:
@@ -361,14 +362,22 @@ class Agent:
 
     def _should_halt(self, done: int | None) -> bool:
         """At a step boundary of an epoch (``done``: steps done; None for a spare): poll and lead as the idle
-        loop does (every ``poll_s``), and say whether a newer plan takes over from here."""
+        loop does (every ``poll_s``), and say whether a newer plan takes over from here. While an epoch runs the
+        polling is done off the training thread (``agent.boundary``): this reads its latest answer."""
+        started = time.perf_counter()
         self._done_now = done
+        plan = self._boundary.plan if self._boundary is not None else self._boundary_check()
+        if done is not None:  # what a boundary costs the training thread (the simulated objective adds it)
+            self._poll_s.append(time.perf_counter() - started)
+        return plan is not None and (done is None or plan.start_step <= done)
+
+    def _boundary_check(self) -> PlanRecord | None:
+        """Poll and lead as the idle loop does (every ``poll_s``); the plan to follow next, or None."""
         if time.monotonic() - self._last_poll >= self.config.membership.poll_s:
             self._poll()
             if self._membership.leader == self.peer_id:
                 self._lead(self._membership)
-        plan = self._next_plan()
-        return plan is not None and (done is None or plan.start_step <= done)
+        return self._next_plan()
 
     def _poll_membership(self, tracker: MembershipTracker, previous: Membership) -> Membership:
         try:
@@ -880,13 +889,17 @@ class Agent:
             compute_slowdown=self.compute_slowdown,
         )  # fmt: skip
         self._training = plan.epoch
+        peers = dict(self._membership.peers)
+        self._boundary = BoundaryWatch(self._boundary_check, min(cfg.membership.poll_s, INTERVAL_S)).start()
         try:
-            return run_epoch(plan, context, dict(self._membership.peers))
+            return run_epoch(plan, context, peers)
         except Exception:
             if self.stop.is_set():  # the stop watcher shut the transport down under a running step
                 return EpochOutcome(False, 0)
             raise
         finally:
+            self._boundary.stop()  # the agent's loop polls again from here, alone
+            self._boundary = None
             self._training = None
             self._done_now = None
             if not self.stop.is_set():

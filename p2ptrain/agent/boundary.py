@@ -1,0 +1,83 @@
+"""The step-boundary check of a training agent, run off the training thread.
+
+At every step boundary an epoch asks whether a newer plan takes over (``Agent._should_halt``). Answering
+means reading the run's records from the DHT — the plans every time, the peers and (for the leader) the
+links and progress every ``poll_s`` — which took 70–140 ms a step on the training thread in the end-to-end
+benchmark. A ``BoundaryWatch`` runs that check on a thread of its own while the epoch trains, one after
+another with ``interval_s`` between them, and the training thread only reads its latest answer::
+
+    with BoundaryWatch(agent_check, interval_s=INTERVAL_S) as watch:
+        ...
+        plan = watch.plan          # at a step boundary: never blocks
+
+A newer plan is thus seen at most one check (a DHT read and ``interval_s``) after it was published, as the
+synchronous read saw it at the next boundary after its publication; a re-plan point lies two steps ahead of
+the progress the leader saw (``churn.join_start``) and a stage keeps its last two states, so a trainer that
+sees it one step late still holds the state it starts from. An error of the check (a refused plan set,
+``AgentError``) is raised to the training thread at its next boundary.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+INTERVAL_S = 0.2  # between two checks while training (at most ``membership.poll_s``)
+
+
+class BoundaryWatch(Generic[T]):
+    """Runs ``check`` on a background thread until stopped; ``plan`` is its latest answer (None at first)."""
+
+    def __init__(self, check: Callable[[], T | None], interval_s: float, *, stop_timeout_s: float = 60.0):
+        if not interval_s > 0:
+            raise ValueError(f"interval_s must be positive, got {interval_s}")
+        self._check = check
+        self._interval_s = interval_s
+        self._stop_timeout_s = stop_timeout_s
+        self._stopped = threading.Event()
+        self._latest: T | None = None
+        self._error: BaseException | None = None
+        self.checks = 0  # completed checks (for tests and logs)
+        self._thread = threading.Thread(target=self._run, name="p2ptrain-boundary", daemon=True)
+
+    @property
+    def plan(self) -> T | None:
+        """The latest check's answer; raises the error a check failed with, once."""
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+        return self._latest
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                self._latest = self._check()
+            except Exception as e:  # handed to the training thread; the watch stops
+                self._error = e
+                return
+            self.checks += 1
+            self._stopped.wait(self._interval_s)
+
+    def start(self) -> BoundaryWatch[T]:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop after the check in progress; the caller may then use the checked state alone."""
+        self._stopped.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(self._stop_timeout_s)
+            if self._thread.is_alive():
+                logger.warning("the step-boundary check did not finish within %.0f s of the epoch's end",
+                               self._stop_timeout_s)
+
+    def __enter__(self) -> BoundaryWatch[T]:
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
