@@ -320,8 +320,8 @@ def schedule_layered(
         baselines=baselines,
         search=SearchStats(seed=seed, evaluations=joint.evaluations, seconds=seconds, method="joint",
                            stopped_by="time budget" if out_of_time() else "converged"),
-        layers=best.layers, stage_memory_gb=joint.costs.memory(best.layers), wire=workload.wire, schedule="gpipe",
-        unfit_baselines=tuple(unfit))
+        layers=best.layers, stage_memory_gb=joint.costs.memory(best.layers),
+        wire=workload.step.wire or workload.wire, schedule=workload.step.schedule, unfit_baselines=tuple(unfit))
 
 
 def _share_of(remaining: Callable[[], float | None], parts: int, clock: Callable[[], float] | None,

@@ -17,6 +17,11 @@ What one step does, on the device holding stage j of pipeline i (M micro-batches
    reduced shard to every member, wait for theirs and for our own sends to be taken; then the optimizer
    step U_j; then the step ends once every send of the step was taken.
 
+The run's settings (``StepProfile``, ``wire_model``): the wire format scales what each kind of message
+carries (activations, their gradients, the all-reduce's shards); steps 1 and 2 run in the schedule's order
+(``gpipe`` as above; ``1f1b`` interleaves them, each stage in its own order, ``wire_model.step_order``);
+with overlap, step 3 runs bucket by bucket, each bucket starting once the last backward pass produced it.
+
 A device starts step t+1 ``boundary_s`` after it ended step t (what the agent does between steps: its
 heartbeat, reading the run's records). Step t's time is when its last device ended it minus when the last
 device ended step t−1 (the swarm's measured step time, which is the period in steady state).
@@ -66,6 +71,7 @@ reference/tflops times as long (the closed form uses the slowest device for ever
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Sequence
@@ -76,6 +82,7 @@ import numpy as np
 from p2ptrain.planning.cluster import Cluster
 from p2ptrain.planning.cost import GBIT_PER_GB, CostBreakdown, check_assignment, replicas_of
 from p2ptrain.planning.matching import bottleneck_matching
+from p2ptrain.planning.wire_model import BACKWARD, SCHEDULES, WIRE_BYTES, step_order, wire_factors
 from p2ptrain.planning.workload import Workload
 
 DEFAULT_STEPS = 4  # simulated steps; the first is left out of the median, as in measurements
@@ -83,6 +90,8 @@ MAX_PERMUTED_STAGES = 6  # ``refine`` tries every stage order up to this many st
 MAX_REFINE_EVALUATIONS = 400  # beyond, at most this many simulations of exchanged positions
 REL_GAIN = 1e-9  # a new order must be better than this, relatively, to replace the current one
 MATCHING_SOFTNESS = 0.01  # tie-breaking temperature of the bottleneck matchings, as a fraction of a hop
+MAX_SIMULATED_BUCKETS = 8  # an overlapped all-reduce is simulated in at most this many (merged) buckets
+ALL_REDUCE_ROUNDS = 6  # fixed-point rounds of the all-reduce's link order (``_all_reduce``)
 
 
 @dataclass(frozen=True)
@@ -94,6 +103,13 @@ class StepProfile:
     ``reference_tflops`` (None: every device alike). ``update_s``: flattening gradients and the optimizer
     step. ``message_s``: the transport's overhead per message, added to every message's latency.
     ``boundary_s``: what a device does between two steps.
+
+    What the runtime's settings change (``wire_model``): ``wire`` scales each tensor kind's volume by its
+    bytes on the wire over ``volume_bytes`` (the bytes per element the workload's c_PP and c_DP count:
+    activations, their gradients, data-parallel gradients; "" leaves the volumes as they are);
+    ``schedule`` is the order of a stage's forwards and backwards; ``bucket_gb`` > 0 all-reduces the
+    gradients in buckets of that many GB (the workload's units, before the wire) started during the last
+    backward pass (overlap), 0 in one exchange after it.
     """
 
     micro_batches: int = 1
@@ -105,6 +121,10 @@ class StepProfile:
     boundary_s: float = 0.0
     reference_tflops: float | None = None
     steps: int = DEFAULT_STEPS
+    wire: str = ""
+    volume_bytes: tuple[float, float, float] = (4.0, 4.0, 4.0)
+    schedule: str = "gpipe"
+    bucket_gb: float = 0.0
 
     def __post_init__(self) -> None:
         if isinstance(self.micro_batches, bool) or not isinstance(self.micro_batches, int) or self.micro_batches < 1:
@@ -123,6 +143,21 @@ class StepProfile:
         ref = self.reference_tflops
         if ref is not None and not (math.isfinite(ref) and ref > 0):
             raise ValueError(f"step profile: reference_tflops must be positive, got {ref!r}")
+        if self.wire and self.wire not in WIRE_BYTES:
+            raise ValueError(f"step profile: unknown wire format {self.wire!r} (known: {', '.join(WIRE_BYTES)})")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"step profile: unknown schedule {self.schedule!r} (known: {', '.join(SCHEDULES)})")
+        volume = tuple(float(v) for v in self.volume_bytes)
+        if len(volume) != 3 or any(not (math.isfinite(v) and v > 0) for v in volume):
+            raise ValueError(f"step profile: volume_bytes must be three positive numbers, got {self.volume_bytes!r}")
+        object.__setattr__(self, "volume_bytes", volume)
+        if not (math.isfinite(self.bucket_gb) and self.bucket_gb >= 0):
+            raise ValueError(f"step profile: bucket_gb must be a non-negative number, got {self.bucket_gb!r}")
+
+    @property
+    def factors(self) -> tuple[float, float, float]:
+        """Each kind's volume on the wire over the workload's: activations, their gradients, DP gradients."""
+        return wire_factors(self.wire, self.volume_bytes) if self.wire else (1.0, 1.0, 1.0)
 
     def per_stage(self, name: str, num_stages: int, default: float) -> np.ndarray:
         """The per-stage tuple ``name`` as an array of ``num_stages`` (``default`` everywhere when empty)."""
@@ -135,16 +170,13 @@ class StepProfile:
 
     def scaled(self, factor: float) -> StepProfile:
         """The same profile with every time multiplied by ``factor`` (e.g. real seconds → network seconds)."""
-        return StepProfile(
-            micro_batches=self.micro_batches,
+        return dataclasses.replace(
+            self,
             forward_s=tuple(v * factor for v in self.forward_s),
             backward_s=tuple(v * factor for v in self.backward_s),
             update_s=tuple(v * factor for v in self.update_s),
-            gradient_gb=self.gradient_gb,
             message_s=self.message_s * factor,
             boundary_s=self.boundary_s * factor,
-            reference_tflops=self.reference_tflops,
-            steps=self.steps,
         )
 
 
@@ -189,14 +221,23 @@ class SimulatedObjective:
         self.delay_s = np.where(off, cluster.latency_ms / 1000.0 + profile.message_s, 0.0)
         with np.errstate(divide="ignore"):
             self.s_per_gb = np.where(off, GBIT_PER_GB / np.where(off, cluster.bandwidth_gbps, 1.0), 0.0)
-        self.activation_gb = workload.activation_gb / m  # one micro-batch's activations
-        self.gradient_gb = profile.per_stage("gradient_gb", s, workload.gradient_gb)
+        act_factor, grad_factor, dp_factor = profile.factors
+        self.activation_gb = workload.activation_gb / m * act_factor  # one micro-batch's activations, as sent
+        self.activation_grad_gb = workload.activation_gb / m * grad_factor  # ... and their gradients
+        self.gradient_gb = profile.per_stage("gradient_gb", s, workload.gradient_gb) * dp_factor
+        workload_gradient_gb = self.gradient_gb / dp_factor if dp_factor else self.gradient_gb
+        self.buckets = 1 if profile.bucket_gb <= 0 else int(min(
+            MAX_SIMULATED_BUCKETS, max(1, math.ceil(float(workload_gradient_gb.max()) / profile.bucket_gb))))
+        self.overlap = profile.bucket_gb > 0
+        self.order = step_order(profile.schedule, s, m)
         self.forward_s = profile.per_stage("forward_s", s, 0.0)
         self.backward_s = profile.per_stage("backward_s", s, 0.0)
         self.update_s = profile.per_stage("update_s", s, 0.0)
         self.slowdown = _slowdown(cluster, profile.reference_tflops)
-        one_way = self.delay_s + self.activation_gb * self.s_per_gb
-        hop = one_way + one_way.T
+        forward = self.delay_s + self.activation_gb * self.s_per_gb
+        backward = self.delay_s + self.activation_grad_gb * self.s_per_gb
+        hop = forward + backward.T
+        hop = (hop + hop.T) / 2  # symmetric (it is already when links are; only formats differ by direction)
         np.fill_diagonal(hop, 0.0)
         hop.setflags(write=False)
         self.hop_link_s = hop
@@ -299,14 +340,15 @@ def _simulate(obj: SimulatedObjective, sigma: np.ndarray, steps: int) -> Simulat
     d, s, m = obj.num_replicas, obj.num_stages, obj.micro_batches
     a, b = sigma[:, :-1], sigma[:, 1:]  # pipeline i's hop h: a[i, h] → b[i, h]
     lat_f, ser_f = obj.delay_s[a, b], obj.activation_gb * obj.s_per_gb[a, b]
-    lat_b, ser_b = obj.delay_s[b, a], obj.activation_gb * obj.s_per_gb[b, a]
+    lat_b, ser_b = obj.delay_s[b, a], obj.activation_grad_gb * obj.s_per_gb[b, a]
     cols = sigma.T  # cols[j, i]: stage j's member of pipeline i
     src, dst = cols[:, :, None], cols[:, None, :]
     lat_g = obj.delay_s[src, dst]  # [j, i, k]: link from member i to member k of stage j's group
-    ser_g = (obj.gradient_gb / d)[:, None, None] * obj.s_per_gb[src, dst]
+    ser_g = (obj.gradient_gb / d / obj.buckets)[:, None, None] * obj.s_per_gb[src, dst]  # one bucket's shard
     slow = obj.slowdown[sigma]
     fwd, bwd, upd = obj.forward_s * slow, obj.backward_s * slow, obj.update_s * slow
-    off = ~np.eye(d, dtype=bool)
+    last_backward = {j: max(k for k, (kind, jj, _) in enumerate(obj.order) if kind == BACKWARD and jj == j)
+                     for j in range(s)}
     free_f = np.full((d, s - 1), -np.inf)  # when each link is free again (FIFO), kept across steps
     free_b = np.full((d, s - 1), -np.inf)
     free_g = np.full((s, d, d), -np.inf)
@@ -316,33 +358,29 @@ def _simulate(obj: SimulatedObjective, sigma: np.ndarray, steps: int) -> Simulat
     for _ in range(steps):
         busy = start.copy()  # when each device is done with what it computed so far
         sent = start.copy()  # when each device's last pipeline message arrived
-        arrive = np.zeros((d, s, m))
-        for mb in range(m):  # forward: micro-batch by micro-batch, stage by stage
-            for j in range(s):
-                ready = busy[:, j] if j == 0 else np.maximum(busy[:, j], arrive[:, j, mb])
-                busy[:, j] = ready + fwd[:, j]
+        arrive_f = np.zeros((d, s, m))  # when micro-batch mb's activations reach stage j
+        arrive_b = np.zeros((d, s, m))  # ... and its gradient
+        last_start = start.copy()  # when each device began its last backward pass
+        for k, (kind, j, mb) in enumerate(obj.order):  # each stage's own order (``wire_model.step_order``)
+            if kind != BACKWARD:
+                busy[:, j] = (busy[:, j] if j == 0 else np.maximum(busy[:, j], arrive_f[:, j, mb])) + fwd[:, j]
                 if j < s - 1:
                     free_f[:, j] = np.maximum(busy[:, j], free_f[:, j]) + ser_f[:, j]
-                    arrive[:, j + 1, mb] = free_f[:, j] + lat_f[:, j]
-                    sent[:, j] = np.maximum(sent[:, j], arrive[:, j + 1, mb])
-        for mb in reversed(range(m)):  # backward: last micro-batch first, last stage first
-            for j in reversed(range(s)):
-                ready = busy[:, j] if j == s - 1 else np.maximum(busy[:, j], arrive[:, j, mb])
-                busy[:, j] = ready + bwd[:, j]
-                if j > 0:
-                    free_b[:, j - 1] = np.maximum(busy[:, j], free_b[:, j - 1]) + ser_b[:, j - 1]
-                    arrive[:, j - 1, mb] = free_b[:, j - 1] + lat_b[:, j - 1]
-                    sent[:, j] = np.maximum(sent[:, j], arrive[:, j - 1, mb])
+                    arrive_f[:, j + 1, mb] = free_f[:, j] + lat_f[:, j]
+                    sent[:, j] = np.maximum(sent[:, j], arrive_f[:, j + 1, mb])
+                continue
+            ready = busy[:, j] if j == s - 1 else np.maximum(busy[:, j], arrive_b[:, j, mb])
+            if k == last_backward[j]:
+                last_start[:, j] = ready
+            busy[:, j] = ready + bwd[:, j]
+            if j > 0:
+                free_b[:, j - 1] = np.maximum(busy[:, j], free_b[:, j - 1]) + ser_b[:, j - 1]
+                arrive_b[:, j - 1, mb] = free_b[:, j - 1] + lat_b[:, j - 1]
+                sent[:, j] = np.maximum(sent[:, j], arrive_b[:, j - 1, mb])
         backward_done = busy.T  # [j, i]
         all_reduced = backward_done
         if d > 1:
-            free_g = np.maximum(backward_done[:, :, None], free_g) + ser_g  # reduce-scatter: shard to owner
-            arrive_r = np.where(off, free_g + lat_g, -np.inf)
-            reduced = np.maximum(backward_done, arrive_r.max(axis=1))
-            free_g = np.maximum(reduced[:, :, None], free_g) + ser_g  # all-gather: behind the shard (FIFO)
-            arrive_g = np.where(off, free_g + lat_g, -np.inf)
-            gathered = np.maximum(reduced, arrive_g.max(axis=1))
-            all_reduced = np.maximum(gathered, np.maximum(arrive_r, arrive_g).max(axis=2))  # own sends taken
+            all_reduced, free_g = _all_reduce(obj, last_start.T, bwd.T, backward_done, free_g, ser_g, lat_g)
         end = np.maximum(all_reduced.T + upd, sent)
         crit = np.unravel_index(int(np.argmax(end)), end.shape)  # the device that ends the step last
         pipeline_s = float(busy[crit] - start[crit])
@@ -351,3 +389,40 @@ def _simulate(obj: SimulatedObjective, sigma: np.ndarray, steps: int) -> Simulat
         start = end + obj.profile.boundary_s
     predicted = float(np.median(step_s[1:]))
     return SimulatedSteps(step_s=tuple(step_s), pipeline_s=pipeline_s, data_parallel_s=predicted - pipeline_s)
+
+
+def _all_reduce(obj: SimulatedObjective, last_start: np.ndarray, bwd: np.ndarray, backward_done: np.ndarray,
+                free_g: np.ndarray, ser_g: np.ndarray, lat_g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """When each stage's member ([j, i]) has its gradients all-reduced and its own sends taken, and the links'
+    free times after. Per bucket, each member sends the bucket's shard to its owner (reduce-scatter) and the
+    owner, once it has every shard, the reduced shard to every member (all-gather). Without overlap one
+    bucket starts when the backward pass is done; with it bucket k of K starts when the last backward pass has
+    produced it, (k+1)/K of the way through. Each link serves its 2K messages first come, first served (FIFO
+    by hand-over time, as the runtime's few buckets in flight hand them over): an all-gather's hand-over
+    depends on other links' reduce-scatters, so the order is found by iterating to a fixed point from the
+    reduce-scatters alone (``ALL_REDUCE_ROUNDS`` at most; one bucket settles in two)."""
+    k_all = obj.buckets
+    off = ~np.eye(obj.num_replicas, dtype=bool)[None, :, :, None]
+    ready = np.stack([last_start + (k + 1) / k_all * bwd if obj.overlap else backward_done for k in range(k_all)],
+                     axis=-1)  # [j, i, k]
+    shape = (*ser_g.shape, k_all)
+    handed_rs = np.broadcast_to(ready[:, :, None, :], shape)  # [j, src, dst, k]
+    reduced = ready
+    for _ in range(ALL_REDUCE_ROUNDS):
+        handed = np.concatenate([handed_rs, np.broadcast_to(reduced[:, :, None, :], shape)], axis=-1)
+        order = np.argsort(handed, axis=-1, kind="stable")
+        in_order = np.take_along_axis(handed, order, axis=-1)
+        finished, free = np.empty_like(in_order), free_g
+        for n in range(2 * k_all):
+            free = np.maximum(in_order[..., n], free) + ser_g
+            finished[..., n] = free
+        arrive = np.empty_like(finished)
+        np.put_along_axis(arrive, order, finished + lat_g[..., None], axis=-1)
+        arrive = np.where(off, arrive, -np.inf)
+        settled = np.maximum(ready, arrive[..., :k_all].max(axis=1))  # [j, owner, k]: every shard of k is in
+        if np.array_equal(settled, reduced):
+            break
+        reduced = settled
+    gathered = np.maximum(reduced, arrive[..., k_all:].max(axis=1))  # [j, i, k]
+    sends_taken = arrive.max(axis=(2, 3))
+    return np.maximum(backward_done, np.maximum(gathered.max(axis=-1), sends_taken)), free

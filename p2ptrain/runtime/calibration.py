@@ -208,7 +208,7 @@ def step_profile(
     shape, m = train.shape, train.micro_batches
     params = stage_parameters(shape, num_stages)
     grads = [(p + (1 if j == num_stages - 1 else 0)) * FP32_BYTES / GB / size_factor for j, p in enumerate(params)]
-    extra = {} if steps is None else {"steps": steps}
+    extra = run_settings(train, size_factor) | ({} if steps is None else {"steps": steps})
     if not measurements:
         return StepProfile(micro_batches=m, gradient_gb=tuple(grads), boundary_s=boundary_s, **extra).scaled(
             1.0 / time_scale)
@@ -233,6 +233,14 @@ def step_profile(
                           update_s=tuple(p * per_param for p in params), gradient_gb=tuple(grads),
                           message_s=message_s, boundary_s=boundary_s, **extra)  # fmt: skip
     return profile.scaled(1.0 / time_scale)
+
+
+def run_settings(train: TrainConfig, size_factor: float = 1.0) -> dict[str, object]:
+    """What the run's settings change in a step, as ``StepProfile`` fields (``planning.wire_model``): the wire
+    format (volumes here count float32 elements), the schedule, and the overlapped all-reduce's bucket size
+    in the network's GB (0: one exchange after the backward pass)."""
+    bucket_gb = train.bucket_elements * FP32_BYTES / GB / size_factor if train.overlap else 0.0
+    return {"wire": train.wire, "schedule": train.schedule, "volume_bytes": (FP32_BYTES,) * 3, "bucket_gb": bucket_gb}
 
 
 def step_workload(workload: Workload, profile: StepProfile) -> StepWorkload:
@@ -304,7 +312,7 @@ def layered_workload(
         gradient_gb=model.parameters.scaled(FP32_BYTES / GB / size_factor),
         memory_gb=model.memory_bytes.scaled(1 / GB),
     )
-    extra = {} if steps is None else {"steps": steps}
+    extra = run_settings(train, size_factor) | ({} if steps is None else {"steps": steps})
     step = StepProfile(micro_batches=m, message_s=statistics.median(c.message_s for c in measurements) / time_scale,
                        boundary_s=boundary_s / time_scale, reference_tflops=measured_speed(fastest), **extra)
     return LayeredWorkload(workload.activation_gb, workload.gradient_gb, workload.source, step=step, costs=costs,

@@ -1,7 +1,8 @@
 """A brute-force event simulation of a training step, written from the runtime's code, not from the
 objective's recurrences: the reference ``SimulatedObjective.simulate`` is tested against.
 
-Every device runs a program in the executor's order (``runtime/executor.py``, ``runtime/allreduce.py``):
+Every device runs a program in the executor's order (``runtime/executor.py``, ``runtime/allreduce.py``; the
+forwards and backwards in the order of the run's schedule, ``runtime/schedule.py``):
 blocking receives, computations, non-blocking sends. A send on the directed link a→b starts when the link is
 free (FIFO in the sender's send order), occupies it size/β and arrives α + overhead later. Devices advance
 one operation at a time, round robin, until each is blocked on a message not sent yet or done; since a
@@ -14,10 +15,13 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from p2ptrain.runtime.schedule import schedule_ops
+
 Op = tuple  # ("compute", s) | ("send", dst, key, gb) | ("recv", src, key) | ("wait_sends",)
 
 
 def _program(obj, sigma: np.ndarray, i: int, j: int, steps: int) -> Iterator[Op]:
+    assert not obj.overlap, "the brute-force simulation has no communication threads: no overlapped buckets"
     d, s, m = obj.num_replicas, obj.num_stages, obj.micro_batches
     me = int(sigma[i, j])
     slow = obj.slowdown[me]
@@ -28,18 +32,19 @@ def _program(obj, sigma: np.ndarray, i: int, j: int, steps: int) -> Iterator[Op]
         if t > 0:
             yield ("compute", obj.profile.boundary_s)  # the agent's work between two steps
         yield ("mark", t, "start")
-        for mb in range(m):
-            if prev is not None:
-                yield ("recv", prev, (t, "act", mb))
-            yield ("compute", obj.forward_s[j] * slow)
-            if nxt is not None:
-                yield ("send", nxt, (t, "act", mb), obj.activation_gb)
-        for mb in reversed(range(m)):
+        for kind, mb in schedule_ops(obj.profile.schedule, s, j, m):  # the runtime's own order
+            if kind == "F":
+                if prev is not None:
+                    yield ("recv", prev, (t, "act", mb))
+                yield ("compute", obj.forward_s[j] * slow)
+                if nxt is not None:
+                    yield ("send", nxt, (t, "act", mb), obj.activation_gb)
+                continue
             if nxt is not None:
                 yield ("recv", nxt, (t, "grad", mb))
             yield ("compute", obj.backward_s[j] * slow)
             if prev is not None:
-                yield ("send", prev, (t, "grad", mb), obj.activation_gb)
+                yield ("send", prev, (t, "grad", mb), obj.activation_grad_gb)
         yield ("mark", t, "backward_done")
         shard = obj.gradient_gb[j] / d
         for k in range(d):
