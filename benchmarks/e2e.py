@@ -3,6 +3,10 @@ after another): measured step times of the scheduled plan, Megatron's order and 
 the simulated objective's predictions; one table, and e2e.json, e2e.csv and e2e.png in --out.
 
     python benchmarks/e2e.py [--agents 8] [--stages 4] [--steps 8] [--networks worldwide,spot] [--out DIR]
+                             [--settings fp32/gpipe/no-overlap,bf16/1f1b/overlap,int8/1f1b/overlap]
+
+With ``--settings`` each network's scheduled plan also trains with every further setting (wire format /
+schedule / overlap), measured beside predicted, with the loss after the last step (``p2ptrain bench e2e``).
 
 About five minutes a network on a 2-core machine (three swarms of 8 agents each).
 """
@@ -15,7 +19,15 @@ import logging
 import sys
 from pathlib import Path
 
-from p2ptrain.bench.e2e import DEFAULT_OUT, E2EConfig, format_reports, run_e2e, write_results
+from p2ptrain.bench.e2e import (
+    DEFAULT_OUT,
+    DEFAULT_SETTING,
+    E2EConfig,
+    format_reports,
+    format_settings,
+    run_e2e,
+    write_results,
+)
 from p2ptrain.net.lifecycle import StopSignal
 from p2ptrain.planning import SCENARIOS
 
@@ -30,6 +42,8 @@ def main() -> None:
     parser.add_argument("--networks", default=",".join(SCENARIOS), help="comma-separated scenario names")
     parser.add_argument("--out", default=DEFAULT_OUT, help="where e2e.json, e2e.csv and e2e.png go")
     parser.add_argument("--workdir", help="keep the swarms' logs here (a folder per network and plan)")
+    parser.add_argument("--settings", default=DEFAULT_SETTING,
+                        help="WIRE/SCHEDULE/overlap|no-overlap, comma-separated; the plans use the first")
     parser.add_argument("--json", action="store_true", help="print the reports as one JSON document")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
@@ -39,6 +53,7 @@ def main() -> None:
         for name in args.networks.split(","):
             config = E2EConfig(scenario=name, agents=args.agents, stages=args.stages, steps=args.steps,
                                micro_batches=args.micro_batches, seed=args.seed,
+                               settings=tuple(s.strip() for s in args.settings.split(",") if s.strip()),
                                workdir=str(Path(args.workdir) / name) if args.workdir else None)  # fmt: skip
             reports.append(run_e2e(config, stop))
             write_results(reports, Path(args.out), "e2e")  # after every network: a stopped run keeps what it did
@@ -46,6 +61,9 @@ def main() -> None:
         print(json.dumps(reports))
     else:
         print(format_reports(reports))
+        for report in reports:
+            if len(report["settings"]) > 1:
+                print("\n" + format_settings(report))
         print(f"wrote {args.out}/e2e.json, e2e.csv, e2e.png", file=sys.stderr)
 
 

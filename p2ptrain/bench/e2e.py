@@ -6,6 +6,13 @@ the measured step time beside the step time the planner predicted (the ``simulat
     p2ptrain bench e2e --scenario spot --agents 4 --stages 2 --steps 3 --json
     python benchmarks/e2e.py                                # all five networks, one table and one chart
     p2ptrain bench e2e --scenario volunteers                # mixed GPUs: compute-aware plan, the paper's, Megatron's
+    p2ptrain bench e2e --scenario worldwide --plans scheduled \
+        --settings fp32/gpipe/no-overlap,bf16/1f1b/overlap,int8/1f1b/overlap   # the runtime's settings side by side
+
+With ``--settings`` the scheduled plan is also trained once per further setting (wire format / schedule /
+overlap, the first is the one the plans above use) and each is reported with its measured and predicted
+step time and its loss after the last step; each setting's leader plans with that setting, so its plan may
+differ (the table says when it does).
 
 Mixed GPUs (``volunteers``): each agent also computes as many times slower as its card is than the
 fastest (``runtime.compute_speed``), and the plans compared are the compute- and memory-aware plan
@@ -67,6 +74,17 @@ PAPER_PLANS = ("scheduled", "megatron", "random")  # the default on the paper's 
 MIXED_PLANS = ("scheduled", "communication_only", "megatron")  # the default on mixed GPUs
 TARGET_STEP_S = 3.0  # emulated seconds of communication Megatron's order takes, when no time scale is given
 DEFAULT_OUT = "benchmarks/results"
+DEFAULT_SETTING = "fp32/gpipe/overlap"
+WIRES, SCHEDULES = ("fp32", "bf16", "int8", "int4"), ("gpipe", "1f1b")
+
+
+def parse_setting(setting: str) -> tuple[str, str, bool]:
+    """``WIRE/SCHEDULE/overlap|no-overlap`` as (wire, schedule, overlap); ValueError (one line) otherwise."""
+    parts = setting.strip().split("/")
+    if len(parts) != 3 or parts[0] not in WIRES or parts[1] not in SCHEDULES or parts[2] not in ("overlap", "no-overlap"):
+        raise ValueError(f"--settings: {setting!r} is not WIRE/SCHEDULE/overlap|no-overlap (wire one of "
+                         f"{', '.join(WIRES)}, schedule one of {', '.join(SCHEDULES)})")
+    return parts[0], parts[1], parts[2] == "overlap"
 
 
 @dataclass(frozen=True)
@@ -81,8 +99,13 @@ class E2EConfig:
     seed: int = 0  # the model's, the data's, the scheduler's and the random assignment's
     workdir: str | None = None  # a folder per plan inside; default: a temporary folder per swarm
     plans: tuple[str, ...] = ()  # which of them to run ("scheduled" always); () the scenario's default
+    settings: tuple[str, ...] = (DEFAULT_SETTING,)  # WIRE/SCHEDULE/overlap|no-overlap; the plans use the first
 
     def __post_init__(self) -> None:
+        if not self.settings:
+            raise ValueError("--settings: at least one WIRE/SCHEDULE/overlap|no-overlap")
+        for setting in self.settings:
+            parse_setting(setting)
         if self.scenario not in ALL_SCENARIOS:
             raise ValueError(f"unknown scenario {self.scenario!r} (choose from {', '.join(ALL_SCENARIOS)})")
         if not self.plans:
@@ -115,12 +138,15 @@ def emulation_factors(config: E2EConfig) -> dict[str, Any]:
             "megatron_communication_s": megatron_s}  # fmt: skip
 
 
-def _swarm_config(config: E2EConfig, strategy: str, time_scale: float, workdir: str | None = None):
+def _swarm_config(config: E2EConfig, strategy: str, time_scale: float, workdir: str | None = None,
+                  setting: str | None = None):
     from p2ptrain.agent.swarm import SwarmConfig
 
+    wire, schedule, overlap = parse_setting(setting or config.settings[0])
     return SwarmConfig(agents=config.agents, stages=config.stages, steps=config.steps, scenario=config.scenario,
                        time_scale=time_scale, strategy=strategy, objective="simulated", model=config.model,
-                       micro_batches=config.micro_batches, seed=config.seed, workdir=workdir)  # fmt: skip
+                       micro_batches=config.micro_batches, seed=config.seed, workdir=workdir, wire=wire,
+                       schedule=schedule, overlap=overlap)  # fmt: skip
 
 
 def run_e2e(config: E2EConfig, stop) -> dict[str, Any]:
@@ -144,12 +170,21 @@ def run_e2e(config: E2EConfig, stop) -> dict[str, Any]:
         plans[strategy] = plan_row(result.summary, step_completions(result.agents), time_scale)
         logger.info("%s, %s: measured %.3f s, predicted %.3f s", config.scenario, strategy,
                     plans[strategy]["measured_step_s"], plans[strategy]["predicted_step_s"])
+    settings = {config.settings[0]: plans["scheduled"]}
+    for setting in config.settings[1:]:
+        workdir = str(Path(config.workdir) / setting.replace("/", "-")) if config.workdir else None
+        result = run_swarm(_swarm_config(config, "scheduled", time_scale, workdir, setting), stop)
+        if not result.ok:
+            raise RuntimeError(f"{config.scenario}, {setting}: the swarm failed: {result.error}")
+        settings[setting] = plan_row(result.summary, step_completions(result.agents), time_scale)
+        logger.info("%s, %s: measured %.3f s, predicted %.3f s", config.scenario, setting,
+                    settings[setting]["measured_step_s"], settings[setting]["predicted_step_s"])
     return {
         "scenario": config.scenario, "agents": config.agents, "stages": config.stages,
         "replicas": config.agents // config.stages, "steps": config.steps, "model": train.model,
         "global_batch_size": train.global_batch_size, "micro_batches": train.micro_batches,
         "size_factor": factors["size_factor"], "time_scale": time_scale, "seed": config.seed,
-        "plans": plans, "speedups": speedups(plans, models),
+        "plans": plans, "speedups": speedups(plans, models), "settings": settings,
     }  # fmt: skip
 
 
@@ -273,6 +308,27 @@ def format_reports(reports: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def format_settings(report: dict[str, Any]) -> str:
+    """The table of a report's settings (``--settings``): each beside the first."""
+    rows = report.get("settings") or {}
+    if len(rows) < 2:
+        return ""
+    names = list(rows)
+    base = rows[names[0]]
+    head = (f"{'setting':<22} {'measured s':>10} {'predicted s':>11} {'error':>7} {'speedup: measured':>17} "
+            f"{'predicted':>9} {'loss':>7}  plan")  # fmt: skip
+    lines = [head, "-" * len(head)]
+    for name in names:
+        r = rows[name]
+        same = "same" if r["pipelines"] == base["pipelines"] and r.get("layers") == base.get("layers") else "other"
+        lines.append(f"{name:<22} {r['measured_step_s']:10.3f} {r['predicted_step_s']:11.3f} {100 * r['error']:+6.1f}% "
+                     f"{base['measured_step_s'] / r['measured_step_s']:16.2f}× "
+                     f"{base['predicted_step_s'] / r['predicted_step_s']:8.2f}× {r['loss_last']:7.4f}  {same}")
+    lines.append(f"{report['scenario']}: the scheduled plan per setting; speedup = the first setting's step time over "
+                 f"this one's; loss after step {report['steps']}; plan: the same as the first setting's or another")
+    return "\n".join(lines)
+
+
 def _ratio_cells(s: dict[str, float]) -> str:
     return f"{s['measured']:16.2f}× {s['predicted']:8.2f}× {s['dtfm']:5.2f}×"
 
@@ -321,9 +377,12 @@ def write_results(reports: list[dict[str, Any]], out_dir: Path, stem: str) -> li
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=DEFAULT_OUT, show_default=True,
               help="Where e2e-NETWORK.json (a list of one report), .csv and .png go.")
 @click.option("--workdir", type=click.Path(file_okay=False), help="Keep the swarms' logs here (one folder per plan).")
+@click.option("--settings", default=DEFAULT_SETTING, show_default=True,
+              help="WIRE/SCHEDULE/overlap|no-overlap, comma-separated: the plans train with the first; the scheduled "
+                   "plan also with each other one, side by side.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON document on stdout.")
 def command(scenario: str, agents: int, stages: int, steps: int, time_scale: float | None, micro_batches: int,
-            plans: str, seed: int, out_dir: str, workdir: str | None, as_json: bool) -> None:  # fmt: skip
+            plans: str, seed: int, out_dir: str, workdir: str | None, settings: str, as_json: bool) -> None:  # fmt: skip
     """One emulated network end to end: scheduled plan, Megatron's order, random; measured beside predicted."""
     from p2ptrain.net.lifecycle import StopSignal
 
@@ -331,7 +390,8 @@ def command(scenario: str, agents: int, stages: int, steps: int, time_scale: flo
         raise ValueError(f"--agents {agents} is not a multiple of --stages {stages}")
     config = E2EConfig(scenario=scenario, agents=agents, stages=stages, steps=steps, time_scale=time_scale,
                        micro_batches=micro_batches, seed=seed, workdir=workdir,
-                       plans=tuple(p.strip() for p in plans.split(",") if p.strip()))  # fmt: skip
+                       plans=tuple(p.strip() for p in plans.split(",") if p.strip()),
+                       settings=tuple(s.strip() for s in settings.split(",") if s.strip()))  # fmt: skip
     _progress_logging()
     with StopSignal() as stop:
         report = run_e2e(config, stop)
@@ -340,6 +400,8 @@ def command(scenario: str, agents: int, stages: int, steps: int, time_scale: flo
         click.echo(json.dumps(report))
     else:
         click.echo(format_reports([report]))
+        if len(report["settings"]) > 1:
+            click.echo("\n" + format_settings(report))
         click.echo("wrote " + ", ".join(str(p) for p in paths))
 
 

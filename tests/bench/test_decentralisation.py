@@ -1,0 +1,37 @@
+"""The cost-of-decentralisation figure (p2ptrain bench decentralisation) and e2e's settings option."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from p2ptrain.bench.decentralisation import command, measure
+from p2ptrain.bench.e2e import E2EConfig, parse_setting
+
+
+def test_compression_shrinks_the_world_wide_step_more_than_the_data_center_one():
+    report = measure(("fp32/gpipe/no-overlap", "bf16/gpipe/overlap", "int8/1f1b/overlap"), micro_batches=2)
+    rows = {r["setting"]: r for r in report["rows"]}
+    assert all(r["worldwide_s"] > r["datacenter_s"] > 0 for r in rows.values())
+    fp32, bf16, int8 = (rows[s] for s in ("fp32/gpipe/no-overlap", "bf16/gpipe/overlap", "int8/1f1b/overlap"))
+    assert fp32["worldwide_s"] > bf16["worldwide_s"] > int8["worldwide_s"]
+    assert fp32["ratio"] > bf16["ratio"] > int8["ratio"]
+    assert report["baseline"]["setting"] == "fp32/gpipe/no-overlap"
+    assert report["best"]["setting"] == "int8/1f1b/overlap"
+
+
+def test_the_command_prints_a_table_and_refuses_a_bad_setting_in_one_line():
+    runner = CliRunner()
+    ok = runner.invoke(command, ["--settings", "fp32/gpipe/no-overlap", "--micro-batches", "1"])
+    assert ok.exit_code == 0 and "worldwide/datacenter" in ok.output
+    bad = runner.invoke(command, ["--settings", "fp32/pipedream/overlap"])
+    assert bad.exit_code != 0 and "is not WIRE/SCHEDULE/overlap|no-overlap" in str(bad.exception or bad.output)
+
+
+@pytest.mark.parametrize("setting", ["fp32", "bf16/gpipe", "int3/gpipe/overlap", "bf16/1f1b/sometimes"])
+def test_e2e_settings_are_checked(setting):
+    with pytest.raises(ValueError, match="WIRE/SCHEDULE"):
+        parse_setting(setting)
+    with pytest.raises(ValueError, match="WIRE/SCHEDULE"):
+        E2EConfig(scenario="worldwide", settings=("fp32/gpipe/overlap", setting))
+    assert parse_setting("int4/1f1b/no-overlap") == ("int4", "1f1b", False)
