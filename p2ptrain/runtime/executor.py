@@ -158,7 +158,7 @@ class StageExecutor:
             if role.is_last:
                 out = micro_batch_loss(out, targets.to(self.device), self.data.tokens_per_batch)
         if not role.is_last:
-            state.sends.append(link.send(state.next_peer, ACTIVATION, m, 0, self.wire.activation.encode(out.detach().cpu())))
+            state.sends.append(link.send(state.next_peer, ACTIVATION, m, 0, self.wire.activation.encode(out.detach())))
         state.outputs[m] = out
         state.peak_in_flight = max(state.peak_in_flight, len(state.outputs))
 
@@ -178,7 +178,7 @@ class StageExecutor:
         x = state.inputs.pop(m)  # this micro-batch's activations are freed with its graph
         if not role.is_first:
             state.sends.append(link.send(state.prev_peer, ACTIVATION_GRAD, m, 0,
-                                         self.wire.activation_grad.encode(x.grad.detach().cpu())))
+                                         self.wire.activation_grad.encode(x.grad.detach())))
 
     def _micro_batches(self, step: int, role: Role) -> list[torch.Tensor]:
         shard = shard_of(self.data.global_batch(step), role.replica, role.num_replicas)

@@ -80,13 +80,14 @@ class Codec:
         return (wire_bytes(self.name, math.prod(shape)),), torch.uint8
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
-        """The message of float32 tensor ``x`` (on the CPU, contiguous)."""
-        x = x.detach().to("cpu", torch.float32).contiguous()
+        """The message (on the CPU, contiguous) of tensor ``x``, taken as float32. ``x`` may live on an
+        accelerator: it is encoded there, so only the message's bytes cross to the host."""
+        x = x.detach().to(torch.float32)
         if self.name == "fp32":
-            return x
+            return x.to("cpu").contiguous()
         if self.name == "bf16":
-            return x.to(torch.bfloat16)
-        return quantise_blockwise(x.reshape(-1), _LEVELS[self.name])
+            return x.to(torch.bfloat16).to("cpu").contiguous()
+        return quantise_blockwise(x.contiguous().reshape(-1), _LEVELS[self.name]).to("cpu")
 
     def decode(self, message: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
         """The float32 tensor of ``shape`` that ``message`` carries; WireError if it cannot."""
@@ -143,7 +144,7 @@ def quantise_blockwise(flat: torch.Tensor, levels: int) -> torch.Tensor:
     numel = flat.numel()
     blocks = -(-numel // BLOCK)
     head = blocks * SCALE_BYTES
-    message = torch.empty(head + (numel if levels == 127 else -(-numel // 2)), dtype=torch.uint8)
+    message = torch.empty(head + (numel if levels == 127 else -(-numel // 2)), dtype=torch.uint8, device=flat.device)
     view = _blocks(flat, blocks)
     absmax = view.abs().amax(dim=1)
     torch.div(absmax, levels, out=message[:head].view(torch.float32))
@@ -152,7 +153,7 @@ def quantise_blockwise(flat: torch.Tensor, levels: int) -> torch.Tensor:
     if levels == 7:
         nibbles = (codes + 8).to(torch.uint8)  # 1 … 15
         if numel % 2:
-            nibbles = torch.cat([nibbles, torch.full((1,), 8, dtype=torch.uint8)])
+            nibbles = torch.cat([nibbles, torch.full((1,), 8, dtype=torch.uint8, device=flat.device)])
         torch.bitwise_or(nibbles[0::2], nibbles[1::2] << 4, out=message[head:])
     else:
         message[head:] = codes.view(torch.uint8)
@@ -177,7 +178,7 @@ def _blocks(flat: torch.Tensor, blocks: int) -> torch.Tensor:
     """``flat`` as ``[blocks, BLOCK]``, zero-padded at the end when its size is not a multiple of BLOCK."""
     if flat.numel() == blocks * BLOCK:
         return flat.view(blocks, BLOCK)
-    padded = torch.zeros(blocks * BLOCK, dtype=torch.float32)
+    padded = torch.zeros(blocks * BLOCK, dtype=torch.float32, device=flat.device)
     padded[: flat.numel()] = flat
     return padded.view(blocks, BLOCK)
 
