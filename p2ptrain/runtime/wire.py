@@ -32,6 +32,21 @@ saves) that must also survive re-plans. Data-parallel gradients are the same qua
 they get error feedback (``ErrorFeedback``): what a member's encoding dropped is added to its next step's
 gradient (and, for the shard a member sums, what the all-gather's encoding dropped to its next sum).
 
+What a cost model needs to know about a run's settings (``TrainConfig`` keys; flags of ``p2ptrain train``,
+``swarm`` and ``agent``):
+
+* ``wire`` (``--wire``): the table above; ``bytes_per_element(name)`` and ``wire_bytes(name, n)`` give the
+  sizes, ``wire_format(name)`` the codec per kind. The loss (one float32 per step, last stage) is always fp32.
+* ``schedule`` (``--schedule gpipe|1f1b``, default ``gpipe``): ``schedule.schedule_ops`` gives each stage's
+  order of forwards and backwards; 1F1B runs ``min(S − 1 − j, M)`` warm-up forwards on stage j.
+* ``overlap`` (``--overlap/--no-overlap``, default on) and ``bucket_elements`` (default 2^18): a stage's
+  gradients are cut into buckets of about that many elements (reverse parameter order, a parameter never
+  split); during the stage's last backward each bucket's sharded all-reduce (reduce-scatter then
+  all-gather, both in the gradient codec) starts as soon as its gradients are final, up to
+  ``buckets.MAX_BUCKETS_IN_FLIGHT`` (4) at once; without overlap the buckets start when backward ends. Each
+  bucket's messages carry the bucket index as their micro-batch number; the loss goes as one more bucket.
+  Sends never block compute: the compute thread waits only for what it receives.
+
 Decoding is deterministic and every shard is summed in float32 by one member in replica order, then sent
 encoded to all and decoded by all (its owner included): replicas apply bit-identical updates whatever the
 wire. The codecs are pure torch functions. hivemind's compression is not used: its codecs produce protobuf
