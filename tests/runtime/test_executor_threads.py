@@ -145,3 +145,18 @@ def test_compressed_wire_keeps_replicas_bit_identical(wire):
     for got, want in zip(losses, reference.losses, strict=True):
         assert abs(got - want) <= 0.02 * want  # three steps: close to the exact run, not equal
     assert losses != reference.losses or wire == "bf16"
+
+
+@pytest.mark.timeout(120)
+def test_bucket_size_changes_no_bit():
+    """Buckets only regroup the messages: one bucket (the unbucketed all-reduce) and many give the same bits."""
+    torch.set_num_threads(1)
+    results = []
+    for bucket_elements in (1 << 30, 3000):
+        losses, executors, _, _ = train_in_threads(dataclasses.replace(BASE, bucket_elements=bucket_elements))
+        results.append((losses, [params_of(e) for e in executors.values()],
+                        [len(e.reducer.buckets) for e in executors.values()]))
+    (l0, p0, n0), (l1, p1, n1) = results
+    assert n0 == [1] * 4 and min(n1) > 10
+    assert l0 == l1
+    assert all(torch.equal(a, b) for x, y in zip(p0, p1, strict=True) for a, b in zip(x, y, strict=True))
