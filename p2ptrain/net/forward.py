@@ -134,7 +134,7 @@ async def serve_forwarding(p2p: P2P, limits: ForwardLimits | None = None) -> For
                 p2p.call_binary_stream_handler(PeerID.from_base58(target), FORWARD_IN), limits.open_timeout_s)
             await _write_preamble(out_writer, kind, origin, name)
             await _splice(reader, writer, out_reader, out_writer, limits.idle_s, counts)
-        except Exception as e:  # the target is gone, a side reset: the caller sees its stream close
+        except (Exception, asyncio.CancelledError) as e:  # the target is gone, a side reset, our shutdown
             logger.debug("forwarding %s -> %s (%s) ended: %r", origin, target, name, e)
         finally:
             counts.total -= 1
@@ -195,7 +195,8 @@ async def accept_forwarded(p2p: P2P, trusted_relays: Sequence[str], timeout_s: f
                 logger.info("forwarded stream from %s via %s for unknown protocol %r", origin, relay, name[:80])
                 _close(writer)
                 return
-            await handler(StreamInfo(origin_id, info.addr, name), reader, writer)  # it closes the writer
+            with suppress(asyncio.CancelledError):  # our shutdown (the handler closes the writer)
+                await handler(StreamInfo(origin_id, info.addr, name), reader, writer)
             return
         try:
             request = await _read_bounded(reader, MAX_UNARY_BYTES, timeout_s)
@@ -208,7 +209,7 @@ async def accept_forwarded(p2p: P2P, trusted_relays: Sequence[str], timeout_s: f
                 except Exception as e:  # the handler's own failure goes back to the caller, as p2pd does
                     reply = {"error": f"{type(e).__name__}: {e}"}
             await P2P.send_raw_data(msgpack.packb(reply), writer)
-        except Exception as e:
+        except (Exception, asyncio.CancelledError) as e:
             logger.debug("forwarded unary call %s from %s ended: %r", name, origin, e)
         finally:
             _close(writer)

@@ -113,6 +113,10 @@ class TensorServicer(ServicerBase):
                 await asyncio.wait_for(P2P.send_protobuf(reply, writer), self.idle_timeout_s)
         except (ConnectionError, OSError, asyncio.TimeoutError) as e:  # the sender went away or stopped reading
             logger.debug("push stream from peer %s ended: %r", info.peer_id, e)
+        except Malformed as e:  # cut mid-piece (the sender died) or garbled: refused, one line
+            logger.info("push stream from peer %s refused: %s", info.peer_id, e)
+        except asyncio.CancelledError:  # we are shutting down: end the stream quietly
+            logger.debug("push stream from peer %s closed at shutdown", info.peer_id)
         except Exception:
             logger.warning("push stream from peer %s failed", info.peer_id, exc_info=True)
         finally:

@@ -2,14 +2,13 @@
 agent, and two agents each behind its own NAT router with no inbound port and an uplink shaped by ``tc``.
 
 They find each other through the bootstrap, become reachable through it as a relay, measure every link
-(the two homes' link to each other goes through the relay), plan and train; the losses are those of
+(the two homes' link to each other, and the public agent's link to each home, go through the bootstrap's
+forwarding: ``p2ptrain.net.forward``), plan and train; the losses are those of
 single-process training, and the measured bandwidth of each shaped uplink to the public agent is within 15%
 of what ``tc`` allows. Measured on a quiet 2-core machine: 22.6 and 22.8 Mbit/s for the 24 Mbit/s home
 (to the public agent, and through the relay), 11.4 and 5.7 Mbit/s for the 12 Mbit/s home."""
 
 from __future__ import annotations
-
-import os
 
 import pytest
 from swarm_helpers import events, start_agent, start_bootstrap, wait_all
@@ -17,14 +16,7 @@ from swarm_helpers import events, start_agent, start_bootstrap, wait_all
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.reference import train_reference
 
-pytestmark = [
-    pytest.mark.integration,
-    # Known bug (issue 11, open): a home agent's relayed connections are sometimes reset within seconds of
-    # each dial, so the two homes' link is not measured or a home never trains. This test passed in some
-    # clean-clone CI runs and failed in others on the same code; volunteer_home_repro.py reproduces it.
-    pytest.mark.skipif(os.environ.get("P2PTRAIN_FLAKY_RELAYS") != "1",
-                       reason="home relays reset intermittently (issue 11, open); P2PTRAIN_FLAKY_RELAYS=1 runs it"),
-]
+pytestmark = pytest.mark.integration
 
 UPLINK_MBIT = {"home1": 24.0, "home2": 12.0}
 TRAIN = dict(model="tiny", steps=6, global_batch_size=12, micro_batches=2, seed=0, device="cpu")
@@ -70,6 +62,13 @@ def test_agents_behind_nat_measure_plan_and_train_through_relays(network, tmp_pa
     for name in homes:  # a home agent advertises itself through the relay first
         started = next(e for e in logs[name] if e["event"] == "started")
         assert "/p2p-circuit/p2p/" + ids[name] in started["maddrs"][0], started["maddrs"]
+
+    boot_id = line.rsplit("/p2p/", 1)[1]
+    texts = {name: (tmp_path / f"{name}.log").read_text() for name in procs}
+    for name in procs:  # everyone reaches each home through the bootstrap's forwarding, not a 128 KiB circuit
+        for home in homes:
+            if home != name:
+                assert f"peer {ids[home]} is behind NAT: reaching it through {boot_id}" in texts[name], name
 
     rows = {name: [e["row"] for e in evs if e["event"] == "links"][-1] for name, evs in logs.items()}
     for name, row in rows.items():
