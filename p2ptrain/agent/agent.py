@@ -82,6 +82,7 @@ from p2ptrain.model.data import data_identity
 from p2ptrain.net.dht import SwarmDHT
 from p2ptrain.net.election import latest_plan
 from p2ptrain.net.emulation import EmulationConfig, LinkEmulator, scaled_link
+from p2ptrain.net.forward import setup_forwarding
 from p2ptrain.net.lifecycle import StopSignal, shutdown_in_order
 from p2ptrain.net.records import NO_BACKUP, ComputeMeasurement, PeerRecord, PlanRecord, ProgressRecord
 from p2ptrain.net.transport import Transport
@@ -206,6 +207,10 @@ class Agent:
             try:
                 self.dht = SwarmDHT(cfg.run, cfg.dht).start()
                 self.transport = Transport(cfg.run, cfg.transport, dht=self.dht.hivemind_dht, emulator=self.emulator)
+                routes = self.transport.run_coroutine(setup_forwarding(
+                    self.transport.p2p, cfg.dht.relay, cfg.dht.initial_peers, cfg.transport.call_timeout_s),
+                    cfg.dht.startup_timeout_s)  # fmt: skip
+                self.dht.peer_listeners.append(routes.update)  # peers behind NAT: tensors go through a relay
                 self.transport.mailbox.admit_sender = self.dht.is_admitted  # closed runs: tensors from members only
                 self.transport.mailbox.senders = {}  # nobody sends tensors before we know the run (``_admit_senders``)
                 self.store = StateStore(self.keeper, self._local_dir(), cfg.train.model, cfg.train.seed)
@@ -369,6 +374,10 @@ class Agent:
         plan = self._boundary.plan if self._boundary is not None else self._boundary_check()
         if done is not None:  # what a boundary costs the training thread (the simulated objective adds it)
             self._poll_s.append(time.perf_counter() - started)
+        if plan is None and done is None:  # a spare left out of a newer plan stops waiting on the old one's end
+            newest, following = self._newest_seen, self._following
+            return (newest is not None and following is not None and newest.epoch > following.epoch
+                    and self.peer_id not in newest.membership)  # fmt: skip
         return plan is not None and (done is None or plan.start_step <= done)
 
     def _boundary_check(self) -> PlanRecord | None:
