@@ -10,8 +10,10 @@ another with ``interval_s`` between them, and the training thread only reads its
         ...
         plan = watch.plan          # at a step boundary: never blocks
 
-A newer plan is thus seen at most one check (a DHT read and ``interval_s``) after it was published, as the
-synchronous read saw it at the next boundary after its publication; a re-plan point lies two steps ahead of
+The pause between checks follows the steps: half the time between the last two boundaries that read an
+answer, within ``interval_s`` … ``max_interval_s`` (each check reads the DHT, which costs the shared CPU
+as much as the training it no longer blocks). A newer plan is thus seen within half a step and a DHT read of
+its publication, as the synchronous read saw it at the next boundary after its publication; a re-plan point lies two steps ahead of
 the progress the leader saw (``churn.join_start``) and a stage keeps its last two states, so a trainer that
 sees it one step late still holds the state it starts from. An error of the check (a refused plan set,
 ``AgentError``) is raised to the training thread at its next boundary.
@@ -21,23 +23,30 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-INTERVAL_S = 0.2  # between two checks while training (at most ``membership.poll_s``)
+INTERVAL_S = 0.2  # the shortest pause between two checks while training (at most ``membership.poll_s``)
+MAX_INTERVAL_S = 1.0  # the longest (``membership.poll_s``'s default)
 
 
 class BoundaryWatch(Generic[T]):
     """Runs ``check`` on a background thread until stopped; ``plan`` is its latest answer (None at first)."""
 
-    def __init__(self, check: Callable[[], T | None], interval_s: float, *, stop_timeout_s: float = 60.0):
-        if not interval_s > 0:
+    def __init__(self, check: Callable[[], T | None], interval_s: float, *, max_interval_s: float = MAX_INTERVAL_S,
+                 stop_timeout_s: float = 60.0, clock: Callable[[], float] = time.monotonic):
+        if not 0 < interval_s:
             raise ValueError(f"interval_s must be positive, got {interval_s}")
         self._check = check
-        self._interval_s = interval_s
+        self._min_interval_s = interval_s
+        self._max_interval_s = max(interval_s, max_interval_s)
+        self.interval_s = interval_s  # the pause now (``plan`` adapts it to the steps)
+        self._last_read_s: float | None = None
+        self._clock = clock
         self._stop_timeout_s = stop_timeout_s
         self._stopped = threading.Event()
         self._latest: T | None = None
@@ -48,6 +57,10 @@ class BoundaryWatch(Generic[T]):
     @property
     def plan(self) -> T | None:
         """The latest check's answer; raises the error a check failed with, once."""
+        now = self._clock()
+        if self._last_read_s is not None:
+            self.interval_s = min(self._max_interval_s, max(self._min_interval_s, (now - self._last_read_s) / 2))
+        self._last_read_s = now
         error, self._error = self._error, None
         if error is not None:
             raise error
@@ -61,7 +74,7 @@ class BoundaryWatch(Generic[T]):
                 self._error = e
                 return
             self.checks += 1
-            self._stopped.wait(self._interval_s)
+            self._stopped.wait(self.interval_s)
 
     def start(self) -> BoundaryWatch[T]:
         self._thread.start()

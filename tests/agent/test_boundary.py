@@ -80,3 +80,14 @@ def test_stop_waits_for_the_check_in_progress_and_no_check_runs_after():
 def test_a_bad_interval_is_refused():
     with pytest.raises(ValueError, match="interval_s"):
         BoundaryWatch(lambda: None, interval_s=0)
+
+
+def test_the_pause_between_checks_follows_the_steps_within_its_bounds():
+    now = [0.0]
+    watch = BoundaryWatch(lambda: None, interval_s=0.2, max_interval_s=1.0, clock=lambda: now[0])
+    assert watch.interval_s == 0.2
+    for step_s, expected in [(0.6, 0.3), (5.0, 1.0), (0.1, 0.2), (1.0, 0.5)]:
+        watch.plan  # noqa: B018  (a step boundary)
+        now[0] += step_s
+        watch.plan  # noqa: B018
+        assert watch.interval_s == pytest.approx(expected)
