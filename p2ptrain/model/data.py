@@ -76,8 +76,9 @@ def load_split(path: str | Path | None, split: str = "train") -> Tokens:
     if is_prepared(path):
         return PreparedDataset(path).split(split)
     if split != "train":
-        raise ValueError(f"data {path or 'the built-in corpus'} is plain text with no {split} split: prepare it "
-                         "with p2ptrain data prepare to hold one out")
+        what = "the built-in corpus" if path is None else f"data {path}"
+        raise ValueError(f"{what} is plain text with no {split} split: prepare it with p2ptrain data prepare "
+                         "to hold one out")
     return load_tokens(path)
 
 
