@@ -51,3 +51,14 @@ def test_train_cli_evaluates_a_distributed_run_like_a_single_process_one(tmp_pat
     (single_step, single), (split_step, split) = runs[0]["val_losses"][-1], runs[1]["val_losses"][-1]
     assert single_step == split_step == 3 and abs(single - split) <= 1e-4 * single
     assert runs[1]["tokens_per_s"] > 0 and runs[1]["mfu"] is not None
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(),
+                    reason="no CUDA device here: 2 x 2 workers on one GPU run only on a machine with a GPU")
+@pytest.mark.timeout(300)
+def test_two_by_two_workers_on_one_gpu_give_the_single_process_losses(tmp_path):
+    cfg = TrainConfig(steps=5, stages=2, replicas=2, global_batch_size=8, micro_batches=2, device="cuda")
+    result = train_distributed(cfg, workdir=str(tmp_path / "work"))
+    reference = train_reference(dataclasses.replace(cfg, stages=1, replicas=1))
+    for got, want in zip(result.losses, reference.losses, strict=True):
+        assert abs(got - want) <= 1e-4 * abs(want), (result.losses, reference.losses)
