@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from p2ptrain.agent import settings
 from p2ptrain.agent.boundary import INTERVAL_S, BoundaryWatch
 from p2ptrain.agent.churn import CHECKPOINT, INIT, copies_of, join_start, restart_point, source_indices
 from p2ptrain.agent.claims import ComputeWatch, bounded, record_problem, with_slowdowns
@@ -98,6 +99,7 @@ from p2ptrain.runtime.calibration import (
 )
 from p2ptrain.runtime.checkpoint import latest_complete
 from p2ptrain.runtime.compute_speed import compute_slowdown
+from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.reference import resolve_device, torch_settings
 
 logger = logging.getLogger(__name__)
@@ -322,7 +324,8 @@ class Agent:
         self._tracker = MembershipTracker(self.peer_id, data=self.data_id)
         self._gate = PlanGate(self.peer_id, cfg.train, cfg.plan, cfg.emulation, self._leaders, cfg.dht.peer_ttl_s,
                               self.dht.read_links,
-                              lambda cluster, trainers, peers: self._plan_workload(trainers, Membership(dict(peers))),
+                              lambda cluster, trainers, peers, train: self._plan_workload(
+                                  trainers, Membership(dict(peers)), train),
                               lambda plan, reason: self.events.write("plan_refused", epoch=plan.epoch,
                                                                      signer=plan.leader, reason=reason))  # fmt: skip
         self._started = time.monotonic()
@@ -567,19 +570,21 @@ class Agent:
             self._links_wait_since = now
         return not gaps or now - self._links_wait_since >= cfg.membership.links_timeout_s
 
-    def _plan_workload(self, trainers: list[str], membership: Membership) -> Workload:
-        """The workload a plan of ``trainers`` is scored with, ours or (to check it) the leader's."""
-        return self._split_workload(trainers, membership)[0]
+    def _plan_workload(self, trainers: list[str], membership: Membership, train: TrainConfig) -> Workload:
+        """The workload a plan of ``trainers`` is scored with under ``train`` (the run settings: our own when we
+        lead, the plan's when we check the leader's)."""
+        return self._split_workload(trainers, membership, train)[0]
 
-    def _split_workload(self, trainers: list[str], membership: Membership) -> tuple[Workload, Layers | None]:
+    def _split_workload(self, trainers: list[str], membership: Membership,
+                        train: TrainConfig) -> tuple[Workload, Layers | None]:  # fmt: skip
         """``_plan_workload``, and the layer split a re-plan keeps (None: the planner chooses). Stage states
         are kept and handed over per stage, so once the run trains with a split its re-plans keep it (a new
         split would ask a source for blocks it does not hold); the leader and the followers that check its
         plan pin the same split, the one of the plan being trained."""
-        stages = self.config.train.stages
-        workload = run_workload(self.config.train, stages, len(trainers) // stages, self.config.emulation.size_factor)
+        stages = train.stages
+        workload = run_workload(train, stages, len(trainers) // stages, self.config.emulation.size_factor)
         if self.config.plan.objective == "simulated":
-            workload = self._step_workload(workload, trainers, membership, stages)
+            workload = self._step_workload(workload, trainers, membership, stages, train)
         current = self._following or self._newest_seen
         if not isinstance(workload, LayeredWorkload) or current is None:
             return workload, None
@@ -720,7 +725,7 @@ class Agent:
         cluster = build_cluster(trainers, membership.peers, rows, self.config.emulation)
         members = build_cluster(trainers + spares, membership.peers, rows, self.config.emulation) if spares else cluster
         stages = self.config.train.stages
-        workload, layers = self._split_workload(trainers, membership)
+        workload, layers = self._split_workload(trainers, membership, self.config.train)
         logger.info("planning epoch %d for %d peers (%s): %d stages × %d replicas, %d spare(s), strategy %s",
                     self._next_epoch, len(membership), trigger, stages, len(trainers) // stages, len(spares),
                     self.config.plan.strategy)
@@ -745,7 +750,8 @@ class Agent:
                               observed_s=s.observed_s, predicted_s=s.predicted_s)
         return self._compute.slowdowns_of(membership.ids)
 
-    def _step_workload(self, workload: Workload, trainers: list[str], membership: Membership, stages: int) -> Workload:
+    def _step_workload(self, workload: Workload, trainers: list[str], membership: Membership, stages: int,
+                       train: TrainConfig) -> Workload:  # fmt: skip
         """The workload with the trainers' calibrated step profile, in the (emulated) network's units."""
         emulation = self.config.emulation
         measured = [r.compute for p in trainers if (r := membership.peers.get(p)) is not None and r.compute]
@@ -754,10 +760,10 @@ class Agent:
                            len(trainers) - len(measured), len(trainers))
         boundary_s = statistics.median(self._poll_s) if self._poll_s else 0.0  # every step boundary polls the same
         if measured and len(measured) == len(trainers):  # each device's own measurement (mixed devices)
-            return layered_workload(measured, workload, self.config.train, len(trainers) // stages,
+            return layered_workload(measured, workload, train, len(trainers) // stages,
                                     boundary_s=boundary_s, time_scale=emulation.time_scale if emulation.enabled else 1.0,
                                     size_factor=emulation.size_factor if emulation.enabled else 1.0)  # fmt: skip
-        profile = step_profile(measured, self.config.train, stages, len(trainers) // stages, boundary_s=boundary_s,
+        profile = step_profile(measured, train, stages, len(trainers) // stages, boundary_s=boundary_s,
                                time_scale=emulation.time_scale if emulation.enabled else 1.0,
                                size_factor=emulation.size_factor if emulation.enabled else 1.0)  # fmt: skip
         return step_workload(workload, profile)
@@ -795,7 +801,8 @@ class Agent:
                                      slowdowns=tuple((index[p], f) for p, f in planning.slowdowns.items() if p in index),
                                      sources=source_indices(sources, record.membership),
                                      backups=tuple(NO_BACKUP if p is None else index[p] for p in copies["peers"]),
-                                     backup_every=copies["every_steps"])  # fmt: skip
+                                     backup_every=copies["every_steps"],
+                                     **settings.plan_fields(self.config.train))  # fmt: skip
         plan = {**plan, "warm_copies": copies}
         self.dht.publish_plan(record)
         self._published = record
@@ -812,7 +819,7 @@ class Agent:
             "plan", epoch=planning.epoch, plan=plan, devices=planning.devices, spares=planning.spares,
             trigger=planning.trigger, cluster=planning.cluster.to_dict(), start_step=start_step,
             sources=list(sources), replan=planning.replan.kind if planning.replan else None,
-            slowdowns=planning.slowdowns,
+            slowdowns=planning.slowdowns, settings=settings.plan_fields(self.config.train),
             workload={"activation_gb": planning.workload.activation_gb, "gradient_gb": planning.workload.gradient_gb,
                       **({"step": dataclasses.asdict(planning.workload.step)}
                          if isinstance(planning.workload, StepWorkload) else {}),
@@ -889,8 +896,12 @@ class Agent:
         # Heartbeats notice failures; the data deadline only has to allow the plan's slowest step.
         scale = cfg.emulation.time_scale if cfg.emulation.enabled else 1.0
         call_timeout_s = max(cfg.transport.call_timeout_s, cfg.liveness.deadline_multiple * plan.cost_s * scale)
+        train = settings.adopt(cfg.train, plan)  # the gate refused plans whose settings we do not know
+        changed = settings.differences(cfg.train, plan)
+        if changed:
+            logger.info("epoch %d trains with the plan's settings: %s", plan.epoch, ", ".join(changed))
         context = EpochContext(
-            me=self.peer_id, train=cfg.train, device=device, transport=self.transport, dht=self.dht,
+            me=self.peer_id, train=train, device=device, transport=self.transport, dht=self.dht,
             stop=self.stop, events=self.events, heartbeat=self.heartbeat, keeper=self.keeper, store=self.store,
             checkpoint=cfg.checkpoint, call_timeout_s=call_timeout_s,
             state_timeout_s=call_timeout_s + cfg.churn.halt_timeout_s, poll_s=cfg.membership.poll_s,

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from p2ptrain.agent import settings
 from p2ptrain.agent.claims import plan_slowdowns, with_slowdowns
 from p2ptrain.agent.config import EmulationSettings, PlanConfig
 from p2ptrain.agent.leader import build_cluster, cluster_order, make_plan, trainers_and_spares
@@ -39,6 +40,9 @@ from p2ptrain.planning import Cluster, LayeredWorkload, Workload, even_layers, m
 from p2ptrain.runtime.config import TrainConfig
 
 logger = logging.getLogger(__name__)
+
+# (cluster, trainers, their records, the run settings) -> the workload a plan of them is scored with
+WorkloadFor = Callable[[Cluster, list[str], Mapping[str, PeerRecord], TrainConfig], Workload]
 
 
 def membership_problem(plan: PlanRecord, live: Collection[str], settled: Collection[str], first: bool) -> str | None:
@@ -89,16 +93,17 @@ class CostCheck:
 
 def cost_check(plan: PlanRecord, peers: Mapping[str, PeerRecord], rows: Mapping[str, LinksRecord],
                train: TrainConfig, config: PlanConfig, emulation: EmulationSettings,
-               workload_for: Callable[[Cluster, list[str], Mapping[str, PeerRecord]], Workload], tolerance: float,
-               slack_s: float = 0.0) -> CostCheck:  # fmt: skip
+               workload_for: WorkloadFor, tolerance: float, slack_s: float = 0.0) -> CostCheck:
     """Score ``plan`` and our own plan of its members (``peers``: their records; ``rows``: the links rows)
-    with the run's objective; ``workload_for(cluster, trainers, peers)`` gives the workload both are scored with.
-    Raises ValueError where we cannot plan these members ourselves."""
+    with the run's objective and the plan's run settings (``agent.settings``: the wire, schedule and overlap
+    both plans would train with); ``workload_for(cluster, trainers, peers, train)`` gives the workload both
+    are scored with. Raises ValueError where we cannot plan these members ourselves."""
     if plan.stages != train.stages:
         raise ValueError(f"it has {plan.stages} stages; the run trains {train.stages}")
+    train = settings.adopt(train, plan)
     theirs = trainers_of(plan)
     cluster = build_cluster(theirs, peers, rows, emulation)
-    workload = workload_for(cluster, theirs, peers)
+    workload = workload_for(cluster, theirs, peers, train)
     if isinstance(workload, LayeredWorkload):  # mixed devices: their plan at its own layer split
         workload = workload.at(plan.layer_ranges or even_layers(workload.costs.num_layers, plan.stages))
     theirs_s = make_objective(config.objective, cluster, workload, plan.stages).evaluate(
@@ -108,7 +113,7 @@ def cost_check(plan: PlanRecord, peers: Mapping[str, PeerRecord], rows: Mapping[
         raise ValueError(f"it trains {len(theirs)} peers where the run's settings train {len(ours)} of "
                          f"{len(plan.membership)} members")
     own = build_cluster(ours, peers, rows, emulation)
-    ours_s = make_plan(own, workload_for(own, ours, peers), plan.stages, config)["cost_s"]
+    ours_s = make_plan(own, workload_for(own, ours, peers, train), plan.stages, config)["cost_s"]
     return CostCheck(float(theirs_s), float(ours_s), tolerance, slack_s)
 
 
@@ -175,7 +180,7 @@ class PlanGate:
     def __init__(self, me: str, train: TrainConfig, plan: PlanConfig, emulation: EmulationSettings,
                  leaders: LeaderWatch, settle_s: float,
                  read_rows: Callable[[], Mapping[str, LinksRecord]],
-                 workload_for: Callable[[Cluster, list[str], Mapping[str, PeerRecord]], Workload],
+                 workload_for: WorkloadFor,
                  on_refusal: Callable[[PlanRecord, str], None] = lambda plan, reason: None):  # fmt: skip
         self.me, self.train, self.plan, self.emulation = me, train, plan, emulation
         self.leaders = leaders
@@ -194,9 +199,16 @@ class PlanGate:
     def accept(self, plan: PlanRecord, live: Mapping[str, PeerRecord], known_for: Callable[[str], float],
                first: bool) -> bool:  # fmt: skip
         """Whether to follow ``plan`` (signed by the leader we see) now. Our own plans pass unchecked."""
-        if plan.leader == self.me or not self.plan.verify:
+        if plan.leader == self.me:
             return True
         key = plan.encode()
+        unknown = settings.problem(plan)  # checked even unverified: we could not train with it
+        if unknown is not None:
+            self._costs[key] = unknown
+            self._refuse(plan, key, unknown)
+            return False
+        if not self.plan.verify:
+            return True
         settled = [p for p in live if known_for(p) >= self.settle_s]
         problem = membership_problem(plan, live, settled, first)
         if problem is not None and any(p not in live for p in plan.membership):
@@ -209,11 +221,14 @@ class PlanGate:
         if problem is None:
             self.leaders.satisfied()
             return True
+        self._refuse(plan, key, problem)
+        return False
+
+    def _refuse(self, plan: PlanRecord, key: bytes, problem: str) -> None:
         if (key, problem) not in self._refused:
             self._refused.add((key, problem))
             logger.warning("refusing plan epoch %d signed by %s: %s", plan.epoch, plan.leader, problem)
             self.on_refusal(plan, problem)
-        return False
 
     def _cost_problem(self, plan: PlanRecord, live: Mapping[str, PeerRecord], key: bytes) -> str | None:
         if key in self._costs:

@@ -207,7 +207,7 @@ def _plan_by_agent(state: SwarmState, leader: int, event: dict[str, Any]) -> dic
         "leader": leader, "epoch": event["epoch"], "plan": plan, "predicted_cost_s": plan["cost_s"],
         "planning_s": (plan.get("search") or {}).get("seconds"),
         "predicted_emulated_s": plan["cost_s"] * state.time_scale if state.network is not None else None,
-        "workload": event["workload"], "measured": measured,
+        "settings": event.get("settings"), "workload": event["workload"], "measured": measured,
         "spares": [state.index_of(p) for p in event["spares"]],
     }  # fmt: skip
 

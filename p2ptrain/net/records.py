@@ -71,6 +71,7 @@ MAX_TFLOPS = 10_000.0
 MAX_LATENCY_MS = 60_000.0
 MAX_BANDWIDTH_GBPS = 1_000.0
 MAX_COST_S = 1e9
+MAX_BUCKET_ELEMENTS = 1 << 40  # elements per all-reduce bucket (``runtime.buckets``)
 MAX_SLOWDOWN = 1e4  # a plan may price a member at most this many times slower than its record
 MAX_STEP_TIME_S = 1e6
 MAX_ABS_LOSS = 1e9
@@ -328,6 +329,12 @@ class PlanRecord(_Record):
     Claims checked (additive): ``slowdowns`` pairs a member index with a factor ≥ 1: the leader priced that
     member's device this many times slower than its peer record says, from what it showed in training
     (``agent.claims``); followers check the plan's cost with the same factors. Empty: the records as they are.
+
+    Run settings (additive): how the epoch's tensors travel, which the leader priced the plan with and every
+    trainer of the epoch uses (``agent.settings``): ``wire`` (``runtime.wire``), ``schedule``
+    (``runtime.schedule``), ``overlap`` and ``bucket_elements`` (``runtime.buckets``). Empty, None or 0: the
+    follower's own ``[train]`` value (plans of leaders that do not say). Names are checked here only as
+    identifiers; a follower refuses a plan whose settings it does not know, with the reason.
     """
 
     epoch: int
@@ -347,6 +354,10 @@ class PlanRecord(_Record):
     baselines: tuple[tuple[str, float], ...] = ()
     layers: tuple[int, ...] = ()
     slowdowns: tuple[tuple[int, float], ...] = ()
+    wire: str = ""
+    schedule: str = ""
+    overlap: bool | None = None
+    bucket_elements: int = 0
     kind: ClassVar[RecordKind] = RecordKind.PLAN
 
     def __post_init__(self) -> None:
@@ -417,6 +428,12 @@ class PlanRecord(_Record):
         if len({i for i, _ in slowdowns}) != len(slowdowns):
             raise RecordError("slowdowns name a member twice")
         _set(self, "slowdowns", tuple(sorted(slowdowns)))
+        for name in ("wire", "schedule"):
+            value = getattr(self, name)
+            _set(self, name, "" if value == "" else f.text(name, value, 16, pattern=_IDENT_RE))
+        if self.overlap is not None and not isinstance(self.overlap, bool):
+            raise RecordError(f"overlap must be true, false or absent, not {self.overlap!r}")
+        _set(self, "bucket_elements", f.integer("bucket_elements", self.bucket_elements, 0, MAX_BUCKET_ELEMENTS))
 
     @property
     def leader(self) -> str:
@@ -475,6 +492,10 @@ class PlanRecord(_Record):
             **({"baselines": [list(pair) for pair in self.baselines]} if self.baselines else {}),
             **({"layers": f.pack_uint16(self.layers)} if self.layers else {}),
             **({"slowdowns": [list(pair) for pair in self.slowdowns]} if self.slowdowns else {}),
+            **({"wire": self.wire} if self.wire else {}),
+            **({"schedule": self.schedule} if self.schedule else {}),
+            **({"overlap": self.overlap} if self.overlap is not None else {}),
+            **({"bucket_elements": self.bucket_elements} if self.bucket_elements else {}),
         }  # fmt: skip
 
     @classmethod
@@ -500,7 +521,8 @@ class PlanRecord(_Record):
             backups=f.unpack_uint16(f.binary("backups", m.get("backups", b""), item_size=2, max_items=stages)),
             backup_every=m.get("backup_every", 0), baselines=tuple(m.get("baselines", ())),
             layers=f.unpack_uint16(f.binary("layers", m.get("layers", b""), item_size=2, max_items=stages)),
-            slowdowns=tuple(m.get("slowdowns", ())),
+            slowdowns=tuple(m.get("slowdowns", ())), wire=m.get("wire", ""), schedule=m.get("schedule", ""),
+            overlap=m.get("overlap"), bucket_elements=m.get("bucket_elements", 0),
         )  # fmt: skip
 
 

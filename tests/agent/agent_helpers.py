@@ -102,9 +102,10 @@ def sorted_identities(workdir: Path, count: int) -> None:
         (workdir / f"agent-{k}.id").chmod(0o600)
 
 
-def run_agents(workdir: Path, config, commands: dict, overrides: dict, timeout_s: float, on_start=None):
+def run_agents(workdir: Path, config, commands: dict, overrides: dict, timeout_s: float, on_start=None,
+               agent_overrides: dict | None = None):
     """A swarm started by hand: a bootstrap and ``config.agents`` agents with the settings ``p2ptrain swarm``
-    writes (each table updated from ``overrides``), agent k running ``commands[k] + [its config file]``
+    writes (each table updated from ``overrides``, then agent k's from ``agent_overrides[k]``), agent k running ``commands[k] + [its config file]``
     where given (a misbehaving peer), ``p2ptrain agent --config`` otherwise. Waits until every agent without
     a command exited (``on_start(group, agents)`` runs once they are started), then stops the rest.
     Returns (agents, exit codes of the honest ones, train config)."""
@@ -129,8 +130,9 @@ def run_agents(workdir: Path, config, commands: dict, overrides: dict, timeout_s
         for agent in agents:
             tables = tomllib.loads(_agent_toml(config, train, config.run, maddrs, agent, workdir, cluster_path,
                                                time_scale, size_factor))  # fmt: skip
-            for table, values in overrides.items():
-                tables.setdefault(table, {}).update(values)
+            for changes in (overrides, (agent_overrides or {}).get(agent.index, {})):
+                for table, values in changes.items():
+                    tables.setdefault(table, {}).update(values)
             agent.config_path.write_text(to_toml(tables))
             argv = [*commands.get(agent.index, [sys.executable, "-m", "p2ptrain", "agent", "--config"]),
                     str(agent.config_path)]  # fmt: skip

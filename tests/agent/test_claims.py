@@ -98,7 +98,7 @@ def test_a_plan_made_with_slowdowns_passes_its_followers_check():
     records = {peer: record() for peer in PEERS}
     rows = {a: LinksRecord.from_peers({b: LinkMeasurement(5.0, 1.0) for b in PEERS if b != a}) for a in PEERS}
 
-    def workload_for(cluster, trainers, peers):
+    def workload_for(cluster, trainers, peers, train=None):
         return layered_workload([peers[p].compute for p in trainers], run_workload(TRAIN, 2, 2), TRAIN, 2)
 
     leader_view = with_slowdowns(records, {PEERS[1]: 8.0})

@@ -50,7 +50,7 @@ def plan_record(peers: list[str], trainers: list[str], order: tuple[int, ...]) -
     return PlanRecord.from_plan_json(0, devices, plan)
 
 
-def workload_for(cluster, trainers, peers=None):
+def workload_for(cluster, trainers, peers=None, train=None):
     return run_workload(TRAIN, 2, len(trainers) // 2)
 
 

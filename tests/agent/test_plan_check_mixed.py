@@ -37,7 +37,7 @@ def test_a_layered_plan_is_checked_at_its_own_split_with_measured_speeds():
     cluster = build_cluster(peers, records, rows, EmulationSettings())
     assert [d.tflops for d in cluster.devices] == [measured_speed(c) for c in speeds]  # own speeds, not declared
 
-    def workload_for(cluster, trainers, peers=None):
+    def workload_for(cluster, trainers, peers=None, train=None):
         return layered_workload([records[p].compute for p in trainers], run_workload(TRAIN, 2, 2), TRAIN, 2)
 
     plan = make_plan(cluster, workload_for(cluster, peers), 2, SIMULATED)
