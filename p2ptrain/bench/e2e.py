@@ -37,11 +37,19 @@ and in the network's (the paper's) seconds. The measured step time is the median
 time from one step's end to the next's (a step ends when its last agent ends it; step 1 warms up): the
 period at which the swarm trains, which is what the simulation predicts. The paper's cost model
 (``dtfm``) of the same plan on the same measurements is reported beside it.
+
+The leader predicts from calibrations taken before training; on a loaded CPU the agents then compute
+slower than they calibrated, and the more of a step is compute (compressed wires) the more that input
+error shows. So each plan is also priced again with the compute each trainer showed while training
+(``repriced``: every device's speed scaled by its calibrated over its shown compute per step, the rest of
+the leader's inputs unchanged): the objective's own error, apart from its input's (JSON ``repriced_step_s``,
+``repriced_error``; the settings table's ``shown`` columns).
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import logging
 import statistics
@@ -167,7 +175,8 @@ def run_e2e(config: E2EConfig, stop) -> dict[str, Any]:
             raise RuntimeError(f"{config.scenario}, {strategy}: the swarm failed: {result.error}")
         if strategy == "scheduled":
             models = leader_objectives(result.summary)
-        plans[strategy] = plan_row(result.summary, step_completions(result.agents), time_scale)
+        plans[strategy] = plan_row(result.summary, step_completions(result.agents), time_scale,
+                                   shown_compute(result.agents))
         logger.info("%s, %s: measured %.3f s, predicted %.3f s", config.scenario, strategy,
                     plans[strategy]["measured_step_s"], plans[strategy]["predicted_step_s"])
     settings = {config.settings[0]: plans["scheduled"]}
@@ -176,7 +185,8 @@ def run_e2e(config: E2EConfig, stop) -> dict[str, Any]:
         result = run_swarm(_swarm_config(config, "scheduled", time_scale, workdir, setting), stop)
         if not result.ok:
             raise RuntimeError(f"{config.scenario}, {setting}: the swarm failed: {result.error}")
-        settings[setting] = plan_row(result.summary, step_completions(result.agents), time_scale)
+        settings[setting] = plan_row(result.summary, step_completions(result.agents), time_scale,
+                                     shown_compute(result.agents))
         logger.info("%s, %s: measured %.3f s, predicted %.3f s", config.scenario, setting,
                     settings[setting]["measured_step_s"], settings[setting]["predicted_step_s"])
     return {
@@ -197,17 +207,79 @@ def step_completions(agents) -> list[float]:
     return [ends[k] for k in sorted(ends)]
 
 
-def plan_row(summary: dict[str, Any], completions: list[float], time_scale: float) -> dict[str, Any]:
-    """One plan's measured and predicted step times, from its swarm's summary and step completion times."""
+def shown_compute(agents) -> dict[int, float]:
+    """Each agent's compute per step as it showed it while training (the compute pacer's wall time of the
+    step's forwards, backwards and update, ``ProgressRecord.compute_s``; real seconds): the median over
+    steps 2…K, by agent index. Agents that trained no such step are left out."""
+    seen: dict[int, list[float]] = {}
+    for agent in agents:
+        for event in agent.events.all("step"):
+            if event["step"] >= 2 and event.get("compute_s"):
+                seen.setdefault(agent.index, []).append(event["compute_s"])
+    return {k: statistics.median(values) for k, values in sorted(seen.items())}
+
+
+def repriced(summary: dict[str, Any], shown: dict[int, float], time_scale: float) -> dict[str, Any] | None:
+    """The leader's prediction of its plan once more, with each trainer computing as it showed in training
+    (``shown_compute``) instead of as it calibrated before: each device's speed scaled by its calibrated
+    compute per step over the compute it showed. What the objective predicts from the right compute, which
+    separates its own error from its input's (a loaded CPU computes slower than it calibrated; a GPU does
+    not). None where the workload has no compute or a trainer showed none."""
+    workload, plan = summary["workload"], summary["plan"]
+    step = workload.get("step")
+    stages = len(plan["pipelines"][0])
+    if not step:
+        return None
+    profile = StepProfile(**{k: tuple(v) if isinstance(v, list) else v for k, v in step.items()})
+    if "layer_costs" in workload:  # per layer: the plan's split
+        raw = workload["layer_costs"]
+        costs = LayerCosts(**{k: Parts(**v) if isinstance(v, dict) else v for k, v in raw.items()})
+        split = tuple(tuple(r) for r in plan["layers"]) if plan.get("layers") else even_layers(costs.num_layers, stages)
+        at = LayeredWorkload(workload["activation_gb"], workload["gradient_gb"], step=profile, costs=costs).at(split)
+    else:
+        at = StepWorkload(workload["activation_gb"], workload["gradient_gb"], step=profile)
+    profile = at.step
+    if not profile.forward_s:
+        return None
+    cluster = _measured_cluster(summary["measured"])
+    reference = profile.reference_tflops or 1.0
+    speeds = [d.tflops if profile.reference_tflops and d.tflops else reference for d in cluster.devices]
+    per_step = [(profile.micro_batches * (f + b) + u) * time_scale for f, b, u in
+                zip(profile.forward_s, profile.backward_s, profile.update_s or (0.0,) * stages, strict=True)]
+    calibrated, scaled = {}, list(speeds)
+    for row in plan["pipelines"]:
+        for j, k in enumerate(row):
+            if k not in shown:
+                return None
+            calibrated[k] = per_step[j] * reference / speeds[k]
+            scaled[k] = speeds[k] * calibrated[k] / max(shown[k], 1e-12)
+    devices = tuple(dataclasses.replace(d, tflops=v) for d, v in zip(cluster.devices, scaled, strict=True))
+    objective = make_objective("simulated", Cluster(devices, cluster.latency_ms, cluster.bandwidth_gbps),
+                               dataclasses.replace(at, step=dataclasses.replace(profile, reference_tflops=reference)),
+                               stages)  # fmt: skip
+    return {"step_s": objective.evaluate(np.array(plan["pipelines"])).cost_s * time_scale,
+            "compute_calibrated_s": {k: calibrated[k] for k in sorted(calibrated)},
+            "compute_shown_s": {k: shown[k] for k in sorted(calibrated)}}  # fmt: skip
+
+
+def plan_row(summary: dict[str, Any], completions: list[float], time_scale: float,
+             shown: dict[int, float] | None = None) -> dict[str, Any]:  # fmt: skip
+    """One plan's measured and predicted step times, from its swarm's summary and step completion times;
+    with ``shown`` (``shown_compute``) also the prediction repriced with the compute shown in training."""
     times = [b - a for a, b in zip(completions, completions[1:], strict=False)]  # steps 2…K: end to end
     plan = summary["plan"]
     measured = statistics.median(times)
     predicted = plan["cost_s"] * time_scale
     dtfm = leader_objectives(summary)["dtfm"].evaluate(np.array(plan["pipelines"])).cost_s
     layers = plan.get("layers")
+    again = repriced(summary, shown, time_scale) if shown else None
     return {
         "measured_step_s": measured, "predicted_step_s": predicted, "predicted_paper_s": plan["cost_s"],
         "error": predicted / measured - 1.0, "dtfm_step_s": dtfm * time_scale, "dtfm_paper_s": dtfm,
+        "repriced_step_s": again["step_s"] if again else None,
+        "repriced_error": again["step_s"] / measured - 1.0 if again else None,
+        "compute_calibrated_s": again["compute_calibrated_s"] if again else None,
+        "compute_shown_s": again["compute_shown_s"] if again else None,
         "objective": plan["objective"], "pipelines": plan["pipelines"], "layers": layers, "step_time_s": times,
         "agent_step_time_s": summary["step_time_s"], "step_profile": summary["workload"].get("step"),
         "loss_first": summary["losses"][0], "loss_last": summary["losses"][-1],
@@ -315,17 +387,21 @@ def format_settings(report: dict[str, Any]) -> str:
         return ""
     names = list(rows)
     base = rows[names[0]]
-    head = (f"{'setting':<22} {'measured s':>10} {'predicted s':>11} {'error':>7} {'speedup: measured':>17} "
-            f"{'predicted':>9} {'loss':>7}  plan")  # fmt: skip
+    head = (f"{'setting':<22} {'measured s':>10} {'predicted s':>11} {'error':>7} {'shown s':>8} {'error':>7} "
+            f"{'speedup: measured':>17} {'predicted':>9} {'loss':>7}  plan")  # fmt: skip
     lines = [head, "-" * len(head)]
     for name in names:
         r = rows[name]
         same = "same" if r["pipelines"] == base["pipelines"] and r.get("layers") == base.get("layers") else "other"
+        shown = (f"{r['repriced_step_s']:8.3f} {100 * r['repriced_error']:+6.1f}%" if r.get("repriced_step_s")
+                 else f"{'-':>8} {'-':>7}")  # fmt: skip
         lines.append(f"{name:<22} {r['measured_step_s']:10.3f} {r['predicted_step_s']:11.3f} {100 * r['error']:+6.1f}% "
-                     f"{base['measured_step_s'] / r['measured_step_s']:16.2f}× "
+                     f"{shown} {base['measured_step_s'] / r['measured_step_s']:16.2f}× "
                      f"{base['predicted_step_s'] / r['predicted_step_s']:8.2f}× {r['loss_last']:7.4f}  {same}")
-    lines.append(f"{report['scenario']}: the scheduled plan per setting; speedup = the first setting's step time over "
-                 f"this one's; loss after step {report['steps']}; plan: the same as the first setting's or another")
+    lines.append(f"{report['scenario']}: the scheduled plan per setting; predicted: the leader's, from the agents' "
+                 f"calibration; shown: the same plan priced with the compute the trainers showed while training; "
+                 f"speedup = the first setting's step time over this one's; loss after step {report['steps']}; "
+                 f"plan: the same as the first setting's or another")
     return "\n".join(lines)
 
 

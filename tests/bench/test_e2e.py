@@ -35,6 +35,8 @@ def test_e2e_reports_measured_and_predicted_step_times_for_each_plan(tmp_path, m
         # the prediction in emulated seconds is the network's seconds times the time scale
         assert plan["predicted_step_s"] == pytest.approx(plan["predicted_paper_s"] * report["time_scale"])
         assert sorted(a for row in plan["pipelines"] for a in row) == [0, 1, 2, 3]
+        # priced again with the compute each trainer showed in step 2
+        assert plan["repriced_step_s"] > 0 and len(plan["compute_shown_s"]) == 4, plan
     assert report["plans"]["megatron"]["pipelines"] == [[0, 2], [1, 3]]  # Megatron's rank order, by agent
     assert 0 < report["time_scale"] and 0 < report["size_factor"] < 1
     assert set(report["speedups"]) == {"over_megatron"}
