@@ -21,7 +21,7 @@ from p2ptrain.errors import ConfigError
 from p2ptrain.net.dht import DHTConfig, SwarmDHT
 from p2ptrain.net.forward import ForwardStats, serve_forwarding
 from p2ptrain.net.keys import check_run_id
-from p2ptrain.net.lifecycle import StopSignal
+from p2ptrain.net.lifecycle import StopSignal, service_loop
 from p2ptrain.net.relay import RelayConfig
 
 logger = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ class _Forwarding:
         relay = config.relay
         if not (relay.reachability == "public" and relay.serve and relay.forward):
             return
-        self._loop = asyncio.new_event_loop()
+        self._loop = service_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="p2ptrain-forwarding", daemon=True)
         self._thread.start()
 

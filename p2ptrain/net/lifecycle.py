@@ -17,6 +17,7 @@ handler restores the default action and re-raises the signal, so ``terminate()``
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -86,6 +87,26 @@ class StopSignal:
             return
         logger.info("received %s, stopping", name)
         self.set(f"received {name}")
+
+
+def service_loop() -> asyncio.AbstractEventLoop:
+    """A new event loop for a thread that serves libp2p streams, quiet about the streams it cancels.
+
+    At shutdown the serving loop cancels hivemind's per-stream handler tasks. CPython 3.11's
+    ``StreamReaderProtocol`` then asks each cancelled task for its exception in a done-callback, which
+    raises ``CancelledError`` there, and the loop logs that as an error with a traceback, once per stream
+    that was open (a persistent tensor stream, a forwarded one). Nothing failed: such a report is logged at
+    debug level; every other exception goes to asyncio's default handler."""
+    loop = asyncio.new_event_loop()
+
+    def handle(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+        if isinstance(context.get("exception"), asyncio.CancelledError):
+            logger.debug("a stream handler was cancelled: %s", context.get("message"))
+            return
+        loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handle)
+    return loop
 
 
 def shutdown_in_order(steps: Iterable[tuple[str, Callable[[], object]]]) -> list[str]:

@@ -41,6 +41,7 @@ from hivemind.proto import runtime_pb2
 from p2ptrain.errors import MessageRejected, PeerFailed, PeerTimeoutError, ProtocolError, StreamClosed
 from p2ptrain.net.channel import Channels
 from p2ptrain.net.emulation import LinkEmulator
+from p2ptrain.net.lifecycle import service_loop
 from p2ptrain.net.mailbox import Mailbox
 from p2ptrain.net.messages import Header, Tag, dtype_name, tensor_bytes
 from p2ptrain.net.pacing import Pacer
@@ -122,7 +123,7 @@ class Transport:
         self._aborted_epoch, self._abort_reason = -1, ""  # calls of epochs up to this one fail at once
         self._aborted_tasks: set[asyncio.Task] = set()
         self._close_lock = threading.Lock()
-        self._loop = asyncio.new_event_loop()
+        self._loop = service_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="p2ptrain-transport", daemon=True)
         self._thread.start()
         atexit.register(self.shutdown)

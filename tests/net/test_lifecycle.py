@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import multiprocessing as mp
 import os
 import signal
@@ -11,7 +13,13 @@ import time
 
 import pytest
 
-from p2ptrain.net.lifecycle import StopSignal, find_processes, shutdown_in_order, terminate_stray_process
+from p2ptrain.net.lifecycle import (
+    StopSignal,
+    find_processes,
+    service_loop,
+    shutdown_in_order,
+    terminate_stray_process,
+)
 
 
 @pytest.mark.timeout(10)
@@ -67,3 +75,42 @@ def test_a_stray_process_is_found_by_its_command_line_and_terminated():
     finally:
         proc.kill()
         proc.wait()
+
+
+def _serve_and_cancel(loop) -> None:
+    """A stream server whose handler is cancelled mid-stream (as a transport's shutdown does), then a
+    callback that fails for real."""
+
+    async def scenario() -> None:
+        async def handler(reader, writer) -> None:
+            await reader.read()  # until cancelled
+
+        server = await asyncio.start_server(handler, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        await asyncio.sleep(0.2)
+        for task in asyncio.all_tasks() - {asyncio.current_task()}:
+            task.cancel()
+        await asyncio.sleep(0.2)
+        writer.close()
+        server.close()
+        loop.call_soon(lambda: 1 / 0)
+        await asyncio.sleep(0.1)
+
+    try:
+        loop.run_until_complete(scenario())
+    finally:
+        loop.close()
+
+
+def test_a_service_loop_is_quiet_about_cancelled_stream_handlers_and_reports_real_errors(caplog):
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        _serve_and_cancel(asyncio.new_event_loop())
+    plain = [r for r in caplog.records if r.exc_info]
+    caplog.clear()
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        _serve_and_cancel(service_loop())
+    quiet = [r for r in caplog.records if r.exc_info]
+    assert [r.exc_info[0] for r in quiet] == [ZeroDivisionError]
+    if sys.version_info < (3, 12):  # CPython 3.11's StreamReaderProtocol reports the cancelled handler
+        assert {r.exc_info[0] for r in plain} == {asyncio.CancelledError, ZeroDivisionError}
