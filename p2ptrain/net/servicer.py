@@ -33,6 +33,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy
 from hivemind.p2p import P2P, P2PContext, ServicerBase
 from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 from hivemind.p2p.p2p_daemon_bindings.utils import P2PHandlerError
@@ -40,7 +41,7 @@ from hivemind.proto import runtime_pb2
 
 from p2ptrain.errors import MessageRejected, ProtocolError, StreamClosed
 from p2ptrain.net.emulation import LinkEmulator, Reservation
-from p2ptrain.net.frames import FrameError, Piece, read_pieces
+from p2ptrain.net.frames import Allocate, BufferPool, DirectReader, FrameError, Piece, read_pieces, within
 from p2ptrain.net.mailbox import Mailbox
 from p2ptrain.net.messages import PROBE, Header, Stamp, piece_bounds, tensor_from_bytes
 from p2ptrain.net.pacing import TAIL_LEAD_S, Pacer
@@ -68,9 +69,10 @@ class TensorServicer(ServicerBase):
 
     def __init__(
         self, mailbox: Mailbox, emulator: LinkEmulator, pacer: Pacer, *, idle_timeout_s: float, max_reply_bytes: int,
-        stream_idle_s: float = 120.0,
+        stream_idle_s: float = 120.0, buffers: BufferPool | None = None,
     ):
         self.mailbox = mailbox
+        self.buffers = buffers if buffers is not None else BufferPool(0)  # received tensors' memory, used again
         self.emulator = emulator
         self.pacer = pacer
         self.idle_timeout_s = idle_timeout_s  # the longest wait for the next piece inside a message
@@ -109,8 +111,9 @@ class TensorServicer(ServicerBase):
         """A stream of ``rpc_push``: its pieces in, its replies out (hivemind's framing), until either side ends."""
         context = P2PContext(handle_name="rpc_push", local_id=self._local_id, remote_id=info.peer_id)
         try:
-            async for reply in self.rpc_push(read_pieces(reader), context):
-                await asyncio.wait_for(P2P.send_protobuf(reply, writer), self.idle_timeout_s)
+            pieces = read_pieces(await DirectReader.take_over(reader, writer), self.buffers.lend)
+            async for reply in self.rpc_push(pieces, context):
+                await within(P2P.send_protobuf(reply, writer), self.idle_timeout_s)
         except (ConnectionError, OSError, asyncio.TimeoutError) as e:  # the sender went away or stopped reading
             logger.debug("push stream from peer %s ended: %r", info.peer_id, e)
         except Malformed as e:  # cut mid-piece (the sender died) or garbled: refused, one line
@@ -152,7 +155,7 @@ class TensorServicer(ServicerBase):
             rest = CLOSE
             deadline_s = self.mailbox.deadline_s(sender, header.nbytes, self.idle_timeout_s)
             try:
-                buffer = await asyncio.wait_for(read_payload(pieces, first, header), deadline_s)
+                buffer = await within(read_payload(pieces, first, header, allocate=self.buffers.lend), deadline_s)
             except asyncio.TimeoutError:
                 raise MessageRejected(f"{header.tag}: {header.nbytes} bytes did not arrive within {deadline_s:.0f} s "
                                       "(far slower than the link allows); cut off", peer=sender, code="too_slow") from None
@@ -254,7 +257,7 @@ class Pieces:
             return piece
         timeout_s = timeout_s or self._idle_timeout_s
         try:
-            return as_piece(await asyncio.wait_for(self._requests.__anext__(), timeout_s))
+            return as_piece(await within(self._requests.__anext__(), timeout_s))
         except FrameError as e:
             raise Malformed(str(e)) from None
         except StopAsyncIteration:
@@ -330,9 +333,10 @@ def decode_header(first: Piece | None) -> Header:
 
 
 async def read_payload(
-    pieces: Pieces, first: Piece, header: Header, keep: bool = True
-) -> bytearray | None:
-    """Read the pieces of one message, starting with ``first``; its bytes (None when not ``keep``)."""
+    pieces: Pieces, first: Piece, header: Header, keep: bool = True, allocate: Allocate = bytearray
+) -> bytearray | numpy.ndarray | None:
+    """Read the pieces of one message, starting with ``first``; its bytes (None when not ``keep``), in the
+    first piece's buffer when that is the whole message, else in one from ``allocate``."""
     buffer, filled, piece = None, 0, first
     while True:
         if piece.buffers > 1:
@@ -341,10 +345,10 @@ async def read_payload(
         if filled + len(data) > header.nbytes:
             raise Malformed(f"more bytes than the header announced ({header.nbytes})")
         if keep and filled == 0 and len(data) == header.nbytes:  # a message in one piece: no copy when we can keep it
-            buffer = data if isinstance(data, bytearray) else bytearray(data)
+            buffer = data if isinstance(data, bytearray | numpy.ndarray) else bytearray(data)
         elif keep:
-            buffer = buffer if buffer is not None else bytearray(header.nbytes)
-            buffer[filled : filled + len(data)] = data
+            buffer = buffer if buffer is not None else allocate(header.nbytes)
+            memoryview(buffer)[filled : filled + len(data)] = data
         filled += len(data)
         if filled == header.nbytes:
             return buffer

@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import socket
 
+import numpy
 import pytest
+import torch
 from hivemind.p2p import P2P
 from hivemind.proto import runtime_pb2
 
-from p2ptrain.net.frames import MAX_PIECE_BYTES, FrameError, Piece, read_pieces, request_frame_head
+from p2ptrain.net.frames import (
+    MAX_PIECE_BYTES,
+    BufferPool,
+    DirectReader,
+    FrameError,
+    Piece,
+    read_pieces,
+    request_frame_head,
+)
 
 
 def _hivemind_frame(request: runtime_pb2.ExpertRequest) -> bytes:
@@ -20,13 +32,68 @@ END_OF_STREAM = P2P.ERROR_MARKER + bytes(P2P.HEADER_LEN)  # hivemind's: an empty
 
 
 def _read_all(data: bytes) -> list[Piece]:
+    """The pieces of ``data`` read off an asyncio StreamReader, checked to be what a DirectReader that receives
+    the same bytes in pieces of any size reads."""
     async def run():
         reader = asyncio.StreamReader()
         reader.feed_data(data)
         reader.feed_eof()
-        return [piece async for piece in read_pieces(reader)]
+        return await _pieces_or_error(reader)
 
-    return asyncio.run(run())
+    pieces = asyncio.run(run())
+    expected = str(pieces) if isinstance(pieces, FrameError) else pieces
+    for chunk_bytes in (1, 7, 4096, 1 << 20):
+        assert _read_direct(data, chunk_bytes) == expected, chunk_bytes
+    if isinstance(pieces, Exception):
+        raise pieces
+    return pieces
+
+
+async def _pieces_or_error(reader) -> list[Piece] | FrameError:
+    try:
+        return [Piece(p.uid, p.metadata, bytes(p.data), p.buffers) async for p in read_pieces(reader)]
+    except FrameError as e:
+        return e
+
+
+class _Socket:
+    """The transport side a DirectReader sees: it pauses and resumes reading, nothing else."""
+
+    def __init__(self):
+        self.reading = True
+
+    def pause_reading(self):
+        self.reading = False
+
+    def resume_reading(self):
+        self.reading = True
+
+
+def _read_direct(data: bytes, chunk_bytes: int) -> list[Piece] | FrameError:
+    """Read ``data`` with a DirectReader whose socket delivers at most ``chunk_bytes`` at a time, as a
+    selector transport would: into ``get_buffer``'s buffer, only while reading is not paused."""
+    async def deliver(direct: DirectReader, socket: _Socket):
+        offset = 0
+        while offset < len(data):
+            await asyncio.sleep(0)
+            if socket.reading:
+                buffer = direct.get_buffer(-1)
+                n = min(len(buffer), chunk_bytes, len(data) - offset)
+                buffer[:n] = data[offset : offset + n]
+                offset += n
+                direct.buffer_updated(n)
+        direct.eof_received()
+
+    async def run():
+        socket = _Socket()
+        direct = DirectReader(socket, asyncio.Protocol(), limit_bytes=64 << 10)
+        feeding = asyncio.create_task(deliver(direct, socket))
+        pieces = await _pieces_or_error(direct)
+        feeding.cancel()
+        return pieces
+
+    result = asyncio.run(run())
+    return str(result) if isinstance(result, FrameError) else result
 
 
 @pytest.mark.parametrize(("uid", "metadata", "nbytes"), [
@@ -68,3 +135,65 @@ def _head(length: int) -> bytes:
 def test_malformed_frames_are_refused(stream, problem):
     with pytest.raises(FrameError, match=problem):
         _read_all(stream)
+
+
+def test_a_stream_taken_over_by_a_direct_reader_loses_no_byte_and_still_writes_and_closes():
+    """On a real socket: bytes its StreamReader already holds come first, the rest lands in the buffers read
+    into; the writer's drain and wait_closed still work (their protocol hears of the connection's end)."""
+    sent = bytes(range(256)) * 4096  # 1 MiB
+
+    async def run():
+        ours, theirs = socket.socketpair()
+        reader, writer = await asyncio.open_connection(sock=ours)
+        peer_reader, peer_writer = await asyncio.open_connection(sock=theirs)
+        peer_writer.write(sent[:1000])
+        await peer_writer.drain()
+        assert await reader.readexactly(10) == sent[:10]  # the rest of those 1000 bytes waits in the reader
+        direct = await DirectReader.take_over(reader, writer)
+        assert isinstance(direct, DirectReader)
+        peer_writer.write(sent[1000:])
+        received = numpy.empty(len(sent) - 10 - 20, dtype=numpy.uint8)
+        head = await direct.readexactly(20)
+        await direct.readinto(memoryview(received))
+        writer.write(b"answer")
+        await writer.drain()
+        assert await peer_reader.readexactly(6) == b"answer"
+        peer_writer.close()
+        with pytest.raises(asyncio.IncompleteReadError):
+            await direct.readexactly(1)
+        writer.close()
+        await asyncio.wait_for(writer.wait_closed(), 5)
+        return head + received.tobytes()
+
+    assert asyncio.run(run()) == sent[10:]
+
+
+def test_a_direct_read_cut_off_by_the_end_of_its_stream_raises():
+    async def run():
+        ours, theirs = socket.socketpair()
+        reader, writer = await asyncio.open_connection(sock=ours)
+        direct = await DirectReader.take_over(reader, writer)
+        theirs.sendall(b"12345")
+        theirs.close()
+        with pytest.raises(asyncio.IncompleteReadError) as cut:
+            await direct.readinto(memoryview(bytearray(10)))
+        writer.close()
+        return cut.value.partial
+
+    assert asyncio.run(run()) == b"12345"
+
+
+def test_a_lent_buffer_comes_back_only_when_the_tensor_over_it_is_gone():
+    pool = BufferPool(max_bytes=64)
+    view = pool.lend(16)
+    address = view.ctypes.data
+    tensor = torch.frombuffer(view, dtype=torch.float32)
+    del view
+    gc.collect()
+    assert pool.take(16).ctypes.data != address  # the tensor still uses it: a fresh one
+    del tensor
+    gc.collect()
+    assert pool.take(16).ctypes.data == address
+    pool.give_back(numpy.empty(48, dtype=numpy.uint8))
+    pool.give_back(numpy.empty(32, dtype=numpy.uint8))  # past max_bytes: dropped
+    assert pool.take(48).size == 48 and pool._idle_bytes == 0
