@@ -33,6 +33,7 @@ from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
 import hivemind
+import numpy
 import torch
 from hivemind.p2p import P2P, PeerID
 from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError
@@ -41,9 +42,10 @@ from hivemind.proto import runtime_pb2
 from p2ptrain.errors import MessageRejected, PeerFailed, PeerTimeoutError, ProtocolError, StreamClosed
 from p2ptrain.net.channel import Channels
 from p2ptrain.net.emulation import LinkEmulator
+from p2ptrain.net.frames import BufferPool, within
 from p2ptrain.net.lifecycle import service_loop
 from p2ptrain.net.mailbox import Mailbox
-from p2ptrain.net.messages import Header, Tag, dtype_name, tensor_bytes
+from p2ptrain.net.messages import Header, Tag, dtype_name
 from p2ptrain.net.pacing import Pacer
 from p2ptrain.net.probe_session import ProbeSession
 from p2ptrain.net.relay import multiaddr_bytes
@@ -68,6 +70,7 @@ class TransportConfig:
     stream_idle_s: float = 120.0  # a receiver closes a tensor stream with no message for this long (senders: half)
     streams_per_peer: int = 2  # persistent tensor streams a sender keeps to one peer (channel.py)
     chunk_bytes: int = 1 << 20
+    buffer_pool_bytes: int = 64 << 20  # idle message buffers kept for reuse, each for sending and receiving (frames.BufferPool)
     max_message_bytes: int = 256 << 20
     max_buffered_bytes: int = 1 << 30  # in flight + received but not yet read, over all senders
     max_probe_reply_bytes: int = 64 << 10
@@ -84,6 +87,8 @@ class TransportConfig:
             raise ValueError("max_message_bytes must be positive and at most max_buffered_bytes")
         if self.max_probe_reply_bytes < 0 or self.max_probe_reply_bytes > self.chunk_bytes:
             raise ValueError("max_probe_reply_bytes must be in 0..chunk_bytes")
+        if self.buffer_pool_bytes < 0:
+            raise ValueError(f"buffer_pool_bytes must be >= 0, got {self.buffer_pool_bytes}")
         if self.step_window < 0 or self.epoch_window < 0:
             raise ValueError("step_window and epoch_window must be >= 0")
         if not 1 <= self.streams_per_peer <= 16:
@@ -111,6 +116,7 @@ class Transport:
         if self.emulator.clock is not time.monotonic:
             raise ValueError("a transport's link emulator must use time.monotonic (arrival stamps cross processes)")
         self.pacer = Pacer()
+        self._send_buffers = BufferPool(config.buffer_pool_bytes)  # send_async's copies
         self.mailbox = Mailbox(run, max_message_bytes=config.max_message_bytes,
                                max_buffered_bytes=config.max_buffered_bytes,
                                step_window=config.step_window, epoch_window=config.epoch_window)
@@ -142,7 +148,8 @@ class Transport:
         self.peer_id = self._p2p.peer_id
         self._servicer = self.servicer_cls(self.mailbox, self.emulator, self.pacer, idle_timeout_s=self.config.call_timeout_s,
                                            max_reply_bytes=self.config.max_probe_reply_bytes,
-                                           stream_idle_s=self.config.stream_idle_s)
+                                           stream_idle_s=self.config.stream_idle_s,
+                                           buffers=BufferPool(self.config.buffer_pool_bytes))
         await self._servicer.add_p2p_handlers(self._p2p, namespace=NAMESPACE)
         self._channels = Channels(self._p2p, self.servicer_cls._get_handle_name(NAMESPACE, "rpc_push"), self.pacer,
                                   self.config.chunk_bytes, per_peer=self.config.streams_per_peer,
@@ -166,20 +173,39 @@ class Transport:
     # --- sending -------------------------------------------------------------------------------------------
 
     def send(self, peer: PeerLike, tag: Tag, tensor: torch.Tensor, timeout_s: float | None = None) -> None:
-        """Send ``tensor`` as message ``tag`` to ``peer`` and wait until it is accepted (see module docstring)."""
-        self.send_async(peer, tag, tensor, timeout_s).result()
+        """Send ``tensor`` as message ``tag`` to ``peer`` and wait until it is accepted (see module docstring).
+
+        The bytes are written from the tensor's own storage (a CPU tensor in C order is not copied): the
+        tensor must not change until ``send`` returns, which it cannot from the calling thread."""
+        future = self._send_future(peer, tag, tensor, timeout_s, copy=False)
+        try:
+            future.result()
+        except BaseException:
+            future.cancel()  # interrupted while waiting (KeyboardInterrupt): stop reading the tensor
+            raise
 
     def send_async(
         self, peer: PeerLike, tag: Tag, tensor: torch.Tensor, timeout_s: float | None = None
     ) -> concurrent.futures.Future[None]:
         """Like ``send`` but returns at once; the tensor is copied first, so the caller may reuse it."""
+        return self._send_future(peer, tag, tensor, timeout_s, copy=True)
+
+    def _send_future(self, peer: PeerLike, tag: Tag, tensor: torch.Tensor, timeout_s: float | None,
+                     copy: bool) -> concurrent.futures.Future[None]:
         header = Header(tag, dtype_name(tensor.dtype), tuple(tensor.shape))
         if header.nbytes > self.config.max_message_bytes:
             raise ValueError(f"{tag}: {header.nbytes} bytes exceed max_message_bytes={self.config.max_message_bytes}")
-        return self._submit(self._send(str(peer), header, tensor_bytes(tensor), timeout_s or self.config.call_timeout_s),
+        data = tensor_data(tensor)
+        copied = None
+        if copy:
+            copied = self._send_buffers.take(data.size)
+            numpy.copyto(copied, data)  # numpy's copy: torch's would run on its intra-op threads, which spin
+        payload = memoryview(data if copied is None else copied)
+        return self._submit(self._send(str(peer), header, payload, timeout_s or self.config.call_timeout_s, copied),
                             epoch=tag.epoch)
 
-    async def _send(self, peer: str, header: Header, payload: bytes, timeout_s: float) -> None:
+    async def _send(self, peer: str, header: Header, payload: memoryview, timeout_s: float,
+                    copied: numpy.ndarray | None = None) -> None:
         reservation = self.emulator.reserve(peer, len(payload))
         emulated_s = max(0.0, reservation.arrive_s - self.emulator.clock()) if reservation else 0.0
         if reservation is not None:
@@ -188,7 +214,7 @@ class Transport:
         deadline = loop.time() + emulated_s + timeout_s
         for attempt in itertools.count():
             try:
-                response = await asyncio.wait_for(self._push(peer, header, payload, reservation), deadline - loop.time())
+                response = await within(self._push(peer, header, payload, reservation), deadline - loop.time())
             except asyncio.TimeoutError:
                 raise PeerTimeoutError(
                     f"sending {header.tag} ({len(payload)} bytes) got no answer within {timeout_s:.1f} s"
@@ -203,6 +229,8 @@ class Transport:
                 await asyncio.sleep(self.config.dial_retry_s)
                 continue
             reply = parse_reply(response)
+            if reply.error is None and attempt == 0 and copied is not None:
+                self._send_buffers.give_back(copied)  # every byte was read: no stream holds a view of it
             if reply.error is None or (attempt > 0 and reply.code in ("duplicate", "stale")):
                 break
             raise MessageRejected(f"the receiver refused {header.tag}: {reply.error}", peer=peer, code=reply.code)
@@ -431,6 +459,11 @@ class Transport:
     def __exit__(self, *exc_info) -> None:
         self.shutdown()
 
+
+
+def tensor_data(tensor: torch.Tensor) -> numpy.ndarray:
+    """``tensor``'s bytes in C order (1-d uint8): a view of its storage where it is a contiguous CPU tensor."""
+    return tensor.detach().to("cpu").reshape(-1).view(torch.uint8).numpy()
 
 
 async def _cancel_all(tasks: set[asyncio.Task], timeout_s: float) -> None:

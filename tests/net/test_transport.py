@@ -65,6 +65,28 @@ def tensors() -> list[torch.Tensor]:
     ]
 
 
+def test_bursts_of_send_async_arrive_exact_while_their_buffers_are_used_again(trio, step):
+    """send_async copies into buffers that both ends use again (frames.BufferPool): a caller that overwrites
+    its tensor at once, and received tensors kept or dropped between bursts, change no message's bytes."""
+    a, b, _ = trio
+    tensor, kept = torch.empty(64 << 10), []
+    for burst in range(4):
+        tags = [Tag(RUN, 0, step, ACTIVATION, micro_batch=burst, part=k) for k in range(6)]
+        futures = []
+        for k, tag in enumerate(tags):
+            tensor.fill_(burst * 10 + k)
+            futures.append(b.send_async(a.peer_id, tag, tensor))
+        tensor.fill_(-1.0)
+        for future in futures:
+            future.result(timeout=10)
+        received = [a.recv(tag, b.peer_id, tensor.shape, tensor.dtype) for tag in tags]
+        kept += received[::2]  # the others' buffers go back to the receiver's pool
+        for k, value in enumerate(received):
+            assert torch.equal(value, torch.full_like(tensor, burst * 10 + k)), (burst, k)
+    for i, value in enumerate(kept):
+        assert torch.equal(value, torch.full_like(tensor, i // 3 * 10 + i % 3 * 2))
+
+
 def test_round_trip_of_dtypes_and_shapes(trio, step):
     a, b, _ = trio
     values = tensors()
