@@ -79,6 +79,13 @@ def request_frame_head(uid: bytes, metadata: bytes, nbytes: int) -> bytes:
     return MESSAGE_MARKER + (len(body) + nbytes).to_bytes(LENGTH_BYTES, "big") + body
 
 
+def message_frame(body: bytes) -> bytes:
+    """A whole frame of a serialized protobuf (a reply), to be written at once: hivemind's ``send_protobuf``
+    writes marker, length and body separately, and each write can reach the peer as a packet of its own
+    that wakes its reader."""
+    return MESSAGE_MARKER + len(body).to_bytes(LENGTH_BYTES, "big") + body
+
+
 Allocate = Callable[[int], "bytearray | numpy.ndarray"]  # a writable buffer of that many bytes
 
 

@@ -41,7 +41,16 @@ from hivemind.proto import runtime_pb2
 
 from p2ptrain.errors import MessageRejected, ProtocolError, StreamClosed
 from p2ptrain.net.emulation import LinkEmulator, Reservation
-from p2ptrain.net.frames import Allocate, BufferPool, DirectReader, FrameError, Piece, read_pieces, within
+from p2ptrain.net.frames import (
+    Allocate,
+    BufferPool,
+    DirectReader,
+    FrameError,
+    Piece,
+    message_frame,
+    read_pieces,
+    within,
+)
 from p2ptrain.net.mailbox import Mailbox
 from p2ptrain.net.messages import PROBE, Header, Stamp, piece_bounds, tensor_from_bytes
 from p2ptrain.net.pacing import TAIL_LEAD_S, Pacer
@@ -113,7 +122,8 @@ class TensorServicer(ServicerBase):
         try:
             pieces = read_pieces(await DirectReader.take_over(reader, writer), self.buffers.lend)
             async for reply in self.rpc_push(pieces, context):
-                await within(P2P.send_protobuf(reply, writer), self.idle_timeout_s)
+                writer.write(message_frame(reply.SerializeToString()))
+                await within(writer.drain(), self.idle_timeout_s)
         except (ConnectionError, OSError, asyncio.TimeoutError) as e:  # the sender went away or stopped reading
             logger.debug("push stream from peer %s ended: %r", info.peer_id, e)
         except Malformed as e:  # cut mid-piece (the sender died) or garbled: refused, one line
