@@ -23,9 +23,9 @@ import asyncio
 import sys
 import threading
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy
 
@@ -45,9 +45,13 @@ TENSOR_BUFFER = 1
 
 
 if sys.version_info >= (3, 11):
-    async def within(awaitable: Awaitable[T], timeout_s: float) -> T:
+    async def within(awaitable: Coroutine[Any, Any, T], timeout_s: float) -> T:
         """``asyncio.wait_for`` without its task: the deadline cancels the awaiting task itself. A wait per piece
-        and per message, each one more task and loop pass, was a tenth of a message's cost on the loop."""
+        and per message, each one more task and loop pass, was a tenth of a message's cost on the loop. As
+        with ``wait_for``, a deadline already passed does not start the coroutine."""
+        if timeout_s <= 0:
+            awaitable.close()
+            raise asyncio.TimeoutError
         async with asyncio.timeout(timeout_s):
             return await awaitable
 else:  # pragma: no cover - Python 3.10 has no asyncio.timeout

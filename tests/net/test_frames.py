@@ -20,6 +20,7 @@ from p2ptrain.net.frames import (
     Piece,
     read_pieces,
     request_frame_head,
+    within,
 )
 
 
@@ -197,3 +198,22 @@ def test_a_lent_buffer_comes_back_only_when_the_tensor_over_it_is_gone():
     pool.give_back(numpy.empty(48, dtype=numpy.uint8))
     pool.give_back(numpy.empty(32, dtype=numpy.uint8))  # past max_bytes: dropped
     assert pool.take(48).size == 48 and pool._idle_bytes == 0
+
+
+def test_within_bounds_a_wait_and_does_not_start_what_is_already_late():
+    started = []
+
+    async def work(delay_s: float) -> str:
+        started.append(delay_s)
+        await asyncio.sleep(delay_s)
+        return "done"
+
+    async def run():
+        assert await within(work(0.0), 1.0) == "done"
+        with pytest.raises(asyncio.TimeoutError):
+            await within(work(10.0), 0.05)
+        with pytest.raises(asyncio.TimeoutError):
+            await within(work(-1.0), 0.0)
+
+    asyncio.run(run())
+    assert started == [0.0, 10.0]
