@@ -4,8 +4,9 @@
 until the receiver accepted them (a send returns once its message is in the receiver's mailbox; the
 receiver's ``recv`` of it, a local hand-off, follows untimed), and the same number of bytes written to one
 persistent bare hivemind binary stream between two other daemons until the receiver answered (an 8-byte
-length, the bytes, a 1-byte answer: the least a message with an acknowledgement can cost over libp2p). The ratio says what our framing, validation, copies and the
-synchronous facade's thread hops cost over libp2p itself.
+length, the bytes, a 1-byte answer: the least a message with an acknowledgement can cost over libp2p). Each
+end of either pair runs on an event loop thread of its own, all in this one process. The ratio says what our
+framing, validation, copies and the synchronous facade's thread hops cost over libp2p itself.
 
 The machine is shared and its load swings within seconds, so the two are interleaved — one transport
 message, then one raw message, repeated — and the median of each is reported. Two patterns:
