@@ -109,7 +109,8 @@ def _transport_round(sender: Transport, receiver: Transport, tags: list[Tag], te
 class RawPair:
     """Two bare libp2p daemons and one persistent stream between them; each end on an event loop thread of its
     own, as each end of the transport pair is (two ends on one loop would spare the raw stream the hand-offs
-    between threads that the transports' two loops pay in this one process: ~10 % at 1 MiB, measured)."""
+    between threads that the transports' two loops pay in this one process: 0-10 % at 1 MiB sequential,
+    measured, often within the noise)."""
 
     def __init__(self):
         self._loop = asyncio.new_event_loop()
