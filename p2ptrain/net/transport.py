@@ -185,10 +185,12 @@ class Transport:
             raise
 
     def send_async(
-        self, peer: PeerLike, tag: Tag, tensor: torch.Tensor, timeout_s: float | None = None
+        self, peer: PeerLike, tag: Tag, tensor: torch.Tensor, timeout_s: float | None = None, *, copy: bool = True
     ) -> concurrent.futures.Future[None]:
-        """Like ``send`` but returns at once; the tensor is copied first, so the caller may reuse it."""
-        return self._send_future(peer, tag, tensor, timeout_s, copy=True)
+        """Like ``send`` but returns at once; the tensor is copied first, so the caller may reuse it. With
+        ``copy=False`` the caller hands the tensor over instead: it must not change until the future is done
+        (the copy is most of what a 1 MiB message costs the calling thread)."""
+        return self._send_future(peer, tag, tensor, timeout_s, copy=copy)
 
     def _send_future(self, peer: PeerLike, tag: Tag, tensor: torch.Tensor, timeout_s: float | None,
                      copy: bool) -> concurrent.futures.Future[None]:

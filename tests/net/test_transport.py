@@ -87,6 +87,16 @@ def test_bursts_of_send_async_arrive_exact_while_their_buffers_are_used_again(tr
         assert torch.equal(value, torch.full_like(tensor, i // 3 * 10 + i % 3 * 2))
 
 
+def test_send_async_of_a_tensor_handed_over_arrives_exact(trio, step):
+    a, b, _ = trio
+    values = [torch.randn(5, 300), torch.randn(300, 5).t(), torch.tensor(1.5)]  # contiguous, not, 0-d
+    tags = [Tag(RUN, 0, step, ACTIVATION, micro_batch=k) for k in range(len(values))]
+    for future in [b.send_async(a.peer_id, tag, value, copy=False) for tag, value in zip(tags, values, strict=True)]:
+        future.result(timeout=10)
+    for tag, value in zip(tags, values, strict=True):
+        assert torch.equal(a.recv(tag, b.peer_id, value.shape, value.dtype), value)
+
+
 def test_round_trip_of_dtypes_and_shapes(trio, step):
     a, b, _ = trio
     values = tensors()
