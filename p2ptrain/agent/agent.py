@@ -45,6 +45,7 @@ import os
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -906,7 +907,7 @@ class Agent:
             checkpoint=cfg.checkpoint, call_timeout_s=call_timeout_s,
             state_timeout_s=call_timeout_s + cfg.churn.halt_timeout_s, poll_s=cfg.membership.poll_s,
             finish_timeout_s=cfg.membership.finish_timeout_s, should_halt=self._should_halt,
-            compute_slowdown=self.compute_slowdown,
+            compute_slowdown=self.compute_slowdown, link_bandwidth=self._measured_bandwidth(), time_scale=scale,
         )  # fmt: skip
         self._training = plan.epoch
         peers = dict(self._membership.peers)
@@ -924,6 +925,13 @@ class Agent:
             self._done_now = None
             if not self.stop.is_set():
                 self.prober.resume()
+
+
+    def _measured_bandwidth(self) -> Callable[[str], float | None]:
+        """Bytes per second we measured to each peer (the prober's row as this epoch starts), for sizing the
+        parts of warm copies (``agent.backup``)."""
+        row = self.prober.row()
+        return lambda peer: row[peer].bandwidth_gbps * 1e9 / 8 if peer in row else None
 
 
 def _path(value: str | None) -> Path | None:

@@ -16,9 +16,19 @@ into the plan record, and the copy's cost per step into the plan event.
 
 On the wire (kind ``backup``, judged by epoch only: a copy may arrive after the receiver's own training
 moved on): a sender numbers its copies to one receiver 0, 1, 2, … within the epoch (the tag's step field),
-the stage goes in the micro-batch field, part 0 is a header (the training step, 8 bytes little-endian, and
-the SHA-256 of the flat float32 state) and parts 1… the state in pieces. The receiver recomputes the digest
-and keeps the copy only when it matches.
+the stage goes in the micro-batch field, part 0 is a header (the training step, 8 bytes little-endian, the
+SHA-256 of the flat float32 state, and the elements per part, 8 bytes little-endian) and parts 1… the state
+in pieces of that many elements (the last one shorter). The receiver recomputes the digest and keeps the
+copy only when it matches.
+
+A copy shares its link with training, and a link carries one message after another (DESIGN.md "Link
+emulation"; a real path's queue does much the same): one copy sent as one message of a stage's whole state
+would hold the link for seconds — minutes at a large model's scale — while the next step's activations wait
+behind it. So the sender cuts a copy into parts that each take at most ``COPY_PART_SHARE`` of a step on the
+link to the backup peer (``copy_part_numel``, from the bandwidth this agent measured to it and the plan's
+predicted step), and sends them one at a time: a training message waits behind at most one part. A copy then
+takes longer (a round trip per part), in the background; one still on its way when the next is due makes
+that one skip.
 """
 
 from __future__ import annotations
@@ -31,7 +41,7 @@ from collections.abc import Callable
 
 import torch
 
-from p2ptrain.agent.stage_state import state_parts, state_shapes, unflatten_state
+from p2ptrain.agent.stage_state import PART_NUMEL, state_shapes, unflatten_state
 from p2ptrain.agent.state_store import StateStore
 from p2ptrain.errors import PeerTimeoutError, ProtocolError
 from p2ptrain.net.messages import BACKUP, Tag
@@ -40,7 +50,25 @@ from p2ptrain.runtime.allreduce import flatten
 
 logger = logging.getLogger(__name__)
 
-HEADER_BYTES = 8 + 32
+HEADER_BYTES = 8 + 32 + 8
+COPY_PART_SHARE = 0.05  # of a step: how long one part of a copy may hold the link to the backup peer
+MIN_COPY_PART_BYTES = 64 << 10  # a part's round trip should not dwarf its transfer
+MAX_COPY_PARTS = 1 << 20  # a header announcing more parts than this is refused
+
+
+def copy_part_numel(bandwidth_bytes_per_s: float | None, step_s: float) -> int:
+    """Elements of float32 per part of a copy on a link of ``bandwidth_bytes_per_s`` (None: unknown) in a
+    run whose steps take ``step_s``: at most ``COPY_PART_SHARE`` of a step on the link, within
+    [``MIN_COPY_PART_BYTES``, ``PART_NUMEL`` elements]; ``PART_NUMEL`` where the link or the step is unknown."""
+    if not bandwidth_bytes_per_s or bandwidth_bytes_per_s <= 0 or step_s <= 0:
+        return PART_NUMEL
+    part_bytes = bandwidth_bytes_per_s * COPY_PART_SHARE * step_s
+    return int(min(PART_NUMEL, max(MIN_COPY_PART_BYTES, part_bytes) // 4))
+
+
+def copy_parts(numel: int, part_numel: int) -> list[tuple[int, int]]:
+    """The [start, end) element ranges of a copy of ``numel`` elements in parts of ``part_numel``."""
+    return [(start, min(start + part_numel, numel)) for start in range(0, max(numel, 1), part_numel)]
 
 
 # ---- sending --------------------------------------------------------------------------------------------
@@ -54,8 +82,11 @@ class BackupSender:
     """Sends state copies to backup peers on one background thread; a copy still in flight to a peer when
     the next one to it is due makes the next one skip (the receiver keeps the newest it got)."""
 
-    def __init__(self, transport: Transport, run: str, epoch: int, timeout_s: float):
+    def __init__(self, transport: Transport, run: str, epoch: int, timeout_s: float,
+                 part_numel: Callable[[str], int] = lambda peer: PART_NUMEL):  # fmt: skip
+        """``part_numel(peer)``: the elements per part of a copy to ``peer`` (``copy_part_numel``)."""
         self.transport, self.run, self.epoch, self.timeout_s = transport, run, epoch, timeout_s
+        self.part_numel = part_numel
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="p2ptrain-backup-send")
         self._in_flight: dict[str, concurrent.futures.Future] = {}
         self._seq: dict[tuple[str, int], int] = {}
@@ -76,10 +107,13 @@ class BackupSender:
 
     def _send_now(self, peer: str, stage: int, step: int, seq: int, tensors: list[torch.Tensor]) -> None:
         flat = flatten(tensors)
-        header = torch.tensor(list(step.to_bytes(8, "little") + state_digest(flat)), dtype=torch.uint8)
+        part_numel = max(1, min(PART_NUMEL, self.part_numel(peer)))
+        part_numel = max(part_numel, -(-flat.numel() // MAX_COPY_PARTS))
+        header = torch.tensor(list(step.to_bytes(8, "little") + state_digest(flat) + part_numel.to_bytes(8, "little")),
+                              dtype=torch.uint8)  # fmt: skip
         try:
             self.transport.send(peer, Tag(self.run, self.epoch, seq, BACKUP, stage, 0), header, self.timeout_s)
-            for part, (start, end) in enumerate(state_parts(flat.numel()), start=1):
+            for part, (start, end) in enumerate(copy_parts(flat.numel(), part_numel), start=1):
                 tag = Tag(self.run, self.epoch, seq, BACKUP, stage, part)
                 self.transport.send(peer, tag, flat[start:end].contiguous(), self.timeout_s)
         except (ProtocolError, RuntimeError) as e:  # RuntimeError: the transport shut down under us
@@ -155,11 +189,15 @@ class BackupReceiver:
 
     def _take(self, stage: int, sender: str, seq: int, header: torch.Tensor, module: torch.nn.Module) -> None:
         raw = bytes(header.tolist())
-        step, digest = int.from_bytes(raw[:8], "little"), raw[8:]
+        step, digest, part_numel = int.from_bytes(raw[:8], "little"), raw[8:40], int.from_bytes(raw[40:], "little")
         shapes = state_shapes(module, with_optimizer=step > 0)
         numel = sum(int(torch.Size(s).numel()) for _, s in shapes)
+        if not 1 <= part_numel <= PART_NUMEL or -(-numel // part_numel) > MAX_COPY_PARTS:
+            logger.warning("copy of stage %d after step %d from peer %s announces parts of %d elements; refused",
+                           stage, step, sender, part_numel)  # fmt: skip
+            return
         pieces = []
-        for part, (start, end) in enumerate(state_parts(numel), start=1):
+        for part, (start, end) in enumerate(copy_parts(numel, part_numel), start=1):
             piece = self._wait(Tag(self.run, self.epoch, seq, BACKUP, stage, part), sender, (end - start,),
                                torch.float32)  # fmt: skip
             if piece is None:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from p2ptrain.agent.backup import BackupReceiver, BackupSender
+from p2ptrain.agent.backup import BackupReceiver, BackupSender, copy_part_numel
 from p2ptrain.agent.churn import CHECKPOINT, INIT, source_of
 from p2ptrain.agent.config import CheckpointConfig
 from p2ptrain.agent.events import EventLog
@@ -91,6 +91,8 @@ class EpochContext:
     should_halt: Callable[[int | None], bool]  # at a step boundary (steps done; None for a spare)
     on_copy: Callable[[int, int], None] | None = None  # a warm copy (stage, step) was received
     compute_slowdown: float = 1.0  # emulated compute speed (``runtime.compute_speed``)
+    link_bandwidth: Callable[[str], float | None] = lambda peer: None  # bytes/s we measured to a peer (None: not)
+    time_scale: float = 1.0  # a plan's seconds in ours (emulation): its predicted step is cost_s × time_scale
 
     def set_status(self, state: str, epoch: int, step: int) -> None:
         """What heartbeat pings answer (``net.status``)."""
@@ -145,7 +147,9 @@ def run_epoch(plan: PlanRecord, ctx: EpochContext, peers: dict[str, PeerRecord])
     cfg = dataclasses.replace(ctx.train, stages=plan.stages, replicas=plan.replicas, layers=plan.layer_ranges)
     run = ctx.dht.keys.run_id
     ctx.set_status(TRAIN if ctx.me in topology.peers else IDLE, plan.epoch, plan.start_step)
-    sender = BackupSender(ctx.transport, run, plan.epoch, ctx.state_timeout_s)
+    step_s = plan.cost_s * ctx.time_scale
+    sender = BackupSender(ctx.transport, run, plan.epoch, ctx.state_timeout_s,
+                          lambda peer: copy_part_numel(ctx.link_bandwidth(peer), step_s))  # fmt: skip
     receiver = _start_backup_receiver(plan, topology, cfg, ctx)
     try:
         return _run_epoch(plan, topology, cfg, ctx, peers, sender)

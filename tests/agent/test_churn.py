@@ -87,7 +87,9 @@ def test_a_partitioned_agent_is_detected_replanned_around_and_does_not_corrupt_t
     assert summary["finished"] and summary["killed"][str(cut)]["as"] == "partitioned"
     assert_reference_losses(summary)
     failure = summary["replans"][0]
-    assert failure["kind"] == "failure" and ids[cut] in failure["reason"] and failure["start_step"] >= 2
+    # the cut comes once the fastest agent finished step 2; the cut agent's stage group may then have only
+    # finished step 1 (its all-reduce waits on the cut agent): the run resumes from there, not from zero
+    assert failure["kind"] == "failure" and ids[cut] in failure["reason"] and failure["start_step"] >= 1
     print("recovery (s):", failure["recovery_s"], "replans:", [(r["kind"], r["reason"]) for r in summary["replans"]])
     cut_events = events(tmp_path / f"agent-{cut}.events.jsonl")
     assert any(e["event"] == "halted" for e in cut_events)  # it noticed, and stopped its stale epoch

@@ -4,23 +4,32 @@ disk copies, and a copy sent and verified over a real loopback transport."""
 
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
 import pytest
 import torch
 
-from p2ptrain.agent.backup import BackupReceiver, BackupSender
+from p2ptrain.agent.backup import (
+    COPY_PART_SHARE,
+    MIN_COPY_PART_BYTES,
+    BackupReceiver,
+    BackupSender,
+    copy_part_numel,
+    copy_parts,
+)
 from p2ptrain.agent.churn import Holding, copies_of, restart_point
 from p2ptrain.agent.config import LivenessConfig
 from p2ptrain.agent.leader import backup_interval, choose_backups
 from p2ptrain.agent.liveness import PeerHealth, epoch_failure
-from p2ptrain.agent.stage_state import StateKeeper
+from p2ptrain.agent.stage_state import PART_NUMEL, StateKeeper
 from p2ptrain.agent.state_store import StateStore
 from p2ptrain.errors import ConfigError, PeerTimeoutError, ProtocolError
 from p2ptrain.model.optim import build_optimizer
 from p2ptrain.model.stage import build_stage
 from p2ptrain.net.identity import generate_identity
+from p2ptrain.net.messages import BACKUP, Tag
 from p2ptrain.net.records import NO_BACKUP, PlanRecord, ProgressRecord, RecordError
 from p2ptrain.net.status import FAIL, HALT, TRAIN, PeerStatus
 from p2ptrain.runtime.checkpoint import state_tensors
@@ -189,9 +198,18 @@ def test_the_store_serves_kept_states_copies_and_disk_copies_after_a_restart(tmp
     again.close()
 
 
+def test_copy_parts_take_a_small_share_of_a_step_on_the_link():
+    assert copy_part_numel(None, 1.0) == PART_NUMEL and copy_part_numel(1e6, 0.0) == PART_NUMEL  # unknown
+    assert copy_part_numel(100e6, 2.0) == int(100e6 * COPY_PART_SHARE * 2.0) // 4  # 10 MB: 0.1 s of 2 s
+    assert copy_part_numel(1e3, 1.0) == MIN_COPY_PART_BYTES // 4  # a slow link: round trips stay small beside
+    assert copy_part_numel(1e12, 10.0) == PART_NUMEL
+    assert copy_parts(10, 4) == [(0, 4), (4, 8), (8, 10)] and copy_parts(8, 4) == [(0, 4), (4, 8)]
+    assert copy_parts(3, PART_NUMEL) == [(0, 3)]
+
+
 @pytest.mark.integration
 @pytest.mark.timeout(120)
-def test_a_copy_is_sent_verified_and_kept(tmp_path):
+def test_a_copy_is_sent_verified_and_kept(tmp_path, caplog):
     from p2ptrain.net.transport import Transport, TransportConfig
 
     module, state = stage_state(1)
@@ -202,7 +220,7 @@ def test_a_copy_is_sent_verified_and_kept(tmp_path):
         receiver = BackupReceiver(a, store, "copytest", 2, 2, {1: [(str(b.peer_id), 0)]},
                                   lambda stage: build_stage(TrainConfig().shape, stage, 2, 0, torch.device("cpu")),
                                   on_copy=lambda stage, step: got.append((stage, step)), poll_s=0.2).start()
-        sender = BackupSender(b, "copytest", 2, 30.0)
+        sender = BackupSender(b, "copytest", 2, 30.0, part_numel=lambda peer: 20_000)  # several parts
         try:
             a.set_window("copytest", 2, 0)
             sender.send(str(a.peer_id), 1, 6, state, module)
@@ -210,9 +228,18 @@ def test_a_copy_is_sent_verified_and_kept(tmp_path):
             deadline = time.monotonic() + 30.0
             while not got and time.monotonic() < deadline:
                 time.sleep(0.1)
+            # a header announcing parts of no elements is refused, and nothing is kept from it
+            forged = list((8).to_bytes(8, "little") + bytes(32) + (0).to_bytes(8, "little"))
+            with caplog.at_level(logging.WARNING, logger="p2ptrain.agent.backup"):
+                b.send(str(a.peer_id), Tag("copytest", 2, 1, BACKUP, 1, 0), torch.tensor(forged, dtype=torch.uint8),
+                       30.0)  # fmt: skip
+                deadline = time.monotonic() + 30.0
+                while "announces parts of 0 elements; refused" not in caplog.text and time.monotonic() < deadline:
+                    time.sleep(0.1)
         finally:
             receiver.stop()
-        assert got == [(1, 6)]
+        assert "announces parts of 0 elements; refused" in caplog.text
+        assert got == [(1, 6)] and store.get(1, 2, 8) is None
         kept = store.get(1, 2, 6)
         assert kept is not None and all(torch.equal(kept[k], state[k]) for k in state)
         store.close()
