@@ -27,8 +27,8 @@ would hold the link for seconds — minutes at a large model's scale — while t
 behind it. So the sender cuts a copy into parts that each take at most ``COPY_PART_SHARE`` of a step on the
 link to the backup peer (``copy_part_numel``, from the bandwidth this agent measured to it and the plan's
 predicted step), and sends them one at a time: a training message waits behind at most one part. A copy then
-takes longer (a round trip per part), in the background; one still on its way when the next is due makes
-that one skip.
+takes longer (a round trip per part), in the background, and the leader's copy interval counts those round
+trips (``leader.warm_copies``); one still on its way when the next is due makes that one skip.
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from p2ptrain.agent.backup import copy_part_numel
 from p2ptrain.agent.config import ChurnConfig, EmulationSettings, PlanConfig
 from p2ptrain.net.records import LinkMeasurement, LinksRecord, PeerRecord
 from p2ptrain.planning import (
@@ -293,10 +294,16 @@ def warm_copies(plan: Mapping[str, Any], devices: Sequence[str], spares: Sequenc
     ``spares``; ``step_s`` is the step time in seconds (measured, or predicted). Returns the peers (None:
     nobody), ``every_steps``, the slowest copy's seconds and its cost per step."""
     scale = emulation.time_scale if emulation.enabled else 1.0
-    size = state_bytes / (emulation.size_factor if emulation.enabled else 1.0)
+    size_factor = emulation.size_factor if emulation.enabled else 1.0
     n = cluster.num_devices
-    bandwidth_bytes = np.where(np.eye(n, dtype=bool), np.inf, cluster.bandwidth_gbps * 1e9 / 8)
-    copy_s = (cluster.latency_ms / 1e3 + size / bandwidth_bytes) * scale  # seconds on this run's links
+    # this run's links, in its own units: bytes per second and one-way seconds
+    bandwidth_bytes = np.where(np.eye(n, dtype=bool), np.inf, cluster.bandwidth_gbps * 1e9 / 8 * size_factor / scale)
+    latency_s = cluster.latency_ms / 1e3 * scale
+    # a copy goes in parts, one at a time (``backup.copy_part_numel``): each part's round trip adds up
+    part_bytes = np.vectorize(lambda bw: 4.0 * copy_part_numel(None if np.isinf(bw) else float(bw), step_s))(
+        bandwidth_bytes)
+    parts = np.ceil(state_bytes / part_bytes)
+    copy_s = latency_s + state_bytes / bandwidth_bytes + parts * 2 * latency_s
     stages = plan["stages"]
     groups = [[row[j] for row in plan["pipelines"]] for j in range(stages)]
     spare_ids = list(range(len(devices), n))

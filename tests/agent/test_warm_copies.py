@@ -243,3 +243,20 @@ def test_a_copy_is_sent_verified_and_kept(tmp_path, caplog):
         kept = store.get(1, 2, 6)
         assert kept is not None and all(torch.equal(kept[k], state[k]) for k in state)
         store.close()
+
+
+def test_the_leader_prices_a_copy_with_a_round_trip_per_part():
+    from p2ptrain.agent.config import ChurnConfig, EmulationSettings
+    from p2ptrain.agent.leader import warm_copies
+    from p2ptrain.planning import Cluster, Device
+
+    def copy_s(latency_ms: float, step_s: float) -> float:
+        cluster = Cluster(tuple(Device(name=f"d{k}") for k in range(3)), np.full((3, 3), latency_ms),
+                          np.full((3, 3), 0.1))  # 12.5 MB/s  # fmt: skip
+        plan = {"stages": 2, "pipelines": [[0, 1]]}
+        return warm_copies(plan, ["a", "b"], ["c"], cluster, 100e6, step_s, ChurnConfig(), EmulationSettings())["copy_s"]
+
+    # 100 MB at 12.5 MB/s is 8 s; parts of 5 % of a 10 s step (6.25 MB) make 16 round trips
+    assert copy_s(0.0, 10.0) == pytest.approx(8.0)
+    assert copy_s(50.0, 10.0) == pytest.approx(8.0 + 0.05 + 16 * 0.1)
+    assert copy_s(50.0, 1.0) > copy_s(50.0, 10.0)  # shorter steps: smaller parts, more round trips
