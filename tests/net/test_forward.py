@@ -119,6 +119,11 @@ def test_a_connection_the_target_opened_to_the_caller_carries_the_call_without_t
     async def check(relay, a, b, routes, seen, stats):
         addrs = [multiaddr_bytes(str(m).rsplit("/p2p/", 1)[0]) for m in await a.get_visible_maddrs()]
         await b._client.connect(a.peer_id, addrs)  # as a home dials a public agent
+        for _ in range(100):  # a's daemon lists the connection a moment after b's daemon made it
+            if await routes._connected_directly(b.peer_id):
+                break
+            await asyncio.sleep(0.1)
+        assert await routes._connected_directly(b.peer_id), "a never saw b's connection"
         reply = await a.call_protobuf_handler(b.peer_id, "square", test_pb2.TestRequest(number=5), test_pb2.TestResponse)
         stream = await a.iterate_protobuf_handler(b.peer_id, "count", test_pb2.TestRequest(number=2), test_pb2.TestResponse)
         assert reply.number == 25 and [r.number async for r in stream] == [0, 1]
