@@ -41,20 +41,12 @@ from hivemind.proto import runtime_pb2
 
 from p2ptrain.errors import MessageRejected, ProtocolError, StreamClosed
 from p2ptrain.net.emulation import LinkEmulator, Reservation
-from p2ptrain.net.frames import (
-    Allocate,
-    BufferPool,
-    DirectReader,
-    FrameError,
-    Piece,
-    message_frame,
-    read_pieces,
-    within,
-)
+from p2ptrain.net.frames import Allocate, FrameError, Piece, message_frame, read_pieces
 from p2ptrain.net.mailbox import Mailbox
 from p2ptrain.net.messages import PROBE, Header, Stamp, piece_bounds, tensor_from_bytes
 from p2ptrain.net.pacing import TAIL_LEAD_S, Pacer
 from p2ptrain.net.status import PeerStatus
+from p2ptrain.net.streamio import BufferPool, DirectReader, within
 
 logger = logging.getLogger(__name__)
 

@@ -42,7 +42,6 @@ from hivemind.proto import runtime_pb2
 from p2ptrain.errors import MessageRejected, PeerFailed, PeerTimeoutError, ProtocolError, StreamClosed
 from p2ptrain.net.channel import Channels
 from p2ptrain.net.emulation import LinkEmulator
-from p2ptrain.net.frames import BufferPool, within
 from p2ptrain.net.lifecycle import service_loop
 from p2ptrain.net.mailbox import Mailbox
 from p2ptrain.net.messages import Header, Tag, dtype_name
@@ -51,6 +50,7 @@ from p2ptrain.net.probe_session import ProbeSession
 from p2ptrain.net.relay import multiaddr_bytes
 from p2ptrain.net.servicer import NAMESPACE, TensorServicer, parse_reply
 from p2ptrain.net.status import PeerStatus
+from p2ptrain.net.streamio import BufferPool, within
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class TransportConfig:
     stream_idle_s: float = 120.0  # a receiver closes a tensor stream with no message for this long (senders: half)
     streams_per_peer: int = 2  # persistent tensor streams a sender keeps to one peer (channel.py)
     chunk_bytes: int = 1 << 20
-    buffer_pool_bytes: int = 64 << 20  # idle message buffers kept for reuse, each for sending and receiving (frames.BufferPool)
+    buffer_pool_bytes: int = 64 << 20  # idle message buffers kept for reuse, each for sending and receiving (streamio.BufferPool)
     max_message_bytes: int = 256 << 20
     max_buffered_bytes: int = 1 << 30  # in flight + received but not yet read, over all senders
     max_probe_reply_bytes: int = 64 << 10

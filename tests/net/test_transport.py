@@ -66,7 +66,7 @@ def tensors() -> list[torch.Tensor]:
 
 
 def test_bursts_of_send_async_arrive_exact_while_their_buffers_are_used_again(trio, step):
-    """send_async copies into buffers that both ends use again (frames.BufferPool): a caller that overwrites
+    """send_async copies into buffers that both ends use again (streamio.BufferPool): a caller that overwrites
     its tensor at once, and received tensors kept or dropped between bursts, change no message's bytes."""
     a, b, _ = trio
     tensor, kept = torch.empty(64 << 10), []
