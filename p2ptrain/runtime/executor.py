@@ -48,7 +48,9 @@ ACTIVATION_GRAD = "activation_grad"
 
 
 class StepLink(Protocol):
-    """Messages of one step to and from named peers."""
+    """Messages of one step to and from named peers. ``send`` may read ``tensor`` until its future is done: the
+    executor and the all-reduce hand over tensors they never change (encoded messages, detached outputs and
+    input gradients, freshly flattened buckets) and wait for every send before a step ends."""
 
     def send(self, peer: str, kind: str, micro_batch: int, part: int, tensor: torch.Tensor) -> Future: ...
 

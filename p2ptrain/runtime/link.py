@@ -22,7 +22,8 @@ class TransportStepLink:
         return Tag(self.run, self.epoch, self.step, kind, micro_batch, part)
 
     def send(self, peer: str, kind: str, micro_batch: int, part: int, tensor: torch.Tensor) -> Future:
-        return self.transport.send_async(peer, self._tag(kind, micro_batch, part), tensor, self.timeout_s)
+        # Handed over, not copied (``StepLink.send``): the copy was most of what a message cost this thread.
+        return self.transport.send_async(peer, self._tag(kind, micro_batch, part), tensor, self.timeout_s, copy=False)
 
     def recv(
         self, peer: str, kind: str, micro_batch: int, part: int, shape: tuple[int, ...], dtype: torch.dtype
