@@ -10,10 +10,12 @@ States, driven by one loop in the calling (main) thread, every ``membership.poll
 2. **measure**: each poll reads the peer records (membership), dials new peers by address, shapes the
    links to them when emulating, and hands the settled ones to the link prober (a background thread that
    publishes our links row).
-3. **elect**: the lowest live peer ID leads. The leader plans once ``plan_trigger`` says so (expected
-   peers present, or the join deadline passed) and every trainer's row covers the others (or
-   ``links_timeout_s`` passed): it builds the cluster from the records, runs the planner in a worker
-   thread (heartbeats and polling go on meanwhile), and publishes the plan record for the next epoch.
+3. **elect**: the lowest live peer ID leads (the leader's state machine and its state:
+   ``agent.leading.Leading``, which the loop hands each poll while this agent leads). The leader plans once
+   ``plan_trigger`` says so (expected peers present, or the join deadline passed) and every trainer's row
+   covers the others (or ``links_timeout_s`` passed): it builds the cluster from the records, runs the
+   planner in a worker thread (heartbeats and polling go on meanwhile), and publishes the plan record for
+   the next epoch. The others pass over a leader that publishes no plan they accept in time.
 4. **follow**: everyone (the leader too) reads the plan records and follows the highest epoch signed by
    the peer it sees as lowest that names it as a member (``election.latest_plan``; epochs decide, so a
    leader that comes back late cannot split the swarm), then trains that epoch (``epoch.run_epoch``).
@@ -38,11 +40,8 @@ transport down, and the DHT process and p2pd are stopped in order, so nothing is
 from __future__ import annotations
 
 import collections
-import concurrent.futures
-import dataclasses
 import logging
 import os
-import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -52,29 +51,16 @@ from typing import Any
 
 from p2ptrain.agent import settings
 from p2ptrain.agent.boundary import INTERVAL_S, BoundaryWatch
-from p2ptrain.agent.churn import CHECKPOINT, INIT, copies_of, join_start, restart_point, source_indices
-from p2ptrain.agent.claims import ComputeWatch, bounded, record_problem, with_slowdowns
+from p2ptrain.agent.claims import bounded, record_problem
 from p2ptrain.agent.config import AgentConfig
 from p2ptrain.agent.epoch import EpochContext, EpochOutcome, Heartbeat, run_epoch
 from p2ptrain.agent.events import EventLog
-from p2ptrain.agent.leader import (
-    build_cluster,
-    cluster_order,
-    compute_estimate_s,
-    link_gaps,
-    make_plan,
-    run_workload,
-    stage_state_bytes,
-    trainers_and_spares,
-    warm_copies,
-)
+from p2ptrain.agent.leading import AgentError, AgentView, Leading
 from p2ptrain.agent.links import LinkProber
 from p2ptrain.agent.liveness import LivenessMonitor, epoch_failure
-from p2ptrain.agent.membership import Membership, MembershipTracker, plan_trigger
+from p2ptrain.agent.membership import Membership, MembershipTracker
 from p2ptrain.agent.plan_check import LeaderWatch, PlanGate
 from p2ptrain.agent.profile import profile_device
-from p2ptrain.agent.quarantine import Quarantine
-from p2ptrain.agent.replan import JOIN, Replan, ReplanWatch
 from p2ptrain.agent.senders import min_rates, sender_budgets
 from p2ptrain.agent.stage_state import StateKeeper
 from p2ptrain.agent.state_store import StateStore
@@ -86,28 +72,14 @@ from p2ptrain.net.election import latest_plan
 from p2ptrain.net.emulation import EmulationConfig, LinkEmulator, scaled_link
 from p2ptrain.net.forward import setup_forwarding
 from p2ptrain.net.lifecycle import StopSignal, shutdown_in_order
-from p2ptrain.net.records import NO_BACKUP, ComputeMeasurement, PeerRecord, PlanRecord, ProgressRecord
+from p2ptrain.net.records import ComputeMeasurement, PeerRecord, PlanRecord, ProgressRecord
 from p2ptrain.net.transport import Transport
-from p2ptrain.planning import Cluster, LayeredWorkload, Workload, even_layers, load_cluster
-from p2ptrain.planning.simulated import StepWorkload
-from p2ptrain.planning.split import Layers
-from p2ptrain.runtime.calibration import (
-    calibrate,
-    expected_rows,
-    layered_workload,
-    step_profile,
-    step_workload,
-)
-from p2ptrain.runtime.checkpoint import latest_complete
+from p2ptrain.planning import Cluster, load_cluster
+from p2ptrain.runtime.calibration import calibrate, expected_rows
 from p2ptrain.runtime.compute_speed import compute_slowdown
-from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.reference import resolve_device, torch_settings
 
 logger = logging.getLogger(__name__)
-
-
-class AgentError(RuntimeError):
-    """The agent cannot go on (no plan in time, no feasible plan); the message says what to do."""
 
 
 @dataclass(frozen=True)
@@ -118,28 +90,9 @@ class AgentResult:
     stopped: str | None = None  # why it stopped early (a signal), None if it finished
 
 
-@dataclass
-class _Planning:
-    """A plan being computed by the leader in the planner thread."""
-
-    epoch: int
-    membership: tuple[str, ...]
-    devices: list[str]  # cluster order: device i of the plan is peer devices[i]
-    spares: list[str]
-    cluster: Cluster
-    workload: Workload
-    trigger: str
-    future: concurrent.futures.Future
-    replan: Replan | None = None  # None: the run's first plan
-    start_step: int = 0
-    sources: tuple[str, ...] = ()
-    members: Cluster | None = None  # every member's links (trainers in ``devices`` order, then spares)
-    step_s: float = 0.0  # the measured step time (0: not measured yet)
-    slowdowns: dict[str, float] = dataclasses.field(default_factory=dict)  # claims replaced (``agent.claims``)
-    layers: Layers | None = None  # the split a re-plan keeps (``Agent._split_workload``)
-
-
 class Agent:
+    _leading_class: type[Leading] = Leading  # tests lead badly by subclassing it (``tests/agent/rogue_leader.py``)
+
     def __init__(self, config: AgentConfig, stop: StopSignal):
         self.config = config
         self.stop = stop
@@ -156,15 +109,11 @@ class Agent:
         self.compute_slowdown = (compute_slowdown(self.network, config.emulation.device_index)
                                  if self.network is not None else 1.0)
         self.data_id = data_identity(config.train.data)  # in our peer record: the run's agents must agree
-        self._planner = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="p2ptrain-planner")
-        self._planning: _Planning | None = None
-        self._next_epoch = 0
-        self._published: PlanRecord | None = None  # the last plan this agent published as leader
+        self._leading: Leading | None = None  # the leader's side (``agent.leading``), from the loop's start
         self._following: PlanRecord | None = None  # the last plan this agent followed
         self._newest_seen: PlanRecord | None = None  # the highest-epoch plan read from a live signer
         self._max_epoch_seen = -1  # over every verified plan: a new leader numbers above it
         self._plans_logged: Any = None
-        self._links_wait_since: float | None = None
         self._dialled: set[str] = set()
         self._shaped: set[str] = set()
         self._tracker: MembershipTracker | None = None
@@ -176,11 +125,6 @@ class Agent:
         self._started = time.monotonic()
         self._done_now: int | None = None  # steps done in the epoch being trained
         self._boundary: BoundaryWatch[PlanRecord] | None = None  # the step-boundary check while an epoch trains
-        self._watch = ReplanWatch(config.churn)
-        self.quarantine = Quarantine(config.churn.quarantine_s, config.churn.quarantine_max_s,
-                                     blame_epochs=config.churn.quarantine_blames,
-                                     blame_window_s=config.churn.blame_window_s)  # fmt: skip
-        self._compute = ComputeWatch(config.claims.speed_tolerance, config.claims.min_steps)
         self._claims_noted: set[tuple[str, str]] = set()  # (peer, what was said): each said once
         self.keeper = StateKeeper(config.churn.keep_states)
         self.store: StateStore | None = None
@@ -249,7 +193,7 @@ class Agent:
             ("stop heartbeat pings", lambda: self.liveness and self.liveness.stop(timeout_s)),
             ("finish writing state copies", lambda: self.store and self.store.close(timeout_s)),
             ("stop the link prober", lambda: self.prober and self.prober.stop(timeout_s)),
-            ("stop the planner", lambda: self._planner.shutdown(wait=False, cancel_futures=True)),
+            ("stop the planner", lambda: self._leading and self._leading.close()),
             ("stop heartbeats", lambda: self.heartbeat and self.heartbeat.close()),
             ("stop the transport", lambda: self.transport and self.transport.shutdown()),
             ("stop the DHT peer", lambda: self.dht and self.dht.shutdown()),
@@ -325,11 +269,14 @@ class Agent:
         self._tracker = MembershipTracker(self.peer_id, data=self.data_id)
         self._gate = PlanGate(self.peer_id, cfg.train, cfg.plan, cfg.emulation, self._leaders, cfg.dht.peer_ttl_s,
                               self.dht.read_links,
-                              lambda cluster, trainers, peers, train: self._plan_workload(
+                              lambda cluster, trainers, peers, train: self._leading.plan_workload(
                                   trainers, Membership(dict(peers)), train),
                               lambda plan, reason: self.events.write("plan_refused", epoch=plan.epoch,
                                                                      signer=plan.leader, reason=reason))  # fmt: skip
         self._started = time.monotonic()
+        self._leading = self._leading_class(cfg, self.dht, self.events, self.peer_id, self._leaders, view=self._view,
+                                            note_waiting=self._note_waiting, boundary_s=self._poll_s,
+                                            started=self._started)  # fmt: skip
         while not self.stop.is_set():
             self._poll()
             plan = self._next_plan()
@@ -351,10 +298,10 @@ class Agent:
                 return AgentResult(self.peer_id, True, 0)
             membership = self._membership
             if membership.leader == self.peer_id:
-                self._lead(membership)
+                self._leading.lead(membership)
             else:
                 self._note_waiting(f"waiting for a plan from the leader {membership.leader} ({len(membership)} peers live)")
-                self._watch_leader(membership)
+                self._membership = self._leading.watch_leader(membership)
             if self._following is None and time.monotonic() - self._started > cfg.membership.plan_timeout_s:
                 raise AgentError(
                     f"no plan for the live membership ({len(membership)} peers, leader {membership.leader}) "
@@ -389,7 +336,7 @@ class Agent:
         if time.monotonic() - self._last_poll >= self.config.membership.poll_s:
             self._poll()
             if self._membership.leader == self.peer_id:
-                self._lead(self._membership)
+                self._leading.lead(self._membership)
         return self._next_plan()
 
     def _poll_membership(self, tracker: MembershipTracker, previous: Membership) -> Membership:
@@ -530,343 +477,6 @@ class Agent:
             self._newest_seen = newest
         return plan
 
-    def _watch_leader(self, membership: Membership) -> None:
-        """Pass over a leader that has not published a plan we accept in time (``plan_check.LeaderWatch``).
-        The clock runs while a plan is due: the first once the plan trigger fired and the links are measured
-        (as the leader itself decides); a later one from when we went idle after an epoch, with no newer plan
-        published since (a peer left out of a newer plan waits for a re-plan point like any joiner)."""
-        cfg = self.config
-        followed = self._following.epoch if self._following is not None else -1
-        if self._newest_seen is not None and self._newest_seen.epoch > followed:
-            self._leaders.waiting(None, False)
-            return
-        allowance = cfg.plan.time_budget_s
-        if self._following is None:
-            due = self._first_plan_due(membership)
-        else:
-            due, allowance = True, allowance + cfg.churn.halt_timeout_s + cfg.dht.peer_ttl_s
-        leader = self._leaders.waiting(membership.leader, due, allowance)
-        if leader is None:
-            return
-        backoff = self._leaders.pass_over(leader)
-        logger.warning("passing over the leader %s: no plan we accept came within %.0f s of one being due; the "
-                       "next-lowest peer leads (it may lead again in %.0f s)", leader,
-                       cfg.membership.leader_grace_s + allowance, backoff)  # fmt: skip
-        self.events.write("passed_over", peer=leader, backoff_s=backoff)
-        self._membership = Membership({p: r for p, r in membership.peers.items() if p != leader})
-
-    def _first_plan_due(self, membership: Membership) -> bool:
-        cfg = self.config
-        waited = time.monotonic() - self._started
-        if plan_trigger(self._seen, cfg.membership, waited) is None:
-            self._links_wait_since = None
-            return False
-        try:
-            trainers, _ = trainers_and_spares(cluster_order(membership.peers), cfg.train)
-            gaps = link_gaps(trainers, self.dht.read_links())
-        except (ValueError, ProtocolError):
-            return False
-        now = time.monotonic()
-        if self._links_wait_since is None:
-            self._links_wait_since = now
-        return not gaps or now - self._links_wait_since >= cfg.membership.links_timeout_s
-
-    def _plan_workload(self, trainers: list[str], membership: Membership, train: TrainConfig) -> Workload:
-        """The workload a plan of ``trainers`` is scored with under ``train`` (the run settings: our own when we
-        lead, the plan's when we check the leader's)."""
-        return self._split_workload(trainers, membership, train)[0]
-
-    def _split_workload(self, trainers: list[str], membership: Membership,
-                        train: TrainConfig) -> tuple[Workload, Layers | None]:  # fmt: skip
-        """``_plan_workload``, and the layer split a re-plan keeps (None: the planner chooses). Stage states
-        are kept and handed over per stage, so once the run trains with a split its re-plans keep it (a new
-        split would ask a source for blocks it does not hold); the leader and the followers that check its
-        plan pin the same split, the one of the plan being trained."""
-        stages = train.stages
-        workload = run_workload(train, stages, len(trainers) // stages, self.config.emulation.size_factor)
-        if self.config.plan.objective == "simulated":
-            workload = self._step_workload(workload, trainers, membership, stages, train)
-        current = self._following or self._newest_seen
-        if not isinstance(workload, LayeredWorkload) or current is None:
-            return workload, None
-        layers = current.layer_ranges or even_layers(workload.costs.num_layers, stages)
-        return workload.at(layers), layers
-
-    # ---- leading ----------------------------------------------------------------------------------------
-
-    def _lead(self, membership: Membership) -> None:
-        if self._planning is not None:
-            if self._planning.future.done():
-                self._publish_plan(self._planning)
-            return
-        current = self._following or self._newest_seen
-        if self._published is not None and (current is None or self._published.epoch > current.epoch):
-            return  # our newest plan is not taken up yet
-        if current is not None:
-            self._replan(current, membership)
-            return
-        trigger = plan_trigger(self._seen, self.config.membership, time.monotonic() - self._started)
-        if trigger is None:
-            self._note_waiting(f"leading; waiting for peers: {len(membership)} live"
-                               + (f" of {self.config.membership.expect} expected" if self.config.membership.expect else ""))
-            return
-        order = cluster_order(membership.peers)
-        trainers, spares = trainers_and_spares(order, self.config.train)
-        try:
-            rows = self.dht.read_links()
-        except ProtocolError as e:
-            logger.warning("reading the links rows failed: %s", e)
-            return
-        gaps = link_gaps(trainers, rows)
-        now = time.monotonic()
-        if self._links_wait_since is None:
-            self._links_wait_since = now
-        if gaps and now - self._links_wait_since < self.config.membership.links_timeout_s:
-            self._note_waiting(f"leading; {trigger}; waiting for {len(gaps)} of {len(trainers) * (len(trainers) - 1)} "
-                               "link measurements")
-            return
-        start_step, sources, trigger = self._first_start(trigger, membership)
-        self._start_planning(membership, trainers, spares, rows, trigger, None, start_step, sources)
-
-    def _first_start(self, trigger: str, membership: Membership) -> tuple[int, tuple[str, ...], str]:
-        """Step 0 from the seed, or with ``checkpoint.resume`` the newest step every stage has a copy of:
-        on a live member's own disk (their first heartbeats say which), or in the shared checkpoint dir."""
-        ckpt, train = self.config.checkpoint, self.config.train
-        if not ckpt.resume:
-            return 0, (), trigger
-        try:
-            progress = self.dht.read_progress()
-        except ProtocolError as e:
-            logger.warning("resume: reading the members' copies failed (%s)", e)
-            progress = {}
-        holdings = {p: copies_of(r.holds) for p, r in progress.items() if p in membership}
-        shared = latest_complete(ckpt.dir, train.stages, train.model) if ckpt.dir else None
-        restart = restart_point(train.stages, holdings, [shared] if shared is not None else [])
-        if restart.step == 0:
-            logger.warning("resume: no step has a copy of all %d stages of %s on the live agents' disks%s; "
-                           "starting at step 0", train.stages, train.model,
-                           f" or in {ckpt.dir}" if ckpt.dir else "")  # fmt: skip
-            return 0, (), trigger
-        where = "the checkpoint" if restart.from_checkpoint else "the agents' own copies"
-        return restart.step, restart.sources, f"{trigger}; resumed from {where} of step {restart.step}"
-
-    def _replan(self, current: PlanRecord, membership: Membership) -> None:
-        settle_s = self.config.dht.peer_ttl_s
-        if self._following is None and self._published is None and time.monotonic() - self._started < settle_s:
-            # A peer that just started (a joiner) has not seen every live peer's record yet: in one record
-            # lifetime every live peer refreshed its own.
-            self._note_waiting(f"leading; learning who is live ({settle_s:.0f} s) before re-planning")
-            return
-        try:
-            progress = self.dht.read_progress()
-        except ProtocolError as e:
-            logger.warning("reading progress failed: %s", e)
-            return
-        self._compute.observe(current, progress)
-        ckpt, train = self.config.checkpoint, self.config.train
-        last = latest_complete(ckpt.dir, train.stages, train.model) if ckpt.dir else None
-        live = self.quarantine.without(membership.ids)  # a quarantined peer is no joiner before its back-off ends
-        replan = self._watch.check(current, live, progress, train.steps, [last] if last is not None else [],
-                                   time.monotonic(), self._done_now)
-        if replan is None:
-            if self._watch.note:
-                self._note_waiting(f"leading; {self._watch.note}")
-            return
-        for peer in replan.culprits:
-            if peer != self.peer_id:
-                backoff = self.quarantine.add(peer)
-                logger.warning("quarantining peer %s for %.0f s: it failed epoch %d (%s)", peer, backoff,
-                               current.epoch, replan.reason)  # fmt: skip
-                self.events.write("quarantined", peer=peer, epoch=current.epoch, seconds=backoff, reason=replan.reason)
-        self._count_blames(current, replan)
-        # the quarantined stay out, except a peer the restart takes a stage's state from (it holds it; the
-        # plan must name it as a member)
-        held = self.quarantine.held() - set(replan.restart.sources if replan.restart else ())
-        peers = {p: membership.peers[p] for p in replan.members if p in membership.peers and p not in held}
-        try:
-            trainers, spares = trainers_and_spares(cluster_order(peers), train)
-        except ValueError as e:
-            self._note_waiting(f"leading; cannot re-plan ({replan.reason}): {e}; waiting for peers")
-            return
-        try:
-            rows = self.dht.read_links()
-        except ProtocolError:
-            rows = {}
-        restart = replan.restart
-        times = [r.step_time_s for r in progress.values() if r.epoch == current.epoch and r.step_time_s > 0]
-        self._start_planning(Membership(peers), trainers, spares, rows, replan.reason, replan,
-                             restart.step if restart else 0, restart.sources if restart else (),
-                             statistics.median(times) if times else 0.0)
-
-    def _count_blames(self, current: PlanRecord, replan: Replan) -> None:
-        """Members blamed for this failure that halted: quarantined once blamed for ``churn.quarantine_blames``
-        epochs within ``churn.blame_window_s`` (``agent.quarantine``), else counted."""
-        churn = self.config.churn
-        for peer in replan.blamed:
-            if peer == self.peer_id:
-                continue
-            count = self.quarantine.blame(peer, current.epoch)
-            if count < churn.quarantine_blames:
-                logger.info("peer %s was blamed for epoch %d's failed calls (%d of %d epochs within %.0f s before "
-                            "it is quarantined)", peer, current.epoch, count, churn.quarantine_blames,
-                            churn.blame_window_s)  # fmt: skip
-                self.events.write("blamed", peer=peer, epoch=current.epoch, count=count)
-                continue
-            backoff = self.quarantine.add(peer)
-            reason = (f"blamed by a halted trainer for the failed calls of {count} epochs within "
-                      f"{churn.blame_window_s:.0f} s (the last {current.epoch})")
-            logger.warning("quarantining peer %s for %.0f s: %s", peer, backoff, reason)
-            self.events.write("quarantined", peer=peer, epoch=current.epoch, seconds=backoff, reason=reason)
-
-    def _start_planning(self, membership: Membership, trainers: list[str], spares: list[str], rows, trigger: str,
-                        replan: Replan | None, start_step: int, sources: tuple[str, ...],
-                        step_s: float = 0.0) -> None:  # fmt: skip
-        slowdowns = self._judge_compute(membership)
-        membership = Membership(with_slowdowns(membership.peers, slowdowns))
-        cluster = build_cluster(trainers, membership.peers, rows, self.config.emulation)
-        members = build_cluster(trainers + spares, membership.peers, rows, self.config.emulation) if spares else cluster
-        stages = self.config.train.stages
-        workload, layers = self._split_workload(trainers, membership, self.config.train)
-        logger.info("planning epoch %d for %d peers (%s): %d stages × %d replicas, %d spare(s), strategy %s",
-                    self._next_epoch, len(membership), trigger, stages, len(trainers) // stages, len(spares),
-                    self.config.plan.strategy)
-        epoch = max(self._next_epoch, self._max_epoch_seen + 1)
-        future = self._planner.submit(make_plan, cluster, workload, stages, self.config.plan)
-        self._planning = _Planning(epoch, membership.ids, trainers, spares, cluster, workload, trigger, future,
-                                   replan, start_step, sources, members, step_s, slowdowns, layers)
-
-    def _judge_compute(self, membership: Membership) -> dict[str, float]:
-        """Before a plan: what the epoch trained showed of each trainer's compute (``agent.claims``); the
-        factors the next plan prices the members with."""
-        current = self._following or self._newest_seen
-        for s in self._compute.judge(current, membership.peers, self.config.train) if current is not None else ():
-            if s.factor > 1.0:
-                logger.warning("peer %s computed a step of epoch %d in %.3f s where its calibration predicts %.3f s "
-                               "(%.1fx, beyond the %gx tolerated): planned %.1fx slower from now on", s.peer, s.epoch,
-                               s.observed_s, s.predicted_s, s.factor, self.config.claims.speed_tolerance, s.factor)
-            else:
-                logger.info("peer %s computed as its calibration predicts again (epoch %d: %.3f s, predicted %.3f s); "
-                            "its claim counts again", s.peer, s.epoch, s.observed_s, s.predicted_s)
-            self.events.write("claim_corrected", peer=s.peer, epoch=s.epoch, factor=round(s.factor, 4),
-                              observed_s=s.observed_s, predicted_s=s.predicted_s)
-        return self._compute.slowdowns_of(membership.ids)
-
-    def _step_workload(self, workload: Workload, trainers: list[str], membership: Membership, stages: int,
-                       train: TrainConfig) -> Workload:  # fmt: skip
-        """The workload with the trainers' calibrated step profile, in the (emulated) network's units."""
-        emulation = self.config.emulation
-        measured = [r.compute for p in trainers if (r := membership.peers.get(p)) is not None and r.compute]
-        if len(measured) < len(trainers):
-            logger.warning("%d of %d trainers published no calibration; the step profile uses the others'",
-                           len(trainers) - len(measured), len(trainers))
-        boundary_s = statistics.median(self._poll_s) if self._poll_s else 0.0  # every step boundary polls the same
-        if measured and len(measured) == len(trainers):  # each device's own measurement (mixed devices)
-            return layered_workload(measured, workload, train, len(trainers) // stages,
-                                    boundary_s=boundary_s, time_scale=emulation.time_scale if emulation.enabled else 1.0,
-                                    size_factor=emulation.size_factor if emulation.enabled else 1.0)  # fmt: skip
-        profile = step_profile(measured, train, stages, len(trainers) // stages, boundary_s=boundary_s,
-                               time_scale=emulation.time_scale if emulation.enabled else 1.0,
-                               size_factor=emulation.size_factor if emulation.enabled else 1.0)  # fmt: skip
-        return step_workload(workload, profile)
-
-    def _publish_plan(self, planning: _Planning) -> None:
-        self._planning = None
-        try:
-            plan = planning.future.result()
-        except ValueError as e:
-            raise AgentError(f"the planner found no plan: {e}") from None
-        if planning.layers is not None:  # planned at the split the run trains with
-            plan = {**plan, "layers": [list(r) for r in planning.layers]}
-        record = PlanRecord.from_plan_json(planning.epoch, planning.devices + planning.spares, plan)
-        start_step, sources = planning.start_step, planning.sources
-        if planning.replan is not None and planning.replan.kind == JOIN:
-            point = self._join_point(record)
-            if point is None:
-                logger.warning("not admitting the joiners: a stage of epoch %d has no live trainer left",
-                               (self._following or self._newest_seen).epoch)
-                return
-            start_step, sources = point
-            if start_step >= self.config.train.steps:
-                logger.info("not re-planning (%s): the run ends before the next re-plan point", planning.trigger)
-                self._watch.reset()
-                return
-        strays = [p for p in sources if p not in (CHECKPOINT, INIT) and p not in record.membership]
-        if strays:  # a source left between the check and the plan: check again
-            logger.warning("not publishing epoch %d: the restart's source(s) %s are no longer members; re-planning",
-                           planning.epoch, ", ".join(strays))  # fmt: skip
-            self._watch.reset()
-            return
-        copies = self._warm_copies(planning, plan)
-        index = {p: i for i, p in enumerate(record.membership)}
-        record = dataclasses.replace(record, start_step=start_step, reason=planning.trigger[:120],
-                                     slowdowns=tuple((index[p], f) for p, f in planning.slowdowns.items() if p in index),
-                                     sources=source_indices(sources, record.membership),
-                                     backups=tuple(NO_BACKUP if p is None else index[p] for p in copies["peers"]),
-                                     backup_every=copies["every_steps"],
-                                     **settings.plan_fields(self.config.train))  # fmt: skip
-        plan = {**plan, "warm_copies": copies}
-        self.dht.publish_plan(record)
-        self._published = record
-        self._next_epoch = planning.epoch + 1
-        self._links_wait_since = None
-        self._watch.reset()
-        baselines = ", ".join(f"{k} {v['cost_s']:.3f} s" for k, v in plan.get("baselines", {}).items())
-        search = plan.get("search") or {}
-        logger.info("published plan epoch %d: predicted %.3f s/step (%s); pipelines %s; planned in %.2f s by the %s "
-                    "search%s", planning.epoch, plan["cost_s"], baselines, plan["pipelines"], search.get("seconds", 0.0),
-                    search.get("method", "?"), f" ({search['fallback']}'s order: the search did not beat it)"
-                    if search.get("fallback") else "")  # fmt: skip
-        self.events.write(
-            "plan", epoch=planning.epoch, plan=plan, devices=planning.devices, spares=planning.spares,
-            trigger=planning.trigger, cluster=planning.cluster.to_dict(), start_step=start_step,
-            sources=list(sources), replan=planning.replan.kind if planning.replan else None,
-            slowdowns=planning.slowdowns, settings=settings.plan_fields(self.config.train),
-            workload={"activation_gb": planning.workload.activation_gb, "gradient_gb": planning.workload.gradient_gb,
-                      **({"step": dataclasses.asdict(planning.workload.step)}
-                         if isinstance(planning.workload, StepWorkload) else {}),
-                      **({"layer_costs": dataclasses.asdict(planning.workload.costs)}
-                         if isinstance(planning.workload, LayeredWorkload) else {})},
-        )  # fmt: skip
-
-    def _warm_copies(self, planning: _Planning, plan: dict[str, Any]) -> dict[str, Any]:
-        """Who keeps each stage's warm copy, and how often (``leader.warm_copies``); the step time is the
-        one measured in the last epoch, else the plan's prediction plus the slowest trainer's compute."""
-        cfg = self.config
-        scale = cfg.emulation.time_scale if cfg.emulation.enabled else 1.0
-        if isinstance(planning.workload, LayeredWorkload):  # mixed devices: the prediction includes compute
-            step_s = planning.step_s or plan["cost_s"] * scale
-        else:
-            step_s = planning.step_s or plan["cost_s"] * scale + compute_estimate_s(
-                cfg.train, plan["stages"], plan["replicas"], min(d.tflops for d in planning.cluster.devices))
-        churn = cfg.churn
-        if not planning.step_s and churn.backup_every == "auto":
-            churn = dataclasses.replace(churn, backup_max_every=min(churn.backup_max_every, churn.backup_first_every))
-        copies = warm_copies(plan, planning.devices, planning.spares, planning.members or planning.cluster,
-                             stage_state_bytes(cfg.train, cfg.train.stages), step_s, churn, cfg.emulation)
-        logger.info("warm copies every %d step(s) (one copy %.3f s, %.4f s per step) to %s", copies["every_steps"],
-                    copies["copy_s"], copies["per_step_s"], copies["peers"])
-        return copies
-
-    def _join_point(self, record: PlanRecord) -> tuple[int, tuple[str, ...]] | None:
-        """A join re-plan's start (``churn.join_start``) and sources: each stage's lowest-replica trainer of
-        the epoch being trained (every one of them stops at that step, holding it)."""
-        current = self._following or self._newest_seen
-        try:
-            progress = self.dht.read_progress()
-        except ProtocolError:
-            progress = {}
-        seen = [r.step for r in progress.values() if r.epoch == current.epoch]
-        if self._done_now is not None:
-            seen.append(self._done_now)
-        sources = []
-        for stage in range(current.stages):
-            holders = [current.peer_at(i, stage) for i in range(current.replicas)]
-            live = [p for p in holders if p in record.membership]
-            if not live:
-                return None  # a failure, not a join: the halted heartbeats will say where to restart
-            sources.append(live[0])
-        return join_start(seen), tuple(sources)
-
     def _finished_without_me(self) -> bool:
         """Whether the newest plan (we are not a member: we came back after being left out) is done: every
         one of its trainers trained the last step."""
@@ -880,6 +490,10 @@ class Agent:
         trainers = {plan.peer_at(i, j) for i in range(plan.replicas) for j in range(plan.stages)}
         done = {p for p, r in progress.items() if r.epoch == plan.epoch and r.step >= self.config.train.steps}
         return trainers <= done
+
+    def _view(self) -> AgentView:
+        """What the leader's side reads of this agent (``leading.AgentView``), as it is now."""
+        return AgentView(self._seen, self._following, self._newest_seen, self._done_now, self._max_epoch_seen)
 
     def _note_waiting(self, note: str) -> None:
         if note != self._last_wait_note:

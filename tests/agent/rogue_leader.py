@@ -18,18 +18,23 @@ import numpy as np
 
 from p2ptrain.agent.agent import Agent
 from p2ptrain.agent.config import AgentConfig
+from p2ptrain.agent.leading import Leading
 from p2ptrain.cli import configure_logging
 from p2ptrain.config import config_from_dict, read_toml
 from p2ptrain.net.lifecycle import StopSignal
 from p2ptrain.planning import make_objective
 
 
-class SilentLeader(Agent):
-    def _lead(self, membership) -> None:
+class SilentLeading(Leading):
+    def lead(self, membership) -> None:
         self._note_waiting("rogue: leading, and never planning")
 
 
-class WorstPlanner(Agent):
+class SilentLeader(Agent):
+    _leading_class = SilentLeading
+
+
+class WorstPlanning(Leading):
     def _publish_plan(self, planning) -> None:
         plan = planning.future.result()
         objective = make_objective(self.config.plan.objective, planning.cluster, planning.workload, plan["stages"])
@@ -40,6 +45,10 @@ class WorstPlanner(Agent):
         done: concurrent.futures.Future = concurrent.futures.Future()
         done.set_result({**plan, "pipelines": pipelines})  # the honest cost_s stays: it lies about its plan
         super()._publish_plan(dataclasses.replace(planning, future=done))
+
+
+class WorstPlanner(Agent):
+    _leading_class = WorstPlanning
 
 
 def main(mode: str, config_path: str) -> None:

@@ -71,7 +71,7 @@ def test_a_member_blamed_in_two_epochs_is_quarantined_though_it_halted():
     assert q.blame(D, 1) == 1 and q.held() == set()  # blamed once: an honest neighbour of a failure
     assert q.blame(D, 1) == 1  # the same epoch's failure read again counts once
     clock.now = 100.0
-    assert q.blame(D, 2) == 2  # the caller quarantines it now (``Agent._count_blames``) ...
+    assert q.blame(D, 2) == 2  # the caller quarantines it now (``Leading._count_blames``) ...
     assert q.add(D) == 60.0 and q.held() == {D}
     assert q.blame(D, 3) == 1  # ... and the count starts over
     clock.now = 100.0 + 301.0
