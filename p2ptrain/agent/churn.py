@@ -121,8 +121,10 @@ def source_of(plan: PlanRecord, stage: int) -> str:
     return plan.membership[code]
 
 
-def join_start(done_by_peer: Iterable[int]) -> int:
+def join_start(done_by_peer: Iterable[int], epoch_start: int = 0) -> int:
     """Where an epoch that admits joiners starts while the current one still trains: two steps past the
     furthest progress seen. Nobody can complete a step beyond it (it needs every trainer, and each stops
-    there), and every trainer then holds it, so no state is lost and no step is redone."""
-    return max(done_by_peer, default=0) + 2
+    there), and every trainer then holds it, so no state is lost and no step is redone. The current epoch's
+    start step counts as progress: its trainers hold it before any of them has said so (a leader new to the
+    epoch may read no progress of it yet, and must not start the next epoch behind it)."""
+    return max([*done_by_peer, epoch_start]) + 2

@@ -495,4 +495,4 @@ class Leading:
             if not live:
                 return None  # a failure, not a join: the halted heartbeats will say where to restart
             sources.append(live[0])
-        return join_start(seen), tuple(sources)
+        return join_start(seen, current.start_step), tuple(sources)

@@ -82,7 +82,8 @@ class ReplanWatch:
             finished = {p: r for p, r in ours.items() if p in trainers & live and not r.halted and r.step >= steps}
             return self._failure(plan, live, trainers, dead, halted, finished, checkpoints, now)
         self._failure_since = None
-        furthest = max([r.step for r in ours.values()] + ([done] if done is not None else []), default=0)
+        # the epoch's start is progress its trainers hold before any of them says so (``churn.join_start``)
+        furthest = max([r.step for r in ours.values()] + ([done] if done is not None else []) + [plan.start_step])
         if furthest + 2 >= steps:
             return None  # a re-plan point (``churn.join_start``) would come after the last step
         keepers = {plan.backup_of(j) for j in range(plan.stages)} - {None}

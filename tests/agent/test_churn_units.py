@@ -104,6 +104,12 @@ def test_replicas_keep_the_global_batch_split():
     assert join_start([3, 4]) == 6 and join_start([]) == 2
 
 
+def test_a_join_starts_past_the_current_epochs_start_before_any_progress_of_it_is_seen():
+    # a leader new to epoch 1 (it started at step 127) reads no progress of it yet: the next epoch must not
+    # start behind the step its trainers already hold
+    assert join_start([], 127) == 129 and join_start([130], 127) == 132
+
+
 # ---- ReplanWatch ----------------------------------------------------------------------------------------
 
 PLAN = plan_of(1, [A, B, C, D, E], [[A, B], [C, D]])  # E is a spare
@@ -147,6 +153,13 @@ def test_joiners_wait_for_the_configured_count_or_steps():
     watch.reset()
     assert watch.check(PLAN, [A, B, C, D, E, F], progress, steps=10, checkpoints=[], now=0.0, done=3) is None
     assert watch.check(PLAN, [A, B, C, D, E, F], progress, steps=10, checkpoints=[], now=0.0, done=7).kind == JOIN
+
+
+def test_joiners_are_not_admitted_when_the_epoch_starts_too_late_for_a_re_plan_point():
+    late = plan_of(1, [A, B, C, D, E], [[A, B], [C, D]], start_step=8)  # nobody said a step of it yet
+    watch = ReplanWatch(ChurnConfig(join_min_new_peers=1))
+    assert watch.check(late, [A, B, C, D, E, F], {}, steps=10, checkpoints=[], now=0.0) is None
+    assert watch.check(late, [A, B, C, D, E, F], {}, steps=20, checkpoints=[], now=0.0).kind == JOIN
 
 
 def test_trainers_that_finished_before_a_failure_are_sources_not_waited_for():
