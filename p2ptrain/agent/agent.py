@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from p2ptrain.agent import settings
-from p2ptrain.agent.boundary import INTERVAL_S, BoundaryWatch
+from p2ptrain.agent.boundary import INTERVAL_S, BoundaryWatch, overshot
 from p2ptrain.agent.claims import bounded, record_problem
 from p2ptrain.agent.config import AgentConfig
 from p2ptrain.agent.epoch import EpochContext, EpochOutcome, Heartbeat, run_epoch
@@ -124,6 +124,7 @@ class Agent:
         self._last_poll = 0.0
         self._started = time.monotonic()
         self._done_now: int | None = None  # steps done in the epoch being trained
+        self._went_on: int | None = None  # steps done at the last boundary that went on to the next step
         self._boundary: BoundaryWatch[PlanRecord] | None = None  # the step-boundary check while an epoch trains
         self._claims_noted: set[tuple[str, str]] = set()  # (peer, what was said): each said once
         self.keeper = StateKeeper(config.churn.keep_states)
@@ -329,7 +330,9 @@ class Agent:
             newest, following = self._newest_seen, self._following
             return (newest is not None and following is not None and newest.epoch > following.epoch
                     and self.peer_id not in newest.membership)  # fmt: skip
-        return plan is not None and (done is None or plan.start_step <= done)
+        halt = plan is not None and (done is None or plan.start_step <= done)
+        self._went_on = None if halt else done  # the step after ``done`` is in flight (``_boundary_check``)
+        return halt
 
     def _boundary_check(self) -> PlanRecord | None:
         """Poll and lead as the idle loop does (every ``poll_s``); the plan to follow next, or None."""
@@ -337,7 +340,15 @@ class Agent:
             self._poll()
             if self._membership.leader == self.peer_id:
                 self._leading.lead(self._membership)
-        return self._next_plan()
+        plan = self._next_plan()
+        training, done = self._training, self._went_on
+        if plan is not None and training is not None and training > self._aborted and overshot(
+                plan.start_step, training, plan.epoch, done):  # fmt: skip
+            self._aborted = training
+            logger.info("epoch %d: the plan of epoch %d starts after step %d, which this agent passed before it saw "
+                        "the plan; cutting the step in flight short", training, plan.epoch, plan.start_step)
+            self.transport.abort_epoch(training, f"a newer plan (epoch {plan.epoch}) starts after step {plan.start_step}")
+        return plan
 
     def _poll_membership(self, tracker: MembershipTracker, previous: Membership) -> Membership:
         try:
@@ -506,7 +517,7 @@ class Agent:
         cfg = self.config
         self._following = plan
         self._admit_senders(self._membership, plan)
-        self._done_now = None
+        self._done_now = self._went_on = None
         self.prober.pause(timeout_s=min(cfg.links.probe.deadline_s, cfg.links.pause_wait_s))  # nor queue behind a probe
         # Heartbeats notice failures; the data deadline only has to allow the plan's slowest step.
         scale = cfg.emulation.time_scale if cfg.emulation.enabled else 1.0
@@ -536,7 +547,7 @@ class Agent:
             self._boundary.stop()  # the agent's loop polls again from here, alone
             self._boundary = None
             self._training = None
-            self._done_now = None
+            self._done_now = self._went_on = None
             if not self.stop.is_set():
                 self.prober.resume()
 

@@ -15,8 +15,11 @@ answer, within ``interval_s`` … ``max_interval_s`` (each check reads the DHT, 
 as much as the training it no longer blocks). A newer plan is thus seen within half a step and a DHT read of
 its publication, as the synchronous read saw it at the next boundary after its publication; a re-plan point lies two steps ahead of
 the progress the leader saw (``churn.join_start``) and a stage keeps its last two states, so a trainer that
-sees it one step late still holds the state it starts from. An error of the check (a refused plan set,
-``AgentError``) is raised to the training thread at its next boundary.
+sees it one step late still holds the state it starts from. That late trainer has started a step its peers,
+stopped at the plan's start, will never finish with it: ``overshot`` says so, and the agent cuts the step
+short at once (``Transport.abort_epoch``) instead of letting it wait for its call deadline — which also held
+up the new epoch's first step past its peers' deadlines, so a join turned into a failed epoch. An error of
+the check (a refused plan set, ``AgentError``) is raised to the training thread at its next boundary.
 """
 
 from __future__ import annotations
@@ -32,6 +35,13 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 INTERVAL_S = 0.2  # the shortest pause between two checks while training (at most ``membership.poll_s``)
 MAX_INTERVAL_S = 1.0  # the longest (``membership.poll_s``'s default)
+
+
+def overshot(start_step: int, training_epoch: int | None, plan_epoch: int, done: int | None) -> bool:
+    """Whether a trainer of ``training_epoch`` that went on from its last boundary after ``done`` steps (None:
+    it is halting, or has no step in flight) has started a step beyond the start of a newer plan (epoch
+    ``plan_epoch``, from step ``start_step``): it holds that step's state already, and its peers stopped there."""
+    return training_epoch is not None and done is not None and plan_epoch > training_epoch and start_step <= done
 
 
 class BoundaryWatch(Generic[T]):

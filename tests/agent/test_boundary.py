@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from p2ptrain.agent.boundary import BoundaryWatch
+from p2ptrain.agent.boundary import BoundaryWatch, overshot
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -91,3 +91,14 @@ def test_the_pause_between_checks_follows_the_steps_within_its_bounds():
         now[0] += step_s
         watch.plan  # noqa: B018
         assert watch.interval_s == pytest.approx(expected)
+
+
+def test_a_trainer_that_passed_a_newer_plans_start_has_overshot():
+    # epoch 0's trainer had done 53 steps at its last boundary; epoch 1 starts after step 53: the step in
+    # flight is one its peers will not finish (they stopped at 53)
+    assert overshot(53, training_epoch=0, plan_epoch=1, done=53)
+    assert overshot(52, training_epoch=0, plan_epoch=1, done=53)
+    assert not overshot(55, training_epoch=0, plan_epoch=1, done=53)  # still ahead: it halts at that boundary
+    assert not overshot(53, training_epoch=1, plan_epoch=1, done=60)  # the plan it trains
+    assert not overshot(53, training_epoch=None, plan_epoch=1, done=None)  # between epochs
+    assert not overshot(53, training_epoch=0, plan_epoch=1, done=None)  # a spare, or before its first boundary

@@ -139,9 +139,13 @@ def test_joiners_take_roles_with_their_replicas_parameters(tmp_path):
 
 @pytest.mark.timeout(600)
 def test_a_whole_swarm_restarted_with_resume_on_its_own_disks_continues_the_loss_curve(tmp_path):
-    args = ("--agents", "2", "--stages", "2", "--steps", "8", "--scenario", "none")
+    # the kills come when the swarm's watcher (every 0.2 s) reads step 6 in the agents' events; a plain-loopback
+    # step of tiny takes ~50 ms on a quiet machine, so the run must go on well past 7 for them to land mid-run
+    # (with 8 steps, the agents once finished before the first kill)
+    steps = 24
+    args = ("--agents", "2", "--stages", "2", "--steps", str(steps), "--scenario", "none")
     code, summary, _ = run_swarm(tmp_path, *args, "--kill", "0@7", "--kill", "1@7", timeout_s=280)
-    assert code != 0 and not summary["finished"]  # every agent was killed with step 7 in flight
+    assert code != 0 and not summary["finished"]  # every agent was killed with a step after 6 in flight
     assert_no_process_left(tmp_path)
     assert not (tmp_path / "checkpoints").exists()  # no shared directory: each agent's own copies only
     held = set().union(*(saved_stages(tmp_path / f"agent-{k}.state", 2, "tiny") for k in range(2)))
@@ -149,6 +153,6 @@ def test_a_whole_swarm_restarted_with_resume_on_its_own_disks_continues_the_loss
     assert common >= 1
     code, summary, stderr = run_swarm(tmp_path, *args, "--resume", timeout_s=280)
     assert code == 0, stderr[-3000:]
-    assert summary["finished"] and summary["start_step"] == common and len(summary["losses"]) == 8 - common
+    assert summary["finished"] and summary["start_step"] == common and len(summary["losses"]) == steps - common
     assert_reference_losses(summary)
     assert_no_process_left(tmp_path)
