@@ -160,7 +160,7 @@ class EmulationSettings:
 
 @dataclass(frozen=True)
 class ChurnConfig:
-    """Re-planning when peers fail or join (``agent.py``, ``churn.py``).
+    """Re-planning when peers fail or join (``leading.py``, ``replan.py``, ``churn.py``).
 
     A trainer whose call fails, or whose plan peer stops answering heartbeats or reports a failure
     (``[liveness]``), halts and says so in its heartbeat; a peer whose peer record expires
