@@ -54,7 +54,7 @@ from p2ptrain.agent.leader import (
     warm_copies,
 )
 from p2ptrain.agent.membership import Membership, plan_trigger
-from p2ptrain.agent.plan_check import LeaderWatch
+from p2ptrain.agent.plan_check import LeaderWatch, newer_plan_excuses
 from p2ptrain.agent.quarantine import Quarantine
 from p2ptrain.agent.replan import JOIN, Replan, ReplanWatch
 from p2ptrain.errors import ProtocolError
@@ -139,6 +139,7 @@ class Leading:
         self._next_epoch = 0
         self._published: PlanRecord | None = None  # the last plan this agent published as leader
         self._links_wait_since: float | None = None
+        self._first_due = False  # a follower saw the first plan fall due (``_first_plan_due``)
         self._watch = ReplanWatch(config.churn)
         self.quarantine = Quarantine(config.churn.quarantine_s, config.churn.quarantine_max_s,
                                      blame_epochs=config.churn.quarantine_blames,
@@ -155,12 +156,12 @@ class Leading:
         """Pass over a leader that has not published a plan we accept in time (``plan_check.LeaderWatch``);
         ``membership`` without it once passed over. The clock runs while a plan is due: the first once the
         plan trigger fired and the links are measured (as the leader itself decides); a later one from when
-        we went idle after an epoch, with no newer plan published since (a peer left out of a newer plan
-        waits for a re-plan point like any joiner)."""
+        we went idle after an epoch, with no newer plan published since by the leader (a peer left out of a
+        newer plan waits for a re-plan point like any joiner; ``plan_check.newer_plan_excuses``)."""
         cfg = self.config
         view = self._view()
         followed = view.following.epoch if view.following is not None else -1
-        if view.newest_seen is not None and view.newest_seen.epoch > followed:
+        if newer_plan_excuses(view.newest_seen, followed, membership.leader, membership.ids):
             self._leaders.waiting(None, False)
             return membership
         allowance = cfg.plan.time_budget_s
@@ -179,11 +180,18 @@ class Leading:
         return Membership({p: r for p, r in membership.peers.items() if p != leader})
 
     def _first_plan_due(self, membership: Membership) -> bool:
+        """Whether the run's first plan is due (a follower's view of the leader's own decision). Once due it
+        stays due while the trigger holds: rows read later may show gaps again (a DHT read that misses a
+        record; followers that passed a leader over measure it no more), and a gap must not restart the
+        clock on a leader that has not planned; that once held a lagging follower two minutes on a silent
+        leader (``links_timeout_s``) while the others trained without it."""
         cfg = self.config
         waited = time.monotonic() - self._started
         if plan_trigger(self._view().seen, cfg.membership, waited) is None:
-            self._links_wait_since = None
+            self._links_wait_since, self._first_due = None, False
             return False
+        if self._first_due:
+            return True
         try:
             trainers, _ = trainers_and_spares(cluster_order(membership.peers), cfg.train)
             gaps = link_gaps(trainers, self.dht.read_links())
@@ -192,7 +200,8 @@ class Leading:
         now = time.monotonic()
         if self._links_wait_since is None:
             self._links_wait_since = now
-        return not gaps or now - self._links_wait_since >= cfg.membership.links_timeout_s
+        self._first_due = not gaps or now - self._links_wait_since >= cfg.membership.links_timeout_s
+        return self._first_due
 
     # ---- the workload a plan is priced with (the leader's, and the followers' check of it) ---------------
 
@@ -318,16 +327,17 @@ class Leading:
                 self._note_waiting(f"leading; {self._watch.note}")
             return
         for peer in replan.culprits:
-            if peer != self.peer_id:
-                backoff = self.quarantine.add(peer)
+            if peer != self.peer_id and (backoff := self.quarantine.add(peer, current.epoch)) is not None:
                 logger.warning("quarantining peer %s for %.0f s: it failed epoch %d (%s)", peer, backoff,
                                current.epoch, replan.reason)  # fmt: skip
                 self.events.write("quarantined", peer=peer, epoch=current.epoch, seconds=backoff, reason=replan.reason)
         self._count_blames(current, replan)
         # the quarantined stay out, except a peer the restart takes a stage's state from (it holds it; the
-        # plan must name it as a member)
+        # plan must name it as a member); a live culprit whose back-off ended while this failure could not be
+        # re-planned yet (too few peers) is a member again, as a joiner would be
         held = self.quarantine.held() - set(replan.restart.sources if replan.restart else ())
-        peers = {p: membership.peers[p] for p in replan.members if p in membership.peers and p not in held}
+        peers = {p: membership.peers[p] for p in (*replan.members, *replan.culprits)
+                 if p in membership.peers and p not in held}  # fmt: skip
         try:
             trainers, spares = trainers_and_spares(cluster_order(peers), train)
         except ValueError as e:
@@ -351,13 +361,17 @@ class Leading:
             if peer == self.peer_id:
                 continue
             count = self.quarantine.blame(peer, current.epoch)
+            if count is None:  # this epoch's failure read again
+                continue
             if count < churn.quarantine_blames:
                 logger.info("peer %s was blamed for epoch %d's failed calls (%d of %d epochs within %.0f s before "
                             "it is quarantined)", peer, current.epoch, count, churn.quarantine_blames,
                             churn.blame_window_s)  # fmt: skip
                 self.events.write("blamed", peer=peer, epoch=current.epoch, count=count)
                 continue
-            backoff = self.quarantine.add(peer)
+            backoff = self.quarantine.add(peer, current.epoch)
+            if backoff is None:  # quarantined for this epoch's failure already
+                continue
             reason = (f"blamed by a halted trainer for the failed calls of {count} epochs within "
                       f"{churn.blame_window_s:.0f} s (the last {current.epoch})")
             logger.warning("quarantining peer %s for %.0f s: %s", peer, backoff, reason)

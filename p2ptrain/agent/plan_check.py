@@ -117,6 +117,18 @@ def cost_check(plan: PlanRecord, peers: Mapping[str, PeerRecord], rows: Mapping[
     return CostCheck(float(theirs_s), float(ours_s), tolerance, slack_s)
 
 
+def newer_plan_excuses(newest: PlanRecord | None, followed_epoch: int, leader: str, live: Collection[str]) -> bool:
+    """Whether a plan newer than the one we followed stops the clock on ``leader`` (we wait for a re-plan
+    point like any joiner: a plan came, we are just not in it). Only a plan signed by ``leader`` itself, or by
+    a peer no longer live (a leader that died after planning), does: a newer plan signed by another live
+    peer ranks that peer after ``leader`` (the leader is the lowest live peer), so it comes from followers
+    who passed ``leader`` over a moment before we did, and ``leader`` still owes us a plan. Without the
+    clock we would wait on a silent leader for ever, and ignore the plan everyone else trains."""
+    if newest is None or newest.epoch <= followed_epoch:
+        return False
+    return newest.leader == leader or newest.leader not in live
+
+
 @dataclass
 class _Leader:
     peer: str

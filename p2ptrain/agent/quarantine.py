@@ -14,6 +14,9 @@ epoch it is given. ``blame`` counts the distinct epochs a peer was blamed for: b
 of them within ``blame_window_s``, it is quarantined like a culprit (with the same growing back-off). A
 peer blamed once (an honest neighbour of a failure) is only counted. The tally is the leader's own: a new
 leader starts counting afresh.
+
+A leader that cannot re-plan yet (too few peers) reads the same failure again at every poll: each failed
+epoch costs a peer one strike and one blame, however often it is read.
 """
 
 from __future__ import annotations
@@ -33,9 +36,14 @@ class Quarantine:
         self._until: dict[str, float] = {}
         self._strikes: dict[str, tuple[int, float]] = {}  # peer -> (failures, when the last one was)
         self._blamed: dict[str, dict[int, float]] = {}  # peer -> {epoch it was blamed for: when}
+        self._charged: set[tuple[str, int, str]] = set()  # (peer, epoch, "failed" | "blamed") already counted
 
-    def add(self, peer: str) -> float:
-        """Quarantine ``peer``; returns its back-off in seconds."""
+    def add(self, peer: str, epoch: int) -> float | None:
+        """Quarantine ``peer`` for failing epoch ``epoch``; returns its back-off in seconds, or None when that
+        epoch's failure already quarantined it (one strike per failed epoch)."""
+        if (peer, epoch, "failed") in self._charged:
+            return None
+        self._charged.add((peer, epoch, "failed"))
         now = self.clock()
         strikes, last = self._strikes.get(peer, (0, now))
         if now - last > self.max_s:
@@ -58,10 +66,14 @@ class Quarantine:
         held = self.held()
         return tuple(p for p in peers if p not in held)
 
-    def blame(self, peer: str, epoch: int) -> int:
+    def blame(self, peer: str, epoch: int) -> int | None:
         """Count that ``peer`` was blamed for epoch ``epoch``'s failure; returns the distinct epochs it was
-        blamed for within ``blame_window_s`` (a repeat report of one epoch counts once). The caller
-        quarantines it (``add``) once that reaches ``blame_epochs``; the count then starts over."""
+        blamed for within ``blame_window_s``, or None when this epoch's blame was counted already (a repeat
+        report of one epoch counts once). The caller quarantines it (``add``) once that reaches
+        ``blame_epochs``; the count then starts over."""
+        if (peer, epoch, "blamed") in self._charged:
+            return None
+        self._charged.add((peer, epoch, "blamed"))
         now = self.clock()
         epochs = {e: t for e, t in self._blamed.get(peer, {}).items() if now - t <= self.blame_window_s}
         epochs.setdefault(epoch, now)

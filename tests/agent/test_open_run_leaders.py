@@ -7,6 +7,11 @@ that is structurally valid but assigns its trainers in their worst order (it cla
 next never plans at all. The four honest agents refuse the first plan (their own plan of the same records
 is much faster), pass both over in turn, and train under the lowest honest peer to the single-process
 losses; neither rogue is in the plan they train.
+
+Followers' clocks differ: the last honest agent waits 3 s longer before it passes a leader over, so the
+lowest honest peer's plan is out while that agent still waits on the silent one (CI once saw an agent
+do so for ever by chance; ``plan_check.newer_plan_excuses``). It passes the silent one over in its own
+time and joins the others' epoch.
 """
 
 from __future__ import annotations
@@ -36,7 +41,8 @@ def test_a_bad_plan_is_refused_and_leaders_that_give_none_are_passed_over(tmp_pa
     rogue = [sys.executable, str(HERE / "rogue_leader.py")]
     agents, codes, train = run_agents(
         tmp_path, config, {0: [*rogue, "bad"], 1: [*rogue, "silent"]},
-        {"membership": {"leader_grace_s": 10.0, "plan_timeout_s": 420.0}, "plan": {"time_budget_s": 5.0}}, 480)
+        {"membership": {"leader_grace_s": 10.0, "plan_timeout_s": 420.0}, "plan": {"time_budget_s": 5.0}}, 480,
+        agent_overrides={5: {"membership": {"leader_grace_s": 13.0}}})
     bad, silent, honest = agents[0], agents[1], agents[2:]
     assert [a.peer_id for a in agents] == sorted(a.peer_id for a in agents)
     assert all(code == 0 for code in codes.values()), codes

@@ -11,7 +11,7 @@ import pytest
 
 from p2ptrain.agent.config import EmulationSettings, PlanConfig
 from p2ptrain.agent.leader import build_cluster, make_plan, run_workload
-from p2ptrain.agent.plan_check import LeaderWatch, PlanGate, cost_check, membership_problem
+from p2ptrain.agent.plan_check import LeaderWatch, PlanGate, cost_check, membership_problem, newer_plan_excuses
 from p2ptrain.net.identity import generate_identity
 from p2ptrain.net.records import LinkMeasurement, LinksRecord, PeerRecord, PlanRecord
 from p2ptrain.planning import make_objective
@@ -149,6 +149,25 @@ def test_leader_watch_passes_over_after_grace_and_backs_off_doubling():
     assert "L" in watch.excluded()
     clock.now += 2
     assert "L" not in watch.excluded()
+
+
+def test_only_the_leaders_own_newer_plan_stops_its_clock():
+    # peers in ID order: a was passed over by everyone, b is silent, c passed b over a moment before we did
+    a, b, c, d = sorted(generate_identity().peer_id for _ in range(4))
+
+    def plan(epoch: int, signer: str) -> PlanRecord:
+        # the signer is the plan's first member (``PlanRecord.leader``: each plan is signed by the leader it names)
+        return PlanRecord(epoch=epoch, membership=(signer, d), stages=1, replicas=2, pipelines=((0,), (1,)),
+                          cost_s=1.0)  # fmt: skip
+
+    live = [b, c, d]
+    assert not newer_plan_excuses(None, -1, b, live)
+    assert newer_plan_excuses(plan(1, b), -1, b, live)  # our leader planned, without us: wait for a re-plan point
+    assert newer_plan_excuses(plan(1, a), -1, b, live)  # signed by a peer no longer live (a leader that died)
+    # signed by c, ranked after our leader: the others passed b over; b still owes us a plan (CI once saw
+    # an agent wait on b for ever while c's swarm waited on it)
+    assert not newer_plan_excuses(plan(1, c), -1, b, live)
+    assert not newer_plan_excuses(plan(1, b), 1, b, live)  # the plan we follow is no newer plan
 
 
 def test_gate_waits_for_unseen_members_then_refuses_once_and_skips_our_own(world, caplog):

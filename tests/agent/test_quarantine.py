@@ -31,14 +31,30 @@ class Clock:
 def test_back_off_doubles_per_repeat_caps_and_is_forgotten_after_a_quiet_spell():
     clock = Clock()
     q = Quarantine(60.0, 600.0, clock=clock)
-    assert q.add(A) == 60.0 and q.held() == {A} and q.without([A, B]) == (B,)
+    assert q.add(A, 1) == 60.0 and q.held() == {A} and q.without([A, B]) == (B,)
     clock.now = 59.0
     assert q.remaining_s(A) == pytest.approx(1.0)
     clock.now = 60.5
     assert q.held() == set()  # back after its back-off: a transient failure costs one
-    assert [q.add(A) for _ in range(4)] == [120.0, 240.0, 480.0, 600.0]  # repeats: longer, up to the cap
+    assert [q.add(A, e) for e in range(2, 6)] == [120.0, 240.0, 480.0, 600.0]  # repeats: longer, up to the cap
     clock.now += 600.5 + 601.0  # no failure for longer than the cap: a fresh start
-    assert q.add(A) == 60.0
+    assert q.add(A, 6) == 60.0
+
+
+def test_one_failed_epoch_is_one_strike_however_often_the_leader_reads_it():
+    # a leader that cannot re-plan yet (too few peers) reads the same failure at every poll: it once
+    # escalated a lagging honest peer's back-off from 60 s to the 3600 s cap within three seconds
+    clock = Clock()
+    q = Quarantine(60.0, 600.0, clock=clock, blame_epochs=2)
+    assert q.add(A, 4) == 60.0
+    clock.now = 0.5
+    assert [q.add(A, 4) for _ in range(10)] == [None] * 10 and q.remaining_s(A) == pytest.approx(59.5)
+    clock.now = 61.0
+    assert q.held() == set() and q.add(A, 4) is None  # its back-off ended: that failure is paid for
+    assert q.add(A, 5) == 120.0  # a failure of another epoch is a repeat
+    assert q.blame(B, 4) == 1 and q.blame(B, 4) is None  # a blame read again is not counted again
+    assert q.blame(B, 5) == 2 and q.add(B, 5) == 60.0  # ... nor after it got the peer quarantined
+    assert q.blame(B, 5) is None and q.add(B, 5) is None
 
 
 def test_a_failure_names_its_culprits_the_dead_and_the_silent():
@@ -69,10 +85,10 @@ def test_a_member_blamed_in_two_epochs_is_quarantined_though_it_halted():
     clock = Clock()
     q = Quarantine(60.0, 600.0, clock=clock, blame_epochs=2, blame_window_s=300.0)
     assert q.blame(D, 1) == 1 and q.held() == set()  # blamed once: an honest neighbour of a failure
-    assert q.blame(D, 1) == 1  # the same epoch's failure read again counts once
+    assert q.blame(D, 1) is None  # the same epoch's failure read again counts once
     clock.now = 100.0
     assert q.blame(D, 2) == 2  # the caller quarantines it now (``Leading._count_blames``) ...
-    assert q.add(D) == 60.0 and q.held() == {D}
+    assert q.add(D, 2) == 60.0 and q.held() == {D}
     assert q.blame(D, 3) == 1  # ... and the count starts over
     clock.now = 100.0 + 301.0
     assert q.blame(D, 4) == 1  # blamed again only after the window: counted once again
