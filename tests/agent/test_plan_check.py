@@ -11,7 +11,13 @@ import pytest
 
 from p2ptrain.agent.config import EmulationSettings, PlanConfig
 from p2ptrain.agent.leader import build_cluster, make_plan, run_workload
-from p2ptrain.agent.plan_check import LeaderWatch, PlanGate, cost_check, membership_problem, newer_plan_excuses
+from p2ptrain.agent.plan_check import (
+    LeaderWatch,
+    PlanGate,
+    cost_check,
+    membership_problem,
+    newer_plan_excuses,
+)
 from p2ptrain.net.identity import generate_identity
 from p2ptrain.net.records import LinkMeasurement, LinksRecord, PeerRecord, PlanRecord
 from p2ptrain.planning import make_objective

@@ -11,7 +11,7 @@ import base58
 import msgpack
 import pytest
 
-from p2ptrain.net import records
+from p2ptrain.net import record_base, records
 from p2ptrain.net.identity import generate_identity
 from p2ptrain.net.keys import RecordKind, RunKeys, check_run_id
 from p2ptrain.net.records import (
@@ -266,7 +266,7 @@ def test_largest_links_row_and_plan_fit_the_cap():
 
 
 def test_encode_refuses_a_record_over_the_cap(monkeypatch):
-    monkeypatch.setattr(records, "MAX_RECORD_BYTES", 100)
+    monkeypatch.setattr(record_base, "MAX_RECORD_BYTES", 100)  # the envelope's cap
     with pytest.raises(RecordTooLarge, match="over the 100-byte cap"):
         links_record().encode()
 
