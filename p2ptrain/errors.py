@@ -46,3 +46,8 @@ class StreamClosed(ProtocolError):
 class PeerFailed(ProtocolError):
     """A peer of this epoch stopped answering heartbeats or reported a failure: the calls of the epoch were
     cut short (``Transport.abort_epoch``) instead of waiting for their data deadlines."""
+
+
+class AgentError(RuntimeError):
+    """An agent cannot go on (no plan in time, no feasible plan, a run of other data); the message is one line
+    that says what to do."""

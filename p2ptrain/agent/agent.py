@@ -55,7 +55,7 @@ from p2ptrain.agent.claims import bounded, record_problem
 from p2ptrain.agent.config import AgentConfig
 from p2ptrain.agent.epoch import EpochContext, EpochOutcome, Heartbeat, run_epoch
 from p2ptrain.agent.events import EventLog
-from p2ptrain.agent.leading import AgentError, AgentView, Leading
+from p2ptrain.agent.leading import AgentView, Leading
 from p2ptrain.agent.links import LinkProber
 from p2ptrain.agent.liveness import LivenessMonitor, epoch_failure
 from p2ptrain.agent.membership import Membership, MembershipTracker
@@ -65,7 +65,7 @@ from p2ptrain.agent.senders import min_rates, sender_budgets
 from p2ptrain.agent.stage_state import StateKeeper
 from p2ptrain.agent.state_store import StateStore
 from p2ptrain.agent.tag_senders import TagSenders
-from p2ptrain.errors import ProtocolError
+from p2ptrain.errors import AgentError, ProtocolError
 from p2ptrain.model.data import data_identity
 from p2ptrain.net.dht import SwarmDHT
 from p2ptrain.net.election import latest_plan

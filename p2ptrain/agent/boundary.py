@@ -19,7 +19,7 @@ sees it one step late still holds the state it starts from. That late trainer ha
 stopped at the plan's start, will never finish with it: ``overshot`` says so, and the agent cuts the step
 short at once (``Transport.abort_epoch``) instead of letting it wait for its call deadline — which also held
 up the new epoch's first step past its peers' deadlines, so a join turned into a failed epoch. An error of
-the check (a refused plan set, ``AgentError``) is raised to the training thread at its next boundary.
+the check (a refused plan set, ``errors.AgentError``) is raised to the training thread at its next boundary.
 """
 
 from __future__ import annotations

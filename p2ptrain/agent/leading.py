@@ -57,7 +57,7 @@ from p2ptrain.agent.membership import Membership, plan_trigger
 from p2ptrain.agent.plan_check import LeaderWatch, newer_plan_excuses
 from p2ptrain.agent.quarantine import Quarantine
 from p2ptrain.agent.replan import JOIN, Replan, ReplanWatch
-from p2ptrain.errors import ProtocolError
+from p2ptrain.errors import AgentError, ProtocolError
 from p2ptrain.net.dht import SwarmDHT
 from p2ptrain.net.records import NO_BACKUP, PlanRecord
 from p2ptrain.planning import Cluster, LayeredWorkload, Workload, even_layers
@@ -68,10 +68,6 @@ from p2ptrain.runtime.checkpoint import latest_complete
 from p2ptrain.runtime.config import TrainConfig
 
 logger = logging.getLogger(__name__)
-
-
-class AgentError(RuntimeError):
-    """The agent cannot go on (no plan in time, no feasible plan); the message says what to do."""
 
 
 @dataclass(frozen=True)

@@ -97,8 +97,8 @@ def command(config_path: str | None, initial_peers: tuple[str, ...], run_id: str
     from p2ptrain.net.lifecycle import StopSignal
 
     with StopSignal() as stop:  # before the heavy imports: a signal from now on stops cleanly
-        from p2ptrain.agent.agent import Agent, AgentError
-        from p2ptrain.errors import ProtocolError
+        from p2ptrain.agent.agent import Agent
+        from p2ptrain.errors import AgentError, ProtocolError
 
         try:
             Agent(config, stop).run()
