@@ -451,10 +451,13 @@ class Leading:
         self._watch.reset()
         baselines = ", ".join(f"{k} {v['cost_s']:.3f} s" for k, v in plan.get("baselines", {}).items())
         search = plan.get("search") or {}
-        logger.info("published plan epoch %d: predicted %.3f s/step (%s); pipelines %s; planned in %.2f s by the %s "
-                    "search%s", planning.epoch, plan["cost_s"], baselines, plan["pipelines"], search.get("seconds", 0.0),
-                    search.get("method", "?"), f" ({search['fallback']}'s order: the search did not beat it)"
-                    if search.get("fallback") else "")  # fmt: skip
+        method = search.get("method", "?")
+        # a fixed order (strategy megatron or random) has no search time
+        how = (f"planned in {search['seconds']:.2f} s by the {method} search" if search.get("seconds") is not None
+               else f"placed in the {method} order")  # fmt: skip
+        logger.info("published plan epoch %d: predicted %.3f s/step (%s); pipelines %s; %s%s", planning.epoch,
+                    plan["cost_s"], baselines, plan["pipelines"], how,
+                    f" ({search['fallback']}'s order: the search did not beat it)" if search.get("fallback") else "")
         self.events.write(
             "plan", epoch=planning.epoch, plan=plan, devices=planning.devices, spares=planning.spares,
             trigger=planning.trigger, cluster=planning.cluster.to_dict(), start_step=start_step,

@@ -280,7 +280,7 @@ def format_summary(summary: dict[str, Any], regions: list[str | None] | None = N
         if baselines:
             lines.append("  baselines: " + ", ".join(f"{k} {v['cost_s']:.3f} s" for k, v in baselines.items()))
         search = plan.get("search") or {}
-        if "seconds" in search:
+        if search.get("seconds") is not None:  # a fixed order (megatron, random) has no search time
             lines.append(f"  planned in {search['seconds']:.2f} s ({search.get('method', '?')} search"
                          + (f"; {search['fallback']}'s order: the search did not beat it" if search.get("fallback") else "")
                          + ")")

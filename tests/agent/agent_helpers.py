@@ -31,7 +31,17 @@ def run_swarm(workdir: Path, *args: str, timeout_s: float = 240) -> tuple[int, d
             proc.communicate()
         raise
     summary = json.loads(stdout) if stdout.strip() else None
+    assert_no_logging_errors(workdir)
     return proc.returncode, summary, stderr
+
+
+def assert_no_logging_errors(workdir: Path) -> None:
+    """No log line under ``workdir`` failed to format (logging prints a traceback instead of the line: a
+    published plan went unlogged that way for every fixed-order plan)."""
+    marker = "--- Logging error ---"
+    for path in workdir.rglob("*.log"):
+        text = path.read_text(errors="replace")
+        assert marker not in text, f"a log call failed to format in {path}: {text.split(marker, 1)[1][:3000]}"
 
 
 def wait_for(predicate, timeout_s: float, what: str, poll_s: float = 0.2):
@@ -148,6 +158,7 @@ def run_agents(workdir: Path, config, commands: dict, overrides: dict, timeout_s
         codes = {a.name: group.children[a.name].poll() for a in honest}
         if any(code != 0 for code in codes.values()):
             print("\n".join(f"--- {a.name}\n{tail(a.log_path, 40)}" for a in agents))
+    assert_no_logging_errors(workdir)
     return agents, codes, train
 
 
