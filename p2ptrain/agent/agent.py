@@ -182,8 +182,9 @@ class Agent:
         """On SIGTERM/SIGINT, cut a blocked step short: fail pending sends and receives."""
         while not self._finished.is_set():
             if self.stop.wait(0.2):
-                if self.prober is not None:
-                    self.prober.stop(timeout_s=0)
+                for thread in (self.liveness, self.prober):  # they would ping and probe a shut transport
+                    if thread is not None:
+                        thread.stop(timeout_s=0)
                 if self.transport is not None:
                     self.transport.shutdown()
                 return

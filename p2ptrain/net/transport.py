@@ -391,8 +391,15 @@ class Transport:
 
     def abort_epoch(self, epoch: int, reason: str) -> None:
         """Fail every send and receive of epochs up to ``epoch`` now, and any started later, with PeerFailed:
-        a peer of that epoch failed, so waiting for the data deadlines would only delay the re-plan."""
-        self._call(self._in_loop(self._abort, epoch, reason))
+        a peer of that epoch failed, so waiting for the data deadlines would only delay the re-plan. A no-op once
+        the transport is shut down (its shutdown failed every call already)."""
+        if self._closed:
+            return
+        try:
+            self._call(self._in_loop(self._abort, epoch, reason))
+        except RuntimeError:
+            if not self._closed:  # shut down between the check and the call: nothing left to abort
+                raise
 
     def _abort(self, epoch: int, reason: str) -> None:
         if epoch <= self._aborted_epoch:
