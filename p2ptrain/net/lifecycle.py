@@ -26,6 +26,8 @@ import time
 from collections.abc import Callable, Iterable
 from types import FrameType
 
+from hivemind.p2p.p2p_daemon_bindings.utils import DispatchFailure
+
 logger = logging.getLogger(__name__)
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -96,12 +98,25 @@ def service_loop() -> asyncio.AbstractEventLoop:
     ``StreamReaderProtocol`` then asks each cancelled task for its exception in a done-callback, which
     raises ``CancelledError`` there, and the loop logs that as an error with a traceback, once per stream
     that was open (a persistent tensor stream, a forwarded one). Nothing failed: such a report is logged at
-    debug level; every other exception goes to asyncio's default handler."""
+    debug level. Two reports from hivemind's daemon bindings become one line without a traceback: a stream
+    that arrives for a protocol whose handler was just removed (at shutdown; debug), and the control
+    connection to the libp2p daemon closing (the daemon stopped: at shutdown, or it died; a warning). Every
+    other exception goes to asyncio's default handler."""
     loop = asyncio.new_event_loop()
 
     def handle(loop: asyncio.AbstractEventLoop, context: dict) -> None:
-        if isinstance(context.get("exception"), asyncio.CancelledError):
+        exception = context.get("exception")
+        if isinstance(exception, asyncio.CancelledError):
             logger.debug("a stream handler was cancelled: %s", context.get("message"))
+            return
+        if isinstance(exception, DispatchFailure):
+            logger.debug("a stream for protocol %s came after its handler was removed", exception)
+            return
+        task = context.get("future")
+        coroutine = task.get_coro() if isinstance(task, asyncio.Task) else None
+        daemon = getattr(coroutine, "__qualname__", "").startswith("ControlClient.")  # hivemind's daemon client
+        if daemon and isinstance(exception, ConnectionError | asyncio.IncompleteReadError):
+            logger.warning("the connection to this peer's libp2p daemon closed (%r)", exception)
             return
         loop.default_exception_handler(context)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import multiprocessing as mp
 import os
@@ -114,3 +115,35 @@ def test_a_service_loop_is_quiet_about_cancelled_stream_handlers_and_reports_rea
     assert [r.exc_info[0] for r in quiet] == [ZeroDivisionError]
     if sys.version_info < (3, 12):  # CPython 3.11's StreamReaderProtocol reports the cancelled handler
         assert {r.exc_info[0] for r in plain} == {asyncio.CancelledError, ZeroDivisionError}
+
+
+class ControlClient:  # named as hivemind's daemon client, whose persistent connection reader this stands for
+    async def _read_from_persistent_conn(self) -> None:
+        raise ConnectionResetError(104, "Connection reset by peer")
+
+
+def test_a_service_loop_reports_hivemind_daemon_connection_ends_in_one_line(caplog):
+    from hivemind.p2p.p2p_daemon_bindings.utils import DispatchFailure
+
+    loop = service_loop()
+
+    async def scenario() -> None:
+        task = asyncio.ensure_future(ControlClient()._read_from_persistent_conn())  # its exception never read
+        await asyncio.sleep(0.01)
+        assert task.done()
+        del task
+        gc.collect()  # asyncio reports an unretrieved task exception when the task is collected
+        loop.call_exception_handler({"message": "Unhandled exception in client_connected_cb",
+                                     "exception": DispatchFailure("p2ptrain::tensor.rpc_probe")})  # fmt: skip
+
+    try:
+        with caplog.at_level(logging.DEBUG):
+            loop.run_until_complete(scenario())
+    finally:
+        loop.close()
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "p2ptrain.net.lifecycle"]
+    assert (logging.WARNING, "the connection to this peer's libp2p daemon closed "
+            "(ConnectionResetError(104, 'Connection reset by peer'))") in lines  # fmt: skip
+    assert (logging.DEBUG, "a stream for protocol p2ptrain::tensor.rpc_probe came after its handler was removed") \
+        in lines  # fmt: skip
