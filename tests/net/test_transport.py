@@ -342,19 +342,24 @@ def test_a_transport_shares_the_dht_daemon(make_transport):
 
 
 class _ForgetfulServicer(TensorServicer):
-    """Takes every first message but closes the stream without replying, as a lost reply would."""
+    """Takes the first message it is sent but closes that stream without replying, as a lost reply would;
+    every later stream is served as usual (kept open for the next message, so a later send cannot pick a
+    stream this servicer just closed and take the resend's "duplicate" as its own)."""
 
-    forgot: set = set()
+    forgot = False
 
     async def rpc_push(
         self, requests: typing.AsyncIterator[runtime_pb2.ExpertRequest], context: P2PContext
     ) -> typing.AsyncIterator[runtime_pb2.ExpertResponse]:
-        pieces = Pieces(requests, self.idle_timeout_s)
-        reply = await self._receive(pieces, context.remote_id.to_base58())
-        if is_ok(reply) and len(self.forgot) < 1:
-            self.forgot.add(context.remote_id.to_base58())
-            return  # the message is in the mailbox; the sender never hears so
-        yield reply
+        if not self.forgot:
+            reply = await self._receive(Pieces(requests, self.idle_timeout_s), context.remote_id.to_base58())
+            if is_ok(reply):
+                self.forgot = True
+                return  # the message is in the mailbox; the sender never hears so
+            yield reply
+            return
+        async for reply in super().rpc_push(requests, context):
+            yield reply
 
 
 class _ForgetfulTransport(Transport):
