@@ -3,9 +3,9 @@
 ``measure_throughput`` times float32 tensors sent between two transports (two libp2p daemons on 127.0.0.1)
 until the receiver accepted them (a send returns once its message is in the receiver's mailbox; the
 receiver's ``recv`` of it, a local hand-off, follows untimed), and the same number of bytes written to one
-persistent bare hivemind binary stream between two other daemons until the receiver answered (an 8-byte
-length, the bytes, a 1-byte answer: the least a message with an acknowledgement can cost over libp2p). Each
-end of either pair runs on an event loop thread of its own, all in this one process. The ratio says what our
+persistent bare hivemind binary stream between the same two daemons until the receiver answered (an 8-byte
+length, the bytes, a 1-byte answer: the least a message with an acknowledgement can cost over libp2p),
+written and read on the transports' own event loop threads, all in this one process. The ratio says what our
 framing, validation, copies and the synchronous facade's thread hops cost over libp2p itself.
 
 The machine is shared and its load swings within seconds, so the two are interleaved — one transport
@@ -23,14 +23,13 @@ import asyncio
 import itertools
 import logging
 import statistics
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from hivemind.p2p import P2P
 
+from p2ptrain.futures import wait_all
 from p2ptrain.net.messages import Tag
 from p2ptrain.net.transport import Transport, TransportConfig
 
@@ -61,8 +60,8 @@ def measure_throughput(sizes_mib: Sequence[int] = (1, 4, 16, 64), repeats: int =
     config = TransportConfig(max_message_bytes=max(sizes_mib) * MIB,
                              max_buffered_bytes=2 * window * max(sizes_mib) * MIB)
     results = []
-    with RawPair() as raw, Transport(RUN, config) as receiver, \
-            Transport(RUN, config, initial_peers=receiver.visible_maddrs) as sender:
+    with Transport(RUN, config) as receiver, Transport(RUN, config, initial_peers=receiver.visible_maddrs) as sender, \
+            RawPair(sender, receiver) as raw:
         parts = itertools.count()
         for size in sizes_mib:
             tensor = torch.randn(size * MIB // 4)
@@ -99,8 +98,7 @@ def _transport_round(sender: Transport, receiver: Transport, tags: list[Tag], te
     if len(tags) == 1:
         sender.send(receiver.peer_id, tags[0], tensor)
     else:
-        for future in [sender.send_async(receiver.peer_id, tag, tensor, copy=False) for tag in tags]:
-            future.result(timeout=TIMEOUT_S)
+        wait_all([sender.send_async(receiver.peer_id, tag, tensor, TIMEOUT_S, copy=False) for tag in tags])
     seconds = time.perf_counter() - start_s  # every message is in the receiver's mailbox
     for tag in tags:
         assert receiver.recv(tag, sender.peer_id, tensor.shape, tensor.dtype).shape == tensor.shape
@@ -108,50 +106,29 @@ def _transport_round(sender: Transport, receiver: Transport, tags: list[Tag], te
 
 
 class RawPair:
-    """Two bare libp2p daemons and one persistent stream between them; each end on an event loop thread of its
-    own, as each end of the transport pair is (two ends on one loop would spare the raw stream the hand-offs
-    between threads that the transports' two loops pay in this one process: 0-10 % at 1 MiB sequential,
-    measured, often within the noise)."""
+    """One persistent bare stream between the two transports' own libp2p daemons, its ends on the transports'
+    own event loop threads: the same processes, connection and threads carry both, so the comparison holds
+    only what the transport adds, not which of four daemons the operating system happened to favour."""
 
-    def __init__(self):
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="bench-raw-sender", daemon=True)
-        self._receiver_loop = asyncio.new_event_loop()
-        self._receiver_thread = threading.Thread(target=self._receiver_loop.run_forever, name="bench-raw-receiver",
-                                                 daemon=True)
+    def __init__(self, sender: Transport, receiver: Transport):
+        self._sender, self._receiver = sender, receiver
 
     def __enter__(self) -> RawPair:
-        self._thread.start()
-        self._receiver_thread.start()
-        maddrs = self._call(self._start_receiver(), self._receiver_loop)
-        self._call(self._start_sender(maddrs))
+        self._receiver.call_in_loop(self._receiver.p2p.add_binary_stream_handler(RAW_PROTOCOL, _sink), TIMEOUT_S)
+        self._sender.call_in_loop(self._open(), TIMEOUT_S)
         return self
 
     def __exit__(self, *exc_info) -> None:
-        try:
-            self._call(self._stop_sender())
-            self._call(self._receiver.shutdown(), self._receiver_loop)
-        finally:
-            for loop, thread in ((self._loop, self._thread), (self._receiver_loop, self._receiver_thread)):
-                loop.call_soon_threadsafe(loop.stop)
-                thread.join(TIMEOUT_S)
+        self._sender.call_in_loop(self._close(), TIMEOUT_S)
+        self._receiver.call_in_loop(self._receiver.p2p.remove_binary_stream_handler(RAW_PROTOCOL), TIMEOUT_S)
 
     def round(self, size_bytes: int, count: int) -> float:
         """Seconds to write ``count`` messages of ``size_bytes`` and read their answers (timed on the loop)."""
-        return self._call(self._round(size_bytes, count))
+        return self._sender.call_in_loop(self._round(size_bytes, count), TIMEOUT_S)
 
-    def _call(self, coroutine, loop: asyncio.AbstractEventLoop | None = None):
-        return asyncio.run_coroutine_threadsafe(asyncio.wait_for(coroutine, TIMEOUT_S), loop or self._loop).result()
-
-    async def _start_receiver(self) -> list:
-        self._receiver = await P2P.create(host_maddrs=["/ip4/127.0.0.1/tcp/0"])
-        await self._receiver.add_binary_stream_handler(RAW_PROTOCOL, _sink)
-        return await self._receiver.get_visible_maddrs()
-
-    async def _start_sender(self, maddrs: list) -> None:
-        self._sender = await P2P.create(initial_peers=maddrs, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
-        _, self._reader, self._writer = await self._sender.call_binary_stream_handler(self._receiver.peer_id,
-                                                                                      RAW_PROTOCOL)
+    async def _open(self) -> None:
+        _, self._reader, self._writer = await self._sender.p2p.call_binary_stream_handler(self._receiver.peer_id,
+                                                                                          RAW_PROTOCOL)
 
     async def _round(self, size_bytes: int, count: int) -> float:
         payload = memoryview(bytes(size_bytes))
@@ -164,9 +141,8 @@ class RawPair:
         await self._reader.readexactly(count)
         return time.perf_counter() - start_s
 
-    async def _stop_sender(self) -> None:
+    async def _close(self) -> None:
         self._writer.close()
-        await self._sender.shutdown()
 
 
 async def _sink(_info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

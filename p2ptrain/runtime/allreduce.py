@@ -26,6 +26,7 @@ from typing import Protocol
 
 import torch
 
+from p2ptrain.futures import wait_all
 from p2ptrain.runtime.wire import Codec, ErrorFeedback
 
 REDUCE = "reduce_shard"
@@ -94,13 +95,8 @@ def sharded_all_reduce(
         if r != rank:
             wire_shape, wire_dtype = codec.wire_spec((end - start,))
             out[start:end] = codec.decode(exchange.recv(r, GATHER, r, wire_shape, wire_dtype), (end - start,))
-    _wait_all(sends)
+    wait_all(sends)
     return out
-
-
-def _wait_all(futures: Sequence[Future]) -> None:
-    for future in futures:
-        future.result()
 
 
 def flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:

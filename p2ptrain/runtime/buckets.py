@@ -25,6 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
+from p2ptrain.futures import wait_all
 from p2ptrain.runtime.allreduce import GroupExchange, flatten, sharded_all_reduce, unflatten_into
 from p2ptrain.runtime.wire import Codec, ErrorFeedback
 
@@ -137,8 +138,9 @@ class BucketedAllReduce:
             loss_future = self.pool.submit(sharded_all_reduce, loss_sum.reshape(1).to(torch.float32),
                                            round_.rank, round_.group_size, exchange, exact)  # fmt: skip
         try:
-            totals = [f.result() for f in round_.futures]  # each bounded by the exchange's call deadlines
-            loss = float(loss_future.result()[0]) if loss_future is not None else None
+            extra = [loss_future] if loss_future is not None else []
+            totals = wait_all([*round_.futures, *extra])  # each bounded by the exchange's call deadlines
+            loss = float(totals.pop()[0]) if extra else None
         finally:
             self._round = None
         with torch.no_grad():

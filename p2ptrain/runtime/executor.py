@@ -32,6 +32,7 @@ from typing import Protocol
 
 import torch
 
+from p2ptrain.futures import wait_all
 from p2ptrain.model.data import TrainData, inputs_and_targets, micro_batches, shard_of
 from p2ptrain.model.loss import micro_batch_loss
 from p2ptrain.runtime.buckets import BucketedAllReduce
@@ -139,8 +140,7 @@ class StageExecutor:
             self.reducer.abandon()  # no hook of a later step may act for this one
             raise
         finally:
-            for future in state.sends:
-                future.result()
+            wait_all(state.sends)
         return StepOutcome(step, loss, self.meter.peak_bytes, state.peak_in_flight)
 
     def _forward(self, state: _StepState, m: int, tokens: torch.Tensor) -> None:
