@@ -43,3 +43,12 @@ def test_nothing_to_reprice_without_compute_or_a_trainer_that_showed_none():
     bare = summary()
     bare["workload"]["step"] = dataclasses.asdict(StepProfile())  # communication only
     assert repriced(bare, dict.fromkeys(range(4), 0.1), SCALE) is None
+
+
+def test_the_measured_step_is_the_period_of_alternating_steps_and_sheds_a_lone_slow_one():
+    from p2ptrain.bench.e2e import step_period
+
+    alternating = [2.2, 2.5, 2.2, 2.5, 2.2, 2.5, 2.2, 2.5, 2.2]  # the single steps' median would say 2.2
+    assert step_period(alternating) == pytest.approx(2.35)
+    assert step_period([0.6, 0.6, 3.0, 0.6, 0.6, 0.6, 0.6]) == pytest.approx(0.6)
+    assert step_period([1.5]) == 1.5
