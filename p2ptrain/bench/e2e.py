@@ -383,8 +383,8 @@ def format_reports(reports: list[dict[str, Any]]) -> str:
     lines.append(
         f"{first['agents']} agents, {first['stages']} stages × {first['replicas']} replicas, {first['model']}, "
         f"batch {first['global_batch_size']} in {first['micro_batches']} micro-batches, {first['steps']} steps "
-        f"(median of steps 2…{first['steps']}), random assignment seed {first['seed']}; size factor "
-        f"{first['size_factor']:.4g}; seconds are emulated (the network's times the scale) but 'paper s', the "
+        f"(steps 2…{first['steps']}: the median of two consecutive steps' means), random assignment seed "
+        f"{first['seed']}; size factor {first['size_factor']:.4g}; seconds are emulated (the network's times the scale) but 'paper s', the "
         f"prediction in the network's seconds; dtfm: the paper's cost of the same plan; speedup = baseline / "
         f"scheduled"
     )
