@@ -114,17 +114,17 @@ class RawPair:
         self._sender, self._receiver = sender, receiver
 
     def __enter__(self) -> RawPair:
-        self._receiver.call_in_loop(self._receiver.p2p.add_binary_stream_handler(RAW_PROTOCOL, _sink), TIMEOUT_S)
-        self._sender.call_in_loop(self._open(), TIMEOUT_S)
+        self._receiver.run_coroutine(self._receiver.p2p.add_binary_stream_handler(RAW_PROTOCOL, _sink), TIMEOUT_S)
+        self._sender.run_coroutine(self._open(), TIMEOUT_S)
         return self
 
     def __exit__(self, *exc_info) -> None:
-        self._sender.call_in_loop(self._close(), TIMEOUT_S)
-        self._receiver.call_in_loop(self._receiver.p2p.remove_binary_stream_handler(RAW_PROTOCOL), TIMEOUT_S)
+        self._sender.run_coroutine(self._close(), TIMEOUT_S)
+        self._receiver.run_coroutine(self._receiver.p2p.remove_binary_stream_handler(RAW_PROTOCOL), TIMEOUT_S)
 
     def round(self, size_bytes: int, count: int) -> float:
         """Seconds to write ``count`` messages of ``size_bytes`` and read their answers (timed on the loop)."""
-        return self._sender.call_in_loop(self._round(size_bytes, count), TIMEOUT_S)
+        return self._sender.run_coroutine(self._round(size_bytes, count), TIMEOUT_S)
 
     async def _open(self) -> None:
         _, self._reader, self._writer = await self._sender.p2p.call_binary_stream_handler(self._receiver.peer_id,

@@ -410,11 +410,6 @@ class Transport:
                 self._aborted_tasks.add(task)
                 task.cancel()
 
-    def call_in_loop(self, coroutine: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
-        """Run ``coroutine`` on the transport's event loop, where ``p2p`` lives, and return its result (for tools
-        beside the transport, such as the throughput benchmark's bare stream; tensors go through send/recv)."""
-        return self._call(coroutine, timeout_s)
-
     def _call(self, coroutine: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
         future = self._submit(coroutine)
         try:
