@@ -12,9 +12,9 @@ The machine is shared and its load swings within seconds, so the two are interle
 message, then one raw message, repeated — and the median of each is reported. Two patterns:
 
 - ``sequential``: one message at a time, each waited for (send, then recv) before the next;
-- ``streamed``: ``window`` messages handed to ``send_async(copy=False)`` at once (the runtime's pattern: it
-  hands over the tensors it sends), against the same number written back to back on the raw stream before
-  reading their answers.
+- ``streamed``: ``window`` messages handed to ``send_async(copy=False)`` at once and waited for with one
+  ``wait_all`` (the runtime's pattern: it hands over the tensors it sends and waits for a step's sends
+  together), against the same number written back to back on the raw stream before reading their answers.
 """
 
 from __future__ import annotations
