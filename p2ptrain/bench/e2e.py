@@ -38,8 +38,8 @@ trains, which is what the simulation predicts: from the times between one step's
 step ends when its last agent ends it; step 1 warms up), the median of each two consecutive ones' mean.
 Pipeline stages often end their steps in turn, long and short alternating (measured: 2.2 s and 2.46 s for
 a 2.35 s period); the median of single steps then reports whichever of the two is more frequent, while
-the mean of two consecutive steps is the period and the median over them still sheds a lone slow step. The paper's cost model
-(``dtfm``) of the same plan on the same measurements is reported beside it.
+the mean of two consecutive steps is the period and the median over them still sheds a lone slow step.
+The paper's cost model (``dtfm``) of the same plan on the same measurements is reported beside it.
 
 The leader predicts from calibrations taken before training; on a loaded CPU the agents then compute
 slower than they calibrated, and the more of a step is compute (compressed wires) the more that input
@@ -384,9 +384,9 @@ def format_reports(reports: list[dict[str, Any]]) -> str:
         f"{first['agents']} agents, {first['stages']} stages × {first['replicas']} replicas, {first['model']}, "
         f"batch {first['global_batch_size']} in {first['micro_batches']} micro-batches, {first['steps']} steps "
         f"(steps 2…{first['steps']}: the median of two consecutive steps' means), random assignment seed "
-        f"{first['seed']}; size factor {first['size_factor']:.4g}; seconds are emulated (the network's times the scale) but 'paper s', the "
-        f"prediction in the network's seconds; dtfm: the paper's cost of the same plan; speedup = baseline / "
-        f"scheduled"
+        f"{first['seed']}; size factor {first['size_factor']:.4g}; seconds are emulated (the network's times "
+        f"the scale) but 'paper s', the prediction in the network's seconds; dtfm: the paper's cost of the "
+        f"same plan; speedup = baseline / scheduled"
     )
     return "\n".join(lines)
 
