@@ -106,7 +106,9 @@ class Agent:
             raise ValueError(f"emulation.device_index={config.emulation.device_index} is not a device of "
                              f"{config.emulation.cluster_file} ({self.network.num_devices} devices)")
         # playing a device of a mixed cluster: compute as many times slower as its card is than the fastest
-        self.compute_slowdown = (compute_slowdown(self.network, config.emulation.device_index)
+        # (and the whole emulated world compute_scale times slower still)
+        self.compute_slowdown = (compute_slowdown(self.network, config.emulation.device_index,
+                                                  config.emulation.compute_scale)
                                  if self.network is not None else 1.0)
         self.data_id = data_identity(config.train.data)  # in our peer record: the run's agents must agree
         self._leading: Leading | None = None  # the leader's side (``agent.leading``), from the loop's start

@@ -137,12 +137,17 @@ class EmulationSettings:
     Outgoing links to a peer are shaped once that peer's record says which device it plays; measured
     values are converted back to the file's units before planning (α = α'/time_scale,
     β = β'·time_scale/size_factor), and the workload is this run's bytes over ``size_factor``.
+    ``compute_scale`` > 1 plays every device that many times slower than the file says (this machine's
+    core stands for the fastest device): with ``time_scale`` scaled alike it is the same world in slow
+    motion, in which a swarm of more agents than this machine has cores computes as on cards of their own
+    (``runtime.compute_speed``).
     """
 
     cluster_file: str | None = None
     device_index: int | None = None
     time_scale: float = 1.0
     size_factor: float = 1.0
+    compute_scale: float = 1.0
 
     def __post_init__(self) -> None:
         if (self.cluster_file is None) != (self.device_index is None):
@@ -152,6 +157,8 @@ class EmulationSettings:
         for name in ("time_scale", "size_factor"):
             if not 0 < getattr(self, name) < float("inf"):
                 raise ConfigError(f"emulation.{name}={getattr(self, name)} must be a positive number")
+        if not 1 <= self.compute_scale < float("inf"):
+            raise ConfigError(f"emulation.compute_scale={self.compute_scale} must be a number of at least 1")
 
     @property
     def enabled(self) -> bool:

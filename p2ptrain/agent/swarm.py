@@ -14,9 +14,11 @@ Emulated networks: with ``scenario`` (one of the paper's, scaled to N devices) o
 K plays device K: its transport shapes its links as that device's (DESIGN.md "Link emulation"), so the
 agents measure the network and the leader plans on measurements. Two factors map the network onto this
 machine: ``size_factor`` (this run's activation bytes per boundary over the paper's c_PP; automatic for a
-scenario) and ``time_scale`` (the network's seconds become this many seconds). With a scenario and no
-batch size, the global batch is chosen so that this run's c_PP/c_DP is near the paper's (0.72), so one
-size factor serves both kinds of transfer.
+scenario) and ``time_scale`` (the network's seconds become this many seconds). A third, ``compute_scale``,
+plays every device that many times slower and, unless a time scale is given, the network alike: the same
+world in slow motion, for more agents than this machine has cores (``runtime.compute_speed.fitting_scale``).
+With a scenario and no batch size, the global batch is chosen so that this run's c_PP/c_DP is near the
+paper's (0.72), so one size factor serves both kinds of transfer.
 """
 
 from __future__ import annotations
@@ -73,8 +75,10 @@ class SwarmConfig:
     steps: int = 10
     scenario: str | None = "worldwide"  # one of the paper's networks, scaled to `agents` devices; None: loopback
     cluster_file: str | None = None  # or a cluster file of `agents` devices (DESIGN.md "Cluster file")
-    time_scale: float | None = None  # default: DEFAULT_TIME_SCALE for a scenario, 1 for a cluster file
+    # default: DEFAULT_TIME_SCALE for a scenario, 1 for a cluster file, times compute_scale
+    time_scale: float | None = None
     size_factor: float | None = None  # default: automatic for a scenario, 1 for a cluster file
+    compute_scale: float = 1.0  # emulated devices this many times slower (EmulationSettings.compute_scale)
     strategy: Strategy = "scheduled"
     objective: ObjectiveName = "dtfm"  # what the leader scores plans by ("simulated": agents calibrate first)
     model: str = "tiny"
@@ -141,6 +145,8 @@ class SwarmConfig:
             value = getattr(self, name)
             if value is not None and not 0 < value < float("inf"):
                 raise ConfigError(f"--{name.replace('_', '-')} must be a positive number, got {value}")
+        if not 1 <= self.compute_scale < float("inf"):
+            raise ConfigError(f"--compute-scale must be a number of at least 1, got {self.compute_scale}")
 
     @property
     def emulated(self) -> bool:
@@ -197,7 +203,7 @@ def plan_swarm(config: SwarmConfig) -> tuple[TrainConfig, Cluster | None, float,
     train = dataclasses.replace(train, replicas=replicas)  # checks that the batch splits
     if network is None:
         return train, None, 1.0, 1.0
-    time_scale = config.time_scale or (DEFAULT_TIME_SCALE if config.scenario else 1.0)
+    time_scale = config.time_scale or (DEFAULT_TIME_SCALE if config.scenario else 1.0) * config.compute_scale
     size_factor = config.size_factor
     if size_factor is None:
         own = run_workload(train, config.stages, replicas).activation_gb
@@ -449,7 +455,8 @@ def _agent_toml(config: SwarmConfig, train: TrainConfig, run: str, maddrs: list[
         tables["churn"]["backup_every"] = 0
     if cluster_path is not None:
         tables["emulation"] = {"cluster_file": str(cluster_path), "device_index": agent.index,
-                               "time_scale": time_scale, "size_factor": size_factor}
+                               "time_scale": time_scale, "size_factor": size_factor,
+                               "compute_scale": config.compute_scale}
     return to_toml(tables)
 
 

@@ -41,6 +41,13 @@ a 2.35 s period); the median of single steps then reports whichever of the two i
 the mean of two consecutive steps is the period and the median over them still sheds a lone slow step.
 The paper's cost model (``dtfm``) of the same plan on the same measurements is reported beside it.
 
+Each card of the emulated world computes on its own; the agents that play them share this machine's
+cores. So the world runs in slow motion (``compute_scale``: every device that many times slower than this
+machine's core, the time scale alike, ``runtime.compute_speed``) as far as the agents' compute needs to fit
+the cores: four agents on two cores at twice the time. At scale 1 there they waited for each other's cores,
+which their calibration, taken alone, does not see: the leader predicted int8 steps 15 % short, at 2 10 %,
+at 3 7 % (benchmarks/README.md).
+
 The leader predicts from calibrations taken before training; on a loaded CPU the agents then compute
 slower than they calibrated, and the more of a step is compute (compressed wires) the more that input
 error shows. So each plan is also priced again with the compute each trainer showed while training
@@ -111,6 +118,8 @@ class E2EConfig:
     workdir: str | None = None  # a folder per plan inside; default: a temporary folder per swarm
     plans: tuple[str, ...] = ()  # which of them to run ("scheduled" always); () the scenario's default
     settings: tuple[str, ...] = (DEFAULT_SETTING,)  # WIRE/SCHEDULE/overlap|no-overlap; the plans use the first
+    # the world in slow motion: devices this many times slower, the time scale alike; None: fitting_scale
+    compute_scale: float | None = None
 
     def __post_init__(self) -> None:
         if not self.settings:
@@ -123,19 +132,24 @@ class E2EConfig:
             object.__setattr__(self, "plans", MIXED_PLANS if self.scenario in MIXED_SCENARIOS else PAPER_PLANS)
         if self.steps < 2:
             raise ValueError("--steps must be at least 2 (the first step is a warm-up and not measured)")
+        if self.compute_scale is not None and not 1 <= self.compute_scale < float("inf"):
+            raise ValueError(f"--compute-scale must be a number of at least 1, got {self.compute_scale}")
         unknown = set(self.plans) - set(PLANS)
         if unknown or "scheduled" not in self.plans:
             raise ValueError(f"--plans: {', '.join(PLANS)}, always with scheduled (got {', '.join(self.plans)})")
 
 
 def emulation_factors(config: E2EConfig) -> dict[str, Any]:
-    """The training config, network, size factor and time scale of ``config`` (see the module docstring)."""
+    """The training config, network, size factor, time scale and compute scale of ``config`` (see the module
+    docstring)."""
     from p2ptrain.agent.leader import run_workload
     from p2ptrain.agent.swarm import plan_swarm
     from p2ptrain.runtime.calibration import step_profile, step_workload
+    from p2ptrain.runtime.compute_speed import fitting_scale
 
-    train, network, _, size_factor = plan_swarm(_swarm_config(config, "megatron", 1.0))
+    train, network, _, size_factor = plan_swarm(_swarm_config(config, "megatron", 1.0, 1.0))
     assert network is not None
+    compute_scale = config.compute_scale or fitting_scale(network)
     replicas = config.agents // config.stages
     time_scale = config.time_scale
     megatron_s = None
@@ -144,20 +158,20 @@ def emulation_factors(config: E2EConfig) -> dict[str, Any]:
         profile = step_profile([], train, config.stages, replicas, size_factor=size_factor)
         objective = make_objective("simulated", network, step_workload(workload, profile), config.stages)
         megatron_s = objective.evaluate(megatron_assignment(config.agents, config.stages)).cost_s
-        time_scale = TARGET_STEP_S / megatron_s
+        time_scale = TARGET_STEP_S / megatron_s * compute_scale
     return {"train": train, "network": network, "size_factor": size_factor, "time_scale": time_scale,
-            "megatron_communication_s": megatron_s}  # fmt: skip
+            "compute_scale": compute_scale, "megatron_communication_s": megatron_s}  # fmt: skip
 
 
-def _swarm_config(config: E2EConfig, strategy: str, time_scale: float, workdir: str | None = None,
-                  setting: str | None = None):
+def _swarm_config(config: E2EConfig, strategy: str, time_scale: float, compute_scale: float,
+                  workdir: str | None = None, setting: str | None = None):
     from p2ptrain.agent.swarm import SwarmConfig
 
     wire, schedule, overlap = parse_setting(setting or config.settings[0])
     return SwarmConfig(agents=config.agents, stages=config.stages, steps=config.steps, scenario=config.scenario,
                        time_scale=time_scale, strategy=strategy, objective="simulated", model=config.model,
                        micro_batches=config.micro_batches, seed=config.seed, workdir=workdir, wire=wire,
-                       schedule=schedule, overlap=overlap)  # fmt: skip
+                       schedule=schedule, overlap=overlap, compute_scale=compute_scale)  # fmt: skip
 
 
 def run_e2e(config: E2EConfig, stop) -> dict[str, Any]:
@@ -165,15 +179,15 @@ def run_e2e(config: E2EConfig, stop) -> dict[str, Any]:
     from p2ptrain.agent.swarm import run_swarm
 
     factors = emulation_factors(config)
-    train, time_scale = factors["train"], factors["time_scale"]
-    logger.info("%s: %d agents, %s, batch %d in %d micro-batches; size factor %.4g, time scale %.4g",
-                config.scenario, config.agents, train.model, train.global_batch_size, train.micro_batches,
-                factors["size_factor"], time_scale)  # fmt: skip
+    train, time_scale, compute_scale = factors["train"], factors["time_scale"], factors["compute_scale"]
+    logger.info("%s: %d agents, %s, batch %d in %d micro-batches; size factor %.4g, time scale %.4g, compute "
+                "scale %g", config.scenario, config.agents, train.model, train.global_batch_size,
+                train.micro_batches, factors["size_factor"], time_scale, compute_scale)  # fmt: skip
     plans: dict[str, Any] = {}
     models: dict[str, Any] = {}
     for strategy in [p for p in PLANS if p in config.plans]:
         workdir = str(Path(config.workdir) / strategy) if config.workdir else None
-        result = run_swarm(_swarm_config(config, strategy, time_scale, workdir), stop)
+        result = run_swarm(_swarm_config(config, strategy, time_scale, compute_scale, workdir), stop)
         if not result.ok:
             raise RuntimeError(f"{config.scenario}, {strategy}: the swarm failed: {result.error}")
         if strategy == "scheduled":
@@ -185,7 +199,8 @@ def run_e2e(config: E2EConfig, stop) -> dict[str, Any]:
     settings = {config.settings[0]: plans["scheduled"]}
     for setting in config.settings[1:]:
         workdir = str(Path(config.workdir) / setting.replace("/", "-")) if config.workdir else None
-        result = run_swarm(_swarm_config(config, "scheduled", time_scale, workdir, setting), stop)
+        swarm = _swarm_config(config, "scheduled", time_scale, compute_scale, workdir, setting)
+        result = run_swarm(swarm, stop)
         if not result.ok:
             raise RuntimeError(f"{config.scenario}, {setting}: the swarm failed: {result.error}")
         settings[setting] = plan_row(result.summary, step_completions(result.agents), time_scale,
@@ -196,7 +211,8 @@ def run_e2e(config: E2EConfig, stop) -> dict[str, Any]:
         "scenario": config.scenario, "agents": config.agents, "stages": config.stages,
         "replicas": config.agents // config.stages, "steps": config.steps, "model": train.model,
         "global_batch_size": train.global_batch_size, "micro_batches": train.micro_batches,
-        "size_factor": factors["size_factor"], "time_scale": time_scale, "seed": config.seed,
+        "size_factor": factors["size_factor"], "time_scale": time_scale, "compute_scale": compute_scale,
+        "seed": config.seed,
         "plans": plans, "speedups": speedups(plans, models), "settings": settings,
     }  # fmt: skip
 
@@ -456,6 +472,11 @@ def write_results(reports: list[dict[str, Any]], out_dir: Path, stem: str) -> li
               help=f"Emulated seconds per network second.  [default: Megatron's order takes {TARGET_STEP_S:g} s "
                    "of communication]")
 @click.option("--micro-batches", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--compute-scale", type=click.FloatRange(min=1),
+              help="Play every device this many times slower than this machine's core, and (unless "
+                   "--time-scale is given) the network alike: the same world in slow motion, in which more "
+                   "agents than cores compute as on cards of their own.  [default: the agents' compute over "
+                   "this machine's cores, at least 1]")
 @click.option("--plans", default="",
               help=f"Which plans to run, comma-separated, of {', '.join(PLANS)} (scheduled always).  [default: "
                    f"{','.join(PAPER_PLANS)}; on mixed GPUs {','.join(MIXED_PLANS)}]")
@@ -469,14 +490,15 @@ def write_results(reports: list[dict[str, Any]], out_dir: Path, stem: str) -> li
                    "plan also with each other one, side by side.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON document on stdout.")
 def command(scenario: str, agents: int, stages: int, steps: int, time_scale: float | None, micro_batches: int,
-            plans: str, seed: int, out_dir: str, workdir: str | None, settings: str, as_json: bool) -> None:  # fmt: skip
+            compute_scale: float | None, plans: str, seed: int, out_dir: str, workdir: str | None,
+            settings: str, as_json: bool) -> None:  # fmt: skip
     """One emulated network end to end: scheduled plan, Megatron's order, random; measured beside predicted."""
     from p2ptrain.net.lifecycle import StopSignal
 
     if agents % stages:
         raise ValueError(f"--agents {agents} is not a multiple of --stages {stages}")
     config = E2EConfig(scenario=scenario, agents=agents, stages=stages, steps=steps, time_scale=time_scale,
-                       micro_batches=micro_batches, seed=seed, workdir=workdir,
+                       micro_batches=micro_batches, compute_scale=compute_scale, seed=seed, workdir=workdir,
                        plans=tuple(p.strip() for p in plans.split(",") if p.strip()),
                        settings=tuple(s.strip() for s in settings.split(",") if s.strip()))  # fmt: skip
     _progress_logging()

@@ -39,6 +39,10 @@ from p2ptrain.planning.scenarios import ALL_SCENARIOS
               help="Emulated seconds per network second.  [default: 0.05 for a scenario, 1 for --cluster]")
 @click.option("--size-factor", type=click.FloatRange(min=0, min_open=True),
               help="This run's bytes per paper byte.  [default: automatic for a scenario, 1 for --cluster]")
+@click.option("--compute-scale", type=click.FloatRange(min=1), default=1.0, show_default=True,
+              help="Play every emulated device this many times slower, and (unless --time-scale is given) "
+                   "the network alike: the same world in slow motion, in which more agents than cores "
+                   "compute as on cards of their own.")
 @click.option("--plan", "strategy", type=click.Choice(list(STRATEGIES)), default="scheduled", show_default=True,
               help="The leader's strategy.")
 @click.option("--objective", type=click.Choice(list(OBJECTIVE_NAMES)), default="dtfm", show_default=True,
@@ -92,7 +96,7 @@ from p2ptrain.planning.scenarios import ALL_SCENARIOS
                    "its address is printed when it is up.")
 @click.pass_context
 def command(ctx: click.Context, agents: int, stages: int, steps: int, scenario: str, cluster_file: str | None,
-            time_scale: float | None, size_factor: float | None, strategy: str, objective: str, model: str,
+            time_scale: float | None, size_factor: float | None, compute_scale: float, strategy: str, objective: str, model: str,
             batch_size: int | None, micro_batches: int, wire: str, schedule: str, overlap: bool, seed: int, data: str | None, precision: str, eval_every: int, device: str, workdir: str | None, run_id: str | None,
             as_json: bool, kills: tuple, partitions: tuple, joins: tuple, checkpoint_every: int, resume: bool, call_timeout: float,
             peer_ttl: float, liveness: bool, warm_copies: bool, monitor_port: int | None) -> None:  # fmt: skip
@@ -105,7 +109,8 @@ def command(ctx: click.Context, agents: int, stages: int, steps: int, scenario: 
         logging.getLogger("p2ptrain").setLevel(logging.WARNING)  # the progress line is the output
     config = SwarmConfig(
         agents=agents, stages=stages, steps=steps, scenario=None if scenario == "none" or cluster_file else scenario,
-        cluster_file=cluster_file, time_scale=time_scale, size_factor=size_factor, strategy=strategy,
+        cluster_file=cluster_file, time_scale=time_scale, size_factor=size_factor, compute_scale=compute_scale,
+        strategy=strategy,
         objective=objective, model=model,
         batch_size=batch_size, micro_batches=micro_batches, wire=wire, schedule=schedule, overlap=overlap, seed=seed, data=data, precision=precision, eval_every=eval_every, device=device, workdir=workdir, run=run_id,
         kills=tuple((a, int(s)) for a, s in kills), partitions=partitions, joins=tuple((int(n), int(s)) for n, s in joins),

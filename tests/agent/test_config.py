@@ -52,6 +52,7 @@ def test_the_example_config_is_valid_and_flags_override_it():
         ({"initial_peers": [BOOTSTRAP], "run": "a.b"}, "invalid run ID"),
         ({"initial_peers": [BOOTSTRAP], "train": {"stages": 4}, "membership": {"expect": 2}}, "fewer peers"),
         ({"initial_peers": [BOOTSTRAP], "emulation": {"device_index": 1}}, "go together"),
+        ({"initial_peers": [BOOTSTRAP], "emulation": {"compute_scale": 0.5}}, "compute_scale=0.5 must be"),
     ],
 )
 def test_bad_agent_configs_are_one_line_errors(data, message):
@@ -70,7 +71,7 @@ def test_agent_cli_refuses_bad_input_with_one_line_and_exit_2(tmp_path):
 
 
 def test_swarm_writes_agent_configs_that_parse_back(tmp_path):
-    config = SwarmConfig(agents=4, stages=2, steps=3)
+    config = SwarmConfig(agents=4, stages=2, steps=3, compute_scale=2.0)
     train, network, time_scale, size_factor = plan_swarm(config)
     agent = AgentProcess(2, "peer", "agent-2", tmp_path / "agent-2.toml", tmp_path / "agent-2.log",
                          EventReader(tmp_path / "agent-2.events.jsonl"))  # fmt: skip
@@ -78,6 +79,7 @@ def test_swarm_writes_agent_configs_that_parse_back(tmp_path):
                        time_scale, size_factor)  # fmt: skip
     parsed = config_from_dict(AgentConfig, tomllib.loads(text))
     assert parsed.emulation.device_index == 2 and parsed.emulation.time_scale == time_scale
+    assert parsed.emulation.compute_scale == 2.0
     assert parsed.train == TrainConfig(**{**train.to_dict(), "replicas": 1, "optimizer": train.optimizer})
     assert parsed.membership.expect == 4 and parsed.dht.identity_path == str(tmp_path / "agent-2.id")
     assert tomllib.loads(to_toml({"a": [1, "x"], "t": {"b": True, "u": {"c": 1.5}}})) == {
@@ -95,6 +97,11 @@ def test_a_scenario_swarm_matches_the_papers_volume_ratio_and_size():
     assert train.global_batch_size == matched_batch_size(train, 2, 4) and train.global_batch_size % 8 == 0
     plain, none, scale, factor = plan_swarm(SwarmConfig(agents=4, stages=2, steps=1, scenario=None))
     assert none is None and (scale, factor) == (1.0, 1.0) and plain.global_batch_size == 16
+    # in slow motion the network is slowed as the devices are, unless its time scale is given
+    assert plan_swarm(SwarmConfig(agents=8, stages=2, steps=1, compute_scale=2.0))[2] == 0.1
+    assert plan_swarm(SwarmConfig(agents=8, stages=2, steps=1, compute_scale=2.0, time_scale=0.3))[2] == 0.3
+    with pytest.raises(ValueError, match="--compute-scale must be a number of at least 1"):
+        SwarmConfig(compute_scale=0.5)
 
 
 def test_device_profile_is_measured_once_then_cached_per_device_and_version(tmp_path):

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+import tomllib
 
 pytestmark = pytest.mark.integration
 
@@ -39,6 +40,11 @@ def test_e2e_reports_measured_and_predicted_step_times_for_each_plan(tmp_path, m
         assert plan["repriced_step_s"] > 0 and len(plan["compute_shown_s"]) == 4, plan
     assert report["plans"]["megatron"]["pipelines"] == [[0, 2], [1, 3]]  # Megatron's rank order, by agent
     assert 0 < report["time_scale"] and 0 < report["size_factor"] < 1
+    # the world in slow motion as far as this machine's cores need it: every agent plays its device that slow
+    assert report["compute_scale"] >= 1
+    for k in range(4):
+        emulation = tomllib.loads((tmp_path / "swarms" / "scheduled" / f"agent-{k}.toml").read_text())["emulation"]
+        assert (emulation["compute_scale"], emulation["time_scale"]) == (report["compute_scale"], report["time_scale"])
     assert set(report["speedups"]) == {"over_megatron"}
     assert set(report["speedups"]["over_megatron"]) == {"measured", "predicted", "dtfm", "predicted_by_each_leader"}
     written = {p.name for p in out.iterdir()}

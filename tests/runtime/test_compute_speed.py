@@ -11,7 +11,7 @@ from p2ptrain.planning.layers import layer_model
 from p2ptrain.planning.split import even_layers
 from p2ptrain.runtime import compute_speed
 from p2ptrain.runtime.calibration import layered_workload, measured_speed, step_profile, with_measured_speeds
-from p2ptrain.runtime.compute_speed import ComputePacer, compute_slowdown
+from p2ptrain.runtime.compute_speed import ComputePacer, compute_slowdown, fitting_scale
 from p2ptrain.runtime.config import TrainConfig
 
 TRAIN = TrainConfig(model="tiny", global_batch_size=40, micro_batches=2, stages=4, replicas=2)
@@ -53,14 +53,19 @@ def test_the_pacer_stretches_each_stretch_of_compute_by_its_factor(monkeypatch):
         ComputePacer(0.5)
 
 
-def test_on_a_cpu_the_pacer_stretches_the_threads_own_compute_not_its_wait_for_a_core(monkeypatch):
+def test_on_a_cpu_the_pacer_stretches_the_threads_own_compute_and_absorbs_its_wait_for_a_core(monkeypatch):
     clock = FakeClock()
     monkeypatch.setattr(compute_speed, "time", clock)
     pacer = ComputePacer(3.0, cpu_clock=True)
     with pacer.compute():
         clock.now += 0.5  # half a second of wall time, of which the thread computed 0.2 s
         clock.cpu += 0.2
-    assert clock.sleeps == pytest.approx([0.4])
+    assert clock.sleeps == pytest.approx([0.1])  # the card of 3x takes 0.6 s: 0.1 s after the wall's 0.5
+    with pacer.compute():
+        clock.now += 0.8  # waited longer for a core than the card's extra time: that much load shows
+        clock.cpu += 0.2
+    assert clock.sleeps == pytest.approx([0.1])
+    assert pacer.busy_s == pytest.approx(0.6 + 0.8)
 
 
 def test_slowdown_is_the_fastest_card_over_ones_own():
@@ -70,6 +75,19 @@ def test_slowdown_is_the_fastest_card_over_ones_own():
     assert slow == pytest.approx([fastest / d.tflops for d in cluster.devices])
     assert min(slow) == 1.0 and max(slow) > 8
     assert compute_slowdown(scenario("worldwide", 8), 3) == 1.0  # no tflops: no emulated compute
+
+
+def test_a_compute_scale_slows_every_device_alike_and_the_fitting_one_fits_the_cores():
+    volunteers, worldwide = scenario("volunteers", 8), scenario("worldwide", 4)
+    assert [compute_slowdown(volunteers, k, 2.0) for k in range(8)] == pytest.approx(
+        [2 * compute_slowdown(volunteers, k) for k in range(8)])
+    assert compute_slowdown(worldwide, 1, 2.0) == 2.0  # no tflops: the core plays the fastest, slowed alike
+    assert fitting_scale(worldwide, cores=2) == 2.0  # four agents, each a core's worth, on two cores
+    assert fitting_scale(worldwide, cores=8) == 1.0  # room for all: never faster than the machine
+    demand = sum(1 / compute_slowdown(volunteers, k) for k in range(8))  # the slow cards sleep most
+    assert 1 < demand < 8 and fitting_scale(volunteers, cores=1) == pytest.approx(demand)
+    scale = fitting_scale(volunteers, cores=2)
+    assert sum(1 / compute_slowdown(volunteers, k, scale) for k in range(8)) == pytest.approx(2.0)
 
 
 def test_each_devices_own_speed_goes_into_the_cluster():
