@@ -38,6 +38,9 @@ def main() -> None:
     parser.add_argument("--stages", type=int, default=4)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--micro-batches", type=int, default=2)
+    parser.add_argument("--compute-scale", type=float,
+                        help="every device (and the network) this many times slower: the world in slow motion "
+                             "(default: as far as the agents' compute needs to fit this machine's cores)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--networks", default=",".join(SCENARIOS), help="comma-separated scenario names")
     parser.add_argument("--out", default=DEFAULT_OUT, help="where e2e.json, e2e.csv and e2e.png go")
@@ -52,7 +55,7 @@ def main() -> None:
     with StopSignal() as stop:
         for name in args.networks.split(","):
             config = E2EConfig(scenario=name, agents=args.agents, stages=args.stages, steps=args.steps,
-                               micro_batches=args.micro_batches, seed=args.seed,
+                               micro_batches=args.micro_batches, seed=args.seed, compute_scale=args.compute_scale,
                                settings=tuple(s.strip() for s in args.settings.split(",") if s.strip()),
                                workdir=str(Path(args.workdir) / name) if args.workdir else None)  # fmt: skip
             reports.append(run_e2e(config, stop))

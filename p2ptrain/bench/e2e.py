@@ -400,9 +400,10 @@ def format_reports(reports: list[dict[str, Any]]) -> str:
         f"{first['agents']} agents, {first['stages']} stages × {first['replicas']} replicas, {first['model']}, "
         f"batch {first['global_batch_size']} in {first['micro_batches']} micro-batches, {first['steps']} steps "
         f"(steps 2…{first['steps']}: the median of two consecutive steps' means), random assignment seed "
-        f"{first['seed']}; size factor {first['size_factor']:.4g}; seconds are emulated (the network's times "
-        f"the scale) but 'paper s', the prediction in the network's seconds; dtfm: the paper's cost of the "
-        f"same plan; speedup = baseline / scheduled"
+        f"{first['seed']}; size factor {first['size_factor']:.4g}; compute scale {first.get('compute_scale', 1):g} "
+        f"(every device that many times slower than one core here, the time scale alike); seconds are emulated "
+        f"(the network's times the scale) but 'paper s', the prediction in the network's seconds; dtfm: the "
+        f"paper's cost of the same plan; speedup = baseline / scheduled"
     )
     return "\n".join(lines)
 
