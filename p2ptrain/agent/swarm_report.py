@@ -125,8 +125,8 @@ def summarize(state: SwarmState) -> dict[str, Any]:
         "run": state.run, "workdir": state.workdir, "agents": len(state.agents), "stages": config.stages,
         "replicas": state.train.replicas, "steps": config.steps, "model": state.train.model,
         "network": config.scenario or config.cluster_file, "strategy": config.strategy,
-        "emulation": ({"time_scale": state.time_scale, "size_factor": state.size_factor}
-                      if state.network is not None else None),
+        "emulation": ({"time_scale": state.time_scale, "size_factor": state.size_factor,
+                       "compute_scale": config.compute_scale} if state.network is not None else None),
         "peers": {str(a.index): a.peer_id for a in state.agents},
         "finished": all(d is not None for d in done) and len(losses) == config.steps - state.start_step(),
         "start_step": state.start_step(), "replans": state.replans(),
@@ -267,7 +267,10 @@ def format_summary(summary: dict[str, Any], regions: list[str | None] | None = N
     emulation = summary.get("emulation")
     where = f"on {summary['network']}" if summary["network"] else "on loopback"
     if emulation:
-        where += f" (time scale {emulation['time_scale']:g}, size factor {emulation['size_factor']:.4g})"
+        where += f" (time scale {emulation['time_scale']:g}, size factor {emulation['size_factor']:.4g}"
+        if emulation.get("compute_scale", 1.0) != 1.0:
+            where += f", compute scale {emulation['compute_scale']:g}"
+        where += ")"
     lines.append(f"swarm {summary['run']}: {summary['agents']} agents {where}; {summary['model']}, batch "
                  f"{summary['config']['global_batch_size']}, {summary['stages']} stages × {summary['replicas']} replicas")
     plan = summary.get("plan")

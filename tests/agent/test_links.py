@@ -25,7 +25,7 @@ def test_agents_measure_emulated_links_within_ten_percent(tmp_path):
     code, summary, stderr = run_swarm(tmp_path / "swarm", "--agents", "3", "--stages", "3", "--steps", "1",
                                       "--cluster", str(cluster), "--batch-size", "4")  # fmt: skip
     assert code == 0, stderr[-3000:]
-    assert summary["emulation"] == {"time_scale": 1.0, "size_factor": 1.0}
+    assert summary["emulation"] == {"time_scale": 1.0, "size_factor": 1.0, "compute_scale": 1.0}
     measured = summary["measured"]  # the leader's cluster: both directions combined, in the file's units
     for i, j in [(0, 1), (0, 2), (1, 2)]:
         assert measured["latency_ms"][i][j] == pytest.approx(latency_ms[i][j], rel=0.10), (i, j, measured)

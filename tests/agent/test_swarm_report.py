@@ -19,3 +19,11 @@ def test_a_plan_in_a_fixed_order_is_summarised_without_a_search_time():
     assert "planned in" not in text and "pipeline 0: agent 0 → agent 1" in text
     searched = format_summary(summary({"seconds": 1.5, "evaluations": 40, "method": "exhaustive"}))
     assert "planned in 1.50 s (exhaustive search)" in searched
+
+
+def test_an_emulated_swarm_names_its_factors_and_a_slow_motion_its_compute_scale():
+    emulated = {**summary({"seconds": None, "evaluations": 1, "method": "megatron"}), "network": "worldwide"}
+    plain = format_summary({**emulated, "emulation": {"time_scale": 0.05, "size_factor": 0.0013, "compute_scale": 1.0}})
+    assert "on worldwide (time scale 0.05, size factor 0.0013)" in plain
+    slow = format_summary({**emulated, "emulation": {"time_scale": 0.1, "size_factor": 0.0013, "compute_scale": 2.0}})
+    assert "on worldwide (time scale 0.1, size factor 0.0013, compute scale 2)" in slow
