@@ -81,6 +81,13 @@ def fitting_scale(cluster: Cluster, cores: int | None = None) -> float:
     agent keeps a core busy 1/slowdown of the time, so the swarm needs Σ 1/slowdown cores. Beyond that the
     agents wait for a core, a wait the emulated devices would not know, and the leader, which prices each
     device's compute as it calibrated it, predicts too short a step (benchmarks/README.md measures it)."""
-    cores = cores or len(os.sched_getaffinity(0))
+    cores = cores or usable_cores()
     demand = sum(1.0 / compute_slowdown(cluster, k) for k in range(cluster.num_devices))
     return max(1.0, demand / cores)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (all of the machine's where the system cannot say)."""
+    if hasattr(os, "sched_getaffinity"):  # Linux
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1

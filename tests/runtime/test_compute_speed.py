@@ -11,7 +11,7 @@ from p2ptrain.planning.layers import layer_model
 from p2ptrain.planning.split import even_layers
 from p2ptrain.runtime import compute_speed
 from p2ptrain.runtime.calibration import layered_workload, measured_speed, step_profile, with_measured_speeds
-from p2ptrain.runtime.compute_speed import ComputePacer, compute_slowdown, fitting_scale
+from p2ptrain.runtime.compute_speed import ComputePacer, compute_slowdown, fitting_scale, usable_cores
 from p2ptrain.runtime.config import TrainConfig
 
 TRAIN = TrainConfig(model="tiny", global_batch_size=40, micro_batches=2, stages=4, replicas=2)
@@ -84,6 +84,7 @@ def test_a_compute_scale_slows_every_device_alike_and_the_fitting_one_fits_the_c
     assert compute_slowdown(worldwide, 1, 2.0) == 2.0  # no tflops: the core plays the fastest, slowed alike
     assert fitting_scale(worldwide, cores=2) == 2.0  # four agents, each a core's worth, on two cores
     assert fitting_scale(worldwide, cores=8) == 1.0  # room for all: never faster than the machine
+    assert fitting_scale(worldwide) == max(1.0, 4 / usable_cores()) and usable_cores() >= 1  # this machine's
     demand = sum(1 / compute_slowdown(volunteers, k) for k in range(8))  # the slow cards sleep most
     assert 1 < demand < 8 and fitting_scale(volunteers, cores=1) == pytest.approx(demand)
     scale = fitting_scale(volunteers, cores=2)
