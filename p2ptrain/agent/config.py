@@ -159,6 +159,8 @@ class EmulationSettings:
                 raise ConfigError(f"emulation.{name}={getattr(self, name)} must be a positive number")
         if not 1 <= self.compute_scale < float("inf"):
             raise ConfigError(f"emulation.compute_scale={self.compute_scale} must be a number of at least 1")
+        if self.compute_scale != 1 and self.cluster_file is None:
+            raise ConfigError("emulation.compute_scale slows emulated devices: it needs emulation.cluster_file")
 
     @property
     def enabled(self) -> bool:

@@ -125,6 +125,8 @@ class SwarmConfig:
         for count, step in self.joins:
             if count < 1 or not 0 <= step < self.steps:
                 raise ConfigError(f"--join {count}@{step}: N must be >= 1 and STEP in 0..{self.steps - 1}")
+        if self.compute_scale != 1 and not self.emulated:
+            raise ConfigError("--compute-scale slows emulated devices: it needs --scenario or --cluster")
         if self.joins and self.emulated:
             raise ConfigError("--join needs a loopback swarm (--scenario none): a joiner plays no emulated device")
         if self.monitor_port is not None and not 0 <= self.monitor_port <= 65535:

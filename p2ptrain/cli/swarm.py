@@ -36,7 +36,8 @@ from p2ptrain.planning.scenarios import ALL_SCENARIOS
 @click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False),
               help="Emulate this cluster file instead (DESIGN.md format, one device per agent).")
 @click.option("--time-scale", type=click.FloatRange(min=0, min_open=True),
-              help="Emulated seconds per network second.  [default: 0.05 for a scenario, 1 for --cluster]")
+              help="Emulated seconds per network second.  [default: 0.05 for a scenario, 1 for --cluster, times "
+                   "--compute-scale]")
 @click.option("--size-factor", type=click.FloatRange(min=0, min_open=True),
               help="This run's bytes per paper byte.  [default: automatic for a scenario, 1 for --cluster]")
 @click.option("--compute-scale", type=click.FloatRange(min=1), default=1.0, show_default=True,

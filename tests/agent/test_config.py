@@ -53,6 +53,7 @@ def test_the_example_config_is_valid_and_flags_override_it():
         ({"initial_peers": [BOOTSTRAP], "train": {"stages": 4}, "membership": {"expect": 2}}, "fewer peers"),
         ({"initial_peers": [BOOTSTRAP], "emulation": {"device_index": 1}}, "go together"),
         ({"initial_peers": [BOOTSTRAP], "emulation": {"compute_scale": 0.5}}, "compute_scale=0.5 must be"),
+        ({"initial_peers": [BOOTSTRAP], "emulation": {"compute_scale": 2}}, "compute_scale slows emulated devices"),
     ],
 )
 def test_bad_agent_configs_are_one_line_errors(data, message):
@@ -102,6 +103,8 @@ def test_a_scenario_swarm_matches_the_papers_volume_ratio_and_size():
     assert plan_swarm(SwarmConfig(agents=8, stages=2, steps=1, compute_scale=2.0, time_scale=0.3))[2] == 0.3
     with pytest.raises(ValueError, match="--compute-scale must be a number of at least 1"):
         SwarmConfig(compute_scale=0.5)
+    with pytest.raises(ValueError, match="--compute-scale slows emulated devices: it needs --scenario or --cluster"):
+        SwarmConfig(scenario=None, compute_scale=2.0)
 
 
 def test_device_profile_is_measured_once_then_cached_per_device_and_version(tmp_path):
