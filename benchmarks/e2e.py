@@ -8,7 +8,8 @@ the simulated objective's predictions; one table, and e2e.json, e2e.csv and e2e.
 With ``--settings`` each network's scheduled plan also trains with every further setting (wire format /
 schedule / overlap), measured beside predicted, with the loss after the last step (``p2ptrain bench e2e``).
 
-About five minutes a network on a 2-core machine (three swarms of 8 agents each).
+About nine minutes a network on a 2-core machine (three swarms of 8 agents each, in slow motion: compute
+scale 4, ``p2ptrain bench e2e --compute-scale``).
 """
 
 from __future__ import annotations
