@@ -25,10 +25,10 @@ scaled to N devices (``scenarios.scenario``). The global batch is chosen so that
 the paper's (≈ 0.72), and the size factor is this run's c_PP over the paper's (GPT-3 XL) c_PP, so a
 transfer takes as long relative to latency as the paper's did. The time scale makes the paper's seconds
 emulated seconds: unless given, it is chosen so that Megatron's order takes ``TARGET_STEP_S`` emulated
-seconds of communication (the simulated objective on the true network, without compute), which keeps
-transfers dominant, as they were for GPT-3 XL on these links, and keeps what a step spends on the CPU
-(compute, message hand-offs, the pause between steps: what a busy shared machine slows down) a small
-part of it, while a step takes a few seconds.
+seconds of communication (the simulated objective on the true network, without compute) times the
+compute scale below, which keeps transfers dominant, as they were for GPT-3 XL on these links, and keeps
+what a step spends on the CPU (compute, message hand-offs, the pause between steps: what a busy shared
+machine slows down) a small part of it, while a step takes a few seconds.
 
 Every plan is made by the swarm's leader on what the agents measured (links by the prober, compute and
 per-message cost by calibration, the pause between steps by the leader's own polls), scored by the
