@@ -105,8 +105,9 @@ def test_a_stopped_peer_times_out_and_a_killed_one_is_unreachable(pair):
         peer = child.stdout.readline().strip()
         assert isinstance(a.ping_all([peer], timeout_s=10.0)[peer], PeerStatus)
         os.killpg(child.pid, signal.SIGSTOP)  # the process and its daemon: cut off, not dead
+        states = _wait_stopped(child.pid, deadline_s=10.0)
         result = a.ping_all([peer], timeout_s=1.0)[peer]
-        assert isinstance(result, PeerTimeoutError), result
+        assert isinstance(result, PeerTimeoutError), (result, states)
         os.killpg(child.pid, signal.SIGCONT)
         assert isinstance(a.ping_all([peer], timeout_s=10.0)[peer], PeerStatus)
         os.killpg(child.pid, signal.SIGKILL)
@@ -117,3 +118,22 @@ def test_a_stopped_peer_times_out_and_a_killed_one_is_unreachable(pair):
         if child.poll() is None:
             os.killpg(child.pid, signal.SIGKILL)
             child.wait(timeout=10)
+
+
+def _wait_stopped(pgid: int, deadline_s: float) -> dict[int, str]:
+    """Wait until every process of group ``pgid`` is stopped (state T in /proc); their states, by PID."""
+    import psutil
+
+    end = time.monotonic() + deadline_s
+    while True:
+        states = {}
+        for proc in psutil.process_iter(["pid"]):
+            try:
+                if os.getpgid(proc.pid) == pgid:
+                    states[proc.pid] = proc.status()
+            except (ProcessLookupError, psutil.Error):
+                continue
+        if states and all(state == psutil.STATUS_STOPPED for state in states.values()):
+            return states
+        assert time.monotonic() < end, f"group {pgid} not stopped within {deadline_s} s: {states}"
+        time.sleep(0.05)
