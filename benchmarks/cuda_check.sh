@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The CUDA path, checked and measured on a machine with a GPU, in one go (about 4 minutes on one H200):
+#   bash benchmarks/cuda_check.sh [OUTDIR]
+# from the project's root, with p2ptrain and its dependencies importable by python3 (pip install -e ".[test]"
+# after a CUDA build of torch). CI has no GPU: this is how the CUDA path gets checked where one is lent.
+# 1. the tests that run only where CUDA is (fp32 on CUDA equals the CPU; 2 x 2 workers on one GPU give the
+#    single-process losses) and the device-facing tests around them;
+# 2. the device's profile as an agent publishes it (name, memory, measured matmul TFLOP/s);
+# 3. `p2ptrain train` on the GPU, fp32 and bf16: tokens/s and MFU;
+# 4. real swarms of four agents sharing the GPU (bf16 compute; bf16, then int8 wire; 1F1B, overlap);
+# 5. `p2ptrain bench runtime --sizes 1 --repeats 100`: the transport against a raw stream on a machine with
+#    cores to spare (the 2-core CI machine shares its cores with both libp2p daemons).
+# Each part has its own deadline and its log goes to OUTDIR (default ./cuda-check; WORK: where the rest
+# goes); a part that fails is reported and the next one still runs; the exit status is 1 if any failed.
+# DEVICE=cpu runs the same parts on the CPU (a dry run of the script).
+set -u
+OUT_DIR=${1:-cuda-check}
+DEVICE=${DEVICE:-cuda}
+WORK=${WORK:-$OUT_DIR/work}  # the tests' temp dirs and the swarms' workdirs
+mkdir -p "$OUT_DIR" "$WORK"
+export PYTHONUNBUFFERED=1
+status=0
+
+part() {  # part NAME SECONDS COMMAND...: run with a deadline, keep the log, note the outcome
+    local name=$1 limit=$2; shift 2
+    local t0=$SECONDS
+    echo "=== $name (deadline ${limit}s): $*"
+    timeout --kill-after=10 "$limit" "$@" > "$OUT_DIR/$name.log" 2>&1
+    local rc=$?
+    tail -n 25 "$OUT_DIR/$name.log"
+    echo "=== $name: rc=$rc in $((SECONDS - t0))s"
+    [ $rc -eq 0 ] || status=1
+}
+
+command -v nvidia-smi > /dev/null && nvidia-smi -L
+python3 -c "import torch, hivemind, p2ptrain; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(),
+      torch.cuda.get_device_name(0) if torch.cuda.is_available() else '', 'hivemind', hivemind.__version__,
+      'p2ptrain', p2ptrain.__version__)"
+
+part tests 240 python3 -m pytest -q -p no:cacheprovider --basetemp="$WORK/pytest" \
+    tests/model/test_precision_modes.py tests/runtime/test_distributed_tokenized.py \
+    tests/runtime/test_reference.py
+part profile 60 python3 -c "import json, dataclasses, torch
+from p2ptrain.agent.profile import profile_device
+from p2ptrain.runtime.reference import resolve_device
+print(json.dumps(dataclasses.asdict(profile_device(resolve_device('$DEVICE'), refresh=True))))"
+for precision in fp32 bf16; do
+    part "train-$precision" 120 python3 -m p2ptrain train --model small --steps 30 --device "$DEVICE" \
+        --precision "$precision" --json
+done
+for wire in bf16 int8; do
+    part "swarm-$wire" 200 python3 -m p2ptrain swarm --agents 4 --stages 2 --steps 20 --scenario none --model small \
+        --device "$DEVICE" --precision bf16 --wire "$wire" --schedule 1f1b --overlap --workdir "$WORK/swarm-$wire" --json
+done
+part transport 120 python3 -m p2ptrain bench runtime --sizes 1 --repeats 100 --json
+exit $status
