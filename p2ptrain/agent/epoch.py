@@ -51,6 +51,7 @@ from p2ptrain.net.status import FAIL, HALT, IDLE, TRAIN, PeerStatus
 from p2ptrain.net.transport import Transport
 from p2ptrain.runtime.checkpoint import load_stage, load_state_tensors, save_stage, state_tensors
 from p2ptrain.runtime.config import TrainConfig
+from p2ptrain.runtime.executor import StepWaits
 from p2ptrain.runtime.session import StageTrainer
 from p2ptrain.runtime.topology import Topology
 
@@ -182,14 +183,19 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
         trainer = StageTrainer(cfg, role, ctx.device, ctx.compute_slowdown)
         _take_state(plan, role.stage, trainer, ctx)
         _wait_sends(sends, ctx.state_timeout_s)
+        last_end = None
         for step in range(plan.start_step, cfg.steps):
             if ctx.stop.is_set():
                 return EpochOutcome(False, done, tuple(losses))
             if ctx.should_halt(done):
                 return _halt(plan, ctx, done, None)
-            busy_s = trainer.executor.pacer.busy_s
+            busy_s, busy_cpu_s = trainer.executor.pacer.busy_s, trainer.executor.pacer.busy_cpu_s
+            started = time.perf_counter()
+            between_s = started - last_end if last_end is not None else 0.0  # the last step's aftermath
             result = trainer.step(ctx.transport, ctx.dht.keys.run_id, plan.epoch, step, topology, ctx.call_timeout_s)
             compute_s = trainer.executor.pacer.busy_s - busy_s  # our own compute, none of the waits (``claims``)
+            compute_cpu_s = trainer.executor.pacer.busy_cpu_s - busy_cpu_s  # its CPU time: less, where it waited
+            last_end = time.perf_counter()
             done = step + 1
             ctx.keeper.record(done, trainer.module, trainer.optimizer)
             ctx.set_status(TRAIN, plan.epoch, done)
@@ -205,7 +211,8 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
             tokens_per_s = cfg.global_batch_size * cfg.shape.seq_len / max(result.step_time_s, 1e-9)  # the run's
             ctx.events.write("step", epoch=plan.epoch, step=done, loss=result.loss, step_time_s=result.step_time_s,
                              stage=role.stage, replica=role.replica, compute_s=round(compute_s, 6),
-                             tokens_per_s=round(tokens_per_s, 1))
+                             compute_cpu_s=round(compute_cpu_s, 6), between_s=round(between_s, 6),
+                             **_waits(result.waits), tokens_per_s=round(tokens_per_s, 1))
             loss = f" loss {result.loss:.4f}" if result.loss is not None else ""
             logger.info("epoch %d step %d/%d%s (%.3f s, %.0f tokens/s)", plan.epoch, done, cfg.steps, loss,
                         result.step_time_s, tokens_per_s)
@@ -345,6 +352,14 @@ def _checkpoint(ctx: EpochContext, cfg: TrainConfig, stage: int, replica: int, d
     assert tensors is not None
     save_stage(ctx.checkpoint.dir, done, stage, cfg.stages, cfg.model, cfg.seed, tensors)
     ctx.events.write("checkpoint", step=done, stage=stage)
+
+
+def _waits(waits: StepWaits | None) -> dict[str, float]:
+    """A step event's fields for where the step waited (``executor.StepWaits``)."""
+    if waits is None:
+        return {}
+    return {"recv_wait_s": round(waits.recv_s, 6), "reduce_wait_s": round(waits.reduce_s, 6),
+            "send_wait_s": round(waits.send_s, 6)}
 
 
 def _halt(plan: PlanRecord, ctx: EpochContext, done: int, error: BaseException | None) -> EpochOutcome:

@@ -4,6 +4,13 @@ One JSON object per line, appended and flushed as it happens (``{"event": "step"
 a reader only takes complete lines, so it may poll while the agent writes. Kinds an agent writes:
 ``started``, ``profile``, ``links``, ``plan`` (the leader: cluster, workload, plan document), ``role``,
 ``step``, ``done``, ``stopped``, ``error``.
+
+A ``step`` event says where the step went: ``step_time_s`` (the trainer's step, end to end), ``compute_s``
+(its forwards, backwards and update, ``ProgressRecord.compute_s``) and ``compute_cpu_s`` (the training
+thread's CPU time in them: less where it waited for a core or the GIL), ``recv_wait_s`` (waiting for the
+pipeline's activations and gradients), ``reduce_wait_s`` (for the data-parallel all-reduce after the last
+backward), ``send_wait_s`` (for its own sends at the end), and ``between_s`` (the agent's own work since
+the step before: keeping the state, heartbeats, copies).
 """
 
 from __future__ import annotations

@@ -83,7 +83,7 @@ from p2ptrain.planning import (
     make_objective,
     megatron_assignment,
 )
-from p2ptrain.planning.simulated import StepProfile, StepWorkload
+from p2ptrain.planning.simulated import StepProfile, StepWorkload, step_period
 
 logger = logging.getLogger(__name__)
 
@@ -193,7 +193,7 @@ def run_e2e(config: E2EConfig, stop) -> dict[str, Any]:
         if strategy == "scheduled":
             models = leader_objectives(result.summary)
         plans[strategy] = plan_row(result.summary, step_completions(result.agents), time_scale,
-                                   shown_compute(result.agents))
+                                   shown_compute(result.agents)) | {"breakdown": step_breakdown(result.agents)}
         logger.info("%s, %s: measured %.3f s, predicted %.3f s", config.scenario, strategy,
                     plans[strategy]["measured_step_s"], plans[strategy]["predicted_step_s"])
     settings = {config.settings[0]: plans["scheduled"]}
@@ -204,7 +204,7 @@ def run_e2e(config: E2EConfig, stop) -> dict[str, Any]:
         if not result.ok:
             raise RuntimeError(f"{config.scenario}, {setting}: the swarm failed: {result.error}")
         settings[setting] = plan_row(result.summary, step_completions(result.agents), time_scale,
-                                     shown_compute(result.agents))
+                                     shown_compute(result.agents)) | {"breakdown": step_breakdown(result.agents)}
         logger.info("%s, %s: measured %.3f s, predicted %.3f s", config.scenario, setting,
                     settings[setting]["measured_step_s"], settings[setting]["predicted_step_s"])
     return {
@@ -226,12 +226,19 @@ def step_completions(agents) -> list[float]:
     return [ends[k] for k in sorted(ends)]
 
 
-def step_period(times: list[float]) -> float:
-    """The period of a series of step times (see the module docstring): the median of the means of each two
-    consecutive steps (a single step's time when there is only one)."""
-    if len(times) < 2:
-        return times[0]
-    return statistics.median((a + b) / 2 for a, b in zip(times, times[1:], strict=False))
+BREAKDOWN = ("step_time_s", "compute_s", "compute_cpu_s", "recv_wait_s", "reduce_wait_s", "send_wait_s", "between_s")
+
+
+def step_breakdown(agents) -> dict[int, dict[str, float]]:
+    """Where each agent's steps went (its ``step`` events' ``BREAKDOWN`` fields, ``agent.events``; real
+    seconds): the median of each over steps 2…K, by agent index, and the agent's stage."""
+    out: dict[int, dict[str, float]] = {}
+    for agent in agents:
+        steps = [e for e in agent.events.all("step") if e["step"] >= 2]
+        if steps:
+            out[agent.index] = {"stage": steps[-1]["stage"]} | {
+                k: statistics.median(e.get(k, 0.0) for e in steps) for k in BREAKDOWN}
+    return out
 
 
 def shown_compute(agents) -> dict[int, float]:

@@ -41,11 +41,12 @@ class ComputePacer:
         self.cpu_clock = cpu_clock  # time the compute by this thread's CPU time (a CPU device)
         self.slept_s = 0.0
         self.busy_s = 0.0  # wall seconds of every block, stretch included (what a step computed: ``agent.claims``)
+        self.busy_cpu_s = 0.0  # the computing thread's CPU seconds in every block: busy_s less its waits
 
     @contextmanager
     def compute(self) -> Iterator[None]:
         """Time the block; then sleep until ``slowdown`` times its work has passed since it began."""
-        wall = time.perf_counter()
+        wall, cpu = time.perf_counter(), time.thread_time()
         try:
             if self.slowdown == 1.0:
                 yield
@@ -59,6 +60,7 @@ class ComputePacer:
                 time.sleep(extra)
         finally:
             self.busy_s += time.perf_counter() - wall
+            self.busy_cpu_s += time.thread_time() - cpu
 
 
 NO_PACING = ComputePacer()

@@ -26,6 +26,7 @@ The executor knows nothing of libp2p: it talks to a ``StepLink`` bound to (run, 
 from __future__ import annotations
 
 import logging
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Protocol
@@ -69,6 +70,18 @@ class StepOutcome:
     loss: float | None  # the global mean loss, known on the last stage only
     peak_activation_bytes: int = 0  # saved-for-backward bytes held at once (``memory.ActivationMeter``)
     peak_in_flight: int = 0  # micro-batches forwarded and not yet back-propagated, at most at once
+    waits: StepWaits | None = None  # where the step waited (None: not measured)
+
+
+@dataclass(frozen=True)
+class StepWaits:
+    """Seconds a step's thread spent waiting, not computing: for a message from the pipeline (``recv_s``), for
+    the data-parallel all-reduce after the last backward (``reduce_s``), for its own sends at the end
+    (``send_s``). A step's time is about its compute, these, and the rest (encoding, hand-offs)."""
+
+    recv_s: float = 0.0
+    reduce_s: float = 0.0
+    send_s: float = 0.0
 
 
 class _GroupOverLink:
@@ -135,13 +148,16 @@ class StageExecutor:
                 if backwards_left == 0 and self.overlap and role.num_replicas > 1:
                     self.reducer.arm()  # this backward makes the gradients final
                 self._backward(state, m)
-            loss = self._all_reduce_and_step(role, state.loss_sum)
+            loss = self._all_reduce_and_step(role, state)
         except BaseException:
             self.reducer.abandon()  # no hook of a later step may act for this one
             raise
         finally:
+            started = time.perf_counter()
             wait_all(state.sends)
-        return StepOutcome(step, loss, self.meter.peak_bytes, state.peak_in_flight)
+            state.send_s = time.perf_counter() - started
+        return StepOutcome(step, loss, self.meter.peak_bytes, state.peak_in_flight,
+                           StepWaits(state.recv_s, state.reduce_s, state.send_s))
 
     def _forward(self, state: _StepState, m: int, tokens: torch.Tensor) -> None:
         role, link = state.role, state.link
@@ -152,7 +168,7 @@ class StageExecutor:
         else:
             codec = self.wire.activation
             shape, dtype = codec.wire_spec(state.act_shape)
-            x = codec.decode(link.recv(state.prev_peer, ACTIVATION, m, 0, shape, dtype), state.act_shape).to(self.device)
+            x = codec.decode(state.recv(state.prev_peer, ACTIVATION, m, shape, dtype), state.act_shape).to(self.device)
             x.requires_grad_(True)
             state.inputs[m] = x
         with self.pacer.compute(), self.meter.saving():
@@ -174,7 +190,7 @@ class StageExecutor:
         else:
             codec = self.wire.activation_grad
             shape, dtype = codec.wire_spec(state.act_shape)
-            grad = codec.decode(link.recv(state.next_peer, ACTIVATION_GRAD, m, 0, shape, dtype), state.act_shape)
+            grad = codec.decode(state.recv(state.next_peer, ACTIVATION_GRAD, m, shape, dtype), state.act_shape)
             with self.pacer.compute():
                 out.backward(grad.to(self.device))
         x = state.inputs.pop(m)  # this micro-batch's activations are freed with its graph
@@ -186,10 +202,13 @@ class StageExecutor:
         shard = shard_of(self.data.global_batch(step), role.replica, role.num_replicas)
         return micro_batches(shard, self.num_micro_batches)
 
-    def _all_reduce_and_step(self, role: Role, loss_sum: torch.Tensor) -> float | None:
+    def _all_reduce_and_step(self, role: Role, state: _StepState) -> float | None:
+        loss_sum = state.loss_sum
         loss = float(loss_sum) if role.is_last else None
         if role.num_replicas > 1:
+            started = time.perf_counter()
             loss = self.reducer.finish(loss_sum if role.is_last else None)
+            state.reduce_s = time.perf_counter() - started
         with self.pacer.compute(), torch.no_grad():
             for p in self.params:
                 if p.grad is None:
@@ -209,3 +228,12 @@ class _StepState:
         self.sends: list[Future] = []
         self.loss_sum = torch.zeros((), dtype=torch.float32)
         self.peak_in_flight = 0
+        self.recv_s = self.reduce_s = self.send_s = 0.0  # ``StepWaits``
+
+    def recv(self, peer: str | None, kind: str, m: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        assert peer is not None
+        started = time.perf_counter()
+        try:
+            return self.link.recv(peer, kind, m, 0, shape, dtype)
+        finally:
+            self.recv_s += time.perf_counter() - started

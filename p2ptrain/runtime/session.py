@@ -25,7 +25,7 @@ from p2ptrain.model.stage import build_stage
 from p2ptrain.net.transport import Transport
 from p2ptrain.runtime.compute_speed import ComputePacer
 from p2ptrain.runtime.config import TrainConfig
-from p2ptrain.runtime.executor import StageExecutor
+from p2ptrain.runtime.executor import StageExecutor, StepWaits
 from p2ptrain.runtime.link import TransportStepLink
 from p2ptrain.runtime.reference import build_data
 from p2ptrain.runtime.topology import Role, Topology
@@ -38,6 +38,7 @@ class StepResult:
     step_time_s: float
     peak_activation_bytes: int = 0  # saved-for-backward bytes held at once during the step
     peak_in_flight: int = 0  # micro-batches forwarded and not yet back-propagated, at most at once
+    waits: StepWaits | None = None  # where the step waited (``executor.StepWaits``)
 
 
 class StageTrainer:
@@ -69,4 +70,4 @@ class StageTrainer:
         link = TransportStepLink(transport, run, epoch, step, timeout_s)
         outcome = self.executor.run_step(step, self.role, topology, link)
         return StepResult(step, outcome.loss, time.perf_counter() - started, outcome.peak_activation_bytes,
-                          outcome.peak_in_flight)
+                          outcome.peak_in_flight, outcome.waits)

@@ -110,3 +110,10 @@ def test_followers_with_the_default_config_train_with_the_leaders_settings(tmp_p
     assert sorted(got) == list(range(1, len(reference) + 1))
     assert all(abs(got[k] - want) <= 0.02 * abs(want) for k, want in enumerate(reference, start=1)), (got, reference)
     assert any(got[k] != want for k, want in enumerate(reference, start=1))
+    # where each step went: its compute (the thread's CPU time of it) and its waits, within the step's time
+    for agent in agents:
+        for e in (e for e in events(agent.events.path) if e["event"] == "step"):
+            parts = [e[k] for k in ("compute_s", "recv_wait_s", "reduce_wait_s", "send_wait_s")]
+            assert min(parts) >= 0 and e["between_s"] >= 0, e
+            assert sum(parts) <= e["step_time_s"] + 1e-5, e
+            assert e["compute_cpu_s"] <= e["compute_s"] + 1e-3, e

@@ -38,6 +38,12 @@ def test_e2e_reports_measured_and_predicted_step_times_for_each_plan(tmp_path, m
         assert sorted(a for row in plan["pipelines"] for a in row) == [0, 1, 2, 3]
         # priced again with the compute each trainer showed in step 2
         assert plan["repriced_step_s"] > 0 and len(plan["compute_shown_s"]) == 4, plan
+        # where each agent's step 2 went: compute and waits within the step, stages as planned
+        assert sorted(plan["breakdown"]) == ["0", "1", "2", "3"], plan["breakdown"]  # JSON keys
+        for agent, parts in plan["breakdown"].items():
+            assert parts["stage"] == [row.index(int(agent)) for row in plan["pipelines"] if int(agent) in row][0]
+            assert 0 < parts["compute_s"] and parts["recv_wait_s"] + parts["reduce_wait_s"] > 0, parts
+            assert parts["compute_s"] + parts["recv_wait_s"] + parts["reduce_wait_s"] <= parts["step_time_s"] + 1e-5
     assert report["plans"]["megatron"]["pipelines"] == [[0, 2], [1, 3]]  # Megatron's rank order, by agent
     assert 0 < report["time_scale"] and 0 < report["size_factor"] < 1
     # the world in slow motion as far as this machine's cores need it: every agent plays its device that slow

@@ -66,6 +66,12 @@ def test_on_a_cpu_the_pacer_stretches_the_threads_own_compute_and_absorbs_its_wa
         clock.cpu += 0.2
     assert clock.sleeps == pytest.approx([0.1])
     assert pacer.busy_s == pytest.approx(0.6 + 0.8)
+    assert pacer.busy_cpu_s == pytest.approx(0.4)  # the thread's own compute: the waits for a core left out
+    unpaced = ComputePacer(1.0, cpu_clock=True)
+    with unpaced.compute():
+        clock.now += 0.3
+        clock.cpu += 0.1
+    assert (unpaced.busy_s, unpaced.busy_cpu_s) == pytest.approx((0.3, 0.1))
 
 
 def test_slowdown_is_the_fastest_card_over_ones_own():

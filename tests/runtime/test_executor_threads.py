@@ -41,7 +41,25 @@ class MemoryLink:
         return t
 
 
-def train_in_threads(cfg: TrainConfig):
+class DelayedLink(MemoryLink):
+    """A MemoryLink whose messages arrive ``DELAY_S`` after they are sent; a send's future is done then."""
+
+    DELAY_S = 0.05
+
+    def send(self, peer, kind, micro_batch, part, tensor):
+        done, box, copy = Future(), self._box(self.me, peer, kind, micro_batch, part), tensor.clone()
+
+        def deliver():
+            box.put(copy)
+            done.set_result(None)
+
+        timer = threading.Timer(self.DELAY_S, deliver)
+        timer.daemon = True
+        timer.start()
+        return done
+
+
+def train_in_threads(cfg: TrainConfig, link=MemoryLink):
     """Per step: the last stage's loss, every executor's parameters, and each step's outcomes by role."""
     rows = [[f"p{s}-{r}" for s in range(cfg.stages)] for r in range(cfg.replicas)]
     topology = Topology.from_rows(rows)
@@ -61,7 +79,7 @@ def train_in_threads(cfg: TrainConfig):
         def work(peer, step=step, boxes=boxes, lock=lock):
             try:
                 role = topology.role_of(peer)
-                outcomes[peer].append(executors[peer].run_step(step, role, topology, MemoryLink(boxes, lock, peer)))
+                outcomes[peer].append(executors[peer].run_step(step, role, topology, link(boxes, lock, peer)))
             except Exception as e:  # noqa: BLE001 - reported below
                 errors.append(e)
 
@@ -160,3 +178,25 @@ def test_bucket_size_changes_no_bit():
     assert n0 == [1] * 4 and min(n1) > 10
     assert l0 == l1
     assert all(torch.equal(a, b) for x, y in zip(p0, p1, strict=True) for a, b in zip(x, y, strict=True))
+
+
+@pytest.mark.timeout(120)
+def test_a_step_says_how_long_it_waited_for_the_pipeline_and_the_all_reduce():
+    """Messages that take d to arrive: stage 0 waits at least 2d for its first gradient (the activation there,
+    the gradient back), stage 1 at least d for its first activation, and every member of a group at least 2d
+    for an all-reduce after its backward pass (its shard there, the reduced shard back)."""
+    torch.set_num_threads(1)
+    d = DelayedLink.DELAY_S
+    cfg = dataclasses.replace(BASE, steps=2, overlap=False, schedule="gpipe")
+    losses, _, outcomes, topology = train_in_threads(cfg, link=DelayedLink)
+    reference = train_reference(dataclasses.replace(cfg, stages=1, replicas=1))
+    assert losses == pytest.approx(reference.losses, rel=1e-4)  # a slow link changes the waits, not the result
+    for peer, steps in outcomes.items():
+        stage = topology.role_of(peer).stage
+        for outcome in steps:
+            waits = outcome.waits
+            assert waits.recv_s >= (2 * d if stage == 0 else d), (peer, waits)
+            assert waits.reduce_s >= 2 * d, (peer, waits)
+            assert waits.send_s >= 0.0
+    _, _, fast, _ = train_in_threads(dataclasses.replace(cfg, steps=1))
+    assert all(o.waits is not None for steps in fast.values() for o in steps)
