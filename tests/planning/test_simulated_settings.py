@@ -115,3 +115,52 @@ def test_overlap_hides_an_all_reduce_shorter_than_the_last_backward():
 def test_bad_settings_are_refused(settings, problem):
     with pytest.raises(ValueError, match=problem):
         StepProfile(**settings)
+
+
+def test_each_stage_all_reduces_in_the_runtimes_buckets_full_ones_first():
+    from p2ptrain.planning.simulated import MAX_SIMULATED_BUCKETS, bucket_shares
+
+    shares = bucket_shares(np.array([1.1, 0.2, 0.4]), 0.4)
+    assert shares == pytest.approx(np.array([[0.4 / 1.1, 0.4 / 1.1, 0.3 / 1.1], [1.0, 0, 0], [1.0, 0, 0]]))
+    assert bucket_shares(np.array([1.1, 0.2]), 0.0) == pytest.approx(np.ones((2, 1)))  # no overlap: one exchange
+    many = bucket_shares(np.array([100.0, 1.0]), 1.0)  # 100 buckets are simulated as the most it merges them into
+    assert many.shape == (2, MAX_SIMULATED_BUCKETS)
+    assert many[0] == pytest.approx([1 / MAX_SIMULATED_BUCKETS] * MAX_SIMULATED_BUCKETS)
+    assert many[1] == pytest.approx([1.0] + [0.0] * (MAX_SIMULATED_BUCKETS - 1))
+
+
+def test_a_smaller_last_bucket_leaves_less_after_the_backward_pass():
+    """0.3 GB of gradients in buckets of 0.2 GB: 0.2 GB ready 2/3 through the pass, the last 0.1 GB at its end.
+    1 s latency, 1 GB/s. Bucket 0's shard (0.1 s) goes at 1.433 s and arrives at 2.533 s; bucket 1's (0.05 s) at
+    2.1 s, arriving 3.15 s; bucket 0's reduced shard waits for nothing (2.533 → 3.633 s), bucket 1's leaves at
+    3.15 s and arrives at 4.2 s. Two equal buckets would end at 4.25 s."""
+    cluster = _uniform(2, 1000.0, 8.0)
+    profile = StepProfile(micro_batches=1, forward_s=(0.1,), backward_s=(2.0,), gradient_gb=(0.3,), bucket_gb=0.2)
+    sim = make_objective("simulated", cluster, StepWorkload(0.0, 0.3, step=profile), 1).simulate(np.array([[0], [1]]))
+    assert sim.step_s == pytest.approx((4.2,) * len(sim.step_s))
+
+
+def test_steps_that_alternate_long_and_short_are_predicted_at_their_period():
+    """The emulated world-wide network, four agents, int8 (a plan of the e2e benchmark): the stages end their
+    steps in turn, 2.48 and 2.12 s (network seconds × 0.59). The prediction is their mean, as the benchmark
+    measures it (``step_period``); the median of single steps would say 2.12 s."""
+    from p2ptrain.planning.cluster import Cluster, Device
+    from p2ptrain.planning.simulated import SimulatedSteps, step_period
+
+    assert SimulatedSteps((9.0, 2.0, 3.0, 2.0), 0.0, 0.0).predicted_s == pytest.approx(2.5)
+    assert step_period([1.0]) == 1.0
+    latency = [[0, 67, 49, 96], [67, 0, 11, 143], [49, 11, 0, 130], [96, 143, 130, 0]]
+    bandwidth = [[0.0, 0.79, 1.1, 0.523], [0.79, 0.0, 1.12, 0.524], [1.1, 1.12, 0.0, 0.694], [0.523, 0.524, 0.694, 0.0]]
+    tflops = [1.709e-07, 1.483e-07, 1.641e-07, 1.591e-07]
+    cluster = Cluster(tuple(Device(f"d{k}", tflops=t) for k, t in enumerate(tflops)), np.array(latency, float),
+                      np.array(bandwidth))  # fmt: skip
+    profile = StepProfile(micro_batches=2, forward_s=(0.01286, 0.0221), backward_s=(0.02385, 0.04183),
+                          update_s=(0.004616, 0.007216), gradient_gb=(0.516, 0.8067), message_s=0.0004238,
+                          reference_tflops=1.709e-07, steps=8, wire="int8", schedule="1f1b", bucket_gb=0.7937)
+    objective = make_objective("simulated", cluster, StepWorkload(0.4712, 0.8067, step=profile), 2)
+    sim = objective.simulate(np.array([[1, 0], [2, 3]]))
+    long, short = max(sim.step_s[1:]), min(sim.step_s[1:])
+    assert long > 1.1 * short
+    assert all(t == pytest.approx(long if k % 2 else short) for k, t in enumerate(sim.step_s[1:]))
+    assert sim.predicted_s == pytest.approx((long + short) / 2)
+    assert objective.evaluate(np.array([[1, 0], [2, 3]])).cost_s == pytest.approx((long + short) / 2)
