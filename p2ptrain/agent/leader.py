@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -239,17 +239,23 @@ TRAINER_COPY_WEIGHT = 2.0  # a trainer's link also carries training traffic
 
 
 def choose_backups(groups: Sequence[Sequence[int]], candidates: Sequence[int], spares: Sequence[int],
-                   copy_s: np.ndarray) -> list[int | None]:  # fmt: skip
+                   copy_s: np.ndarray, busy: Sequence[Collection[int]] = ()) -> list[int | None]:  # fmt: skip
     """Per stage j, the device keeping its copy: not in ``groups[j]`` (the stage's devices, replica 0
     first); spares before trainers at equal cost; ``copy_s[a, b]`` the time of one copy from a to b. None
-    when no device is outside the stage's group."""
+    when no device is outside the stage's group. ``busy[j]``: the devices to which replica 0's link carries
+    its training messages (its pipeline neighbours), taken only where nobody else can keep the copy: a copy
+    there queues with the activations, and each part of it delays the step (on the emulated world-wide
+    network a copy to the neighbour that sends the stage its gradients made every int8 step 10 % longer)."""
     spare_set = set(spares)
     share = math.ceil(len(groups) / max(1, len(candidates)))
     load = dict.fromkeys(candidates, 0)
     chosen: list[int | None] = []
     for group in groups:
         source = group[0]
-        options = [c for c in candidates if c not in group and load[c] < share]
+        avoid = set(busy[len(chosen)]) if busy else set()
+        options = [c for c in candidates if c not in group and c not in avoid and load[c] < share]
+        if not options:
+            options = [c for c in candidates if c not in group and c not in avoid]
         if not options:
             options = [c for c in candidates if c not in group]
         if not options:
@@ -307,7 +313,9 @@ def warm_copies(plan: Mapping[str, Any], devices: Sequence[str], spares: Sequenc
     stages = plan["stages"]
     groups = [[row[j] for row in plan["pipelines"]] for j in range(stages)]
     spare_ids = list(range(len(devices), n))
-    chosen = choose_backups(groups, list(range(n)), spare_ids, copy_s)
+    first = plan["pipelines"][0]  # replica 0's pipeline: its neighbours of each stage's source
+    neighbours = [{first[k] for k in (j - 1, j + 1) if 0 <= k < stages} for j in range(stages)]
+    chosen = choose_backups(groups, list(range(n)), spare_ids, copy_s, neighbours)
     slowest = max((float(copy_s[g[0], c]) for g, c in zip(groups, chosen, strict=True) if c is not None), default=0.0)
     if churn.backup_every == "auto":
         every = backup_interval(slowest, step_s, churn.backup_budget, churn.backup_max_every)

@@ -123,6 +123,28 @@ def test_copies_go_outside_the_stage_spares_first_and_fastest():
     assert choose_backups([[0, 1]], [0, 1], [], copy_s) == [None]  # nobody outside the stage
 
 
+def test_a_copy_avoids_the_link_that_carries_the_sources_training_messages():
+    from p2ptrain.agent.config import ChurnConfig, EmulationSettings
+    from p2ptrain.agent.leader import warm_copies
+    from p2ptrain.planning import Cluster, Device
+
+    # 2 stages x 2 replicas, pipelines [0, 1] and [2, 3]: device 0 sends its activations to 1, and 1 its
+    # gradients to 0; the fast links 0 → 1 and 1 → 0 carry training, so the copies take the slower ones
+    copy_s = np.full((4, 4), 10.0)
+    copy_s[0, 1], copy_s[0, 3], copy_s[1, 0], copy_s[1, 2] = 0.5, 4.0, 0.5, 4.0
+    groups = [[0, 2], [1, 3]]
+    assert choose_backups(groups, [0, 1, 2, 3], [], copy_s) == [1, 0]  # by copy time alone
+    assert choose_backups(groups, [0, 1, 2, 3], [], copy_s, busy=[{1}, {0}]) == [3, 2]
+    assert choose_backups([[0], [1]], [0, 1], [], copy_s, busy=[{1}, {0}]) == [1, 0]  # nobody else: the neighbour
+    # the leader's warm copies name them from the plan's first pipeline
+    bandwidth = np.full((4, 4), 1.0)
+    bandwidth[0, 1] = bandwidth[1, 0] = 10.0  # the pipeline's own link is the fastest
+    cluster = Cluster(tuple(Device(name=f"d{k}") for k in range(4)), np.full((4, 4), 10.0), bandwidth)
+    copies = warm_copies({"stages": 2, "pipelines": [[0, 1], [2, 3]]}, ["a", "b", "c", "d"], [], cluster, 100e6,
+                         1.0, ChurnConfig(), EmulationSettings())  # fmt: skip
+    assert copies["peers"] == ["d", "c"]
+
+
 def test_the_interval_keeps_copies_within_their_budget():
     assert backup_interval(copy_s=0.1, step_s=1.0, budget=0.1, max_every=50) == 1
     assert backup_interval(copy_s=1.5, step_s=1.0, budget=0.1, max_every=50) == 15
