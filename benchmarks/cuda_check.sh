@@ -9,7 +9,8 @@
 # 3. `p2ptrain train` on the GPU, fp32 and bf16: tokens/s and MFU;
 # 4. real swarms of four agents sharing the GPU (bf16 compute; bf16, then int8 wire; 1F1B, overlap);
 # 5. `p2ptrain bench runtime --sizes 1 --repeats 100`: the transport against a raw stream on a machine with
-#    cores to spare (the 2-core CI machine shares its cores with both libp2p daemons).
+#    cores to spare (the 2-core CI machine shares its cores with both libp2p daemons);
+# 6. what keeping a stage's state after every step costs a GPU trainer (benchmarks/keeper_copy.py; CUDA only).
 # Each part has its own deadline and its log goes to OUTDIR (default ./cuda-check; WORK: where the rest
 # goes); a part that fails is reported and the next one still runs; the exit status is 1 if any failed.
 # DEVICE=cpu runs the same parts on the CPU (a dry run of the script).
@@ -53,4 +54,5 @@ for wire in bf16 int8; do
         --device "$DEVICE" --precision bf16 --wire "$wire" --schedule 1f1b --overlap --workdir "$WORK/swarm-$wire" --json
 done
 part transport 120 python3 -m p2ptrain bench runtime --sizes 1 --repeats 100 --json
+[ "$DEVICE" = cuda ] && part keeper 120 python3 benchmarks/keeper_copy.py
 exit $status

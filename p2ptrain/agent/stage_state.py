@@ -34,7 +34,12 @@ PART_NUMEL = 16 << 20  # 64 MiB of float32 per message
 
 
 class StateKeeper:
-    """The states of one stage after its last ``keep`` completed steps (CPU copies)."""
+    """The states of one stage after its last ``keep`` completed steps (CPU copies).
+
+    ``record`` runs on the training thread after every step. From a GPU it only queues the copy (into pinned
+    host memory, behind the optimizer step, ahead of the next step's work) and returns: a synchronous copy of
+    a GPT-3 XL stage of 151 M parameters (1.8 GB with its moments) took 0.8-1.2 s a step on an H200 host,
+    twice the whole model's training step. ``get`` and ``digest`` wait for the copy they return."""
 
     def __init__(self, keep: int = 2):
         assert keep >= 1
@@ -42,20 +47,38 @@ class StateKeeper:
         self.stage: int | None = None
         self.num_stages: int | None = None
         self._states: OrderedDict[int, dict[str, torch.Tensor]] = OrderedDict()
+        self._copying: dict[int, torch.cuda.Event] = {}  # step -> done when its copy is
 
     def reset(self, stage: int, num_stages: int, step: int, tensors: dict[str, torch.Tensor]) -> None:
         self.stage, self.num_stages = stage, num_stages
         self._states = OrderedDict([(step, tensors)])
+        self._copying = {}
 
     def record(self, step: int, module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        self._states[step] = state_tensors(module, optimizer)
+        device = next((p.device for p in module.parameters()), torch.device("cpu"))
+        queued = device.type == "cuda"
+        self._states[step] = state_tensors(module, optimizer, non_blocking=queued)
+        if queued:
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(device))
+            self._copying[step] = event
         while len(self._states) > self.keep:
-            self._states.popitem(last=False)
+            dropped, _ = self._states.popitem(last=False)
+            self._copying.pop(dropped, None)
 
     def get(self, stage: int, num_stages: int, step: int) -> dict[str, torch.Tensor] | None:
         if (stage, num_stages) != (self.stage, self.num_stages):
             return None
-        return self._states.get(step)
+        state = self._states.get(step)
+        if state is not None:
+            self._settle(step)
+        return state
+
+    def _settle(self, step: int) -> None:
+        """Wait until the copy of ``step``'s state is done (at once for a CPU stage's)."""
+        event = self._copying.pop(step, None)
+        if event is not None:
+            event.synchronize()
 
     @property
     def kept(self) -> int:
@@ -72,7 +95,9 @@ class StateKeeper:
         if not self._states:
             return None
         h = hashlib.sha256()
-        state = self._states[self.latest_step]
+        step = next(reversed(self._states))
+        self._settle(step)
+        state = self._states[step]
         for name in sorted(n for n in state if n.startswith(PARAM)):
             h.update(name.encode())
             h.update(state[name].numpy().tobytes())

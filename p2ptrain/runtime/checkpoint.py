@@ -37,18 +37,33 @@ ADAM_KEYS = ("exp_avg", "exp_avg_sq", "step")
 _STEP_DIR = re.compile(r"step-(\d{8})")
 
 
-def state_tensors(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
-    """Parameters and AdamW moments of ``module``, by full-model name, as CPU tensors (copies)."""
+def state_tensors(module: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
+                  non_blocking: bool = False) -> dict[str, torch.Tensor]:  # fmt: skip
+    """Parameters and AdamW moments of ``module``, by full-model name, as CPU tensors (copies).
+
+    ``non_blocking``: a GPU tensor is copied into pinned host memory without waiting for the copy, which the
+    device runs after the work queued before it (the optimizer step) and before the work queued after it
+    (the next step's); the caller must synchronize (an event recorded after this call) before reading them."""
     out: dict[str, torch.Tensor] = {}
     for name, param in module.named_parameters():
-        out[PARAM + name] = param.detach().cpu().clone()
+        out[PARAM + name] = _host_copy(param, non_blocking)
         state = optimizer.state.get(param, {})
         for key in ADAM_KEYS:
             if key in state:
                 value = state[key]
                 value = value if isinstance(value, torch.Tensor) else torch.tensor(float(value))
-                out[f"adam/{key}/{name}"] = value.detach().cpu().clone().reshape(value.shape)
+                out[f"adam/{key}/{name}"] = _host_copy(value, non_blocking).reshape(value.shape)
     return out
+
+
+def _host_copy(tensor: torch.Tensor, non_blocking: bool) -> torch.Tensor:
+    tensor = tensor.detach()
+    if tensor.device.type == "cpu":
+        return tensor.clone()
+    if non_blocking:
+        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)  # torch caches pinned blocks
+        return host.copy_(tensor, non_blocking=True)
+    return tensor.to("cpu")  # a copy already: no second one
 
 
 def load_state_tensors(

@@ -212,6 +212,42 @@ def test_the_keeper_keeps_the_last_states_of_one_stage():
     assert keeper.digest() == StateKeeper.digest(keeper) and len(keeper.digest()) == 64
 
 
+def test_the_kept_state_is_the_state_of_its_step_not_of_a_later_one():
+    _, module, optimizer = trained_stage(1)
+    keeper = StateKeeper(keep=2)
+    keeper.reset(0, 2, 0, {})
+    keeper.record(1, module, optimizer)
+    want = state_tensors(module, optimizer)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(1.0)  # the next step changes the stage in place
+    got = keeper.get(0, 2, 1)
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the GPU path of the keeper needs CUDA")
+def test_a_gpu_stage_is_kept_without_waiting_for_the_copy_and_as_it_was_at_its_step():
+    cfg = TrainConfig(model="small", stages=2, replicas=1, global_batch_size=8, steps=2)
+    module = build_stage(cfg.shape, 0, 2, cfg.seed, torch.device("cuda"))
+    optimizer = build_optimizer(module, cfg.optimizer)
+    sum(p.square().sum() for p in module.parameters()).backward()
+    optimizer.step()
+    keeper = StateKeeper(keep=2)
+    keeper.reset(0, 2, 0, {})
+    keeper.record(1, module, optimizer)  # queued: the device copies after the step, before what follows
+    want = state_tensors(module, optimizer)  # the same, copied while we wait
+    for _ in range(3):  # the next steps change the stage in place, queued behind the copy
+        module.zero_grad()
+        sum(p.square().sum() for p in module.parameters()).backward()
+        optimizer.step()
+    got = keeper.get(0, 2, 1)
+    assert got.keys() == want.keys()
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    assert all(t.device.type == "cpu" and t.is_pinned() for k, t in got.items() if k.startswith("param/"))
+    keeper.record(2, module, optimizer)
+    assert len(keeper.digest()) == 64  # waits for step 2's copy
+
+
 @pytest.mark.timeout(60)
 def test_a_state_sent_over_the_transport_arrives_whole():
     from p2ptrain.net.transport import Transport
