@@ -182,6 +182,7 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
         for peer in sorted(topology.neighbours(role)):
             _connect(ctx, peers, peer)
         trainer = StageTrainer(cfg, role, ctx.device, ctx.compute_slowdown)
+        trainer.executor.before_update = ctx.keeper.fence  # the kept state's copy may still be reading
         _take_state(plan, role.stage, trainer, ctx)
         _wait_sends(sends, ctx.state_timeout_s)
         settle_heap()

@@ -36,11 +36,13 @@ PART_NUMEL = 16 << 20  # 64 MiB of float32 per message
 class StateKeeper:
     """The states of one stage after its last ``keep`` completed steps (CPU copies).
 
-    ``record`` runs on the training thread after every step. From a GPU it only queues the copy (into pinned
-    host memory, behind the optimizer step, ahead of the next step's work) and returns: a synchronous copy of
-    a GPT-3 XL stage of 151 M parameters (1.8 GB with its moments) took 0.8-1.5 s a step on an H200 host,
-    where the stage's step took 0.09 s (``benchmarks/keeper_copy.py``). ``get`` and ``digest`` wait for the
-    copy they return."""
+    ``record`` runs on the training thread after every step. From a GPU it only queues the copy, into pinned
+    host memory on a stream of its own that starts after the optimizer step, and returns: the next step's
+    forward and backward passes run beside it, and ``fence`` (which the trainer calls before its next
+    optimizer step, ``StageExecutor.before_update``) makes that update wait for the copy on the device, not
+    on the host. A synchronous copy of a GPT-3 XL stage of 151 M parameters (1.8 GB with its moments) took
+    0.8-1.5 s a step on an H200 host, where the stage's step took 0.09 s (``benchmarks/keeper_copy.py``).
+    ``get`` and ``digest`` wait for the copy they return."""
 
     def __init__(self, keep: int = 2):
         assert keep >= 1
@@ -49,6 +51,8 @@ class StateKeeper:
         self.num_stages: int | None = None
         self._states: OrderedDict[int, dict[str, torch.Tensor]] = OrderedDict()
         self._copying: dict[int, torch.cuda.Event] = {}  # step -> done when its copy is
+        self._streams: dict[torch.device, torch.cuda.Stream] = {}  # the copies' own stream, per device
+        self._device: torch.device | None = None  # the GPU of the copies in ``_copying``
 
     def reset(self, stage: int, num_stages: int, step: int, tensors: dict[str, torch.Tensor]) -> None:
         self.stage, self.num_stages = stage, num_stages
@@ -57,12 +61,19 @@ class StateKeeper:
 
     def record(self, step: int, module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         device = next((p.device for p in module.parameters()), torch.device("cpu"))
-        queued = device.type == "cuda"
-        self._states[step] = state_tensors(module, optimizer, non_blocking=queued)
-        if queued:
+        if device.type != "cuda":
+            self._states[step] = state_tensors(module, optimizer)
+        else:
+            stream = self._streams.get(device) or self._streams.setdefault(device, torch.cuda.Stream(device))
+            stream.wait_stream(torch.cuda.current_stream(device))  # after the optimizer step
+            with torch.cuda.stream(stream):
+                self._states[step] = state_tensors(module, optimizer, non_blocking=True)
+                for tensor in _sources(module, optimizer):
+                    tensor.record_stream(stream)  # not reused by the allocator before the copy is done
             event = torch.cuda.Event()
-            event.record(torch.cuda.current_stream(device))
+            event.record(stream)
             self._copying[step] = event
+            self._device = device
         while len(self._states) > self.keep:
             dropped, _ = self._states.popitem(last=False)
             self._copying.pop(dropped, None)
@@ -74,6 +85,13 @@ class StateKeeper:
         if state is not None:
             self._settle(step)
         return state
+
+    def fence(self) -> None:
+        """Make the device's next work (the optimizer step that changes the parameters) wait for the copies
+        still reading them; the host does not wait."""
+        for event in list(self._copying.values()):
+            if not event.query():
+                torch.cuda.current_stream(self._device).wait_event(event)
 
     def _settle(self, step: int) -> None:
         """Wait until the copy of ``step``'s state is done (at once for a CPU stage's, or a copy done before).
@@ -104,6 +122,15 @@ class StateKeeper:
             h.update(name.encode())
             h.update(state[name].numpy().tobytes())
         return h.hexdigest()
+
+
+def _sources(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The device tensors a state copy reads: parameters and their optimizer state."""
+    out = []
+    for param in module.parameters():
+        out.append(param)
+        out.extend(v for v in optimizer.state.get(param, {}).values() if isinstance(v, torch.Tensor) and v.is_cuda)
+    return out
 
 
 def state_shapes(module: torch.nn.Module, with_optimizer: bool) -> list[tuple[str, tuple[int, ...]]]:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Protocol
@@ -128,6 +129,7 @@ class StageExecutor:
         self.device = self.params[0].device if self.params else torch.device("cpu")
         self.reducer = BucketedAllReduce(self.params, bucket_elements, self.wire.gradient)
         self.meter = ActivationMeter(self.params)
+        self.before_update: Callable[[], None] | None = None  # called before the optimizer changes anything
 
     def run_step(self, step: int, role: Role, topology: Topology, link: StepLink) -> StepOutcome:
         micro = self._micro_batches(step, role)
@@ -213,6 +215,8 @@ class StageExecutor:
             for p in self.params:
                 if p.grad is None:
                     p.grad = p.new_zeros(p.shape)
+            if self.before_update is not None:
+                self.before_update()  # e.g. a copy of the last state still reading the parameters
             self.optimizer.step()
         return loss
 

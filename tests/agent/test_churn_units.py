@@ -234,11 +234,12 @@ def test_a_gpu_stage_is_kept_without_waiting_for_the_copy_and_as_it_was_at_its_s
     optimizer.step()
     keeper = StateKeeper(keep=2)
     keeper.reset(0, 2, 0, {})
-    keeper.record(1, module, optimizer)  # queued: the device copies after the step, before what follows
+    keeper.record(1, module, optimizer)  # queued on a stream of its own, after the step
     want = state_tensors(module, optimizer)  # the same, copied while we wait
-    for _ in range(3):  # the next steps change the stage in place, queued behind the copy
+    for _ in range(3):  # the next steps change the stage in place, after the copy (as the executor fences)
         module.zero_grad()
         sum(p.square().sum() for p in module.parameters()).backward()
+        keeper.fence()
         optimizer.step()
     got = keeper.get(0, 2, 1)
     assert got.keys() == want.keys()

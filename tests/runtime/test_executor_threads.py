@@ -200,3 +200,20 @@ def test_a_step_says_how_long_it_waited_for_the_pipeline_and_the_all_reduce():
             assert waits.send_s >= 0.0
     _, _, fast, _ = train_in_threads(dataclasses.replace(cfg, steps=1))
     assert all(o.waits is not None for steps in fast.values() for o in steps)
+
+
+def test_before_update_runs_once_a_step_before_the_optimizer_changes_anything():
+    torch.set_num_threads(1)
+    cfg = dataclasses.replace(BASE, steps=3, stages=1, replicas=1)
+    topology = Topology.from_rows([["p0"]])
+    module = build_stage(cfg.shape, 0, 1, cfg.seed)
+    executor = StageExecutor(module, build_optimizer(module, cfg.optimizer), build_data(cfg), cfg.micro_batches,
+                             cfg.shape.hidden_size)  # fmt: skip
+    seen = []
+    executor.before_update = lambda: seen.append(params_of(executor))
+    for step in range(cfg.steps):
+        before = params_of(executor)
+        executor.run_step(step, topology.role_of("p0"), topology, MemoryLink({}, threading.Lock(), "p0"))
+        assert len(seen) == step + 1
+        assert all(torch.equal(a, b) for a, b in zip(seen[-1], before, strict=True))  # nothing changed yet
+        assert not all(torch.equal(a, b) for a, b in zip(params_of(executor), before, strict=True))
