@@ -41,9 +41,10 @@ def state_tensors(module: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
                   non_blocking: bool = False) -> dict[str, torch.Tensor]:  # fmt: skip
     """Parameters and AdamW moments of ``module``, by full-model name, as CPU tensors (copies).
 
-    ``non_blocking``: a GPU tensor is copied into pinned host memory without waiting for the copy, which the
-    device runs after the work queued before it (the optimizer step) and before the work queued after it
-    (the next step's); the caller must synchronize (an event recorded after this call) before reading them."""
+    ``non_blocking``: a GPU tensor is copied into pinned host memory without waiting for the copy, which runs
+    on the current stream in its order: the caller orders it after the writes it should see and before the
+    next ones, and synchronizes (an event recorded after this call) before reading the copies
+    (``agent.stage_state.StateKeeper`` copies on a stream of its own and fences the next update)."""
     out: dict[str, torch.Tensor] = {}
     for name, param in module.named_parameters():
         out[PARAM + name] = _host_copy(param, non_blocking)
