@@ -507,7 +507,9 @@ class Agent:
 
     def _view(self) -> AgentView:
         """What the leader's side reads of this agent (``leading.AgentView``), as it is now."""
-        return AgentView(self._seen, self._following, self._newest_seen, self._done_now, self._max_epoch_seen)
+        statuses = self.liveness.statuses() if self.liveness is not None else {}
+        return AgentView(self._seen, self._following, self._newest_seen, self._done_now, self._max_epoch_seen,
+                         statuses)  # fmt: skip
 
     def _note_waiting(self, note: str) -> None:
         if note != self._last_wait_note:

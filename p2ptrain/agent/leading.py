@@ -33,7 +33,7 @@ import dataclasses
 import logging
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +60,7 @@ from p2ptrain.agent.replan import JOIN, Replan, ReplanWatch
 from p2ptrain.errors import AgentError, ProtocolError
 from p2ptrain.net.dht import SwarmDHT
 from p2ptrain.net.records import NO_BACKUP, PlanRecord
+from p2ptrain.net.status import PeerStatus
 from p2ptrain.planning import Cluster, LayeredWorkload, Workload, even_layers
 from p2ptrain.planning.simulated import StepWorkload
 from p2ptrain.planning.split import Layers
@@ -79,6 +80,8 @@ class AgentView:
     newest_seen: PlanRecord | None  # the highest-epoch plan read from a live signer
     done_now: int | None  # steps done in the epoch being trained
     max_epoch_seen: int  # over every verified plan: a new leader numbers above it
+    # each watched peer's last answer to our heartbeat pings (``LivenessMonitor.statuses``; none without them)
+    statuses: Mapping[str, PeerStatus] = dataclasses.field(default_factory=dict)
 
     @property
     def current(self) -> PlanRecord | None:
@@ -316,8 +319,9 @@ class Leading:
         ckpt, train = self.config.checkpoint, self.config.train
         last = latest_complete(ckpt.dir, train.stages, train.model) if ckpt.dir else None
         live = self.quarantine.without(membership.ids)  # a quarantined peer is no joiner before its back-off ends
+        view = self._view()
         replan = self._watch.check(current, live, progress, train.steps, [last] if last is not None else [],
-                                   time.monotonic(), self._view().done_now)
+                                   time.monotonic(), view.done_now, view.statuses)
         if replan is None:
             if self._watch.note:
                 self._note_waiting(f"leading; {self._watch.note}")

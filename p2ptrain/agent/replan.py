@@ -6,8 +6,12 @@ Given the plan being trained (epoch e), the live peers and the heartbeats it rea
   call deadline, since no step completes without every trainer, so a halt is the failure signal (a peer
   record that lapses for a moment while its agent trains on is not). The watch then waits until every
   live trainer of epoch e has halted, or ``halt_timeout_s`` passed (those that did not halt are left out);
-  dead trainers (their peer records expired) are not waited for. The new epoch starts at ``churn.restart_point`` over what the halted trainers keep and
-  the complete checkpoints; every live peer but those left out is a member.
+  dead trainers (their peer records expired) are not waited for. A trainer a halted peer blamed gets
+  only ``BLAMED_HALT_S`` to halt (re-planning never waits on a culprit's cooperation), unless its answer to
+  the leader's heartbeat pings (``liveness``) already says it halted the epoch: then only its halted record
+  is on its way (a DHT store under load can take seconds) and it gets ``halt_timeout_s`` like any trainer.
+  The new epoch starts at ``churn.restart_point`` over what the halted trainers keep and the complete
+  checkpoints; every live peer but those left out is a member.
 * **a spare keeping warm copies left**: training goes on; the next epoch (with other backup peers) starts
   at a re-plan point as for joiners.
 * **peers joined** (live, not members of epoch e): once ``join_min_new_peers`` wait, or
@@ -26,6 +30,7 @@ from dataclasses import dataclass
 from p2ptrain.agent.churn import Holding, Restart, copies_of, holding_of, restart_point
 from p2ptrain.agent.config import ChurnConfig
 from p2ptrain.net.records import PlanRecord, ProgressRecord
+from p2ptrain.net.status import FAIL, HALT, PeerStatus
 
 FAILURE = "failure"
 BLAMED_HALT_S = 10.0  # how long a trainer blamed for a failed call gets to halt (heartbeats: ~2 rounds of 6 s)
@@ -67,7 +72,9 @@ class ReplanWatch:
     def check(
         self, plan: PlanRecord, live: Iterable[str], progress: Mapping[str, ProgressRecord], steps: int,
         checkpoints: Iterable[int], now: float, done: int | None = None,
+        statuses: Mapping[str, PeerStatus] | None = None,
     ) -> Replan | None:  # fmt: skip
+        """``statuses``: the leader's last heartbeat answer from each peer (``LivenessMonitor.statuses``)."""
         live = set(live)
         trainers = {plan.peer_at(i, j) for i in range(plan.replicas) for j in range(plan.stages)}
         ours = {p: r for p, r in progress.items() if r.epoch == plan.epoch}
@@ -80,7 +87,8 @@ class ReplanWatch:
         dead = sorted(trainers - live)
         if set(halted) & trainers:
             finished = {p: r for p, r in ours.items() if p in trainers & live and not r.halted and r.step >= steps}
-            return self._failure(plan, live, trainers, dead, halted, finished, checkpoints, now)
+            said = {p for p, s in (statuses or {}).items() if s.epoch == plan.epoch and s.state in (FAIL, HALT)}
+            return self._failure(plan, live, trainers, dead, halted, finished, checkpoints, now, said)
         self._failure_since = None
         # the epoch's start is progress its trainers hold before any of them says so (``churn.join_start``)
         furthest = max([r.step for r in ours.values()] + ([done] if done is not None else []) + [plan.start_step])
@@ -104,15 +112,18 @@ class ReplanWatch:
 
     def _failure(self, plan: PlanRecord, live: set[str], trainers: set[str], dead: list[str],
                  halted: Mapping[str, ProgressRecord], finished: Mapping[str, ProgressRecord],
-                 checkpoints: Iterable[int], now: float) -> Replan | None:  # fmt: skip
+                 checkpoints: Iterable[int], now: float, said: set[str]) -> Replan | None:  # fmt: skip
         """Trainers that finished every step before the failure wait for their peers' last heartbeats and
-        take up the next plan from there: they count as holders of their last steps, not as waited for."""
+        take up the next plan from there: they count as holders of their last steps, not as waited for.
+        ``said``: peers whose heartbeat answer says they halted this epoch (their records may be late)."""
         if self._failure_since is None:
             self._failure_since = now
         # A trainer a halted peer blames gets only BLAMED_HALT_S to halt too (an honest one, stuck behind the
         # failure like its blamer, halts within a heartbeat round): re-planning never waits on a culprit's
-        # cooperation. One that halted is no culprit: timeouts cascade, so blame alone proves nothing.
-        blamed = {r.blame for r in halted.values() if r.blame in plan.membership}
+        # cooperation. One that halted is no culprit: timeouts cascade, so blame alone proves nothing; nor is
+        # one whose heartbeat answer says it halted (the cascade's last timeout often blames a peer that
+        # halted a moment later, and on a busy machine its record can take longer than BLAMED_HALT_S).
+        blamed = {r.blame for r in halted.values() if r.blame in plan.membership} - said
         waiting = (trainers & live) - set(halted) - set(finished)
         limit = self.churn.halt_timeout_s if waiting - blamed else min(self.churn.halt_timeout_s, BLAMED_HALT_S)
         if waiting and now - self._failure_since < limit:
@@ -135,6 +146,8 @@ class ReplanWatch:
             why += f"; left out (did not halt within {limit:.0f} s): {', '.join(sorted(waiting))}"
         if waiting & blamed:
             why += f"; blamed by a halted trainer: {', '.join(sorted(waiting & blamed))}"
+        if waiting & said:
+            why += f"; halted by their heartbeats, but no halted record came: {', '.join(sorted(waiting & said))}"
         culprits = tuple(sorted(set(dead) | waiting))
         edges = {p: r.blame for p, r in halted.items() if r.blame in plan.membership and r.blame != p}
         accused = tuple(sorted(blame_roots(edges) - set(culprits)))

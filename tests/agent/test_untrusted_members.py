@@ -85,7 +85,7 @@ def test_a_member_that_swallows_tensors_and_halts_is_quarantined_after_two_faile
     given = [p["epoch"] for p in plans if rogue in p["devices"] + p["spares"]]
     assert 1 <= len(given) <= 2 and rogue not in plans[-1]["devices"] + plans[-1]["spares"], given
     quarantined = [e for e in log if e["event"] == "quarantined"]
-    assert [e["peer"] for e in quarantined] == [rogue], quarantined  # nobody honest
+    assert [e["peer"] for e in quarantined] == [rogue], [(e["peer"], e["reason"]) for e in quarantined]  # nobody honest
     assert "blamed by a halted trainer for the failed calls of 2 epochs" in quarantined[0]["reason"]
     blamed = [e for e in log if e["event"] == "blamed"]
     assert {e["peer"] for e in blamed} <= {rogue}, blamed
