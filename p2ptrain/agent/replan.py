@@ -63,10 +63,12 @@ class ReplanWatch:
         # read (a DHT read under load may miss records) still counts, and the wait for the rest goes on
         self._halted: dict[str, ProgressRecord] = {}
         self._epoch: int | None = None
+        self._blamed_since: dict[str, float] = {}  # when a halted trainer's blame of each peer was first read
+
 
     def reset(self) -> None:
         self._failure_since = self._joiners_since_step = None
-        self._halted, self._epoch = {}, None
+        self._halted, self._epoch, self._blamed_since = {}, None, {}
         self.note = ""
 
     def check(
@@ -81,7 +83,7 @@ class ReplanWatch:
         if all(p in ours and ours[p].step >= steps for p in trainers):
             return None
         if self._epoch != plan.epoch:
-            self._halted, self._epoch, self._failure_since = {}, plan.epoch, None
+            self._halted, self._epoch, self._failure_since, self._blamed_since = {}, plan.epoch, None, {}
         self._halted.update({p: r for p, r in ours.items() if r.halted})
         halted = {p: r for p, r in self._halted.items() if p in live}  # spares say what they keep too
         dead = sorted(trainers - live)
@@ -89,7 +91,7 @@ class ReplanWatch:
             finished = {p: r for p, r in ours.items() if p in trainers & live and not r.halted and r.step >= steps}
             said = {p for p, s in (statuses or {}).items() if s.epoch == plan.epoch and s.state in (FAIL, HALT)}
             return self._failure(plan, live, trainers, dead, halted, finished, checkpoints, now, said)
-        self._failure_since = None
+        self._failure_since, self._blamed_since = None, {}
         # the epoch's start is progress its trainers hold before any of them says so (``churn.join_start``)
         furthest = max([r.step for r in ours.values()] + ([done] if done is not None else []) + [plan.start_step])
         if furthest + 2 >= steps:
@@ -118,15 +120,21 @@ class ReplanWatch:
         ``said``: peers whose heartbeat answer says they halted this epoch (their records may be late)."""
         if self._failure_since is None:
             self._failure_since = now
-        # A trainer a halted peer blames gets only BLAMED_HALT_S to halt too (an honest one, stuck behind the
-        # failure like its blamer, halts within a heartbeat round): re-planning never waits on a culprit's
-        # cooperation. One that halted is no culprit: timeouts cascade, so blame alone proves nothing; nor is
-        # one whose heartbeat answer says it halted (the cascade's last timeout often blames a peer that
-        # halted a moment later, and on a busy machine its record can take longer than BLAMED_HALT_S).
+        # A trainer a halted peer blames gets only BLAMED_HALT_S from that blame to halt too (an honest one,
+        # stuck behind the failure like its blamer, halts within a heartbeat round): re-planning never waits
+        # on a culprit's cooperation. Counted from the blame, not from the failure's first halt: a halt that
+        # came early (a peer that halted at once, blaming nobody) must not shorten the cascade's last blamed
+        # peer's time to nothing. One that halted is no culprit: timeouts cascade, so blame alone proves
+        # nothing; nor is one whose heartbeat answer says it halted (its halted record may cross a busy DHT
+        # more slowly than BLAMED_HALT_S): it gets halt_timeout_s like any trainer.
         blamed = {r.blame for r in halted.values() if r.blame in plan.membership} - said
+        for peer in blamed:
+            self._blamed_since.setdefault(peer, now)
         waiting = (trainers & live) - set(halted) - set(finished)
-        limit = self.churn.halt_timeout_s if waiting - blamed else min(self.churn.halt_timeout_s, BLAMED_HALT_S)
-        if waiting and now - self._failure_since < limit:
+        full = self._failure_since + self.churn.halt_timeout_s
+        short_s = min(self.churn.halt_timeout_s, BLAMED_HALT_S)
+        deadlines = [min(full, self._blamed_since[p] + short_s) if p in blamed else full for p in waiting]
+        if waiting and now < max(deadlines):
             self.note = f"re-planning epoch {plan.epoch}: waiting for {len(waiting)} trainer(s) to halt"
             return None
         holdings: dict[str, list[Holding]] = {}
@@ -143,7 +151,8 @@ class ReplanWatch:
         if restart.from_checkpoint:
             why += f"; resuming from the checkpoint of step {restart.step}"
         if waiting:
-            why += f"; left out (did not halt within {limit:.0f} s): {', '.join(sorted(waiting))}"
+            why += (f"; left out (did not halt within {self.churn.halt_timeout_s:.0f} s, or {short_s:.0f} s once "
+                    f"blamed): {', '.join(sorted(waiting))}")
         if waiting & blamed:
             why += f"; blamed by a halted trainer: {', '.join(sorted(waiting & blamed))}"
         if waiting & said:

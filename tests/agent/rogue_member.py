@@ -8,9 +8,10 @@ Each runs the real agent, with a real identity and real streams. ``swallow`` cla
 (9 PFLOP/s, 8000 GB, and in its links row 0.01 ms and 900 Gbit/s to everyone) and, once a plan gives it a
 stage, never trains: it takes the tensors sent to it and answers nothing, and it never halts. It answers
 pings (its transport does), so heartbeats alone never call it dead. ``swallow_and_halt`` claims nothing
-special and swallows tensors the same way, but halts like an honest peer once another trainer of its epoch
-did (a halted heartbeat, blaming nobody), so it is never left out for not halting: it takes up every plan
-that names it. ``boast_compute`` trains honestly but publishes a calibration 30 times faster than its
+special and swallows tensors the same way, but halts once another peer published a halted heartbeat for
+its epoch (blaming nobody; a spare's that says which copies it keeps counts too, so it often halts at the
+epoch's start, long before the others' calls time out), so it is never left out for not halting: it takes
+up every plan that names it. ``boast_compute`` trains honestly but publishes a calibration 30 times faster than its
 device measured.
 """
 

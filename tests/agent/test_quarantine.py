@@ -111,6 +111,31 @@ def test_a_blamed_trainer_that_does_not_halt_is_not_waited_for_long():
     assert watch.check(PLAN, [A, B, C, D, E], progress, steps=10, checkpoints=[], now=60.0) is None
 
 
+def test_a_blamed_trainers_time_to_halt_counts_from_the_blame_not_from_the_first_halt():
+    # epoch 1 of the cooperative swallower: C (the rogue) halts at once, blaming nobody (a spare's halted
+    # record told it to); 15 s later the others' tensor deadlines cascade: A halts blaming B, which halts
+    # a moment later. Counted from C's halt, B had no time at all: CI once quarantined it so.
+    watch = ReplanWatch(ChurnConfig(halt_timeout_s=30))
+    live = [A, B, C, D, E]
+    assert watch.check(PLAN, live, {C: halted(4)}, steps=10, checkpoints=[], now=0.0) is None
+    cascade = {C: halted(4), A: halted(4, blame=B), D: halted(4), E: halted(4)}
+    assert watch.check(PLAN, live, cascade, steps=10, checkpoints=[], now=15.0) is None  # B: blamed just now
+    assert watch.check(PLAN, live, cascade, steps=10, checkpoints=[], now=15.0 + BLAMED_HALT_S - 1) is None
+    replan = watch.check(PLAN, live, {**cascade, B: halted(4)}, steps=10, checkpoints=[], now=16.0 + BLAMED_HALT_S)
+    assert replan.kind == FAILURE and replan.culprits == () and B in replan.members
+    # one that does not halt is left out BLAMED_HALT_S after the blame, still within halt_timeout_s
+    watch = ReplanWatch(ChurnConfig(halt_timeout_s=30))
+    assert watch.check(PLAN, live, {C: halted(4)}, steps=10, checkpoints=[], now=0.0) is None
+    assert watch.check(PLAN, live, cascade, steps=10, checkpoints=[], now=15.0) is None
+    replan = watch.check(PLAN, live, cascade, steps=10, checkpoints=[], now=15.1 + BLAMED_HALT_S)
+    assert replan.culprits == (B,) and "blamed by a halted trainer: " + B in replan.reason
+    # and never later than halt_timeout_s after the failure's first halt
+    watch = ReplanWatch(ChurnConfig(halt_timeout_s=30))
+    assert watch.check(PLAN, live, {C: halted(4)}, steps=10, checkpoints=[], now=0.0) is None
+    assert watch.check(PLAN, live, cascade, steps=10, checkpoints=[], now=25.0) is None
+    assert watch.check(PLAN, live, cascade, steps=10, checkpoints=[], now=30.1).culprits == (B,)
+
+
 def test_a_blamed_trainer_whose_heartbeat_says_it_halted_is_waited_for_like_any_other():
     # the cascade's last timeout often blames a peer that halted a moment later (A waited on B's reduce
     # shard while B waited on a rogue); B's heartbeat answer says so at once, while its halted record can
