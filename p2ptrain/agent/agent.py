@@ -68,7 +68,7 @@ from p2ptrain.agent.tag_senders import TagSenders
 from p2ptrain.errors import AgentError, ProtocolError
 from p2ptrain.model.data import data_identity
 from p2ptrain.net.dht import SwarmDHT
-from p2ptrain.net.election import latest_plan
+from p2ptrain.net.election import finished_without, latest_plan
 from p2ptrain.net.emulation import EmulationConfig, LinkEmulator, scaled_link
 from p2ptrain.net.forward import setup_forwarding
 from p2ptrain.net.lifecycle import StopSignal, shutdown_in_order
@@ -114,6 +114,8 @@ class Agent:
         self._leading: Leading | None = None  # the leader's side (``agent.leading``), from the loop's start
         self._following: PlanRecord | None = None  # the last plan this agent followed
         self._newest_seen: PlanRecord | None = None  # the highest-epoch plan read from a live signer
+        # ... from any signer (a finished run's leader leaves; ``_finished_without_me``)
+        self._newest_any: PlanRecord | None = None
         self._max_epoch_seen = -1  # over every verified plan: a new leader numbers above it
         self._plans_logged: Any = None
         self._dialled: set[str] = set()
@@ -296,9 +298,10 @@ class Agent:
                 if self.stop.is_set():
                     break
                 continue
-            if self._finished_without_me():
-                logger.info("the run finished without this agent (not a member of the last plan)")
-                self.events.write("done", epoch=self._newest_seen.epoch, steps=0, stage=None, params_sha256=None)
+            if (finished := self._finished_without_me()) is not None:
+                logger.info("the run finished without this agent (not a member of the last plan, epoch %d)",
+                            finished.epoch)  # fmt: skip
+                self.events.write("done", epoch=finished.epoch, steps=0, stage=None, params_sha256=None)
                 return AgentResult(self.peer_id, True, 0)
             membership = self._membership
             if membership.leader == self.peer_id:
@@ -489,21 +492,22 @@ class Agent:
                      default=None)  # fmt: skip
         if newest is not None and (self._newest_seen is None or newest.epoch > self._newest_seen.epoch):
             self._newest_seen = newest
+        self._newest_any = max((p for p in plans.values() if not self._gate.refused(p)), key=lambda p: p.epoch,
+                               default=None)  # fmt: skip
         return plan
 
-    def _finished_without_me(self) -> bool:
-        """Whether the newest plan (we are not a member: we came back after being left out) is done: every
-        one of its trainers trained the last step."""
-        plan = self._newest_seen
-        if plan is None or self.peer_id in plan.membership:
-            return False
+    def _finished_without_me(self) -> PlanRecord | None:
+        """The newest plan, if it left us out (we came back after being cut off) and its trainers finished
+        the run (``election.finished_without``), from a live signer or not."""
+        followed = self._following.epoch if self._following is not None else -1
+        plans = (self._newest_seen, self._newest_any)
+        if all(p is None or p.epoch <= followed or self.peer_id in p.membership for p in plans):
+            return None
         try:
             progress = self.dht.read_progress()
         except ProtocolError:
-            return False
-        trainers = {plan.peer_at(i, j) for i in range(plan.replicas) for j in range(plan.stages)}
-        done = {p for p, r in progress.items() if r.epoch == plan.epoch and r.step >= self.config.train.steps}
-        return trainers <= done
+            return None
+        return finished_without(plans, self.peer_id, followed, progress, self.config.train.steps)
 
     def _view(self) -> AgentView:
         """What the leader's side reads of this agent (``leading.AgentView``), as it is now."""

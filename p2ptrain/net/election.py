@@ -21,7 +21,7 @@ import logging
 from collections.abc import Iterable, Mapping
 
 from p2ptrain.net.identity import peer_id_to_bytes
-from p2ptrain.net.records import PlanRecord
+from p2ptrain.net.records import PlanRecord, ProgressRecord
 
 logger = logging.getLogger(__name__)
 
@@ -93,3 +93,20 @@ def latest_plan(
     if plan is None or plan.epoch <= after_epoch or me not in plan.membership:
         return None
     return plan
+
+
+def finished_without(
+    plans: Iterable[PlanRecord | None], me: str, followed: int, progress: Mapping[str, ProgressRecord], steps: int,
+) -> PlanRecord | None:  # fmt: skip
+    """The first of ``plans`` newer than the epoch ``me`` followed last (``followed``; -1: none) that leaves
+    ``me`` out and is done: each of its trainers says in its own progress record that it trained step
+    ``steps`` in that plan's epoch. The plan's signer need not be live: once a run finished its peers
+    leave, and an agent cut off until then finds only their records (a leader's plan outlives it by its
+    record's lifetime, the peers' progress by theirs)."""
+    for plan in plans:
+        if plan is None or plan.epoch <= followed or me in plan.membership:
+            continue
+        trainers = {plan.peer_at(i, j) for i in range(plan.replicas) for j in range(plan.stages)}
+        if all(p in progress and progress[p].epoch == plan.epoch and progress[p].step >= steps for p in trainers):
+            return plan
+    return None

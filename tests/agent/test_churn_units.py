@@ -22,7 +22,7 @@ from p2ptrain.agent.replan import FAILURE, JOIN, ReplanWatch
 from p2ptrain.agent.stage_state import StateKeeper, recv_state, send_state
 from p2ptrain.model.optim import build_optimizer
 from p2ptrain.model.stage import build_stage
-from p2ptrain.net.election import latest_plan
+from p2ptrain.net.election import finished_without, latest_plan
 from p2ptrain.net.identity import generate_identity
 from p2ptrain.net.records import SOURCE_CHECKPOINT, PlanRecord, ProgressRecord, RecordError
 from p2ptrain.runtime.checkpoint import state_tensors
@@ -185,6 +185,21 @@ def test_the_highest_epoch_of_the_lowest_live_peer_is_followed():
     assert latest_plan(plans, [B, C, D], C, after_epoch=2) is None  # already followed
     assert latest_plan(plans, [B, C, D, E], E, after_epoch=0) is None  # not a member: a joiner waits
     assert latest_plan({C: new}, [B, C, D], D, after_epoch=0) is None  # signed by someone who is not the leader
+
+
+def test_an_agent_cut_off_until_the_run_finished_finds_it_finished_by_its_peers_records():
+    # A was cut off in epoch 1; B, C, D re-planned without it (epoch 2, signed by B) and finished 12 steps,
+    # then left: A's view no longer has B live, but B's plan and their progress records outlive them
+    first = plan_of(1, [A, B, C, D], [[A, B], [C, D]])
+    without_a = plan_of(2, [B, C, D], [[B, C]], start_step=2)  # D a spare
+    done = {B: ProgressRecord(2, 12, 3.1, 0.1), C: ProgressRecord(2, 12, 3.1, 0.1)}
+    assert finished_without([None, without_a], A, 1, done, 12) == without_a
+    assert finished_without([without_a], A, 1, {**done, C: ProgressRecord(2, 11, 3.2, 0.1)}, 12) is None  # C: not yet
+    assert finished_without([without_a], A, 1, {B: done[B]}, 12) is None  # C's record says nothing
+    assert finished_without([without_a], A, 1, {**done, C: ProgressRecord(1, 12, 3.1, 0.1)}, 12) is None  # old epoch
+    assert finished_without([without_a], D, 1, done, 12) is None  # D is a member: it finishes with them
+    assert finished_without([first], A, 0, {A: ProgressRecord(1, 12, 3.1, 0.1)}, 12) is None  # A's own plan
+    assert finished_without([without_a], A, 2, done, 12) is None  # not newer than what A followed
 
 
 # ---- the kept state and its transfer ---------------------------------------------------------------------
