@@ -500,14 +500,11 @@ class Agent:
         """The newest plan, if it left us out (we came back after being cut off) and its trainers finished
         the run (``election.finished_without``), from a live signer or not."""
         followed = self._following.epoch if self._following is not None else -1
-        plans = (self._newest_seen, self._newest_any)
-        if all(p is None or p.epoch <= followed or self.peer_id in p.membership for p in plans):
-            return None
         try:
-            progress = self.dht.read_progress()
+            return finished_without((self._newest_seen, self._newest_any), self.peer_id, followed,
+                                    self.dht.read_progress, self.config.train.steps)  # fmt: skip
         except ProtocolError:
             return None
-        return finished_without(plans, self.peer_id, followed, progress, self.config.train.steps)
 
     def _view(self) -> AgentView:
         """What the leader's side reads of this agent (``leading.AgentView``), as it is now."""

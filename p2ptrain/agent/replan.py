@@ -65,7 +65,6 @@ class ReplanWatch:
         self._epoch: int | None = None
         self._blamed_since: dict[str, float] = {}  # when a halted trainer's blame of each peer was first read
 
-
     def reset(self) -> None:
         self._failure_since = self._joiners_since_step = None
         self._halted, self._epoch, self._blamed_since = {}, None, {}

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from p2ptrain.net.identity import peer_id_to_bytes
 from p2ptrain.net.records import PlanRecord, ProgressRecord
@@ -96,17 +96,20 @@ def latest_plan(
 
 
 def finished_without(
-    plans: Iterable[PlanRecord | None], me: str, followed: int, progress: Mapping[str, ProgressRecord], steps: int,
+    plans: Iterable[PlanRecord | None], me: str, followed: int, progress: Callable[[], Mapping[str, ProgressRecord]],
+    steps: int,
 ) -> PlanRecord | None:  # fmt: skip
     """The first of ``plans`` newer than the epoch ``me`` followed last (``followed``; -1: none) that leaves
-    ``me`` out and is done: each of its trainers says in its own progress record that it trained step
-    ``steps`` in that plan's epoch. The plan's signer need not be live: once a run finished its peers
-    leave, and an agent cut off until then finds only their records (a leader's plan outlives it by its
-    record's lifetime, the peers' progress by theirs)."""
+    ``me`` out and is done: each of its trainers says in its own progress record (``progress()``, read only
+    if a plan leaves ``me`` out) that it trained step ``steps`` in that plan's epoch. The plan's signer need
+    not be live: once a run finished its peers leave, and an agent cut off until then finds only their
+    records (a leader's plan outlives it by its record's lifetime, the peers' progress by theirs)."""
+    records: Mapping[str, ProgressRecord] | None = None
     for plan in plans:
         if plan is None or plan.epoch <= followed or me in plan.membership:
             continue
+        records = progress() if records is None else records
         trainers = {plan.peer_at(i, j) for i in range(plan.replicas) for j in range(plan.stages)}
-        if all(p in progress and progress[p].epoch == plan.epoch and progress[p].step >= steps for p in trainers):
+        if all(p in records and records[p].epoch == plan.epoch and records[p].step >= steps for p in trainers):
             return plan
     return None

@@ -193,13 +193,22 @@ def test_an_agent_cut_off_until_the_run_finished_finds_it_finished_by_its_peers_
     first = plan_of(1, [A, B, C, D], [[A, B], [C, D]])
     without_a = plan_of(2, [B, C, D], [[B, C]], start_step=2)  # D a spare
     done = {B: ProgressRecord(2, 12, 3.1, 0.1), C: ProgressRecord(2, 12, 3.1, 0.1)}
-    assert finished_without([None, without_a], A, 1, done, 12) == without_a
-    assert finished_without([without_a], A, 1, {**done, C: ProgressRecord(2, 11, 3.2, 0.1)}, 12) is None  # C: not yet
-    assert finished_without([without_a], A, 1, {B: done[B]}, 12) is None  # C's record says nothing
-    assert finished_without([without_a], A, 1, {**done, C: ProgressRecord(1, 12, 3.1, 0.1)}, 12) is None  # old epoch
-    assert finished_without([without_a], D, 1, done, 12) is None  # D is a member: it finishes with them
-    assert finished_without([first], A, 0, {A: ProgressRecord(1, 12, 3.1, 0.1)}, 12) is None  # A's own plan
-    assert finished_without([without_a], A, 2, done, 12) is None  # not newer than what A followed
+
+    def finished(plans, me, followed, progress):
+        return finished_without(plans, me, followed, lambda: progress, 12)
+
+    assert finished([None, without_a], A, 1, done) == without_a
+    assert finished([without_a], A, 1, {**done, C: ProgressRecord(2, 11, 3.2, 0.1)}) is None  # C: not yet
+    assert finished([without_a], A, 1, {B: done[B]}) is None  # C's record says nothing
+    assert finished([without_a], A, 1, {**done, C: ProgressRecord(1, 12, 3.1, 0.1)}) is None  # an old epoch
+    assert finished([without_a], D, 1, done) is None  # D is a member: it finishes with them
+    assert finished([first], A, 0, {A: ProgressRecord(1, 12, 3.1, 0.1)}) is None  # A's own plan
+    assert finished([without_a], A, 2, done) is None  # not newer than what A followed
+
+    def unread():
+        raise AssertionError("progress read though no plan left A out")
+
+    assert finished_without([first, None], A, 0, unread, 12) is None
 
 
 # ---- the kept state and its transfer ---------------------------------------------------------------------
