@@ -7,7 +7,8 @@ Given the plan being trained (epoch e), the live peers and the heartbeats it rea
   record that lapses for a moment while its agent trains on is not). The watch then waits until every
   live trainer of epoch e has halted, or ``halt_timeout_s`` passed (those that did not halt are left out);
   dead trainers (their peer records expired) are not waited for. A trainer a halted peer blamed gets
-  only ``BLAMED_HALT_S`` to halt (re-planning never waits on a culprit's cooperation), unless its answer to
+  only ``BLAMED_HALT_S`` from that blame to halt (re-planning never waits on a culprit's cooperation; an
+  earlier halt that blamed nobody does not shorten it, nor ever past ``halt_timeout_s``), unless its answer to
   the leader's heartbeat pings (``liveness``) already says it halted the epoch: then only its halted record
   is on its way (a DHT store under load can take seconds) and it gets ``halt_timeout_s`` like any trainer.
   The new epoch starts at ``churn.restart_point`` over what the halted trainers keep and the complete
