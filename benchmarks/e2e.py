@@ -29,7 +29,7 @@ from p2ptrain.bench.e2e import (
     run_e2e,
     write_results,
 )
-from p2ptrain.net.lifecycle import StopSignal
+from p2ptrain.lifecycle import StopSignal
 from p2ptrain.planning import SCENARIOS
 
 

@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from p2ptrain.agent.stage_state import StateKeeper
+from p2ptrain.agent.churn.stage_state import StateKeeper
 from p2ptrain.model.optim import build_optimizer
 from p2ptrain.model.stage import build_stage
 from p2ptrain.planning.model_shapes import model_shape

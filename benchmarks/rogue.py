@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT / "tests" / "agent"))
 
 from agent_helpers import bootstrap_maddrs, events, run_agents, sorted_identities  # noqa: E402
 
-from p2ptrain.agent.swarm import SwarmConfig  # noqa: E402
+from p2ptrain.swarm.launcher import SwarmConfig  # noqa: E402
 
 ROGUES = ROOT / "tests" / "agent"
 

@@ -88,8 +88,8 @@ def _settings(text: str) -> list[tuple[str, str, bool]]:
 
 
 def _step_times(cfg, plan_path, scenario, time_scale, size_factor, rounds, settings, as_json):
-    from p2ptrain.agent.leader import run_workload
-    from p2ptrain.net.emulation import EmulationConfig
+    from p2ptrain.agent.leadership.plan_maker import run_workload
+    from p2ptrain.net.transport.emulation import EmulationConfig
     from p2ptrain.planning import PAPER_WORKLOAD
     from p2ptrain.planning import scenario as paper_scenario
     from p2ptrain.runtime.plan_file import load_plan_file

@@ -49,31 +49,31 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from p2ptrain.agent import settings
-from p2ptrain.agent.boundary import INTERVAL_S, BoundaryWatch, overshot
-from p2ptrain.agent.claims import bounded, record_problem
+from p2ptrain.agent.churn.boundary import INTERVAL_S, BoundaryWatch, overshot
+from p2ptrain.agent.churn.liveness import LivenessMonitor, epoch_failure
+from p2ptrain.agent.churn.stage_state import StateKeeper
+from p2ptrain.agent.churn.state_store import StateStore
 from p2ptrain.agent.config import AgentConfig
 from p2ptrain.agent.epoch import EpochContext, EpochOutcome, Heartbeat, run_epoch
 from p2ptrain.agent.events import EventLog
-from p2ptrain.agent.leading import AgentView, Leading
+from p2ptrain.agent.leadership import settings
+from p2ptrain.agent.leadership.claims import bounded, record_problem
+from p2ptrain.agent.leadership.election import finished_without, latest_plan
+from p2ptrain.agent.leadership.leader import AgentView, Leading
+from p2ptrain.agent.leadership.membership import Membership, MembershipTracker
+from p2ptrain.agent.leadership.plan_check import LeaderWatch, PlanGate
 from p2ptrain.agent.links import LinkProber
-from p2ptrain.agent.liveness import LivenessMonitor, epoch_failure
-from p2ptrain.agent.membership import Membership, MembershipTracker
-from p2ptrain.agent.plan_check import LeaderWatch, PlanGate
 from p2ptrain.agent.profile import profile_device
 from p2ptrain.agent.senders import min_rates, sender_budgets
-from p2ptrain.agent.stage_state import StateKeeper
-from p2ptrain.agent.state_store import StateStore
 from p2ptrain.agent.tag_senders import TagSenders
 from p2ptrain.errors import AgentError, ProtocolError
+from p2ptrain.lifecycle import StopSignal, shutdown_in_order
 from p2ptrain.model.data import data_identity
-from p2ptrain.net.dht import SwarmDHT
-from p2ptrain.net.election import finished_without, latest_plan
-from p2ptrain.net.emulation import EmulationConfig, LinkEmulator, scaled_link
-from p2ptrain.net.forward import setup_forwarding
-from p2ptrain.net.lifecycle import StopSignal, shutdown_in_order
-from p2ptrain.net.records import ComputeMeasurement, PeerRecord, PlanRecord, ProgressRecord
-from p2ptrain.net.transport import Transport
+from p2ptrain.net.dht.node import SwarmDHT
+from p2ptrain.net.dht.records import ComputeMeasurement, PeerRecord, PlanRecord, ProgressRecord
+from p2ptrain.net.nat.forward import setup_forwarding
+from p2ptrain.net.transport.emulation import EmulationConfig, LinkEmulator, scaled_link
+from p2ptrain.net.transport.endpoint import Transport
 from p2ptrain.planning import Cluster, load_cluster
 from p2ptrain.runtime.calibration import calibrate, expected_rows
 from p2ptrain.runtime.compute_speed import compute_slowdown

@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from p2ptrain.errors import ConfigError
-from p2ptrain.net.dht import DHTConfig
-from p2ptrain.net.keys import check_run_id
-from p2ptrain.net.probe import ProbeConfig
-from p2ptrain.net.transport import TransportConfig
+from p2ptrain.net.dht.keys import check_run_id
+from p2ptrain.net.dht.node import DHTConfig
+from p2ptrain.net.transport.endpoint import TransportConfig
+from p2ptrain.net.transport.probe import ProbeConfig
 from p2ptrain.runtime.config import TrainConfig
 
 # communication_only: the paper's planner (its communication cost, every stage the same number of layers),

@@ -37,19 +37,19 @@ from dataclasses import dataclass
 
 import torch
 
-from p2ptrain.agent.backup import BackupReceiver, BackupSender, copy_part_numel
-from p2ptrain.agent.churn import CHECKPOINT, INIT, source_of
+from p2ptrain.agent.churn.restart import CHECKPOINT, INIT, source_of
+from p2ptrain.agent.churn.stage_state import StateKeeper, recv_state, send_state
+from p2ptrain.agent.churn.state_store import StateStore
+from p2ptrain.agent.churn.warm_copies import BackupReceiver, BackupSender, copy_part_numel
 from p2ptrain.agent.config import CheckpointConfig
 from p2ptrain.agent.events import EventLog
-from p2ptrain.agent.stage_state import StateKeeper, recv_state, send_state
-from p2ptrain.agent.state_store import StateStore
 from p2ptrain.errors import MessageRejected, PeerTimeoutError, ProtocolError, StreamClosed
+from p2ptrain.lifecycle import StopSignal
 from p2ptrain.model.stage import build_stage
-from p2ptrain.net.dht import SwarmDHT
-from p2ptrain.net.lifecycle import StopSignal
-from p2ptrain.net.records import MAX_HOLDS, PeerRecord, PlanRecord, ProgressRecord
-from p2ptrain.net.status import FAIL, HALT, IDLE, TRAIN, PeerStatus
-from p2ptrain.net.transport import Transport
+from p2ptrain.net.dht.node import SwarmDHT
+from p2ptrain.net.dht.records import MAX_HOLDS, PeerRecord, PlanRecord, ProgressRecord
+from p2ptrain.net.transport.endpoint import Transport
+from p2ptrain.net.transport.status import FAIL, HALT, IDLE, TRAIN, PeerStatus
 from p2ptrain.runtime.checkpoint import load_stage, load_state_tensors, save_stage, state_tensors
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.executor import StepWaits

@@ -23,10 +23,10 @@ from collections.abc import Callable, Iterable
 
 from p2ptrain.agent.config import LinksConfig
 from p2ptrain.errors import ProtocolError
-from p2ptrain.net.dht import SwarmDHT
-from p2ptrain.net.probe import LinkTable, measure_link
-from p2ptrain.net.records import LinkMeasurement, LinksRecord
-from p2ptrain.net.transport import Transport
+from p2ptrain.net.dht.node import SwarmDHT
+from p2ptrain.net.dht.records import LinkMeasurement, LinksRecord
+from p2ptrain.net.transport.endpoint import Transport
+from p2ptrain.net.transport.probe import LinkTable, measure_link
 
 logger = logging.getLogger(__name__)
 

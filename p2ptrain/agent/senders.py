@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from p2ptrain.agent.leader import FP32_BYTES, STATE_TENSORS_PER_PARAMETER
-from p2ptrain.net.mailbox import SenderBudget
-from p2ptrain.net.records import LinkMeasurement, PlanRecord
+from p2ptrain.agent.leadership.plan_maker import FP32_BYTES, STATE_TENSORS_PER_PARAMETER
+from p2ptrain.net.dht.records import LinkMeasurement, PlanRecord
+from p2ptrain.net.transport.mailbox import SenderBudget
 from p2ptrain.planning import parameter_count
 from p2ptrain.runtime.config import TrainConfig
 

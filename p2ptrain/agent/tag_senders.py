@@ -24,10 +24,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from p2ptrain.agent.churn import source_of
-from p2ptrain.agent.stage_state import STATE
-from p2ptrain.net.messages import ACTIVATION, ACTIVATION_GRAD, BACKUP, GATHER_SHARD, REDUCE_SHARD, Tag
-from p2ptrain.net.records import PlanRecord
+from p2ptrain.agent.churn.restart import source_of
+from p2ptrain.agent.churn.stage_state import STATE
+from p2ptrain.net.dht.records import PlanRecord
+from p2ptrain.net.transport.messages import (
+    ACTIVATION,
+    ACTIVATION_GRAD,
+    BACKUP,
+    GATHER_SHARD,
+    REDUCE_SHARD,
+    Tag,
+)
 
 GROUP_KINDS = frozenset({REDUCE_SHARD, GATHER_SHARD})
 

@@ -142,10 +142,10 @@ class E2EConfig:
 def emulation_factors(config: E2EConfig) -> dict[str, Any]:
     """The training config, network, size factor, time scale and compute scale of ``config`` (see the module
     docstring)."""
-    from p2ptrain.agent.leader import run_workload
-    from p2ptrain.agent.swarm import plan_swarm
+    from p2ptrain.agent.leadership.plan_maker import run_workload
     from p2ptrain.runtime.calibration import step_profile, step_workload
     from p2ptrain.runtime.compute_speed import fitting_scale
+    from p2ptrain.swarm.launcher import plan_swarm
 
     train, network, _, size_factor = plan_swarm(_swarm_config(config, "megatron", 1.0, 1.0))
     assert network is not None
@@ -165,7 +165,7 @@ def emulation_factors(config: E2EConfig) -> dict[str, Any]:
 
 def _swarm_config(config: E2EConfig, strategy: str, time_scale: float, compute_scale: float,
                   workdir: str | None = None, setting: str | None = None):
-    from p2ptrain.agent.swarm import SwarmConfig
+    from p2ptrain.swarm.launcher import SwarmConfig
 
     wire, schedule, overlap = parse_setting(setting or config.settings[0])
     return SwarmConfig(agents=config.agents, stages=config.stages, steps=config.steps, scenario=config.scenario,
@@ -176,7 +176,7 @@ def _swarm_config(config: E2EConfig, strategy: str, time_scale: float, compute_s
 
 def run_e2e(config: E2EConfig, stop) -> dict[str, Any]:
     """Run the swarm once per plan on ``config.scenario`` and return the report (``--json``'s document)."""
-    from p2ptrain.agent.swarm import run_swarm
+    from p2ptrain.swarm.launcher import run_swarm
 
     factors = emulation_factors(config)
     train, time_scale, compute_scale = factors["train"], factors["time_scale"], factors["compute_scale"]
@@ -501,7 +501,7 @@ def command(scenario: str, agents: int, stages: int, steps: int, time_scale: flo
             compute_scale: float | None, plans: str, seed: int, out_dir: str, workdir: str | None,
             settings: str, as_json: bool) -> None:  # fmt: skip
     """One emulated network end to end: scheduled plan, Megatron's order, random; measured beside predicted."""
-    from p2ptrain.net.lifecycle import StopSignal
+    from p2ptrain.lifecycle import StopSignal
 
     if agents % stages:
         raise ValueError(f"--agents {agents} is not a multiple of --stages {stages}")

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 import torch
 
 from p2ptrain.futures import wait_all
-from p2ptrain.net.messages import Tag
-from p2ptrain.net.transport import Transport, TransportConfig
+from p2ptrain.net.transport.endpoint import Transport, TransportConfig
+from p2ptrain.net.transport.messages import Tag
 
 logger = logging.getLogger(__name__)
 

@@ -94,7 +94,7 @@ def command(config_path: str | None, initial_peers: tuple[str, ...], run_id: str
     if config.train.deterministic:  # cuBLAS reads this when CUDA starts
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
-    from p2ptrain.net.lifecycle import StopSignal
+    from p2ptrain.lifecycle import StopSignal
 
     with StopSignal() as stop:  # before the heavy imports: a signal from now on stops cleanly
         from p2ptrain.agent.agent import Agent

@@ -63,8 +63,8 @@ def command(
     config_path: str | None,
 ) -> None:
     """Run a DHT-only bootstrap peer and print its multiaddrs on one line."""
-    from p2ptrain.net.bootstrap import BootstrapConfig, serve_bootstrap
-    from p2ptrain.net.lifecycle import StopSignal
+    from p2ptrain.lifecycle import StopSignal
+    from p2ptrain.net.dht.bootstrap import BootstrapConfig, serve_bootstrap
 
     config = load_toml(BootstrapConfig, config_path) if config_path else BootstrapConfig()
     dht_overrides = {

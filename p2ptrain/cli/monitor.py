@@ -49,8 +49,8 @@ def command(initial_peers: tuple[str, ...], run_id: str | None, port: int | None
             config_path: str | None) -> None:  # fmt: skip
     """Serve a live web page, a JSON API and Prometheus metrics of a run."""
     from p2ptrain.errors import ConfigError
+    from p2ptrain.lifecycle import StopSignal
     from p2ptrain.monitor.server import MonitorConfig, serve_monitor
-    from p2ptrain.net.lifecycle import StopSignal
 
     if config_path:
         config = load_toml(MonitorConfig, config_path)

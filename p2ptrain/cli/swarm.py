@@ -102,9 +102,9 @@ def command(ctx: click.Context, agents: int, stages: int, steps: int, scenario: 
             as_json: bool, kills: tuple, partitions: tuple, joins: tuple, checkpoint_every: int, resume: bool, call_timeout: float,
             peer_ttl: float, liveness: bool, warm_copies: bool, monitor_port: int | None) -> None:  # fmt: skip
     """Start a bootstrap and N agents on this machine, train, and summarise."""
-    from p2ptrain.agent.swarm import SwarmConfig, run_swarm
-    from p2ptrain.agent.swarm_report import SwarmDisplay, format_summary
-    from p2ptrain.net.lifecycle import StopSignal
+    from p2ptrain.lifecycle import StopSignal
+    from p2ptrain.swarm.launcher import SwarmConfig, run_swarm
+    from p2ptrain.swarm.report import SwarmDisplay, format_summary
 
     if not (ctx.parent.params.get("verbose") if ctx.parent else 0):
         logging.getLogger("p2ptrain").setLevel(logging.WARNING)  # the progress line is the output

@@ -1,4 +1,4 @@
-"""``p2ptrain token``: the organiser's side of a closed run (``p2ptrain/net/admission.py``).
+"""``p2ptrain token``: the organiser's side of a closed run (``p2ptrain/net/dht/admission.py``).
 
     p2ptrain token --key organiser.id --show-id          # prints the organiser's ID (for [dht.admission])
     p2ptrain token --key organiser.id --run demo --peer QmVolunteer... --valid-days 30   # prints a join token
@@ -23,7 +23,7 @@ import click
 def command(key_path: str, show_id: bool, run_id: str | None, peer_id: str | None,
             valid_days: float | None) -> None:  # fmt: skip
     """Print the organiser's ID, or a join token admitting one peer to one run."""
-    from p2ptrain.net.admission import make_token
+    from p2ptrain.net.dht.admission import make_token
     from p2ptrain.net.identity import load_or_create_identity
 
     identity = load_or_create_identity(key_path)

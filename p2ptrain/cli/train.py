@@ -250,7 +250,7 @@ def _emulated_links(plan, cluster_path, scenario, time_scale, size_factor):
         raise ValueError("give --cluster or --scenario, not both")
     if cluster_path is None and scenario is None:
         return None
-    from p2ptrain.net.emulation import EmulationConfig
+    from p2ptrain.net.transport.emulation import EmulationConfig
     from p2ptrain.planning import load_cluster
     from p2ptrain.planning import scenario as paper_scenario
 

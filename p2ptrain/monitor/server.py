@@ -37,13 +37,13 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from p2ptrain.errors import ConfigError
+from p2ptrain.lifecycle import StopSignal
 from p2ptrain.monitor.metrics import RunCollector, make_registry
 from p2ptrain.monitor.tensorboard import TensorBoardLog
 from p2ptrain.monitor.view import RunView, Snapshot, ViewConfig
-from p2ptrain.net.dht import DHTConfig, SwarmDHT
-from p2ptrain.net.keys import RecordKind, check_run_id
-from p2ptrain.net.lifecycle import StopSignal
-from p2ptrain.net.relay import RelayConfig
+from p2ptrain.net.dht.keys import RecordKind, check_run_id
+from p2ptrain.net.dht.node import DHTConfig, SwarmDHT
+from p2ptrain.net.nat.relay import RelayConfig
 
 logger = logging.getLogger(__name__)
 
@@ -198,7 +198,7 @@ async def _security_headers(request: web.Request, handler: Callable[..., Any]) -
 
 def serve_monitor(config: MonitorConfig, stop: StopSignal, on_ready: Callable[[str], None]) -> None:
     """Join the run's DHT, serve the page until ``stop`` is set; ``on_ready(url)`` once it answers."""
-    from p2ptrain.net.bootstrap import write_atomically
+    from p2ptrain.net.dht.bootstrap import write_atomically
 
     with SwarmDHT(config.run, config.dht) as dht:
         logger.info("monitor peer %s reading run %r", dht.peer_id, config.run)

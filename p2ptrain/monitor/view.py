@@ -23,8 +23,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from p2ptrain.net.records import LinksRecord, PeerRecord, PlanRecord, ProgressRecord
-from p2ptrain.net.relay import is_circuit
+from p2ptrain.net.dht.records import LinksRecord, PeerRecord, PlanRecord, ProgressRecord
+from p2ptrain.net.nat.relay import is_circuit
 
 
 @dataclass(frozen=True)

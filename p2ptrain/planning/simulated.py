@@ -3,7 +3,7 @@
 The paper's cost (``cost.DtfmObjective``) adds communication only: every hop carries a whole shard's
 activations as one message, one boundary after another, and every all-reduce exchanges its shards with one
 peer after another. Our runtime (``runtime/executor.py``, ``runtime/allreduce.py``) and the link emulator
-(``net/emulation.py``) do something else, and this module predicts it. Units: the cluster's (α in ms, β in
+(``net/transport/emulation.py``) do something else, and this module predicts it. Units: the cluster's (α in ms, β in
 Gbit/s, volumes in GB) and the network's seconds; ``StepProfile`` holds what is not communication.
 
 What one step does, on the device holding stage j of pipeline i (M micro-batches, S stages, D pipelines):

@@ -46,8 +46,8 @@ import torch
 from p2ptrain.model.loss import micro_batch_loss
 from p2ptrain.model.optim import build_optimizer
 from p2ptrain.model.stage import build_stage, stage_layer_range
-from p2ptrain.net.messages import Header, Tag, dtype_name, tensor_bytes, tensor_from_bytes
-from p2ptrain.net.records import ComputeMeasurement
+from p2ptrain.net.dht.records import ComputeMeasurement
+from p2ptrain.net.transport.messages import Header, Tag, dtype_name, tensor_bytes, tensor_from_bytes
 from p2ptrain.planning.cluster import Cluster
 from p2ptrain.planning.layers import LayerCosts, LayeredWorkload, Parts, layer_model
 from p2ptrain.planning.model_shapes import ModelShape

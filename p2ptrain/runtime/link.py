@@ -6,8 +6,8 @@ from concurrent.futures import Future
 
 import torch
 
-from p2ptrain.net.messages import Tag
-from p2ptrain.net.transport import Transport
+from p2ptrain.net.transport.endpoint import Transport
+from p2ptrain.net.transport.messages import Tag
 
 
 class TransportStepLink:

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from p2ptrain.net.emulation import EmulationConfig
+from p2ptrain.net.transport.emulation import EmulationConfig
 from p2ptrain.planning.split import check_layers
 from p2ptrain.runtime.worker import LinkMatrices
 

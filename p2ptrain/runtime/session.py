@@ -22,7 +22,7 @@ import torch
 
 from p2ptrain.model.optim import build_optimizer
 from p2ptrain.model.stage import build_stage
-from p2ptrain.net.transport import Transport
+from p2ptrain.net.transport.endpoint import Transport
 from p2ptrain.runtime.compute_speed import ComputePacer
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.executor import StageExecutor, StepWaits

@@ -28,8 +28,8 @@ import hivemind
 import torch
 
 from p2ptrain.config import config_from_dict
-from p2ptrain.net.emulation import EmulationConfig, LinkEmulator
-from p2ptrain.net.transport import Transport, TransportConfig
+from p2ptrain.net.transport.emulation import EmulationConfig, LinkEmulator
+from p2ptrain.net.transport.endpoint import Transport, TransportConfig
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.reference import resolve_device, torch_settings
 from p2ptrain.runtime.session import StageTrainer

@@ -121,8 +121,8 @@ def run_agents(workdir: Path, config, commands: dict, overrides: dict, timeout_s
     Returns (agents, exit codes of the honest ones, train config)."""
     import tomllib
 
-    from p2ptrain.agent.swarm import _agent_toml, _prepare_agents, plan_swarm, to_toml
     from p2ptrain.runtime.procgroup import ProcessGroup, tail
+    from p2ptrain.swarm.launcher import _agent_toml, _prepare_agents, plan_swarm, to_toml
 
     train, network, time_scale, size_factor = plan_swarm(config)
     cluster_path = None

@@ -18,10 +18,10 @@ import numpy as np
 
 from p2ptrain.agent.agent import Agent
 from p2ptrain.agent.config import AgentConfig
-from p2ptrain.agent.leading import Leading
+from p2ptrain.agent.leadership.leader import Leading
 from p2ptrain.cli import configure_logging
 from p2ptrain.config import config_from_dict, read_toml
-from p2ptrain.net.lifecycle import StopSignal
+from p2ptrain.lifecycle import StopSignal
 from p2ptrain.planning import make_objective
 
 

@@ -26,8 +26,8 @@ from p2ptrain.agent.epoch import EpochOutcome
 from p2ptrain.cli import configure_logging
 from p2ptrain.config import config_from_dict, read_toml
 from p2ptrain.errors import ProtocolError
-from p2ptrain.net.lifecycle import StopSignal
-from p2ptrain.net.records import LinkMeasurement, LinksRecord, ProgressRecord
+from p2ptrain.lifecycle import StopSignal
+from p2ptrain.net.dht.records import LinkMeasurement, LinksRecord, ProgressRecord
 
 
 class Swallower(Agent):

@@ -22,11 +22,11 @@ import time
 from hivemind.proto import runtime_pb2
 
 from p2ptrain.cli import configure_logging
-from p2ptrain.net.dht import DHTConfig, SwarmDHT
-from p2ptrain.net.lifecycle import StopSignal
-from p2ptrain.net.messages import Header, Tag
-from p2ptrain.net.servicer import first_reply, parse_reply
-from p2ptrain.net.transport import Transport, TransportConfig
+from p2ptrain.lifecycle import StopSignal
+from p2ptrain.net.dht.node import DHTConfig, SwarmDHT
+from p2ptrain.net.transport.endpoint import Transport, TransportConfig
+from p2ptrain.net.transport.messages import Header, Tag
+from p2ptrain.net.transport.servicer import first_reply, parse_reply
 
 TRICKLES_PER_AGENT = 4
 FLOOD_PER_SECOND = 8

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from p2ptrain.agent.boundary import BoundaryWatch, overshot
+from p2ptrain.agent.churn.boundary import BoundaryWatch, overshot
 
 pytestmark = pytest.mark.timeout(30)
 

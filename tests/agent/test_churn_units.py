@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from p2ptrain.agent.churn import (
+from p2ptrain.agent.churn.replan import FAILURE, JOIN, ReplanWatch
+from p2ptrain.agent.churn.restart import (
     CHECKPOINT,
     INIT,
     Holding,
@@ -16,15 +17,14 @@ from p2ptrain.agent.churn import (
     source_indices,
     source_of,
 )
+from p2ptrain.agent.churn.stage_state import StateKeeper, recv_state, send_state
 from p2ptrain.agent.config import ChurnConfig
-from p2ptrain.agent.leader import replicas_for
-from p2ptrain.agent.replan import FAILURE, JOIN, ReplanWatch
-from p2ptrain.agent.stage_state import StateKeeper, recv_state, send_state
+from p2ptrain.agent.leadership.election import finished_without, latest_plan
+from p2ptrain.agent.leadership.plan_maker import replicas_for
 from p2ptrain.model.optim import build_optimizer
 from p2ptrain.model.stage import build_stage
-from p2ptrain.net.election import finished_without, latest_plan
+from p2ptrain.net.dht.records import SOURCE_CHECKPOINT, PlanRecord, ProgressRecord, RecordError
 from p2ptrain.net.identity import generate_identity
-from p2ptrain.net.records import SOURCE_CHECKPOINT, PlanRecord, ProgressRecord, RecordError
 from p2ptrain.runtime.checkpoint import state_tensors
 from p2ptrain.runtime.config import TrainConfig
 
@@ -275,7 +275,7 @@ def test_a_gpu_stage_is_kept_without_waiting_for_the_copy_and_as_it_was_at_its_s
 
 @pytest.mark.timeout(60)
 def test_a_state_sent_over_the_transport_arrives_whole():
-    from p2ptrain.net.transport import Transport
+    from p2ptrain.net.transport.endpoint import Transport
 
     cfg, module, optimizer = trained_stage(2)
     state = state_tensors(module, optimizer)

@@ -8,7 +8,8 @@ import dataclasses
 import pytest
 from test_plan_check_mixed import FAST, SIMULATED, TRAIN
 
-from p2ptrain.agent.claims import (
+from p2ptrain.agent.config import ClaimsConfig, ConfigError, EmulationSettings
+from p2ptrain.agent.leadership.claims import (
     ComputeWatch,
     bounded,
     calibrated_tflops,
@@ -17,11 +18,10 @@ from p2ptrain.agent.claims import (
     record_problem,
     with_slowdowns,
 )
-from p2ptrain.agent.config import ClaimsConfig, ConfigError, EmulationSettings
-from p2ptrain.agent.leader import build_cluster, make_plan, run_workload
-from p2ptrain.agent.plan_check import cost_check
+from p2ptrain.agent.leadership.plan_check import cost_check
+from p2ptrain.agent.leadership.plan_maker import build_cluster, make_plan, run_workload
+from p2ptrain.net.dht.records import LinkMeasurement, LinksRecord, PeerRecord, PlanRecord, ProgressRecord
 from p2ptrain.net.identity import generate_identity
-from p2ptrain.net.records import LinkMeasurement, LinksRecord, PeerRecord, PlanRecord, ProgressRecord
 from p2ptrain.planning.layers import layer_model
 from p2ptrain.runtime.calibration import layered_workload
 

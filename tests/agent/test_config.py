@@ -13,9 +13,13 @@ from click.testing import CliRunner
 
 from p2ptrain.agent.config import AgentConfig
 from p2ptrain.agent.events import EventReader
-from p2ptrain.agent.leader import run_workload
+from p2ptrain.agent.leadership.plan_maker import run_workload
 from p2ptrain.agent.profile import CACHE_FILE, profile_device
-from p2ptrain.agent.swarm import (
+from p2ptrain.cli import main
+from p2ptrain.config import config_from_dict, read_toml
+from p2ptrain.planning import PAPER_WORKLOAD
+from p2ptrain.runtime.config import TrainConfig
+from p2ptrain.swarm.launcher import (
     AgentProcess,
     SwarmConfig,
     _agent_toml,
@@ -23,10 +27,6 @@ from p2ptrain.agent.swarm import (
     plan_swarm,
     to_toml,
 )
-from p2ptrain.cli import main
-from p2ptrain.config import config_from_dict, read_toml
-from p2ptrain.planning import PAPER_WORKLOAD
-from p2ptrain.runtime.config import TrainConfig
 
 REPO = Path(__file__).resolve().parents[2]
 BOOTSTRAP = "/ip4/127.0.0.1/tcp/31337/p2p/QmXeJB72XYYV2FhvJSzajoDCZH2viUzKbdPztJwNH16TXW"

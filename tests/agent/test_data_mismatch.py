@@ -8,11 +8,11 @@ import sys
 import pytest
 from agent_helpers import events, run_agents
 
-from p2ptrain.agent.membership import MembershipTracker
-from p2ptrain.agent.swarm import SwarmConfig
+from p2ptrain.agent.leadership.membership import MembershipTracker
 from p2ptrain.model.prepare import PrepareConfig, prepare_dataset
 from p2ptrain.model.prepared import PreparedDataset
-from p2ptrain.net.records import PeerRecord, RecordError
+from p2ptrain.net.dht.records import PeerRecord, RecordError
+from p2ptrain.swarm.launcher import SwarmConfig
 
 A, B, C = "QmA", "QmB", "QmC"
 OURS, THEIRS = "bpe-8000:0123456789abcdef", "byte-256:fedcba9876543210"

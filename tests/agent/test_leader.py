@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from p2ptrain.agent.config import EmulationSettings, MembershipConfig, PlanConfig
-from p2ptrain.agent.leader import (
+from p2ptrain.agent.leadership.membership import Membership, MembershipTracker, plan_trigger
+from p2ptrain.agent.leadership.plan_maker import (
     build_cluster,
     cluster_order,
     link_gaps,
@@ -15,9 +16,8 @@ from p2ptrain.agent.leader import (
     run_workload,
     trainers_and_spares,
 )
-from p2ptrain.agent.membership import Membership, MembershipTracker, plan_trigger
+from p2ptrain.net.dht.records import LinkMeasurement, LinksRecord, PeerRecord, PlanRecord
 from p2ptrain.net.identity import generate_identity
-from p2ptrain.net.records import LinkMeasurement, LinksRecord, PeerRecord, PlanRecord
 from p2ptrain.planning import PAPER_WORKLOAD, make_objective, scenario, schedule
 from p2ptrain.runtime.config import TrainConfig
 

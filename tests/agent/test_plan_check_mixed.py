@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from p2ptrain.agent.config import EmulationSettings, PlanConfig
-from p2ptrain.agent.leader import build_cluster, make_plan, run_workload
-from p2ptrain.agent.plan_check import cost_check
+from p2ptrain.agent.leadership.plan_check import cost_check
+from p2ptrain.agent.leadership.plan_maker import build_cluster, make_plan, run_workload
+from p2ptrain.net.dht.records import ComputeMeasurement, LinkMeasurement, LinksRecord, PeerRecord, PlanRecord
 from p2ptrain.net.identity import generate_identity
-from p2ptrain.net.records import ComputeMeasurement, LinkMeasurement, LinksRecord, PeerRecord, PlanRecord
 from p2ptrain.planning import make_objective
 from p2ptrain.planning.scenarios import scenario
 from p2ptrain.runtime.calibration import layered_workload, measured_speed

@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 from test_churn_units import PLAN, A, B, C, D, E
 
+from p2ptrain.agent.churn.quarantine import Quarantine
+from p2ptrain.agent.churn.replan import BLAMED_HALT_S, FAILURE, ReplanWatch, blame_roots
 from p2ptrain.agent.config import ChurnConfig, EmulationSettings
 from p2ptrain.agent.epoch import blamed_peer
-from p2ptrain.agent.leader import build_cluster
-from p2ptrain.agent.quarantine import Quarantine
-from p2ptrain.agent.replan import BLAMED_HALT_S, FAILURE, ReplanWatch, blame_roots
+from p2ptrain.agent.leadership.plan_maker import build_cluster
 from p2ptrain.errors import MessageRejected, PeerFailed, PeerTimeoutError, StreamClosed
-from p2ptrain.net.records import LinkMeasurement, LinksRecord, PeerRecord, ProgressRecord, RecordError
-from p2ptrain.net.status import FAIL, TRAIN, PeerStatus
+from p2ptrain.net.dht.records import LinkMeasurement, LinksRecord, PeerRecord, ProgressRecord, RecordError
+from p2ptrain.net.transport.status import FAIL, TRAIN, PeerStatus
 
 
 def halted(step: int, blame: str | None = None) -> ProgressRecord:

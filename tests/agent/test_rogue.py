@@ -24,10 +24,10 @@ from hivemind.utils import get_dht_time
 
 from p2ptrain import PROTOCOL_VERSION, __version__
 from p2ptrain.config import config_from_dict
-from p2ptrain.net.dht import DHTConfig, SwarmDHT
+from p2ptrain.net.dht.keys import RunKeys
+from p2ptrain.net.dht.node import DHTConfig, SwarmDHT
+from p2ptrain.net.dht.records import PeerRecord, PlanRecord, peer_tag
 from p2ptrain.net.identity import generate_identity
-from p2ptrain.net.keys import RunKeys
-from p2ptrain.net.records import PeerRecord, PlanRecord, peer_tag
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.reference import train_reference
 

@@ -9,16 +9,16 @@ import msgpack
 import pytest
 from agent_helpers import events, run_agents, sorted_identities
 
-from p2ptrain.agent import settings
 from p2ptrain.agent.config import EmulationSettings, PlanConfig
-from p2ptrain.agent.leader import run_workload
-from p2ptrain.agent.plan_check import LeaderWatch, PlanGate, cost_check
-from p2ptrain.agent.swarm import SwarmConfig
+from p2ptrain.agent.leadership import settings
+from p2ptrain.agent.leadership.plan_check import LeaderWatch, PlanGate, cost_check
+from p2ptrain.agent.leadership.plan_maker import run_workload
+from p2ptrain.net.dht.records import LinkMeasurement, LinksRecord, PeerRecord, PlanRecord, RecordError
 from p2ptrain.net.identity import generate_identity
-from p2ptrain.net.records import LinkMeasurement, LinksRecord, PeerRecord, PlanRecord, RecordError
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.procgroup import tail
 from p2ptrain.runtime.reference import train_reference
+from p2ptrain.swarm.launcher import SwarmConfig
 
 TRAIN = TrainConfig(model="tiny", steps=2, global_batch_size=8, micro_batches=2, stages=2)
 PEERS = sorted(generate_identity().peer_id for _ in range(4))

@@ -3,7 +3,7 @@ swarm: a summary as the swarm writes it."""
 
 from __future__ import annotations
 
-from p2ptrain.agent.swarm_report import format_summary
+from p2ptrain.swarm.report import format_summary
 
 
 def summary(search: dict) -> dict:

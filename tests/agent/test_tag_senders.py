@@ -5,13 +5,21 @@ from __future__ import annotations
 import pytest
 import torch
 
-from p2ptrain.agent.stage_state import STATE
+from p2ptrain.agent.churn.stage_state import STATE
 from p2ptrain.agent.tag_senders import TagSenders, sender_problem
 from p2ptrain.errors import MessageRejected
+from p2ptrain.net.dht.records import PlanRecord
 from p2ptrain.net.identity import generate_identity
-from p2ptrain.net.mailbox import Mailbox, SenderBudget
-from p2ptrain.net.messages import ACTIVATION, ACTIVATION_GRAD, BACKUP, GATHER_SHARD, REDUCE_SHARD, Header, Tag
-from p2ptrain.net.records import PlanRecord
+from p2ptrain.net.transport.mailbox import Mailbox, SenderBudget
+from p2ptrain.net.transport.messages import (
+    ACTIVATION,
+    ACTIVATION_GRAD,
+    BACKUP,
+    GATHER_SHARD,
+    REDUCE_SHARD,
+    Header,
+    Tag,
+)
 
 RUN = "tags"
 PEERS = sorted(generate_identity().peer_id for _ in range(8))

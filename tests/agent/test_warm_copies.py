@@ -11,7 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from p2ptrain.agent.backup import (
+from p2ptrain.agent.churn.liveness import PeerHealth, epoch_failure
+from p2ptrain.agent.churn.restart import Holding, copies_of, restart_point
+from p2ptrain.agent.churn.stage_state import PART_NUMEL, StateKeeper
+from p2ptrain.agent.churn.state_store import StateStore
+from p2ptrain.agent.churn.warm_copies import (
     COPY_PART_SHARE,
     MIN_COPY_PART_BYTES,
     BackupReceiver,
@@ -19,19 +23,15 @@ from p2ptrain.agent.backup import (
     copy_part_numel,
     copy_parts,
 )
-from p2ptrain.agent.churn import Holding, copies_of, restart_point
 from p2ptrain.agent.config import LivenessConfig
-from p2ptrain.agent.leader import backup_interval, choose_backups
-from p2ptrain.agent.liveness import PeerHealth, epoch_failure
-from p2ptrain.agent.stage_state import PART_NUMEL, StateKeeper
-from p2ptrain.agent.state_store import StateStore
+from p2ptrain.agent.leadership.plan_maker import backup_interval, choose_backups
 from p2ptrain.errors import ConfigError, PeerTimeoutError, ProtocolError
 from p2ptrain.model.optim import build_optimizer
 from p2ptrain.model.stage import build_stage
+from p2ptrain.net.dht.records import NO_BACKUP, PlanRecord, ProgressRecord, RecordError
 from p2ptrain.net.identity import generate_identity
-from p2ptrain.net.messages import BACKUP, Tag
-from p2ptrain.net.records import NO_BACKUP, PlanRecord, ProgressRecord, RecordError
-from p2ptrain.net.status import FAIL, HALT, TRAIN, PeerStatus
+from p2ptrain.net.transport.messages import BACKUP, Tag
+from p2ptrain.net.transport.status import FAIL, HALT, TRAIN, PeerStatus
 from p2ptrain.runtime.checkpoint import state_tensors
 from p2ptrain.runtime.config import TrainConfig
 
@@ -125,7 +125,7 @@ def test_copies_go_outside_the_stage_spares_first_and_fastest():
 
 def test_a_copy_avoids_the_link_that_carries_the_sources_training_messages():
     from p2ptrain.agent.config import ChurnConfig, EmulationSettings
-    from p2ptrain.agent.leader import warm_copies
+    from p2ptrain.agent.leadership.plan_maker import warm_copies
     from p2ptrain.planning import Cluster, Device
 
     # 2 stages x 2 replicas, pipelines [0, 1] and [2, 3]: device 0 sends its activations to 1, and 1 its
@@ -232,7 +232,7 @@ def test_copy_parts_take_a_small_share_of_a_step_on_the_link():
 @pytest.mark.integration
 @pytest.mark.timeout(120)
 def test_a_copy_is_sent_verified_and_kept(tmp_path, caplog):
-    from p2ptrain.net.transport import Transport, TransportConfig
+    from p2ptrain.net.transport.endpoint import Transport, TransportConfig
 
     module, state = stage_state(1)
     config = TransportConfig(call_timeout_s=30.0)
@@ -254,7 +254,7 @@ def test_a_copy_is_sent_verified_and_kept(tmp_path, caplog):
                 time.sleep(0.1)
             # a header announcing parts of no elements is refused, and nothing is kept from it
             forged = list((8).to_bytes(8, "little") + bytes(32) + (0).to_bytes(8, "little"))
-            with caplog.at_level(logging.WARNING, logger="p2ptrain.agent.backup"):
+            with caplog.at_level(logging.WARNING, logger="p2ptrain.agent.churn.warm_copies"):
                 b.send(str(a.peer_id), Tag("copytest", 2, 1, BACKUP, 1, 0), torch.tensor(forged, dtype=torch.uint8),
                        30.0)  # fmt: skip
                 deadline = time.monotonic() + 30.0
@@ -271,7 +271,7 @@ def test_a_copy_is_sent_verified_and_kept(tmp_path, caplog):
 
 def test_the_leader_prices_a_copy_with_a_round_trip_per_part():
     from p2ptrain.agent.config import ChurnConfig, EmulationSettings
-    from p2ptrain.agent.leader import warm_copies
+    from p2ptrain.agent.leadership.plan_maker import warm_copies
     from p2ptrain.planning import Cluster, Device
 
     def copy_s(latency_ms: float, step_s: float) -> float:

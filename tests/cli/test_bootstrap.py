@@ -15,9 +15,9 @@ import pytest
 from click.testing import CliRunner
 
 from p2ptrain.cli import main
-from p2ptrain.net.dht import DHTConfig, SwarmDHT
+from p2ptrain.net.dht.node import DHTConfig, SwarmDHT
+from p2ptrain.net.dht.records import ProgressRecord
 from p2ptrain.net.identity import generate_identity, load_identity
-from p2ptrain.net.records import ProgressRecord
 
 pytestmark = pytest.mark.integration
 
@@ -139,7 +139,7 @@ def test_an_unreachable_initial_peer_is_a_one_line_error():
 
 def test_the_example_config_is_valid():
     from p2ptrain.config import load_toml
-    from p2ptrain.net.bootstrap import BootstrapConfig
+    from p2ptrain.net.dht.bootstrap import BootstrapConfig
 
     example = Path(__file__).parents[2] / "bootstrap" / "bootstrap.example.toml"
     config = load_toml(BootstrapConfig, example)

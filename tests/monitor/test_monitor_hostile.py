@@ -17,9 +17,9 @@ from agent_helpers import wait_for
 from browser import CHROMIUM, CHROMIUM_MISSING, Chromium
 from monitor_helpers import get, get_state, start_monitor, stop_process, tensorboard_scalars
 
-from p2ptrain.net.dht import DHTConfig, SwarmDHT
+from p2ptrain.net.dht.node import DHTConfig, SwarmDHT
+from p2ptrain.net.dht.records import LinkMeasurement, LinksRecord, PeerRecord, PlanRecord, ProgressRecord
 from p2ptrain.net.identity import generate_identity
-from p2ptrain.net.records import LinkMeasurement, LinksRecord, PeerRecord, PlanRecord, ProgressRecord
 
 pytestmark = pytest.mark.integration
 

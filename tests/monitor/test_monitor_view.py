@@ -12,7 +12,7 @@ from monitor_helpers import tensorboard_scalars
 from p2ptrain.monitor.metrics import RunCollector, make_registry
 from p2ptrain.monitor.server import dumps_safe
 from p2ptrain.monitor.view import RunView, Snapshot, ViewConfig, current_plan
-from p2ptrain.net.records import LinkMeasurement, LinksRecord, PeerRecord, PlanRecord, ProgressRecord
+from p2ptrain.net.dht.records import LinkMeasurement, LinksRecord, PeerRecord, PlanRecord, ProgressRecord
 
 rng = random.Random(1)
 PEERS = sorted(base58.b58encode(b"\x12\x20" + rng.randbytes(32)).decode() for _ in range(5))

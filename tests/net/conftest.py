@@ -10,8 +10,8 @@ import pytest
 from hivemind.p2p import P2PContext
 from hivemind.proto import runtime_pb2
 
-from p2ptrain.net.servicer import TensorServicer
-from p2ptrain.net.transport import Transport, TransportConfig
+from p2ptrain.net.transport.endpoint import Transport, TransportConfig
+from p2ptrain.net.transport.servicer import TensorServicer
 
 RUN = "nettest"
 

@@ -8,7 +8,7 @@ from hivemind.dht.validation import DHTRecord
 from hivemind.utils import MSGPackSerializer, ValueWithExpiration, get_dht_time
 
 from p2ptrain.errors import ConfigError, MessageRejected
-from p2ptrain.net.admission import (
+from p2ptrain.net.dht.admission import (
     AdmissionConfig,
     AdmissionPolicy,
     TokenError,
@@ -18,12 +18,12 @@ from p2ptrain.net.admission import (
     parse_token_text,
     token_of,
 )
+from p2ptrain.net.dht.keys import RecordKind
+from p2ptrain.net.dht.records import ProgressRecord
+from p2ptrain.net.dht.validators import SwarmRecordValidator, verify_entries
 from p2ptrain.net.identity import generate_identity
-from p2ptrain.net.keys import RecordKind
-from p2ptrain.net.mailbox import Mailbox
-from p2ptrain.net.messages import Header, Tag
-from p2ptrain.net.records import ProgressRecord
-from p2ptrain.net.validators import SwarmRecordValidator, verify_entries
+from p2ptrain.net.transport.mailbox import Mailbox
+from p2ptrain.net.transport.messages import Header, Tag
 
 ORGANISER, VOLUNTEER, LISTED, STRANGER = (generate_identity() for _ in range(4))
 CLOSED = AdmissionConfig(peers=(LISTED.peer_id,), organiser=ORGANISER.peer_id)

@@ -18,12 +18,12 @@ from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
 from hivemind.utils import get_dht_time
 
+from p2ptrain.agent.leadership.election import select_plan
 from p2ptrain.errors import PeerTimeoutError, ProtocolError
-from p2ptrain.net.dht import DHTConfig, SwarmDHT
-from p2ptrain.net.election import select_plan
+from p2ptrain.net.dht.keys import RecordKind
+from p2ptrain.net.dht.node import DHTConfig, SwarmDHT
+from p2ptrain.net.dht.records import LinkMeasurement, LinksRecord, PeerRecord, PlanRecord, ProgressRecord
 from p2ptrain.net.identity import Identity, generate_identity
-from p2ptrain.net.keys import RecordKind
-from p2ptrain.net.records import LinkMeasurement, LinksRecord, PeerRecord, PlanRecord, ProgressRecord
 
 pytestmark = pytest.mark.integration
 
@@ -179,7 +179,7 @@ def test_impossible_records_are_ignored_with_a_log_line(swarm, caplog):
                              "latency_ms": b"\x00\x00\x80\x3f", "bandwidth_gbps": b"\x00\x00\xc0\x7f"})  # fmt: skip
     rogue.store_raw(RecordKind.PEER, absurd)
     rogue.store_raw(RecordKind.LINKS, nan_row)
-    caplog.set_level(logging.WARNING, logger="p2ptrain.net.validators")
+    caplog.set_level(logging.WARNING, logger="p2ptrain.net.dht.validators")
     assert rogue.peer_id not in follower.read_peers()
     assert rogue.peer_id not in follower.read_links()
     assert (

@@ -7,8 +7,8 @@ import time
 import pytest
 import torch
 
-from p2ptrain.net.emulation import EmulationConfig, LinkEmulator, LinkProfile, scaled_link
-from p2ptrain.net.messages import ACTIVATION, Tag
+from p2ptrain.net.transport.emulation import EmulationConfig, LinkEmulator, LinkProfile, scaled_link
+from p2ptrain.net.transport.messages import ACTIVATION, Tag
 
 ALPHA_S = 0.05
 BETA_BYTES_PER_S = 20e6 / 8  # 20 Mbit/s

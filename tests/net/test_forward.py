@@ -1,4 +1,4 @@
-"""Forwarding through a public peer (``p2ptrain.net.forward``), on real libp2p daemons over loopback: a
+"""Forwarding through a public peer (``p2ptrain.net.nat.forward``), on real libp2p daemons over loopback: a
 caller routes to a target through a forwarding peer; the target's handlers see the caller as the origin."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 from hivemind.p2p import P2P, P2PContext
 from hivemind.proto import test_pb2
 
-from p2ptrain.net.forward import ForwardError, Routes, accept_forwarded, serve_forwarding
-from p2ptrain.net.relay import ForwardLimits, multiaddr_bytes
+from p2ptrain.net.nat.forward import ForwardError, Routes, accept_forwarded, serve_forwarding
+from p2ptrain.net.nat.relay import ForwardLimits, multiaddr_bytes
 
 pytestmark = pytest.mark.timeout(120)
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]

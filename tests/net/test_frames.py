@@ -12,8 +12,8 @@ import torch
 from hivemind.p2p import P2P
 from hivemind.proto import runtime_pb2
 
-from p2ptrain.net.frames import MAX_PIECE_BYTES, FrameError, Piece, read_pieces, request_frame_head
-from p2ptrain.net.streamio import BufferPool, DirectReader, within
+from p2ptrain.net.transport.frames import MAX_PIECE_BYTES, FrameError, Piece, read_pieces, request_frame_head
+from p2ptrain.net.transport.streamio import BufferPool, DirectReader, within
 
 
 def _hivemind_frame(request: runtime_pb2.ExpertRequest) -> bytes:

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from p2ptrain.net.lifecycle import (
+from p2ptrain.lifecycle import (
     StopSignal,
     find_processes,
     service_loop,
@@ -142,7 +142,7 @@ def test_a_service_loop_reports_hivemind_daemon_connection_ends_in_one_line(capl
     finally:
         loop.close()
     assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
-    lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "p2ptrain.net.lifecycle"]
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "p2ptrain.lifecycle"]
     assert (logging.WARNING, "the connection to this peer's libp2p daemon closed "
             "(ConnectionResetError(104, 'Connection reset by peer'))") in lines  # fmt: skip
     assert (logging.DEBUG, "a stream for protocol p2ptrain::tensor.rpc_probe came after its handler was removed") \

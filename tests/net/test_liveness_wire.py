@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from p2ptrain.errors import PeerFailed, PeerTimeoutError, ProtocolError
-from p2ptrain.net.messages import ACTIVATION, BACKUP, Tag
-from p2ptrain.net.status import FAIL, TRAIN, PeerStatus
-from p2ptrain.net.transport import Transport, TransportConfig
+from p2ptrain.net.transport.endpoint import Transport, TransportConfig
+from p2ptrain.net.transport.messages import ACTIVATION, BACKUP, Tag
+from p2ptrain.net.transport.status import FAIL, TRAIN, PeerStatus
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -90,7 +90,7 @@ def test_copies_are_judged_by_epoch_only(pair):
 
 STOPPABLE = """
 import sys, time
-from p2ptrain.net.transport import Transport
+from p2ptrain.net.transport.endpoint import Transport
 t = Transport("pingtest", initial_peers=sys.argv[1:])
 print(t.peer_id, flush=True)
 time.sleep(600)

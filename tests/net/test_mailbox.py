@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from p2ptrain.errors import MessageRejected
-from p2ptrain.net.mailbox import Mailbox
-from p2ptrain.net.messages import (
+from p2ptrain.net.transport.mailbox import Mailbox
+from p2ptrain.net.transport.messages import (
     Header,
     Stamp,
     Tag,

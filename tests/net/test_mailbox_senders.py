@@ -9,9 +9,9 @@ import pytest
 from test_mailbox import arrive, header, mailbox, rejected
 
 from p2ptrain.agent.senders import FLOOR_BYTES, member_bytes, min_rates, sender_budgets
+from p2ptrain.net.dht.records import LinkMeasurement, PlanRecord
 from p2ptrain.net.identity import generate_identity
-from p2ptrain.net.mailbox import SenderBudget
-from p2ptrain.net.records import LinkMeasurement, PlanRecord
+from p2ptrain.net.transport.mailbox import SenderBudget
 from p2ptrain.runtime.config import TrainConfig
 
 MEMBER, OTHER, STRANGER = "member", "other", "stranger"
@@ -113,9 +113,9 @@ def test_a_trickled_message_is_cut_off_and_its_room_released():
     second is refused ``too_slow`` and leaves nothing held."""
     from hivemind.proto import runtime_pb2
 
-    from p2ptrain.net.emulation import LinkEmulator
-    from p2ptrain.net.pacing import Pacer
-    from p2ptrain.net.servicer import Pieces, TensorServicer, parse_reply
+    from p2ptrain.net.transport.emulation import LinkEmulator
+    from p2ptrain.net.transport.pacing import Pacer
+    from p2ptrain.net.transport.servicer import Pieces, TensorServicer, parse_reply
 
     box = mailbox(max_message_bytes=1 << 20, max_buffered_bytes=1 << 21)
     box.min_rate_bytes_per_s = 100_000  # 1 MB in 10 s at the least

@@ -6,8 +6,8 @@ import random
 import base58
 import pytest
 
-from p2ptrain.net.keys import RecordKind
-from p2ptrain.net.records import PlanRecord, RecordError, decode_record
+from p2ptrain.net.dht.keys import RecordKind
+from p2ptrain.net.dht.records import PlanRecord, RecordError, decode_record
 
 _rng = random.Random(7)
 PEERS = sorted(base58.b58encode(b"\x12\x20" + _rng.randbytes(32)).decode() for _ in range(3))

@@ -11,10 +11,10 @@ from types import SimpleNamespace
 import pytest
 
 from p2ptrain.errors import PeerTimeoutError
-from p2ptrain.net.pacing import Pacer
-from p2ptrain.net.probe import LinkEstimate, LinkTable, ProbeConfig, ameasure_session, measure_link
-from p2ptrain.net.probe_session import RoundTrip
-from p2ptrain.net.transport import TransportConfig
+from p2ptrain.net.transport.endpoint import TransportConfig
+from p2ptrain.net.transport.pacing import Pacer
+from p2ptrain.net.transport.probe import LinkEstimate, LinkTable, ProbeConfig, ameasure_session, measure_link
+from p2ptrain.net.transport.probe_session import RoundTrip
 
 # Sized so that a measurement takes a second or two: transfers of n/β ≥ max(3 RTT, 0.15 s), the fastest of 3.
 QUICK = ProbeConfig(pings=10, transfers=3, rtt_multiple=3.0, min_transfer_s=0.15, deadline_s=30.0)
@@ -64,7 +64,7 @@ class LatePacer(Pacer):
 def test_late_wakeups_on_both_sides_do_not_bias_the_measurement(make_transport, monkeypatch):
     # every paced send, every hold until a stamp and every reply of both peers may wake up late: the tail of
     # a transfer then arrives after its emulated arrival, and a reply comes back late; a third of them do
-    monkeypatch.setattr("p2ptrain.net.transport.Pacer", LatePacer)
+    monkeypatch.setattr("p2ptrain.net.transport.endpoint.Pacer", LatePacer)
     a = make_transport(CONFIG)
     b = make_transport(CONFIG, join=a)
     assert isinstance(b.pacer, LatePacer)

@@ -11,10 +11,9 @@ import base58
 import msgpack
 import pytest
 
-from p2ptrain.net import record_base, records
-from p2ptrain.net.identity import generate_identity
-from p2ptrain.net.keys import RecordKind, RunKeys, check_run_id
-from p2ptrain.net.records import (
+from p2ptrain.net.dht import record_base, records
+from p2ptrain.net.dht.keys import RecordKind, RunKeys, check_run_id
+from p2ptrain.net.dht.records import (
     MAX_LINK_PEERS,
     MAX_PLAN_PEERS,
     MAX_RECORD_BYTES,
@@ -28,6 +27,7 @@ from p2ptrain.net.records import (
     decode_record,
     peer_tag,
 )
+from p2ptrain.net.identity import generate_identity
 
 
 def fake_peer_ids(n: int, seed: int = 0) -> list[str]:

@@ -6,10 +6,10 @@ import pytest
 from hivemind.utils.multiaddr import Multiaddr
 
 from p2ptrain.errors import ConfigError
+from p2ptrain.net.dht.records import PeerRecord
+from p2ptrain.net.dht.validators import check_binding
 from p2ptrain.net.identity import generate_identity
-from p2ptrain.net.records import PeerRecord
-from p2ptrain.net.relay import RelayConfig, circuit_maddrs, multiaddr_bytes, target_peer
-from p2ptrain.net.validators import check_binding
+from p2ptrain.net.nat.relay import RelayConfig, circuit_maddrs, multiaddr_bytes, target_peer
 
 RELAY, ME = generate_identity().peer_id, generate_identity().peer_id
 BOOT = (f"/ip4/198.18.0.2/tcp/31337/p2p/{RELAY}", f"/ip4/127.0.0.1/tcp/31337/p2p/{RELAY}")

@@ -16,9 +16,9 @@ from hivemind.proto import runtime_pb2
 from hivemind.utils import get_dht_time
 
 from p2ptrain.errors import MessageRejected, PeerFailed, PeerTimeoutError
-from p2ptrain.net.messages import ACTIVATION, ACTIVATION_GRAD, REDUCE_SHARD, Header, Tag
-from p2ptrain.net.servicer import Pieces, TensorServicer, is_ok, parse_reply
-from p2ptrain.net.transport import Transport, TransportConfig
+from p2ptrain.net.transport.endpoint import Transport, TransportConfig
+from p2ptrain.net.transport.messages import ACTIVATION, ACTIVATION_GRAD, REDUCE_SHARD, Header, Tag
+from p2ptrain.net.transport.servicer import Pieces, TensorServicer, is_ok, parse_reply
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -50,7 +50,7 @@ def step(trio) -> int:
 @pytest.fixture
 def refusals(caplog) -> pytest.LogCaptureFixture:
     """The receivers' refusal log (``refusals.messages``)."""
-    caplog.set_level(logging.WARNING, logger="p2ptrain.net.servicer")
+    caplog.set_level(logging.WARNING, logger="p2ptrain.net.transport.servicer")
     return caplog
 
 
@@ -367,7 +367,7 @@ class _ForgetfulTransport(Transport):
 
 
 def test_a_lost_reply_is_resent_and_the_message_taken_once(make_transport, caplog):
-    caplog.set_level(logging.INFO, logger="p2ptrain.net.transport")
+    caplog.set_level(logging.INFO, logger="p2ptrain.net.transport.endpoint")
     receiver = make_transport(cls=_ForgetfulTransport)
     sender = make_transport(join=receiver)
     tag = Tag(RUN, 0, 0, ACTIVATION)

@@ -11,8 +11,11 @@ from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import CompositeValidator, DHTRecord
 from hivemind.utils import MSGPackSerializer, ValueWithExpiration, get_dht_time
 
+from p2ptrain.agent.leadership.election import leader_of, select_plan, sorted_membership
 from p2ptrain.errors import ConfigError
-from p2ptrain.net.election import leader_of, select_plan, sorted_membership
+from p2ptrain.net.dht.keys import RecordKind
+from p2ptrain.net.dht.records import MAX_RECORD_BYTES, PeerRecord, PlanRecord, ProgressRecord
+from p2ptrain.net.dht.validators import SwarmRecordValidator, verify_entries
 from p2ptrain.net.identity import (
     check_peer_id,
     generate_identity,
@@ -20,9 +23,6 @@ from p2ptrain.net.identity import (
     load_or_create_identity,
     peer_id_of_owner_mark,
 )
-from p2ptrain.net.keys import RecordKind
-from p2ptrain.net.records import MAX_RECORD_BYTES, PeerRecord, PlanRecord, ProgressRecord
-from p2ptrain.net.validators import SwarmRecordValidator, verify_entries
 
 ALICE, BOB, ROGUE = (generate_identity() for _ in range(3))
 LOW, HIGH = sorted([ALICE, BOB], key=lambda i: i.peer_id)
@@ -113,7 +113,7 @@ def test_verify_keys_records_by_the_peer_their_owner_key_gives(caplog):
     ],
 )  # fmt: skip
 def test_verify_ignores_bad_entries_with_a_log_line(caplog, subkey, value, logged):
-    caplog.set_level(logging.WARNING, logger="p2ptrain.net.validators")
+    caplog.set_level(logging.WARNING, logger="p2ptrain.net.dht.validators")
     good = (ALICE.owner_mark, PeerRecord("gpu", 80.0, 700.0).encode())
     got = verify_entries(RecordKind.PEER, entries(good, (subkey, value)))
     assert list(got) == [ALICE.peer_id]
@@ -121,7 +121,7 @@ def test_verify_ignores_bad_entries_with_a_log_line(caplog, subkey, value, logge
 
 
 def test_a_plan_signed_by_anyone_but_the_leader_it_names_is_ignored(caplog):
-    caplog.set_level(logging.WARNING, logger="p2ptrain.net.validators")
+    caplog.set_level(logging.WARNING, logger="p2ptrain.net.dht.validators")
     members = [ALICE.peer_id, BOB.peer_id]
     forged = plan_for(members)  # names LOW as leader, but ROGUE's key signs it
     got = verify_entries(RecordKind.PLAN, entries((ROGUE.owner_mark, forged.encode()),
@@ -136,7 +136,7 @@ def test_select_plan_follows_the_lowest_live_peer_for_the_live_membership(caplog
     assert select_plan({LOW.peer_id: good}, members) == good
     # another peer's self-consistent plan (it leads its own made-up membership): ignored, with a warning
     rogue_plan = plan_for([HIGH.peer_id])
-    caplog.set_level(logging.INFO, logger="p2ptrain.net.election")
+    caplog.set_level(logging.INFO, logger="p2ptrain.agent.leadership.election")
     assert select_plan({HIGH.peer_id: rogue_plan, LOW.peer_id: good}, members) == good
     assert f"signed by {HIGH.peer_id}: the leader (lowest live peer) is {LOW.peer_id}" in caplog.text
     # the leader's plan for an older membership: not followed

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from swarm_helpers import events, start_agent, start_bootstrap, wait_all
 
-from p2ptrain.net.admission import make_token
+from p2ptrain.net.dht.admission import make_token
 from p2ptrain.net.identity import generate_identity, load_or_create_identity
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.reference import train_reference

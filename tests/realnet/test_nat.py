@@ -3,7 +3,7 @@ agent, and two agents each behind its own NAT router with no inbound port and an
 
 They find each other through the bootstrap, become reachable through it as a relay, measure every link
 (the two homes' link to each other, and the public agent's link to each home, go through the bootstrap's
-forwarding: ``p2ptrain.net.forward``), plan and train; the losses are those of
+forwarding: ``p2ptrain.net.nat.forward``), plan and train; the losses are those of
 single-process training, and the measured bandwidth of each shaped uplink to the public agent is within 15%
 of what ``tc`` allows. Measured on a quiet 2-core machine: 22.6 and 22.8 Mbit/s for the 24 Mbit/s home
 (to the public agent, and through the relay), 11.4 and 5.7 Mbit/s for the 12 Mbit/s home."""

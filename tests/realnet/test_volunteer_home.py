@@ -3,7 +3,7 @@ with no port forwarded, running the README's marked shell blocks as written (onl
 in, as the organiser would hand it out), with the bootstrap on the public segment.
 
 * Two homes and the bootstrap only: the homes reach each other through the bootstrap's forwarding
-  (``p2ptrain.net.forward``; libp2p's circuits stop at 128 KiB), measure that link, plan and train.
+  (``p2ptrain.net.nat.forward``; libp2p's circuits stop at 128 KiB), measure that link, plan and train.
 * Two homes plus the organiser's public agent, on the example configuration (``expect = 2``): three
   members for two stages, so one is a spare; everyone finishes, the spare included.
 """

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from p2ptrain.model.gpt import GPT
-from p2ptrain.net.records import ComputeMeasurement, PeerRecord, RecordError
+from p2ptrain.net.dht.records import ComputeMeasurement, PeerRecord, RecordError
 from p2ptrain.planning import StepProfile
 from p2ptrain.runtime.calibration import calibrate, expected_rows, stage_parameters, step_profile
 from p2ptrain.runtime.config import TrainConfig

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from p2ptrain.net.records import ComputeMeasurement
+from p2ptrain.net.dht.records import ComputeMeasurement
 from p2ptrain.planning import Cluster, Device, Workload, scenario
 from p2ptrain.planning.layers import layer_model
 from p2ptrain.planning.split import even_layers

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from p2ptrain.net.emulation import EmulationConfig
+from p2ptrain.net.transport.emulation import EmulationConfig
 from p2ptrain.runtime.plan_file import load_plan_file
 
 

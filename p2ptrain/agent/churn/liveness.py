@@ -1,0 +1,202 @@
+"""Liveness separate from data: heartbeat pings that notice a killed or cut-off peer within seconds.
+
+Tensor calls can be slow for good reasons (half a gigabyte over 0.1 Gbit/s takes 40 s), so a short data
+deadline would call slow links dead, and a long one makes every failure cost that long. Instead an agent
+pings the peers it watches every ``interval_s`` (``net.status``: a tiny message answered at once by the
+transport's event loop, whatever training is doing) and keeps, per peer, when it last answered:
+
+* ``PeerHealth`` (pure, clock passed in): a watched peer is *dead* once it has not answered for
+  ``timeout_s``, or at once after three pings in a row that could not even reach it (its daemon is gone:
+  the connection is refused) — never before two pings were tried;
+* ``LivenessMonitor``: the thread that pings (all at once, on the transport's loop) and calls back after
+  every round. A silence of its own (no round for ``timeout_s``: the process was stopped or starved) or a
+  round in which no peer answered in time (more likely our own loop or link than every peer at once) judges
+  every peer afresh, and ``take_silence`` tells the agent: its peers have counted it dead and re-planned,
+  so the epoch it was training is over;
+* ``epoch_failure`` (pure): whether the epoch this agent trains must halt now: a trainer of the plan is
+  dead, or answers that it stopped the epoch on a failure (state ``fail``). A trainer that stopped at a
+  re-plan point (``halt``) or trains a newer epoch is no failure: every trainer stops there at the same step.
+
+The agent halts the epoch through ``Transport.abort_epoch`` (pending calls fail at once with PeerFailed),
+and leaves dead peers out of its view of the live members until they answer again, so the next leader
+takes over and re-plans without waiting for the dead peer's records to expire.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from p2ptrain.agent.config import LivenessConfig
+from p2ptrain.errors import PeerTimeoutError, ProtocolError
+from p2ptrain.net.dht.records import PlanRecord
+from p2ptrain.net.transport.endpoint import Transport
+from p2ptrain.net.transport.status import FAIL, PeerStatus
+
+logger = logging.getLogger(__name__)
+
+UNREACHABLE_IN_A_ROW = 3
+
+
+@dataclass
+class _Peer:
+    since: float  # watched since
+    last_ok: float | None = None
+    tries: int = 0
+    unreachable: int = 0  # pings in a row that could not reach the peer at all
+    status: PeerStatus | None = None
+
+
+class PeerHealth:
+    """Per watched peer: the last answer and its time; which peers are dead. No I/O."""
+
+    def __init__(self, timeout_s: float, clock: Callable[[], float] = time.monotonic):
+        self.timeout_s = timeout_s
+        self.clock = clock
+        self._peers: dict[str, _Peer] = {}
+
+    def watch(self, peers: Iterable[str]) -> None:
+        """Watch exactly ``peers`` from now on (a peer watched again starts afresh)."""
+        peers = set(peers)
+        now = self.clock()
+        self._peers = {p: self._peers.get(p) or _Peer(since=now) for p in peers}
+
+    @property
+    def watched(self) -> list[str]:
+        return sorted(self._peers)
+
+    def record(self, peer: str, result: PeerStatus | ProtocolError) -> None:
+        state = self._peers.get(peer)
+        if state is None:
+            return
+        state.tries += 1
+        if isinstance(result, PeerStatus):
+            state.last_ok, state.status, state.unreachable = self.clock(), result, 0
+        elif isinstance(result, PeerTimeoutError):
+            pass  # alive but stopped, or a dial that hangs: the timeout decides
+        else:
+            state.unreachable += 1
+
+    def is_dead(self, peer: str) -> bool:
+        state = self._peers.get(peer)
+        if state is None or state.tries < 2:
+            return False
+        if state.unreachable >= UNREACHABLE_IN_A_ROW:
+            return True
+        return self.clock() - (state.last_ok if state.last_ok is not None else state.since) >= self.timeout_s
+
+    def dead(self) -> frozenset[str]:
+        return frozenset(p for p in self._peers if self.is_dead(p))
+
+    def forgive(self) -> None:
+        """Start every peer afresh: the silence was ours (this process was stopped or starved), not theirs."""
+        now = self.clock()
+        self._peers = {p: _Peer(since=now) for p in self._peers}
+
+    def statuses(self) -> dict[str, PeerStatus]:
+        """The last answer of every watched peer that is not dead."""
+        return {p: s.status for p, s in self._peers.items() if s.status is not None and not self.is_dead(p)}
+
+
+def epoch_failure(plan: PlanRecord, me: str, dead: Iterable[str], statuses: Mapping[str, PeerStatus]) -> str | None:
+    """Why the epoch of ``plan`` must halt now for trainer ``me`` (None: go on)."""
+    trainers = {plan.peer_at(i, j) for i in range(plan.replicas) for j in range(plan.stages)}
+    if me not in trainers:
+        return None
+    gone = sorted(set(dead) & trainers - {me})
+    if gone:
+        return f"peer(s) {', '.join(gone)} stopped answering heartbeats"
+    failed = sorted(p for p, s in statuses.items() if p in trainers and s.state == FAIL and s.epoch == plan.epoch)
+    if failed:
+        return f"peer(s) {', '.join(failed)} stopped epoch {plan.epoch} on a failure"
+    return None
+
+
+class LivenessMonitor:
+    """Pings the watched peers every ``interval_s`` on a daemon thread; ``on_round`` runs after each round
+    (on that thread: keep it short)."""
+
+    def __init__(self, transport: Transport, config: LivenessConfig, on_round: Callable[[], None] | None = None):
+        self.transport, self.config, self.on_round = transport, config, on_round
+        self.health = PeerHealth(config.timeout_s)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="p2ptrain-liveness", daemon=True)
+        self._dead_logged: frozenset[str] = frozenset()
+        self._silent_s = 0.0  # the longest gap of ours not yet taken by ``take_silence``
+
+    def start(self) -> LivenessMonitor:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    def watch(self, peers: Iterable[str]) -> None:
+        peers = set(peers)
+        with self._lock:
+            if peers != set(self.health.watched):
+                self.health.watch(peers)
+
+    def dead(self) -> frozenset[str]:
+        with self._lock:
+            return self.health.dead()
+
+    def take_silence(self) -> float:
+        """How long this agent itself was silent (stopped, cut off, starved) since the last call, when that
+        was long enough for its peers to count it dead (0 otherwise)."""
+        with self._lock:
+            silent, self._silent_s = self._silent_s, 0.0
+        return silent
+
+    def statuses(self) -> dict[str, PeerStatus]:
+        with self._lock:
+            return self.health.statuses()
+
+    def _run(self) -> None:
+        last_round = time.monotonic()
+        while not self._stop.is_set():
+            started = time.monotonic()
+            with self._lock:
+                if started - last_round > self.config.timeout_s:
+                    logger.warning("no heartbeat round for %.1f s (this process was stopped or starved): "
+                                   "judging peers afresh", started - last_round)
+                    self.health.forgive()
+                    self._silent_s = max(self._silent_s, started - last_round)
+                peers = self.health.watched
+            last_round = started
+            if peers:
+                try:
+                    results = self.transport.ping_all(peers, self.config.ping_timeout_s)
+                except (TimeoutError, RuntimeError) as e:  # the transport is shutting down, or its loop is stuck
+                    if self._stop.is_set():
+                        return
+                    logger.warning("heartbeat round failed: %s", e)
+                    results = {}
+                with self._lock:
+                    if len(results) >= 2 and all(isinstance(r, PeerTimeoutError) for r in results.values()):
+                        # nobody answered in time: more likely our own loop or link than every peer at once
+                        logger.warning("no peer answered a heartbeat round in time; judging peers afresh")
+                        self.health.forgive()
+                        self._silent_s = max(self._silent_s, time.monotonic() - started)
+                    else:
+                        for peer, result in results.items():
+                            self.health.record(peer, result)
+                    dead = self.health.dead()
+                if dead != self._dead_logged:
+                    for peer in sorted(dead - self._dead_logged):
+                        logger.warning("peer %s stopped answering heartbeats (%s)", peer, results.get(peer))
+                    for peer in sorted(self._dead_logged - dead):
+                        logger.info("peer %s is no longer judged dead (it answered, or it is no longer watched)", peer)
+                    self._dead_logged = dead
+                if self.on_round is not None:
+                    try:
+                        self.on_round()
+                    except Exception:  # a bug in the callback must not stop heartbeats
+                        logger.exception("liveness callback failed")
+            self._stop.wait(max(0.0, self.config.interval_s - (time.monotonic() - started)))

@@ -1,0 +1,522 @@
+"""The leader's side of an agent: when a plan is due, the planner run off the loop, the plan published.
+
+    leading = Leading(config, dht, events, peer_id, leaders, view=agent_view, note_waiting=note,
+                      boundary_s=boundary_costs_s, started=time.monotonic())
+    leading.lead(membership)                      # while we are the lowest live peer, every poll
+    membership = leading.watch_leader(membership)  # while another peer leads
+    leading.close()
+
+The agent (``agent.Agent``) owns one. It calls ``lead`` on every poll while it leads: from its loop, or
+while an epoch trains from the step-boundary thread (``agent.boundary``). Each call moves the leader on:
+
+1. **first plan**: once ``plan_trigger`` fires (expected peers present, or the join deadline passed) and
+   every trainer's links row covers the others (or ``links_timeout_s`` passed); with ``checkpoint.resume``
+   it starts from the newest step every stage has a copy of (``_first_start``).
+2. **re-plan**: once a plan is followed, ``replan.ReplanWatch`` says when the next is due (the live
+   trainers halted after a failure, joiners at a re-plan point). A failure's culprits are quarantined and
+   the peers blamed for it counted (``agent.quarantine``); the compute each trainer showed replaces its
+   claim (``agent.claims``).
+3. **planning**: the planner runs in a thread of its own (``_Planning``), so polling and heartbeats go on.
+4. **publishing**: the plan gets its start step and sources, who keeps each stage's warm copy
+   (``leader.warm_copies``) and the run's settings, and is published as the epoch above every one seen;
+   nothing more is planned until the swarm takes it up.
+
+A peer that does not lead watches the leader (``watch_leader``): one that publishes no plan we accept in
+time is passed over (``plan_check.LeaderWatch``), and the next-lowest peer leads. The workload a plan is
+priced with (``plan_workload``) is the same for the leader and for the followers that check its plans.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import logging
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from p2ptrain.agent.churn.quarantine import Quarantine
+from p2ptrain.agent.churn.replan import JOIN, Replan, ReplanWatch
+from p2ptrain.agent.churn.restart import (
+    CHECKPOINT,
+    INIT,
+    copies_of,
+    join_start,
+    restart_point,
+    source_indices,
+)
+from p2ptrain.agent.config import AgentConfig
+from p2ptrain.agent.events import EventLog
+from p2ptrain.agent.leadership import settings
+from p2ptrain.agent.leadership.claims import ComputeWatch, with_slowdowns
+from p2ptrain.agent.leadership.membership import Membership, plan_trigger
+from p2ptrain.agent.leadership.plan_check import LeaderWatch, newer_plan_excuses
+from p2ptrain.agent.leadership.plan_maker import (
+    build_cluster,
+    cluster_order,
+    compute_estimate_s,
+    link_gaps,
+    make_plan,
+    run_workload,
+    stage_state_bytes,
+    trainers_and_spares,
+    warm_copies,
+)
+from p2ptrain.errors import AgentError, ProtocolError
+from p2ptrain.net.dht.node import SwarmDHT
+from p2ptrain.net.dht.records import NO_BACKUP, PlanRecord
+from p2ptrain.net.transport.status import PeerStatus
+from p2ptrain.planning import Cluster, LayeredWorkload, Workload, even_layers
+from p2ptrain.planning.simulated import StepWorkload
+from p2ptrain.planning.split import Layers
+from p2ptrain.runtime.calibration import layered_workload, step_profile, step_workload
+from p2ptrain.runtime.checkpoint import latest_complete
+from p2ptrain.runtime.config import TrainConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AgentView:
+    """What the leader's side reads of the agent that owns it, taken afresh each time it is read."""
+
+    seen: Membership  # the live view before passed-over leaders are left out
+    following: PlanRecord | None  # the last plan the agent followed
+    newest_seen: PlanRecord | None  # the highest-epoch plan read from a live signer
+    done_now: int | None  # steps done in the epoch being trained
+    max_epoch_seen: int  # over every verified plan: a new leader numbers above it
+    # each watched peer's last answer to our heartbeat pings (``LivenessMonitor.statuses``; none without them)
+    statuses: Mapping[str, PeerStatus] = dataclasses.field(default_factory=dict)
+
+    @property
+    def current(self) -> PlanRecord | None:
+        """The plan followed, else the newest seen (None before the run's first plan)."""
+        return self.following or self.newest_seen
+
+
+@dataclass
+class _Planning:
+    """A plan being computed by the leader in the planner thread."""
+
+    epoch: int
+    membership: tuple[str, ...]
+    devices: list[str]  # cluster order: device i of the plan is peer devices[i]
+    spares: list[str]
+    cluster: Cluster
+    workload: Workload
+    trigger: str
+    future: concurrent.futures.Future
+    replan: Replan | None = None  # None: the run's first plan
+    start_step: int = 0
+    sources: tuple[str, ...] = ()
+    members: Cluster | None = None  # every member's links (trainers in ``devices`` order, then spares)
+    step_s: float = 0.0  # the measured step time (0: not measured yet)
+    slowdowns: dict[str, float] = dataclasses.field(default_factory=dict)  # claims replaced (``agent.claims``)
+    layers: Layers | None = None  # the split a re-plan keeps (``Leading._split_workload``)
+
+
+class Leading:
+    """The leader-only state of one agent, and the leader's moves.
+
+    From the agent it is given: ``config``, the ``dht`` (records read and the plan published), ``events``,
+    its ``peer_id``, the ``leaders`` it passed over (shared with its plan gate), ``view`` (what it has seen
+    of plans and peers, read at each use: the training thread moves ``done_now``), ``note_waiting`` (one
+    log line per change), ``boundary_s`` (the step boundaries' costs, appended while it trains) and when
+    its loop ``started``. It keeps the rest: the planner thread, the plan being computed and the last one
+    published, the re-plan watch, the quarantine and the compute each trainer showed.
+    """
+
+    def __init__(self, config: AgentConfig, dht: SwarmDHT, events: EventLog, peer_id: str, leaders: LeaderWatch, *,
+                 view: Callable[[], AgentView], note_waiting: Callable[[str], None], boundary_s: Sequence[float],
+                 started: float):  # fmt: skip
+        self.config = config
+        self.dht = dht
+        self.events = events
+        self.peer_id = peer_id
+        self._leaders = leaders
+        self._view = view
+        self._note_waiting = note_waiting
+        self._boundary_s = boundary_s
+        self._started = started
+        self._planner = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="p2ptrain-planner")
+        self._planning: _Planning | None = None
+        self._next_epoch = 0
+        self._published: PlanRecord | None = None  # the last plan this agent published as leader
+        self._links_wait_since: float | None = None
+        self._first_due = False  # a follower saw the first plan fall due (``_first_plan_due``)
+        self._watch = ReplanWatch(config.churn)
+        self.quarantine = Quarantine(config.churn.quarantine_s, config.churn.quarantine_max_s,
+                                     blame_epochs=config.churn.quarantine_blames,
+                                     blame_window_s=config.churn.blame_window_s)  # fmt: skip
+        self._compute = ComputeWatch(config.claims.speed_tolerance, config.claims.min_steps)
+
+    def close(self) -> None:
+        """Stop the planner thread; a plan being computed is dropped."""
+        self._planner.shutdown(wait=False, cancel_futures=True)
+
+    # ---- watching the leader (we do not lead) -----------------------------------------------------------
+
+    def watch_leader(self, membership: Membership) -> Membership:
+        """Pass over a leader that has not published a plan we accept in time (``plan_check.LeaderWatch``);
+        ``membership`` without it once passed over. The clock runs while a plan is due: the first once the
+        plan trigger fired and the links are measured (as the leader itself decides); a later one from when
+        we went idle after an epoch, with no newer plan published since by the leader (a peer left out of a
+        newer plan waits for a re-plan point like any joiner; ``plan_check.newer_plan_excuses``)."""
+        cfg = self.config
+        view = self._view()
+        followed = view.following.epoch if view.following is not None else -1
+        if newer_plan_excuses(view.newest_seen, followed, membership.leader, membership.ids):
+            self._leaders.waiting(None, False)
+            return membership
+        allowance = cfg.plan.time_budget_s
+        if view.following is None:
+            due = self._first_plan_due(membership)
+        else:
+            due, allowance = True, allowance + cfg.churn.halt_timeout_s + cfg.dht.peer_ttl_s
+        leader = self._leaders.waiting(membership.leader, due, allowance)
+        if leader is None:
+            return membership
+        backoff = self._leaders.pass_over(leader)
+        logger.warning("passing over the leader %s: no plan we accept came within %.0f s of one being due; the "
+                       "next-lowest peer leads (it may lead again in %.0f s)", leader,
+                       cfg.membership.leader_grace_s + allowance, backoff)  # fmt: skip
+        self.events.write("passed_over", peer=leader, backoff_s=backoff)
+        return Membership({p: r for p, r in membership.peers.items() if p != leader})
+
+    def _first_plan_due(self, membership: Membership) -> bool:
+        """Whether the run's first plan is due (a follower's view of the leader's own decision). Once due it
+        stays due while the trigger holds: rows read later may show gaps again (a DHT read that misses a
+        record; followers that passed a leader over measure it no more), and a gap must not restart the
+        clock on a leader that has not planned; that once held a lagging follower two minutes on a silent
+        leader (``links_timeout_s``) while the others trained without it."""
+        cfg = self.config
+        waited = time.monotonic() - self._started
+        if plan_trigger(self._view().seen, cfg.membership, waited) is None:
+            self._links_wait_since, self._first_due = None, False
+            return False
+        if self._first_due:
+            return True
+        try:
+            trainers, _ = trainers_and_spares(cluster_order(membership.peers), cfg.train)
+            gaps = link_gaps(trainers, self.dht.read_links())
+        except (ValueError, ProtocolError):
+            return False
+        now = time.monotonic()
+        if self._links_wait_since is None:
+            self._links_wait_since = now
+        self._first_due = not gaps or now - self._links_wait_since >= cfg.membership.links_timeout_s
+        return self._first_due
+
+    # ---- the workload a plan is priced with (the leader's, and the followers' check of it) ---------------
+
+    def plan_workload(self, trainers: list[str], membership: Membership, train: TrainConfig) -> Workload:
+        """The workload a plan of ``trainers`` is scored with under ``train`` (the run settings: our own when we
+        lead, the plan's when we check the leader's)."""
+        return self._split_workload(trainers, membership, train)[0]
+
+    def _split_workload(self, trainers: list[str], membership: Membership,
+                        train: TrainConfig) -> tuple[Workload, Layers | None]:  # fmt: skip
+        """``plan_workload``, and the layer split a re-plan keeps (None: the planner chooses). Stage states
+        are kept and handed over per stage, so once the run trains with a split its re-plans keep it (a new
+        split would ask a source for blocks it does not hold); the leader and the followers that check its
+        plan pin the same split, the one of the plan being trained."""
+        stages = train.stages
+        workload = run_workload(train, stages, len(trainers) // stages, self.config.emulation.size_factor)
+        if self.config.plan.objective == "simulated":
+            workload = self._step_workload(workload, trainers, membership, stages, train)
+        current = self._view().current
+        if not isinstance(workload, LayeredWorkload) or current is None:
+            return workload, None
+        layers = current.layer_ranges or even_layers(workload.costs.num_layers, stages)
+        return workload.at(layers), layers
+
+    def _step_workload(self, workload: Workload, trainers: list[str], membership: Membership, stages: int,
+                       train: TrainConfig) -> Workload:  # fmt: skip
+        """The workload with the trainers' calibrated step profile, in the (emulated) network's units."""
+        emulation = self.config.emulation
+        measured = [r.compute for p in trainers if (r := membership.peers.get(p)) is not None and r.compute]
+        if len(measured) < len(trainers):
+            logger.warning("%d of %d trainers published no calibration; the step profile uses the others'",
+                           len(trainers) - len(measured), len(trainers))
+        boundary_s = statistics.median(self._boundary_s) if self._boundary_s else 0.0  # every step boundary polls the same
+        if measured and len(measured) == len(trainers):  # each device's own measurement (mixed devices)
+            return layered_workload(measured, workload, train, len(trainers) // stages,
+                                    boundary_s=boundary_s, time_scale=emulation.time_scale if emulation.enabled else 1.0,
+                                    size_factor=emulation.size_factor if emulation.enabled else 1.0)  # fmt: skip
+        profile = step_profile(measured, train, stages, len(trainers) // stages, boundary_s=boundary_s,
+                               time_scale=emulation.time_scale if emulation.enabled else 1.0,
+                               size_factor=emulation.size_factor if emulation.enabled else 1.0)  # fmt: skip
+        return step_workload(workload, profile)
+
+    # ---- leading ----------------------------------------------------------------------------------------
+
+    def lead(self, membership: Membership) -> None:
+        """One move of the leader, on every poll while we are the lowest live peer of ``membership``."""
+        if self._planning is not None:
+            if self._planning.future.done():
+                self._publish_plan(self._planning)
+            return
+        view = self._view()
+        current = view.current
+        if self._published is not None and (current is None or self._published.epoch > current.epoch):
+            return  # our newest plan is not taken up yet
+        if current is not None:
+            self._replan(current, membership)
+            return
+        trigger = plan_trigger(view.seen, self.config.membership, time.monotonic() - self._started)
+        if trigger is None:
+            self._note_waiting(f"leading; waiting for peers: {len(membership)} live"
+                               + (f" of {self.config.membership.expect} expected" if self.config.membership.expect else ""))
+            return
+        order = cluster_order(membership.peers)
+        trainers, spares = trainers_and_spares(order, self.config.train)
+        try:
+            rows = self.dht.read_links()
+        except ProtocolError as e:
+            logger.warning("reading the links rows failed: %s", e)
+            return
+        gaps = link_gaps(trainers, rows)
+        now = time.monotonic()
+        if self._links_wait_since is None:
+            self._links_wait_since = now
+        if gaps and now - self._links_wait_since < self.config.membership.links_timeout_s:
+            self._note_waiting(f"leading; {trigger}; waiting for {len(gaps)} of {len(trainers) * (len(trainers) - 1)} "
+                               "link measurements")
+            return
+        start_step, sources, trigger = self._first_start(trigger, membership)
+        self._start_planning(membership, trainers, spares, rows, trigger, None, start_step, sources)
+
+    def _first_start(self, trigger: str, membership: Membership) -> tuple[int, tuple[str, ...], str]:
+        """Step 0 from the seed, or with ``checkpoint.resume`` the newest step every stage has a copy of:
+        on a live member's own disk (their first heartbeats say which), or in the shared checkpoint dir."""
+        ckpt, train = self.config.checkpoint, self.config.train
+        if not ckpt.resume:
+            return 0, (), trigger
+        try:
+            progress = self.dht.read_progress()
+        except ProtocolError as e:
+            logger.warning("resume: reading the members' copies failed (%s)", e)
+            progress = {}
+        holdings = {p: copies_of(r.holds) for p, r in progress.items() if p in membership}
+        shared = latest_complete(ckpt.dir, train.stages, train.model) if ckpt.dir else None
+        restart = restart_point(train.stages, holdings, [shared] if shared is not None else [])
+        if restart.step == 0:
+            logger.warning("resume: no step has a copy of all %d stages of %s on the live agents' disks%s; "
+                           "starting at step 0", train.stages, train.model,
+                           f" or in {ckpt.dir}" if ckpt.dir else "")  # fmt: skip
+            return 0, (), trigger
+        where = "the checkpoint" if restart.from_checkpoint else "the agents' own copies"
+        return restart.step, restart.sources, f"{trigger}; resumed from {where} of step {restart.step}"
+
+    def _replan(self, current: PlanRecord, membership: Membership) -> None:
+        settle_s = self.config.dht.peer_ttl_s
+        if self._view().following is None and self._published is None and time.monotonic() - self._started < settle_s:
+            # A peer that just started (a joiner) has not seen every live peer's record yet: in one record
+            # lifetime every live peer refreshed its own.
+            self._note_waiting(f"leading; learning who is live ({settle_s:.0f} s) before re-planning")
+            return
+        try:
+            progress = self.dht.read_progress()
+        except ProtocolError as e:
+            logger.warning("reading progress failed: %s", e)
+            return
+        self._compute.observe(current, progress)
+        ckpt, train = self.config.checkpoint, self.config.train
+        last = latest_complete(ckpt.dir, train.stages, train.model) if ckpt.dir else None
+        live = self.quarantine.without(membership.ids)  # a quarantined peer is no joiner before its back-off ends
+        view = self._view()
+        replan = self._watch.check(current, live, progress, train.steps, [last] if last is not None else [],
+                                   time.monotonic(), view.done_now, view.statuses)
+        if replan is None:
+            if self._watch.note:
+                self._note_waiting(f"leading; {self._watch.note}")
+            return
+        for peer in replan.culprits:
+            if peer != self.peer_id and (backoff := self.quarantine.add(peer, current.epoch)) is not None:
+                logger.warning("quarantining peer %s for %.0f s: it failed epoch %d (%s)", peer, backoff,
+                               current.epoch, replan.reason)  # fmt: skip
+                self.events.write("quarantined", peer=peer, epoch=current.epoch, seconds=backoff, reason=replan.reason)
+        self._count_blames(current, replan)
+        # the quarantined stay out, except a peer the restart takes a stage's state from (it holds it; the
+        # plan must name it as a member); a live culprit whose back-off ended while this failure could not be
+        # re-planned yet (too few peers) is a member again, as a joiner would be
+        held = self.quarantine.held() - set(replan.restart.sources if replan.restart else ())
+        peers = {p: membership.peers[p] for p in (*replan.members, *replan.culprits)
+                 if p in membership.peers and p not in held}  # fmt: skip
+        try:
+            trainers, spares = trainers_and_spares(cluster_order(peers), train)
+        except ValueError as e:
+            self._note_waiting(f"leading; cannot re-plan ({replan.reason}): {e}; waiting for peers")
+            return
+        try:
+            rows = self.dht.read_links()
+        except ProtocolError:
+            rows = {}
+        restart = replan.restart
+        times = [r.step_time_s for r in progress.values() if r.epoch == current.epoch and r.step_time_s > 0]
+        self._start_planning(Membership(peers), trainers, spares, rows, replan.reason, replan,
+                             restart.step if restart else 0, restart.sources if restart else (),
+                             statistics.median(times) if times else 0.0)
+
+    def _count_blames(self, current: PlanRecord, replan: Replan) -> None:
+        """Members blamed for this failure that halted: quarantined once blamed for ``churn.quarantine_blames``
+        epochs within ``churn.blame_window_s`` (``agent.quarantine``), else counted."""
+        churn = self.config.churn
+        for peer in replan.blamed:
+            if peer == self.peer_id:
+                continue
+            count = self.quarantine.blame(peer, current.epoch)
+            if count is None:  # this epoch's failure read again
+                continue
+            if count < churn.quarantine_blames:
+                logger.info("peer %s was blamed for epoch %d's failed calls (%d of %d epochs within %.0f s before "
+                            "it is quarantined)", peer, current.epoch, count, churn.quarantine_blames,
+                            churn.blame_window_s)  # fmt: skip
+                self.events.write("blamed", peer=peer, epoch=current.epoch, count=count)
+                continue
+            backoff = self.quarantine.add(peer, current.epoch)
+            if backoff is None:  # quarantined for this epoch's failure already
+                continue
+            reason = (f"blamed by a halted trainer for the failed calls of {count} epochs within "
+                      f"{churn.blame_window_s:.0f} s (the last {current.epoch})")
+            logger.warning("quarantining peer %s for %.0f s: %s", peer, backoff, reason)
+            self.events.write("quarantined", peer=peer, epoch=current.epoch, seconds=backoff, reason=reason)
+
+    def _start_planning(self, membership: Membership, trainers: list[str], spares: list[str], rows, trigger: str,
+                        replan: Replan | None, start_step: int, sources: tuple[str, ...],
+                        step_s: float = 0.0) -> None:  # fmt: skip
+        slowdowns = self._judge_compute(membership)
+        membership = Membership(with_slowdowns(membership.peers, slowdowns))
+        cluster = build_cluster(trainers, membership.peers, rows, self.config.emulation)
+        members = build_cluster(trainers + spares, membership.peers, rows, self.config.emulation) if spares else cluster
+        stages = self.config.train.stages
+        workload, layers = self._split_workload(trainers, membership, self.config.train)
+        logger.info("planning epoch %d for %d peers (%s): %d stages × %d replicas, %d spare(s), strategy %s",
+                    self._next_epoch, len(membership), trigger, stages, len(trainers) // stages, len(spares),
+                    self.config.plan.strategy)
+        epoch = max(self._next_epoch, self._view().max_epoch_seen + 1)
+        future = self._planner.submit(make_plan, cluster, workload, stages, self.config.plan)
+        self._planning = _Planning(epoch, membership.ids, trainers, spares, cluster, workload, trigger, future,
+                                   replan, start_step, sources, members, step_s, slowdowns, layers)
+
+    def _judge_compute(self, membership: Membership) -> dict[str, float]:
+        """Before a plan: what the epoch trained showed of each trainer's compute (``agent.claims``); the
+        factors the next plan prices the members with."""
+        current = self._view().current
+        for s in self._compute.judge(current, membership.peers, self.config.train) if current is not None else ():
+            if s.factor > 1.0:
+                logger.warning("peer %s computed a step of epoch %d in %.3f s where its calibration predicts %.3f s "
+                               "(%.1fx, beyond the %gx tolerated): planned %.1fx slower from now on", s.peer, s.epoch,
+                               s.observed_s, s.predicted_s, s.factor, self.config.claims.speed_tolerance, s.factor)
+            else:
+                logger.info("peer %s computed as its calibration predicts again (epoch %d: %.3f s, predicted %.3f s); "
+                            "its claim counts again", s.peer, s.epoch, s.observed_s, s.predicted_s)
+            self.events.write("claim_corrected", peer=s.peer, epoch=s.epoch, factor=round(s.factor, 4),
+                              observed_s=s.observed_s, predicted_s=s.predicted_s)
+        return self._compute.slowdowns_of(membership.ids)
+
+    # ---- publishing -------------------------------------------------------------------------------------
+
+    def _publish_plan(self, planning: _Planning) -> None:
+        self._planning = None
+        try:
+            plan = planning.future.result()
+        except ValueError as e:
+            raise AgentError(f"the planner found no plan: {e}") from None
+        if planning.layers is not None:  # planned at the split the run trains with
+            plan = {**plan, "layers": [list(r) for r in planning.layers]}
+        record = PlanRecord.from_plan_json(planning.epoch, planning.devices + planning.spares, plan)
+        start_step, sources = planning.start_step, planning.sources
+        if planning.replan is not None and planning.replan.kind == JOIN:
+            point = self._join_point(record)
+            if point is None:
+                logger.warning("not admitting the joiners: a stage of epoch %d has no live trainer left",
+                               self._view().current.epoch)
+                return
+            start_step, sources = point
+            if start_step >= self.config.train.steps:
+                logger.info("not re-planning (%s): the run ends before the next re-plan point", planning.trigger)
+                self._watch.reset()
+                return
+        strays = [p for p in sources if p not in (CHECKPOINT, INIT) and p not in record.membership]
+        if strays:  # a source left between the check and the plan: check again
+            logger.warning("not publishing epoch %d: the restart's source(s) %s are no longer members; re-planning",
+                           planning.epoch, ", ".join(strays))  # fmt: skip
+            self._watch.reset()
+            return
+        copies = self._warm_copies(planning, plan)
+        index = {p: i for i, p in enumerate(record.membership)}
+        record = dataclasses.replace(record, start_step=start_step, reason=planning.trigger[:120],
+                                     slowdowns=tuple((index[p], f) for p, f in planning.slowdowns.items() if p in index),
+                                     sources=source_indices(sources, record.membership),
+                                     backups=tuple(NO_BACKUP if p is None else index[p] for p in copies["peers"]),
+                                     backup_every=copies["every_steps"],
+                                     **settings.plan_fields(self.config.train))  # fmt: skip
+        plan = {**plan, "warm_copies": copies}
+        self.dht.publish_plan(record)
+        self._published = record
+        self._next_epoch = planning.epoch + 1
+        self._links_wait_since = None
+        self._watch.reset()
+        baselines = ", ".join(f"{k} {v['cost_s']:.3f} s" for k, v in plan.get("baselines", {}).items())
+        search = plan.get("search") or {}
+        method = search.get("method", "?")
+        # a fixed order (strategy megatron or random) has no search time
+        how = (f"planned in {search['seconds']:.2f} s by the {method} search" if search.get("seconds") is not None
+               else f"placed in the {method} order")  # fmt: skip
+        logger.info("published plan epoch %d: predicted %.3f s/step (%s); pipelines %s; %s%s", planning.epoch,
+                    plan["cost_s"], baselines, plan["pipelines"], how,
+                    f" ({search['fallback']}'s order: the search did not beat it)" if search.get("fallback") else "")
+        self.events.write(
+            "plan", epoch=planning.epoch, plan=plan, devices=planning.devices, spares=planning.spares,
+            trigger=planning.trigger, cluster=planning.cluster.to_dict(), start_step=start_step,
+            sources=list(sources), replan=planning.replan.kind if planning.replan else None,
+            slowdowns=planning.slowdowns, settings=settings.plan_fields(self.config.train),
+            workload={"activation_gb": planning.workload.activation_gb, "gradient_gb": planning.workload.gradient_gb,
+                      **({"step": dataclasses.asdict(planning.workload.step)}
+                         if isinstance(planning.workload, StepWorkload) else {}),
+                      **({"layer_costs": dataclasses.asdict(planning.workload.costs)}
+                         if isinstance(planning.workload, LayeredWorkload) else {})},
+        )  # fmt: skip
+
+    def _warm_copies(self, planning: _Planning, plan: dict[str, Any]) -> dict[str, Any]:
+        """Who keeps each stage's warm copy, and how often (``leader.warm_copies``); the step time is the
+        one measured in the last epoch, else the plan's prediction plus the slowest trainer's compute."""
+        cfg = self.config
+        scale = cfg.emulation.time_scale if cfg.emulation.enabled else 1.0
+        if isinstance(planning.workload, LayeredWorkload):  # mixed devices: the prediction includes compute
+            step_s = planning.step_s or plan["cost_s"] * scale
+        else:
+            step_s = planning.step_s or plan["cost_s"] * scale + compute_estimate_s(
+                cfg.train, plan["stages"], plan["replicas"], min(d.tflops for d in planning.cluster.devices))
+        churn = cfg.churn
+        if not planning.step_s and churn.backup_every == "auto":
+            churn = dataclasses.replace(churn, backup_max_every=min(churn.backup_max_every, churn.backup_first_every))
+        copies = warm_copies(plan, planning.devices, planning.spares, planning.members or planning.cluster,
+                             stage_state_bytes(cfg.train, cfg.train.stages), step_s, churn, cfg.emulation)
+        logger.info("warm copies every %d step(s) (one copy %.3f s, %.4f s per step) to %s", copies["every_steps"],
+                    copies["copy_s"], copies["per_step_s"], copies["peers"])
+        return copies
+
+    def _join_point(self, record: PlanRecord) -> tuple[int, tuple[str, ...]] | None:
+        """A join re-plan's start (``churn.join_start``) and sources: each stage's lowest-replica trainer of
+        the epoch being trained (every one of them stops at that step, holding it)."""
+        current = self._view().current
+        try:
+            progress = self.dht.read_progress()
+        except ProtocolError:
+            progress = {}
+        seen = [r.step for r in progress.values() if r.epoch == current.epoch]
+        done_now = self._view().done_now
+        if done_now is not None:
+            seen.append(done_now)
+        sources = []
+        for stage in range(current.stages):
+            holders = [current.peer_at(i, stage) for i in range(current.replicas)]
+            live = [p for p in holders if p in record.membership]
+            if not live:
+                return None  # a failure, not a join: the halted heartbeats will say where to restart
+            sources.append(live[0])
+        return join_start(seen, current.start_step), tuple(sources)

@@ -1,0 +1,263 @@
+"""Open runs, protected as far as they can be: a plan is checked before it is followed, and a leader that
+publishes no valid plan in time is passed over. Pure (no I/O; clocks are arguments).
+
+Lowest-ID election lets anyone lead who generates keys until one sorts first (closed runs refuse such
+peers at admission, ``net.admission``; an admitted peer can still be broken). So a follower does not take
+the leader's word for a plan:
+
+* ``membership_problem``: the plan names only peers the follower sees live, and a first plan leaves out
+  none that the follower has seen for a while (a later plan may: peers that did not halt in time, or
+  joiners who wait for the next re-plan point).
+* ``cost_problem``: the follower plans the same records itself (the scheduler is deterministic with the
+  run's seed and takes seconds), scores the leader's assignment and its own with the same objective on the
+  same measured links, and refuses the leader's if it is more than ``tolerance`` (a fraction) plus
+  ``slack_s`` slower. Both are scored on the follower's inputs, so links re-measured since the leader
+  planned move both figures alike; the slack covers short steps (loopback), where link noise alone moves
+  the two plans' costs by more than the tolerance.
+* ``LeaderWatch``: once a plan is *due* (from the follower's own view: the plan trigger fired and the
+  links are measured, or an epoch it trained halted), the leader has ``grace_s`` (plus the search budget)
+  to publish a plan that passes both checks; otherwise the follower passes it over: it leaves the
+  follower's view of the members for a back-off that doubles with each repeat, so the next-lowest peer
+  leads and the plans leave it out. A peer passed over by mistake (a slow honest leader) rejoins after its
+  back-off like any joiner.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from p2ptrain.agent.config import EmulationSettings, PlanConfig
+from p2ptrain.agent.leadership import settings
+from p2ptrain.agent.leadership.claims import plan_slowdowns, with_slowdowns
+from p2ptrain.agent.leadership.plan_maker import build_cluster, cluster_order, make_plan, trainers_and_spares
+from p2ptrain.net.dht.records import LinksRecord, PeerRecord, PlanRecord
+from p2ptrain.planning import Cluster, LayeredWorkload, Workload, even_layers, make_objective
+from p2ptrain.runtime.config import TrainConfig
+
+logger = logging.getLogger(__name__)
+
+# (cluster, trainers, their records, the run settings) -> the workload a plan of them is scored with
+WorkloadFor = Callable[[Cluster, list[str], Mapping[str, PeerRecord], TrainConfig], Workload]
+
+
+def membership_problem(plan: PlanRecord, live: Collection[str], settled: Collection[str], first: bool) -> str | None:
+    """Why ``plan`` does not plan the membership we see (None: it does).
+
+    ``live``: the peers we see live (dead and passed-over peers already left out); ``settled``: those of
+    them we have seen long enough that a leader must have seen them too; ``first``: no epoch was trained
+    yet, so every settled live peer must be a member.
+    """
+    unknown = [p for p in plan.membership if p not in live]
+    if unknown:
+        return f"it names {len(unknown)} peer(s) we do not see live ({', '.join(unknown[:3])})"
+    if first:
+        missing = sorted(p for p in settled if p not in plan.membership)
+        if missing:
+            return f"it leaves out {len(missing)} live peer(s) ({', '.join(missing[:3])})"
+    return None
+
+
+def trainers_of(plan: PlanRecord) -> list[str]:
+    """The plan's trainers in row-major (pipeline, stage) order."""
+    return [plan.peer_at(i, j) for i in range(plan.replicas) for j in range(plan.stages)]
+
+
+def assignment_of(plan: PlanRecord, order: Sequence[str]) -> np.ndarray:
+    """The plan's (pipeline × stage) assignment as indices into ``order`` (a cluster's device order)."""
+    index = {p: k for k, p in enumerate(order)}
+    return np.array([[index[plan.peer_at(i, j)] for j in range(plan.stages)] for i in range(plan.replicas)])
+
+
+@dataclass(frozen=True)
+class CostCheck:
+    """The leader's plan and ours, scored alike on our inputs (seconds per step)."""
+
+    theirs_s: float
+    ours_s: float
+    tolerance: float
+    slack_s: float = 0.0
+
+    @property
+    def problem(self) -> str | None:
+        if self.theirs_s <= self.ours_s * (1.0 + self.tolerance) + self.slack_s + 1e-9:
+            return None
+        return (f"it predicts {self.theirs_s:.4g} s per step on the measured links; our own plan of the same "
+                f"records predicts {self.ours_s:.4g} s ({self.theirs_s / self.ours_s:.2f}x, more than "
+                f"{1 + self.tolerance:.2f}x and {self.slack_s:g} s)")
+
+
+def cost_check(plan: PlanRecord, peers: Mapping[str, PeerRecord], rows: Mapping[str, LinksRecord],
+               train: TrainConfig, config: PlanConfig, emulation: EmulationSettings,
+               workload_for: WorkloadFor, tolerance: float, slack_s: float = 0.0) -> CostCheck:
+    """Score ``plan`` and our own plan of its members (``peers``: their records; ``rows``: the links rows)
+    with the run's objective and the plan's run settings (``agent.settings``: the wire, schedule and overlap
+    both plans would train with); ``workload_for(cluster, trainers, peers, train)`` gives the workload both
+    are scored with. Raises ValueError where we cannot plan these members ourselves."""
+    if plan.stages != train.stages:
+        raise ValueError(f"it has {plan.stages} stages; the run trains {train.stages}")
+    train = settings.adopt(train, plan)
+    theirs = trainers_of(plan)
+    cluster = build_cluster(theirs, peers, rows, emulation)
+    workload = workload_for(cluster, theirs, peers, train)
+    if isinstance(workload, LayeredWorkload):  # mixed devices: their plan at its own layer split
+        workload = workload.at(plan.layer_ranges or even_layers(workload.costs.num_layers, plan.stages))
+    theirs_s = make_objective(config.objective, cluster, workload, plan.stages).evaluate(
+        assignment_of(plan, theirs)).cost_s
+    ours, _ = trainers_and_spares(cluster_order({p: peers[p] for p in plan.membership}), train)
+    if len(ours) != len(theirs):
+        raise ValueError(f"it trains {len(theirs)} peers where the run's settings train {len(ours)} of "
+                         f"{len(plan.membership)} members")
+    own = build_cluster(ours, peers, rows, emulation)
+    ours_s = make_plan(own, workload_for(own, ours, peers, train), plan.stages, config)["cost_s"]
+    return CostCheck(float(theirs_s), float(ours_s), tolerance, slack_s)
+
+
+def newer_plan_excuses(newest: PlanRecord | None, followed_epoch: int, leader: str, live: Collection[str]) -> bool:
+    """Whether a plan newer than the one we followed stops the clock on ``leader`` (we wait for a re-plan
+    point like any joiner: a plan came, we are just not in it). Only a plan signed by ``leader`` itself, or by
+    a peer no longer live (a leader that died after planning), does: a newer plan signed by another live
+    peer ranks that peer after ``leader`` (the leader is the lowest live peer), so it comes from followers
+    who passed ``leader`` over a moment before we did, and ``leader`` still owes us a plan. Without the
+    clock we would wait on a silent leader for ever, and ignore the plan everyone else trains."""
+    if newest is None or newest.epoch <= followed_epoch:
+        return False
+    return newest.leader == leader or newest.leader not in live
+
+
+@dataclass
+class _Leader:
+    peer: str
+    since: float  # when the plan became due under this leader
+
+
+class LeaderWatch:
+    """Which leaders this agent passed over, and whether the present one is out of time."""
+
+    def __init__(self, grace_s: float, backoff_s: float, max_backoff_s: float = 86400.0,
+                 clock: Callable[[], float] = time.monotonic):  # fmt: skip
+        self.grace_s = grace_s
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.clock = clock
+        self._due: _Leader | None = None
+        self._until: dict[str, float] = {}  # peer -> passed over until
+        self._times: dict[str, int] = {}  # peer -> how often passed over
+
+    def excluded(self) -> set[str]:
+        """The peers passed over now (their back-off runs)."""
+        now = self.clock()
+        for peer in [p for p, until in self._until.items() if until <= now]:
+            del self._until[peer]
+            logger.info("peer %s's back-off as a passed-over leader ended; it may lead again", peer)
+        return set(self._until)
+
+    def waiting(self, leader: str | None, due: bool, allowance_s: float = 0.0) -> str | None:
+        """Call on every idle poll while we have no plan to follow: ``due`` whether a plan should have come
+        by now (``allowance_s``: what the leader may still spend, e.g. its search budget). Returns the
+        leader to pass over, once out of time, or None."""
+        now = self.clock()
+        if leader is None or not due:
+            self._due = None
+            return None
+        if self._due is None or self._due.peer != leader:
+            self._due = _Leader(leader, now)
+            return None
+        if now - self._due.since <= self.grace_s + allowance_s:
+            return None
+        self._due = None
+        return leader
+
+    def satisfied(self) -> None:
+        """A valid plan came: the clock of the present leader stops."""
+        self._due = None
+
+    def pass_over(self, peer: str) -> float:
+        """Leave ``peer`` out for its back-off (doubling with each repeat); returns the back-off in seconds."""
+        times = self._times.get(peer, 0)
+        self._times[peer] = times + 1
+        backoff = min(self.max_backoff_s, self.backoff_s * 2**times)
+        self._until[peer] = self.clock() + backoff
+        return backoff
+
+
+class PlanGate:
+    """A follower's checks of the leader's plans, and its watch on the leader; the agent passes in what it
+    reads (``read_rows``) and how it scores (``workload_for``). Logs each refusal once, with its reason."""
+
+    def __init__(self, me: str, train: TrainConfig, plan: PlanConfig, emulation: EmulationSettings,
+                 leaders: LeaderWatch, settle_s: float,
+                 read_rows: Callable[[], Mapping[str, LinksRecord]],
+                 workload_for: WorkloadFor,
+                 on_refusal: Callable[[PlanRecord, str], None] = lambda plan, reason: None):  # fmt: skip
+        self.me, self.train, self.plan, self.emulation = me, train, plan, emulation
+        self.leaders = leaders
+        self.settle_s = settle_s
+        self.read_rows = read_rows
+        self.workload_for = workload_for
+        self.on_refusal = on_refusal
+        self._costs: dict[bytes, str | None] = {}  # a plan's encoding -> why its cost is refused (None: fine)
+        self._refused: set[tuple[bytes, str]] = set()
+        self._unseen_since: dict[bytes, float] = {}
+
+    def refused(self, plan: PlanRecord) -> bool:
+        """Whether ``plan``'s cost was refused (a refused plan never counts as the run's newest)."""
+        return self._costs.get(plan.encode()) is not None
+
+    def accept(self, plan: PlanRecord, live: Mapping[str, PeerRecord], known_for: Callable[[str], float],
+               first: bool) -> bool:  # fmt: skip
+        """Whether to follow ``plan`` (signed by the leader we see) now. Our own plans pass unchecked."""
+        if plan.leader == self.me:
+            return True
+        key = plan.encode()
+        unknown = settings.problem(plan)  # checked even unverified: we could not train with it
+        if unknown is not None:
+            self._costs[key] = unknown
+            self._refuse(plan, key, unknown)
+            return False
+        if not self.plan.verify:
+            return True
+        settled = [p for p in live if known_for(p) >= self.settle_s]
+        problem = membership_problem(plan, live, settled, first)
+        if problem is not None and any(p not in live for p in plan.membership):
+            # our view may lag the leader's by a poll or two: refuse only if it stays so
+            since = self._unseen_since.setdefault(key, self.leaders.clock())
+            if self.leaders.clock() - since < self.settle_s:
+                return False
+        if problem is None:
+            problem = self._cost_problem(plan, live, key)
+        if problem is None:
+            self.leaders.satisfied()
+            return True
+        self._refuse(plan, key, problem)
+        return False
+
+    def _refuse(self, plan: PlanRecord, key: bytes, problem: str) -> None:
+        if (key, problem) not in self._refused:
+            self._refused.add((key, problem))
+            logger.warning("refusing plan epoch %d signed by %s: %s", plan.epoch, plan.leader, problem)
+            self.on_refusal(plan, problem)
+
+    def _cost_problem(self, plan: PlanRecord, live: Mapping[str, PeerRecord], key: bytes) -> str | None:
+        if key in self._costs:
+            return self._costs[key]
+        try:
+            rows = self.read_rows()
+        except Exception as e:  # noqa: BLE001 - a failed read is retried at the next poll, not a verdict
+            logger.warning("cannot read the links rows to check plan epoch %d: %s", plan.epoch, e)
+            return "its links rows could not be read (retrying)"
+        live = with_slowdowns(live, plan_slowdowns(plan))  # the leader's factors: only ever slower (``claims``)
+        try:
+            check = cost_check(plan, live, rows, self.train, self.plan, self.emulation, self.workload_for,
+                               self.plan.verify_tolerance, self.plan.verify_slack_s)  # fmt: skip
+        except ValueError as e:
+            self._costs[key] = str(e)
+            return self._costs[key]
+        self._costs[key] = check.problem
+        logger.info("plan epoch %d signed by %s checked: %.4g s per step, ours %.4g s", plan.epoch, plan.leader,
+                    check.theirs_s, check.ours_s)
+        return check.problem

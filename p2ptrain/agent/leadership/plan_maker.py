@@ -1,0 +1,326 @@
+"""What the leader does with the run's records: a cluster, a plan, a plan record. Pure (no I/O).
+
+1. ``trainers_and_spares``: how many replicas the live membership gives (``members // stages``, fewer if
+   the global batch does not split over them), and which peers train: the first ``stages × replicas`` in
+   cluster order; the others are spares.
+2. ``build_cluster``: devices from the peer records (region, TFLOP/s, memory), α and β from the links rows.
+   Each row holds its writer's measurements of its outgoing links; a pair's α is the mean of the two
+   directions and its β their harmonic mean (transfer times average, not rates). A row is its writer's
+   claim: where the two ends' figures are more than ``LINK_DISAGREEMENT`` (10x) apart the worse one counts
+   (logged), and a link only one end measured is never better than the best link both ends measured.
+   A pair nobody measured gets the worst measured link (a conservative guess, logged). When
+   emulating, measured values become the emulated network's own units: α = α'/time_scale,
+   β = β'·time_scale/size_factor, so the plan's cost compares with one computed from the true matrices.
+3. ``run_workload``: c_PP and c_DP of this run (fp32 activations and gradients of the configured model and
+   batch), divided by the emulation's size factor.
+4. ``make_plan``: the scheduler, or a baseline (Megatron's rank order in cluster order; a random
+   assignment), as the plan document of DESIGN.md, scored by ``config.objective`` (for "simulated" the
+   workload carries the members' calibrated step profile, ``runtime.calibration``). Slow for big clusters:
+   the agent runs it in a thread.
+
+5. ``warm_copies``: per stage the peer keeping a warm copy of its state and the interval of the copies
+   (``agent.backup``), from the measured links of every member (spares too) and the step time.
+
+Cluster order: by the device each peer plays when every member emulates one (so Megatron's order is the
+emulated network's device order), otherwise by peer ID.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from p2ptrain.agent.churn.warm_copies import copy_part_numel
+from p2ptrain.agent.config import ChurnConfig, EmulationSettings, PlanConfig
+from p2ptrain.net.dht.records import LinkMeasurement, LinksRecord, PeerRecord
+from p2ptrain.planning import (
+    Cluster,
+    Device,
+    Plan,
+    SearchStats,
+    Workload,
+    make_objective,
+    megatron_assignment,
+    parameter_count,
+    random_assignment,
+    random_cost,
+    schedule,
+    workload_from_model,
+)
+from p2ptrain.planning.joint import LayeredWorkload
+from p2ptrain.planning.plan import Infeasible
+from p2ptrain.planning.split import even_layers
+from p2ptrain.runtime.calibration import with_measured_speeds
+from p2ptrain.runtime.config import TrainConfig
+
+logger = logging.getLogger(__name__)
+
+FP32_BYTES = 4
+
+
+def cluster_order(peers: Mapping[str, PeerRecord]) -> list[str]:
+    """Peers in the cluster's device order (see the module docstring)."""
+    if peers and all(r.emulated_device is not None for r in peers.values()):
+        return sorted(peers, key=lambda p: (peers[p].emulated_device, p))
+    return sorted(peers)
+
+
+def replicas_for(num_members: int, train: TrainConfig) -> int:
+    """The most replicas (≤ members // stages) over which the global batch splits; 0 if none."""
+    for replicas in range(num_members // train.stages, 0, -1):
+        if train.global_batch_size % (replicas * train.micro_batches) == 0:
+            return replicas
+    return 0
+
+
+def trainers_and_spares(order: Sequence[str], train: TrainConfig) -> tuple[list[str], list[str]]:
+    replicas = replicas_for(len(order), train)
+    if replicas == 0:
+        raise ValueError(
+            f"{len(order)} peers cannot train {train.stages} stages of a global batch of "
+            f"{train.global_batch_size} in {train.micro_batches} micro-batches"
+        )
+    used = replicas * train.stages
+    return list(order[:used]), list(order[used:])
+
+
+def link_gaps(members: Sequence[str], rows: Mapping[str, LinksRecord]) -> list[tuple[str, str]]:
+    """Directed pairs (a, b) whose link a's row does not cover yet."""
+    gaps = []
+    for a in members:
+        covered = rows[a].resolve(members) if a in rows else {}
+        gaps.extend((a, b) for b in members if b != a and b not in covered)
+    return gaps
+
+
+def build_cluster(
+    order: Sequence[str],
+    peers: Mapping[str, PeerRecord],
+    rows: Mapping[str, LinksRecord],
+    emulation: EmulationSettings,
+) -> Cluster:
+    """The cluster of ``order``'s peers (device i = ``order[i]``), in the (emulated) network's units."""
+    n = len(order)
+    measured = {a: (rows[a].resolve(order) if a in rows else {}) for a in order}
+    latency, bandwidth = np.zeros((n, n)), np.zeros((n, n))
+    unknown, one_sided, disputed = [], [], []
+    for i, a in enumerate(order):
+        for j, b in enumerate(order):
+            if i < j:
+                both = [m for m in (measured[a].get(b), measured[b].get(a)) if m is not None]
+                if len(both) == 2 and _disagree(*both):
+                    disputed.append((a, b))  # a row's claim is checked by the other end's measurement
+                    latency[i, j] = latency[j, i] = max(m.latency_ms for m in both)
+                    bandwidth[i, j] = bandwidth[j, i] = min(m.bandwidth_gbps for m in both)
+                elif both:
+                    latency[i, j] = latency[j, i] = _mean_latency(both)
+                    bandwidth[i, j] = bandwidth[j, i] = _mean_bandwidth(both)
+                    if len(both) == 1:
+                        one_sided.append((i, j))
+                else:
+                    unknown.append((i, j))
+    off = ~np.eye(n, dtype=bool)
+    if disputed:
+        logger.warning("%d link(s) measured very differently by their two ends (more than %gx apart), planned with "
+                       "the worse figure: %s", len(disputed), LINK_DISAGREEMENT,
+                       ", ".join(f"{a}-{b}" for a, b in disputed[:4]))  # fmt: skip
+    checked = off.copy()
+    for i, j in unknown + one_sided:
+        checked[i, j] = checked[j, i] = False
+    if one_sided and checked.any():
+        # a link only one end measured is never better than the best link both ends agreed on
+        for i, j in one_sided:
+            latency[i, j] = latency[j, i] = max(latency[i, j], float(latency[checked].min()))
+            bandwidth[i, j] = bandwidth[j, i] = min(bandwidth[i, j], float(bandwidth[checked].max()))
+    if unknown:
+        known = off.copy()
+        for i, j in unknown:
+            known[i, j] = known[j, i] = False
+        worst_latency = float(latency[known].max()) if known.any() else 0.0
+        worst_bandwidth = float(bandwidth[known].min()) if known.any() else 1.0
+        for i, j in unknown:
+            latency[i, j] = latency[j, i] = worst_latency
+            bandwidth[i, j] = bandwidth[j, i] = worst_bandwidth
+        logger.warning("%d links were never measured; planning with the worst measured link for them "
+                       "(%.1f ms, %.4g Gbit/s)", len(unknown), worst_latency, worst_bandwidth)
+    if emulation.enabled:
+        latency[off] /= emulation.time_scale
+        bandwidth[off] *= emulation.time_scale / emulation.size_factor
+    devices = tuple(
+        Device(name=p, region=peers[p].region or None, tflops=peers[p].tflops, memory_gb=peers[p].memory_gb)
+        for p in order
+    )
+    # mixed devices: every trainer's own calibration is its speed (``runtime.calibration``), when all have one
+    return with_measured_speeds(Cluster(devices, latency, bandwidth), [peers[p].compute for p in order])
+
+
+LINK_DISAGREEMENT = 10.0  # beyond this ratio of the two ends' figures a link is disputed: the worse counts
+
+
+def _disagree(a: LinkMeasurement, b: LinkMeasurement) -> bool:
+    """Whether two ends' measurements of one link are too far apart to be the same link's two directions
+    (home uplinks are often several times slower than a data centre's: that much is honest asymmetry)."""
+    ratio = max(a.bandwidth_gbps, b.bandwidth_gbps) / min(a.bandwidth_gbps, b.bandwidth_gbps)
+    slow, fast = max(a.latency_ms, b.latency_ms), min(a.latency_ms, b.latency_ms)
+    return ratio > LINK_DISAGREEMENT or slow > LINK_DISAGREEMENT * fast + 10.0
+
+
+def _mean_latency(measurements: list[LinkMeasurement]) -> float:
+    return sum(m.latency_ms for m in measurements) / len(measurements)
+
+
+def _mean_bandwidth(measurements: list[LinkMeasurement]) -> float:
+    return len(measurements) / sum(1.0 / m.bandwidth_gbps for m in measurements)
+
+
+def run_workload(train: TrainConfig, num_stages: int, num_replicas: int, size_factor: float = 1.0) -> Workload:
+    """This run's c_PP and c_DP in GB (fp32 activations and gradients), over the emulation's size factor."""
+    shape = train.shape
+    own = workload_from_model(
+        shape, num_stages=num_stages, num_replicas=num_replicas,
+        batch_tokens=train.global_batch_size * shape.seq_len,
+        activation_bytes=FP32_BYTES, gradient_bytes=FP32_BYTES,
+    )  # fmt: skip
+    source = f"{train.model}, batch {train.global_batch_size}"
+    if size_factor != 1.0:
+        source += f", over size factor {size_factor:.4g}"
+    return Workload(own.activation_gb / size_factor, own.gradient_gb / size_factor, source=source)
+
+
+def make_plan(cluster: Cluster, workload: Workload, num_stages: int, config: PlanConfig) -> dict[str, Any]:
+    """The plan document (DESIGN.md "Plan") of ``config.strategy`` over ``cluster``; ValueError if none."""
+    n = cluster.num_devices
+    if config.strategy == "scheduled":
+        plan = schedule(cluster, workload, num_stages, seed=config.seed, objective=config.objective,
+                        time_budget_s=config.time_budget_s, clock=time.perf_counter)
+        if isinstance(plan, Infeasible):
+            raise ValueError(f"no plan: {plan.reason}")
+        return plan.to_json()
+    if n % num_stages:
+        raise ValueError(f"{n} devices cannot be split into {num_stages} stages")
+    if isinstance(workload, LayeredWorkload):  # a baseline keeps the even split
+        workload = workload.at(even_layers(workload.costs.num_layers, num_stages))
+    objective = make_objective(config.objective, cluster, workload, num_stages)
+    rng = np.random.default_rng(config.seed)
+    if config.strategy == "megatron":
+        sigma = megatron_assignment(n, num_stages)
+    elif config.strategy == "communication_only":  # the paper's planner: links only, even split
+        paper = schedule(cluster, Workload(workload.activation_gb, workload.gradient_gb), num_stages, seed=config.seed,
+                         objective="dtfm", time_budget_s=config.time_budget_s, clock=time.perf_counter)
+        if isinstance(paper, Infeasible):
+            raise ValueError(f"no plan: {paper.reason}")
+        sigma = np.array(paper.pipelines)
+    else:
+        sigma = random_assignment(n, num_stages, rng)
+    megatron = objective.evaluate(megatron_assignment(n, num_stages))
+    plan = Plan(
+        pipelines=tuple(tuple(int(d) for d in row) for row in sigma),
+        objective=objective.name,
+        cost=objective.evaluate(sigma),
+        baselines={"megatron": megatron, "random": random_cost(objective, n, rng)},
+        search=SearchStats(seed=config.seed, evaluations=1, method=config.strategy, stopped_by="converged"),
+    )
+    return plan.to_json()
+
+
+def check_plan_json(plan: Mapping[str, Any], num_devices: int) -> None:
+    """An assertion that the planner's document is a full assignment of ``num_devices`` devices."""
+    flat = sorted(d for row in plan["pipelines"] for d in row)
+    assert flat == list(range(num_devices)), f"plan does not assign every device once: {plan['pipelines']}"
+    assert math.isfinite(plan["cost_s"])
+
+
+TRAINER_COPY_WEIGHT = 2.0  # a trainer's link also carries training traffic
+
+
+def choose_backups(groups: Sequence[Sequence[int]], candidates: Sequence[int], spares: Sequence[int],
+                   copy_s: np.ndarray, busy: Sequence[Collection[int]] = ()) -> list[int | None]:  # fmt: skip
+    """Per stage j, the device keeping its copy: not in ``groups[j]`` (the stage's devices, replica 0
+    first); spares before trainers at equal cost; ``copy_s[a, b]`` the time of one copy from a to b. None
+    when no device is outside the stage's group. ``busy[j]``: the devices to which replica 0's link carries
+    its training messages (its pipeline neighbours), taken only where nobody else can keep the copy: a copy
+    there queues with the activations, and each part of it delays the step (on the emulated world-wide
+    network a copy to the neighbour that sends the stage its gradients made every int8 step 10 % longer)."""
+    spare_set = set(spares)
+    share = math.ceil(len(groups) / max(1, len(candidates)))
+    load = dict.fromkeys(candidates, 0)
+    chosen: list[int | None] = []
+    for group in groups:
+        source = group[0]
+        avoid = set(busy[len(chosen)]) if busy else set()
+        options = [c for c in candidates if c not in group and c not in avoid and load[c] < share]
+        if not options:
+            options = [c for c in candidates if c not in group and c not in avoid]
+        if not options:
+            options = [c for c in candidates if c not in group]
+        if not options:
+            chosen.append(None)
+            continue
+        weight = {c: 1.0 if c in spare_set else TRAINER_COPY_WEIGHT for c in options}
+        best = min(options, key=lambda c: (weight[c] * copy_s[source, c], c not in spare_set, load[c], c))
+        load[best] += 1
+        chosen.append(best)
+    return chosen
+
+
+def backup_interval(copy_s: float, step_s: float, budget: float, max_every: int) -> int:
+    """Steps between copies so that one copy takes at most ``budget`` of that many steps' time."""
+    if copy_s <= 0:
+        return 1
+    if step_s <= 0:
+        return max_every
+    return max(1, min(max_every, math.ceil(copy_s / (budget * step_s))))
+
+
+STATE_TENSORS_PER_PARAMETER = 3  # the parameter and AdamW's two moments
+
+
+def compute_estimate_s(train: TrainConfig, num_stages: int, num_replicas: int, tflops: float) -> float:
+    """A stage's forward and backward time per step (6 FLOPs per parameter and token) at ``tflops``."""
+    tokens = train.global_batch_size * train.shape.seq_len / num_replicas
+    return 6 * parameter_count(train.shape) / num_stages * tokens / (tflops * 1e12)
+
+
+def stage_state_bytes(train: TrainConfig, num_stages: int) -> float:
+    """The bytes of one stage's training state (fp32 parameters and AdamW moments; an even split)."""
+    return STATE_TENSORS_PER_PARAMETER * FP32_BYTES * parameter_count(train.shape) / num_stages
+
+
+def warm_copies(plan: Mapping[str, Any], devices: Sequence[str], spares: Sequence[str], cluster: Cluster,
+                state_bytes: float, step_s: float, churn: ChurnConfig,
+                emulation: EmulationSettings) -> dict[str, Any]:  # fmt: skip
+    """Who keeps each stage's warm copy and how often (``agent.backup``), for ``plan`` over ``devices``.
+
+    ``cluster`` holds every member, trainers (``devices``, in the plan's device order) first, then
+    ``spares``; ``step_s`` is the step time in seconds (measured, or predicted). Returns the peers (None:
+    nobody), ``every_steps``, the slowest copy's seconds and its cost per step."""
+    scale = emulation.time_scale if emulation.enabled else 1.0
+    size_factor = emulation.size_factor if emulation.enabled else 1.0
+    n = cluster.num_devices
+    # this run's links, in its own units: bytes per second and one-way seconds
+    bandwidth_bytes = np.where(np.eye(n, dtype=bool), np.inf, cluster.bandwidth_gbps * 1e9 / 8 * size_factor / scale)
+    latency_s = cluster.latency_ms / 1e3 * scale
+    # a copy goes in parts, one at a time (``backup.copy_part_numel``): each part's round trip adds up
+    part_bytes = np.vectorize(lambda bw: 4.0 * copy_part_numel(None if np.isinf(bw) else float(bw), step_s))(
+        bandwidth_bytes)
+    parts = np.ceil(state_bytes / part_bytes)
+    copy_s = latency_s + state_bytes / bandwidth_bytes + parts * 2 * latency_s
+    stages = plan["stages"]
+    groups = [[row[j] for row in plan["pipelines"]] for j in range(stages)]
+    spare_ids = list(range(len(devices), n))
+    first = plan["pipelines"][0]  # replica 0's pipeline: its neighbours of each stage's source
+    neighbours = [{first[k] for k in (j - 1, j + 1) if 0 <= k < stages} for j in range(stages)]
+    chosen = choose_backups(groups, list(range(n)), spare_ids, copy_s, neighbours)
+    slowest = max((float(copy_s[g[0], c]) for g, c in zip(groups, chosen, strict=True) if c is not None), default=0.0)
+    if churn.backup_every == "auto":
+        every = backup_interval(slowest, step_s, churn.backup_budget, churn.backup_max_every)
+    else:
+        every = churn.backup_every
+    order = list(devices) + list(spares)
+    return {"peers": [order[c] if c is not None else None for c in chosen], "every_steps": every,
+            "copy_s": slowest, "per_step_s": slowest / every if every else 0.0}

@@ -1,0 +1,352 @@
+"""Versioned DHT record schemas: what agents publish under the run's keys (see ``keys.py``).
+
+Every record is a frozen dataclass that validates itself on construction, so an invalid record can be
+neither published nor decoded. On the wire a record is a msgpack map ``{"v": 1, "kind": ..., <fields>}``:
+
+* ``v`` is the schema's *major* version; a decoder refuses other majors. Additive changes keep ``v`` and
+  add fields, which older decoders ignore (forward compatibility: unknown fields are tolerated).
+* values are checked strictly: types (never a bool for a number), finite numbers, positive bandwidths,
+  non-negative latencies, sane bounds on memory / TFLOP/s / sizes, well-formed peer IDs, and a plan's
+  assignment consistent with its membership.
+* an encoded record is at most ``MAX_RECORD_BYTES`` (24 KiB); ``encode`` refuses larger ones with
+  ``RecordTooLarge`` and ``decode`` refuses larger input before parsing. hivemind's DHT pipe hangs on values
+  past ~64 KiB, and the signature and subkey add ~0.8 KiB.
+
+Capacity (tested in ``tests/net/test_records.py``):
+
+* ``LinksRecord``: 16 bytes per measured peer (an 8-byte peer tag, float32 α, float32 β), so one row holds
+  up to ``MAX_LINK_PEERS`` = 1024 peers. Peers are named by tag (first 8 bytes of sha256 of the peer ID),
+  not by index into a membership list: each agent measures the peers *it* sees, so rows written under
+  different views stay readable; the reader resolves tags against the peer IDs it knows.
+* ``PlanRecord``: 36 bytes per member (34-byte peer ID + a uint16 slot), up to ``MAX_PLAN_PEERS`` = 512
+  members in one record; larger swarms would need the plan split under several subkeys (not implemented).
+* ``PeerRecord`` and ``ProgressRecord`` are fixed-size (well under 1 KiB).
+
+Who wrote a record is not a field: it is the peer ID derived from the entry's owner-signed subkey
+(``identity.py``); ``validators.py`` checks what binds a record to its writer.
+
+The envelope, the bounds and the field helpers are ``record_base``'s; ``PlanRecord`` lives in
+``plan_record`` and is exported here with the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from hivemind.utils.multiaddr import Multiaddr
+
+from p2ptrain import PROTOCOL_VERSION, __version__
+from p2ptrain.net.dht import fields as f
+from p2ptrain.net.dht.fields import RecordError, RecordTooLarge
+from p2ptrain.net.dht.keys import RecordKind
+from p2ptrain.net.dht.plan_record import PlanRecord
+from p2ptrain.net.dht.record_base import (
+    DATA_RE,
+    MAX_ABS_LOSS,
+    MAX_BANDWIDTH_GBPS,
+    MAX_COUNTER,
+    MAX_HOLDS,
+    MAX_KEPT_STATES,
+    MAX_LATENCY_MS,
+    MAX_LINK_PEERS,
+    MAX_MADDRS,
+    MAX_MEMORY_GB,
+    MAX_PLAN_PEERS,
+    MAX_RECORD_BYTES,
+    MAX_SLOWDOWN,
+    MAX_STEP_TIME_S,
+    MAX_TFLOPS,
+    NO_BACKUP,
+    PEER_TAG_BYTES,
+    SCHEMA_VERSION,
+    SOURCE_CHECKPOINT,
+    SOURCE_INIT,
+    VERSION_RE,
+    RecordEnvelope,
+    peer_from_bytes,
+    peer_tag,
+    set_field,
+)  # fmt: skip
+from p2ptrain.net.identity import check_peer_id, peer_id_to_bytes
+
+__all__ = [
+    "SCHEMA_VERSION", "MAX_RECORD_BYTES", "MAX_LINK_PEERS", "MAX_PLAN_PEERS", "MAX_HOLDS", "MAX_SLOWDOWN", "MAX_TFLOPS",
+    "RecordError", "RecordTooLarge", "ComputeMeasurement", "SOURCE_CHECKPOINT", "SOURCE_INIT", "NO_BACKUP",
+    "PeerRecord", "LinkMeasurement", "LinksRecord", "PlanRecord", "ProgressRecord", "Record", "decode_record",
+    "peer_tag",
+]  # fmt: skip
+
+
+
+MAX_COMPUTE_S = 3600.0  # one micro-batch through one block: an hour is past any sane device
+MAX_ROWS = 1 << 20
+
+
+@dataclass(frozen=True)
+class ComputeMeasurement:
+    """What the writer's device takes for the run's model (``runtime.calibration``), in seconds: forward and
+    backward of one block for one micro-batch of ``rows`` sequences of ``seq_len`` tokens, what the first
+    stage adds (embeddings) and the last (final LayerNorm, head, loss), the optimizer step per million
+    parameters, and the transport's local cost of one message."""
+
+    rows: int
+    seq_len: int
+    layer_s: tuple[float, float]  # (forward, backward)
+    embed_s: tuple[float, float]
+    head_s: tuple[float, float]
+    update_s_per_mparam: float
+    message_s: float
+
+    def __post_init__(self) -> None:
+        set_field(self, "rows", f.integer("compute.rows", self.rows, 1, MAX_ROWS))
+        set_field(self, "seq_len", f.integer("compute.seq_len", self.seq_len, 1, MAX_ROWS))
+        for name in ("layer_s", "embed_s", "head_s"):
+            pair = f.sequence(f"compute.{name}", getattr(self, name), 2)
+            if len(pair) != 2:
+                raise RecordError(f"compute.{name} must be (forward, backward)")
+            set_field(self, name, tuple(f.number(f"compute.{name}", v, 0.0, MAX_COMPUTE_S) for v in pair))
+        for name in ("update_s_per_mparam", "message_s"):
+            set_field(self, name, f.number(f"compute.{name}", getattr(self, name), 0.0, MAX_COMPUTE_S))
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"rows": self.rows, "seq_len": self.seq_len, "layer_s": list(self.layer_s),
+                "embed_s": list(self.embed_s), "head_s": list(self.head_s),
+                "update_s_per_mparam": self.update_s_per_mparam, "message_s": self.message_s}  # fmt: skip
+
+    @classmethod
+    def from_wire(cls, m: Any) -> ComputeMeasurement:
+        if not isinstance(m, dict):
+            raise RecordError("compute must be a map")
+        try:
+            return cls(rows=m["rows"], seq_len=m["seq_len"], layer_s=m["layer_s"], embed_s=m["embed_s"],
+                       head_s=m["head_s"], update_s_per_mparam=m["update_s_per_mparam"], message_s=m["message_s"])
+        except KeyError as e:
+            raise RecordError(f"compute: missing field {e.args[0]}") from None
+
+
+@dataclass(frozen=True)
+class PeerRecord(RecordEnvelope):
+    """What an agent's device can do and where to reach it (key ``{run}.peers``)."""
+
+    device_name: str
+    memory_gb: float
+    tflops: float  # measured matmul throughput
+    maddrs: tuple[str, ...] = ()  # full multiaddrs, each ending in /p2p/<this peer's ID>
+    region: str = ""
+    p2ptrain_version: str = __version__
+    protocol_version: int = PROTOCOL_VERSION
+    # on an emulated network (``p2ptrain swarm --scenario``): the device of the cluster file this peer plays
+    emulated_device: int | None = None
+    compute: ComputeMeasurement | None = None  # optional: the agent's calibration of the run's model
+    # optional: what it trains on (``p2ptrain.model.data.data_identity``: tokenizer and content digest);
+    # agents of a run must agree on it (``agent.membership``)
+    data: str = ""
+    kind: ClassVar[RecordKind] = RecordKind.PEER
+
+    def __post_init__(self) -> None:
+        set_field(self, "device_name", f.text("device_name", self.device_name, 128, min_len=1))
+        set_field(self, "memory_gb", f.number("memory_gb", self.memory_gb, 0.0, MAX_MEMORY_GB, lo_open=True))
+        set_field(self, "tflops", f.number("tflops", self.tflops, 0.0, MAX_TFLOPS, lo_open=True))
+        maddrs = f.sequence("maddrs", self.maddrs, MAX_MADDRS)
+        set_field(self, "maddrs", tuple(_check_maddr(m) for m in maddrs))
+        set_field(self, "region", f.text("region", self.region, 64))
+        set_field(
+            self,
+            "p2ptrain_version",
+            f.text("p2ptrain_version", self.p2ptrain_version, 32, pattern=VERSION_RE),
+        )
+        set_field(self, "protocol_version", f.integer("protocol_version", self.protocol_version, 1, 65535))
+        if self.emulated_device is not None:
+            set_field(self, "emulated_device", f.integer("emulated_device", self.emulated_device, 0, MAX_PLAN_PEERS - 1))
+        if self.compute is not None and not isinstance(self.compute, ComputeMeasurement):
+            raise RecordError("compute must be a ComputeMeasurement")
+        set_field(self, "data", f.text("data", self.data, 64, pattern=DATA_RE) if self.data else "")
+
+    def _fields(self) -> dict[str, Any]:
+        fields = {
+            "device_name": self.device_name, "memory_gb": self.memory_gb, "tflops": self.tflops,
+            "maddrs": list(self.maddrs), "region": self.region,
+            "p2ptrain_version": self.p2ptrain_version, "protocol_version": self.protocol_version,
+        }  # fmt: skip
+        if self.emulated_device is not None:  # optional field: absent unless emulating
+            fields["emulated_device"] = self.emulated_device
+        if self.compute is not None:  # optional field: absent unless the agent calibrated
+            fields["compute"] = self.compute.to_wire()
+        if self.data:  # optional field: absent for agents that do not say
+            fields["data"] = self.data
+        return fields
+
+    @classmethod
+    def _from_fields(cls, m: Mapping[str, Any]) -> PeerRecord:
+        return cls(
+            device_name=m["device_name"], memory_gb=m["memory_gb"], tflops=m["tflops"],
+            maddrs=tuple(f.sequence("maddrs", m.get("maddrs", ()), MAX_MADDRS)), region=m.get("region", ""),
+            p2ptrain_version=m["p2ptrain_version"], protocol_version=m["protocol_version"],
+            emulated_device=m.get("emulated_device"),
+            compute=ComputeMeasurement.from_wire(m["compute"]) if "compute" in m else None,
+            data=m.get("data", ""),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LinkMeasurement:
+    """One directed link as measured by its sender: one-way latency α and bandwidth β (float32 precision)."""
+
+    latency_ms: float
+    bandwidth_gbps: float
+
+    def __post_init__(self) -> None:
+        latency = f.number("latency_ms", self.latency_ms, 0.0, MAX_LATENCY_MS)
+        bandwidth = f.number("bandwidth_gbps", self.bandwidth_gbps, 0.0, MAX_BANDWIDTH_GBPS, lo_open=True)
+        set_field(self, "latency_ms", f.float32(latency))
+        bandwidth = f.float32(bandwidth)  # a tiny positive value may round to 0: check again
+        set_field(
+            self,
+            "bandwidth_gbps",
+            f.number("bandwidth_gbps", bandwidth, 0.0, MAX_BANDWIDTH_GBPS, lo_open=True),
+        )
+
+
+@dataclass(frozen=True)
+class LinksRecord(RecordEnvelope):
+    """One row of the α/β matrices: the writer's measurements to each peer it sees (key ``{run}.links``).
+
+    Build it with ``LinksRecord.from_peers({peer_id: LinkMeasurement(...)})``; read it with
+    ``record.resolve(known_peer_ids)``.
+    """
+
+    entries: tuple[tuple[bytes, LinkMeasurement], ...]  # (peer tag, measurement), sorted by tag
+    kind: ClassVar[RecordKind] = RecordKind.LINKS
+
+    def __post_init__(self) -> None:
+        entries = tuple(sorted(f.sequence("entries", self.entries, MAX_LINK_PEERS), key=lambda e: e[0]))
+        for tag, measurement in entries:
+            if not isinstance(tag, bytes) or len(tag) != PEER_TAG_BYTES:
+                raise RecordError(f"peer tags must be {PEER_TAG_BYTES} bytes")
+            if not isinstance(measurement, LinkMeasurement):
+                raise RecordError("entries must hold LinkMeasurement values")
+        if len({tag for tag, _ in entries}) != len(entries):
+            raise RecordError("a peer appears twice in the links row")
+        set_field(self, "entries", entries)
+
+    @classmethod
+    def from_peers(cls, measurements: Mapping[str, LinkMeasurement]) -> LinksRecord:
+        return cls(tuple((peer_tag(peer_id), m) for peer_id, m in measurements.items()))
+
+    def resolve(self, peer_ids: Iterable[str]) -> dict[str, LinkMeasurement]:
+        """The measurements to those of ``peer_ids`` this row covers, keyed by peer ID."""
+        by_tag = dict(self.entries)
+        return {p: by_tag[t] for p in peer_ids if (t := peer_tag(p)) in by_tag}
+
+    def _fields(self) -> dict[str, Any]:
+        return {
+            "tags": b"".join(tag for tag, _ in self.entries),
+            "latency_ms": f.pack_float32([m.latency_ms for _, m in self.entries]),
+            "bandwidth_gbps": f.pack_float32([m.bandwidth_gbps for _, m in self.entries]),
+        }
+
+    @classmethod
+    def _from_fields(cls, m: Mapping[str, Any]) -> LinksRecord:
+        tags = f.binary("tags", m["tags"], item_size=PEER_TAG_BYTES, max_items=MAX_LINK_PEERS)
+        latency = f.binary("latency_ms", m["latency_ms"], item_size=4, max_items=MAX_LINK_PEERS)
+        bandwidth = f.binary("bandwidth_gbps", m["bandwidth_gbps"], item_size=4, max_items=MAX_LINK_PEERS)
+        n = len(tags) // PEER_TAG_BYTES
+        if len(latency) // 4 != n or len(bandwidth) // 4 != n:
+            raise RecordError("tags, latency_ms and bandwidth_gbps have different lengths")
+        values = zip(f.unpack_float32(latency), f.unpack_float32(bandwidth), strict=True)
+        tag_list = [tags[i * PEER_TAG_BYTES : (i + 1) * PEER_TAG_BYTES] for i in range(n)]
+        return cls(tuple((tag, LinkMeasurement(a, b)) for tag, (a, b) in zip(tag_list, values, strict=True)))
+
+
+@dataclass(frozen=True)
+class ProgressRecord(RecordEnvelope):
+    """A heartbeat (key ``{run}.progress``): where the writer's training is. ``loss`` is None before step 1.
+
+    ``halted``: the writer stopped training this epoch (a call failed, or it ended at a re-plan point) and
+    waits for the next plan; it then keeps stage ``stage``'s states of the ``kept`` last steps up to
+    ``step`` (``kept`` = 0: none), which the leader uses to choose where the next epoch starts (additive
+    fields; ``stage`` None: the stage the writer holds in this epoch's plan). ``holds`` lists further
+    states the writer can serve, as (stage, step) pairs: warm copies of other peers' stages and its own
+    copies on disk (additive). ``blame``: the peer whose call failed this writer's epoch (it timed out, broke
+    or was refused by that peer), when one did (additive; the leader may quarantine it). ``compute_s``:
+    the writer's own compute in step ``step`` (forward, backward, update; no waiting), 0 when not measured
+    (additive; the leader checks it against the writer's calibration, ``agent.claims``).
+    """
+
+    epoch: int
+    step: int
+    loss: float | None
+    step_time_s: float
+    halted: bool = False
+    kept: int = 0
+    stage: int | None = None
+    holds: tuple[tuple[int, int], ...] = ()
+    blame: str | None = None
+    compute_s: float = 0.0
+    kind: ClassVar[RecordKind] = RecordKind.PROGRESS
+
+    def __post_init__(self) -> None:
+        set_field(self, "epoch", f.integer("epoch", self.epoch, 0, MAX_COUNTER))
+        set_field(self, "step", f.integer("step", self.step, 0, MAX_COUNTER))
+        if self.loss is not None:
+            set_field(self, "loss", f.number("loss", self.loss, -MAX_ABS_LOSS, MAX_ABS_LOSS))
+        set_field(self, "step_time_s", f.number("step_time_s", self.step_time_s, 0.0, MAX_STEP_TIME_S))
+        set_field(self, "compute_s", f.number("compute_s", self.compute_s, 0.0, MAX_STEP_TIME_S))
+        if not isinstance(self.halted, bool):
+            raise RecordError("halted must be a boolean")
+        set_field(self, "kept", f.integer("kept", self.kept, 0, MAX_KEPT_STATES))
+        if self.stage is not None:
+            set_field(self, "stage", f.integer("stage", self.stage, 0, MAX_PLAN_PEERS))
+        holds = []
+        for pair in f.sequence("holds", self.holds, MAX_HOLDS):
+            pair = f.sequence("holds[i]", pair, 2)
+            if len(pair) != 2:
+                raise RecordError("holds must be (stage, step) pairs")
+            holds.append((f.integer("holds stage", pair[0], 0, MAX_PLAN_PEERS),
+                          f.integer("holds step", pair[1], 0, MAX_COUNTER)))
+        set_field(self, "holds", tuple(sorted(set(holds))))
+        if self.blame is not None:
+            try:
+                set_field(self, "blame", check_peer_id(self.blame))
+            except ValueError as e:
+                raise RecordError(f"blame: {e}") from None
+
+    def _fields(self) -> dict[str, Any]:
+        fields = {"epoch": self.epoch, "step": self.step, "loss": self.loss, "step_time_s": self.step_time_s,
+                  "halted": self.halted, "kept": self.kept, "stage": self.stage}
+        if self.holds:  # optional field: absent unless the writer keeps copies
+            fields["holds"] = [list(pair) for pair in self.holds]
+        if self.blame is not None:  # optional field: absent unless a peer failed the writer's epoch
+            fields["blame"] = peer_id_to_bytes(self.blame)
+        if self.compute_s:  # optional field: absent unless the writer measured its compute
+            fields["compute_s"] = self.compute_s
+        return fields
+
+    @classmethod
+    def _from_fields(cls, m: Mapping[str, Any]) -> ProgressRecord:
+        return cls(epoch=m["epoch"], step=m["step"], loss=m["loss"], step_time_s=m["step_time_s"],
+                   halted=m.get("halted", False), kept=m.get("kept", 0), stage=m.get("stage"),
+                   holds=tuple(m.get("holds", ())), blame=peer_from_bytes("blame", m.get("blame")),
+                   compute_s=m.get("compute_s", 0.0))
+
+
+Record = PeerRecord | LinksRecord | PlanRecord | ProgressRecord
+RECORD_TYPES: dict[RecordKind, type[Any]] = {
+    cls.kind: cls for cls in (PeerRecord, LinksRecord, PlanRecord, ProgressRecord)
+}
+
+
+def decode_record(kind: RecordKind, data: object) -> Record:
+    """Decode bytes read under ``kind``'s key into its record type; RecordError (one line) if invalid."""
+    return RECORD_TYPES[kind].decode(data)
+
+
+def _check_maddr(maddr: Any) -> str:
+    f.text("maddr", maddr, 256, min_len=2)
+    try:
+        Multiaddr(maddr)
+    except Exception:  # the multiaddr parser raises several types for garbage
+        raise RecordError(f"maddr {maddr[:60]!r} is not a valid multiaddr") from None
+    return maddr

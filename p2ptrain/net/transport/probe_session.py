@@ -1,0 +1,110 @@
+"""The calling side of ``rpc_probe``: timed round trips to one peer over one long-lived stream.
+
+Every probe goes through the transport's link emulator like any tensor message (and the reply through the
+replier's emulator on the reverse link), so what it times is the network the runtime will see. Use it inside
+the transport's loop::
+
+    async def rtts(transport, peer):
+        async with transport.open_probe(peer) as session:
+            return [(await session.roundtrip(request_bytes=0)).rtt_s for _ in range(5)]
+
+    transport.run_coroutine(rtts(transport, peer), timeout_s=30)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from p2ptrain.errors import MessageRejected, PeerTimeoutError, ProtocolError
+from p2ptrain.net.transport.messages import PROBE, Header, Tag
+from p2ptrain.net.transport.pacing import clock_domain
+from p2ptrain.net.transport.servicer import next_reply, paced_requests, parse_reply
+
+if TYPE_CHECKING:
+    from p2ptrain.net.transport.endpoint import Transport
+
+
+@dataclass(frozen=True)
+class RoundTrip:
+    """One timed probe.
+
+    ``rtt_s`` runs from handing the request to the link until the reply is back: both directions, and every
+    scheduling delay of both peers on the way. ``one_way_s`` is the replier's arrival time of the request (its
+    clock) minus our send time (ours): the request's one-way delay plus the offset between the two clocks,
+    which is zero when ``same_clock`` (one machine) and otherwise cancels in a difference of two one-way
+    times. It leaves out the reply's way back; under emulation the arrival is the request's stamp when its
+    bytes were in by then, so a late wake-up of either peer does not count either. None from a replier that
+    does not report arrivals.
+    """
+
+    rtt_s: float
+    one_way_s: float | None = None
+    same_clock: bool = False
+
+
+class ProbeSession:
+    """Round trips of chosen request and reply sizes to ``peer``; one at a time."""
+
+    def __init__(self, transport: Transport, peer: str):
+        self.transport = transport
+        self.peer = peer
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._responses: Any = None
+
+    async def __aenter__(self) -> ProbeSession:
+        stub = self.transport.stub(self.peer)
+        timeout_s = self.transport.config.call_timeout_s
+        try:
+            self._responses = await asyncio.wait_for(
+                self.transport.open_stream(self.peer, lambda: stub.rpc_probe(self._requests())), timeout_s)
+        except asyncio.TimeoutError:
+            raise PeerTimeoutError(f"could not open a probe stream within {timeout_s:.1f} s", peer=self.peer) from None
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        self._queue.put_nowait(None)
+        if self._responses is not None:
+            await self._responses.aclose()
+
+    async def _requests(self):
+        while (message := await self._queue.get()) is not None:
+            async for piece in paced_requests(*message):
+                yield piece
+
+    async def roundtrip(self, request_bytes: int, reply_bytes: int = 0, timeout_s: float | None = None) -> RoundTrip:
+        """Send ``request_bytes``, get the peer's ``reply_bytes`` back; the times of both ways (``RoundTrip``).
+
+        Includes queueing behind earlier messages on the emulated link. PeerTimeoutError past ``timeout_s``
+        (default: the transport's call_timeout_s) beyond the emulated time of the request.
+        """
+        config, emulator = self.transport.config, self.transport.emulator
+        timeout_s = timeout_s or config.call_timeout_s
+        sent_s = self.transport.pacer.clock()  # the clock of arrival stamps, as the replier reports them
+        start_s = time.perf_counter()
+        header = Header(Tag(self.transport.run, 0, 0, PROBE), "uint8", (request_bytes,), reply_bytes)
+        reservation = emulator.reserve(self.peer, request_bytes)
+        emulated_s = max(0.0, reservation.arrive_s - emulator.clock()) if reservation else 0.0
+        if reservation is not None:
+            header = replace(header, arrival=self.transport.pacer.stamp(reservation.arrive_s))
+        self._queue.put_nowait((header, bytes(request_bytes), reservation, config.chunk_bytes, self.transport.pacer))
+        try:
+            response = await asyncio.wait_for(next_reply(self._responses, self.peer), emulated_s + timeout_s)
+        except asyncio.TimeoutError:
+            raise PeerTimeoutError(f"a probe of {request_bytes} bytes got no reply within {timeout_s:.1f} s",
+                                   peer=self.peer) from None
+        reply = parse_reply(response)
+        if reply.error is not None:
+            raise MessageRejected(f"the peer refused a probe: {reply.error}", peer=self.peer)
+        if len(reply.payload) != reply_bytes:
+            raise ProtocolError(f"a probe reply had {len(reply.payload)} bytes, asked for {reply_bytes}", peer=self.peer)
+        try:
+            await self.transport.pacer.hold(reply.arrival, timeout_s)
+        except ValueError as e:
+            raise ProtocolError(f"a probe reply was malformed: {e}", peer=self.peer) from None
+        rtt_s = time.perf_counter() - start_s
+        if reply.received is None:
+            return RoundTrip(rtt_s)
+        return RoundTrip(rtt_s, reply.received.time_s - sent_s, reply.received.clock == clock_domain())

@@ -1,0 +1,471 @@
+"""The wire protocol of tensor messages and link probes: typed ``rpc_*`` endpoints on a hivemind servicer.
+
+A message is a stream of ``ExpertRequest`` pieces (hivemind's runtime protobuf, reused as a frame):
+
+    piece 0:  uid = tag key, metadata = header JSON (messages.Header), tensors[0].buffer = first bytes
+    piece k:  uid = tag key, metadata = b"",                          tensors[0].buffer = next bytes
+
+of at most ``chunk_bytes`` each (unary libp2p messages cap at 4 MiB; streams do not, but one piece must fit
+in memory twice). ``rpc_push`` takes messages one after another on one long-lived stream (the sender keeps a
+few per peer open, ``channel.py``: opening one costs milliseconds) and answers each, in order, with one
+``ExpertResponse`` whose metadata is ``{"ok": true}`` or ``{"error": "..."}``. The receiver refuses on the
+header, before reading the payload, whatever its mailbox does not accept; the sender then stops writing that
+message and the receiver skips what it already sent of it (its pieces carry no header, the next message's
+first piece does). A malformed stream (garbled header, pieces that disagree on the tag, more or fewer bytes
+than announced, a sender that stalls inside a message or sends far slower than its link allows) is refused
+and closed. A stream with no new message for ``stream_idle_s`` is closed quietly. ``rpc_probe`` takes a
+sequence of probe messages on one long-lived stream and answers each with ``reply_bytes`` of payload, shaped
+by the replier's own emulator on the reverse link; keeping the stream open keeps stream setup (milliseconds)
+out of the round trips the prober times.
+
+Handlers are thin: decode, validate, hand to the mailbox. Every refusal is logged here, once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import typing
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy
+from hivemind.p2p import P2P, P2PContext, ServicerBase
+from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
+from hivemind.p2p.p2p_daemon_bindings.utils import P2PHandlerError
+from hivemind.proto import runtime_pb2
+
+from p2ptrain.errors import MessageRejected, ProtocolError, StreamClosed
+from p2ptrain.net.transport.emulation import LinkEmulator, Reservation
+from p2ptrain.net.transport.frames import Allocate, FrameError, Piece, message_frame, read_pieces
+from p2ptrain.net.transport.mailbox import Mailbox
+from p2ptrain.net.transport.messages import PROBE, Header, Stamp, piece_bounds, tensor_from_bytes
+from p2ptrain.net.transport.pacing import TAIL_LEAD_S, Pacer
+from p2ptrain.net.transport.status import PeerStatus
+from p2ptrain.net.transport.streamio import BufferPool, DirectReader, within
+
+logger = logging.getLogger(__name__)
+
+NAMESPACE = "p2ptrain"
+# On an emulated link the last TAIL_BYTES of a message are held back until its arrival time; the rest streams
+# as the link would deliver it, so real transfer time overlaps the emulated one instead of adding to it.
+TAIL_BYTES = 4096
+MAX_ERROR_CHARS = 500
+
+
+class Malformed(ValueError):
+    """A stream that does not follow the framing above."""
+
+
+class TensorServicer(ServicerBase):
+    """Receives tensor messages into a mailbox and answers link probes.
+
+    The rpc signatures use ``typing.AsyncIterator``: hivemind recognises streaming endpoints by it (a
+    ``collections.abc.AsyncIterator`` annotation would silently register a unary endpoint).
+    """
+
+    def __init__(
+        self, mailbox: Mailbox, emulator: LinkEmulator, pacer: Pacer, *, idle_timeout_s: float, max_reply_bytes: int,
+        stream_idle_s: float = 120.0, buffers: BufferPool | None = None,
+    ):
+        self.mailbox = mailbox
+        self.buffers = buffers if buffers is not None else BufferPool(0)  # received tensors' memory, used again
+        self.emulator = emulator
+        self.pacer = pacer
+        self.idle_timeout_s = idle_timeout_s  # the longest wait for the next piece inside a message
+        self.stream_idle_s = stream_idle_s  # ... and for the next message on a stream
+        self.max_reply_bytes = max_reply_bytes
+        self.status = PeerStatus()  # what a ping answers (``net.status``); the agent keeps it current
+
+    @classmethod
+    def _get_handle_name(cls, namespace: str | None, method_name: str) -> str:
+        # The protocol name is part of the wire, not of the Python class (subclasses answer the same calls).
+        return f"{namespace}::tensor.{method_name}"
+
+    async def add_p2p_handlers(self, p2p: P2P, wrapper: Any = None, *, namespace: str | None = None,
+                               balanced: bool = False) -> None:
+        """hivemind's registration of every ``rpc_*`` endpoint, except that ``rpc_push`` reads its stream's frames
+        itself (frames.py: one copy of the data instead of five; the wire format is the same)."""
+        self._collect_rpc_handlers()
+        self._local_id = p2p.peer_id
+        push_name = self._get_handle_name(namespace, "rpc_push")
+        await asyncio.gather(
+            p2p.add_binary_stream_handler(push_name, self._push_stream, balanced=balanced),
+            *[p2p.add_protobuf_handler(self._get_handle_name(namespace, h.method_name), getattr(self, h.method_name),
+                                       h.request_type, stream_input=h.stream_input, stream_output=h.stream_output,
+                                       balanced=balanced)
+              for h in self._rpc_handlers if h.method_name != "rpc_push"])
+
+    async def remove_p2p_handlers(self, p2p: P2P, *, namespace: str | None = None) -> None:
+        self._collect_rpc_handlers()
+        await asyncio.gather(
+            p2p.remove_binary_stream_handler(self._get_handle_name(namespace, "rpc_push")),
+            *[p2p.remove_protobuf_handler(self._get_handle_name(namespace, h.method_name),
+                                          stream_input=h.stream_input, stream_output=h.stream_output)
+              for h in self._rpc_handlers if h.method_name != "rpc_push"])
+
+    async def _push_stream(self, info: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """A stream of ``rpc_push``: its pieces in, its replies out (hivemind's framing), until either side ends."""
+        context = P2PContext(handle_name="rpc_push", local_id=self._local_id, remote_id=info.peer_id)
+        try:
+            pieces = read_pieces(await DirectReader.take_over(reader, writer), self.buffers.lend)
+            async for reply in self.rpc_push(pieces, context):
+                writer.write(message_frame(reply.SerializeToString()))
+                await within(writer.drain(), self.idle_timeout_s)
+        except (ConnectionError, OSError, asyncio.TimeoutError) as e:  # the sender went away or stopped reading
+            logger.debug("push stream from peer %s ended: %r", info.peer_id, e)
+        except Malformed as e:  # cut mid-piece (the sender died) or garbled: refused, one line
+            logger.info("push stream from peer %s refused: %s", info.peer_id, e)
+        except asyncio.CancelledError:  # we are shutting down: end the stream quietly
+            logger.debug("push stream from peer %s closed at shutdown", info.peer_id)
+        except Exception:
+            logger.warning("push stream from peer %s failed", info.peer_id, exc_info=True)
+        finally:
+            writer.close()
+
+    async def rpc_push(
+        self, requests: typing.AsyncIterator[runtime_pb2.ExpertRequest], context: P2PContext
+    ) -> typing.AsyncIterator[runtime_pb2.ExpertResponse]:
+        sender = context.remote_id.to_base58()
+        pieces = Pieces(requests, self.idle_timeout_s)
+        while await pieces.more(self.stream_idle_s):
+            reply, rest = await self._receive_one(pieces, sender)
+            yield reply
+            if rest is CLOSE:
+                await pieces.drain()
+                return
+            if isinstance(rest, Header) and not await pieces.skip(rest, self.idle_timeout_s):
+                return
+
+    async def _receive(self, pieces: Pieces, sender: str) -> runtime_pb2.ExpertResponse:
+        """Read one message into the mailbox; the reply says whether it was taken."""
+        return (await self._receive_one(pieces, sender))[0]
+
+    async def _receive_one(self, pieces: Pieces, sender: str) -> tuple[runtime_pb2.ExpertResponse, Rest]:
+        """Read one message into the mailbox: the reply, and what follows on the stream (``Rest``)."""
+        admission = None
+        rest: Rest = CLOSE
+        try:
+            first = await pieces.next()
+            header = decode_header(first)
+            rest = header  # refused on the header: skip what the sender sends of it until it hears so
+            admission = self.mailbox.admit(sender, header)
+            rest = CLOSE
+            deadline_s = self.mailbox.deadline_s(sender, header.nbytes, self.idle_timeout_s)
+            try:
+                buffer = await within(read_payload(pieces, first, header, allocate=self.buffers.lend), deadline_s)
+            except asyncio.TimeoutError:
+                raise MessageRejected(f"{header.tag}: {header.nbytes} bytes did not arrive within {deadline_s:.0f} s "
+                                      "(far slower than the link allows); cut off", peer=sender, code="too_slow") from None
+            await self.hold(header)
+            rest = NEXT
+            self.mailbox.deliver(admission, tensor_from_bytes(buffer, header.dtype, header.shape))
+            admission = None
+        except (Malformed, MessageRejected, asyncio.TimeoutError) as e:
+            if isinstance(rest, Header):
+                pieces.skipping_from(first)
+            return refusal(sender, e), rest
+        finally:
+            if admission is not None:  # refused or cancelled midway: release its room before replying
+                self.mailbox.abandon(admission)
+        logger.debug("received %s (%d bytes) from peer %s", header.tag, header.nbytes, sender)
+        return make_reply(), NEXT
+
+    async def rpc_ping(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
+        """A heartbeat: answer at once with our status (the run's name goes in ``uid``); no mailbox involved."""
+        if request.uid != self.mailbox.window.run:
+            return make_reply(error=f"run {request.uid[:100]!r} is not this peer's run")
+        return runtime_pb2.ExpertResponse(metadata=self.status.encode())
+
+    async def rpc_probe(
+        self, requests: typing.AsyncIterator[runtime_pb2.ExpertRequest], context: P2PContext
+    ) -> typing.AsyncIterator[runtime_pb2.ExpertResponse]:
+        sender = context.remote_id.to_base58()
+        pieces = Pieces(requests, self.idle_timeout_s)
+        while True:
+            try:
+                first = await pieces.next(allow_end=True)
+                if first is None:
+                    return
+                header = decode_header(first)
+                problem = self._probe_problem(header)
+                if problem is not None:
+                    raise MessageRejected(problem, peer=sender)
+                await read_payload(pieces, first, header, keep=False)
+                read_s = self.pacer.clock()
+                await self.hold(header)
+            except (Malformed, MessageRejected, asyncio.TimeoutError) as e:
+                yield refusal(sender, e)
+                await pieces.drain()
+                return
+            # the reply carries data, so it is shaped on the reverse link by this side's emulator
+            reservation = self.emulator.reserve(sender, header.reply_bytes)
+            arrival = None if reservation is None else self.pacer.stamp(reservation.arrive_s)
+            if reservation is not None:
+                lead_s = TAIL_LEAD_S if arrival is not None else 0.0
+                await self.pacer.sleep_until(reservation.arrive_s - lead_s)
+            # when the probe arrived, on our clock: the prober times the link one way with it (net.probe)
+            received = self.pacer.stamp(self.pacer.arrived_s(header.arrival, read_s))
+            yield make_reply(payload=bytes(header.reply_bytes), arrival=arrival, received=received)
+
+    async def hold(self, header: Header) -> None:
+        """Keep a shaped message until its stamped arrival time (see pacing.py)."""
+        try:
+            await self.pacer.hold(header.arrival, self.idle_timeout_s)
+        except ValueError as e:
+            raise Malformed(str(e)) from None
+
+    def _probe_problem(self, header: Header) -> str | None:
+        if header.tag.kind != PROBE:
+            return f"a probe stream carried a {header.tag.kind!r} message"
+        if header.tag.run != self.mailbox.window.run:
+            return f"run {header.tag.run!r} is not this receiver's run {self.mailbox.window.run!r}"
+        if header.nbytes > self.mailbox.max_message_bytes:
+            return f"probe of {header.nbytes} bytes exceeds the limit of {self.mailbox.max_message_bytes}"
+        if header.reply_bytes > self.max_reply_bytes:
+            return f"probe reply of {header.reply_bytes} bytes exceeds the limit of {self.max_reply_bytes}"
+        return None
+
+
+class _Next:
+    """After a reply: read the stream's next message."""
+
+
+class _Close:
+    """After a reply: the stream is unusable (malformed, stalled): close it."""
+
+
+NEXT, CLOSE = _Next(), _Close()
+Rest = _Next | _Close | Header  # a Header: refused on it; skip the rest of that message first
+
+
+class Pieces:
+    """The pieces of an incoming stream (``frames.Piece``, or hivemind's ``ExpertRequest`` protobufs, read as
+    pieces), each awaited under the idle deadline, with one piece of lookahead."""
+
+    def __init__(self, requests: AsyncIterator[Piece | runtime_pb2.ExpertRequest], idle_timeout_s: float):
+        self._requests = requests.__aiter__()
+        self._idle_timeout_s = idle_timeout_s
+        self._ahead: Piece | None = None
+        self._skipped = 0  # payload bytes of a refused message already read
+
+    async def next(self, allow_end: bool = True, timeout_s: float | None = None) -> Piece | None:
+        if self._ahead is not None:
+            piece, self._ahead = self._ahead, None
+            return piece
+        timeout_s = timeout_s or self._idle_timeout_s
+        try:
+            return as_piece(await within(self._requests.__anext__(), timeout_s))
+        except FrameError as e:
+            raise Malformed(str(e)) from None
+        except StopAsyncIteration:
+            if not allow_end:
+                raise Malformed("the stream ended in the middle of a message") from None
+            return None
+        except asyncio.TimeoutError:
+            raise asyncio.TimeoutError(f"the sender sent nothing for {timeout_s:.1f} s") from None
+
+    async def more(self, idle_s: float) -> bool:
+        """Whether another message follows, waiting at most ``idle_s`` for its first piece."""
+        if self._ahead is None:
+            try:
+                self._ahead = await self.next(timeout_s=idle_s)
+            except asyncio.TimeoutError:
+                return False
+        return self._ahead is not None
+
+    def skipping_from(self, first: Piece) -> None:
+        self._skipped = len(first.data)
+
+    async def skip(self, header: Header, timeout_s: float) -> bool:
+        """After refusing ``header``: discard its pieces until the next message's header, at most ``timeout_s``
+        in all. False when the stream cannot go on (it ended, stalled, or sent what no message looks like)."""
+
+        async def discard() -> bool:
+            while self._skipped < header.nbytes:
+                piece = await self.next(allow_end=True)
+                if piece is None:
+                    return False
+                if piece.metadata:  # the sender heard the refusal and stopped: the next message begins
+                    self._ahead = piece
+                    return True
+                if piece.uid != header.tag.key:
+                    return False
+                self._skipped += len(piece.data)
+            return self._skipped == header.nbytes
+
+        try:
+            return await asyncio.wait_for(discard(), timeout_s)
+        except asyncio.TimeoutError:
+            return False
+
+    async def drain(self) -> None:
+        """Discard what the sender still sends, for at most the idle deadline, so that it can read our refusal:
+        closing the stream at once would break its writes, and a broken write hides the reply from it."""
+
+        async def discard():
+            async for _ in self._requests:
+                pass
+
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(discard(), self._idle_timeout_s)
+
+
+def as_piece(request: Piece | runtime_pb2.ExpertRequest) -> Piece:
+    if isinstance(request, Piece):
+        return request
+    return Piece(request.uid, request.metadata, request.tensors[0].buffer if request.tensors else b"",
+                 len(request.tensors))
+
+
+def decode_header(first: Piece | None) -> Header:
+    if first is None:
+        raise Malformed("the stream ended before a header")
+    try:
+        header = Header.decode(first.metadata)
+    except ValueError as e:
+        raise Malformed(f"bad header: {e}") from None
+    if first.uid != header.tag.key:
+        raise Malformed("the first piece's tag disagrees with its header")
+    return header
+
+
+async def read_payload(
+    pieces: Pieces, first: Piece, header: Header, keep: bool = True, allocate: Allocate = bytearray
+) -> bytearray | numpy.ndarray | None:
+    """Read the pieces of one message, starting with ``first``; its bytes (None when not ``keep``), in the
+    first piece's buffer when that is the whole message, else in one from ``allocate``."""
+    buffer, filled, piece = None, 0, first
+    while True:
+        if piece.buffers > 1:
+            raise Malformed("a piece carries more than one buffer")
+        data = piece.data
+        if filled + len(data) > header.nbytes:
+            raise Malformed(f"more bytes than the header announced ({header.nbytes})")
+        if keep and filled == 0 and len(data) == header.nbytes:  # a message in one piece: no copy when we can keep it
+            buffer = data if isinstance(data, bytearray | numpy.ndarray) else bytearray(data)
+        elif keep:
+            buffer = buffer if buffer is not None else allocate(header.nbytes)
+            memoryview(buffer)[filled : filled + len(data)] = data
+        filled += len(data)
+        if filled == header.nbytes:
+            return buffer
+        piece = await pieces.next(allow_end=False)
+        if piece.uid != header.tag.key:
+            raise Malformed(f"pieces disagree on the tag: {piece.uid[:100]!r} inside {header.tag.key!r}")
+        if piece.metadata:
+            raise Malformed("a header in the middle of a message")
+
+
+async def paced_pieces(
+    header: Header, payload: bytes, reservation: Reservation | None, chunk_bytes: int, pacer: Pacer
+) -> AsyncIterator[tuple[bytes, memoryview]]:
+    """(metadata, bytes) of each piece of one message, paced by the emulated link so that the last one leaves
+    at its arrival time; the metadata is the header on the first piece and empty after."""
+    view = memoryview(payload)
+    bounds = piece_bounds(len(payload), chunk_bytes, TAIL_BYTES if reservation is not None else 0)
+    lead_s = TAIL_LEAD_S if header.arrival is not None else 0.0  # the receiver holds it until the stamp
+    for index, (lo, hi) in enumerate(bounds):
+        if reservation is not None:  # a piece leaves when its first byte would arrive; the tail, when its last
+            last = index == len(bounds) - 1
+            await pacer.sleep_until(reservation.release_s(hi) - lead_s if last else reservation.release_s(lo))
+        yield header.encode() if index == 0 else b"", view[lo:hi]
+
+
+async def paced_requests(
+    header: Header, payload: bytes, reservation: Reservation | None, chunk_bytes: int, pacer: Pacer
+) -> AsyncIterator[runtime_pb2.ExpertRequest]:
+    """The pieces of one message as protobufs (see ``paced_pieces``)."""
+    async for metadata, data in paced_pieces(header, payload, reservation, chunk_bytes, pacer):
+        yield runtime_pb2.ExpertRequest(uid=header.tag.key, metadata=metadata,
+                                        tensors=[runtime_pb2.Tensor(buffer=data.tobytes())])
+
+
+REFUSAL_CODES = ("refused", "duplicate", "stale", "not_sender", "too_slow")
+
+
+def make_reply(
+    error: str | None = None, payload: bytes = b"", arrival: Stamp | None = None, code: str = "refused",
+    received: Stamp | None = None,
+) -> runtime_pb2.ExpertResponse:
+    metadata = {"ok": True} if error is None else {"error": error[:MAX_ERROR_CHARS], "code": code}
+    if arrival is not None:
+        metadata["at"] = arrival.to_json()
+    if received is not None:
+        metadata["rx"] = received.to_json()
+    tensors = [runtime_pb2.Tensor(buffer=payload)] if payload else []
+    return runtime_pb2.ExpertResponse(metadata=json.dumps(metadata).encode(), tensors=tensors)
+
+
+def is_ok(response: runtime_pb2.ExpertResponse) -> bool:
+    return parse_reply(response).error is None
+
+
+REFUSAL_LOG_EVERY_S = 30.0
+_refusals_logged: dict[tuple[str, str], tuple[float, int]] = {}  # (sender, code) -> (last logged, unlogged since)
+
+
+def refusal(sender: str, error: Exception) -> runtime_pb2.ExpertResponse:
+    reason = str(error) if not isinstance(error, MessageRejected) else str(error).removesuffix(f" (peer {sender})")
+    code = error.code if isinstance(error, MessageRejected) else "refused"
+    if code != "not_sender":
+        logger.warning("refused a message from peer %s: %s", sender, reason)
+        return make_reply(error=reason, code=code)
+    # a peer outside the run that keeps sending gets one line per REFUSAL_LOG_EVERY_S, with the count
+    now = time.monotonic()
+    last, unlogged = _refusals_logged.get((sender, code), (-REFUSAL_LOG_EVERY_S, 0))
+    if now - last >= REFUSAL_LOG_EVERY_S:
+        more = f" ({unlogged} more refused since the last line)" if unlogged else ""
+        logger.warning("refused a message from peer %s: %s%s", sender, reason, more)
+        _refusals_logged[(sender, code)] = (now, 0)
+    else:
+        _refusals_logged[(sender, code)] = (last, unlogged + 1)
+    return make_reply(error=reason, code=code)
+
+
+@dataclass(frozen=True)
+class Reply:
+    error: str | None
+    payload: bytes = b""
+    arrival: Stamp | None = None
+    code: str = "refused"  # why, when refused: see MessageRejected
+    received: Stamp | None = None  # a probe reply's: when the probe arrived, on the replier's clock
+
+
+def parse_reply(response: runtime_pb2.ExpertResponse) -> Reply:
+    """A reply's error (None when ok), payload and arrival stamp; a malformed reply reads as an error."""
+    try:
+        metadata = json.loads(response.metadata)
+        if not isinstance(metadata, dict) or (metadata.get("ok") is not True and "error" not in metadata):
+            return Reply("the reply is neither ok nor an error")
+        if metadata.get("ok") is not True:
+            code = metadata.get("code")
+            return Reply(str(metadata["error"])[:MAX_ERROR_CHARS], code=code if code in REFUSAL_CODES else "refused")
+        arrival = Stamp.from_json(metadata["at"]) if "at" in metadata else None
+        received = Stamp.from_json(metadata["rx"]) if "rx" in metadata else None
+    except (UnicodeDecodeError, ValueError):  # JSONDecodeError is a ValueError, as is a bad stamp
+        return Reply("the reply is malformed")
+    return Reply(None, response.tensors[0].buffer if response.tensors else b"", arrival, received=received)
+
+
+async def first_reply(responses: AsyncIterator[runtime_pb2.ExpertResponse], peer: str) -> runtime_pb2.ExpertResponse:
+    """The first response of a call's stream, then the stream closed (which also stops its writer)."""
+    try:
+        return await next_reply(responses, peer)
+    finally:
+        await responses.aclose()
+
+
+async def next_reply(responses: AsyncIterator[runtime_pb2.ExpertResponse], peer: str) -> runtime_pb2.ExpertResponse:
+    try:
+        return await responses.__anext__()
+    except StopAsyncIteration:
+        raise StreamClosed("the connection closed before a reply", peer=peer) from None
+    except (ConnectionError, asyncio.IncompleteReadError) as e:  # the peer's daemon went away mid-call
+        raise StreamClosed(f"the connection broke before a reply: {e!r}", peer=peer) from None
+    except P2PHandlerError as e:
+        raise ProtocolError(f"the call failed on the receiver: {e}", peer=peer) from None

@@ -1,0 +1,486 @@
+"""The local swarm: a bootstrap and N agents as separate processes on this machine (``p2ptrain swarm``).
+
+    result = run_swarm(SwarmConfig(agents=4, stages=2, steps=3), stop, on_update=display.update)
+
+Each child runs in its own session (``runtime.procgroup``), so stopping one stops everything it started
+(its DHT process, its p2pd). The work dir holds, per agent, its TOML config (``agent-K.toml``), identity
+(``agent-K.id``, so peer IDs are known before they start; identity files already in the work dir are
+reused), log (``agent-K.log``) and events
+(``agent-K.events.jsonl``); the bootstrap's log and address line; the emulated network (``cluster.json``);
+and ``swarm.json``, the status file (PIDs, peer IDs, paths); with a monitor (``monitor_port``), its log
+(``monitor.log``) and page's URL (``monitor.url``, also in ``swarm.json``).
+
+Emulated networks: with ``scenario`` (one of the paper's, scaled to N devices) or ``cluster_file``, agent
+K plays device K: its transport shapes its links as that device's (DESIGN.md "Link emulation"), so the
+agents measure the network and the leader plans on measurements. Two factors map the network onto this
+machine: ``size_factor`` (this run's activation bytes per boundary over the paper's c_PP; automatic for a
+scenario) and ``time_scale`` (the network's seconds become this many seconds). A third, ``compute_scale``,
+plays every device that many times slower and, unless a time scale is given, the network alike: the same
+world in slow motion, for more agents than this machine has cores (``runtime.compute_speed.fitting_scale``).
+With a scenario and no batch size, the global batch is chosen so that this run's c_PP/c_DP is near the
+paper's (0.72), so one size factor serves both kinds of transfer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from p2ptrain.agent.config import ObjectiveName, Strategy
+from p2ptrain.agent.events import EventReader
+from p2ptrain.agent.leadership.plan_maker import run_workload
+from p2ptrain.errors import ConfigError
+from p2ptrain.lifecycle import StopSignal
+from p2ptrain.net.dht.bootstrap import write_atomically
+from p2ptrain.net.dht.keys import check_run_id
+from p2ptrain.net.identity import load_or_create_identity
+from p2ptrain.net.transport.probe import ProbeConfig
+from p2ptrain.planning import PAPER_WORKLOAD, Cluster, load_cluster, parameter_count, scenario
+from p2ptrain.runtime.config import TrainConfig
+from p2ptrain.runtime.procgroup import ProcessGroup, tail
+from p2ptrain.swarm.report import SwarmState, summarize
+
+logger = logging.getLogger(__name__)
+
+PAPER_ACTIVATION_TO_GRADIENT = PAPER_WORKLOAD.activation_gb / PAPER_WORKLOAD.gradient_gb  # c_PP/c_DP ≈ 0.72
+DEFAULT_TIME_SCALE = 0.05  # a scenario's seconds -> emulated seconds
+LOOPBACK = "/ip4/127.0.0.1/tcp/0"
+
+# Probing on loopback (no emulation): links are fast and alike; small transfers keep the CPU free, and their
+# real jitter is large against them, so samples agree loosely and at most one more transfer is spent on it.
+LOOPBACK_PROBE = ProbeConfig(pings=5, transfers=2, max_transfers=3, agreement=0.25, max_transfer_bytes=4 << 20,
+                             rtt_multiple=3.0, min_transfer_s=0.02, max_transfer_s=0.5, deadline_s=30.0)  # fmt: skip
+# Probing an emulated network: transfers long against the round trip; the fastest three must agree (an
+# undisturbed sample is exact, net.probe), so a busy machine costs more transfers, up to ten.
+EMULATED_PROBE = ProbeConfig(pings=8, transfers=3, max_transfers=10, agreement=0.02, rtt_multiple=4.0,
+                             min_transfer_s=0.15, max_transfer_s=1.5, deadline_s=60.0)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SwarmConfig:
+    agents: int = 4
+    stages: int = 2
+    steps: int = 10
+    scenario: str | None = "worldwide"  # one of the paper's networks, scaled to `agents` devices; None: loopback
+    cluster_file: str | None = None  # or a cluster file of `agents` devices (DESIGN.md "Cluster file")
+    # default: DEFAULT_TIME_SCALE for a scenario, 1 for a cluster file, times compute_scale
+    time_scale: float | None = None
+    size_factor: float | None = None  # default: automatic for a scenario, 1 for a cluster file
+    compute_scale: float = 1.0  # emulated devices this many times slower (EmulationSettings.compute_scale)
+    strategy: Strategy = "scheduled"
+    objective: ObjectiveName = "dtfm"  # what the leader scores plans by ("simulated": agents calibrate first)
+    model: str = "tiny"
+    batch_size: int | None = None  # default: matched to the paper's c_PP/c_DP when emulating a scenario, else 16
+    micro_batches: int = 2
+    wire: str = "fp32"  # TrainConfig.wire: how tensors travel (p2ptrain.runtime.wire)
+    schedule: str = "gpipe"  # TrainConfig.schedule: gpipe or 1f1b
+    overlap: bool = True  # TrainConfig.overlap: gradient buckets all-reduced during the last backward
+    seed: int = 0
+    device: str = "cpu"
+    data: str | None = None  # TrainConfig.data: text, or a prepared dataset (p2ptrain data prepare); None: built-in
+    precision: str = "fp32"  # TrainConfig.precision: fp32 (exact), bf16 or fp16
+    eval_every: int = 0  # TrainConfig.eval_every: the summary evaluates the checkpoints of every K steps
+    workdir: str | None = None  # default: a new temporary directory (kept: it holds the logs)
+    run: str | None = None  # default: swarm-<random>
+    startup_timeout_s: float = 240.0  # from launch until every agent has its role
+    step_timeout_s: float = 180.0  # longest wait for the next step
+    call_timeout_s: float = 60.0
+    probe: ProbeConfig | None = None  # default: LOOPBACK_PROBE or EMULATED_PROBE
+    peer_ttl_s: float = 30.0  # a peer record's lifetime (refreshed every half); heartbeats notice the dead sooner
+    kills: tuple[tuple[str, int], ...] = ()  # (agent index or "leader", step): SIGKILL it while that step runs
+    # (agent index, step, seconds): SIGSTOP its process group (agent, DHT, p2pd: cut off, not dead) while
+    # that step runs, SIGCONT it that many seconds later
+    partitions: tuple[tuple[str, int, float], ...] = ()
+    joins: tuple[tuple[int, int], ...] = ()  # (count, step): start this many more agents when that step is done
+    checkpoint_every: int = 0  # every K steps each stage's replica 0 saves a checkpoint in <workdir>/checkpoints
+    shared_checkpoints: bool = False  # resume and re-plans also read <workdir>/checkpoints (with checkpoint_every)
+    resume: bool = False  # the first plan starts from the agents' own copies (<workdir>/agent-K.state)
+    liveness: bool = True  # heartbeat pings (off: failures show only as failed calls and expired records)
+    warm_copies: bool = True  # periodic warm copies of every stage (off: only the epochs' start copies)
+    monitor_port: int | None = None  # also start ``p2ptrain monitor`` on this port (0: any free port); None: no
+
+    def __post_init__(self) -> None:
+        self._check()
+        for agent, step in self.kills:
+            if agent != "leader" and not (agent.isdigit() and int(agent) < self.agents + sum(n for n, _ in self.joins)):
+                raise ConfigError(f"--kill {agent}@{step}: AGENT must be an agent index or 'leader'")
+            if not 1 <= step <= self.steps:
+                raise ConfigError(f"--kill {agent}@{step}: STEP must be in 1..{self.steps}")
+        for agent, step, seconds in self.partitions:
+            if not (agent.isdigit() and int(agent) < self.agents) or not 1 <= step <= self.steps or not seconds > 0:
+                raise ConfigError(f"--partition {agent}@{step}:{seconds:g}: AGENT must be an agent index, STEP in "
+                                  f"1..{self.steps} and SECONDS positive")
+        for count, step in self.joins:
+            if count < 1 or not 0 <= step < self.steps:
+                raise ConfigError(f"--join {count}@{step}: N must be >= 1 and STEP in 0..{self.steps - 1}")
+        if self.compute_scale != 1 and not self.emulated:
+            raise ConfigError("--compute-scale slows emulated devices: it needs --scenario or --cluster")
+        if self.joins and self.emulated:
+            raise ConfigError("--join needs a loopback swarm (--scenario none): a joiner plays no emulated device")
+        if self.monitor_port is not None and not 0 <= self.monitor_port <= 65535:
+            raise ConfigError(f"--monitor {self.monitor_port}: the port must be in 0..65535")
+        if self.checkpoint_every < 0 or not self.peer_ttl_s > 0:
+            raise ConfigError("--checkpoint-every must be >= 0 and the peer TTL positive")
+
+    def _check(self) -> None:
+        if self.agents < 1 or self.stages < 1 or self.steps < 1:
+            raise ConfigError("--agents, --stages and --steps must be at least 1")
+        if self.run is not None:
+            check_run_id(self.run)
+        if self.agents < self.stages:
+            raise ConfigError(f"{self.agents} agents cannot hold {self.stages} stages")
+        if self.scenario is not None and self.cluster_file is not None:
+            raise ConfigError("give --scenario or --cluster, not both")
+        for name in ("time_scale", "size_factor"):
+            value = getattr(self, name)
+            if value is not None and not 0 < value < float("inf"):
+                raise ConfigError(f"--{name.replace('_', '-')} must be a positive number, got {value}")
+        if not 1 <= self.compute_scale < float("inf"):
+            raise ConfigError(f"--compute-scale must be a number of at least 1, got {self.compute_scale}")
+
+    @property
+    def emulated(self) -> bool:
+        return self.scenario is not None or self.cluster_file is not None
+
+
+@dataclass
+class AgentProcess:
+    index: int
+    peer_id: str
+    name: str
+    config_path: Path
+    log_path: Path
+    events: EventReader
+    pid: int = 0
+
+
+@dataclass
+class SwarmResult:
+    ok: bool  # every agent trained every step and exited 0
+    summary: dict[str, Any]
+    workdir: str
+    error: str | None = None
+    agents: list[AgentProcess] = field(default_factory=list)
+
+
+def matched_batch_size(train: TrainConfig, stages: int, replicas: int) -> int:
+    """The global batch whose c_PP/c_DP (fp32 activations per shard over one stage's gradients) is nearest
+    the paper's 0.72, rounded to a multiple of replicas × micro-batches."""
+    shape = train.shape
+    params_per_stage = parameter_count(shape) / stages
+    per_shard = PAPER_ACTIVATION_TO_GRADIENT * params_per_stage / (shape.seq_len * shape.hidden_size)
+    unit = replicas * train.micro_batches
+    return max(unit, unit * round(per_shard * replicas / unit))
+
+
+def plan_swarm(config: SwarmConfig) -> tuple[TrainConfig, Cluster | None, float, float]:
+    """The training config, the emulated network (or None) and its time scale and size factor."""
+    replicas = config.agents // config.stages
+    train = TrainConfig(model=config.model, steps=config.steps, global_batch_size=config.batch_size or 16,
+                        micro_batches=config.micro_batches, seed=config.seed, device=config.device, num_threads=1,
+                        stages=config.stages, wire=config.wire, schedule=config.schedule,
+                        overlap=config.overlap, precision=config.precision, eval_every=config.eval_every,
+                        data=str(Path(config.data).resolve()) if config.data else None)  # fmt: skip
+    network = None
+    if config.scenario is not None:
+        network = scenario(config.scenario, config.agents)
+        if config.batch_size is None:
+            train = dataclasses.replace(train, global_batch_size=matched_batch_size(train, config.stages, replicas))
+    elif config.cluster_file is not None:
+        network = load_cluster(config.cluster_file)
+        if network.num_devices != config.agents:
+            raise ConfigError(f"{config.cluster_file} has {network.num_devices} devices; run --agents {network.num_devices}")
+    train = dataclasses.replace(train, replicas=replicas)  # checks that the batch splits
+    if network is None:
+        return train, None, 1.0, 1.0
+    time_scale = config.time_scale or (DEFAULT_TIME_SCALE if config.scenario else 1.0) * config.compute_scale
+    size_factor = config.size_factor
+    if size_factor is None:
+        own = run_workload(train, config.stages, replicas).activation_gb
+        size_factor = own / PAPER_WORKLOAD.activation_gb if config.scenario else 1.0
+    return train, network, time_scale, size_factor
+
+
+def run_swarm(
+    config: SwarmConfig, stop: StopSignal, on_update: Callable[[SwarmState], None] | None = None,
+    on_monitor: Callable[[str], None] | None = None,
+) -> SwarmResult:
+    """Start the swarm, follow it until every agent is done (or one fails, a deadline passes, or ``stop``),
+    stop every process, and summarise. Never leaves a process running. With ``config.monitor_port``, a
+    monitor starts before the agents (so it sees the run from its start) and ``on_monitor(url)`` is called
+    once its page answers; it stops with the swarm."""
+    train, network, time_scale, size_factor = plan_swarm(config)
+    root = Path(config.workdir or tempfile.mkdtemp(prefix="p2ptrain-swarm-"))
+    root.mkdir(parents=True, exist_ok=True)
+    run = config.run or f"swarm-{uuid.uuid4().hex[:6]}"
+    cluster_path = None
+    if network is not None:
+        cluster_path = root / "cluster.json"
+        cluster_path.write_text(json.dumps(network.to_dict()))
+    agents = _prepare_agents(root, range(config.agents))
+    state = SwarmState(config=config, train=train, run=run, workdir=str(root), network=network,
+                       time_scale=time_scale, size_factor=size_factor, agents=agents)  # fmt: skip
+    with ProcessGroup(grace_s=15.0) as group:
+        try:
+            maddrs = _start_bootstrap(group, root, run, config.startup_timeout_s, stop)
+            if config.monitor_port is not None:
+                url = _start_monitor(group, root, run, maddrs, config, train, network is not None,
+                                     (time_scale, size_factor), stop)  # fmt: skip
+                if on_monitor is not None:
+                    on_monitor(url)
+            def launch(new: list[AgentProcess]) -> None:
+                for agent in new:
+                    toml = _agent_toml(config, train, run, maddrs, agent, root, cluster_path, time_scale, size_factor)
+                    agent.config_path.write_text(toml)
+                    child = group.start(agent.name, [sys.executable, "-m", "p2ptrain", "agent", "--config",
+                                                     str(agent.config_path)], log_path=agent.log_path)
+                    agent.pid = child.pid
+                _write_status(root, run, group, state.agents)
+
+            launch(agents)
+            faults = FaultInjector(config, group, state, root, launch)
+            error = _follow(config, group, state, stop, on_update, faults)
+        except (TimeoutError, RuntimeError) as e:
+            error = str(e)
+        finally:
+            group.stop_all()  # agents stop before the bootstrap: every agent's own shutdown reaps its p2pd
+    summary = summarize(state)
+    ok = error is None and summary["finished"] and all(
+        group.children[a.name].poll() == 0 for a in state.agents if not state.is_killed(a.index)
+    )
+    if error is None and not ok:
+        error = "an agent did not finish; see its log in " + str(root)
+    return SwarmResult(ok, summary, str(root), error, state.agents)
+
+
+def _prepare_agents(root: Path, indices) -> list[AgentProcess]:
+    agents = []
+    for k in indices:
+        (root / f"agent-{k}.events.jsonl").unlink(missing_ok=True)  # a reused work dir: this run's events only
+        identity = load_or_create_identity(root / f"agent-{k}.id")  # a work dir reused keeps its peer IDs
+        agents.append(AgentProcess(k, identity.peer_id, f"agent-{k}", root / f"agent-{k}.toml",
+                                   root / f"agent-{k}.log", EventReader(root / f"agent-{k}.events.jsonl")))
+    return agents
+
+
+def _start_bootstrap(group: ProcessGroup, root: Path, run: str, timeout_s: float, stop: StopSignal) -> list[str]:
+    announce = root / "bootstrap.maddrs"
+    announce.unlink(missing_ok=True)
+    child = group.start("bootstrap", [sys.executable, "-m", "p2ptrain", "bootstrap", "--host-maddrs", LOOPBACK,
+                                      "--announce-file", str(announce), "--run-id", run],
+                        log_path=root / "bootstrap.log", stdout_path=root / "bootstrap.out")  # fmt: skip
+    return _wait_announced(announce, child, "bootstrap", root / "bootstrap.log", timeout_s, stop).split()
+
+
+def _wait_announced(announce: Path, child, name: str, log: Path, timeout_s: float, stop: StopSignal) -> str:
+    """The line ``child`` writes to ``announce`` once it is up; RuntimeError if it exits or we are stopped
+    first, TimeoutError past ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not announce.exists():
+        if child.poll() is not None:
+            raise RuntimeError(f"the {name} exited with code {child.poll()}: {tail(log, 5)}")
+        if stop.is_set():
+            raise RuntimeError(f"stopped ({stop.reason})")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the {name} did not start within {timeout_s:.0f} s; see {log}")
+        time.sleep(0.1)
+    return announce.read_text().strip()
+
+
+def _start_monitor(group: ProcessGroup, root: Path, run: str, maddrs: list[str], config: SwarmConfig,
+                   train: TrainConfig, emulated: bool, factors: tuple[float, float], stop: StopSignal) -> str:  # fmt: skip
+    """Start ``p2ptrain monitor`` on the swarm's DHT; its page's URL, once it answers."""
+    announce = root / "monitor.url"
+    announce.unlink(missing_ok=True)
+    command = [sys.executable, "-m", "p2ptrain", "monitor", "--initial-peers", " ".join(maddrs), "--run", run,
+               "--port", str(config.monitor_port), "--poll", "1", "--announce-file", str(announce),
+               "--tokens-per-step", str(train.global_batch_size * train.shape.seq_len)]  # fmt: skip
+    if emulated:
+        command += ["--time-scale", repr(factors[0]), "--size-factor", repr(factors[1])]
+    child = group.start("monitor", command, log_path=root / "monitor.log", stdout_path=root / "monitor.out")
+    return _wait_announced(announce, child, "monitor", root / "monitor.log", config.startup_timeout_s, stop)
+
+
+def _write_status(root: Path, run: str, group: ProcessGroup, agents: list[AgentProcess]) -> None:
+    status = {
+        "run": run, "swarm_pid": os.getpid(),
+        "bootstrap": {"pid": group.children["bootstrap"].pid, "log": str(root / "bootstrap.log"),
+                      "maddrs_file": str(root / "bootstrap.maddrs")},
+        "agents": [{"index": a.index, "pid": a.pid, "peer_id": a.peer_id, "log": str(a.log_path),
+                    "events": str(a.events.path), "config": str(a.config_path)} for a in agents],
+    }  # fmt: skip
+    if "monitor" in group.children:
+        status["monitor"] = {"pid": group.children["monitor"].pid, "log": str(root / "monitor.log"),
+                             "url": _read_or_none(root / "monitor.url")}  # fmt: skip
+    write_atomically(root / "swarm.json", json.dumps(status, indent=1) + "\n")
+
+
+def _read_or_none(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        return None
+
+
+class FaultInjector:
+    """``--kill`` and ``--join``: act on the swarm when the agents' events say a step was reached."""
+
+    def __init__(self, config: SwarmConfig, group: ProcessGroup, state: SwarmState, root: Path,
+                 launch: Callable[[list[AgentProcess]], None]):  # fmt: skip
+        self.group, self.state, self.root, self.launch = group, state, root, launch
+        self.kills = sorted(config.kills, key=lambda k: k[1])
+        self.joins = sorted(config.joins, key=lambda j: j[1])
+        self.partitions = sorted(config.partitions, key=lambda p: p[1])
+        self.resumes: list[tuple[float, int]] = []  # (monotonic time, agent index) to SIGCONT
+
+    def tick(self) -> None:
+        done = self.state.steps_done()
+        while self.kills and done >= self.kills[0][1] - 1 and (done or self.state.all_have_roles()):
+            agent, step = self.kills.pop(0)
+            self._kill(agent, step)
+        while self.partitions and done >= self.partitions[0][1] - 1 and (done or self.state.all_have_roles()):
+            agent, step, seconds = self.partitions.pop(0)
+            index = int(agent)
+            self.group.signal(self.state.agents[index].name, signal.SIGSTOP)
+            self.state.killed[index] = {"step": step, "time": time.time(), "as": "partitioned", "seconds": seconds}
+            self.resumes.append((time.monotonic() + seconds, index))
+            logger.info("stopped agent %d (cut off) with step %d in flight, for %g s", index, step, seconds)
+        for due, index in list(self.resumes):
+            if time.monotonic() >= due:
+                self.resumes.remove((due, index))
+                self.group.signal(self.state.agents[index].name, signal.SIGCONT)
+                self.state.killed[index]["resumed"] = time.time()
+                logger.info("agent %d continues after its partition", index)
+        while self.joins and done >= self.joins[0][1]:
+            count, step = self.joins.pop(0)
+            first = len(self.state.agents)
+            new = _prepare_agents(self.root, range(first, first + count))
+            self.state.agents.extend(new)
+            self.launch(new)
+            logger.info("started %d joining agent(s) after step %d: %s", count, step, [a.index for a in new])
+            self.state.joins.append({"step": step, "agents": [a.index for a in new], "time": time.time()})
+
+    def _kill(self, agent: str, step: int) -> None:
+        index = self.state.current_leader() if agent == "leader" else int(agent)
+        if index is None or index >= len(self.state.agents) or self.state.is_killed(index):
+            logger.warning("--kill %s@%d: no such live agent; skipped", agent, step)
+            return
+        name = self.state.agents[index].name
+        self.group.signal(name, signal.SIGKILL)
+        self.state.killed[index] = {"step": step, "time": time.time(), "as": agent}
+        logger.info("killed agent %d (%s) with step %d in flight", index, agent, step)
+        try:
+            self.group.children[name].popen.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            logger.error("agent %d survived SIGKILL", index)
+
+
+def _follow(config: SwarmConfig, group: ProcessGroup, state: SwarmState, stop: StopSignal,
+            on_update: Callable[[SwarmState], None] | None, faults: FaultInjector) -> str | None:  # fmt: skip
+    """Watch the agents until all exited; the reason for failing, or None."""
+    deadline = time.monotonic() + config.startup_timeout_s
+    steps_seen = 0
+    while True:
+        changed = any([bool(agent.events.poll()) for agent in state.agents])
+        if changed and on_update is not None:
+            on_update(state)
+        faults.tick()
+        steps_now = state.steps_done()
+        if steps_now > steps_seen:
+            steps_seen, deadline = steps_now, time.monotonic() + config.step_timeout_s
+        running = [a for a in state.agents if group.children[a.name].poll() is None]
+        failed = [a for a in state.agents if group.children[a.name].poll() not in (None, 0) and not state.is_killed(a.index)]
+        if failed:
+            agent = failed[0]
+            return f"agent {agent.index} exited with code {group.children[agent.name].poll()}: " + _last_error(agent)
+        quit_early = [a for a in state.agents if group.children[a.name].poll() == 0 and a.events.last("done") is None]
+        if quit_early:
+            agent = quit_early[0]
+            agent.events.poll()
+            if agent.events.last("done") is None:
+                stopped = agent.events.last("stopped")
+                return f"agent {agent.index} stopped before finishing" + (f" ({stopped['reason']})" if stopped else "")
+        if not running:
+            return None
+        if stop.is_set():
+            return f"stopped ({stop.reason})"
+        if group.children["bootstrap"].poll() is not None and not state.all_have_roles():
+            return "the bootstrap exited before the agents had a plan"
+        if time.monotonic() > deadline:
+            phase = "step" if state.all_have_roles() else "plan"
+            return f"no progress within the {phase} deadline; see the agents' logs in {state.workdir}"
+        stop.wait(0.2)
+
+
+def _last_error(agent: AgentProcess) -> str:
+    error = agent.events.last("error")
+    if error is not None:
+        return error["error"]
+    lines = [line for line in tail(agent.log_path, 40).splitlines() if "Error" in line or "ERROR" in line]
+    return lines[-1] if lines else f"see {agent.log_path}"
+
+
+def _agent_toml(config: SwarmConfig, train: TrainConfig, run: str, maddrs: list[str], agent: AgentProcess,
+                root: Path, cluster_path: Path | None, time_scale: float, size_factor: float) -> str:  # fmt: skip
+    probe = config.probe or (EMULATED_PROBE if cluster_path else LOOPBACK_PROBE)
+    tables: dict[str, Any] = {
+        "run": run, "initial_peers": maddrs, "events_file": str(agent.events.path),
+        "train": {k: v for k, v in asdict(train).items() if v is not None and k != "replicas"},
+        "membership": {"expect": config.agents, "poll_s": 0.5, "plan_timeout_s": config.startup_timeout_s,
+                       "links_timeout_s": config.startup_timeout_s / 2, "finish_timeout_s": config.call_timeout_s},
+        "plan": {"strategy": config.strategy, "seed": config.seed, "objective": config.objective},
+        "links": {"settle_s": 1.5 if cluster_path else 0.0, "round_pause_s": 0.5,
+                  "min_rounds": 1, "probe": asdict(probe)},
+        "dht": {"host_maddrs": [LOOPBACK], "identity_path": str(root / f"agent-{agent.index}.id"),
+                "peer_ttl_s": config.peer_ttl_s},
+        "transport": {"call_timeout_s": config.call_timeout_s},
+        "churn": {"halt_timeout_s": max(config.call_timeout_s, config.peer_ttl_s) * 2},
+        "liveness": {"enabled": config.liveness},
+        "checkpoint": {"every_steps": config.checkpoint_every, "resume": config.resume,
+                       "local_dir": str(root / f"agent-{agent.index}.state")},
+    }  # fmt: skip
+    if config.checkpoint_every or config.shared_checkpoints:
+        tables["checkpoint"]["dir"] = str(root / "checkpoints")
+    if not config.warm_copies:
+        tables["churn"]["backup_every"] = 0
+    if cluster_path is not None:
+        tables["emulation"] = {"cluster_file": str(cluster_path), "device_index": agent.index,
+                               "time_scale": time_scale, "size_factor": size_factor,
+                               "compute_scale": config.compute_scale}
+    return to_toml(tables)
+
+
+def to_toml(tables: dict[str, Any]) -> str:
+    """A TOML document of top-level keys and (dotted-name) tables of strings, numbers, bools and lists."""
+    lines = [f"{k} = {_toml_value(v)}" for k, v in tables.items() if not isinstance(v, dict)]
+    pending = [(k, v) for k, v in tables.items() if isinstance(v, dict)]
+    while pending:
+        name, table = pending.pop(0)
+        lines.append(f"\n[{name}]")
+        lines += [f"{k} = {_toml_value(v)}" for k, v in table.items() if not isinstance(v, dict)]
+        pending += [(f"{name}.{k}", v) for k, v in table.items() if isinstance(v, dict)]
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a valid TOML basic string
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {type(value).__name__} to TOML")
