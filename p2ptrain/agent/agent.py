@@ -30,7 +30,7 @@ States, driven by one loop in the calling (main) thread, every ``membership.poll
 6. **liveness and warm copies**: a heartbeat thread (``liveness.LivenessMonitor``) pings the members; a dead
    trainer, or one that failed its epoch, aborts our epoch's pending calls at once, and dead peers leave
    our view of the live members until they answer again. Every plan names a backup peer per stage that
-   keeps a warm copy of it (``backup``); every agent keeps its copies on its own disk (``state_store``),
+   keeps a warm copy of it (``churn.warm_copies``); every agent keeps its copies on its own disk (``state_store``),
    which ``checkpoint.resume`` restarts a whole swarm from.
 
 SIGTERM/SIGINT (the ``StopSignal``) interrupt any state: a blocked step is cut short by shutting the

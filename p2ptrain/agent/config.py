@@ -169,7 +169,7 @@ class EmulationSettings:
 
 @dataclass(frozen=True)
 class ChurnConfig:
-    """Re-planning when peers fail or join (``leading.py``, ``replan.py``, ``churn.py``).
+    """Re-planning when peers fail or join (``leadership/leader.py``, ``churn/replan.py``, ``churn/restart.py``).
 
     A trainer whose call fails, or whose plan peer stops answering heartbeats or reports a failure
     (``[liveness]``), halts and says so in its heartbeat; a peer whose peer record expires

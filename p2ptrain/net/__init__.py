@@ -1,1 +1,17 @@
-"""p2ptrain.net"""
+"""p2ptrain.net: the network below the agent, in three parts that meet only through ``nat``.
+
+- ``identity``: one RSA key is the libp2p peer ID and the DHT signing key.
+- ``dht/``: the run's DHT — ``keys`` (every key, spelled once), ``records`` / ``record_base`` /
+  ``plan_record`` / ``fields`` (versioned, validated, signed records), ``validators`` and ``admission`` (what
+  a DHT node stores, who may take part), ``refresh`` (own records kept alive), ``node`` (``SwarmDHT``, the
+  synchronous facade), ``bootstrap`` (the DHT-only bootstrap peer).
+- ``transport/``: tensors over libp2p — ``messages`` (message kinds, tags and headers, tensors as bytes),
+  ``frames`` / ``streamio`` (bytes on a stream), ``servicer`` (the ``rpc_*`` endpoints), ``channel`` (the
+  sending streams), ``mailbox`` (what a receiver accepts), ``emulation`` / ``pacing`` (emulated links),
+  ``probe`` / ``probe_session`` (measuring links), ``status`` (the heartbeat payload), ``endpoint``
+  (``Transport``: one event loop, a synchronous facade, a deadline on every call).
+- ``nat/``: ``relay`` (circuit relays and relayed addresses), ``forward`` (streams forwarded by a public peer).
+
+Process lifecycle (signals, ordered shutdown) is ``p2ptrain.lifecycle``; leader election is
+``p2ptrain.agent.leadership.election``.
+"""

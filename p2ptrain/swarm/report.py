@@ -19,7 +19,7 @@ from p2ptrain.planning import Cluster
 from p2ptrain.runtime.config import TrainConfig
 
 if TYPE_CHECKING:
-    from p2ptrain.swarm.launcher import AgentProcess, SwarmConfig
+    from p2ptrain.swarm.config import AgentProcess, SwarmConfig
 
 
 @dataclass

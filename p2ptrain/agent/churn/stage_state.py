@@ -2,7 +2,7 @@
 
 ``StateKeeper`` holds this agent's stage's state (parameters and AdamW moments, ``runtime.checkpoint``'s
 names) after each of its last ``keep`` completed steps: what it rolls back to, and what it sends to a peer
-that takes over the stage (``churn.py`` says why two suffice).
+that takes over the stage (``restart.py`` says why two suffice).
 
 On the wire a state is one float32 vector: the tensors of ``state_names`` (a fixed order both sides derive
 from the stage they build) flattened, sent as messages of kind ``state`` tagged with the new epoch and its
