@@ -82,6 +82,17 @@ class SwarmState:
                     kept.append(e)
         return dict(sorted(by_step.items()))
 
+    def last_loss(self) -> tuple[int, float, float] | None:
+        """The newest step whose loss is known (its last stage reported it): (step, loss, step time so far).
+
+        The progress line shows these together: the step counter of ``steps_done`` runs ahead of the loss,
+        since the first stage reports step N before the last stage has finished it."""
+        for step, events in reversed(self._final_steps().items()):
+            loss = next((e["loss"] for e in events if e["loss"] is not None), None)
+            if loss is not None:
+                return step, loss, max(e["step_time_s"] for e in events)
+        return None
+
     def losses(self) -> list[float]:
         """Per step from the run's start step on, the global loss (reported by the last stage)."""
         out = []
@@ -249,12 +260,12 @@ class SwarmDisplay:
         if leader is not None:
             parts.append(f"plan epoch {leader[1]['epoch']} by agent {leader[0]} "
                          f"(predicted {leader[1]['plan']['cost_s']:.3f} s/step)")
-        steps = state.steps_done()
-        if steps:
-            losses, times = state.losses(), state.step_times()
-            loss = f" loss {losses[-1]:.4f}" if losses else ""
-            took = f" ({times[-1]:.2f} s)" if times else ""
-            parts.append(f"step {steps}/{state.config.steps}{loss}{took}")
+        last = state.last_loss()
+        if last is not None:  # a step with its own loss and time, not the newest step beside an older loss
+            step, loss, took = last
+            parts.append(f"step {step}/{state.config.steps} loss {loss:.4f} ({took:.2f} s)")
+        elif steps := state.steps_done():  # no stage has finished a step with a loss yet
+            parts.append(f"step {steps}/{state.config.steps}")
         done = sum(1 for a in state.agents if a.events.last("done"))
         if done:
             parts.append(f"done {done}/{n}")
