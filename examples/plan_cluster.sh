@@ -3,7 +3,7 @@
 #
 #   bash examples/plan_cluster.sh
 #
-# The cluster file format is in DESIGN.md ("Cluster file"): devices, one-way latency_ms and
+# The cluster file format is in docs/design.md ("Cluster file"): devices, one-way latency_ms and
 # bandwidth_gbps matrices. --json prints the plan document the leader publishes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
