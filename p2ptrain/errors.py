@@ -27,11 +27,8 @@ class PeerTimeoutError(ProtocolError):
 class MessageRejected(ProtocolError):
     """A message did not match what the receiver expected (shape, dtype, size, step, sender) and was refused.
 
-    ``code`` says why in a word a sender can act on: ``"duplicate"`` (the receiver already holds this
-    message from this sender), ``"stale"`` (the receiver has moved past its step), ``"not_sender"`` (the
-    sender is in none of the receiver's plans and not a live peer, or the plan of the tag's epoch does not
-    have it send that tag, ``agent.tag_senders``), ``"too_slow"`` (the payload arrived far
-    slower than the link allows and was cut off), or ``"refused"``.
+    ``code`` says why in a word a sender can act on: a ``p2ptrain.net.transport.messages.Refusal`` (a string,
+    so that this module imports nothing), ``"refused"`` unless said.
     """
 
     def __init__(self, message: str, peer: str | None = None, code: str = "refused"):

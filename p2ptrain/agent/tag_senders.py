@@ -25,24 +25,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from p2ptrain.agent.churn.restart import source_of
-from p2ptrain.agent.churn.stage_state import STATE
 from p2ptrain.net.dht.records import PlanRecord
-from p2ptrain.net.transport.messages import (
-    ACTIVATION,
-    ACTIVATION_GRAD,
-    BACKUP,
-    GATHER_SHARD,
-    REDUCE_SHARD,
-    Tag,
-)
+from p2ptrain.net.transport.messages import MessageKind, Tag
 
-GROUP_KINDS = frozenset({REDUCE_SHARD, GATHER_SHARD})
+GROUP_KINDS = frozenset({MessageKind.REDUCE_SHARD, MessageKind.GATHER_SHARD})
 
 
 def sender_problem(plan: PlanRecord, me: str, sender: str, tag: Tag) -> str | None:
     """Why ``plan`` does not have ``sender`` send ``me`` the message ``tag`` (None: it does)."""
     kind, stage = tag.kind, tag.micro_batch
-    if kind == BACKUP:
+    if kind == MessageKind.BACKUP:
         if stage >= plan.stages or plan.backup_of(stage) != me:
             return f"epoch {plan.epoch}'s plan keeps no copy of stage {stage} on this agent"
         allowed = {source_of(plan, stage), plan.peer_at(0, stage)}
@@ -52,13 +44,13 @@ def sender_problem(plan: PlanRecord, me: str, sender: str, tag: Tag) -> str | No
     if position is None:
         return f"this agent trains nothing in epoch {plan.epoch}"
     row, own = position
-    if kind == STATE:
+    if kind == MessageKind.STATE:
         if stage != own:
             return f"this agent holds stage {own} in epoch {plan.epoch}, not stage {stage}"
         allowed = {source_of(plan, stage)}
-    elif kind == ACTIVATION:
+    elif kind == MessageKind.ACTIVATION:
         allowed = {plan.peer_at(row, own - 1)} if own > 0 else set()
-    elif kind == ACTIVATION_GRAD:
+    elif kind == MessageKind.ACTIVATION_GRAD:
         allowed = {plan.peer_at(row, own + 1)} if own + 1 < plan.stages else set()
     elif kind in GROUP_KINDS:
         allowed = {plan.peer_at(i, own) for i in range(plan.replicas)} - {me}

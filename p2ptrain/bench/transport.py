@@ -31,7 +31,7 @@ import torch
 
 from p2ptrain.futures import wait_all
 from p2ptrain.net.transport.endpoint import Transport, TransportConfig
-from p2ptrain.net.transport.messages import Tag
+from p2ptrain.net.transport.messages import MessageKind, Tag
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def measure_throughput(sizes_mib: Sequence[int] = (1, 4, 16, 64), repeats: int =
             for pattern, count in (("sequential", 1), ("streamed", window)):
                 ours, theirs = [], []
                 for _ in range(repeats + 1):  # the first round is a warm-up (stream setup, page faults)
-                    tags = [Tag(RUN, 0, 0, "bench", micro_batch=k, part=next(parts)) for k in range(count)]
+                    tags = [Tag(RUN, 0, 0, MessageKind.BENCH, micro_batch=k, part=next(parts)) for k in range(count)]
                     ours.append(_transport_round(sender, receiver, tags, tensor))
                     theirs.append(raw.round(size * MIB, count))
                 results.append(Throughput(size, pattern, _rate(size, count, ours[1:]), _rate(size, count, theirs[1:]),

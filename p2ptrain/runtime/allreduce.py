@@ -27,10 +27,10 @@ from typing import Protocol
 import torch
 
 from p2ptrain.futures import wait_all
+from p2ptrain.net.transport.messages import MessageKind
 from p2ptrain.runtime.wire import Codec, ErrorFeedback
 
-REDUCE = "reduce_shard"
-GATHER = "gather_shard"
+REDUCE, GATHER = MessageKind.REDUCE_SHARD, MessageKind.GATHER_SHARD
 
 
 class GroupExchange(Protocol):

@@ -47,7 +47,14 @@ from p2ptrain.model.loss import micro_batch_loss
 from p2ptrain.model.optim import build_optimizer
 from p2ptrain.model.stage import build_stage, stage_layer_range
 from p2ptrain.net.dht.records import ComputeMeasurement
-from p2ptrain.net.transport.messages import Header, Tag, dtype_name, tensor_bytes, tensor_from_bytes
+from p2ptrain.net.transport.messages import (
+    Header,
+    MessageKind,
+    Tag,
+    dtype_name,
+    tensor_bytes,
+    tensor_from_bytes,
+)
 from p2ptrain.planning.cluster import Cluster
 from p2ptrain.planning.layers import LayerCosts, LayeredWorkload, Parts, layer_model
 from p2ptrain.planning.model_shapes import ModelShape
@@ -147,7 +154,7 @@ def _now(device: torch.device) -> float:
 def _message_s(rows: int, shape: ModelShape, repeats: int) -> float:
     """The local cost of one activation message: bytes and header both ways, and two thread hand-offs."""
     tensor = torch.randn(rows, shape.seq_len, shape.hidden_size)
-    tag = Tag("calibration", 0, 0, "activation")
+    tag = Tag("calibration", 0, 0, MessageKind.ACTIVATION)
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="p2ptrain-calibration", daemon=True)
     thread.start()

@@ -37,6 +37,7 @@ import torch
 from p2ptrain.futures import wait_all
 from p2ptrain.model.data import TrainData, inputs_and_targets, micro_batches, shard_of
 from p2ptrain.model.loss import micro_batch_loss
+from p2ptrain.net.transport.messages import MessageKind
 from p2ptrain.runtime.buckets import BucketedAllReduce
 from p2ptrain.runtime.compute_speed import NO_PACING, ComputePacer
 from p2ptrain.runtime.memory import ActivationMeter
@@ -45,9 +46,6 @@ from p2ptrain.runtime.topology import Role, Topology
 from p2ptrain.runtime.wire import wire_format
 
 logger = logging.getLogger(__name__)
-
-ACTIVATION = "activation"
-ACTIVATION_GRAD = "activation_grad"
 
 
 class StepLink(Protocol):
@@ -170,7 +168,8 @@ class StageExecutor:
         else:
             codec = self.wire.activation
             shape, dtype = codec.wire_spec(state.act_shape)
-            x = codec.decode(state.recv(state.prev_peer, ACTIVATION, m, shape, dtype), state.act_shape).to(self.device)
+            received = state.recv(state.prev_peer, MessageKind.ACTIVATION, m, shape, dtype)
+            x = codec.decode(received, state.act_shape).to(self.device)
             x.requires_grad_(True)
             state.inputs[m] = x
         with self.pacer.compute(), self.meter.saving():
@@ -178,7 +177,8 @@ class StageExecutor:
             if role.is_last:
                 out = micro_batch_loss(out, targets.to(self.device), self.data.tokens_per_batch)
         if not role.is_last:
-            state.sends.append(link.send(state.next_peer, ACTIVATION, m, 0, self.wire.activation.encode(out.detach())))
+            state.sends.append(link.send(state.next_peer, MessageKind.ACTIVATION, m, 0,
+                                         self.wire.activation.encode(out.detach())))
         state.outputs[m] = out
         state.peak_in_flight = max(state.peak_in_flight, len(state.outputs))
 
@@ -192,12 +192,13 @@ class StageExecutor:
         else:
             codec = self.wire.activation_grad
             shape, dtype = codec.wire_spec(state.act_shape)
-            grad = codec.decode(state.recv(state.next_peer, ACTIVATION_GRAD, m, shape, dtype), state.act_shape)
+            received = state.recv(state.next_peer, MessageKind.ACTIVATION_GRAD, m, shape, dtype)
+            grad = codec.decode(received, state.act_shape)
             with self.pacer.compute():
                 out.backward(grad.to(self.device))
         x = state.inputs.pop(m)  # this micro-batch's activations are freed with its graph
         if not role.is_first:
-            state.sends.append(link.send(state.prev_peer, ACTIVATION_GRAD, m, 0,
+            state.sends.append(link.send(state.prev_peer, MessageKind.ACTIVATION_GRAD, m, 0,
                                          self.wire.activation_grad.encode(x.grad.detach())))
 
     def _micro_batches(self, step: int, role: Role) -> list[torch.Tensor]:

@@ -5,21 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from p2ptrain.agent.churn.stage_state import STATE
 from p2ptrain.agent.tag_senders import TagSenders, sender_problem
 from p2ptrain.errors import MessageRejected
 from p2ptrain.net.dht.records import PlanRecord
 from p2ptrain.net.identity import generate_identity
 from p2ptrain.net.transport.mailbox import Mailbox, SenderBudget
-from p2ptrain.net.transport.messages import (
-    ACTIVATION,
-    ACTIVATION_GRAD,
-    BACKUP,
-    GATHER_SHARD,
-    REDUCE_SHARD,
-    Header,
-    Tag,
-)
+from p2ptrain.net.transport.messages import Header, MessageKind, Tag
 
 RUN = "tags"
 PEERS = sorted(generate_identity().peer_id for _ in range(8))
@@ -42,35 +33,35 @@ def allowed(p: PlanRecord, me: str, kind: str, micro_batch: int = 0) -> set[str]
 def test_pipeline_tags_come_from_the_neighbour_of_the_same_pipeline():
     p = plan()
     middle = PEERS[4]  # stage 1 of pipeline 1
-    assert allowed(p, middle, ACTIVATION) == {PEERS[3]}
-    assert allowed(p, middle, ACTIVATION_GRAD) == {PEERS[5]}
-    assert allowed(p, PEERS[3], ACTIVATION) == set()  # stage 0 takes no activations
-    assert allowed(p, PEERS[5], ACTIVATION_GRAD) == set()  # nor the last stage gradients
-    assert "nobody sends activation to stage 0 of pipeline 1" in sender_problem(p, PEERS[3], PEERS[0], tag(ACTIVATION))
+    assert allowed(p, middle, MessageKind.ACTIVATION) == {PEERS[3]}
+    assert allowed(p, middle, MessageKind.ACTIVATION_GRAD) == {PEERS[5]}
+    assert allowed(p, PEERS[3], MessageKind.ACTIVATION) == set()  # stage 0 takes no activations
+    assert allowed(p, PEERS[5], MessageKind.ACTIVATION_GRAD) == set()  # nor the last stage gradients
+    assert "nobody sends activation to stage 0 of pipeline 1" in sender_problem(p, PEERS[3], PEERS[0], tag(MessageKind.ACTIVATION))
     # the other pipeline's stage 0 is a member, but it does not feed this pipeline
-    why = sender_problem(p, middle, PEERS[0], tag(ACTIVATION))
+    why = sender_problem(p, middle, PEERS[0], tag(MessageKind.ACTIVATION))
     assert f"activation for stage 1 of pipeline 1 come from {PEERS[3]}" in why
 
 
 def test_all_reduce_parts_come_from_the_stage_group():
     p = plan()
-    for kind in (REDUCE_SHARD, GATHER_SHARD):
+    for kind in (MessageKind.REDUCE_SHARD, MessageKind.GATHER_SHARD):
         assert allowed(p, PEERS[1], kind) == {PEERS[4]}
         assert allowed(p, PEERS[5], kind) == {PEERS[2]}
 
 
 def test_state_and_copies_come_from_the_plan_sources():
     p = plan(start_step=4, sources=(0, 4, 5), backups=(6, 6, 0))
-    assert allowed(p, PEERS[3], STATE, micro_batch=0) == {PEERS[0]}
-    assert allowed(p, PEERS[3], STATE, micro_batch=1) == set()  # a stage it does not hold
-    assert allowed(p, PEERS[1], STATE, micro_batch=1) == {PEERS[4]}
+    assert allowed(p, PEERS[3], MessageKind.STATE, micro_batch=0) == {PEERS[0]}
+    assert allowed(p, PEERS[3], MessageKind.STATE, micro_batch=1) == set()  # a stage it does not hold
+    assert allowed(p, PEERS[1], MessageKind.STATE, micro_batch=1) == {PEERS[4]}
     # the spare keeps stages 0 and 1: from each stage's source and its replica 0
-    assert allowed(p, PEERS[6], BACKUP, micro_batch=0) == {PEERS[0]}
-    assert allowed(p, PEERS[6], BACKUP, micro_batch=1) == {PEERS[1], PEERS[4]}
-    assert allowed(p, PEERS[6], BACKUP, micro_batch=2) == set()  # kept by PEERS[0]
-    assert allowed(p, PEERS[0], BACKUP, micro_batch=2) == {PEERS[2], PEERS[5]}
-    assert allowed(p, PEERS[6], ACTIVATION) == set()  # a spare trains nothing
-    assert allowed(p, PEERS[6], BACKUP, micro_batch=9) == set()  # no such stage: refused, no crash
+    assert allowed(p, PEERS[6], MessageKind.BACKUP, micro_batch=0) == {PEERS[0]}
+    assert allowed(p, PEERS[6], MessageKind.BACKUP, micro_batch=1) == {PEERS[1], PEERS[4]}
+    assert allowed(p, PEERS[6], MessageKind.BACKUP, micro_batch=2) == set()  # kept by PEERS[0]
+    assert allowed(p, PEERS[0], MessageKind.BACKUP, micro_batch=2) == {PEERS[2], PEERS[5]}
+    assert allowed(p, PEERS[6], MessageKind.ACTIVATION) == set()  # a spare trains nothing
+    assert allowed(p, PEERS[6], MessageKind.BACKUP, micro_batch=9) == set()  # no such stage: refused, no crash
 
 
 def test_other_kinds_only_from_peers_we_exchange_tensors_with():
@@ -80,14 +71,14 @@ def test_other_kinds_only_from_peers_we_exchange_tensors_with():
 def test_the_plan_of_the_tag_epoch_decides():
     old, new = plan(epoch=3), plan(epoch=4, pipelines=((3, 1, 2), (0, 4, 5)))
     check = TagSenders.of(PEERS[4], (old, None, new))
-    assert check(PEERS[3], tag(ACTIVATION, epoch=3)) is None
-    assert "epoch 4's plan has activation for stage 1 of pipeline 1 come from" in check(PEERS[3], tag(ACTIVATION, epoch=4))
-    assert check(PEERS[0], tag(ACTIVATION, epoch=4)) is None
+    assert check(PEERS[3], tag(MessageKind.ACTIVATION, epoch=3)) is None
+    assert "epoch 4's plan has activation for stage 1 of pipeline 1 come from" in check(PEERS[3], tag(MessageKind.ACTIVATION, epoch=4))
+    assert check(PEERS[0], tag(MessageKind.ACTIVATION, epoch=4)) is None
     # an epoch whose plan we have not read yet is left to the budgets (the sender read it before us)
-    assert check(PEERS[2], tag(ACTIVATION, epoch=5)) is None
+    assert check(PEERS[2], tag(MessageKind.ACTIVATION, epoch=5)) is None
     # two plans of one epoch (leaders racing): either one naming the sender is enough
     assert TagSenders.of(PEERS[4], (old, plan(epoch=3, pipelines=((3, 1, 2), (0, 4, 5)))))(
-        PEERS[0], tag(ACTIVATION, epoch=3)) is None
+        PEERS[0], tag(MessageKind.ACTIVATION, epoch=3)) is None
 
 
 def test_mailbox_refuses_on_the_header_with_not_sender():
@@ -95,7 +86,7 @@ def test_mailbox_refuses_on_the_header_with_not_sender():
     box.set_window(RUN, 3, 5)
     box.senders = {p: SenderBudget(1 << 20, reserved=True) for p in PEERS[:7]}
     box.sends_tag = TagSenders.of(PEERS[4], [plan()])
-    h = Header(tag(ACTIVATION), "float32", (4,))
+    h = Header(tag(MessageKind.ACTIVATION), "float32", (4,))
     with pytest.raises(MessageRejected) as info:
         box.admit(PEERS[0], h)  # a member, but not this pipeline's stage 0
     assert info.value.code == "not_sender" and f"peer {PEERS[0]} does not send activation" in str(info.value)

@@ -30,7 +30,7 @@ from p2ptrain.model.optim import build_optimizer
 from p2ptrain.model.stage import build_stage
 from p2ptrain.net.dht.records import NO_BACKUP, PlanRecord, ProgressRecord, RecordError
 from p2ptrain.net.identity import generate_identity
-from p2ptrain.net.transport.messages import BACKUP, Tag
+from p2ptrain.net.transport.messages import MessageKind, Tag
 from p2ptrain.net.transport.status import FAIL, HALT, TRAIN, PeerStatus
 from p2ptrain.runtime.checkpoint import state_tensors
 from p2ptrain.runtime.config import TrainConfig
@@ -255,7 +255,7 @@ def test_a_copy_is_sent_verified_and_kept(tmp_path, caplog):
             # a header announcing parts of no elements is refused, and nothing is kept from it
             forged = list((8).to_bytes(8, "little") + bytes(32) + (0).to_bytes(8, "little"))
             with caplog.at_level(logging.WARNING, logger="p2ptrain.agent.churn.warm_copies"):
-                b.send(str(a.peer_id), Tag("copytest", 2, 1, BACKUP, 1, 0), torch.tensor(forged, dtype=torch.uint8),
+                b.send(str(a.peer_id), Tag("copytest", 2, 1, MessageKind.BACKUP, 1, 0), torch.tensor(forged, dtype=torch.uint8),
                        30.0)  # fmt: skip
                 deadline = time.monotonic() + 30.0
                 while "announces parts of 0 elements; refused" not in caplog.text and time.monotonic() < deadline:

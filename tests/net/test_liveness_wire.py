@@ -14,7 +14,7 @@ import torch
 
 from p2ptrain.errors import PeerFailed, PeerTimeoutError, ProtocolError
 from p2ptrain.net.transport.endpoint import Transport, TransportConfig
-from p2ptrain.net.transport.messages import ACTIVATION, BACKUP, Tag
+from p2ptrain.net.transport.messages import MessageKind, Tag
 from p2ptrain.net.transport.status import FAIL, TRAIN, PeerStatus
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -58,7 +58,7 @@ def test_a_status_is_validated_both_ways():
 def test_aborting_an_epoch_fails_its_pending_and_later_calls_at_once(pair):
     a, b = pair
     a.set_window(RUN, 5, 0)
-    waiting = a.recv_async(Tag(RUN, 5, 0, ACTIVATION), b.peer_id, (4,), torch.float32, timeout_s=60.0)
+    waiting = a.recv_async(Tag(RUN, 5, 0, MessageKind.ACTIVATION), b.peer_id, (4,), torch.float32, timeout_s=60.0)
     time.sleep(0.2)
     started = time.monotonic()
     a.abort_epoch(5, "peer X stopped answering heartbeats")
@@ -66,26 +66,26 @@ def test_aborting_an_epoch_fails_its_pending_and_later_calls_at_once(pair):
         waiting.result(timeout=10.0)
     assert time.monotonic() - started < 10.0  # not the 60 s deadline
     with pytest.raises(PeerFailed):
-        a.recv(Tag(RUN, 5, 1, ACTIVATION), b.peer_id, (4,), torch.float32, timeout_s=60.0)
+        a.recv(Tag(RUN, 5, 1, MessageKind.ACTIVATION), b.peer_id, (4,), torch.float32, timeout_s=60.0)
     # a newer epoch is not affected
     a.set_window(RUN, 6, 0)
-    b.send(a.peer_id, Tag(RUN, 6, 0, ACTIVATION), torch.ones(4))
-    assert torch.equal(a.recv(Tag(RUN, 6, 0, ACTIVATION), b.peer_id, (4,), torch.float32), torch.ones(4))
+    b.send(a.peer_id, Tag(RUN, 6, 0, MessageKind.ACTIVATION), torch.ones(4))
+    assert torch.equal(a.recv(Tag(RUN, 6, 0, MessageKind.ACTIVATION), b.peer_id, (4,), torch.float32), torch.ones(4))
 
 
 def test_copies_are_judged_by_epoch_only(pair):
     a, b = pair
     a.set_window(RUN, 7, 40)
     # a step behind and far ahead of the receiver's window: still taken for a backup, not for an activation
-    b.send(a.peer_id, Tag(RUN, 7, 3, BACKUP, 1, 0), torch.arange(5.0))
-    b.send(a.peer_id, Tag(RUN, 7, 900, BACKUP, 1, 0), torch.arange(6.0))
+    b.send(a.peer_id, Tag(RUN, 7, 3, MessageKind.BACKUP, 1, 0), torch.arange(5.0))
+    b.send(a.peer_id, Tag(RUN, 7, 900, MessageKind.BACKUP, 1, 0), torch.arange(6.0))
     with pytest.raises(ProtocolError, match="stale"):
-        b.send(a.peer_id, Tag(RUN, 7, 3, ACTIVATION), torch.arange(5.0))
-    assert a.recv(Tag(RUN, 7, 3, BACKUP, 1, 0), b.peer_id, (5,), torch.float32).sum() == 10
-    assert a.recv(Tag(RUN, 7, 900, BACKUP, 1, 0), b.peer_id, (6,), torch.float32).sum() == 15
+        b.send(a.peer_id, Tag(RUN, 7, 3, MessageKind.ACTIVATION), torch.arange(5.0))
+    assert a.recv(Tag(RUN, 7, 3, MessageKind.BACKUP, 1, 0), b.peer_id, (5,), torch.float32).sum() == 10
+    assert a.recv(Tag(RUN, 7, 900, MessageKind.BACKUP, 1, 0), b.peer_id, (6,), torch.float32).sum() == 15
     a.set_window(RUN, 8, 0)  # an older epoch's copy is stale
     with pytest.raises(ProtocolError, match="stale"):
-        b.send(a.peer_id, Tag(RUN, 7, 4, BACKUP, 1, 0), torch.arange(5.0))
+        b.send(a.peer_id, Tag(RUN, 7, 4, MessageKind.BACKUP, 1, 0), torch.arange(5.0))
 
 
 STOPPABLE = """

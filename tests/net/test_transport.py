@@ -17,7 +17,7 @@ from hivemind.utils import get_dht_time
 
 from p2ptrain.errors import MessageRejected, PeerFailed, PeerTimeoutError
 from p2ptrain.net.transport.endpoint import Transport, TransportConfig
-from p2ptrain.net.transport.messages import ACTIVATION, ACTIVATION_GRAD, REDUCE_SHARD, Header, Tag
+from p2ptrain.net.transport.messages import Header, MessageKind, Tag
 from p2ptrain.net.transport.servicer import Pieces, TensorServicer, is_ok, parse_reply
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -71,7 +71,7 @@ def test_bursts_of_send_async_arrive_exact_while_their_buffers_are_used_again(tr
     a, b, _ = trio
     tensor, kept = torch.empty(64 << 10), []
     for burst in range(4):
-        tags = [Tag(RUN, 0, step, ACTIVATION, micro_batch=burst, part=k) for k in range(6)]
+        tags = [Tag(RUN, 0, step, MessageKind.ACTIVATION, micro_batch=burst, part=k) for k in range(6)]
         futures = []
         for k, tag in enumerate(tags):
             tensor.fill_(burst * 10 + k)
@@ -90,7 +90,7 @@ def test_bursts_of_send_async_arrive_exact_while_their_buffers_are_used_again(tr
 def test_send_async_of_a_tensor_handed_over_arrives_exact(trio, step):
     a, b, _ = trio
     values = [torch.randn(5, 300), torch.randn(300, 5).t(), torch.tensor(1.5)]  # contiguous, not, 0-d
-    tags = [Tag(RUN, 0, step, ACTIVATION, micro_batch=k) for k in range(len(values))]
+    tags = [Tag(RUN, 0, step, MessageKind.ACTIVATION, micro_batch=k) for k in range(len(values))]
     for future in [b.send_async(a.peer_id, tag, value, copy=False) for tag, value in zip(tags, values, strict=True)]:
         future.result(timeout=10)
     for tag, value in zip(tags, values, strict=True):
@@ -100,7 +100,7 @@ def test_send_async_of_a_tensor_handed_over_arrives_exact(trio, step):
 def test_round_trip_of_dtypes_and_shapes(trio, step):
     a, b, _ = trio
     values = tensors()
-    tags = [Tag(RUN, 0, step, ACTIVATION, micro_batch=i) for i in range(len(values))]
+    tags = [Tag(RUN, 0, step, MessageKind.ACTIVATION, micro_batch=i) for i in range(len(values))]
     early = a.recv_async(tags[0], b.peer_id, values[0].shape, values[0].dtype)  # waits before arrival
     for tag, value in zip(tags, values, strict=True):
         b.send(a.peer_id, tag, value)
@@ -114,15 +114,15 @@ def test_round_trip_of_dtypes_and_shapes(trio, step):
 def test_concurrent_sends_and_a_collective_tag(trio, step):
     a, b, c = trio
     grads = [torch.full((1000,), float(i)) for i in range(4)]
-    pending = [b.send_async(a.peer_id, Tag(RUN, 0, step, ACTIVATION_GRAD, i), g) for i, g in enumerate(grads)]
-    shard = Tag(RUN, 0, step, REDUCE_SHARD, part=1)  # one tag, one message from each member of the group
+    pending = [b.send_async(a.peer_id, Tag(RUN, 0, step, MessageKind.ACTIVATION_GRAD, i), g) for i, g in enumerate(grads)]
+    shard = Tag(RUN, 0, step, MessageKind.REDUCE_SHARD, part=1)  # one tag, one message from each member of the group
     for sender in (b, c):
         a.expect(shard, sender.peer_id, (10,), torch.float32)
     pending += [sender.send_async(a.peer_id, shard, torch.full((10,), i + 1.0)) for i, sender in enumerate((b, c))]
     for future in pending:
         future.result(timeout=20)
     for i, g in enumerate(grads):
-        assert torch.equal(a.recv(Tag(RUN, 0, step, ACTIVATION_GRAD, i), b.peer_id, g.shape, g.dtype), g)
+        assert torch.equal(a.recv(Tag(RUN, 0, step, MessageKind.ACTIVATION_GRAD, i), b.peer_id, g.shape, g.dtype), g)
     assert a.recv(shard, c.peer_id, (10,), torch.float32)[0] == 2.0
     assert a.recv(shard, b.peer_id, (10,), torch.float32)[0] == 1.0
 
@@ -130,15 +130,15 @@ def test_concurrent_sends_and_a_collective_tag(trio, step):
 def _refusal_cases(step: int):
     """(name, who sends, tag, tensor): each is refused by receiver ``a``, which expects from ``b`` at ``step``
     a (4, 4) float32 for Tag(RUN, 0, step, activation)."""
-    tag = Tag(RUN, 0, step, ACTIVATION)
+    tag = Tag(RUN, 0, step, MessageKind.ACTIVATION)
     return {
         "wrong shape": ("b", tag, torch.zeros(4, 5)),
         "wrong dtype": ("b", tag, torch.zeros(4, 4, dtype=torch.float16)),
         "wrong sender": ("c", tag, torch.zeros(4, 4)),
-        "stale step": ("b", Tag(RUN, 0, step - 1, ACTIVATION), torch.zeros(4, 4)),
-        "step too far ahead": ("b", Tag(RUN, 0, step + 3, ACTIVATION), torch.zeros(4, 4)),
-        "wrong run": ("b", Tag("otherrun", 0, step, ACTIVATION), torch.zeros(4, 4)),
-        "oversized": ("b", Tag(RUN, 0, step, ACTIVATION, micro_batch=1), torch.zeros(8 * MIB // 4 + 1)),
+        "stale step": ("b", Tag(RUN, 0, step - 1, MessageKind.ACTIVATION), torch.zeros(4, 4)),
+        "step too far ahead": ("b", Tag(RUN, 0, step + 3, MessageKind.ACTIVATION), torch.zeros(4, 4)),
+        "wrong run": ("b", Tag("otherrun", 0, step, MessageKind.ACTIVATION), torch.zeros(4, 4)),
+        "oversized": ("b", Tag(RUN, 0, step, MessageKind.ACTIVATION, micro_batch=1), torch.zeros(8 * MIB // 4 + 1)),
     }
 
 
@@ -147,7 +147,7 @@ def test_refused_messages_are_logged_and_never_delivered(trio, step, refusals, c
     a, b, c = trio
     who, tag, bad = _refusal_cases(step)[case]
     sender = {"b": b, "c": c}[who]
-    right = Tag(RUN, 0, step, ACTIVATION)
+    right = Tag(RUN, 0, step, MessageKind.ACTIVATION)
     a.expect(right, b.peer_id, (4, 4), torch.float32)
     with pytest.raises(MessageRejected) as info:
         sender.send(a.peer_id, tag, bad)
@@ -161,7 +161,7 @@ def test_refused_messages_are_logged_and_never_delivered(trio, step, refusals, c
 def test_duplicates_and_a_full_buffer_are_refused(trio, step, refusals):
     a, b, _ = trio
     big = torch.zeros(6 * MIB // 4)  # two fit in the receiver's 16 MiB, a third does not
-    tags = [Tag(RUN, 0, step, ACTIVATION, micro_batch=i) for i in range(3)]
+    tags = [Tag(RUN, 0, step, MessageKind.ACTIVATION, micro_batch=i) for i in range(3)]
     b.send(a.peer_id, tags[0], big)
     with pytest.raises(MessageRejected):
         b.send(a.peer_id, tags[0], big)
@@ -172,7 +172,7 @@ def test_duplicates_and_a_full_buffer_are_refused(trio, step, refusals):
     assert sum("buffer full" in m for m in refusals.messages) == 1
     a.set_window(RUN, 0, step + 1)  # unread messages of an old step are dropped, and their room freed
     assert a.mailbox.held_bytes == 0
-    b.send(a.peer_id, Tag(RUN, 0, step + 1, ACTIVATION), big)
+    b.send(a.peer_id, Tag(RUN, 0, step + 1, MessageKind.ACTIVATION), big)
 
 
 def _frames(tag: Tag, header: bytes, pieces: list[tuple[str, bytes]]):
@@ -187,9 +187,9 @@ def _frames(tag: Tag, header: bytes, pieces: list[tuple[str, bytes]]):
 
 
 def _malformed_cases(step: int):
-    tag = Tag(RUN, 0, step, ACTIVATION)
+    tag = Tag(RUN, 0, step, MessageKind.ACTIVATION)
     good = Header(tag, "float32", (4, 4)).encode()  # 64 bytes
-    other = Tag(RUN, 0, step, ACTIVATION, micro_batch=9).key
+    other = Tag(RUN, 0, step, MessageKind.ACTIVATION, micro_batch=9).key
     return {
         "garbled header": (b"\x00{garbage", [(tag.key, bytes(64))]),
         "header of another tag": (good, [(other, bytes(64))]),
@@ -213,7 +213,7 @@ def _replies(b: Transport, a: Transport, requests) -> list:
 def test_malformed_streams_are_refused(trio, step, refusals, case):
     a, b, _ = trio
     header, pieces = _malformed_cases(step)[case]
-    right = Tag(RUN, 0, step, ACTIVATION)
+    right = Tag(RUN, 0, step, MessageKind.ACTIVATION)
     replies = _replies(b, a, _frames(right, header, pieces))
     assert len(replies) == 1 and replies[0].error is not None, replies
     assert any(str(b.peer_id) in m and "refused" in m for m in refusals.messages), refusals.messages
@@ -226,7 +226,7 @@ def test_a_stray_piece_after_a_whole_message_is_refused_and_closes_the_stream(tr
     """On a persistent stream a piece without a header after a complete message is a malformed next message:
     the complete one is taken, the stray piece refused, the stream closed."""
     a, b, _ = trio
-    tag = Tag(RUN, 0, step, ACTIVATION)
+    tag = Tag(RUN, 0, step, MessageKind.ACTIVATION)
     header = Header(tag, "float32", (4, 4)).encode()
     replies = _replies(b, a, _frames(tag, header, [(tag.key, bytes(64)), (tag.key, bytes(1))]))
     assert [r.error is None for r in replies] == [True, False], replies
@@ -238,7 +238,7 @@ def test_many_messages_share_one_stream_and_refusals_skip_only_their_own_bytes(t
     """One stream: a message, one refused on its header with its payload still following, then another one;
     both good ones are taken and the refused one's bytes are never read as a message."""
     a, b, _ = trio
-    tags = [Tag(RUN, 0, step, ACTIVATION, micro_batch=i) for i in range(3)]
+    tags = [Tag(RUN, 0, step, MessageKind.ACTIVATION, micro_batch=i) for i in range(3)]
     a.expect(tags[1], b.peer_id, (4, 4), torch.float32)
     wrong = Header(tags[1], "float32", (2, 2, 4)).encode()  # the declared shape is (4, 4): refused on the header
 
@@ -269,7 +269,7 @@ def test_sends_reuse_persistent_streams(trio, step):
 
     b._channels.pick = counting_pick
     try:
-        tags = [Tag(RUN, 0, step, ACTIVATION_GRAD, micro_batch=i) for i in range(24)]
+        tags = [Tag(RUN, 0, step, MessageKind.ACTIVATION_GRAD, micro_batch=i) for i in range(24)]
         for tag in tags[:8]:
             b.send(a.peer_id, tag, torch.ones(100))
         for future in [b.send_async(a.peer_id, tag, torch.ones(100_000)) for tag in tags[8:]]:
@@ -285,7 +285,7 @@ def test_a_receive_that_times_out_names_the_sender(trio, step):
     a, b, _ = trio
     start_s = time.monotonic()
     with pytest.raises(PeerTimeoutError) as info:
-        a.recv(Tag(RUN, 0, step, ACTIVATION), b.peer_id, (1,), torch.float32, timeout_s=0.5)
+        a.recv(Tag(RUN, 0, step, MessageKind.ACTIVATION), b.peer_id, (1,), torch.float32, timeout_s=0.5)
     assert info.value.peer == str(b.peer_id) and str(b.peer_id) in str(info.value)
     assert time.monotonic() - start_s < 5  # no hang
 
@@ -295,7 +295,7 @@ def test_a_peer_that_never_answers_is_named_within_the_deadline(make_transport, 
     sender = make_transport(SENDER, join=deaf)
     start_s = time.monotonic()
     with pytest.raises(PeerTimeoutError) as info:
-        sender.send(deaf.peer_id, Tag(RUN, 0, 0, ACTIVATION), torch.zeros(1000), timeout_s=1.0)
+        sender.send(deaf.peer_id, Tag(RUN, 0, 0, MessageKind.ACTIVATION), torch.zeros(1000), timeout_s=1.0)
     assert info.value.peer == str(deaf.peer_id)
     assert time.monotonic() - start_s < 5  # the deadline, not hivemind's ~40 s
 
@@ -303,25 +303,25 @@ def test_a_peer_that_never_answers_is_named_within_the_deadline(make_transport, 
 def test_a_shut_down_peer_is_named_within_the_deadline(make_transport):
     receiver = make_transport(SENDER)
     sender = make_transport(SENDER, join=receiver)
-    sender.send(receiver.peer_id, Tag(RUN, 0, 0, ACTIVATION), torch.zeros(10))
+    sender.send(receiver.peer_id, Tag(RUN, 0, 0, MessageKind.ACTIVATION), torch.zeros(10))
     receiver.shutdown()
     start_s = time.monotonic()
     with pytest.raises(PeerTimeoutError) as info:
-        sender.send(receiver.peer_id, Tag(RUN, 0, 0, ACTIVATION, 1), torch.zeros(10), timeout_s=1.0)
+        sender.send(receiver.peer_id, Tag(RUN, 0, 0, MessageKind.ACTIVATION, 1), torch.zeros(10), timeout_s=1.0)
     assert info.value.peer == str(receiver.peer_id)
     assert time.monotonic() - start_s < 5
 
 
 def test_shutdown_is_idempotent_and_fails_pending_receives(make_transport):
     transport = make_transport(SENDER)
-    pending = transport.recv_async(Tag(RUN, 0, 0, ACTIVATION), "somepeer", (1,), torch.float32, timeout_s=30)
+    pending = transport.recv_async(Tag(RUN, 0, 0, MessageKind.ACTIVATION), "somepeer", (1,), torch.float32, timeout_s=30)
     with transport:
         pass
     transport.shutdown()
     with pytest.raises(MessageRejected):
         pending.result(timeout=5)
     with pytest.raises(RuntimeError):
-        transport.send("somepeer", Tag(RUN, 0, 0, ACTIVATION), torch.zeros(1))
+        transport.send("somepeer", Tag(RUN, 0, 0, MessageKind.ACTIVATION), torch.zeros(1))
     # a peer judged dead after a SIGTERM shut the transport: nothing is left to abort (it raised, and the
     # heartbeat thread logged a traceback at every agent shutdown that caught a step in flight)
     transport.abort_epoch(0, "a peer stopped answering")
@@ -334,8 +334,8 @@ def test_a_transport_shares_the_dht_daemon(make_transport):
         with Transport(RUN, SENDER, dht=dht) as shared:
             assert shared.peer_id == dht.peer_id  # one peer ID for records and tensors
             other = make_transport(SENDER, join=shared)
-            other.send(shared.peer_id, Tag(RUN, 0, 0, ACTIVATION), torch.ones(3))
-            assert torch.equal(shared.recv(Tag(RUN, 0, 0, ACTIVATION), other.peer_id, (3,), torch.float32), torch.ones(3))
+            other.send(shared.peer_id, Tag(RUN, 0, 0, MessageKind.ACTIVATION), torch.ones(3))
+            assert torch.equal(shared.recv(Tag(RUN, 0, 0, MessageKind.ACTIVATION), other.peer_id, (3,), torch.float32), torch.ones(3))
         assert dht.store("still", "alive", get_dht_time() + 30)  # the DHT outlives the transport
     finally:
         dht.shutdown()
@@ -370,7 +370,7 @@ def test_a_lost_reply_is_resent_and_the_message_taken_once(make_transport, caplo
     caplog.set_level(logging.INFO, logger="p2ptrain.net.transport.endpoint")
     receiver = make_transport(cls=_ForgetfulTransport)
     sender = make_transport(join=receiver)
-    tag = Tag(RUN, 0, 0, ACTIVATION)
+    tag = Tag(RUN, 0, 0, MessageKind.ACTIVATION)
     x = torch.arange(12, dtype=torch.float32).reshape(3, 4)
     sender.send(receiver.peer_id, tag, x, timeout_s=10)  # first reply lost, resend answered "duplicate"
     assert any("was lost; sending again" in r.getMessage() for r in caplog.records)
@@ -386,7 +386,7 @@ def test_a_message_cut_off_midway_closes_only_its_stream_and_frees_the_receiver(
     receiver = make_transport(RECEIVER)
     sender = make_transport(SENDER, join=receiver)
     sender.emulator.set_link(str(receiver.peer_id), latency_s=0.0, bandwidth_bytes_per_s=1e6)  # 3 MB take 3 s
-    pending = sender.send_async(receiver.peer_id, Tag(RUN, 0, 0, ACTIVATION), torch.zeros(3 * MIB // 4))
+    pending = sender.send_async(receiver.peer_id, Tag(RUN, 0, 0, MessageKind.ACTIVATION), torch.zeros(3 * MIB // 4))
     deadline_s = time.monotonic() + 10
     while receiver.mailbox.held_bytes == 0 and time.monotonic() < deadline_s:  # admitted on its header
         time.sleep(0.05)
@@ -395,7 +395,7 @@ def test_a_message_cut_off_midway_closes_only_its_stream_and_frees_the_receiver(
     with pytest.raises(PeerFailed):
         pending.result(timeout=10)
     sender.emulator.clear_link(str(receiver.peer_id))
-    tag = Tag(RUN, 1, 0, ACTIVATION)
+    tag = Tag(RUN, 1, 0, MessageKind.ACTIVATION)
     sender.send(receiver.peer_id, tag, torch.ones(5))
     assert torch.equal(receiver.recv(tag, sender.peer_id, (5,), torch.float32), torch.ones(5))
     while receiver.mailbox.held_bytes and time.monotonic() < deadline_s:

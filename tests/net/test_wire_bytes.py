@@ -17,15 +17,20 @@ from p2ptrain.agent.churn.warm_copies import BackupSender
 from p2ptrain.errors import MessageRejected
 from p2ptrain.net.dht.records import PeerRecord
 from p2ptrain.net.transport.frames import request_frame_head
-from p2ptrain.net.transport.messages import Header, Stamp, Tag
+from p2ptrain.net.transport.messages import Header, MessageKind, Refusal, Stamp, Tag
 from p2ptrain.net.transport.servicer import make_reply, parse_reply, refusal
 
 KINDS = ["activation", "activation_grad", "reduce_shard", "gather_shard", "probe", "state", "backup", "bench"]
+CODES = ["refused", "duplicate", "stale", "not_sender", "too_slow"]
+
+
+def test_every_message_kind_and_refusal_code_has_its_bytes_here():
+    assert sorted(MessageKind) == sorted(KINDS) and sorted(Refusal) == sorted(CODES)
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_message_header_of_each_kind_has_its_bytes(kind):
-    header = Header(Tag("run-1", 2, 3, kind, 4, 5), "float32", (2, 3))
+    header = Header(Tag("run-1", 2, 3, MessageKind(kind), 4, 5), "float32", (2, 3))
     assert header.encode() == (b'{"v":1,"run":"run-1","epoch":2,"step":3,"kind":"' + kind.encode()
                                + b'","mb":4,"part":5,"dtype":"float32","shape":[2,3],"nbytes":24}')
     assert Header.decode(header.encode()) == header
@@ -92,19 +97,17 @@ def test_a_state_hand_over_is_tagged_state():
     assert [t.key for t, _ in transport.sent] == ["run-1/2/0/state/1/0"]
 
 
-CODES = ["refused", "duplicate", "stale", "not_sender", "too_slow"]
-
 
 @pytest.mark.parametrize("code", CODES)
 def test_a_refusal_reply_carries_its_code(code):
-    reply = make_reply(error="why", code=code)
+    reply = make_reply(error="why", code=Refusal(code))
     body = b'{"error": "why", "code": "' + code.encode() + b'"}'
     assert reply.SerializeToString() == b"\x1a" + bytes([len(body)]) + body
     assert parse_reply(reply).code == code and parse_reply(reply).error == "why"
 
 
 def test_a_refused_message_is_answered_with_its_code_and_other_errors_with_refused():
-    assert refusal("peerA", MessageRejected("dup", peer="peerA", code="duplicate")).SerializeToString() == \
+    assert refusal("peerA", MessageRejected("dup", peer="peerA", code=Refusal.DUPLICATE)).SerializeToString() == \
         b'\x1a%{"error": "dup", "code": "duplicate"}'
     assert refusal("peerA", ValueError("bad")).SerializeToString() == b'\x1a#{"error": "bad", "code": "refused"}'
     assert make_reply().SerializeToString() == b'\x1a\x0c{"ok": true}'

@@ -23,13 +23,12 @@ import torch
 
 from p2ptrain.errors import MessageRejected
 from p2ptrain.net.transport.endpoint import Transport
-from p2ptrain.net.transport.messages import Tag
+from p2ptrain.net.transport.messages import MessageKind, Refusal, Tag
 from p2ptrain.runtime.allreduce import flatten, shard_bounds
 from p2ptrain.runtime.checkpoint import ADAM_KEYS, PARAM, state_names, state_tensors
 
 logger = logging.getLogger(__name__)
 
-STATE = "state"
 PART_NUMEL = 16 << 20  # 64 MiB of float32 per message
 
 
@@ -163,7 +162,7 @@ def send_state(
     flat = flatten([tensors[n] for n in names])
     futures = []
     for part, (start, end) in enumerate(state_parts(flat.numel())):
-        tag = Tag(run, epoch, step, STATE, stage, part)
+        tag = Tag(run, epoch, step, MessageKind.STATE, stage, part)
         futures.append(_send_retrying(transport, peer, tag, flat[start:end].contiguous(), timeout_s))
     return futures
 
@@ -177,7 +176,7 @@ def _send_retrying(transport: Transport, peer: str, tag: Tag, tensor: torch.Tens
 
         def done(f: Future) -> None:
             error = f.exception()
-            if isinstance(error, MessageRejected) and error.code == "refused" and time.monotonic() < deadline - 0.5:
+            if isinstance(error, MessageRejected) and error.code == Refusal.REFUSED and time.monotonic() < deadline - 0.5:
                 logger.info("peer %s refused %s (%s); sending again", peer, tag, error)
                 threading.Timer(0.25, attempt).start()  # not on the transport's loop thread
             elif error is not None:
@@ -199,7 +198,7 @@ def recv_state(
     shapes = state_shapes(module, with_optimizer=step > 0)
     numel = sum(int(torch.Size(s).numel()) for _, s in shapes)
     pieces = [
-        transport.recv(Tag(run, epoch, step, STATE, stage, part), peer, (end - start,), torch.float32, timeout_s)
+        transport.recv(Tag(run, epoch, step, MessageKind.STATE, stage, part), peer, (end - start,), torch.float32, timeout_s)
         for part, (start, end) in enumerate(state_parts(numel))
     ]
     return unflatten_state(torch.cat(pieces) if len(pieces) > 1 else pieces[0], shapes)

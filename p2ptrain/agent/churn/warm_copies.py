@@ -45,7 +45,7 @@ from p2ptrain.agent.churn.stage_state import PART_NUMEL, state_shapes, unflatten
 from p2ptrain.agent.churn.state_store import StateStore
 from p2ptrain.errors import PeerTimeoutError, ProtocolError
 from p2ptrain.net.transport.endpoint import Transport
-from p2ptrain.net.transport.messages import BACKUP, Tag
+from p2ptrain.net.transport.messages import MessageKind, Tag
 from p2ptrain.runtime.allreduce import flatten
 
 logger = logging.getLogger(__name__)
@@ -112,9 +112,9 @@ class BackupSender:
         header = torch.tensor(list(step.to_bytes(8, "little") + state_digest(flat) + part_numel.to_bytes(8, "little")),
                               dtype=torch.uint8)  # fmt: skip
         try:
-            self.transport.send(peer, Tag(self.run, self.epoch, seq, BACKUP, stage, 0), header, self.timeout_s)
+            self.transport.send(peer, Tag(self.run, self.epoch, seq, MessageKind.BACKUP, stage, 0), header, self.timeout_s)
             for part, (start, end) in enumerate(copy_parts(flat.numel(), part_numel), start=1):
-                tag = Tag(self.run, self.epoch, seq, BACKUP, stage, part)
+                tag = Tag(self.run, self.epoch, seq, MessageKind.BACKUP, stage, part)
                 self.transport.send(peer, tag, flat[start:end].contiguous(), self.timeout_s)
         except (ProtocolError, RuntimeError) as e:  # RuntimeError: the transport shut down under us
             self._failed.add(peer)
@@ -165,7 +165,7 @@ class BackupReceiver:
         for index, (sender, first_seq) in enumerate(chain):
             seq = first_seq
             while not self._stop.is_set():
-                header = self._wait(Tag(self.run, self.epoch, seq, BACKUP, stage, 0), sender, (HEADER_BYTES,),
+                header = self._wait(Tag(self.run, self.epoch, seq, MessageKind.BACKUP, stage, 0), sender, (HEADER_BYTES,),
                                     torch.uint8)  # fmt: skip
                 if header is None:
                     return
@@ -198,7 +198,7 @@ class BackupReceiver:
             return
         pieces = []
         for part, (start, end) in enumerate(copy_parts(numel, part_numel), start=1):
-            piece = self._wait(Tag(self.run, self.epoch, seq, BACKUP, stage, part), sender, (end - start,),
+            piece = self._wait(Tag(self.run, self.epoch, seq, MessageKind.BACKUP, stage, part), sender, (end - start,),
                                torch.float32)  # fmt: skip
             if piece is None:
                 return

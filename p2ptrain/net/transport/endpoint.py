@@ -2,7 +2,7 @@
 torch code, a deadline on every call.
 
     with Transport("demo", initial_peers=other.visible_maddrs) as t:          # standalone daemon (tests)
-        t.send(peer, Tag("demo", epoch=0, step=3, kind=ACTIVATION, micro_batch=1), x)
+        t.send(peer, Tag("demo", epoch=0, step=3, kind=MessageKind.ACTIVATION, micro_batch=1), x)
         pending = t.send_async(peer, tag, x)                                   # overlap with compute
         y = t.recv(tag, sender, shape=(8, 128), dtype=torch.float32)
 
@@ -45,7 +45,7 @@ from p2ptrain.net.nat.relay import multiaddr_bytes
 from p2ptrain.net.transport.channel import Channels
 from p2ptrain.net.transport.emulation import LinkEmulator
 from p2ptrain.net.transport.mailbox import Mailbox
-from p2ptrain.net.transport.messages import Header, Tag, dtype_name
+from p2ptrain.net.transport.messages import Header, MessageKind, Refusal, Tag, dtype_name
 from p2ptrain.net.transport.pacing import Pacer
 from p2ptrain.net.transport.probe_session import ProbeSession
 from p2ptrain.net.transport.servicer import NAMESPACE, TensorServicer, parse_reply
@@ -110,7 +110,7 @@ class Transport:
         host_maddrs: Sequence[str] = LOOPBACK_MADDRS,
         emulator: LinkEmulator | None = None,
     ):
-        Tag(run, 0, 0, "probe")  # validates the run name
+        Tag(run, 0, 0, MessageKind.PROBE)  # validates the run name
         self.config = config = config or TransportConfig()
         self.emulator = emulator if emulator is not None else LinkEmulator()
         if self.emulator.clock is not time.monotonic:
@@ -233,7 +233,7 @@ class Transport:
             reply = parse_reply(response)
             if reply.error is None and attempt == 0 and copied is not None:
                 self._send_buffers.give_back(copied)  # every byte was read: no stream holds a view of it
-            if reply.error is None or (attempt > 0 and reply.code in ("duplicate", "stale")):
+            if reply.error is None or (attempt > 0 and reply.code in (Refusal.DUPLICATE, Refusal.STALE)):
                 break
             raise MessageRejected(f"the receiver refused {header.tag}: {reply.error}", peer=peer, code=reply.code)
         logger.debug("sent %s (%d bytes) to peer %s", header.tag, len(payload), peer)

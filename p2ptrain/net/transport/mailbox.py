@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from p2ptrain.errors import MessageRejected
-from p2ptrain.net.transport.messages import EPOCH_ONLY_KINDS, Header, Tag, dtype_name
+from p2ptrain.net.transport.messages import EPOCH_ONLY_KINDS, Header, Refusal, Tag, dtype_name
 
 logger = logging.getLogger(__name__)
 
@@ -135,11 +135,11 @@ class Mailbox:
         budget = self._budget(sender)
         key = (header.tag, sender)
         if key in self._consumed or key in self._buffered:  # a resend whose first copy was taken
-            raise MessageRejected(f"duplicate message for {header.tag}", peer=sender, code="duplicate")
+            raise MessageRejected(f"duplicate message for {header.tag}", peer=sender, code=Refusal.DUPLICATE)
         if self._is_stale(header.tag):
-            raise MessageRejected(self.window_problem(header.tag), peer=sender, code="stale")
+            raise MessageRejected(self.window_problem(header.tag), peer=sender, code=Refusal.STALE)
         if self.sends_tag is not None and (why := self.sends_tag(sender, header.tag)) is not None:
-            raise MessageRejected(why, peer=sender, code="not_sender")
+            raise MessageRejected(why, peer=sender, code=Refusal.NOT_SENDER)
         problem = self._problem(key, header)
         if problem is None and key in self._in_flight:
             problem = f"duplicate message for {header.tag} while its first copy is still arriving"
@@ -170,7 +170,7 @@ class Mailbox:
         budget = senders.get(sender)
         if budget is None:
             raise MessageRejected(f"peer {sender} is neither a member of this run's plans nor a live peer",
-                                  peer=sender, code="not_sender")  # fmt: skip
+                                  peer=sender, code=Refusal.NOT_SENDER)  # fmt: skip
         return budget
 
     def _hold(self, sender: str, nbytes: int, shared: bool) -> None:

@@ -1,4 +1,5 @@
-"""What a tensor message says about itself: its tag and header, and how tensors become bytes and back.
+"""What a tensor message says about itself: its kind, tag and header, why a receiver refuses it, and how
+tensors become bytes and back.
 
 Pure (torch only, no libp2p). A message on the wire is a stream of pieces; the first carries the header as
 JSON, every piece carries the tag's key, and the payload bytes follow in order (see ``servicer.py``). The
@@ -11,6 +12,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
+from enum import StrEnum
 
 import torch
 
@@ -19,16 +21,44 @@ MAX_HEADER_BYTES = 4096
 MAX_RANK = 8
 MAX_INDEX = 2**31 - 1
 
-# The kinds the runtime and the prober use; any identifier of the same shape is accepted.
-ACTIVATION = "activation"
-ACTIVATION_GRAD = "activation_grad"
-REDUCE_SHARD = "reduce_shard"
-GATHER_SHARD = "gather_shard"
-PROBE = "probe"
-BACKUP = "backup"  # a stage's state copied to a peer that keeps it warm (``agent.backup``)
+
+class MessageKind(StrEnum):
+    """Every kind of message p2ptrain sends, spelled as a tag carries it on the wire (a member is its string).
+
+    A receiver takes any kind of the same shape (``Tag``): peers send strings, and a kind it does not know is
+    judged as "any other kind" (``agent.tag_senders``)."""
+
+    ACTIVATION = "activation"  # a stage's output, to the next stage of its pipeline (``runtime.executor``)
+    ACTIVATION_GRAD = "activation_grad"  # the gradient of a stage's input, back to the stage before it
+    REDUCE_SHARD = "reduce_shard"  # a shard of a gradient, to the replica that sums it (``runtime.allreduce``)
+    GATHER_SHARD = "gather_shard"  # a summed shard, from that replica to every other
+    PROBE = "probe"  # a link probe (``probe_session``), answered by ``rpc_probe``, never kept in a mailbox
+    STATE = "state"  # a stage's training state, to a peer that takes the stage over (``agent.churn.stage_state``)
+    BACKUP = "backup"  # a stage's state, copied to a peer that keeps it warm (``agent.churn.warm_copies``)
+    BENCH = "bench"  # the transport benchmark's messages (``p2ptrain.bench.transport``)
+
+
 # Kinds judged by epoch only: they are sent in the background and may arrive after the receiver's own
 # training moved past their step.
-EPOCH_ONLY_KINDS = frozenset({BACKUP})
+EPOCH_ONLY_KINDS = frozenset({MessageKind.BACKUP})
+
+
+class Refusal(StrEnum):
+    """Why a receiver refused a message, in a word a sender can act on: a refusal reply's ``code`` on the wire
+    (``servicer.make_reply``) and ``MessageRejected.code``."""
+
+    REFUSED = "refused"  # anything else: malformed, or not what the receiver expects (run, shape, size, ...)
+    DUPLICATE = "duplicate"  # the receiver already holds this message from this sender
+    STALE = "stale"  # the receiver has moved past the message's step
+    # the sender is in none of the receiver's plans and not a live peer, or the plan of the tag's epoch does
+    # not have it send that tag (``agent.tag_senders``)
+    NOT_SENDER = "not_sender"
+    TOO_SLOW = "too_slow"  # the payload arrived far slower than the link allows and was cut off
+
+    @classmethod
+    def from_wire(cls, code: object) -> Refusal:
+        """The refusal a peer's reply names; ``REFUSED`` for a code this version does not know."""
+        return cls(code) if isinstance(code, str) and code in cls._value2member_map_ else cls.REFUSED
 
 _KIND = re.compile(r"[a-z][a-z0-9_]{0,31}")
 _RUN = re.compile(r"[A-Za-z0-9._-]{1,128}")
@@ -58,7 +88,9 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 @dataclass(frozen=True, order=True)
 class Tag:
-    """Names one message of a run. A receiver holds at most one message per (tag, sender)."""
+    """Names one message of a run. A receiver holds at most one message per (tag, sender).
+
+    ``kind`` is a ``MessageKind`` where this peer builds the tag, and the plain string where it decodes one."""
 
     run: str
     epoch: int

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from p2ptrain.errors import MessageRejected, PeerTimeoutError, ProtocolError
-from p2ptrain.net.transport.messages import PROBE, Header, Tag
+from p2ptrain.net.transport.messages import Header, MessageKind, Tag
 from p2ptrain.net.transport.pacing import clock_domain
 from p2ptrain.net.transport.servicer import next_reply, paced_requests, parse_reply
 
@@ -84,7 +84,7 @@ class ProbeSession:
         timeout_s = timeout_s or config.call_timeout_s
         sent_s = self.transport.pacer.clock()  # the clock of arrival stamps, as the replier reports them
         start_s = time.perf_counter()
-        header = Header(Tag(self.transport.run, 0, 0, PROBE), "uint8", (request_bytes,), reply_bytes)
+        header = Header(Tag(self.transport.run, 0, 0, MessageKind.PROBE), "uint8", (request_bytes,), reply_bytes)
         reservation = emulator.reserve(self.peer, request_bytes)
         emulated_s = max(0.0, reservation.arrive_s - emulator.clock()) if reservation else 0.0
         if reservation is not None:

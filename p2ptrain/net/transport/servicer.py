@@ -43,7 +43,14 @@ from p2ptrain.errors import MessageRejected, ProtocolError, StreamClosed
 from p2ptrain.net.transport.emulation import LinkEmulator, Reservation
 from p2ptrain.net.transport.frames import Allocate, FrameError, Piece, message_frame, read_pieces
 from p2ptrain.net.transport.mailbox import Mailbox
-from p2ptrain.net.transport.messages import PROBE, Header, Stamp, piece_bounds, tensor_from_bytes
+from p2ptrain.net.transport.messages import (
+    Header,
+    MessageKind,
+    Refusal,
+    Stamp,
+    piece_bounds,
+    tensor_from_bytes,
+)
 from p2ptrain.net.transport.pacing import TAIL_LEAD_S, Pacer
 from p2ptrain.net.transport.status import PeerStatus
 from p2ptrain.net.transport.streamio import BufferPool, DirectReader, within
@@ -160,7 +167,8 @@ class TensorServicer(ServicerBase):
                 buffer = await within(read_payload(pieces, first, header, allocate=self.buffers.lend), deadline_s)
             except asyncio.TimeoutError:
                 raise MessageRejected(f"{header.tag}: {header.nbytes} bytes did not arrive within {deadline_s:.0f} s "
-                                      "(far slower than the link allows); cut off", peer=sender, code="too_slow") from None
+                                      "(far slower than the link allows); cut off", peer=sender,
+                                      code=Refusal.TOO_SLOW) from None
             await self.hold(header)
             rest = NEXT
             self.mailbox.deliver(admission, tensor_from_bytes(buffer, header.dtype, header.shape))
@@ -220,7 +228,7 @@ class TensorServicer(ServicerBase):
             raise Malformed(str(e)) from None
 
     def _probe_problem(self, header: Header) -> str | None:
-        if header.tag.kind != PROBE:
+        if header.tag.kind != MessageKind.PROBE:
             return f"a probe stream carried a {header.tag.kind!r} message"
         if header.tag.run != self.mailbox.window.run:
             return f"run {header.tag.run!r} is not this receiver's run {self.mailbox.window.run!r}"
@@ -385,11 +393,8 @@ async def paced_requests(
                                         tensors=[runtime_pb2.Tensor(buffer=data.tobytes())])
 
 
-REFUSAL_CODES = ("refused", "duplicate", "stale", "not_sender", "too_slow")
-
-
 def make_reply(
-    error: str | None = None, payload: bytes = b"", arrival: Stamp | None = None, code: str = "refused",
+    error: str | None = None, payload: bytes = b"", arrival: Stamp | None = None, code: Refusal = Refusal.REFUSED,
     received: Stamp | None = None,
 ) -> runtime_pb2.ExpertResponse:
     metadata = {"ok": True} if error is None else {"error": error[:MAX_ERROR_CHARS], "code": code}
@@ -411,8 +416,8 @@ _refusals_logged: dict[tuple[str, str], tuple[float, int]] = {}  # (sender, code
 
 def refusal(sender: str, error: Exception) -> runtime_pb2.ExpertResponse:
     reason = str(error) if not isinstance(error, MessageRejected) else str(error).removesuffix(f" (peer {sender})")
-    code = error.code if isinstance(error, MessageRejected) else "refused"
-    if code != "not_sender":
+    code = Refusal(error.code) if isinstance(error, MessageRejected) else Refusal.REFUSED
+    if code != Refusal.NOT_SENDER:
         logger.warning("refused a message from peer %s: %s", sender, reason)
         return make_reply(error=reason, code=code)
     # a peer outside the run that keeps sending gets one line per REFUSAL_LOG_EVERY_S, with the count
@@ -432,7 +437,7 @@ class Reply:
     error: str | None
     payload: bytes = b""
     arrival: Stamp | None = None
-    code: str = "refused"  # why, when refused: see MessageRejected
+    code: Refusal = Refusal.REFUSED  # why, when refused
     received: Stamp | None = None  # a probe reply's: when the probe arrived, on the replier's clock
 
 
@@ -443,8 +448,7 @@ def parse_reply(response: runtime_pb2.ExpertResponse) -> Reply:
         if not isinstance(metadata, dict) or (metadata.get("ok") is not True and "error" not in metadata):
             return Reply("the reply is neither ok nor an error")
         if metadata.get("ok") is not True:
-            code = metadata.get("code")
-            return Reply(str(metadata["error"])[:MAX_ERROR_CHARS], code=code if code in REFUSAL_CODES else "refused")
+            return Reply(str(metadata["error"])[:MAX_ERROR_CHARS], code=Refusal.from_wire(metadata.get("code")))
         arrival = Stamp.from_json(metadata["at"]) if "at" in metadata else None
         received = Stamp.from_json(metadata["rx"]) if "rx" in metadata else None
     except (UnicodeDecodeError, ValueError):  # JSONDecodeError is a ValueError, as is a bad stamp
