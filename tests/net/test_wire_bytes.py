@@ -17,7 +17,7 @@ from p2ptrain.agent.churn.warm_copies import BackupSender
 from p2ptrain.errors import MessageRejected
 from p2ptrain.net.dht.records import PeerRecord
 from p2ptrain.net.transport.frames import request_frame_head
-from p2ptrain.net.transport.messages import Header, MessageKind, Refusal, Stamp, Tag
+from p2ptrain.net.transport.messages import BackupHeader, Header, MessageKind, Refusal, Stamp, Tag
 from p2ptrain.net.transport.servicer import make_reply, parse_reply, refusal
 
 KINDS = ["activation", "activation_grad", "reduce_shard", "gather_shard", "probe", "state", "backup", "bench"]
@@ -88,6 +88,14 @@ def test_a_warm_copy_is_a_header_then_its_parts():
     )
     assert [t.key for t, _ in parts] == [f"run-1/2/0/backup/1/{part}" for part in range(1, 8)]
     assert torch.equal(torch.cat([p for _, p in parts]), torch.arange(20.0))
+
+
+def test_a_backup_header_packs_to_its_bytes_and_back():
+    header = BackupHeader(step=300, digest=bytes(range(32)), part_numel=3)
+    assert header.pack() == b",\x01" + bytes(6) + bytes(range(32)) + b"\x03" + bytes(7)
+    assert BackupHeader.unpack(header.pack()) == header and BackupHeader.SIZE_BYTES == 48
+    with pytest.raises(ValueError, match="48 bytes"):
+        BackupHeader.unpack(header.pack()[:-1])
 
 
 def test_a_state_hand_over_is_tagged_state():

@@ -16,9 +16,9 @@ into the plan record, and the copy's cost per step into the plan event.
 
 On the wire (kind ``backup``, judged by epoch only: a copy may arrive after the receiver's own training
 moved on): a sender numbers its copies to one receiver 0, 1, 2, … within the epoch (the tag's step field),
-the stage goes in the micro-batch field, part 0 is a header (the training step, 8 bytes little-endian, the
-SHA-256 of the flat float32 state, and the elements per part, 8 bytes little-endian) and parts 1… the state
-in pieces of that many elements (the last one shorter). The receiver recomputes the digest and keeps the
+the stage goes in the micro-batch field, part 0 is a header (``messages.BackupHeader``: the training step,
+the SHA-256 of the flat float32 state, and the elements per part) and parts 1… the state in pieces of that
+many elements (the last one shorter). The receiver recomputes the digest and keeps the
 copy only when it matches.
 
 A copy shares its link with training, and a link carries one message after another (DESIGN.md "Link
@@ -45,12 +45,11 @@ from p2ptrain.agent.churn.stage_state import PART_NUMEL, state_shapes, unflatten
 from p2ptrain.agent.churn.state_store import StateStore
 from p2ptrain.errors import PeerTimeoutError, ProtocolError
 from p2ptrain.net.transport.endpoint import Transport
-from p2ptrain.net.transport.messages import MessageKind, Tag
+from p2ptrain.net.transport.messages import BackupHeader, MessageKind, Tag
 from p2ptrain.runtime.allreduce import flatten
 
 logger = logging.getLogger(__name__)
 
-HEADER_BYTES = 8 + 32 + 8
 COPY_PART_SHARE = 0.05  # of a step: how long one part of a copy may hold the link to the backup peer
 MIN_COPY_PART_BYTES = 64 << 10  # a part's round trip should not dwarf its transfer
 MAX_COPY_PARTS = 1 << 20  # a header announcing more parts than this is refused
@@ -109,8 +108,7 @@ class BackupSender:
         flat = flatten(tensors)
         part_numel = max(1, min(PART_NUMEL, self.part_numel(peer)))
         part_numel = max(part_numel, -(-flat.numel() // MAX_COPY_PARTS))
-        header = torch.tensor(list(step.to_bytes(8, "little") + state_digest(flat) + part_numel.to_bytes(8, "little")),
-                              dtype=torch.uint8)  # fmt: skip
+        header = torch.tensor(list(BackupHeader(step, state_digest(flat), part_numel).pack()), dtype=torch.uint8)
         try:
             self.transport.send(peer, Tag(self.run, self.epoch, seq, MessageKind.BACKUP, stage, 0), header, self.timeout_s)
             for part, (start, end) in enumerate(copy_parts(flat.numel(), part_numel), start=1):
@@ -165,8 +163,8 @@ class BackupReceiver:
         for index, (sender, first_seq) in enumerate(chain):
             seq = first_seq
             while not self._stop.is_set():
-                header = self._wait(Tag(self.run, self.epoch, seq, MessageKind.BACKUP, stage, 0), sender, (HEADER_BYTES,),
-                                    torch.uint8)  # fmt: skip
+                header = self._wait(Tag(self.run, self.epoch, seq, MessageKind.BACKUP, stage, 0), sender,
+                                    (BackupHeader.SIZE_BYTES,), torch.uint8)  # fmt: skip
                 if header is None:
                     return
                 self._take(stage, sender, seq, header, module)
@@ -188,8 +186,8 @@ class BackupReceiver:
         return None
 
     def _take(self, stage: int, sender: str, seq: int, header: torch.Tensor, module: torch.nn.Module) -> None:
-        raw = bytes(header.tolist())
-        step, digest, part_numel = int.from_bytes(raw[:8], "little"), raw[8:40], int.from_bytes(raw[40:], "little")
+        copy = BackupHeader.unpack(header.numpy().tobytes())
+        step, part_numel = copy.step, copy.part_numel
         shapes = state_shapes(module, with_optimizer=step > 0)
         numel = sum(int(torch.Size(s).numel()) for _, s in shapes)
         if not 1 <= part_numel <= PART_NUMEL or -(-numel // part_numel) > MAX_COPY_PARTS:
@@ -204,7 +202,7 @@ class BackupReceiver:
                 return
             pieces.append(piece)
         flat = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
-        if state_digest(flat) != digest:
+        if state_digest(flat) != copy.digest:
             logger.error("copy of stage %d after step %d from peer %s does not match its SHA-256; discarded",
                          stage, step, sender)
             return

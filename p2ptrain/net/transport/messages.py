@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import math
 import re
+import struct
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import ClassVar
 
 import torch
 
@@ -203,6 +205,39 @@ class Header:
         if fields.get("nbytes") != header.nbytes:
             raise ValueError(f"header announces {fields.get('nbytes')!r} bytes, its shape and dtype make {header.nbytes}")
         return header
+
+
+@dataclass(frozen=True)
+class BackupHeader:
+    """Part 0 of a warm copy (kind ``backup``, ``agent.churn.warm_copies``): the training step the state is
+    after, the SHA-256 of the flat float32 state, and the elements in each of the parts that follow. On the
+    wire, ``SIZE_BYTES`` bytes sent as a uint8 tensor: the step (8 bytes little-endian), the digest, the
+    elements per part (8 bytes little-endian)."""
+
+    step: int
+    digest: bytes
+    part_numel: int
+
+    _LAYOUT: ClassVar[struct.Struct] = struct.Struct("<Q32sQ")
+    SIZE_BYTES: ClassVar[int] = _LAYOUT.size  # 48
+
+    def __post_init__(self):
+        for name in ("step", "part_numel"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**64:
+                raise ValueError(f"a backup header's {name} must be an integer in 0..2**64-1, got {value!r}")
+        if not isinstance(self.digest, bytes) or len(self.digest) != 32:
+            raise ValueError("a backup header's digest must be 32 bytes (SHA-256)")
+
+    def pack(self) -> bytes:
+        return self._LAYOUT.pack(self.step, self.digest, self.part_numel)
+
+    @classmethod
+    def unpack(cls, data: bytes) -> BackupHeader:
+        """The header in ``data``; ValueError unless it is ``SIZE_BYTES`` long."""
+        if len(data) != cls.SIZE_BYTES:
+            raise ValueError(f"a backup header is {cls.SIZE_BYTES} bytes, got {len(data)}")
+        return cls(*cls._LAYOUT.unpack(data))
 
 
 def tensor_bytes(tensor: torch.Tensor) -> bytes:
