@@ -4,6 +4,5 @@ Importing the package has no side effects: no logging setup, no environment chan
 """
 
 __version__ = "0.1.0"
-PROTOCOL_VERSION = 1
 
-__all__ = ["__version__", "PROTOCOL_VERSION"]
+__all__ = ["__version__"]

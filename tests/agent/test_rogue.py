@@ -22,11 +22,11 @@ import pytest
 from agent_helpers import background_swarm, bootstrap_maddrs, events
 from hivemind.utils import get_dht_time
 
-from p2ptrain import PROTOCOL_VERSION, __version__
+from p2ptrain import __version__
 from p2ptrain.config import config_from_dict
 from p2ptrain.net.dht.keys import RunKeys
 from p2ptrain.net.dht.node import DHTConfig, SwarmDHT
-from p2ptrain.net.dht.records import PeerRecord, PlanRecord, peer_tag
+from p2ptrain.net.dht.records import AGENT_PROTOCOL_VERSION, PeerRecord, PlanRecord, peer_tag
 from p2ptrain.net.identity import generate_identity
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.reference import train_reference
@@ -40,7 +40,7 @@ AGENTS = 4
 def impossible_peer_record() -> bytes:
     return msgpack.packb({
         "v": 1, "kind": "peers", "device_name": "rogue", "memory_gb": 1e12, "tflops": math.nan, "maddrs": [],
-        "region": "", "p2ptrain_version": __version__, "protocol_version": PROTOCOL_VERSION,
+        "region": "", "p2ptrain_version": __version__, "protocol_version": AGENT_PROTOCOL_VERSION,
     }, use_bin_type=True)  # fmt: skip
 
 

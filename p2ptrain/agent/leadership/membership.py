@@ -1,9 +1,9 @@
 """Who is in the run: the live peers, from the verified peer records an agent reads, and when to plan.
 
 A peer is *live* while it has an unexpired, verified peer record (``SwarmDHT.read_peers`` drops invalid,
-unsigned and expired entries with a log line) of our protocol version that trains our data (its record's
-``data``, the tokenizer and content digest; ``refusal`` says when the run trains other data). The bootstrap publishes no peer
-record, so it is never a member. The view is sorted by peer ID, the election order: ``leader`` is the
+unsigned and expired entries with a log line) of our protocol version (``records.AGENT_PROTOCOL_VERSION``)
+that trains our data (its record's ``data``, the tokenizer and content digest; ``refusal`` says when the run
+trains other data). The bootstrap publishes no peer record, so it is never a member. The view is sorted by peer ID, the election order: ``leader`` is the
 lowest. Pure bookkeeping, no I/O: the agent feeds it what it reads.
 """
 
@@ -14,10 +14,9 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from p2ptrain import PROTOCOL_VERSION
 from p2ptrain.agent.config import MembershipConfig
 from p2ptrain.agent.leadership.election import membership_digest
-from p2ptrain.net.dht.records import PeerRecord
+from p2ptrain.net.dht.records import AGENT_PROTOCOL_VERSION, PeerRecord
 
 logger = logging.getLogger(__name__)
 
@@ -62,12 +61,12 @@ class MembershipTracker:
     def update(self, records: Mapping[str, PeerRecord]) -> Membership:
         live = {}
         for peer_id, record in records.items():
-            if record.protocol_version != PROTOCOL_VERSION:
+            if record.protocol_version != AGENT_PROTOCOL_VERSION:
                 if peer_id not in self._refused:
                     self._refused.add(peer_id)
                     logger.warning(
                         "ignoring peer %s: it speaks protocol %d (p2ptrain %s), we speak %d; upgrade one of us",
-                        peer_id, record.protocol_version, record.p2ptrain_version, PROTOCOL_VERSION,
+                        peer_id, record.protocol_version, record.p2ptrain_version, AGENT_PROTOCOL_VERSION,
                     )  # fmt: skip
                 continue
             if record.data != self.data:

@@ -37,7 +37,7 @@ from typing import Any, ClassVar
 
 from hivemind.utils.multiaddr import Multiaddr
 
-from p2ptrain import PROTOCOL_VERSION, __version__
+from p2ptrain import __version__
 from p2ptrain.net.dht import fields as f
 from p2ptrain.net.dht.fields import RecordError, RecordTooLarge
 from p2ptrain.net.dht.keys import RecordKind
@@ -75,10 +75,17 @@ __all__ = [
     "SCHEMA_VERSION", "MAX_RECORD_BYTES", "MAX_LINK_PEERS", "MAX_PLAN_PEERS", "MAX_HOLDS", "MAX_SLOWDOWN", "MAX_TFLOPS",
     "RecordError", "RecordTooLarge", "ComputeMeasurement", "SOURCE_CHECKPOINT", "SOURCE_INIT", "NO_BACKUP",
     "PeerRecord", "LinkMeasurement", "LinksRecord", "PlanRecord", "ProgressRecord", "Record", "decode_record",
-    "peer_tag",
+    "peer_tag", "AGENT_PROTOCOL_VERSION",
 ]  # fmt: skip
 
 
+
+# The version of what agents of a run expect of one another (the messages they exchange, the records and plans
+# they read), which every peer record states (``protocol_version``): an agent leaves a peer of another version
+# out of its membership (``agent.leadership.membership``). Bump it when agents of the old and the new code
+# cannot train together. Not the records' schema version (``SCHEMA_VERSION``, a record's "v"), nor a message
+# header's (``net.transport.messages.MESSAGE_HEADER_VERSION``).
+AGENT_PROTOCOL_VERSION = 1
 
 MAX_COMPUTE_S = 3600.0  # one micro-batch through one block: an hour is past any sane device
 MAX_ROWS = 1 << 20
@@ -136,7 +143,7 @@ class PeerRecord(RecordEnvelope):
     maddrs: tuple[str, ...] = ()  # full multiaddrs, each ending in /p2p/<this peer's ID>
     region: str = ""
     p2ptrain_version: str = __version__
-    protocol_version: int = PROTOCOL_VERSION
+    protocol_version: int = AGENT_PROTOCOL_VERSION
     # on an emulated network (``p2ptrain swarm --scenario``): the device of the cluster file this peer plays
     emulated_device: int | None = None
     compute: ComputeMeasurement | None = None  # optional: the agent's calibration of the run's model

@@ -18,7 +18,7 @@ from typing import ClassVar
 
 import torch
 
-PROTOCOL_VERSION = 1
+MESSAGE_HEADER_VERSION = 1  # a message header's "v"; a receiver refuses a header of another version
 MAX_HEADER_BYTES = 4096
 MAX_RANK = 8
 MAX_INDEX = 2**31 - 1
@@ -170,7 +170,7 @@ class Header:
 
     def encode(self) -> bytes:
         t = self.tag
-        fields = dict(v=PROTOCOL_VERSION, run=t.run, epoch=t.epoch, step=t.step, kind=t.kind, mb=t.micro_batch,
+        fields = dict(v=MESSAGE_HEADER_VERSION, run=t.run, epoch=t.epoch, step=t.step, kind=t.kind, mb=t.micro_batch,
                       part=t.part, dtype=self.dtype, shape=list(self.shape), nbytes=self.nbytes)
         if self.reply_bytes:
             fields["reply"] = self.reply_bytes
@@ -189,8 +189,8 @@ class Header:
             raise ValueError("header is not valid JSON") from None
         if not isinstance(fields, dict):
             raise ValueError("header is not a JSON object")
-        if fields.get("v") != PROTOCOL_VERSION:
-            raise ValueError(f"protocol version {fields.get('v')!r} is not {PROTOCOL_VERSION}")
+        if fields.get("v") != MESSAGE_HEADER_VERSION:
+            raise ValueError(f"header version {fields.get('v')!r} is not {MESSAGE_HEADER_VERSION}")
         try:
             tag = Tag(fields["run"], fields["epoch"], fields["step"], fields["kind"], fields["mb"], fields["part"])
             shape = fields["shape"]
