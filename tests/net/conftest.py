@@ -10,6 +10,7 @@ import pytest
 from hivemind.p2p import P2PContext
 from hivemind.proto import runtime_pb2
 
+from p2ptrain.net.transport.emulation import LinkEmulator
 from p2ptrain.net.transport.endpoint import Transport, TransportConfig
 from p2ptrain.net.transport.servicer import TensorServicer
 
@@ -18,12 +19,14 @@ RUN = "nettest"
 
 @pytest.fixture
 def make_transport() -> Iterator[Callable[..., Transport]]:
-    """``make_transport(config=None, cls=Transport, join=None)``: a transport on 127.0.0.1 port 0, joined to
-    ``join``'s daemon when given; every one made is shut down after the test."""
+    """``make_transport(config=None, cls=Transport, join=None, emulator=None)``: a transport on 127.0.0.1 port 0,
+    joined to ``join``'s daemon when given, shaping with ``emulator`` when given; every one made is shut down
+    after the test."""
     made: list[Transport] = []
 
-    def make(config: TransportConfig | None = None, cls: type[Transport] = Transport, join: Transport | None = None):
-        transport = cls(RUN, config, initial_peers=join.visible_maddrs if join is not None else ())
+    def make(config: TransportConfig | None = None, cls: type[Transport] = Transport, join: Transport | None = None,
+             emulator: LinkEmulator | None = None):  # fmt: skip
+        transport = cls(RUN, config, initial_peers=join.visible_maddrs if join is not None else (), emulator=emulator)
         made.append(transport)
         return transport
 
