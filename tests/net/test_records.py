@@ -1,4 +1,5 @@
-"""DHT record schemas: round trips, capacity, and every kind of bad input refused by decode."""
+"""DHT record schemas: round trips, capacity, every kind of bad input refused by decode, and corrupted signed
+entries refused by the reader (never read as another record)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ import random
 import base58
 import msgpack
 import pytest
+from hivemind.dht.routing import DHTID
+from hivemind.dht.validation import CompositeValidator, DHTRecord
+from hivemind.utils import MSGPackSerializer, ValueWithExpiration, get_dht_time
 
 from p2ptrain.net.dht import record_base, records
 from p2ptrain.net.dht.keys import RecordKind, RunKeys, check_run_id
@@ -27,6 +31,7 @@ from p2ptrain.net.dht.records import (
     decode_record,
     peer_tag,
 )
+from p2ptrain.net.dht.validators import SignatureValidator, SwarmRecordValidator, verify_entries
 from p2ptrain.net.identity import generate_identity
 
 
@@ -233,17 +238,103 @@ def test_a_record_of_another_kind_is_refused():
         decode_record(RecordKind.PLAN, peer_record().encode())
 
 
-def test_random_corruptions_never_escape_as_other_exceptions():
-    data = bytearray(plan_record().encode())
-    rng = random.Random(1)
-    for _ in range(300):
+def corruptions(data: bytes, seed: int, count: int = 300):
+    """``count`` copies of ``data`` with 1-4 bytes overwritten at random (a byte may get its own value back),
+    each with the positions written."""
+    rng = random.Random(seed)
+    for _ in range(count):
         corrupted = bytearray(data)
-        for _ in range(rng.randint(1, 4)):
-            corrupted[rng.randrange(len(corrupted))] = rng.randrange(256)
+        positions = sorted(rng.randrange(len(data)) for _ in range(rng.randint(1, 4)))
+        for position in positions:
+            corrupted[position] = rng.randrange(256)
+        yield bytes(corrupted), positions
+
+
+def test_random_corruptions_of_a_records_bytes_are_refused_or_decode_to_a_valid_record():
+    """What any peer can put in the DHT (a rogue signs its own garbage): decode raises only RecordError, and
+    what it returns is a complete, valid record of the kind asked for. (Bytes that decode to another valid
+    record are possible here, the bytes alone carry no signature: the next test reads them signed.)"""
+    record = plan_record(slowdowns=((4, 6.5),))
+    refused = 0
+    for corrupted, positions in corruptions(record.encode(), seed=1):
         try:
-            decode_record(RecordKind.PLAN, bytes(corrupted))
+            got = decode_record(RecordKind.PLAN, corrupted)
         except RecordError:
-            pass
+            refused += 1
+            continue
+        assert isinstance(got, PlanRecord), positions
+        assert decode_record(RecordKind.PLAN, got.encode()) == got, positions  # valid: it round-trips
+    assert refused >= 100  # most corruptions break the map or a field's checks
+
+
+READER, SIGNER = generate_identity(), generate_identity()
+SIGNED_RUN = "fuzz"
+
+
+def signer_first_peers(n: int) -> list[str]:
+    """The signer's peer ID and ``n`` - 1 higher ones, so that a plan of these members names it as leader."""
+    rng = random.Random(11)
+    others = sorted(base58.b58encode(b"\x12\x20\xff\xff" + rng.randbytes(30)).decode() for _ in range(n - 1))
+    assert SIGNER.peer_id < others[0]  # ties the 1 in 65536 chance of a signer digest starting ff ff to a seed
+    return [SIGNER.peer_id, *others]
+
+
+SIGNED_PEERS = signer_first_peers(6)
+
+
+def signed_entry(record) -> DHTRecord:
+    """``record`` as ``SIGNER``'s node stores it under the run's key of its kind: signed under its owner mark."""
+    entry = DHTRecord(
+        key=DHTID.generate(source=RunKeys(SIGNED_RUN).of(record.kind)).to_bytes(),
+        subkey=MSGPackSerializer.dumps(SIGNER.owner_mark), value=MSGPackSerializer.dumps(record.encode()),
+        expiration_time=get_dht_time() + 600,
+    )  # fmt: skip
+    signing = CompositeValidator([SignatureValidator(SIGNER.private_key, [SIGNED_RUN]),
+                                  SwarmRecordValidator([SIGNED_RUN])])  # fmt: skip
+    return dataclasses.replace(entry, value=signing.sign_value(entry))
+
+
+READING = CompositeValidator([SignatureValidator(READER.private_key, [SIGNED_RUN]), SwarmRecordValidator([SIGNED_RUN])])
+
+
+def read_entry(kind: RecordKind, entry: DHTRecord):
+    """What another peer makes of an entry: its DHT node admits it (signature, then admission), strips the
+    signature and unpacks it as hivemind does, then its agent verifies it. None when refused anywhere."""
+    if not READING.validate(entry):
+        return None
+    value = MSGPackSerializer.loads(READING.strip_value(entry))
+    got = verify_entries(kind, {MSGPackSerializer.loads(entry.subkey): ValueWithExpiration(value, entry.expiration_time)})
+    return got[SIGNER.peer_id].record if got else None
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        PlanRecord(epoch=3, membership=tuple(SIGNED_PEERS), stages=3, replicas=2, pipelines=((0, 1, 2), (3, 4, 5)),
+                   cost_s=49.2, data_parallel_s=22.7, pipeline_s=26.5, slowdowns=((4, 6.5),)),
+        PeerRecord(device_name="NVIDIA H100 80GB", memory_gb=80.0, tflops=712.5, region="Oregon",
+                   maddrs=(f"/ip4/203.0.113.7/tcp/31337/p2p/{SIGNER.peer_id}",)),
+        LinksRecord.from_peers({p: LinkMeasurement(10.0 + i, 0.5 * (i + 1)) for i, p in enumerate(SIGNED_PEERS[1:])}),
+        ProgressRecord(epoch=1, step=120, loss=3.25, step_time_s=1.5, compute_s=0.25),
+    ],
+    ids=lambda r: type(r).__name__,
+)  # fmt: skip
+def test_random_corruptions_of_a_signed_record_are_refused_or_read_as_the_original(record):
+    """Records are signed: a corrupted entry is refused, or (a byte rewritten with its own value) read as the
+    record that was signed. One that reads as a different record names the fields that changed."""
+    entry = signed_entry(record)
+    assert read_entry(record.kind, entry) == record
+    refused = 0
+    for corrupted, positions in corruptions(entry.value, seed=2):
+        got = read_entry(record.kind, dataclasses.replace(entry, value=corrupted))
+        if got is None:
+            refused += 1
+            assert corrupted != entry.value, positions  # the entry as signed is never refused
+        elif got != record:
+            changed = [f.name for f in dataclasses.fields(record) if getattr(got, f.name) != getattr(record, f.name)]
+            pytest.fail(f"rewriting bytes {positions} of a signed {record.kind.value} entry changed {changed} "
+                        f"and the reader accepted it: {got}")  # fmt: skip
+    assert refused >= 250  # all but the rewrites that put a byte's own value back
 
 
 def test_largest_links_row_and_plan_fit_the_cap():
