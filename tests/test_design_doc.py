@@ -231,7 +231,7 @@ def config_expectations() -> list[Expect]:
     roots = _config_roots()
     agent = {(path, key): (cls, default) for path, cls, key, default in config_tables(roots.pop("Agent"))}
     out = []
-    for (path, key), (cls, default) in agent.items():
+    for (path, key), (_, default) in agent.items():
         section = f"`[{path}]`" if path else "Agent top level"
         out.append(Expect("config", f"agent config key {path + '.' if path else ''}{key} (default {toml_text(default)})",
                           section, row(key, re.escape(toml_text(default)))))
@@ -277,8 +277,10 @@ def message_expectations() -> list[Expect]:
 
 
 @cache
-def _python_files() -> list[tuple[Path, ast.Module]]:
-    return [(path, ast.parse(path.read_text(), str(path))) for path in sorted(PACKAGE.rglob("*.py"))]
+def _python_files(*needles: str) -> list[tuple[Path, ast.Module]]:
+    """The package's modules whose text holds one of ``needles``, parsed (the others cannot match)."""
+    texts = {path: path.read_text() for path in sorted(PACKAGE.rglob("*.py"))}
+    return [(path, ast.parse(text, str(path))) for path, text in texts.items() if any(n in text for n in needles)]
 
 
 def _string_constants(tree: ast.Module) -> dict[str, str]:
@@ -292,7 +294,7 @@ def endpoint_expectations() -> list[Expect]:
 
     endpoints = {name for name, _ in inspect.getmembers(TensorServicer, inspect.isfunction) if name.startswith("rpc_")}
     protocols = {TensorServicer._get_handle_name(NAMESPACE, name) for name in endpoints}
-    for path, tree in _python_files():
+    for _, tree in _python_files("rpc_", "_handler("):
         constants = _string_constants(tree)
         for node in ast.walk(tree):
             if isinstance(node, ast.AsyncFunctionDef) and node.name.startswith("rpc_"):
@@ -343,7 +345,7 @@ def cli_expectations() -> list[Expect]:
 def written_events() -> dict[str, list[str]]:
     """Every event the package writes with ``<something>.events.write("kind", field=..., ...)``, and its fields."""
     events: dict[str, list[str]] = {}
-    for path, tree in _python_files():
+    for _, tree in _python_files("events"):
         for node in ast.walk(tree):
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "write"):
                 continue
