@@ -37,7 +37,7 @@ from p2ptrain.planning import (
     schedule,
     workload_from_model,
 )
-from p2ptrain.planning.cost import OBJECTIVES
+from p2ptrain.planning.objectives import OBJECTIVES
 from p2ptrain.planning.report import format_plan
 from p2ptrain.planning.simulated import StepProfile, StepWorkload
 from p2ptrain.planning.strategies import DEFAULT_METHOD, SEARCH_METHODS

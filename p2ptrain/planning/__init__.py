@@ -10,7 +10,7 @@ numpy, scipy and networkx only; no torch, hivemind, asyncio, clock or global RNG
 
 from p2ptrain.planning.baselines import megatron_assignment, random_assignment, random_cost
 from p2ptrain.planning.cluster import Cluster, Device, cluster_from_dict, load_cluster
-from p2ptrain.planning.cost import CostBreakdown, DtfmObjective, Objective, make_objective
+from p2ptrain.planning.cost import CostBreakdown, DtfmObjective, Objective
 from p2ptrain.planning.exhaustive import solve_exhaustive
 from p2ptrain.planning.gcma import GcmaConfig
 from p2ptrain.planning.layers import (
@@ -23,6 +23,7 @@ from p2ptrain.planning.layers import (
 )
 from p2ptrain.planning.measured import link_clusters, perturbed
 from p2ptrain.planning.model_shapes import MODEL_PRESETS, ModelShape, model_shape
+from p2ptrain.planning.objectives import make_objective
 from p2ptrain.planning.plan import Infeasible, Plan, SearchStats
 from p2ptrain.planning.scenarios import ALL_SCENARIOS, MIXED_SCENARIOS, PAPER_REFERENCE, SCENARIOS, scenario
 from p2ptrain.planning.scheduler import schedule

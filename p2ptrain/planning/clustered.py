@@ -26,8 +26,9 @@ import numpy as np
 
 from p2ptrain.planning.canonical import canonical_order
 from p2ptrain.planning.cluster import Cluster
-from p2ptrain.planning.cost import Objective, make_objective
+from p2ptrain.planning.cost import Objective
 from p2ptrain.planning.measured import link_clusters, snapped
+from p2ptrain.planning.objectives import make_objective
 from p2ptrain.planning.search import Search, SearchConfig, SearchResult
 from p2ptrain.planning.workload import Workload
 

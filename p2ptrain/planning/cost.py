@@ -125,25 +125,3 @@ def check_assignment(assignment: np.ndarray, num_replicas: int, num_stages: int,
     if sorted(sigma.ravel().tolist()) != list(range(num_devices)):
         raise ValueError("assignment must use every device exactly once")
     return sigma
-
-
-OBJECTIVES = ("dtfm", "simulated")
-
-
-def refine_assignment(objective: Objective, assignment: np.ndarray) -> np.ndarray:
-    """``objective.refine(assignment)`` for objectives whose exact cost sees more than the decomposition
-    the search uses (``simulated``: where a group sits in the pipeline); the assignment itself otherwise."""
-    refine = getattr(objective, "refine", None)
-    return refine(assignment) if refine is not None else assignment
-
-
-def make_objective(name: str, cluster: Cluster, workload: Workload, num_stages: int) -> Objective:
-    """The objective called ``name``: "dtfm" (the paper's communication cost, above) or "simulated" (the
-    step time of our runtime, ``simulated.py``; its workload may be a ``StepWorkload`` with a step profile)."""
-    if name == "dtfm":
-        return DtfmObjective(cluster, workload, num_stages)
-    if name == "simulated":
-        from p2ptrain.planning.simulated import SimulatedObjective  # it builds on this module
-
-        return SimulatedObjective(cluster, workload, num_stages)
-    raise ValueError(f"unknown objective {name!r} (choose from {', '.join(OBJECTIVES)})")

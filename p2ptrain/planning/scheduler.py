@@ -18,11 +18,11 @@ import numpy as np
 from p2ptrain.planning.baselines import megatron_assignment, random_cost
 from p2ptrain.planning.canonical import canonical_order
 from p2ptrain.planning.cluster import Cluster
-from p2ptrain.planning.cost import make_objective, refine_assignment
 from p2ptrain.planning.exhaustive import MAX_DEVICES, solve_exhaustive
 from p2ptrain.planning.gcma import GcmaConfig
 from p2ptrain.planning.joint import schedule_layered
 from p2ptrain.planning.layers import LayeredWorkload
+from p2ptrain.planning.objectives import make_objective, refine_assignment
 from p2ptrain.planning.plan import Infeasible, Plan, SearchStats
 from p2ptrain.planning.search import DEFAULT_SEARCH, SearchConfig
 from p2ptrain.planning.strategies import DEFAULT_METHOD, SEARCH_METHODS, run_search

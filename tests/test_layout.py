@@ -1,0 +1,117 @@
+"""The package's shape: folders by concern, imports pointing down, no import cycle (docs/design.md, "Layers").
+
+The import graph is read statically from the source (every ``import`` of a ``p2ptrain`` module, at module
+level or inside a function; those under ``if TYPE_CHECKING:`` are for annotations only and left out), so a
+lazy import inside a function cannot hide a cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import networkx as nx
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "p2ptrain"
+
+# Layers, low to high: a module may import its own layer and the ones below (DESIGN "Layers").
+LAYER = {"planning": 1, "model": 2, "net": 3, "runtime": 4, "agent": 5, "export": 5, "swarm": 6, "monitor": 6,
+         "bench": 7, "cli": 8, "__main__": 9}
+# Within a layer, concerns that must not reach into each other (first must not import second).
+SEPARATE = [("p2ptrain.net.dht", "p2ptrain.net.transport"), ("p2ptrain.net.transport", "p2ptrain.net.dht"),
+            ("p2ptrain.net.nat", "p2ptrain.net.dht"), ("p2ptrain.net.nat", "p2ptrain.net.transport"),
+            ("p2ptrain.agent.churn", "p2ptrain.agent.leadership")]
+MAX_TOP_LEVEL_MODULES = 12
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _under_type_checking(tree: ast.AST) -> set[int]:
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If):
+            test = node.test
+            name = test.id if isinstance(test, ast.Name) else test.attr if isinstance(test, ast.Attribute) else ""
+            if name == "TYPE_CHECKING":
+                skipped.update(id(child) for stmt in node.body for child in ast.walk(stmt))
+    return skipped
+
+
+def import_graph(root: Path) -> nx.DiGraph:
+    """Module -> the package's modules it imports (``from a import b`` counts ``a`` and, if a module, ``a.b``)."""
+    files = {module_name(path, root): path for path in root.rglob("*.py")}
+    graph = nx.DiGraph()
+    for module, path in files.items():
+        graph.add_node(module)
+        tree = ast.parse(path.read_text(), str(path))
+        skipped = _under_type_checking(tree)
+        for node in ast.walk(tree):
+            if id(node) in skipped:
+                continue
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+            else:
+                continue
+            graph.add_edges_from((module, t) for t in targets if t in files and t != module)
+    return graph
+
+
+def _layer(module: str) -> int:
+    parts = module.split(".")
+    return LAYER.get(parts[1], 0) if len(parts) > 1 else 0
+
+
+def test_agent_and_net_have_at_most_twelve_top_level_modules():
+    for folder in ("agent", "net"):
+        modules = sorted(p.name for p in (PACKAGE / folder).glob("*.py"))
+        assert len(modules) <= MAX_TOP_LEVEL_MODULES, (
+            f"p2ptrain/{folder}/ has {len(modules)} top-level modules {modules}: move some into a sub-package "
+            f"by concern (at most {MAX_TOP_LEVEL_MODULES})")
+
+
+def test_no_import_cycle_in_the_package():
+    cycles = sorted(nx.simple_cycles(import_graph(PACKAGE)), key=len)
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c + c[:1]) for c in cycles[:5])
+
+
+def test_imports_point_down():
+    graph = import_graph(PACKAGE)
+    up = [f"{a} -> {b}" for a, b in graph.edges if _layer(b) > _layer(a)]
+    assert not up, "imports pointing up a layer (docs/design.md, Layers): " + ", ".join(sorted(up))
+    crossing = [f"{a} -> {b}" for a, b in graph.edges for low, high in SEPARATE
+                if (a == low or a.startswith(low + ".")) and (b == high or b.startswith(high + "."))]
+    assert not crossing, "imports across separate concerns: " + ", ".join(sorted(crossing))
+
+
+def test_every_layer_of_the_package_is_known():
+    unknown = sorted({p.name for p in PACKAGE.iterdir() if (p.is_dir() and (p / "__init__.py").exists())}
+                     - set(LAYER))
+    assert not unknown, f"packages with no layer in tests/test_layout.py LAYER: {unknown}"
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_the_check_finds_a_cycle_even_through_a_lazy_import(tmp_path, lazy):
+    root = tmp_path / "p2ptrain"
+    (root / "net").mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    (root / "net" / "__init__.py").write_text("")
+    (root / "net" / "a.py").write_text("from p2ptrain.net.b import f\n")
+    body = "def g():\n    from p2ptrain.net.a import f\n" if lazy else "from p2ptrain.net import a\n"
+    (root / "net" / "b.py").write_text(body)
+    cycles = list(nx.simple_cycles(import_graph(root)))
+    assert sorted(map(sorted, cycles)) == [["p2ptrain.net.a", "p2ptrain.net.b"]]
+
+
+def test_the_check_leaves_out_annotation_only_imports(tmp_path):
+    root = tmp_path / "p2ptrain"
+    root.mkdir()
+    (root / "__init__.py").write_text("")
+    (root / "a.py").write_text("from p2ptrain.b import f\n")
+    (root / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from p2ptrain.a import X\n")
+    assert list(nx.simple_cycles(import_graph(root))) == []
