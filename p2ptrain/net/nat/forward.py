@@ -48,6 +48,7 @@ logger = logging.getLogger(__name__)
 FORWARD = "p2ptrain/forward/1"  # A -> R
 FORWARD_IN = "p2ptrain/forward-in/1"  # R -> B
 STREAM, UNARY = "s", "u"
+PREAMBLE_VERSION = 1  # the forwarding preamble's "v" (the protocol names carry their own /1)
 MAX_PREAMBLE_BYTES = 4096
 MAX_UNARY_BYTES = 4 << 20  # p2pd's own cap on a unary message
 COPY_BYTES = 1 << 16
@@ -71,7 +72,7 @@ class ForwardStats:
 
 
 async def _write_preamble(writer: asyncio.StreamWriter, kind: str, peer: str, name: str) -> None:
-    await P2P.send_raw_data(msgpack.packb({"v": 1, "kind": kind, "peer": peer, "name": name}), writer)
+    await P2P.send_raw_data(msgpack.packb({"v": PREAMBLE_VERSION, "kind": kind, "peer": peer, "name": name}), writer)
 
 
 async def _read_preamble(reader: asyncio.StreamReader, timeout_s: float) -> tuple[str, str, str]:
@@ -83,7 +84,7 @@ async def _read_preamble(reader: asyncio.StreamReader, timeout_s: float) -> tupl
     try:
         m = msgpack.unpackb(await asyncio.wait_for(reader.readexactly(size), timeout_s))
         kind, peer, name = m["kind"], m["peer"], m["name"]
-        if m.get("v") != 1 or kind not in (STREAM, UNARY) or not isinstance(name, str) or not name:
+        if m.get("v") != PREAMBLE_VERSION or kind not in (STREAM, UNARY) or not isinstance(name, str) or not name:
             raise ValueError
         PeerID.from_base58(peer)
     except (ValueError, KeyError, TypeError, msgpack.UnpackException):
