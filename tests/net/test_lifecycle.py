@@ -35,16 +35,19 @@ def test_sigterm_and_sigint_set_the_flag_and_handlers_are_restored():
     assert signal.getsignal(signal.SIGTERM) is before
 
 
-def _sleep_forever() -> None:
+def _sleep_forever(running) -> None:
+    running.set()
     time.sleep(60)
 
 
 @pytest.mark.timeout(20)
 def test_a_forked_child_still_dies_on_sigterm():
+    context = mp.get_context("fork")
     with StopSignal():
-        child = mp.get_context("fork").Process(target=_sleep_forever)
+        running = context.Event()
+        child = context.Process(target=_sleep_forever, args=(running,))
         child.start()
-        time.sleep(0.2)
+        assert running.wait(10), "the child never ran"
         child.terminate()  # SIGTERM: the inherited handler must not swallow it
         child.join(10)
     assert child.exitcode == -signal.SIGTERM
@@ -83,20 +86,27 @@ def _serve_and_cancel(loop) -> None:
     callback that fails for real."""
 
     async def scenario() -> None:
+        serving = asyncio.Event()
+
         async def handler(reader, writer) -> None:
+            serving.set()
             await reader.read()  # until cancelled
 
         server = await asyncio.start_server(handler, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         _, writer = await asyncio.open_connection("127.0.0.1", port)
-        await asyncio.sleep(0.2)
-        for task in asyncio.all_tasks() - {asyncio.current_task()}:
+        await asyncio.wait_for(serving.wait(), 10)
+        handlers = asyncio.all_tasks() - {asyncio.current_task()}
+        for task in handlers:
             task.cancel()
-        await asyncio.sleep(0.2)
+        _, pending = await asyncio.wait(handlers, timeout=10)  # each ended, and its done-callbacks ran first
+        assert not pending
         writer.close()
         server.close()
+        failed = loop.create_future()
         loop.call_soon(lambda: 1 / 0)
-        await asyncio.sleep(0.1)
+        loop.call_soon(failed.set_result, None)  # callbacks run in order: once this one has, the failure ran
+        await failed
 
     try:
         loop.run_until_complete(scenario())
@@ -129,7 +139,7 @@ def test_a_service_loop_reports_hivemind_daemon_connection_ends_in_one_line(capl
 
     async def scenario() -> None:
         task = asyncio.ensure_future(ControlClient()._read_from_persistent_conn())  # its exception never read
-        await asyncio.sleep(0.01)
+        await asyncio.wait([task], timeout=10)
         assert task.done()
         del task
         gc.collect()  # asyncio reports an unretrieved task exception when the task is collected

@@ -59,7 +59,10 @@ def test_aborting_an_epoch_fails_its_pending_and_later_calls_at_once(pair):
     a, b = pair
     a.set_window(RUN, 5, 0)
     waiting = a.recv_async(Tag(RUN, 5, 0, MessageKind.ACTIVATION), b.peer_id, (4,), torch.float32, timeout_s=60.0)
-    time.sleep(0.2)
+    deadline_s = time.monotonic() + 10.0
+    while 5 not in epochs_in_flight(a):  # pending: the receive is waiting on a's loop, not yet started
+        assert time.monotonic() < deadline_s, "the receive never started waiting"
+        time.sleep(0.01)
     started = time.monotonic()
     a.abort_epoch(5, "peer X stopped answering heartbeats")
     with pytest.raises(PeerFailed, match="peer X stopped answering"):
@@ -71,6 +74,15 @@ def test_aborting_an_epoch_fails_its_pending_and_later_calls_at_once(pair):
     a.set_window(RUN, 6, 0)
     b.send(a.peer_id, Tag(RUN, 6, 0, MessageKind.ACTIVATION), torch.ones(4))
     assert torch.equal(a.recv(Tag(RUN, 6, 0, MessageKind.ACTIVATION), b.peer_id, (4,), torch.float32), torch.ones(4))
+
+
+def epochs_in_flight(transport: Transport) -> list[int]:
+    """The epochs of the sends and receives ``transport`` has in flight, read on its loop (what an abort fails)."""
+
+    async def read() -> list[int]:
+        return sorted(transport._task_epochs.values())
+
+    return transport.run_coroutine(read(), timeout_s=10.0)
 
 
 def test_copies_are_judged_by_epoch_only(pair):

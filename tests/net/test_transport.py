@@ -398,6 +398,7 @@ def test_a_message_cut_off_midway_closes_only_its_stream_and_frees_the_receiver(
     tag = Tag(RUN, 1, 0, MessageKind.ACTIVATION)
     sender.send(receiver.peer_id, tag, torch.ones(5))
     assert torch.equal(receiver.recv(tag, sender.peer_id, (5,), torch.float32), torch.ones(5))
+    deadline_s = time.monotonic() + 10  # its own deadline: the sends above may have used up the first one
     while receiver.mailbox.held_bytes and time.monotonic() < deadline_s:
         time.sleep(0.05)
     assert receiver.mailbox.held_bytes == 0
