@@ -15,7 +15,8 @@ a line of that section must match (a table row, usually). What is enumerated:
 * every ``rpc_*`` endpoint (the servicer's, and any ``async def rpc_*`` in the package), the protocol name
   each is registered under, and every protocol name the package registers by ``add_*_handler``;
 * every command, subcommand, option and argument of the ``p2ptrain`` click group;
-* every event an agent writes (``….events.write("kind", field=…)``) and each of its fields;
+* every event an agent writes (``….events.write("kind", field=…)``, directly or through a helper that takes
+  the kind as a parameter) and each of its fields;
 * every key of the plan document (``p2ptrain plan --json``) and of the cluster file.
 
 A failure names what is missing and says to document it in docs/design.md. The tests at the end feed a copy
@@ -342,21 +343,52 @@ def cli_expectations() -> list[Expect]:
     return out
 
 
+def _event_writes(tree: ast.Module) -> Iterator[tuple[ast.Call, ast.FunctionDef | ast.AsyncFunctionDef | None]]:
+    """Every ``<something>.events.write(...)`` call, with the function it is in."""
+    functions = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+    inside = {id(node): f for f in functions for node in ast.walk(f)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "write" \
+                and node.args and _name_of(node.func.value) == "events":
+            yield node, inside.get(id(node))
+
+
+def _name_of(node: ast.expr) -> str:
+    return node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
+
+
+def _fields_of(call: ast.Call) -> list[str]:
+    return [k.arg for k in call.keywords if k.arg is not None]
+
+
 def written_events() -> dict[str, list[str]]:
-    """Every event the package writes with ``<something>.events.write("kind", field=..., ...)``, and its fields."""
+    """Every event the package writes, and its fields: ``….events.write("kind", field=…)``, and a helper that
+    passes one of its parameters as the kind (``def note(self, peer, event, **fields): self.events.write(event,
+    peer=peer, **fields)``) called with a literal kind (``self.note(peer, "claim_refused", reason=…)``)."""
     events: dict[str, list[str]] = {}
-    for _, tree in _python_files("events"):
-        for node in ast.walk(tree):
-            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "write"):
-                continue
-            owner = node.func.value
-            owner_name = owner.attr if isinstance(owner, ast.Attribute) else owner.id if isinstance(owner, ast.Name) else ""
-            if owner_name != "events" or not node.args:
-                continue
-            first = node.args[0]
+
+    def add(kind: str, fields: list[str]) -> None:
+        known = events.setdefault(kind, [])
+        known += [f for f in fields if f not in known]
+
+    trees = _python_files("events")
+    helpers: dict[str, tuple[int, list[str]]] = {}  # helper name -> (index of its kind parameter, fields it adds)
+    for _, tree in trees:
+        for call, function in _event_writes(tree):
+            first = call.args[0]
             if isinstance(first, ast.Constant) and isinstance(first.value, str):
-                fields = events.setdefault(first.value, [])
-                fields += [k.arg for k in node.keywords if k.arg is not None and k.arg not in fields]
+                add(first.value, _fields_of(call))
+            elif isinstance(first, ast.Name) and function is not None:
+                params = [a.arg for a in function.args.args if a.arg not in ("self", "cls")]
+                if first.id in params:
+                    helpers[function.name] = (params.index(first.id), _fields_of(call))
+    for _, tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and _name_of(node.func) in helpers:
+                index, fields = helpers[_name_of(node.func)]
+                kind = node.args[index] if index < len(node.args) else None
+                if isinstance(kind, ast.Constant) and isinstance(kind.value, str):
+                    add(kind.value, fields + _fields_of(node))
     return events
 
 
@@ -387,7 +419,7 @@ def plan_document_keys() -> list[str]:
     from p2ptrain.planning.cost import CostBreakdown
     from p2ptrain.planning.plan import Plan, SearchStats
 
-    result = CliRunner().invoke(main, ["plan", "--scenario", "worldwide", "--devices", "4", "--stages", "2",
+    result = CliRunner().invoke(main, ["-q", "plan", "--scenario", "worldwide", "--devices", "4", "--stages", "2",
                                        "--time-budget", "5", "--json"])
     assert result.exit_code == 0, result.output
     printed = json.loads(result.stdout.strip().splitlines()[-1])
@@ -445,7 +477,7 @@ def test_the_enumerations_reach_what_they_should():
     """Guards against an enumeration that silently finds less (a renamed call, a moved module)."""
     protocols = {e.what for e in expectations("endpoint") if e.category == "protocol"}
     assert {"libp2p protocol 'p2ptrain::tensor.rpc_push'", "libp2p protocol 'p2ptrain/forward/1'"} <= protocols
-    assert "event 'step'" in {e.what for e in expectations("event")}
+    assert {"event 'step'", "event 'claim_refused'"} <= {e.what for e in expectations("event")}
     assert any("[dht.relay] forward_idle_s" in e.what for e in expectations("config"))
     assert any(e.what == "command 'p2ptrain data prepare'" for e in expectations("command"))
 
