@@ -12,8 +12,9 @@ import json
 import math
 import re
 import struct
+import sys
 from dataclasses import dataclass
-from enum import StrEnum
+from enum import Enum
 from typing import ClassVar
 
 import torch
@@ -22,6 +23,17 @@ MESSAGE_HEADER_VERSION = 1  # a message header's "v"; a receiver refuses a heade
 MAX_HEADER_BYTES = 4096
 MAX_RANK = 8
 MAX_INDEX = 2**31 - 1
+
+if sys.version_info >= (3, 11):
+    from enum import StrEnum
+else:  # Python 3.10: a str Enum whose str() and format() are its value, as 3.11's StrEnum
+
+    class StrEnum(str, Enum):
+        def __str__(self) -> str:
+            return str(self.value)
+
+        def __format__(self, spec: str) -> str:
+            return format(str(self.value), spec)
 
 
 class MessageKind(StrEnum):
