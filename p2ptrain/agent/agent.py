@@ -195,13 +195,17 @@ class Agent:
 
     def _shutdown(self) -> None:
         timeout_s = self.config.transport.shutdown_timeout_s
+        # The prober is told to stop first and joined once the transport is down: a probe in flight to a peer
+        # that already left would otherwise hold the exit for the whole join timeout; the transport's
+        # shutdown fails that call, and a stopped prober ends quietly on it.
         shutdown_in_order([
             ("stop heartbeat pings", lambda: self.liveness and self.liveness.stop(timeout_s)),
             ("finish writing state copies", lambda: self.store and self.store.close(timeout_s)),
-            ("stop the link prober", lambda: self.prober and self.prober.stop(timeout_s)),
+            ("tell the link prober to stop", lambda: self.prober and self.prober.stop(timeout_s=0)),
             ("stop the planner", lambda: self._leading and self._leading.close()),
             ("stop heartbeats", lambda: self.heartbeat and self.heartbeat.close()),
             ("stop the transport", lambda: self.transport and self.transport.shutdown()),
+            ("stop the link prober", lambda: self.prober and self.prober.stop(timeout_s)),
             ("stop the DHT peer", lambda: self.dht and self.dht.shutdown()),
         ])  # fmt: skip
 
