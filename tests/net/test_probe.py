@@ -119,21 +119,26 @@ def test_late_wakeups_on_both_sides_do_not_count_in_the_delays_measured(make_tra
     reply late on its way back does not count either. (A sample whose bytes left late does count: the
     estimator's fastest-of-agreeing samples deal with it, see ``ModelSession`` below.)"""
     monkeypatch.setattr("p2ptrain.net.transport.endpoint.Pacer", LatePacer)
-    a = make_transport(CONFIG)
-    b = make_transport(CONFIG, join=a)
+    a = make_transport(CONFIG, emulator=RecordingEmulator())
+    b = make_transport(CONFIG, join=a, emulator=RecordingEmulator())
     assert isinstance(b.pacer, LatePacer)
     latency_ms, bandwidth_mbit = 10.0, 50.0
     shape(a, b, latency_ms, bandwidth_mbit)
     estimate = measure_link(b, a.peer_id, QUICK)
     holds, reports = a.pacer.holds, a.pacer.reports  # a's: the replier's
-    assert len(holds) == len(reports) == len(round_trips) >= estimate.samples
+    requests, replies = b.emulator.to(a.peer_id), a.emulator.to(b.peer_id)
+    assert len(holds) == len(reports) == len(requests) == len(replies) == len(round_trips) >= estimate.samples
     assert any(h.late_s > 0 for h in holds), "the seeded draws made no hold late"
-    for held, report, (_, _, trip) in zip(holds, reports, round_trips, strict=True):
+    for i, (held, report, (_, _, trip)) in enumerate(zip(holds, reports, round_trips, strict=True)):
         assert held.stamp_s == report.stamp_s and report.read_s <= held.entered_s  # read, then held
         assert report.reported_s == max(report.stamp_s, report.read_s)  # fixed before the hold woke
         assert held.returned_s >= held.stamp_s + held.late_s - 1e-9  # the hold did wake that late
-        # the reply left after the hold and took α back: the round trip holds it, the one-way delay does not
-        assert trip.rtt_s - trip.one_way_s >= latency_ms / 1e3 - 1e-6, trip
+        assert replies[i].slot.start_s >= held.returned_s  # and the way back began after it
+        # the one-way delay runs from the probe's send to the report: after the previous reply was in, before
+        # the probe was booked on the link (so neither a late hold nor the way back is in it)
+        sent_s = report.reported_s - trip.one_way_s
+        assert sent_s <= requests[i].slot.start_s + 1e-9, (i, trip)
+        assert i == 0 or sent_s >= replies[i - 1].slot.arrive_s - 1e-9, (i, trip)
     assert estimate.latency_ms >= latency_ms * (1 - 1e-9) and 0 < estimate.bandwidth_gbps < math.inf
 
 
