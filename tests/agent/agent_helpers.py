@@ -6,6 +6,7 @@ import contextlib
 import json
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -160,6 +161,23 @@ def run_agents(workdir: Path, config, commands: dict, overrides: dict, timeout_s
             print("\n".join(f"--- {a.name}\n{tail(a.log_path, 40)}" for a in agents))
     assert_no_logging_errors(workdir)
     return agents, codes, train
+
+
+def join_once_planned(*joiners: int):
+    """An ``on_start`` for ``run_agents``: agents ``joiners`` (running ``gated_agent.py``) publish their peer
+    records, and so join, once agent-0 (the leader: identities sorted) has published the first plan."""
+
+    def on_start(group, agents) -> None:
+        def open_gates() -> None:
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline and not any(e["event"] == "plan" for e in events(agents[0].events.path)):
+                time.sleep(0.2)
+            for k in joiners:
+                Path(f"{agents[k].config_path}.go").touch()
+
+        threading.Thread(target=open_gates, daemon=True).start()
+
+    return on_start
 
 
 @contextlib.contextmanager
