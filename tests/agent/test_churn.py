@@ -2,24 +2,41 @@
 
 Each test runs ``p2ptrain swarm`` — with the default settings a user gets (heartbeats, warm copies, each
 agent's own state directory), or with short data deadlines where a test is about the shared checkpoint
-directory — and checks the loss curve against single-process training (``train_reference``): re-plans keep
-the global batch, so every step's loss is the uninterrupted run's.
+directory — or, where joiners must arrive mid-run, a swarm started by hand with the settings it writes, and
+checks the loss curve against single-process training (``train_reference``): re-plans keep the global
+batch, so every step's loss is the uninterrupted run's.
 A kill fires when the swarm's events say the step before it is done, so on a busy machine the run may
 have moved a step further; the restart steps are checked against what the run wrote, not a fixed number.
 """
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
+
 import pytest
-from agent_helpers import events, is_alive, read_status, run_swarm
+from agent_helpers import (
+    events,
+    is_alive,
+    join_once_planned,
+    read_status,
+    run_agents,
+    run_swarm,
+    sorted_identities,
+)
+from test_untrusted_members import assert_reference
 
 from p2ptrain.config import config_from_dict
 from p2ptrain.net.identity import load_or_create_identity
 from p2ptrain.runtime.checkpoint import saved_stages
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.reference import train_reference
+from p2ptrain.swarm.launcher import SwarmConfig
 
 pytestmark = pytest.mark.integration
+
+HERE = Path(__file__).resolve().parent
 
 FAST = ("--scenario", "none", "--plan", "megatron", "--call-timeout", "8", "--peer-ttl", "6")
 
@@ -116,25 +133,52 @@ def test_losing_every_replica_of_a_stage_falls_back_to_the_last_checkpoint(tmp_p
     assert_no_process_left(tmp_path)
 
 
-@pytest.mark.timeout(450)
+@pytest.mark.timeout(360)
 def test_joiners_take_roles_with_their_replicas_parameters(tmp_path):
-    # enough steps that the joiners (a process start, a DHT, a profile) arrive while the run trains
-    code, summary, stderr = run_swarm(
-        tmp_path, "--agents", "3", "--stages", "3", "--steps", "240", "--join", "3@1", *FAST, timeout_s=420,
-    )  # fmt: skip
-    assert code == 0, stderr[-3000:]
-    assert summary["finished"] and summary["agents"] == 6
-    assert_reference_losses(summary)
-    # the joiners may arrive one by one (a re-plan each); on a busy machine a call may also miss its deadline
-    # (a failure re-plan): either way training ends exact, with every agent holding a stage
-    assert summary["replans"][0]["kind"] == "join" and summary["replans"][0]["start_step"] > 1
-    done = {k: next(e for e in events(tmp_path / f"agent-{k}.events.jsonl") if e["event"] == "done") for k in range(6)}
+    # two agents train two stages; two more start with them but join (``gated_agent.py`` publishes their peer
+    # records) once the first plan is out, so they arrive while the run trains however busy this machine is
+    # (a joiner's own start, seconds of imports and a DHT, raced the run's steps: 240 of them were needed)
+    sorted_identities(tmp_path, 4)  # the joiners sort highest: the leader stays
+    config = SwarmConfig(agents=4, stages=2, steps=80, scenario=None, workdir=str(tmp_path), run="joiners",
+                         strategy="megatron", call_timeout_s=8.0, peer_ttl_s=6.0)  # fmt: skip
+    gated = [sys.executable, str(HERE / "gated_agent.py")]
+
+    agents, codes, train = run_agents(tmp_path, config, {2: gated, 3: gated}, {"membership": {"expect": 2}}, 300,
+                                      on_start=join_once_planned(2, 3))  # fmt: skip
+    assert all(code == 0 for code in codes.values()), codes
+    assert_reference(agents, train)
+    # the joiners may be admitted one by one (a re-plan each); on a busy machine a call may also miss its
+    # deadline (a failure re-plan): either way training ends exact, with every agent holding a stage
+    plans = [e for e in events(agents[0].events.path) if e["event"] == "plan"]
+    assert plans[1]["replan"] == "join" and plans[1]["start_step"] > 1, plans[1]
+    done = {a.index: next(e for e in events(a.events.path) if e["event"] == "done") for a in agents}
     by_stage: dict[int, set[str]] = {}
     for event in done.values():
         by_stage.setdefault(event["stage"], set()).add(event["params_sha256"])
-    assert sorted(by_stage) == [0, 1, 2]  # every agent, joiners too, trained a stage to the end
+    assert sorted(by_stage) == [0, 1]  # every agent, joiners too, trained a stage to the end
     assert all(len(digests) == 1 for digests in by_stage.values()), by_stage  # replicas are bit-identical
-    assert_no_process_left(tmp_path)
+
+
+def test_the_swarm_starts_its_joiners_once_their_step_is_done(tmp_path):
+    # ``p2ptrain swarm --join N@STEP``, the launcher's part (no processes): the joiners start once the step is
+    # done, with the next indices and identities of their own, and the summary's record of joins names them;
+    # the joining itself is the test above
+    from p2ptrain.swarm.launcher import FaultInjector, _prepare_agents, plan_swarm
+    from p2ptrain.swarm.report import SwarmState
+
+    config = SwarmConfig(agents=2, stages=2, steps=10, scenario=None, joins=((2, 3),))
+    state = SwarmState(config, plan_swarm(config)[0], "demo", str(tmp_path), None, 1.0, 1.0,
+                       _prepare_agents(tmp_path, range(2)))  # fmt: skip
+    launched = []
+    faults = FaultInjector(config, None, state, tmp_path, launched.extend)
+    for step in (2, 3):
+        with open(state.agents[0].events.path, "a") as f:
+            f.write(json.dumps({"event": "step", "time": 0.0, "epoch": 0, "step": step}) + "\n")
+        state.agents[0].events.poll()
+        faults.tick()
+        assert [a.index for a in launched] == ([] if step == 2 else [2, 3])
+    assert [a.index for a in state.agents] == [0, 1, 2, 3] and (tmp_path / "agent-3.id").exists()
+    assert [(j["step"], j["agents"]) for j in state.joins] == [(3, [2, 3])]
 
 
 @pytest.mark.timeout(600)
