@@ -1,6 +1,11 @@
 """A rogue peer cannot lead, mislead or poison a run: its records are ignored with a log line each, and the
 swarm trains on the real leader's plan with the single-process losses.
 
+The swarm is the local swarm end to end as a user starts it (``p2ptrain swarm --agents 4 --stages 2 --steps 3``
+on the emulated world-wide network: real agent processes, real DHT, real libp2p on loopback), so this test
+also asserts what a plain run does: 2 pipelines of 2 stages, every agent once, led by the lowest peer ID,
+every step's loss the single-process one (it was test_swarm.py's own swarm).
+
 The rogues are two real DHT nodes (each a DHT process and a p2pd) in this test's process, joined through
 the swarm's bootstrap while the agents start. Rogue A holds an identity that sorts below every agent's, so
 it would lead if its records counted: it publishes a peer record with impossible values (NaN TFLOP/s,
@@ -19,7 +24,7 @@ from pathlib import Path
 
 import msgpack
 import pytest
-from agent_helpers import background_swarm, bootstrap_maddrs, events
+from agent_helpers import assert_no_logging_errors, background_swarm, bootstrap_maddrs, events
 from hivemind.utils import get_dht_time
 
 from p2ptrain import __version__
@@ -132,8 +137,11 @@ def test_rogue_records_are_ignored_and_the_swarm_trains_on_the_real_plan(tmp_pat
             for rogue in rogues:
                 rogue.close()
     assert swarm.returncode == 0, (tmp_path / "swarm.stderr").read_text()[-3000:]
+    assert_no_logging_errors(tmp_path)
 
     summary = json.loads(out)
+    assert summary["finished"] and summary["stages"] == 2 and summary["replicas"] == 2
+    assert len(summary["losses"]) == len(summary["step_time_s"]) == 3
     logs = "\n".join(p.read_text() for p in sorted(tmp_path.glob("*.log")))
     # every rogue record is ignored, each with a line saying why
     assert f"ignoring peers entry from peer {a}: peers record: memory_gb=1e+12 is outside" in logs
@@ -143,13 +151,16 @@ def test_rogue_records_are_ignored_and_the_swarm_trains_on_the_real_plan(tmp_pat
     assert f"DHT refuses an entry under {keys.plan}: subkey is not an owner mark" in logs and "(unsigned entry)" in logs
     assert f"DHT refuses an entry under {keys.peers}: its signature does not match" in logs
 
-    # the real leader planned, everyone followed its plan, and training gave the single-process losses
+    # the real leader (the lowest agent) planned: every agent once, in 2 pipelines of 2 stages; everyone
+    # followed its plan, and training gave the single-process losses
     peers = summary["peers"]
-    assert peers[str(summary["leader"])] == agents[0]
+    assert peers[str(summary["leader"])] == agents[0] == min(peers.values())
+    pipelines = summary["plan"]["pipelines"]
+    assert sorted(a for row in pipelines for a in row) == [0, 1, 2, 3] and all(len(r) == 2 for r in pipelines)
     for pipeline, row in enumerate(summary["plan"]["pipelines"]):
         for stage, index in enumerate(row):
             role = [e for e in events(tmp_path / f"agent-{index}.events.jsonl") if e["event"] == "role"][-1]
             assert (role["stage"], role["replica"], role["leader"]) == (stage, pipeline, agents[0])
     reference = train_reference(config_from_dict(TrainConfig, summary["config"]))
     for got, want in zip(summary["losses"], reference.losses, strict=True):
-        assert abs(got - want) <= 1e-4 * abs(want)
+        assert abs(got - want) <= 1e-4 * abs(want), (summary["losses"], reference.losses)
