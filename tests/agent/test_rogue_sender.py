@@ -1,10 +1,12 @@
 """A peer outside the run cannot stall it through the agents' receive buffers.
 
-A real local swarm (4 agents, loopback, 100 steps: long enough for the attack to start) trains while ``rogue_sender.py`` — a real identity on the run's DHT,
-real libp2p streams — trickles four 256 MiB announcements into every agent and floods each with 1 MiB
-messages every second. Every one of its messages is refused on the header (it is in no plan and publishes
-no peer record), no honest message is refused, nothing is re-planned, and the losses are the single-process
-ones. (The run time beside a clean run: ``python benchmarks/rogue.py``.)
+A real local swarm (4 agents, loopback, 40 steps) trains while ``rogue_sender.py`` — a real identity on the
+run's DHT, real libp2p streams — trickles four 256 MiB announcements into every agent and floods each with
+1 MiB messages every second. It starts with the agents and attacks each as soon as its peer record is out,
+so the attack is on before the first plan (on this machine under load: the first refusal 10 s before it).
+Every one of its messages is refused on the header (it is in no plan and publishes no peer record), no
+honest message is refused, nothing is re-planned, and the losses are the single-process ones. (The run
+time beside a clean run: ``python benchmarks/rogue.py``.)
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ RUN = "rogue-sender-test"
 def test_a_non_member_flooding_and_trickling_tensors_is_refused_and_training_goes_on(tmp_path):
     rogue_out = ""
     with background_swarm(tmp_path, "--run", RUN, "--scenario", "none", "--agents", "4", "--stages", "2",
-                          "--steps", "100") as swarm:  # fmt: skip
+                          "--steps", "40") as swarm:  # fmt: skip
         with open(tmp_path / "rogue.log", "w") as log:
             rogue = subprocess.Popen([sys.executable, str(HERE / "rogue_sender.py"), RUN, *bootstrap_maddrs(tmp_path)],
                                      stdout=subprocess.PIPE, stderr=log, text=True)  # fmt: skip
