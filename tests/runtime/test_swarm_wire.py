@@ -1,8 +1,14 @@
-"""The runtime's settings through real agents: a swarm (real DHT, real libp2p, loopback) with 1F1B and the
-overlapped all-reduce trains to the single-process losses; with an int8 wire it finishes close to them."""
+"""The runtime's settings through real agents: a swarm (real DHT, real libp2p, loopback) told to train with an
+int8 wire, 1F1B and the overlapped all-reduce finishes close to the single-process losses, not on them.
+
+The exact wire with the same schedule is checked in real worker processes
+(``test_distributed.py::test_distributed_losses_equal_single_process[2x2-1f1b-buckets]``), and agents train to
+the exact losses in every swarm of ``tests/agent``: the agent hands its settings to the runtime's executor and
+knows no schedule or wire itself."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -34,16 +40,12 @@ def swarm(workdir, *args, timeout_s=240):
     return json.loads(stdout)
 
 
-@pytest.mark.timeout(600)
-def test_agents_with_1f1b_and_compressed_wires(tmp_path):
-    summary = swarm(tmp_path / "fp32", "--schedule", "1f1b", "--overlap")
+@pytest.mark.timeout(360)
+def test_agents_with_1f1b_and_an_int8_wire(tmp_path):
+    summary = swarm(tmp_path, "--schedule", "1f1b", "--overlap", "--wire", "int8")
     cfg = config_from_dict(TrainConfig, summary["config"])
-    assert (cfg.wire, cfg.schedule, cfg.overlap) == ("fp32", "1f1b", True)
-    reference = train_reference(cfg)
-    for got, want in zip(summary["losses"], reference.losses, strict=True):
-        assert abs(got - want) <= 1e-4 * abs(want), (summary["losses"], reference.losses)
-
-    summary = swarm(tmp_path / "int8", "--schedule", "1f1b", "--wire", "int8")
-    assert summary["finished"] and config_from_dict(TrainConfig, summary["config"]).wire == "int8"
+    assert summary["finished"] and (cfg.wire, cfg.schedule, cfg.overlap) == ("int8", "1f1b", True)
+    reference = train_reference(dataclasses.replace(cfg, wire="fp32"))
     for got, want in zip(summary["losses"], reference.losses, strict=True):
         assert abs(got - want) <= 0.02 * abs(want), (summary["losses"], reference.losses)
+    assert summary["losses"] != reference.losses  # the int8 wire was used: close, not equal
