@@ -1,14 +1,18 @@
 """Exactness on tokenized data: S × D real worker processes on a prepared BPE dataset (memory-mapped shards)
-give the single-process losses, and the replicas stay identical."""
+give the single-process losses and validation loss, and the replicas stay identical."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
+from p2ptrain.cli import main
 from p2ptrain.model.prepare import PrepareConfig, prepare_dataset
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.launcher import train_distributed
@@ -20,37 +24,31 @@ WORDS = "wind over the harbour moved the boats and the gulls cried above the mar
 
 
 @pytest.mark.timeout(300)
-def test_distributed_on_a_prepared_bpe_dataset_equals_single_process(tmp_path):
+def test_train_cli_on_a_prepared_bpe_dataset_trains_and_evaluates_a_distributed_run_like_a_single_process_one(
+        tmp_path, monkeypatch):
+    """``p2ptrain train --stages 2 --replicas 2`` on several shards (training windows straddle them): the
+    single-process losses step by step, replicas identical, and the validation loss of the end state."""
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # the command sets it; keep this process's env
     rng = np.random.default_rng(2)
     (tmp_path / "corpus.jsonl").write_text("".join(
         json.dumps({"text": " ".join(rng.choice(WORDS, size=400))}) + "\n" for _ in range(30)))
     prepare_dataset(PrepareConfig(str(tmp_path / "corpus.jsonl"), str(tmp_path / "data"), train_tokenizer=300,
                                   shard_tokens=2000))  # several shards: windows straddle them
-    cfg = TrainConfig(steps=6, stages=2, replicas=2, global_batch_size=8, micro_batches=2, num_threads=1,
-                      seq_len=32, data=str(tmp_path / "data"))
-    assert cfg.shape.vocab_size > 256  # the tokenizer's vocabulary, not the preset's bytes
-    result = train_distributed(cfg, workdir=str(tmp_path / "work"))
-    reference = train_reference(dataclasses.replace(cfg, stages=1, replicas=1))
-    assert len(result.losses) == cfg.steps and result.replicas_identical
-    for got, want in zip(result.losses, reference.losses, strict=True):
-        assert abs(got - want) <= 1e-4 * abs(want), (result.losses, reference.losses)
-
-
-@pytest.mark.timeout(300)
-def test_train_cli_evaluates_a_distributed_run_like_a_single_process_one(tmp_path):
-    import subprocess
-    import sys
-
-    (tmp_path / "corpus.txt").write_text(" ".join(np.random.default_rng(3).choice(WORDS, size=6000)))
-    prepare_dataset(PrepareConfig(str(tmp_path / "corpus.txt"), str(tmp_path / "data"), train_tokenizer=300))
-    flags = ["train", "--data", str(tmp_path / "data"), "--steps", "3", "--eval-every", "3", "--seq-len", "32",
-             "--batch-size", "8", "--threads", "1", "--json"]
-    runs = [json.loads(subprocess.run([sys.executable, "-m", "p2ptrain", *flags, *extra], capture_output=True,
-                                      text=True, timeout=240, check=True).stdout)
-            for extra in ([], ["--stages", "2"])]
-    (single_step, single), (split_step, split) = runs[0]["val_losses"][-1], runs[1]["val_losses"][-1]
-    assert single_step == split_step == 3 and abs(single - split) <= 1e-4 * single
-    assert runs[1]["tokens_per_s"] > 0 and runs[1]["mfu"] is not None
+    assert len(list((tmp_path / "data").glob("*.bin"))) > 2, sorted(p.name for p in (tmp_path / "data").iterdir())
+    flags = ["train", "--data", str(tmp_path / "data"), "--steps", "6", "--eval-every", "6", "--seq-len", "32",
+             "--batch-size", "8", "--micro-batches", "2", "--threads", "1", "--json"]
+    single = CliRunner().invoke(main, ["-q", *flags], catch_exceptions=False)
+    assert single.exit_code == 0, single.output
+    single = json.loads(single.stdout)
+    split = json.loads(subprocess.run([sys.executable, "-m", "p2ptrain", *flags, "--stages", "2", "--replicas", "2"],
+                                      capture_output=True, text=True, timeout=240, check=True).stdout)
+    assert split["config"]["vocab_size"] > 256  # the tokenizer's vocabulary, not the preset's bytes
+    assert len(split["losses"]) == 6 and split["replicas_identical"] is True
+    for got, want in zip(split["losses"], single["losses"], strict=True):
+        assert abs(got - want) <= 1e-4 * abs(want), (split["losses"], single["losses"])
+    (single_step, single_val), (split_step, split_val) = single["val_losses"][-1], split["val_losses"][-1]
+    assert single_step == split_step == 6 and abs(single_val - split_val) <= 1e-4 * single_val
+    assert split["tokens_per_s"] > 0 and split["mfu"] is not None
 
 
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(),
