@@ -121,26 +121,6 @@ def test_the_installed_command_prints_exactly_one_json_document_on_stdout():
     assert "step 3/3" in process.stderr
 
 
-@pytest.mark.integration
-@pytest.mark.timeout(180)
-def test_stages_and_replicas_run_workers_and_match_single_process(tmp_path):
-    """`p2ptrain train --stages 2 --replicas 2 --json`: worker processes, the single-process losses."""
-    flags = ["--steps", "3", "--batch-size", "8", "--micro-batches", "2", "--threads", "1"]
-    single = json.loads(invoke(*flags, "--json").stdout)
-    process = subprocess.run(
-        [sys.executable, "-m", "p2ptrain", "train", *flags, "--stages", "2", "--replicas", "2",
-         "--workdir", str(tmp_path), "--json"],
-        capture_output=True, text=True, timeout=170,
-    )
-    assert process.returncode == 0, process.stderr
-    document = json.loads(process.stdout)
-    assert document["replicas_identical"] is True
-    assert len(document["step_time_s"]) == 3
-    for got, want in zip(document["losses"], single["losses"], strict=True):
-        assert abs(got - want) <= 1e-4 * abs(want)
-    assert sorted(p.name for p in tmp_path.glob("*.log")) == [f"worker-{s}-{r}.log" for s in (0, 1) for r in (0, 1)]
-
-
 def test_emulation_flags_need_a_plan():
     result = invoke("--scenario", "worldwide")
     assert result.exit_code == 2 and "go with --plan" in result.stderr
@@ -148,9 +128,10 @@ def test_emulation_flags_need_a_plan():
 
 @pytest.mark.integration
 @pytest.mark.timeout(180)
-def test_a_plan_on_an_emulated_network_trains_the_single_process_losses(tmp_path):
-    """`p2ptrain plan --json` then `p2ptrain train --plan FILE --scenario worldwide`: emulated links change
-    timing only, never what is computed."""
+def test_a_plan_on_an_emulated_network_runs_workers_and_trains_the_single_process_losses(tmp_path):
+    """`p2ptrain plan --json` then `p2ptrain train --plan FILE --scenario worldwide --workdir DIR --json`: the
+    plan's 2 stages × 2 replicas as worker processes (logs in DIR), replicas identical after every step;
+    emulated links change timing only, never what is computed."""
     plan = subprocess.run([sys.executable, "-m", "p2ptrain", "plan", "--scenario", "worldwide", "--devices", "4",
                            "--stages", "2", "--json"], capture_output=True, text=True, timeout=60)
     assert plan.returncode == 0, plan.stderr
@@ -159,11 +140,16 @@ def test_a_plan_on_an_emulated_network_trains_the_single_process_losses(tmp_path
     single = json.loads(invoke(*flags, "--json").stdout)
     process = subprocess.run(
         [sys.executable, "-m", "p2ptrain", "train", *flags, "--plan", str(tmp_path / "plan.json"),
-         "--scenario", "worldwide", "--time-scale", "0.01", "--size-factor", "0.001", "--json"],
+         "--scenario", "worldwide", "--time-scale", "0.01", "--size-factor", "0.001", "--workdir",
+         str(tmp_path / "work"), "--json"],
         capture_output=True, text=True, timeout=170,
     )
     assert process.returncode == 0, process.stderr
     assert "emulating worldwide (4 devices): time scale 0.01, size factor 0.001" in process.stderr
     document = json.loads(process.stdout)
+    assert (document["stages"], document["replicas"], document["replicas_identical"]) == (2, 2, True)
+    assert len(document["step_time_s"]) == 3
     for got, want in zip(document["losses"], single["losses"], strict=True):
         assert abs(got - want) <= 1e-4 * abs(want)
+    logs = sorted(p.name for p in (tmp_path / "work").glob("*.log"))
+    assert logs == [f"worker-{s}-{r}.log" for s in (0, 1) for r in (0, 1)]
