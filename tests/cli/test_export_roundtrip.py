@@ -10,7 +10,9 @@ import sys
 import numpy as np
 import pytest
 import torch
+from click.testing import CliRunner
 
+from p2ptrain.cli import main
 from p2ptrain.export import build_model, export_checkpoint, gather_checkpoint
 from p2ptrain.model.stage import stage_state_dict
 from p2ptrain.runtime.checkpoint import PARAM, save_stage
@@ -66,9 +68,11 @@ def test_exported_model_gives_our_logits_in_transformers(trained):
 
 def test_generate_samples_from_the_checkpoint(trained):
     root, _ = trained
-    args = ("generate", str(root / "ckpt"), "--data", str(root / "data"), "--prompt", "the keeper", "--tokens", "12")
-    first, again = p2ptrain(*args).stdout, p2ptrain(*args).stdout
-    assert first.startswith("the keeper") and len(first) > len("the keeper") and first == again  # seeded
+    args = ["generate", str(root / "ckpt"), "--data", str(root / "data"), "--prompt", "the keeper", "--tokens", "12"]
+    first, again = (CliRunner().invoke(main, args, catch_exceptions=False) for _ in range(2))
+    assert first.exit_code == again.exit_code == 0, first.output
+    assert first.stdout.startswith("the keeper") and len(first.stdout) > len("the keeper\n")
+    assert first.stdout == again.stdout  # seeded: the second draw is the first again
 
 
 def test_stages_of_any_split_gather_into_the_same_export(trained, tmp_path):
@@ -86,10 +90,14 @@ def test_stages_of_any_split_gather_into_the_same_export(trained, tmp_path):
 
 
 def test_bad_checkpoints_are_refused_in_one_line(tmp_path):
+    """One real process (what a user sees on stderr), the other refusals in this one."""
     (tmp_path / "empty").mkdir()
-    for args in (["export", str(tmp_path / "empty"), str(tmp_path / "out")],
-                 ["export", str(tmp_path / "missing"), str(tmp_path / "out")],
+    done = subprocess.run([sys.executable, "-m", "p2ptrain", "export", str(tmp_path / "empty"), str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    errors = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+    assert done.returncode == 2 and len(errors) == 1 and "Traceback" not in done.stderr, done.stderr
+    for args in (["export", str(tmp_path / "missing"), str(tmp_path / "out")],
                  ["generate", str(tmp_path / "empty"), "--prompt", "x"]):
-        done = subprocess.run([sys.executable, "-m", "p2ptrain", *args], capture_output=True, text=True, timeout=120)
-        errors = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
-        assert done.returncode == 2 and len(errors) == 1 and "Traceback" not in done.stderr, done.stderr
+        result = CliRunner().invoke(main, args, catch_exceptions=False)  # anything but a click error raises here
+        errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+        assert result.exit_code == 2 and len(errors) == 1, result.output
