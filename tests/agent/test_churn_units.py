@@ -3,6 +3,9 @@ churn fields of the records, and the state a trainer keeps and sends (over a rea
 
 from __future__ import annotations
 
+import time
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -289,3 +292,33 @@ def test_a_state_sent_over_the_transport_arrives_whole():
             future.result(timeout=20)
     assert got.keys() == state.keys()
     assert all(torch.equal(got[k], state[k]) for k in state)
+
+
+@pytest.mark.timeout(60)
+def test_a_receiver_that_never_takes_up_the_plan_is_the_one_a_refused_hand_over_blames():
+    from p2ptrain.agent.churn.stage_state import REFUSED_BLAME_S
+    from p2ptrain.agent.epoch import blamed_peer
+    from p2ptrain.errors import MessageRejected, PeerFailed
+    from p2ptrain.net.transport.endpoint import Transport
+
+    cfg, module, optimizer = trained_stage(2)
+    state = state_tensors(module, optimizer)
+    with Transport("churn") as sender, Transport("churn", initial_peers=sender.visible_maddrs) as receiver:
+        me, it = str(sender.peer_id), str(receiver.peer_id)
+        plan = SimpleNamespace(membership=(me, it))  # what ``blamed_peer`` reads of a plan (transports' IDs are not RSA)
+        receiver.set_window("churn", 0, 0)  # it never took up epoch 2: every part is refused as too far ahead
+        futures = send_state(sender, it, "churn", 2, 2, state, module, timeout_s=30)
+        time.sleep(REFUSED_BLAME_S + 1.0)  # refused that long ...
+        sender.abort_epoch(2, "peer X failed the epoch")  # ... until a third peer's failure aborts our epoch
+        errors = [f.exception(timeout=20) for f in futures]
+        assert all(isinstance(e, MessageRejected) and "too far ahead" in str(e) for e in errors), errors
+        assert {blamed_peer(e, plan) for e in errors} == {it}  # not nobody, as the abort alone would say
+
+        # refused only a moment before the abort: an honest receiver still halting its last epoch, not blamed
+        receiver.set_window("churn", 1, 0)
+        futures = send_state(sender, it, "churn", 3, 2, state, module, timeout_s=30)
+        time.sleep(0.5)
+        sender.abort_epoch(3, "peer X failed the epoch")
+        errors = [f.exception(timeout=20) for f in futures]
+        assert all(isinstance(e, PeerFailed) for e in errors), errors
+        assert {blamed_peer(e, plan) for e in errors} == {None}

@@ -21,7 +21,7 @@ from concurrent.futures import Future
 
 import torch
 
-from p2ptrain.errors import MessageRejected
+from p2ptrain.errors import MessageRejected, PeerFailed
 from p2ptrain.net.transport.endpoint import Transport
 from p2ptrain.net.transport.messages import MessageKind, Refusal, Tag
 from p2ptrain.runtime.allreduce import flatten, shard_bounds
@@ -30,6 +30,9 @@ from p2ptrain.runtime.checkpoint import ADAM_KEYS, PARAM, state_names, state_ten
 logger = logging.getLogger(__name__)
 
 PART_NUMEL = 16 << 20  # 64 MiB of float32 per message
+# A receiver refusing a hand-over this long, until the epoch is aborted, is blamed for it (``_Refusals``): an
+# honest one takes up a new plan within a poll or two of halting its last epoch.
+REFUSED_BLAME_S = 2.0
 
 
 class StateKeeper:
@@ -170,17 +173,25 @@ def send_state(
 def _send_retrying(transport: Transport, peer: str, tag: Tag, tensor: torch.Tensor, timeout_s: float) -> Future:
     result: Future = Future()
     deadline = time.monotonic() + timeout_s
+    refusals = _Refusals()
 
     def attempt() -> None:
-        future = transport.send_async(peer, tag, tensor, max(0.1, deadline - time.monotonic()))
+        try:
+            future = transport.send_async(peer, tag, tensor, max(0.1, deadline - time.monotonic()))
+        except Exception as e:  # a transport shut down under us: the hand-over fails, the epoch halts on it
+            result.set_exception(e)
+            return
 
         def done(f: Future) -> None:
             error = f.exception()
-            if isinstance(error, MessageRejected) and error.code == Refusal.REFUSED and time.monotonic() < deadline - 0.5:
-                logger.info("peer %s refused %s (%s); sending again", peer, tag, error)
-                threading.Timer(0.25, attempt).start()  # not on the transport's loop thread
-            elif error is not None:
-                result.set_exception(error)
+            if isinstance(error, MessageRejected) and error.code == Refusal.REFUSED:
+                refusals.note(error)
+                if time.monotonic() < deadline - 0.5:
+                    logger.info("peer %s refused %s (%s); sending again", peer, tag, error)
+                    threading.Timer(0.25, attempt).start()  # not on the transport's loop thread
+                    return
+            if error is not None:
+                result.set_exception(refusals.blame(peer, tag, error))
             else:
                 result.set_result(None)
 
@@ -188,6 +199,27 @@ def _send_retrying(transport: Transport, peer: str, tag: Tag, tensor: torch.Tens
 
     attempt()
     return result
+
+
+class _Refusals:
+    """The refusals one hand-over met. A receiver that refused every attempt for ``REFUSED_BLAME_S`` or more
+    (too far ahead: it never took up the plan that names it), until our epoch was aborted for something
+    else, is the peer our halt blames (``epoch.blamed_peer``): our epoch waited on it alone."""
+
+    def __init__(self) -> None:
+        self.first: float | None = None
+        self.last: float | None = None
+        self.why: MessageRejected | None = None
+
+    def note(self, error: MessageRejected) -> None:
+        self.last, self.why = time.monotonic(), error
+        self.first = self.first if self.first is not None else self.last
+
+    def blame(self, peer: str, tag: Tag, error: BaseException) -> BaseException:
+        if not isinstance(error, PeerFailed) or self.first is None or self.last - self.first < REFUSED_BLAME_S:
+            return error
+        return MessageRejected(f"peer {peer} refused {tag} for {self.last - self.first:.1f} s until the epoch was "
+                               f"aborted ({error}); last: {self.why}", peer=peer, code=Refusal.REFUSED)
 
 
 def recv_state(
