@@ -116,6 +116,7 @@ class LinksConfig:
     min_rounds: int = 1
     ewma_weight: float = 0.3  # weight of a new measurement in the smoothed estimate
     round_pause_s: float = 2.0  # pause between rounds
+    refresh_s: float = 120.0  # a link measured well enough is measured again after this long (probes cost bandwidth)
     settle_s: float = 2.0  # after first seeing a peer, wait this long before probing it (see links.py)
     connect_timeout_s: float = 10.0
     pause_wait_s: float = 3.0  # training waits at most this long for a measurement in progress (a dead peer's ends late)
@@ -123,7 +124,7 @@ class LinksConfig:
     def __post_init__(self) -> None:
         if self.min_rounds < 1 or not 0 < self.ewma_weight <= 1:
             raise ConfigError("links.min_rounds must be >= 1 and links.ewma_weight in (0, 1]")
-        for name in ("round_pause_s", "settle_s"):
+        for name in ("round_pause_s", "settle_s", "refresh_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"links.{name} must be >= 0")
         if not self.connect_timeout_s > 0 or self.pause_wait_s < 0:

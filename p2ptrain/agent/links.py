@@ -9,6 +9,11 @@ agreed (``LinkEstimate.agreed``), or, on a machine too busy for that, after one 
 guess (it is replaced once an agreed one comes). The row is
 re-published whenever it changes. A failed measurement is logged and retried next round.
 
+A round measures only the peers that are due: not yet measured well enough (``min_rounds`` agreed
+measurements, or one more than that as a best guess), or last measured ``refresh_s`` ago. A swarm whose
+links are known idles instead of probing without end: on a home uplink each probe's transfers would
+compete with everything else, and on one machine the probes of a waiting swarm took a core.
+
 ``pause()`` stops probing (training traffic must not queue behind probes on the same links): a
 measurement in progress ends after its current round trip, without a result; ``resume()`` starts again (a
 later membership change needs fresh rows).
@@ -19,6 +24,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable, Iterable
 
 from p2ptrain.agent.config import LinksConfig
@@ -44,6 +50,7 @@ class LinkProber:
         self.table = LinkTable(config.ewma_weight)
         self.rounds: dict[str, int] = {}  # measurements per peer whose samples agreed
         self.attempts: dict[str, int] = {}  # measurements per peer, agreed or not
+        self.measured_at: dict[str, float] = {}  # when each peer was last measured (monotonic)
         self._on_publish = on_publish
         self._rng = rng or random.Random()
         self._peers: tuple[str, ...] = ()
@@ -100,11 +107,11 @@ class LinkProber:
     def _run(self) -> None:
         while True:
             with self._wake:
-                while not self._stopped and (self._paused or not self._peers):
-                    self._wake.wait()
+                while not self._stopped and (self._paused or not self._due()):
+                    self._wake.wait(self._until_due())
                 if self._stopped:
                     return
-                peers = list(self._peers)
+                peers = self._due()
             self._rng.shuffle(peers)
             for peer in peers:
                 if not self._measure(peer):
@@ -112,6 +119,22 @@ class LinkProber:
                 self._publish()
             with self._wake:
                 self._wake.wait_for(lambda: self._stopped, timeout=self.config.round_pause_s)
+
+    def _due(self) -> list[str]:
+        """The peers this round measures (module docstring); call with the lock held."""
+        now = time.monotonic()
+        return [p for p in self._peers if self._settled_at(p) is None or now >= self._settled_at(p)]
+
+    def _settled_at(self, peer: str) -> float | None:
+        """When ``peer`` is due again, None while it still needs measuring."""
+        enough = self.rounds.get(peer, 0) >= self.config.min_rounds or self.attempts.get(peer, 0) > self.config.min_rounds
+        return self.measured_at[peer] + self.config.refresh_s if enough and peer in self.measured_at else None
+
+    def _until_due(self) -> float | None:
+        """Seconds until the next peer is due (None: none is, or we are paused, until woken)."""
+        if self._paused or not self._peers:
+            return None
+        return max(0.0, min(self._settled_at(p) or 0.0 for p in self._peers) - time.monotonic())
 
     def _measure(self, peer: str) -> bool:
         """Measure one link unless stopped, paused or the peer is gone; False once stopped."""
@@ -137,6 +160,7 @@ class LinkProber:
         if estimate is None:  # paused or stopped midway
             return True
         self.table.update(peer, estimate)
+        self.measured_at[peer] = time.monotonic()
         self.attempts[peer] = self.attempts.get(peer, 0) + 1
         if estimate.agreed:
             self.rounds[peer] = self.rounds.get(peer, 0) + 1

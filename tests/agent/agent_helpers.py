@@ -155,7 +155,7 @@ def run_agents(workdir: Path, config, commands: dict, overrides: dict, timeout_s
         for agent in honest:
             child = group.children[agent.name]
             while child.poll() is None and time.monotonic() < deadline:
-                time.sleep(1.0)
+                time.sleep(0.2)
         codes = {a.name: group.children[a.name].poll() for a in honest}
         if any(code != 0 for code in codes.values()):
             print("\n".join(f"--- {a.name}\n{tail(a.log_path, 40)}" for a in agents))

@@ -7,9 +7,11 @@ fake measurements."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import queue
 import random
+import time
 
 import base58
 import numpy as np
@@ -59,9 +61,17 @@ def test_the_prober_publishes_a_peer_once_measured_and_a_disagreeing_one_after_a
         row = rows.get(timeout=10)  # its second, still disagreeing: a best guess, replacing the first
         assert row[fast].latency_ms == pytest.approx(10.0) and row[fast].bandwidth_gbps == pytest.approx(1.0)
         assert row[slow] == LinkMeasurement(55.0, 0.09)
+        time.sleep(0.5)  # ten round pauses: links known well enough are not probed again before refresh_s
+        assert calls == {fast: 1, slow: 2}
+        prober.config = dataclasses.replace(prober.config, refresh_s=0.2)
+        prober.set_peers([fast])  # the round that drops the slow peer from the row wakes the prober
+        deadline = time.monotonic() + 10
+        while calls[fast] < 3 and time.monotonic() < deadline:  # refreshed every 0.2 s from now on
+            time.sleep(0.05)
+        assert calls[fast] >= 3 and calls[slow] == 2
     finally:
         prober.stop(timeout_s=10)
-    assert board.rows[-1].resolve([fast, slow]) == row
+    assert board.rows[-1].resolve([fast]) == {fast: LinkMeasurement(10.0, 1.0)}
 
 
 def links(summary: dict) -> tuple[np.ndarray, np.ndarray]:
