@@ -100,9 +100,12 @@ class LinkProber:
         return {
             p: LinkMeasurement(estimates[p].latency_ms, estimates[p].bandwidth_gbps)
             for p in peers
-            if p in estimates and (self.rounds.get(p, 0) >= self.config.min_rounds
-                                   or self.attempts.get(p, 0) > self.config.min_rounds)  # fmt: skip
+            if p in estimates and self._enough(p)
         }
+
+    def _enough(self, peer: str) -> bool:
+        """Measured well enough to publish: ``min_rounds`` agreed measurements, or one more as a best guess."""
+        return self.rounds.get(peer, 0) >= self.config.min_rounds or self.attempts.get(peer, 0) > self.config.min_rounds
 
     def _run(self) -> None:
         while True:
@@ -127,8 +130,7 @@ class LinkProber:
 
     def _settled_at(self, peer: str) -> float | None:
         """When ``peer`` is due again, None while it still needs measuring."""
-        enough = self.rounds.get(peer, 0) >= self.config.min_rounds or self.attempts.get(peer, 0) > self.config.min_rounds
-        return self.measured_at[peer] + self.config.refresh_s if enough and peer in self.measured_at else None
+        return self.measured_at[peer] + self.config.refresh_s if self._enough(peer) and peer in self.measured_at else None
 
     def _until_due(self) -> float | None:
         """Seconds until the next peer is due (None: none is, or we are paused, until woken)."""
