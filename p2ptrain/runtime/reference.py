@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -94,22 +93,11 @@ def torch_settings(num_threads: int | None, deterministic: bool) -> Iterator[Non
     try:
         if num_threads is not None:
             torch.set_num_threads(num_threads)
-        set_deterministic(deterministic, warn_only=True)
+        torch.use_deterministic_algorithms(deterministic, warn_only=True)
         yield
     finally:
         torch.set_num_threads(previous_threads)
-        set_deterministic(previous_mode[0], warn_only=previous_mode[1])
-
-
-def set_deterministic(mode: bool, warn_only: bool) -> None:
-    """``torch.use_deterministic_algorithms``, without importing torch.compile's inductor first to set its
-    flag too (about 1 s of every agent's and worker's start, for a compiler p2ptrain does not use); once
-    inductor is loaded, the public call keeps its flag in step."""
-    set_flag = getattr(torch._C, "_set_deterministic_algorithms", None)  # noqa: SLF001 - what the public call sets
-    if set_flag is None or "torch._inductor.config" in sys.modules:
-        torch.use_deterministic_algorithms(mode, warn_only=warn_only)
-    else:
-        set_flag(mode, warn_only=warn_only)
+        torch.use_deterministic_algorithms(previous_mode[0], warn_only=previous_mode[1])
 
 
 def build_data(cfg: TrainConfig) -> TrainData:
