@@ -102,16 +102,7 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
-    """The tables of a TOML file (to merge flags into before ``config_from_dict``); one-line ConfigError.
-    ``-`` reads standard input to its end (the local swarm hands agents their configs so)."""
-    if str(path) == "-":
-        text = sys.stdin.buffer.read()
-        if not text.strip():
-            raise ConfigError("standard input ended without a config (--config -)")
-        try:
-            return tomllib.loads(text.decode())
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-            raise ConfigError(f"the config on standard input is not valid TOML: {e}") from None
+    """The tables of a TOML file (to merge flags into before ``config_from_dict``); one-line ConfigError."""
     path = Path(path)
     try:
         with path.open("rb") as f:

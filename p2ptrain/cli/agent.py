@@ -21,9 +21,7 @@ from p2ptrain.planning.model_shapes import MODEL_PRESETS
 
 
 @click.command(name="agent")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False, allow_dash=True),
-              help="TOML config (flags override it); '-' reads it from stdin (after the imports: the local swarm "
-                   "starts agents while its bootstrap starts).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="TOML config (flags override it).")
 @click.option("--initial-peers", multiple=True, help="The bootstrap's address line (full multiaddrs with /p2p/).")
 @click.option("--run", "run_id", help="Run name shared by every agent of the run.  [default: demo]")
 @click.option("--stages", type=click.IntRange(min=1), help="Pipeline stages.  [default: 1]")
@@ -67,9 +65,6 @@ def command(config_path: str | None, initial_peers: tuple[str, ...], run_id: str
             events_file: str | None) -> None:  # fmt: skip
     """Join a run through --initial-peers, profile, elect a leader, plan and train."""
     from p2ptrain.config import config_from_dict, read_toml
-
-    if config_path == "-":
-        import p2ptrain.agent.agent  # noqa: F401 - the heavy imports (torch, hivemind) while the config is made
 
     data = read_toml(config_path) if config_path else {}
     flags = {

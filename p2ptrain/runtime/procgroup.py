@@ -53,27 +53,6 @@ class Child:
     def poll(self) -> int | None:
         return self.popen.poll()
 
-    def feed(self, data: bytes) -> None:
-        """Write ``data`` to the child's standard input (``start(..., stdin_pipe=True)``) and close it; a child
-        that already exited is not an error here (its exit code tells)."""
-        pipe = self.popen.stdin
-        if pipe is None or pipe.closed:
-            raise ValueError(f"{self.name} has no open standard input to feed")
-        try:
-            pipe.write(data)
-        except (BrokenPipeError, OSError) as e:
-            logger.debug("%s did not take its standard input (%s)", self.name, e)
-        finally:
-            self.close_stdin()
-
-    def close_stdin(self) -> None:
-        pipe = self.popen.stdin
-        if pipe is not None and not pipe.closed:
-            try:
-                pipe.close()
-            except OSError:  # a child gone before reading: the flush of what it never read fails
-                pass
-
 
 class ProcessGroup:
     """A set of named child processes, each in its own session, all stopped and reaped on exit."""
@@ -91,10 +70,8 @@ class ProcessGroup:
         env: Mapping[str, str] | None = None,
         cwd: Path | None = None,
         stdout_path: Path | None = None,
-        stdin_pipe: bool = False,
     ) -> Child:
-        """Start ``argv`` as child ``name``; stderr goes to ``log_path`` (stdout too unless ``stdout_path``);
-        with ``stdin_pipe`` its standard input is a pipe for ``Child.feed``, otherwise empty."""
+        """Start ``argv`` as child ``name``; stderr goes to ``log_path`` (stdout too unless ``stdout_path``)."""
         if name in self.children:
             raise ValueError(f"a child called {name!r} is already running")
         log_file = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
@@ -102,7 +79,7 @@ class ProcessGroup:
         try:
             popen = subprocess.Popen(
                 list(argv),
-                stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
+                stdin=subprocess.DEVNULL,
                 stdout=out_file,
                 stderr=log_file,
                 env=dict(env) if env is not None else None,
@@ -172,7 +149,6 @@ class ProcessGroup:
     def stop(self, name: str, grace_s: float | None = None) -> int | None:
         """SIGTERM the child's group, wait up to the grace period, then SIGKILL; returns the exit code."""
         child = self.children[name]
-        child.close_stdin()  # a child still waiting for its input reads its end and stops
         grace = self.grace_s if grace_s is None else grace_s
         if child.poll() is None:
             _signal_group(child.pid, signal.SIGTERM)
@@ -191,7 +167,6 @@ class ProcessGroup:
     def stop_all(self) -> None:
         # SIGTERM everyone first so shutdowns overlap, then stop one by one.
         for child in self.children.values():
-            child.close_stdin()
             if child.poll() is None:
                 _signal_group(child.pid, signal.SIGTERM)
         for name in list(self.children):

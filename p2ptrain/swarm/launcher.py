@@ -47,7 +47,7 @@ from p2ptrain.net.identity import load_or_create_identity
 from p2ptrain.net.transport.probe import ProbeConfig
 from p2ptrain.planning import PAPER_WORKLOAD, Cluster, load_cluster, parameter_count, scenario
 from p2ptrain.runtime.config import TrainConfig
-from p2ptrain.runtime.procgroup import Child, ProcessGroup, tail
+from p2ptrain.runtime.procgroup import ProcessGroup, tail
 from p2ptrain.swarm.config import AgentProcess, SwarmConfig, SwarmResult
 from p2ptrain.swarm.report import SwarmState, summarize
 
@@ -111,7 +111,7 @@ def run_swarm(
 ) -> SwarmResult:
     """Start the swarm, follow it until every agent is done (or one fails, a deadline passes, or ``stop``),
     stop every process, and summarise. Never leaves a process running. With ``config.monitor_port``, a
-    monitor starts before the agents are given their configs (so it sees the run from its start) and ``on_monitor(url)`` is called
+    monitor starts before the agents (so it sees the run from its start) and ``on_monitor(url)`` is called
     once its page answers; it stops with the swarm."""
     train, network, time_scale, size_factor = plan_swarm(config)
     root = Path(config.workdir or tempfile.mkdtemp(prefix="p2ptrain-swarm-"))
@@ -126,31 +126,22 @@ def run_swarm(
                        time_scale=time_scale, size_factor=size_factor, agents=agents)  # fmt: skip
     with ProcessGroup(grace_s=15.0) as group:
         try:
-            bootstrap = _start_bootstrap(group, root, run)
-            # The agents import torch and hivemind (seconds of CPU each) while the bootstrap starts; each waits
-            # for its config on stdin, which needs the bootstrap's addresses.
-            waiting = [_start_agent(group, agent) for agent in agents]
-            maddrs = _wait_announced(root / "bootstrap.maddrs", bootstrap, "bootstrap", root / "bootstrap.log",
-                                     config.startup_timeout_s, stop).split()  # fmt: skip
+            maddrs = _start_bootstrap(group, root, run, config.startup_timeout_s, stop)
             if config.monitor_port is not None:
                 url = _start_monitor(group, root, run, maddrs, config, train, network is not None,
                                      (time_scale, size_factor), stop)  # fmt: skip
                 if on_monitor is not None:
                     on_monitor(url)
-
-            def configure(agent: AgentProcess, child: Child) -> None:
-                toml = _agent_toml(config, train, run, maddrs, agent, root, cluster_path, time_scale, size_factor)
-                agent.config_path.write_text(toml)  # the record of what it runs with
-                child.feed(toml.encode())
-
             def launch(new: list[AgentProcess]) -> None:
                 for agent in new:
-                    configure(agent, _start_agent(group, agent))
+                    toml = _agent_toml(config, train, run, maddrs, agent, root, cluster_path, time_scale, size_factor)
+                    agent.config_path.write_text(toml)
+                    child = group.start(agent.name, [sys.executable, "-m", "p2ptrain", "agent", "--config",
+                                                     str(agent.config_path)], log_path=agent.log_path)
+                    agent.pid = child.pid
                 _write_status(root, run, group, state.agents)
 
-            for agent, child in zip(agents, waiting, strict=True):
-                configure(agent, child)
-            _write_status(root, run, group, state.agents)
+            launch(agents)
             faults = FaultInjector(config, group, state, root, launch)
             error = _follow(config, group, state, stop, on_update, faults)
         except (TimeoutError, RuntimeError) as e:
@@ -176,20 +167,13 @@ def _prepare_agents(root: Path, indices) -> list[AgentProcess]:
     return agents
 
 
-def _start_bootstrap(group: ProcessGroup, root: Path, run: str) -> Child:
+def _start_bootstrap(group: ProcessGroup, root: Path, run: str, timeout_s: float, stop: StopSignal) -> list[str]:
     announce = root / "bootstrap.maddrs"
     announce.unlink(missing_ok=True)
-    return group.start("bootstrap", [sys.executable, "-m", "p2ptrain", "bootstrap", "--host-maddrs", LOOPBACK,
-                                     "--announce-file", str(announce), "--run-id", run],
-                       log_path=root / "bootstrap.log", stdout_path=root / "bootstrap.out")  # fmt: skip
-
-
-def _start_agent(group: ProcessGroup, agent: AgentProcess) -> Child:
-    """Start ``p2ptrain agent`` reading its config from stdin (``Child.feed``)."""
-    child = group.start(agent.name, [sys.executable, "-m", "p2ptrain", "agent", "--config", "-"],
-                        log_path=agent.log_path, stdin_pipe=True)  # fmt: skip
-    agent.pid = child.pid
-    return child
+    child = group.start("bootstrap", [sys.executable, "-m", "p2ptrain", "bootstrap", "--host-maddrs", LOOPBACK,
+                                      "--announce-file", str(announce), "--run-id", run],
+                        log_path=root / "bootstrap.log", stdout_path=root / "bootstrap.out")  # fmt: skip
+    return _wait_announced(announce, child, "bootstrap", root / "bootstrap.log", timeout_s, stop).split()
 
 
 def _wait_announced(announce: Path, child, name: str, log: Path, timeout_s: float, stop: StopSignal) -> str:

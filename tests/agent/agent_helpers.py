@@ -117,7 +117,7 @@ def run_agents(workdir: Path, config, commands: dict, overrides: dict, timeout_s
                agent_overrides: dict | None = None):
     """A swarm started by hand: a bootstrap and ``config.agents`` agents with the settings ``p2ptrain swarm``
     writes (each table updated from ``overrides``, then agent k's from ``agent_overrides[k]``), agent k running ``commands[k] + [its config file]``
-    where given (a misbehaving peer), ``p2ptrain agent --config -`` otherwise (fed its config on stdin). Waits until every agent without
+    where given (a misbehaving peer), ``p2ptrain agent --config`` otherwise. Waits until every agent without
     a command exited (``on_start(group, agents)`` runs once they are started), then stops the rest.
     Returns (agents, exit codes of the honest ones, train config)."""
     import tomllib
@@ -136,10 +136,6 @@ def run_agents(workdir: Path, config, commands: dict, overrides: dict, timeout_s
         group.start("bootstrap", [sys.executable, "-m", "p2ptrain", "bootstrap", "--host-maddrs",
                                   "/ip4/127.0.0.1/tcp/0", "--announce-file", str(announce), "--run-id", config.run],
                     log_path=workdir / "bootstrap.log")  # fmt: skip
-        # as ``p2ptrain swarm`` does: honest agents import while the bootstrap starts, then read their config
-        early = {a.index: group.start(a.name, [sys.executable, "-m", "p2ptrain", "agent", "--config", "-"],
-                                      log_path=a.log_path, stdin_pipe=True)
-                 for a in agents if a.index not in commands}  # fmt: skip
         wait_for(announce.exists, 90, "the bootstrap's address line")
         maddrs = announce.read_text().split()
         for agent in agents:
@@ -149,10 +145,9 @@ def run_agents(workdir: Path, config, commands: dict, overrides: dict, timeout_s
                 for table, values in changes.items():
                     tables.setdefault(table, {}).update(values)
             agent.config_path.write_text(to_toml(tables))
-            if agent.index in early:
-                early[agent.index].feed(agent.config_path.read_bytes())
-            else:
-                group.start(agent.name, [*commands[agent.index], str(agent.config_path)], log_path=agent.log_path)
+            argv = [*commands.get(agent.index, [sys.executable, "-m", "p2ptrain", "agent", "--config"]),
+                    str(agent.config_path)]  # fmt: skip
+            group.start(agent.name, argv, log_path=agent.log_path)
         if on_start is not None:
             on_start(group, agents)
         deadline = time.monotonic() + timeout_s

@@ -69,12 +69,6 @@ def test_agent_cli_refuses_bad_input_with_one_line_and_exit_2(tmp_path):
     assert result.exit_code == 2 and "unknown config key train.modell" in result.output
     result = CliRunner().invoke(main, ["agent", "--run", "demo"])
     assert result.exit_code == 2 and "initial_peers is empty" in result.output
-    # --config -: the config on stdin (the local swarm's agents), read and checked alike
-    result = CliRunner().invoke(main, ["agent", "--config", "-", "--initial-peers", BOOTSTRAP], input=bad.read_text())
-    assert result.exit_code == 2 and "unknown config key train.modell" in result.output
-    for given, message in [("", "standard input ended without a config"), ("run = [", "not valid TOML")]:
-        result = CliRunner().invoke(main, ["agent", "--config", "-"], input=given)
-        assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output, result.output
 
 
 def test_swarm_writes_agent_configs_that_parse_back(tmp_path):

@@ -50,21 +50,3 @@ def test_wait_all_deadline_names_the_slow_child():
         group.start("slow", [sys.executable, "-c", "import time; time.sleep(30)"])
         with pytest.raises(ChildFailed, match="slow still running"):
             group.wait_all(deadline_s=0.5, tick_s=0.1)
-
-
-@pytest.mark.timeout(60)
-def test_a_child_fed_its_input_later_reads_it_and_one_never_fed_stops_on_its_end(tmp_path):
-    # what `p2ptrain swarm` does with its agents: started before their config exists, fed it once it does
-    echo = [sys.executable, "-c", "import sys; data = sys.stdin.read(); print(repr(data)); sys.exit(0 if data else 5)"]
-    with ProcessGroup(grace_s=20.0) as group:
-        fed = group.start("fed", echo, log_path=tmp_path / "fed.log", stdin_pipe=True)
-        group.start("starved", echo, log_path=tmp_path / "starved.log", stdin_pipe=True)
-        time.sleep(0.2)
-        fed.feed(b"run = 'demo'\n")
-        assert fed.popen.wait(timeout=30) == 0 and "run = 'demo'" in (tmp_path / "fed.log").read_text()
-        started = time.monotonic()
-        # stopped while it waits for its input: the input ends and SIGTERM comes, no wait for the grace period
-        assert group.stop("starved") in (5, -signal.SIGTERM)
-        assert time.monotonic() - started < 15
-        with pytest.raises(ValueError, match="no open standard input"):
-            fed.feed(b"again")
