@@ -11,6 +11,9 @@ Usage::
     with ProcessGroup() as group:
         group.start("worker-0", [sys.executable, "-m", "p2ptrain.runtime.worker", ...], log_path=...)
         group.wait_all(deadline_s=600, on_tick=print_progress)   # raises ChildFailed on the first failure
+
+A group that starts many Python processes of one kind can fork them from a server that imported their
+modules once (``use_fork_server``, then ``start(..., fork=True)``; ``runtime.forkserver``).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from p2ptrain.runtime.forkserver import ForkedProcess, ForkServer
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +47,7 @@ class ChildFailed(RuntimeError):
 @dataclass
 class Child:
     name: str
-    popen: subprocess.Popen
+    popen: subprocess.Popen | ForkedProcess
     log_path: Path | None
     started_at: float = field(default_factory=time.monotonic)
 
@@ -60,6 +65,13 @@ class ProcessGroup:
     def __init__(self, grace_s: float = 10.0):
         self.grace_s = grace_s
         self.children: dict[str, Child] = {}
+        self.fork_server: ForkServer | None = None
+
+    def use_fork_server(self, preload: Sequence[str], log_path: Path | None = None) -> None:
+        """Start a fork server importing ``preload`` now (it imports while this process goes on); children
+        started with ``fork=True`` are forked from it. It ends with the group, after its children."""
+        if self.fork_server is None:
+            self.fork_server = ForkServer(preload, log_path).start()
 
     def start(
         self,
@@ -70,10 +82,17 @@ class ProcessGroup:
         env: Mapping[str, str] | None = None,
         cwd: Path | None = None,
         stdout_path: Path | None = None,
+        fork: bool = False,
     ) -> Child:
-        """Start ``argv`` as child ``name``; stderr goes to ``log_path`` (stdout too unless ``stdout_path``)."""
+        """Start ``argv`` as child ``name``; stderr goes to ``log_path`` (stdout too unless ``stdout_path``).
+        With ``fork`` and a fork server (``use_fork_server``), a Python command is forked from it."""
         if name in self.children:
             raise ValueError(f"a child called {name!r} is already running")
+        if fork and self.fork_server is not None and self.fork_server.can_run(argv):
+            forked = self.fork_server.spawn(argv, stdout_path=stdout_path, stderr_path=log_path, env=env, cwd=cwd)
+            self.children[name] = child = Child(name, forked, log_path)
+            logger.debug("forked %s (pid %d): %s", name, forked.pid, " ".join(argv))
+            return child
         log_file = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
         out_file = open(stdout_path, "wb") if stdout_path else log_file  # noqa: SIM115
         try:
@@ -165,12 +184,14 @@ class ProcessGroup:
         return child.poll()
 
     def stop_all(self) -> None:
-        # SIGTERM everyone first so shutdowns overlap, then stop one by one.
+        # SIGTERM everyone first so shutdowns overlap, then stop one by one; the fork server last.
         for child in self.children.values():
             if child.poll() is None:
                 _signal_group(child.pid, signal.SIGTERM)
         for name in list(self.children):
             self.stop(name)
+        if self.fork_server is not None:
+            self.fork_server.close(self.grace_s)
 
     def __enter__(self) -> ProcessGroup:
         return self

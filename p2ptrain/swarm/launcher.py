@@ -56,6 +56,9 @@ logger = logging.getLogger(__name__)
 PAPER_ACTIVATION_TO_GRADIENT = PAPER_WORKLOAD.activation_gb / PAPER_WORKLOAD.gradient_gb  # c_PP/c_DP ≈ 0.72
 DEFAULT_TIME_SCALE = 0.05  # a scenario's seconds -> emulated seconds
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
+# What an agent process imports (``runtime.forkserver``): the command line and the agent, torch and hivemind,
+# and the parts of torch that deterministic mode and the optimizer load on first use.
+AGENT_MODULES = ("p2ptrain.cli", "p2ptrain.cli.agent", "p2ptrain.agent.agent", "torch._dynamo", "torch._inductor.config")
 
 # Probing on loopback (no emulation): links are fast and alike; small transfers keep the CPU free, and their
 # real jitter is large against them, so samples agree loosely and at most one more transfer is spent on it.
@@ -126,6 +129,9 @@ def run_swarm(
                        time_scale=time_scale, size_factor=size_factor, agents=agents)  # fmt: skip
     with ProcessGroup(grace_s=15.0) as group:
         try:
+            # Agents (and the monitor) are forked from a server that imports their modules once, while the
+            # bootstrap starts: each would otherwise take seconds of CPU to import torch and hivemind.
+            group.use_fork_server(AGENT_MODULES, log_path=root / "forkserver.log")
             maddrs = _start_bootstrap(group, root, run, config.startup_timeout_s, stop)
             if config.monitor_port is not None:
                 url = _start_monitor(group, root, run, maddrs, config, train, network is not None,
@@ -137,7 +143,7 @@ def run_swarm(
                     toml = _agent_toml(config, train, run, maddrs, agent, root, cluster_path, time_scale, size_factor)
                     agent.config_path.write_text(toml)
                     child = group.start(agent.name, [sys.executable, "-m", "p2ptrain", "agent", "--config",
-                                                     str(agent.config_path)], log_path=agent.log_path)
+                                                     str(agent.config_path)], log_path=agent.log_path, fork=True)
                     agent.pid = child.pid
                 _write_status(root, run, group, state.agents)
 
@@ -201,7 +207,7 @@ def _start_monitor(group: ProcessGroup, root: Path, run: str, maddrs: list[str],
                "--tokens-per-step", str(train.global_batch_size * train.shape.seq_len)]  # fmt: skip
     if emulated:
         command += ["--time-scale", repr(factors[0]), "--size-factor", repr(factors[1])]
-    child = group.start("monitor", command, log_path=root / "monitor.log", stdout_path=root / "monitor.out")
+    child = group.start("monitor", command, log_path=root / "monitor.log", stdout_path=root / "monitor.out", fork=True)
     return _wait_announced(announce, child, "monitor", root / "monitor.log", config.startup_timeout_s, stop)
 
 

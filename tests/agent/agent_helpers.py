@@ -123,7 +123,7 @@ def run_agents(workdir: Path, config, commands: dict, overrides: dict, timeout_s
     import tomllib
 
     from p2ptrain.runtime.procgroup import ProcessGroup, tail
-    from p2ptrain.swarm.launcher import _agent_toml, _prepare_agents, plan_swarm, to_toml
+    from p2ptrain.swarm.launcher import AGENT_MODULES, _agent_toml, _prepare_agents, plan_swarm, to_toml
 
     train, network, time_scale, size_factor = plan_swarm(config)
     cluster_path = None
@@ -132,6 +132,7 @@ def run_agents(workdir: Path, config, commands: dict, overrides: dict, timeout_s
         cluster_path.write_text(json.dumps(network.to_dict()))
     agents = _prepare_agents(workdir, range(config.agents))
     with ProcessGroup(grace_s=15.0) as group:
+        group.use_fork_server(AGENT_MODULES, log_path=workdir / "forkserver.log")  # as ``p2ptrain swarm`` does
         announce = workdir / "bootstrap.maddrs"
         group.start("bootstrap", [sys.executable, "-m", "p2ptrain", "bootstrap", "--host-maddrs",
                                   "/ip4/127.0.0.1/tcp/0", "--announce-file", str(announce), "--run-id", config.run],
@@ -147,7 +148,7 @@ def run_agents(workdir: Path, config, commands: dict, overrides: dict, timeout_s
             agent.config_path.write_text(to_toml(tables))
             argv = [*commands.get(agent.index, [sys.executable, "-m", "p2ptrain", "agent", "--config"]),
                     str(agent.config_path)]  # fmt: skip
-            group.start(agent.name, argv, log_path=agent.log_path)
+            group.start(agent.name, argv, log_path=agent.log_path, fork=True)
         if on_start is not None:
             on_start(group, agents)
         deadline = time.monotonic() + timeout_s

@@ -1,0 +1,75 @@
+"""The fork server starts Python processes as Popen would, from one process that imported their modules."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from p2ptrain.runtime.forkserver import ForkedProcess, ForkServer
+from p2ptrain.runtime.procgroup import ProcessGroup
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, os, random, sys
+    import torch
+    print(json.dumps({"argv": sys.argv, "cwd": os.getcwd(), "env": os.environ.get("FORKED_TEST"),
+                      "sid": os.getsid(0) == os.getpid(), "main": __name__, "random": random.random(),
+                      "torch": torch.rand(1).item(), "stdin": sys.stdin.read()}))
+    print("to stderr", file=sys.stderr)
+    sys.exit(int(sys.argv[1]))
+    """
+)
+
+
+@pytest.mark.timeout(120)
+def test_a_forked_script_runs_as_its_own_process_with_our_environment_files_and_exit_code(tmp_path, monkeypatch):
+    script = tmp_path / "child.py"
+    script.write_text(SCRIPT)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.setenv("FORKED_TEST", "as set when spawned")  # after the server started: the call's env counts
+    server = ForkServer(["torch"], log_path=tmp_path / "server.log").start()
+    try:
+        children = [server.spawn([sys.executable, str(script), str(code)], cwd=work, stdout_path=tmp_path / f"out{code}",
+                                 stderr_path=tmp_path / f"err{code}") for code in (0, 3)]  # fmt: skip
+        assert [c.wait(timeout=60) for c in children] == [0, 3]
+        outs = [json.loads((tmp_path / f"out{code}").read_text()) for code in (0, 3)]
+        for code, out in zip((0, 3), outs, strict=True):
+            assert out["argv"] == [str(script), str(code)] and out["main"] == "__main__"
+            assert out["cwd"] == str(work) and out["env"] == "as set when spawned" and out["sid"] and out["stdin"] == ""
+            assert (tmp_path / f"err{code}").read_text() == "to stderr\n"
+        assert outs[0]["random"] != outs[1]["random"] and outs[0]["torch"] != outs[1]["torch"]  # fresh seeds
+
+        # a module, signalled: Popen's negative code; a command it does not run is refused before any fork
+        sleeper = server.spawn([sys.executable, "-m", "http.server", "0"], stderr_path=tmp_path / "http.log")
+        with pytest.raises(subprocess.TimeoutExpired):
+            sleeper.wait(timeout=0.2)
+        os.killpg(sleeper.pid, signal.SIGTERM)  # its own session: the group is the child's
+        assert sleeper.wait(timeout=30) == -signal.SIGTERM
+        with pytest.raises(ValueError, match="runs 'python -m MODULE'"):
+            server.spawn([sys.executable, "-c", "pass"])
+        with pytest.raises(RuntimeError, match="could not start"):
+            server.spawn([sys.executable, str(script), "0"], stdout_path=tmp_path / "no" / "such" / "dir")
+    finally:
+        server.close()
+    assert server._popen.returncode == 0  # noqa: SLF001 - it ended on its own once its input did
+
+
+@pytest.mark.timeout(120)
+def test_a_group_forks_python_children_and_starts_other_commands_as_before(tmp_path):
+    with ProcessGroup(grace_s=5.0) as group:
+        group.use_fork_server(["json"], log_path=tmp_path / "server.log")
+        forked = group.start("forked", [sys.executable, "-m", "json.tool", "--help"], log_path=tmp_path / "f.log",
+                             fork=True)  # fmt: skip
+        plain = group.start("plain", ["sh", "-c", "exit 4"], log_path=tmp_path / "p.log", fork=True)
+        assert forked.popen.wait(timeout=60) == 0 and "json.tool" in (tmp_path / "f.log").read_text()
+        assert plain.popen.wait(timeout=60) == 4 and isinstance(plain.popen, subprocess.Popen)
+        stuck = group.start("stuck", [sys.executable, "-m", "http.server", "0"], log_path=tmp_path / "s.log", fork=True)
+        assert isinstance(stuck.popen, ForkedProcess) and group.stop("stuck") == -signal.SIGTERM
+    assert group.fork_server._popen.poll() == 0  # noqa: SLF001 - closed with the group, after its children
