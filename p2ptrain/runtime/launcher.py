@@ -30,6 +30,9 @@ from p2ptrain.runtime.worker import LOOPBACK, LinkMatrices, WorkerSpec
 
 logger = logging.getLogger(__name__)
 
+# What a worker imports, and the parts of torch its optimizer and deterministic mode load on first use:
+# the workers are forked from one process that imported them once (``runtime.forkserver``).
+WORKER_MODULES = ("p2ptrain.runtime.worker", "torch._dynamo", "torch._inductor.config")
 
 @dataclass(frozen=True)
 class LaunchConfig:
@@ -101,10 +104,16 @@ def train_distributed(
     keys = [f"{s}/{r}" for s, r in roles]
     paths = {key: root / f"worker-{key.replace('/', '-')}.progress.jsonl" for key in keys}
     follower = _Follower(paths)
-    bootstrap = hivemind.DHT(host_maddrs=list(LOOPBACK), start=True)
+    group = ProcessGroup()
+    group.use_fork_server(WORKER_MODULES, log_path=root / "forkserver.log")  # it imports while the DHT starts
+    try:
+        bootstrap = hivemind.DHT(host_maddrs=list(LOOPBACK), start=True)
+    except BaseException:
+        group.stop_all()
+        raise
     try:
         initial_peers = tuple(str(a) for a in bootstrap.get_visible_maddrs())
-        with ProcessGroup() as group:
+        with group:
             for (stage, replica), key in zip(roles, keys, strict=False):
                 name = f"worker-{stage}-{replica}"
                 spec = WorkerSpec(
@@ -117,7 +126,7 @@ def train_distributed(
                 spec_path = root / f"{name}.spec.json"
                 spec_path.write_text(json.dumps(dataclasses.asdict(spec)))
                 group.start(name, [sys.executable, "-m", "p2ptrain.runtime.worker", str(spec_path)],
-                            log_path=root / f"{name}.log")
+                            log_path=root / f"{name}.log", fork=True)
             logger.info("started %d workers (%d stages × %d replicas); logs in %s",
                         len(roles), cfg.stages, cfg.replicas, root)
             result = _follow(cfg, launch, group, follower, keys, on_step)

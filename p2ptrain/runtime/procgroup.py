@@ -203,6 +203,8 @@ class ProcessGroup:
 def _signal_group(pid: int, sig: int) -> None:
     try:
         os.killpg(pid, sig)
+        if sig == signal.SIGTERM:  # a stopped process (SIGSTOP, a frozen machine) handles it once continued
+            os.killpg(pid, signal.SIGCONT)
     except (ProcessLookupError, PermissionError):
         pass
 

@@ -77,7 +77,7 @@ def test_a_peer_that_stops_answering_is_named_within_the_deadline(tmp_path):
     def freeze_the_last_stage(report):
         if report.step == 1 and not stopped:
             for proc in psutil.Process().children(recursive=True):
-                if any("worker-1-0.spec.json" in part for part in proc.cmdline()):
+                if any(f.path.endswith("worker-1-0.log") for f in proc.open_files()):  # its stderr (forked or not)
                     os.killpg(os.getpgid(proc.pid), signal.SIGSTOP)  # the worker's whole session
                     stopped["at"] = time.monotonic()
                     return

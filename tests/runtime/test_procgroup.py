@@ -1,3 +1,4 @@
+import os
 import signal
 import sys
 import textwrap
@@ -50,3 +51,11 @@ def test_wait_all_deadline_names_the_slow_child():
         group.start("slow", [sys.executable, "-c", "import time; time.sleep(30)"])
         with pytest.raises(ChildFailed, match="slow still running"):
             group.wait_all(deadline_s=0.5, tick_s=0.1)
+
+
+@pytest.mark.timeout(60)
+def test_a_frozen_child_is_continued_to_take_its_sigterm_not_killed_after_the_grace(tmp_path):
+    with ProcessGroup(grace_s=30.0) as group:
+        child = group.start("frozen", [sys.executable, "-c", "import time; time.sleep(600)"], log_path=tmp_path / "log")
+        os.killpg(child.pid, signal.SIGSTOP)  # a frozen machine: a pending SIGTERM waits for SIGCONT
+        assert group.stop("frozen") == -signal.SIGTERM  # SIGTERM then SIGCONT; the grace would end in SIGKILL
