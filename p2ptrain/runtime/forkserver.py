@@ -21,7 +21,8 @@ CUDA its parent initialised): it refuses to serve if its imports did either.
 Protocol, one JSON document per line: the launcher writes ``{"argv", "cwd", "env", "stdout", "stderr"}``
 to the server's stdin and reads ``{"pid": N}`` (or ``{"error": "..."}``) from its stdout, and later
 ``{"exited": N, "code": C}`` when that child ends (``C`` as Popen's ``returncode``: negative for a signal).
-The server ends once its stdin ends and every child it started has exited.
+The server ends once told to (``{"exit": true}``) or once its stdin ends, when every child it started has
+exited.
 """
 
 from __future__ import annotations
@@ -138,12 +139,15 @@ class ForkServer:
         return ForkedProcess(self, int(reply["pid"]), argv)
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """End the server: its stdin closes, it waits for its children (stop them first), then exits."""
+        """End the server: it is told to, waits for its children (stop them first), then exits. (Told, not
+        just left with a closed stdin: a process this one forked since, such as a DHT, holds the pipe open.)"""
         if self._popen is None:
             return
         try:
             if self._popen.stdin is not None and not self._popen.stdin.closed:
-                self._popen.stdin.close()
+                with self._lock:
+                    self._popen.stdin.write(b'{"exit": true}\n')
+                    self._popen.stdin.close()
         except OSError:
             pass
         try:
@@ -232,23 +236,26 @@ def serve(preload: Sequence[str]) -> None:
             chunk = os.read(0, 1 << 16)
             open_input = bool(chunk)
             pending += chunk
-            while b"\n" in pending:
+            while b"\n" in pending and open_input:
                 line, pending = pending.split(b"\n", 1)
-                _handle(line, children)
+                open_input = _handle(line, children)
         _reap(children)
 
 
-def _handle(line: bytes, children: set[int]) -> None:
+def _handle(line: bytes, children: set[int]) -> bool:
+    """Serve one request; False once told to end."""
     try:
         request = json.loads(line)
+        if request.get("exit"):
+            return False
         argv = request["argv"]
         if not ForkServer.can_run(argv):
             raise ValueError(f"not a Python command the server runs: {argv}")
         out = open(request["stdout"], "wb") if request["stdout"] else None  # noqa: SIM115 - the child's
         err = open(request["stderr"], "ab") if request["stderr"] else None  # noqa: SIM115
-    except (ValueError, KeyError, TypeError, OSError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError, OSError) as e:
         _send({"error": f"{type(e).__name__}: {e}"})
-        return
+        return True
     started_r, started_w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns into the server's loop
@@ -265,6 +272,7 @@ def _handle(line: bytes, children: set[int]) -> None:
             f.close()
     children.add(pid)
     _send({"pid": pid})
+    return True
 
 
 def _become(request: dict[str, Any], out, err) -> None:

@@ -152,4 +152,4 @@ def test_a_plan_on_an_emulated_network_runs_workers_and_trains_the_single_proces
     for got, want in zip(document["losses"], single["losses"], strict=True):
         assert abs(got - want) <= 1e-4 * abs(want)
     logs = sorted(p.name for p in (tmp_path / "work").glob("*.log"))
-    assert logs == [f"worker-{s}-{r}.log" for s in (0, 1) for r in (0, 1)]
+    assert logs == ["forkserver.log", *(f"worker-{s}-{r}.log" for s in (0, 1) for r in (0, 1))]  # forked from it
