@@ -15,6 +15,14 @@ _WATCHED_NAMES = ("p2pd",)
 _PROCESS_LIFETIME_HELPERS = ("torch_shm_manager",)
 
 
+def pytest_collection_modifyitems(config, items):
+    """With two workers (pyproject: ``-n 2``): the tests that build namespaces, veth pairs and NAT rules run
+    one after another on one worker."""
+    for item in items:
+        if "realnet" in item.path.parts:
+            item.add_marker(pytest.mark.xdist_group("realnet"))
+
+
 def _descendants() -> list[psutil.Process]:
     """Our children, plus every libp2p daemon on the machine (an orphaned one is no longer our child)."""
     try:
