@@ -42,7 +42,16 @@ class StreamClosed(ProtocolError):
 
 class PeerFailed(ProtocolError):
     """A peer of this epoch stopped answering heartbeats or reported a failure: the calls of the epoch were
-    cut short (``Transport.abort_epoch``) instead of waiting for their data deadlines."""
+    cut short (``Transport.abort_epoch``) instead of waiting for their data deadlines.
+
+    ``stuck_on``: the peer a cut call had waited on for most of its deadline (``stuck_s`` seconds), if any:
+    this peer was stuck behind it when the failure elsewhere was noticed, so a halt blames it
+    (``agent.epoch.blamed_peer``) as it would have once that call timed out.
+    """
+
+    def __init__(self, message: str, peer: str | None = None, stuck_on: str | None = None, stuck_s: float = 0.0):
+        super().__init__(message, peer)
+        self.stuck_on, self.stuck_s = stuck_on, stuck_s
 
 
 class AgentError(RuntimeError):

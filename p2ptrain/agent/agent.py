@@ -357,7 +357,8 @@ class Agent:
             self._aborted = training
             logger.info("epoch %d: the plan of epoch %d starts after step %d, which this agent passed before it saw "
                         "the plan; cutting the step in flight short", training, plan.epoch, plan.start_step)
-            self.transport.abort_epoch(training, f"a newer plan (epoch {plan.epoch}) starts after step {plan.start_step}")
+            self.transport.abort_epoch(training, f"a newer plan (epoch {plan.epoch}) starts after step {plan.start_step}",
+                                       failure=False)
         return plan
 
     def _poll_membership(self, tracker: MembershipTracker, previous: Membership) -> Membership:

@@ -43,7 +43,7 @@ from p2ptrain.agent.churn.state_store import StateStore
 from p2ptrain.agent.churn.warm_copies import BackupReceiver, BackupSender, copy_part_numel
 from p2ptrain.agent.config import CheckpointConfig
 from p2ptrain.agent.events import EventLog
-from p2ptrain.errors import MessageRejected, PeerTimeoutError, ProtocolError, StreamClosed
+from p2ptrain.errors import MessageRejected, PeerFailed, PeerTimeoutError, ProtocolError, StreamClosed
 from p2ptrain.lifecycle import StopSignal
 from p2ptrain.model.stage import build_stage
 from p2ptrain.net.dht.node import SwarmDHT
@@ -399,10 +399,13 @@ def _halt(plan: PlanRecord, ctx: EpochContext, done: int, error: BaseException |
 
 def blamed_peer(error: BaseException | None, plan: PlanRecord) -> str | None:
     """The plan member whose own call failed our epoch (it timed out, broke, or was refused by it), if any.
-    An epoch aborted because *another* peer failed (``PeerFailed``) blames nobody: the peer it names is
-    only the one whose call was cut short."""
+    An epoch aborted because *another* peer failed (``PeerFailed``) blames the member one of our calls had
+    waited on for most of its deadline by then (``PeerFailed.stuck_on``): we were stuck behind it, and would
+    have blamed it once that call timed out; without such a call it blames nobody."""
     if isinstance(error, PeerTimeoutError | StreamClosed | MessageRejected) and error.peer in plan.membership:
         return error.peer
+    if isinstance(error, PeerFailed) and error.stuck_on in plan.membership:
+        return error.stuck_on
     return None
 
 

@@ -164,6 +164,9 @@ def test_only_a_peers_own_failed_call_blames_it():
     assert blamed_peer(StreamClosed("broke", peer=C), plan) == C
     assert blamed_peer(MessageRejected("refused", peer=D), plan) == D
     assert blamed_peer(PeerFailed("aborted: another peer failed", peer=B), plan) is None
+    # ... unless a call of ours had waited on a member for most of its deadline by then: stuck behind it
+    assert blamed_peer(PeerFailed("aborted", stuck_on=C, stuck_s=9.0), plan) == C
+    assert blamed_peer(PeerFailed("aborted", stuck_on="QmNotAMember", stuck_s=9.0), plan) is None
     assert blamed_peer(PeerTimeoutError("no reply", peer="QmNotAMember"), plan) is None
     assert blamed_peer(RuntimeError("local"), plan) is None and blamed_peer(None, plan) is None
 

@@ -80,7 +80,7 @@ def epochs_in_flight(transport: Transport) -> list[int]:
     """The epochs of the sends and receives ``transport`` has in flight, read on its loop (what an abort fails)."""
 
     async def read() -> list[int]:
-        return sorted(transport._task_epochs.values())
+        return sorted(call.epoch for call in transport._calls.values())
 
     return transport.run_coroutine(read(), timeout_s=10.0)
 
@@ -149,3 +149,35 @@ def _wait_stopped(pgid: int, deadline_s: float) -> dict[int, str]:
             return states
         assert time.monotonic() < end, f"group {pgid} not stopped within {deadline_s} s: {states}"
         time.sleep(0.05)
+
+
+def test_an_abort_names_the_peer_a_call_was_stuck_on(pair):
+    # a receive that waited most of its deadline when a failure elsewhere aborted the epoch: this peer was
+    # stuck behind that sender, and its halt blames it as the receive's timeout would have
+    a, b = pair  # epochs past every other test's: an abort is for good
+    a.set_window(RUN, 20, 0)
+    stuck = a.recv_async(Tag(RUN, 20, 0, MessageKind.ACTIVATION), b.peer_id, (4,), torch.float32, timeout_s=6.0)
+    time.sleep(3.5)  # 58% of its deadline (STUCK_SHARE: 50%)
+    fresh = a.recv_async(Tag(RUN, 20, 1, MessageKind.ACTIVATION), b.peer_id, (4,), torch.float32, timeout_s=60.0)
+    a.abort_epoch(20, "peer X failed the epoch")
+    for waiting in (stuck, fresh):  # whichever call the trainer meets first says it
+        error = waiting.exception(timeout=10.0)
+        assert isinstance(error, PeerFailed) and error.stuck_on == str(b.peer_id) and error.stuck_s >= 3.5, error
+    assert a.recv_async(Tag(RUN, 20, 2, MessageKind.ACTIVATION), b.peer_id, (4,), torch.float32).exception(
+        timeout=10.0).stuck_on == str(b.peer_id)  # a call started after the abort too
+
+    # waited only a moment: no one to name (an honest neighbour, still working)
+    a.set_window(RUN, 21, 0)
+    waiting = a.recv_async(Tag(RUN, 21, 0, MessageKind.ACTIVATION), b.peer_id, (4,), torch.float32, timeout_s=60.0)
+    time.sleep(0.5)
+    a.abort_epoch(21, "peer X failed the epoch")
+    error = waiting.exception(timeout=10.0)
+    assert isinstance(error, PeerFailed) and error.stuck_on is None, error
+
+    # cut at a newer plan's start (no failure): every peer stops there, no one is stuck
+    a.set_window(RUN, 22, 0)
+    waiting = a.recv_async(Tag(RUN, 22, 0, MessageKind.ACTIVATION), b.peer_id, (4,), torch.float32, timeout_s=6.0)
+    time.sleep(3.5)
+    a.abort_epoch(22, "a newer plan starts after step 0", failure=False)
+    error = waiting.exception(timeout=10.0)
+    assert isinstance(error, PeerFailed) and error.stuck_on is None, error

@@ -57,6 +57,21 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 PeerLike = PeerID | str
 LOOPBACK_MADDRS = ("/ip4/127.0.0.1/tcp/0",)
+# A call cut short by ``abort_epoch`` after waiting this share of its deadline or more was stuck on its peer
+# (``PeerFailed.stuck_on``): an honest peer's answer never takes that long (deadlines are sized for the
+# slowest link and step, ``agent.config``), and a failure elsewhere is noticed within a heartbeat round.
+STUCK_SHARE = 0.5
+
+
+@dataclasses.dataclass
+class _Call:
+    """A send or receive in flight: the epoch it belongs to, the peer it waits on, since when (loop time),
+    and its whole deadline (a send's includes its emulated transfer time)."""
+
+    epoch: int
+    peer: str
+    started: float
+    deadline_s: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,8 +140,9 @@ class Transport:
         self._owns_daemon = dht is None
         self._closed = False
         self._tasks: set[asyncio.Task] = set()  # calls in flight, cancelled first at shutdown
-        self._task_epochs: dict[asyncio.Task, int] = {}  # the epoch of each send and receive in flight
+        self._calls: dict[asyncio.Task, _Call] = {}  # each send and receive of an epoch in flight
         self._aborted_epoch, self._abort_reason = -1, ""  # calls of epochs up to this one fail at once
+        self._abort_stuck: tuple[str, float] | None = None  # (peer, waited s) of the abort's stuck call
         self._aborted_tasks: set[asyncio.Task] = set()
         self._close_lock = threading.Lock()
         self._loop = service_loop()
@@ -203,8 +219,9 @@ class Transport:
             copied = self._send_buffers.take(data.size)
             numpy.copyto(copied, data)  # numpy's copy: torch's would run on its intra-op threads, which spin
         payload = memoryview(data if copied is None else copied)
-        return self._submit(self._send(str(peer), header, payload, timeout_s or self.config.call_timeout_s, copied),
-                            epoch=tag.epoch)
+        timeout_s = timeout_s or self.config.call_timeout_s
+        return self._submit(self._send(str(peer), header, payload, timeout_s, copied),
+                            call=(tag.epoch, str(peer), timeout_s))
 
     async def _send(self, peer: str, header: Header, payload: memoryview, timeout_s: float,
                     copied: numpy.ndarray | None = None) -> None:
@@ -214,6 +231,9 @@ class Transport:
             header = dataclasses.replace(header, arrival=self.pacer.stamp(reservation.arrive_s))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + emulated_s + timeout_s
+        call = self._calls.get(asyncio.current_task())
+        if call is not None:
+            call.deadline_s += emulated_s  # the link's modelled time is no wait on the peer
         for attempt in itertools.count():
             try:
                 response = await within(self._push(peer, header, payload, reservation), deadline - loop.time())
@@ -299,7 +319,8 @@ class Transport:
         self, tag: Tag, sender: PeerLike, shape: Sequence[int], dtype: torch.dtype, timeout_s: float | None = None
     ) -> concurrent.futures.Future[torch.Tensor]:
         timeout_s = timeout_s or self.config.call_timeout_s
-        return self._submit(self._recv(tag, str(sender), tuple(shape), dtype_name(dtype), timeout_s), epoch=tag.epoch)
+        return self._submit(self._recv(tag, str(sender), tuple(shape), dtype_name(dtype), timeout_s),
+                            call=(tag.epoch, str(sender), timeout_s))
 
     async def _recv(self, tag: Tag, sender: str, shape: tuple[int, ...], dtype: str, timeout_s: float) -> torch.Tensor:
         future = self.mailbox.receive(tag, sender, shape, dtype)
@@ -329,30 +350,41 @@ class Transport:
         """Run ``coroutine`` on the transport's loop and wait for its result at most ``timeout_s``."""
         return self._call(coroutine, timeout_s)
 
-    def _submit(self, coroutine: Coroutine[Any, Any, T], epoch: int | None = None) -> concurrent.futures.Future[T]:
+    def _submit(self, coroutine: Coroutine[Any, Any, T],
+                call: tuple[int, str, float] | None = None) -> concurrent.futures.Future[T]:  # fmt: skip
+        """Run ``coroutine`` on the loop; ``call``: (epoch, peer, deadline s) of a send or receive, which
+        ``abort_epoch`` cuts short."""
         if self._closed:
             coroutine.close()
             raise RuntimeError("the transport is shut down")
-        return asyncio.run_coroutine_threadsafe(self._tracked(coroutine, epoch), self._loop)
+        return asyncio.run_coroutine_threadsafe(self._tracked(coroutine, call), self._loop)
 
-    async def _tracked(self, coroutine: Coroutine[Any, Any, T], epoch: int | None = None) -> T:
+    async def _tracked(self, coroutine: Coroutine[Any, Any, T], call: tuple[int, str, float] | None = None) -> T:
         task = asyncio.current_task()
+        epoch = call[0] if call is not None else None
         if epoch is not None and epoch <= self._aborted_epoch:
             coroutine.close()
-            raise PeerFailed(f"epoch {epoch} was aborted: {self._abort_reason}")
+            raise self._aborted(epoch)
         self._tasks.add(task)
-        if epoch is not None:
-            self._task_epochs[task] = epoch
+        if call is not None:
+            self._calls[task] = _Call(epoch, call[1], self._loop.time(), call[2])
         try:
             return await coroutine
         except asyncio.CancelledError:
             if task in self._aborted_tasks:
-                raise PeerFailed(f"epoch {epoch} was aborted: {self._abort_reason}") from None
+                raise self._aborted(epoch) from None
             raise
         finally:
             self._tasks.discard(task)
-            self._task_epochs.pop(task, None)
+            self._calls.pop(task, None)
             self._aborted_tasks.discard(task)
+
+    def _aborted(self, epoch: int) -> PeerFailed:
+        if self._abort_stuck is None:
+            return PeerFailed(f"epoch {epoch} was aborted: {self._abort_reason}")
+        peer, waited_s = self._abort_stuck
+        return PeerFailed(f"epoch {epoch} was aborted: {self._abort_reason}; a call had waited {waited_s:.1f} s "
+                          f"on peer {peer}", stuck_on=peer, stuck_s=waited_s)
 
     # --- liveness ------------------------------------------------------------------------------------------
 
@@ -389,26 +421,39 @@ class Transport:
         except ValueError as e:
             return ProtocolError(f"bad ping answer: {e}", peer=peer)
 
-    def abort_epoch(self, epoch: int, reason: str) -> None:
+    def abort_epoch(self, epoch: int, reason: str, failure: bool = True) -> None:
         """Fail every send and receive of epochs up to ``epoch`` now, and any started later, with PeerFailed:
         a peer of that epoch failed, so waiting for the data deadlines would only delay the re-plan. A no-op once
-        the transport is shut down (its shutdown failed every call already)."""
+        the transport is shut down (its shutdown failed every call already).
+
+        On a ``failure``, the cut call that had waited the largest share (``STUCK_SHARE`` or more) of its
+        deadline names its peer in every PeerFailed (``stuck_on``): the failure's cascade went through it.
+        Not so for an epoch cut at a newer plan's start (``failure=False``): its peers stop there too."""
         if self._closed:
             return
         try:
-            self._call(self._in_loop(self._abort, epoch, reason))
+            self._call(self._in_loop(self._abort, epoch, reason, failure))
         except RuntimeError:
             if not self._closed:  # shut down between the check and the call: nothing left to abort
                 raise
 
-    def _abort(self, epoch: int, reason: str) -> None:
+    def _abort(self, epoch: int, reason: str, failure: bool) -> None:
         if epoch <= self._aborted_epoch:
             return
+        now = self._loop.time()
+        cut = {task: call for task, call in self._calls.items() if call.epoch <= epoch and not task.done()}
+        stuck = [(now - c.started) / c.deadline_s for c in cut.values()] if failure else []
+        worst = max(range(len(stuck)), key=stuck.__getitem__, default=None)
+        self._abort_stuck = None
+        if worst is not None and stuck[worst] >= STUCK_SHARE:
+            call = list(cut.values())[worst]
+            self._abort_stuck = (call.peer, now - call.started)
+            logger.info("epoch %d aborted while a call had waited %.1f s of its %.1f s on peer %s", epoch,
+                        now - call.started, call.deadline_s, call.peer)
         self._aborted_epoch, self._abort_reason = epoch, reason
-        for task, task_epoch in list(self._task_epochs.items()):
-            if task_epoch <= epoch and not task.done():
-                self._aborted_tasks.add(task)
-                task.cancel()
+        for task in cut:
+            self._aborted_tasks.add(task)
+            task.cancel()
 
     def _call(self, coroutine: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
         future = self._submit(coroutine)
