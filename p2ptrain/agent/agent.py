@@ -265,6 +265,7 @@ class Agent:
             device_name=profile.device_name, memory_gb=profile.memory_gb, tflops=profile.tflops,
             maddrs=tuple(self.dht.get_visible_maddrs()[:16]), region=region,
             emulated_device=emulation.device_index, compute=compute, data=self.data_id,
+            settings=settings.identity(self.config.train),
         )  # fmt: skip
         self.dht.publish_peer(record)
         logger.info("joined run %r as peer %s%s", self.config.run, self.peer_id,
@@ -276,13 +277,15 @@ class Agent:
 
     def _loop(self, device) -> AgentResult:
         cfg = self.config
-        self._tracker = MembershipTracker(self.peer_id, data=self.data_id)
+        self._tracker = MembershipTracker(self.peer_id, data=self.data_id, settings=settings.identity(cfg.train))
         self._gate = PlanGate(self.peer_id, cfg.train, cfg.plan, cfg.emulation, self._leaders, cfg.dht.peer_ttl_s,
                               self.dht.read_links,
                               lambda cluster, trainers, peers, train: self._leading.plan_workload(
                                   trainers, Membership(dict(peers)), train),
                               lambda plan, reason: self.events.write("plan_refused", epoch=plan.epoch,
-                                                                     signer=plan.leader, reason=reason))  # fmt: skip
+                                                                     signer=plan.leader, reason=reason),
+                              lambda leader, why: self._leading.pass_over(leader, why),
+                              needed=cfg.membership.expect or cfg.membership.min_peers)  # fmt: skip
         self._started = time.monotonic()
         self._leading = self._leading_class(cfg, self.dht, self.events, self.peer_id, self._leaders, view=self._view,
                                             note_waiting=self._note_waiting, boundary_s=self._poll_s,
@@ -472,7 +475,7 @@ class Agent:
         except ProtocolError as e:
             logger.warning("reading the plan records failed: %s", e)
             return None
-        refusal = self._tracker.refusal(plans)  # the run's plans are made by peers training other data
+        refusal = self._tracker.refusal()  # several live peers agree on other data or settings than ours
         if refusal is not None:
             raise AgentError(refusal)
         live = self._membership.ids
@@ -489,6 +492,10 @@ class Agent:
         if plan is not None and not self._gate.accept(plan, self._membership.peers, self._tracker.known_for_s,
                                                       first=first):  # fmt: skip
             plan = None
+        theirs = plans.get(self._membership.leader) if live else None
+        if (plan is None and theirs is not None and self._following is None and self.peer_id not in theirs.membership
+                and self._gate.left_out(theirs, live, self._tracker.known_for_s, self._untrained)):  # fmt: skip
+            return None  # the run's first plan left us out, and others an honest leader would have planned
         # a plan by a peer that is not live (a rogue, a leader long dead), or one we refused, is never the
         # one being trained
         if self._newest_seen is not None and self._gate.refused(self._newest_seen):
@@ -500,6 +507,13 @@ class Agent:
         self._newest_any = max((p for p in plans.values() if not self._gate.refused(p)), key=lambda p: p.epoch,
                                default=None)  # fmt: skip
         return plan
+
+    def _untrained(self) -> bool:
+        """Whether no peer says it trained a step of this run yet (its progress records)."""
+        try:
+            return all(r.step == 0 for r in self.dht.read_progress().values())
+        except ProtocolError:
+            return False
 
     def _finished_without_me(self) -> PlanRecord | None:
         """The newest plan, if it left us out (we came back after being cut off) and its trainers finished
@@ -533,10 +547,7 @@ class Agent:
         # Heartbeats notice failures; the data deadline only has to allow the plan's slowest step.
         scale = cfg.emulation.time_scale if cfg.emulation.enabled else 1.0
         call_timeout_s = max(cfg.transport.call_timeout_s, cfg.liveness.deadline_multiple * plan.cost_s * scale)
-        train = settings.adopt(cfg.train, plan)  # the gate refused plans whose settings we do not know
-        changed = settings.differences(cfg.train, plan)
-        if changed:
-            logger.info("epoch %d trains with the plan's settings: %s", plan.epoch, ", ".join(changed))
+        train = cfg.train  # the run's settings are pinned: the gate refused plans that depart from them
         context = EpochContext(
             me=self.peer_id, train=train, device=device, transport=self.transport, dht=self.dht,
             stop=self.stop, events=self.events, heartbeat=self.heartbeat, keeper=self.keeper, store=self.store,

@@ -14,7 +14,7 @@ from p2ptrain.model.prepared import PreparedDataset
 from p2ptrain.net.dht.records import PeerRecord, RecordError
 from p2ptrain.swarm.launcher import SwarmConfig
 
-A, B, C = "QmA", "QmB", "QmC"
+A, B, C, D, E = "QmA", "QmB", "QmC", "QmD", "QmE"
 OURS, THEIRS = "bpe-8000:0123456789abcdef", "byte-256:fedcba9876543210"
 
 
@@ -22,14 +22,20 @@ def record(data: str) -> PeerRecord:
     return PeerRecord(device_name="cpu", memory_gb=8.0, tflops=0.1, data=data)
 
 
-def test_peers_with_other_data_are_left_out_and_a_run_of_other_data_is_refused():
+def test_peers_with_other_data_are_left_out_and_only_several_of_them_refuse_this_agent():
     tracker = MembershipTracker(A, data=OURS)
     view = tracker.update({A: record(OURS), B: record(THEIRS), C: record(OURS)})
     assert view.ids == (A, C) and tracker.other_data == {B: THEIRS}
-    assert tracker.refusal([C]) is None and tracker.refusal([]) is None
-    assert tracker.refusal([B, C]) is None  # our data has a plan too: not ours to refuse
-    reason = tracker.refusal([B])
+    assert tracker.refusal() is None  # one peer's word: a rogue that claims the run trains other data
+    tracker.update({A: record(OURS), B: record(THEIRS), D: record(THEIRS), C: record(OURS)})
+    reason = tracker.refusal()  # two agree, one shares ours: the run trains theirs
     assert reason is not None and THEIRS in reason and OURS in reason and "\n" not in reason
+    assert reason.startswith("2 live peers agree that this run trains data")
+    tracker.update({A: record(OURS), B: record(THEIRS), D: record(THEIRS), C: record(OURS), E: record(OURS)})
+    assert tracker.refusal() is None  # as many share ours: we keep training with them
+    alone = MembershipTracker(A, data=OURS)
+    alone.update({A: record(OURS), B: record(THEIRS), D: record("byte-256:0000000000000000")})
+    assert alone.refusal() is None  # two others, but not agreeing with each other
 
 
 def test_the_data_field_is_checked_and_optional_on_the_wire():

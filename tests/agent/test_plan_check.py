@@ -3,6 +3,7 @@ a small measured world-wide network as peer and links records, plans that are fi
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 
@@ -14,6 +15,7 @@ from p2ptrain.agent.leadership.plan_check import (
     LeaderWatch,
     PlanGate,
     cost_check,
+    first_plan_problem,
     membership_problem,
     newer_plan_excuses,
 )
@@ -179,19 +181,21 @@ def test_only_the_leaders_own_newer_plan_stops_its_clock():
 def test_gate_waits_for_unseen_members_then_refuses_once_and_skips_our_own(world, caplog):
     peers, records, rows = world
     me, clock = peers[3], Clock()
-    refusals = []
+    refusals, passed = [], []
     gate = PlanGate(me, TRAIN, PlanConfig(verify_slack_s=0.0), NO_EMULATION, LeaderWatch(10.0, 60.0, clock=clock),
                     settle_s=5.0,
                     read_rows=lambda: rows, workload_for=workload_for,
-                    on_refusal=lambda plan, reason: refusals.append(reason))  # fmt: skip
+                    on_refusal=lambda plan, reason: refusals.append(reason),
+                    pass_over=lambda leader, why: passed.append(leader))  # fmt: skip
     best, worst, _ = scored(peers, records, rows, peers[:4])
     live = {p: records[p] for p in peers[:4]}  # the spare peers[4] not seen yet
     known = {p: 60.0 for p in peers}.__getitem__
     plan = plan_record(peers, peers[:4], best)
-    assert not gate.accept(plan, live, known, first=True) and not refusals  # our view may lag: wait
+    assert not gate.accept(plan, live, known, first=True) and not refusals and not passed  # our view may lag: wait
     clock.now += 6
     assert not gate.accept(plan, live, known, first=True)
     assert len(refusals) == 1 and "we do not see live" in refusals[0]
+    assert passed == [plan.leader]  # a refusal passes the leader over at once, not after the grace
     assert gate.accept(plan, records, known, first=True)  # now we see it
 
     bad = plan_record(peers, peers[:4], worst)
@@ -201,6 +205,7 @@ def test_gate_waits_for_unseen_members_then_refuses_once_and_skips_our_own(world
         assert not gate.accept(bad, records, known, first=True)
     assert gate.refused(bad) and not gate.refused(plan)
     assert len(refusals) == 2 and sum("it predicts" in r.message for r in caplog.records) == 1
+    assert passed == [plan.leader] * 3  # logged once; passed over each time it is met as the leader again
 
     off = PlanGate(me, TRAIN, PlanConfig(verify=False), NO_EMULATION, LeaderWatch(10.0, 60.0, clock=clock), 5.0,
                    lambda: rows, workload_for)  # fmt: skip
@@ -214,3 +219,24 @@ def test_gate_takes_our_own_plan_unchecked(world):
     gate = PlanGate(bad.leader, TRAIN, PlanConfig(), NO_EMULATION, LeaderWatch(10.0, 60.0), 5.0,
                     lambda: pytest.fail("our own plan is not checked"), workload_for)  # fmt: skip
     assert gate.accept(bad, records, lambda p: 60.0, first=True)
+
+
+def test_the_runs_first_plan_may_not_leave_out_peers_an_honest_leader_would_plan(world):
+    peers, records, rows = world
+    two = PlanRecord.from_plan_json(0, peers[:2], {"stages": 2, "replicas": 1, "pipelines": [[0, 1]], "cost_s": 1.0})
+    # the run waits for 4: a first plan of 2 while 5 are live leaves out peers an honest leader planned
+    assert first_plan_problem(two, peers, [], needed=4) == "it plans 2 members where the run waits for 4 and we see 5 live"
+    assert first_plan_problem(two, peers[:2], [], needed=4) is None  # only 2 live: an honest leader plans them
+    assert first_plan_problem(two, peers, peers[:3], needed=2) == f"it leaves out 1 live peer(s) ({peers[2]})"
+    assert first_plan_problem(two, peers, peers[:2], needed=2) is None
+
+    # a follower it leaves out: refused, and its leader passed over at once, if nothing was trained yet
+    clock, passed, refusals = Clock(), [], []
+    gate = PlanGate(peers[4], TRAIN, PlanConfig(), NO_EMULATION, LeaderWatch(10.0, 60.0, clock=clock), 5.0,
+                    lambda: rows, workload_for, lambda plan, reason: refusals.append(reason),
+                    lambda leader, why: passed.append(leader), needed=4)  # fmt: skip
+    known = {p: 60.0 for p in peers}.__getitem__
+    assert not gate.left_out(two, peers, known, untrained=lambda: False)  # a run that trained: we wait as joiners do
+    assert not passed and not gate.left_out(dataclasses.replace(two, start_step=3), peers, known, lambda: True)
+    assert gate.left_out(two, peers, known, untrained=lambda: True) and gate.refused(two)
+    assert passed == [two.leader] and refusals == ["it plans 2 members where the run waits for 4 and we see 5 live"]

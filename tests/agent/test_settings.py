@@ -1,5 +1,6 @@
-"""The run settings a plan carries (``agent.settings``, ``PlanRecord.wire/schedule/overlap/bucket_elements``):
-on the wire, adopted by followers, priced by the plan check, and refused where a follower does not know them."""
+"""The run settings (``agent.settings``, ``PlanRecord.wire/schedule/overlap/bucket_elements``,
+``PeerRecord.settings``): pinned by each agent's config, carried by plans, and a plan that departs from them,
+or names one a follower does not know, is refused."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from p2ptrain.agent.leadership.plan_maker import run_workload
 from p2ptrain.net.dht.records import LinkMeasurement, LinksRecord, PeerRecord, PlanRecord, RecordError
 from p2ptrain.net.identity import generate_identity
 from p2ptrain.runtime.config import TrainConfig
-from p2ptrain.runtime.procgroup import tail
 from p2ptrain.runtime.reference import train_reference
 from p2ptrain.swarm.launcher import SwarmConfig
 
@@ -29,21 +29,29 @@ def plan(**extra) -> PlanRecord:
                       cost_s=1.0, **extra)  # fmt: skip
 
 
-def test_a_leaders_settings_round_trip_and_an_older_plan_keeps_the_followers_own():
-    leader = dataclasses.replace(TRAIN, wire="int8", schedule="1f1b", overlap=False, bucket_elements=4096)
-    record = PlanRecord.decode(plan(**settings.plan_fields(leader)).encode())
+def test_a_leaders_settings_round_trip_and_a_plan_may_not_change_the_runs():
+    run = dataclasses.replace(TRAIN, wire="int8", schedule="1f1b", overlap=False, bucket_elements=4096)
+    record = PlanRecord.decode(plan(**settings.plan_fields(run)).encode())
     assert (record.wire, record.schedule, record.overlap, record.bucket_elements) == ("int8", "1f1b", False, 4096)
-    follower = settings.adopt(TRAIN, record)
-    assert (follower.wire, follower.schedule, follower.overlap, follower.bucket_elements) == ("int8", "1f1b", False,
-                                                                                              4096)  # fmt: skip
-    assert follower.model == TRAIN.model and follower.steps == TRAIN.steps  # only the run settings change
-    assert settings.differences(TRAIN, record) == ["wire int8 (ours fp32)", "schedule 1f1b (ours gpipe)",
-                                                   "overlap False (ours True)",
-                                                   "bucket_elements 4096 (ours 262144)"]  # fmt: skip
+    assert settings.problem(record, run) is None
+    why = settings.problem(record, TRAIN)  # a follower of an fp32 GPipe run
+    assert why == ("it departs from the run's settings, which a plan may not change: wire int8 (the run's: fp32), "
+                   "schedule 1f1b (the run's: gpipe), overlap 0 (the run's: 1), bucket_elements 4096 (the run's: "
+                   "262144)")
+    older = PlanRecord.decode(plan().encode())  # a leader that does not say: nothing on the wire, ours apply
+    assert "wire" not in msgpack.unpackb(older.encode()) and settings.problem(older, run) is None
 
-    older = PlanRecord.decode(plan().encode())  # a leader that does not say: nothing on the wire
-    assert "wire" not in msgpack.unpackb(older.encode()) and settings.adopt(TRAIN, older) is TRAIN
-    assert settings.differences(TRAIN, older) == []
+
+def test_the_settings_line_of_a_peer_record():
+    line = settings.identity(TRAIN)
+    assert line == "wire=fp32,schedule=gpipe,overlap=1,bucket_elements=262144"
+    record = PeerRecord(device_name="dev", memory_gb=16.0, tflops=10.0, settings=line)
+    assert PeerRecord.decode(record.encode()).settings == line
+    assert PeerRecord.decode(PeerRecord("dev", 16.0, 10.0).encode()).settings == ""  # optional on the wire
+    assert settings.described(line) == "wire fp32, schedule gpipe, overlap 1, bucket_elements 262144"
+    for garbled in ("wire=fp32;rm -rf", "wire", "x" * 300, "Wire=FP32"):
+        with pytest.raises(RecordError, match="settings"):
+            PeerRecord(device_name="dev", memory_gb=16.0, tflops=10.0, settings=garbled)
 
 
 @pytest.mark.parametrize("field, value", [("wire", "fp 32"), ("wire", 7), ("wire", None), ("schedule", "x" * 40),
@@ -56,7 +64,7 @@ def test_garbled_settings_are_refused_on_decoding(field, value):
         PlanRecord.decode(msgpack.packb(fields))
 
 
-def test_a_plan_with_settings_this_agent_does_not_know_is_refused_even_unverified():
+def test_a_plan_with_settings_unknown_or_other_than_the_runs_is_refused_even_unverified():
     rows = {a: LinksRecord.from_peers({b: LinkMeasurement(5.0, 1.0) for b in PEERS if b != a}) for a in PEERS}
     records = {p: PeerRecord(device_name="dev", memory_gb=16.0, tflops=10.0) for p in PEERS}
     refusals = []
@@ -66,12 +74,15 @@ def test_a_plan_with_settings_this_agent_does_not_know_is_refused_even_unverifie
     future = plan(wire="fp8")  # a newer leader's format
     assert not gate.accept(future, records, lambda p: 60.0, first=True) and gate.refused(future)
     assert refusals == ["it asks for wire format 'fp8', which this agent does not know (fp32, bf16, int8, int4)"]
-    with pytest.raises(ValueError, match="schedule 'zb'"):
-        settings.adopt(TRAIN, plan(schedule="zb"))
-    assert gate.accept(plan(wire="int4"), records, lambda p: 60.0, first=True)
+    assert settings.problem(plan(schedule="zb"), TRAIN).startswith("it asks for schedule 'zb'")
+    int4 = plan(wire="int4")  # a rogue leader switching an fp32 run to int4: its plan even looks cheaper
+    assert not gate.accept(int4, records, lambda p: 60.0, first=True) and gate.refused(int4)
+    assert refusals[-1] == ("it departs from the run's settings, which a plan may not change: wire int4 (the "
+                            "run's: fp32)")
+    assert gate.accept(plan(**settings.plan_fields(TRAIN)), records, lambda p: 60.0, first=True)
 
 
-def test_the_plan_check_prices_both_plans_with_the_plans_settings():
+def test_the_plan_check_prices_both_plans_with_the_runs_settings():
     rows = {a: LinksRecord.from_peers({b: LinkMeasurement(5.0, 1.0) for b in PEERS if b != a}) for a in PEERS}
     records = {p: PeerRecord(device_name="dev", memory_gb=16.0, tflops=10.0) for p in PEERS}
     seen = []
@@ -80,30 +91,39 @@ def test_the_plan_check_prices_both_plans_with_the_plans_settings():
         seen.append((train.wire, train.schedule, train.overlap))
         return run_workload(train, 2, 2)
 
-    cost_check(plan(wire="bf16", schedule="1f1b", overlap=False), records, rows, TRAIN, PlanConfig(),
+    run = dataclasses.replace(TRAIN, wire="bf16", schedule="1f1b", overlap=False)
+    cost_check(plan(wire="bf16", schedule="1f1b", overlap=False), records, rows, run, PlanConfig(),
                EmulationSettings(), workload_for, 0.1)  # fmt: skip
     assert seen == [("bf16", "1f1b", False)] * 2  # the leader's plan and our own alternative alike
+    with pytest.raises(ValueError, match="departs from the run's settings"):
+        cost_check(plan(wire="int4"), records, rows, run, PlanConfig(), EmulationSettings(), workload_for, 0.1)
 
 
 @pytest.mark.integration
 @pytest.mark.timeout(480)
-def test_followers_with_the_default_config_train_with_the_leaders_settings(tmp_path):
-    # agent-0 sorts lowest and leads with bf16, 1F1B and small buckets; the others keep the defaults (fp32,
-    # GPipe, 2^18-element buckets): replicas cutting their gradients differently could not all-reduce at all
+def test_a_run_trains_with_its_pinned_settings_and_an_agent_with_others_refuses_in_one_line(tmp_path):
+    # the run's config says bf16, 1F1B and small buckets (replicas cutting their gradients differently could
+    # not all-reduce at all); agent-3 kept the defaults (fp32, GPipe, 2^18-element buckets): the others leave
+    # it out, and it leaves with a line that says what to set
     sorted_identities(tmp_path, 4)
     config = SwarmConfig(agents=4, stages=2, steps=4, scenario=None, workdir=str(tmp_path), run="settings")
-    leader = {"train": {"wire": "bf16", "schedule": "1f1b", "bucket_elements": 4096}}
-    agents, codes, train = run_agents(tmp_path, config, {}, {}, 420, agent_overrides={0: leader})
-    assert all(code == 0 for code in codes.values()), codes
-    assert (train.wire, train.schedule, train.bucket_elements) == ("fp32", "gpipe", 1 << 18)  # the followers' own
+    run = {"wire": "bf16", "schedule": "1f1b", "bucket_elements": 4096}
+    defaults = {"wire": "fp32", "schedule": "gpipe", "bucket_elements": 1 << 18}
+    agents, codes, train = run_agents(tmp_path, config, {}, {"train": run, "membership": {"expect": 3}}, 420,
+                                      agent_overrides={3: {"train": defaults}})  # fmt: skip
+    assert [codes[a.name] for a in agents] == [0, 0, 0, 1], codes
+    errors = [line for line in agents[3].log_path.read_text().splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and ("live peers agree that this run trains with wire bf16, schedule 1f1b, overlap 1, "
+                                 "bucket_elements 4096 but this agent's settings are wire fp32, schedule gpipe, "
+                                 "overlap 1, bucket_elements 262144") in errors[0], errors  # fmt: skip
     plans = [e for e in events(agents[0].events.path) if e["event"] == "plan"]
     assert plans and all(p["settings"] == {"wire": "bf16", "schedule": "1f1b", "overlap": True,
                                            "bucket_elements": 4096} for p in plans)  # fmt: skip
-    for agent in agents[1:]:
-        log = agent.log_path.read_text()
-        assert ("trains with the plan's settings: wire bf16 (ours fp32), schedule 1f1b (ours gpipe), "
-                "bucket_elements 4096 (ours 262144)") in log, tail(agent.log_path, 30)
+    assert all(agents[3].peer_id not in p["devices"] + p["spares"] for p in plans)
+    for agent in agents[:3]:
         assert not [e for e in events(agent.events.path) if e["event"] == "plan_refused"]
+        assert "ignoring peer " + agents[3].peer_id in agent.log_path.read_text()
+    agents = agents[:3]
     got = {e["step"]: e["loss"] for a in agents for e in events(a.events.path)
            if e["event"] == "step" and e["loss"] is not None}  # fmt: skip
     reference = train_reference(train).losses  # fp32: the bf16 run stays close, and is not it
@@ -117,3 +137,17 @@ def test_followers_with_the_default_config_train_with_the_leaders_settings(tmp_p
             assert min(parts) >= 0 and e["between_s"] >= 0, e
             assert sum(parts) <= e["step_time_s"] + 1e-5, e
             assert e["compute_cpu_s"] <= e["compute_s"] + 1e-3, e
+
+
+def test_peers_with_other_settings_are_not_members_of_our_run():
+    from p2ptrain.agent.leadership.membership import MembershipTracker
+
+    ours, int4 = settings.identity(TRAIN), settings.identity(dataclasses.replace(TRAIN, wire="int4"))
+
+    def record(line: str) -> PeerRecord:
+        return PeerRecord(device_name="dev", memory_gb=16.0, tflops=10.0, settings=line)
+
+    tracker = MembershipTracker(PEERS[0], settings=ours)
+    view = tracker.update({PEERS[0]: record(ours), PEERS[1]: record(int4), PEERS[2]: record(ours)})
+    assert view.ids == (PEERS[0], PEERS[2]) and tracker.refusal() is None  # a lowest-ID rogue leads nobody
+    assert tracker.update({PEERS[0]: record(ours), PEERS[1]: record("")}).ids == (PEERS[0],)  # unsaid: not ours

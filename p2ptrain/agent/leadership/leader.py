@@ -178,12 +178,19 @@ class Leading:
         leader = self._leaders.waiting(membership.leader, due, allowance)
         if leader is None:
             return membership
-        backoff = self._leaders.pass_over(leader)
-        logger.warning("passing over the leader %s: no plan we accept came within %.0f s of one being due; the "
-                       "next-lowest peer leads (it may lead again in %.0f s)", leader,
-                       cfg.membership.leader_grace_s + allowance, backoff)  # fmt: skip
-        self.events.write("passed_over", peer=leader, backoff_s=backoff)
+        self.pass_over(leader, f"no plan we accept came within {cfg.membership.leader_grace_s + allowance:.0f} s "
+                               "of one being due")  # fmt: skip
         return Membership({p: r for p, r in membership.peers.items() if p != leader})
+
+    def pass_over(self, leader: str, why: str) -> None:
+        """Leave ``leader`` out of our view of the members for its back-off (``LeaderWatch.pass_over``): the
+        next-lowest peer leads. ``why``: for the log line."""
+        if leader == self.peer_id or leader in self._leaders.excluded():
+            return
+        backoff = self._leaders.pass_over(leader)
+        logger.warning("passing over the leader %s: %s; the next-lowest peer leads (it may lead again in %.0f s)",
+                       leader, why, backoff)  # fmt: skip
+        self.events.write("passed_over", peer=leader, backoff_s=backoff, reason=why)
 
     def _first_plan_due(self, membership: Membership) -> bool:
         """Whether the run's first plan is due (a follower's view of the leader's own decision). Once due it

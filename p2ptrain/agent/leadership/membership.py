@@ -2,23 +2,28 @@
 
 A peer is *live* while it has an unexpired, verified peer record (``SwarmDHT.read_peers`` drops invalid,
 unsigned and expired entries with a log line) of our protocol version (``records.AGENT_PROTOCOL_VERSION``)
-that trains our data (its record's ``data``, the tokenizer and content digest; ``refusal`` says when the run
-trains other data). The bootstrap publishes no peer record, so it is never a member. The view is sorted by peer ID, the election order: ``leader`` is the
-lowest. Pure bookkeeping, no I/O: the agent feeds it what it reads.
+that trains our data with our run settings (its record's ``data``, the tokenizer and content digest, and
+``settings``, ``leadership.settings``; ``refusal`` says when the run is another: several live peers agree on
+other data or settings, more than share ours). The bootstrap publishes no peer record, so it is never a
+member. The view is sorted by peer ID, the election order: ``leader`` is the lowest. Pure bookkeeping, no
+I/O: the agent feeds it what it reads.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from p2ptrain.agent.config import MembershipConfig
 from p2ptrain.agent.leadership.election import membership_digest
+from p2ptrain.agent.leadership.settings import described
 from p2ptrain.net.dht.records import AGENT_PROTOCOL_VERSION, PeerRecord
 
 logger = logging.getLogger(__name__)
+
+MAJORITY_OF_OTHERS = 2  # other live peers that must agree on another run before an agent refuses to take part
 
 
 @dataclass(frozen=True)
@@ -47,19 +52,26 @@ class Membership:
 
 
 class MembershipTracker:
-    """Turns successive reads of the peer records into membership views, logging joins and leaves."""
+    """Turns successive reads of the peer records into membership views, logging joins and leaves.
 
-    def __init__(self, me: str, clock: Callable[[], float] = time.monotonic, data: str = ""):
+    ``data`` and ``settings``: what this agent trains (its dataset's identity, ``model.data.data_identity``,
+    and its run settings, ``settings.identity``); a peer whose record says otherwise is not a member of our
+    run. Who is wrong is decided by numbers, never by one peer's word (``refusal``)."""
+
+    def __init__(self, me: str, clock: Callable[[], float] = time.monotonic, data: str = "", settings: str = ""):
         self.me = me
         self.clock = clock
         self.data = data
+        self.settings = settings
         self.other_data: dict[str, str] = {}  # peers left out because they train other data: their data
+        self.others: dict[str, tuple[str, str]] = {}  # live peers of another run now: their (data, settings)
         self.first_seen: dict[str, float] = {}
         self._current: dict[str, PeerRecord] = {}
         self._refused: set[str] = set()
+        self._noted: set[tuple[str, str, str]] = set()
 
     def update(self, records: Mapping[str, PeerRecord]) -> Membership:
-        live = {}
+        live, others = {}, {}
         for peer_id, record in records.items():
             if record.protocol_version != AGENT_PROTOCOL_VERSION:
                 if peer_id not in self._refused:
@@ -69,11 +81,13 @@ class MembershipTracker:
                         peer_id, record.protocol_version, record.p2ptrain_version, AGENT_PROTOCOL_VERSION,
                     )  # fmt: skip
                 continue
-            if record.data != self.data:
-                if peer_id not in self.other_data:
-                    logger.warning("ignoring peer %s: it trains data %s, we train %s", peer_id,
-                                   record.data or "(unsaid)", self.data or "(unsaid)")
-                self.other_data[peer_id] = record.data
+            if (record.data, record.settings) != (self.data, self.settings):
+                if (peer_id, record.data, record.settings) not in self._noted:
+                    self._noted.add((peer_id, record.data, record.settings))
+                    logger.warning("ignoring peer %s: %s", peer_id, self._difference(record.data, record.settings))
+                if record.data != self.data:
+                    self.other_data[peer_id] = record.data
+                others[peer_id] = (record.data, record.settings)
                 continue
             live[peer_id] = record
         now = self.clock()
@@ -86,18 +100,34 @@ class MembershipTracker:
         for peer_id in self._current.keys() - live.keys():
             self.first_seen.pop(peer_id, None)
             logger.info("peer %s left (its peer record expired)", peer_id)
-        self._current = live
+        self._current, self.others = live, others
         return Membership(dict(sorted(live.items())))
 
-    def refusal(self, plan_signers: Iterable[str]) -> str | None:
-        """Why this agent cannot take part (one line), or None: the run's plans are all signed by peers that
-        train other data, so the run trains that data, not ours."""
-        signers = set(plan_signers)
-        theirs = sorted({self.other_data[s] for s in signers if s in self.other_data})
-        if not theirs or signers - self.other_data.keys():
+    def refusal(self) -> str | None:
+        """Why this agent cannot take part (one line), or None: at least ``MAJORITY_OF_OTHERS`` other live peers
+        agree on a dataset or settings other than ours, and they outnumber the live peers that share ours. One
+        peer's claim is never enough (a rogue that says the run trains other data); we keep training with
+        those who share ours."""
+        counts: dict[tuple[str, str], int] = {}
+        for theirs in self.others.values():
+            counts[theirs] = counts.get(theirs, 0) + 1
+        ours = len(self._current.keys() - {self.me})
+        run, n = max(counts.items(), key=lambda item: item[1], default=(None, 0))
+        if run is None or n < MAJORITY_OF_OTHERS or n <= ours:
             return None
-        return (f"this run trains data {', '.join(theirs)} but this agent's is {self.data or '(unsaid)'}: give it "
-                "the run's prepared dataset (p2ptrain data info shows a dataset's id)")
+        data, settings = run
+        hint = ("give it the run's prepared dataset (p2ptrain data info shows a dataset's id)" if data != self.data
+                else "set them in its [train] config as the run's agent config does")
+        return f"{n} live peers agree that {self._difference(data, settings)}: {hint}"
+
+    def _difference(self, data: str, settings: str) -> str:
+        parts = []
+        if data != self.data:
+            parts.append(f"this run trains data {data or '(unsaid)'} but this agent's is {self.data or '(unsaid)'}")
+        if settings != self.settings:
+            parts.append(f"this run trains with {described(settings)} but this agent's settings are "
+                         f"{described(self.settings)}")  # fmt: skip
+        return "; ".join(parts)
 
     def known_for_s(self, peer_id: str) -> float:
         """How long ``peer_id`` has been live in our view (0 if it is not)."""

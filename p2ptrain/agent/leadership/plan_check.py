@@ -45,20 +45,31 @@ logger = logging.getLogger(__name__)
 WorkloadFor = Callable[[Cluster, list[str], Mapping[str, PeerRecord], TrainConfig], Workload]
 
 
-def membership_problem(plan: PlanRecord, live: Collection[str], settled: Collection[str], first: bool) -> str | None:
+def membership_problem(plan: PlanRecord, live: Collection[str], settled: Collection[str], first: bool,
+                       needed: int = 1) -> str | None:  # fmt: skip
     """Why ``plan`` does not plan the membership we see (None: it does).
 
     ``live``: the peers we see live (dead and passed-over peers already left out); ``settled``: those of
     them we have seen long enough that a leader must have seen them too; ``first``: no epoch was trained
-    yet, so every settled live peer must be a member.
+    yet, so every settled live peer must be a member (``first_plan_problem``, with ``needed``).
     """
     unknown = [p for p in plan.membership if p not in live]
     if unknown:
         return f"it names {len(unknown)} peer(s) we do not see live ({', '.join(unknown[:3])})"
-    if first:
-        missing = sorted(p for p in settled if p not in plan.membership)
-        if missing:
-            return f"it leaves out {len(missing)} live peer(s) ({', '.join(missing[:3])})"
+    return first_plan_problem(plan, live, settled, needed) if first else None
+
+
+def first_plan_problem(plan: PlanRecord, live: Collection[str], settled: Collection[str], needed: int) -> str | None:
+    """Why ``plan``, the run's first, leaves out peers an honest leader would have planned (None: it does
+    not): it names fewer members than the run waits for (``needed``: ``membership.expect``, else
+    ``min_peers``; an honest leader plans once that many are live, and plans them all) while we see that
+    many live, or it leaves out a ``settled`` live peer."""
+    if len(plan.membership) < min(needed, len(live)):
+        return (f"it plans {len(plan.membership)} members where the run waits for {needed} and we see "
+                f"{len(live)} live")
+    missing = sorted(p for p in settled if p not in plan.membership)
+    if missing:
+        return f"it leaves out {len(missing)} live peer(s) ({', '.join(missing[:3])})"
     return None
 
 
@@ -95,12 +106,14 @@ def cost_check(plan: PlanRecord, peers: Mapping[str, PeerRecord], rows: Mapping[
                train: TrainConfig, config: PlanConfig, emulation: EmulationSettings,
                workload_for: WorkloadFor, tolerance: float, slack_s: float = 0.0) -> CostCheck:
     """Score ``plan`` and our own plan of its members (``peers``: their records; ``rows``: the links rows)
-    with the run's objective and the plan's run settings (``agent.settings``: the wire, schedule and overlap
-    both plans would train with); ``workload_for(cluster, trainers, peers, train)`` gives the workload both
+    with the run's objective and settings (``agent.settings``: the wire, schedule and overlap both plans
+    train with; a plan that departs from them is refused); ``workload_for(cluster, trainers, peers, train)`` gives the workload both
     are scored with. Raises ValueError where we cannot plan these members ourselves."""
     if plan.stages != train.stages:
         raise ValueError(f"it has {plan.stages} stages; the run trains {train.stages}")
-    train = settings.adopt(train, plan)
+    why = settings.problem(plan, train)
+    if why is not None:
+        raise ValueError(why)
     theirs = trainers_of(plan)
     cluster = build_cluster(theirs, peers, rows, emulation)
     workload = workload_for(cluster, theirs, peers, train)
@@ -193,20 +206,25 @@ class PlanGate:
                  leaders: LeaderWatch, settle_s: float,
                  read_rows: Callable[[], Mapping[str, LinksRecord]],
                  workload_for: WorkloadFor,
-                 on_refusal: Callable[[PlanRecord, str], None] = lambda plan, reason: None):  # fmt: skip
+                 on_refusal: Callable[[PlanRecord, str], None] = lambda plan, reason: None,
+                 pass_over: Callable[[str, str], None] = lambda leader, why: None, needed: int = 1):  # fmt: skip
         self.me, self.train, self.plan, self.emulation = me, train, plan, emulation
         self.leaders = leaders
         self.settle_s = settle_s
         self.read_rows = read_rows
         self.workload_for = workload_for
         self.on_refusal = on_refusal
+        self.pass_over = pass_over
+        self.needed = needed  # members the run waits for before its first plan (``first_plan_problem``)
         self._costs: dict[bytes, str | None] = {}  # a plan's encoding -> why its cost is refused (None: fine)
         self._refused: set[tuple[bytes, str]] = set()
+        self._refused_keys: set[bytes] = set()  # plans refused for what they plan (a later view may accept them)
         self._unseen_since: dict[bytes, float] = {}
 
     def refused(self, plan: PlanRecord) -> bool:
-        """Whether ``plan``'s cost was refused (a refused plan never counts as the run's newest)."""
-        return self._costs.get(plan.encode()) is not None
+        """Whether ``plan`` stands refused (a refused plan never counts as the run's newest)."""
+        key = plan.encode()
+        return self._costs.get(key) is not None or key in self._refused_keys
 
     def accept(self, plan: PlanRecord, live: Mapping[str, PeerRecord], known_for: Callable[[str], float],
                first: bool) -> bool:  # fmt: skip
@@ -214,7 +232,7 @@ class PlanGate:
         if plan.leader == self.me:
             return True
         key = plan.encode()
-        unknown = settings.problem(plan)  # checked even unverified: we could not train with it
+        unknown = settings.problem(plan, self.train)  # checked even unverified: the run's settings are pinned
         if unknown is not None:
             self._costs[key] = unknown
             self._refuse(plan, key, unknown)
@@ -222,7 +240,7 @@ class PlanGate:
         if not self.plan.verify:
             return True
         settled = [p for p in live if known_for(p) >= self.settle_s]
-        problem = membership_problem(plan, live, settled, first)
+        problem = membership_problem(plan, live, settled, first, self.needed)
         if problem is not None and any(p not in live for p in plan.membership):
             # our view may lag the leader's by a poll or two: refuse only if it stays so
             since = self._unseen_since.setdefault(key, self.leaders.clock())
@@ -230,17 +248,39 @@ class PlanGate:
                 return False
         if problem is None:
             problem = self._cost_problem(plan, live, key)
+            if problem is None and key not in self._costs:
+                return False  # not yet checked (the links rows could not be read): retried at the next poll
         if problem is None:
+            self._refused_keys.discard(key)
             self.leaders.satisfied()
             return True
         self._refuse(plan, key, problem)
         return False
 
+    def left_out(self, plan: PlanRecord, live: Collection[str], known_for: Callable[[str], float],
+                 untrained: Callable[[], bool]) -> bool:  # fmt: skip
+        """Whether to refuse the leader's ``plan``, which leaves this agent out (and pass the leader over): it is
+        the run's first (it starts at step 0, and ``untrained()``: nobody trained a step yet) and leaves out peers an
+        honest leader would have planned (``first_plan_problem``). A later plan may leave us out: we wait for
+        its re-plan point like any joiner."""
+        if plan.leader == self.me or not self.plan.verify or plan.start_step != 0:
+            return False
+        settled = [p for p in live if known_for(p) >= self.settle_s]
+        problem = first_plan_problem(plan, live, settled, self.needed)
+        if problem is not None and untrained():
+            self._refuse(plan, plan.encode(), problem)
+            return True
+        return False
+
     def _refuse(self, plan: PlanRecord, key: bytes, problem: str) -> None:
+        """Refuse ``plan`` and pass its leader over at once (it owes us a plan we accept, and has shown it will
+        not give one in time: waiting out the grace would only stall the run). Logged once per plan and reason."""
         if (key, problem) not in self._refused:
             self._refused.add((key, problem))
             logger.warning("refusing plan epoch %d signed by %s: %s", plan.epoch, plan.leader, problem)
             self.on_refusal(plan, problem)
+        self._refused_keys.add(key)
+        self.pass_over(plan.leader, f"its plan epoch {plan.epoch} was refused")
 
     def _cost_problem(self, plan: PlanRecord, live: Mapping[str, PeerRecord], key: bytes) -> str | None:
         if key in self._costs:
@@ -248,8 +288,8 @@ class PlanGate:
         try:
             rows = self.read_rows()
         except Exception as e:  # noqa: BLE001 - a failed read is retried at the next poll, not a verdict
-            logger.warning("cannot read the links rows to check plan epoch %d: %s", plan.epoch, e)
-            return "its links rows could not be read (retrying)"
+            logger.warning("cannot read the links rows to check plan epoch %d: %s; retrying", plan.epoch, e)
+            return None
         live = with_slowdowns(live, plan_slowdowns(plan))  # the leader's factors: only ever slower (``claims``)
         try:
             check = cost_check(plan, live, rows, self.train, self.plan, self.emulation, self.workload_for,

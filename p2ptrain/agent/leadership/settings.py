@@ -1,56 +1,60 @@
-"""The run settings a plan carries: how the epoch's tensors travel, decided by the leader for everyone.
+"""The run settings: how an epoch's tensors travel, pinned by each agent's config and checked in every plan.
 
 Every trainer of an epoch must encode and cut its messages alike: a bf16 activation is refused by a
 receiver that expects fp32, and two replicas that cut their gradients into different buckets exchange
 shards of different sizes. The leader also prices its plan with these settings (``planning.wire_model``).
-So the leader writes its ``[train]`` ``wire``, ``schedule``, ``overlap`` and ``bucket_elements`` into each
-plan (``PlanRecord``), and an agent trains, and checks the plan's cost, with the plan's values rather than
-its own: a volunteer with the default config joins an organiser's bf16 run as it is.
 
-A plan that leaves a setting out (a leader that does not say) keeps the follower's own value; a plan that
-names a wire format or a schedule this agent does not know is refused with the reason (``problem``).
+They are the run's, not the leader's: an open run lets anyone lead who sorts lowest, and a leader that
+could switch an fp32 run to int4 would train everyone with its choice (its plan would even look cheaper).
+So each agent's ``[train]`` ``wire``, ``schedule``, ``overlap`` and ``bucket_elements`` are pinned, like its
+dataset: its peer record says them (``identity``), peers that train with others are not members of its run
+(``membership``), and a plan is followed only if the settings it carries are exactly ours (``problem``).
+The organiser ships them in the run's agent config with the dataset. A plan that leaves a setting out (a
+leader that does not say) trains with ours.
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 from p2ptrain.net.dht.records import PlanRecord
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.schedule import SCHEDULES
 from p2ptrain.runtime.wire import WIRE_FORMATS
 
+NAMES = ("wire", "schedule", "overlap", "bucket_elements")
+
 
 def plan_fields(train: TrainConfig) -> dict[str, object]:
     """The ``PlanRecord`` fields a leader with ``train`` writes into its plans."""
-    return {"wire": train.wire, "schedule": train.schedule, "overlap": train.overlap,
-            "bucket_elements": train.bucket_elements}  # fmt: skip
+    return {name: getattr(train, name) for name in NAMES}
 
 
-def problem(plan: PlanRecord) -> str | None:
-    """Why this agent cannot train with ``plan``'s settings, or None."""
+def identity(train: TrainConfig) -> str:
+    """The settings as one short line for a peer record (``PeerRecord.settings``): ``wire=fp32,schedule=...``."""
+    return ",".join(f"{name}={_text(getattr(train, name))}" for name in NAMES)
+
+
+def described(identity_line: str) -> str:
+    """A peer record's settings line for a person: ``wire fp32, schedule gpipe, ...`` ("(unsaid)" if empty)."""
+    return ", ".join(part.replace("=", " ", 1) for part in identity_line.split(",")) if identity_line else "(unsaid)"
+
+
+def problem(plan: PlanRecord, train: TrainConfig) -> str | None:
+    """Why this agent, whose run settings are ``train``'s, refuses ``plan``'s settings, or None."""
     if plan.wire and plan.wire not in WIRE_FORMATS:
         return f"it asks for wire format {plan.wire!r}, which this agent does not know ({', '.join(WIRE_FORMATS)})"
     if plan.schedule and plan.schedule not in SCHEDULES:
         return f"it asks for schedule {plan.schedule!r}, which this agent does not know ({', '.join(SCHEDULES)})"
+    departs = [f"{name} {_text(value)} (the run's: {_text(getattr(train, name))})" for name, value in _named(plan).items()
+               if value is not None and value != getattr(train, name)]  # fmt: skip
+    if departs:
+        return f"it departs from the run's settings, which a plan may not change: {', '.join(departs)}"
     return None
-
-
-def adopt(train: TrainConfig, plan: PlanRecord) -> TrainConfig:
-    """``train`` with the settings ``plan`` carries (ValueError if it names one we do not know)."""
-    why = problem(plan)
-    if why is not None:
-        raise ValueError(why)
-    changes = {name: value for name, value in _named(plan).items() if value is not None}
-    return dataclasses.replace(train, **changes) if changes else train
-
-
-def differences(train: TrainConfig, plan: PlanRecord) -> list[str]:
-    """Each setting where ``plan`` overrides ``train``, as ``name VALUE (ours VALUE)``, for the log."""
-    return [f"{name} {value} (ours {getattr(train, name)})" for name, value in _named(plan).items()
-            if value is not None and value != getattr(train, name)]  # fmt: skip
 
 
 def _named(plan: PlanRecord) -> dict[str, object]:
     return {"wire": plan.wire or None, "schedule": plan.schedule or None, "overlap": plan.overlap,
             "bucket_elements": plan.bucket_elements or None}  # fmt: skip
+
+
+def _text(value: object) -> str:
+    return str(int(value)) if isinstance(value, bool) else str(value)

@@ -46,6 +46,7 @@ MAX_MADDRS = 16
 VERSION_RE = re.compile(r"[0-9A-Za-z.+_-]{1,32}")
 IDENT_RE = re.compile(r"[a-z0-9_-]{1,32}")
 DATA_RE = re.compile(r"[a-z0-9]{1,16}-[0-9]{1,8}:[0-9a-f]{16}")  # tokenizer label : content digest
+SETTINGS_RE = re.compile(r"[a-z0-9_]{1,24}=[a-z0-9_.]{1,24}(,[a-z0-9_]{1,24}=[a-z0-9_.]{1,24}){0,15}")  # k=v,...
 
 
 def peer_tag(peer_id: str) -> bytes:

@@ -61,6 +61,7 @@ from p2ptrain.net.dht.record_base import (
     NO_BACKUP,
     PEER_TAG_BYTES,
     SCHEMA_VERSION,
+    SETTINGS_RE,
     SOURCE_CHECKPOINT,
     SOURCE_INIT,
     VERSION_RE,
@@ -150,6 +151,9 @@ class PeerRecord(RecordEnvelope):
     # optional: what it trains on (``p2ptrain.model.data.data_identity``: tokenizer and content digest);
     # agents of a run must agree on it (``agent.membership``)
     data: str = ""
+    # optional: the run settings it trains with (``agent.leadership.settings.identity``: wire, schedule, ...);
+    # pinned by each agent's config, so agents of a run must agree on them too
+    settings: str = ""
     kind: ClassVar[RecordKind] = RecordKind.PEER
 
     def __post_init__(self) -> None:
@@ -170,6 +174,7 @@ class PeerRecord(RecordEnvelope):
         if self.compute is not None and not isinstance(self.compute, ComputeMeasurement):
             raise RecordError("compute must be a ComputeMeasurement")
         set_field(self, "data", f.text("data", self.data, 64, pattern=DATA_RE) if self.data else "")
+        set_field(self, "settings", f.text("settings", self.settings, 256, pattern=SETTINGS_RE) if self.settings else "")
 
     def _fields(self) -> dict[str, Any]:
         fields = {
@@ -183,6 +188,8 @@ class PeerRecord(RecordEnvelope):
             fields["compute"] = self.compute.to_wire()
         if self.data:  # optional field: absent for agents that do not say
             fields["data"] = self.data
+        if self.settings:  # optional field: absent for agents that do not say
+            fields["settings"] = self.settings
         return fields
 
     @classmethod
@@ -193,7 +200,7 @@ class PeerRecord(RecordEnvelope):
             p2ptrain_version=m["p2ptrain_version"], protocol_version=m["protocol_version"],
             emulated_device=m.get("emulated_device"),
             compute=ComputeMeasurement.from_wire(m["compute"]) if "compute" in m else None,
-            data=m.get("data", ""),
+            data=m.get("data", ""), settings=m.get("settings", ""),
         )  # fmt: skip
 
 
