@@ -61,7 +61,7 @@ from p2ptrain.agent.leadership.claims import bounded, record_problem
 from p2ptrain.agent.leadership.election import finished_without, latest_plan
 from p2ptrain.agent.leadership.leader import AgentView, Leading
 from p2ptrain.agent.leadership.membership import Membership, MembershipTracker
-from p2ptrain.agent.leadership.plan_check import LeaderWatch, PlanGate
+from p2ptrain.agent.leadership.plan_check import CulpableWatch, LeaderWatch, PlanGate
 from p2ptrain.agent.links import LinkProber
 from p2ptrain.agent.profile import profile_device
 from p2ptrain.agent.senders import min_rates, sender_budgets
@@ -74,6 +74,7 @@ from p2ptrain.net.dht.records import ComputeMeasurement, PeerRecord, PlanRecord,
 from p2ptrain.net.nat.forward import setup_forwarding
 from p2ptrain.net.transport.emulation import EmulationConfig, LinkEmulator, scaled_link
 from p2ptrain.net.transport.endpoint import Transport
+from p2ptrain.net.transport.status import FAIL
 from p2ptrain.planning import Cluster, load_cluster
 from p2ptrain.runtime.calibration import calibrate, expected_rows
 from p2ptrain.runtime.compute_speed import compute_slowdown
@@ -125,6 +126,8 @@ class Agent:
         self._seen = Membership({})  # the live view before passed-over leaders are left out
         self._leaders = LeaderWatch(config.membership.leader_grace_s, config.membership.leader_backoff_s)
         self._gate: PlanGate | None = None
+        self._culpable = CulpableWatch(config.membership.poll_s)
+        self._halted_epoch = -1  # the last epoch this agent halted on a failure
         self._last_poll = 0.0
         self._started = time.monotonic()
         self._done_now: int | None = None  # steps done in the epoch being trained
@@ -470,6 +473,7 @@ class Agent:
 
     def _next_plan(self) -> PlanRecord | None:
         """The plan to follow next (``election.latest_plan``), or None."""
+        self._check_culpable_leader()
         try:
             plans = self.dht.read_plans()
         except ProtocolError as e:
@@ -507,6 +511,25 @@ class Agent:
         self._newest_any = max((p for p in plans.values() if not self._gate.refused(p)), key=lambda p: p.epoch,
                                default=None)  # fmt: skip
         return plan
+
+    def _check_culpable_leader(self) -> None:
+        """Once the epoch we follow failed (we halted it, or a heartbeat says a trainer did), pass its leader
+        over at once if the failure was its own stage's (``plan_check.culpable_leader``)."""
+        plan, leader = self._following, self._membership.leader
+        if plan is None or leader is None or plan.leader != leader or leader == self.peer_id:
+            return
+        statuses = self.liveness.statuses() if self.liveness is not None else {}
+        failed = self._halted_epoch == plan.epoch or self._aborted == plan.epoch or any(
+            s.state == FAIL and s.epoch == plan.epoch for s in statuses.values())  # fmt: skip
+        if not failed:
+            return
+        try:
+            why = self._culpable.check(plan, self.dht.read_progress)
+        except ProtocolError:
+            return
+        if why is not None:
+            self._leading.pass_over(leader, why)
+            self._membership = Membership({p: r for p, r in self._membership.peers.items() if p != leader})
 
     def _untrained(self) -> bool:
         """Whether no peer says it trained a step of this run yet (its progress records)."""
@@ -560,7 +583,10 @@ class Agent:
         peers = dict(self._membership.peers)
         self._boundary = BoundaryWatch(self._boundary_check, min(cfg.membership.poll_s, INTERVAL_S)).start()
         try:
-            return run_epoch(plan, context, peers)
+            outcome = run_epoch(plan, context, peers)
+            if outcome.halted:
+                self._halted_epoch = plan.epoch
+            return outcome
         except Exception:
             if self.stop.is_set():  # the stop watcher shut the transport down under a running step
                 return EpochOutcome(False, 0)

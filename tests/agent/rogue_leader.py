@@ -3,6 +3,11 @@
     python rogue_leader.py bad CONFIG     publishes a structurally valid plan with the worst assignment of its
                                           trainers (every permutation scored; it claims the honest cost)
     python rogue_leader.py silent CONFIG  never plans while it leads (it answers pings, measures links)
+    python rogue_leader.py leaves_out CONFIG   its first plan plans itself and the next two peers only
+    python rogue_leader.py idle_stage CONFIG   plans honestly but puts itself on stage 0 of pipeline 0, then
+                                          never computes (it takes tensors, and halts once another peer did)
+    python rogue_leader.py other_data CONFIG   its peer record claims another dataset; it leads in its own view
+    python rogue_leader.py int4 CONFIG    its plans switch the run's wire to int4 (its peer record says fp32)
 
 Everything else is the agent as shipped: it joins, publishes its profile and links, answers pings.
 """
@@ -18,10 +23,15 @@ import numpy as np
 
 from p2ptrain.agent.agent import Agent
 from p2ptrain.agent.config import AgentConfig
+from p2ptrain.agent.epoch import EpochOutcome
 from p2ptrain.agent.leadership.leader import Leading
+from p2ptrain.agent.leadership.membership import Membership
+from p2ptrain.agent.leadership.plan_maker import cluster_order, trainers_and_spares
 from p2ptrain.cli import configure_logging
 from p2ptrain.config import config_from_dict, read_toml
+from p2ptrain.errors import ProtocolError
 from p2ptrain.lifecycle import StopSignal
+from p2ptrain.net.dht.records import ProgressRecord
 from p2ptrain.planning import make_objective
 
 
@@ -51,11 +61,86 @@ class WorstPlanner(Agent):
     _leading_class = WorstPlanning
 
 
+class LeavesOutLeading(Leading):
+    def _start_planning(self, membership, trainers, spares, rows, trigger, replan, start_step, sources,
+                        step_s=0.0) -> None:  # fmt: skip
+        if replan is None:  # the run's first plan: itself and the next two peers, two live honest agents left out
+            membership = Membership({p: membership.peers[p] for p in membership.ids[:3]})
+            trainers, spares = trainers_and_spares(cluster_order(membership.peers), self.config.train)
+        super()._start_planning(membership, trainers, spares, rows, trigger, replan, start_step, sources, step_s)
+
+
+class LeavesOut(Agent):
+    _leading_class = LeavesOutLeading
+
+
+class IdleStageLeading(Leading):
+    def _publish_plan(self, planning) -> None:
+        plan = planning.future.result()
+        devices, spares = list(planning.devices), list(planning.spares)
+        pipelines = [list(row) for row in plan["pipelines"]]
+        first = pipelines[0][0]
+        if self.peer_id in spares:  # a spare by its own planner: it swaps itself in
+            k = spares.index(self.peer_id)
+            devices[first], spares[k] = spares[k], devices[first]
+        else:  # a trainer: it swaps itself onto stage 0 of pipeline 0
+            mine = devices.index(self.peer_id)
+            for row in pipelines:
+                row[:] = [first if d == mine else mine if d == first else d for d in row]
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        done.set_result({**plan, "pipelines": pipelines})
+        super()._publish_plan(dataclasses.replace(planning, devices=devices, spares=spares, future=done))
+
+
+class IdleStage(Agent):
+    _leading_class = IdleStageLeading
+
+    def _follow(self, plan, device) -> EpochOutcome:
+        self._following = plan
+        self._admit_senders(self._membership, plan)
+        self._note_waiting(f"rogue: holding a stage of epoch {plan.epoch}; computing nothing, halting when told")
+        while not self.stop.wait(self.config.membership.poll_s):
+            try:
+                progress = self.dht.read_progress()
+            except ProtocolError:
+                continue
+            if any(r.epoch == plan.epoch and r.halted for p, r in progress.items() if p != self.peer_id):
+                self.heartbeat.flush(ProgressRecord(plan.epoch, plan.start_step, None, 0.0, halted=True))
+                return EpochOutcome(False, 0, halted=True)
+        return EpochOutcome(False, 0)
+
+
+OTHER_DATA = "byte-256:ffffffffffffffff"
+
+
+class OtherData(Agent):
+    def _publish_peer_record(self, profile, compute=None) -> None:
+        real, self.data_id = self.data_id, OTHER_DATA  # says so in its record; its own view keeps the real one
+        try:
+            super()._publish_peer_record(profile, compute)
+        finally:
+            self.data_id = real
+
+
+class Int4Leading(Leading):
+    def __init__(self, config, *args, **kwargs):
+        super().__init__(dataclasses.replace(config, train=dataclasses.replace(config.train, wire="int4")), *args,
+                         **kwargs)  # fmt: skip
+
+
+class Int4(Agent):
+    _leading_class = Int4Leading
+
+
+MODES = {"bad": WorstPlanner, "silent": SilentLeader, "leaves_out": LeavesOut, "idle_stage": IdleStage,
+         "other_data": OtherData, "int4": Int4}  # fmt: skip
+
+
 def main(mode: str, config_path: str) -> None:
     configure_logging(1)
     config = config_from_dict(AgentConfig, read_toml(config_path))
     with StopSignal() as stop:
-        {"bad": WorstPlanner, "silent": SilentLeader}[mode](config, stop).run()
+        MODES[mode](config, stop).run()
 
 
 if __name__ == "__main__":

@@ -12,15 +12,17 @@ import pytest
 
 from p2ptrain.agent.config import EmulationSettings, PlanConfig
 from p2ptrain.agent.leadership.plan_check import (
+    CulpableWatch,
     LeaderWatch,
     PlanGate,
     cost_check,
+    culpable_leader,
     first_plan_problem,
     membership_problem,
     newer_plan_excuses,
 )
 from p2ptrain.agent.leadership.plan_maker import build_cluster, make_plan, run_workload
-from p2ptrain.net.dht.records import LinkMeasurement, LinksRecord, PeerRecord, PlanRecord
+from p2ptrain.net.dht.records import LinkMeasurement, LinksRecord, PeerRecord, PlanRecord, ProgressRecord
 from p2ptrain.net.identity import generate_identity
 from p2ptrain.planning import make_objective
 from p2ptrain.planning.scenarios import scenario
@@ -240,3 +242,27 @@ def test_the_runs_first_plan_may_not_leave_out_peers_an_honest_leader_would_plan
     assert not passed and not gate.left_out(dataclasses.replace(two, start_step=3), peers, known, lambda: True)
     assert gate.left_out(two, peers, known, untrained=lambda: True) and gate.refused(two)
     assert passed == [two.leader] and refusals == ["it plans 2 members where the run waits for 4 and we see 5 live"]
+
+
+def test_a_leader_whose_own_stage_failed_its_epoch_is_culpable(world):
+    peers, _, _ = world
+    plan = plan_record(peers, peers[:4], (0, 1, 2, 3))  # signed by peers[0], which holds stage 0 of pipeline 0
+    halted = lambda blame=None, epoch=0: ProgressRecord(epoch, 0, None, 0.0, halted=True, blame=blame)  # noqa: E731
+    assert culpable_leader(plan, {}, 60.0) is None
+    # its stage-1 trainer timed out on its activations, its stage-0 replica on its gradient shard
+    blames = {peers[1]: halted(peers[0]), peers[2]: halted(peers[0])}
+    assert culpable_leader(plan, blames, 5.0) is None  # not halted yet: it may still say whom it waited on
+    why = "epoch 0, which it planned, failed at its own stage (the failed calls of 2 trainer(s) blame it)"
+    assert culpable_leader(plan, blames, 10.0) == why  # ... for BLAMED_HALT_S
+    assert culpable_leader(plan, {**blames, peers[0]: halted()}, 0.0) == why  # halted, blaming nobody: at once
+    # a cascade that ends elsewhere: a victim that blamed the leader, which blamed the real end
+    assert culpable_leader(plan, {peers[1]: halted(peers[0]), peers[0]: halted(peers[3])}, 60.0) is None
+    assert culpable_leader(plan, {peers[1]: halted(peers[0], epoch=1)}, 60.0) is None  # another epoch's
+    assert culpable_leader(plan, {generate_identity().peer_id: halted(peers[0])}, 60.0) is None  # not a member
+
+    clock, reads = Clock(), []
+    watch = CulpableWatch(1.0, clock=clock)
+    read = lambda: reads.append(1) or blames  # noqa: E731
+    assert watch.check(plan, read) is None and watch.check(plan, read) is None and len(reads) == 1  # throttled
+    clock.now += 10.0
+    assert watch.check(plan, read) == why and len(reads) == 2  # 10 s since it was first blamed

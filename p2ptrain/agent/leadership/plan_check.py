@@ -31,11 +31,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from p2ptrain.agent.churn.replan import BLAMED_HALT_S, blame_roots
 from p2ptrain.agent.config import EmulationSettings, PlanConfig
 from p2ptrain.agent.leadership import settings
 from p2ptrain.agent.leadership.claims import plan_slowdowns, with_slowdowns
 from p2ptrain.agent.leadership.plan_maker import build_cluster, cluster_order, make_plan, trainers_and_spares
-from p2ptrain.net.dht.records import LinksRecord, PeerRecord, PlanRecord
+from p2ptrain.net.dht.records import LinksRecord, PeerRecord, PlanRecord, ProgressRecord
 from p2ptrain.planning import Cluster, LayeredWorkload, Workload, even_layers, make_objective
 from p2ptrain.runtime.config import TrainConfig
 
@@ -128,6 +129,45 @@ def cost_check(plan: PlanRecord, peers: Mapping[str, PeerRecord], rows: Mapping[
     own = build_cluster(ours, peers, rows, emulation)
     ours_s = make_plan(own, workload_for(own, ours, peers, train), plan.stages, config)["cost_s"]
     return CostCheck(float(theirs_s), float(ours_s), tolerance, slack_s)
+
+
+def culpable_leader(plan: PlanRecord, progress: Mapping[str, ProgressRecord], blamed_for_s: float) -> str | None:
+    """Why the leader of ``plan`` failed its own epoch (None: nothing says so yet): the halted trainers' blames
+    (``ProgressRecord.blame``) end at it (``replan.blame_roots``): its stage took tensors and answered nothing.
+    Until it halted itself (saying whom it waited on, if anyone) it gets ``BLAMED_HALT_S`` from the first such
+    blame (``blamed_for_s`` ago), as a blamed trainer does from its leader. An honest leader at the root of a
+    cascade (its link broke) is passed over for one back-off and rejoins like any joiner: the leader that
+    would have planned around the failure was itself."""
+    halted = {p: r for p, r in progress.items() if r.epoch == plan.epoch and r.halted and p in plan.membership}
+    edges = {p: r.blame for p, r in halted.items() if r.blame in plan.membership and r.blame != p}
+    if plan.leader not in blame_roots(edges) or (plan.leader not in halted and blamed_for_s < BLAMED_HALT_S):
+        return None
+    return (f"epoch {plan.epoch}, which it planned, failed at its own stage (the failed calls of "
+            f"{sum(1 for b in edges.values() if b == plan.leader)} trainer(s) blame it)")
+
+
+class CulpableWatch:
+    """A follower's watch on the leader of the epoch it followed (``culpable_leader``), once that epoch failed:
+    remembers when the blames first ended at the leader, and reads the progress records at most every
+    ``interval_s``."""
+
+    def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic):
+        self.interval_s = interval_s
+        self.clock = clock
+        self._blamed: dict[tuple[str, int], float] = {}  # (leader, epoch) -> when its blame was first read
+        self._last = -float("inf")
+
+    def check(self, plan: PlanRecord, read_progress: Callable[[], Mapping[str, ProgressRecord]]) -> str | None:
+        now = self.clock()
+        if now - self._last < self.interval_s:
+            return None
+        self._last = now
+        progress = read_progress()
+        key = (plan.leader, plan.epoch)
+        if culpable_leader(plan, progress, blamed_for_s=float("inf")) is None:
+            self._blamed.pop(key, None)
+            return None
+        return culpable_leader(plan, progress, now - self._blamed.setdefault(key, now))
 
 
 def newer_plan_excuses(newest: PlanRecord | None, followed_epoch: int, leader: str, live: Collection[str]) -> bool:

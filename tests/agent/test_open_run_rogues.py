@@ -1,0 +1,72 @@
+"""An open run (no allow-list, no join token) with one rogue of a valid identity that sorts lowest, so it is
+the leader the election rule names. Each mode is a real agent with one bad habit (``rogue_leader.py``):
+
+* ``silent``: never plans; passed over once the grace ends (silence is only known by waiting);
+* ``leaves_out``: its first plan leaves two live honest agents out; refused at once, by those it names
+  and those it leaves out;
+* ``idle_stage``: an honest-looking plan in which it holds stage 0, then it never computes; the failed
+  epoch's blames end at it, and its followers pass it over at once;
+* ``other_data``: its peer record claims another dataset; nobody exits, it is simply not a member;
+* ``int4``: its plans switch the fp32 run to int4; refused at once (the run's settings are pinned).
+
+Four honest agents (the run expects four: the rogue is an uninvited fifth) finish with the single-process
+reference losses, every step trained with the run's settings under an honest leader. The same five,
+with the default grace and search budget, beside the run without a rogue: ``benchmarks/rogue.py``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from agent_helpers import events, run_agents, sorted_identities
+from test_untrusted_members import assert_reference
+
+from p2ptrain.swarm.launcher import SwarmConfig
+
+pytestmark = pytest.mark.integration
+
+HERE = Path(__file__).resolve().parent
+RUN_SETTINGS = {"wire": "fp32", "schedule": "gpipe", "overlap": True, "bucket_elements": 1 << 18}
+
+
+@pytest.mark.timeout(480)
+@pytest.mark.parametrize("mode", ["silent", "leaves_out", "idle_stage", "other_data", "int4"])
+def test_a_rogue_sorting_lowest_cannot_take_an_open_run(tmp_path, mode):
+    sorted_identities(tmp_path, 5)  # agent-0 sorts lowest: the rogue
+    config = SwarmConfig(agents=5, stages=2, steps=6, scenario=None, workdir=str(tmp_path), run=f"rogue-{mode}",
+                         call_timeout_s=15.0)  # fmt: skip
+    agents, codes, train = run_agents(
+        tmp_path, config, {0: [sys.executable, str(HERE / "rogue_leader.py"), mode]},
+        {"membership": {"expect": 4, "leader_grace_s": 10.0, "plan_timeout_s": 360.0}, "plan": {"time_budget_s": 3.0}},
+        420)  # fmt: skip
+    rogue, honest = agents[0], agents[1:]
+    assert all(code == 0 for code in codes.values()), codes  # nobody exited on the rogue's word
+    assert_reference(honest, train)
+    leaders = {a.peer_id for a in honest}
+    for agent in honest:
+        log = events(agent.events.path)
+        trained = {e["epoch"] for e in log if e["event"] == "step"}
+        roles = {e["epoch"]: e for e in log if e["event"] == "role"}
+        assert trained and all(roles[epoch]["leader"] in leaders for epoch in trained), (mode, agent.name, roles)
+        passed = [e for e in log if e["event"] == "passed_over"]
+        if mode == "other_data":  # never a member: nothing to pass over
+            assert not passed
+            assert f"ignoring peer {rogue.peer_id}: this run trains data byte-256:ffffffffffffffff" in \
+                agent.log_path.read_text()
+        else:
+            assert [e["peer"] for e in passed] == [rogue.peer_id], (agent.name, passed)
+    reasons = {e["reason"] for a in honest for e in events(a.events.path) if e["event"] == "passed_over"}
+    expected = {"silent": "no plan we accept came within", "leaves_out": "its plan epoch 0 was refused",
+                "idle_stage": "failed at its own stage", "int4": "its plan epoch 0 was refused"}  # fmt: skip
+    if mode in expected:
+        assert reasons and all(expected[mode] in r for r in reasons), reasons
+    plans = [e for a in honest for e in events(a.events.path) if e["event"] == "plan"]  # by the honest leaders
+    assert plans and all(p["settings"] == RUN_SETTINGS for p in plans)
+    assert all(rogue.peer_id not in p["devices"] + p["spares"] for p in plans)
+    refused = [e["reason"] for a in honest for e in events(a.events.path) if e["event"] == "plan_refused"]
+    if mode == "int4":
+        assert refused and all("wire int4 (the run's: fp32)" in r for r in refused), refused
+    if mode == "leaves_out":
+        assert refused and all("it plans 3 members where the run waits for 4" in r for r in refused), refused
