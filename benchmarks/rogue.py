@@ -13,9 +13,17 @@ Each scenario runs a real local swarm on loopback (tiny model, 2 stages, 6 steps
   deadline 15 s, a clean 5-agent run beside it);
 * **cooperative swallower**: the same, but a member that claims nothing special, takes tensors, answers
   nothing and then halts like an honest peer once another trainer did (``swallow_and_halt``): no single
-  failure makes it a culprit, the blames of two epochs quarantine it (the same clean run beside it).
+  failure makes it a culprit, the blames of two epochs quarantine it (the same clean run beside it);
+* **lowest-ID rogue**, five ways (``tests/agent/rogue_leader.py``): an open run that expects 4 agents, and
+  an uninvited fifth with a valid identity that sorts lowest, so the election names it leader. It is
+  ``silent`` (never plans), ``leaves_out`` (its first plan leaves two live honest agents out),
+  ``idle_stage`` (an honest-looking plan in which it holds stage 0, then it never computes),
+  ``other_data`` (its peer record claims another dataset) or ``int4`` (its plans switch the fp32 run to
+  int4). Beside a clean run of the 4 honest agents; every setting is the default ``p2ptrain swarm`` gives
+  (leader grace, search budget, tensor deadline), none shrunk to fit.
 
-Per run: the wall time from launch until every honest agent finished, beside its clean run's (ratio), the
+Per run: the wall time from launch until every honest agent finished (for the lowest-ID rogues: until the
+last honest agent's ``done`` event, without the teardown after), beside its clean run's (ratio), the
 plans published, the peers quarantined, and the honest messages refused (goal: 0).
 """
 
@@ -40,6 +48,7 @@ from agent_helpers import bootstrap_maddrs, events, run_agents, sorted_identitie
 from p2ptrain.swarm.launcher import SwarmConfig  # noqa: E402
 
 ROGUES = ROOT / "tests" / "agent"
+LEADER_MODES = ("silent", "leaves_out", "idle_stage", "other_data", "int4")
 
 
 def _tally(workdir: Path, honest: set[str], leader_events: Path | None) -> dict:
@@ -76,6 +85,31 @@ def _swarm(flood: bool) -> dict:
                                               if leader is not None else None)}  # fmt: skip
 
 
+def _open_run(mode: str | None) -> dict:
+    """The 4 honest agents of an open run expecting 4, and with ``mode`` a lowest-ID rogue leader as a fifth."""
+    workdir = Path(tempfile.mkdtemp(prefix="p2ptrain-bench-rogue-"))
+    sorted_identities(workdir, 5)
+    agents_n = 5 if mode else 4
+    config = SwarmConfig(agents=agents_n, stages=2, steps=6, scenario=None, workdir=str(workdir),
+                         run="rogue-bench-leader")  # fmt: skip
+    if not mode:  # the same honest identities, without the rogue's
+        for k in range(4):
+            (workdir / f"agent-{k + 1}.id").rename(workdir / f"honest-{k}.id")
+        for k in range(4):
+            (workdir / f"honest-{k}.id").rename(workdir / f"agent-{k}.id")
+    commands = {0: [sys.executable, str(ROGUES / "rogue_leader.py"), mode]} if mode else {}
+    started = time.time()  # the events' clock: until the last honest agent was done, not the teardown after
+    agents, codes, _ = run_agents(workdir, config, commands, {"membership": {"expect": 4}}, 900)
+    honest = [a for a in agents if a.index not in commands]
+    done = [e["time"] for a in honest for e in events(a.events.path) if e["event"] == "done"]
+    took = (max(done) if len(done) == len(honest) else time.time()) - started
+    leader_events = next((a.events.path for a in honest if any(e["event"] == "plan" for e in events(a.events.path))),
+                         None)  # fmt: skip
+    passed = [e for a in honest for e in events(a.events.path) if e["event"] == "passed_over"]
+    return {"ok": all(c == 0 for c in codes.values()), "seconds": took, "workdir": str(workdir),
+            "passed_over": len(passed), **_tally(workdir, {a.peer_id for a in honest}, leader_events)}  # fmt: skip
+
+
 def _members(mode: str | None) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="p2ptrain-bench-rogue-"))
     sorted_identities(workdir, 5)
@@ -92,29 +126,35 @@ def _members(mode: str | None) -> dict:
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True)
-def main(as_json: bool) -> None:
+@click.option("--only", multiple=True, help="Run only the scenarios whose name contains this (repeatable).")
+def main(as_json: bool, only: tuple[str, ...]) -> None:
     rows = []
-    members: dict = {}  # one clean 5-agent run serves both member scenarios
+    cleans: dict = {}  # one clean run serves every scenario of its kind
 
-    def clean_members() -> dict:
-        members.setdefault("clean", _members(None))
-        return members["clean"]
+    def clean(kind: str, run) -> dict:
+        cleans.setdefault(kind, run(None))
+        return cleans[kind]
 
-    for scenario, clean, attacked in (("non-member flood", lambda: _swarm(False), lambda: _swarm(True)),
-                                      ("boasting swallower", clean_members, lambda: _members("swallow")),
-                                      ("cooperative swallower", clean_members, lambda: _members("swallow_and_halt"))):
+    scenarios = [("non-member flood", lambda: _swarm(False), lambda: _swarm(True)),
+                 ("boasting swallower", lambda: clean("members", _members), lambda: _members("swallow")),
+                 ("cooperative swallower", lambda: clean("members", _members), lambda: _members("swallow_and_halt"))]
+    for mode in LEADER_MODES:
+        scenarios.append((f"lowest-ID {mode}", lambda: clean("open", _open_run), lambda m=mode: _open_run(m)))
+    for scenario, clean_run, attacked in scenarios:
+        if only and not any(o in scenario for o in only):
+            continue
         click.echo(f"running {scenario}: clean, then attacked ...", err=True)
-        base, hit = clean(), attacked()
+        base, hit = clean_run(), attacked()
         rows.append({"scenario": scenario, "clean": base, "attacked": hit, "ratio": hit["seconds"] / base["seconds"]})
     if as_json:
         click.echo(json.dumps(rows))
         return
-    click.echo(f"{'scenario':<21} {'ok':<5} {'clean s':>8} {'attacked s':>10} {'ratio':>6} {'plans':>5} "
-               f"{'quarantined':>11} {'honest refused':>14} {'rogue refused (log lines)':>25}")
+    click.echo(f"{'scenario':<22} {'ok':<5} {'clean s':>8} {'attacked s':>10} {'ratio':>6} {'plans':>5} "
+               f"{'quarantined':>11} {'passed over':>11} {'honest refused':>14} {'rogue refused (log lines)':>25}")
     for r in rows:
         a = r["attacked"]
-        click.echo(f"{r['scenario']:<21} {str(a['ok'] and r['clean']['ok']):<5} {r['clean']['seconds']:8.1f} "
-                   f"{a['seconds']:10.1f} {r['ratio']:5.2f}x {a['plans']:>5} {a['quarantined']:>11} "
+        click.echo(f"{r['scenario']:<22} {str(a['ok'] and r['clean']['ok']):<5} {r['clean']['seconds']:8.1f} "
+                   f"{a['seconds']:10.1f} {r['ratio']:5.2f}x {a['plans']:>5} {a['quarantined']:>11} {a.get('passed_over', '-'):>11} "
                    f"{a['honest_refused']:>14} {a['rogue_refused_lines']:>25}")
 
 

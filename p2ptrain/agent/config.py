@@ -57,9 +57,10 @@ class MembershipConfig:
     plan_timeout_s: float = 900.0  # follower: give up if no plan for the live membership comes within this
     poll_s: float = 1.0  # how often to read the run's records while waiting
     finish_timeout_s: float = 60.0  # after the last step: wait this long for the other trainers to finish too
-    # a leader gets this long (plus plan.time_budget_s) from when a plan is due to publish one we accept;
-    # then it is passed over (the next-lowest peer leads) for leader_backoff_s, doubling with each repeat
-    leader_grace_s: float = 60.0
+    # a leader gets this long from when a plan is due to publish one we accept (plus twice what our own search
+    # of the first plan took, or plan.time_budget_s for a re-plan); then it is passed over (the next-lowest peer
+    # leads) for leader_backoff_s, doubling with each repeat. A plan we refuse passes its leader over at once.
+    leader_grace_s: float = 10.0
     leader_backoff_s: float = 300.0
 
     def __post_init__(self) -> None:

@@ -20,18 +20,16 @@ import itertools
 import sys
 
 import numpy as np
+from rogue_member import CooperativeSwallower
 
 from p2ptrain.agent.agent import Agent
 from p2ptrain.agent.config import AgentConfig
-from p2ptrain.agent.epoch import EpochOutcome
 from p2ptrain.agent.leadership.leader import Leading
 from p2ptrain.agent.leadership.membership import Membership
 from p2ptrain.agent.leadership.plan_maker import cluster_order, trainers_and_spares
 from p2ptrain.cli import configure_logging
 from p2ptrain.config import config_from_dict, read_toml
-from p2ptrain.errors import ProtocolError
 from p2ptrain.lifecycle import StopSignal
-from p2ptrain.net.dht.records import ProgressRecord
 from p2ptrain.planning import make_objective
 
 
@@ -92,22 +90,8 @@ class IdleStageLeading(Leading):
         super()._publish_plan(dataclasses.replace(planning, devices=devices, spares=spares, future=done))
 
 
-class IdleStage(Agent):
+class IdleStage(CooperativeSwallower):  # given a stage, it takes tensors, answers nothing, halts when told
     _leading_class = IdleStageLeading
-
-    def _follow(self, plan, device) -> EpochOutcome:
-        self._following = plan
-        self._admit_senders(self._membership, plan)
-        self._note_waiting(f"rogue: holding a stage of epoch {plan.epoch}; computing nothing, halting when told")
-        while not self.stop.wait(self.config.membership.poll_s):
-            try:
-                progress = self.dht.read_progress()
-            except ProtocolError:
-                continue
-            if any(r.epoch == plan.epoch and r.halted for p, r in progress.items() if p != self.peer_id):
-                self.heartbeat.flush(ProgressRecord(plan.epoch, plan.start_step, None, 0.0, halted=True))
-                return EpochOutcome(False, 0, halted=True)
-        return EpochOutcome(False, 0)
 
 
 OTHER_DATA = "byte-256:ffffffffffffffff"

@@ -146,6 +146,7 @@ class Leading:
         self._published: PlanRecord | None = None  # the last plan this agent published as leader
         self._links_wait_since: float | None = None
         self._first_due = False  # a follower saw the first plan fall due (``_first_plan_due``)
+        self._own_search: tuple[tuple[str, ...], concurrent.futures.Future] | None = None  # ``_search_allowance``
         self._watch = ReplanWatch(config.churn)
         self.quarantine = Quarantine(config.churn.quarantine_s, config.churn.quarantine_max_s,
                                      blame_epochs=config.churn.quarantine_blames,
@@ -170,17 +171,39 @@ class Leading:
         if newer_plan_excuses(view.newest_seen, followed, membership.leader, membership.ids):
             self._leaders.waiting(None, False)
             return membership
-        allowance = cfg.plan.time_budget_s
         if view.following is None:
             due = self._first_plan_due(membership)
+            allowance = self._search_allowance(membership) if due else cfg.plan.time_budget_s
         else:
-            due, allowance = True, allowance + cfg.churn.halt_timeout_s + cfg.dht.peer_ttl_s
+            due, allowance = True, cfg.plan.time_budget_s + cfg.churn.halt_timeout_s + cfg.dht.peer_ttl_s
         leader = self._leaders.waiting(membership.leader, due, allowance)
         if leader is None:
             return membership
         self.pass_over(leader, f"no plan we accept came within {cfg.membership.leader_grace_s + allowance:.0f} s "
                                "of one being due")  # fmt: skip
         return Membership({p: r for p, r in membership.peers.items() if p != leader})
+
+    def _search_allowance(self, membership: Membership) -> float:
+        """What the leader may spend on its search, beyond the grace, for the first plan of ``membership``:
+        twice what our own search of the same records took, plus a second to publish. Our search runs once
+        per membership, in the planner thread the leader would use (heartbeats and polling go on); while it
+        runs, or where it cannot run, the whole ``plan.time_budget_s``. A silent leader is thus passed over
+        seconds after the plan fell due, not a minute: the search on a small run takes milliseconds."""
+        cfg = self.config
+        key = membership.ids
+        if self._own_search is None or self._own_search[0] != key:
+            try:
+                trainers, _ = trainers_and_spares(cluster_order(membership.peers), cfg.train)
+                cluster = build_cluster(trainers, membership.peers, self.dht.read_links(), cfg.emulation)
+                workload = self.plan_workload(trainers, membership, cfg.train)
+            except (ValueError, ProtocolError):
+                return cfg.plan.time_budget_s
+            self._own_search = (key, self._planner.submit(make_plan, cluster, workload, cfg.train.stages, cfg.plan))
+        future = self._own_search[1]
+        if not future.done() or future.exception() is not None:
+            return cfg.plan.time_budget_s
+        seconds = (future.result().get("search") or {}).get("seconds") or 0.0
+        return min(cfg.plan.time_budget_s, 2.0 * seconds + 1.0)
 
     def pass_over(self, leader: str, why: str) -> None:
         """Leave ``leader`` out of our view of the members for its back-off (``LeaderWatch.pass_over``): the
