@@ -46,7 +46,8 @@ class PeerFailed(ProtocolError):
 
     ``stuck_on``: the peer a cut call had waited on for most of its deadline (``stuck_s`` seconds), if any:
     this peer was stuck behind it when the failure elsewhere was noticed, so a halt blames it
-    (``agent.epoch.blamed_peer``) as it would have once that call timed out.
+    (``agent.epoch.blamed_peer``) as it would have once that call timed out; or the trainer whose death
+    aborted the epoch (``stuck_s`` 0): the failure's own culprit, where the blames of the cascade end.
     """
 
     def __init__(self, message: str, peer: str | None = None, stuck_on: str | None = None, stuck_s: float = 0.0):

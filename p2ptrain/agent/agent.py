@@ -61,7 +61,7 @@ from p2ptrain.agent.leadership.claims import bounded, record_problem
 from p2ptrain.agent.leadership.election import finished_without, latest_plan
 from p2ptrain.agent.leadership.leader import AgentView, Leading
 from p2ptrain.agent.leadership.membership import Membership, MembershipTracker
-from p2ptrain.agent.leadership.plan_check import CulpableWatch, LeaderWatch, PlanGate
+from p2ptrain.agent.leadership.plan_check import CulpableWatch, LeaderWatch, PlanGate, trainers_of
 from p2ptrain.agent.links import LinkProber
 from p2ptrain.agent.profile import profile_device
 from p2ptrain.agent.senders import min_rates, sender_budgets
@@ -242,13 +242,18 @@ class Agent:
         plan = self._following
         if plan is None or plan.epoch <= self._aborted or plan.epoch != self._training:
             return
-        reason = epoch_failure(plan, self.peer_id, self.liveness.dead(), self.liveness.statuses())
+        dead = self.liveness.dead()
+        reason = epoch_failure(plan, self.peer_id, dead, self.liveness.statuses())
         if reason is None and silent_s > self.config.liveness.timeout_s:
             reason = f"this agent was silent for {silent_s:.0f} s (stopped or cut off): its peers re-planned without it"
         if reason is not None:
             self._aborted = plan.epoch
             logger.warning("epoch %d: %s; halting it", plan.epoch, reason)
-            self.transport.abort_epoch(plan.epoch, reason)
+            # a trainer found dead is where the blames of the cascade end (not after our own silence)
+            gone = sorted(set(dead) & set(trainers_of(plan)) - {self.peer_id})
+            culprit = gone[0] if gone and silent_s <= self.config.liveness.timeout_s else None
+            self.transport.abort_epoch(plan.epoch, reason, culprit=culprit)
+
     def _calibrate(self, device) -> ComputeMeasurement | None:
         """For the simulated objective: time the run's model on this device (``runtime.calibration``)."""
         cfg = self.config
@@ -515,9 +520,11 @@ class Agent:
     def _check_culpable_leader(self) -> None:
         """Once the epoch we follow failed (we halted it, or a heartbeat says a trainer did), pass its leader
         over at once if the failure was its own stage's (``plan_check.culpable_leader``)."""
-        plan, leader = self._following, self._membership.leader
+        plan, leader, newest = self._following, self._membership.leader, self._newest_seen
         if plan is None or leader is None or plan.leader != leader or leader == self.peer_id:
             return
+        if newest is not None and newest.epoch > plan.epoch and newest.leader == leader:
+            return  # it planned the next epoch already: it does its job
         statuses = self.liveness.statuses() if self.liveness is not None else {}
         failed = self._halted_epoch == plan.epoch or self._aborted == plan.epoch or any(
             s.state == FAIL and s.epoch == plan.epoch for s in statuses.values())  # fmt: skip

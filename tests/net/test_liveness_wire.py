@@ -174,10 +174,25 @@ def test_an_abort_names_the_peer_a_call_was_stuck_on(pair):
     error = waiting.exception(timeout=10.0)
     assert isinstance(error, PeerFailed) and error.stuck_on is None, error
 
-    # cut at a newer plan's start (no failure): every peer stops there, no one is stuck
-    a.set_window(RUN, 22, 0)
-    waiting = a.recv_async(Tag(RUN, 22, 0, MessageKind.ACTIVATION), b.peer_id, (4,), torch.float32, timeout_s=6.0)
+    # a warm copy polled under short deadlines, or a state hand-over: no training call, no one is stuck
+    a.set_window(RUN, 23, 0)
+    waiting = a.recv_async(Tag(RUN, 23, 0, MessageKind.BACKUP, 1, 0), b.peer_id, (4,), torch.float32, timeout_s=6.0)
     time.sleep(3.5)
-    a.abort_epoch(22, "a newer plan starts after step 0", failure=False)
+    a.abort_epoch(23, "peer X failed the epoch")
+    error = waiting.exception(timeout=10.0)
+    assert isinstance(error, PeerFailed) and error.stuck_on is None, error
+
+    # a trainer our heartbeats found dead: the failure's own culprit, named whatever waited
+    a.set_window(RUN, 24, 0)
+    waiting = a.recv_async(Tag(RUN, 24, 0, MessageKind.ACTIVATION), b.peer_id, (4,), torch.float32, timeout_s=60.0)
+    a.abort_epoch(24, "peer Y stopped answering heartbeats", culprit="QmDead")
+    error = waiting.exception(timeout=10.0)
+    assert isinstance(error, PeerFailed) and (error.stuck_on, error.stuck_s) == ("QmDead", 0.0), error
+
+    # cut at a newer plan's start (no failure): every peer stops there, no one is stuck
+    a.set_window(RUN, 25, 0)
+    waiting = a.recv_async(Tag(RUN, 25, 0, MessageKind.ACTIVATION), b.peer_id, (4,), torch.float32, timeout_s=6.0)
+    time.sleep(3.5)
+    a.abort_epoch(25, "a newer plan starts after step 0", failure=False)
     error = waiting.exception(timeout=10.0)
     assert isinstance(error, PeerFailed) and error.stuck_on is None, error

@@ -57,10 +57,15 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 PeerLike = PeerID | str
 LOOPBACK_MADDRS = ("/ip4/127.0.0.1/tcp/0",)
-# A call cut short by ``abort_epoch`` after waiting this share of its deadline or more was stuck on its peer
-# (``PeerFailed.stuck_on``): an honest peer's answer never takes that long (deadlines are sized for the
-# slowest link and step, ``agent.config``), and a failure elsewhere is noticed within a heartbeat round.
+# A training call (``STUCK_KINDS``) cut short by ``abort_epoch`` after waiting this share of its deadline, and
+# at least STUCK_MIN_S, was stuck on its peer (``PeerFailed.stuck_on``): an honest peer's answer never takes
+# that long (deadlines are sized for the slowest link and step, ``agent.config``), and a failure elsewhere is
+# noticed within a heartbeat round. State hand-overs and warm copies wait under short polling deadlines and
+# on background senders: they say nothing of who stalled the epoch.
 STUCK_SHARE = 0.5
+STUCK_MIN_S = 2.0
+STUCK_KINDS = frozenset({MessageKind.ACTIVATION, MessageKind.ACTIVATION_GRAD, MessageKind.REDUCE_SHARD,
+                         MessageKind.GATHER_SHARD})  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -72,6 +77,7 @@ class _Call:
     peer: str
     started: float
     deadline_s: float
+    training: bool = True  # a kind that can be stuck on its peer (``STUCK_KINDS``)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,7 +148,7 @@ class Transport:
         self._tasks: set[asyncio.Task] = set()  # calls in flight, cancelled first at shutdown
         self._calls: dict[asyncio.Task, _Call] = {}  # each send and receive of an epoch in flight
         self._aborted_epoch, self._abort_reason = -1, ""  # calls of epochs up to this one fail at once
-        self._abort_stuck: tuple[str, float] | None = None  # (peer, waited s) of the abort's stuck call
+        self._abort_stuck: tuple[str, float | None] | None = None  # (peer, waited s) the abort blames
         self._aborted_tasks: set[asyncio.Task] = set()
         self._close_lock = threading.Lock()
         self._loop = service_loop()
@@ -221,7 +227,7 @@ class Transport:
         payload = memoryview(data if copied is None else copied)
         timeout_s = timeout_s or self.config.call_timeout_s
         return self._submit(self._send(str(peer), header, payload, timeout_s, copied),
-                            call=(tag.epoch, str(peer), timeout_s))
+                            call=(tag.epoch, str(peer), timeout_s, tag.kind in STUCK_KINDS))
 
     async def _send(self, peer: str, header: Header, payload: memoryview, timeout_s: float,
                     copied: numpy.ndarray | None = None) -> None:
@@ -320,7 +326,7 @@ class Transport:
     ) -> concurrent.futures.Future[torch.Tensor]:
         timeout_s = timeout_s or self.config.call_timeout_s
         return self._submit(self._recv(tag, str(sender), tuple(shape), dtype_name(dtype), timeout_s),
-                            call=(tag.epoch, str(sender), timeout_s))
+                            call=(tag.epoch, str(sender), timeout_s, tag.kind in STUCK_KINDS))
 
     async def _recv(self, tag: Tag, sender: str, shape: tuple[int, ...], dtype: str, timeout_s: float) -> torch.Tensor:
         future = self.mailbox.receive(tag, sender, shape, dtype)
@@ -351,15 +357,16 @@ class Transport:
         return self._call(coroutine, timeout_s)
 
     def _submit(self, coroutine: Coroutine[Any, Any, T],
-                call: tuple[int, str, float] | None = None) -> concurrent.futures.Future[T]:  # fmt: skip
-        """Run ``coroutine`` on the loop; ``call``: (epoch, peer, deadline s) of a send or receive, which
-        ``abort_epoch`` cuts short."""
+                call: tuple[int, str, float, bool] | None = None) -> concurrent.futures.Future[T]:  # fmt: skip
+        """Run ``coroutine`` on the loop; ``call``: (epoch, peer, deadline s, a training kind) of a send or
+        receive, which ``abort_epoch`` cuts short."""
         if self._closed:
             coroutine.close()
             raise RuntimeError("the transport is shut down")
         return asyncio.run_coroutine_threadsafe(self._tracked(coroutine, call), self._loop)
 
-    async def _tracked(self, coroutine: Coroutine[Any, Any, T], call: tuple[int, str, float] | None = None) -> T:
+    async def _tracked(self, coroutine: Coroutine[Any, Any, T],
+                       call: tuple[int, str, float, bool] | None = None) -> T:  # fmt: skip
         task = asyncio.current_task()
         epoch = call[0] if call is not None else None
         if epoch is not None and epoch <= self._aborted_epoch:
@@ -367,7 +374,7 @@ class Transport:
             raise self._aborted(epoch)
         self._tasks.add(task)
         if call is not None:
-            self._calls[task] = _Call(epoch, call[1], self._loop.time(), call[2])
+            self._calls[task] = _Call(epoch, call[1], self._loop.time(), call[2], call[3])
         try:
             return await coroutine
         except asyncio.CancelledError:
@@ -383,6 +390,8 @@ class Transport:
         if self._abort_stuck is None:
             return PeerFailed(f"epoch {epoch} was aborted: {self._abort_reason}")
         peer, waited_s = self._abort_stuck
+        if waited_s is None:  # the failure's own culprit, named by the caller
+            return PeerFailed(f"epoch {epoch} was aborted: {self._abort_reason}", stuck_on=peer)
         return PeerFailed(f"epoch {epoch} was aborted: {self._abort_reason}; a call had waited {waited_s:.1f} s "
                           f"on peer {peer}", stuck_on=peer, stuck_s=waited_s)
 
@@ -421,31 +430,33 @@ class Transport:
         except ValueError as e:
             return ProtocolError(f"bad ping answer: {e}", peer=peer)
 
-    def abort_epoch(self, epoch: int, reason: str, failure: bool = True) -> None:
+    def abort_epoch(self, epoch: int, reason: str, failure: bool = True, culprit: str | None = None) -> None:
         """Fail every send and receive of epochs up to ``epoch`` now, and any started later, with PeerFailed:
         a peer of that epoch failed, so waiting for the data deadlines would only delay the re-plan. A no-op once
         the transport is shut down (its shutdown failed every call already).
 
         On a ``failure``, the cut call that had waited the largest share (``STUCK_SHARE`` or more) of its
         deadline names its peer in every PeerFailed (``stuck_on``): the failure's cascade went through it.
-        Not so for an epoch cut at a newer plan's start (``failure=False``): its peers stop there too."""
+        Not so for an epoch cut at a newer plan's start (``failure=False``): its peers stop there too. A
+        ``culprit`` the caller knows (a trainer its heartbeats found dead) is named instead."""
         if self._closed:
             return
         try:
-            self._call(self._in_loop(self._abort, epoch, reason, failure))
+            self._call(self._in_loop(self._abort, epoch, reason, failure, culprit))
         except RuntimeError:
             if not self._closed:  # shut down between the check and the call: nothing left to abort
                 raise
 
-    def _abort(self, epoch: int, reason: str, failure: bool) -> None:
+    def _abort(self, epoch: int, reason: str, failure: bool, culprit: str | None = None) -> None:
         if epoch <= self._aborted_epoch:
             return
         now = self._loop.time()
         cut = {task: call for task, call in self._calls.items() if call.epoch <= epoch and not task.done()}
-        stuck = [(now - c.started) / c.deadline_s for c in cut.values()] if failure else []
+        stuck = [(now - c.started) / c.deadline_s if c.training and now - c.started >= STUCK_MIN_S else 0.0
+                 for c in cut.values()] if failure else []  # fmt: skip
         worst = max(range(len(stuck)), key=stuck.__getitem__, default=None)
-        self._abort_stuck = None
-        if worst is not None and stuck[worst] >= STUCK_SHARE:
+        self._abort_stuck = (culprit, None) if culprit is not None else None
+        if culprit is None and worst is not None and stuck[worst] >= STUCK_SHARE:
             call = list(cut.values())[worst]
             self._abort_stuck = (call.peer, now - call.started)
             logger.info("epoch %d aborted while a call had waited %.1f s of its %.1f s on peer %s", epoch,
