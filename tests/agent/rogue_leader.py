@@ -73,21 +73,20 @@ class LeavesOut(Agent):
 
 
 class IdleStageLeading(Leading):
+    def _start_planning(self, membership, trainers, spares, rows, trigger, replan, start_step, sources,
+                        step_s=0.0) -> None:  # fmt: skip
+        if self.peer_id in spares:  # a spare by the cluster order: it makes itself a trainer
+            k = spares.index(self.peer_id)
+            trainers, spares = [*trainers[:-1], self.peer_id], [*spares[:k], trainers[-1], *spares[k + 1:]]
+        super()._start_planning(membership, trainers, spares, rows, trigger, replan, start_step, sources, step_s)
+
     def _publish_plan(self, planning) -> None:
         plan = planning.future.result()
-        devices, spares = list(planning.devices), list(planning.spares)
-        pipelines = [list(row) for row in plan["pipelines"]]
-        first = pipelines[0][0]
-        if self.peer_id in spares:  # a spare by its own planner: it swaps itself in
-            k = spares.index(self.peer_id)
-            devices[first], spares[k] = spares[k], devices[first]
-        else:  # a trainer: it swaps itself onto stage 0 of pipeline 0
-            mine = devices.index(self.peer_id)
-            for row in pipelines:
-                row[:] = [first if d == mine else mine if d == first else d for d in row]
+        first, mine = plan["pipelines"][0][0], planning.devices.index(self.peer_id)
+        pipelines = [[first if d == mine else mine if d == first else d for d in row] for row in plan["pipelines"]]
         done: concurrent.futures.Future = concurrent.futures.Future()
-        done.set_result({**plan, "pipelines": pipelines})
-        super()._publish_plan(dataclasses.replace(planning, devices=devices, spares=spares, future=done))
+        done.set_result({**plan, "pipelines": pipelines})  # stage 0 of pipeline 0 is its own; loopback: as cheap
+        super()._publish_plan(dataclasses.replace(planning, future=done))
 
 
 class IdleStage(CooperativeSwallower):  # given a stage, it takes tensors, answers nothing, halts when told
