@@ -38,6 +38,11 @@ class StopSignal:
 
     Install from the main thread (Python delivers signals there). A second signal while stopping is logged
     and otherwise ignored: shutdown steps have their own deadlines, so it cannot hang for long.
+
+    The handler itself only writes a byte to a pipe (async-signal-safe); a thread of ours reads it, logs, and
+    sets the flag. Setting a ``threading.Event`` inside the handler deadlocks when the signal lands while the
+    main thread is entering ``wait`` on that same event (it holds the event's plain lock for a moment): CI
+    saw a bootstrap that got Ctrl-C just as it started serving never stop.
     """
 
     def __init__(self, signals: Iterable[signal.Signals] = STOP_SIGNALS):
@@ -46,11 +51,15 @@ class StopSignal:
         self._previous: dict[signal.Signals, object] = {}
         self._owner_pid = os.getpid()
         self.reason: str | None = None
+        self._received: list[str] = []  # signal names, appended by the handler, taken by the relay thread
+        self._wake_fd: int | None = None
 
     def install(self) -> StopSignal:
         if threading.current_thread() is not threading.main_thread():
             raise RuntimeError("StopSignal must be installed from the main thread")
         self._owner_pid = os.getpid()
+        read_fd, self._wake_fd = os.pipe()
+        threading.Thread(target=self._relay, args=(read_fd,), name="p2ptrain-signals", daemon=True).start()
         for sig in self._signals:
             self._previous[sig] = signal.signal(sig, self._handle)
         return self
@@ -59,6 +68,9 @@ class StopSignal:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)  # type: ignore[arg-type]
         self._previous.clear()
+        if self._wake_fd is not None:  # the relay thread reads end-of-file and ends
+            os.close(self._wake_fd)
+            self._wake_fd = None
 
     def __enter__(self) -> StopSignal:
         return self.install()
@@ -83,12 +95,25 @@ class StopSignal:
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
             return
-        name = signal.Signals(signum).name
-        if self._event.is_set():
-            logger.warning("received %s again; already stopping", name)
-            return
-        logger.info("received %s, stopping", name)
-        self.set(f"received {name}")
+        self._received.append(signal.Signals(signum).name)
+        if self._wake_fd is not None:
+            try:
+                os.write(self._wake_fd, b"\0")
+            except OSError:  # restored meanwhile: the signal came too late to matter
+                pass
+
+    def _relay(self, read_fd: int) -> None:
+        """Turn each byte the handler wrote into the stop flag, off the main thread (see the class)."""
+        try:
+            while os.read(read_fd, 1):
+                name = self._received.pop(0) if self._received else "a signal"
+                if self._event.is_set():
+                    logger.warning("received %s again; already stopping", name)
+                    continue
+                logger.info("received %s, stopping", name)
+                self.set(f"received {name}")
+        finally:
+            os.close(read_fd)
 
 
 def service_loop() -> asyncio.AbstractEventLoop:

@@ -35,6 +35,16 @@ def test_sigterm_and_sigint_set_the_flag_and_handlers_are_restored():
     assert signal.getsignal(signal.SIGTERM) is before
 
 
+@pytest.mark.timeout(10)
+def test_a_signal_that_lands_while_the_main_thread_holds_the_flags_lock_does_not_deadlock():
+    # the main thread entering ``stop.wait`` holds the event's plain lock for a moment; a handler that set the
+    # event itself would block on that lock for ever (a bootstrap given Ctrl-C as it started serving hung so)
+    with StopSignal() as stop:
+        with stop._event._cond:  # noqa: SLF001 - where the main thread is when the signal lands
+            stop._handle(signal.SIGINT, None)  # noqa: SLF001 - the handler as Python would run it here
+        assert stop.wait(5.0) and stop.reason == "received SIGINT"
+
+
 def _sleep_forever(running) -> None:
     running.set()
     time.sleep(60)
