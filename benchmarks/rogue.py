@@ -17,7 +17,7 @@ Each scenario runs a real local swarm on loopback (tiny model, 2 stages, 6 steps
 * **lowest-ID rogue**, five ways (``tests/agent/rogue_leader.py``): an open run that expects 4 agents, and
   an uninvited fifth with a valid identity that sorts lowest, so the election names it leader. It is
   ``silent`` (never plans), ``leaves_out`` (its first plan leaves two live honest agents out),
-  ``idle_stage`` (an honest-looking plan in which it holds stage 0, then it never computes),
+  ``idle_stage`` (an honest-looking plan in which it holds a stage, then it never computes),
   ``other_data`` (its peer record claims another dataset) or ``int4`` (its plans switch the fp32 run to
   int4). Beside a clean run of the 4 honest agents; every setting is the default ``p2ptrain swarm`` gives
   (leader grace, search budget, tensor deadline), none shrunk to fit.
@@ -49,6 +49,7 @@ from p2ptrain.swarm.launcher import SwarmConfig  # noqa: E402
 
 ROGUES = ROOT / "tests" / "agent"
 LEADER_MODES = ("silent", "leaves_out", "idle_stage", "other_data", "int4")
+LEADER_STEPS = (60,)  # the lowest-ID runs' length: a clean run of about half a minute here (see the README)
 
 
 def _tally(workdir: Path, honest: set[str], leader_events: Path | None) -> dict:
@@ -85,12 +86,13 @@ def _swarm(flood: bool) -> dict:
                                               if leader is not None else None)}  # fmt: skip
 
 
-def _open_run(mode: str | None) -> dict:
-    """The 4 honest agents of an open run expecting 4, and with ``mode`` a lowest-ID rogue leader as a fifth."""
+def _open_run(mode: str | None, steps: int) -> dict:
+    """The 4 honest agents of an open run expecting 4 (``steps`` steps), and with ``mode`` a lowest-ID rogue
+    leader as a fifth."""
     workdir = Path(tempfile.mkdtemp(prefix="p2ptrain-bench-rogue-"))
     sorted_identities(workdir, 5)
     agents_n = 5 if mode else 4
-    config = SwarmConfig(agents=agents_n, stages=2, steps=6, scenario=None, workdir=str(workdir),
+    config = SwarmConfig(agents=agents_n, stages=2, steps=steps, scenario=None, workdir=str(workdir),
                          run="rogue-bench-leader")  # fmt: skip
     if not mode:  # the same honest identities, without the rogue's
         for k in range(4):
@@ -127,7 +129,9 @@ def _members(mode: str | None) -> dict:
 @click.command()
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--only", multiple=True, help="Run only the scenarios whose name contains this (repeatable).")
-def main(as_json: bool, only: tuple[str, ...]) -> None:
+@click.option("--leader-steps", type=click.IntRange(1), multiple=True, default=LEADER_STEPS, show_default=True,
+              help="Steps of the lowest-ID runs (repeatable: each length is a clean run and the five beside it).")
+def main(as_json: bool, only: tuple[str, ...], leader_steps: tuple[int, ...]) -> None:
     rows = []
     cleans: dict = {}  # one clean run serves every scenario of its kind
 
@@ -138,23 +142,26 @@ def main(as_json: bool, only: tuple[str, ...]) -> None:
     scenarios = [("non-member flood", lambda: _swarm(False), lambda: _swarm(True)),
                  ("boasting swallower", lambda: clean("members", _members), lambda: _members("swallow")),
                  ("cooperative swallower", lambda: clean("members", _members), lambda: _members("swallow_and_halt"))]
-    for mode in LEADER_MODES:
-        scenarios.append((f"lowest-ID {mode}", lambda: clean("open", _open_run), lambda m=mode: _open_run(m)))
+    for steps in leader_steps:
+        for mode in LEADER_MODES:
+            scenarios.append((f"lowest-ID {mode} {steps}", lambda n=steps: clean(f"open {n}", lambda: _open_run(None, n)),
+                              lambda m=mode, n=steps: _open_run(m, n)))  # fmt: skip
     for scenario, clean_run, attacked in scenarios:
         if only and not any(o in scenario for o in only):
             continue
         click.echo(f"running {scenario}: clean, then attacked ...", err=True)
         base, hit = clean_run(), attacked()
-        rows.append({"scenario": scenario, "clean": base, "attacked": hit, "ratio": hit["seconds"] / base["seconds"]})
+        rows.append({"scenario": scenario, "clean": base, "attacked": hit, "ratio": hit["seconds"] / base["seconds"],
+                     "extra_s": hit["seconds"] - base["seconds"]})
     if as_json:
         click.echo(json.dumps(rows))
         return
-    click.echo(f"{'scenario':<22} {'ok':<5} {'clean s':>8} {'attacked s':>10} {'ratio':>6} {'plans':>5} "
+    click.echo(f"{'scenario':<25} {'ok':<5} {'clean s':>8} {'attacked s':>10} {'extra s':>8} {'ratio':>6} {'plans':>5} "
                f"{'quarantined':>11} {'passed over':>11} {'honest refused':>14} {'rogue refused (log lines)':>25}")
     for r in rows:
         a = r["attacked"]
-        click.echo(f"{r['scenario']:<22} {str(a['ok'] and r['clean']['ok']):<5} {r['clean']['seconds']:8.1f} "
-                   f"{a['seconds']:10.1f} {r['ratio']:5.2f}x {a['plans']:>5} {a['quarantined']:>11} {a.get('passed_over', '-'):>11} "
+        click.echo(f"{r['scenario']:<25} {str(a['ok'] and r['clean']['ok']):<5} {r['clean']['seconds']:8.1f} "
+                   f"{a['seconds']:10.1f} {r['extra_s']:8.1f} {r['ratio']:5.2f}x {a['plans']:>5} {a['quarantined']:>11} {a.get('passed_over', '-'):>11} "
                    f"{a['honest_refused']:>14} {a['rogue_refused_lines']:>25}")
 
 

@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from p2ptrain.agent.churn.boundary import INTERVAL_S, BoundaryWatch, overshot
-from p2ptrain.agent.churn.liveness import LivenessMonitor, epoch_failure
+from p2ptrain.agent.churn.liveness import NO_SHOW_TIMEOUTS, LivenessMonitor, epoch_failure, no_shows
 from p2ptrain.agent.churn.stage_state import StateKeeper
 from p2ptrain.agent.churn.state_store import StateStore
 from p2ptrain.agent.config import AgentConfig
@@ -81,6 +81,8 @@ from p2ptrain.runtime.compute_speed import compute_slowdown
 from p2ptrain.runtime.reference import resolve_device, torch_settings
 
 logger = logging.getLogger(__name__)
+
+STANDING_READ_S = 2.0  # how often the progress records are read for who may lead (``leadership.standing``)
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,7 @@ class Agent:
         self._gate: PlanGate | None = None
         self._culpable = CulpableWatch(config.membership.poll_s)
         self._halted_epoch = -1  # the last epoch this agent halted on a failure
+        self._standing_read = -float("inf")  # when the progress records were last read for the standing
         self._last_poll = 0.0
         self._started = time.monotonic()
         self._done_now: int | None = None  # steps done in the epoch being trained
@@ -139,6 +142,7 @@ class Agent:
         self.liveness: LivenessMonitor | None = None
         self._aborted = -1  # the last epoch the heartbeats aborted
         self._training: int | None = None  # the epoch being trained (None between epochs)
+        self._training_since = 0.0  # when this agent took it up
         self._last_wait_note = ""
         self._finished = threading.Event()
         self.heartbeat: Heartbeat | None = None
@@ -242,16 +246,22 @@ class Agent:
         plan = self._following
         if plan is None or plan.epoch <= self._aborted or plan.epoch != self._training:
             return
-        dead = self.liveness.dead()
-        reason = epoch_failure(plan, self.peer_id, dead, self.liveness.statuses())
-        if reason is None and silent_s > self.config.liveness.timeout_s:
+        dead, statuses, timeout_s = self.liveness.dead(), self.liveness.statuses(), self.config.liveness.timeout_s
+        reason = epoch_failure(plan, self.peer_id, dead, statuses)
+        if reason is None and silent_s > timeout_s:
             reason = f"this agent was silent for {silent_s:.0f} s (stopped or cut off): its peers re-planned without it"
+        absent = no_shows(plan, self.peer_id, statuses) if reason is None else []
+        waited_s = time.monotonic() - self._training_since
+        if absent and waited_s > NO_SHOW_TIMEOUTS * timeout_s:
+            reason = (f"peer(s) {', '.join(absent)} answer heartbeats but have not taken up epoch {plan.epoch} "
+                      f"{waited_s:.0f} s after this agent did")
         if reason is not None:
             self._aborted = plan.epoch
             logger.warning("epoch %d: %s; halting it", plan.epoch, reason)
-            # a trainer found dead is where the blames of the cascade end (not after our own silence)
-            gone = sorted(set(dead) & set(trainers_of(plan)) - {self.peer_id})
-            culprit = gone[0] if gone and silent_s <= self.config.liveness.timeout_s else None
+            # a trainer found dead, or that never took up the epoch, is where the blames of the cascade end
+            # (not after our own silence)
+            gone = sorted(set(dead) & set(trainers_of(plan)) - {self.peer_id}) or absent
+            culprit = gone[0] if gone and silent_s <= timeout_s else None
             self.transport.abort_epoch(plan.epoch, reason, culprit=culprit)
 
     def _calibrate(self, device) -> ComputeMeasurement | None:
@@ -292,7 +302,7 @@ class Agent:
                                   trainers, Membership(dict(peers)), train),
                               lambda plan, reason: self.events.write("plan_refused", epoch=plan.epoch,
                                                                      signer=plan.leader, reason=reason),
-                              lambda leader, why: self._leading.pass_over(leader, why),
+                              self._pass_over,
                               needed=cfg.membership.expect or cfg.membership.min_peers)  # fmt: skip
         self._started = time.monotonic()
         self._leading = self._leading_class(cfg, self.dht, self.events, self.peer_id, self._leaders, view=self._view,
@@ -382,10 +392,9 @@ class Agent:
             self.liveness.watch(self._watch_targets(membership))
             dead = self.liveness.dead()
             membership = Membership({p: r for p, r in membership.peers.items() if p not in dead or p == self.peer_id})
+        membership = Membership(membership.peers, self._leaders.standing)  # who leads: ``leadership.standing``
         self._seen = membership
-        passed_over = self._leaders.excluded() - {self.peer_id}
-        if passed_over:
-            membership = Membership({p: r for p, r in membership.peers.items() if p not in passed_over})
+        membership = membership.without(*(self._leaders.excluded() - {self.peer_id}))
         for peer, record in membership.peers.items():
             if peer == self.peer_id:
                 continue
@@ -440,7 +449,8 @@ class Agent:
         """Whom to ping: every member in a small run; beyond ``watch_all_up_to``, the peers of our pipeline
         and replica group, the leader and the next in line (who watch everyone)."""
         others = [p for p in membership.ids if p != self.peer_id]
-        first_two = set(membership.ids[:2])
+        leader = membership.leader
+        first_two = {p for p in (leader, membership.without(leader).leader) if p is not None} if leader else set()
         if len(others) <= self.config.liveness.watch_all_up_to or self.peer_id in first_two:
             return set(others)
         targets = first_two - {self.peer_id}
@@ -492,7 +502,8 @@ class Agent:
         key = (frozenset(plans.items()), live)
         log, self._plans_logged = key != self._plans_logged, key  # say what is ignored once per change
         after = self._following.epoch if self._following is not None else -1
-        plan = latest_plan(plans, live, self.peer_id, after, log=log) if live else None
+        self._observe_standing(plans)
+        plan = latest_plan(plans, live, self.peer_id, after, log=log, leader=self._membership.leader) if live else None
         # the run's first epoch for us: nothing followed, no earlier plan seen (a joiner's first plan may
         # leave out live peers: the quarantined, or joiners after it)
         newest = self._newest_seen
@@ -517,6 +528,19 @@ class Agent:
                                default=None)  # fmt: skip
         return plan
 
+    def _observe_standing(self, plans: dict[str, PlanRecord]) -> None:
+        """Who has shown training work (``leadership.standing``): the plans read, and the ones we followed,
+        against the progress records, read at most every ``STANDING_READ_S``."""
+        now = time.monotonic()
+        if now - self._standing_read < STANDING_READ_S:
+            return
+        self._standing_read = now
+        try:
+            progress = self.dht.read_progress()
+        except ProtocolError:
+            return
+        self._leaders.standing.observe((*plans.values(), self._following, self._newest_seen), progress)
+
     def _check_culpable_leader(self) -> None:
         """Once the epoch we follow failed (we halted it, or a heartbeat says a trainer did), pass its leader
         over at once if the failure was its own stage's (``plan_check.culpable_leader``)."""
@@ -535,8 +559,13 @@ class Agent:
         except ProtocolError:
             return
         if why is not None:
-            self._leading.pass_over(leader, why)
-            self._membership = Membership({p: r for p, r in self._membership.peers.items() if p != leader})
+            self._pass_over(leader, why)
+
+    def _pass_over(self, leader: str, why: str) -> None:
+        """Pass ``leader`` over (``Leading.pass_over``) and leave it out of the view this poll goes on with: the
+        next in line may lead in the same poll, and must not plan it."""
+        self._leading.pass_over(leader, why)
+        self._membership = self._membership.without(leader)
 
     def _untrained(self) -> bool:
         """Whether no peer says it trained a step of this run yet (its progress records)."""
@@ -586,6 +615,7 @@ class Agent:
             finish_timeout_s=cfg.membership.finish_timeout_s, should_halt=self._should_halt,
             compute_slowdown=self.compute_slowdown, link_bandwidth=self._measured_bandwidth(), time_scale=scale,
         )  # fmt: skip
+        self._training_since = time.monotonic()  # before ``_training``: the heartbeats' thread reads both
         self._training = plan.epoch
         peers = dict(self._membership.peers)
         self._boundary = BoundaryWatch(self._boundary_check, min(cfg.membership.poll_s, INTERVAL_S)).start()

@@ -206,7 +206,8 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
                 losses.append(result.loss)
             _checkpoint(ctx, cfg, role.stage, role.replica, done)
             _copy(plan, ctx, role.stage, role.replica, done, trainer.module, sender)
-            record = ProgressRecord(plan.epoch, done, result.loss, result.step_time_s, compute_s=compute_s)
+            record = ProgressRecord(plan.epoch, done, result.loss, result.step_time_s, compute_s=compute_s,
+                                    leader=plan.leader)
             if done == cfg.steps:
                 ctx.heartbeat.flush(record)  # the others wait for it before they leave
             else:
@@ -393,7 +394,8 @@ def _halt(plan: PlanRecord, ctx: EpochContext, done: int, error: BaseException |
                      holds=[list(h) for h in holds])
     blame = blamed_peer(error, plan)
     ctx.heartbeat.flush(ProgressRecord(plan.epoch, step, None, 0.0, halted=True, kept=kept,
-                                       stage=keeper.stage if held else None, holds=holds, blame=blame))
+                                       stage=keeper.stage if held else None, holds=holds, blame=blame,
+                                       leader=plan.leader))
     return EpochOutcome(False, done, halted=True)
 
 
@@ -441,7 +443,8 @@ def _publish_spare_holdings(plan: PlanRecord, ctx: EpochContext) -> None:
         return
     ctx.heartbeat.flush(ProgressRecord(plan.epoch, keeper.latest_step if own else plan.start_step, None, 0.0,
                                        halted=True, kept=keeper.kept if own else 0,
-                                       stage=keeper.stage if own else None, holds=holds))  # fmt: skip
+                                       stage=keeper.stage if own else None, holds=holds,
+                                       leader=plan.leader))  # fmt: skip
 
 
 def _idle_as_spare(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: EpochContext,

@@ -4,10 +4,13 @@
                                           trainers (every permutation scored; it claims the honest cost)
     python rogue_leader.py silent CONFIG  never plans while it leads (it answers pings, measures links)
     python rogue_leader.py leaves_out CONFIG   its first plan plans itself and the next two peers only
-    python rogue_leader.py idle_stage CONFIG   plans honestly but puts itself on stage 0 of pipeline 0, then
-                                          never computes (it takes tensors, and halts once another peer did)
+    python rogue_leader.py idle_stage CONFIG   plans honestly with itself as a trainer (the planner's own
+                                          assignment: a plan as cheap as any follower's), then never computes
+                                          (it takes tensors, and halts once another peer did)
     python rogue_leader.py other_data CONFIG   its peer record claims another dataset; it leads in its own view
     python rogue_leader.py int4 CONFIG    its plans switch the run's wire to int4 (its peer record says fp32)
+    python rogue_leader.py late_silent CONFIG  silent, and joins the run once CONFIG.go exists (a fresh key
+                                          arriving while the run trains)
 
 Everything else is the agent as shipped: it joins, publishes its profile and links, answers pings.
 """
@@ -18,8 +21,10 @@ import concurrent.futures
 import dataclasses
 import itertools
 import sys
+from pathlib import Path
 
 import numpy as np
+from gated_agent import GatedAgent
 from rogue_member import CooperativeSwallower
 
 from p2ptrain.agent.agent import Agent
@@ -39,6 +44,10 @@ class SilentLeading(Leading):
 
 
 class SilentLeader(Agent):
+    _leading_class = SilentLeading
+
+
+class LateSilent(GatedAgent):
     _leading_class = SilentLeading
 
 
@@ -80,14 +89,6 @@ class IdleStageLeading(Leading):
             trainers, spares = [*trainers[:-1], self.peer_id], [*spares[:k], trainers[-1], *spares[k + 1:]]
         super()._start_planning(membership, trainers, spares, rows, trigger, replan, start_step, sources, step_s)
 
-    def _publish_plan(self, planning) -> None:
-        plan = planning.future.result()
-        first, mine = plan["pipelines"][0][0], planning.devices.index(self.peer_id)
-        pipelines = [[first if d == mine else mine if d == first else d for d in row] for row in plan["pipelines"]]
-        done: concurrent.futures.Future = concurrent.futures.Future()
-        done.set_result({**plan, "pipelines": pipelines})  # stage 0 of pipeline 0 is its own; loopback: as cheap
-        super()._publish_plan(dataclasses.replace(planning, future=done))
-
 
 class IdleStage(CooperativeSwallower):  # given a stage, it takes tensors, answers nothing, halts when told
     _leading_class = IdleStageLeading
@@ -116,14 +117,16 @@ class Int4(Agent):
 
 
 MODES = {"bad": WorstPlanner, "silent": SilentLeader, "leaves_out": LeavesOut, "idle_stage": IdleStage,
-         "other_data": OtherData, "int4": Int4}  # fmt: skip
+         "other_data": OtherData, "int4": Int4, "late_silent": LateSilent}  # fmt: skip
 
 
 def main(mode: str, config_path: str) -> None:
     configure_logging(1)
     config = config_from_dict(AgentConfig, read_toml(config_path))
     with StopSignal() as stop:
-        MODES[mode](config, stop).run()
+        agent = MODES[mode](config, stop)
+        agent.gate = Path(config_path + ".go")  # read by the gated modes only
+        agent.run()
 
 
 if __name__ == "__main__":

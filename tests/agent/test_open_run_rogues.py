@@ -4,7 +4,7 @@ the leader the election rule names. Each mode is a real agent with one bad habit
 * ``silent``: never plans; passed over once the grace ends (silence is only known by waiting);
 * ``leaves_out``: its first plan leaves two live honest agents out; refused at once, by those it names
   and those it leaves out;
-* ``idle_stage``: an honest-looking plan in which it holds stage 0, then it never computes; the failed
+* ``idle_stage``: an honest-looking plan in which it holds a stage, then it never computes; the failed
   epoch's blames end at it, and its followers pass it over at once;
 * ``other_data``: its peer record claims another dataset; nobody exits, it is simply not a member;
 * ``int4``: its plans switch the fp32 run to int4; refused at once (the run's settings are pinned).
@@ -17,6 +17,8 @@ with the default grace and search budget, beside the run without a rogue: ``benc
 from __future__ import annotations
 
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -70,3 +72,37 @@ def test_a_rogue_sorting_lowest_cannot_take_an_open_run(tmp_path, mode):
         assert refused and all("wire int4 (the run's: fp32)" in r for r in refused), refused
     if mode == "leaves_out":
         assert refused and all("it plans 3 members where the run waits for 4" in r for r in refused), refused
+
+
+@pytest.mark.timeout(360)
+def test_a_fresh_key_that_sorts_lowest_cannot_lead_a_run_that_trains(tmp_path):
+    # the rogue (agent-0, sorting lowest, silent as a leader) joins once the run has trained a few steps:
+    # it has shown no training work, so the leader stays the honest one, which admits it at a join re-plan
+    # at once (the bare lowest-ID rule made it the leader on arrival: no join plan ever came, and any later
+    # re-plan waited out the grace and the search budget on it)
+    sorted_identities(tmp_path, 5)
+    config = SwarmConfig(agents=5, stages=2, steps=60, scenario=None, workdir=str(tmp_path), run="rogue-late",
+                         call_timeout_s=8.0, peer_ttl_s=6.0)  # fmt: skip
+
+    def open_gate(group, agents) -> None:
+        def wait_and_open() -> None:
+            deadline = time.monotonic() + 240
+            while time.monotonic() < deadline and not any(
+                    e["event"] == "step" and e["step"] >= 3 for e in events(agents[1].events.path)):  # fmt: skip
+                time.sleep(0.2)
+            Path(f"{agents[0].config_path}.go").touch()
+
+        threading.Thread(target=wait_and_open, daemon=True).start()
+
+    agents, codes, train = run_agents(
+        tmp_path, config, {0: [sys.executable, str(HERE / "rogue_leader.py"), "late_silent"]},
+        {"membership": {"expect": 4}}, 300, on_start=open_gate)  # fmt: skip
+    rogue, honest = agents[0], agents[1:]
+    assert all(code == 0 for code in codes.values()), codes
+    assert_reference(honest, train)
+    plans = [e for a in honest for e in events(a.events.path) if e["event"] == "plan"]
+    assert len(plans) >= 2 and plans[1]["replan"] == "join", plans  # the honest leader admitted the joiner
+    assert rogue.peer_id in plans[1]["devices"] + plans[1]["spares"]
+    assert not [e for a in honest for e in events(a.events.path) if e["event"] == "passed_over"]
+    roles = [e for a in honest for e in events(a.events.path) if e["event"] == "role"]
+    assert {e["leader"] for e in roles} == {honest[0].peer_id}, roles

@@ -146,7 +146,7 @@ def test_rogue_records_are_ignored_and_the_swarm_trains_on_the_real_plan(tmp_pat
     # every rogue record is ignored, each with a line saying why
     assert f"ignoring peers entry from peer {a}: peers record: memory_gb=1e+12 is outside" in logs
     assert f"ignoring links entry from peer {a}" in logs
-    assert f"ignoring plan epoch 0 signed by {a}: the leader (lowest live peer) is {agents[0]}" in logs
+    assert f"ignoring plan epoch 0 signed by {a}: the leader (lowest live peer in standing) is {agents[0]}" in logs
     assert f"ignoring plan entry from peer {b}: plan record signed by {b} names {agents[0]} as leader" in logs
     assert f"DHT refuses an entry under {keys.plan}: subkey is not an owner mark" in logs and "(unsigned entry)" in logs
     assert f"DHT refuses an entry under {keys.peers}: its signature does not match" in logs

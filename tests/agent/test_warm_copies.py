@@ -4,6 +4,7 @@ disk copies, and a copy sent and verified over a real loopback transport."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from p2ptrain.agent.churn.liveness import PeerHealth, epoch_failure
+from p2ptrain.agent.churn.liveness import PeerHealth, epoch_failure, no_shows
 from p2ptrain.agent.churn.restart import Holding, copies_of, restart_point
 from p2ptrain.agent.churn.stage_state import PART_NUMEL, StateKeeper
 from p2ptrain.agent.churn.state_store import StateStore
@@ -31,7 +32,7 @@ from p2ptrain.model.stage import build_stage
 from p2ptrain.net.dht.records import NO_BACKUP, PlanRecord, ProgressRecord, RecordError
 from p2ptrain.net.identity import generate_identity
 from p2ptrain.net.transport.messages import MessageKind, Tag
-from p2ptrain.net.transport.status import FAIL, HALT, TRAIN, PeerStatus
+from p2ptrain.net.transport.status import FAIL, HALT, IDLE, TRAIN, PeerStatus
 from p2ptrain.runtime.checkpoint import state_tensors
 from p2ptrain.runtime.config import TrainConfig
 
@@ -99,6 +100,18 @@ def test_an_epoch_halts_on_a_dead_or_failed_trainer_only():
     # stopping cleanly at a re-plan point, an older epoch's failure, or training a newer epoch: go on
     for status in (PeerStatus(HALT, 3, 5), PeerStatus(FAIL, 2, 5), PeerStatus(TRAIN, 4, 5)):
         assert epoch_failure(plan, A, dead=[], statuses={B: status}) is None
+
+
+def test_a_trainer_that_answers_but_never_takes_up_the_epoch_is_a_no_show():
+    plan = dataclasses.replace(plan_of([[A, B], [C, D]]), epoch=3, start_step=5)  # E is a spare
+    assert no_shows(plan, A, {}) == []  # no answer: the heartbeats judge it, not this check
+    on_it = {B: PeerStatus(TRAIN, 3, 5), C: PeerStatus(FAIL, 3, 5), D: PeerStatus(IDLE, 3, 7)}  # D: done
+    assert no_shows(plan, A, on_it) == []
+    on_its_way = {B: PeerStatus(TRAIN, 2, 4), C: PeerStatus(TRAIN, 4, 9)}  # an older epoch toward step 5; newer
+    assert no_shows(plan, A, on_its_way) == []
+    absent = {B: PeerStatus(IDLE, 0, 0), C: PeerStatus(HALT, 2, 5), D: PeerStatus(IDLE, 3, 5), E: PeerStatus()}
+    assert no_shows(plan, A, absent) == [B, C, D]  # idle; halted before it; a spare of epoch 3 in its view
+    assert no_shows(plan, B, absent) == [C, D]  # never ourselves
 
 
 def test_liveness_settings_are_checked():

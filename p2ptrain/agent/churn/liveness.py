@@ -15,7 +15,11 @@ transport's event loop, whatever training is doing) and keeps, per peer, when it
   so the epoch it was training is over;
 * ``epoch_failure`` (pure): whether the epoch this agent trains must halt now: a trainer of the plan is
   dead, or answers that it stopped the epoch on a failure (state ``fail``). A trainer that stopped at a
-  re-plan point (``halt``) or trains a newer epoch is no failure: every trainer stops there at the same step.
+  re-plan point (``halt``) or trains a newer epoch is no failure: every trainer stops there at the same step;
+* ``no_shows`` (pure): the trainers of the plan that answer pings but have not taken up its epoch; the
+  agent halts the epoch once one of them is still not there ``NO_SHOW_TIMEOUTS`` × ``timeout_s`` after it
+  started the epoch itself (a peer that ignores its stage, or never read the plan, is as good as dead for
+  the epoch; waiting out the tensor deadline on it cost a minute).
 
 The agent halts the epoch through ``Transport.abort_epoch`` (pending calls fail at once with PeerFailed),
 and leaves dead peers out of its view of the live members until they answer again, so the next leader
@@ -34,11 +38,12 @@ from p2ptrain.agent.config import LivenessConfig
 from p2ptrain.errors import PeerTimeoutError, ProtocolError
 from p2ptrain.net.dht.records import PlanRecord
 from p2ptrain.net.transport.endpoint import Transport
-from p2ptrain.net.transport.status import FAIL, PeerStatus
+from p2ptrain.net.transport.status import FAIL, IDLE, TRAIN, PeerStatus
 
 logger = logging.getLogger(__name__)
 
 UNREACHABLE_IN_A_ROW = 3
+NO_SHOW_TIMEOUTS = 2.0  # liveness timeouts a trainer may take to take up an epoch after we took it up
 
 
 @dataclass
@@ -113,6 +118,22 @@ def epoch_failure(plan: PlanRecord, me: str, dead: Iterable[str], statuses: Mapp
     if failed:
         return f"peer(s) {', '.join(failed)} stopped epoch {plan.epoch} on a failure"
     return None
+
+
+def no_shows(plan: PlanRecord, me: str, statuses: Mapping[str, PeerStatus]) -> list[str]:
+    """The trainers of ``plan`` whose last answer says they have not taken up its epoch and are not on their
+    way to it: idle, halted or failed in an older epoch, or idle in this one at its start (a spare of
+    another plan). A trainer still training an older epoch toward this one's start is on its way (a join
+    re-plan point); one we have no answer from is the heartbeats' to judge (dead or not)."""
+    trainers = {plan.peer_at(i, j) for i in range(plan.replicas) for j in range(plan.stages)} - {me}
+    late = []
+    for peer in sorted(trainers):
+        s = statuses.get(peer)
+        if s is None or s.epoch > plan.epoch or (s.epoch < plan.epoch and s.state == TRAIN):
+            continue
+        if s.epoch < plan.epoch or (s.state == IDLE and s.step <= plan.start_step):
+            late.append(peer)
+    return late
 
 
 class LivenessMonitor:

@@ -72,22 +72,24 @@ def select_plan(plans: Mapping[str, PlanRecord], live_peers: Iterable[str]) -> P
 
 
 def latest_plan(
-    plans: Mapping[str, PlanRecord], live_peers: Iterable[str], me: str, after_epoch: int, log: bool = False
+    plans: Mapping[str, PlanRecord], live_peers: Iterable[str], me: str, after_epoch: int, log: bool = False,
+    leader: str | None = None,
 ) -> PlanRecord | None:
     """The plan to follow under churn: the highest epoch above ``after_epoch`` signed by the lowest live peer
     and naming ``me`` as a member, or None. Epochs decide: a plan of an older epoch (a leader that died or
     came back late) is never followed again, and a new leader numbers its plans above every plan it has
     seen, so a swarm never splits over two plans. The plan's membership need not equal the live view: views
     differ for a moment while records expire, and the plan itself says who trains and who idles.
-    With ``log``, every plan signed by another peer is reported as ignored.
+    With ``log``, every plan signed by another peer is reported as ignored. ``leader``: who leads among
+    ``live_peers`` (``leadership.standing``); by default the lowest.
     """
     live = set(live_peers)
-    leader = leader_of(live)
+    leader = leader if leader is not None and leader in live else leader_of(live)
     if log:
         for signer, plan in plans.items():
             if signer != leader:
                 (logger.warning if signer in live else logger.info)(
-                    "ignoring plan epoch %d signed by %s: the leader (lowest live peer) is %s", plan.epoch, signer,
+                    "ignoring plan epoch %d signed by %s: the leader (lowest live peer in standing) is %s", plan.epoch, signer,
                     leader)
     plan = plans.get(leader) if leader is not None else None
     if plan is None or plan.epoch <= after_epoch or me not in plan.membership:

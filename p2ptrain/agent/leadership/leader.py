@@ -181,7 +181,7 @@ class Leading:
             return membership
         self.pass_over(leader, f"no plan we accept came within {cfg.membership.leader_grace_s + allowance:.0f} s "
                                "of one being due")  # fmt: skip
-        return Membership({p: r for p, r in membership.peers.items() if p != leader})
+        return membership.without(leader)
 
     def _search_allowance(self, membership: Membership) -> float:
         """What the leader may spend on its search, beyond the grace, for the first plan of ``membership``:
@@ -283,7 +283,9 @@ class Leading:
     # ---- leading ----------------------------------------------------------------------------------------
 
     def lead(self, membership: Membership) -> None:
-        """One move of the leader, on every poll while we are the lowest live peer of ``membership``."""
+        """One move of the leader, on every poll while we are the lowest live peer in standing of ``membership``
+        (the leaders we passed over are never planned, even if the view was read before we did)."""
+        membership = membership.without(*(self._leaders.excluded() - {self.peer_id}))
         if self._planning is not None:
             if self._planning.future.done():
                 self._publish_plan(self._planning)
@@ -478,7 +480,12 @@ class Leading:
             return
         copies = self._warm_copies(planning, plan)
         index = {p: i for i, p in enumerate(record.membership)}
+        if self.peer_id not in index:
+            logger.warning("not publishing epoch %d: this leader is not one of its members", planning.epoch)
+            self._watch.reset()
+            return
         record = dataclasses.replace(record, start_step=start_step, reason=planning.trigger[:120],
+                                     leader_at=index[self.peer_id],
                                      slowdowns=tuple((index[p], f) for p, f in planning.slowdowns.items() if p in index),
                                      sources=source_indices(sources, record.membership),
                                      backups=tuple(NO_BACKUP if p is None else index[p] for p in copies["peers"]),

@@ -5,8 +5,8 @@ unsigned and expired entries with a log line) of our protocol version (``records
 that trains our data with our run settings (its record's ``data``, the tokenizer and content digest, and
 ``settings``, ``leadership.settings``; ``refusal`` says when the run is another: several live peers agree on
 other data or settings, more than share ours). The bootstrap publishes no peer record, so it is never a
-member. The view is sorted by peer ID, the election order: ``leader`` is the lowest. Pure bookkeeping, no
-I/O: the agent feeds it what it reads.
+member. The view is sorted by peer ID, the election order: ``leader`` is the lowest in standing
+(``leadership.standing``). Pure bookkeeping, no I/O: the agent feeds it what it reads.
 """
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from p2ptrain.agent.config import MembershipConfig
 from p2ptrain.agent.leadership.election import membership_digest
 from p2ptrain.agent.leadership.settings import described
+from p2ptrain.agent.leadership.standing import Standing
 from p2ptrain.net.dht.records import AGENT_PROTOCOL_VERSION, PeerRecord
 
 logger = logging.getLogger(__name__)
@@ -28,9 +29,11 @@ MAJORITY_OF_OTHERS = 2  # other live peers that must agree on another run before
 
 @dataclass(frozen=True)
 class Membership:
-    """The live peers (sorted by peer ID) with their records."""
+    """The live peers (sorted by peer ID) with their records; with ``standing``, who may lead
+    (``leadership.standing``: the lowest live peer in standing), else the lowest live peer leads."""
 
     peers: Mapping[str, PeerRecord]
+    standing: Standing | None = field(default=None, compare=False)
 
     @property
     def ids(self) -> tuple[str, ...]:
@@ -38,7 +41,13 @@ class Membership:
 
     @property
     def leader(self) -> str | None:
+        if self.standing is not None:
+            return self.standing.leader(self.peers)
         return min(self.peers, default=None)
+
+    def without(self, *peer_ids: str) -> Membership:
+        """This view less ``peer_ids`` (the same standing)."""
+        return Membership({p: r for p, r in self.peers.items() if p not in peer_ids}, self.standing)
 
     def __len__(self) -> int:
         return len(self.peers)

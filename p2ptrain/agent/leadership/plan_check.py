@@ -36,6 +36,7 @@ from p2ptrain.agent.config import EmulationSettings, PlanConfig
 from p2ptrain.agent.leadership import settings
 from p2ptrain.agent.leadership.claims import plan_slowdowns, with_slowdowns
 from p2ptrain.agent.leadership.plan_maker import build_cluster, cluster_order, make_plan, trainers_and_spares
+from p2ptrain.agent.leadership.standing import Standing
 from p2ptrain.net.dht.records import LinksRecord, PeerRecord, PlanRecord, ProgressRecord
 from p2ptrain.planning import Cluster, LayeredWorkload, Workload, even_layers, make_objective
 from p2ptrain.runtime.config import TrainConfig
@@ -174,7 +175,7 @@ def newer_plan_excuses(newest: PlanRecord | None, followed_epoch: int, leader: s
     """Whether a plan newer than the one we followed stops the clock on ``leader`` (we wait for a re-plan
     point like any joiner: a plan came, we are just not in it). Only a plan signed by ``leader`` itself, or by
     a peer no longer live (a leader that died after planning), does: a newer plan signed by another live
-    peer ranks that peer after ``leader`` (the leader is the lowest live peer), so it comes from followers
+    peer ranks that peer after ``leader`` (the leader is the lowest live peer in standing), so it comes from followers
     who passed ``leader`` over a moment before we did, and ``leader`` still owes us a plan. Without the
     clock we would wait on a silent leader for ever, and ignore the plan everyone else trains."""
     if newest is None or newest.epoch <= followed_epoch:
@@ -189,7 +190,8 @@ class _Leader:
 
 
 class LeaderWatch:
-    """Which leaders this agent passed over, and whether the present one is out of time."""
+    """Which leaders this agent passed over, and whether the present one is out of time; ``standing``: who
+    may lead (``leadership.standing``), where a passed-over leader owes the epochs of its back-off."""
 
     def __init__(self, grace_s: float, backoff_s: float, max_backoff_s: float = 86400.0,
                  clock: Callable[[], float] = time.monotonic):  # fmt: skip
@@ -200,6 +202,7 @@ class LeaderWatch:
         self._due: _Leader | None = None
         self._until: dict[str, float] = {}  # peer -> passed over until
         self._times: dict[str, int] = {}  # peer -> how often passed over
+        self.standing = Standing()
 
     def excluded(self) -> set[str]:
         """The peers passed over now (their back-off runs)."""
@@ -230,9 +233,11 @@ class LeaderWatch:
         self._due = None
 
     def pass_over(self, peer: str) -> float:
-        """Leave ``peer`` out for its back-off (doubling with each repeat); returns the back-off in seconds."""
+        """Leave ``peer`` out for its back-off (doubling with each repeat), and out of standing until it trained
+        the epochs it owes (``Standing.passed_over``: doubling too); returns the back-off in seconds."""
         times = self._times.get(peer, 0)
         self._times[peer] = times + 1
+        self.standing.passed_over(peer, times + 1)
         backoff = min(self.max_backoff_s, self.backoff_s * 2**times)
         self._until[peer] = self.clock() + backoff
         return backoff

@@ -32,8 +32,9 @@ from p2ptrain.net.identity import PEER_ID_BYTES, check_peer_id, peer_id_from_byt
 class PlanRecord(RecordEnvelope):
     """The leader's plan (key ``{run}.plan``): who holds which (pipeline, stage), for which membership.
 
-    ``membership`` is sorted by peer ID (the order ``election.py`` uses), so ``membership[0]`` is the peer
-    that must have signed it. ``pipelines[i][j]`` is the index into ``membership`` of the peer holding
+    ``membership`` is sorted by peer ID (the order ``election.py`` uses); ``membership[leader_at]`` is the
+    peer that must have signed it, its *leader* (additive: absent, 0, the lowest member; a leader in standing
+    may plan lower peers that are not, ``agent.leadership.standing``). ``pipelines[i][j]`` is the index into ``membership`` of the peer holding
     stage j of pipeline i (the DESIGN.md plan layout); members not in ``pipelines`` are spares.
 
     Churn fields (additive; absent in a first plan): training resumes at ``start_step`` (steps completed),
@@ -84,6 +85,7 @@ class PlanRecord(RecordEnvelope):
     schedule: str = ""
     overlap: bool | None = None
     bucket_elements: int = 0
+    leader_at: int = 0
     kind: ClassVar[RecordKind] = RecordKind.PLAN
 
     def __post_init__(self) -> None:
@@ -160,10 +162,12 @@ class PlanRecord(RecordEnvelope):
         if self.overlap is not None and not isinstance(self.overlap, bool):
             raise RecordError(f"overlap must be true, false or absent, not {self.overlap!r}")
         set_field(self, "bucket_elements", f.integer("bucket_elements", self.bucket_elements, 0, MAX_BUCKET_ELEMENTS))
+        set_field(self, "leader_at", f.integer("leader_at", self.leader_at, 0, len(members) - 1))
 
     @property
     def leader(self) -> str:
-        return self.membership[0]
+        """The member that signed the plan (``membership[leader_at]``)."""
+        return self.membership[self.leader_at]
 
     def position_of(self, peer_id: str) -> tuple[int, int] | None:
         """(pipeline, stage) held by ``peer_id``, or None for a spare or a non-member."""
@@ -222,6 +226,7 @@ class PlanRecord(RecordEnvelope):
             **({"schedule": self.schedule} if self.schedule else {}),
             **({"overlap": self.overlap} if self.overlap is not None else {}),
             **({"bucket_elements": self.bucket_elements} if self.bucket_elements else {}),
+            **({"leader_at": self.leader_at} if self.leader_at else {}),
         }  # fmt: skip
 
     @classmethod
@@ -248,5 +253,5 @@ class PlanRecord(RecordEnvelope):
             backup_every=m.get("backup_every", 0), baselines=tuple(m.get("baselines", ())),
             layers=f.unpack_uint16(f.binary("layers", m.get("layers", b""), item_size=2, max_items=stages)),
             slowdowns=tuple(m.get("slowdowns", ())), wire=m.get("wire", ""), schedule=m.get("schedule", ""),
-            overlap=m.get("overlap"), bucket_elements=m.get("bucket_elements", 0),
+            overlap=m.get("overlap"), bucket_elements=m.get("bucket_elements", 0), leader_at=m.get("leader_at", 0),
         )  # fmt: skip

@@ -286,7 +286,9 @@ class ProgressRecord(RecordEnvelope):
     copies on disk (additive). ``blame``: the peer whose call failed this writer's epoch (it timed out, broke
     or was refused by that peer), when one did (additive; the leader may quarantine it). ``compute_s``:
     the writer's own compute in step ``step`` (forward, backward, update; no waiting), 0 when not measured
-    (additive; the leader checks it against the writer's calibration, ``agent.claims``).
+    (additive; the leader checks it against the writer's calibration, ``agent.claims``). ``leader``: the
+    signer of the plan of epoch ``epoch`` the writer trains (additive; who may lead counts only the records
+    of the plan's own trainers that name its signer, ``leadership.standing``).
     """
 
     epoch: int
@@ -299,6 +301,7 @@ class ProgressRecord(RecordEnvelope):
     holds: tuple[tuple[int, int], ...] = ()
     blame: str | None = None
     compute_s: float = 0.0
+    leader: str | None = None
     kind: ClassVar[RecordKind] = RecordKind.PROGRESS
 
     def __post_init__(self) -> None:
@@ -326,6 +329,11 @@ class ProgressRecord(RecordEnvelope):
                 set_field(self, "blame", check_peer_id(self.blame))
             except ValueError as e:
                 raise RecordError(f"blame: {e}") from None
+        if self.leader is not None:
+            try:
+                set_field(self, "leader", check_peer_id(self.leader))
+            except ValueError as e:
+                raise RecordError(f"leader: {e}") from None
 
     def _fields(self) -> dict[str, Any]:
         fields = {"epoch": self.epoch, "step": self.step, "loss": self.loss, "step_time_s": self.step_time_s,
@@ -336,6 +344,8 @@ class ProgressRecord(RecordEnvelope):
             fields["blame"] = peer_id_to_bytes(self.blame)
         if self.compute_s:  # optional field: absent unless the writer measured its compute
             fields["compute_s"] = self.compute_s
+        if self.leader is not None:  # optional field: absent before the writer follows a plan
+            fields["leader"] = peer_id_to_bytes(self.leader)
         return fields
 
     @classmethod
@@ -343,7 +353,7 @@ class ProgressRecord(RecordEnvelope):
         return cls(epoch=m["epoch"], step=m["step"], loss=m["loss"], step_time_s=m["step_time_s"],
                    halted=m.get("halted", False), kept=m.get("kept", 0), stage=m.get("stage"),
                    holds=tuple(m.get("holds", ())), blame=peer_from_bytes("blame", m.get("blame")),
-                   compute_s=m.get("compute_s", 0.0))
+                   compute_s=m.get("compute_s", 0.0), leader=peer_from_bytes("leader", m.get("leader")))
 
 
 Record = PeerRecord | LinksRecord | PlanRecord | ProgressRecord

@@ -186,7 +186,7 @@ def check_binding(peer_id: str, record: Record) -> None:
     """RecordError unless ``record`` may have been written by ``peer_id`` (the peer its subkey's key gives)."""
     if isinstance(record, PlanRecord) and record.leader != peer_id:
         raise RecordError(
-            f"plan record signed by {peer_id} names {record.leader} as leader (the lowest peer of its membership); "
+            f"plan record signed by {peer_id} names {record.leader} as leader (its member at leader_at); "
             "only that leader may sign it"
         )
     if isinstance(record, PeerRecord):

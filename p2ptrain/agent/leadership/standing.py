@@ -1,0 +1,94 @@
+"""Who may lead: the lowest live peer *in standing*, once the run has a history. Pure (no I/O).
+
+Lowest-ID election alone lets a fresh key sort its way to the front at once. So once an epoch of the run
+has made progress, only peers that have shown training work may lead:
+
+* an epoch *made progress* when more than half of its trainers say, each in its own signed progress record,
+  that they trained a step of it (a step past the plan's start) under the plan's signer. Trainers are
+  coupled (pipelines and replica groups), so honest trainers move only if every stage computed: a peer that
+  never computes cannot make its neighbours' records move, one peer's record cannot stand for the others',
+  and a copy of the run's plan signed by another peer is trained by nobody;
+* a peer is *in standing* once it trained an epoch that made progress, or signed its plan (the swarm
+  checked that plan and trained it);
+* before any epoch made progress (the run's first plan: nobody has history) every live peer is in standing,
+  and the lowest leads, checked by its followers (``plan_check``);
+* a leader passed over (silent, refused, culpable) falls out of standing, and owes epochs before it may lead
+  again: ``2**(k-1)`` epochs that made progress with it as a trainer, after the one it was passed over in,
+  for its k-th pass-over. The back-off thus follows the run, not only the clock: a rogue that comes back
+  after its back-off cannot stall each later re-plan, however rare re-plans are.
+
+If no live peer is in standing (they all left), the lowest live peer that owes nothing leads, then the
+lowest live peer: the run goes on. Each agent keeps its own standing from the plans and progress records
+it reads, so a joiner learns the present epoch's trainers and signer at its first reads; views differ only
+about peers that neither trained nor signed the epoch being trained.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from p2ptrain.net.dht.records import PlanRecord, ProgressRecord
+
+
+def moved(plan: PlanRecord, progress: Mapping[str, ProgressRecord]) -> list[str]:
+    """The trainers of ``plan`` that say they trained a step of it: past its start, in its epoch, under its
+    signer (``ProgressRecord.leader``: a copy of the plan signed by someone else is vouched for by nobody)."""
+    trainers = {plan.peer_at(i, j) for i in range(plan.replicas) for j in range(plan.stages)}
+    return sorted(p for p in trainers if (r := progress.get(p)) is not None and r.epoch == plan.epoch
+                  and r.leader == plan.leader and r.step > plan.start_step)  # fmt: skip
+
+
+def made_progress(plan: PlanRecord, progress: Mapping[str, ProgressRecord]) -> bool:
+    """Whether more than half of ``plan``'s trainers say they trained a step of its epoch."""
+    return 2 * len(moved(plan, progress)) > plan.stages * plan.replicas
+
+
+@dataclass
+class Standing:
+    """One agent's record of who has shown training work in this run, and what passed-over leaders owe."""
+
+    _worked: dict[str, set[int]] = field(default_factory=dict)  # peer -> epochs of progress it trained or signed
+    _owed: dict[str, tuple[int, int]] = field(default_factory=dict)  # peer -> (passed over after epoch, epochs owed)
+    _newest: int = -1  # the newest epoch observed (a pass-over counts the epochs after it)
+    history: bool = False  # an epoch of the run made progress (as far as we have read)
+
+    def observe(self, plans: Iterable[PlanRecord | None], progress: Mapping[str, ProgressRecord]) -> None:
+        """Read ``plans`` (any signers; None skipped) against the progress records."""
+        for plan in plans:
+            if plan is None:
+                continue
+            self._newest = max(self._newest, plan.epoch)
+            if not made_progress(plan, progress):
+                continue
+            self.history = True
+            for peer in (*moved(plan, progress), plan.leader):
+                self._worked.setdefault(peer, set()).add(plan.epoch)
+
+    def passed_over(self, peer: str, times: int) -> None:
+        """``peer`` was passed over as leader for the ``times``-th time: it owes ``2**(times-1)`` epochs of
+        progress trained after the newest epoch seen now."""
+        self._owed[peer] = (self._newest, 2 ** max(0, times - 1))
+
+    def owes(self, peer: str) -> int:
+        """How many epochs of progress ``peer`` still owes before it may lead again (0: none)."""
+        if peer not in self._owed:
+            return 0
+        after, count = self._owed[peer]
+        return max(0, count - sum(1 for e in self._worked.get(peer, ()) if e > after))
+
+    def in_standing(self, peer: str) -> bool:
+        if self.owes(peer):
+            return False
+        if peer in self._owed:  # it paid what it owed by training
+            return True
+        return not self.history or peer in self._worked
+
+    def leader(self, live: Collection[str]) -> str | None:
+        """The peer that leads among ``live``: the lowest in standing; else the lowest that owes nothing; else
+        the lowest (None for nobody)."""
+        for eligible in (self.in_standing, lambda p: not self.owes(p), lambda p: True):
+            found = min((p for p in live if eligible(p)), default=None)
+            if found is not None:
+                return found
+        return None

@@ -1,0 +1,115 @@
+"""Who may lead (``leadership.standing``): the lowest live peer in standing once the run has a history, and
+what a passed-over leader owes before it leads again. Pure: plan and progress records built here."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from p2ptrain.agent.leadership.election import latest_plan
+from p2ptrain.agent.leadership.membership import Membership
+from p2ptrain.agent.leadership.plan_check import LeaderWatch
+from p2ptrain.agent.leadership.standing import Standing, made_progress
+from p2ptrain.net.dht.records import PlanRecord, ProgressRecord
+from p2ptrain.net.identity import generate_identity
+
+
+@pytest.fixture(scope="module")
+def ids():
+    return sorted(generate_identity().peer_id for _ in range(6))  # ids[0] sorts lowest
+
+
+def plan_of(signer: str, trainers: list[str], epoch: int, start: int = 0, spares: tuple[str, ...] = ()) -> PlanRecord:
+    """Two stages, ``len(trainers) // 2`` pipelines, ``trainers`` in row-major order; signed by ``signer``."""
+    membership = tuple(sorted({signer, *trainers, *spares}))
+    index = {p: k for k, p in enumerate(membership)}
+    pipelines = tuple((index[trainers[i]], index[trainers[i + 1]]) for i in range(0, len(trainers), 2))
+    return PlanRecord(epoch=epoch, membership=membership, stages=2, replicas=len(pipelines), pipelines=pipelines,
+                      cost_s=1.0, start_step=start, leader_at=index[signer])  # fmt: skip
+
+
+def step(signer: str, epoch: int, done: int) -> ProgressRecord:
+    """A trainer's progress record: ``done`` steps of ``epoch``, planned by ``signer``."""
+    return ProgressRecord(epoch, done, None, 0.1, leader=signer)
+
+
+def test_an_epoch_made_progress_only_if_most_of_its_trainers_trained_it_under_its_signer(ids):
+    a, b, c, d, r = ids[1], ids[2], ids[3], ids[4], ids[0]
+    plan = plan_of(a, [a, b, c, d], epoch=3, start=10)
+    assert made_progress(plan, {a: step(a, 3, 12), b: step(a, 3, 12), c: step(a, 3, 11)})
+    assert not made_progress(plan, {a: step(a, 3, 12), b: step(a, 3, 12), c: step(a, 3, 10)})  # 2 of 4: not most
+    assert not made_progress(plan, {p: step(a, 2, 12) for p in (a, b, c, d)})  # another epoch
+    # a copy of the same plan signed by the rogue: the trainers name the real signer, only the rogue names it
+    copy = plan_of(r, [r, b, c, d], epoch=3, start=10)
+    assert not made_progress(copy, {r: step(r, 3, 12), b: step(a, 3, 12), c: step(a, 3, 12), d: step(a, 3, 12)})
+
+
+def test_before_any_progress_the_lowest_leads_after_it_only_peers_that_trained(ids):
+    rogue, a, b, c, d, fresh = ids
+    standing = Standing()
+    live = {rogue, a, b, c, d}
+    assert standing.leader(live) == rogue  # nobody has history: the lowest live peer leads the first plan
+    first = plan_of(a, [a, b, c, d], epoch=0)
+    standing.observe([first], {p: step(a, 0, 0) for p in (a, b, c, d)})
+    assert not standing.history and standing.leader(live) == rogue  # planned, but no step trained yet
+    standing.observe([first, None], {p: step(a, 0, 2) for p in (a, b, c, d)})
+    assert standing.history
+    assert standing.leader(live) == a  # the rogue (and a fresh key) sorts lower, but never trained
+    assert standing.leader(live | {fresh}) == a and not standing.in_standing(fresh)
+    # the rogue as a trainer of a later epoch that made progress: it has shown work, and may lead
+    second = plan_of(a, [rogue, b, c, d], epoch=1, start=2, spares=(a,))
+    standing.observe([second], {p: step(a, 1, 5) for p in (rogue, b, c)})
+    assert standing.leader(live) == rogue
+    # if every peer in standing left, the run goes on: the lowest live peer leads
+    assert standing.leader({fresh}) == fresh
+
+
+def test_a_passed_over_leader_owes_doubling_epochs_of_training(ids):
+    rogue, a, b, c, d, _ = ids
+    live = {rogue, a, b, c, d}
+    watch = LeaderWatch(grace_s=1.0, backoff_s=10.0, clock=lambda: 0.0)
+    standing = watch.standing
+    epoch = 0
+
+    def trained(trainers: list[str]) -> None:
+        nonlocal epoch
+        plan = plan_of(a, trainers, epoch=epoch, start=epoch)
+        standing.observe([plan], {p: step(a, epoch, epoch + 1) for p in trainers})
+        epoch += 1
+
+    trained([rogue, b, c, d])
+    assert standing.leader(live) == rogue
+    assert watch.pass_over(rogue) == 10.0  # first pass-over: it owes one epoch
+    assert standing.owes(rogue) == 1 and standing.leader(live) == a
+    trained([a, b, c, d])  # an epoch it did not train pays nothing
+    assert standing.owes(rogue) == 1 and standing.leader(live) == a
+    trained([rogue, b, c, d])
+    assert standing.owes(rogue) == 0 and standing.leader(live) == rogue
+    assert watch.pass_over(rogue) == 20.0  # second pass-over: two epochs, whatever the clock says
+    trained([rogue, b, c, d])
+    assert standing.owes(rogue) == 1 and standing.leader(live) == a
+    trained([rogue, b, c, d])
+    assert standing.leader(live) == rogue
+    # passed over before the run had any history (the first plan's leader): it owes all the same
+    fresh = Standing()
+    fresh.passed_over(rogue, 1)
+    assert fresh.leader(live) == a
+
+
+def test_the_membership_and_the_plan_followed_use_the_leader_in_standing(ids):
+    rogue, a, b, c, d, _ = ids
+    standing = Standing()
+    plan = plan_of(a, [a, b, c, d], epoch=0)
+    standing.observe([plan], {p: step(a, 0, 1) for p in (a, b, c, d)})
+    members = Membership({p: None for p in (rogue, a, b, c, d)}, standing)
+    assert members.leader == a and members.without(a).leader == b
+    assert Membership({p: None for p in (rogue, a)}).leader == rogue  # no standing: the lowest
+    rogues = plan_of(rogue, [a, b, c, d], epoch=1, start=1)
+    plans = {a: plan_of(a, [a, b, c, d], epoch=1, start=1), rogue: rogues}
+    assert latest_plan(plans, members.ids, b, 0, leader=members.leader) is plans[a]
+    assert latest_plan(plans, members.ids, b, 0) is rogues  # the bare rule would follow the lowest
+    assert rogues.leader == rogue and plans[a].leader == a  # a plan names its signer, not its lowest member
+    assert PlanRecord.decode(plans[a].encode()) == plans[a]  # ``leader_at`` travels (additive: 0 is absent)
+    with pytest.raises(ValueError, match="leader_at"):
+        dataclasses.replace(plans[a], leader_at=len(plans[a].membership))
