@@ -136,7 +136,8 @@ def main(as_json: bool, only: tuple[str, ...], leader_steps: tuple[int, ...]) ->
     cleans: dict = {}  # one clean run serves every scenario of its kind
 
     def clean(kind: str, run) -> dict:
-        cleans.setdefault(kind, run(None))
+        if kind not in cleans:  # (``setdefault`` would run it every time)
+            cleans[kind] = run(None)
         return cleans[kind]
 
     scenarios = [("non-member flood", lambda: _swarm(False), lambda: _swarm(True)),
@@ -144,7 +145,7 @@ def main(as_json: bool, only: tuple[str, ...], leader_steps: tuple[int, ...]) ->
                  ("cooperative swallower", lambda: clean("members", _members), lambda: _members("swallow_and_halt"))]
     for steps in leader_steps:
         for mode in LEADER_MODES:
-            scenarios.append((f"lowest-ID {mode} {steps}", lambda n=steps: clean(f"open {n}", lambda: _open_run(None, n)),
+            scenarios.append((f"lowest-ID {mode} {steps}", lambda n=steps: clean(f"open {n}", lambda _: _open_run(None, n)),
                               lambda m=mode, n=steps: _open_run(m, n)))  # fmt: skip
     for scenario, clean_run, attacked in scenarios:
         if only and not any(o in scenario for o in only):

@@ -40,6 +40,7 @@ transport down, and the DHT process and p2pd are stopped in order, so nothing is
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import logging
 import os
 import threading
@@ -130,7 +131,10 @@ class Agent:
         self._gate: PlanGate | None = None
         self._culpable = CulpableWatch(config.membership.poll_s)
         self._halted_epoch = -1  # the last epoch this agent halted on a failure
-        self._standing_read = -float("inf")  # when the progress records were last read for the standing
+        # the progress records read for the standing (``_observe_standing``): the read in flight, when it began
+        self._standing_reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="p2ptrain-standing")
+        self._standing_read: concurrent.futures.Future | None = None
+        self._standing_last = -float("inf")
         self._last_poll = 0.0
         self._started = time.monotonic()
         self._done_now: int | None = None  # steps done in the epoch being trained
@@ -143,6 +147,7 @@ class Agent:
         self._aborted = -1  # the last epoch the heartbeats aborted
         self._training: int | None = None  # the epoch being trained (None between epochs)
         self._training_since = 0.0  # when this agent took it up
+        self._no_show_after_s = float("inf")  # how long a trainer of it may take to take it up after us
         self._last_wait_note = ""
         self._finished = threading.Event()
         self.heartbeat: Heartbeat | None = None
@@ -210,6 +215,7 @@ class Agent:
             ("finish writing state copies", lambda: self.store and self.store.close(timeout_s)),
             ("tell the link prober to stop", lambda: self.prober and self.prober.stop(timeout_s=0)),
             ("stop the planner", lambda: self._leading and self._leading.close()),
+            ("stop the standing reader", lambda: self._standing_reader.shutdown(wait=False, cancel_futures=True)),
             ("stop heartbeats", lambda: self.heartbeat and self.heartbeat.close()),
             ("stop the transport", lambda: self.transport and self.transport.shutdown()),
             ("stop the link prober", lambda: self.prober and self.prober.stop(timeout_s)),
@@ -252,7 +258,7 @@ class Agent:
             reason = f"this agent was silent for {silent_s:.0f} s (stopped or cut off): its peers re-planned without it"
         absent = no_shows(plan, self.peer_id, statuses) if reason is None else []
         waited_s = time.monotonic() - self._training_since
-        if absent and waited_s > NO_SHOW_TIMEOUTS * timeout_s:
+        if absent and waited_s > self._no_show_after_s:
             reason = (f"peer(s) {', '.join(absent)} answer heartbeats but have not taken up epoch {plan.epoch} "
                       f"{waited_s:.0f} s after this agent did")
         if reason is not None:
@@ -530,16 +536,21 @@ class Agent:
 
     def _observe_standing(self, plans: dict[str, PlanRecord]) -> None:
         """Who has shown training work (``leadership.standing``): the plans read, and the ones we followed,
-        against the progress records, read at most every ``STANDING_READ_S``."""
+        against the progress records, read every ``STANDING_READ_S`` on a thread of their own (a DHT read can
+        hang for its whole deadline while a peer is frozen; the loop must not wait on it)."""
+        pending = self._standing_read
+        if pending is not None and pending.done():
+            self._standing_read = None
+            try:
+                progress = pending.result()
+            except Exception as e:  # noqa: BLE001 - a failed read is retried, never a verdict
+                logger.debug("reading the progress records for the standing failed: %s", e)
+            else:
+                self._leaders.standing.observe((*plans.values(), self._following, self._newest_seen), progress)
         now = time.monotonic()
-        if now - self._standing_read < STANDING_READ_S:
-            return
-        self._standing_read = now
-        try:
-            progress = self.dht.read_progress()
-        except ProtocolError:
-            return
-        self._leaders.standing.observe((*plans.values(), self._following, self._newest_seen), progress)
+        if self._standing_read is None and now - self._standing_last >= STANDING_READ_S:
+            self._standing_last = now
+            self._standing_read = self._standing_reader.submit(self.dht.read_progress)
 
     def _check_culpable_leader(self) -> None:
         """Once the epoch we follow failed (we halted it, or a heartbeat says a trainer did), pass its leader
@@ -615,6 +626,10 @@ class Agent:
             finish_timeout_s=cfg.membership.finish_timeout_s, should_halt=self._should_halt,
             compute_slowdown=self.compute_slowdown, link_bandwidth=self._measured_bandwidth(), time_scale=scale,
         )  # fmt: skip
+        # A trainer may take the epoch up this long after us (``liveness.no_shows``): two liveness timeouts, and
+        # twice the search the plan cost us (followers check a plan by planning its records themselves)
+        effort_s = self._leading.published_search_s if plan.leader == self.peer_id else self._gate.check_s(plan)
+        self._no_show_after_s = NO_SHOW_TIMEOUTS * cfg.liveness.timeout_s + 2.0 * effort_s
         self._training_since = time.monotonic()  # before ``_training``: the heartbeats' thread reads both
         self._training = plan.epoch
         peers = dict(self._membership.peers)

@@ -199,6 +199,7 @@ def test_gate_waits_for_unseen_members_then_refuses_once_and_skips_our_own(world
     assert len(refusals) == 1 and "we do not see live" in refusals[0]
     assert passed == [plan.leader]  # a refusal passes the leader over at once, not after the grace
     assert gate.accept(plan, records, known, first=True)  # now we see it
+    assert gate.check_s(plan) > 0  # our own search of its records took this long (the trainers' no-show window)
 
     bad = plan_record(peers, peers[:4], worst)
     caplog.clear()

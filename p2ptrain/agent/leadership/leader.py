@@ -144,6 +144,7 @@ class Leading:
         self._planning: _Planning | None = None
         self._next_epoch = 0
         self._published: PlanRecord | None = None  # the last plan this agent published as leader
+        self.published_search_s = 0.0  # how long its search took
         self._links_wait_since: float | None = None
         self._first_due = False  # a follower saw the first plan fall due (``_first_plan_due``)
         self._own_search: tuple[tuple[str, ...], concurrent.futures.Future] | None = None  # ``_search_allowance``
@@ -494,6 +495,7 @@ class Leading:
         plan = {**plan, "warm_copies": copies}
         self.dht.publish_plan(record)
         self._published = record
+        self.published_search_s = float((plan.get("search") or {}).get("seconds") or 0.0)
         self._next_epoch = planning.epoch + 1
         self._links_wait_since = None
         self._watch.reset()

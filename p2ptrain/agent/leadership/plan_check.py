@@ -265,6 +265,7 @@ class PlanGate:
         self._refused: set[tuple[bytes, str]] = set()
         self._refused_keys: set[bytes] = set()  # plans refused for what they plan (a later view may accept them)
         self._unseen_since: dict[bytes, float] = {}
+        self._check_s: dict[bytes, float] = {}  # a plan's encoding -> seconds its cost check took (our own search)
 
     def refused(self, plan: PlanRecord) -> bool:
         """Whether ``plan`` stands refused (a refused plan never counts as the run's newest)."""
@@ -302,6 +303,10 @@ class PlanGate:
         self._refuse(plan, key, problem)
         return False
 
+    def check_s(self, plan: PlanRecord) -> float:
+        """How long our check of ``plan``'s cost took (our own search of its records; 0: not checked)."""
+        return self._check_s.get(plan.encode(), 0.0)
+
     def left_out(self, plan: PlanRecord, live: Collection[str], known_for: Callable[[str], float],
                  untrained: Callable[[], bool]) -> bool:  # fmt: skip
         """Whether to refuse the leader's ``plan``, which leaves this agent out (and pass the leader over): it is
@@ -336,12 +341,15 @@ class PlanGate:
             logger.warning("cannot read the links rows to check plan epoch %d: %s; retrying", plan.epoch, e)
             return None
         live = with_slowdowns(live, plan_slowdowns(plan))  # the leader's factors: only ever slower (``claims``)
+        started = time.monotonic()
         try:
             check = cost_check(plan, live, rows, self.train, self.plan, self.emulation, self.workload_for,
                                self.plan.verify_tolerance, self.plan.verify_slack_s)  # fmt: skip
         except ValueError as e:
             self._costs[key] = str(e)
             return self._costs[key]
+        finally:
+            self._check_s[key] = time.monotonic() - started
         self._costs[key] = check.problem
         logger.info("plan epoch %d signed by %s checked: %.4g s per step, ours %.4g s", plan.epoch, plan.leader,
                     check.theirs_s, check.ours_s)
