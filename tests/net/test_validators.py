@@ -163,3 +163,18 @@ def test_peer_id_matches_libp2p_derivation(tmp_path):
 
     identity = generate_identity()
     assert PeerID.from_identity(identity.to_protobuf()).to_base58() == identity.peer_id
+
+
+def test_a_plan_names_its_signer_which_need_not_be_its_lowest_member(caplog):
+    # a leader in standing may plan a lower peer that is not (``leadership.standing``): ``leader_at`` says who
+    # signs; the binding holds whoever that is, and travels through the encoding
+    caplog.set_level(logging.WARNING, logger="p2ptrain.net.dht.validators")
+    members = sorted_membership([ALICE.peer_id, BOB.peer_id, ROGUE.peer_id])
+    signer = next(i for i in (ALICE, BOB, ROGUE) if i.peer_id == members[1])
+    other = next(i for i in (ALICE, BOB, ROGUE) if i.peer_id == members[0])
+    plan = plan_for(members, leader_at=1)
+    assert plan.leader == signer.peer_id and PlanRecord.decode(plan.encode()) == plan
+    got = verify_entries(RecordKind.PLAN, entries((signer.owner_mark, plan.encode()),
+                                                  (other.owner_mark, plan.encode())))  # fmt: skip
+    assert list(got) == [signer.peer_id]  # the lowest member cannot pass it off as its own
+    assert f"plan record signed by {other.peer_id} names {signer.peer_id} as leader" in caplog.text
