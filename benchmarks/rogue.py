@@ -2,7 +2,8 @@
 
     python benchmarks/rogue.py [--json]
 
-Each scenario runs a real local swarm on loopback (tiny model, 2 stages, 6 steps), in one invocation:
+Each scenario runs a real local swarm on loopback (tiny model, 2 stages, 6 steps; the lowest-ID ones at
+each ``--leader-steps``, by default 6 and 120), in one invocation:
 
 * **clean**: 4 agents, nobody misbehaving;
 * **non-member flood**: the same 4 agents, and a peer outside the run (``tests/agent/rogue_sender.py``: a
@@ -23,8 +24,8 @@ Each scenario runs a real local swarm on loopback (tiny model, 2 stages, 6 steps
   (leader grace, search budget, tensor deadline), none shrunk to fit.
 
 Per run: the wall time from launch until every honest agent finished (for the lowest-ID rogues: until the
-last honest agent's ``done`` event, without the teardown after), beside its clean run's (ratio), the
-plans published, the peers quarantined, and the honest messages refused (goal: 0).
+last honest agent's ``done`` event, without the teardown after), beside its clean run's (ratio, and the
+extra seconds), the plans published, the peers quarantined, and the honest messages refused (goal: 0).
 """
 
 from __future__ import annotations
@@ -49,7 +50,9 @@ from p2ptrain.swarm.launcher import SwarmConfig  # noqa: E402
 
 ROGUES = ROOT / "tests" / "agent"
 LEADER_MODES = ("silent", "leaves_out", "idle_stage", "other_data", "int4")
-LEADER_STEPS = (60,)  # the lowest-ID runs' length: a clean run of about half a minute here (see the README)
+# the lowest-ID runs' lengths: 6 steps (a clean run of ~12 s here, mostly start-up) and 120 (~40 s, the
+# length of the run issue 29 was measured on); a rogue's cost is a fixed number of seconds (the README)
+LEADER_STEPS = (6, 120)
 
 
 def _tally(workdir: Path, honest: set[str], leader_events: Path | None) -> dict:
