@@ -28,6 +28,7 @@ import os
 
 import click
 
+from p2ptrain.model.lr_schedule import SCHEDULE_KINDS
 from p2ptrain.planning.model_shapes import MODEL_PRESETS
 
 
@@ -47,6 +48,10 @@ from p2ptrain.planning.model_shapes import MODEL_PRESETS
 @click.option(
     "--lr", type=click.FloatRange(min=0, min_open=True), help="AdamW learning rate.  [default: 2e-3]"
 )
+@click.option("--lr-schedule", type=click.Choice(list(SCHEDULE_KINDS)),
+              help="Learning-rate schedule after the warm-up (p2ptrain.model.lr_schedule).  [default: constant]")
+@click.option("--warmup-steps", type=click.IntRange(min=0), help="Linear warm-up steps.  [default: 0]")
+@click.option("--min-lr", type=click.FloatRange(min=0), help="The floor cosine, linear and wsd decay to.  [default: 0]")
 @click.option("--seed", type=click.IntRange(min=0), help="Seed of parameters and batches.  [default: 0]")
 @click.option(
     "--data", type=str, help="A UTF-8 text file or a folder of .txt files.  [default: built-in corpus]"
@@ -113,6 +118,9 @@ def command(
     micro_batches: int | None,
     seq_len: int | None,
     lr: float | None,
+    lr_schedule: str | None,
+    warmup_steps: int | None,
+    min_lr: float | None,
     seed: int | None,
     data: str | None,
     device: str | None,
@@ -170,8 +178,10 @@ def command(
         links = _emulated_links(plan, cluster_path, scenario, time_scale, size_factor)
     elif cluster_path is not None or scenario is not None:
         raise ValueError("--cluster and --scenario go with --plan (which device each worker plays)")
-    if lr is not None:
-        overrides["optimizer"] = dataclasses.replace(cfg.optimizer, lr=lr)
+    optimizer = {name: value for name, value in (("lr", lr), ("lr_schedule", lr_schedule),
+                 ("warmup_steps", warmup_steps), ("min_lr", min_lr)) if value is not None}  # fmt: skip
+    if optimizer:
+        overrides["optimizer"] = dataclasses.replace(cfg.optimizer, **optimizer)
     cfg = dataclasses.replace(cfg, **overrides)  # re-validates: a ValueError is one line, exit 2
     if cfg.deterministic:  # cuBLAS reads this when CUDA starts; without it matmuls may not repeat bit for bit
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")

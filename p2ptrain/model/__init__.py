@@ -5,6 +5,8 @@
 - ``stage``: ``stage_layer_range``, ``build_stage``, ``stage_state_dict``.
 - ``loss``: ``micro_batch_loss``, the one loss every trainer uses.
 - ``optim``: ``OptimizerConfig``, ``build_optimizer`` (AdamW).
+- ``lr_schedule``: ``lr_at``, ``set_lr`` (the learning rate of each step: constant, or a warm-up then cosine,
+  linear or warm-up–stable–decay).
 - ``data``: byte tokens, the built-in corpus, ``TrainData.global_batch``, ``shard_of``, ``micro_batches``.
 
 Importing this package imports nothing heavy; the submodules import torch.

@@ -4,9 +4,11 @@ AdamW acts on each parameter alone, and the weight-decay groups are chosen per p
 embeddings decay; biases and LayerNorm gains do not), so a stage's optimizer is exactly the full model's
 restricted to the stage's parameters.
 
-The learning rate is constant. There is no gradient clipping: clipping by the global norm needs the norm
-over *all* stages' gradients, one more cross-stage exchange per step before any stage may update, and
-clipping per stage would break exactness with single-process training. It stays off until a run needs it.
+The learning rate follows ``lr_schedule`` (``p2ptrain.model.lr_schedule``: constant, or a warm-up then
+cosine, linear or warm-up–stable–decay to ``min_lr``), a function of the step's number, so every stage and
+replica applies the same rate at the same step. There is no gradient clipping yet: clipping by the global
+norm needs the norm over *all* stages' gradients, one more cross-stage exchange per step before any stage
+may update, and clipping per stage would break exactness with single-process training.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from p2ptrain.model.lr_schedule import SCHEDULE_KINDS, lr_at
 from p2ptrain.model.precision import ScaledAdamW
 
 
@@ -28,8 +31,20 @@ class OptimizerConfig:
     beta2: float = 0.95
     eps: float = 1e-8
     weight_decay: float = 0.1
+    lr_schedule: str = "constant"  # constant, cosine, linear or wsd (``p2ptrain.model.lr_schedule``)
+    warmup_steps: int = 0  # linear warm-up from lr / warmup_steps to lr over the first steps
+    min_lr: float = 0.0  # the floor the decaying schedules reach at the run's last step
+    decay_fraction: float = 0.2  # wsd: the share of the run's steps over which it decays
 
     def __post_init__(self) -> None:
+        if self.lr_schedule not in SCHEDULE_KINDS:
+            raise ValueError(f"optimizer.lr_schedule={self.lr_schedule!r} is not one of {', '.join(SCHEDULE_KINDS)}")
+        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
+            raise ValueError(f"optimizer.warmup_steps must be a non-negative integer, got {self.warmup_steps!r}")
+        if not 0 <= self.min_lr <= self.lr:
+            raise ValueError(f"optimizer.min_lr={self.min_lr} must be in [0, lr={self.lr}]")
+        if not 0 < self.decay_fraction <= 1:
+            raise ValueError(f"optimizer.decay_fraction={self.decay_fraction} must be in (0, 1]")
         if not self.lr > 0:
             raise ValueError(f"optimizer.lr must be positive, got {self.lr}")
         for name in ("beta1", "beta2"):
@@ -39,6 +54,12 @@ class OptimizerConfig:
             raise ValueError(f"optimizer.eps must be positive, got {self.eps}")
         if not self.weight_decay >= 0:
             raise ValueError(f"optimizer.weight_decay must be non-negative, got {self.weight_decay}")
+
+
+    def lr_at(self, step: int, total_steps: int) -> float:
+        """The learning rate of update ``step`` (0-based) of a run of ``total_steps``."""
+        return lr_at(step, total_steps, self.lr, self.lr_schedule, self.warmup_steps, self.min_lr,
+                     self.decay_fraction)  # fmt: skip
 
 
 def build_optimizer(module: nn.Module, cfg: OptimizerConfig) -> torch.optim.AdamW:

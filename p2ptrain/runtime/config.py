@@ -18,6 +18,9 @@ Example ``train.toml`` (every key optional; see the field comments for units and
     [optimizer]
     lr = 1e-3
     weight_decay = 0.1
+    lr_schedule = "cosine"    # constant, cosine, linear or wsd: p2ptrain.model.lr_schedule
+    warmup_steps = 20
+    min_lr = 1e-4
 
 The defaults train the ``tiny`` preset on the built-in corpus for a handful of steps in seconds on a CPU.
 
@@ -98,6 +101,9 @@ class TrainConfig:
             raise ValueError(f"num_threads must be at least 1, got {self.num_threads}")
         if self.device not in ("cpu", "cuda", "auto"):
             raise ValueError(f"device must be cpu, cuda or auto, got {self.device!r}")
+        if self.optimizer.warmup_steps > self.steps:
+            raise ValueError(f"optimizer.warmup_steps={self.optimizer.warmup_steps} exceeds the run's {self.steps} "
+                             "steps (the warm-up would never end)")
         check_split(self.global_batch_size, self.replicas, self.micro_batches)
         stage_layer_range(shape.num_layers, 0, self.stages)  # ValueError if S does not fit the model
         if self.layers is not None:

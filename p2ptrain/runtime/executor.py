@@ -37,6 +37,7 @@ import torch
 from p2ptrain.futures import wait_all
 from p2ptrain.model.data import TrainData, inputs_and_targets, micro_batches, shard_of
 from p2ptrain.model.loss import micro_batch_loss
+from p2ptrain.model.lr_schedule import set_lr
 from p2ptrain.net.transport.messages import MessageKind
 from p2ptrain.runtime.buckets import BucketedAllReduce
 from p2ptrain.runtime.compute_speed import NO_PACING, ComputePacer
@@ -112,7 +113,9 @@ class StageExecutor:
         schedule: str = "gpipe",
         overlap: bool = True,
         bucket_elements: int = DEFAULT_BUCKET_ELEMENTS,
+        learning_rate: Callable[[int], float] | None = None,
     ):
+        self.learning_rate = learning_rate  # the rate of each step's update (``model.lr_schedule``); None: as built
         self.pacer = pacer  # emulated compute speed (``compute_speed``): forward, backward, update stretched
         self.module = module
         self.optimizer = optimizer
@@ -134,6 +137,8 @@ class StageExecutor:
         rows, seq_len = micro[0].shape[0], micro[0].shape[1] - 1
         state = _StepState(role, topology.prev_peer(role), topology.next_peer(role), link, (rows, seq_len, self.hidden_size))
         self.optimizer.zero_grad(set_to_none=False)
+        if self.learning_rate is not None:
+            set_lr(self.optimizer, self.learning_rate(step))
         self.meter.reset(self.params)
         group = topology.group(role.stage)
         if role.num_replicas > 1:

@@ -40,6 +40,7 @@ from p2ptrain.model.data import (
 )
 from p2ptrain.model.gpt import GPT
 from p2ptrain.model.loss import micro_batch_loss
+from p2ptrain.model.lr_schedule import set_lr
 from p2ptrain.model.optim import build_optimizer
 from p2ptrain.runtime.config import TrainConfig
 
@@ -173,6 +174,7 @@ def train_reference(cfg: TrainConfig, on_step: Callable[[StepReport], None] | No
             started = time.perf_counter()
             batch = data.global_batch(step)
             loss = accumulate_gradients(model, batch, cfg.replicas, cfg.micro_batches, data.tokens_per_batch)
+            set_lr(optimizer, cfg.optimizer.lr_at(step, cfg.steps))
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             if device.type == "cuda":

@@ -11,6 +11,7 @@ import json
 import pytest
 import torch
 
+from p2ptrain.model.optim import OptimizerConfig
 from p2ptrain.model.stage import stage_state_dict
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.launcher import train_distributed
@@ -30,8 +31,10 @@ UNEVEN_3 = ((0, 1), (1, 2), (2, 8))
     dict(stages=2, replicas=2, layers=UNEVEN_2, bucket_elements=20_000),
     # a pipeline with a middle stage, one layer on each of the first two
     dict(stages=3, replicas=1, layers=UNEVEN_3),
-    # 2 × 2 on an even split, 1F1B with more micro-batches than stages, small overlapped buckets
-    dict(stages=2, replicas=2, schedule="1f1b", micro_batches=4, global_batch_size=16, bucket_elements=20_000),
+    # 2 × 2 on an even split, 1F1B with more micro-batches than stages, small overlapped buckets, and a
+    # warm-up then cosine learning rate (every worker's rate is the reference's at each step)
+    dict(stages=2, replicas=2, schedule="1f1b", micro_batches=4, global_batch_size=16, bucket_elements=20_000,
+         optimizer=OptimizerConfig(lr_schedule="cosine", warmup_steps=2, min_lr=2e-4)),
 ], ids=["dp4-no-overlap", "2x2-uneven-gpipe-buckets", "pp3-uneven", "2x2-1f1b-buckets"])
 def test_distributed_losses_equal_single_process(settings, tmp_path):
     """The single-process losses and final parameters on every worker, replicas bit-identical after every

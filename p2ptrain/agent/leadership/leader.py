@@ -146,6 +146,7 @@ class Leading:
         self._published: PlanRecord | None = None  # the last plan this agent published as leader
         self.published_search_s = 0.0  # how long its search took
         self._links_wait_since: float | None = None
+        self._join_links_since: float | None = None  # a join re-plan waiting for the joiners' links, since
         self._first_due = False  # a follower saw the first plan fall due (``_first_plan_due``)
         self._own_search: tuple[tuple[str, ...], concurrent.futures.Future] | None = None  # ``_search_allowance``
         self._watch = ReplanWatch(config.churn)
@@ -387,11 +388,29 @@ class Leading:
             rows = self.dht.read_links()
         except ProtocolError:
             rows = {}
+        if replan.kind == JOIN and self._joiners_unmeasured(trainers, rows, replan.reason):
+            return
         restart = replan.restart
         times = [r.step_time_s for r in progress.values() if r.epoch == current.epoch and r.step_time_s > 0]
         self._start_planning(Membership(peers), trainers, spares, rows, replan.reason, replan,
                              restart.step if restart else 0, restart.sources if restart else (),
                              statistics.median(times) if times else 0.0)
+
+    def _joiners_unmeasured(self, trainers: list[str], rows, reason: str) -> bool:
+        """Whether a join re-plan waits for links: until one end at least measured every link between its
+        trainers (trainers do not probe while they train; a joiner, idle, measures its own row within seconds),
+        or ``links_timeout_s``. Planned blind, a joiner's unmeasured links price every plan alike, and followers
+        who read the rows a moment later refuse it (their own plan is cheaper on what they read)."""
+        directed = set(link_gaps(trainers, rows))
+        gaps = [(a, b) for a, b in directed if a < b and (b, a) in directed]  # neither end measured it
+        now = time.monotonic()
+        if self._join_links_since is None:
+            self._join_links_since = now
+        if gaps and now - self._join_links_since < self.config.membership.links_timeout_s:
+            self._note_waiting(f"leading; {reason}; waiting for {len(gaps)} of "
+                               f"{len(trainers) * (len(trainers) - 1) // 2} links to be measured")
+            return True
+        return False
 
     def _count_blames(self, current: PlanRecord, replan: Replan) -> None:
         """Members blamed for this failure that halted: quarantined once blamed for ``churn.quarantine_blames``
@@ -497,7 +516,7 @@ class Leading:
         self._published = record
         self.published_search_s = float((plan.get("search") or {}).get("seconds") or 0.0)
         self._next_epoch = planning.epoch + 1
-        self._links_wait_since = None
+        self._links_wait_since = self._join_links_since = None
         self._watch.reset()
         baselines = ", ".join(f"{k} {v['cost_s']:.3f} s" for k, v in plan.get("baselines", {}).items())
         search = plan.get("search") or {}
