@@ -84,6 +84,7 @@ from p2ptrain.runtime.reference import resolve_device, torch_settings
 logger = logging.getLogger(__name__)
 
 STANDING_READ_S = 2.0  # how often the progress records are read for who may lead (``leadership.standing``)
+FOLLOWED_KEPT = 4  # followed plans read against the progress records (a peer's record holds its newest epoch)
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,7 @@ class Agent:
         self._standing_reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="p2ptrain-standing")
         self._standing_read: concurrent.futures.Future | None = None
         self._standing_last = -float("inf")
+        self._followed: list[PlanRecord] = []  # the last plans this agent followed
         self._last_poll = 0.0
         self._started = time.monotonic()
         self._done_now: int | None = None  # steps done in the epoch being trained
@@ -546,7 +548,7 @@ class Agent:
             except Exception as e:  # noqa: BLE001 - a failed read is retried, never a verdict
                 logger.debug("reading the progress records for the standing failed: %s", e)
             else:
-                self._leaders.standing.observe((*plans.values(), self._following, self._newest_seen), progress)
+                self._leaders.standing.observe((*plans.values(), self._newest_seen), progress, followed=self._followed)
         now = time.monotonic()
         if self._standing_read is None and now - self._standing_last >= STANDING_READ_S:
             self._standing_last = now
@@ -611,6 +613,8 @@ class Agent:
     def _follow(self, plan: PlanRecord, device) -> EpochOutcome:
         cfg = self.config
         self._following = plan
+        self._followed.append(plan)  # the plans whose progress earns standing (``leadership.standing``)
+        del self._followed[:-FOLLOWED_KEPT]
         self._admit_senders(self._membership, plan)
         self._done_now = self._went_on = None
         self.prober.pause(timeout_s=min(cfg.links.probe.deadline_s, cfg.links.pause_wait_s))  # nor queue behind a probe

@@ -75,7 +75,7 @@ def test_a_passed_over_leader_owes_doubling_epochs_of_training(ids):
     def trained(trainers: list[str]) -> None:
         nonlocal epoch
         plan = plan_of(a, trainers, epoch=epoch, start=epoch)
-        standing.observe([plan], {p: step(a, epoch, epoch + 1) for p in trainers})
+        standing.observe([], {p: step(a, epoch, epoch + 1) for p in trainers}, followed=[plan])
         epoch += 1
 
     trained([rogue, b, c, d])
@@ -113,3 +113,25 @@ def test_the_membership_and_the_plan_followed_use_the_leader_in_standing(ids):
     assert PlanRecord.decode(plans[a].encode()) == plans[a]  # ``leader_at`` travels (additive: 0 is absent)
     with pytest.raises(ValueError, match="leader_at"):
         dataclasses.replace(plans[a], leader_at=len(plans[a].membership))
+
+
+def test_a_group_of_keys_vouching_for_itself_earns_nothing_with_an_agent_that_trains_the_run(ids):
+    r1, r2, r3, a, b, c = ids  # the group sorts lowest
+    group = plan_of(r1, [r2, r3], epoch=7)  # a plan among themselves, and progress records of it
+    fake = {r2: step(r1, 7, 5), r3: step(r1, 7, 5)}
+    run = plan_of(a, [a, b], epoch=0, spares=(c,))
+    trained = {p: step(a, 0, 3) for p in (a, b)}
+    agent = Standing()
+    agent.observe([group], {**fake, **trained}, followed=[run])
+    assert agent.leader({r1, r2, r3, a, b, c}) == a and not agent.in_standing(r1)
+    agent.observe([group, run], {**fake, **trained})
+    assert not agent.in_standing(r2)  # read again later: still nothing
+    # a joiner (nothing followed yet) learns from what it reads, provisionally: the group sorts lowest, so it
+    # may take it for the run's leader until a plan it follows moves; then only its own history counts
+    joiner = Standing()
+    joiner.observe([group, run], {**fake, **trained})
+    assert joiner.in_standing(r1) and joiner.in_standing(a)
+    admitted = plan_of(a, [a, b, c, r3], epoch=1, start=3)  # r3 admitted as a trainer: it may earn standing
+    moving = {p: step(a, 1, 4) for p in (a, b, c)}
+    joiner.observe([group, admitted], {**fake, **moving}, followed=[admitted])
+    assert joiner.leader({r1, r2, r3, a, b, c}) == a and not joiner.in_standing(r1) and not joiner.in_standing(r3)

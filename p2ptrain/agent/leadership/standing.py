@@ -19,8 +19,11 @@ has made progress, only peers that have shown training work may lead:
 
 If no live peer is in standing (they all left), the lowest live peer that owes nothing leads, then the
 lowest live peer: the run goes on. Each agent keeps its own standing from the plans and progress records
-it reads, so a joiner learns the present epoch's trainers and signer at its first reads; views differ only
-about peers that neither trained nor signed the epoch being trained.
+it reads. Only the plans it followed and plans signed by a peer in standing count: a group of keys that
+signs a plan among themselves and publishes progress records of it earns nothing with an agent that
+trains the run. A joiner, which followed nothing yet, learns the present epoch's trainers and signer
+provisionally at its first reads, and keeps only what its own followed plans show once one moved; views
+differ only about peers that neither trained nor signed the epoch being trained.
 """
 
 from __future__ import annotations
@@ -49,21 +52,33 @@ class Standing:
     """One agent's record of who has shown training work in this run, and what passed-over leaders owe."""
 
     _worked: dict[str, set[int]] = field(default_factory=dict)  # peer -> epochs of progress it trained or signed
+    _provisional: dict[str, set[int]] = field(default_factory=dict)  # the same, read before we trusted a plan
     _owed: dict[str, tuple[int, int]] = field(default_factory=dict)  # peer -> (passed over after epoch, epochs owed)
     _newest: int = -1  # the newest epoch observed (a pass-over counts the epochs after it)
     history: bool = False  # an epoch of the run made progress (as far as we have read)
 
-    def observe(self, plans: Iterable[PlanRecord | None], progress: Mapping[str, ProgressRecord]) -> None:
-        """Read ``plans`` (any signers; None skipped) against the progress records."""
-        for plan in plans:
-            if plan is None:
-                continue
+    def observe(self, plans: Iterable[PlanRecord | None], progress: Mapping[str, ProgressRecord],
+                followed: Iterable[PlanRecord | None] = ()) -> None:  # fmt: skip
+        """Read ``plans`` (any signers; None skipped) and the plans we ``followed`` against the progress records.
+
+        What counts: the plans we followed, and plans signed by a peer in standing. Any other plan (a group of
+        keys can sign a plan among themselves and publish progress records of it) counts only provisionally,
+        while we have followed no plan that made progress: a joiner learns the run's leader from it, and
+        forgets it once a plan it followed moved."""
+        followed = [p for p in followed if p is not None]
+        for plan in (*followed, *(p for p in plans if p is not None)):
             self._newest = max(self._newest, plan.epoch)
             if not made_progress(plan, progress):
                 continue
-            self.history = True
+            trusted = plan in followed or plan.leader in self._worked
+            if not trusted and self._worked:
+                continue  # another group's plan: our history is our own now
+            book = self._worked if trusted else self._provisional
             for peer in (*moved(plan, progress), plan.leader):
-                self._worked.setdefault(peer, set()).add(plan.epoch)
+                book.setdefault(peer, set()).add(plan.epoch)
+            if trusted:
+                self._provisional.clear()
+        self.history = bool(self._worked or self._provisional)
 
     def passed_over(self, peer: str, times: int) -> None:
         """``peer`` was passed over as leader for the ``times``-th time: it owes ``2**(times-1)`` epochs of
@@ -75,14 +90,14 @@ class Standing:
         if peer not in self._owed:
             return 0
         after, count = self._owed[peer]
-        return max(0, count - sum(1 for e in self._worked.get(peer, ()) if e > after))
+        return max(0, count - sum(1 for e in self._worked.get(peer, ()) if e > after))  # trusted epochs only
 
     def in_standing(self, peer: str) -> bool:
         if self.owes(peer):
             return False
         if peer in self._owed:  # it paid what it owed by training
             return True
-        return not self.history or peer in self._worked
+        return not self.history or peer in self._worked or peer in self._provisional
 
     def leader(self, live: Collection[str]) -> str | None:
         """The peer that leads among ``live``: the lowest in standing; else the lowest that owes nothing; else
