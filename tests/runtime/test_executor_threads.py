@@ -59,6 +59,12 @@ class DelayedLink(MemoryLink):
         return done
 
 
+class SlowLink(DelayedLink):
+    """Messages take 0.2 s: long beside the skew between threads on a busy machine (their waits are measured)."""
+
+    DELAY_S = 0.2
+
+
 def train_in_threads(cfg: TrainConfig, link=MemoryLink):
     """Per step: the last stage's loss, every executor's parameters, and each step's outcomes by role."""
     rows = [[f"p{s}-{r}" for s in range(cfg.stages)] for r in range(cfg.replicas)]
@@ -182,22 +188,25 @@ def test_bucket_size_changes_no_bit():
 
 @pytest.mark.timeout(120)
 def test_a_step_says_how_long_it_waited_for_the_pipeline_and_the_all_reduce():
-    """Messages that take d to arrive: stage 0 waits at least 2d for its first gradient (the activation there,
-    the gradient back), stage 1 at least d for its first activation, and every member of a group at least 2d
-    for an all-reduce after its backward pass (its shard there, the reduced shard back)."""
+    """Messages that take d to arrive: in the first step, stage 0 waits about 2d for its first gradient (the
+    activation there, the gradient back), stage 1 about d for its first activation, and every member of a
+    group about 2d for an all-reduce after its backward pass (its shard there, the reduced shard back).
+    "About": less the skew between the threads (one starts its step, or ends its backward, a moment after its
+    peer: on a busy machine tens of milliseconds), allowed up to d / 2 with d = 0.2 s. Later steps overlap
+    (stage 0 starts step 2 while stage 1 still updates), so only their waits' sum is bounded."""
     torch.set_num_threads(1)
-    d = DelayedLink.DELAY_S
+    d = SlowLink.DELAY_S
     cfg = dataclasses.replace(BASE, steps=2, overlap=False, schedule="gpipe")
-    losses, _, outcomes, topology = train_in_threads(cfg, link=DelayedLink)
+    losses, _, outcomes, topology = train_in_threads(cfg, link=SlowLink)
     reference = train_reference(dataclasses.replace(cfg, stages=1, replicas=1))
     assert losses == pytest.approx(reference.losses, rel=1e-4)  # a slow link changes the waits, not the result
     for peer, steps in outcomes.items():
         stage = topology.role_of(peer).stage
-        for outcome in steps:
-            waits = outcome.waits
-            assert waits.recv_s >= (2 * d if stage == 0 else d), (peer, waits)
-            assert waits.reduce_s >= 2 * d, (peer, waits)
-            assert waits.send_s >= 0.0
+        first = steps[0].waits
+        assert first.recv_s >= (2 * d if stage == 0 else d) - d / 2, (peer, first)
+        assert first.reduce_s >= 2 * d - d / 2, (peer, first)
+        assert all(o.waits.send_s >= 0.0 for o in steps)
+        assert sum(o.waits.recv_s + o.waits.reduce_s for o in steps) >= len(steps) * d, (peer, steps)
     _, _, fast, _ = train_in_threads(dataclasses.replace(cfg, steps=1))
     assert all(o.waits is not None for steps in fast.values() for o in steps)
 
