@@ -9,6 +9,7 @@ the sender must be the peer that sends this receiver that kind of message.
 | ``activation`` | stage j > 0 of pipeline i | stage j − 1 of pipeline i |
 | ``activation_grad`` | stage j < S − 1 of pipeline i | stage j + 1 of pipeline i |
 | ``reduce_shard``, ``gather_shard`` | stage j | the other replicas of stage j |
+| ``grad_norm`` | stage j of pipeline i | the other stages of pipeline i |
 | ``state`` (micro_batch: the stage) | a trainer of that stage | the plan's source of the stage |
 | ``backup`` (micro_batch: the stage) | the stage's backup peer | the stage's source, its replica 0 |
 | any other kind | a trainer | its pipeline neighbours and replica group |
@@ -52,6 +53,8 @@ def sender_problem(plan: PlanRecord, me: str, sender: str, tag: Tag) -> str | No
         allowed = {plan.peer_at(row, own - 1)} if own > 0 else set()
     elif kind == MessageKind.ACTIVATION_GRAD:
         allowed = {plan.peer_at(row, own + 1)} if own + 1 < plan.stages else set()
+    elif kind == MessageKind.GRAD_NORM:
+        allowed = {plan.peer_at(row, j) for j in range(plan.stages)} - {me}
     elif kind in GROUP_KINDS:
         allowed = {plan.peer_at(i, own) for i in range(plan.replicas)} - {me}
     else:

@@ -6,13 +6,13 @@ restricted to the stage's parameters.
 
 The learning rate follows ``lr_schedule`` (``p2ptrain.model.lr_schedule``: constant, or a warm-up then
 cosine, linear or warm-up–stable–decay to ``min_lr``), a function of the step's number, so every stage and
-replica applies the same rate at the same step. There is no gradient clipping yet: clipping by the global
-norm needs the norm over *all* stages' gradients, one more cross-stage exchange per step before any stage
-may update, and clipping per stage would break exactness with single-process training.
+replica applies the same rate at the same step. ``clip`` > 0 clips the gradients by their global norm over
+all stages before each update (``p2ptrain.model.clip``: the stages of a pipeline exchange one scalar a step).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -35,6 +35,7 @@ class OptimizerConfig:
     warmup_steps: int = 0  # linear warm-up from lr / warmup_steps to lr over the first steps
     min_lr: float = 0.0  # the floor the decaying schedules reach at the run's last step
     decay_fraction: float = 0.2  # wsd: the share of the run's steps over which it decays
+    clip: float = 0.0  # clip the gradients to this global 2-norm before each update (0: no clipping)
 
     def __post_init__(self) -> None:
         if self.lr_schedule not in SCHEDULE_KINDS:
@@ -52,6 +53,8 @@ class OptimizerConfig:
                 raise ValueError(f"optimizer.{name} must be in [0, 1), got {getattr(self, name)}")
         if not self.eps > 0:
             raise ValueError(f"optimizer.eps must be positive, got {self.eps}")
+        if not (self.clip >= 0 and math.isfinite(self.clip)):
+            raise ValueError(f"optimizer.clip must be a non-negative number (0: no clipping), got {self.clip}")
         if not self.weight_decay >= 0:
             raise ValueError(f"optimizer.weight_decay must be non-negative, got {self.weight_decay}")
 

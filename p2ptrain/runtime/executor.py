@@ -13,7 +13,12 @@ in flight):
 * the stage's gradients (and, on the last stage, the summed loss) are summed over the replica group with the
   sharded all-reduce, bucket by bucket (``buckets``): with ``overlap`` each bucket starts during the last
   backward as soon as its gradients are final; then the optimizer steps. Every replica applies the same sum,
-  so replicas stay bit-identical.
+  so replicas stay bit-identical;
+* with clipping (``clip`` > 0, ``model.clip``): the stage's squared gradient norm goes to every other stage
+  of its pipeline (kind ``grad_norm``, one float32 each) and theirs come back; every peer adds the S
+  values in stage order and scales its gradients by the same coefficient before the update. The last
+  stages finish their backward first, so their values wait at stage 0 and stage 0's reaches the others
+  while they would wait for the next step's first activation anyway.
 
 Tensors travel in the run's wire format (``wire``): activations, activation gradients and data-parallel
 gradients each by their codec; ``fp32`` sends today's tensors unchanged. Sends are asynchronous: compute
@@ -35,6 +40,7 @@ from typing import Protocol
 import torch
 
 from p2ptrain.futures import wait_all
+from p2ptrain.model.clip import clip_coefficient, scale_gradients, squared_norm, total_norm
 from p2ptrain.model.data import TrainData, inputs_and_targets, micro_batches, shard_of
 from p2ptrain.model.loss import micro_batch_loss
 from p2ptrain.model.lr_schedule import set_lr
@@ -44,7 +50,7 @@ from p2ptrain.runtime.compute_speed import NO_PACING, ComputePacer
 from p2ptrain.runtime.memory import ActivationMeter
 from p2ptrain.runtime.schedule import FORWARD, schedule_ops
 from p2ptrain.runtime.topology import Role, Topology
-from p2ptrain.runtime.wire import wire_format
+from p2ptrain.runtime.wire import WireError, wire_format
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +120,10 @@ class StageExecutor:
         overlap: bool = True,
         bucket_elements: int = DEFAULT_BUCKET_ELEMENTS,
         learning_rate: Callable[[int], float] | None = None,
+        clip: float = 0.0,
     ):
+        self.clip = clip  # the global-norm threshold (``model.clip``); 0: none
+        self.last_grad_norm: float | None = None  # the global norm before clipping, of the last step
         self.learning_rate = learning_rate  # the rate of each step's update (``model.lr_schedule``); None: as built
         self.pacer = pacer  # emulated compute speed (``compute_speed``): forward, backward, update stretched
         self.module = module
@@ -153,7 +162,7 @@ class StageExecutor:
                 if backwards_left == 0 and self.overlap and role.num_replicas > 1:
                     self.reducer.arm()  # this backward makes the gradients final
                 self._backward(state, m)
-            loss = self._all_reduce_and_step(role, state)
+            loss = self._all_reduce_and_step(role, topology, state)
         except BaseException:
             self.reducer.abandon()  # no hook of a later step may act for this one
             raise
@@ -210,21 +219,47 @@ class StageExecutor:
         shard = shard_of(self.data.global_batch(step), role.replica, role.num_replicas)
         return micro_batches(shard, self.num_micro_batches)
 
-    def _all_reduce_and_step(self, role: Role, state: _StepState) -> float | None:
+    def _all_reduce_and_step(self, role: Role, topology: Topology, state: _StepState) -> float | None:
         loss_sum = state.loss_sum
         loss = float(loss_sum) if role.is_last else None
         if role.num_replicas > 1:
             started = time.perf_counter()
             loss = self.reducer.finish(loss_sum if role.is_last else None)
             state.reduce_s = time.perf_counter() - started
-        with self.pacer.compute(), torch.no_grad():
+        with torch.no_grad():
             for p in self.params:
                 if p.grad is None:
                     p.grad = p.new_zeros(p.shape)
+        if self.clip > 0:
+            started = time.perf_counter()
+            self._clip(role, topology, state)
+            state.reduce_s += time.perf_counter() - started
+        with self.pacer.compute(), torch.no_grad():
             if self.before_update is not None:
                 self.before_update()  # e.g. a copy of the last state still reading the parameters
             self.optimizer.step()
         return loss
+
+    def _clip(self, role: Role, topology: Topology, state: _StepState) -> None:
+        """Scale the gradients by the global-norm coefficient, the stages' squared norms exchanged."""
+        scaler = getattr(self.module, "loss_scaler", None)
+        own = squared_norm(self.params, scaler.scale if scaler is not None else 1.0)
+        row = topology.pipelines[role.replica]
+        message = torch.tensor([own], dtype=torch.float32)
+        for stage, peer in enumerate(row):
+            if stage != role.stage:
+                state.sends.append(state.link.send(peer, MessageKind.GRAD_NORM, 0, 0, message))
+        squared = []
+        for stage, peer in enumerate(row):
+            if stage == role.stage:
+                squared.append(float(message[0]))
+                continue
+            value = float(state.recv(peer, MessageKind.GRAD_NORM, 0, (1,), torch.float32)[0])
+            if not value >= 0:  # negative or NaN: no stage's squared norm (+inf is an fp16 overflow)
+                raise WireError(f"grad_norm message from {peer} holds {value}, not a squared norm")
+            squared.append(value)
+        self.last_grad_norm = total_norm(squared)
+        scale_gradients(self.params, clip_coefficient(self.last_grad_norm, self.clip))
 
 
 class _StepState:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from p2ptrain.model.clip import clip_gradients
 from p2ptrain.model.data import (
     TrainData,
     inputs_and_targets,
@@ -55,6 +56,7 @@ class StepReport:
     loss: float
     step_time_s: float
     val_loss: float | None = None  # after this step, when it was evaluated
+    grad_norm: float | None = None  # the gradients' global norm before clipping (with ``[optimizer] clip``)
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,7 @@ class TrainResult:
     num_parameters: int
     device: str
     val_losses: list[tuple[int, float]] = dataclasses.field(default_factory=list)  # (steps done, loss)
+    grad_norms: list[float] = dataclasses.field(default_factory=list)  # per step, before clipping (clip > 0)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -155,10 +158,12 @@ def train_reference(cfg: TrainConfig, on_step: Callable[[StepReport], None] | No
     losses: list[float] = []
     step_times_s: list[float] = []
     val_losses: list[tuple[int, float]] = []
+    grad_norms: list[float] = []
     with torch_settings(cfg.num_threads, cfg.deterministic):
         model = GPT(cfg.shape, seed=cfg.seed, device=device, precision=cfg.precision,
                     checkpointing=cfg.activation_checkpointing)
         optimizer = build_optimizer(model, cfg.optimizer)
+        params = list(model.parameters())
         logger.info(
             "training %s (%d parameters) on %s: %d steps of %d sequences × %d tokens, %d replica(s) × %d micro-batch(es)",
             cfg.model,
@@ -174,6 +179,11 @@ def train_reference(cfg: TrainConfig, on_step: Callable[[StepReport], None] | No
             started = time.perf_counter()
             batch = data.global_batch(step)
             loss = accumulate_gradients(model, batch, cfg.replicas, cfg.micro_batches, data.tokens_per_batch)
+            grad_norm = None
+            if cfg.optimizer.clip > 0:
+                scale = model.loss_scaler.scale if model.loss_scaler is not None else 1.0
+                grad_norm = clip_gradients(params, cfg.optimizer.clip, scale)
+                grad_norms.append(grad_norm)
             set_lr(optimizer, cfg.optimizer.lr_at(step, cfg.steps))
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -188,7 +198,8 @@ def train_reference(cfg: TrainConfig, on_step: Callable[[StepReport], None] | No
                 val_loss = evaluate(model, validation)
                 val_losses.append((step + 1, val_loss))
             if on_step is not None:
-                on_step(StepReport(step=step, loss=loss, step_time_s=elapsed_s, val_loss=val_loss))
+                on_step(StepReport(step=step, loss=loss, step_time_s=elapsed_s, val_loss=val_loss,
+                                   grad_norm=grad_norm))
         state = {name: tensor.detach().cpu().clone() for name, tensor in model.state_dict().items()}
     logger.info("trained %d steps: loss %.4f -> %.4f", cfg.steps, losses[0], losses[-1])
     return TrainResult(
@@ -198,6 +209,7 @@ def train_reference(cfg: TrainConfig, on_step: Callable[[StepReport], None] | No
         num_parameters=model.num_parameters(),
         device=str(device),
         val_losses=val_losses,
+        grad_norms=grad_norms,
     )
 
 

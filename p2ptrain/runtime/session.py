@@ -59,7 +59,7 @@ class StageTrainer:
             self.module, self.optimizer, build_data(cfg), cfg.micro_batches, cfg.shape.hidden_size,
             pacer=ComputePacer(compute_slowdown, cpu_clock=torch.device(device).type == "cpu"),
             wire=cfg.wire, schedule=cfg.schedule, overlap=cfg.overlap, bucket_elements=cfg.bucket_elements,
-            learning_rate=lambda step: cfg.optimizer.lr_at(step, cfg.steps),
+            learning_rate=lambda step: cfg.optimizer.lr_at(step, cfg.steps), clip=cfg.optimizer.clip,
         )
 
     def step(

@@ -50,6 +50,13 @@ def test_all_reduce_parts_come_from_the_stage_group():
         assert allowed(p, PEERS[5], kind) == {PEERS[2]}
 
 
+def test_norms_for_clipping_come_from_the_other_stages_of_the_same_pipeline():
+    p = plan()
+    assert allowed(p, PEERS[4], MessageKind.GRAD_NORM) == {PEERS[3], PEERS[5]}
+    assert allowed(p, PEERS[0], MessageKind.GRAD_NORM) == {PEERS[1], PEERS[2]}
+    assert allowed(p, PEERS[6], MessageKind.GRAD_NORM) == set()  # the spare trains nothing
+
+
 def test_state_and_copies_come_from_the_plan_sources():
     p = plan(start_step=4, sources=(0, 4, 5), backups=(6, 6, 0))
     assert allowed(p, PEERS[3], MessageKind.STATE, micro_batch=0) == {PEERS[0]}

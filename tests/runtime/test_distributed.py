@@ -29,12 +29,13 @@ UNEVEN_3 = ((0, 1), (1, 2), (2, 8))
     dict(stages=1, replicas=4, overlap=False),
     # 2 × 2 on an uneven split, GPipe, many small buckets all-reduced during the last backward
     dict(stages=2, replicas=2, layers=UNEVEN_2, bucket_elements=20_000),
-    # a pipeline with a middle stage, one layer on each of the first two
-    dict(stages=3, replicas=1, layers=UNEVEN_3),
-    # 2 × 2 on an even split, 1F1B with more micro-batches than stages, small overlapped buckets, and a
-    # warm-up then cosine learning rate (every worker's rate is the reference's at each step)
+    # a pipeline with a middle stage, one layer on each of the first two, clipped by the global norm (three
+    # stages exchange their squared norms over the transport)
+    dict(stages=3, replicas=1, layers=UNEVEN_3, optimizer=OptimizerConfig(clip=0.5)),
+    # 2 × 2 on an even split, 1F1B with more micro-batches than stages, small overlapped buckets, a warm-up
+    # then cosine learning rate (every worker's rate is the reference's at each step) and clipping
     dict(stages=2, replicas=2, schedule="1f1b", micro_batches=4, global_batch_size=16, bucket_elements=20_000,
-         optimizer=OptimizerConfig(lr_schedule="cosine", warmup_steps=2, min_lr=2e-4)),
+         optimizer=OptimizerConfig(lr_schedule="cosine", warmup_steps=2, min_lr=2e-4, clip=0.5)),
 ], ids=["dp4-no-overlap", "2x2-uneven-gpipe-buckets", "pp3-uneven", "2x2-1f1b-buckets"])
 def test_distributed_losses_equal_single_process(settings, tmp_path):
     """The single-process losses and final parameters on every worker, replicas bit-identical after every
@@ -43,6 +44,8 @@ def test_distributed_losses_equal_single_process(settings, tmp_path):
     stages, replicas, layers = cfg.stages, cfg.replicas, cfg.layers
     result = train_distributed(cfg, workdir=str(tmp_path), save_states=True)
     reference = train_reference(dataclasses.replace(cfg, stages=1, replicas=1, layers=None))
+    if cfg.optimizer.clip:  # the threshold clips most steps, so the exchange is what the losses test
+        assert sum(norm > cfg.optimizer.clip for norm in reference.grad_norms) > cfg.steps // 2
 
     _assert_losses_match(result.losses, reference.losses, 1e-4)
     assert result.replicas_identical  # digests compared after every step (a mismatch raises)

@@ -9,7 +9,7 @@ from concurrent.futures import Future
 import pytest
 import torch
 
-from p2ptrain.model.optim import build_optimizer
+from p2ptrain.model.optim import OptimizerConfig, build_optimizer
 from p2ptrain.model.stage import build_stage
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.executor import StageExecutor
@@ -76,7 +76,9 @@ def train_in_threads(cfg: TrainConfig, link=MemoryLink):
         module = build_stage(cfg.shape, role.stage, cfg.stages, cfg.seed)
         executors[peer] = StageExecutor(module, build_optimizer(module, cfg.optimizer), data, cfg.micro_batches,
                                         cfg.shape.hidden_size, wire=cfg.wire, schedule=cfg.schedule,
-                                        overlap=cfg.overlap, bucket_elements=cfg.bucket_elements)
+                                        overlap=cfg.overlap, bucket_elements=cfg.bucket_elements,
+                                        learning_rate=lambda s: cfg.optimizer.lr_at(s, cfg.steps),
+                                        clip=cfg.optimizer.clip)
     outcomes = {peer: [] for peer in executors}
     errors = []
     for step in range(cfg.steps):
@@ -226,3 +228,45 @@ def test_before_update_runs_once_a_step_before_the_optimizer_changes_anything():
         assert len(seen) == step + 1
         assert all(torch.equal(a, b) for a, b in zip(seen[-1], before, strict=True))  # nothing changed yet
         assert not all(torch.equal(a, b) for a, b in zip(params_of(executor), before, strict=True))
+
+
+@pytest.mark.timeout(120)
+def test_clipping_by_the_global_norm_over_stages_gives_the_single_process_losses():
+    """Three stages exchange their squared norms: every peer clips by the single process's global norm, so the
+    losses are the reference's and replicas stay bit-identical; the threshold is low enough to clip every
+    step, and the losses differ from the unclipped run's."""
+    torch.set_num_threads(1)
+    cfg = dataclasses.replace(BASE, stages=3, steps=4, optimizer=OptimizerConfig(
+        clip=0.3, lr_schedule="cosine", warmup_steps=2))
+    reference = train_reference(dataclasses.replace(cfg, stages=1, replicas=1))
+    assert all(norm > cfg.optimizer.clip for norm in reference.grad_norms)  # clipping acted on every step
+    unclipped = train_reference(dataclasses.replace(cfg, stages=1, replicas=1, optimizer=dataclasses.replace(
+        cfg.optimizer, clip=0.0)))
+    assert abs(unclipped.losses[-1] - reference.losses[-1]) > 1e-3
+    losses, executors, _, topology = train_in_threads(cfg)
+    for got, want in zip(losses, reference.losses, strict=True):
+        assert abs(got - want) <= 1e-4 * abs(want)
+    norms = {e.last_grad_norm for e in executors.values()}
+    assert len(norms) == 1  # every stage of every pipeline multiplied by the same coefficient
+    assert abs(norms.pop() - reference.grad_norms[-1]) <= 1e-4 * reference.grad_norms[-1]
+    for stage in range(cfg.stages):
+        group = topology.group(stage)
+        first = params_of(executors[group[0]])
+        assert all(torch.equal(a, b) for a, b in zip(first, params_of(executors[group[1]]), strict=True))
+
+
+class GarbledNormLink(MemoryLink):
+    """Stage 0 of pipeline 0 sends a negative squared norm."""
+
+    def send(self, peer, kind, micro_batch, part, tensor):
+        if kind == "grad_norm" and self.me == "p0-0":
+            tensor = torch.tensor([-1.0])
+        return super().send(peer, kind, micro_batch, part, tensor)
+
+
+@pytest.mark.timeout(120)
+def test_a_garbled_norm_from_another_stage_is_refused():
+    torch.set_num_threads(1)
+    cfg = dataclasses.replace(BASE, steps=1, optimizer=OptimizerConfig(clip=0.3))
+    with pytest.raises(AssertionError, match=r"WireError\(.grad_norm message from p0-0 holds -1\.0"):
+        train_in_threads(cfg, GarbledNormLink)

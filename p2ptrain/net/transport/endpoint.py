@@ -65,7 +65,7 @@ LOOPBACK_MADDRS = ("/ip4/127.0.0.1/tcp/0",)
 STUCK_SHARE = 0.5
 STUCK_MIN_S = 2.0
 STUCK_KINDS = frozenset({MessageKind.ACTIVATION, MessageKind.ACTIVATION_GRAD, MessageKind.REDUCE_SHARD,
-                         MessageKind.GATHER_SHARD})  # fmt: skip
+                         MessageKind.GATHER_SHARD, MessageKind.GRAD_NORM})  # fmt: skip
 
 
 @dataclasses.dataclass
