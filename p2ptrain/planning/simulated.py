@@ -16,6 +16,10 @@ What one step does, on the device holding stage j of pipeline i (M micro-batches
    to every member k (all at once, one message per link), wait for the D−1 shards of ours, add, send the
    reduced shard to every member, wait for theirs and for our own sends to be taken; then the optimizer
    step U_j; then the step ends once every send of the step was taken.
+4. with gradient clipping (``clip``, ``model.clip``), between the all-reduce and the update: send the
+   stage's squared norm to every other stage of the pipeline (one scalar: latency and message overhead
+   only, α + o) and wait for theirs. The last stages are done first, so this mostly costs the stages after
+   0 the latency from stage 0, while they would wait for its next activations anyway.
 
 The run's settings (``StepProfile``, ``wire_model``): the wire format scales what each kind of message
 carries (activations, their gradients, the all-reduce's shards); steps 1 and 2 run in the schedule's order
@@ -68,6 +72,8 @@ form cannot see positions, see below) and the plan is evaluated exactly.
   cycle), so the position of a group matters: stage j's all-reduce overlaps the backward pass of stages
   j−1 … 0. ``combine`` charges every group as if it were at stage 0 (an upper bound that keeps the form
   "groups, then a sum of hops" the exhaustive solver relies on); ``refine`` then chooses the positions.
+  Clipping adds the longest scalar delay of the cluster (an upper bound that is the same for every plan:
+  the closed form does not see which stages a pipeline pairs; the simulation does).
 
 Compute times are for a device of ``reference_tflops``; a device whose ``tflops`` is known computes
 reference/tflops times as long (the closed form uses the slowest device for every stage).
@@ -130,6 +136,7 @@ class StepProfile:
     volume_bytes: tuple[float, float, float] = (4.0, 4.0, 4.0)
     schedule: str = "gpipe"
     bucket_gb: float = 0.0
+    clip: bool = False  # the stages exchange their gradient norms before the update (step 4)
 
     def __post_init__(self) -> None:
         if isinstance(self.micro_batches, bool) or not isinstance(self.micro_batches, int) or self.micro_batches < 1:
@@ -252,6 +259,7 @@ class SimulatedObjective:
         worst = float(self.slowdown.max())
         self._compute_s = (self.forward_s + self.backward_s) * worst
         self._update_s = self.update_s * worst
+        self._clip_s = float(self.delay_s.max()) if profile.clip and s > 1 else 0.0
         links = hop[~np.eye(n, dtype=bool)]
         self._tau = MATCHING_SOFTNESS * (float(np.median(links)) if links.size else 1.0) or 1.0
 
@@ -267,7 +275,7 @@ class SimulatedObjective:
         bottleneck = max(float(compute.max()), max(hops, default=0.0))
         pipeline = float(compute.sum()) + sum(hops) + (self.micro_batches - 1) * bottleneck
         data_parallel = max(float(g) + float(u) for g, u in zip(group_values, self._update_s, strict=True))
-        data_parallel += self.profile.boundary_s
+        data_parallel += self.profile.boundary_s + self._clip_s
         return CostBreakdown(cost_s=pipeline + data_parallel, data_parallel_s=data_parallel, pipeline_s=pipeline)
 
     # -- the stage order, under the exact simulation ---------------------------------------------------------
@@ -420,7 +428,10 @@ def _simulate(obj: SimulatedObjective, sigma: np.ndarray, steps: int) -> Simulat
         all_reduced = backward_done
         if d > 1:
             all_reduced, free_g = _all_reduce(obj, last_start.T, bwd.T, backward_done, free_g, ser_g, lat_g)
-        end = np.maximum(all_reduced.T + upd, sent)
+        reduced = all_reduced.T  # [i, j]
+        if obj.profile.clip and s > 1:  # every other stage's norm (the diagonal's delay is 0: its own)
+            reduced = (reduced[:, :, None] + obj.delay_s[sigma[:, :, None], sigma[:, None, :]]).max(axis=1)
+        end = np.maximum(reduced + upd, sent)
         crit = np.unravel_index(int(np.argmax(end)), end.shape)  # the device that ends the step last
         pipeline_s = float(busy[crit] - start[crit])
         step_s.append(float(end[crit]) - completed)

@@ -245,9 +245,11 @@ def step_profile(
 def run_settings(train: TrainConfig, size_factor: float = 1.0) -> dict[str, object]:
     """What the run's settings change in a step, as ``StepProfile`` fields (``planning.wire_model``): the wire
     format (volumes here count float32 elements), the schedule, and the overlapped all-reduce's bucket size
-    in the network's GB (0: one exchange after the backward pass)."""
+    in the network's GB (0: one exchange after the backward pass), and whether the stages exchange gradient norms
+    to clip."""
     bucket_gb = train.bucket_elements * FP32_BYTES / GB / size_factor if train.overlap else 0.0
-    return {"wire": train.wire, "schedule": train.schedule, "volume_bytes": (FP32_BYTES,) * 3, "bucket_gb": bucket_gb}
+    return {"wire": train.wire, "schedule": train.schedule, "volume_bytes": (FP32_BYTES,) * 3, "bucket_gb": bucket_gb,
+            "clip": train.optimizer.clip > 0}
 
 
 def step_workload(workload: Workload, profile: StepProfile) -> StepWorkload:

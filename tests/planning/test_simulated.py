@@ -69,6 +69,21 @@ def test_update_and_boundary_add_to_the_step():
     assert obj.evaluate(np.array([[0, 1]])).cost_s == pytest.approx(0.22 + 0.05 + 0.03)
 
 
+def test_clipping_norms_reach_the_later_stages_one_latency_after_stage_0_is_done():
+    # 3 stages: there and back is 4 × 0.11 s; stage 0 is done last (0.44) and has the others' norms by then
+    # (stage 1's left at 0.33); its norm reaches stages 1 and 2 at 0.45: the first step ends 10 ms later.
+    # In steady state stage 0 starts again at 0.44 and the others wait for its activations anyway: same period.
+    cluster, sigma = _uniform(3, 10.0, 8.0), np.array([[0, 1, 2]])
+    plain = _objective(cluster, stages=3, activation_gb=0.1)
+    clipped = _objective(cluster, stages=3, activation_gb=0.1, clip=True)
+    assert plain.simulate(sigma, steps=3).step_s == pytest.approx((0.44, 0.44, 0.44))
+    assert clipped.simulate(sigma, steps=3).step_s == pytest.approx((0.45, 0.44, 0.44))
+    # the closed form adds the longest delay of the cluster, whatever the plan
+    groups, hops = [np.array([0]), np.array([1]), np.array([2])], [0.22, 0.22]
+    values = [float(plain.group_terms(g).max()) for g in groups]
+    assert clipped.combine(values, hops).cost_s == pytest.approx(plain.combine(values, hops).cost_s + 0.01)
+
+
 # -- against the brute-force event simulation ------------------------------------------------------------------
 
 
