@@ -12,15 +12,17 @@ is trained, 1 on a failure (the message says which peer or what to change), 2 on
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import click
 
 from p2ptrain.agent.config import STRATEGIES
 from p2ptrain.cli.bootstrap import _split
+from p2ptrain.cli.optimizer_options import INIT_FROM_HELP, RECIPES_HELP, optimizer_flags, optimizer_options
 from p2ptrain.planning.model_shapes import MODEL_PRESETS
 
 
-@click.command(name="agent")
+@click.command(name="agent", epilog=RECIPES_HELP)
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="TOML config (flags override it).")
 @click.option("--initial-peers", multiple=True, help="The bootstrap's address line (full multiaddrs with /p2p/).")
 @click.option("--run", "run_id", help="Run name shared by every agent of the run.  [default: demo]")
@@ -55,6 +57,8 @@ from p2ptrain.planning.model_shapes import MODEL_PRESETS
 @click.option("--join-token", help="This peer's join token for a closed run (from the organiser).")
 @click.option("--region", help="Where this device is (free text shown in plans).")
 @click.option("--events-file", type=click.Path(dir_okay=False), help="Append one JSON line per event here.")
+@optimizer_options
+@click.option("--init-from", type=click.Path(file_okay=False), help=INIT_FROM_HELP)
 def command(config_path: str | None, initial_peers: tuple[str, ...], run_id: str | None, stages: int | None,
             expect: int | None, join_deadline_s: float | None, min_peers: int | None, model: str | None,
             steps: int | None, batch_size: int | None, micro_batches: int | None, wire: str | None,
@@ -62,7 +66,7 @@ def command(config_path: str | None, initial_peers: tuple[str, ...], run_id: str
             device: str | None, threads: int | None, strategy: str | None, identity: str | None,
             host_maddrs: tuple[str, ...], announce_maddrs: tuple[str, ...], reachability: str | None,
             relays: tuple[str, ...], join_token: str | None, region: str | None,
-            events_file: str | None) -> None:  # fmt: skip
+            events_file: str | None, init_from: str | None, **optimizer: object) -> None:  # fmt: skip
     """Join a run through --initial-peers, profile, elect a leader, plan and train."""
     from p2ptrain.config import config_from_dict, read_toml
 
@@ -81,6 +85,8 @@ def command(config_path: str | None, initial_peers: tuple[str, ...], run_id: str
         ("dht", "announce_maddrs"): list(_split(announce_maddrs)) or None,
         ("dht", "relay", "reachability"): reachability, ("dht", "relay", "relays"): list(_split(relays)) or None,
         ("dht", "admission", "token"): join_token,
+        ("train", "init_from"): str(Path(init_from).resolve()) if init_from else None,
+        **{("train", "optimizer", name): value for name, value in optimizer_flags(optimizer).items()},
     }  # fmt: skip
     for path, value in flags.items():
         if value is not None:

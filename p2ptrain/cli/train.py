@@ -22,13 +22,12 @@ device's data-sheet peak at the run's precision, else its measured matmul throug
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 
 import click
 
-from p2ptrain.model.lr_schedule import SCHEDULE_KINDS
+from p2ptrain.cli.optimizer_options import INIT_FROM_HELP, RECIPES_HELP, optimizer_flags, optimizer_options
 from p2ptrain.planning.model_shapes import MODEL_PRESETS
 
 
@@ -36,6 +35,7 @@ from p2ptrain.planning.model_shapes import MODEL_PRESETS
     name="train",
     help="Train locally and print the loss of every step. With no parallel flags: one process, the "
     "reference every plan must reproduce. Flags override --config, which overrides the defaults.",
+    epilog=RECIPES_HELP,
 )
 @click.option(
     "--config", "config_path", type=click.Path(dir_okay=False), help="TOML file of TrainConfig keys."
@@ -45,13 +45,8 @@ from p2ptrain.planning.model_shapes import MODEL_PRESETS
 @click.option("--batch-size", type=click.IntRange(min=1), help="Global batch, in sequences.  [default: 16]")
 @click.option("--micro-batches", type=click.IntRange(min=1), help="Micro-batches per replica.  [default: 2]")
 @click.option("--seq-len", type=click.IntRange(min=1), help="Tokens per sequence.  [default: the preset's]")
-@click.option(
-    "--lr", type=click.FloatRange(min=0, min_open=True), help="AdamW learning rate.  [default: 2e-3]"
-)
-@click.option("--lr-schedule", type=click.Choice(list(SCHEDULE_KINDS)),
-              help="Learning-rate schedule after the warm-up (p2ptrain.model.lr_schedule).  [default: constant]")
-@click.option("--warmup-steps", type=click.IntRange(min=0), help="Linear warm-up steps.  [default: 0]")
-@click.option("--min-lr", type=click.FloatRange(min=0), help="The floor cosine, linear and wsd decay to.  [default: 0]")
+@optimizer_options
+@click.option("--init-from", type=click.Path(file_okay=False), help=INIT_FROM_HELP)
 @click.option("--seed", type=click.IntRange(min=0), help="Seed of parameters and batches.  [default: 0]")
 @click.option(
     "--data", type=str, help="A UTF-8 text file or a folder of .txt files.  [default: built-in corpus]"
@@ -121,6 +116,8 @@ def command(
     lr_schedule: str | None,
     warmup_steps: int | None,
     min_lr: float | None,
+    clip: float | None,
+    init_from: str | None,
     seed: int | None,
     data: str | None,
     device: str | None,
@@ -142,10 +139,10 @@ def command(
     workdir: str | None,
     as_json: bool,
 ) -> None:
-    from p2ptrain.config import load_toml
+    from p2ptrain.config import config_from_dict, read_toml
     from p2ptrain.runtime.config import TrainConfig
 
-    cfg = load_toml(TrainConfig, config_path) if config_path else TrainConfig()
+    tree = read_toml(config_path) if config_path else {}
     flags = {
         "model": model,
         "steps": steps,
@@ -164,6 +161,7 @@ def command(
         "overlap": overlap,
         "stages": stages,
         "replicas": replicas,
+        "init_from": init_from,
     }
     overrides = {name: value for name, value in flags.items() if value is not None}
     links = None
@@ -178,11 +176,11 @@ def command(
         links = _emulated_links(plan, cluster_path, scenario, time_scale, size_factor)
     elif cluster_path is not None or scenario is not None:
         raise ValueError("--cluster and --scenario go with --plan (which device each worker plays)")
-    optimizer = {name: value for name, value in (("lr", lr), ("lr_schedule", lr_schedule),
-                 ("warmup_steps", warmup_steps), ("min_lr", min_lr)) if value is not None}  # fmt: skip
-    if optimizer:
-        overrides["optimizer"] = dataclasses.replace(cfg.optimizer, **optimizer)
-    cfg = dataclasses.replace(cfg, **overrides)  # re-validates: a ValueError is one line, exit 2
+    optimizer = optimizer_flags(dict(lr=lr, lr_schedule=lr_schedule, warmup_steps=warmup_steps, min_lr=min_lr,
+                                     clip=clip))  # fmt: skip
+    # one tree, validated once: the preset's recipe fills what the file and the flags leave out of [optimizer]
+    tree = {**tree, **overrides, "optimizer": {**tree.get("optimizer", {}), **optimizer}}
+    cfg = config_from_dict(TrainConfig, tree)  # a ConfigError is one line, exit 2
     if cfg.deterministic:  # cuBLAS reads this when CUDA starts; without it matmuls may not repeat bit for bit
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
@@ -205,7 +203,7 @@ def command(
         from p2ptrain.runtime.checkpoint import PARAM, save_stage
 
         tensors = {PARAM + name: tensor for name, tensor in result.state.items()}
-        save_stage(save_dir, cfg.steps, 0, 1, cfg.model, cfg.seed, tensors)
+        save_stage(save_dir, cfg.steps, 0, 1, cfg.model, cfg.seed, tensors, cfg.shape.activation)
         click.echo(f"saved the model after step {cfg.steps} to {save_dir}", err=True)
     _report(cfg, result, as_json, {"device": result.device, "num_parameters": result.num_parameters},
             f"{cfg.model} ({result.num_parameters:,} parameters) on {result.device}")

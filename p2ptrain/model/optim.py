@@ -12,61 +12,99 @@ all stages before each update (``p2ptrain.model.clip``: the stages of a pipeline
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from p2ptrain.model.hyperparams import recipe
 from p2ptrain.model.lr_schedule import SCHEDULE_KINDS, lr_at
 from p2ptrain.model.precision import ScaledAdamW
 
 
 @dataclass(frozen=True)
 class OptimizerConfig:
-    """AdamW hyper-parameters (TOML table ``[optimizer]``)."""
+    """AdamW hyper-parameters (TOML table ``[optimizer]``). A key left out (None) is the model preset's recipe
+    (``model.hyperparams``), filled in when the run's ``TrainConfig`` is made (``for_model``)."""
 
-    lr: float = 2e-3  # suits the tiny and small presets; larger models want less (GPT-3 XL used 2e-4)
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    weight_decay: float = 0.1
-    lr_schedule: str = "constant"  # constant, cosine, linear or wsd (``p2ptrain.model.lr_schedule``)
-    warmup_steps: int = 0  # linear warm-up from lr / warmup_steps to lr over the first steps
-    min_lr: float = 0.0  # the floor the decaying schedules reach at the run's last step
-    decay_fraction: float = 0.2  # wsd: the share of the run's steps over which it decays
-    clip: float = 0.0  # clip the gradients to this global 2-norm before each update (0: no clipping)
+    lr: float | None = None  # the peak learning rate
+    beta1: float | None = None
+    beta2: float | None = None
+    eps: float | None = None
+    weight_decay: float | None = None  # on matrices and embeddings; biases and norm gains never decay
+    lr_schedule: str | None = None  # constant, cosine, linear or wsd (``p2ptrain.model.lr_schedule``)
+    warmup_steps: int | None = None  # linear warm-up over this many first updates (None: warmup_fraction of the run)
+    warmup_fraction: float | None = None  # the warm-up as a share of the run's steps, when warmup_steps is None
+    min_lr: float | None = None  # the floor the decaying schedules reach at the run's end (None: min_lr_ratio · lr)
+    min_lr_ratio: float | None = None  # the floor as a share of lr, when min_lr is None
+    decay_fraction: float | None = None  # wsd: the share of the run's steps over which it decays
+    clip: float | None = None  # clip the gradients to this global 2-norm before each update (0: no clipping)
 
     def __post_init__(self) -> None:
-        if self.lr_schedule not in SCHEDULE_KINDS:
+        if self.lr_schedule is not None and self.lr_schedule not in SCHEDULE_KINDS:
             raise ValueError(f"optimizer.lr_schedule={self.lr_schedule!r} is not one of {', '.join(SCHEDULE_KINDS)}")
-        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
+        if self.warmup_steps is not None and (isinstance(self.warmup_steps, bool) or not isinstance(
+                self.warmup_steps, int) or self.warmup_steps < 0):  # fmt: skip
             raise ValueError(f"optimizer.warmup_steps must be a non-negative integer, got {self.warmup_steps!r}")
-        if not 0 <= self.min_lr <= self.lr:
-            raise ValueError(f"optimizer.min_lr={self.min_lr} must be in [0, lr={self.lr}]")
-        if not 0 < self.decay_fraction <= 1:
-            raise ValueError(f"optimizer.decay_fraction={self.decay_fraction} must be in (0, 1]")
-        if not self.lr > 0:
+        if self.lr is not None and not self.lr > 0:
             raise ValueError(f"optimizer.lr must be positive, got {self.lr}")
+        if self.min_lr is not None and not 0 <= self.min_lr <= (self.lr if self.lr is not None else math.inf):
+            raise ValueError(f"optimizer.min_lr={self.min_lr} must be in [0, lr={self.lr}]")
+        for name, lo, hi in (("decay_fraction", 0, 1), ("warmup_fraction", 0, 1), ("min_lr_ratio", 0, 1)):
+            value = getattr(self, name)
+            if value is not None and not (lo < value <= hi if name == "decay_fraction" else lo <= value <= hi):
+                span = "(0, 1]" if name == "decay_fraction" else "[0, 1]"
+                raise ValueError(f"optimizer.{name}={value} must be in {span}")
         for name in ("beta1", "beta2"):
-            if not 0 <= getattr(self, name) < 1:
+            if getattr(self, name) is not None and not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"optimizer.{name} must be in [0, 1), got {getattr(self, name)}")
-        if not self.eps > 0:
+        if self.eps is not None and not self.eps > 0:
             raise ValueError(f"optimizer.eps must be positive, got {self.eps}")
-        if not (self.clip >= 0 and math.isfinite(self.clip)):
+        if self.clip is not None and not (self.clip >= 0 and math.isfinite(self.clip)):
             raise ValueError(f"optimizer.clip must be a non-negative number (0: no clipping), got {self.clip}")
-        if not self.weight_decay >= 0:
+        if self.weight_decay is not None and not self.weight_decay >= 0:
             raise ValueError(f"optimizer.weight_decay must be non-negative, got {self.weight_decay}")
 
+    def for_model(self, model: str) -> OptimizerConfig:
+        """These settings, every key left out taken from preset ``model``'s recipe (``warmup_steps`` and
+        ``min_lr`` stay None: the shares say them)."""
+        filled = {name: value for name, value in recipe(model).fields().items() if getattr(self, name) is None}
+        return dataclasses.replace(self, **filled) if filled else self
+
+    @property
+    def resolved(self) -> bool:
+        return all(getattr(self, f.name) is not None for f in dataclasses.fields(self)
+                   if f.name not in ("warmup_steps", "min_lr"))  # fmt: skip
+
+    def warmup_for(self, total_steps: int) -> int:
+        """The warm-up's updates in a run of ``total_steps``."""
+        self._check_resolved()
+        if self.warmup_steps is not None:
+            return self.warmup_steps
+        return min(total_steps, round(self.warmup_fraction * total_steps))
+
+    @property
+    def floor(self) -> float:
+        """The rate the decaying schedules end at."""
+        self._check_resolved()
+        return self.min_lr if self.min_lr is not None else self.min_lr_ratio * self.lr
 
     def lr_at(self, step: int, total_steps: int) -> float:
         """The learning rate of update ``step`` (0-based) of a run of ``total_steps``."""
-        return lr_at(step, total_steps, self.lr, self.lr_schedule, self.warmup_steps, self.min_lr,
+        return lr_at(step, total_steps, self.lr, self.lr_schedule, self.warmup_for(total_steps), self.floor,
                      self.decay_fraction)  # fmt: skip
+
+    def _check_resolved(self) -> None:
+        if not self.resolved:
+            raise ValueError("optimizer settings without the model's recipe: use OptimizerConfig.for_model(model)")
 
 
 def build_optimizer(module: nn.Module, cfg: OptimizerConfig) -> torch.optim.AdamW:
-    """AdamW over ``module``'s parameters; tensors of two or more dimensions get weight decay."""
+    """AdamW over ``module``'s parameters; tensors of two or more dimensions get weight decay. ``cfg`` is a
+    run's (``TrainConfig.optimizer``: the model's recipe filled in)."""
+    cfg._check_resolved()
     params = list(module.parameters())
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},

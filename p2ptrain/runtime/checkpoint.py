@@ -116,6 +116,7 @@ class StageManifest:
     sha256: str
     saved_at: float
     format: int = FORMAT_VERSION
+    activation: str = ""  # the model's activation when it is not the preset's (a run started from gelu_new weights)
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, sort_keys=True)
@@ -145,6 +146,7 @@ def save_stage(
     model: str,
     seed: int,
     tensors: Mapping[str, torch.Tensor],
+    activation: str = "",
 ) -> Path:
     """Write stage ``stage``'s state after ``step`` completed steps; returns the manifest's path."""
     folder = step_dir(Path(root), step)
@@ -156,7 +158,8 @@ def save_stage(
     _fsync(tmp)
     os.replace(tmp, data_path)
     manifest = StageManifest(step=step, stage=stage, num_stages=num_stages, model=model, seed=seed,
-                             file=data_path.name, sha256=_sha256(data_path), saved_at=time.time())
+                             file=data_path.name, sha256=_sha256(data_path), saved_at=time.time(),
+                             activation=activation)
     manifest_path = folder / f"{name}.json"
     _atomic_write_text(manifest_path, manifest.to_json())
     logger.info("checkpoint: stage %d/%d after step %d saved to %s", stage, num_stages, step, data_path)

@@ -15,12 +15,13 @@ Example ``train.toml`` (every key optional; see the field comments for units and
     schedule = "1f1b"      # gpipe or 1f1b: p2ptrain.runtime.schedule
     overlap = true         # all-reduce buckets during the last backward: p2ptrain.runtime.buckets
 
-    [optimizer]
+    [optimizer]               # every key optional: the preset's recipe (p2ptrain.model.hyperparams) fills the rest
     lr = 1e-3
     weight_decay = 0.1
     lr_schedule = "cosine"    # constant, cosine, linear or wsd: p2ptrain.model.lr_schedule
-    warmup_steps = 20
-    min_lr = 1e-4
+    warmup_steps = 20         # or warmup_fraction = 0.05 (a share of the run)
+    min_lr = 1e-4             # or min_lr_ratio = 0.1 (a share of lr)
+    clip = 1.0                # the gradients' global norm is clipped to this (0: no clipping)
 
 The defaults train the ``tiny`` preset on the built-in corpus for a handful of steps in seconds on a CPU.
 
@@ -80,7 +81,9 @@ class TrainConfig:
     schedule: ScheduleName = "gpipe"  # pipeline schedule: gpipe or 1f1b (p2ptrain.runtime.schedule)
     overlap: bool = True  # start each gradient bucket's all-reduce during the last backward (exact either way)
     bucket_elements: int = 1 << 18  # gradient elements per all-reduce bucket (1 MiB of fp32)
-    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)  # unsaid keys: the preset's recipe
+    init_from: str | None = None  # start from these weights: a Hugging Face folder or a p2ptrain checkpoint
+    activation: str | None = None  # None: the preset's, or init_from's (gpt: gelu or gelu_new)
 
     def __post_init__(self) -> None:
         shape = model_shape(self.model)  # ValueError naming the presets
@@ -101,7 +104,8 @@ class TrainConfig:
             raise ValueError(f"num_threads must be at least 1, got {self.num_threads}")
         if self.device not in ("cpu", "cuda", "auto"):
             raise ValueError(f"device must be cpu, cuda or auto, got {self.device!r}")
-        if self.optimizer.warmup_steps > self.steps:
+        object.__setattr__(self, "optimizer", self.optimizer.for_model(self.model))  # the preset's recipe filled in
+        if self.optimizer.warmup_steps is not None and self.optimizer.warmup_steps > self.steps:
             raise ValueError(f"optimizer.warmup_steps={self.optimizer.warmup_steps} exceeds the run's {self.steps} "
                              "steps (the warm-up would never end)")
         check_split(self.global_batch_size, self.replicas, self.micro_batches)
@@ -117,6 +121,13 @@ class TrainConfig:
             object.__setattr__(self, "vocab_size", tokens)
         if self.vocab_size is not None and self.vocab_size < tokens:
             raise ValueError(f"vocab_size {self.vocab_size} cannot hold the {tokens} token ids of the data's tokenizer")
+        if self.activation is not None:
+            dataclasses.replace(shape, activation=self.activation)  # a ValueError naming the family's activations
+        if self.init_from is not None:
+            from p2ptrain.runtime.init_from import check_data, open_init_source
+
+            check_data(open_init_source(self.init_from), self.data, tokens)
+            self.shape  # noqa: B018 - checks the checkpoint's shape against the preset's (one line)
 
     @property
     def shape(self) -> ModelShape:
@@ -126,7 +137,22 @@ class TrainConfig:
             shape = dataclasses.replace(shape, seq_len=self.seq_len)
         if self.vocab_size is not None:
             shape = dataclasses.replace(shape, vocab_size=self.vocab_size)
+        if self.init_from is not None:
+            from p2ptrain.runtime.init_from import open_init_source, run_shape
+
+            return run_shape(open_init_source(self.init_from), shape, self.activation)
+        if self.activation is not None:
+            shape = dataclasses.replace(shape, activation=self.activation)
         return shape
+
+    @property
+    def init_digest(self) -> str:
+        """The digest of the weights the run starts from ("" : drawn from the seed)."""
+        if self.init_from is None:
+            return ""
+        from p2ptrain.runtime.init_from import open_init_source
+
+        return open_init_source(self.init_from).digest
 
     @property
     def micro_batch_size(self) -> int:

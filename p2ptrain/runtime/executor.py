@@ -82,7 +82,7 @@ class StepOutcome:
 @dataclass(frozen=True)
 class StepWaits:
     """Seconds a step's thread spent waiting, not computing: for a message from the pipeline (``recv_s``), for
-    the data-parallel all-reduce after the last backward (``reduce_s``), for its own sends at the end
+    the data-parallel all-reduce after the last backward and the clipping norms (``reduce_s``), for its own sends at the end
     (``send_s``). A step's time is about its compute, these, and the rest (encoding, hand-offs)."""
 
     recv_s: float = 0.0
@@ -254,7 +254,7 @@ class StageExecutor:
             if stage == role.stage:
                 squared.append(float(message[0]))
                 continue
-            value = float(state.recv(peer, MessageKind.GRAD_NORM, 0, (1,), torch.float32)[0])
+            value = float(state.link.recv(peer, MessageKind.GRAD_NORM, 0, 0, (1,), torch.float32)[0])  # in reduce_s
             if not value >= 0:  # negative or NaN: no stage's squared norm (+inf is an fp16 overflow)
                 raise WireError(f"grad_norm message from {peer} holds {value}, not a squared norm")
             squared.append(value)

@@ -44,6 +44,7 @@ from p2ptrain.model.loss import micro_batch_loss
 from p2ptrain.model.lr_schedule import set_lr
 from p2ptrain.model.optim import build_optimizer
 from p2ptrain.runtime.config import TrainConfig
+from p2ptrain.runtime.init_from import load_initial
 
 logger = logging.getLogger(__name__)
 
@@ -150,8 +151,10 @@ def accumulate_gradients(
     return total.item()
 
 
-def train_reference(cfg: TrainConfig, on_step: Callable[[StepReport], None] | None = None) -> TrainResult:
-    """Train ``cfg.steps`` steps in this process; ``on_step`` sees each step as it finishes."""
+def train_reference(cfg: TrainConfig, on_step: Callable[[StepReport], None] | None = None,
+                    stop_after: int | None = None) -> TrainResult:
+    """Train ``cfg.steps`` steps in this process (only the first ``stop_after`` of them, at the rates of the whole
+    run's schedule, when given); ``on_step`` sees each step as it finishes."""
     device = resolve_device(cfg.device)
     data = build_data(cfg)
     validation = build_validation(cfg) if cfg.eval_every else []
@@ -162,6 +165,7 @@ def train_reference(cfg: TrainConfig, on_step: Callable[[StepReport], None] | No
     with torch_settings(cfg.num_threads, cfg.deterministic):
         model = GPT(cfg.shape, seed=cfg.seed, device=device, precision=cfg.precision,
                     checkpointing=cfg.activation_checkpointing)
+        load_initial(model, cfg)  # init_from's weights, if the run starts from a checkpoint
         optimizer = build_optimizer(model, cfg.optimizer)
         params = list(model.parameters())
         logger.info(
@@ -175,7 +179,7 @@ def train_reference(cfg: TrainConfig, on_step: Callable[[StepReport], None] | No
             cfg.replicas,
             cfg.micro_batches,
         )
-        for step in range(cfg.steps):
+        for step in range(cfg.steps if stop_after is None else min(stop_after, cfg.steps)):
             started = time.perf_counter()
             batch = data.global_batch(step)
             loss = accumulate_gradients(model, batch, cfg.replicas, cfg.micro_batches, data.tokens_per_batch)
@@ -201,7 +205,7 @@ def train_reference(cfg: TrainConfig, on_step: Callable[[StepReport], None] | No
                 on_step(StepReport(step=step, loss=loss, step_time_s=elapsed_s, val_loss=val_loss,
                                    grad_norm=grad_norm))
         state = {name: tensor.detach().cpu().clone() for name, tensor in model.state_dict().items()}
-    logger.info("trained %d steps: loss %.4f -> %.4f", cfg.steps, losses[0], losses[-1])
+    logger.info("trained %d steps: loss %.4f -> %.4f", len(losses), losses[0], losses[-1])
     return TrainResult(
         losses=losses,
         step_time_s=step_times_s,
@@ -221,5 +225,6 @@ def reference_state(cfg: TrainConfig, steps: int) -> dict[str, torch.Tensor]:
     """
     if steps == 0:
         model = GPT(cfg.shape, seed=cfg.seed, device="cpu")  # precision does not change initial values
+        load_initial(model, cfg)
         return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
-    return train_reference(dataclasses.replace(cfg, steps=steps)).state
+    return train_reference(cfg, stop_after=steps).state  # the first steps of cfg's run: its schedule's rates

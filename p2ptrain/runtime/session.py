@@ -26,6 +26,7 @@ from p2ptrain.net.transport.endpoint import Transport
 from p2ptrain.runtime.compute_speed import ComputePacer
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.executor import StageExecutor, StepWaits
+from p2ptrain.runtime.init_from import load_initial
 from p2ptrain.runtime.link import TransportStepLink
 from p2ptrain.runtime.reference import build_data
 from p2ptrain.runtime.topology import Role, Topology
@@ -54,6 +55,7 @@ class StageTrainer:
         self.role = role
         self.module = build_stage(cfg.shape, role.stage, cfg.stages, cfg.seed, device, layers=cfg.layers,
                                   precision=cfg.precision, checkpointing=cfg.activation_checkpointing)
+        load_initial(self.module, cfg)  # init_from's slice of this stage, if the run starts from a checkpoint
         self.optimizer = build_optimizer(self.module, cfg.optimizer)
         self.executor = StageExecutor(
             self.module, self.optimizer, build_data(cfg), cfg.micro_batches, cfg.shape.hidden_size,

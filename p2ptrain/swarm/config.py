@@ -13,6 +13,7 @@ from typing import Any
 from p2ptrain.agent.config import ObjectiveName, Strategy
 from p2ptrain.agent.events import EventReader
 from p2ptrain.errors import ConfigError
+from p2ptrain.model.optim import OptimizerConfig
 from p2ptrain.net.dht.keys import check_run_id
 from p2ptrain.net.transport.probe import ProbeConfig
 
@@ -59,6 +60,8 @@ class SwarmConfig:
     liveness: bool = True  # heartbeat pings (off: failures show only as failed calls and expired records)
     warm_copies: bool = True  # periodic warm copies of every stage (off: only the epochs' start copies)
     monitor_port: int | None = None  # also start ``p2ptrain monitor`` on this port (0: any free port); None: no
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)  # TrainConfig.optimizer: unsaid keys, the preset's
+    init_from: str | None = None  # TrainConfig.init_from: start from a Hugging Face folder or a p2ptrain checkpoint
 
     def __post_init__(self) -> None:
         self._check()

@@ -87,7 +87,9 @@ def plan_swarm(config: SwarmConfig) -> tuple[TrainConfig, Cluster | None, float,
                         micro_batches=config.micro_batches, seed=config.seed, device=config.device, num_threads=1,
                         stages=config.stages, wire=config.wire, schedule=config.schedule,
                         overlap=config.overlap, precision=config.precision, eval_every=config.eval_every,
-                        data=str(Path(config.data).resolve()) if config.data else None)  # fmt: skip
+                        data=str(Path(config.data).resolve()) if config.data else None,
+                        optimizer=config.optimizer,
+                        init_from=str(Path(config.init_from).resolve()) if config.init_from else None)  # fmt: skip
     network = None
     if config.scenario is not None:
         network = scenario(config.scenario, config.agents)
@@ -361,13 +363,14 @@ def _agent_toml(config: SwarmConfig, train: TrainConfig, run: str, maddrs: list[
 
 
 def to_toml(tables: dict[str, Any]) -> str:
-    """A TOML document of top-level keys and (dotted-name) tables of strings, numbers, bools and lists."""
-    lines = [f"{k} = {_toml_value(v)}" for k, v in tables.items() if not isinstance(v, dict)]
+    """A TOML document of top-level keys and (dotted-name) tables of strings, numbers, bools and lists; a None
+    value is left out (TOML has no null: the key's default)."""
+    lines = [f"{k} = {_toml_value(v)}" for k, v in tables.items() if not isinstance(v, dict) and v is not None]
     pending = [(k, v) for k, v in tables.items() if isinstance(v, dict)]
     while pending:
         name, table = pending.pop(0)
         lines.append(f"\n[{name}]")
-        lines += [f"{k} = {_toml_value(v)}" for k, v in table.items() if not isinstance(v, dict)]
+        lines += [f"{k} = {_toml_value(v)}" for k, v in table.items() if not isinstance(v, dict) and v is not None]
         pending += [(f"{name}.{k}", v) for k, v in table.items() if isinstance(v, dict)]
     return "\n".join(lines) + "\n"
 

@@ -44,14 +44,32 @@ def test_a_leaders_settings_round_trip_and_a_plan_may_not_change_the_runs():
 
 def test_the_settings_line_of_a_peer_record():
     line = settings.identity(TRAIN)
-    assert line == "wire=fp32,schedule=gpipe,overlap=1,bucket_elements=262144"
+    digest = settings.training_digest(TRAIN)
+    assert line == f"wire=fp32,schedule=gpipe,overlap=1,bucket_elements=262144,training={digest}"
     record = PeerRecord(device_name="dev", memory_gb=16.0, tflops=10.0, settings=line)
     assert PeerRecord.decode(record.encode()).settings == line
     assert PeerRecord.decode(PeerRecord("dev", 16.0, 10.0).encode()).settings == ""  # optional on the wire
-    assert settings.described(line) == "wire fp32, schedule gpipe, overlap 1, bucket_elements 262144"
+    assert settings.described(line) == (f"wire fp32, schedule gpipe, overlap 1, bucket_elements 262144, training "
+                                        f"{digest} (model shape, seed, steps, optimizer, precision, initial weights)")
+    other = settings.identity(dataclasses.replace(TRAIN, wire="bf16"))
+    assert settings.described(other, line) == "wire bf16"  # only what differs
     for garbled in ("wire=fp32;rm -rf", "wire", "x" * 300, "Wire=FP32"):
         with pytest.raises(RecordError, match="settings"):
             PeerRecord(device_name="dev", memory_gb=16.0, tflops=10.0, settings=garbled)
+
+
+def test_the_training_digest_names_what_every_stage_computes():
+    """Optimizer, schedule length, seed, shape (activation included) and precision each change it; the run's
+    stages, replicas and split (a plan's business) do not."""
+    digest = settings.training_digest(TRAIN)
+    assert len(digest) == 12 and int(digest, 16) >= 0
+    same = dataclasses.replace(TRAIN, stages=1, replicas=2, layers=None, global_batch_size=8)
+    assert settings.training_digest(same) == digest
+    others = [dataclasses.replace(TRAIN, optimizer=dataclasses.replace(TRAIN.optimizer, clip=0.5)),
+              dataclasses.replace(TRAIN, optimizer=dataclasses.replace(TRAIN.optimizer, lr=1e-3)),
+              dataclasses.replace(TRAIN, steps=3), dataclasses.replace(TRAIN, seed=1),
+              dataclasses.replace(TRAIN, activation="gelu_new"), dataclasses.replace(TRAIN, precision="bf16")]
+    assert len({settings.training_digest(o) for o in others} | {digest}) == len(others) + 1
 
 
 @pytest.mark.parametrize("field, value", [("wire", "fp 32"), ("wire", 7), ("wire", None), ("schedule", "x" * 40),
@@ -113,9 +131,9 @@ def test_a_run_trains_with_its_pinned_settings_and_an_agent_with_others_refuses_
                                       agent_overrides={3: {"train": defaults}})  # fmt: skip
     assert [codes[a.name] for a in agents] == [0, 0, 0, 1], codes
     errors = [line for line in agents[3].log_path.read_text().splitlines() if line.startswith("Error:")]
-    assert len(errors) == 1 and ("live peers agree that this run trains with wire bf16, schedule 1f1b, overlap 1, "
+    assert len(errors) == 1 and ("live peers agree that this run trains with wire bf16, schedule 1f1b, "
                                  "bucket_elements 4096 but this agent's settings are wire fp32, schedule gpipe, "
-                                 "overlap 1, bucket_elements 262144") in errors[0], errors  # fmt: skip
+                                 "bucket_elements 262144") in errors[0], errors  # fmt: skip
     plans = [e for e in events(agents[0].events.path) if e["event"] == "plan"]
     assert plans and all(p["settings"] == {"wire": "bf16", "schedule": "1f1b", "overlap": True,
                                            "bucket_elements": 4096} for p in plans)  # fmt: skip

@@ -39,7 +39,7 @@ def test_warmup_then_cosine_linear_and_wsd_follow_the_documented_formula():
 
 @pytest.mark.parametrize("changes, message", [
     (dict(lr_schedule="step"), "optimizer.lr_schedule='step' is not one of constant, cosine, linear, wsd"),
-    (dict(min_lr=1.0), "optimizer.min_lr=1.0 must be in [0, lr=0.002]"),
+    (dict(min_lr=1.0, lr=0.002), "optimizer.min_lr=1.0 must be in [0, lr=0.002]"),
     (dict(warmup_steps=-1), "optimizer.warmup_steps must be a non-negative integer"),
     (dict(decay_fraction=0.0), "optimizer.decay_fraction=0.0 must be in (0, 1]"),
 ])  # fmt: skip
@@ -53,6 +53,7 @@ def test_bad_schedule_settings_are_refused_in_one_line(changes, message):
 def test_a_run_steps_with_the_scheduled_rate():
     cfg = TrainConfig(steps=4, optimizer=OptimizerConfig(lr_schedule="cosine", warmup_steps=2), num_threads=1)
     scheduled = train_reference(cfg).losses
-    constant = train_reference(dataclasses.replace(cfg, optimizer=OptimizerConfig())).losses
+    constant = train_reference(dataclasses.replace(cfg, optimizer=OptimizerConfig(
+        lr_schedule="constant", warmup_steps=0).for_model(cfg.model))).losses
     assert scheduled[0] == constant[0]  # the first loss is before any update
     assert scheduled[1] != constant[1]  # the first update used lr / 2 (the warm-up), not lr

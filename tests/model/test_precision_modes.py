@@ -33,9 +33,9 @@ def test_bf16_on_cpu_stays_within_two_percent_of_fp32_over_50_steps(fp32_run):
 
 
 def test_checkpointing_recomputes_exactly_in_fp32(fp32_run):
-    cfg = TrainConfig(steps=3, global_batch_size=8, num_threads=1)
-    plain = train_reference(cfg)
-    recomputed = train_reference(dataclasses.replace(cfg, activation_checkpointing=True))
+    cfg = TrainConfig(steps=50, global_batch_size=8, num_threads=1)  # the first 3 steps of fp32_run's run
+    plain = train_reference(cfg, stop_after=3)
+    recomputed = train_reference(dataclasses.replace(cfg, activation_checkpointing=True), stop_after=3)
     assert recomputed.losses == plain.losses == fp32_run.losses[:3]
     assert all(torch.equal(recomputed.state[k], plain.state[k]) for k in plain.state)
 
@@ -43,7 +43,7 @@ def test_checkpointing_recomputes_exactly_in_fp32(fp32_run):
 def test_fp16_loss_scaling_keeps_true_gradients_and_skips_overflowing_steps():
     shape = model_shape("tiny")
     model = GPT(shape, seed=0, precision="fp16")
-    optimizer = build_optimizer(model, OptimizerConfig())
+    optimizer = build_optimizer(model, OptimizerConfig().for_model("tiny"))
     assert isinstance(optimizer, ScaledAdamW) and model.loss_scaler.scale == 2.0**16
     reference = GPT(shape, seed=0)
     tokens = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))

@@ -60,7 +60,7 @@ def test_reference_state_after_k_steps():
     at_zero = reference_state(FAST, 0)
     assert all(torch.equal(at_zero[k], initial[k]) for k in initial)
     at_two = reference_state(FAST, 2)
-    trained = train_reference(dataclasses.replace(FAST, steps=2)).state
+    trained = train_reference(FAST, stop_after=2).state
     assert all(torch.equal(at_two[k], trained[k]) for k in initial)
     assert not torch.equal(at_two["head.weight"], initial["head.weight"])
 

@@ -37,8 +37,9 @@ Key = tuple[int, int]  # (stage, num_stages)
 
 class StateStore:
     def __init__(self, keeper: StateKeeper, disk_dir: str | Path | None, model: str, seed: int,
-                 keep_copies: int = 2, keep_on_disk: int = 2):  # fmt: skip
+                 keep_copies: int = 2, keep_on_disk: int = 2, activation: str = ""):  # fmt: skip
         self.keeper = keeper
+        self.activation = activation  # written in the manifests: the model's activation
         self.disk_dir = Path(disk_dir) if disk_dir else None
         self.model, self.seed = model, seed
         self.keep_copies, self.keep_on_disk = keep_copies, keep_on_disk
@@ -96,7 +97,7 @@ class StateStore:
 
     def _write_now(self, stage: int, num_stages: int, step: int, tensors: dict[str, torch.Tensor]) -> None:
         try:
-            save_stage(self.disk_dir, step, stage, num_stages, self.model, self.seed, tensors)
+            save_stage(self.disk_dir, step, stage, num_stages, self.model, self.seed, tensors, self.activation)
             kept = {(stage, num_stages, t) for t in prune_stage(self.disk_dir, stage, num_stages, self.keep_on_disk)}
         except OSError as e:
             logger.warning("could not write the copy of stage %d after step %d to %s: %s", stage, step,

@@ -134,8 +134,8 @@ class MembershipTracker:
         if data != self.data:
             parts.append(f"this run trains data {data or '(unsaid)'} but this agent's is {self.data or '(unsaid)'}")
         if settings != self.settings:
-            parts.append(f"this run trains with {described(settings)} but this agent's settings are "
-                         f"{described(self.settings)}")  # fmt: skip
+            parts.append(f"this run trains with {described(settings, self.settings)} but this agent's settings "
+                         f"are {described(self.settings, settings)}")  # fmt: skip
         return "; ".join(parts)
 
     def known_for_s(self, peer_id: str) -> float:

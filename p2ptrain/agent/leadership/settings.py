@@ -11,9 +11,19 @@ dataset: its peer record says them (``identity``), peers that train with others 
 (``membership``), and a plan is followed only if the settings it carries are exactly ours (``problem``).
 The organiser ships them in the run's agent config with the dataset. A plan that leaves a setting out (a
 leader that does not say) trains with ours.
+
+What each stage computes must agree too, or the run is silently not one run: the model's shape (its family
+and activation included), the seed the parameters and batches are drawn from, the optimizer (learning rate,
+schedule, clipping; the schedule depends on the run's steps) and the weights it starts from (``init_from``'s
+digest). They travel as one digest, ``training=<12 hex>`` (``training_digest``), in the same line: a peer
+that trains otherwise is not a member of the run.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
 
 from p2ptrain.net.dht.records import PlanRecord
 from p2ptrain.runtime.config import TrainConfig
@@ -29,13 +39,37 @@ def plan_fields(train: TrainConfig) -> dict[str, object]:
 
 
 def identity(train: TrainConfig) -> str:
-    """The settings as one short line for a peer record (``PeerRecord.settings``): ``wire=fp32,schedule=...``."""
-    return ",".join(f"{name}={_text(getattr(train, name))}" for name in NAMES)
+    """The settings as one short line for a peer record (``PeerRecord.settings``):
+    ``wire=fp32,schedule=...,training=<digest>``."""
+    return ",".join([*(f"{name}={_text(getattr(train, name))}" for name in NAMES),
+                     f"training={training_digest(train)}"])  # fmt: skip
 
 
-def described(identity_line: str) -> str:
-    """A peer record's settings line for a person: ``wire fp32, schedule gpipe, ...`` ("(unsaid)" if empty)."""
-    return ", ".join(part.replace("=", " ", 1) for part in identity_line.split(",")) if identity_line else "(unsaid)"
+def training_digest(train: TrainConfig) -> str:
+    """12 hex digits naming what every stage computes: shape, seed, optimizer, steps, initial weights."""
+    what = {"shape": dataclasses.asdict(train.shape), "seed": train.seed, "steps": train.steps,
+            "optimizer": dataclasses.asdict(train.optimizer), "precision": train.precision,
+            "init": train.init_digest}  # fmt: skip
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def described(identity_line: str, other: str | None = None) -> str:
+    """A peer record's settings line for a person: ``wire fp32, schedule gpipe, ...`` ("(unsaid)" if empty);
+    with ``other``, only the settings in which the two lines differ."""
+    if not identity_line:
+        return "(unsaid)"
+    parts = identity_line.split(",")
+    if other:
+        theirs = set(other.split(","))
+        parts = [part for part in parts if part not in theirs] or parts
+    return ", ".join(_person(part) for part in parts)
+
+
+def _person(part: str) -> str:
+    name, _, value = part.partition("=")
+    if name == "training":  # what the digest covers, so a person knows where to look
+        return f"training {value} (model shape, seed, steps, optimizer, precision, initial weights)"
+    return f"{name} {value}"
 
 
 def problem(plan: PlanRecord, train: TrainConfig) -> str | None:

@@ -1,0 +1,45 @@
+"""The optimizer flags ``train``, ``swarm`` and ``agent`` share, and the presets' recipes for ``--help``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import click
+
+from p2ptrain.model.hyperparams import RECIPES, described
+from p2ptrain.model.lr_schedule import SCHEDULE_KINDS
+
+NAMES = ("lr", "lr_schedule", "warmup_steps", "min_lr", "clip")
+
+RECIPES_HELP = ("\b\nOptimizer recipes, where [optimizer] and the flags say nothing (p2ptrain.model.hyperparams):\n"
+                + "\n".join(f"  {described(model)}" for model in RECIPES))
+
+
+def optimizer_options(command: Callable) -> Callable:
+    """Add ``--lr``, ``--lr-schedule``, ``--warmup-steps``, ``--min-lr`` and ``--clip`` to ``command``."""
+    options = [
+        click.option("--lr", type=click.FloatRange(min=0, min_open=True),
+                     help="Peak AdamW learning rate.  [default: the preset's]"),
+        click.option("--lr-schedule", type=click.Choice(list(SCHEDULE_KINDS)),
+                     help="Learning-rate schedule after the warm-up (p2ptrain.model.lr_schedule).  "
+                          "[default: the preset's, cosine]"),
+        click.option("--warmup-steps", type=click.IntRange(min=0),
+                     help="Linear warm-up updates.  [default: the preset's share of the run]"),
+        click.option("--min-lr", type=click.FloatRange(min=0),
+                     help="The floor cosine, linear and wsd decay to.  [default: a tenth of the peak]"),
+        click.option("--clip", type=click.FloatRange(min=0),
+                     help="Clip the gradients' global norm over all stages to this (0: off).  [default: 1.0]"),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+INIT_FROM_HELP = ("Start from these weights: a Hugging Face folder (GPT2LMHeadModel or LlamaForCausalLM safetensors "
+                  "and config.json) or a p2ptrain checkpoint; its shape must be the preset's.  [default: drawn "
+                  "from --seed]")
+
+
+def optimizer_flags(values: dict[str, object]) -> dict[str, object]:
+    """The ``[optimizer]`` keys the flags among ``values`` (a command's keyword arguments) set."""
+    return {name: values[name] for name in NAMES if values.get(name) is not None}
