@@ -180,7 +180,7 @@ class Agent:
                 self.transport.mailbox.admit_sender = self.dht.is_admitted  # closed runs: tensors from members only
                 self.transport.mailbox.senders = {}  # nobody sends tensors before we know the run (``_admit_senders``)
                 self.store = StateStore(self.keeper, self._local_dir(), cfg.train.model, cfg.train.seed,
-                                        activation=cfg.train.shape.activation)
+                                        shape=cfg.train.shape)
                 if cfg.checkpoint.resume:
                     self._offer_saved_states()
                 if cfg.liveness.enabled:

@@ -354,7 +354,7 @@ def _checkpoint(ctx: EpochContext, cfg: TrainConfig, stage: int, replica: int, d
         return
     tensors = ctx.keeper.get(stage, cfg.stages, done)
     assert tensors is not None
-    save_stage(ctx.checkpoint.dir, done, stage, cfg.stages, cfg.model, cfg.seed, tensors, cfg.shape.activation)
+    save_stage(ctx.checkpoint.dir, done, stage, cfg.stages, cfg.model, cfg.seed, tensors, cfg.shape)
     ctx.events.write("checkpoint", step=done, stage=stage)
 
 

@@ -203,7 +203,7 @@ def command(
         from p2ptrain.runtime.checkpoint import PARAM, save_stage
 
         tensors = {PARAM + name: tensor for name, tensor in result.state.items()}
-        save_stage(save_dir, cfg.steps, 0, 1, cfg.model, cfg.seed, tensors, cfg.shape.activation)
+        save_stage(save_dir, cfg.steps, 0, 1, cfg.model, cfg.seed, tensors, cfg.shape)
         click.echo(f"saved the model after step {cfg.steps} to {save_dir}", err=True)
     _report(cfg, result, as_json, {"device": result.device, "num_parameters": result.num_parameters},
             f"{cfg.model} ({result.num_parameters:,} parameters) on {result.device}")

@@ -1,8 +1,8 @@
-"""A GPT you can read top to bottom: token + position embeddings, pre-LayerNorm blocks, final LayerNorm, head.
+"""A decoder-only transformer you can read top to bottom: embeddings, pre-norm blocks, final norm, head.
 
 One class serves both as the full model and as a pipeline stage. ``GPT(shape)`` holds every layer;
 ``GPT(shape, layers=range(3, 6))`` holds blocks 3, 4 and 5 only, plus the embeddings if the range starts at
-layer 0 and the final LayerNorm and LM head if it ends at the last layer. Blocks live in a ``ModuleDict``
+layer 0 and the final norm and LM head if it ends at the last layer. Blocks live in a ``ModuleDict``
 keyed by their global index, so a stage's parameter names are the full model's names
 (``blocks.3.attn.qkv.weight``): a slice of the full state dict loads into the stage, and back.
 
@@ -24,8 +24,18 @@ because they sit on different stages; tying them would need an extra gradient ex
 fp32 hidden states on (``p2ptrain.model.precision``); ``checkpointing`` recomputes each block's activations
 in the backward pass instead of keeping them.
 
-The model is GPT-2's (``p2ptrain.export`` writes it as a ``GPT2LMHeadModel``): pre-LayerNorm with eps
-1e-5, biases everywhere but the head, exact (erf) GELU, learned positions, an untied head.
+The block follows ``shape.family`` (``p2ptrain.planning.model_shapes``), under the same parameter names:
+
+- ``gpt`` is GPT-2's (``p2ptrain.export`` writes it as a ``GPT2LMHeadModel``): ``tok_emb`` + ``pos_emb``
+  (learned positions), LayerNorms ``ln1``/``ln2``/``ln_f``, biases everywhere but the head, an MLP ``fc`` →
+  GELU (exact, or tanh-approximated with ``gelu_new``) → ``proj``.
+- ``llama`` is LLaMA's (exported as a ``LlamaForCausalLM``): ``tok_emb`` only, RMSNorms ``ln1``/``ln2``/``ln_f``,
+  no biases, rotary positions on q and k (Hugging Face's convention: each head's first half rotates with
+  its second half), grouped-query attention (each key/value head serves ``num_heads / num_kv_heads``
+  consecutive query heads), a SwiGLU MLP ``proj(silu(gate(x)) · up(x))``.
+
+In both, ``attn.qkv`` is one projection to q, k and v in that order, and ``attn.proj``/``mlp.proj`` are the
+two projections that write into the residual stream.
 
 Parameters are created on the ``meta`` device and then filled by ``p2ptrain.model.init.init_parameters``,
 which draws each one from ``(seed, its name)``: a stage built alone gets exactly the numbers of the full
@@ -43,46 +53,94 @@ from p2ptrain.model.init import init_parameters
 from p2ptrain.model.precision import LossScaler, autocast, scale_gradient
 from p2ptrain.planning.model_shapes import ModelShape
 
+Rotary = tuple[torch.Tensor, torch.Tensor]  # cos and sin, [T, head_size] each
+
+
+def rotary_tables(seq: int, head_size: int, theta: float, device: torch.device) -> Rotary:
+    """cos and sin of rotary positions 0..seq-1, in fp32, as Hugging Face's Llama computes them: frequency
+    1/theta^(2i/head_size) for i < head_size/2, repeated over the head's two halves."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_size, 2, dtype=torch.float32) / head_size))
+    freqs = torch.arange(seq, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    angles = torch.cat((freqs, freqs), dim=-1)
+    return angles.cos().to(device), angles.sin().to(device)
+
+
+def rotate(x: torch.Tensor, rope: Rotary) -> torch.Tensor:
+    """``x`` ``[B, heads, T, head_size]`` rotated by position: x·cos + rotate_half(x)·sin."""
+    cos, sin = (t.to(x.dtype) for t in rope)
+    first, second = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-second, first), dim=-1) * sin
+
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, shape: ModelShape) -> None:
         super().__init__()
-        self.num_heads = shape.num_heads
-        self.qkv = nn.Linear(shape.hidden_size, 3 * shape.hidden_size)
-        self.proj = nn.Linear(shape.hidden_size, shape.hidden_size)
+        bias = shape.family == "gpt"
+        self.num_heads, self.num_kv_heads, self.head_size = shape.num_heads, shape.num_kv_heads, shape.head_size
+        self.qkv = nn.Linear(shape.hidden_size, shape.hidden_size + 2 * shape.kv_size, bias=bias)
+        self.proj = nn.Linear(shape.hidden_size, shape.hidden_size, bias=bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: Rotary | None) -> torch.Tensor:
         batch, seq, width = x.shape
-        q, k, v = self.qkv(x).split(width, dim=2)
-        # [B, T, d] -> [B, heads, T, d/heads]
-        head_size = width // self.num_heads
-        q, k, v = (t.view(batch, seq, self.num_heads, head_size).transpose(1, 2) for t in (q, k, v))
+        kv = self.num_kv_heads * self.head_size
+        q, k, v = self.qkv(x).split((width, kv, kv), dim=2)
+        # [B, T, heads · head_size] -> [B, heads, T, head_size]
+        q = q.view(batch, seq, self.num_heads, self.head_size).transpose(1, 2)
+        k, v = (t.view(batch, seq, self.num_kv_heads, self.head_size).transpose(1, 2) for t in (k, v))
+        if rope is not None:
+            q, k = rotate(q, rope), rotate(k, rope)
+        if self.num_kv_heads != self.num_heads:  # GQA: kv head j serves query heads j·g .. j·g + g - 1
+            groups = self.num_heads // self.num_kv_heads
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.proj(y.transpose(1, 2).reshape(batch, seq, width))
 
 
 class MLP(nn.Module):
+    """GPT-2's: h -> ffn -> h with GELU (exact, or its tanh approximation for ``gelu_new``)."""
+
     def __init__(self, shape: ModelShape) -> None:
         super().__init__()
-        self.fc = nn.Linear(shape.hidden_size, 4 * shape.hidden_size)
-        self.proj = nn.Linear(4 * shape.hidden_size, shape.hidden_size)
+        self.approximate = "tanh" if shape.activation == "gelu_new" else "none"
+        self.fc = nn.Linear(shape.hidden_size, shape.ffn_hidden_size)
+        self.proj = nn.Linear(shape.ffn_hidden_size, shape.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(F.gelu(self.fc(x)))
+        return self.proj(F.gelu(self.fc(x), approximate=self.approximate))
+
+
+class SwiGLU(nn.Module):
+    """LLaMA's: proj(silu(gate(x)) · up(x)), no biases."""
+
+    def __init__(self, shape: ModelShape) -> None:
+        super().__init__()
+        self.gate = nn.Linear(shape.hidden_size, shape.ffn_hidden_size, bias=False)
+        self.up = nn.Linear(shape.hidden_size, shape.ffn_hidden_size, bias=False)
+        self.proj = nn.Linear(shape.ffn_hidden_size, shape.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(F.silu(self.gate(x)) * self.up(x))
+
+
+def norm(shape: ModelShape) -> nn.Module:
+    """The family's normalisation: LayerNorm (gpt) or RMSNorm (llama), with ``shape.norm_eps``."""
+    if shape.family == "llama":
+        return nn.RMSNorm(shape.hidden_size, eps=shape.norm_eps)
+    return nn.LayerNorm(shape.hidden_size, eps=shape.norm_eps)
 
 
 class Block(nn.Module):
-    """Pre-LayerNorm transformer block: x + attn(ln1(x)), then x + mlp(ln2(x))."""
+    """Pre-norm transformer block: x + attn(ln1(x)), then x + mlp(ln2(x))."""
 
     def __init__(self, shape: ModelShape) -> None:
         super().__init__()
-        self.ln1 = nn.LayerNorm(shape.hidden_size)
+        self.ln1 = norm(shape)
         self.attn = CausalSelfAttention(shape)
-        self.ln2 = nn.LayerNorm(shape.hidden_size)
-        self.mlp = MLP(shape)
+        self.ln2 = norm(shape)
+        self.mlp = SwiGLU(shape) if shape.family == "llama" else MLP(shape)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x))
+    def forward(self, x: torch.Tensor, rope: Rotary | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x), rope)
         return x + self.mlp(self.ln2(x))
 
 
@@ -120,10 +178,11 @@ class GPT(nn.Module):
         with torch.device("meta"):  # no memory and no global RNG yet; init_parameters fills them below
             if self.has_embeddings:
                 self.tok_emb = nn.Embedding(shape.vocab_size, shape.hidden_size)
-                self.pos_emb = nn.Embedding(shape.seq_len, shape.hidden_size)
+                if shape.family == "gpt":  # llama's positions are rotary, in the attention
+                    self.pos_emb = nn.Embedding(shape.seq_len, shape.hidden_size)
             self.blocks = nn.ModuleDict({str(i): Block(shape) for i in layers})
             if self.has_head:
-                self.ln_f = nn.LayerNorm(shape.hidden_size)
+                self.ln_f = norm(shape)
                 self.head = nn.Linear(shape.hidden_size, shape.vocab_size, bias=False)
         if torch.device(device).type != "meta":  # on "meta" the model stays shapes only (planning, counts)
             self.to_empty(device=device)
@@ -133,18 +192,22 @@ class GPT(nn.Module):
         scaler = self.loss_scaler if torch.is_grad_enabled() else None
         if scaler is not None and not self.has_embeddings:
             x = scale_gradient(x, 1.0 / scaler.scale)  # the gradient we send back is the true one
+        seq = x.shape[1]
+        if seq > self.shape.seq_len:
+            raise ValueError(f"sequence of {seq} tokens is longer than the model's {self.shape.seq_len}")
+        rope = None
+        if self.shape.family == "llama":
+            rope = rotary_tables(seq, self.shape.head_size, self.shape.rope_theta, x.device)
         with autocast(self.precision, x.device):
             if self.has_embeddings:
-                seq = x.shape[1]
-                if seq > self.shape.seq_len:
-                    raise ValueError(f"sequence of {seq} tokens is longer than the model's {self.shape.seq_len}")
-                positions = torch.arange(seq, device=x.device)
-                x = self.tok_emb(x) + self.pos_emb(positions)
+                x = self.tok_emb(x)
+                if self.shape.family == "gpt":
+                    x = x + self.pos_emb(torch.arange(seq, device=x.device))
             for block in self.blocks.values():
                 if self.checkpointing and torch.is_grad_enabled():
-                    x = checkpoint(block, x, use_reentrant=False)
+                    x = checkpoint(block, x, rope, use_reentrant=False)
                 else:
-                    x = block(x)
+                    x = block(x, rope)
             if self.has_head:
                 x = self.head(self.ln_f(x))
         x = x.float()  # hidden states travel, and logits reach the loss, in fp32 whatever the precision

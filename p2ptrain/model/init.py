@@ -4,8 +4,10 @@ Each parameter has its own ``torch.Generator`` seeded from ``(seed, fully-qualif
 the global RNG, and the order in which modules are built or visited does not matter. Values are drawn on
 the CPU and copied to the parameter's device, so CPU and CUDA runs start from the same numbers.
 
-The scheme is GPT-2's: weights ~ N(0, 0.02), the two projections that write into the residual stream
-(``attn.proj``, ``mlp.proj``) ~ N(0, 0.02 / sqrt(2 · num_layers)), biases 0, LayerNorm gains 1.
+The scheme is GPT-2's, for both block families (``p2ptrain.model.gpt``): weights ~ N(0, 0.02), the two
+projections that write into the residual stream (``attn.proj``, ``mlp.proj``) ~ N(0, 0.02 / sqrt(2 ·
+num_layers)), biases 0, norm gains (LayerNorm's and RMSNorm's, ``ln1``, ``ln2``, ``ln_f``) 1. The llama
+family's ``mlp.gate`` and ``mlp.up`` are plain weights (0.02); it has no biases.
 """
 
 from __future__ import annotations

@@ -2,25 +2,31 @@
 model into stages of any layer counts and check that every stage fits its devices' memory.
 
 A stage holding blocks [a, b) costs (b − a) blocks, plus the embeddings on stage 0 and the head (final
-LayerNorm, LM head, loss) on the last stage. Every per-part figure is a ``Parts`` triple (block,
+norm, LM head, loss) on the last stage. Every per-part figure is a ``Parts`` triple (block,
 embeddings, head), so one formula prices any split (``Parts.stage``).
 
-Derivations, for a GPT of L blocks, width h, a heads, sequence length T, vocabulary V, a micro-batch of
-n tokens (``micro_batch_tokens``), M micro-batches per pipeline and step:
+Derivations, for a model of L blocks, width h, a heads, key/value width kv (h without grouped-query
+attention), MLP width f, sequence length T, vocabulary V, a micro-batch of n tokens (``micro_batch_tokens``),
+M micro-batches per pipeline and step; a gpt has f = 4h and kv = h:
 
-- Parameters (``workload.parameter_count``): a block 12h² + 13h, the embeddings V·h + T·h, the head
-  2h + h·V.
-- Forward FLOPs of one micro-batch: a block's matrix products are 12h² multiply-adds per token (q, k, v and
-  the output projection 4h², the MLP 8h²), attention scores and their weighted sum 2·T·h more (causal
-  masking computes the full T×T product): 2·n·(12h² + 2Th). The head 2·n·h·V; the embeddings a lookup
-  (0). The backward pass is twice the forward (a gradient for the input and one for the weights), plus
-  one forward again with ``recompute``.
+- Parameters (``workload.block_parameters``, ``embedding_parameters``, ``head_parameters``): a gpt block
+  12h² + 13h, its embeddings V·h + T·h, its head 2h + h·V; a llama block h·(h + 2kv) + h² + 3·h·f + 2h (no
+  biases, RMSNorm gains only), its embeddings V·h (rotary positions have no parameters), its head h + h·V.
+- Forward FLOPs of one micro-batch: a block's matrix products are its weights' count in multiply-adds
+  per token (``workload.block_matmul_parameters``: gpt 12h², q, k, v and the output projection 4h², the
+  MLP 8h²; llama h·(h + 2kv) + h² + 3·h·f), attention scores and their weighted sum 2·T·h more (causal
+  masking computes the full T×T product; grouped-query attention shares keys, not the products):
+  2·n·(matmul weights + 2Th). The head 2·n·h·V; the embeddings a lookup (0). The backward pass is twice the
+  forward (a gradient for the input and one for the weights), plus one forward again with ``recompute``.
 - Training state: 16 bytes per parameter whatever the precision — fp32 weights, gradients and AdamW's two
   moments (4 + 4 + 8; our runtime), or fp16 weights and gradients with fp32 master weights and moments
   (2 + 2 + 4 + 8; mixed precision as the paper trained).
-- Activations kept for the backward pass, per token of a micro-batch: a block 34h + 5aT bytes with 2-byte
-  activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
-  eq. 2), scaled by activation_bytes / 2; the head keeps the final LayerNorm's input and output (2h values)
+- Activations kept for the backward pass, per token of a micro-batch: a gpt block 34h + 5aT bytes with
+  2-byte activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+  Models", eq. 2: norms 4h, attention 11h + 5aT, MLP 19h = its input 2h, GELU's input and output 2·2·4h,
+  a dropout mask h), generally 18h + 4f + 5aT; a llama block the same norms and attention and a SwiGLU MLP
+  keeping its input 2h and four f-wide tensors (gate, up, silu(gate), their product) 8f: 17h + 8f + 5aT;
+  scaled by activation_bytes / 2. The head keeps the final norm's input and output (2h values)
   and the fp32 logits and their softmax (8V bytes); the embeddings nothing (the first block counts its own
   input). GPipe runs all M forward passes before the first backward, so a stage holds M micro-batches'
   activations at its peak. With ``recompute`` (activation checkpointing) a block keeps only its input
@@ -46,6 +52,12 @@ from p2ptrain.planning.cluster import Cluster
 from p2ptrain.planning.model_shapes import ModelShape
 from p2ptrain.planning.simulated import StepProfile, StepWorkload
 from p2ptrain.planning.split import Layers, even_layers
+from p2ptrain.planning.workload import (
+    block_matmul_parameters,
+    block_parameters,
+    embedding_parameters,
+    head_parameters,
+)
 
 GB = 1e9
 STATE_BYTES_PER_PARAMETER = 16
@@ -81,7 +93,7 @@ class Parts:
 
 @dataclass(frozen=True)
 class LayerModel:
-    """What every part of a GPT costs for one plan shape (module docstring): parameters, forward FLOPs of
+    """What every part of a model costs for one plan shape (module docstring): parameters, forward FLOPs of
     one micro-batch, and device memory at the stage's peak (training state + activations of M
     micro-batches) in bytes."""
 
@@ -116,9 +128,11 @@ def layer_model(
     if micro_batch_tokens <= 0 or micro_batches < 1 or activation_bytes < 1:
         raise ValueError("layer model: micro_batch_tokens, micro_batches and activation_bytes must be positive")
     h, a, t, v, n = shape.hidden_size, shape.num_heads, shape.seq_len, shape.vocab_size, micro_batch_tokens
-    params = Parts(block=12 * h * h + 13 * h, embeddings=v * h + t * h, head=2 * h + h * v)
-    flops = Parts(block=2 * n * (12 * h * h + 2 * t * h), embeddings=0.0, head=2 * n * h * v)
-    full_block = n * (34 * h + 5 * a * t) * activation_bytes / 2
+    f = shape.ffn_hidden_size
+    params = Parts(block=block_parameters(shape), embeddings=embedding_parameters(shape), head=head_parameters(shape))
+    flops = Parts(block=2 * n * (block_matmul_parameters(shape) + 2 * t * h), embeddings=0.0, head=2 * n * h * v)
+    per_token = 17 * h + 8 * f if shape.family == "llama" else 18 * h + 4 * f  # 34h for a gpt with f = 4h
+    full_block = n * (per_token + 5 * a * t) * activation_bytes / 2
     if recompute:
         kept_block, transient = n * h * activation_bytes * micro_batches, full_block
     else:

@@ -55,15 +55,46 @@ PAPER_WORKLOAD = Workload(activation_gb=0.471249, gradient_gb=0.65, source="pape
 PAPER_BATCH_TOKENS = 1_000_000  # the paper's global batch: about 10⁶ tokens a step
 
 
-def parameter_count(shape: ModelShape) -> int:
-    """Parameters of the GPT ``shape`` describes (pre-LayerNorm blocks, learned positions, untied head).
+def block_matmul_parameters(shape: ModelShape) -> int:
+    """The weights of one block's matrix products (its multiply-adds per token): h·(h + 2kv) + h·h plus
+    2·h·f (gpt) or 3·h·f (llama)."""
+    h, kv, f = shape.hidden_size, shape.kv_size, shape.ffn_hidden_size
+    return h * (h + 2 * kv) + h * h + (3 if shape.family == "llama" else 2) * h * f
 
-    Per block: attention q, k, v and output projections (4h² + 4h), the MLP h→4h→h (8h² + 5h) and two
-    LayerNorms (4h): 12h² + 13h. Plus token and position embeddings (V·h + T·h), a final LayerNorm (2h) and
-    the head (h·V).
+
+def block_parameters(shape: ModelShape) -> int:
+    """Parameters of one block of ``shape`` (h wide, q = h, kv = ``kv_size``, f = ``ffn_hidden_size``).
+
+    Attention: q, k and v in one projection h·(h + 2kv), the output projection h·h. MLP: gpt h·f + f·h,
+    llama (SwiGLU: gate, up, down) 3·h·f. Norms: gpt two LayerNorms (gain and bias, 4h), llama two RMSNorms
+    (gain only, 2h). gpt's biases: h + 2kv on qkv, h on the output, f + h on the MLP. So gpt with kv = h and
+    f = 4h: 12h² + 13h.
     """
-    h, v, t = shape.hidden_size, shape.vocab_size, shape.seq_len
-    return shape.num_layers * (12 * h * h + 13 * h) + v * h + t * h + 2 * h + h * v
+    h, kv, f = shape.hidden_size, shape.kv_size, shape.ffn_hidden_size
+    matmuls = block_matmul_parameters(shape)
+    if shape.family == "llama":
+        return matmuls + 2 * h
+    return matmuls + (h + 2 * kv) + h + f + h + 4 * h
+
+
+def embedding_parameters(shape: ModelShape) -> int:
+    """Stage 0's lookups: token embeddings V·h, plus gpt's learned positions T·h (llama's are rotary)."""
+    h = shape.hidden_size
+    return shape.vocab_size * h + (shape.seq_len * h if shape.family == "gpt" else 0)
+
+
+def head_parameters(shape: ModelShape) -> int:
+    """The last stage's final norm (gpt 2h, llama h) and untied LM head (h·V, no bias)."""
+    h = shape.hidden_size
+    return (2 * h if shape.family == "gpt" else h) + h * shape.vocab_size
+
+
+def parameter_count(shape: ModelShape) -> int:
+    """Parameters of the model ``shape`` describes: L blocks, the embeddings and the head (untied).
+
+    For a gpt of width h, MLP 4h, vocabulary V and T positions: L·(12h² + 13h) + V·h + T·h + 2h + h·V.
+    """
+    return shape.num_layers * block_parameters(shape) + embedding_parameters(shape) + head_parameters(shape)
 
 
 def workload_from_model(

@@ -16,6 +16,7 @@ looks complete.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -28,6 +29,8 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from p2ptrain.planning.model_shapes import ModelShape
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +119,7 @@ class StageManifest:
     sha256: str
     saved_at: float
     format: int = FORMAT_VERSION
-    activation: str = ""  # the model's activation when it is not the preset's (a run started from gelu_new weights)
+    shape: dict | None = None  # the run's ModelShape (its activation and norm settings may be init_from's)
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, sort_keys=True)
@@ -146,7 +149,7 @@ def save_stage(
     model: str,
     seed: int,
     tensors: Mapping[str, torch.Tensor],
-    activation: str = "",
+    shape: ModelShape | None = None,
 ) -> Path:
     """Write stage ``stage``'s state after ``step`` completed steps; returns the manifest's path."""
     folder = step_dir(Path(root), step)
@@ -159,7 +162,7 @@ def save_stage(
     os.replace(tmp, data_path)
     manifest = StageManifest(step=step, stage=stage, num_stages=num_stages, model=model, seed=seed,
                              file=data_path.name, sha256=_sha256(data_path), saved_at=time.time(),
-                             activation=activation)
+                             shape=dataclasses.asdict(shape) if shape is not None else None)
     manifest_path = folder / f"{name}.json"
     _atomic_write_text(manifest_path, manifest.to_json())
     logger.info("checkpoint: stage %d/%d after step %d saved to %s", stage, num_stages, step, data_path)

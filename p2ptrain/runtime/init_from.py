@@ -81,7 +81,7 @@ def open_init_source(path: str) -> InitSource:
         source = InitSource(str(folder), "huggingface", reader.shape, reader.digest[:16], tuple(reader.notes()),
                             reader.tokenizer_file, reader)  # fmt: skip
     else:
-        from p2ptrain.export import gather_checkpoint
+        from p2ptrain.runtime.gather import gather_checkpoint
 
         try:
             gathered = gather_checkpoint(folder)

@@ -1,10 +1,10 @@
 """Tokens per second and model FLOPs utilisation (MFU), as ``train``, ``agent`` and ``swarm`` report them.
 
 Model FLOPs per trained token (PaLM's appendix B, the convention MFU comparisons use): ``6·N`` for the
-matmuls of forward and backward over the ``N`` parameters that multiply (every parameter but the token and
-position embeddings, which are lookups), plus ``12·L·T·h`` for attention's scores and weighted sums (``L``
-layers, sequence ``T``, width ``h``; causal masking not discounted). Activation recomputation is not model
-FLOPs: checkpointing lowers MFU, as it should.
+matmuls of forward and backward over the ``N`` parameters that multiply (every parameter but the token and,
+in the gpt family, position embeddings, which are lookups), plus ``12·L·T·h`` for attention's scores and
+weighted sums (``L`` layers, sequence ``T``, width ``h``; causal masking not discounted). Activation
+recomputation is not model FLOPs: checkpointing lowers MFU, as it should.
 
 MFU = achieved model FLOP/s ÷ peak FLOP/s of the devices. The peak is the data sheet's dense tensor-core
 figure for a known GPU at the run's precision (``DATASHEET_TFLOPS``), else the device's measured matmul
@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from p2ptrain.planning.model_shapes import ModelShape
-from p2ptrain.planning.workload import parameter_count
+from p2ptrain.planning.workload import embedding_parameters, parameter_count
 
 # dense (no sparsity) peak TFLOP/s by (name fragment, precision); fp32 is the plain (non-TF32) rate
 DATASHEET_TFLOPS: dict[str, dict[str, float]] = {
@@ -33,9 +33,8 @@ DATASHEET_TFLOPS: dict[str, dict[str, float]] = {
 
 def flops_per_token(shape: ModelShape) -> float:
     """Model FLOPs of training on one token (forward and backward): 6·N + 12·L·T·h."""
-    h = shape.hidden_size
-    matmul_parameters = parameter_count(shape) - (shape.vocab_size + shape.seq_len) * h
-    return 6.0 * matmul_parameters + 12.0 * shape.num_layers * shape.seq_len * h
+    matmul_parameters = parameter_count(shape) - embedding_parameters(shape)
+    return 6.0 * matmul_parameters + 12.0 * shape.num_layers * shape.seq_len * shape.hidden_size
 
 
 def peak_tflops(device_name: str, precision: str, measured_tflops: float | None) -> tuple[float | None, str]:

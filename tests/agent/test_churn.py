@@ -130,6 +130,9 @@ def test_losing_every_replica_of_a_stage_falls_back_to_the_last_checkpoint(tmp_p
     assert replan["from_checkpoint"] and step in (4, 6)
     assert f"every replica of stage(s) 1 was lost; resuming from the checkpoint of step {step}" in replan["reason"]
     assert_reference_losses(summary)  # steps 5-7 redone on 2 agents: the uninterrupted run's losses
+    # ... under the preset's recipe: the schedule resumed at the checkpoint's step, the clip exchanged anew
+    recipe = config_from_dict(TrainConfig, summary["config"]).optimizer
+    assert recipe.lr_schedule == "cosine" and recipe.warmup_for(7) == 1 and recipe.clip == 1.0
     assert_no_process_left(tmp_path)
 
 

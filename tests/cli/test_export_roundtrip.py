@@ -1,8 +1,11 @@
 """prepare → train → export → transformers: a BPE tokenizer trained on a corpus the test writes, a model
-trained on it by ``p2ptrain train``, exported, and loaded by ``transformers.GPT2LMHeadModel`` with our logits."""
+trained on it by ``p2ptrain train``, exported, and loaded by ``transformers.GPT2LMHeadModel`` with our logits;
+the llama family exported as ``LlamaForCausalLM`` and GPT-2's tanh GELU as ``gelu_new``, both read back by
+``HFCheckpoint``."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -14,7 +17,10 @@ from click.testing import CliRunner
 
 from p2ptrain.cli import main
 from p2ptrain.export import build_model, export_checkpoint, gather_checkpoint
+from p2ptrain.model.gpt import GPT
+from p2ptrain.model.hf_checkpoint import HFCheckpoint
 from p2ptrain.model.stage import stage_state_dict
+from p2ptrain.planning.model_shapes import model_shape
 from p2ptrain.runtime.checkpoint import PARAM, save_stage
 
 pytestmark = pytest.mark.integration
@@ -101,3 +107,52 @@ def test_bad_checkpoints_are_refused_in_one_line(tmp_path):
         result = CliRunner().invoke(main, args, catch_exceptions=False)  # anything but a click error raises here
         errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
         assert result.exit_code == 2 and len(errors) == 1, result.output
+
+
+def perturbed(model: GPT, seed: int) -> dict[str, torch.Tensor]:
+    """``model``'s parameters moved off their initial values (norm gains off 1), as training would."""
+    generator = torch.Generator().manual_seed(seed)
+    return {k: v + 0.05 * torch.randn(v.shape, generator=generator) for k, v in model.state_dict().items()}
+
+
+def test_llama_exports_as_llama_for_causal_lm_with_our_logits(tmp_path):
+    transformers = pytest.importorskip("transformers", reason="pip install '.[test]' (transformers) to load exports")
+    shape = model_shape("llama-tiny")
+    state = perturbed(GPT(shape, seed=3), seed=4)
+    for stage in range(2):
+        part = stage_state_dict(state, shape, stage, 2)
+        save_stage(tmp_path / "ckpt", 5, stage, 2, "llama-tiny", 3, {PARAM + k: v for k, v in part.items()})
+    info = export_checkpoint(tmp_path / "ckpt", tmp_path / "hf")
+    assert info["architecture"] == "LlamaForCausalLM" and info["shape"]["family"] == "llama"
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert (config["model_type"], config["num_key_value_heads"], config["intermediate_size"]) == ("llama", 2, 192)
+    assert not config["tie_word_embeddings"] and not config["attention_bias"] and not config["mlp_bias"]
+    theirs = transformers.LlamaForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
+    ours = build_model(gather_checkpoint(tmp_path / "ckpt"))
+    tokens = torch.randint(0, 256, (3, 64), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert (theirs(tokens).logits - ours(tokens)).abs().max() <= 1e-5
+    back = HFCheckpoint.open(tmp_path / "hf")  # the reader is export's inverse
+    assert back.shape == shape and not back.tied
+    assert all(torch.equal(t, state[k]) for k, t in back.tensors(state).items())
+
+
+def test_gelu_new_exports_as_gpt2s_activation_with_our_logits(tmp_path):
+    """A run of preset tiny started from GPT-2 weights computes gelu_new (its manifest says so): the export
+    says so too."""
+    transformers = pytest.importorskip("transformers", reason="pip install '.[test]' (transformers) to load exports")
+    shape = dataclasses.replace(model_shape("tiny"), activation="gelu_new")
+    ours = GPT(shape, seed=0)
+    ours.load_state_dict(perturbed(ours, seed=1))
+    save_stage(tmp_path / "ckpt", 2, 0, 1, "tiny", 0, {PARAM + k: v for k, v in ours.state_dict().items()},
+               shape=shape)
+    export_checkpoint(tmp_path / "ckpt", tmp_path / "hf")
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["activation_function"] == "gelu_new"
+    assert gather_checkpoint(tmp_path / "ckpt").shape == shape
+    theirs = transformers.GPT2LMHeadModel.from_pretrained(str(tmp_path / "hf")).eval()
+    tokens = torch.randint(0, 256, (3, 64), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert (theirs(tokens).logits - ours.eval()(tokens)).abs().max() <= 1e-5
+    back = HFCheckpoint.open(tmp_path / "hf")
+    assert back.shape == shape and not back.tied
+    assert all(torch.equal(t, ours.state_dict()[k]) for k, t in back.tensors(ours.state_dict()).items())

@@ -27,6 +27,23 @@ def test_parameters_and_flops_by_hand():
     assert backward.head == pytest.approx(2 * 2048 / 500)
 
 
+def test_llama_parts_by_hand():
+    """No biases, RMSNorm gains only, no position embeddings, SwiGLU's three matrices, GQA's narrower k, v."""
+    shape = ModelShape(num_layers=4, hidden_size=8, num_heads=2, seq_len=4, vocab_size=16, family="llama",
+                       num_kv_heads=1, ffn_hidden_size=16)
+    m = layer_model(shape, micro_batch_tokens=8, micro_batches=2, activation_bytes=4)
+    # a block: q, k, v 8·(8 + 2·4) = 128, out 64, gate/up/down 3·8·16 = 384, two gains 16 -> 592
+    assert (m.parameters.block, m.parameters.embeddings, m.parameters.head) == (592, 16 * 8, 8 + 8 * 16)
+    assert 4 * 592 + 128 + 136 == parameter_count(shape)
+    assert m.forward_flops.block == 2 * 8 * ((128 + 64 + 384) + 2 * 4 * 8) == 10240
+    # activations per token 17h + 8f + 5aT = 136 + 128 + 40 = 304 values at 2 bytes, here 4: ×2; 8 tokens, M = 2
+    assert m.memory_bytes.block == 16 * 592 + 2 * 8 * 304 * 4 / 2
+    gpt = layer_model(ModelShape(num_layers=4, hidden_size=8, num_heads=2, seq_len=4, vocab_size=16,
+                                 ffn_hidden_size=48), micro_batch_tokens=8, micro_batches=2, activation_bytes=4)
+    assert gpt.parameters.block == 4 * 64 + 2 * 8 * 48 + 48 + 9 * 8  # a gpt MLP of another width
+    assert gpt.memory_bytes.block == 16 * gpt.parameters.block + 2 * 8 * (18 * 8 + 4 * 48 + 40) * 4 / 2
+
+
 def test_stage_memory_by_hand():
     # a block: 16 bytes a parameter (weights, gradients, two AdamW moments) = 13952, and per micro-batch
     # 8 tokens × (34·8 + 5·2·4) values × 4 bytes / 2 = 4992, kept for both micro-batches: 9984 → 23936.

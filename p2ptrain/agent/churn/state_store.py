@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from p2ptrain.agent.churn.stage_state import StateKeeper
+from p2ptrain.planning.model_shapes import ModelShape
 from p2ptrain.runtime.checkpoint import load_saved_stage, prune_stage, save_stage, saved_stages
 
 logger = logging.getLogger(__name__)
@@ -37,9 +38,9 @@ Key = tuple[int, int]  # (stage, num_stages)
 
 class StateStore:
     def __init__(self, keeper: StateKeeper, disk_dir: str | Path | None, model: str, seed: int,
-                 keep_copies: int = 2, keep_on_disk: int = 2, activation: str = ""):  # fmt: skip
+                 keep_copies: int = 2, keep_on_disk: int = 2, shape: ModelShape | None = None):  # fmt: skip
         self.keeper = keeper
-        self.activation = activation  # written in the manifests: the model's activation
+        self.shape = shape  # written in the manifests: the run's model shape
         self.disk_dir = Path(disk_dir) if disk_dir else None
         self.model, self.seed = model, seed
         self.keep_copies, self.keep_on_disk = keep_copies, keep_on_disk
@@ -97,7 +98,7 @@ class StateStore:
 
     def _write_now(self, stage: int, num_stages: int, step: int, tensors: dict[str, torch.Tensor]) -> None:
         try:
-            save_stage(self.disk_dir, step, stage, num_stages, self.model, self.seed, tensors, self.activation)
+            save_stage(self.disk_dir, step, stage, num_stages, self.model, self.seed, tensors, self.shape)
             kept = {(stage, num_stages, t) for t in prune_stage(self.disk_dir, stage, num_stages, self.keep_on_disk)}
         except OSError as e:
             logger.warning("could not write the copy of stage %d after step %d to %s: %s", stage, step,
