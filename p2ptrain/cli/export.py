@@ -1,8 +1,8 @@
 """``p2ptrain export CHECKPOINT OUT``: the trained model, gathered from its stages' checkpoint, in Hugging
-Face's GPT-2 layout (``p2ptrain.export``).
+Face's layout of its family, ``GPT2LMHeadModel`` or ``LlamaForCausalLM`` (``p2ptrain.export``).
 
     p2ptrain export ckpt/ hf-model/ --data data/corpus
-    python -c "from transformers import GPT2LMHeadModel; GPT2LMHeadModel.from_pretrained('hf-model')"
+    python -c "from transformers import AutoModelForCausalLM; AutoModelForCausalLM.from_pretrained('hf-model')"
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import click
 
 
 @click.command(name="export", help="Write the newest complete checkpoint under CHECKPOINT (a checkpoint folder "
-               "or one step-* folder in it) to OUT as safetensors + config.json in Hugging Face's GPT-2 layout.")
+               "or one step-* folder in it) to OUT as safetensors + config.json in Hugging Face's layout: "
+               "GPT2LMHeadModel or LlamaForCausalLM, by the model's family.")
 @click.argument("checkpoint", type=str)
 @click.argument("out", type=str)
 @click.option("--data", type=str, help="The prepared dataset it was trained on: its tokenizer goes along.")
@@ -29,4 +30,4 @@ def command(checkpoint: str, out: str, data: str | None, overwrite: bool, as_jso
         return
     shape = info["shape"]
     click.echo(f"exported {info['model']} after step {info['step']} ({shape['num_layers']} layers, width "
-               f"{shape['hidden_size']}, vocabulary {shape['vocab_size']}) to {out} as GPT2LMHeadModel")
+               f"{shape['hidden_size']}, vocabulary {shape['vocab_size']}) to {out} as {info['architecture']}")
