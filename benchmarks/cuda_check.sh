@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CUDA path, checked and measured on a machine with a GPU, in one go (about 4 minutes on one H200):
+# The CUDA path, checked and measured on a machine with a GPU, in one go (about 6 minutes on one H200):
 #   bash benchmarks/cuda_check.sh [OUTDIR]
 # from the project's root, with p2ptrain and its dependencies importable by python3 (pip install -e ".[test]"
 # after a CUDA build of torch). CI has no GPU: this is how the CUDA path gets checked where one is lent.
@@ -10,7 +10,9 @@
 # 4. real swarms of four agents sharing the GPU (bf16 compute; bf16, then int8 wire; 1F1B, overlap);
 # 5. `p2ptrain bench runtime --sizes 1 --repeats 100`: the transport against a raw stream on a machine with
 #    cores to spare (the 2-core CI machine shares its cores with both libp2p daemons);
-# 6. what keeping a stage's state after every step costs a GPU trainer (benchmarks/keeper_copy.py; CUDA only).
+# 6. what keeping a stage's state after every step costs a GPU trainer (benchmarks/keeper_copy.py; CUDA only);
+# 7. gpt3-xl and llama-1b with their recipes, 50 steps in bf16: no loss spike, tokens/s and MFU
+#    (benchmarks/large_presets.py; CUDA only).
 # Each part has its own deadline and its log goes to OUTDIR (default ./cuda-check; WORK: where the rest
 # goes); a part that fails is reported and the next one still runs; the exit status is 1 if any failed.
 # DEVICE=cpu runs the same parts on the CPU (a dry run of the script).
@@ -55,4 +57,5 @@ for wire in bf16 int8; do
 done
 part transport 120 python3 -m p2ptrain bench runtime --sizes 1 --repeats 100 --json
 [ "$DEVICE" = cuda ] && part keeper 120 python3 benchmarks/keeper_copy.py
+[ "$DEVICE" = cuda ] && part presets 300 python3 benchmarks/large_presets.py
 exit $status
