@@ -20,7 +20,8 @@ from p2ptrain.net.transport.frames import request_frame_head
 from p2ptrain.net.transport.messages import BackupHeader, Header, MessageKind, Refusal, Stamp, Tag
 from p2ptrain.net.transport.servicer import make_reply, parse_reply, refusal
 
-KINDS = ["activation", "activation_grad", "reduce_shard", "gather_shard", "probe", "state", "backup", "bench"]
+KINDS = ["activation", "activation_grad", "reduce_shard", "gather_shard", "grad_norm", "probe", "state", "backup",
+         "bench"]
 CODES = ["refused", "duplicate", "stale", "not_sender", "too_slow"]
 
 
