@@ -30,11 +30,14 @@ from collections.abc import Callable, Iterable
 from p2ptrain.agent.config import LinksConfig
 from p2ptrain.errors import ProtocolError
 from p2ptrain.net.dht.node import SwarmDHT
+from p2ptrain.net.dht.record_base import MAX_BANDWIDTH_GBPS, MAX_LATENCY_MS
 from p2ptrain.net.dht.records import LinkMeasurement, LinksRecord
 from p2ptrain.net.transport.endpoint import Transport
 from p2ptrain.net.transport.probe import LinkTable, measure_link
 
 logger = logging.getLogger(__name__)
+
+MIN_BANDWIDTH_GBPS = 1e-6  # 1 kbit/s: the least we publish (a record's bandwidth must be positive)
 
 
 class LinkProber:
@@ -93,12 +96,15 @@ class LinkProber:
             self._thread.join(timeout_s)
 
     def row(self) -> dict[str, LinkMeasurement]:
-        """What we publish: the smoothed estimate of every current peer measured well enough (module docstring)."""
+        """What we publish: the smoothed estimate of every current peer measured well enough (module docstring),
+        within what a record can say (loopback on a busy machine once measured 1.7 Tbit/s; the record's bound,
+        1000 Gbit/s, is published for it, not an error that ends the agent)."""
         with self._lock:
             peers = self._peers
         estimates = self.table.snapshot()
         return {
-            p: LinkMeasurement(estimates[p].latency_ms, estimates[p].bandwidth_gbps)
+            p: LinkMeasurement(min(max(estimates[p].latency_ms, 0.0), MAX_LATENCY_MS),
+                               min(max(estimates[p].bandwidth_gbps, MIN_BANDWIDTH_GBPS), MAX_BANDWIDTH_GBPS))
             for p in peers
             if p in estimates and self._enough(p)
         }

@@ -74,6 +74,22 @@ def test_the_prober_publishes_a_peer_once_measured_and_a_disagreeing_one_after_a
     assert board.rows[-1].resolve([fast]) == {fast: LinkMeasurement(10.0, 1.0)}
 
 
+def test_a_measurement_beyond_what_a_record_can_say_is_published_at_its_bound(monkeypatch):
+    # loopback on a busy machine once measured 1.7 Tbit/s: the agent published it, the record refused it,
+    # and the agent ended (CI15); now the row says the bound
+    peer = base58.b58encode(b"\x12\x20" + bytes(32)).decode()
+    monkeypatch.setattr("p2ptrain.agent.links.measure_link",
+                        lambda transport, p, config, stop: LinkEstimate(0.01, 1695.47, 20))
+    rows: queue.Queue = queue.Queue()
+    prober = LinkProber(None, Board(), LinksConfig(min_rounds=1, round_pause_s=0.05), on_publish=rows.put,
+                        rng=random.Random(0)).start()  # fmt: skip
+    try:
+        prober.set_peers([peer])
+        assert rows.get(timeout=10) == {peer: LinkMeasurement(0.01, 1000.0)}
+    finally:
+        prober.stop(timeout_s=10)
+
+
 def links(summary: dict) -> tuple[np.ndarray, np.ndarray]:
     """The leader's measured latency and bandwidth matrices, in the network's units."""
     return (np.array(summary["measured"]["latency_ms"], dtype=float),
