@@ -72,6 +72,15 @@ from p2ptrain.planning.model_shapes import MODEL_PRESETS
 @click.option(
     "--replicas", type=click.IntRange(min=1), help="Replicas per stage (distributed runtime).  [default: 1]"
 )
+@click.option("--sync", type=click.Choice(["every-step", "diloco"]),
+              help="Data-parallel synchronisation: every step, or DiLoCo rounds (p2ptrain.model.outer).  "
+                   "[default: every-step]")
+@click.option("--inner-steps", type=click.IntRange(min=1), help="DiLoCo: inner steps per round (H).  [default: 50]")
+@click.option("--outer-lr", type=click.FloatRange(min=0, min_open=True),
+              help="DiLoCo: the outer Nesterov step's learning rate.  [default: 0.7]")
+@click.option("--simulate-replicas", type=click.IntRange(min=1),
+              help="Train in this one process as D replicas would (the reference of --replicas D; with --sync "
+                   "diloco, D models trained one after another).")
 @click.option(
     "--plan",
     "plan_path",
@@ -118,6 +127,10 @@ def command(
     min_lr: float | None,
     clip: float | None,
     init_from: str | None,
+    sync: str | None,
+    inner_steps: int | None,
+    outer_lr: float | None,
+    simulate_replicas: int | None,
     seed: int | None,
     data: str | None,
     device: str | None,
@@ -162,6 +175,7 @@ def command(
         "stages": stages,
         "replicas": replicas,
         "init_from": init_from,
+        "sync": sync,
     }
     overrides = {name: value for name, value in flags.items() if value is not None}
     links = None
@@ -179,7 +193,13 @@ def command(
     optimizer = optimizer_flags(dict(lr=lr, lr_schedule=lr_schedule, warmup_steps=warmup_steps, min_lr=min_lr,
                                      clip=clip))  # fmt: skip
     # one tree, validated once: the preset's recipe fills what the file and the flags leave out of [optimizer]
-    tree = {**tree, **overrides, "optimizer": {**tree.get("optimizer", {}), **optimizer}}
+    diloco = {k: v for k, v in (("inner_steps", inner_steps), ("outer_lr", outer_lr)) if v is not None}
+    if simulate_replicas is not None:
+        if replicas is not None or stages is not None or plan_path is not None:
+            raise ValueError("--simulate-replicas trains in one process: leave out --stages, --replicas and --plan")
+        overrides["replicas"] = simulate_replicas
+    tree = {**tree, **overrides, "optimizer": {**tree.get("optimizer", {}), **optimizer},
+            "diloco": {**tree.get("diloco", {}), **diloco}}
     cfg = config_from_dict(TrainConfig, tree)  # a ConfigError is one line, exit 2
     if cfg.deterministic:  # cuBLAS reads this when CUDA starts; without it matmuls may not repeat bit for bit
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -193,9 +213,9 @@ def command(
             err=as_json,
         )
 
-    if save_dir is not None and cfg.is_distributed:
+    if save_dir is not None and cfg.is_distributed and simulate_replicas is None:
         raise ValueError("--save goes with single-process training (agents write checkpoints with [checkpoint])")
-    if cfg.is_distributed:
+    if cfg.is_distributed and simulate_replicas is None:
         _train_distributed(cfg, workdir, as_json, print_step, links)
         return
     result = train_reference(cfg, on_step=print_step)

@@ -16,6 +16,11 @@ What one step does, on the device holding stage j of pipeline i (M micro-batches
    to every member k (all at once, one message per link), wait for the D−1 shards of ours, add, send the
    reduced shard to every member, wait for theirs and for our own sends to be taken; then the optimizer
    step U_j; then the step ends once every send of the step was taken.
+With DiLoCo (``sync_every`` H > 1, ``model.outer``) step 3 happens once a round: the all-reduce of the
+pseudo-gradients after every H-th step, none after the others. The prediction is the period of steps without
+it plus 1/H of what it adds to a step that has it (both simulated); the closed form divides the groups'
+all-reduce term by H.
+
 4. with gradient clipping (``clip``, ``model.clip``), between the all-reduce and the update: send the
    stage's squared norm to every other stage of the pipeline (one scalar: latency and message overhead
    only, α + o) and wait for theirs. The last stages are done first, so this mostly costs the stages after
@@ -137,6 +142,7 @@ class StepProfile:
     schedule: str = "gpipe"
     bucket_gb: float = 0.0
     clip: bool = False  # the stages exchange their gradient norms before the update (step 4)
+    sync_every: int = 1  # DiLoCo: the replicas all-reduce once every this many steps (1: every step)
 
     def __post_init__(self) -> None:
         if isinstance(self.micro_batches, bool) or not isinstance(self.micro_batches, int) or self.micro_batches < 1:
@@ -163,6 +169,8 @@ class StepProfile:
         if len(volume) != 3 or any(not (math.isfinite(v) and v > 0) for v in volume):
             raise ValueError(f"step profile: volume_bytes must be three positive numbers, got {self.volume_bytes!r}")
         object.__setattr__(self, "volume_bytes", volume)
+        if isinstance(self.sync_every, bool) or not isinstance(self.sync_every, int) or self.sync_every < 1:
+            raise ValueError(f"step profile: sync_every must be a positive integer, got {self.sync_every!r}")
         if not (math.isfinite(self.bucket_gb) and self.bucket_gb >= 0):
             raise ValueError(f"step profile: bucket_gb must be a non-negative number, got {self.bucket_gb!r}")
 
@@ -208,11 +216,14 @@ class SimulatedSteps:
     step_s: tuple[float, ...]
     pipeline_s: float
     data_parallel_s: float
+    sync_every: int = 1  # DiLoCo: ``step_s`` are steps without the all-reduce, one in this many has it ...
+    sync_extra_s: float = 0.0  # ... and takes this much longer
 
     @property
     def predicted_s(self) -> float:
-        """The period of the steps after the first (warm-up) one (``step_period``)."""
-        return step_period(self.step_s[1:])
+        """The period of the steps after the first (warm-up) one (``step_period``); DiLoCo: plus the round's
+        all-reduce spread over its steps."""
+        return step_period(self.step_s[1:]) + self.sync_extra_s / self.sync_every
 
 
 class SimulatedObjective:
@@ -274,7 +285,8 @@ class SimulatedObjective:
         hops = [float(h) for h in hop_values]
         bottleneck = max(float(compute.max()), max(hops, default=0.0))
         pipeline = float(compute.sum()) + sum(hops) + (self.micro_batches - 1) * bottleneck
-        data_parallel = max(float(g) + float(u) for g, u in zip(group_values, self._update_s, strict=True))
+        h = self.profile.sync_every  # DiLoCo: one all-reduce a round
+        data_parallel = max(float(g) / h + float(u) for g, u in zip(group_values, self._update_s, strict=True))
         data_parallel += self.profile.boundary_s + self._clip_s
         return CostBreakdown(cost_s=pipeline + data_parallel, data_parallel_s=data_parallel, pipeline_s=pipeline)
 
@@ -335,7 +347,14 @@ class SimulatedObjective:
     def simulate(self, assignment: np.ndarray, steps: int | None = None) -> SimulatedSteps:
         """Run ``steps`` (default: the profile's) steps of ``assignment`` through the event model."""
         sigma = check_assignment(assignment, self.num_replicas, self.num_stages, len(self.hop_link_s))
-        return _simulate(self, sigma, steps or self.profile.steps)
+        synced = _simulate(self, sigma, steps or self.profile.steps)
+        h = self.profile.sync_every
+        if h == 1 or self.num_replicas == 1:
+            return synced
+        local = _simulate(self, sigma, steps or self.profile.steps, all_reduce=False)
+        extra = max(0.0, synced.predicted_s - local.predicted_s)
+        return dataclasses.replace(local, data_parallel_s=local.data_parallel_s + extra / h, sync_every=h,
+                                   sync_extra_s=extra)
 
 
 def bucket_shares(gradient_gb: np.ndarray, bucket_gb: float) -> np.ndarray:
@@ -382,7 +401,7 @@ def _slowdown(cluster: Cluster, reference_tflops: float | None) -> np.ndarray:
     return np.array([reference_tflops / d.tflops if d.tflops else 1.0 for d in cluster.devices])
 
 
-def _simulate(obj: SimulatedObjective, sigma: np.ndarray, steps: int) -> SimulatedSteps:
+def _simulate(obj: SimulatedObjective, sigma: np.ndarray, steps: int, all_reduce: bool = True) -> SimulatedSteps:
     d, s, m = obj.num_replicas, obj.num_stages, obj.micro_batches
     a, b = sigma[:, :-1], sigma[:, 1:]  # pipeline i's hop h: a[i, h] → b[i, h]
     lat_f, ser_f = obj.delay_s[a, b], obj.activation_gb * obj.s_per_gb[a, b]
@@ -426,7 +445,7 @@ def _simulate(obj: SimulatedObjective, sigma: np.ndarray, steps: int) -> Simulat
                 sent[:, j] = np.maximum(sent[:, j], arrive_b[:, j - 1, mb])
         backward_done = busy.T  # [j, i]
         all_reduced = backward_done
-        if d > 1:
+        if d > 1 and all_reduce:
             all_reduced, free_g = _all_reduce(obj, last_start.T, bwd.T, backward_done, free_g, ser_g, lat_g)
         reduced = all_reduced.T  # [i, j]
         if obj.profile.clip and s > 1:  # every other stage's norm (the diagonal's delay is 0: its own)

@@ -249,7 +249,7 @@ def run_settings(train: TrainConfig, size_factor: float = 1.0) -> dict[str, obje
     to clip."""
     bucket_gb = train.bucket_elements * FP32_BYTES / GB / size_factor if train.overlap else 0.0
     return {"wire": train.wire, "schedule": train.schedule, "volume_bytes": (FP32_BYTES,) * 3, "bucket_gb": bucket_gb,
-            "clip": train.optimizer.clip > 0}
+            "clip": train.optimizer.clip > 0, "sync_every": train.diloco.inner_steps if train.sync == "diloco" else 1}
 
 
 def step_workload(workload: Workload, profile: StepProfile) -> StepWorkload:

@@ -45,6 +45,7 @@ from typing import Literal
 
 from p2ptrain.model.data import check_split, data_vocab_size
 from p2ptrain.model.optim import OptimizerConfig
+from p2ptrain.model.outer import SYNC_MODES, DiLoCoConfig
 from p2ptrain.model.stage import stage_layer_range
 from p2ptrain.planning.model_shapes import ModelShape, model_shape
 from p2ptrain.planning.split import check_layers
@@ -53,6 +54,7 @@ from p2ptrain.runtime.wire import WIRE_FORMATS, WireName
 
 Device = Literal["cpu", "cuda", "auto"]
 Precision = Literal["fp32", "bf16", "fp16"]
+SyncMode = Literal["every-step", "diloco"]
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,8 @@ class TrainConfig:
     overlap: bool = True  # start each gradient bucket's all-reduce during the last backward (exact either way)
     bucket_elements: int = 1 << 18  # gradient elements per all-reduce bucket (1 MiB of fp32)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)  # unsaid keys: the preset's recipe
+    sync: SyncMode = "every-step"  # data-parallel sync: every step, or DiLoCo rounds ([diloco], model.outer)
+    diloco: DiLoCoConfig = field(default_factory=DiLoCoConfig)  # the outer loop, with sync = "diloco"
     init_from: str | None = None  # start from these weights: a Hugging Face folder or a p2ptrain checkpoint
     activation: str | None = None  # None: the preset's, or init_from's (gpt: gelu or gelu_new)
 
@@ -91,6 +95,8 @@ class TrainConfig:
             raise ValueError(f"unknown wire format {self.wire!r} (known: {', '.join(WIRE_FORMATS)})")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"unknown schedule {self.schedule!r} (known: {', '.join(SCHEDULES)})")
+        if self.sync not in SYNC_MODES:
+            raise ValueError(f"unknown sync mode {self.sync!r} (known: {', '.join(SYNC_MODES)})")
         if self.bucket_elements < 1:
             raise ValueError(f"bucket_elements must be at least 1, got {self.bucket_elements}")
         for name in ("steps", "global_batch_size", "micro_batches", "stages", "replicas"):

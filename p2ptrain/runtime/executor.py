@@ -44,6 +44,7 @@ from p2ptrain.model.clip import clip_coefficient, scale_gradients, squared_norm,
 from p2ptrain.model.data import TrainData, inputs_and_targets, micro_batches, shard_of
 from p2ptrain.model.loss import micro_batch_loss
 from p2ptrain.model.lr_schedule import set_lr
+from p2ptrain.model.outer import DiLoCoConfig, OuterOptimizer
 from p2ptrain.net.transport.messages import MessageKind
 from p2ptrain.runtime.buckets import BucketedAllReduce
 from p2ptrain.runtime.compute_speed import NO_PACING, ComputePacer
@@ -121,6 +122,8 @@ class StageExecutor:
         bucket_elements: int = DEFAULT_BUCKET_ELEMENTS,
         learning_rate: Callable[[int], float] | None = None,
         clip: float = 0.0,
+        diloco: DiLoCoConfig | None = None,
+        total_steps: int = 0,
     ):
         self.clip = clip  # the global-norm threshold (``model.clip``); 0: none
         self.last_grad_norm: float | None = None  # the global norm before clipping, of the last step
@@ -140,17 +143,24 @@ class StageExecutor:
         self.reducer = BucketedAllReduce(self.params, bucket_elements, self.wire.gradient)
         self.meter = ActivationMeter(self.params)
         self.before_update: Callable[[], None] | None = None  # called before the optimizer changes anything
+        # DiLoCo (``model.outer``): no all-reduce per step; every round's end, the group averages pseudo-gradients
+        self.diloco, self.total_steps = diloco, total_steps
+        self.outer = OuterOptimizer(self.params, diloco) if diloco is not None else None
 
     def run_step(self, step: int, role: Role, topology: Topology, link: StepLink) -> StepOutcome:
         micro = self._micro_batches(step, role)
         rows, seq_len = micro[0].shape[0], micro[0].shape[1] - 1
         state = _StepState(role, topology.prev_peer(role), topology.next_peer(role), link, (rows, seq_len, self.hidden_size))
+        # the loss's denominator: the global batch's tokens, or with DiLoCo the pipeline's own shard's
+        state.tokens = self.data.tokens_per_batch // (role.num_replicas if self.outer is not None else 1)
+        state.step = step
+        every_step = role.num_replicas > 1 and self.outer is None
         self.optimizer.zero_grad(set_to_none=False)
         if self.learning_rate is not None:
             set_lr(self.optimizer, self.learning_rate(step))
         self.meter.reset(self.params)
         group = topology.group(role.stage)
-        if role.num_replicas > 1:
+        if every_step:
             self.reducer.begin(role.replica, role.num_replicas, lambda b: _GroupOverLink(link, group, b))
         backwards_left = len(micro)
         try:
@@ -159,7 +169,7 @@ class StageExecutor:
                     self._forward(state, m, micro[m])
                     continue
                 backwards_left -= 1
-                if backwards_left == 0 and self.overlap and role.num_replicas > 1:
+                if backwards_left == 0 and self.overlap and every_step:
                     self.reducer.arm()  # this backward makes the gradients final
                 self._backward(state, m)
             loss = self._all_reduce_and_step(role, topology, state)
@@ -189,7 +199,7 @@ class StageExecutor:
         with self.pacer.compute(), self.meter.saving():
             out = self.module(x)
             if role.is_last:
-                out = micro_batch_loss(out, targets.to(self.device), self.data.tokens_per_batch)
+                out = micro_batch_loss(out, targets.to(self.device), state.tokens)
         if not role.is_last:
             state.sends.append(link.send(state.next_peer, MessageKind.ACTIVATION, m, 0,
                                          self.wire.activation.encode(out.detach())))
@@ -222,7 +232,7 @@ class StageExecutor:
     def _all_reduce_and_step(self, role: Role, topology: Topology, state: _StepState) -> float | None:
         loss_sum = state.loss_sum
         loss = float(loss_sum) if role.is_last else None
-        if role.num_replicas > 1:
+        if role.num_replicas > 1 and self.outer is None:
             started = time.perf_counter()
             loss = self.reducer.finish(loss_sum if role.is_last else None)
             state.reduce_s = time.perf_counter() - started
@@ -238,7 +248,24 @@ class StageExecutor:
             if self.before_update is not None:
                 self.before_update()  # e.g. a copy of the last state still reading the parameters
             self.optimizer.step()
-        return loss
+        if self.outer is not None and self.diloco.round_ends(state.step, self.total_steps):
+            started = time.perf_counter()
+            self._outer_step(role, topology, state.link)
+            state.reduce_s += time.perf_counter() - started
+        return loss  # DiLoCo: this pipeline's own loss (the run's is the mean over the pipelines)
+
+    def _outer_step(self, role: Role, topology: Topology, link: StepLink) -> None:
+        """The round's end: the group's mean pseudo-gradient (the sharded all-reduce, in the run's gradient
+        wire format with its error feedback), then the outer optimizer; replicas end bit-identical."""
+        deltas = self.outer.pseudo_gradients()
+        if role.num_replicas > 1:
+            for p, delta in zip(self.params, deltas, strict=True):
+                p.grad = delta
+            group = topology.group(role.stage)
+            self.reducer.begin(role.replica, role.num_replicas, lambda b: _GroupOverLink(link, group, b))
+            self.reducer.finish(None)
+            deltas = [p.grad / role.num_replicas for p in self.params]
+        self.outer.step(deltas)
 
     def _clip(self, role: Role, topology: Topology, state: _StepState) -> None:
         """Scale the gradients by the global-norm coefficient, the stages' squared norms exchanged."""
@@ -272,6 +299,8 @@ class _StepState:
         self.outputs: dict[int, torch.Tensor] = {}  # forward done, backward not yet
         self.sends: list[Future] = []
         self.loss_sum = torch.zeros((), dtype=torch.float32)
+        self.tokens = 1  # the loss's denominator (``StageExecutor.run_step``)
+        self.step = 0
         self.peak_in_flight = 0
         self.recv_s = self.reduce_s = self.send_s = 0.0  # ``StepWaits``
 

@@ -169,11 +169,16 @@ def _follow(cfg, launch, group, follower, keys, on_step) -> DistributedResult:
         time.sleep(0.1)
         follower.poll()
     losses = [e["loss"] for e in follower.steps(last_key)]
+    if cfg.sync == "diloco":  # each pipeline reports its own shard's loss: the run's is their mean
+        per_replica = [[e["loss"] for e in follower.steps(f"{cfg.stages - 1}/{r}")] for r in range(cfg.replicas)]
+        losses = [sum(values) / cfg.replicas for values in zip(*per_replica, strict=True)]
     step_times = [max(follower.steps(k)[i]["step_time_s"] for k in keys if len(follower.steps(k)) > i)
                   for i in range(cfg.steps)]
     if launch.check_replicas:
         for stage in range(cfg.stages):
             for step in range(cfg.steps):
+                if cfg.sync == "diloco" and not cfg.diloco.round_ends(step, cfg.steps):
+                    continue  # DiLoCo replicas agree at the end of each round, not within it
                 digests = {follower.steps(f"{stage}/{r}")[step].get("digest") for r in range(cfg.replicas)}
                 if len(digests) != 1:
                     raise ReplicaMismatch(f"replicas of stage {stage} differ after step {step}: {sorted(digests)}")

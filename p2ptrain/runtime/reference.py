@@ -43,6 +43,7 @@ from p2ptrain.model.gpt import GPT
 from p2ptrain.model.loss import micro_batch_loss
 from p2ptrain.model.lr_schedule import set_lr
 from p2ptrain.model.optim import build_optimizer
+from p2ptrain.model.outer import OuterOptimizer
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.init_from import load_initial
 
@@ -162,14 +163,18 @@ def train_reference(cfg: TrainConfig, on_step: Callable[[StepReport], None] | No
     step_times_s: list[float] = []
     val_losses: list[tuple[int, float]] = []
     grad_norms: list[float] = []
+    diloco = cfg.sync == "diloco"
     with torch_settings(cfg.num_threads, cfg.deterministic):
-        model = GPT(cfg.shape, seed=cfg.seed, device=device, precision=cfg.precision,
-                    checkpointing=cfg.activation_checkpointing)
-        load_initial(model, cfg)  # init_from's weights, if the run starts from a checkpoint
-        optimizer = build_optimizer(model, cfg.optimizer)
-        params = list(model.parameters())
+        # every-step: one model sums every replica's shard; DiLoCo: one model per replica, each on its shard
+        models = [GPT(cfg.shape, seed=cfg.seed, device=device, precision=cfg.precision,
+                      checkpointing=cfg.activation_checkpointing) for _ in range(cfg.replicas if diloco else 1)]
+        for model in models:
+            load_initial(model, cfg)  # init_from's weights, if the run starts from a checkpoint
+        optimizers = [build_optimizer(model, cfg.optimizer) for model in models]
+        outer = OuterOptimizer(list(models[0].parameters()), cfg.diloco) if diloco else None
+        model = models[0]
         logger.info(
-            "training %s (%d parameters) on %s: %d steps of %d sequences × %d tokens, %d replica(s) × %d micro-batch(es)",
+            "training %s (%d parameters) on %s: %d steps of %d sequences × %d tokens, %d replica(s) × %d micro-batch(es)%s",
             cfg.model,
             model.num_parameters(),
             device,
@@ -178,19 +183,36 @@ def train_reference(cfg: TrainConfig, on_step: Callable[[StepReport], None] | No
             cfg.shape.seq_len,
             cfg.replicas,
             cfg.micro_batches,
+            f", DiLoCo rounds of {cfg.diloco.inner_steps}" if diloco else "",
         )
         for step in range(cfg.steps if stop_after is None else min(stop_after, cfg.steps)):
             started = time.perf_counter()
             batch = data.global_batch(step)
-            loss = accumulate_gradients(model, batch, cfg.replicas, cfg.micro_batches, data.tokens_per_batch)
-            grad_norm = None
-            if cfg.optimizer.clip > 0:
-                scale = model.loss_scaler.scale if model.loss_scaler is not None else 1.0
-                grad_norm = clip_gradients(params, cfg.optimizer.clip, scale)
+            step_loss, norms = 0.0, []
+            for replica, (model, optimizer) in enumerate(zip(models, optimizers, strict=True)):
+                if diloco:  # its own run: its shard, the mean over the shard's tokens
+                    step_loss += accumulate_gradients(model, shard_of(batch, replica, cfg.replicas), 1,
+                                                      cfg.micro_batches, data.tokens_per_batch // cfg.replicas)
+                else:
+                    step_loss += accumulate_gradients(model, batch, cfg.replicas, cfg.micro_batches,
+                                                      data.tokens_per_batch)
+                if cfg.optimizer.clip > 0:
+                    scale = model.loss_scaler.scale if model.loss_scaler is not None else 1.0
+                    norms.append(clip_gradients(list(model.parameters()), cfg.optimizer.clip, scale))
+                set_lr(optimizer, cfg.optimizer.lr_at(step, cfg.steps))
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            loss = step_loss / len(models)
+            grad_norm = norms[0] if norms else None  # DiLoCo: replica 0's (each pipeline clips by its own)
+            if grad_norm is not None:
                 grad_norms.append(grad_norm)
-            set_lr(optimizer, cfg.optimizer.lr_at(step, cfg.steps))
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            if outer is not None and cfg.diloco.round_ends(step, cfg.steps):
+                deltas = [outer.pseudo_gradients(list(m.parameters())) for m in models]
+                summed = [sum(parts[1:], parts[0]) for parts in zip(*deltas, strict=True)]  # replica order
+                outer.step([g / len(models) for g in summed])  # models[0] is set to the new anchor ...
+                for other in models[1:]:
+                    outer.reset(list(other.parameters()))  # ... and every other replica
+            model = models[0]
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             elapsed_s = time.perf_counter() - started
@@ -199,7 +221,7 @@ def train_reference(cfg: TrainConfig, on_step: Callable[[StepReport], None] | No
             logger.debug("step %d/%d loss %.4f (%.3f s)", step + 1, cfg.steps, loss, elapsed_s)
             val_loss = None
             if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
-                val_loss = evaluate(model, validation)
+                val_loss = evaluate(model, validation)  # DiLoCo: replica 0's model (mid-round, replicas differ)
                 val_losses.append((step + 1, val_loss))
             if on_step is not None:
                 on_step(StepReport(step=step, loss=loss, step_time_s=elapsed_s, val_loss=val_loss,

@@ -62,6 +62,7 @@ class StageTrainer:
             pacer=ComputePacer(compute_slowdown, cpu_clock=torch.device(device).type == "cpu"),
             wire=cfg.wire, schedule=cfg.schedule, overlap=cfg.overlap, bucket_elements=cfg.bucket_elements,
             learning_rate=lambda step: cfg.optimizer.lr_at(step, cfg.steps), clip=cfg.optimizer.clip,
+            diloco=cfg.diloco if cfg.sync == "diloco" else None, total_steps=cfg.steps,
         )
 
     def step(

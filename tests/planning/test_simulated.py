@@ -84,6 +84,20 @@ def test_clipping_norms_reach_the_later_stages_one_latency_after_stage_0_is_done
     assert clipped.combine(values, hops).cost_s == pytest.approx(plain.combine(values, hops).cost_s + 0.01)
 
 
+def test_diloco_spreads_one_all_reduce_over_its_round():
+    # one stage, 3 replicas, 0.3 GB: the all-reduce adds 2 × 0.11 s to a step of 0.5 s of compute; with rounds
+    # of 4 steps, a quarter of it per step; the closed form divides the groups' term alike
+    cluster, sigma = _uniform(3, 10.0, 8.0), np.array([[0], [1], [2]])
+    every = _objective(cluster, stages=1, gradient_gb=0.3, forward_s=(0.5,))
+    diloco = _objective(cluster, stages=1, gradient_gb=0.3, forward_s=(0.5,), sync_every=4)
+    assert every.evaluate(sigma).cost_s == pytest.approx(0.5 + 0.22)
+    assert diloco.evaluate(sigma).cost_s == pytest.approx(0.5 + 0.22 / 4)
+    values = [float(every.group_terms(np.array([0, 1, 2])).max())]
+    assert diloco.combine(values, []).data_parallel_s == pytest.approx(every.combine(values, []).data_parallel_s / 4)
+    with pytest.raises(ValueError, match="sync_every must be a positive integer"):
+        StepProfile(sync_every=0)
+
+
 # -- against the brute-force event simulation ------------------------------------------------------------------
 
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from p2ptrain.model.optim import OptimizerConfig
+from p2ptrain.model.outer import DiLoCoConfig
 from p2ptrain.model.stage import stage_state_dict
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.launcher import train_distributed
@@ -36,14 +37,17 @@ UNEVEN_3 = ((0, 1), (1, 2), (2, 8))
     # then cosine learning rate (every worker's rate is the reference's at each step) and clipping
     dict(stages=2, replicas=2, schedule="1f1b", micro_batches=4, global_batch_size=16, bucket_elements=20_000,
          optimizer=OptimizerConfig(lr_schedule="cosine", warmup_steps=2, min_lr=2e-4, clip=0.5)),
-], ids=["dp4-no-overlap", "2x2-uneven-gpipe-buckets", "pp3-uneven", "2x2-1f1b-buckets"])
+    # 2 × 2 with DiLoCo: rounds of 4 steps then 2, the pseudo-gradients all-reduced at each round's end
+    dict(stages=2, replicas=2, sync="diloco", diloco=DiLoCoConfig(inner_steps=4)),
+], ids=["dp4-no-overlap", "2x2-uneven-gpipe-buckets", "pp3-uneven", "2x2-1f1b-buckets", "2x2-diloco"])
 def test_distributed_losses_equal_single_process(settings, tmp_path):
     """The single-process losses and final parameters on every worker, replicas bit-identical after every
     step; GPipe holds every micro-batch in flight, 1F1B at most S − j on stage j."""
     cfg = TrainConfig(**{**dict(steps=6, global_batch_size=8, micro_batches=2, num_threads=1), **settings})
     stages, replicas, layers = cfg.stages, cfg.replicas, cfg.layers
     result = train_distributed(cfg, workdir=str(tmp_path), save_states=True)
-    reference = train_reference(dataclasses.replace(cfg, stages=1, replicas=1, layers=None))
+    # the reference trains as the plan's replicas would (DiLoCo: one model per replica)
+    reference = train_reference(dataclasses.replace(cfg, stages=1, layers=None))
     if cfg.optimizer.clip:  # the threshold clips most steps, so the exchange is what the losses test
         assert sum(norm > cfg.optimizer.clip for norm in reference.grad_norms) > cfg.steps // 2
 

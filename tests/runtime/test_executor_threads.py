@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from p2ptrain.model.optim import OptimizerConfig, build_optimizer
+from p2ptrain.model.outer import DiLoCoConfig
 from p2ptrain.model.stage import build_stage
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.executor import StageExecutor
@@ -78,7 +79,8 @@ def train_in_threads(cfg: TrainConfig, link=MemoryLink):
                                         cfg.shape.hidden_size, wire=cfg.wire, schedule=cfg.schedule,
                                         overlap=cfg.overlap, bucket_elements=cfg.bucket_elements,
                                         learning_rate=lambda s: cfg.optimizer.lr_at(s, cfg.steps),
-                                        clip=cfg.optimizer.clip)
+                                        clip=cfg.optimizer.clip, total_steps=cfg.steps,
+                                        diloco=cfg.diloco if cfg.sync == "diloco" else None)
     outcomes = {peer: [] for peer in executors}
     errors = []
     for step in range(cfg.steps):
@@ -99,6 +101,8 @@ def train_in_threads(cfg: TrainConfig, link=MemoryLink):
         assert not errors, errors
         assert not any(t.is_alive() for t in threads)
     losses = [o.loss for o in outcomes[rows[0][-1]]]
+    if cfg.sync == "diloco":  # each pipeline's own loss: the run's is their mean
+        losses = [sum(outcomes[row[-1]][k].loss for row in rows) / len(rows) for k in range(cfg.steps)]
     return losses, executors, outcomes, topology
 
 
@@ -270,3 +274,25 @@ def test_a_garbled_norm_from_another_stage_is_refused():
     cfg = dataclasses.replace(BASE, steps=1, optimizer=OptimizerConfig(clip=0.3))
     with pytest.raises(AssertionError, match=r"WireError\(.grad_norm message from p0-0 holds -1\.0"):
         train_in_threads(cfg, GarbledNormLink)
+
+
+@pytest.mark.timeout(120)
+def test_diloco_pipelines_give_the_single_process_diloco_losses():
+    """2 stages × 2 pipelines, rounds of 3 inner steps (the last round of 1): no all-reduce within a round,
+    each pipeline on its shard; at each round's end the stage groups average their pseudo-gradients and
+    take the outer Nesterov step, replicas bit-identical again; the losses are the single-process DiLoCo
+    reference's, and not every-step training's."""
+    torch.set_num_threads(1)
+    cfg = dataclasses.replace(BASE, steps=7, sync="diloco", diloco=DiLoCoConfig(inner_steps=3))
+    reference = train_reference(dataclasses.replace(cfg, stages=1))
+    every_step = train_reference(dataclasses.replace(cfg, stages=1, sync="every-step"))
+    assert abs(reference.losses[-1] - every_step.losses[-1]) > 1e-3
+    losses, executors, _, topology = train_in_threads(cfg)
+    assert losses == pytest.approx(reference.losses, rel=1e-5)
+    for stage in range(cfg.stages):
+        a, b = (params_of(executors[peer]) for peer in topology.group(stage))
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))  # the run ended on a round's end
+    full = reference.state
+    for peer, executor in executors.items():
+        for name, p in executor.module.named_parameters():
+            assert torch.allclose(p.detach(), full[name], atol=1e-5, rtol=1e-4), (peer, name)

@@ -1,0 +1,80 @@
+"""DiLoCo: data-parallel replicas that synchronise every H steps, not every step (``[train] sync = "diloco"``).
+
+Douillard et al. 2023 ("DiLoCo: Distributed Low-Communication Training of Language Models"), as
+INTELLECT-1 and Streaming DiLoCo train: each replica (a whole pipeline here) runs ``inner_steps`` (H) updates
+of the run's own optimizer (AdamW with its schedule and clipping, ``model.optim``) on its own shard of each
+global batch, talking to nobody outside its pipeline. At the end of each round, every stage's replica group
+averages its *pseudo-gradient*, the parameters at the round's start minus the parameters now, and applies
+the *outer* optimizer to the round's start: SGD with Nesterov momentum, lr 0.7 and momentum 0.9 (DiLoCo's
+values), the same on every replica, so replicas are bit-identical again at every round's end. The inner
+optimizers keep their state across rounds (DiLoCo does).
+
+Round boundaries: round k holds steps kH … kH + H − 1; the last round ends at the run's last step, however
+short. The loss each replica computes is the mean over its own shard (it is its own run); the step's loss
+the run reports is the mean over the replicas.
+
+``OuterOptimizer`` is torch's ``SGD(nesterov=True)`` written out over a stage's parameters (what each stage
+holds: its round-start copy, the anchor, and the momentum; two more copies of the stage's parameters), so
+a single process simulating D replicas and D pipelines of stages apply the same arithmetic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+SYNC_MODES = ("every-step", "diloco")
+
+
+@dataclass(frozen=True)
+class DiLoCoConfig:
+    """The outer loop (TOML table ``[train.diloco]``)."""
+
+    inner_steps: int = 50  # H: inner updates per round (DiLoCo: 500 at scale; runs here are shorter)
+    outer_lr: float = 0.7  # DiLoCo's
+    outer_momentum: float = 0.9  # DiLoCo's
+    nesterov: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.inner_steps, bool) or not isinstance(self.inner_steps, int) or self.inner_steps < 1:
+            raise ValueError(f"diloco.inner_steps must be a positive integer, got {self.inner_steps!r}")
+        if not self.outer_lr > 0:
+            raise ValueError(f"diloco.outer_lr must be positive, got {self.outer_lr}")
+        if not 0 <= self.outer_momentum < 1:
+            raise ValueError(f"diloco.outer_momentum must be in [0, 1), got {self.outer_momentum}")
+
+    def round_ends(self, step: int, total_steps: int) -> bool:
+        """Whether the replicas synchronise after update ``step`` (0-based) of a run of ``total_steps``."""
+        return (step + 1) % self.inner_steps == 0 or step + 1 == total_steps
+
+
+class OuterOptimizer:
+    """The round-start parameters (the anchor) and the outer momentum of one stage (or the full model)."""
+
+    def __init__(self, params: Sequence[torch.nn.Parameter], cfg: DiLoCoConfig):
+        self.params = list(params)
+        self.cfg = cfg
+        self.anchor = [p.detach().clone() for p in self.params]
+        self.momentum = [torch.zeros_like(p) for p in self.params]
+
+    def pseudo_gradients(self, params: Sequence[torch.nn.Parameter] | None = None) -> list[torch.Tensor]:
+        """The anchor minus ``params`` (default: this stage's own), float32."""
+        return [a - p.detach() for a, p in zip(self.anchor, params or self.params, strict=True)]
+
+    @torch.no_grad()
+    def step(self, averaged: Sequence[torch.Tensor]) -> None:
+        """Apply the replicas' mean pseudo-gradient to the anchor, and set every parameter to the new anchor."""
+        lr, m = self.cfg.outer_lr, self.cfg.outer_momentum
+        for anchor, buf, g in zip(self.anchor, self.momentum, averaged, strict=True):
+            g = g.to(anchor.device)
+            buf.mul_(m).add_(g)
+            anchor.sub_(g.add(buf, alpha=m) if self.cfg.nesterov else buf, alpha=lr)
+        self.reset(self.params)
+
+    @torch.no_grad()
+    def reset(self, params: Sequence[torch.nn.Parameter]) -> None:
+        """Set ``params`` (this stage's, or a simulated replica's) to the anchor."""
+        for p, anchor in zip(params, self.anchor, strict=True):
+            p.copy_(anchor)

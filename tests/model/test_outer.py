@@ -1,0 +1,47 @@
+"""DiLoCo's outer loop (``model.outer``): torch's Nesterov SGD on the pseudo-gradient, the round boundaries,
+the settings refused in one line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from p2ptrain.model.outer import DiLoCoConfig, OuterOptimizer
+from p2ptrain.runtime.config import TrainConfig
+
+
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_the_outer_step_is_torchs_sgd_on_the_pseudo_gradient(nesterov):
+    cfg = DiLoCoConfig(inner_steps=2, outer_lr=0.7, outer_momentum=0.9, nesterov=nesterov)
+    start = torch.randn(5, generator=torch.Generator().manual_seed(0))
+    ours = torch.nn.Parameter(start.clone())
+    outer = OuterOptimizer([ours], cfg)
+    theirs = torch.nn.Parameter(start.clone())
+    sgd = torch.optim.SGD([theirs], lr=0.7, momentum=0.9, nesterov=nesterov)
+    for k in range(3):
+        moved = torch.randn(5, generator=torch.Generator().manual_seed(k + 1))
+        with torch.no_grad():
+            ours.add_(moved)  # the inner steps moved the parameters
+        (delta,) = outer.pseudo_gradients()
+        outer.step([delta])
+        theirs.grad = delta.clone()
+        sgd.step()
+        assert torch.allclose(ours.detach(), theirs.detach(), atol=1e-6)
+        assert torch.equal(outer.anchor[0], ours.detach())  # the next round starts from the new anchor
+
+
+def test_rounds_end_every_h_steps_and_at_the_last():
+    cfg = DiLoCoConfig(inner_steps=3)
+    assert [s for s in range(8) if cfg.round_ends(s, 8)] == [2, 5, 7]
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(inner_steps=0), "diloco.inner_steps must be a positive integer"),
+    (dict(outer_lr=0.0), "diloco.outer_lr must be positive"),
+    (dict(outer_momentum=1.0), "diloco.outer_momentum must be in [0, 1)"),
+])  # fmt: skip
+def test_bad_settings_are_refused(changes, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace(")", r"\)")):
+        DiLoCoConfig(**changes)
+    with pytest.raises(ValueError, match="unknown sync mode 'sometimes'"):
+        TrainConfig(sync="sometimes")
