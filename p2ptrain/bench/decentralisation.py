@@ -28,9 +28,10 @@ from typing import Any
 import click
 import numpy as np
 
-from p2ptrain.planning import make_objective, scenario
+from p2ptrain.planning import ALL_SCENARIOS, make_objective, scenario
 from p2ptrain.planning.layers import model_workload
 from p2ptrain.planning.model_shapes import model_shape
+from p2ptrain.planning.scenarios import homes
 
 SETTINGS = tuple(f"{wire}/{schedule}/{overlap}" for wire in ("fp32", "bf16", "int8", "int4")
                  for schedule, overlap in (("gpipe", "no-overlap"), ("gpipe", "overlap"), ("1f1b", "overlap")))
@@ -55,26 +56,64 @@ class Row:
         return self.worldwide_s / self.datacenter_s
 
 
-def step_time_s(network: str, setting: str, micro_batches: int) -> float:
-    """The simulated step time of GPT-3 XL on ``network`` with ``setting`` (module docstring), seconds."""
+HOMES = {"homes-1g": 1.0, "homes-100m": 0.1}  # every pair at this many Gbit/s, 20-150 ms (planning.scenarios.homes)
+
+
+def network_cluster(network: str):
+    """The paper's network ``network`` at 64 devices, or 64 homes (``homes-1g``, ``homes-100m``)."""
+    if network in HOMES:
+        return homes(DEVICES, HOMES[network])
+    return scenario(network, DEVICES)
+
+
+def step_time_s(network: str, setting: str, micro_batches: int, stages: int = STAGES, sync_every: int = 1) -> float:
+    """The simulated step time of GPT-3 XL on ``network`` with ``setting`` (module docstring), seconds;
+    ``sync_every`` > 1: DiLoCo rounds of that many steps (one all-reduce a round)."""
     wire, schedule, overlap = _parse(setting)
-    cluster = scenario(network, DEVICES)
-    base = model_workload(model_shape("gpt3-xl"), cluster, num_stages=STAGES, batch_tokens=BATCH_TOKENS,
+    cluster = network_cluster(network)
+    base = model_workload(model_shape("gpt3-xl"), cluster, num_stages=stages, batch_tokens=BATCH_TOKENS,
                           micro_batches=micro_batches, activation_bytes=FP32_BYTES, gradient_bytes=FP32_BYTES)
     bucket_gb = BUCKET_ELEMENTS * FP32_BYTES / GB if overlap else 0.0
     step = dataclasses.replace(base.step, wire=wire, schedule=schedule, bucket_gb=bucket_gb,
-                               volume_bytes=(FP32_BYTES,) * 3)  # float32 volumes: the wire scales them
+                               volume_bytes=(FP32_BYTES,) * 3, sync_every=sync_every)  # float32: the wire scales
     assert base.costs is not None
-    workload = dataclasses.replace(base, step=step).at(_even(base.costs.num_layers))
-    objective = make_objective("simulated", cluster, workload, STAGES)
-    replicas = DEVICES // STAGES
-    layout = np.arange(DEVICES).reshape(replicas, STAGES)  # pipeline p: devices 8p … 8p+7, inside one region
+    workload = dataclasses.replace(base, step=step).at(_even(base.costs.num_layers, stages))
+    objective = make_objective("simulated", cluster, workload, stages)
+    replicas = DEVICES // stages
+    layout = np.arange(DEVICES).reshape(replicas, stages)  # pipeline p: devices S·p … S·p+S−1, inside one region
     return objective.evaluate(objective.refine(layout)).cost_s
 
 
-def _even(num_layers: int) -> tuple[tuple[int, int], ...]:
-    per = num_layers // STAGES
-    return tuple((j * per, (j + 1) * per) for j in range(STAGES))
+def _even(num_layers: int, stages: int = STAGES) -> tuple[tuple[int, int], ...]:
+    per = num_layers // stages
+    return tuple((j * per, (j + 1) * per) for j in range(stages))
+
+
+def measure_networks(networks: tuple[str, ...], stage_counts: tuple[int, ...], settings: tuple[str, ...],
+                     sync_everys: tuple[int, ...], micro_batches: int = 8) -> dict[str, Any]:
+    """Every (network, stages, setting, H) step time; per network the best, over the data center's best."""
+    rows = [{"network": n, "stages": s, "setting": st, "sync_every": h,
+             "step_s": step_time_s(n, st, micro_batches, s, h)}
+            for n in networks for s in stage_counts for st in settings for h in sync_everys]  # fmt: skip
+    best = {n: min((r for r in rows if r["network"] == n), key=lambda r: r["step_s"]) for n in networks}
+    reference = best.get("datacenter")
+    for r in best.values():
+        r["vs_datacenter_best"] = r["step_s"] / reference["step_s"] if reference else None
+    return {"model": "gpt3-xl", "devices": DEVICES, "batch_tokens": BATCH_TOKENS, "micro_batches": micro_batches,
+            "rows": rows, "best": best}
+
+
+def format_networks(report: dict[str, Any]) -> str:
+    lines = [f"GPT-3 XL, {report['devices']} V100s, batch {report['batch_tokens']} tokens, {report['micro_batches']} "
+             "micro-batches per pipeline; simulated step seconds (H: DiLoCo's steps per round, 1: every step)",
+             f"{'network':<12} {'stages':>6} {'setting':<22} {'H':>4} {'step s':>9}"]
+    for r in report["rows"]:
+        lines.append(f"{r['network']:<12} {r['stages']:>6} {r['setting']:<22} {r['sync_every']:>4} {r['step_s']:9.2f}")
+    lines.append("best per network:")
+    for n, r in report["best"].items():
+        ratio = "" if r["vs_datacenter_best"] is None else f"  {r['vs_datacenter_best']:.2f}x the data center's best"
+        lines.append(f"  {n:<12} {r['step_s']:8.2f} s  ({r['stages']} stages, {r['setting']}, H {r['sync_every']}){ratio}")
+    return "\n".join(lines)
 
 
 def _parse(setting: str) -> tuple[str, str, bool]:
@@ -120,10 +159,25 @@ def format_report(report: dict[str, Any]) -> str:
               help="WIRE/SCHEDULE/overlap|no-overlap, comma-separated.")
 @click.option("--micro-batches", type=click.IntRange(min=1), default=8, show_default=True,
               help="Micro-batches per pipeline and step.")
+@click.option("--networks", help="With these networks (datacenter, worldwide, homes-1g, homes-100m, or another paper "
+              "network), every --stages count and --sync-every: a table of each and the best per network.")
+@click.option("--stages", "stage_counts", default=str(STAGES), show_default=True, help="With --networks: stage counts.")
+@click.option("--sync-every", "sync_everys", default="1", show_default=True,
+              help="With --networks: DiLoCo's steps per round to price (1: every-step sync).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
-def command(settings: str, micro_batches: int, as_json: bool) -> None:
+def command(settings: str, micro_batches: int, networks: str | None, stage_counts: str, sync_everys: str,
+            as_json: bool) -> None:  # fmt: skip
     chosen = tuple(s.strip() for s in settings.split(",") if s.strip())
     for s in chosen:
         _parse(s)
+    if networks is not None:
+        names = tuple(n.strip() for n in networks.split(",") if n.strip())
+        for n in names:
+            if n not in HOMES and n not in ALL_SCENARIOS:
+                raise click.BadParameter(f"unknown network {n!r}", param_hint="--networks")
+        report = measure_networks(names, tuple(int(v) for v in stage_counts.split(",")), chosen,
+                                  tuple(int(v) for v in sync_everys.split(",")), micro_batches)  # fmt: skip
+        click.echo(json.dumps(report) if as_json else format_networks(report))
+        return
     report = measure(chosen, micro_batches)
     click.echo(json.dumps(report) if as_json else format_report(report))

@@ -57,6 +57,25 @@ VOLUNTEER_CARDS: tuple[tuple[str, float, float], ...] = (
     ("A10", 125.0, 24.0),
     ("T4", 65.0, 16.0),
 )
+HOME_LATENCY_MS = (20.0, 150.0)  # ``homes``: a pair's latency, uniform in this range
+
+
+def homes(num_devices: int, bandwidth_gbps: float = 0.1, seed: int = 0) -> Cluster:
+    """``num_devices`` homes, one device each: every pair at ``bandwidth_gbps`` (100 Mbit/s by default) and a
+    latency drawn uniformly from 20–150 ms (symmetric; ``seed`` draws it). Each link is its own path here;
+    a home's uplink shared by its flows is not modelled yet, so the figures are optimistic."""
+    if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 2:
+        raise ValueError(f"homes: the number of devices must be an integer of at least 2, got {num_devices!r}")
+    if not bandwidth_gbps > 0:
+        raise ValueError(f"homes: bandwidth must be positive, got {bandwidth_gbps!r}")
+    rng = np.random.default_rng(seed)
+    upper = np.triu(rng.uniform(*HOME_LATENCY_MS, size=(num_devices, num_devices)), 1)
+    latency = upper + upper.T
+    bandwidth = np.full((num_devices, num_devices), float(bandwidth_gbps))
+    devices = [Device(name=f"home-{k}", region=f"home-{k}") for k in range(num_devices)]
+    return _finish(devices, latency, bandwidth)
+
+
 PAPER_DEVICES = 64
 PAPER_STAGES = 8
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from p2ptrain.bench.decentralisation import command, measure
+from p2ptrain.bench.decentralisation import command, measure, measure_networks
 from p2ptrain.bench.e2e import E2EConfig, parse_setting
+from p2ptrain.planning.scenarios import homes
 
 
 def test_compression_shrinks_the_world_wide_step_more_than_the_data_center_one():
@@ -35,3 +37,23 @@ def test_e2e_settings_are_checked(setting):
     with pytest.raises(ValueError, match="WIRE/SCHEDULE"):
         E2EConfig(scenario="worldwide", settings=("fp32/gpipe/overlap", setting))
     assert parse_setting("int4/1f1b/no-overlap") == ("int4", "1f1b", False)
+
+
+def test_homes_are_symmetric_pairs_of_home_latency_and_the_bandwidth_asked_for():
+    cluster = homes(16, 0.1, seed=3)
+    off = ~np.eye(16, dtype=bool)
+    assert np.array_equal(cluster.latency_ms, cluster.latency_ms.T)
+    assert (cluster.latency_ms[off] >= 20).all() and (cluster.latency_ms[off] <= 150).all()
+    assert (cluster.bandwidth_gbps[off] == 0.1).all()
+    assert np.array_equal(homes(16, 0.1, seed=3).latency_ms, cluster.latency_ms)  # seeded
+
+
+def test_diloco_and_fewer_stages_bring_homes_closer_to_the_data_center():
+    report = measure_networks(("datacenter", "homes-100m"), (8, 2), ("int4/1f1b/overlap",), (1, 50))
+    step = {(r["network"], r["stages"], r["sync_every"]): r["step_s"] for r in report["rows"]}
+    assert step[("homes-100m", 2, 50)] < step[("homes-100m", 2, 1)] < step[("homes-100m", 8, 1)]
+    assert step[("datacenter", 2, 50)] == pytest.approx(step[("datacenter", 2, 1)], rel=0.01)  # fast links: no gain
+    best = report["best"]
+    assert best["datacenter"]["vs_datacenter_best"] == 1.0
+    assert best["homes-100m"]["stages"] == 2 and best["homes-100m"]["sync_every"] == 50
+    assert best["homes-100m"]["vs_datacenter_best"] > 1.0
