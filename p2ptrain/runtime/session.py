@@ -70,6 +70,8 @@ class StageTrainer:
     ) -> StepResult:
         """Run step ``step`` of epoch ``epoch`` with the peers of ``topology``; every call under ``timeout_s``."""
         started = time.perf_counter()
+        if self.cfg.sync == "diloco" and self.cfg.diloco.round_ends(step, self.cfg.steps):
+            timeout_s *= self.cfg.diloco.inner_steps  # the group's other pipelines may be up to H - 1 steps behind
         transport.set_window(run, epoch, step)
         link = TransportStepLink(transport, run, epoch, step, timeout_s)
         outcome = self.executor.run_step(step, self.role, topology, link)

@@ -145,7 +145,10 @@ def run_worker(spec: WorkerSpec) -> None:
     transport = None
     try:
         emulator = LinkEmulator()
-        transport = Transport(spec.run, TransportConfig(call_timeout_s=spec.call_timeout_s), dht=dht, emulator=emulator)
+        # DiLoCo: pipelines drift apart within a round, up to H - 1 steps, and a round's end waits for the slowest
+        window = max(TransportConfig.step_window, cfg.diloco.inner_steps if cfg.sync == "diloco" else 0)
+        transport = Transport(spec.run, TransportConfig(call_timeout_s=spec.call_timeout_s, step_window=window),
+                              dht=dht, emulator=emulator)
         peer_id = str(transport.peer_id)
         topology, maddrs = rendezvous(dht, spec, peer_id, transport.visible_maddrs)
         for peer in topology.neighbours(topology.role_of(peer_id)):

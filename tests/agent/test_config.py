@@ -17,6 +17,7 @@ from p2ptrain.agent.leadership.plan_maker import run_workload
 from p2ptrain.agent.profile import CACHE_FILE, profile_device
 from p2ptrain.cli import main
 from p2ptrain.config import config_from_dict, read_toml
+from p2ptrain.errors import ConfigError
 from p2ptrain.planning import PAPER_WORKLOAD
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.swarm.launcher import (
@@ -118,3 +119,8 @@ def test_device_profile_is_measured_once_then_cached_per_device_and_version(tmp_
     (tmp_path / CACHE_FILE).write_text("{not json")  # a broken cache is measured again and rewritten
     assert not profile_device(torch.device("cpu"), cache_dir=tmp_path, measure_s=0.05).cached
     assert json.loads((tmp_path / CACHE_FILE).read_text()).keys() == {key}
+
+
+def test_an_agent_refuses_diloco_in_one_line():
+    with pytest.raises(ConfigError, match="agents synchronise every step for now"):
+        config_from_dict(AgentConfig, {"initial_peers": [BOOTSTRAP], "train": {"sync": "diloco"}})

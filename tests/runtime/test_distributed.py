@@ -17,6 +17,7 @@ from p2ptrain.model.stage import stage_state_dict
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.launcher import train_distributed
 from p2ptrain.runtime.reference import train_reference
+from p2ptrain.runtime.worker import LinkMatrices
 
 pytestmark = pytest.mark.integration
 
@@ -126,3 +127,22 @@ def test_a_quantised_wire_keeps_replicas_bit_identical(tmp_path):
     assert result.replicas_identical
     reference = train_reference(dataclasses.replace(cfg, stages=1, replicas=1))
     _assert_losses_match(result.losses, reference.losses, 0.02)
+
+
+@pytest.mark.timeout(240)
+def test_diloco_pipelines_drift_apart_within_a_round_and_meet_at_its_end(tmp_path):
+    """Pipeline 1's hop is slow (1.5 s emulated), so pipeline 0 reaches the round's end while pipeline 1 is
+    steps behind — more than the transport's usual window of 2: its pseudo-gradient shards wait in the
+    receiver's mailbox (the window is H under DiLoCo) and the round ends with the single-process losses."""
+    cfg = TrainConfig(steps=5, stages=2, replicas=2, global_batch_size=8, micro_batches=2, num_threads=1,
+                      sync="diloco", diloco=DiLoCoConfig(inner_steps=5))
+    slow = 1500.0
+    latency = ((0.0, 1.0, 1.0, 1.0), (1.0, 0.0, 1.0, 1.0), (1.0, 1.0, 0.0, slow), (1.0, 1.0, slow, 0.0))
+    bandwidth = tuple(tuple(10.0 for _ in range(4)) for _ in range(4))
+    links = LinkMatrices(latency, bandwidth, {"0/0": 0, "1/0": 1, "0/1": 2, "1/1": 3})
+    result = train_distributed(cfg, workdir=str(tmp_path), links=links)
+    reference = train_reference(dataclasses.replace(cfg, stages=1))
+    _assert_losses_match(result.losses, reference.losses, 1e-4)
+    assert result.replicas_identical
+    ends = {k: [e["time"] for e in _step_events(tmp_path, 0, k)] for k in (0, 1)}
+    assert ends[0][3] < ends[1][0]  # pipeline 0 was 4 steps ahead of pipeline 1 at one point

@@ -49,7 +49,7 @@ def training_digest(train: TrainConfig) -> str:
     """12 hex digits naming what every stage computes: shape, seed, optimizer, steps, initial weights."""
     what = {"shape": dataclasses.asdict(train.shape), "seed": train.seed, "steps": train.steps,
             "optimizer": dataclasses.asdict(train.optimizer), "precision": train.precision,
-            "init": train.init_digest}  # fmt: skip
+            "init": train.init_digest, "sync": train.sync, "diloco": dataclasses.asdict(train.diloco)}  # fmt: skip
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:12]
 
 
