@@ -1,7 +1,8 @@
 """DiLoCo's cost in quality: every-step synchronisation against DiLoCo rounds of H inner steps, the same model
 on the same prepared corpus for the same tokens, validation loss side by side over several seeds.
 
-    python benchmarks/diloco.py [--model tiny] [--steps 300] [--replicas 4] [--h 5,10,25] [--seeds 0,1,2]
+    python benchmarks/diloco.py [--model tiny] [--steps 300] [--replicas 4] [--h 5,10,25] [--outer 0.7:0.9,...]
+                                [--seeds 0,1,2]
                                 [--batch-size 16] [--data PREPARED] [--json]
 
 Each run is the single-process reference (``p2ptrain train --simulate-replicas D``, fp32: what a distributed
@@ -46,19 +47,22 @@ def _prepared(data: str | None, workdir: Path) -> str:
 @click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--micro-batches", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--h", "hs", default="5,10,25", show_default=True, help="Comma-separated inner steps per round.")
+@click.option("--outer", "outers", default="0.7:0.9", show_default=True,
+              help="Comma-separated outer lr:momentum pairs, each run with every H.")
 @click.option("--seeds", default="0,1,2", show_default=True)
 @click.option("--data", help="A prepared dataset (p2ptrain data prepare).  [default: the built-in corpus, prepared]")
 @click.option("--json", "as_json", is_flag=True)
-def command(model, steps, replicas, batch_size, micro_batches, hs, seeds, data, as_json):
+def command(model, steps, replicas, batch_size, micro_batches, hs, outers, seeds, data, as_json):
     logging.getLogger("p2ptrain").setLevel(logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp:
         data = _prepared(data, Path(tmp))
         base = TrainConfig(model=model, steps=steps, replicas=replicas, global_batch_size=batch_size,
                            micro_batches=micro_batches, data=data, eval_every=steps, num_threads=1, device="cpu")
+        pairs = [tuple(float(v) for v in pair.split(":")) for pair in outers.split(",")]
         settings = [("every-step", base)] + [
-            (f"diloco H={h}", TrainConfig(**{**base.__dict__, "sync": "diloco",
-                                             "diloco": DiLoCoConfig(inner_steps=int(h))}))
-            for h in hs.split(",")]  # fmt: skip
+            (f"H={h} {lr:g}/{m:g}", TrainConfig(**{**base.__dict__, "sync": "diloco", "diloco": DiLoCoConfig(
+                inner_steps=int(h), outer_lr=lr, outer_momentum=m)}))
+            for h in hs.split(",") for lr, m in pairs]  # fmt: skip
         rows = []
         for name, cfg in settings:
             losses, started = [], time.perf_counter()
@@ -79,9 +83,9 @@ def command(model, steps, replicas, batch_size, micro_batches, hs, seeds, data, 
         return
     click.echo(f"{model}, {steps} steps of {batch_size} sequences ({steps * batch_size * base.shape.seq_len:,} "
                f"tokens), {replicas} replicas, seeds {seeds}; validation loss after the last step:")
-    click.echo(f"{'setting':<14} {'val loss':>16} {'vs every-step':>14} {'outer rounds':>13}")
+    click.echo(f"{'setting':<18} {'val loss':>16} {'vs every-step':>14} {'outer rounds':>13}")
     for row in rows:
-        click.echo(f"{row['setting']:<14} {row['mean']:>8.4f} ± {row['spread']:.4f} {row['vs_every_step']:>13.3f}x "
+        click.echo(f"{row['setting']:<18} {row['mean']:>8.4f} ± {row['spread']:.4f} {row['vs_every_step']:>13.3f}x "
                    f"{row['rounds']:>13}")
 
 

@@ -329,9 +329,10 @@ class AgentConfig:
             raise ConfigError(str(e)) from None
         if not self.initial_peers:
             raise ConfigError("initial_peers is empty: give the bootstrap's address line (--initial-peers)")
-        if self.train.sync != "every-step":
-            raise ConfigError(f"[train] sync = {self.train.sync!r}: agents synchronise every step for now (DiLoCo "
-                              "rounds run in p2ptrain train, docs/home-links.md)")
+        if self.train.diloco_on and self.transport.step_window < self.train.diloco.inner_steps:
+            # pipelines of a DiLoCo round drift apart by up to H - 1 steps before its end joins them
+            object.__setattr__(self, "transport",
+                               dataclasses.replace(self.transport, step_window=self.train.diloco.inner_steps))
         if self.dht.initial_peers and self.dht.initial_peers != self.initial_peers:
             raise ConfigError("set initial_peers at the top level, not in [dht]")
         identity_path = os.path.expanduser(self.dht.identity_path) if self.dht.identity_path else None

@@ -151,7 +151,7 @@ def run_epoch(plan: PlanRecord, ctx: EpochContext, peers: dict[str, PeerRecord])
     ctx.set_status(TRAIN if ctx.me in topology.peers else IDLE, plan.epoch, plan.start_step)
     step_s = plan.cost_s * ctx.time_scale
     sender = BackupSender(ctx.transport, run, plan.epoch, ctx.state_timeout_s,
-                          lambda peer: copy_part_numel(ctx.link_bandwidth(peer), step_s))  # fmt: skip
+                          lambda peer: copy_part_numel(ctx.link_bandwidth(peer), step_s), cfg.diloco_on)  # fmt: skip
     receiver = _start_backup_receiver(plan, topology, cfg, ctx)
     try:
         return _run_epoch(plan, topology, cfg, ctx, peers, sender)
@@ -200,7 +200,8 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
             compute_cpu_s = trainer.executor.pacer.busy_cpu_s - busy_cpu_s  # its CPU time: less, where it waited
             last_end = time.perf_counter()
             done = step + 1
-            ctx.keeper.record(done, trainer.module, trainer.optimizer)
+            if cfg.committed(done):  # with DiLoCo: a round's end (the states re-plans restart from)
+                ctx.keeper.record(done, trainer.module, trainer.optimizer, trainer.executor.outer)
             ctx.set_status(TRAIN, plan.epoch, done)
             if result.loss is not None:
                 losses.append(result.loss)
@@ -249,7 +250,7 @@ def _serve_state(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Ep
             if peer != ctx.me:
                 _connect(ctx, peers, peer)
                 sends += send_state(ctx.transport, peer, ctx.dht.keys.run_id, plan.epoch, plan.start_step, tensors,
-                                    module, ctx.state_timeout_s, stage)
+                                    module, ctx.state_timeout_s, stage, cfg.diloco_on)
                 logger.info("epoch %d: sending stage %d's state after step %d to peer %s", plan.epoch, stage,
                             plan.start_step, peer)
         backup = plan.backup_of(stage)
@@ -281,14 +282,15 @@ def _start_backup_receiver(plan: PlanRecord, topology: Topology, cfg: TrainConfi
         return build_stage(cfg.shape, stage, cfg.stages, cfg.seed, torch.device("cpu"), cfg.layers)
 
     return BackupReceiver(ctx.transport, ctx.store, ctx.dht.keys.run_id, plan.epoch, plan.stages, senders,
-                          module_of, on_copy=ctx.on_copy, poll_s=ctx.poll_s).start()
+                          module_of, on_copy=ctx.on_copy, poll_s=ctx.poll_s, with_outer=cfg.diloco_on).start()
 
 
 def _copy(plan: PlanRecord, ctx: EpochContext, stage: int, replica: int, done: int, module: torch.nn.Module,
           sender: BackupSender) -> None:  # fmt: skip
-    """At a warm-copy step: our own state to our disk, and replica 0's to the stage's backup peer."""
+    """At a warm-copy step: our own state to our disk, and replica 0's to the stage's backup peer. With
+    DiLoCo only a round's end is one (the states of a round's inside are not restarted from)."""
     every = plan.backup_every
-    if not every or done % every:
+    if not every or done % every or not ctx.train.committed(done):
         return
     tensors = ctx.keeper.get(stage, plan.stages, done)
     assert tensors is not None  # just recorded
@@ -335,10 +337,11 @@ def _take_state(plan: PlanRecord, stage: int, trainer: StageTrainer, ctx: EpochC
     else:
         ctx.transport.set_window(ctx.dht.keys.run_id, plan.epoch, step)
         tensors = recv_state(ctx.transport, source, ctx.dht.keys.run_id, plan.epoch, step, trainer.module,
-                             ctx.state_timeout_s, stage)
+                             ctx.state_timeout_s, stage, trainer.cfg.diloco_on)
+    outer = trainer.executor.outer  # DiLoCo: the state is a round's end, whose parameters are the anchor
     if tensors is not None:
-        load_state_tensors(trainer.module, trainer.optimizer, tensors)
-    tensors = tensors if tensors is not None else state_tensors(trainer.module, trainer.optimizer)
+        load_state_tensors(trainer.module, trainer.optimizer, tensors, outer)
+    tensors = tensors if tensors is not None else state_tensors(trainer.module, trainer.optimizer, outer=outer)
     ctx.keeper.reset(stage, plan.stages, step, tensors)
     if step > 0:
         ctx.store.save_own(stage, plan.stages, step, tensors)  # a warm-copy step: the backups get it too
@@ -350,7 +353,7 @@ def _take_state(plan: PlanRecord, stage: int, trainer: StageTrainer, ctx: EpochC
 
 def _checkpoint(ctx: EpochContext, cfg: TrainConfig, stage: int, replica: int, done: int) -> None:
     every = ctx.checkpoint.every_steps
-    if not every or replica != 0 or done % every:
+    if not every or replica != 0 or done % every or not cfg.committed(done):  # DiLoCo: at rounds' ends only
         return
     tensors = ctx.keeper.get(stage, cfg.stages, done)
     assert tensors is not None

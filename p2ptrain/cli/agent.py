@@ -18,7 +18,14 @@ import click
 
 from p2ptrain.agent.config import STRATEGIES
 from p2ptrain.cli.bootstrap import _split
-from p2ptrain.cli.optimizer_options import INIT_FROM_HELP, RECIPES_HELP, optimizer_flags, optimizer_options
+from p2ptrain.cli.optimizer_options import (
+    INIT_FROM_HELP,
+    RECIPES_HELP,
+    diloco_flags,
+    optimizer_flags,
+    optimizer_options,
+    sync_options,
+)
 from p2ptrain.planning.model_shapes import MODEL_PRESETS
 
 
@@ -58,6 +65,7 @@ from p2ptrain.planning.model_shapes import MODEL_PRESETS
 @click.option("--region", help="Where this device is (free text shown in plans).")
 @click.option("--events-file", type=click.Path(dir_okay=False), help="Append one JSON line per event here.")
 @optimizer_options
+@sync_options
 @click.option("--init-from", type=click.Path(file_okay=False), help=INIT_FROM_HELP)
 def command(config_path: str | None, initial_peers: tuple[str, ...], run_id: str | None, stages: int | None,
             expect: int | None, join_deadline_s: float | None, min_peers: int | None, model: str | None,
@@ -66,7 +74,7 @@ def command(config_path: str | None, initial_peers: tuple[str, ...], run_id: str
             device: str | None, threads: int | None, strategy: str | None, identity: str | None,
             host_maddrs: tuple[str, ...], announce_maddrs: tuple[str, ...], reachability: str | None,
             relays: tuple[str, ...], join_token: str | None, region: str | None,
-            events_file: str | None, init_from: str | None, **optimizer: object) -> None:  # fmt: skip
+            events_file: str | None, init_from: str | None, sync: str | None, **optimizer: object) -> None:  # fmt: skip
     """Join a run through --initial-peers, profile, elect a leader, plan and train."""
     from p2ptrain.config import config_from_dict, read_toml
 
@@ -86,7 +94,9 @@ def command(config_path: str | None, initial_peers: tuple[str, ...], run_id: str
         ("dht", "relay", "reachability"): reachability, ("dht", "relay", "relays"): list(_split(relays)) or None,
         ("dht", "admission", "token"): join_token,
         ("train", "init_from"): str(Path(init_from).resolve()) if init_from else None,
+        ("train", "sync"): sync,
         **{("train", "optimizer", name): value for name, value in optimizer_flags(optimizer).items()},
+        **{("train", "diloco", name): value for name, value in diloco_flags(optimizer).items()},
     }  # fmt: skip
     for path, value in flags.items():
         if value is not None:

@@ -1,4 +1,5 @@
-"""The optimizer flags ``train``, ``swarm`` and ``agent`` share, and the presets' recipes for ``--help``."""
+"""The optimizer and synchronisation flags ``train``, ``swarm`` and ``agent`` share, and the presets' recipes for
+``--help``."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import click
 
 from p2ptrain.model.hyperparams import RECIPES, described
 from p2ptrain.model.lr_schedule import SCHEDULE_KINDS
+from p2ptrain.model.outer import SYNC_MODES, DiLoCoConfig
 
 NAMES = ("lr", "lr_schedule", "warmup_steps", "min_lr", "clip")
 
@@ -43,3 +45,29 @@ INIT_FROM_HELP = ("Start from these weights: a Hugging Face folder (GPT2LMHeadMo
 def optimizer_flags(values: dict[str, object]) -> dict[str, object]:
     """The ``[optimizer]`` keys the flags among ``values`` (a command's keyword arguments) set."""
     return {name: values[name] for name in NAMES if values.get(name) is not None}
+
+
+SYNC_NAMES = ("inner_steps", "outer_lr", "outer_momentum")
+
+
+def sync_options(command: Callable) -> Callable:
+    """Add ``--sync``, ``--inner-steps``, ``--outer-lr`` and ``--outer-momentum`` to ``command``."""
+    options = [
+        click.option("--sync", type=click.Choice(list(SYNC_MODES)),
+                     help="Data-parallel synchronisation: every step, or DiLoCo rounds (p2ptrain.model.outer).  "
+                          "[default: every-step]"),
+        click.option("--inner-steps", type=click.IntRange(min=1),
+                     help=f"DiLoCo: inner steps per round (H).  [default: {DiLoCoConfig.inner_steps}]"),
+        click.option("--outer-lr", type=click.FloatRange(min=0, min_open=True),
+                     help=f"DiLoCo: the outer Nesterov step's learning rate.  [default: {DiLoCoConfig.outer_lr}]"),
+        click.option("--outer-momentum", type=click.FloatRange(min=0, max=1, max_open=True),
+                     help=f"DiLoCo: the outer momentum.  [default: {DiLoCoConfig.outer_momentum}]"),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def diloco_flags(values: dict[str, object]) -> dict[str, object]:
+    """The ``[train.diloco]`` keys the flags among ``values`` (a command's keyword arguments) set."""
+    return {name: values[name] for name in SYNC_NAMES if values.get(name) is not None}

@@ -22,7 +22,14 @@ import sys
 import click
 
 from p2ptrain.agent.config import OBJECTIVE_NAMES, STRATEGIES
-from p2ptrain.cli.optimizer_options import INIT_FROM_HELP, RECIPES_HELP, optimizer_flags, optimizer_options
+from p2ptrain.cli.optimizer_options import (
+    INIT_FROM_HELP,
+    RECIPES_HELP,
+    diloco_flags,
+    optimizer_flags,
+    optimizer_options,
+    sync_options,
+)
 from p2ptrain.planning.model_shapes import MODEL_PRESETS
 from p2ptrain.planning.scenarios import ALL_SCENARIOS
 
@@ -51,6 +58,7 @@ from p2ptrain.planning.scenarios import ALL_SCENARIOS
               help="What the leader scores plans by: the paper's communication cost, or the simulated step time.")
 @click.option("--model", type=click.Choice(list(MODEL_PRESETS)), default="tiny", show_default=True)
 @optimizer_options
+@sync_options
 @click.option("--init-from", type=click.Path(file_okay=False), help=INIT_FROM_HELP)
 @click.option("--batch-size", type=click.IntRange(min=1),
               help="Global batch.  [default: matched to the paper's c_PP/c_DP when emulating a scenario, else 16]")
@@ -104,10 +112,11 @@ def command(ctx: click.Context, agents: int, stages: int, steps: int, scenario: 
             batch_size: int | None, micro_batches: int, wire: str, schedule: str, overlap: bool, seed: int, data: str | None, precision: str, eval_every: int, device: str, workdir: str | None, run_id: str | None,
             as_json: bool, kills: tuple, partitions: tuple, joins: tuple, checkpoint_every: int, resume: bool, call_timeout: float,
             peer_ttl: float, liveness: bool, warm_copies: bool, monitor_port: int | None,
-            init_from: str | None, **optimizer: object) -> None:  # fmt: skip
+            init_from: str | None, sync: str | None, **optimizer: object) -> None:  # fmt: skip
     """Start a bootstrap and N agents on this machine, train, and summarise."""
     from p2ptrain.lifecycle import StopSignal
     from p2ptrain.model.optim import OptimizerConfig
+    from p2ptrain.model.outer import DiLoCoConfig
     from p2ptrain.swarm.launcher import SwarmConfig, run_swarm
     from p2ptrain.swarm.report import SwarmDisplay, format_summary
 
@@ -123,6 +132,7 @@ def command(ctx: click.Context, agents: int, stages: int, steps: int, scenario: 
         checkpoint_every=checkpoint_every or eval_every, resume=resume, call_timeout_s=call_timeout, peer_ttl_s=peer_ttl,
         liveness=liveness, warm_copies=warm_copies, monitor_port=monitor_port,
         optimizer=OptimizerConfig(**optimizer_flags(optimizer)), init_from=init_from,
+        sync=sync or "every-step", diloco=DiLoCoConfig(**diloco_flags(optimizer)),
     )  # fmt: skip
     display = SwarmDisplay(sys.stderr)
     with StopSignal() as stop:

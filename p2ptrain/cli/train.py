@@ -27,7 +27,14 @@ import os
 
 import click
 
-from p2ptrain.cli.optimizer_options import INIT_FROM_HELP, RECIPES_HELP, optimizer_flags, optimizer_options
+from p2ptrain.cli.optimizer_options import (
+    INIT_FROM_HELP,
+    RECIPES_HELP,
+    diloco_flags,
+    optimizer_flags,
+    optimizer_options,
+    sync_options,
+)
 from p2ptrain.planning.model_shapes import MODEL_PRESETS
 
 
@@ -72,12 +79,7 @@ from p2ptrain.planning.model_shapes import MODEL_PRESETS
 @click.option(
     "--replicas", type=click.IntRange(min=1), help="Replicas per stage (distributed runtime).  [default: 1]"
 )
-@click.option("--sync", type=click.Choice(["every-step", "diloco"]),
-              help="Data-parallel synchronisation: every step, or DiLoCo rounds (p2ptrain.model.outer).  "
-                   "[default: every-step]")
-@click.option("--inner-steps", type=click.IntRange(min=1), help="DiLoCo: inner steps per round (H).  [default: 50]")
-@click.option("--outer-lr", type=click.FloatRange(min=0, min_open=True),
-              help="DiLoCo: the outer Nesterov step's learning rate.  [default: 0.7]")
+@sync_options
 @click.option("--simulate-replicas", type=click.IntRange(min=1),
               help="Train in this one process as D replicas would (the reference of --replicas D; with --sync "
                    "diloco, D models trained one after another).")
@@ -130,6 +132,7 @@ def command(
     sync: str | None,
     inner_steps: int | None,
     outer_lr: float | None,
+    outer_momentum: float | None,
     simulate_replicas: int | None,
     seed: int | None,
     data: str | None,
@@ -193,7 +196,7 @@ def command(
     optimizer = optimizer_flags(dict(lr=lr, lr_schedule=lr_schedule, warmup_steps=warmup_steps, min_lr=min_lr,
                                      clip=clip))  # fmt: skip
     # one tree, validated once: the preset's recipe fills what the file and the flags leave out of [optimizer]
-    diloco = {k: v for k, v in (("inner_steps", inner_steps), ("outer_lr", outer_lr)) if v is not None}
+    diloco = diloco_flags(dict(inner_steps=inner_steps, outer_lr=outer_lr, outer_momentum=outer_momentum))
     if simulate_replicas is not None:
         if replicas is not None or stages is not None or plan_path is not None:
             raise ValueError("--simulate-replicas trains in one process: leave out --stages, --replicas and --plan")

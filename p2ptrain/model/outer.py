@@ -50,6 +50,27 @@ class DiLoCoConfig:
         return (step + 1) % self.inner_steps == 0 or step + 1 == total_steps
 
 
+@dataclass(frozen=True)
+class Rounds:
+    """Where a run's *committed* states lie (the same on every replica of a stage: what re-plans restart
+    from): after every step (``length`` 1), or at DiLoCo's rounds' ends (every ``length`` steps, and the
+    run's last step ``total_steps``); step 0 always."""
+
+    length: int = 1
+    total_steps: int = 0
+
+    def committed(self, step: int) -> bool:
+        return self.length == 1 or step % self.length == 0 or step == self.total_steps
+
+    def next_committed(self, step: int) -> int:
+        """The first committed step at or after ``step`` (the run's last step at most)."""
+        up = -(-step // self.length) * self.length
+        return min(up, self.total_steps) if self.total_steps else up
+
+
+EVERY_STEP = Rounds()
+
+
 class OuterOptimizer:
     """The round-start parameters (the anchor) and the outer momentum of one stage (or the full model)."""
 
@@ -72,6 +93,21 @@ class OuterOptimizer:
             buf.mul_(m).add_(g)
             anchor.sub_(g.add(buf, alpha=m) if self.cfg.nesterov else buf, alpha=lr)
         self.reset(self.params)
+
+    def momentum_by_param(self) -> dict[torch.nn.Parameter, torch.Tensor]:
+        return dict(zip(self.params, self.momentum, strict=True))
+
+    @torch.no_grad()
+    def restart(self, momenta: dict[torch.nn.Parameter, torch.Tensor | None]) -> None:
+        """Start a round from the parameters as they are now (a state of a round's end was loaded into them):
+        they become the anchor; the outer momentum is ``momenta``'s (zero where it gives None)."""
+        for p, anchor, buf in zip(self.params, self.anchor, self.momentum, strict=True):
+            anchor.copy_(p.detach())
+            value = momenta.get(p)
+            if value is None:
+                buf.zero_()
+            else:
+                buf.copy_(value.to(buf.device, buf.dtype))
 
     @torch.no_grad()
     def reset(self, params: Sequence[torch.nn.Parameter]) -> None:

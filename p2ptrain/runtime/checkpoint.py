@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from p2ptrain.model.outer import OuterOptimizer
 from p2ptrain.planning.model_shapes import ModelShape
 
 logger = logging.getLogger(__name__)
@@ -37,12 +38,15 @@ logger = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 PARAM = "param/"
 ADAM_KEYS = ("exp_avg", "exp_avg_sq", "step")
+OUTER = "outer/momentum/"  # DiLoCo's outer momentum (``model.outer``), in states of round ends
 _STEP_DIR = re.compile(r"step-(\d{8})")
 
 
-def state_tensors(module: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
+def state_tensors(module: torch.nn.Module, optimizer: torch.optim.Optimizer, *, outer: OuterOptimizer | None = None,
                   non_blocking: bool = False) -> dict[str, torch.Tensor]:  # fmt: skip
-    """Parameters and AdamW moments of ``module``, by full-model name, as CPU tensors (copies).
+    """Parameters and AdamW moments of ``module``, by full-model name, as CPU tensors (copies); with
+    ``outer`` (DiLoCo) also its outer momentum. Taken at a round's end, the parameters are the outer
+    optimizer's anchor too, so parameters, inner moments and outer momentum are the whole state.
 
     ``non_blocking``: a GPU tensor is copied into pinned host memory without waiting for the copy, which runs
     on the current stream in its order: the caller orders it after the writes it should see and before the
@@ -57,6 +61,11 @@ def state_tensors(module: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
                 value = state[key]
                 value = value if isinstance(value, torch.Tensor) else torch.tensor(float(value))
                 out[f"adam/{key}/{name}"] = _host_copy(value, non_blocking).reshape(value.shape)
+    if outer is not None:
+        momentum = outer.momentum_by_param()
+        for name, param in module.named_parameters():
+            if param in momentum:
+                out[OUTER + name] = _host_copy(momentum[param], non_blocking)
     return out
 
 
@@ -71,12 +80,15 @@ def _host_copy(tensor: torch.Tensor, non_blocking: bool) -> torch.Tensor:
 
 
 def load_state_tensors(
-    module: torch.nn.Module, optimizer: torch.optim.Optimizer, tensors: Mapping[str, torch.Tensor]
+    module: torch.nn.Module, optimizer: torch.optim.Optimizer, tensors: Mapping[str, torch.Tensor],
+    outer: OuterOptimizer | None = None,
 ) -> None:
     """Load what ``state_tensors`` produced (from any partition) into ``module`` and its optimizer.
 
     Every parameter of the module must be present with its exact shape; the optimizer moments are loaded
-    when present (all of a parameter's, or none: a fresh optimizer state). A ValueError names what is off.
+    when present (all of a parameter's, or none: a fresh optimizer state). With ``outer`` (DiLoCo: a state
+    of a round's end) the parameters become its anchor and the outer momentum is loaded (zero where the
+    state has none: a state of a run that synchronised every step). A ValueError names what is off.
     """
     with torch.no_grad():
         for name, param in module.named_parameters():
@@ -96,15 +108,27 @@ def load_state_tensors(
                 key: tensors[f"adam/{key}/{name}"].to(param.device if key != "step" else "cpu").clone()
                 for key in ADAM_KEYS
             }
+    if outer is not None:
+        momenta = {}
+        for name, param in module.named_parameters():
+            value = tensors.get(OUTER + name)
+            if value is not None and tuple(value.shape) != tuple(param.shape):
+                raise ValueError(f"state's outer momentum of {name} has shape {tuple(value.shape)}, the stage holds "
+                                 f"{tuple(param.shape)}")
+            momenta[param] = value
+        outer.restart(momenta)
 
 
-def state_names(module: torch.nn.Module, with_optimizer: bool = True) -> list[str]:
-    """The state names of ``module`` in a fixed order (senders and receivers of a state agree on it)."""
+def state_names(module: torch.nn.Module, with_optimizer: bool = True, with_outer: bool = False) -> list[str]:
+    """The state names of ``module`` in a fixed order (senders and receivers of a state agree on it);
+    ``with_outer``: DiLoCo's outer momentum too."""
     names = []
     for name, _ in module.named_parameters():
         names.append(PARAM + name)
         if with_optimizer:
             names.extend(f"adam/{key}/{name}" for key in ADAM_KEYS)
+        if with_outer:
+            names.append(OUTER + name)
     return names
 
 

@@ -45,7 +45,7 @@ from typing import Literal
 
 from p2ptrain.model.data import check_split, data_vocab_size
 from p2ptrain.model.optim import OptimizerConfig
-from p2ptrain.model.outer import SYNC_MODES, DiLoCoConfig
+from p2ptrain.model.outer import EVERY_STEP, SYNC_MODES, DiLoCoConfig, Rounds
 from p2ptrain.model.stage import stage_layer_range
 from p2ptrain.planning.model_shapes import ModelShape, model_shape
 from p2ptrain.planning.split import check_layers
@@ -164,6 +164,20 @@ class TrainConfig:
     def micro_batch_size(self) -> int:
         """Sequences in one micro-batch: B / (D · M)."""
         return self.global_batch_size // (self.replicas * self.micro_batches)
+
+    @property
+    def diloco_on(self) -> bool:
+        return self.sync == "diloco"
+
+    @property
+    def rounds(self) -> Rounds:
+        """Where the run's committed states lie: after every step with every-step sync; with DiLoCo at rounds'
+        ends only, since inside a round each replica trains on its own shard."""
+        return Rounds(self.diloco.inner_steps, self.steps) if self.diloco_on else EVERY_STEP
+
+    def committed(self, done: int) -> bool:
+        """Whether the state after ``done`` completed steps is a committed one (``rounds``)."""
+        return self.rounds.committed(done)
 
     @property
     def is_distributed(self) -> bool:

@@ -21,10 +21,11 @@ the steps' times.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -44,6 +45,7 @@ from p2ptrain.model.loss import micro_batch_loss
 from p2ptrain.model.lr_schedule import set_lr
 from p2ptrain.model.optim import build_optimizer
 from p2ptrain.model.outer import OuterOptimizer
+from p2ptrain.model.stage import build_stage
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.init_from import load_initial
 
@@ -152,10 +154,25 @@ def accumulate_gradients(
     return total.item()
 
 
+@dataclass(frozen=True)
+class Replan:
+    """A re-plan of a DiLoCo run, as the agents make it (``agent.churn.restart``: redo the round with the
+    survivors): from ``start_step`` (a round's end) on, ``replicas`` pipelines, and every replica of stage j
+    (of ``stages``, cut by ``layers``) starts with the inner AdamW moments of the old replica ``sources[j]``
+    (the parameters and the outer momentum are the same on every replica at a round's end)."""
+
+    start_step: int
+    replicas: int
+    sources: tuple[int, ...]
+    stages: int
+    layers: tuple[tuple[int, int], ...] | None = None
+
+
 def train_reference(cfg: TrainConfig, on_step: Callable[[StepReport], None] | None = None,
-                    stop_after: int | None = None) -> TrainResult:
+                    stop_after: int | None = None, replans: Sequence[Replan] = ()) -> TrainResult:
     """Train ``cfg.steps`` steps in this process (only the first ``stop_after`` of them, at the rates of the whole
-    run's schedule, when given); ``on_step`` sees each step as it finishes."""
+    run's schedule, when given); ``on_step`` sees each step as it finishes. ``replans`` (DiLoCo only): the
+    re-plans of a distributed run to replay, in step order."""
     device = resolve_device(cfg.device)
     data = build_data(cfg)
     validation = build_validation(cfg) if cfg.eval_every else []
@@ -164,6 +181,13 @@ def train_reference(cfg: TrainConfig, on_step: Callable[[StepReport], None] | No
     val_losses: list[tuple[int, float]] = []
     grad_norms: list[float] = []
     diloco = cfg.sync == "diloco"
+    pending = sorted(replans, key=lambda r: r.start_step)
+    if pending and not diloco:
+        raise ValueError("replans are replayed for DiLoCo runs only (every-step runs do not depend on the plan)")
+    for replan in pending:
+        if not cfg.committed(replan.start_step) or replan.start_step >= cfg.steps:
+            raise ValueError(f"a re-plan at step {replan.start_step} is not at a round's end of the run")
+    replicas = cfg.replicas
     with torch_settings(cfg.num_threads, cfg.deterministic):
         # every-step: one model sums every replica's shard; DiLoCo: one model per replica, each on its shard
         models = [GPT(cfg.shape, seed=cfg.seed, device=device, precision=cfg.precision,
@@ -186,13 +210,16 @@ def train_reference(cfg: TrainConfig, on_step: Callable[[StepReport], None] | No
             f", DiLoCo rounds of {cfg.diloco.inner_steps}" if diloco else "",
         )
         for step in range(cfg.steps if stop_after is None else min(stop_after, cfg.steps)):
+            while pending and pending[0].start_step == step:
+                models, optimizers = _replay(pending.pop(0), models, optimizers, cfg)
+                replicas, outer.params = len(models), list(models[0].parameters())
             started = time.perf_counter()
             batch = data.global_batch(step)
             step_loss, norms = 0.0, []
             for replica, (model, optimizer) in enumerate(zip(models, optimizers, strict=True)):
                 if diloco:  # its own run: its shard, the mean over the shard's tokens
-                    step_loss += accumulate_gradients(model, shard_of(batch, replica, cfg.replicas), 1,
-                                                      cfg.micro_batches, data.tokens_per_batch // cfg.replicas)
+                    step_loss += accumulate_gradients(model, shard_of(batch, replica, replicas), 1,
+                                                      cfg.micro_batches, data.tokens_per_batch // replicas)
                 else:
                     step_loss += accumulate_gradients(model, batch, cfg.replicas, cfg.micro_batches,
                                                       data.tokens_per_batch)
@@ -237,6 +264,28 @@ def train_reference(cfg: TrainConfig, on_step: Callable[[StepReport], None] | No
         val_losses=val_losses,
         grad_norms=grad_norms,
     )
+
+
+def _replay(replan: Replan, models: list[GPT], optimizers: list, cfg: TrainConfig) -> tuple[list[GPT], list]:
+    """The replicas after ``replan``: copies of replica 0 (all equal at a round's end), each with the inner
+    moments of its stage's source replica."""
+    if len(replan.sources) != replan.stages or not all(0 <= r < len(models) for r in replan.sources):
+        raise ValueError(f"re-plan sources {replan.sources} name replicas outside 0..{len(models) - 1} or not one "
+                         f"per stage of {replan.stages}")
+    stage_of = {}
+    for j in range(replan.stages):
+        names = build_stage(cfg.shape, j, replan.stages, seed=0, device="meta", layers=replan.layers).state_dict()
+        stage_of.update(dict.fromkeys(names, j))
+    new_models = [models[0]] + [copy.deepcopy(models[0]) for _ in range(replan.replicas - 1)]
+    new_optimizers = [build_optimizer(m, cfg.optimizer) for m in new_models]
+    old_params = [dict(m.named_parameters()) for m in models]
+    for model, optimizer in zip(new_models, new_optimizers, strict=True):
+        for name, param in model.named_parameters():
+            source = replan.sources[stage_of[name]]
+            state = optimizers[source].state.get(old_params[source][name])
+            if state:
+                optimizer.state[param] = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+    return new_models, new_optimizers
 
 
 def reference_state(cfg: TrainConfig, steps: int) -> dict[str, torch.Tensor]:

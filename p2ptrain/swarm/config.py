@@ -14,6 +14,7 @@ from p2ptrain.agent.config import ObjectiveName, Strategy
 from p2ptrain.agent.events import EventReader
 from p2ptrain.errors import ConfigError
 from p2ptrain.model.optim import OptimizerConfig
+from p2ptrain.model.outer import DiLoCoConfig
 from p2ptrain.net.dht.keys import check_run_id
 from p2ptrain.net.transport.probe import ProbeConfig
 
@@ -62,6 +63,8 @@ class SwarmConfig:
     monitor_port: int | None = None  # also start ``p2ptrain monitor`` on this port (0: any free port); None: no
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)  # TrainConfig.optimizer: unsaid keys, the preset's
     init_from: str | None = None  # TrainConfig.init_from: start from a Hugging Face folder or a p2ptrain checkpoint
+    sync: str = "every-step"  # TrainConfig.sync: every step, or DiLoCo rounds (``diloco``)
+    diloco: DiLoCoConfig = field(default_factory=DiLoCoConfig)  # TrainConfig.diloco
 
     def __post_init__(self) -> None:
         self._check()

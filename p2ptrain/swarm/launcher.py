@@ -88,7 +88,7 @@ def plan_swarm(config: SwarmConfig) -> tuple[TrainConfig, Cluster | None, float,
                         stages=config.stages, wire=config.wire, schedule=config.schedule,
                         overlap=config.overlap, precision=config.precision, eval_every=config.eval_every,
                         data=str(Path(config.data).resolve()) if config.data else None,
-                        optimizer=config.optimizer,
+                        optimizer=config.optimizer, sync=config.sync, diloco=config.diloco,
                         init_from=str(Path(config.init_from).resolve()) if config.init_from else None)  # fmt: skip
     network = None
     if config.scenario is not None:

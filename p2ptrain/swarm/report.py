@@ -88,16 +88,16 @@ class SwarmState:
         The progress line shows these together: the step counter of ``steps_done`` runs ahead of the loss,
         since the first stage reports step N before the last stage has finished it."""
         for step, events in reversed(self._final_steps().items()):
-            loss = next((e["loss"] for e in events if e["loss"] is not None), None)
+            loss = _run_loss(events)
             if loss is not None:
                 return step, loss, max(e["step_time_s"] for e in events)
         return None
 
     def losses(self) -> list[float]:
-        """Per step from the run's start step on, the global loss (reported by the last stage)."""
+        """Per step from the run's start step on, the run's loss (reported by the last stages, ``_run_loss``)."""
         out = []
         for events in self._final_steps().values():
-            loss = next((e["loss"] for e in events if e["loss"] is not None), None)
+            loss = _run_loss(events)
             if loss is not None:
                 out.append(loss)
         return out
@@ -126,6 +126,16 @@ class SwarmState:
                 "warm_copies": event["plan"].get("warm_copies"),
             })  # fmt: skip
         return out
+
+
+def _run_loss(events: list[dict[str, Any]]) -> float | None:
+    """A step's loss from its last stages' step events: every-step sync gives each pipeline the global loss
+    (the same number); with DiLoCo each pipeline reports the loss on its own shard, and the run's is their
+    mean (``model.outer``)."""
+    losses = [e["loss"] for e in sorted(events, key=lambda e: e.get("replica") or 0) if e["loss"] is not None]
+    if not losses:
+        return None
+    return losses[0] if all(x == losses[0] for x in losses) else sum(losses) / len(losses)
 
 
 def summarize(state: SwarmState) -> dict[str, Any]:

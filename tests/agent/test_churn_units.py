@@ -25,6 +25,7 @@ from p2ptrain.agent.config import ChurnConfig
 from p2ptrain.agent.leadership.election import finished_without, latest_plan
 from p2ptrain.agent.leadership.plan_maker import replicas_for
 from p2ptrain.model.optim import build_optimizer
+from p2ptrain.model.outer import Rounds
 from p2ptrain.model.stage import build_stage
 from p2ptrain.net.dht.records import SOURCE_CHECKPOINT, PlanRecord, ProgressRecord, RecordError
 from p2ptrain.net.identity import generate_identity
@@ -322,3 +323,45 @@ def test_a_receiver_that_never_takes_up_the_plan_is_the_one_a_refused_hand_over_
         errors = [f.exception(timeout=20) for f in futures]
         assert all(isinstance(e, PeerFailed) for e in errors), errors
         assert {blamed_peer(e, plan) for e in errors} == {None}
+
+
+# ---- DiLoCo: committed states are rounds' ends ----------------------------------------------------------
+
+ROUNDS = Rounds(length=3, total_steps=10)  # rounds end after steps 3, 6, 9 and 10
+
+
+def test_a_diloco_restart_is_the_last_rounds_end_every_stage_holds():
+    # stage 0's survivor kept rounds' ends 3 and 6, stage 1's only 3 (it died inside round 2's all-reduce)
+    holdings = {A: holding_of(PLAN, A, 6, 2, 0, ROUNDS), C: holding_of(PLAN, C, 3, 2, 1, ROUNDS)}
+    assert holdings[A] == Holding(0, 3, 6) and holdings[C] == Holding(1, 0, 3)
+    restart = restart_point(2, holdings, rounds=ROUNDS)
+    assert restart.step == 3 and restart.sources == (A, C)
+    # a checkpoint inside a round is no state to restart from; steps between kept rounds' ends neither
+    assert restart_point(2, {A: Holding(0, 3, 6)}, checkpoints=[5], rounds=ROUNDS).step == 0
+    assert restart_point(1, {A: Holding(0, 3, 6)}, rounds=ROUNDS).step == 6
+    assert restart_point(1, {A: Holding(0, 4, 5)}, rounds=ROUNDS).step == 0
+
+
+def test_a_diloco_join_waits_for_a_rounds_end():
+    assert [join_start([s], rounds=ROUNDS) for s in (0, 1, 2, 4, 7, 8)] == [3, 3, 6, 6, 9, 10]
+    assert [s for s in range(11) if ROUNDS.committed(s)] == [0, 3, 6, 9, 10]
+    # no join re-plan when the next round's end is the run's last step
+    watch = ReplanWatch(ChurnConfig(join_min_new_peers=1), ROUNDS)
+    progress = {p: ProgressRecord(1, 8, None, 0.1) for p in (A, B, C, D)}
+    assert watch.check(PLAN, [A, B, C, D, E, F], progress, 10, [], now=0.0) is None
+    progress = {p: ProgressRecord(1, 4, None, 0.1) for p in (A, B, C, D)}
+    assert watch.check(PLAN, [A, B, C, D, E, F], progress, 10, [], now=0.0).kind == JOIN
+
+
+def test_the_keeper_states_of_a_diloco_run_carry_the_outer_momentum():
+    from p2ptrain.model.outer import DiLoCoConfig, OuterOptimizer
+
+    cfg, module, optimizer = trained_stage(2)
+    outer = OuterOptimizer(list(module.parameters()), DiLoCoConfig(inner_steps=2))
+    outer.step(outer.pseudo_gradients())
+    keeper = StateKeeper()
+    keeper.reset(0, 2, 0, state_tensors(module, optimizer))
+    keeper.record(2, module, optimizer, outer)
+    kept = keeper.get(0, 2, 2)
+    names = [n for n in kept if n.startswith("outer/momentum/")]
+    assert len(names) == len(list(module.parameters()))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import logging
 import time
@@ -14,6 +15,7 @@ import torch
 from hivemind.p2p import P2PContext
 from hivemind.proto import runtime_pb2
 from hivemind.utils import get_dht_time
+from net_recorders import RecordingEmulator
 
 from p2ptrain.errors import MessageRejected, PeerFailed, PeerTimeoutError
 from p2ptrain.net.transport.endpoint import Transport, TransportConfig
@@ -402,3 +404,77 @@ def test_a_message_cut_off_midway_closes_only_its_stream_and_frees_the_receiver(
     while receiver.mailbox.held_bytes and time.monotonic() < deadline_s:
         time.sleep(0.05)
     assert receiver.mailbox.held_bytes == 0
+
+
+ACCESS_BYTES_PER_S = 4e6  # U or D: 4 MB/s
+ACCESS_MESSAGE = 4_000_000  # bytes per flow: the access link's model takes 1 s per flow, 2 s for both
+ACCESS_SLACK_S = 0.5  # beyond 25% more than the model: room for a busy machine, not for a second flow's 1 s
+
+
+def delivery_times(receivers: list[tuple[Transport, Tag, Transport]]) -> list[concurrent.futures.Future]:
+    """Receive ``tag`` from ``sender`` on each ``(receiver, tag, sender)``: futures of when (monotonic) each
+    message was handed on, noted on the receiver's loop as it is."""
+    times = []
+    for receiver, tag, sender in receivers:
+        done: concurrent.futures.Future[float] = concurrent.futures.Future()
+
+        def noted(receiving: concurrent.futures.Future, done=done) -> None:
+            if receiving.exception() is None:
+                done.set_result(time.monotonic())
+            else:
+                done.set_exception(receiving.exception())
+
+        receiving = receiver.recv_async(tag, sender.peer_id, (ACCESS_MESSAGE // 4,), torch.float32)
+        receiving.add_done_callback(noted)
+        times.append(done)
+    return times
+
+
+def test_an_uplink_carries_a_peers_flows_to_two_peers_one_after_the_other(make_transport):
+    """A sender with U = 4 MB/s below both pair links (β = 5U, α = 50 ms) sends 4 MB to each of two peers at
+    once. The uplink is one FIFO: the second message starts when the first has left the uplink, so the two
+    take 2n/U + α in all. Bounds: no message is handed on before its booked arrival (n/U + α, 2n/U + α
+    after the sends), and both are in within 25% + 0.5 s of the model, well short of one more n/U."""
+    receivers = [make_transport(), make_transport()]
+    sender = make_transport(join=receivers[0], emulator=RecordingEmulator())
+    sender.connect(receivers[1].peer_id, receivers[1].visible_maddrs)
+    for receiver in receivers:  # connections and streams set up
+        sender.send(receiver.peer_id, Tag(RUN, 0, 0, "warmup"), torch.zeros(1))
+        receiver.recv(Tag(RUN, 0, 0, "warmup"), sender.peer_id, (1,), torch.float32)
+        sender.emulator.set_link(str(receiver.peer_id), 0.05, 5 * ACCESS_BYTES_PER_S)
+    sender.emulator.set_access(uplink_bytes_per_s=ACCESS_BYTES_PER_S)
+    tag, serial_s = Tag(RUN, 0, 0, MessageKind.ACTIVATION), ACCESS_MESSAGE / ACCESS_BYTES_PER_S
+    times = delivery_times([(receiver, tag, sender) for receiver in receivers])
+    message = torch.zeros(ACCESS_MESSAGE // 4)
+    sent_s = time.monotonic()
+    sendings = [sender.send_async(receiver.peer_id, tag, message) for receiver in receivers]
+    for sending in sendings:
+        sending.result(timeout=20)
+    delivered_s = sorted(done.result(timeout=20) - sent_s for done in times)
+    first, second = (booked.slot for booked in sender.emulator.booked)
+    assert second.start_s == pytest.approx(first.start_s + serial_s, rel=1e-9)  # behind the first: the uplink
+    assert second.arrive_s - first.arrive_s == pytest.approx(serial_s, rel=1e-9)
+    assert delivered_s[0] >= serial_s + 0.05 and delivered_s[1] >= 2 * serial_s + 0.05, delivered_s
+    assert delivered_s[1] <= 1.25 * (2 * serial_s + 0.05) + ACCESS_SLACK_S, delivered_s
+
+
+def test_a_downlink_delivers_two_senders_messages_one_after_the_other(make_transport):
+    """Two unshaped senders send 4 MB each at once to a receiver whose downlink is D = 4 MB/s: its downlink
+    (one FIFO, booked as each message's first bytes come in) hands the first on no earlier than n/D after the
+    sends and the second no earlier than 2n/D; both are in within 25% + 0.5 s of the model's 2n/D."""
+    receiver = make_transport()
+    senders = [make_transport(join=receiver), make_transport(join=receiver)]
+    for sender in senders:
+        sender.send(receiver.peer_id, Tag(RUN, 0, 0, "warmup"), torch.zeros(1))
+        receiver.recv(Tag(RUN, 0, 0, "warmup"), sender.peer_id, (1,), torch.float32)
+    receiver.emulator.set_access(downlink_bytes_per_s=ACCESS_BYTES_PER_S)
+    tag, serial_s = Tag(RUN, 0, 0, MessageKind.ACTIVATION), ACCESS_MESSAGE / ACCESS_BYTES_PER_S
+    times = delivery_times([(receiver, tag, sender) for sender in senders])
+    message = torch.zeros(ACCESS_MESSAGE // 4)
+    sent_s = time.monotonic()
+    sendings = [sender.send_async(receiver.peer_id, tag, message) for sender in senders]
+    for sending in sendings:
+        sending.result(timeout=20)
+    delivered_s = sorted(done.result(timeout=20) - sent_s for done in times)
+    assert delivered_s[0] >= serial_s and delivered_s[1] >= 2 * serial_s, delivered_s
+    assert delivered_s[1] <= 1.25 * 2 * serial_s + ACCESS_SLACK_S, delivered_s

@@ -15,7 +15,8 @@ namespace, so nothing here can route to the machine's real network):
   (10.201.k.2, default route through the router). The router masquerades the LAN behind its WAN address
   and drops every new inbound connection (conntrack: only replies come in), like a home router with no
   port forwarded. ``uplink_mbit`` shapes the router's WAN egress with a token bucket (``tc tbf``; this
-  kernel has no netem, so latency is not added here).
+  kernel has no netem, so latency is not added here); ``downlink_mbit`` its LAN egress alike, the traffic
+  toward the home host.
 
 Teardown (``close``, also on failure): every process still running inside the namespaces is killed, then
 each namespace is deleted, which removes its veths, its qdiscs and its iptables rules with it.
@@ -126,7 +127,7 @@ class Network:
         self.hosts.append(host)
         return host
 
-    def home(self, role: str, uplink_mbit: float | None = None) -> Host:
+    def home(self, role: str, uplink_mbit: float | None = None, downlink_mbit: float | None = None) -> Host:
         """A host behind its own NAT router: it can dial out, nobody can dial in."""
         k = self._next_home
         self._next_home += 1
@@ -152,6 +153,8 @@ class Network:
         self._ns_run(router, *ipt, "-A", "INPUT", "-i", "wan0", "-j", "DROP")
         if uplink_mbit is not None:
             shape(router, "wan0", uplink_mbit)
+        if downlink_mbit is not None:
+            shape(router, "lan0", downlink_mbit)
         host = Host(ns, f"{lan}.2", router=router, public_address=wan_address)
         self.hosts.append(host)
         return host

@@ -81,3 +81,27 @@ def test_a_state_missing_a_parameter_is_refused():
     tensors.pop("param/ln_f.weight")
     with pytest.raises(ValueError, match="no parameter ln_f.weight"):
         load_state_tensors(module, optimizer, tensors)
+
+
+def test_a_diloco_state_carries_the_outer_momentum_and_restarts_the_round_from_its_parameters():
+    from p2ptrain.model.outer import DiLoCoConfig, OuterOptimizer
+
+    module, optimizer = _fresh()
+    outer = OuterOptimizer(list(module.parameters()), DiLoCoConfig(inner_steps=2))
+    data = build_data(dataclasses.replace(CFG))
+    _train(module, optimizer, data, range(2))
+    outer.step(outer.pseudo_gradients())  # a round's end: momentum set, parameters = the new anchor
+    tensors = state_tensors(module, optimizer, outer=outer)
+    assert sorted(tensors) == sorted(state_names(module, with_outer=True))
+    fresh, fresh_optimizer = _fresh()
+    fresh_outer = OuterOptimizer(list(fresh.parameters()), DiLoCoConfig(inner_steps=2))
+    load_state_tensors(fresh, fresh_optimizer, tensors, fresh_outer)
+    for ours, theirs in ((outer.momentum, fresh_outer.momentum), (outer.anchor, fresh_outer.anchor)):
+        assert all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
+    assert any(bool(m.abs().sum() > 0) for m in fresh_outer.momentum)
+    # a state without momentum (an every-step run's) starts it at zero; a wrong shape is refused
+    load_state_tensors(fresh, fresh_optimizer, state_tensors(module, optimizer), fresh_outer)
+    assert all(not bool(m.any()) for m in fresh_outer.momentum)
+    tensors["outer/momentum/ln_f.weight"] = torch.zeros(3)
+    with pytest.raises(ValueError, match="outer momentum of ln_f.weight has shape"):
+        load_state_tensors(fresh, fresh_optimizer, tensors, fresh_outer)

@@ -28,8 +28,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from p2ptrain.agent.churn.restart import Holding, Restart, copies_of, holding_of, restart_point
+from p2ptrain.agent.churn.restart import Holding, Restart, copies_of, holding_of, join_start, restart_point
 from p2ptrain.agent.config import ChurnConfig
+from p2ptrain.model.outer import EVERY_STEP, Rounds
 from p2ptrain.net.dht.records import PlanRecord, ProgressRecord
 from p2ptrain.net.transport.status import FAIL, HALT, PeerStatus
 
@@ -55,8 +56,9 @@ class Replan:
 class ReplanWatch:
     """The leader's view of the epoch being trained; ``check`` says when and how to re-plan."""
 
-    def __init__(self, churn: ChurnConfig):
+    def __init__(self, churn: ChurnConfig, rounds: Rounds = EVERY_STEP):
         self.churn = churn
+        self.rounds = rounds  # where committed states lie (DiLoCo: rounds' ends), ``model.outer.Rounds``
         self.note = ""  # what the watch waits for (for the log)
         self._failure_since: float | None = None
         self._joiners_since_step: int | None = None
@@ -94,8 +96,8 @@ class ReplanWatch:
         self._failure_since, self._blamed_since = None, {}
         # the epoch's start is progress its trainers hold before any of them says so (``churn.join_start``)
         furthest = max([r.step for r in ours.values()] + ([done] if done is not None else []) + [plan.start_step])
-        if furthest + 2 >= steps:
-            return None  # a re-plan point (``churn.join_start``) would come after the last step
+        if join_start([furthest], rounds=self.rounds) >= steps:
+            return None  # a re-plan point (``churn.join_start``) would come at or after the last step
         keepers = {plan.backup_of(j) for j in range(plan.stages)} - {None}
         lost_keepers = sorted(keepers - live - trainers)
         if lost_keepers:  # training goes on, but a stage has one copy fewer: re-plan at the next point
@@ -140,9 +142,9 @@ class ReplanWatch:
         holdings: dict[str, list[Holding]] = {}
         for peer, record in [*halted.items(), *finished.items()]:
             kept = record.kept if record.halted else self.churn.keep_states
-            holding = holding_of(plan, peer, record.step, kept, record.stage if record.halted else None)
+            holding = holding_of(plan, peer, record.step, kept, record.stage if record.halted else None, self.rounds)
             holdings[peer] = ([holding] if holding is not None else []) + copies_of(record.holds)
-        restart = restart_point(plan.stages, holdings, checkpoints)
+        restart = restart_point(plan.stages, holdings, checkpoints, self.rounds)
         why = f"peer(s) {', '.join(dead)} left" if dead else f"a step failed on {len(halted)} trainer(s)"
         if restart.lost_stages:
             why += f"; every replica of stage(s) {', '.join(map(str, restart.lost_stages))} was lost"

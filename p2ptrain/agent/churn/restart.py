@@ -19,6 +19,17 @@ the warm copies they hold (``ProgressRecord.holds``: other stages' states sent t
 shared directory: the largest step for which every stage has a source. When every replica of a stage is
 gone, that is its last warm copy's step (every trainer keeps its own state at those steps too), else the
 last complete checkpoint, else step 0 (the seed).
+
+DiLoCo (``[train] sync = "diloco"``): inside a round each replica trains on its own shard, so replicas of a
+stage agree only at a round's end (after the outer step), and those are the only committed states
+(``Rounds``): trainers keep their last two rounds' ends, warm copies and checkpoints are taken at rounds'
+ends, and a re-plan restarts from one. The same argument bounds what they keep: a round's end needs every
+replica of the stage (the pseudo-gradients' all-reduce), so trainers' completed-round counts differ by at
+most one. The rule is *redo the round with the survivors*: what a round's inside computed is dropped and
+the round is trained again by the new plan's pipelines on their new shards; every replica of a stage starts
+it with the parameters (= the outer anchor) and outer momentum all replicas share and the inner AdamW moments
+of the stage's source (one replica's: replicas' inner moments differ), which a single-process reference can
+replay (``reference.train_reference``'s ``replans``). Joiners enter at a round's end (``join_start``).
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
+from p2ptrain.model.outer import EVERY_STEP, Rounds
 from p2ptrain.net.dht.records import SOURCE_CHECKPOINT, SOURCE_INIT, PlanRecord
 
 CHECKPOINT = "checkpoint"
@@ -64,12 +76,12 @@ class Restart:
 
 
 def restart_point(num_stages: int, holdings: Mapping[str, Holding | Collection[Holding]],
-                  checkpoints: Iterable[int] = ()) -> Restart:  # fmt: skip
-    """The largest step every stage can start from: a live holder (a trainer's kept state before a warm
-    copy, then the lowest peer ID), else a complete checkpoint of that step, else the seed at step 0."""
+                  checkpoints: Iterable[int] = (), rounds: Rounds = EVERY_STEP) -> Restart:  # fmt: skip
+    """The largest committed step every stage can start from: a live holder (a trainer's kept state before
+    a warm copy, then the lowest peer ID), else a complete checkpoint of that step, else the seed at 0."""
     held = [(p, h) for p, hs in holdings.items() for h in ([hs] if isinstance(hs, Holding) else hs)]
-    checkpoint_steps = set(checkpoints)
-    candidates = {0} | checkpoint_steps | {s for _, h in held for s in range(h.first, h.last + 1)}
+    checkpoint_steps = {s for s in checkpoints if rounds.committed(s)}
+    candidates = {0} | checkpoint_steps | {s for _, h in held for s in range(h.first, h.last + 1) if rounds.committed(s)}
     lost = tuple(j for j in range(num_stages) if not any(h.stage == j and not h.copy for _, h in held))
     for step in sorted(candidates, reverse=True):
         sources, from_copy = [], []
@@ -90,17 +102,19 @@ def restart_point(num_stages: int, holdings: Mapping[str, Holding | Collection[H
     raise AssertionError("step 0 always has a source")  # unreachable: the seed covers step 0
 
 
-def holding_of(plan: PlanRecord, peer: str, step: int, kept: int, stage: int | None = None) -> Holding | None:
-    """What ``peer`` keeps after halting in ``plan``'s epoch: ``kept`` states up to ``step`` of ``stage``
-    (None: of its stage in ``plan``, from the epoch's start on)."""
+def holding_of(plan: PlanRecord, peer: str, step: int, kept: int, stage: int | None = None,
+               rounds: Rounds = EVERY_STEP) -> Holding | None:  # fmt: skip
+    """What ``peer`` keeps after halting in ``plan``'s epoch: ``kept`` committed states up to ``step`` of
+    ``stage`` (None: of its stage in ``plan``, from the epoch's start on)."""
     if kept < 1:
         return None
+    first = step - (kept - 1) * rounds.length
     if stage is not None:
-        return Holding(stage, step - kept + 1, step) if stage < plan.stages else None
+        return Holding(stage, first, step) if stage < plan.stages else None
     position = plan.position_of(peer)
     if position is None:
         return None
-    return Holding(position[1], max(step - kept + 1, plan.start_step), step)
+    return Holding(position[1], max(first, plan.start_step), step)
 
 
 def source_indices(sources: Iterable[str], membership: tuple[str, ...]) -> tuple[int, ...]:
@@ -121,10 +135,11 @@ def source_of(plan: PlanRecord, stage: int) -> str:
     return plan.membership[code]
 
 
-def join_start(done_by_peer: Iterable[int], epoch_start: int = 0) -> int:
+def join_start(done_by_peer: Iterable[int], epoch_start: int = 0, rounds: Rounds = EVERY_STEP) -> int:
     """Where an epoch that admits joiners starts while the current one still trains: two steps past the
     furthest progress seen. Nobody can complete a step beyond it (it needs every trainer, and each stops
     there), and every trainer then holds it, so no state is lost and no step is redone. The current epoch's
     start step counts as progress: its trainers hold it before any of them has said so (a leader new to the
-    epoch may read no progress of it yet, and must not start the next epoch behind it)."""
-    return max([*done_by_peer, epoch_start]) + 2
+    epoch may read no progress of it yet, and must not start the next epoch behind it). With DiLoCo: the
+    first round's end from there (``Rounds.next_committed``)."""
+    return rounds.next_committed(max([*done_by_peer, epoch_start]) + 2)

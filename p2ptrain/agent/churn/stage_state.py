@@ -22,10 +22,11 @@ from concurrent.futures import Future
 import torch
 
 from p2ptrain.errors import MessageRejected, PeerFailed
+from p2ptrain.model.outer import OuterOptimizer
 from p2ptrain.net.transport.endpoint import Transport
 from p2ptrain.net.transport.messages import MessageKind, Refusal, Tag
 from p2ptrain.runtime.allreduce import flatten, shard_bounds
-from p2ptrain.runtime.checkpoint import ADAM_KEYS, PARAM, state_names, state_tensors
+from p2ptrain.runtime.checkpoint import ADAM_KEYS, OUTER, PARAM, state_names, state_tensors
 
 logger = logging.getLogger(__name__)
 
@@ -61,16 +62,18 @@ class StateKeeper:
         self._states = OrderedDict([(step, tensors)])
         self._copying = {}
 
-    def record(self, step: int, module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    def record(self, step: int, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
+               outer: OuterOptimizer | None = None) -> None:  # fmt: skip
+        """Keep the state after ``step`` (with DiLoCo: a round's end, its outer momentum with it)."""
         device = next((p.device for p in module.parameters()), torch.device("cpu"))
         if device.type != "cuda":
-            self._states[step] = state_tensors(module, optimizer)
+            self._states[step] = state_tensors(module, optimizer, outer=outer)
         else:
             stream = self._streams.get(device) or self._streams.setdefault(device, torch.cuda.Stream(device))
             stream.wait_stream(torch.cuda.current_stream(device))  # after the optimizer step
             with torch.cuda.stream(stream):
-                self._states[step] = state_tensors(module, optimizer, non_blocking=True)
-                for tensor in _sources(module, optimizer):
+                self._states[step] = state_tensors(module, optimizer, outer=outer, non_blocking=True)
+                for tensor in _sources(module, optimizer, outer):
                     tensor.record_stream(stream)  # not reused by the allocator before the copy is done
             event = torch.cuda.Event()
             event.record(stream)
@@ -126,21 +129,26 @@ class StateKeeper:
         return h.hexdigest()
 
 
-def _sources(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    """The device tensors a state copy reads: parameters and their optimizer state."""
+def _sources(module: torch.nn.Module, optimizer: torch.optim.Optimizer,
+             outer: OuterOptimizer | None) -> list[torch.Tensor]:  # fmt: skip
+    """The device tensors a state copy reads: parameters, their optimizer state, the outer momentum."""
     out = []
     for param in module.parameters():
         out.append(param)
         out.extend(v for v in optimizer.state.get(param, {}).values() if isinstance(v, torch.Tensor) and v.is_cuda)
-    return out
+    return out + (list(outer.momentum) if outer is not None else [])
 
 
-def state_shapes(module: torch.nn.Module, with_optimizer: bool) -> list[tuple[str, tuple[int, ...]]]:
+def state_shapes(module: torch.nn.Module, with_optimizer: bool,
+                 with_outer: bool = False) -> list[tuple[str, tuple[int, ...]]]:  # fmt: skip
+    """``state_names`` with each tensor's shape; ``with_outer``: DiLoCo's outer momentum too."""
     params = dict(module.named_parameters())
     out = []
-    for name in state_names(module, with_optimizer):
+    for name in state_names(module, with_optimizer, with_outer):
         if name.startswith(PARAM):
             out.append((name, tuple(params[name[len(PARAM):]].shape)))
+        elif name.startswith(OUTER):
+            out.append((name, tuple(params[name[len(OUTER):]].shape)))
         else:
             _, key, param_name = name.split("/", 2)
             assert key in ADAM_KEYS
@@ -154,14 +162,14 @@ def state_parts(numel: int) -> list[tuple[int, int]]:
 
 def send_state(
     transport: Transport, peer: str, run: str, epoch: int, step: int, tensors: dict[str, torch.Tensor],
-    module: torch.nn.Module, timeout_s: float, stage: int = 0,
+    module: torch.nn.Module, timeout_s: float, stage: int = 0, with_outer: bool = False,
 ) -> list[Future]:  # fmt: skip
     """Send ``tensors`` (a state of stage ``stage``, which ``module`` is) to ``peer``; futures of the sends.
     The stage goes in the tags' micro-batch field: one peer may send several stages to the same receiver.
 
     A receiver still in an older epoch may refuse a message as too far ahead; the send is retried until
     ``timeout_s`` (it moves its window when it takes up the new plan)."""
-    names = [n for n, _ in state_shapes(module, with_optimizer=step > 0)]
+    names = [n for n, _ in state_shapes(module, with_optimizer=step > 0, with_outer=with_outer and step > 0)]
     flat = flatten([tensors[n] for n in names])
     futures = []
     for part, (start, end) in enumerate(state_parts(flat.numel())):
@@ -224,10 +232,11 @@ class _Refusals:
 
 def recv_state(
     transport: Transport, peer: str, run: str, epoch: int, step: int, module: torch.nn.Module, timeout_s: float,
-    stage: int = 0,
+    stage: int = 0, with_outer: bool = False,
 ) -> dict[str, torch.Tensor]:
-    """The state of ``module``'s stage (``stage``) after ``step`` steps, from ``peer`` (see ``send_state``)."""
-    shapes = state_shapes(module, with_optimizer=step > 0)
+    """The state of ``module``'s stage (``stage``) after ``step`` steps, from ``peer`` (see ``send_state``);
+    ``with_outer``: a DiLoCo run's, with the outer momentum."""
+    shapes = state_shapes(module, with_optimizer=step > 0, with_outer=with_outer and step > 0)
     numel = sum(int(torch.Size(s).numel()) for _, s in shapes)
     pieces = [
         transport.recv(Tag(run, epoch, step, MessageKind.STATE, stage, part), peer, (end - start,), torch.float32, timeout_s)

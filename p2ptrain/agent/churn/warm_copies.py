@@ -82,9 +82,11 @@ class BackupSender:
     the next one to it is due makes the next one skip (the receiver keeps the newest it got)."""
 
     def __init__(self, transport: Transport, run: str, epoch: int, timeout_s: float,
-                 part_numel: Callable[[str], int] = lambda peer: PART_NUMEL):  # fmt: skip
-        """``part_numel(peer)``: the elements per part of a copy to ``peer`` (``copy_part_numel``)."""
+                 part_numel: Callable[[str], int] = lambda peer: PART_NUMEL, with_outer: bool = False):  # fmt: skip
+        """``part_numel(peer)``: the elements per part of a copy to ``peer`` (``copy_part_numel``);
+        ``with_outer``: states of a DiLoCo run (round ends, with the outer momentum)."""
         self.transport, self.run, self.epoch, self.timeout_s = transport, run, epoch, timeout_s
+        self.with_outer = with_outer
         self.part_numel = part_numel
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="p2ptrain-backup-send")
         self._in_flight: dict[str, concurrent.futures.Future] = {}
@@ -101,7 +103,7 @@ class BackupSender:
             return
         seq = self._seq.get((peer, stage), 0)
         self._seq[(peer, stage)] = seq + 1
-        names = [n for n, _ in state_shapes(module, with_optimizer=step > 0)]
+        names = [n for n, _ in state_shapes(module, with_optimizer=step > 0, with_outer=self.with_outer and step > 0)]
         self._in_flight[peer] = self._pool.submit(self._send_now, peer, stage, step, seq, [tensors[n] for n in names])
 
     def _send_now(self, peer: str, stage: int, step: int, seq: int, tensors: list[torch.Tensor]) -> None:
@@ -138,8 +140,10 @@ class BackupReceiver:
 
     def __init__(self, transport: Transport, store: StateStore, run: str, epoch: int, num_stages: int,
                  senders: dict[int, list[tuple[str, int]]], module_of: Callable[[int], torch.nn.Module],
-                 on_copy: Callable[[int, int], None] | None = None, poll_s: float = 0.5):  # fmt: skip
+                 on_copy: Callable[[int, int], None] | None = None, poll_s: float = 0.5,
+                 with_outer: bool = False):  # fmt: skip
         self.transport, self.store, self.run, self.epoch = transport, store, run, epoch
+        self.with_outer = with_outer  # a DiLoCo run's states carry the outer momentum
         self.num_stages, self.senders, self.module_of = num_stages, senders, module_of
         self.on_copy, self.poll_s = on_copy, poll_s
         self._stop = threading.Event()
@@ -188,7 +192,7 @@ class BackupReceiver:
     def _take(self, stage: int, sender: str, seq: int, header: torch.Tensor, module: torch.nn.Module) -> None:
         copy = BackupHeader.unpack(header.numpy().tobytes())
         step, part_numel = copy.step, copy.part_numel
-        shapes = state_shapes(module, with_optimizer=step > 0)
+        shapes = state_shapes(module, with_optimizer=step > 0, with_outer=self.with_outer and step > 0)
         numel = sum(int(torch.Size(s).numel()) for _, s in shapes)
         if not 1 <= part_numel <= PART_NUMEL or -(-numel // part_numel) > MAX_COPY_PARTS:
             logger.warning("copy of stage %d after step %d from peer %s announces parts of %d elements; refused",

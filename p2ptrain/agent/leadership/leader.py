@@ -149,7 +149,7 @@ class Leading:
         self._join_links_since: float | None = None  # a join re-plan waiting for the joiners' links, since
         self._first_due = False  # a follower saw the first plan fall due (``_first_plan_due``)
         self._own_search: tuple[tuple[str, ...], concurrent.futures.Future] | None = None  # ``_search_allowance``
-        self._watch = ReplanWatch(config.churn)
+        self._watch = ReplanWatch(config.churn, config.train.rounds)
         self.quarantine = Quarantine(config.churn.quarantine_s, config.churn.quarantine_max_s,
                                      blame_epochs=config.churn.quarantine_blames,
                                      blame_window_s=config.churn.blame_window_s)  # fmt: skip
@@ -335,7 +335,7 @@ class Leading:
             progress = {}
         holdings = {p: copies_of(r.holds) for p, r in progress.items() if p in membership}
         shared = latest_complete(ckpt.dir, train.stages, train.model) if ckpt.dir else None
-        restart = restart_point(train.stages, holdings, [shared] if shared is not None else [])
+        restart = restart_point(train.stages, holdings, [shared] if shared is not None else [], train.rounds)
         if restart.step == 0:
             logger.warning("resume: no step has a copy of all %d stages of %s on the live agents' disks%s; "
                            "starting at step 0", train.stages, train.model,
@@ -553,7 +553,8 @@ class Leading:
         if not planning.step_s and churn.backup_every == "auto":
             churn = dataclasses.replace(churn, backup_max_every=min(churn.backup_max_every, churn.backup_first_every))
         copies = warm_copies(plan, planning.devices, planning.spares, planning.members or planning.cluster,
-                             stage_state_bytes(cfg.train, cfg.train.stages), step_s, churn, cfg.emulation)
+                             stage_state_bytes(cfg.train, cfg.train.stages), step_s, churn, cfg.emulation,
+                             cfg.train.rounds.length)
         logger.info("warm copies every %d step(s) (one copy %.3f s, %.4f s per step) to %s", copies["every_steps"],
                     copies["copy_s"], copies["per_step_s"], copies["peers"])
         return copies
@@ -577,4 +578,4 @@ class Leading:
             if not live:
                 return None  # a failure, not a join: the halted heartbeats will say where to restart
             sources.append(live[0])
-        return join_start(seen, current.start_step), tuple(sources)
+        return join_start(seen, current.start_step, self.config.train.rounds), tuple(sources)

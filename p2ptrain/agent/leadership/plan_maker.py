@@ -287,18 +287,21 @@ def compute_estimate_s(train: TrainConfig, num_stages: int, num_replicas: int, t
 
 
 def stage_state_bytes(train: TrainConfig, num_stages: int) -> float:
-    """The bytes of one stage's training state (fp32 parameters and AdamW moments; an even split)."""
-    return STATE_TENSORS_PER_PARAMETER * FP32_BYTES * parameter_count(train.shape) / num_stages
+    """The bytes of one stage's training state (fp32 parameters and AdamW moments, with DiLoCo the outer
+    momentum; an even split)."""
+    tensors = STATE_TENSORS_PER_PARAMETER + (1 if train.diloco_on else 0)  # DiLoCo: the outer momentum too
+    return tensors * FP32_BYTES * parameter_count(train.shape) / num_stages
 
 
 def warm_copies(plan: Mapping[str, Any], devices: Sequence[str], spares: Sequence[str], cluster: Cluster,
                 state_bytes: float, step_s: float, churn: ChurnConfig,
-                emulation: EmulationSettings) -> dict[str, Any]:  # fmt: skip
+                emulation: EmulationSettings, train_rounds: int = 1) -> dict[str, Any]:  # fmt: skip
     """Who keeps each stage's warm copy and how often (``agent.backup``), for ``plan`` over ``devices``.
 
     ``cluster`` holds every member, trainers (``devices``, in the plan's device order) first, then
-    ``spares``; ``step_s`` is the step time in seconds (measured, or predicted). Returns the peers (None:
-    nobody), ``every_steps``, the slowest copy's seconds and its cost per step."""
+    ``spares``; ``step_s`` is the step time in seconds (measured, or predicted); ``train_rounds``: DiLoCo's
+    steps per round (copies at rounds' ends: the interval rounded up to whole rounds). Returns the peers
+    (None: nobody), ``every_steps``, the slowest copy's seconds and its cost per step."""
     scale = emulation.time_scale if emulation.enabled else 1.0
     size_factor = emulation.size_factor if emulation.enabled else 1.0
     n = cluster.num_devices
@@ -321,6 +324,8 @@ def warm_copies(plan: Mapping[str, Any], devices: Sequence[str], spares: Sequenc
         every = backup_interval(slowest, step_s, churn.backup_budget, churn.backup_max_every)
     else:
         every = churn.backup_every
+    if every and train_rounds > 1:  # DiLoCo: only a round's end is a state to restart from (``churn.restart``)
+        every = -(-every // train_rounds) * train_rounds
     order = list(devices) + list(spares)
     return {"peers": [order[c] if c is not None else None for c in chosen], "every_steps": every,
             "copy_s": slowest, "per_step_s": slowest / every if every else 0.0}

@@ -11,10 +11,11 @@ torch code, a deadline on every call.
 ``send`` returns once the receiver accepted the message, raises ``MessageRejected`` when it refused it and
 ``PeerTimeoutError`` naming the peer when no answer came within ``timeout_s`` (default
 ``config.call_timeout_s``). On an emulated link the emulated transfer time (queueing behind earlier messages,
-n/β, α) is added to that deadline: it models time a real link would take, not a fault. The reply itself
-is not shaped (it carries no data), so a send returns at the emulated arrival time. ``recv`` waits under
-its own deadline and names the sender it waited for. Messages to one peer share a few persistent streams
-(``config.streams_per_peer``, see ``channel.py``): no stream setup per message.
+n/β, α, the uplink) is added to that deadline: it models time a real link would take, not a fault; the
+receiver's downlink, which the sender cannot know, is not. The reply itself is not shaped (it carries no
+data), so a send returns at the emulated arrival time (later when the receiver's downlink holds the message).
+``recv`` waits under its own deadline and names the sender it waited for. Messages to one peer share a few
+persistent streams (``config.streams_per_peer``, see ``channel.py``): no stream setup per message.
 
 Thread-safety: every public method may be called from any thread except the transport's own loop thread.
 """

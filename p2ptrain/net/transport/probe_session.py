@@ -1,8 +1,8 @@
 """The calling side of ``rpc_probe``: timed round trips to one peer over one long-lived stream.
 
 Every probe goes through the transport's link emulator like any tensor message (and the reply through the
-replier's emulator on the reverse link), so what it times is the network the runtime will see. Use it inside
-the transport's loop::
+replier's emulator on the reverse link, then our downlink), so what it times is the network the runtime will
+see. Use it inside the transport's loop::
 
     async def rtts(transport, peer):
         async with transport.open_probe(peer) as session:
@@ -95,6 +95,7 @@ class ProbeSession:
         except asyncio.TimeoutError:
             raise PeerTimeoutError(f"a probe of {request_bytes} bytes got no reply within {timeout_s:.1f} s",
                                    peer=self.peer) from None
+        through_s = emulator.downlink.reserve(reply_bytes)  # the reply came in: it crosses our downlink
         reply = parse_reply(response)
         if reply.error is not None:
             raise MessageRejected(f"the peer refused a probe: {reply.error}", peer=self.peer)
@@ -104,6 +105,8 @@ class ProbeSession:
             await self.transport.pacer.hold(reply.arrival, timeout_s)
         except ValueError as e:
             raise ProtocolError(f"a probe reply was malformed: {e}", peer=self.peer) from None
+        if through_s is not None:
+            await self.transport.pacer.sleep_until(through_s)
         rtt_s = time.perf_counter() - start_s
         if reply.received is None:
             return RoundTrip(rtt_s)

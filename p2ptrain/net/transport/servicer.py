@@ -16,7 +16,8 @@ than announced, a sender that stalls inside a message or sends far slower than i
 and closed. A stream with no new message for ``stream_idle_s`` is closed quietly. ``rpc_probe`` takes a
 sequence of probe messages on one long-lived stream and answers each with ``reply_bytes`` of payload, shaped
 by the replier's own emulator on the reverse link; keeping the stream open keeps stream setup (milliseconds)
-out of the round trips the prober times.
+out of the round trips the prober times. Under emulation, every message and probe that comes in crosses this
+peer's downlink (``emulation.Downlink``): booked when its first piece is in, held until it is through.
 
 Handlers are thin: decode, validate, hand to the mailbox. Every refusal is logged here, once.
 """
@@ -161,6 +162,7 @@ class TensorServicer(ServicerBase):
             header = decode_header(first)
             rest = header  # refused on the header: skip what the sender sends of it until it hears so
             admission = self.mailbox.admit(sender, header)
+            through_s = self.emulator.downlink.reserve(header.nbytes)  # its first bytes are in (emulation.py)
             rest = CLOSE
             deadline_s = self.mailbox.deadline_s(sender, header.nbytes, self.idle_timeout_s)
             try:
@@ -169,7 +171,7 @@ class TensorServicer(ServicerBase):
                 raise MessageRejected(f"{header.tag}: {header.nbytes} bytes did not arrive within {deadline_s:.0f} s "
                                       "(far slower than the link allows); cut off", peer=sender,
                                       code=Refusal.TOO_SLOW) from None
-            await self.hold(header)
+            await self.hold(header, through_s)
             rest = NEXT
             self.mailbox.deliver(admission, tensor_from_bytes(buffer, header.dtype, header.shape))
             admission = None
@@ -203,9 +205,10 @@ class TensorServicer(ServicerBase):
                 problem = self._probe_problem(header)
                 if problem is not None:
                     raise MessageRejected(problem, peer=sender)
+                through_s = self.emulator.downlink.reserve(header.nbytes)
                 await read_payload(pieces, first, header, keep=False)
                 read_s = self.pacer.clock()
-                await self.hold(header)
+                await self.hold(header, through_s)
             except (Malformed, MessageRejected, asyncio.TimeoutError) as e:
                 yield refusal(sender, e)
                 await pieces.drain()
@@ -217,15 +220,19 @@ class TensorServicer(ServicerBase):
                 lead_s = TAIL_LEAD_S if arrival is not None else 0.0
                 await self.pacer.sleep_until(reservation.arrive_s - lead_s)
             # when the probe arrived, on our clock: the prober times the link one way with it (net.probe)
-            received = self.pacer.stamp(self.pacer.arrived_s(header.arrival, read_s))
+            arrived_s = self.pacer.arrived_s(header.arrival, read_s)
+            received = self.pacer.stamp(arrived_s if through_s is None else max(arrived_s, through_s))
             yield make_reply(payload=bytes(header.reply_bytes), arrival=arrival, received=received)
 
-    async def hold(self, header: Header) -> None:
-        """Keep a shaped message until its stamped arrival time (see pacing.py)."""
+    async def hold(self, header: Header, through_s: float | None) -> None:
+        """Keep a message until its stamped arrival time (see pacing.py) and until our emulated downlink has
+        let it through (``through_s``, from ``Downlink.reserve``; None: unlimited)."""
         try:
             await self.pacer.hold(header.arrival, self.idle_timeout_s)
         except ValueError as e:
             raise Malformed(str(e)) from None
+        if through_s is not None:
+            await self.pacer.sleep_until(through_s)
 
     def _probe_problem(self, header: Header) -> str | None:
         if header.tag.kind != MessageKind.PROBE:
