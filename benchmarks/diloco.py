@@ -1,7 +1,7 @@
 """DiLoCo's cost in quality: every-step synchronisation against DiLoCo rounds of H inner steps, the same model
 on the same prepared corpus for the same tokens, validation loss side by side over several seeds.
 
-    python benchmarks/diloco.py [--model tiny] [--steps 300] [--replicas 4] [--h 5,10,25] [--outer 0.7:0.9,...]
+    python benchmarks/diloco.py [--model tiny] [--steps 500] [--replicas 4] [--h 5,10,25] [--outer 1.0:0,...]
                                 [--seeds 0,1,2]
                                 [--batch-size 16] [--data PREPARED] [--json]
 
@@ -42,12 +42,12 @@ def _prepared(data: str | None, workdir: Path) -> str:
 
 @click.command()
 @click.option("--model", default="tiny", show_default=True)
-@click.option("--steps", type=click.IntRange(min=1), default=300, show_default=True)
+@click.option("--steps", type=click.IntRange(min=1), default=500, show_default=True)
 @click.option("--replicas", type=click.IntRange(min=1), default=4, show_default=True)
 @click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--micro-batches", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--h", "hs", default="5,10,25", show_default=True, help="Comma-separated inner steps per round.")
-@click.option("--outer", "outers", default="0.7:0.9", show_default=True,
+@click.option("--outer", "outers", default="1.0:0", show_default=True,
               help="Comma-separated outer lr:momentum pairs, each run with every H.")
 @click.option("--seeds", default="0,1,2", show_default=True)
 @click.option("--data", help="A prepared dataset (p2ptrain data prepare).  [default: the built-in corpus, prepared]")

@@ -42,6 +42,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import logging
+import math
 import os
 import threading
 import time
@@ -73,7 +74,7 @@ from p2ptrain.model.data import data_identity
 from p2ptrain.net.dht.node import SwarmDHT
 from p2ptrain.net.dht.records import ComputeMeasurement, PeerRecord, PlanRecord, ProgressRecord
 from p2ptrain.net.nat.forward import setup_forwarding
-from p2ptrain.net.transport.emulation import EmulationConfig, LinkEmulator, scaled_link
+from p2ptrain.net.transport.emulation import EmulationConfig, LinkEmulator, scaled_bandwidth, scaled_link
 from p2ptrain.net.transport.endpoint import Transport
 from p2ptrain.net.transport.status import FAIL
 from p2ptrain.planning import Cluster, load_cluster
@@ -115,6 +116,8 @@ class Agent:
         self.compute_slowdown = (compute_slowdown(self.network, config.emulation.device_index,
                                                   config.emulation.compute_scale)
                                  if self.network is not None else 1.0)
+        if self.network is not None:
+            self._shape_access()
         self.data_id = data_identity(config.train.data)  # in our peer record: the run's agents must agree
         self._leading: Leading | None = None  # the leader's side (``agent.leading``), from the loop's start
         self._following: PlanRecord | None = None  # the last plan this agent followed
@@ -292,7 +295,7 @@ class Agent:
             device_name=profile.device_name, memory_gb=profile.memory_gb, tflops=profile.tflops,
             maddrs=tuple(self.dht.get_visible_maddrs()[:16]), region=region,
             emulated_device=emulation.device_index, compute=compute, data=self.data_id,
-            settings=settings.identity(self.config.train),
+            settings=settings.identity(self.config.train), **self._access_gbps(),
         )  # fmt: skip
         self.dht.publish_peer(record)
         logger.info("joined run %r as peer %s%s", self.config.run, self.peer_id,
@@ -469,6 +472,28 @@ class Agent:
             targets |= {plan.peer_at(row, j) for j in (stage - 1, stage + 1) if 0 <= j < plan.stages}
             targets |= {plan.peer_at(i, stage) for i in range(plan.replicas)}
         return (targets & set(others)) | {p for p in others if p not in (plan.membership if plan else ())}
+
+    def _access_gbps(self) -> dict[str, float]:
+        """The access link to publish (``PeerRecord.uplink_gbps``/``downlink_gbps``): an emulated device's
+        own, in the emulated frame its links are measured in, else what ``[links]`` declares."""
+        links = self.config.links
+        if self.network is None:
+            declared = {"uplink_gbps": links.uplink_mbps, "downlink_gbps": links.downlink_mbps}
+            return {k: v / 1e3 for k, v in declared.items() if v is not None}
+        up, down = self.emulator.access()
+        return {k: v * 8 / 1e9 for k, v in (("uplink_gbps", up), ("downlink_gbps", down)) if v is not None}
+
+    def _shape_access(self) -> None:
+        """Emulate our device's access link (a home's uplink and downlink, shared by all our flows), if the
+        network gives it one."""
+        me = self.config.emulation.device_index
+        emulation = EmulationConfig(self.config.emulation.time_scale, self.config.emulation.size_factor)
+        up, down = (None if v is None or not math.isfinite(v[me]) else scaled_bandwidth(float(v[me]), emulation)
+                    for v in (self.network.uplink_gbps, self.network.downlink_gbps))  # fmt: skip
+        if up is not None or down is not None:
+            self.emulator.set_access(up, down)
+            logger.info("access link emulated: uplink %s, downlink %s", *(
+                f"{v * 8 / 1e6:.3f} Mbit/s" if v is not None else "unlimited" for v in (up, down)))
 
     def _shape_link(self, peer: str, record: PeerRecord) -> None:
         """Emulate the link to ``peer`` as the network's link from our device to the one it plays."""

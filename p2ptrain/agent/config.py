@@ -121,10 +121,19 @@ class LinksConfig:
     settle_s: float = 2.0  # after first seeing a peer, wait this long before probing it (see links.py)
     connect_timeout_s: float = 10.0
     pause_wait_s: float = 3.0  # training waits at most this long for a measurement in progress (a dead peer's ends late)
+    # this device's access link as its owner knows it (a home line's speed test), Mbit/s: published in the
+    # peer record, so the leader plans with one uplink and one downlink shared by all its flows; None:
+    # unknown (an emulated device publishes its network's own)
+    uplink_mbps: float | None = None
+    downlink_mbps: float | None = None
 
     def __post_init__(self) -> None:
         if self.min_rounds < 1 or not 0 < self.ewma_weight <= 1:
             raise ConfigError("links.min_rounds must be >= 1 and links.ewma_weight in (0, 1]")
+        for name in ("uplink_mbps", "downlink_mbps"):
+            value = getattr(self, name)
+            if value is not None and not 0 < value < float("inf"):
+                raise ConfigError(f"links.{name}={value} must be a positive number of Mbit/s")
         for name in ("round_pause_s", "settle_s", "refresh_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"links.{name} must be >= 0")
@@ -184,7 +193,8 @@ class ChurnConfig:
     stage's replica 0 sends the stage's state at the epoch's start and every ``backup_every`` steps; with
     "auto" the leader picks the interval so that one copy costs at most ``backup_budget`` of the steps
     between copies (at most ``backup_max_every``, and at most ``backup_first_every`` until a step time was
-    measured: predictions miss per-step overheads); 0 turns periodic copies off.
+    measured: predictions miss per-step overheads; not where the network has access links, whose uplink a
+    copy shares with the pipeline's own traffic); 0 turns periodic copies off.
     """
 
     halt_timeout_s: float = 30.0

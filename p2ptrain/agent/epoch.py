@@ -193,6 +193,7 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
             if ctx.should_halt(done):
                 return _halt(plan, ctx, done, None)
             busy_s, busy_cpu_s = trainer.executor.pacer.busy_s, trainer.executor.pacer.busy_cpu_s
+            sent_before = ctx.transport.sent_bytes  # what the step sends: its calls, its checkpoint's and copies'
             started = time.perf_counter()
             between_s = started - last_end if last_end is not None else 0.0  # the last step's aftermath
             result = trainer.step(ctx.transport, ctx.dht.keys.run_id, plan.epoch, step, topology, ctx.call_timeout_s)
@@ -207,8 +208,9 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
                 losses.append(result.loss)
             _checkpoint(ctx, cfg, role.stage, role.replica, done)
             _copy(plan, ctx, role.stage, role.replica, done, trainer.module, sender)
+            sent_bytes, sync_every = ctx.transport.sent_bytes - sent_before, cfg.rounds.length
             record = ProgressRecord(plan.epoch, done, result.loss, result.step_time_s, compute_s=compute_s,
-                                    leader=plan.leader)
+                                    leader=plan.leader, sent_bytes=sent_bytes, sync_every=sync_every)
             if done == cfg.steps:
                 ctx.heartbeat.flush(record)  # the others wait for it before they leave
             else:
@@ -217,7 +219,8 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
             ctx.events.write("step", epoch=plan.epoch, step=done, loss=result.loss, step_time_s=result.step_time_s,
                              stage=role.stage, replica=role.replica, compute_s=round(compute_s, 6),
                              compute_cpu_s=round(compute_cpu_s, 6), between_s=round(between_s, 6),
-                             **_waits(result.waits), tokens_per_s=round(tokens_per_s, 1))
+                             **_waits(result.waits), tokens_per_s=round(tokens_per_s, 1), sent_bytes=sent_bytes,
+                             round=step // sync_every if sync_every > 1 else None)  # DiLoCo: the step's round
             loss = f" loss {result.loss:.4f}" if result.loss is not None else ""
             logger.info("epoch %d step %d/%d%s (%.3f s, %.0f tokens/s)", plan.epoch, done, cfg.steps, loss,
                         result.step_time_s, tokens_per_s)

@@ -16,6 +16,19 @@ group spans them (the layout the paper's scheduler found there, ``paper/NOTES.md
 simulation likes best (``SimulatedObjective.refine``): the plan the scheduler converges to on these two
 networks, without a search's run time. The figure is world-wide step time over data-center step time; the
 paper measured 1.7–3.5× (fp16, GPipe, its own runtime), CocktailSGD reports ~1.2× at 500 Mbit/s.
+
+With ``--networks`` (``measure_networks``): every network × stage count × setting × DiLoCo H, the best per
+network over the data center's best, each row with its predicted compute utilisation (the busiest device's
+compute over the step). Only stage counts whose stages fit a V100's memory (``--memory-gb``, 32 by default;
+the paper's cards had 16 or 32) are priced, by the planner's memory model (``planning.stage_count``: fp32
+training state, 24 bytes a parameter with DiLoCo, float32 activations of the schedule's micro-batches in
+flight), with activation recomputation only where they do not fit without it (it costs a forward per
+backward); the others are listed as skipped, with what they need. ``homes-1g`` and ``homes-100m`` are 64
+homes with their access links (``--access-link``, the default: each home's uplink and downlink shared by its
+flows; ``--no-access-link``: every pair a path of its own, as before the model had them). ``--sync-overlap``
+prices every H > 1 as Streaming DiLoCo (the round's all-reduce streamed during the next round's steps,
+``StepProfile.sync_overlap``). Each (network, stages, setting) is laid out once (refined at every-step sync)
+and priced at every H. Wire formats: any of ``planning.wire_model.WIRE_BYTES``.
 """
 
 from __future__ import annotations
@@ -32,6 +45,10 @@ from p2ptrain.planning import ALL_SCENARIOS, make_objective, scenario
 from p2ptrain.planning.layers import model_workload
 from p2ptrain.planning.model_shapes import model_shape
 from p2ptrain.planning.scenarios import homes
+from p2ptrain.planning.simulated import StepProfile
+from p2ptrain.planning.split import even_layers
+from p2ptrain.planning.stage_count import fits_memory, stage_workload
+from p2ptrain.planning.wire_model import SCHEDULES, WIRE_BYTES
 
 SETTINGS = tuple(f"{wire}/{schedule}/{overlap}" for wire in ("fp32", "bf16", "int8", "int4")
                  for schedule, overlap in (("gpipe", "no-overlap"), ("gpipe", "overlap"), ("1f1b", "overlap")))
@@ -42,6 +59,8 @@ BATCH_TOKENS = 1 << 20
 BUCKET_ELEMENTS = 1 << 18
 FP32_BYTES = 4
 GB = 1e9
+V100_MEMORY_GB = 32.0  # the larger V100 (SXM2 32 GB); the paper's instances had 16 or 32 GB cards
+MODEL = "gpt3-xl"
 
 
 @dataclass(frozen=True)
@@ -59,10 +78,11 @@ class Row:
 HOMES = {"homes-1g": 1.0, "homes-100m": 0.1}  # every pair at this many Gbit/s, 20-150 ms (planning.scenarios.homes)
 
 
-def network_cluster(network: str):
-    """The paper's network ``network`` at 64 devices, or 64 homes (``homes-1g``, ``homes-100m``)."""
+def network_cluster(network: str, access: bool = True):
+    """The paper's network ``network`` at 64 devices, or 64 homes (``homes-1g``, ``homes-100m``; ``access``:
+    behind their access links)."""
     if network in HOMES:
-        return homes(DEVICES, HOMES[network])
+        return homes(DEVICES, HOMES[network], access=access)
     return scenario(network, DEVICES)
 
 
@@ -77,49 +97,125 @@ def step_time_s(network: str, setting: str, micro_batches: int, stages: int = ST
     step = dataclasses.replace(base.step, wire=wire, schedule=schedule, bucket_gb=bucket_gb,
                                volume_bytes=(FP32_BYTES,) * 3, sync_every=sync_every)  # float32: the wire scales
     assert base.costs is not None
-    workload = dataclasses.replace(base, step=step).at(_even(base.costs.num_layers, stages))
+    workload = dataclasses.replace(base, step=step).at(even_layers(base.costs.num_layers, stages))
     objective = make_objective("simulated", cluster, workload, stages)
     replicas = DEVICES // stages
     layout = np.arange(DEVICES).reshape(replicas, stages)  # pipeline p: devices S·p … S·p+S−1, inside one region
     return objective.evaluate(objective.refine(layout)).cost_s
 
 
-def _even(num_layers: int, stages: int = STAGES) -> tuple[tuple[int, int], ...]:
-    per = num_layers // stages
-    return tuple((j * per, (j + 1) * per) for j in range(stages))
+@dataclass(frozen=True)
+class Fit:
+    """Whether a stage count's stages fit a device's memory with a schedule and DiLoCo or not: with
+    recomputation or without (None: neither), and the peak GB a device needs (with recomputation if it
+    does not fit either way)."""
+
+    recompute: bool | None
+    need_gb: float
+
+
+def memory_fit(stages: int, schedule: str, sync_every: int, micro_batches: int, memory_gb: float) -> Fit:
+    """GPT-3 XL's stages at ``stages`` (the even split) against ``memory_gb`` a device (module docstring)."""
+    cluster = scenario("datacenter", DEVICES)  # V100s alike: the network does not matter here
+    need = 0.0
+    for recompute in (False, True):
+        workload = stage_workload(cluster, model_shape(MODEL), stages, batch_tokens=BATCH_TOKENS,
+                                  micro_batches=micro_batches, settings=StepProfile(schedule=schedule,
+                                                                                    sync_every=sync_every),
+                                  recompute=recompute, activation_bytes=FP32_BYTES)
+        fit = fits_memory(workload, stages, None)
+        assert fit is not None
+        need = max(fit)
+        if need <= memory_gb * (1 + 1e-12):
+            return Fit(recompute, need)
+    return Fit(None, need)
 
 
 def measure_networks(networks: tuple[str, ...], stage_counts: tuple[int, ...], settings: tuple[str, ...],
-                     sync_everys: tuple[int, ...], micro_batches: int = 8) -> dict[str, Any]:
-    """Every (network, stages, setting, H) step time; per network the best, over the data center's best."""
-    rows = [{"network": n, "stages": s, "setting": st, "sync_every": h,
-             "step_s": step_time_s(n, st, micro_batches, s, h)}
-            for n in networks for s in stage_counts for st in settings for h in sync_everys]  # fmt: skip
-    best = {n: min((r for r in rows if r["network"] == n), key=lambda r: r["step_s"]) for n in networks}
+                     sync_everys: tuple[int, ...], micro_batches: int = 8, *, access: bool = True,
+                     sync_overlap: bool = False, memory_gb: float = V100_MEMORY_GB) -> dict[str, Any]:
+    """Every (network, stages, setting, H) that fits memory: its step time and compute utilisation; per network
+    the best, over the data center's best; and what was skipped (module docstring)."""
+    fits = {(s, schedule, h): memory_fit(s, schedule, h, micro_batches, memory_gb) for s in stage_counts
+            for schedule in dict.fromkeys(_parse(st)[1] for st in settings) for h in sync_everys}
+    skipped = [{"stages": s, "schedule": schedule, "sync_every": h, "need_gb": fit.need_gb}
+               for (s, schedule, h), fit in fits.items() if fit.recompute is None]
+    rows = []
+    for n in networks:
+        cluster = network_cluster(n, access)
+        for s in stage_counts:
+            for st in settings:
+                layouts: dict[bool, np.ndarray] = {}
+                for h in sync_everys:
+                    recompute = fits[(s, _parse(st)[1], h)].recompute
+                    if recompute is None:
+                        continue
+                    objective = _objective(cluster, st, micro_batches, s, 1, recompute)
+                    if recompute not in layouts:  # laid out once, at every-step sync
+                        layouts[recompute] = objective.refine(np.arange(DEVICES).reshape(DEVICES // s, s))
+                    layout = layouts[recompute]
+                    streamed = sync_overlap and h > 1
+                    priced = _objective(cluster, st, micro_batches, s, h, recompute, streamed)
+                    step = priced.evaluate(layout).cost_s
+                    compute = priced.compute_s(layout)
+                    rows.append({"network": n, "stages": s, "setting": st, "sync_every": h, "streamed": streamed,
+                                 "recompute": recompute, "step_s": step, "compute_s": compute,
+                                 "compute_utilisation": compute / step})
+    best = {n: min((r for r in rows if r["network"] == n), key=lambda r: r["step_s"])
+            for n in networks if any(r["network"] == n for r in rows)}
     reference = best.get("datacenter")
     for r in best.values():
         r["vs_datacenter_best"] = r["step_s"] / reference["step_s"] if reference else None
-    return {"model": "gpt3-xl", "devices": DEVICES, "batch_tokens": BATCH_TOKENS, "micro_batches": micro_batches,
-            "rows": rows, "best": best}
+    return {"model": MODEL, "devices": DEVICES, "batch_tokens": BATCH_TOKENS, "micro_batches": micro_batches,
+            "memory_gb": memory_gb, "access_links": access, "sync_overlap": sync_overlap, "rows": rows,
+            "skipped": skipped, "best": best}
+
+
+def _objective(cluster, setting: str, micro_batches: int, stages: int, sync_every: int, recompute: bool,
+               sync_overlap: bool = False):
+    wire, schedule, overlap = _parse(setting)
+    bucket_gb = BUCKET_ELEMENTS * FP32_BYTES / GB if overlap else 0.0
+    settings = StepProfile(wire=wire, schedule=schedule, bucket_gb=bucket_gb, volume_bytes=(FP32_BYTES,) * 3,
+                           sync_every=sync_every, sync_overlap=sync_overlap)  # float32 volumes: the wire scales
+    workload = stage_workload(cluster, model_shape(MODEL), stages, batch_tokens=BATCH_TOKENS,
+                              micro_batches=micro_batches, settings=settings, recompute=recompute,
+                              activation_bytes=FP32_BYTES)
+    return make_objective("simulated", cluster, workload.at(even_layers(model_shape(MODEL).num_layers, stages)), stages)
 
 
 def format_networks(report: dict[str, Any]) -> str:
-    lines = [f"GPT-3 XL, {report['devices']} V100s, batch {report['batch_tokens']} tokens, {report['micro_batches']} "
-             "micro-batches per pipeline; simulated step seconds (H: DiLoCo's steps per round, 1: every step)",
-             f"{'network':<12} {'stages':>6} {'setting':<22} {'H':>4} {'step s':>9}"]
+    how = "access links" if report["access_links"] else "no access links"
+    lines = [f"GPT-3 XL, {report['devices']} V100s of {report['memory_gb']:g} GB, batch {report['batch_tokens']} "
+             f"tokens, {report['micro_batches']} micro-batches per pipeline; homes with {how}; simulated step "
+             "seconds (H: DiLoCo's steps per round, 1: every step; ~: streamed; rc: activation recomputation; "
+             "util: compute utilisation)",
+             f"{'network':<12} {'stages':>6} {'setting':<22} {'H':>5} {'rc':>3} {'step s':>9} {'util':>6}"]
     for r in report["rows"]:
-        lines.append(f"{r['network']:<12} {r['stages']:>6} {r['setting']:<22} {r['sync_every']:>4} {r['step_s']:9.2f}")
+        h = f"{'~' if r['streamed'] else ''}{r['sync_every']}"
+        rc = "yes" if r["recompute"] else ""
+        lines.append(f"{r['network']:<12} {r['stages']:>6} {r['setting']:<22} {h:>5} {rc:>3} {r['step_s']:9.2f} "
+                     f"{r['compute_utilisation']:6.1%}")
+    for f in report["skipped"]:
+        lines.append(f"skipped: {f['stages']} stages, {f['schedule']}, H {f['sync_every']}: a stage needs "
+                     f"{f['need_gb']:.1f} GB even with recomputation ({report['memory_gb']:g} GB a device)")
     lines.append("best per network:")
     for n, r in report["best"].items():
         ratio = "" if r["vs_datacenter_best"] is None else f"  {r['vs_datacenter_best']:.2f}x the data center's best"
-        lines.append(f"  {n:<12} {r['step_s']:8.2f} s  ({r['stages']} stages, {r['setting']}, H {r['sync_every']}){ratio}")
+        h = f"{'streamed ' if r['streamed'] else ''}H {r['sync_every']}"
+        lines.append(f"  {n:<12} {r['step_s']:8.2f} s  ({r['stages']} stages, {r['setting']}, {h}, compute "
+                     f"utilisation {r['compute_utilisation']:.1%}){ratio}")
     return "\n".join(lines)
 
 
 def _parse(setting: str) -> tuple[str, str, bool]:
-    from p2ptrain.bench.e2e import parse_setting
-
-    return parse_setting(setting)
+    """``WIRE/SCHEDULE/overlap|no-overlap`` (any wire format the planner knows, ``WIRE_BYTES``); one-line
+    ValueError otherwise."""
+    parts = setting.strip().split("/")
+    if len(parts) != 3 or parts[0] not in WIRE_BYTES or parts[1] not in SCHEDULES or \
+            parts[2] not in ("overlap", "no-overlap"):
+        raise ValueError(f"--settings: {setting!r} is not WIRE/SCHEDULE/overlap|no-overlap (wire one of "
+                         f"{', '.join(WIRE_BYTES)}, schedule one of {', '.join(SCHEDULES)})")
+    return parts[0], parts[1], parts[2] == "overlap"
 
 
 def measure(settings: tuple[str, ...] = SETTINGS, micro_batches: int = 8) -> dict[str, Any]:
@@ -161,12 +257,21 @@ def format_report(report: dict[str, Any]) -> str:
               help="Micro-batches per pipeline and step.")
 @click.option("--networks", help="With these networks (datacenter, worldwide, homes-1g, homes-100m, or another paper "
               "network), every --stages count and --sync-every: a table of each and the best per network.")
-@click.option("--stages", "stage_counts", default=str(STAGES), show_default=True, help="With --networks: stage counts.")
+@click.option("--stages", "stage_counts", default=str(STAGES), show_default=True,
+              help="With --networks: stage counts (those whose stages do not fit --memory-gb are skipped).")
 @click.option("--sync-every", "sync_everys", default="1", show_default=True,
               help="With --networks: DiLoCo's steps per round to price (1: every-step sync).")
+@click.option("--sync-overlap", is_flag=True,
+              help="With --networks: price every H > 1 as Streaming DiLoCo (the round's all-reduce streamed during "
+                   "the next round's steps).")
+@click.option("--access-link/--no-access-link", default=True, show_default=True,
+              help="With --networks: homes behind their access links (each home's uplink and downlink shared by its "
+                   "flows), or every pair a path of its own.")
+@click.option("--memory-gb", type=click.FloatRange(min=0, min_open=True), default=V100_MEMORY_GB, show_default=True,
+              help="With --networks: a device's memory; stage counts whose stages do not fit are skipped.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 def command(settings: str, micro_batches: int, networks: str | None, stage_counts: str, sync_everys: str,
-            as_json: bool) -> None:  # fmt: skip
+            sync_overlap: bool, access_link: bool, memory_gb: float, as_json: bool) -> None:  # fmt: skip
     chosen = tuple(s.strip() for s in settings.split(",") if s.strip())
     for s in chosen:
         _parse(s)
@@ -175,9 +280,25 @@ def command(settings: str, micro_batches: int, networks: str | None, stage_count
         for n in names:
             if n not in HOMES and n not in ALL_SCENARIOS:
                 raise click.BadParameter(f"unknown network {n!r}", param_hint="--networks")
-        report = measure_networks(names, tuple(int(v) for v in stage_counts.split(",")), chosen,
-                                  tuple(int(v) for v in sync_everys.split(",")), micro_batches)  # fmt: skip
+        report = measure_networks(names, _integers(stage_counts, "--stages"), chosen,
+                                  _integers(sync_everys, "--sync-every"), micro_batches, access=access_link,
+                                  sync_overlap=sync_overlap, memory_gb=memory_gb)  # fmt: skip
         click.echo(json.dumps(report) if as_json else format_networks(report))
         return
     report = measure(chosen, micro_batches)
     click.echo(json.dumps(report) if as_json else format_report(report))
+
+
+def _integers(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a comma-separated list of positive integers",
+                                 param_hint=flag) from None
+    layers = model_shape(MODEL).num_layers
+    if flag == "--stages" and any(v < 1 or DEVICES % v or v > layers for v in values):
+        raise click.BadParameter(f"{text!r}: stage counts must divide {DEVICES} and be at most {layers} (GPT-3 XL's "
+                                 "blocks)", param_hint=flag)
+    if any(v < 1 for v in values):
+        raise click.BadParameter(f"{text!r}: DiLoCo's H must be a positive integer", param_hint=flag)
+    return values

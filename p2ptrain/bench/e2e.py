@@ -71,7 +71,6 @@ import click
 import numpy as np
 
 from p2ptrain.planning import (
-    ALL_SCENARIOS,
     MIXED_SCENARIOS,
     Cluster,
     Device,
@@ -83,7 +82,9 @@ from p2ptrain.planning import (
     make_objective,
     megatron_assignment,
 )
+from p2ptrain.planning.scenarios import NAMED_SCENARIOS
 from p2ptrain.planning.simulated import StepProfile, StepWorkload, step_period
+from p2ptrain.runtime.wire import WIRE_FORMATS
 
 logger = logging.getLogger(__name__)
 
@@ -93,16 +94,31 @@ MIXED_PLANS = ("scheduled", "communication_only", "megatron")  # the default on 
 TARGET_STEP_S = 3.0  # emulated seconds of communication Megatron's order takes, when no time scale is given
 DEFAULT_OUT = "benchmarks/results"
 DEFAULT_SETTING = "fp32/gpipe/overlap"
-WIRES, SCHEDULES = ("fp32", "bf16", "int8", "int4"), ("gpipe", "1f1b")
+WIRES, SCHEDULES = WIRE_FORMATS, ("gpipe", "1f1b")
+SETTING_FORM = "WIRE/SCHEDULE/overlap|no-overlap[/diloco-H]"
 
 
 def parse_setting(setting: str) -> tuple[str, str, bool]:
-    """``WIRE/SCHEDULE/overlap|no-overlap`` as (wire, schedule, overlap); ValueError (one line) otherwise."""
+    """``WIRE/SCHEDULE/overlap|no-overlap[/diloco-H]`` as (wire, schedule, overlap) (``sync_every``: H);
+    ValueError (one line) otherwise."""
     parts = setting.strip().split("/")
-    if len(parts) != 3 or parts[0] not in WIRES or parts[1] not in SCHEDULES or parts[2] not in ("overlap", "no-overlap"):
-        raise ValueError(f"--settings: {setting!r} is not WIRE/SCHEDULE/overlap|no-overlap (wire one of "
-                         f"{', '.join(WIRES)}, schedule one of {', '.join(SCHEDULES)})")
+    if (len(parts) not in (3, 4) or parts[0] not in WIRES or parts[1] not in SCHEDULES
+            or parts[2] not in ("overlap", "no-overlap") or len(parts) == 4 and _rounds(parts[3]) is None):
+        raise ValueError(f"--settings: {setting!r} is not {SETTING_FORM} (wire one of {', '.join(WIRES)}, schedule "
+                         f"one of {', '.join(SCHEDULES)}, H a positive integer)")
     return parts[0], parts[1], parts[2] == "overlap"
+
+
+def sync_every(setting: str) -> int:
+    """A setting's DiLoCo round length H (``/diloco-H``); 1 (every step) without one."""
+    parse_setting(setting)
+    parts = setting.strip().split("/")
+    return _rounds(parts[3]) if len(parts) == 4 else 1
+
+
+def _rounds(part: str) -> int | None:
+    h = part.removeprefix("diloco-")
+    return int(h) if part.startswith("diloco-") and h.isdigit() and int(h) >= 1 else None
 
 
 @dataclass(frozen=True)
@@ -117,17 +133,20 @@ class E2EConfig:
     seed: int = 0  # the model's, the data's, the scheduler's and the random assignment's
     workdir: str | None = None  # a folder per plan inside; default: a temporary folder per swarm
     plans: tuple[str, ...] = ()  # which of them to run ("scheduled" always); () the scenario's default
-    settings: tuple[str, ...] = (DEFAULT_SETTING,)  # WIRE/SCHEDULE/overlap|no-overlap; the plans use the first
+    settings: tuple[str, ...] = (DEFAULT_SETTING,)  # SETTING_FORM; the plans use the first
     # the world in slow motion: devices this many times slower, the time scale alike; None: fitting_scale
     compute_scale: float | None = None
 
     def __post_init__(self) -> None:
         if not self.settings:
-            raise ValueError("--settings: at least one WIRE/SCHEDULE/overlap|no-overlap")
+            raise ValueError(f"--settings: at least one {SETTING_FORM}")
         for setting in self.settings:
-            parse_setting(setting)
-        if self.scenario not in ALL_SCENARIOS:
-            raise ValueError(f"unknown scenario {self.scenario!r} (choose from {', '.join(ALL_SCENARIOS)})")
+            h = sync_every(setting)
+            if h > 1 and self.steps < 2 * h:
+                raise ValueError(f"--settings {setting}: --steps must be at least {2 * h} (two rounds: the first "
+                                 "is a warm-up, the second measured whole)")
+        if self.scenario not in NAMED_SCENARIOS:
+            raise ValueError(f"unknown scenario {self.scenario!r} (choose from {', '.join(NAMED_SCENARIOS)})")
         if not self.plans:
             object.__setattr__(self, "plans", MIXED_PLANS if self.scenario in MIXED_SCENARIOS else PAPER_PLANS)
         if self.steps < 2:
@@ -165,13 +184,17 @@ def emulation_factors(config: E2EConfig) -> dict[str, Any]:
 
 def _swarm_config(config: E2EConfig, strategy: str, time_scale: float, compute_scale: float,
                   workdir: str | None = None, setting: str | None = None):
+    from p2ptrain.model.outer import DiLoCoConfig
     from p2ptrain.swarm.launcher import SwarmConfig
 
-    wire, schedule, overlap = parse_setting(setting or config.settings[0])
+    setting = setting or config.settings[0]
+    wire, schedule, overlap = parse_setting(setting)
+    h = sync_every(setting)
     return SwarmConfig(agents=config.agents, stages=config.stages, steps=config.steps, scenario=config.scenario,
                        time_scale=time_scale, strategy=strategy, objective="simulated", model=config.model,
                        micro_batches=config.micro_batches, seed=config.seed, workdir=workdir, wire=wire,
-                       schedule=schedule, overlap=overlap, compute_scale=compute_scale)  # fmt: skip
+                       schedule=schedule, overlap=overlap, compute_scale=compute_scale,
+                       sync="diloco" if h > 1 else "every-step", diloco=DiLoCoConfig(inner_steps=h))  # fmt: skip
 
 
 def run_e2e(config: E2EConfig, stop) -> dict[str, Any]:
@@ -193,7 +216,8 @@ def run_e2e(config: E2EConfig, stop) -> dict[str, Any]:
         if strategy == "scheduled":
             models = leader_objectives(result.summary)
         plans[strategy] = plan_row(result.summary, step_completions(result.agents), time_scale,
-                                   shown_compute(result.agents)) | {"breakdown": step_breakdown(result.agents)}
+                                   shown_compute(result.agents), sync_every(config.settings[0])) | {
+            "breakdown": step_breakdown(result.agents)}
         logger.info("%s, %s: measured %.3f s, predicted %.3f s", config.scenario, strategy,
                     plans[strategy]["measured_step_s"], plans[strategy]["predicted_step_s"])
     settings = {config.settings[0]: plans["scheduled"]}
@@ -204,7 +228,8 @@ def run_e2e(config: E2EConfig, stop) -> dict[str, Any]:
         if not result.ok:
             raise RuntimeError(f"{config.scenario}, {setting}: the swarm failed: {result.error}")
         settings[setting] = plan_row(result.summary, step_completions(result.agents), time_scale,
-                                     shown_compute(result.agents)) | {"breakdown": step_breakdown(result.agents)}
+                                     shown_compute(result.agents), sync_every(setting)) | {
+            "breakdown": step_breakdown(result.agents)}
         logger.info("%s, %s: measured %.3f s, predicted %.3f s", config.scenario, setting,
                     settings[setting]["measured_step_s"], settings[setting]["predicted_step_s"])
     return {
@@ -288,7 +313,7 @@ def repriced(summary: dict[str, Any], shown: dict[int, float], time_scale: float
             calibrated[k] = per_step[j] * reference / speeds[k]
             scaled[k] = speeds[k] * calibrated[k] / max(shown[k], 1e-12)
     devices = tuple(dataclasses.replace(d, tflops=v) for d, v in zip(cluster.devices, scaled, strict=True))
-    objective = make_objective("simulated", Cluster(devices, cluster.latency_ms, cluster.bandwidth_gbps),
+    objective = make_objective("simulated", dataclasses.replace(cluster, devices=devices),
                                dataclasses.replace(at, step=dataclasses.replace(profile, reference_tflops=reference)),
                                stages)  # fmt: skip
     return {"step_s": objective.evaluate(np.array(plan["pipelines"])).cost_s * time_scale,
@@ -297,12 +322,15 @@ def repriced(summary: dict[str, Any], shown: dict[int, float], time_scale: float
 
 
 def plan_row(summary: dict[str, Any], completions: list[float], time_scale: float,
-             shown: dict[int, float] | None = None) -> dict[str, Any]:  # fmt: skip
+             shown: dict[int, float] | None = None, rounds: int = 1) -> dict[str, Any]:  # fmt: skip
     """One plan's measured and predicted step times, from its swarm's summary and step completion times;
-    with ``shown`` (``shown_compute``) also the prediction repriced with the compute shown in training."""
+    with ``shown`` (``shown_compute``) also the prediction repriced with the compute shown in training.
+    DiLoCo (``rounds`` H > 1): one step in H ends a round with the pseudo-gradients' all-reduce, which the
+    prediction spreads over the round; the measured step is then the mean over whole rounds after the first
+    (from the first round's end to the last one's)."""
     times = [b - a for a, b in zip(completions, completions[1:], strict=False)]  # steps 2…K: end to end
     plan = summary["plan"]
-    measured = step_period(times)
+    measured = step_period(times) if rounds == 1 else round_period(completions, rounds)
     predicted = plan["cost_s"] * time_scale
     dtfm = leader_objectives(summary)["dtfm"].evaluate(np.array(plan["pipelines"])).cost_s
     layers = plan.get("layers")
@@ -318,6 +346,15 @@ def plan_row(summary: dict[str, Any], completions: list[float], time_scale: floa
         "agent_step_time_s": summary["step_time_s"], "step_profile": summary["workload"].get("step"),
         "loss_first": summary["losses"][0], "loss_last": summary["losses"][-1],
     }  # fmt: skip
+
+
+def round_period(completions: list[float], rounds: int) -> float:
+    """The mean step time over the whole DiLoCo rounds of ``rounds`` steps after the first (``completions[k]``:
+    when step k + 1 ended)."""
+    ends = [k * rounds - 1 for k in range(1, len(completions) // rounds + 1)]
+    if len(ends) < 2:
+        raise ValueError(f"{len(completions)} steps hold fewer than two rounds of {rounds}")
+    return (completions[ends[-1]] - completions[ends[0]]) / (ends[-1] - ends[0])
 
 
 def leader_objectives(summary: dict[str, Any]) -> dict[str, Any]:
@@ -359,7 +396,8 @@ def _measured_cluster(measured: dict[str, list[Any]]) -> Cluster:
     bandwidth = np.array([[v or 1.0 for v in row] for row in measured["bandwidth_gbps"]])
     speeds = measured.get("tflops") or [None] * len(latency)
     devices = tuple(Device(name=f"agent-{k}", tflops=speeds[k]) for k in range(len(latency)))
-    return Cluster(devices, latency, bandwidth)
+    access = {k: measured[k] for k in ("uplink_gbps", "downlink_gbps") if measured.get(k) is not None}
+    return Cluster(devices, latency, bandwidth, **access)
 
 
 def speedups(plans: dict[str, Any], models: dict[str, Any]) -> dict[str, dict[str, float]]:
@@ -470,8 +508,8 @@ def write_results(reports: list[dict[str, Any]], out_dir: Path, stem: str) -> li
 
 
 @click.command(name="e2e")
-@click.option("--scenario", type=click.Choice(list(ALL_SCENARIOS)), required=True,
-              help="The network to emulate (volunteers: mixed GPUs, compute emulated too).")
+@click.option("--scenario", type=click.Choice(list(NAMED_SCENARIOS)), required=True,
+              help="The network to emulate (volunteers: mixed GPUs, compute emulated too; homes: access links).")
 @click.option("--agents", type=click.IntRange(min=2), default=8, show_default=True, help="Agent processes.")
 @click.option("--stages", type=click.IntRange(min=1), default=4, show_default=True, help="Pipeline stages.")
 @click.option("--steps", type=click.IntRange(min=2), default=8, show_default=True,
@@ -494,8 +532,8 @@ def write_results(reports: list[dict[str, Any]], out_dir: Path, stem: str) -> li
               help="Where e2e-NETWORK.json (a list of one report), .csv and .png go.")
 @click.option("--workdir", type=click.Path(file_okay=False), help="Keep the swarms' logs here (one folder per plan).")
 @click.option("--settings", default=DEFAULT_SETTING, show_default=True,
-              help="WIRE/SCHEDULE/overlap|no-overlap, comma-separated: the plans train with the first; the scheduled "
-                   "plan also with each other one, side by side.")
+              help=f"{SETTING_FORM}, comma-separated (diloco-H: DiLoCo rounds of H steps): the plans train with the "
+                   "first; the scheduled plan also with each other one, side by side.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON document on stdout.")
 def command(scenario: str, agents: int, stages: int, steps: int, time_scale: float | None, micro_batches: int,
             compute_scale: float | None, plans: str, seed: int, out_dir: str, workdir: str | None,

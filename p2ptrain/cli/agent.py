@@ -27,6 +27,7 @@ from p2ptrain.cli.optimizer_options import (
     sync_options,
 )
 from p2ptrain.planning.model_shapes import MODEL_PRESETS
+from p2ptrain.runtime.wire import WIRE_FORMATS
 
 
 @click.command(name="agent", epilog=RECIPES_HELP)
@@ -42,7 +43,7 @@ from p2ptrain.planning.model_shapes import MODEL_PRESETS
 @click.option("--steps", type=click.IntRange(min=1), help="Optimizer steps.  [default: 10]")
 @click.option("--batch-size", type=click.IntRange(min=1), help="Global batch, in sequences.  [default: 16]")
 @click.option("--micro-batches", type=click.IntRange(min=1), help="Micro-batches per replica.  [default: 2]")
-@click.option("--wire", type=click.Choice(["fp32", "bf16", "int8", "int4"]),
+@click.option("--wire", type=click.Choice(list(WIRE_FORMATS)),
               help="How tensors travel between agents (fp32 is exact; every agent of a run must agree).  [default: fp32]")
 @click.option("--schedule", type=click.Choice(["gpipe", "1f1b"]), help="Pipeline schedule.  [default: gpipe]")
 @click.option("--seed", type=click.IntRange(min=0), help="Seed of parameters and batches.  [default: 0]")

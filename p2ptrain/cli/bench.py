@@ -17,7 +17,8 @@ BENCHMARKS = {
     "e2e": "End to end: a local swarm on an emulated network; scheduled, Megatron's and a random plan, measured "
            "beside the simulated objective's predictions.",
     "decentralisation": "The cost of decentralisation at the paper's scale (GPT-3 XL, 64 V100s): world-wide over "
-                        "data-center step time per runtime setting, predicted by the simulated objective.",
+                        "data-center step time per runtime setting; with --networks, homes behind their access links, "
+                        "the stage counts that fit memory and DiLoCo; predicted by the simulated objective.",
 }
 
 

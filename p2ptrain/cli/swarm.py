@@ -31,14 +31,15 @@ from p2ptrain.cli.optimizer_options import (
     sync_options,
 )
 from p2ptrain.planning.model_shapes import MODEL_PRESETS
-from p2ptrain.planning.scenarios import ALL_SCENARIOS
+from p2ptrain.planning.scenarios import NAMED_SCENARIOS
+from p2ptrain.runtime.wire import WIRE_FORMATS
 
 
 @click.command(name="swarm", epilog=RECIPES_HELP)
 @click.option("--agents", type=click.IntRange(min=1), default=4, show_default=True, help="Agent processes.")
 @click.option("--stages", type=click.IntRange(min=1), default=2, show_default=True, help="Pipeline stages.")
 @click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True, help="Optimizer steps.")
-@click.option("--scenario", type=click.Choice([*ALL_SCENARIOS, "none"]), default="worldwide", show_default=True,
+@click.option("--scenario", type=click.Choice([*NAMED_SCENARIOS, "none"]), default="worldwide", show_default=True,
               help="The network to emulate, scaled to --agents devices (volunteers: mixed GPUs too, their compute "
                    "emulated); 'none': plain loopback.")
 @click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False),
@@ -63,7 +64,7 @@ from p2ptrain.planning.scenarios import ALL_SCENARIOS
 @click.option("--batch-size", type=click.IntRange(min=1),
               help="Global batch.  [default: matched to the paper's c_PP/c_DP when emulating a scenario, else 16]")
 @click.option("--micro-batches", type=click.IntRange(min=1), default=2, show_default=True)
-@click.option("--wire", type=click.Choice(["fp32", "bf16", "int8", "int4"]), default="fp32", show_default=True,
+@click.option("--wire", type=click.Choice(list(WIRE_FORMATS)), default="fp32", show_default=True,
               help="How tensors travel between agents (fp32 is exact).")
 @click.option("--schedule", type=click.Choice(["gpipe", "1f1b"]), default="gpipe", show_default=True,
               help="Pipeline schedule.")

@@ -36,6 +36,7 @@ from p2ptrain.cli.optimizer_options import (
     sync_options,
 )
 from p2ptrain.planning.model_shapes import MODEL_PRESETS
+from p2ptrain.runtime.wire import WIRE_FORMATS
 
 
 @click.command(
@@ -68,7 +69,7 @@ from p2ptrain.planning.model_shapes import MODEL_PRESETS
               help="Validation loss every this many steps and at the end (a prepared dataset).  [default: 0]")
 @click.option("--save", "save_dir", type=click.Path(file_okay=False),
               help="Single-process: write the trained model as a checkpoint here (for export, generate).")
-@click.option("--wire", type=click.Choice(["fp32", "bf16", "int8", "int4"]),
+@click.option("--wire", type=click.Choice(list(WIRE_FORMATS)),
               help="How tensors travel between workers (fp32 is exact).  [default: fp32]")
 @click.option("--schedule", type=click.Choice(["gpipe", "1f1b"]), help="Pipeline schedule.  [default: gpipe]")
 @click.option("--overlap/--no-overlap", default=None,
@@ -290,7 +291,8 @@ def _emulated_links(plan, cluster_path, scenario, time_scale, size_factor):
     emulation = EmulationConfig(time_scale=time_scale, size_factor=size_factor)
     click.echo(f"emulating {cluster_path or scenario} ({devices} devices): time scale {time_scale:g}, "
                f"size factor {size_factor:g}", err=True)
-    return plan.links(cluster.latency_ms.tolist(), cluster.bandwidth_gbps.tolist(), emulation)
+    return plan.links(cluster.latency_ms.tolist(), cluster.bandwidth_gbps.tolist(), emulation, cluster.uplink_gbps,
+                      cluster.downlink_gbps)
 
 
 def _train_distributed(cfg, workdir: str | None, as_json: bool, print_step, links=None) -> None:

@@ -2,7 +2,8 @@
 live web page, a JSON API and Prometheus metrics.
 
 * ``view.py``: pure. Folds successive snapshots of the run's verified records into what the page shows
-  (peers and their roles, the link matrix, the plan, loss and step-time series, joins, leaves, re-plans).
+  (peers and their roles, the link matrix, the plan, loss and step-time series, joins, leaves, re-plans,
+  the sync mode and DiLoCo round, each peer's bytes sent per step and compute utilisation).
 * ``metrics.py``: the Prometheus collector over a view.
 * ``server.py``: the web server (aiohttp) and the loop that polls the DHT.
 * ``static/``: the page itself, plain HTML, CSS and JavaScript served by the monitor (nothing from a CDN).

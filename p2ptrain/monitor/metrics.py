@@ -39,6 +39,10 @@ class RunCollector:
             "step_time_s": ("p2ptrain_step_seconds", "Median measured step time of the latest steps"),
             "predicted_step_s": ("p2ptrain_predicted_step_seconds", "The plan's predicted step time"),
             "tokens_per_s": ("p2ptrain_tokens_per_second", "Training throughput (needs the tokens per step)"),
+            "sync_every": ("p2ptrain_sync_every_steps", "Steps between data-parallel syncs (DiLoCo's H)"),
+            "round": ("p2ptrain_round", "DiLoCo round in progress (the highest step seen // H)"),
+            "sent_bytes_per_step": ("p2ptrain_sent_bytes_per_step", "Bytes the trainers sent in their last step"),
+            "utilisation": ("p2ptrain_compute_utilisation_ratio", "Mean share of their step trainers computed"),
         }
         for key, (name, help_) in gauges.items():
             if summary.get(key) is not None:
@@ -54,13 +58,15 @@ class RunCollector:
         step = GaugeMetricFamily("p2ptrain_peer_step", "Step of each peer's latest heartbeat", labels=["run", "peer"])
         age = GaugeMetricFamily("p2ptrain_peer_heartbeat_age_seconds", "Seconds since each peer's heartbeat moved",
                                 labels=["run", "peer"])  # fmt: skip
+        sent = GaugeMetricFamily("p2ptrain_peer_sent_bytes_per_step", "Bytes each peer sent in its latest step",
+                                 labels=["run", "peer"])  # fmt: skip
+        used = GaugeMetricFamily("p2ptrain_peer_compute_utilisation_ratio",
+                                 "Share of its latest step each peer computed", labels=["run", "peer"])  # fmt: skip
         for peer in state["peers"]:
-            if peer["step"] is not None:
-                step.add_metric([run, peer["peer_id"]], peer["step"])
-            if peer["heartbeat_age_s"] is not None:
-                age.add_metric([run, peer["peer_id"]], peer["heartbeat_age_s"])
-        yield step
-        yield age
+            for gauge, key in ((step, "step"), (age, "heartbeat_age_s"), (sent, "sent_bytes"), (used, "utilisation")):
+                if peer[key] is not None:
+                    gauge.add_metric([run, peer["peer_id"]], peer[key])
+        yield from (step, age, sent, used)
         polls = CounterMetricFamily("p2ptrain_monitor_polls", "DHT polls by the monitor", labels=["run"])
         polls.add_metric([run], state["polls"])
         yield polls

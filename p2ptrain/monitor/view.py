@@ -12,6 +12,12 @@ monitor did. Joins and leaves are peer records appearing and expiring; re-plans 
 rising. The current plan is the one signed by the lowest live peer (``net.election``); before that peer has
 planned, the newest plan by a live signer.
 
+Traffic and utilisation come from each live peer's latest training heartbeat (not halted, of the newest epoch
+among them): the bytes it sent in that step (``ProgressRecord.sent_bytes``) and its compute utilisation,
+its own compute over the step's time (``compute_s / step_time_s``; none where compute was not measured).
+The run's sync mode is the steps between data-parallel syncs those heartbeats state (``sync_every``, H of
+DiLoCo's rounds; 1: every step), the most of them agreeing; its current round is the highest step seen // H.
+
 Every string in a record came from a peer and is untrusted: the view passes it on unchanged, as data; the
 server encodes it so that no HTML survives in the bytes it sends, and the page only ever sets it as text.
 """
@@ -19,6 +25,7 @@ server encodes it so that no HTML survives in the bytes it sends, and the page o
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -180,6 +187,7 @@ class RunView:
         times = [t for _, t in series["step_time_s"][-5:]]
         step_s = statistics.median(times) if times else None
         alive = [p for p in self._peers.values() if p.left_at is None and p.record is not None]
+        step = max(self._steps, default=0)
         return {
             "run": cfg.run, "time": now, "polls": self.polls, "last_read": self._updated,
             "emulation": {"time_scale": cfg.time_scale, "size_factor": cfg.size_factor} if cfg.emulated else None,
@@ -188,13 +196,13 @@ class RunView:
                 "peers_alive": len(alive), "peers_seen": len(self._peers),
                 "epoch": self._plan.epoch if self._plan else None,
                 "leader": self._plan.leader if self._plan else None,
-                "step": max(self._steps, default=0),
+                "step": step,
                 "loss": series["loss"][-1][1] if series["loss"] else None,
                 "step_time_s": step_s,
                 "tokens_per_s": cfg.tokens_per_step / step_s if cfg.tokens_per_step and step_s else None,
                 "predicted_step_s": self._predicted_s(self._plan.cost_s) if self._plan else None,
                 "replans": max(0, self._counts["plan"] - 1), "joins": self._counts["join"],
-                "leaves": self._counts["leave"],
+                "leaves": self._counts["leave"], **self._sync_state(step),
             },
             "peers": [self._peer_state(peer_id, now) for peer_id in self._peer_order()],
             "links": self._link_matrix(),
@@ -235,6 +243,8 @@ class RunView:
             "last_heartbeat": peer.beat_at, "heartbeat_age_s": age,
             "epoch": progress.epoch if progress else None, "step": progress.step if progress else None,
             "loss": progress.loss if progress else None, "step_time_s": progress.step_time_s if progress else None,
+            "sent_bytes": progress.sent_bytes if progress else None,
+            "utilisation": _utilisation(progress) if progress else None,
         }  # fmt: skip
         if record is not None:
             out.update({
@@ -245,6 +255,29 @@ class RunView:
                 "protocol": record.protocol_version, "emulated_device": record.emulated_device,
             })  # fmt: skip
         return out
+
+    def _training_beats(self) -> list[ProgressRecord]:
+        """Live peers' latest heartbeats that report a step trained (not halted), of the newest epoch among them."""
+        beats = [p.progress for p in self._peers.values() if p.left_at is None and p.record is not None
+                 and p.progress is not None and not p.progress.halted and p.progress.step > 0]  # fmt: skip
+        newest = max((b.epoch for b in beats), default=None)
+        return [b for b in beats if b.epoch == newest]
+
+    def _sync_state(self, step: int) -> dict[str, Any]:
+        """The summary's sync mode, round, traffic and utilisation (see the module docstring)."""
+        beats = self._training_beats()
+        votes = Counter(b.sync_every for b in beats)
+        every = max(votes, key=lambda h: (votes[h], -h), default=None)  # ties: the more frequent sync
+        diloco = every is not None and every > 1
+        sent = [b.sent_bytes for b in beats if b.sent_bytes is not None]
+        used = [u for b in beats if (u := _utilisation(b)) is not None]
+        return {
+            "sync": None if every is None else "diloco" if diloco else "every-step", "sync_every": every,
+            "round": step // every if diloco else None,
+            "round_steps_left": every - step % every if diloco else None,
+            "sent_bytes_per_step": sum(sent) if sent else None,
+            "utilisation": statistics.fmean(used) if used else None,
+        }  # fmt: skip
 
     def _role(self, peer_id: str) -> dict[str, Any]:
         plan = self._plan
@@ -297,3 +330,11 @@ class RunView:
             if entry.epoch in self._plan_costs:
                 predicted.append([step, self._predicted_s(self._plan_costs[entry.epoch])])
         return {"loss": loss, "step_time_s": step_time, "tokens_per_s": tokens, "predicted_step_s": predicted}
+
+
+def _utilisation(progress: ProgressRecord) -> float | None:
+    """The share of its step a peer computed (``compute_s / step_time_s``); None for a halted heartbeat or
+    one without a measured compute or step time."""
+    if progress.halted or progress.compute_s <= 0 or progress.step_time_s <= 0:
+        return None
+    return progress.compute_s / progress.step_time_s

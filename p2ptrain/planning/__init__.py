@@ -30,6 +30,7 @@ from p2ptrain.planning.scheduler import schedule
 from p2ptrain.planning.search import SearchConfig
 from p2ptrain.planning.simulated import SimulatedObjective, StepProfile, StepWorkload
 from p2ptrain.planning.split import check_layers, even_layers
+from p2ptrain.planning.stage_count import StageChoice, StageOption, choose_stages
 from p2ptrain.planning.strategies import DEFAULT_METHOD, SEARCH_METHODS
 from p2ptrain.planning.workload import PAPER_WORKLOAD, Workload, parameter_count, workload_from_model
 
@@ -62,9 +63,12 @@ __all__ = [
     "SearchConfig",
     "SearchStats",
     "SimulatedObjective",
+    "StageChoice",
+    "StageOption",
     "StepProfile",
     "StepWorkload",
     "Workload",
+    "choose_stages",
     "cluster_from_dict",
     "link_clusters",
     "load_cluster",

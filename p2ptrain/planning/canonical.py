@@ -4,9 +4,9 @@ The scheduler searches in this canonical order and maps its plan back, so shuffl
 indices gives the same plan up to that shuffle (and so the same cost).
 
 Twins: devices a and b are twins when swapping them changes nothing — equal links to every other device
-(both ways), a symmetric link between them, equal attributes. A region or an instance of the paper's
-networks is a twin class. Swapping two twins is a symmetry of the problem, so (1) the search never tries
-it, and (2) the order inside a twin class cannot matter. We detect twin classes that are cliques with one
+(both ways), a symmetric link between them, equal attributes (speed, memory, access capacity). A region
+or an instance of the paper's networks is a twin class. Swapping two twins is a symmetry of the problem,
+so (1) the search never tries it, and (2) the order inside a twin class cannot matter. We detect twin classes that are cliques with one
 uniform internal link (the case of regions and instances); anything subtler is left as singletons, which
 is always safe.
 
@@ -44,10 +44,17 @@ class CanonicalOrder:
         return inv
 
 
+def _capacity(cluster: Cluster, key: str) -> np.ndarray:
+    """A device attribute: its access capacity (0 for none), so that devices behind other lines are not twins."""
+    values = getattr(cluster, key)
+    return np.zeros(cluster.num_devices) if values is None else np.where(np.isfinite(values), values, 0.0)
+
+
 def canonical_order(cluster: Cluster) -> CanonicalOrder:
     features = _edge_features(cluster)
     n = cluster.num_devices
-    attrs = np.array([[d.tflops or 0.0, d.memory_gb or 0.0] for d in cluster.devices])
+    attrs = np.column_stack([[d.tflops or 0.0 for d in cluster.devices], [d.memory_gb or 0.0 for d in cluster.devices],
+                             *(_capacity(cluster, key) for key in ("uplink_gbps", "downlink_gbps"))])
     labels = _labels(features, n)
     colour = _refine(labels, _rank_rows(np.hstack([attrs, np.sort(labels, axis=1)])))
     classes = _twin_classes(features, labels, attrs, colour)

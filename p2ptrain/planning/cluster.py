@@ -4,12 +4,19 @@ The file format (DESIGN.md, "Cluster file")::
 
     {"devices": [{"name": "d0", "region": "Oregon", "tflops": 112.0, "memory_gb": 16.0}, ...],
      "latency_ms": [[0, 67.0, ...], ...],
-     "bandwidth_gbps": [[100.0, 0.79, ...], ...]}
+     "bandwidth_gbps": [[100.0, 0.79, ...], ...],
+     "uplink_gbps": [0.1, null, ...], "downlink_gbps": [0.1, null, ...]}
 
 ``latency_ms`` is the one-way delay α in milliseconds, ``bandwidth_gbps`` the bandwidth β in Gbit/s; both
 are N×N with N the number of devices. The diagonal is ignored (a device does not talk to itself).
 Matrices need not be symmetric: the cost model charges a link both ways (forward and backward), so an
 asymmetric measurement is used as it was measured. Everything wrong with a file is a one-line ValueError.
+
+``uplink_gbps`` and ``downlink_gbps`` (optional, N entries each) are a device's access link: the capacity
+U_p every message it sends shares, and D_p every message it receives shares, besides each pair's own path
+β (a home's router: one queue for all its flows). ``null`` (or the key left out) is no such limit. The
+``simulated`` objective prices them (its module docstring has the model); in memory an absent limit is
+``inf``.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import numpy as np
 
 _DEVICE_KEYS = ("name", "region", "tflops", "memory_gb")
 _CLUSTER_KEYS = ("devices", "latency_ms", "bandwidth_gbps")
+_ACCESS_KEYS = ("uplink_gbps", "downlink_gbps")
 
 
 @dataclass(frozen=True)
@@ -38,11 +46,14 @@ class Device:
 
 @dataclass(frozen=True, eq=False)
 class Cluster:
-    """Devices and their links. The matrices are read-only float64 arrays, indexed like ``devices``."""
+    """Devices and their links. The matrices are read-only float64 arrays, indexed like ``devices``; the
+    access capacities are read-only float64 vectors (``inf``: no limit) or None (no device has one)."""
 
     devices: tuple[Device, ...]
     latency_ms: np.ndarray = field(repr=False)
     bandwidth_gbps: np.ndarray = field(repr=False)
+    uplink_gbps: np.ndarray | None = field(default=None, repr=False)
+    downlink_gbps: np.ndarray | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         n = len(self.devices)
@@ -58,19 +69,31 @@ class Cluster:
         off = ~np.eye(n, dtype=bool)
         _check_values(self.latency_ms, off, "latency_ms", allow_zero=True)
         _check_values(self.bandwidth_gbps, off, "bandwidth_gbps", allow_zero=False)
+        for key in _ACCESS_KEYS:
+            object.__setattr__(self, key, _capacities(getattr(self, key), key, n))
 
     @property
     def num_devices(self) -> int:
         return len(self.devices)
 
+    @property
+    def has_access_links(self) -> bool:
+        """Whether some device has an uplink or downlink capacity (the ``simulated`` objective prices it)."""
+        return self.uplink_gbps is not None or self.downlink_gbps is not None
+
     def to_dict(self) -> dict[str, Any]:
         """The cluster in the file format (optional device fields left out when unknown)."""
         devices = [{k: getattr(d, k) for k in _DEVICE_KEYS if getattr(d, k) is not None} for d in self.devices]
-        return {
+        doc: dict[str, Any] = {
             "devices": devices,
             "latency_ms": self.latency_ms.tolist(),
             "bandwidth_gbps": self.bandwidth_gbps.tolist(),
         }
+        for key in _ACCESS_KEYS:
+            values = getattr(self, key)
+            if values is not None:
+                doc[key] = [float(v) if math.isfinite(v) else None for v in values]
+        return doc
 
     def permuted(self, order: np.ndarray | list[int]) -> Cluster:
         """The same cluster with device i of the result being device ``order[i]`` of this one."""
@@ -79,6 +102,8 @@ class Cluster:
             devices=tuple(self.devices[i] for i in idx),
             latency_ms=self.latency_ms[np.ix_(idx, idx)],
             bandwidth_gbps=self.bandwidth_gbps[np.ix_(idx, idx)],
+            uplink_gbps=None if self.uplink_gbps is None else self.uplink_gbps[idx],
+            downlink_gbps=None if self.downlink_gbps is None else self.downlink_gbps[idx],
         )
 
 
@@ -98,6 +123,31 @@ def _matrix(value: Any, key: str, n: int) -> np.ndarray:
     return m
 
 
+def _capacities(value: Any, key: str, n: int) -> np.ndarray | None:
+    """An access capacity vector: N positive finite numbers or None (no limit); None when none is limited."""
+    if value is None:
+        return None
+    if isinstance(value, np.ndarray):
+        raw = [None if not math.isfinite(v) and v > 0 else v for v in value.astype(float).tolist()]
+    elif isinstance(value, list | tuple):
+        raw = list(value)
+    else:
+        raise ValueError(f"cluster: {key} must be a list of {n} numbers (Gbit/s) or nulls")
+    if len(raw) != n:
+        raise ValueError(f"cluster: {key} has {len(raw)} entries but there are {n} devices")
+    out = np.full(n, np.inf)
+    for i, v in enumerate(raw):
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
+            raise ValueError(f"cluster: {key}[{i}] must be a positive finite number (Gbit/s) or null, got {v!r}")
+        out[i] = float(v)
+    if np.isinf(out).all():
+        return None
+    out.setflags(write=False)
+    return out
+
+
 def _check_values(m: np.ndarray, off: np.ndarray, key: str, *, allow_zero: bool) -> None:
     vals = m[off]
     bad = ~np.isfinite(vals)
@@ -114,9 +164,9 @@ def cluster_from_dict(data: Any) -> Cluster:
     """Build a cluster from the file format; a one-line ValueError names the first problem found."""
     if not isinstance(data, dict):
         raise ValueError(f"cluster: expected a JSON object with {', '.join(_CLUSTER_KEYS)}")
-    unknown = sorted(set(data) - set(_CLUSTER_KEYS))
+    unknown = sorted(set(data) - set(_CLUSTER_KEYS) - set(_ACCESS_KEYS))
     if unknown:
-        raise ValueError(f"cluster: unknown key {unknown[0]!r} (known: {', '.join(_CLUSTER_KEYS)})")
+        raise ValueError(f"cluster: unknown key {unknown[0]!r} (known: {', '.join(_CLUSTER_KEYS + _ACCESS_KEYS)})")
     missing = [k for k in _CLUSTER_KEYS if k not in data]
     if missing:
         raise ValueError(f"cluster: missing {missing[0]!r}")
@@ -124,7 +174,8 @@ def cluster_from_dict(data: Any) -> Cluster:
     if not isinstance(raw, list):
         raise ValueError("cluster: devices must be a list")
     devices = tuple(_device(d, i) for i, d in enumerate(raw))
-    return Cluster(devices, data["latency_ms"], data["bandwidth_gbps"])
+    return Cluster(devices, data["latency_ms"], data["bandwidth_gbps"], data.get("uplink_gbps"),
+                   data.get("downlink_gbps"))
 
 
 def _device(d: Any, i: int) -> Device:

@@ -301,7 +301,8 @@ def schedule_layered(
     if best is None:
         return Infeasible(_memory_reason(joint))
     objective = joint.objective(best.layers)
-    cost = objective.evaluate(best.sigma)
+    pipelines = best.sigma[np.argsort(best.sigma[:, 0], kind="stable")]
+    cost = objective.evaluate(pipelines if cluster.has_access_links else best.sigma)  # rank order orders shards
     even_objective = joint.objective(even)
     baselines: dict[str, CostBreakdown] = {"megatron": even_objective.evaluate(megatron_assignment(n, num_stages))}
     if comm_only is not None:
@@ -311,7 +312,6 @@ def schedule_layered(
                                           for k in ("cost_s", "data_parallel_s", "pipeline_s")))
     unfit = [name for name, sigma in (("megatron", megatron_assignment(n, num_stages)),
                                       ("communication_only", comm_only)) if sigma is not None and not joint.fits(sigma, even)]
-    pipelines = best.sigma[np.argsort(best.sigma[:, 0], kind="stable")]
     seconds = clock() - start_time if clock and start_time is not None else None
     log.info("planned %d devices in %d stages with layers %s: %.3f s/step (%d simulations)", n, num_stages,
              [b - a for a, b in best.layers], cost.cost_s, joint.evaluations)

@@ -20,7 +20,8 @@ M micro-batches per pipeline and step; a gpt has f = 4h and kv = h:
   forward (a gradient for the input and one for the weights), plus one forward again with ``recompute``.
 - Training state: 16 bytes per parameter whatever the precision — fp32 weights, gradients and AdamW's two
   moments (4 + 4 + 8; our runtime), or fp16 weights and gradients with fp32 master weights and moments
-  (2 + 2 + 4 + 8; mixed precision as the paper trained).
+  (2 + 2 + 4 + 8; mixed precision as the paper trained). DiLoCo's outer optimizer keeps two more float32
+  copies, the round's anchor and its momentum: 24 bytes (``state_bytes``, ``DILOCO_STATE_BYTES``).
 - Activations kept for the backward pass, per token of a micro-batch: a gpt block 34h + 5aT bytes with
   2-byte activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
   Models", eq. 2: norms 4h, attention 11h + 5aT, MLP 19h = its input 2h, GELU's input and output 2·2·4h,
@@ -29,9 +30,11 @@ M micro-batches per pipeline and step; a gpt has f = 4h and kv = h:
   scaled by activation_bytes / 2. The head keeps the final norm's input and output (2h values)
   and the fp32 logits and their softmax (8V bytes); the embeddings nothing (the first block counts its own
   input). GPipe runs all M forward passes before the first backward, so a stage holds M micro-batches'
-  activations at its peak. With ``recompute`` (activation checkpointing) a block keeps only its input
-  (h values per token) for each micro-batch, plus one micro-batch's full working set while it recomputes
-  (the head likewise: its input for every micro-batch, its logits for one at a time).
+  activations at its peak; 1F1B at most S − j on stage j, min(S, M) on stage 0, which ``model_workload``
+  charges every stage (``in_flight``: an upper bound, exact for stage 0). With ``recompute`` (activation
+  checkpointing) a block keeps only its input (h values per token) for each micro-batch, plus one
+  micro-batch's full working set while it recomputes (the head likewise: its input for every micro-batch,
+  its logits for one at a time).
 
 Units: GB is 10⁹ bytes. Times: ``compute_parts`` (FLOPs over a device's speed) or measured
 (``runtime.calibration``).
@@ -61,6 +64,7 @@ from p2ptrain.planning.workload import (
 
 GB = 1e9
 STATE_BYTES_PER_PARAMETER = 16
+DILOCO_STATE_BYTES = STATE_BYTES_PER_PARAMETER + 8  # + the outer optimizer's anchor and momentum (float32)
 BACKWARD_FLOPS_PER_FORWARD = 2.0
 # Achieved fraction of a card's peak FLOP/s in training (model FLOPs utilisation): 0.35 is typical of
 # well-tuned GPT training on data-centre and consumer GPUs alike (Narayanan et al. 2021 report 44-52 %
@@ -123,10 +127,13 @@ def layer_model(
     micro_batches: int,
     activation_bytes: int = 2,
     recompute: bool = False,
+    state_bytes: float = STATE_BYTES_PER_PARAMETER,
 ) -> LayerModel:
-    """The per-part costs of ``shape`` for micro-batches of ``micro_batch_tokens`` tokens (module docstring)."""
-    if micro_batch_tokens <= 0 or micro_batches < 1 or activation_bytes < 1:
-        raise ValueError("layer model: micro_batch_tokens, micro_batches and activation_bytes must be positive")
+    """The per-part costs of ``shape`` for micro-batches of ``micro_batch_tokens`` tokens, a stage holding
+    ``micro_batches`` of them at its peak and ``state_bytes`` per parameter (module docstring)."""
+    if micro_batch_tokens <= 0 or micro_batches < 1 or activation_bytes < 1 or state_bytes <= 0:
+        raise ValueError("layer model: micro_batch_tokens, micro_batches, activation_bytes and state_bytes must be "
+                         "positive")
     h, a, t, v, n = shape.hidden_size, shape.num_heads, shape.seq_len, shape.vocab_size, micro_batch_tokens
     f = shape.ffn_hidden_size
     params = Parts(block=block_parameters(shape), embeddings=embedding_parameters(shape), head=head_parameters(shape))
@@ -140,9 +147,9 @@ def layer_model(
     head_full = n * (2 * h * activation_bytes + 8 * v)
     head_acts = n * h * activation_bytes * micro_batches + head_full if recompute else head_full * micro_batches
     memory = Parts(
-        block=STATE_BYTES_PER_PARAMETER * params.block + kept_block,
-        embeddings=STATE_BYTES_PER_PARAMETER * params.embeddings,
-        head=STATE_BYTES_PER_PARAMETER * params.head + head_acts,
+        block=state_bytes * params.block + kept_block,
+        embeddings=state_bytes * params.embeddings,
+        head=state_bytes * params.head + head_acts,
     )
     return LayerModel(shape.num_layers, params, flops, memory, micro_batches, stage_extra_bytes=transient,
                       recompute=recompute)
@@ -219,16 +226,21 @@ def model_workload(
     recompute: bool = False,
     utilisation: float = DEFAULT_UTILISATION,
     source: str = "model",
+    in_flight: int | None = None,
+    state_bytes: float = STATE_BYTES_PER_PARAMETER,
 ) -> LayeredWorkload:
     """The layered workload of ``shape`` on ``cluster`` (``layers``: FLOPs over peak speed × utilisation).
 
     The reference device is the cluster's fastest; a device without ``tflops`` counts as the reference (with
     no speeds known at all, every device is the paper's V100). The optimizer update is left out (memory
-    bound, small beside forward and backward on a GPU)."""
+    bound, small beside forward and backward on a GPU). Memory: ``in_flight`` micro-batches' activations on
+    every stage (default all M, GPipe's peak; ``micro_batches_in_flight`` gives the schedule's) and
+    ``state_bytes`` per parameter (``DILOCO_STATE_BYTES`` with DiLoCo)."""
     replicas = cluster.num_devices // num_stages
     shard_tokens = batch_tokens / replicas
-    model = layer_model(shape, micro_batch_tokens=shard_tokens / micro_batches, micro_batches=micro_batches,
-                        activation_bytes=activation_bytes, recompute=recompute)
+    model = layer_model(shape, micro_batch_tokens=shard_tokens / micro_batches,
+                        micro_batches=micro_batches if in_flight is None else in_flight,
+                        activation_bytes=activation_bytes, recompute=recompute, state_bytes=state_bytes)
     speeds = [d.tflops for d in cluster.devices if d.tflops]
     reference = max(speeds) if speeds else PAPER_DEVICE_TFLOPS
     forward, backward = compute_parts(model, reference, utilisation)
@@ -241,6 +253,12 @@ def model_workload(
         gradient_gb=parameter_gb(costs, num_stages), source=source,
         step=StepProfile(micro_batches=micro_batches, reference_tflops=reference), costs=costs,
         wire={2: "fp16", 4: "fp32"}.get(activation_bytes, f"{activation_bytes}-byte"))
+
+
+def micro_batches_in_flight(schedule: str, num_stages: int, micro_batches: int) -> int:
+    """Micro-batches whose activations a stage holds at its peak, the most any stage holds (stage 0):
+    GPipe all M; 1F1B (PipeDream-flush) min(S, M)."""
+    return min(num_stages, micro_batches) if schedule == "1f1b" else micro_batches
 
 
 def parameter_gb(costs: LayerCosts, num_stages: int) -> float:

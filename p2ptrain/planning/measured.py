@@ -19,10 +19,13 @@ exactly the twin classes.
 
 ``perturbed`` makes the measured twin of a network (every link's latency and bandwidth scaled by its own
 random factor in [1 − x, 1 + x], the same both ways; device order optionally shuffled): what tests and
-benchmarks plan to see how the scheduler does on networks as agents measure them.
+benchmarks plan to see how the scheduler does on networks as agents measure them. Both keep the devices'
+access capacities as they are.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 from scipy.cluster.hierarchy import fcluster, linkage
@@ -82,7 +85,7 @@ def snapped(cluster: Cluster, labels: np.ndarray) -> Cluster:
     bandwidth = 1.0 / mean_inv_bw[labels][:, labels]
     np.fill_diagonal(latency, 0.0)
     np.fill_diagonal(bandwidth, 0.0)
-    return Cluster(cluster.devices, latency, bandwidth)
+    return dataclasses.replace(cluster, latency_ms=latency, bandwidth_gbps=bandwidth)
 
 
 def perturbed(cluster: Cluster, relative: float, rng: np.random.Generator, *, shuffle: bool = True) -> tuple[Cluster, np.ndarray]:
@@ -97,6 +100,7 @@ def perturbed(cluster: Cluster, relative: float, rng: np.random.Generator, *, sh
         f = np.triu(rng.uniform(1 - relative, 1 + relative, size=(n, n)), 1)
         return f + f.T + np.eye(n)
 
-    noisy = Cluster(cluster.devices, cluster.latency_ms * factors(), cluster.bandwidth_gbps * factors())
+    noisy = dataclasses.replace(cluster, latency_ms=cluster.latency_ms * factors(),
+                                bandwidth_gbps=cluster.bandwidth_gbps * factors())  # access capacities kept
     order = rng.permutation(n) if shuffle else np.arange(n)
     return noisy.permuted(order), order

@@ -24,10 +24,16 @@ Not the paper's (``MIXED_SCENARIOS``; the paper's five are ``SCENARIOS``):
   (listed region by region) is card ``VOLUNTEER_CARDS[k % 8]``, so 8 devices give one card a region and
   64 give every region one of each. Each card's peak dense fp16/bf16 tensor TFLOP/s (fp32 accumulate) and
   memory, from the vendors' data sheets (see ``VOLUNTEER_CARDS``).
+
+Not a datacenter at all (``HOME_SCENARIOS``, reachable by name but not among the networks above):
+
+- ``homes``: one device per home (``homes``): every pair at 100 Mbit/s, a latency of 20–150 ms, and each
+  home's 100 Mbit/s uplink and downlink shared by all its flows (the cluster's access links).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from functools import cache
 from importlib import resources
@@ -40,6 +46,8 @@ from p2ptrain.planning.cluster import Cluster, Device
 SCENARIOS = ("datacenter", "spot", "multi_dc", "regional", "worldwide")  # the paper's networks
 MIXED_SCENARIOS = ("volunteers",)  # mixed GPUs on the paper's world-wide links
 ALL_SCENARIOS = SCENARIOS + MIXED_SCENARIOS
+HOME_SCENARIOS = ("homes",)  # one device per home, each behind its access link
+NAMED_SCENARIOS = ALL_SCENARIOS + HOME_SCENARIOS  # every name ``scenario`` knows
 
 # (card, peak dense fp16/bf16 tensor TFLOP/s with fp32 accumulate, memory GB), from the data sheets:
 # NVIDIA A100 Tensor Core GPU data sheet (SXM 80 GB: 312 TFLOP/s bf16); NVIDIA Ada GPU architecture
@@ -60,10 +68,12 @@ VOLUNTEER_CARDS: tuple[tuple[str, float, float], ...] = (
 HOME_LATENCY_MS = (20.0, 150.0)  # ``homes``: a pair's latency, uniform in this range
 
 
-def homes(num_devices: int, bandwidth_gbps: float = 0.1, seed: int = 0) -> Cluster:
+def homes(num_devices: int, bandwidth_gbps: float = 0.1, seed: int = 0, access: bool = True) -> Cluster:
     """``num_devices`` homes, one device each: every pair at ``bandwidth_gbps`` (100 Mbit/s by default) and a
-    latency drawn uniformly from 20–150 ms (symmetric; ``seed`` draws it). Each link is its own path here;
-    a home's uplink shared by its flows is not modelled yet, so the figures are optimistic."""
+    latency drawn uniformly from 20–150 ms (symmetric; ``seed`` draws it). With ``access`` each home's uplink
+    and downlink are ``bandwidth_gbps`` too, shared by its flows (``Cluster.uplink_gbps``/``downlink_gbps``):
+    a home sending to several others at once sends to each at a share of its uplink. Without it each pair
+    is a path of its own (optimistic: a home's flows then add up to more than its line)."""
     if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 2:
         raise ValueError(f"homes: the number of devices must be an integer of at least 2, got {num_devices!r}")
     if not bandwidth_gbps > 0:
@@ -73,7 +83,8 @@ def homes(num_devices: int, bandwidth_gbps: float = 0.1, seed: int = 0) -> Clust
     latency = upper + upper.T
     bandwidth = np.full((num_devices, num_devices), float(bandwidth_gbps))
     devices = [Device(name=f"home-{k}", region=f"home-{k}") for k in range(num_devices)]
-    return _finish(devices, latency, bandwidth)
+    line = np.full(num_devices, float(bandwidth_gbps)) if access else None
+    return _finish(devices, latency, bandwidth, line, line)
 
 
 PAPER_DEVICES = 64
@@ -100,11 +111,14 @@ def scenario_data() -> dict[str, Any]:
 
 
 def scenario(name: str, num_devices: int = PAPER_DEVICES) -> Cluster:
-    """The paper's network ``name`` with ``num_devices`` devices (see the module docstring for scaling)."""
-    if name not in ALL_SCENARIOS:
-        raise ValueError(f"unknown scenario {name!r} (choose from {', '.join(ALL_SCENARIOS)})")
+    """The network ``name`` with ``num_devices`` devices (see the module docstring for scaling): one of the
+    paper's, ``volunteers`` or ``homes`` (with its defaults: 100 Mbit/s lines, seed 0)."""
+    if name not in NAMED_SCENARIOS:
+        raise ValueError(f"unknown scenario {name!r} (choose from {', '.join(NAMED_SCENARIOS)})")
     if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 1:
         raise ValueError(f"scenario: the number of devices must be a positive integer, got {num_devices!r}")
+    if name == "homes":
+        return homes(num_devices)
     if name == "volunteers":
         return _volunteers(scenario("worldwide", num_devices))
     spec = scenario_data()["scenarios"][name]
@@ -124,7 +138,7 @@ def _volunteers(world: Cluster) -> Cluster:
     for k, d in enumerate(world.devices):
         card, tflops, memory_gb = VOLUNTEER_CARDS[k % len(VOLUNTEER_CARDS)]
         devices.append(Device(name=f"{d.name}-{card}", region=d.region, tflops=tflops, memory_gb=memory_gb))
-    return Cluster(tuple(devices), world.latency_ms, world.bandwidth_gbps)
+    return dataclasses.replace(world, devices=tuple(devices))
 
 
 def _instance_sizes(name: str, n: int) -> list[int]:
@@ -182,7 +196,8 @@ def _regions(
     return _finish(devices, latency, bandwidth)
 
 
-def _finish(devices: list[Device], latency: np.ndarray, bandwidth: np.ndarray) -> Cluster:
+def _finish(devices: list[Device], latency: np.ndarray, bandwidth: np.ndarray, uplink: np.ndarray | None = None,
+            downlink: np.ndarray | None = None) -> Cluster:
     np.fill_diagonal(latency, 0.0)
     np.fill_diagonal(bandwidth, 0.0)  # the diagonal is ignored
-    return Cluster(tuple(devices), latency, bandwidth)
+    return Cluster(tuple(devices), latency, bandwidth, uplink, downlink)

@@ -81,6 +81,8 @@ def schedule(
     if n <= exhaustive_max_devices:
         exact = solve_exhaustive(obj)
         sigma, evaluations, method, stopped_by = exact.assignment, exact.partitions, "exhaustive", "converged"
+    elif num_stages == 1:  # one group of every device: nothing to search (the partition search needs two)
+        sigma, evaluations, method, stopped_by = canon.inverse[megatron_assignment(n, 1)], 1, "exhaustive", "converged"
     else:
         out_of_time = None
         if time_budget_s is not None:
@@ -90,6 +92,8 @@ def schedule(
                            config, out_of_time, gcma)
         sigma, evaluations, method, stopped_by = found.assignment, found.evaluations, search, found.stopped_by
     sigma = refine_assignment(obj, sigma)  # the simulated objective re-orders stages under its exact cost
+    if cluster.has_access_links:  # the plan's pipeline order is the groups' rank order, which orders their shards
+        sigma = sigma[np.argsort(canon.order[sigma][:, 0], kind="stable")]
     cost = obj.evaluate(sigma)
     megatron_sigma = canon.inverse[megatron_assignment(n, num_stages)]
     baselines = {"megatron": obj.evaluate(megatron_sigma), "random": random_cost(obj, n, baseline_rng)}

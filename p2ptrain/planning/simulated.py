@@ -21,10 +21,20 @@ pseudo-gradients after every H-th step, none after the others. The prediction is
 it plus 1/H of what it adds to a step that has it (both simulated); the closed form divides the groups'
 all-reduce term by H.
 
+With ``sync_overlap`` (Streaming DiLoCo, the outer step one round late) the round's all-reduce runs
+streamed during the next round's H steps instead: a step is priced as the longer of the step without it
+(simulated) and, for every queue (each device's uplink and downlink; each pair's path, which is the only
+queue where a device has no access link), the time the queue needs for one step's bytes plus 1/H of the
+round's all-reduce bytes (``streamed_floor_s``): the busiest queue paces the round, however the shards
+are scheduled in it.
+
 4. with gradient clipping (``clip``, ``model.clip``), between the all-reduce and the update: send the
    stage's squared norm to every other stage of the pipeline (one scalar: latency and message overhead
    only, α + o) and wait for theirs. The last stages are done first, so this mostly costs the stages after
-   0 the latency from stage 0, while they would wait for its next activations anyway.
+   0 the latency from stage 0, while they would wait for its next activations anyway. Behind an uplink a
+   scalar waits for the sender's queue to empty (without an all-reduce, its last gradient may still be
+   on it); not for a downlink's: it adds no bytes, and its receiver has emptied its own downlink of the
+   step's messages before it needs the scalar (its own all-reduce is done).
 
 The run's settings (``StepProfile``, ``wire_model``): the wire format scales what each kind of message
 carries (activations, their gradients, the all-reduce's shards); steps 1 and 2 run in the schedule's order
@@ -40,6 +50,30 @@ time t starts at max(t, when the link is free), occupies it 8x/β_ab (bandwidth 
 α_ab + o later, o being the transport's own per-message overhead (latency overlaps with the next
 message's serialisation). Different destinations are different FIFOs: a device's D−1 shard messages
 travel in parallel — unlike the paper's model, which sums them.
+
+Access links (``Cluster.uplink_gbps``/``downlink_gbps``; a home's router, one queue per direction for all
+its flows): device p may have an uplink U_p and a downlink D_p besides each pair's α_ab and β_ab. A message
+of n = 8x Gbit that a hands to b at t (the emulator's model, ``net/transport/emulation.py``):
+
+1. sender: s = max(t, pair_free[a→b], up_free[a]); pair_free[a→b] = s + n/min(β_ab, U_a);
+   up_free[a] = s + n/U_a. Its bytes reach b from s + α_ab + o on, the last at e = s + n/min(β_ab, U_a) + α_ab + o;
+2. receiver: d = max(s + α_ab + o, down_free[b]); down_free[b] = d + n/D_b; delivered at f = max(d + n/D_b, e).
+
+A device without U (D) has no such queue (not a queue of infinite rate: nothing waits in it), so with
+neither this is exactly the per-link model above, and the same code runs as before. Every message goes
+through it: activations and their gradients, the all-reduce's shards both ways (the clip's scalars below).
+Each queue serves its messages in the order the simulation hands them over, which is their time order
+except where noted: within a step, the pipeline's messages in the step's order (``step_order``: each
+device's own sends in its own order, so its uplink is exact), then each stage's all-reduce as soon as the
+stage's last backward pass is done, its shards and that pass's gradient to the stage before (handed over
+after the buckets the pass made, with overlap, and so queued behind them on the uplink) in hand-over order
+on every uplink and arrival order on every downlink (a fixed point, as without access links). A downlink
+serves the messages of a step's pipeline before the all-reduce's, and a step's before the next step's:
+where a faster pipeline's shard reaches a device still receiving its own pipeline's gradients, or a
+neighbour's next activations reach a device still in its all-reduce, the real queue would interleave them
+(1F1B can interleave a stage's incoming activations and gradients too). Tests check the simulation
+against a brute-force event simulation in time order (``tests/planning/access_sim.py``): equal where these
+cannot occur; on home-like networks with 1F1B most periods are equal too, and the others within about 10 %.
 
 ``evaluate`` is this event simulation, exactly (``simulate``): ``steps`` steps from a common start,
 vectorised over pipelines and groups (O(steps · M · S) numpy operations), and the prediction is the
@@ -79,6 +113,15 @@ form cannot see positions, see below) and the plan is evaluated exactly.
   "groups, then a sum of hops" the exhaustive solver relies on); ``refine`` then chooses the positions.
   Clipping adds the longest scalar delay of the cluster (an upper bound that is the same for every plan:
   the closed form does not see which stages a pipeline pairs; the simulation does).
+- Access links, in the closed form: a hop's link a→b moves its micro-batch at the slowest of the pair,
+  a's uplink and b's downlink (a message alone in those queues), 8x·max(1/β_ab, 1/U_a, 1/D_b); contention
+  between the pipeline's messages and the all-reduce's is left to the simulation. In the all-reduce each
+  member sends D−1 shards through its uplink and receives D−1 through its downlink in each phase, so the
+  pair value adds 8s(D−2)·(1/U_a + 1/D_b): a shard queued behind its phase's other shards at both ends
+  (an estimate on the high side: in a balanced exchange the shards queue mostly at one end; the search
+  uses it to compare groups, the plan is then simulated exactly). Without access links these are the
+  terms above. With ``sync_overlap`` the step is the longer of the pipeline part and the slowest group's
+  value over H (the round's all-reduce spread over its steps).
 
 Compute times are for a device of ``reference_tflops``; a device whose ``tflops`` is known computes
 reference/tflops times as long (the closed form uses the slowest device for every stage).
@@ -143,6 +186,7 @@ class StepProfile:
     bucket_gb: float = 0.0
     clip: bool = False  # the stages exchange their gradient norms before the update (step 4)
     sync_every: int = 1  # DiLoCo: the replicas all-reduce once every this many steps (1: every step)
+    sync_overlap: bool = False  # DiLoCo: the round's all-reduce streams during the next round (module docstring)
 
     def __post_init__(self) -> None:
         if isinstance(self.micro_batches, bool) or not isinstance(self.micro_batches, int) or self.micro_batches < 1:
@@ -171,6 +215,8 @@ class StepProfile:
         object.__setattr__(self, "volume_bytes", volume)
         if isinstance(self.sync_every, bool) or not isinstance(self.sync_every, int) or self.sync_every < 1:
             raise ValueError(f"step profile: sync_every must be a positive integer, got {self.sync_every!r}")
+        if self.sync_overlap and self.sync_every == 1:
+            raise ValueError("step profile: sync_overlap streams a DiLoCo round's all-reduce and needs sync_every > 1")
         if not (math.isfinite(self.bucket_gb) and self.bucket_gb >= 0):
             raise ValueError(f"step profile: bucket_gb must be a non-negative number, got {self.bucket_gb!r}")
 
@@ -217,7 +263,7 @@ class SimulatedSteps:
     pipeline_s: float
     data_parallel_s: float
     sync_every: int = 1  # DiLoCo: ``step_s`` are steps without the all-reduce, one in this many has it ...
-    sync_extra_s: float = 0.0  # ... and takes this much longer
+    sync_extra_s: float = 0.0  # ... and takes this much longer (streamed: the round is this much longer)
 
     @property
     def predicted_s(self) -> float:
@@ -244,6 +290,14 @@ class SimulatedObjective:
         self.delay_s = np.where(off, cluster.latency_ms / 1000.0 + profile.message_s, 0.0)
         with np.errstate(divide="ignore"):
             self.s_per_gb = np.where(off, GBIT_PER_GB / np.where(off, cluster.bandwidth_gbps, 1.0), 0.0)
+        # access links: seconds per GB through each device's uplink and downlink (0 where it has none), and
+        # a message's seconds per GB on its path, the pair's or the sender's uplink, whichever is slower
+        self.access = cluster.has_access_links
+        self.has_up, self.up_s_per_gb = _access(cluster.uplink_gbps, n)
+        self.has_down, self.down_s_per_gb = _access(cluster.downlink_gbps, n)
+        self.send_s_per_gb = self.s_per_gb
+        if self.access:
+            self.send_s_per_gb = np.maximum(self.s_per_gb, self.up_s_per_gb[:, None] * off)
         act_factor, grad_factor, dp_factor = profile.factors
         self.activation_gb = workload.activation_gb / m * act_factor  # one micro-batch's activations, as sent
         self.activation_grad_gb = workload.activation_gb / m * grad_factor  # ... and their gradients
@@ -259,14 +313,19 @@ class SimulatedObjective:
         self.backward_s = profile.per_stage("backward_s", s, 0.0)
         self.update_s = profile.per_stage("update_s", s, 0.0)
         self.slowdown = _slowdown(cluster, profile.reference_tflops)
-        forward = self.delay_s + self.activation_gb * self.s_per_gb
-        backward = self.delay_s + self.activation_grad_gb * self.s_per_gb
+        alone = np.maximum(self.send_s_per_gb, self.down_s_per_gb[None, :] * off) if self.access else self.s_per_gb
+        forward = self.delay_s + self.activation_gb * alone
+        backward = self.delay_s + self.activation_grad_gb * alone
         hop = forward + backward.T
         hop = (hop + hop.T) / 2  # symmetric (it is already when links are; only formats differ by direction)
         np.fill_diagonal(hop, 0.0)
         hop.setflags(write=False)
         self.hop_link_s = hop
-        self._pair_dp_s = np.where(off, self.delay_s + self.gradient_gb.max() / d * self.s_per_gb, 0.0)
+        shard_gb = self.gradient_gb.max() / d
+        pair_dp = self.delay_s + shard_gb * alone
+        if self.access and d > 2:  # each shard behind its phase's D − 2 others at both ends
+            pair_dp = pair_dp + shard_gb * (d - 2) * (self.up_s_per_gb[:, None] + self.down_s_per_gb[None, :])
+        self._pair_dp_s = np.where(off, pair_dp, 0.0)
         worst = float(self.slowdown.max())
         self._compute_s = (self.forward_s + self.backward_s) * worst
         self._update_s = self.update_s * worst
@@ -286,6 +345,10 @@ class SimulatedObjective:
         bottleneck = max(float(compute.max()), max(hops, default=0.0))
         pipeline = float(compute.sum()) + sum(hops) + (self.micro_batches - 1) * bottleneck
         h = self.profile.sync_every  # DiLoCo: one all-reduce a round
+        if self.profile.sync_overlap:  # streamed: the round's all-reduce runs beside the next round's steps
+            local = pipeline + float(self._update_s.max()) + self.profile.boundary_s + self._clip_s
+            step = max(local, max(float(g) for g in group_values) / h)
+            return CostBreakdown(cost_s=step, data_parallel_s=step - pipeline, pipeline_s=pipeline)
         data_parallel = max(float(g) / h + float(u) for g, u in zip(group_values, self._update_s, strict=True))
         data_parallel += self.profile.boundary_s + self._clip_s
         return CostBreakdown(cost_s=pipeline + data_parallel, data_parallel_s=data_parallel, pipeline_s=pipeline)
@@ -347,14 +410,44 @@ class SimulatedObjective:
     def simulate(self, assignment: np.ndarray, steps: int | None = None) -> SimulatedSteps:
         """Run ``steps`` (default: the profile's) steps of ``assignment`` through the event model."""
         sigma = check_assignment(assignment, self.num_replicas, self.num_stages, len(self.hop_link_s))
-        synced = _simulate(self, sigma, steps or self.profile.steps)
         h = self.profile.sync_every
         if h == 1 or self.num_replicas == 1:
-            return synced
+            return _simulate(self, sigma, steps or self.profile.steps)
         local = _simulate(self, sigma, steps or self.profile.steps, all_reduce=False)
-        extra = max(0.0, synced.predicted_s - local.predicted_s)
+        if self.profile.sync_overlap:
+            extra = h * max(0.0, self.streamed_floor_s(sigma) - local.predicted_s)  # a round is this much longer
+        else:
+            synced = _simulate(self, sigma, steps or self.profile.steps)
+            extra = max(0.0, synced.predicted_s - local.predicted_s)
         return dataclasses.replace(local, data_parallel_s=local.data_parallel_s + extra / h, sync_every=h,
                                    sync_extra_s=extra)
+
+    def streamed_floor_s(self, assignment: np.ndarray) -> float:
+        """The busiest queue's seconds per step with a DiLoCo round's all-reduce streamed over its H steps
+        (``sync_overlap``, module docstring): each queue's share of one step's bytes, pipeline and 1/H of the
+        round's shards (2·(D−1) shards of g_j/D out of and into every member of stage j's group)."""
+        sigma = check_assignment(assignment, self.num_replicas, self.num_stages, len(self.hop_link_s))
+        d, m, n = self.num_replicas, self.micro_batches, len(self.hop_link_s)
+        pair_gb = np.zeros((n, n))  # GB a step sends a→b
+        a, b = sigma[:, :-1], sigma[:, 1:]
+        pair_gb[a, b] += m * self.activation_gb
+        pair_gb[b, a] += m * self.activation_grad_gb
+        if d > 1:
+            cols = sigma.T  # [j, i]
+            shards = (2 * self.gradient_gb / d / self.profile.sync_every)[:, None, None]
+            pair_gb[cols[:, :, None], cols[:, None, :]] += np.where(np.eye(d, dtype=bool)[None], 0.0, shards)
+        busiest = float((pair_gb * self.send_s_per_gb).max())
+        if self.access:
+            busiest = max(busiest, float((pair_gb.sum(axis=1) * self.up_s_per_gb).max()),
+                          float((pair_gb.sum(axis=0) * self.down_s_per_gb).max()))
+        return busiest
+
+    def compute_s(self, assignment: np.ndarray) -> float:
+        """The busiest device's compute per step: M forwards and backwards of its stage and its update, at its
+        speed (a plan's compute utilisation is this over its step time)."""
+        sigma = check_assignment(assignment, self.num_replicas, self.num_stages, len(self.hop_link_s))
+        per_stage = self.micro_batches * (self.forward_s + self.backward_s) + self.update_s
+        return float((per_stage[None, :] * self.slowdown[sigma]).max())
 
 
 def bucket_shares(gradient_gb: np.ndarray, bucket_gb: float) -> np.ndarray:
@@ -394,6 +487,14 @@ def _swapped(order: tuple[int, ...], a: int, b: int) -> tuple[int, ...]:
     return tuple(out)
 
 
+def _access(capacity_gbps: np.ndarray | None, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Which devices have this access link, and its seconds per GB (0 where they have none)."""
+    if capacity_gbps is None:
+        return np.zeros(n, dtype=bool), np.zeros(n)
+    has = np.isfinite(capacity_gbps)
+    return has, np.where(has, GBIT_PER_GB / capacity_gbps, 0.0)
+
+
 def _slowdown(cluster: Cluster, reference_tflops: float | None) -> np.ndarray:
     """Per device: how many times longer than the reference device it computes (1 when unknown)."""
     if reference_tflops is None:
@@ -404,8 +505,8 @@ def _slowdown(cluster: Cluster, reference_tflops: float | None) -> np.ndarray:
 def _simulate(obj: SimulatedObjective, sigma: np.ndarray, steps: int, all_reduce: bool = True) -> SimulatedSteps:
     d, s, m = obj.num_replicas, obj.num_stages, obj.micro_batches
     a, b = sigma[:, :-1], sigma[:, 1:]  # pipeline i's hop h: a[i, h] → b[i, h]
-    lat_f, ser_f = obj.delay_s[a, b], obj.activation_gb * obj.s_per_gb[a, b]
-    lat_b, ser_b = obj.delay_s[b, a], obj.activation_grad_gb * obj.s_per_gb[b, a]
+    lat_f, ser_f = obj.delay_s[a, b], obj.activation_gb * obj.send_s_per_gb[a, b]
+    lat_b, ser_b = obj.delay_s[b, a], obj.activation_grad_gb * obj.send_s_per_gb[b, a]
     cols = sigma.T  # cols[j, i]: stage j's member of pipeline i
     src, dst = cols[:, :, None], cols[:, None, :]
     lat_g = obj.delay_s[src, dst]  # [j, i, k]: link from member i to member k of stage j's group
@@ -418,6 +519,8 @@ def _simulate(obj: SimulatedObjective, sigma: np.ndarray, steps: int, all_reduce
     free_f = np.full((d, s - 1), -np.inf)  # when each link is free again (FIFO), kept across steps
     free_b = np.full((d, s - 1), -np.inf)
     free_g = np.full((s, d, d), -np.inf)
+    access = _Access(obj, sigma, free_f, free_b, free_g) if obj.access else None
+    shared_all_reduce = access is not None and d > 1 and all_reduce  # each stage's, once its last backward is done
     start = np.zeros((d, s))
     step_s: list[float] = []
     completed = pipeline_s = 0.0
@@ -427,29 +530,48 @@ def _simulate(obj: SimulatedObjective, sigma: np.ndarray, steps: int, all_reduce
         arrive_f = np.zeros((d, s, m))  # when micro-batch mb's activations reach stage j
         arrive_b = np.zeros((d, s, m))  # ... and its gradient
         last_start = start.copy()  # when each device began its last backward pass
+        all_reduced = np.empty((s, d))
         for k, (kind, j, mb) in enumerate(obj.order):  # each stage's own order (``wire_model.step_order``)
             if kind != BACKWARD:
                 busy[:, j] = (busy[:, j] if j == 0 else np.maximum(busy[:, j], arrive_f[:, j, mb])) + fwd[:, j]
                 if j < s - 1:
-                    free_f[:, j] = np.maximum(busy[:, j], free_f[:, j]) + ser_f[:, j]
-                    arrive_f[:, j + 1, mb] = free_f[:, j] + lat_f[:, j]
+                    if access is not None:
+                        arrive_f[:, j + 1, mb] = access.send(free_f, j, j, j + 1, obj.activation_gb, busy[:, j])
+                    else:
+                        free_f[:, j] = np.maximum(busy[:, j], free_f[:, j]) + ser_f[:, j]
+                        arrive_f[:, j + 1, mb] = free_f[:, j] + lat_f[:, j]
                     sent[:, j] = np.maximum(sent[:, j], arrive_f[:, j + 1, mb])
                 continue
             ready = busy[:, j] if j == s - 1 else np.maximum(busy[:, j], arrive_b[:, j, mb])
             if k == last_backward[j]:
                 last_start[:, j] = ready
             busy[:, j] = ready + bwd[:, j]
+            if shared_all_reduce and k == last_backward[j]:
+                all_reduced[j], tail = access.all_reduce(j, last_start[:, j], bwd[:, j], busy[:, j])
+                if j > 0:
+                    arrive_b[:, j - 1, mb] = tail
+                    sent[:, j] = np.maximum(sent[:, j], tail)
+                continue
             if j > 0:
-                free_b[:, j - 1] = np.maximum(busy[:, j], free_b[:, j - 1]) + ser_b[:, j - 1]
-                arrive_b[:, j - 1, mb] = free_b[:, j - 1] + lat_b[:, j - 1]
+                if access is not None:
+                    arrive_b[:, j - 1, mb] = access.send(free_b, j - 1, j, j - 1, obj.activation_grad_gb, busy[:, j])
+                else:
+                    free_b[:, j - 1] = np.maximum(busy[:, j], free_b[:, j - 1]) + ser_b[:, j - 1]
+                    arrive_b[:, j - 1, mb] = free_b[:, j - 1] + lat_b[:, j - 1]
                 sent[:, j] = np.maximum(sent[:, j], arrive_b[:, j - 1, mb])
         backward_done = busy.T  # [j, i]
-        all_reduced = backward_done
-        if d > 1 and all_reduce:
+        if not shared_all_reduce:
+            all_reduced = backward_done
+        if d > 1 and all_reduce and access is None:
             all_reduced, free_g = _all_reduce(obj, last_start.T, bwd.T, backward_done, free_g, ser_g, lat_g)
         reduced = all_reduced.T  # [i, j]
         if obj.profile.clip and s > 1:  # every other stage's norm (the diagonal's delay is 0: its own)
-            reduced = (reduced[:, :, None] + obj.delay_s[sigma[:, :, None], sigma[:, None, :]]).max(axis=1)
+            delay = obj.delay_s[sigma[:, :, None], sigma[:, None, :]]
+            if access is None:
+                reduced = (reduced[:, :, None] + delay).max(axis=1)
+            else:  # a norm leaves once its sender's uplink is free
+                others = np.where(np.eye(s, dtype=bool), -np.inf, delay)
+                reduced = np.maximum(reduced, (np.maximum(reduced, access.up_free)[:, :, None] + others).max(axis=1))
         end = np.maximum(reduced + upd, sent)
         crit = np.unravel_index(int(np.argmax(end)), end.shape)  # the device that ends the step last
         pipeline_s = float(busy[crit] - start[crit])
@@ -458,6 +580,174 @@ def _simulate(obj: SimulatedObjective, sigma: np.ndarray, steps: int, all_reduce
         start = end + obj.profile.boundary_s
     predicted = step_period(step_s[1:])  # ``SimulatedSteps.predicted_s``
     return SimulatedSteps(step_s=tuple(step_s), pipeline_s=pipeline_s, data_parallel_s=predicted - pipeline_s)
+
+
+def _fifo(hand_over: np.ndarray, service_s: np.ndarray, free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A FIFO queue serving messages in the order of the last axis: message q starts at max(its hand-over,
+    when message q − 1 is through) and is through ``service_s`` later; ``free`` is when the queue is free
+    before the first. Returns each message's start and the queue's free time after it. The recurrence
+    t_q = max(h_q, t_{q−1}) + u_q, unrolled: t_q = C_q + max(free, max_{p≤q}(h_p − C_{p−1})), C the running
+    sum of u (max-plus, so it vectorises). A padding message (hand-over −inf, service 0) changes nothing."""
+    through = np.cumsum(service_s, axis=-1)
+    before = np.concatenate([np.zeros_like(through[..., :1]), through[..., :-1]], axis=-1)
+    after = through + np.maximum(free[..., None], np.maximum.accumulate(hand_over - before, axis=-1))
+    return np.maximum(hand_over, np.concatenate([free[..., None], after[..., :-1]], axis=-1)), after
+
+
+def _unsort(values: np.ndarray, order: np.ndarray) -> np.ndarray:
+    out = np.empty_like(values)
+    np.put_along_axis(out, order, values, axis=-1)
+    return out
+
+
+class _Access:
+    """The queues of a simulation over access links (module docstring): each slot's uplink and downlink
+    (``up_free``, ``down_free``: [pipeline, stage], −inf where the device has none), and the pairs' FIFOs,
+    shared with ``_simulate`` (its arrays, updated in place)."""
+
+    def __init__(self, obj: SimulatedObjective, sigma: np.ndarray, free_f: np.ndarray, free_b: np.ndarray,
+                 free_g: np.ndarray):
+        self.obj, self.sigma, self.free_b, self.free_g = obj, sigma, free_b, free_g
+        self.up_free = np.full(sigma.shape, -np.inf)
+        self.down_free = np.full(sigma.shape, -np.inf)
+
+    def send(self, free: np.ndarray, col: int, j_from: int, j_to: int, gb: float, hand_over: np.ndarray) -> np.ndarray:
+        """One message per pipeline from its stage ``j_from`` to ``j_to`` on the pair FIFO ``free[:, col]``,
+        through the sender's uplink and the receiver's downlink; returns when each is delivered."""
+        obj, up = self.obj, self.up_free
+        a, b = self.sigma[:, j_from], self.sigma[:, j_to]
+        start = np.maximum(np.maximum(hand_over, free[:, col]), up[:, j_from])
+        free[:, col] = start + gb * obj.send_s_per_gb[a, b]
+        up[:, j_from] = np.where(obj.has_up[a], start + gb * obj.up_s_per_gb[a], -np.inf)
+        return self._receive(b, j_to, start + obj.delay_s[a, b], free[:, col] + obj.delay_s[a, b], gb)
+
+    def _receive(self, b: np.ndarray, j_to: int, first: np.ndarray, last: np.ndarray, gb: float) -> np.ndarray:
+        """A message per pipeline whose bytes reach stage ``j_to`` from ``first`` to ``last``: delivered once
+        its downlink let it through too."""
+        obj, down = self.obj, self.down_free
+        through = np.maximum(first, down[:, j_to]) + gb * obj.down_s_per_gb[b]
+        down[:, j_to] = np.where(obj.has_down[b], through, -np.inf)
+        return np.maximum(last, down[:, j_to])
+
+    def all_reduce(self, j: int, last_start: np.ndarray, bwd: np.ndarray, backward_done: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Stage j's all-reduce ([pipeline] of its members) over the access links, its last backward pass's
+        gradient to stage j − 1 queued among the shards on each uplink: when each member has its gradients
+        reduced and its shards taken, and when that gradient is delivered (None at stage 0).
+
+        Each member's messages are its gradient (handed over when the pass is done), a reduce-scatter shard
+        of each bucket to every other member (when the bucket is ready) and an all-gather shard to each (when
+        it has every shard of the bucket it owns). Its uplink serves them in hand-over order, each also
+        waiting for its pair's FIFO; each downlink in the order their first bytes come. The all-gather's
+        hand-over depends on other members' deliveries: iterated from the buckets' readiness to a fixed point
+        (``ALL_REDUCE_ROUNDS`` at most, as ``_all_reduce``); a pair slower than its sender's uplink holds the
+        uplink's next messages (FIFO), found by iterating the pair FIFOs and the uplink to a fixed point
+        (exact after as many rounds as a member sends messages; usually two)."""
+        obj, sigma = self.obj, self.sigma
+        d, k_all = obj.num_replicas, obj.buckets
+        me = sigma[:, j]
+        valid = obj.bucket_share[j] > 0  # [k]
+        if obj.overlap:
+            ready = last_start[:, None] + obj.bucket_ready[j][None, :] * bwd[:, None]  # [i, k]
+        else:
+            ready = np.repeat(backward_done[:, None], k_all, axis=1)
+        ready = np.where(valid[None, :], ready, -np.inf)
+        gb = np.tile(obj.gradient_gb[j] * obj.bucket_share[j] / d, 2)  # [q]: reduce-scatter k, then all-gather k
+        sent = np.tile(valid, 2)[None, None, :] & ~np.eye(d, dtype=bool)[:, :, None]  # [i, r, q]: i → r
+        lat = obj.delay_s[me[:, None], me[None, :]][:, :, None]
+        pair_s = np.where(sent, gb * obj.send_s_per_gb[me[:, None], me[None, :]][:, :, None], 0.0)
+        up_s = np.where(sent, gb * obj.up_s_per_gb[me][:, None, None], 0.0)
+        down_s = np.where(sent, gb * obj.down_s_per_gb[me][None, :, None], 0.0)  # at the receiver r
+        pair_free = self.free_g[j]  # [i, r]
+        has_up = obj.has_up[me]
+        # the gradient to stage j − 1 leads each member's queue (column 0); a padding message at stage 0
+        tail = j > 0
+        prev = sigma[:, j - 1] if tail else me
+        tail_gb = obj.activation_grad_gb if tail else 0.0
+        tail_pair = tail_gb * obj.send_s_per_gb[me, prev]
+        tail_at = backward_done if tail else np.full(d, -np.inf)
+        tail_eff = np.maximum(tail_at, self.free_b[:, j - 1]) if tail else tail_at  # its pair's FIFO
+        binds = bool((has_up[:, None] & (obj.send_s_per_gb[me[:, None], me[None, :]] > obj.up_s_per_gb[me][:, None])
+                      & ~np.eye(d, dtype=bool)).any())  # a pair slower than its sender's uplink
+        reduced = ready
+        for _ in range(ALL_REDUCE_ROUNDS):
+            handed = np.where(sent, np.concatenate([ready, reduced], axis=1)[:, None, :], -np.inf)  # [i, r, q]
+            tail_start, shard_start, up_after = self._senders(handed, tail_at, tail_eff, pair_free, pair_s, up_s,
+                                                              tail_gb * obj.up_s_per_gb[me], self.up_free[:, j],
+                                                              has_up, binds)
+            shard_start = np.where(sent, shard_start, -np.inf)
+            arrive, down_after = self._receivers(me, j, shard_start + lat, shard_start + pair_s + lat, down_s)
+            arrive = np.where(sent, arrive, -np.inf)
+            settled = np.maximum(ready, arrive[..., :k_all].max(axis=0))  # [owner, k]: every shard of k is in
+            if np.array_equal(settled, reduced):
+                break
+            reduced = settled
+        gathered = np.maximum(reduced, arrive[..., k_all:].max(axis=0))  # [i, k]
+        sends_taken = arrive.max(axis=(1, 2))
+        self.free_g[j] = np.maximum(pair_free, np.where(sent, shard_start + pair_s, -np.inf).max(axis=2))
+        self.up_free[:, j] = np.where(has_up, up_after, -np.inf)
+        self.down_free[:, j] = down_after
+        delivered = None
+        if tail:
+            self.free_b[:, j - 1] = tail_start + tail_pair
+            wire = tail_start + obj.delay_s[me, prev]
+            delivered = self._receive(prev, j - 1, wire, wire + tail_pair, tail_gb)
+        return np.maximum(backward_done, np.maximum(gathered.max(axis=1), sends_taken)), delivered
+
+    def _senders(self, handed: np.ndarray, tail_at: np.ndarray, tail_eff: np.ndarray, pair_free: np.ndarray,
+                 pair_s: np.ndarray, up_s: np.ndarray, tail_up_s: np.ndarray, up_free: np.ndarray,
+                 has_up: np.ndarray, binds: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """When each member's gradient ([i]) and shards ([i, r, q]; ``handed`` −inf where none is sent) start,
+        and its uplink's free time after them. A member without an uplink: each pair's FIFO alone (in
+        hand-over order on the pair). With one: its uplink in hand-over order (at equal times the gradient,
+        then bucket by bucket each phase's shards to members 0, 1, …, the runtime's order), a message
+        starting no sooner than its pair's FIFO lets it (iterated when a pair is slower than the uplink)."""
+        d, is_sent = len(handed), np.isfinite(handed)
+        pair_order = np.argsort(handed, axis=2, kind="stable")
+        alone, _ = _fifo(np.take_along_axis(handed, pair_order, axis=2),
+                         np.take_along_axis(pair_s, pair_order, axis=2), pair_free)
+        alone = _unsort(alone, pair_order)
+        if not has_up.any():
+            return tail_eff, alone, np.full(d, -np.inf)
+
+        def queue(x: np.ndarray, first: np.ndarray) -> np.ndarray:  # [i, r, q] → [i, 1 + q·r], the gradient first
+            return np.concatenate([first[:, None], x.transpose(0, 2, 1).reshape(d, -1)], axis=1)
+
+        order = np.argsort(queue(handed, tail_at), axis=1, kind="stable")
+        service = np.take_along_axis(queue(up_s, tail_up_s), order, axis=1)
+        effective = np.where(is_sent, np.maximum(handed, pair_free[:, :, None]), -np.inf)
+        for _ in range(service.shape[1]):  # the n-th message in uplink order is exact after n rounds
+            begun, after = _fifo(np.take_along_axis(queue(effective, tail_eff), order, axis=1), service, up_free)
+            begun = _unsort(begun, order)
+            shared = begun[:, 1:].reshape(d, handed.shape[2], d).transpose(0, 2, 1)
+            if not binds:
+                break
+            ends = np.where(is_sent, shared + pair_s, -np.inf)
+            in_pair = np.take_along_axis(ends, pair_order, axis=2)  # the pair's FIFO: free after its earlier ones
+            before = np.maximum.accumulate(np.concatenate([pair_free[:, :, None], in_pair[..., :-1]], axis=2), axis=2)
+            again = np.where(is_sent, np.maximum(handed, _unsort(before, pair_order)), -np.inf)
+            if np.array_equal(again, effective):
+                break
+            effective = again
+        up = has_up[:, None, None]
+        return np.where(has_up, begun[:, 0], tail_eff), np.where(up, shared, alone), after[:, -1]
+
+    def _receivers(self, me: np.ndarray, j: int, first: np.ndarray, last: np.ndarray, down_s: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        """When each shard ([i, r, q], i → r; −inf where none) is delivered: receiver r's downlink serves them
+        in the order their first bytes come; and each downlink's free time after them."""
+        obj, d = self.obj, len(me)
+        has_down = obj.has_down[me]
+        if not has_down.any():
+            return last, np.full(d, -np.inf)
+        first_r, service_r = first.transpose(1, 0, 2).reshape(d, -1), down_s.transpose(1, 0, 2).reshape(d, -1)
+        order = np.argsort(first_r, axis=1, kind="stable")
+        begun, after = _fifo(np.take_along_axis(first_r, order, axis=1), np.take_along_axis(service_r, order, axis=1),
+                             self.down_free[:, j])
+        through = _unsort(begun + np.take_along_axis(service_r, order, axis=1), order)
+        through = through.reshape(d, d, -1).transpose(1, 0, 2)  # back to [i, r, q]
+        delivered = np.where(has_down[None, :, None], np.maximum(last, through), last)
+        return delivered, np.where(has_down, after[:, -1], -np.inf)
 
 
 def _all_reduce(obj: SimulatedObjective, last_start: np.ndarray, bwd: np.ndarray, backward_done: np.ndarray,

@@ -2,10 +2,12 @@
 
 Wire formats (``[train] wire``, the runtime's ``runtime/wire.py``): bytes per element on the wire for the
 three tensor kinds a step sends — activations, activation gradients, data-parallel gradients (reduce-scatter
-and all-gather alike). Quantised formats carry one float32 scale per block of ``QUANT_BLOCK`` elements:
-``int8`` 1 + 4/64 = 1.0625 B, ``int4`` 0.5 + 4/64 = 0.5625 B (activation gradients stay int8 with ``int4``,
-as the runtime does). A test checks these against the runtime's own codec sizes. ``fp16`` is the paper's
-(its activations are 2-byte), for plans of the paper's workload.
+and all-gather alike; with DiLoCo, a round's pseudo-gradients). Quantised formats carry one float32 scale
+per block of ``QUANT_BLOCK`` elements: ``int8`` 1 + 4/64 = 1.0625 B, ``int4`` 0.5 + 4/64 = 0.5625 B,
+``int2`` 0.25 + 4/64 = 0.3125 B (activation gradients stay int8 with ``int4``, and go in int4 with
+``int4_all`` and ``int2``, as the runtime does). Every wire's sizes are per element, whatever the tensor's
+shape. A test checks these against the runtime's own codec sizes. ``fp16`` is the paper's (its activations
+are 2-byte), for plans of the paper's workload.
 
 A workload's volumes (c_PP, c_DP) count some number of bytes per element (``StepProfile.volume_bytes``:
 4 for our runtime's float32 tensors); a wire format scales each kind by its bytes over those.
@@ -27,6 +29,7 @@ QUANT_BLOCK = 64  # elements per float32 scale (runtime.wire.BLOCK)
 SCALE_BYTES = 4
 _INT8 = 1 + SCALE_BYTES / QUANT_BLOCK
 _INT4 = 0.5 + SCALE_BYTES / QUANT_BLOCK
+_INT2 = 0.25 + SCALE_BYTES / QUANT_BLOCK
 
 # bytes per element: (activations, activation gradients, data-parallel gradients)
 WIRE_BYTES: dict[str, tuple[float, float, float]] = {
@@ -35,6 +38,8 @@ WIRE_BYTES: dict[str, tuple[float, float, float]] = {
     "fp16": (2.0, 2.0, 2.0),
     "int8": (_INT8, _INT8, _INT8),
     "int4": (_INT4, _INT8, _INT4),
+    "int4_all": (_INT4, _INT4, _INT4),
+    "int2": (_INT2, _INT4, _INT2),
 }
 SCHEDULES = ("gpipe", "1f1b")
 FORWARD, BACKWARD = "F", "B"

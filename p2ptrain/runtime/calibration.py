@@ -335,4 +335,4 @@ def with_measured_speeds(cluster: Cluster, measurements: Sequence[ComputeMeasure
         return cluster
     devices = tuple(dataclasses.replace(d, tflops=measured_speed(c)) for d, c in zip(cluster.devices, measurements,
                                                                                       strict=True))
-    return Cluster(devices, cluster.latency_ms, cluster.bandwidth_gbps)
+    return dataclasses.replace(cluster, devices=devices)

@@ -10,6 +10,7 @@ built with; without it, the even split.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,8 +29,9 @@ class PlanFile:
     def device_of_role(self) -> dict[str, int]:
         return {f"{s}/{r}": self.pipelines[r][s] for r in range(self.replicas) for s in range(self.stages)}
 
-    def links(self, latency_ms, bandwidth_gbps, emulation: EmulationConfig) -> LinkMatrices:
-        """The emulated network of a cluster of exactly this plan's devices."""
+    def links(self, latency_ms, bandwidth_gbps, emulation: EmulationConfig, uplink_gbps=None,
+              downlink_gbps=None) -> LinkMatrices:  # fmt: skip
+        """The emulated network of a cluster of exactly this plan's devices (and their access links)."""
         if len(latency_ms) != self.stages * self.replicas:
             raise ValueError(
                 f"the cluster has {len(latency_ms)} devices but the plan places {self.stages * self.replicas}"
@@ -39,7 +41,16 @@ class PlanFile:
             bandwidth_gbps=tuple(tuple(float(x) for x in row) for row in bandwidth_gbps),
             device_of_role=self.device_of_role(),
             emulation=emulation,
+            uplink_gbps=_capacities(uplink_gbps),
+            downlink_gbps=_capacities(downlink_gbps),
         )
+
+
+def _capacities(values) -> tuple[float | None, ...] | None:
+    """Access capacities as plain data (None for no limit), from a cluster's vector or None."""
+    if values is None:
+        return None
+    return tuple(float(v) if math.isfinite(float(v)) else None for v in values)
 
 
 def load_plan_file(path: str | Path) -> PlanFile:

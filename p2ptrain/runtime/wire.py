@@ -1,15 +1,18 @@
 """Wire formats: how a run's tensors travel, chosen per run (``[train] wire`` / ``p2ptrain train --wire``).
 
-One name picks the codec of each tensor kind the runtime sends (``WIRE_FORMATS``):
+One name picks the codec of each tensor kind the runtime sends (``WIRE_FORMATS``; codecs: ``CODECS``):
 
-======  =====================  =====================  =====================================================
-name    activations            activation gradients   data-parallel gradients (reduce-scatter, all-gather)
-======  =====================  =====================  =====================================================
-fp32    float32, 4 B/elem      float32, 4 B/elem      float32, 4 B/elem: exact, today's bytes bit for bit
-bf16    bfloat16, 2 B/elem     bfloat16, 2 B/elem     bfloat16, 2 B/elem, with error feedback
-int8    blockwise int8         blockwise int8         blockwise int8, with error feedback
-int4    blockwise int4         blockwise int8         blockwise int4, with error feedback
-======  =====================  =====================  =====================================================
+========  ================  ====================  ==========================================================
+name      activations       activation gradients  data-parallel gradients (reduce-scatter, all-gather) and
+                                                  DiLoCo's pseudo-gradients
+========  ================  ====================  ==========================================================
+fp32      float32           float32               float32: exact, today's bytes bit for bit
+bf16      bfloat16          bfloat16              bfloat16, with error feedback
+int8      int8              int8                  int8, with error feedback
+int4      int4              int8                  int4, with error feedback
+int4_all  int4              int4                  int4, with error feedback
+int2      int2              int4                  int2, with error feedback
+========  ================  ====================  ==========================================================
 
 Bytes per element on the wire (what a link carries; the transport's chunk headers aside), ``BLOCK`` = 64:
 
@@ -17,10 +20,39 @@ Bytes per element on the wire (what a link carries; the transport's chunk header
 * ``int8``: 1 + 4/64 = 1.0625 — per block of 64 elements one float32 scale (absmax / 127) and 64 signed
   codes in −127…127, rounded to nearest: ``|x − x̂| ≤ absmax_block / 254`` (plus float32 rounding);
 * ``int4``: 0.5 + 4/64 = 0.5625 — per block one float32 scale (absmax / 7) and codes −7…7 packed two to a
-  byte: ``|x − x̂| ≤ absmax_block / 14``.
+  byte: ``|x − x̂| ≤ absmax_block / 14``;
+* ``int2``: 0.25 + 4/64 = 0.3125 — per block one float32 step α and 2-bit codes, four to a byte, for the
+  levels −3α, −α, α, 3α; α is whichever of absmax × (1/6, 5/24, 1/4, 7/24, 1/3) (``INT2_SCALES``) gives the
+  block the least squared error: ``|x − x̂| ≤ max(α, absmax_block − 3α) ≤ absmax_block / 2``. On Gaussian
+  data that is 0.34 relative error, Lloyd–Max's optimum for four levels (0.343);
+* ``topk`` (in no wire: measured, see below): (4 + 2·8) / 256 = 0.078125 — per block of 256 elements
+  (``TOPK_BLOCK``) the 8 of largest magnitude (``TOPK_KEEP``; all of a shorter tail's, up to 8), as one
+  float32 scale (their absmax / 127), 8 int8 codes and 8 uint8 positions in increasing order: a kept element
+  within ``absmax_block / 254``, a dropped one decodes to 0, exactly what error feedback keeps;
+* ``lowrank`` (in no wire: measured, see below): rank r = ⌈d / 16⌉ float32 factors of an activation taken
+  as a [tokens, d] matrix (randomised SVD from a fixed seed, two power steps), 4·r·(tokens + d) bytes
+  (``lowrank_bytes``), exact on a matrix of rank r.
 
-An int8/int4 message is one flat ``uint8`` tensor: the ``ceil(n / 64)`` float32 scales first, then the codes
-(``wire_bytes(name, n)``). ``fp32`` and ``bf16`` messages keep the tensor's shape.
+A quantised message is one flat ``uint8`` tensor: the float32 scales first, then the codes (then, for
+``topk``, the positions); its size follows from the tensor's shape alone (``message_bytes(name, shape)``;
+``wire_bytes(name, n)`` for n elements). ``fp32`` and ``bf16`` messages keep the tensor's shape.
+
+Why these, measured with the real runtime (``wire_quality.compare_wires``, ``benchmarks/wire.py``; ``tiny``, 2
+stages × 2 replicas, 200 steps, 1F1B, the mean loss of the last 10 steps against fp32's on the same seed,
+seeds 0 and 1; benchmarks/README.md, "Wire codecs below int4"): int4 activation gradients, which ``int4``
+avoids because 4-bit gradients through the pipeline once lost too much, cost 0.01 % more than ``int4``'s
++0.37 %, so ``int4_all`` sends 1.44× fewer pipeline bytes than ``int4`` for nothing measurable. ``int2`` costs
++3.2 % (spread over seeds 0.02 %) for 1.86× fewer pipeline bytes than ``int4`` (2.43× fewer than ``int8``) and
+1.8× fewer all-reduce bytes: its 2-bit activations alone cost +2.5 %, its 2-bit gradients alone +1.5 % (seed
+1); 2-bit activation gradients as well cost +6 % (seed 0) and are not offered. DiLoCo's pseudo-gradients (1
+stage × 4 replicas, H = 10): int8 and int4 cost nothing measurable, int2 +1.0 % (so ``int2`` is the 2-bit
+pseudo-gradient codec). ``topk`` pseudo-gradients with error feedback, SparseLoCo's idea, cost +17 % (+6.5 %
+with plain averaging, outer lr 1 and no momentum): an element waits up to 32 rounds to be sent and this run
+has 20; SparseLoCo's rounds number thousands, and it lets error feedback stand in for the outer momentum,
+which ``ErrorFeedback`` cannot (it keeps no decay). Every-step gradients in ``topk`` cost +21 %. ``lowrank``
+activations cost +9 %: the residual stream of a young model is far from low-rank (rank 4 of 64 leaves 0.82 of
+it at the initial parameters, 0.04 after 60 steps). Neither is in a wire; both stay measurable by
+``wire_quality.codec_errors``.
 
 Activations and their gradients are quantised as they are, without error feedback. AQ-SGD's delta coding
 (send the change against the value last sent for the same sample, both ends keeping that reference) pays
@@ -35,8 +67,9 @@ gradient (and, for the shard a member sums, what the all-gather's encoding dropp
 What a cost model needs to know about a run's settings (``TrainConfig`` keys; flags of ``p2ptrain train``,
 ``swarm`` and ``agent``):
 
-* ``wire`` (``--wire``): the table above; ``bytes_per_element(name)`` and ``wire_bytes(name, n)`` give the
-  sizes, ``wire_format(name)`` the codec per kind. The loss (one float32 per step, last stage) is always fp32.
+* ``wire`` (``--wire``): the table above; ``bytes_per_element(name)``, ``wire_bytes(name, n)`` and
+  ``message_bytes(name, shape)`` give a codec's sizes, ``wire_format(name)`` the codec per kind. The loss
+  (one float32 per step, last stage) is always fp32.
 * ``schedule`` (``--schedule gpipe|1f1b``, default ``gpipe``): ``schedule.schedule_ops`` gives each stage's
   order of forwards and backwards; 1F1B runs ``min(S − 1 − j, M)`` warm-up forwards on stage j.
 * ``overlap`` (``--overlap/--no-overlap``, default on) and ``bucket_elements`` (default 2^18): a stage's
@@ -61,26 +94,40 @@ from typing import Literal
 
 import torch
 
-WireName = Literal["fp32", "bf16", "int8", "int4"]
-WIRE_FORMATS: tuple[str, ...] = ("fp32", "bf16", "int8", "int4")
+WireName = Literal["fp32", "bf16", "int8", "int4", "int4_all", "int2"]
+# the codec of each kind: (activations, activation gradients, data-parallel gradients and pseudo-gradients)
+_KINDS: dict[str, tuple[str, str, str]] = {
+    "fp32": ("fp32", "fp32", "fp32"),
+    "bf16": ("bf16", "bf16", "bf16"),
+    "int8": ("int8", "int8", "int8"),
+    "int4": ("int4", "int8", "int4"),
+    "int4_all": ("int4", "int4", "int4"),
+    "int2": ("int2", "int4", "int2"),
+}
+WIRE_FORMATS: tuple[str, ...] = tuple(_KINDS)
+CODECS: tuple[str, ...] = ("fp32", "bf16", "int8", "int4", "int2", "topk", "lowrank")
 BLOCK = 64  # elements per quantisation block (one float32 scale each)
 SCALE_BYTES = 4
 _LEVELS = {"int8": 127, "int4": 7}
+INT2_SCALES = (1 / 6, 5 / 24, 1 / 4, 7 / 24, 1 / 3)  # int2's candidate steps, times the block's absmax
+TOPK_BLOCK, TOPK_KEEP = 256, 8  # topk: the 8 largest of each 256 elements (1/32), uint8 indices
+LOWRANK_DIVISOR = 16  # lowrank: rank ceil(d / 16) of a [tokens, d] activation
+_POWER_STEPS = 2
 
 
 class WireError(ValueError):
-    """A message that does not decode: wrong size or invalid scales."""
+    """A message that does not decode: wrong size, invalid scales or indices."""
 
 
 @dataclass(frozen=True)
 class Codec:
-    """Encoding of float32 tensors for one tensor kind: ``fp32``, ``bf16``, ``int8`` or ``int4``."""
+    """Encoding of float32 tensors for one tensor kind: one of ``CODECS``."""
 
     name: str
 
     def __post_init__(self) -> None:
-        if self.name not in WIRE_FORMATS:
-            raise ValueError(f"unknown wire format {self.name!r} (known: {', '.join(WIRE_FORMATS)})")
+        if self.name not in CODECS:
+            raise ValueError(f"unknown codec {self.name!r} (known: {', '.join(CODECS)})")
 
     @property
     def exact(self) -> bool:
@@ -92,7 +139,7 @@ class Codec:
             return tuple(shape), torch.float32
         if self.name == "bf16":
             return tuple(shape), torch.bfloat16
-        return (wire_bytes(self.name, math.prod(shape)),), torch.uint8
+        return (message_bytes(self.name, tuple(shape)),), torch.uint8
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         """The message (on the CPU, contiguous) of tensor ``x``, taken as float32. ``x`` may live on an
@@ -102,7 +149,14 @@ class Codec:
             return x.to("cpu").contiguous()
         if self.name == "bf16":
             return x.to(torch.bfloat16).to("cpu").contiguous()
-        return quantise_blockwise(x.contiguous().reshape(-1), _LEVELS[self.name]).to("cpu")
+        if self.name == "lowrank":
+            return encode_lowrank(x.contiguous().reshape(-1, x.shape[-1] if x.dim() else 1)).to("cpu")
+        flat = x.contiguous().reshape(-1)
+        if self.name == "int2":
+            return quantise_2bit(flat).to("cpu")
+        if self.name == "topk":
+            return encode_topk(flat).to("cpu")
+        return quantise_blockwise(flat, _LEVELS[self.name]).to("cpu")
 
     def decode(self, message: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
         """The float32 tensor of ``shape`` that ``message`` carries; WireError if it cannot."""
@@ -114,7 +168,15 @@ class Codec:
             return message
         if self.name == "bf16":
             return message.to(torch.float32)
-        return dequantise_blockwise(message, math.prod(shape), _LEVELS[self.name]).reshape(shape)
+        numel = math.prod(shape)
+        if self.name == "lowrank":
+            d = shape[-1] if shape else 1
+            return decode_lowrank(message, numel // d if d else 0, d).reshape(shape)
+        if self.name == "int2":
+            return dequantise_2bit(message, numel).reshape(shape)
+        if self.name == "topk":
+            return decode_topk(message, numel).reshape(shape)
+        return dequantise_blockwise(message, numel, _LEVELS[self.name]).reshape(shape)
 
     def round_trip(self, x: torch.Tensor) -> torch.Tensor:
         """``decode(encode(x))``: what the receiver will hold."""
@@ -128,29 +190,56 @@ class WireFormat:
     name: str
     activation: Codec
     activation_grad: Codec
-    gradient: Codec  # data-parallel gradients
+    gradient: Codec  # data-parallel gradients, and DiLoCo's pseudo-gradients
 
 
 def wire_format(name: str) -> WireFormat:
     """The run's codecs for wire ``name``; ValueError (one line) for an unknown name."""
     if name not in WIRE_FORMATS:
         raise ValueError(f"unknown wire format {name!r} (known: {', '.join(WIRE_FORMATS)})")
-    backward = "int8" if name == "int4" else name  # 4-bit gradients through the pipeline lose too much
-    return WireFormat(name, Codec(name), Codec(backward), Codec(name))
+    return WireFormat(name, *(Codec(codec) for codec in _KINDS[name]))
 
 
 def bytes_per_element(name: str) -> float:
-    """Wire bytes per float32 element of codec ``name``, scale overhead included (for cost models)."""
-    return {"fp32": 4.0, "bf16": 2.0, "int8": 1 + SCALE_BYTES / BLOCK, "int4": 0.5 + SCALE_BYTES / BLOCK}[name]
+    """Wire bytes per float32 element of codec ``name``, scale and index overhead included (for cost models);
+    ``lowrank``'s depend on the shape (``lowrank_bytes``)."""
+    per_element = {"fp32": 4.0, "bf16": 2.0, "int8": 1 + SCALE_BYTES / BLOCK,
+                   "int4": 0.5 + SCALE_BYTES / BLOCK, "int2": 0.25 + SCALE_BYTES / BLOCK,
+                   "topk": (SCALE_BYTES + 2 * TOPK_KEEP) / TOPK_BLOCK}
+    if name not in per_element:
+        raise ValueError(f"codec {name!r} has no fixed bytes per element (known: {', '.join(per_element)})")
+    return per_element[name]
 
 
 def wire_bytes(name: str, numel: int) -> int:
-    """The exact size in bytes of codec ``name``'s message for ``numel`` elements."""
+    """The exact size in bytes of codec ``name``'s message for ``numel`` elements (``lowrank``: a vector)."""
+    return message_bytes(name, (numel,))
+
+
+def message_bytes(name: str, shape: tuple[int, ...]) -> int:
+    """The exact size in bytes of codec ``name``'s message for a float32 tensor of ``shape``."""
+    numel = math.prod(shape)
     if name in ("fp32", "bf16"):
         return numel * (4 if name == "fp32" else 2)
+    if name == "topk":
+        full, tail = divmod(numel, TOPK_BLOCK)
+        return full * (SCALE_BYTES + 2 * TOPK_KEEP) + (SCALE_BYTES + 2 * min(tail, TOPK_KEEP) if tail else 0)
+    if name == "lowrank":
+        d = shape[-1] if shape else 1
+        return lowrank_bytes(numel // d if d else 0, d)
     blocks = -(-numel // BLOCK)
-    codes = numel if name == "int8" else -(-numel // 2)
+    codes = {"int8": numel, "int4": -(-numel // 2), "int2": -(-numel // 4)}[name]
     return blocks * SCALE_BYTES + codes
+
+
+def lowrank_rank(d: int) -> int:
+    """``lowrank``'s rank for rows of ``d`` elements."""
+    return -(-d // LOWRANK_DIVISOR)
+
+
+def lowrank_bytes(rows: int, d: int) -> int:
+    """``lowrank``'s message for a [rows, d] matrix: float32 factors [rows, r] and [r, d]."""
+    return 4 * lowrank_rank(d) * (rows + d)
 
 
 def quantise_blockwise(flat: torch.Tensor, levels: int) -> torch.Tensor:
@@ -178,15 +267,132 @@ def quantise_blockwise(flat: torch.Tensor, levels: int) -> torch.Tensor:
 def dequantise_blockwise(message: torch.Tensor, numel: int, levels: int) -> torch.Tensor:
     """The inverse of ``quantise_blockwise``: a 1-D float32 tensor of ``numel`` elements."""
     blocks = -(-numel // BLOCK)
-    scales = message[: blocks * SCALE_BYTES].clone().view(torch.float32)
-    if not bool(torch.isfinite(scales).all()) or bool((scales < 0).any()):
-        raise WireError("quantised message with a negative or non-finite scale")
+    scales = _scales(message, blocks)
     payload = message[blocks * SCALE_BYTES:]
     if levels == 7:
         codes = torch.stack([payload & 0x0F, payload >> 4], dim=1).reshape(-1)[:numel].to(torch.float32) - 8
     else:
         codes = payload.view(torch.int8).to(torch.float32)
     return (_blocks(codes, blocks) * scales[:, None]).reshape(-1)[:numel]
+
+
+def quantise_2bit(flat: torch.Tensor) -> torch.Tensor:
+    """``flat`` as ``int2``: per block of ``BLOCK`` a float32 step α, then 2-bit codes q (four to a byte, the
+    first element in the low bits) for the levels (2q − 3)·α ∈ {−3α, −α, α, 3α}. α is the one of
+    ``INT2_SCALES`` × absmax with the least squared error in the block, each element rounded to its nearest
+    level: ``|x − x̂| ≤ max(α, absmax − 3α) ≤ absmax / 2``."""
+    numel = flat.numel()
+    blocks = -(-numel // BLOCK)
+    view = _blocks(flat, blocks)
+    absmax = view.abs().amax(dim=1)
+    best_err = torch.full_like(absmax, math.inf)
+    step = torch.zeros_like(absmax)
+    padding = torch.arange(blocks * BLOCK, device=flat.device).view(blocks, BLOCK) < numel  # not scored
+    for fraction in INT2_SCALES:
+        alpha = absmax * fraction
+        err = (_levels_2bit(view, alpha) * alpha[:, None] - view).square_().mul_(padding).sum(dim=1)
+        better = err < best_err
+        best_err = torch.where(better, err, best_err)
+        step = torch.where(better, alpha, step)
+    codes = ((_levels_2bit(view, step) + 3) / 2).to(torch.uint8).reshape(-1)[:numel]
+    codes = torch.cat([codes, codes.new_zeros(-numel % 4)]).view(-1, 4)
+    packed = codes[:, 0] | codes[:, 1] << 2 | codes[:, 2] << 4 | codes[:, 3] << 6
+    return torch.cat([step.view(torch.uint8), packed])
+
+
+def _levels_2bit(view: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+    """The nearest of the levels −3, −1, 1, 3 to each element over its block's step ``alpha``."""
+    inverse = torch.where(alpha > 0, 1 / alpha, torch.zeros_like(alpha))
+    return ((view * inverse[:, None] + 3) / 2).round_().clamp_(0, 3).mul_(2).sub_(3)
+
+
+def dequantise_2bit(message: torch.Tensor, numel: int) -> torch.Tensor:
+    """The inverse of ``quantise_2bit``: a 1-D float32 tensor of ``numel`` elements."""
+    blocks = -(-numel // BLOCK)
+    steps = _scales(message, blocks)
+    payload = message[blocks * SCALE_BYTES:]
+    codes = torch.stack([payload & 3, payload >> 2 & 3, payload >> 4 & 3, payload >> 6], dim=1).reshape(-1)
+    levels = codes[:numel].to(torch.float32).mul_(2).sub_(3)
+    return (_blocks(levels, blocks) * steps[:, None]).reshape(-1)[:numel]
+
+
+def encode_topk(flat: torch.Tensor) -> torch.Tensor:
+    """``flat`` as ``topk``: per block of ``TOPK_BLOCK`` elements (the last may be shorter) the ``TOPK_KEEP``
+    of largest magnitude (all of a shorter tail's, up to that many), as one float32 scale (their absmax /
+    127), their int8 codes rounded to nearest and their uint8 positions in increasing order; the rest is
+    dropped (error feedback keeps it). The message: every block's scale, then its codes, then positions."""
+    numel = flat.numel()
+    full, tail = divmod(numel, TOPK_BLOCK)
+    parts = [_topk_blocks(flat[: full * TOPK_BLOCK].view(full, TOPK_BLOCK), TOPK_KEEP)]
+    if tail:
+        parts.append(_topk_blocks(flat[full * TOPK_BLOCK:].view(1, tail), min(tail, TOPK_KEEP)))
+    return torch.cat([torch.cat(kind) for kind in zip(*parts, strict=True)])
+
+
+def _topk_blocks(view: torch.Tensor, keep: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The scales, codes and positions (as bytes) of ``view``'s rows, ``keep`` entries each."""
+    positions = view.abs().topk(keep, dim=1, sorted=False).indices.sort(dim=1).values
+    values = view.gather(1, positions)
+    absmax = values.abs().amax(dim=1)
+    inverse = torch.where(absmax > 0, 127 / absmax, torch.zeros_like(absmax))
+    codes = (values * inverse[:, None]).round_().clamp_(-127, 127).to(torch.int8)
+    positions = positions.to(torch.uint8).reshape(-1)
+    return (absmax / 127).view(torch.uint8), codes.reshape(-1).view(torch.uint8), positions
+
+
+def decode_topk(message: torch.Tensor, numel: int) -> torch.Tensor:
+    """The inverse of ``encode_topk``: a 1-D float32 tensor of ``numel`` elements, 0 where none was sent."""
+    full, tail = divmod(numel, TOPK_BLOCK)
+    rows = [(full, TOPK_BLOCK, TOPK_KEEP)] + ([(1, tail, min(tail, TOPK_KEEP))] if tail else [])
+    scales = _scales(message, full + (1 if tail else 0))
+    kept = sum(count * keep for count, _, keep in rows)
+    codes = message[scales.numel() * SCALE_BYTES:][:kept].view(torch.int8).to(torch.float32)
+    positions = message[scales.numel() * SCALE_BYTES + kept:].to(torch.int64)
+    out, first_block, first_kept = [], 0, 0
+    for count, length, keep in rows:
+        where = positions[first_kept: first_kept + count * keep].view(count, keep)
+        if bool((where >= length).any()) or bool((where[:, 1:] <= where[:, :-1]).any()):
+            raise WireError("topk message with a position out of its block or out of order")
+        values = codes[first_kept: first_kept + count * keep].view(count, keep)
+        values = values * scales[first_block: first_block + count, None]
+        row = torch.zeros(count, length, dtype=torch.float32, device=message.device)
+        out.append(row.scatter_(1, where, values).reshape(-1))
+        first_block, first_kept = first_block + count, first_kept + count * keep
+    return torch.cat(out)
+
+
+def encode_lowrank(matrix: torch.Tensor) -> torch.Tensor:
+    """A [rows, d] ``matrix`` as ``lowrank``: float32 factors Q [rows, r] (orthonormal columns) and
+    B = Qᵀ·matrix [r, d], r = ``lowrank_rank(d)``; Q spans the range of matrix · Ω, Ω a [d, r] Gaussian drawn
+    from a fixed seed, after ``_POWER_STEPS`` steps of power iteration (randomised SVD, Halko et al. 2011):
+    exact, float32 rounding aside, when the matrix has rank r or less."""
+    rows, d = matrix.shape
+    r = lowrank_rank(d)
+    omega = torch.randn(d, r, generator=torch.Generator().manual_seed(0)).to(matrix.device)
+    q = torch.linalg.qr(matrix @ omega).Q
+    for _ in range(_POWER_STEPS):
+        q = torch.linalg.qr(matrix @ (matrix.T @ q)).Q
+    if q.shape[1] < r:  # fewer rows than the rank
+        q = torch.cat([q, q.new_zeros(rows, r - q.shape[1])], dim=1)
+    factors = torch.cat([q.reshape(-1), (q.T @ matrix).reshape(-1)])
+    return factors.contiguous().view(torch.uint8)
+
+
+def decode_lowrank(message: torch.Tensor, rows: int, d: int) -> torch.Tensor:
+    """The inverse of ``encode_lowrank``: the [rows, d] product of the factors."""
+    r = lowrank_rank(d)
+    factors = message.clone().view(torch.float32)
+    if not bool(torch.isfinite(factors).all()):
+        raise WireError("lowrank message with a non-finite factor")
+    return factors[: rows * r].view(rows, r) @ factors[rows * r:].view(r, d)
+
+
+def _scales(message: torch.Tensor, blocks: int) -> torch.Tensor:
+    """The first ``blocks`` float32 scales of ``message``; WireError if one is negative or not finite."""
+    scales = message[: blocks * SCALE_BYTES].clone().view(torch.float32)
+    if not bool(torch.isfinite(scales).all()) or bool((scales < 0).any()):
+        raise WireError("quantised message with a negative or non-finite scale")
+    return scales
 
 
 def _blocks(flat: torch.Tensor, blocks: int) -> torch.Tensor:

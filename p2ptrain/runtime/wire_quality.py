@@ -25,11 +25,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from p2ptrain.model.data import inputs_and_targets, micro_batches, shard_of
+from p2ptrain.model.loss import micro_batch_loss
 from p2ptrain.model.stage import build_stage
 from p2ptrain.planning import parameter_count
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.reference import build_data
-from p2ptrain.runtime.wire import Codec, wire_bytes, wire_format
+from p2ptrain.runtime.wire import Codec, message_bytes, wire_bytes, wire_format
 
 if TYPE_CHECKING:
     from p2ptrain.runtime.worker import LinkMatrices
@@ -38,18 +39,21 @@ if TYPE_CHECKING:
 def step_wire_bytes(cfg: TrainConfig) -> dict[str, int]:
     """Bytes one step sends, over the whole run, per tensor kind (headers aside): activations and their
     gradients over every pipeline boundary of every pipeline, and the sharded all-reduce of every stage's
-    group (each member sends (n−1)/n of its gradients in the reduce-scatter and as much in the all-gather)."""
+    group (each member sends (n−1)/n of its gradients in the reduce-scatter and as much in the all-gather);
+    with DiLoCo (``sync = "diloco"``) the all-reduce of a round's pseudo-gradients spread over its H steps."""
     fmt = wire_format(cfg.wire)
     shape = cfg.shape
-    act_numel = cfg.micro_batch_size * shape.seq_len * shape.hidden_size
+    act_shape = (cfg.micro_batch_size, shape.seq_len, shape.hidden_size)
     boundaries = (cfg.stages - 1) * cfg.replicas * cfg.micro_batches
     n = cfg.replicas
     per_stage = parameter_count(shape) / cfg.stages
     shard = per_stage / n if n > 1 else 0
     all_reduce = 2 * n * (n - 1) * wire_bytes(fmt.gradient.name, round(shard)) * cfg.stages
+    if cfg.sync == "diloco":
+        all_reduce /= cfg.diloco.inner_steps
     return {
-        "activation": boundaries * wire_bytes(fmt.activation.name, act_numel),
-        "activation_grad": boundaries * wire_bytes(fmt.activation_grad.name, act_numel),
+        "activation": boundaries * message_bytes(fmt.activation.name, act_shape),
+        "activation_grad": boundaries * message_bytes(fmt.activation_grad.name, act_shape),
         "all_reduce": int(all_reduce),
     }
 
@@ -101,6 +105,27 @@ def delta_coding_error(cfg: TrainConfig, codec_name: str = "int8", steps: int = 
             else:
                 reference = codec.round_trip(x)
     return {"direct": statistics.fmean(direct), "delta": statistics.fmean(delta)}
+
+
+def codec_errors(cfg: TrainConfig, codecs: Sequence[str], steps: int = 10) -> dict[str, dict[str, float]]:
+    """Relative error (‖x̂ − x‖ / ‖x‖, mean over steps) of each codec on what crosses the middle of ``cfg``'s
+    model split in two stages, at its initial parameters: the activation and its gradient."""
+    torch.manual_seed(cfg.seed)
+    first, second = build_stage(cfg.shape, 0, 2, cfg.seed), build_stage(cfg.shape, 1, 2, cfg.seed)
+    data = build_data(cfg)
+    errors: dict[str, dict[str, list[float]]] = {name: {"activation": [], "activation_grad": []}
+                                                 for name in codecs}
+    for step in range(steps):
+        tokens = micro_batches(shard_of(data.global_batch(step), 0, cfg.replicas), cfg.micro_batches)[0]
+        inputs, targets = inputs_and_targets(tokens)
+        with torch.no_grad():
+            x = first(inputs)
+        x.requires_grad_(True)
+        micro_batch_loss(second(x), targets, targets.numel()).backward()
+        for name in codecs:
+            for kind, t in (("activation", x.detach()), ("activation_grad", x.grad)):
+                errors[name][kind].append(float((Codec(name).round_trip(t) - t).norm() / t.norm()))
+    return {name: {kind: statistics.fmean(v) for kind, v in kinds.items()} for name, kinds in errors.items()}
 
 
 def compare_step_times(cfg: TrainConfig, settings: Sequence[tuple[str, str, bool]], links: LinkMatrices | None,

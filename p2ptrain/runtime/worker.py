@@ -48,6 +48,8 @@ class LinkMatrices:
     bandwidth_gbps: tuple[tuple[float, ...], ...]
     device_of_role: dict[str, int]
     emulation: EmulationConfig = EmulationConfig()
+    uplink_gbps: tuple[float | None, ...] | None = None  # each device's access link (None: unlimited)
+    downlink_gbps: tuple[float | None, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -199,7 +201,8 @@ def _emulate(emulator: LinkEmulator, links: LinkMatrices, topology: Topology, me
         peers[device] = topology.holder(stage, replica)
     if "" in peers:
         raise ValueError(f"the emulated network has {len(peers)} devices but the plan only {len(topology.peers)} roles")
-    emulator.set_links_from_matrices(peers, peers.index(me), links.latency_ms, links.bandwidth_gbps, links.emulation)
+    emulator.set_links_from_matrices(peers, peers.index(me), links.latency_ms, links.bandwidth_gbps, links.emulation,
+                                     links.uplink_gbps, links.downlink_gbps)
 
 
 def _train(spec: WorkerSpec, role: Role, topology: Topology, transport: Transport, progress, device) -> None:

@@ -224,6 +224,13 @@ def _plan_by_agent(state: SwarmState, leader: int, event: dict[str, Any]) -> dic
         if a is not None and i < len(cluster["devices"]):
             speeds[a] = cluster["devices"][i].get("tflops")
     measured["tflops"] = speeds
+    for key in ("uplink_gbps", "downlink_gbps"):  # the homes' access links the leader planned with, if any
+        if cluster.get(key) is not None:
+            values: list[float | None] = [None] * n
+            for i, a in enumerate(to_agent):
+                if a is not None:
+                    values[a] = cluster[key][i]
+            measured[key] = values
     return {
         "leader": leader, "epoch": event["epoch"], "plan": plan, "predicted_cost_s": plan["cost_s"],
         "planning_s": (plan.get("search") or {}).get("seconds"),

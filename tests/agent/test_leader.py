@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -16,7 +18,7 @@ from p2ptrain.agent.leadership.plan_maker import (
     run_workload,
     trainers_and_spares,
 )
-from p2ptrain.net.dht.records import LinkMeasurement, LinksRecord, PeerRecord, PlanRecord
+from p2ptrain.net.dht.records import LinkMeasurement, LinksRecord, PeerRecord, PlanRecord, RecordError
 from p2ptrain.net.identity import generate_identity
 from p2ptrain.planning import PAPER_WORKLOAD, make_objective, scenario, schedule
 from p2ptrain.runtime.config import TrainConfig
@@ -74,6 +76,25 @@ def test_cluster_symmetrises_and_converts_emulated_measurements_back():
     scaled = build_cluster(PEERS, peers, rows_from(lat, bw), emulated)
     assert scaled.latency_ms[0, 2] == pytest.approx(200.0)  # α = α' / time scale
     assert scaled.bandwidth_gbps[0, 2] == pytest.approx(0.5 * 0.1 / 0.01, rel=1e-6)  # β = β' · scale / size
+
+
+def test_the_access_links_peers_publish_are_the_clusters_in_the_networks_units():
+    lat = [[0, 10, 20, 30], [10, 0, 5, 5], [20, 5, 0, 5], [30, 5, 5, 0]]
+    bw = [[1] * 4] * 4
+    peers = {p: dataclasses.replace(record(k), uplink_gbps=0.05 if k < 2 else None, downlink_gbps=0.1 if k else None)
+             for k, p in enumerate(PEERS)}  # fmt: skip
+    assert all(PeerRecord.decode(r.encode()) == r for r in peers.values())  # the fields travel, absent or not
+    cluster = build_cluster(PEERS, peers, rows_from(lat, bw), EmulationSettings())
+    assert cluster.uplink_gbps.tolist() == [0.05, 0.05, float("inf"), float("inf")]
+    assert cluster.downlink_gbps.tolist() == [float("inf"), 0.1, 0.1, 0.1]
+    emulated = EmulationSettings(cluster_file="x.json", device_index=0, time_scale=0.1, size_factor=0.01)
+    scaled = build_cluster(PEERS, peers, rows_from(lat, bw), emulated)
+    assert scaled.uplink_gbps[0] == pytest.approx(0.05 * 0.1 / 0.01)  # as β: U = U' · scale / size
+    assert not build_cluster(PEERS, {p: record() for p in PEERS}, rows_from(lat, bw), emulated).has_access_links
+    # a forged record claiming an absurd or negative line is refused before anybody plans with it
+    for bad in (-1.0, float("nan"), 1e12):
+        with pytest.raises(RecordError, match="uplink_gbps"):
+            dataclasses.replace(record(0), uplink_gbps=bad)
 
 
 def test_a_link_nobody_measured_gets_the_worst_measured_one():

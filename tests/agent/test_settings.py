@@ -18,6 +18,7 @@ from p2ptrain.net.dht.records import LinkMeasurement, LinksRecord, PeerRecord, P
 from p2ptrain.net.identity import generate_identity
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.reference import train_reference
+from p2ptrain.runtime.wire import WIRE_FORMATS
 from p2ptrain.swarm.launcher import SwarmConfig
 
 TRAIN = TrainConfig(model="tiny", steps=2, global_batch_size=8, micro_batches=2, stages=2)
@@ -91,7 +92,7 @@ def test_a_plan_with_settings_unknown_or_other_than_the_runs_is_refused_even_unv
                     lambda record, reason: refusals.append(reason))  # fmt: skip
     future = plan(wire="fp8")  # a newer leader's format
     assert not gate.accept(future, records, lambda p: 60.0, first=True) and gate.refused(future)
-    assert refusals == ["it asks for wire format 'fp8', which this agent does not know (fp32, bf16, int8, int4)"]
+    assert refusals == [f"it asks for wire format 'fp8', which this agent does not know ({', '.join(WIRE_FORMATS)})"]
     assert settings.problem(plan(schedule="zb"), TRAIN).startswith("it asks for schedule 'zb'")
     int4 = plan(wire="int4")  # a rogue leader switching an fp32 run to int4: its plan even looks cheaper
     assert not gate.accept(int4, records, lambda p: 60.0, first=True) and gate.refused(int4)

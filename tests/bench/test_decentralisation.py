@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from p2ptrain.bench.decentralisation import command, measure, measure_networks
+from p2ptrain.bench.decentralisation import _parse, command, measure, measure_networks, memory_fit
 from p2ptrain.bench.e2e import E2EConfig, parse_setting
 from p2ptrain.planning.scenarios import homes
+from p2ptrain.planning.wire_model import WIRE_BYTES
 
 
 def test_compression_shrinks_the_world_wide_step_more_than_the_data_center_one():
@@ -57,3 +58,41 @@ def test_diloco_and_fewer_stages_bring_homes_closer_to_the_data_center():
     assert best["datacenter"]["vs_datacenter_best"] == 1.0
     assert best["homes-100m"]["stages"] == 2 and best["homes-100m"]["sync_every"] == 50
     assert best["homes-100m"]["vs_datacenter_best"] > 1.0
+
+
+def test_every_wire_format_the_planner_knows_is_a_setting():
+    for wire in WIRE_BYTES:
+        assert _parse(f"{wire}/1f1b/overlap") == (wire, "1f1b", True)
+    with pytest.raises(ValueError, match="is not WIRE/SCHEDULE"):
+        _parse("int3/gpipe/overlap")
+
+
+def test_stage_counts_that_do_not_fit_a_v100_are_skipped():
+    # GPT-3 XL, 8 micro-batches: one stage holds 1.3 B parameters' state (21 GB, 32 GB with DiLoCo's) beside its
+    # activations; 1F1B at 4 stages fits 16 GB only by recomputing
+    assert memory_fit(1, "gpipe", 50, 8, 32.0).recompute is None
+    assert memory_fit(4, "1f1b", 1, 8, 16.0).recompute is True
+    assert memory_fit(4, "1f1b", 1, 8, 1000.0).recompute is False
+    report = measure_networks(("datacenter",), (1, 2), ("int4/gpipe/no-overlap",), (50,), memory_gb=32.0)
+    assert [r["stages"] for r in report["rows"]] == [2] and report["rows"][0]["recompute"]
+    assert report["skipped"] == [{"stages": 1, "schedule": "gpipe", "sync_every": 50,
+                                  "need_gb": pytest.approx(memory_fit(1, "gpipe", 50, 8, 32.0).need_gb)}]
+    assert 0 < report["rows"][0]["compute_utilisation"] <= 1
+
+
+def test_access_links_and_streaming_on_homes():
+    args = (("homes-100m",), (2,), ("int4/gpipe/no-overlap",), (1, 50))
+    shared, separate, streamed = (measure_networks(*args, access=a, sync_overlap=o)
+                                  for a, o in ((True, False), (False, False), (True, True)))
+    step = {name: {r["sync_every"]: r["step_s"] for r in report["rows"]}
+            for name, report in (("shared", shared), ("separate", separate), ("streamed", streamed))}
+    assert step["shared"][1] > 2 * step["separate"][1]  # 31 shards each way through one 100 Mbit/s line
+    assert step["streamed"][1] == step["shared"][1]  # H = 1 is never streamed
+    assert step["streamed"][50] < step["shared"][50] < step["shared"][1]
+    assert [r["streamed"] for r in streamed["rows"]] == [False, True]
+    flags = ["--networks", "homes-100m", "--stages", "2", "--settings", "int4/gpipe/no-overlap", "--sync-every", "50",
+             "--sync-overlap"]
+    r = CliRunner().invoke(command, flags)
+    assert r.exit_code == 0 and "streamed H 50" in r.output and "skipped" not in r.output, r.output
+    small = CliRunner().invoke(command, [*flags, "--memory-gb", "16"])  # DiLoCo's state and activations: 24 GB
+    assert small.exit_code == 0 and "skipped: 2 stages, gpipe, H 50: a stage needs 24.1 GB" in small.output

@@ -154,3 +154,35 @@ def test_a_plan_no_better_than_megatron_is_megatrons_order_and_says_so():
     assert plan.pipelines == tuple(tuple(range(i, 64, 8)) for i in range(8))
     assert "this plan IS Megatron's order" in format_plan(plan, cluster, PAPER_WORKLOAD, "multi_dc")
     assert plan.to_json()["search"]["fallback"] == "megatron"
+
+
+def test_stages_auto_plans_every_stage_count_and_prints_the_fastest_with_its_utilisation():
+    r = _run("--scenario", "homes", "--devices", "2", "--model", "small", "--batch-tokens", "65536", "--stages", "auto",
+             "--micro-batches", "4", "--time-budget", "30")
+    assert r.exit_code == 0, r.output
+    assert "stages chosen" in r.stdout and "<- chosen" in r.stdout and "predicted compute utilisation:" in r.stdout
+    doc = json.loads(_run("--scenario", "homes", "--devices", "2", "--model", "small", "--batch-tokens", "65536",
+                          "--stages", "auto", "--micro-batches", "4", "--time-budget", "30", "--json").stdout)
+    options = {o["stages"]: o for o in doc["stage_options"]}
+    assert sorted(options) == [1, 2] and doc["objective"] == "simulated"
+    assert doc["cost_s"] == min(o["step_s"] for o in options.values() if o["step_s"] is not None)
+    assert doc["stages"] == min(options.values(), key=lambda o: o["step_s"] or float("inf"))["stages"]
+    assert 0 < doc["compute_utilisation"] == options[doc["stages"]]["compute_utilisation"] <= 1
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--scenario", "homes", "--devices", "4", "--stages", "auto"], "--stages auto needs --model"),
+        (["--scenario", "homes", "--devices", "4", "--stages", "auto", "--model", "small", "--objective", "dtfm"],
+         "no --objective dtfm"),
+    ],
+)
+def test_stages_auto_refuses_what_it_cannot_plan_in_one_line(args, words):
+    r = _run(*args)
+    assert r.exit_code == 2 and words in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.output
+
+
+def test_homes_plan_under_the_simulated_objective_which_sees_their_lines():
+    doc = json.loads(_run("--scenario", "homes", "--devices", "8", "--stages", "2", "--json").stdout)
+    assert doc["objective"] == "simulated" and len(doc["devices"]) == 8

@@ -81,7 +81,9 @@ def wire_of(record, **changes) -> bytes:
     "record",
     [peer_record(), peer_record(maddrs=(), region=""), links_record(), LinksRecord(()), plan_record(),
      ProgressRecord(epoch=1, step=120, loss=3.25, step_time_s=1.5), ProgressRecord(0, 0, None, 0.0),
-     plan_record(slowdowns=((4, 6.5), (1, 12.0))), ProgressRecord(1, 2, 3.0, 0.5, compute_s=0.25)],
+     plan_record(slowdowns=((4, 6.5), (1, 12.0))), ProgressRecord(1, 2, 3.0, 0.5, compute_s=0.25),
+     ProgressRecord(1, 2, 3.0, 0.5, sent_bytes=0),
+     ProgressRecord(1, 2, 3.0, 0.5, sent_bytes=123_456_789, sync_every=50)],
     ids=lambda r: type(r).__name__,
 )  # fmt: skip
 def test_round_trip(record):
@@ -204,11 +206,30 @@ def test_bad_plan_records_are_refused(changes, message):
         (dict(step_time_s=-0.1), "step_time_s=-0.1 is outside"),
         (dict(compute_s=-1.0), "compute_s=-1 is outside"),
         (dict(compute_s="fast"), "compute_s must be a number"),
+        (dict(sent_bytes=-1), "sent_bytes=-1 is outside"),
+        (dict(sent_bytes=1.5e6), "sent_bytes must be an integer"),
+        (dict(sent_bytes=True), "sent_bytes must be an integer"),
+        (dict(sent_bytes=2**60), "sent_bytes=1152921504606846976 is outside"),
+        (dict(sync_every=0), "sync_every=0 is outside"),
+        (dict(sync_every=2.0), "sync_every must be an integer"),
+        (dict(sync_every="50"), "sync_every must be an integer"),
+        (dict(sync_every=None), "sync_every must be an integer"),
+        (dict(sync_every=2**60), "sync_every=1152921504606846976 is outside"),
     ],
 )
 def test_bad_progress_records_are_refused(changes, message):
     with pytest.raises(RecordError, match=message):
         decode_record(RecordKind.PROGRESS, wire_of(ProgressRecord(1, 2, 3.0, 0.5), **changes))
+
+
+def test_a_heartbeat_without_traffic_or_sync_fields_reads_as_every_step_unmeasured():
+    """Older agents write neither field; the defaults are written as absent, so their wire is unchanged."""
+    old = wire(RecordKind.PROGRESS, epoch=1, step=2, loss=3.0, step_time_s=0.5, halted=False, kept=0, stage=None)
+    record = decode_record(RecordKind.PROGRESS, old)
+    assert (record.sent_bytes, record.sync_every) == (None, 1)
+    assert record.encode() == old
+    m = msgpack.unpackb(ProgressRecord(1, 2, 3.0, 0.5, sent_bytes=7, sync_every=4).encode())
+    assert (m["sent_bytes"], m["sync_every"]) == (7, 4)
 
 
 @pytest.mark.parametrize(
@@ -314,7 +335,8 @@ def read_entry(kind: RecordKind, entry: DHTRecord):
         PeerRecord(device_name="NVIDIA H100 80GB", memory_gb=80.0, tflops=712.5, region="Oregon",
                    maddrs=(f"/ip4/203.0.113.7/tcp/31337/p2p/{SIGNER.peer_id}",)),
         LinksRecord.from_peers({p: LinkMeasurement(10.0 + i, 0.5 * (i + 1)) for i, p in enumerate(SIGNED_PEERS[1:])}),
-        ProgressRecord(epoch=1, step=120, loss=3.25, step_time_s=1.5, compute_s=0.25),
+        ProgressRecord(epoch=1, step=120, loss=3.25, step_time_s=1.5, compute_s=0.25, sent_bytes=3_000_000,
+                       sync_every=8),
     ],
     ids=lambda r: type(r).__name__,
 )  # fmt: skip

@@ -1,5 +1,6 @@
 """The exact bytes p2ptrain puts on the wire: message headers of every kind, a warm copy's header, refusal
-replies, a piece's frame head, and the protocol version a peer record states. The literals were captured from the code, so a refactoring that changes a
+replies, a piece's frame head, the layout of the codecs below int4, and the protocol version a peer record
+states. The literals were captured from the code, so a refactoring that changes a
 byte (a kind's spelling, a version, a field's order, a refusal code) fails here; a deliberate change of the
 protocol updates them, and the version it changes."""
 
@@ -19,6 +20,7 @@ from p2ptrain.net.dht.records import PeerRecord
 from p2ptrain.net.transport.frames import request_frame_head
 from p2ptrain.net.transport.messages import BackupHeader, Header, MessageKind, Refusal, Stamp, Tag
 from p2ptrain.net.transport.servicer import make_reply, parse_reply, refusal
+from p2ptrain.runtime.wire import Codec
 
 KINDS = ["activation", "activation_grad", "reduce_shard", "gather_shard", "grad_norm", "probe", "state", "backup",
          "bench"]
@@ -135,3 +137,20 @@ def test_a_piece_frame_head_has_its_bytes():
 def test_a_peer_record_states_protocol_version_1_in_schema_1():
     fields = msgpack.unpackb(PeerRecord(device_name="cpu", memory_gb=8.0, tflops=0.1).encode())
     assert (fields["v"], fields["protocol_version"]) == (1, 1)
+
+
+def test_an_int2_message_is_its_steps_then_four_codes_a_byte():
+    message = Codec("int2").encode(torch.tensor([-3.0, -1.0, 1.0, 3.0, 3.0]) * 0.5)
+    # step 0.5 (float32, little-endian); codes 0, 1, 2, 3 (first in the low bits), then 3 and padding 0
+    assert message.numpy().tobytes() == b"\x00\x00\x00?" b"\xe4" b"\x03"
+
+
+def test_a_topk_message_is_its_scales_then_codes_then_positions():
+    x = torch.zeros(260)  # a block of 256 and a tail of 4
+    x[torch.tensor([3, 10, 50, 100, 128, 200, 254, 255])] = torch.tensor([-127.0, 1, -2, 3, -4, 5, -6, 7])
+    x[256:] = torch.tensor([0.0, -1.0, 2.0, -0.5])
+    assert Codec("topk").encode(x).numpy().tobytes() == (
+        b"\x00\x00\x80?" b"\x04\x02\x81<"  # scales: 127 / 127 and 2 / 127
+        b"\x81\x01\xfe\x03\xfc\x05\xfa\x07" b"\x00\xc0\x7f\xe0"  # int8 codes, the block's 8 then the tail's 4
+        b"\x03\n2d\x80\xc8\xfe\xff" b"\x00\x01\x02\x03"  # uint8 positions in increasing order
+    )

@@ -56,3 +56,18 @@ def test_bad_requests():
         scenario("moon")
     with pytest.raises(ValueError, match="positive integer"):
         scenario("spot", 0)
+
+
+def test_homes_by_name_sit_behind_their_lines():
+    import numpy as np
+
+    from p2ptrain.planning import ALL_SCENARIOS
+    from p2ptrain.planning.scenarios import NAMED_SCENARIOS, homes
+
+    c = scenario("homes", 8)
+    assert "homes" not in ALL_SCENARIOS and "homes" in NAMED_SCENARIOS
+    assert c.uplink_gbps.tolist() == [0.1] * 8 and c.downlink_gbps.tolist() == [0.1] * 8
+    assert np.array_equal(c.latency_ms, homes(8).latency_ms)
+    assert not homes(8, access=False).has_access_links
+    with pytest.raises(ValueError, match="homes"):
+        scenario("moon")

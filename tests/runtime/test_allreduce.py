@@ -62,7 +62,7 @@ def test_all_members_get_the_same_sum(n, numel):
         torch.testing.assert_close(results[r], expected)
 
 
-@pytest.mark.parametrize("wire", ["bf16", "int8", "int4"])
+@pytest.mark.parametrize("wire", ["bf16", "int8", "int4", "int2"])
 def test_compressed_sums_are_bit_identical_and_error_feedback_keeps_them_unbiased(wire):
     """Replicas decode the same messages: identical sums. Over steps, error feedback makes the running
     total of the sums track the running total of the exact sums within one step's quantisation error."""
@@ -78,7 +78,8 @@ def test_compressed_sums_are_bit_identical_and_error_feedback_keeps_them_unbiase
             assert torch.equal(results[r], results[0])
         exact_total += torch.stack(vectors).sum(0)
         got_total += results[0]
-    one_step_error = {"bf16": 0.04, "int8": 0.1, "int4": 1.5}[wire]  # without feedback: 0.065, 0.20, 4.0
+    # without feedback: 0.065, 0.20, 4.0, 11.7
+    one_step_error = {"bf16": 0.04, "int8": 0.1, "int4": 1.5, "int2": 6.0}[wire]
     assert (got_total - exact_total).abs().max() < one_step_error
 
 

@@ -161,7 +161,7 @@ def test_1f1b_activation_memory_is_bounded_by_the_stages_not_the_micro_batches()
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("wire", ["bf16", "int8", "int4"])
+@pytest.mark.parametrize("wire", ["bf16", "int8", "int4", "int2"])
 def test_compressed_wire_keeps_replicas_bit_identical(wire):
     torch.set_num_threads(1)
     cfg = dataclasses.replace(BASE, wire=wire, schedule="1f1b")

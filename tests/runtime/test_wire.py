@@ -1,5 +1,6 @@
 """Wire codecs: exact sizes, round-trip error bounds, malformed messages refused in one line."""
 
+import hashlib
 import math
 
 import pytest
@@ -7,6 +8,7 @@ import torch
 
 from p2ptrain.runtime.wire import (
     BLOCK,
+    CODECS,
     WIRE_FORMATS,
     Codec,
     ErrorFeedback,
@@ -26,7 +28,7 @@ def sample(shape, seed=0):
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("name", WIRE_FORMATS)
+@pytest.mark.parametrize("name", [c for c in CODECS if c != "lowrank"])
 def test_message_sizes_are_exact(name, shape):
     codec = Codec(name)
     message = codec.encode(sample(shape))
@@ -34,7 +36,7 @@ def test_message_sizes_are_exact(name, shape):
     assert tuple(message.shape) == want_shape and message.dtype == want_dtype
     nbytes = message.numel() * message.element_size()
     assert nbytes == wire_bytes(name, math.prod(shape))
-    if math.prod(shape) % BLOCK == 0:
+    if math.prod(shape) % (4 * BLOCK) == 0:  # whole blocks (topk's are 256 elements)
         assert nbytes == bytes_per_element(name) * math.prod(shape)
 
 
@@ -81,9 +83,27 @@ def test_malformed_messages_are_refused_in_one_line():
         wire_format("int3")
 
 
-def test_int4_sends_activation_gradients_in_int8():
-    fmt = wire_format("int4")
-    assert (fmt.activation.name, fmt.activation_grad.name, fmt.gradient.name) == ("int4", "int8", "int4")
+@pytest.mark.parametrize(("name", "digest"), [("bf16", "99970ecd22cd0edb"), ("int8", "1be5cd194b034aa1"),
+                                             ("int4", "4814c13af4635298")])
+def test_the_first_formats_messages_keep_their_bytes(name, digest):
+    """Captured before the codecs below int4 were added: a peer of an older version decodes them alike."""
+    message = Codec(name).encode(torch.linspace(-1.5, 2.0, 130) ** 3).view(torch.uint8)
+    assert hashlib.sha256(message.numpy().tobytes()).hexdigest()[:16] == digest
+
+
+@pytest.mark.parametrize("name", WIRE_FORMATS)
+def test_each_wire_names_its_codec_per_kind(name):
+    kinds = {"fp32": ("fp32",) * 3, "bf16": ("bf16",) * 3, "int8": ("int8",) * 3,
+             "int4": ("int4", "int8", "int4"), "int4_all": ("int4",) * 3, "int2": ("int2", "int4", "int2")}
+    from p2ptrain.net.dht.record_base import SETTINGS_RE
+
+    assert SETTINGS_RE.fullmatch(f"wire={name}")  # a peer record states its run's wire
+    fmt = wire_format(name)
+    assert fmt.name == name
+    assert (fmt.activation.name, fmt.activation_grad.name, fmt.gradient.name) == kinds[name]
+    for codec in (fmt.activation, fmt.activation_grad, fmt.gradient):
+        x = sample((3, 64))
+        assert codec.round_trip(x).shape == x.shape
 
 
 @pytest.mark.parametrize("name", ["bf16", "int8", "int4"])

@@ -550,7 +550,9 @@ class Leading:
             step_s = planning.step_s or plan["cost_s"] * scale + compute_estimate_s(
                 cfg.train, plan["stages"], plan["replicas"], min(d.tflops for d in planning.cluster.devices))
         churn = cfg.churn
-        if not planning.step_s and churn.backup_every == "auto":
+        # until a step was measured, copy within the first few steps (a copy's cost is a guess then) -- but not
+        # where homes' uplinks carry them: there a copy shares the line the pipeline's own traffic takes
+        if not planning.step_s and churn.backup_every == "auto" and not planning.cluster.has_access_links:
             churn = dataclasses.replace(churn, backup_max_every=min(churn.backup_max_every, churn.backup_first_every))
         copies = warm_copies(plan, planning.devices, planning.spares, planning.members or planning.cluster,
                              stage_state_bytes(cfg.train, cfg.train.stages), step_s, churn, cfg.emulation,

@@ -155,8 +155,14 @@ def build_cluster(
         Device(name=p, region=peers[p].region or None, tflops=peers[p].tflops, memory_gb=peers[p].memory_gb)
         for p in order
     )
+    access = {}  # the homes' uplinks and downlinks the peers published (``PeerRecord``), in the network's units
+    for name in ("uplink_gbps", "downlink_gbps"):
+        values = [getattr(peers[p], name) for p in order]
+        if any(v is not None for v in values):
+            scale = emulation.time_scale / emulation.size_factor if emulation.enabled else 1.0
+            access[name] = [v * scale if v is not None else None for v in values]
     # mixed devices: every trainer's own calibration is its speed (``runtime.calibration``), when all have one
-    return with_measured_speeds(Cluster(devices, latency, bandwidth), [peers[p].compute for p in order])
+    return with_measured_speeds(Cluster(devices, latency, bandwidth, **access), [peers[p].compute for p in order])
 
 
 LINK_DISAGREEMENT = 10.0  # beyond this ratio of the two ends' figures a link is disputed: the worse counts

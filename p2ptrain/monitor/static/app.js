@@ -30,6 +30,23 @@ const short = (peer) => (peer ? "…" + String(peer).slice(-6) : "—");
 const fmt = (x, digits = 3) => (x === null || x === undefined ? "—" : Number(x).toPrecision(digits));
 const secs = (x) => (x === null || x === undefined ? "—" : x < 1 ? (x * 1000).toFixed(0) + " ms" : x.toFixed(2) + " s");
 const clock = (t) => new Date(t * 1000).toLocaleTimeString();
+const percent = (x) => (x === null || x === undefined ? "—" : Math.round(x * 100) + "%");
+
+function bytes(x) {
+  // decimal units, as link speeds are quoted: "12.5 MB"
+  if (x === null || x === undefined) return "—";
+  const units = ["B", "kB", "MB", "GB", "TB", "PB"];
+  const i = Math.max(0, Math.min(units.length - 1, Math.floor(Math.log10(Math.max(x, 1)) / 3)));
+  return (i ? (x / 10 ** (3 * i)).toPrecision(3) : String(x)) + " " + units[i];
+}
+
+const plural = (n, word) => `${n} ${word}${n === 1 ? "" : "s"}`;
+const perStep = (x) => (x === null || x === undefined ? "—" : bytes(x) + "/step");
+
+function syncMode(s) {
+  if (s.sync === null) return "—";
+  return s.sync === "diloco" ? `DiLoCo, H = ${s.sync_every}` : "every step";
+}
 
 function label(state, peer) {
   const p = state.peers.find((q) => q.peer_id === peer);
@@ -48,6 +65,10 @@ function renderSummary(state) {
     ["step time", secs(s.step_time_s)],
     ["predicted", secs(s.predicted_step_s)],
     ["tokens/s", s.tokens_per_s ? Math.round(s.tokens_per_s).toLocaleString() : "—"],
+    ["sync", syncMode(s)],
+    ["round", s.round === null ? "—" : `${s.round} · ${plural(s.round_steps_left, "step")} left`],
+    ["utilisation", percent(s.utilisation)],
+    ["sent by the trainers", perStep(s.sent_bytes_per_step)],
     ["re-plans", s.replans],
     ["joins / leaves", `${s.joins} / ${s.leaves}`],
   ];
@@ -185,6 +206,8 @@ function renderPeers(state) {
     el("td", {}, role(p)),
     el("td", {}, p.step ?? "—"),
     el("td", {}, fmt(p.loss, 4)),
+    el("td", {}, perStep(p.sent_bytes)),
+    el("td", {}, percent(p.utilisation)),
     el("td", {}, p.heartbeat_age_s === null ? "—" : `${Math.round(p.heartbeat_age_s)} s ago`),
   ));
   document.querySelector("#peers tbody").replaceChildren(...rows);

@@ -89,6 +89,7 @@ __all__ = [
 AGENT_PROTOCOL_VERSION = 1
 
 MAX_COMPUTE_S = 3600.0  # one micro-batch through one block: an hour is past any sane device
+MAX_STEP_BYTES = 1 << 50  # what a peer sends in one step: a PiB takes hours at 1 Tbit/s
 MAX_ROWS = 1 << 20
 
 
@@ -154,6 +155,10 @@ class PeerRecord(RecordEnvelope):
     # optional: the run settings it trains with (``agent.leadership.settings.identity``: wire, schedule, ...);
     # pinned by each agent's config, so agents of a run must agree on them too
     settings: str = ""
+    # optional: its access link (a home's uplink and downlink, shared by all its flows), Gbit/s in the
+    # frame its links are measured in (an emulated network's when emulating); None: not limited or unknown
+    uplink_gbps: float | None = None
+    downlink_gbps: float | None = None
     kind: ClassVar[RecordKind] = RecordKind.PEER
 
     def __post_init__(self) -> None:
@@ -175,6 +180,9 @@ class PeerRecord(RecordEnvelope):
             raise RecordError("compute must be a ComputeMeasurement")
         set_field(self, "data", f.text("data", self.data, 64, pattern=DATA_RE) if self.data else "")
         set_field(self, "settings", f.text("settings", self.settings, 256, pattern=SETTINGS_RE) if self.settings else "")
+        for name in ("uplink_gbps", "downlink_gbps"):
+            if getattr(self, name) is not None:
+                set_field(self, name, f.number(name, getattr(self, name), 0.0, MAX_BANDWIDTH_GBPS, lo_open=True))
 
     def _fields(self) -> dict[str, Any]:
         fields = {
@@ -190,6 +198,9 @@ class PeerRecord(RecordEnvelope):
             fields["data"] = self.data
         if self.settings:  # optional field: absent for agents that do not say
             fields["settings"] = self.settings
+        for name in ("uplink_gbps", "downlink_gbps"):  # optional fields: absent unless known
+            if getattr(self, name) is not None:
+                fields[name] = getattr(self, name)
         return fields
 
     @classmethod
@@ -201,6 +212,7 @@ class PeerRecord(RecordEnvelope):
             emulated_device=m.get("emulated_device"),
             compute=ComputeMeasurement.from_wire(m["compute"]) if "compute" in m else None,
             data=m.get("data", ""), settings=m.get("settings", ""),
+            uplink_gbps=m.get("uplink_gbps"), downlink_gbps=m.get("downlink_gbps"),
         )  # fmt: skip
 
 
@@ -288,7 +300,11 @@ class ProgressRecord(RecordEnvelope):
     the writer's own compute in step ``step`` (forward, backward, update; no waiting), 0 when not measured
     (additive; the leader checks it against the writer's calibration, ``agent.claims``). ``leader``: the
     signer of the plan of epoch ``epoch`` the writer trains (additive; who may lead counts only the records
-    of the plan's own trainers that name its signer, ``leadership.standing``).
+    of the plan's own trainers that name its signer, ``leadership.standing``). ``sent_bytes``: the payload
+    bytes the writer's transport sent during step ``step`` (``Transport.sent_bytes``), None when not said
+    (additive). ``sync_every``: the steps between the run's data-parallel syncs, H of DiLoCo's rounds
+    (``TrainConfig.rounds``), 1 for every step and for writers that do not say (additive). Both are for
+    readers (the monitor).
     """
 
     epoch: int
@@ -302,6 +318,8 @@ class ProgressRecord(RecordEnvelope):
     blame: str | None = None
     compute_s: float = 0.0
     leader: str | None = None
+    sent_bytes: int | None = None
+    sync_every: int = 1
     kind: ClassVar[RecordKind] = RecordKind.PROGRESS
 
     def __post_init__(self) -> None:
@@ -334,6 +352,9 @@ class ProgressRecord(RecordEnvelope):
                 set_field(self, "leader", check_peer_id(self.leader))
             except ValueError as e:
                 raise RecordError(f"leader: {e}") from None
+        if self.sent_bytes is not None:
+            set_field(self, "sent_bytes", f.integer("sent_bytes", self.sent_bytes, 0, MAX_STEP_BYTES))
+        set_field(self, "sync_every", f.integer("sync_every", self.sync_every, 1, MAX_COUNTER))
 
     def _fields(self) -> dict[str, Any]:
         fields = {"epoch": self.epoch, "step": self.step, "loss": self.loss, "step_time_s": self.step_time_s,
@@ -346,6 +367,10 @@ class ProgressRecord(RecordEnvelope):
             fields["compute_s"] = self.compute_s
         if self.leader is not None:  # optional field: absent before the writer follows a plan
             fields["leader"] = peer_id_to_bytes(self.leader)
+        if self.sent_bytes is not None:  # optional field: absent unless the writer counted its traffic
+            fields["sent_bytes"] = self.sent_bytes
+        if self.sync_every != 1:  # optional field: absent when the run syncs every step
+            fields["sync_every"] = self.sync_every
         return fields
 
     @classmethod
@@ -353,7 +378,8 @@ class ProgressRecord(RecordEnvelope):
         return cls(epoch=m["epoch"], step=m["step"], loss=m["loss"], step_time_s=m["step_time_s"],
                    halted=m.get("halted", False), kept=m.get("kept", 0), stage=m.get("stage"),
                    holds=tuple(m.get("holds", ())), blame=peer_from_bytes("blame", m.get("blame")),
-                   compute_s=m.get("compute_s", 0.0), leader=peer_from_bytes("leader", m.get("leader")))
+                   compute_s=m.get("compute_s", 0.0), leader=peer_from_bytes("leader", m.get("leader")),
+                   sent_bytes=m.get("sent_bytes"), sync_every=m.get("sync_every", 1))
 
 
 Record = PeerRecord | LinksRecord | PlanRecord | ProgressRecord

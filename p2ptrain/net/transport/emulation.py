@@ -191,6 +191,11 @@ class LinkEmulator:
         with self._lock:
             return self._links.get(str(peer))
 
+    def access(self) -> tuple[float | None, float | None]:
+        """This peer's uplink and downlink, bytes/s (None: unlimited)."""
+        with self._lock:
+            return self._uplink_bytes_per_s, self.downlink.bandwidth_bytes_per_s
+
     def set_access(
         self, uplink_bytes_per_s: float | None = None, downlink_bytes_per_s: float | None = None
     ) -> None:

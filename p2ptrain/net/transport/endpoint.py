@@ -17,6 +17,10 @@ data), so a send returns at the emulated arrival time (later when the receiver's
 ``recv`` waits under its own deadline and names the sender it waited for. Messages to one peer share a few
 persistent streams (``config.streams_per_peer``, see ``channel.py``): no stream setup per message.
 
+``sent_bytes`` counts the payload bytes of the messages receivers accepted since the transport started (a
+message refused or whose reply was lost may have gone out in part, and is not counted): the difference of
+two readings is what this peer sent in between (the agent's heartbeat says it per step; the monitor shows it).
+
 Thread-safety: every public method may be called from any thread except the transport's own loop thread.
 """
 
@@ -151,6 +155,7 @@ class Transport:
         self._aborted_epoch, self._abort_reason = -1, ""  # calls of epochs up to this one fail at once
         self._abort_stuck: tuple[str, float | None] | None = None  # (peer, waited s) the abort blames
         self._aborted_tasks: set[asyncio.Task] = set()
+        self._sent_bytes = 0  # written by the loop thread only, so no lock: other threads only read it
         self._close_lock = threading.Lock()
         self._loop = service_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="p2ptrain-transport", daemon=True)
@@ -187,6 +192,11 @@ class Transport:
         """The libp2p client this transport calls peers with (``forward.Routes`` wraps it for peers behind NAT)."""
         assert self._p2p is not None, "the transport has not started"
         return self._p2p
+
+    @property
+    def sent_bytes(self) -> int:
+        """Payload bytes of the messages receivers accepted so far (see the module docstring)."""
+        return self._sent_bytes
 
     @property
     def visible_maddrs(self) -> list[str]:
@@ -258,6 +268,8 @@ class Transport:
                 await asyncio.sleep(self.config.dial_retry_s)
                 continue
             reply = parse_reply(response)
+            if reply.error is None:
+                self._sent_bytes += len(payload)  # every byte went out (a refusal may have cut the message short)
             if reply.error is None and attempt == 0 and copied is not None:
                 self._send_buffers.give_back(copied)  # every byte was read: no stream holds a view of it
             if reply.error is None or (attempt > 0 and reply.code in (Refusal.DUPLICATE, Refusal.STALE)):

@@ -1,0 +1,31 @@
+"""The e2e benchmark's settings: WIRE/SCHEDULE/overlap with an optional DiLoCo round length, and how a
+DiLoCo run's step is measured (whole rounds, the round's all-reduce spread over its steps)."""
+
+from __future__ import annotations
+
+import pytest
+
+from p2ptrain.bench.e2e import E2EConfig, parse_setting, round_period, sync_every
+
+
+def test_a_setting_may_ask_for_diloco_rounds():
+    assert parse_setting("int4/1f1b/overlap/diloco-4") == ("int4", "1f1b", True)
+    assert sync_every("int4/1f1b/overlap/diloco-4") == 4 and sync_every("fp32/gpipe/no-overlap") == 1
+    for bad in ("int4/1f1b/overlap/diloco-0", "int4/1f1b/overlap/diloco", "int4/1f1b/overlap/h4", "fp8/1f1b/overlap"):
+        with pytest.raises(ValueError, match="is not WIRE/SCHEDULE"):
+            sync_every(bad)
+
+
+def test_a_diloco_setting_needs_two_whole_rounds():
+    E2EConfig(scenario="homes", steps=8, settings=("int4/1f1b/overlap", "int4/1f1b/overlap/diloco-4"))
+    with pytest.raises(ValueError, match="--steps must be at least 10"):
+        E2EConfig(scenario="homes", steps=8, settings=("int4/1f1b/overlap/diloco-5",))
+
+
+def test_a_diloco_step_is_the_mean_over_whole_rounds_after_the_first():
+    # rounds of 3: steps take 1 s, a round's last 4 s (its all-reduce); step k ended at completions[k - 1]
+    durations = [1, 1, 4, 1, 1, 4, 1, 1, 4, 1]
+    completions = [sum(durations[: k + 1]) for k in range(len(durations))]
+    assert round_period(completions, 3) == pytest.approx(2.0)  # (1 + 1 + 4) / 3, rounds 2 and 3
+    with pytest.raises(ValueError, match="fewer than two rounds"):
+        round_period(completions[:5], 3)
