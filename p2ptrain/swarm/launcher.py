@@ -38,12 +38,15 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from p2ptrain.agent.events import EventReader
 from p2ptrain.agent.leadership.plan_maker import run_workload
 from p2ptrain.errors import ConfigError
 from p2ptrain.lifecycle import StopSignal
 from p2ptrain.net.dht.bootstrap import write_atomically
 from p2ptrain.net.identity import load_or_create_identity
+from p2ptrain.net.transport.emulation import EmulationConfig, scaled_bandwidth
 from p2ptrain.net.transport.probe import ProbeConfig
 from p2ptrain.planning import PAPER_WORKLOAD, Cluster, load_cluster, parameter_count, scenario
 from p2ptrain.runtime.config import TrainConfig
@@ -142,7 +145,8 @@ def run_swarm(
                     on_monitor(url)
             def launch(new: list[AgentProcess]) -> None:
                 for agent in new:
-                    toml = _agent_toml(config, train, run, maddrs, agent, root, cluster_path, time_scale, size_factor)
+                    toml = _agent_toml(config, train, run, maddrs, agent, root, cluster_path, time_scale, size_factor,
+                                       _probe(config, network, time_scale, size_factor))
                     agent.config_path.write_text(toml)
                     child = group.start(agent.name, [sys.executable, "-m", "p2ptrain", "agent", "--config",
                                                      str(agent.config_path)], log_path=agent.log_path, fork=True)
@@ -332,9 +336,26 @@ def _last_error(agent: AgentProcess) -> str:
     return lines[-1] if lines else f"see {agent.log_path}"
 
 
+def _probe(config: SwarmConfig, network: Cluster | None, time_scale: float, size_factor: float) -> ProbeConfig:
+    """The link prober's settings: ``config.probe``, else for an emulated network ``EMULATED_PROBE`` with its
+    first transfer no longer than ``min_transfer_s`` on the network's slowest line (a home's access link,
+    emulated at a few hundred kbit/s, took 2.5 s a 64 KiB transfer, and eight homes probing each other
+    through their shared uplinks did not finish within the start-up deadline), else ``LOOPBACK_PROBE``."""
+    if config.probe is not None:
+        return config.probe
+    if network is None:
+        return LOOPBACK_PROBE
+    off = ~np.eye(network.num_devices, dtype=bool)
+    lines = [network.bandwidth_gbps[off].min()] + [float(v.min()) for v in (network.uplink_gbps, network.downlink_gbps)
+                                                   if v is not None]  # fmt: skip
+    slowest = scaled_bandwidth(float(min(lines)), EmulationConfig(time_scale, size_factor))  # emulated bytes/s
+    first = int(min(EMULATED_PROBE.first_transfer_bytes, max(4 << 10, slowest * EMULATED_PROBE.min_transfer_s)))
+    return dataclasses.replace(EMULATED_PROBE, first_transfer_bytes=first)
+
+
 def _agent_toml(config: SwarmConfig, train: TrainConfig, run: str, maddrs: list[str], agent: AgentProcess,
-                root: Path, cluster_path: Path | None, time_scale: float, size_factor: float) -> str:  # fmt: skip
-    probe = config.probe or (EMULATED_PROBE if cluster_path else LOOPBACK_PROBE)
+                root: Path, cluster_path: Path | None, time_scale: float, size_factor: float,
+                probe: ProbeConfig) -> str:  # fmt: skip
     tables: dict[str, Any] = {
         "run": run, "initial_peers": maddrs, "events_file": str(agent.events.path),
         "train": {k: v for k, v in asdict(train).items() if v is not None and k != "replicas"},
