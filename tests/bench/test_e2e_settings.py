@@ -29,3 +29,18 @@ def test_a_diloco_step_is_the_mean_over_whole_rounds_after_the_first():
     assert round_period(completions, 3) == pytest.approx(2.0)  # (1 + 1 + 4) / 3, rounds 2 and 3
     with pytest.raises(ValueError, match="fewer than two rounds"):
         round_period(completions[:5], 3)
+
+
+def test_the_emulated_prober_fits_its_first_transfer_to_the_slowest_line():
+    from p2ptrain.net.transport.emulation import EmulationConfig, scaled_bandwidth
+    from p2ptrain.swarm.config import SwarmConfig
+    from p2ptrain.swarm.launcher import EMULATED_PROBE, _probe, plan_swarm
+
+    homes = SwarmConfig(agents=8, stages=4, steps=12, scenario="homes", time_scale=0.33)
+    _, network, time_scale, size_factor = plan_swarm(homes)
+    line = scaled_bandwidth(float(network.uplink_gbps.min()), EmulationConfig(time_scale, size_factor))
+    first = _probe(homes, network, time_scale, size_factor).first_transfer_bytes
+    assert 4 << 10 <= first <= max(4 << 10, line * EMULATED_PROBE.min_transfer_s) < EMULATED_PROBE.first_transfer_bytes
+    world = SwarmConfig(agents=8, stages=4, steps=12, scenario="worldwide")
+    _, network, time_scale, size_factor = plan_swarm(world)
+    assert _probe(world, network, time_scale, size_factor) == EMULATED_PROBE  # fast lines: probes as before
