@@ -91,6 +91,10 @@ def test_the_access_links_peers_publish_are_the_clusters_in_the_networks_units()
     scaled = build_cluster(PEERS, peers, rows_from(lat, bw), emulated)
     assert scaled.uplink_gbps[0] == pytest.approx(0.05 * 0.1 / 0.01)  # as β: U = U' · scale / size
     assert not build_cluster(PEERS, {p: record() for p in PEERS}, rows_from(lat, bw), emulated).has_access_links
+    # probes cross the same shared lines: a path measured below both ends' lines is taken at the slower line
+    slow = build_cluster(PEERS, peers, rows_from(lat, [[0.01] * 4] * 4), EmulationSettings()).bandwidth_gbps
+    assert slow[0, 1] == pytest.approx(0.05) and slow[1, 2] == pytest.approx(0.05)
+    assert slow[2, 1] == pytest.approx(0.01) and slow[1, 0] == pytest.approx(0.01)  # no uplink of 2, downlink of 0
     # a forged record claiming an absurd or negative line is refused before anybody plans with it
     for bad in (-1.0, float("nan"), 1e12):
         with pytest.raises(RecordError, match="uplink_gbps"):
