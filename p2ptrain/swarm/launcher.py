@@ -355,7 +355,8 @@ def _probe(config: SwarmConfig, network: Cluster | None, time_scale: float, size
 
 def _agent_toml(config: SwarmConfig, train: TrainConfig, run: str, maddrs: list[str], agent: AgentProcess,
                 root: Path, cluster_path: Path | None, time_scale: float, size_factor: float,
-                probe: ProbeConfig) -> str:  # fmt: skip
+                probe: ProbeConfig | None = None) -> str:  # fmt: skip
+    probe = probe or config.probe or (EMULATED_PROBE if cluster_path else LOOPBACK_PROBE)
     tables: dict[str, Any] = {
         "run": run, "initial_peers": maddrs, "events_file": str(agent.events.path),
         "train": {k: v for k, v in asdict(train).items() if v is not None and k != "replicas"},
