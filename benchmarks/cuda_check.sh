@@ -41,7 +41,7 @@ python3 -c "import torch, hivemind, p2ptrain; print('torch', torch.__version__, 
       'p2ptrain', p2ptrain.__version__)"
 
 part tests 240 python3 -m pytest -q -p no:cacheprovider --basetemp="$WORK/pytest" \
-    tests/model/test_precision_modes.py tests/runtime/test_distributed_tokenized.py \
+    tests/model/test_precision_modes.py tests/model/test_outer.py tests/runtime/test_distributed_tokenized.py \
     tests/runtime/test_reference.py
 part profile 60 python3 -c "import json, dataclasses, torch
 from p2ptrain.agent.profile import profile_device

@@ -21,7 +21,7 @@ With ``--networks`` (``measure_networks``): every network × stage count × sett
 network over the data center's best, each row with its predicted compute utilisation (the busiest device's
 compute over the step). Only stage counts whose stages fit a V100's memory (``--memory-gb``, 32 by default;
 the paper's cards had 16 or 32) are priced, by the planner's memory model (``planning.stage_count``: fp32
-training state, 24 bytes a parameter with DiLoCo, float32 activations of the schedule's micro-batches in
+training state, 16 bytes a parameter: DiLoCo's two more copies are in host memory; float32 activations of the schedule's micro-batches in
 flight), with activation recomputation only where they do not fit without it (it costs a forward per
 backward); the others are listed as skipped, with what they need. ``homes-1g`` and ``homes-100m`` are 64
 homes with their access links (``--access-link``, the default: each home's uplink and downlink shared by its

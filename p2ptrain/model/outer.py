@@ -16,7 +16,11 @@ the run reports is the mean over the replicas.
 
 ``OuterOptimizer`` is torch's ``SGD(nesterov=True)`` written out over a stage's parameters (what each stage
 holds: its round-start copy, the anchor, and the momentum; two more copies of the stage's parameters), so
-a single process simulating D replicas and D pipelines of stages apply the same arithmetic.
+a single process simulating D replicas and D pipelines of stages apply the same arithmetic. The two copies
+live in host memory when the parameters are on an accelerator (as INTELLECT-1 keeps its outer state): they
+are read once a round, so the card holds only what the inner steps need (the planner's memory model counts
+16 bytes a parameter on the device either way, ``planning.layers``). A round's end then moves the stage's
+parameters to the host and the new anchor back, one copy each way per H steps.
 """
 
 from __future__ import annotations
@@ -83,12 +87,12 @@ class OuterOptimizer:
     def __init__(self, params: Sequence[torch.nn.Parameter], cfg: DiLoCoConfig):
         self.params = list(params)
         self.cfg = cfg
-        self.anchor = [p.detach().clone() for p in self.params]
-        self.momentum = [torch.zeros_like(p) for p in self.params]
+        self.anchor = [_host(p.detach()) for p in self.params]  # in host memory (module docstring)
+        self.momentum = [torch.zeros_like(a) for a in self.anchor]
 
     def pseudo_gradients(self, params: Sequence[torch.nn.Parameter] | None = None) -> list[torch.Tensor]:
-        """The anchor minus ``params`` (default: this stage's own), float32."""
-        return [a - p.detach() for a, p in zip(self.anchor, params or self.params, strict=True)]
+        """The anchor minus ``params`` (default: this stage's own), float32, where the anchor lives."""
+        return [a - p.detach().to(a.device) for a, p in zip(self.anchor, params or self.params, strict=True)]
 
     @torch.no_grad()
     def step(self, averaged: Sequence[torch.Tensor]) -> None:
@@ -108,7 +112,7 @@ class OuterOptimizer:
         """Start a round from the parameters as they are now (a state of a round's end was loaded into them):
         they become the anchor; the outer momentum is ``momenta``'s (zero where it gives None)."""
         for p, anchor, buf in zip(self.params, self.anchor, self.momentum, strict=True):
-            anchor.copy_(p.detach())
+            anchor.copy_(p.detach())  # to the host when the parameters are on an accelerator
             value = momenta.get(p)
             if value is None:
                 buf.zero_()
@@ -120,3 +124,10 @@ class OuterOptimizer:
         """Set ``params`` (this stage's, or a simulated replica's) to the anchor."""
         for p, anchor in zip(params, self.anchor, strict=True):
             p.copy_(anchor)
+
+
+def _host(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy of ``tensor`` in host memory (pinned, so copies to and from the card can overlap)."""
+    if tensor.device.type == "cpu":
+        return tensor.clone()
+    return torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True).copy_(tensor)

@@ -21,7 +21,8 @@ M micro-batches per pipeline and step; a gpt has f = 4h and kv = h:
 - Training state: 16 bytes per parameter whatever the precision — fp32 weights, gradients and AdamW's two
   moments (4 + 4 + 8; our runtime), or fp16 weights and gradients with fp32 master weights and moments
   (2 + 2 + 4 + 8; mixed precision as the paper trained). DiLoCo's outer optimizer keeps two more float32
-  copies, the round's anchor and its momentum: 24 bytes (``state_bytes``, ``DILOCO_STATE_BYTES``).
+  copies, the round's anchor and its momentum, in host memory (``model.outer``): 8 bytes a parameter of the
+  host's, none of the card's.
 - Activations kept for the backward pass, per token of a micro-batch: a gpt block 34h + 5aT bytes with
   2-byte activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
   Models", eq. 2: norms 4h, attention 11h + 5aT, MLP 19h = its input 2h, GELU's input and output 2·2·4h,
@@ -64,7 +65,6 @@ from p2ptrain.planning.workload import (
 
 GB = 1e9
 STATE_BYTES_PER_PARAMETER = 16
-DILOCO_STATE_BYTES = STATE_BYTES_PER_PARAMETER + 8  # + the outer optimizer's anchor and momentum (float32)
 BACKWARD_FLOPS_PER_FORWARD = 2.0
 # Achieved fraction of a card's peak FLOP/s in training (model FLOPs utilisation): 0.35 is typical of
 # well-tuned GPT training on data-centre and consumer GPUs alike (Narayanan et al. 2021 report 44-52 %
@@ -235,7 +235,7 @@ def model_workload(
     no speeds known at all, every device is the paper's V100). The optimizer update is left out (memory
     bound, small beside forward and backward on a GPU). Memory: ``in_flight`` micro-batches' activations on
     every stage (default all M, GPipe's peak; ``micro_batches_in_flight`` gives the schedule's) and
-    ``state_bytes`` per parameter (``DILOCO_STATE_BYTES`` with DiLoCo)."""
+    ``state_bytes`` per parameter."""
     replicas = cluster.num_devices // num_stages
     shard_tokens = batch_tokens / replicas
     model = layer_model(shape, micro_batch_tokens=shard_tokens / micro_batches,

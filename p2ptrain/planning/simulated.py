@@ -41,6 +41,28 @@ carries (activations, their gradients, the all-reduce's shards); steps 1 and 2 r
 (``gpipe`` as above; ``1f1b`` interleaves them, each stage in its own order, ``wire_model.step_order``);
 with overlap, step 3 runs bucket by bucket, each bucket starting once the last backward pass produced it.
 
+Codecs (``StepProfile.encode_s_per_gb``/``decode_s_per_gb``, which the calibration measures for the run's
+wire): the CPU time of turning tensors into messages and back, which the wire's bytes do not show (int2's
+encoder tries five steps a block). With e and d a kind's encode and decode seconds per GB, where the runtime
+spends it:
+
+- activations and their gradients, x GB a micro-batch, on the compute thread (``runtime/executor.py``): stage
+  j decodes the activations it receives before its forward and encodes its output after it (F_j grows by
+  d·x where j > 0, e·x where j < S−1); it decodes the gradient it receives before its backward (j < S−1)
+  and encodes its input's gradient after it (j > 0), so that gradient leaves e·x later; the all-reduce's
+  buckets still follow B_j itself;
+- a bucket's all-reduce, s GB a shard, on the all-reduce's threads (``runtime/allreduce.py``): each member
+  encodes its D−1 shards (error feedback's encode: encode, decode, residual), handing them over (D−1)·e·s
+  after the bucket is ready; the owner decodes the D−1 it receives, (D−1)·d·s after the last arrives; it
+  encodes the sum, e·s, before handing it to all (its own copy decoded in that encode), and each member
+  decodes the D−1 others', (D−1)·d·s after the last arrives. Every shard waits for all its member's
+  encodes and all its receiver's decodes: exact with D = 2, an upper bound beyond;
+- DiLoCo's pseudo-gradients go through the same all-reduce once a round (1/H of it a step, as its bytes).
+
+The closed form adds a stage's codec time to C_j, and an exchange's (the largest stage's, all its
+buckets) to every group value, half on each of a member's two terms. For fp32 both are 0: a message's
+local cost, tensor to bytes and back, is ``message_s``'s already.
+
 A device starts step t+1 ``boundary_s`` after it ended step t (what the agent does between steps: its
 heartbeat, reading the run's records). Step t's time is when its last device ended it minus when the last
 device ended step t−1 (the swarm's measured step time, which is the period in steady state).
@@ -169,6 +191,11 @@ class StepProfile:
     ``schedule`` is the order of a stage's forwards and backwards; ``bucket_gb`` > 0 all-reduces the
     gradients in buckets of that many GB (the workload's units, before the wire) started during the last
     backward pass (overlap), 0 in one exchange after it.
+
+    The codecs' CPU time (``encode_s_per_gb``, ``decode_s_per_gb``; module docstring, "Codecs"): seconds to
+    encode and to decode one GB of each kind's volume as the workload counts it (before the wire), for
+    activations, their gradients and data-parallel gradients (whose encode is error feedback's: encode,
+    decode and residual); 0 for fp32, whose cost is ``message_s``'s.
     """
 
     micro_batches: int = 1
@@ -187,6 +214,8 @@ class StepProfile:
     clip: bool = False  # the stages exchange their gradient norms before the update (step 4)
     sync_every: int = 1  # DiLoCo: the replicas all-reduce once every this many steps (1: every step)
     sync_overlap: bool = False  # DiLoCo: the round's all-reduce streams during the next round (module docstring)
+    encode_s_per_gb: tuple[float, float, float] = (0.0, 0.0, 0.0)  # activations, their gradients, DP gradients
+    decode_s_per_gb: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
     def __post_init__(self) -> None:
         if isinstance(self.micro_batches, bool) or not isinstance(self.micro_batches, int) or self.micro_batches < 1:
@@ -213,6 +242,11 @@ class StepProfile:
         if len(volume) != 3 or any(not (math.isfinite(v) and v > 0) for v in volume):
             raise ValueError(f"step profile: volume_bytes must be three positive numbers, got {self.volume_bytes!r}")
         object.__setattr__(self, "volume_bytes", volume)
+        for name in ("encode_s_per_gb", "decode_s_per_gb"):
+            costs = tuple(getattr(self, name))
+            if len(costs) != 3 or not all(_is_seconds(v) for v in costs):
+                raise ValueError(f"step profile: {name} must be three non-negative numbers, got {costs!r}")
+            object.__setattr__(self, name, tuple(float(v) for v in costs))
         if isinstance(self.sync_every, bool) or not isinstance(self.sync_every, int) or self.sync_every < 1:
             raise ValueError(f"step profile: sync_every must be a positive integer, got {self.sync_every!r}")
         if self.sync_overlap and self.sync_every == 1:
@@ -243,6 +277,8 @@ class StepProfile:
             update_s=tuple(v * factor for v in self.update_s),
             message_s=self.message_s * factor,
             boundary_s=self.boundary_s * factor,
+            encode_s_per_gb=tuple(v * factor for v in self.encode_s_per_gb),
+            decode_s_per_gb=tuple(v * factor for v in self.decode_s_per_gb),
         )
 
 
@@ -309,6 +345,20 @@ class SimulatedObjective:
         self.bucket_ready = np.cumsum(shares, axis=1)  # ... how far through the last backward it is ready
         self.overlap = profile.bucket_gb > 0
         self.order = step_order(profile.schedule, s, m)
+        # the codecs' CPU time (module docstring, "Codecs"): a stage's per micro-batch, on its compute thread ...
+        enc_act, enc_grad, enc_dp = profile.encode_s_per_gb
+        dec_act, dec_grad, dec_dp = profile.decode_s_per_gb
+        volume_gb = workload.activation_gb / m  # one micro-batch's activations (or gradients) before the wire
+        inner = np.arange(s) > 0, np.arange(s) < s - 1  # stages that receive activations, that send them
+        self.codec_forward_s = volume_gb * (dec_act * inner[0] + enc_act * inner[1])
+        self.codec_before_backward_s = volume_gb * dec_grad * inner[1]  # the gradient received, decoded
+        self.codec_after_backward_s = volume_gb * enc_grad * inner[0]  # the input's gradient, encoded
+        # ... and each all-reduce bucket's, per member: [stage, bucket]
+        shard_gb = workload_gradient_gb[:, None] * shares / d
+        self.rs_encode_s = (d - 1) * enc_dp * shard_gb  # its shards, before the last is handed over
+        self.rs_decode_s = (d - 1) * dec_dp * shard_gb  # the owner's, of the shards it sums
+        self.ag_encode_s = (d > 1) * enc_dp * shard_gb  # the owner's, of the sum
+        self.ag_decode_s = (d - 1) * dec_dp * shard_gb  # every member's, of the others' sums
         self.forward_s = profile.per_stage("forward_s", s, 0.0)
         self.backward_s = profile.per_stage("backward_s", s, 0.0)
         self.update_s = profile.per_stage("update_s", s, 0.0)
@@ -325,9 +375,12 @@ class SimulatedObjective:
         pair_dp = self.delay_s + shard_gb * alone
         if self.access and d > 2:  # each shard behind its phase's D − 2 others at both ends
             pair_dp = pair_dp + shard_gb * (d - 2) * (self.up_s_per_gb[:, None] + self.down_s_per_gb[None, :])
-        self._pair_dp_s = np.where(off, pair_dp, 0.0)
+        # the codecs' time of the largest stage's exchange (its buckets' in a row), half on each of a member's terms
+        codec_dp = float((self.rs_encode_s + self.rs_decode_s + self.ag_encode_s + self.ag_decode_s).sum(axis=1).max())
+        self._pair_dp_s = np.where(off, pair_dp + codec_dp / 2, 0.0)
         worst = float(self.slowdown.max())
-        self._compute_s = (self.forward_s + self.backward_s) * worst
+        self._compute_s = ((self.forward_s + self.backward_s) * worst + self.codec_forward_s
+                           + self.codec_before_backward_s + self.codec_after_backward_s)
         self._update_s = self.update_s * worst
         self._clip_s = float(self.delay_s.max()) if profile.clip and s > 1 else 0.0
         links = hop[~np.eye(n, dtype=bool)]
@@ -481,6 +534,11 @@ def step_period(times: Sequence[float]) -> float:
     return float(statistics.median((a + b) / 2 for a, b in zip(times, times[1:], strict=False)))
 
 
+def _is_seconds(value: object) -> bool:
+    """A non-negative finite number (not a bool)."""
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value) and value >= 0
+
+
 def _swapped(order: tuple[int, ...], a: int, b: int) -> tuple[int, ...]:
     out = list(order)
     out[a], out[b] = out[b], out[a]
@@ -513,7 +571,8 @@ def _simulate(obj: SimulatedObjective, sigma: np.ndarray, steps: int, all_reduce
     shard_gb = obj.gradient_gb[:, None] * obj.bucket_share / d  # [j, k]: one bucket's shard
     ser_g = shard_gb[:, None, None, :] * obj.s_per_gb[src, dst][..., None]  # [j, i, r, k]
     slow = obj.slowdown[sigma]
-    fwd, bwd, upd = obj.forward_s * slow, obj.backward_s * slow, obj.update_s * slow
+    fwd, bwd, upd = obj.forward_s * slow + obj.codec_forward_s, obj.backward_s * slow, obj.update_s * slow
+    before_bwd, after_bwd = obj.codec_before_backward_s, obj.codec_after_backward_s  # [s]: decode, encode
     last_backward = {j: max(k for k, (kind, jj, _) in enumerate(obj.order) if kind == BACKWARD and jj == j)
                      for j in range(s)}
     free_f = np.full((d, s - 1), -np.inf)  # when each link is free again (FIFO), kept across steps
@@ -542,10 +601,10 @@ def _simulate(obj: SimulatedObjective, sigma: np.ndarray, steps: int, all_reduce
                         arrive_f[:, j + 1, mb] = free_f[:, j] + lat_f[:, j]
                     sent[:, j] = np.maximum(sent[:, j], arrive_f[:, j + 1, mb])
                 continue
-            ready = busy[:, j] if j == s - 1 else np.maximum(busy[:, j], arrive_b[:, j, mb])
+            ready = (busy[:, j] if j == s - 1 else np.maximum(busy[:, j], arrive_b[:, j, mb])) + before_bwd[j]
             if k == last_backward[j]:
                 last_start[:, j] = ready
-            busy[:, j] = ready + bwd[:, j]
+            busy[:, j] = ready + bwd[:, j] + after_bwd[j]
             if shared_all_reduce and k == last_backward[j]:
                 all_reduced[j], tail = access.all_reduce(j, last_start[:, j], bwd[:, j], busy[:, j])
                 if j > 0:
@@ -669,20 +728,24 @@ class _Access:
         tail_eff = np.maximum(tail_at, self.free_b[:, j - 1]) if tail else tail_at  # its pair's FIFO
         binds = bool((has_up[:, None] & (obj.send_s_per_gb[me[:, None], me[None, :]] > obj.up_s_per_gb[me][:, None])
                       & ~np.eye(d, dtype=bool)).any())  # a pair slower than its sender's uplink
+        rs_encoded = ready + obj.rs_encode_s[j][None, :]  # the codecs' time (module docstring, "Codecs")
         reduced = ready
         for _ in range(ALL_REDUCE_ROUNDS):
-            handed = np.where(sent, np.concatenate([ready, reduced], axis=1)[:, None, :], -np.inf)  # [i, r, q]
+            encoded = reduced + obj.ag_encode_s[j][None, :]
+            handed = np.where(sent, np.concatenate([rs_encoded, encoded], axis=1)[:, None, :], -np.inf)  # [i, r, q]
             tail_start, shard_start, up_after = self._senders(handed, tail_at, tail_eff, pair_free, pair_s, up_s,
                                                               tail_gb * obj.up_s_per_gb[me], self.up_free[:, j],
                                                               has_up, binds)
             shard_start = np.where(sent, shard_start, -np.inf)
             arrive, down_after = self._receivers(me, j, shard_start + lat, shard_start + pair_s + lat, down_s)
             arrive = np.where(sent, arrive, -np.inf)
-            settled = np.maximum(ready, arrive[..., :k_all].max(axis=0))  # [owner, k]: every shard of k is in
+            # [owner, k]: every shard of k is in and decoded
+            settled = np.maximum(ready, arrive[..., :k_all].max(axis=0) + obj.rs_decode_s[j][None, :])
             if np.array_equal(settled, reduced):
                 break
             reduced = settled
-        gathered = np.maximum(reduced, arrive[..., k_all:].max(axis=0))  # [i, k]
+        gathered = np.maximum(reduced + obj.ag_encode_s[j][None, :],
+                              arrive[..., k_all:].max(axis=0) + obj.ag_decode_s[j][None, :])  # [i, k]
         sends_taken = arrive.max(axis=(1, 2))
         self.free_g[j] = np.maximum(pair_free, np.where(sent, shard_start + pair_s, -np.inf).max(axis=2))
         self.up_free[:, j] = np.where(has_up, up_after, -np.inf)
@@ -771,12 +834,13 @@ def _all_reduce(obj: SimulatedObjective, last_start: np.ndarray, bwd: np.ndarray
         ready = np.repeat(backward_done[..., None], k_all, axis=-1)
     ready = np.where(valid[:, None, :], ready, -np.inf)
     shape = ser_g.shape  # [j, src, dst, k]
-    handed_rs = np.broadcast_to(ready[:, :, None, :], shape)
+    handed_rs = np.broadcast_to((ready + obj.rs_encode_s[:, None, :])[:, :, None, :], shape)
     ser_all = np.concatenate([ser_g, ser_g], axis=-1)
     sent = np.broadcast_to(np.concatenate([valid, valid], axis=-1)[:, None, None, :], ser_all.shape) & off
     reduced = ready
     for _ in range(ALL_REDUCE_ROUNDS):
-        handed = np.concatenate([handed_rs, np.broadcast_to(reduced[:, :, None, :], shape)], axis=-1)
+        encoded = reduced + obj.ag_encode_s[:, None, :]  # [j, owner, k]: the sum encoded (and its own copy decoded)
+        handed = np.concatenate([handed_rs, np.broadcast_to(encoded[:, :, None, :], shape)], axis=-1)
         order = np.argsort(handed, axis=-1, kind="stable")
         in_order = np.take_along_axis(handed, order, axis=-1)
         ser_in_order = np.take_along_axis(ser_all, order, axis=-1)
@@ -787,10 +851,12 @@ def _all_reduce(obj: SimulatedObjective, last_start: np.ndarray, bwd: np.ndarray
         arrive = np.empty_like(finished)
         np.put_along_axis(arrive, order, finished + lat_g[..., None], axis=-1)
         arrive = np.where(sent, arrive, -np.inf)
-        settled = np.maximum(ready, arrive[..., :k_all].max(axis=1))  # [j, owner, k]: every shard of k is in
+        # [j, owner, k]: every shard of k is in and decoded
+        settled = np.maximum(ready, arrive[..., :k_all].max(axis=1) + obj.rs_decode_s[:, None, :])
         if np.array_equal(settled, reduced):
             break
         reduced = settled
-    gathered = np.maximum(reduced, arrive[..., k_all:].max(axis=1))  # [j, i, k]
+    encoded = reduced + obj.ag_encode_s[:, None, :]
+    gathered = np.maximum(encoded, arrive[..., k_all:].max(axis=1) + obj.ag_decode_s[:, None, :])  # [j, i, k]
     sends_taken = arrive.max(axis=(2, 3))
     return np.maximum(backward_done, np.maximum(gathered.max(axis=-1), sends_taken)), free

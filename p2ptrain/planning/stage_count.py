@@ -7,8 +7,8 @@ run's settings (``StepProfile``: wire, schedule, overlap, clipping, DiLoCo's H a
 micro-batches per pipeline (given, or ``default_micro_batches``).
 
 Memory (``layers``, the planner's model for mixed GPUs): a stage's parameters' training state, 16 bytes
-each (fp32 weights, gradients, AdamW's two moments), 24 with DiLoCo (``sync_every`` > 1: the outer
-optimizer's anchor and momentum), plus the activations of the micro-batches it holds at its peak (GPipe:
+each (fp32 weights, gradients, AdamW's two moments; DiLoCo's anchor and outer momentum live in host memory,
+``model.outer``, so a DiLoCo run needs no more of the card), plus the activations of the micro-batches it holds at its peak (GPipe:
 all M; 1F1B: min(S, M)). With ``recompute`` None, activation recomputation is used only for the stage
 counts that do not fit without it (it costs one more forward per backward). Devices that say their
 ``memory_gb`` are held to it, by the joint planner that also chooses the layer split (``joint``);
@@ -32,8 +32,6 @@ import numpy as np
 
 from p2ptrain.planning.cluster import Cluster
 from p2ptrain.planning.layers import (
-    DILOCO_STATE_BYTES,
-    STATE_BYTES_PER_PARAMETER,
     LayeredWorkload,
     micro_batches_in_flight,
     model_workload,
@@ -104,12 +102,11 @@ def stage_workload(cluster: Cluster, shape: ModelShape, num_stages: int, *, batc
                    source: str = "model") -> LayeredWorkload:
     """The model's layered workload at ``num_stages`` stages with the run's ``settings`` (its wire, schedule,
     overlap, clipping, DiLoCo, overheads; its micro-batches and compute come from the model), memory
-    counted for the schedule's micro-batches in flight and DiLoCo's state (module docstring)."""
+    counted for the schedule's micro-batches in flight (module docstring)."""
     base = model_workload(shape, cluster, num_stages=num_stages, batch_tokens=batch_tokens,
                           micro_batches=micro_batches, activation_bytes=activation_bytes, recompute=recompute,
                           source=source,
-                          in_flight=micro_batches_in_flight(settings.schedule, num_stages, micro_batches),
-                          state_bytes=DILOCO_STATE_BYTES if settings.sync_every > 1 else STATE_BYTES_PER_PARAMETER)
+                          in_flight=micro_batches_in_flight(settings.schedule, num_stages, micro_batches))
     step = dataclasses.replace(settings, micro_batches=micro_batches, reference_tflops=base.step.reference_tflops)
     return dataclasses.replace(base, step=step)
 

@@ -260,7 +260,7 @@ class StageExecutor:
         deltas = self.outer.pseudo_gradients()
         if role.num_replicas > 1:
             for p, delta in zip(self.params, deltas, strict=True):
-                p.grad = delta
+                p.grad = delta.to(p.device, non_blocking=True)  # the anchor is in host memory on a GPU
             group = topology.group(role.stage)
             self.reducer.begin(role.replica, role.num_replicas, lambda b: _GroupOverLink(link, group, b))
             self.reducer.finish(None)

@@ -45,3 +45,21 @@ def test_bad_settings_are_refused(changes, message):
         DiLoCoConfig(**changes)
     with pytest.raises(ValueError, match="unknown sync mode 'sometimes'"):
         TrainConfig(sync="sometimes")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here: the host-memory path needs a GPU")
+def test_on_a_gpu_the_outer_state_lives_in_host_memory_and_steps_as_on_the_cpu():
+    cfg = DiLoCoConfig(inner_steps=2, outer_lr=0.7, outer_momentum=0.9)
+    start = torch.randn(1000, generator=torch.Generator().manual_seed(0))
+    gpu = torch.nn.Parameter(start.clone().cuda())
+    cpu = torch.nn.Parameter(start.clone())
+    outers = OuterOptimizer([gpu], cfg), OuterOptimizer([cpu], cfg)
+    assert outers[0].anchor[0].device.type == "cpu" and outers[0].momentum[0].device.type == "cpu"
+    for k in range(3):
+        moved = torch.randn(1000, generator=torch.Generator().manual_seed(k + 1))
+        with torch.no_grad():
+            gpu.add_(moved.cuda())
+            cpu.add_(moved)
+        for outer in outers:
+            outer.step(outer.pseudo_gradients())
+        assert torch.equal(gpu.detach().cpu(), cpu.detach())  # the same arithmetic, on the host

@@ -6,7 +6,6 @@ import pytest
 from p2ptrain.planning import model_shape, scenario
 from p2ptrain.planning.layers import micro_batches_in_flight
 from p2ptrain.planning.simulated import StepProfile
-from p2ptrain.planning.split import even_layers
 from p2ptrain.planning.stage_count import choose_stages, fits_memory, stage_counts, stage_workload
 
 SMALL = model_shape("small")  # 12 blocks
@@ -23,7 +22,7 @@ def test_candidates_divide_the_devices_and_fit_the_blocks():
     assert stage_counts(12, 4) == (1, 2, 3, 4)
 
 
-def test_memory_counts_the_schedules_micro_batches_in_flight_and_dilocos_state():
+def test_memory_counts_the_schedules_micro_batches_in_flight_and_not_dilocos_host_state():
     cluster = scenario("worldwide", 8)
     assert micro_batches_in_flight("gpipe", 4, 8) == 8 and micro_batches_in_flight("1f1b", 4, 8) == 4
     gpipe, _ = _memory(cluster, 4)
@@ -33,10 +32,8 @@ def test_memory_counts_the_schedules_micro_batches_in_flight_and_dilocos_state()
     assert (fewer == _memory(cluster, 8)[0]).all()
     two = _memory(cluster, 2)[0] - _memory(cluster, 2, schedule="1f1b")[0]  # 4 in flight against 2
     assert (two > 0).all()
-    diloco, workload = _memory(cluster, 4, sync_every=10)
-    gradient_gb = workload.costs.per_stage(workload.costs.gradient_gb, even_layers(12, 4))
-    per_stage = np.array(gradient_gb) / 4  # its parameters, in units of 1e9
-    assert diloco - gpipe == pytest.approx(8 * per_stage)  # the outer optimizer's anchor and momentum
+    diloco, _ = _memory(cluster, 4, sync_every=10)
+    assert (diloco == gpipe).all()  # the outer optimizer's anchor and momentum are in host memory
 
 
 def test_the_fastest_fitting_stage_count_wins_and_the_others_say_why_not():

@@ -136,7 +136,7 @@ def _sources(module: torch.nn.Module, optimizer: torch.optim.Optimizer,
     for param in module.parameters():
         out.append(param)
         out.extend(v for v in optimizer.state.get(param, {}).values() if isinstance(v, torch.Tensor) and v.is_cuda)
-    return out + (list(outer.momentum) if outer is not None else [])
+    return out + [m for m in outer.momentum if m.is_cuda] if outer is not None else out  # (host memory, usually)
 
 
 def state_shapes(module: torch.nn.Module, with_optimizer: bool,
