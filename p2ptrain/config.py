@@ -67,6 +67,8 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
                 return _coerce(arg, value, path)
             except ConfigError as e:
                 errors.append(str(e))
+        if len(errors) > 1:  # every alternative said why: one line with all of them
+            raise ConfigError(f"{path}: " + "; ".join(e.removeprefix(f"{path}: ") for e in errors))
         raise ConfigError(errors[0] if errors else f"{path}: invalid value {value!r}")
     if origin in (tuple, list):
         if not isinstance(value, list | tuple):

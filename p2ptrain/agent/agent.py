@@ -64,6 +64,7 @@ from p2ptrain.agent.leadership.election import finished_without, latest_plan
 from p2ptrain.agent.leadership.leader import AgentView, Leading
 from p2ptrain.agent.leadership.membership import Membership, MembershipTracker
 from p2ptrain.agent.leadership.plan_check import CulpableWatch, LeaderWatch, PlanGate, trainers_of
+from p2ptrain.agent.leadership.run_stages import RunStages, stages_on_disk
 from p2ptrain.agent.links import LinkProber
 from p2ptrain.agent.profile import profile_device
 from p2ptrain.agent.senders import min_rates, sender_budgets
@@ -119,6 +120,7 @@ class Agent:
         if self.network is not None:
             self._shape_access()
         self.data_id = data_identity(config.train.data)  # in our peer record: the run's agents must agree
+        self.stages = RunStages(config.train)  # the run's S: the config's, or (auto) pinned once known
         self._leading: Leading | None = None  # the leader's side (``agent.leading``), from the loop's start
         self._following: PlanRecord | None = None  # the last plan this agent followed
         self._newest_seen: PlanRecord | None = None  # the highest-epoch plan read from a live signer
@@ -246,7 +248,12 @@ class Agent:
     def _offer_saved_states(self) -> None:
         """``--resume``: say which stage states our own disk holds, before the leader plans (peer record
         after this), so that the first plan restarts from them."""
-        found = self.store.scan_disk(self.config.train.stages)
+        stages = self.stages.pinned
+        if stages is None and self.store.disk_dir is not None:  # stages = "auto": our copies' S is the run's
+            stages = stages_on_disk(self.store.disk_dir, self.config.train, complete=False)
+            if stages is not None:
+                self.stages.pin(stages, "this agent's own copies on disk")
+        found = self.store.scan_disk(stages) if stages is not None else []
         logger.info("resume: %d verified state copies on this agent's disk%s", len(found),
                     f" (newest step {max(s for _, s in found)})" if found else "")
         self.dht.publish_progress(ProgressRecord(0, 0, None, 0.0, halted=True, holds=tuple(found[-32:])))
@@ -315,11 +322,11 @@ class Agent:
                               lambda plan, reason: self.events.write("plan_refused", epoch=plan.epoch,
                                                                      signer=plan.leader, reason=reason),
                               self._pass_over,
-                              needed=cfg.membership.expect or cfg.membership.min_peers)  # fmt: skip
+                              needed=cfg.membership.expect or cfg.membership.min_peers, stages=self.stages)  # fmt: skip
         self._started = time.monotonic()
         self._leading = self._leading_class(cfg, self.dht, self.events, self.peer_id, self._leaders, view=self._view,
                                             note_waiting=self._note_waiting, boundary_s=self._poll_s,
-                                            started=self._started)  # fmt: skip
+                                            started=self._started, stages=self.stages)  # fmt: skip
         while not self.stop.is_set():
             self._poll()
             plan = self._next_plan()
@@ -366,6 +373,9 @@ class Agent:
         polling is done off the training thread (``agent.boundary``): this reads its latest answer."""
         started = time.perf_counter()
         self._done_now = done
+        following = self._following
+        if done is not None and following is not None and done > following.start_step:  # states of its S exist now
+            self.stages.pin(following.stages, f"epoch {following.epoch}, the first plan this agent trained")
         plan = self._boundary.plan if self._boundary is not None else self._boundary_check()
         if done is not None:  # what a boundary costs the training thread (the simulated objective adds it)
             self._poll_s.append(time.perf_counter() - started)
@@ -639,6 +649,8 @@ class Agent:
     def _follow(self, plan: PlanRecord, device) -> EpochOutcome:
         cfg = self.config
         self._following = plan
+        if plan.start_step > 0:  # it restarts from states of its stage count: that is the run's
+            self.stages.pin(plan.stages, f"epoch {plan.epoch}, which restarts from step {plan.start_step}'s states")
         self._followed.append(plan)  # the plans whose progress earns standing (``leadership.standing``)
         del self._followed[:-FOLLOWED_KEPT]
         self._admit_senders(self._membership, plan)

@@ -16,7 +16,7 @@ Example (see ``agent/agent.example.toml`` for every key with comments)::
     min_peers = 2
 
 Sub-tables reuse the configs of the layers they configure: ``[train]`` is ``TrainConfig`` (its ``replicas``
-is ignored: the plan decides it), ``[dht]`` is ``DHTConfig``, ``[transport]`` is ``TransportConfig``,
+is ignored: the plan decides it; its ``stages`` may be ``"auto"``: the leader chooses, ``leadership.run_stages``), ``[dht]`` is ``DHTConfig``, ``[transport]`` is ``TransportConfig``,
 ``[links.probe]`` is ``ProbeConfig``. Every timeout is a field ending in ``_s``.
 """
 
@@ -46,7 +46,7 @@ OBJECTIVE_NAMES: tuple[str, ...] = ("dtfm", "simulated")
 class MembershipConfig:
     """When the leader plans: the expected number of peers, or a join deadline with a minimum.
 
-    Members beyond a multiple of ``train.stages`` (or beyond what the global batch splits into) are spares:
+    Members beyond a multiple of the run's stages (or beyond what the global batch splits into) are spares:
     they stay in the run without a stage and leave when the trainers are done.
     """
 
@@ -350,7 +350,8 @@ class AgentConfig:
                                                             identity_path=identity_path))
         if self.events_file:
             object.__setattr__(self, "events_file", os.path.expanduser(self.events_file))
-        expect = self.membership.expect
-        if expect is not None and expect < self.train.stages:
-            raise ConfigError(f"membership.expect={expect} is fewer peers than train.stages={self.train.stages}: "
+        expect, fewest = self.membership.expect, self.train.stage_bounds[0]
+        if expect is not None and expect < fewest:
+            key = "train.min_stages" if self.train.stages_auto else "train.stages"
+            raise ConfigError(f"membership.expect={expect} is fewer peers than {key}={fewest}: "
                               "set --expect (membership.expect) to the number of agents of the run")

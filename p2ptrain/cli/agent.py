@@ -26,6 +26,7 @@ from p2ptrain.cli.optimizer_options import (
     optimizer_options,
     sync_options,
 )
+from p2ptrain.cli.stage_count import StageCount
 from p2ptrain.planning.model_shapes import MODEL_PRESETS
 from p2ptrain.runtime.wire import WIRE_FORMATS
 
@@ -34,7 +35,9 @@ from p2ptrain.runtime.wire import WIRE_FORMATS
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="TOML config (flags override it).")
 @click.option("--initial-peers", multiple=True, help="The bootstrap's address line (full multiaddrs with /p2p/).")
 @click.option("--run", "run_id", help="Run name shared by every agent of the run.  [default: demo]")
-@click.option("--stages", type=click.IntRange(min=1), help="Pipeline stages.  [default: 1]")
+@click.option("--stages", type=StageCount(),
+              help="Pipeline stages; auto: the leader of the run's first plan chooses (within [train] min_stages .. "
+                   "max_stages), every later plan keeps it.  [default: 1]")
 @click.option("--expect", type=click.IntRange(min=1), help="Plan once this many peers are live.")
 @click.option("--join-deadline-s", type=click.FloatRange(min=0, min_open=True),
               help="... or this many seconds after start, with at least --min-peers live.")
@@ -68,7 +71,7 @@ from p2ptrain.runtime.wire import WIRE_FORMATS
 @optimizer_options
 @sync_options
 @click.option("--init-from", type=click.Path(file_okay=False), help=INIT_FROM_HELP)
-def command(config_path: str | None, initial_peers: tuple[str, ...], run_id: str | None, stages: int | None,
+def command(config_path: str | None, initial_peers: tuple[str, ...], run_id: str | None, stages: int | str | None,
             expect: int | None, join_deadline_s: float | None, min_peers: int | None, model: str | None,
             steps: int | None, batch_size: int | None, micro_batches: int | None, wire: str | None,
             schedule: str | None, seed: int | None, data_path: str | None, precision: str | None,

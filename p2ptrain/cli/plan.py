@@ -29,6 +29,7 @@ import time
 import click
 import numpy as np
 
+from p2ptrain.cli.stage_count import StageCount
 from p2ptrain.planning import (
     MIXED_SCENARIOS,
     MODEL_PRESETS,
@@ -56,20 +57,6 @@ from p2ptrain.planning.workload import PAPER_BATCH_TOKENS
 
 DEFAULT_STAGES = 8
 DEFAULT_TIME_BUDGET_S = 60.0
-
-
-class StageCount(click.ParamType):
-    """``--stages``: a positive integer, or ``auto`` (the planner chooses)."""
-
-    name = "S|auto"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, int) or value == "auto":
-            return value
-        try:
-            return int(value)
-        except ValueError:
-            self.fail(f"{value!r} is not a valid integer or 'auto'", param, ctx)
 
 
 class OneLineErrors(click.Command):

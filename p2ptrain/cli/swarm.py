@@ -5,6 +5,7 @@
     p2ptrain swarm --agents 4 --stages 2 --steps 3 --scenario none --json > run.json
     p2ptrain swarm --agents 6 --stages 3 --kill 4@3 --kill leader@6 --partition 2@8:15 --steps 12 --json
     p2ptrain swarm --agents 8 --stages 4 --steps 40 --monitor 8080     # and watch it on http://127.0.0.1:8080/
+    p2ptrain swarm --agents 4 --stages auto --scenario none             # the leader chooses the stage count
 
 Progress goes to stderr (one line redrawn on a terminal, a line per change otherwise), then a summary;
 ``--json`` prints the summary as one JSON document on stdout instead (``losses`` and ``step_time_s`` per
@@ -30,6 +31,7 @@ from p2ptrain.cli.optimizer_options import (
     optimizer_options,
     sync_options,
 )
+from p2ptrain.cli.stage_count import StageCount
 from p2ptrain.planning.model_shapes import MODEL_PRESETS
 from p2ptrain.planning.scenarios import NAMED_SCENARIOS
 from p2ptrain.runtime.wire import WIRE_FORMATS
@@ -37,7 +39,8 @@ from p2ptrain.runtime.wire import WIRE_FORMATS
 
 @click.command(name="swarm", epilog=RECIPES_HELP)
 @click.option("--agents", type=click.IntRange(min=1), default=4, show_default=True, help="Agent processes.")
-@click.option("--stages", type=click.IntRange(min=1), default=2, show_default=True, help="Pipeline stages.")
+@click.option("--stages", type=StageCount(), default=2, show_default=True,
+              help="Pipeline stages; auto: the leader chooses them for the run's first plan.")
 @click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True, help="Optimizer steps.")
 @click.option("--scenario", type=click.Choice([*NAMED_SCENARIOS, "none"]), default="worldwide", show_default=True,
               help="The network to emulate, scaled to --agents devices (volunteers: mixed GPUs too, their compute "
@@ -108,7 +111,7 @@ from p2ptrain.runtime.wire import WIRE_FORMATS
               help="Also serve the run's live web page (p2ptrain monitor) on PORT (none given: any free port); "
                    "its address is printed when it is up.")
 @click.pass_context
-def command(ctx: click.Context, agents: int, stages: int, steps: int, scenario: str, cluster_file: str | None,
+def command(ctx: click.Context, agents: int, stages: int | str, steps: int, scenario: str, cluster_file: str | None,
             time_scale: float | None, size_factor: float | None, compute_scale: float, strategy: str, objective: str, model: str,
             batch_size: int | None, micro_batches: int, wire: str, schedule: str, overlap: bool, seed: int, data: str | None, precision: str, eval_every: int, device: str, workdir: str | None, run_id: str | None,
             as_json: bool, kills: tuple, partitions: tuple, joins: tuple, checkpoint_every: int, resume: bool, call_timeout: float,

@@ -205,6 +205,9 @@ def command(
     tree = {**tree, **overrides, "optimizer": {**tree.get("optimizer", {}), **optimizer},
             "diloco": {**tree.get("diloco", {}), **diloco}}
     cfg = config_from_dict(TrainConfig, tree)  # a ConfigError is one line, exit 2
+    if cfg.stages_auto:
+        raise ValueError('stages = "auto" is for agents (the run\'s leader chooses); p2ptrain train needs a number '
+                         "of stages (--stages)")
     if cfg.deterministic:  # cuBLAS reads this when CUDA starts; without it matmuls may not repeat bit for bit
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 

@@ -259,7 +259,7 @@ def step_workload(workload: Workload, profile: StepProfile) -> StepWorkload:
 
 def expected_rows(train: TrainConfig, members: int) -> int:
     """Sequences per micro-batch of a plan over ``members`` peers (one replica if they are too few)."""
-    replicas = max(1, members // train.stages)
+    replicas = max(1, members // train.stage_bounds[0])  # stages = "auto": as many replicas as the bounds allow
     while replicas > 1 and train.global_batch_size % (replicas * train.micro_batches):
         replicas -= 1
     return max(1, train.global_batch_size // (replicas * train.micro_batches))

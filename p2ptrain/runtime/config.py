@@ -28,7 +28,9 @@ The defaults train the ``tiny`` preset on the built-in corpus for a handful of s
 ``stages`` and ``replicas`` describe the plan a distributed run uses (S × D workers), ``layers`` its layer
 split when it is not the even one (a plan for mixed devices; e.g. ``layers = [[0, 5], [5, 8]]``). Single-process
 training ignores ``stages`` (it holds every layer) but follows ``replicas`` and ``micro_batches`` to split
-each global batch exactly as that plan would, so its float32 sums happen in the same groups.
+each global batch exactly as that plan would, so its float32 sums happen in the same groups. An agent's
+``stages`` may be ``"auto"``: the leader of the run's first plan chooses S within ``min_stages`` ..
+``max_stages`` (``agent.leadership.run_stages``); every plan after keeps it. ``p2ptrain train`` needs a number.
 
 With a prepared dataset (``p2ptrain data prepare``) the model's vocabulary is the dataset tokenizer's
 (``vocab_size`` None); an explicit ``vocab_size`` must hold every token id. ``precision`` other than fp32
@@ -55,6 +57,7 @@ from p2ptrain.runtime.wire import WIRE_FORMATS, WireName
 Device = Literal["cpu", "cuda", "auto"]
 Precision = Literal["fp32", "bf16", "fp16"]
 SyncMode = Literal["every-step", "diloco"]
+AUTO_STAGES = "auto"  # ``TrainConfig.stages``: the leader chooses S (agents only)
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,9 @@ class TrainConfig:
     device: Device = "auto"  # "auto": cuda if available, else cpu
     num_threads: int | None = None  # torch intra-op CPU threads; None: torch's default
     deterministic: bool = True  # torch.use_deterministic_algorithms while training (warn-only)
-    stages: int = 1  # pipeline stages (S); 1 with replicas 1: plain single-process training
+    stages: int | Literal["auto"] = 1  # pipeline stages (S); 1 with replicas 1: plain single-process training
+    min_stages: int = 1  # with stages = "auto": the fewest stages the leader may choose
+    max_stages: int | None = None  # ... and the most; None: the model's blocks
     replicas: int = 1  # data-parallel replicas per stage (D)
     layers: tuple[tuple[int, int], ...] | None = None  # the plan's split: stage j holds blocks [a, b); None: even
     precision: Precision = "fp32"  # fp32 (exact), bf16 or fp16 (autocast; fp16 with loss scaling)
@@ -99,9 +104,10 @@ class TrainConfig:
             raise ValueError(f"unknown sync mode {self.sync!r} (known: {', '.join(SYNC_MODES)})")
         if self.bucket_elements < 1:
             raise ValueError(f"bucket_elements must be at least 1, got {self.bucket_elements}")
-        for name in ("steps", "global_batch_size", "micro_batches", "stages", "replicas"):
+        for name in ("steps", "global_batch_size", "micro_batches", "replicas"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        self._check_stages(shape.num_layers)
         if self.seq_len is not None and self.seq_len < 1:
             raise ValueError(f"seq_len must be at least 1, got {self.seq_len}")
         if self.seed < 0:
@@ -115,7 +121,6 @@ class TrainConfig:
             raise ValueError(f"optimizer.warmup_steps={self.optimizer.warmup_steps} exceeds the run's {self.steps} "
                              "steps (the warm-up would never end)")
         check_split(self.global_batch_size, self.replicas, self.micro_batches)
-        stage_layer_range(shape.num_layers, 0, self.stages)  # ValueError if S does not fit the model
         if self.layers is not None:
             object.__setattr__(self, "layers", check_layers(self.layers, shape.num_layers, self.stages))
         if self.precision not in ("fp32", "bf16", "fp16"):
@@ -134,6 +139,37 @@ class TrainConfig:
 
             check_data(open_init_source(self.init_from), self.data, tokens)
             self.shape  # noqa: B018 - checks the checkpoint's shape against the preset's (one line)
+
+    def _check_stages(self, num_layers: int) -> None:
+        """``stages`` a positive number of at most the model's blocks, or "auto"; the bounds within them."""
+        if self.stages != AUTO_STAGES and (isinstance(self.stages, bool) or not isinstance(self.stages, int)):
+            raise ValueError(f'stages must be a number of stages or "auto", got {self.stages!r}')
+        if self.stages != AUTO_STAGES and self.stages < 1:
+            raise ValueError(f"stages must be at least 1, got {self.stages}")
+        high = num_layers if self.max_stages is None else self.max_stages
+        if not 1 <= self.min_stages <= high <= num_layers:
+            raise ValueError(f"min_stages={self.min_stages} and max_stages={high} must satisfy 1 <= min_stages <= "
+                             f"max_stages <= the model's {num_layers} blocks")
+        if self.stages == AUTO_STAGES:
+            if self.layers is not None:
+                raise ValueError('layers needs a number of stages, not stages = "auto" (the plan splits the model)')
+            return
+        stage_layer_range(num_layers, 0, self.stages)  # ValueError if S does not fit the model
+        if not self.min_stages <= self.stages <= high:
+            raise ValueError(f"stages={self.stages} lies outside min_stages={self.min_stages} .. max_stages={high}")
+
+    @property
+    def stages_auto(self) -> bool:
+        """Whether the leader chooses the stage count (``stages = "auto"``)."""
+        return self.stages == AUTO_STAGES
+
+    @property
+    def stage_bounds(self) -> tuple[int, int]:
+        """The stage counts a plan of this run may have: ``stages`` itself, or ``min_stages`` .. ``max_stages``
+        (the model's blocks when unset) with ``"auto"``."""
+        if not self.stages_auto:
+            return self.stages, self.stages
+        return self.min_stages, model_shape(self.model).num_layers if self.max_stages is None else self.max_stages
 
     @property
     def shape(self) -> ModelShape:

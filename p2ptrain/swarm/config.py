@@ -22,7 +22,7 @@ from p2ptrain.net.transport.probe import ProbeConfig
 @dataclass(frozen=True)
 class SwarmConfig:
     agents: int = 4
-    stages: int = 2
+    stages: int | str = 2  # or "auto": the leader chooses (TrainConfig.stages)
     steps: int = 10
     scenario: str | None = "worldwide"  # one of the paper's networks, scaled to `agents` devices; None: loopback
     cluster_file: str | None = None  # or a cluster file of `agents` devices (DESIGN.md "Cluster file")
@@ -90,11 +90,12 @@ class SwarmConfig:
             raise ConfigError("--checkpoint-every must be >= 0 and the peer TTL positive")
 
     def _check(self) -> None:
-        if self.agents < 1 or self.stages < 1 or self.steps < 1:
-            raise ConfigError("--agents, --stages and --steps must be at least 1")
+        fixed = self.stages != "auto"
+        if self.agents < 1 or self.steps < 1 or (fixed and (not isinstance(self.stages, int) or self.stages < 1)):
+            raise ConfigError('--agents, --stages and --steps must be at least 1 (--stages may be "auto")')
         if self.run is not None:
             check_run_id(self.run)
-        if self.agents < self.stages:
+        if fixed and self.agents < self.stages:
             raise ConfigError(f"{self.agents} agents cannot hold {self.stages} stages")
         if self.scenario is not None and self.cluster_file is not None:
             raise ConfigError("give --scenario or --cluster, not both")

@@ -49,7 +49,7 @@ from p2ptrain.net.identity import load_or_create_identity
 from p2ptrain.net.transport.emulation import EmulationConfig, scaled_bandwidth
 from p2ptrain.net.transport.probe import ProbeConfig
 from p2ptrain.planning import PAPER_WORKLOAD, Cluster, load_cluster, parameter_count, scenario
-from p2ptrain.runtime.config import TrainConfig
+from p2ptrain.runtime.config import AUTO_STAGES, TrainConfig
 from p2ptrain.runtime.procgroup import ProcessGroup, tail
 from p2ptrain.swarm.config import AgentProcess, SwarmConfig, SwarmResult
 from p2ptrain.swarm.report import SwarmState, summarize
@@ -84,8 +84,11 @@ def matched_batch_size(train: TrainConfig, stages: int, replicas: int) -> int:
 
 
 def plan_swarm(config: SwarmConfig) -> tuple[TrainConfig, Cluster | None, float, float]:
-    """The training config, the emulated network (or None) and its time scale and size factor."""
-    replicas = config.agents // config.stages
+    """The training config, the emulated network (or None) and its time scale and size factor. With ``stages``
+    "auto" the batch and the size factor are matched as for one stage (every agent a replica)."""
+    auto = config.stages == AUTO_STAGES
+    matched_stages = 1 if auto else config.stages
+    replicas = config.agents // matched_stages
     train = TrainConfig(model=config.model, steps=config.steps, global_batch_size=config.batch_size or 16,
                         micro_batches=config.micro_batches, seed=config.seed, device=config.device, num_threads=1,
                         stages=config.stages, wire=config.wire, schedule=config.schedule,
@@ -97,18 +100,18 @@ def plan_swarm(config: SwarmConfig) -> tuple[TrainConfig, Cluster | None, float,
     if config.scenario is not None:
         network = scenario(config.scenario, config.agents)
         if config.batch_size is None:
-            train = dataclasses.replace(train, global_batch_size=matched_batch_size(train, config.stages, replicas))
+            train = dataclasses.replace(train, global_batch_size=matched_batch_size(train, matched_stages, replicas))
     elif config.cluster_file is not None:
         network = load_cluster(config.cluster_file)
         if network.num_devices != config.agents:
             raise ConfigError(f"{config.cluster_file} has {network.num_devices} devices; run --agents {network.num_devices}")
-    train = dataclasses.replace(train, replicas=replicas)  # checks that the batch splits
+    train = dataclasses.replace(train, replicas=1 if auto else replicas)  # checks that the batch splits
     if network is None:
         return train, None, 1.0, 1.0
     time_scale = config.time_scale or (DEFAULT_TIME_SCALE if config.scenario else 1.0) * config.compute_scale
     size_factor = config.size_factor
     if size_factor is None:
-        own = run_workload(train, config.stages, replicas).activation_gb
+        own = run_workload(train, matched_stages, replicas).activation_gb
         size_factor = own / PAPER_WORKLOAD.activation_gb if config.scenario else 1.0
     return train, network, time_scale, size_factor
 

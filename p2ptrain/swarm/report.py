@@ -156,18 +156,21 @@ def summarize(state: SwarmState) -> dict[str, Any]:
         "median_step_time_s": statistics.median(step_times) if step_times else None,
         "config": state.train.to_dict(),
     }  # fmt: skip
-    summary.update(_throughput(state, step_times))
-    summary["val_losses"] = _validation(state)
     leader = state.leader_plan()
+    if leader is not None and state.train.stages_auto:  # the stage count the leader chose for the run
+        summary["stages"], summary["replicas"] = leader[1]["plan"]["stages"], leader[1]["plan"]["replicas"]
+    summary.update(_throughput(state, step_times, summary["stages"], summary["replicas"]))
+    summary["val_losses"] = _validation(state)
     if leader is not None:
         index, event = leader
         summary.update(_plan_by_agent(state, index, event))
     return summary
 
 
-def _throughput(state: SwarmState, step_times: list[float]) -> dict[str, Any]:
-    """Tokens/s and MFU of the trained steps (``runtime.throughput``): every trainer's device at the peak its
-    profile says (data sheet for a known GPU, else its measured matmul throughput)."""
+def _throughput(state: SwarmState, step_times: list[float], stages: int | str, replicas: int) -> dict[str, Any]:
+    """Tokens/s and MFU of the trained steps (``runtime.throughput``): every trainer's device (``stages`` ×
+    ``replicas``; every agent while "auto" is not chosen yet) at the peak its profile says (data sheet for a
+    known GPU, else its measured matmul throughput)."""
     from p2ptrain.runtime.throughput import peak_tflops, throughput
 
     if not step_times:
@@ -176,7 +179,8 @@ def _throughput(state: SwarmState, step_times: list[float]) -> dict[str, Any]:
     profile = next((e for a in state.agents if (e := a.events.last("profile")) is not None), None)
     peak = peak_tflops(profile["device_name"], train.precision, profile["tflops"]) if profile else (None, "unknown")
     tokens = train.global_batch_size * train.shape.seq_len * len(step_times)
-    speed = throughput(train.shape, tokens, sum(step_times), peak, num_devices=train.stages * train.replicas)
+    devices = stages * replicas if isinstance(stages, int) else len(state.agents)
+    speed = throughput(train.shape, tokens, sum(step_times), peak, num_devices=devices)
     return {"tokens_per_s": speed.to_json()["tokens_per_s"], "mfu": speed.to_json()["mfu"],
             "throughput": speed.to_json()}
 

@@ -100,6 +100,13 @@ def test_bad_input_is_one_line_and_exit_2(args, message):
     assert message in result.stderr and "Traceback" not in result.output
 
 
+def test_stages_auto_is_for_agents(tmp_path):
+    config = tmp_path / "train.toml"
+    config.write_text('stages = "auto"\n')
+    result = invoke("--config", str(config))
+    assert result.exit_code == 2 and 'stages = "auto" is for agents' in result.stderr
+
+
 def test_unknown_config_keys_are_refused(tmp_path):
     config = tmp_path / "train.toml"
     config.write_text("stpes = 3\n")

@@ -11,7 +11,9 @@ while an epoch trains from the step-boundary thread (``agent.boundary``). Each c
 
 1. **first plan**: once ``plan_trigger`` fires (expected peers present, or the join deadline passed) and
    every trainer's links row covers the others (or ``links_timeout_s`` passed); with ``checkpoint.resume``
-   it starts from the newest step every stage has a copy of (``_first_start``).
+   it starts from the newest step every stage has a copy of (``_first_start``). With ``stages = "auto"``
+   it first chooses the run's stage count (``run_stages.choose_run_stages``, in the planner thread), or
+   takes the one of the checkpoint it resumes from; every later plan keeps it (``run_stages.RunStages``).
 2. **re-plan**: once a plan is followed, ``replan.ReplanWatch`` says when the next is due (the live
    trainers halted after a failure, joiners at a re-plan point). A failure's culprits are quarantined and
    the peers blamed for it counted (``agent.quarantine``); the compute each trainer showed replaces its
@@ -64,6 +66,7 @@ from p2ptrain.agent.leadership.plan_maker import (
     trainers_and_spares,
     warm_copies,
 )
+from p2ptrain.agent.leadership.run_stages import RunStages, at_stages, choose_run_stages, stages_on_disk
 from p2ptrain.errors import AgentError, ProtocolError
 from p2ptrain.net.dht.node import SwarmDHT
 from p2ptrain.net.dht.records import NO_BACKUP, PlanRecord
@@ -123,14 +126,15 @@ class Leading:
     From the agent it is given: ``config``, the ``dht`` (records read and the plan published), ``events``,
     its ``peer_id``, the ``leaders`` it passed over (shared with its plan gate), ``view`` (what it has seen
     of plans and peers, read at each use: the training thread moves ``done_now``), ``note_waiting`` (one
-    log line per change), ``boundary_s`` (the step boundaries' costs, appended while it trains) and when
-    its loop ``started``. It keeps the rest: the planner thread, the plan being computed and the last one
-    published, the re-plan watch, the quarantine and the compute each trainer showed.
+    log line per change), ``boundary_s`` (the step boundaries' costs, appended while it trains), when
+    its loop ``started`` and the run's ``stages`` (shared with its plan gate; its own by default). It keeps
+    the rest: the planner thread, the plan being computed and the last one published, the re-plan watch,
+    the quarantine and the compute each trainer showed.
     """
 
     def __init__(self, config: AgentConfig, dht: SwarmDHT, events: EventLog, peer_id: str, leaders: LeaderWatch, *,
                  view: Callable[[], AgentView], note_waiting: Callable[[str], None], boundary_s: Sequence[float],
-                 started: float):  # fmt: skip
+                 started: float, stages: RunStages | None = None):  # fmt: skip
         self.config = config
         self.dht = dht
         self.events = events
@@ -149,6 +153,12 @@ class Leading:
         self._join_links_since: float | None = None  # a join re-plan waiting for the joiners' links, since
         self._first_due = False  # a follower saw the first plan fall due (``_first_plan_due``)
         self._own_search: tuple[tuple[str, ...], concurrent.futures.Future] | None = None  # ``_search_allowance``
+        self._stages = stages or RunStages(config.train)
+        # stages = "auto", the run's first plan: the stage count being chosen for these members (and whether the
+        # choice was said), and the one chosen
+        self._choice: tuple[tuple[str, ...], concurrent.futures.Future] | None = None
+        self._choice_said = False
+        self._chosen: int | None = None
         self._watch = ReplanWatch(config.churn, config.train.rounds)
         self.quarantine = Quarantine(config.churn.quarantine_s, config.churn.quarantine_max_s,
                                      blame_epochs=config.churn.quarantine_blames,
@@ -194,18 +204,46 @@ class Leading:
         cfg = self.config
         key = membership.ids
         if self._own_search is None or self._own_search[0] != key:
+            stages = self._stages.next_plan(None)
             try:
-                trainers, _ = trainers_and_spares(cluster_order(membership.peers), cfg.train)
-                cluster = build_cluster(trainers, membership.peers, self.dht.read_links(), cfg.emulation)
-                workload = self.plan_workload(trainers, membership, cfg.train)
+                if stages is None:  # stages = "auto": the leader chooses the stage count first, as we do here
+                    rows = self.dht.read_links()
+                    self._own_search = (key, self._planner.submit(self._own_first_plan, membership, rows))
+                else:
+                    train = at_stages(cfg.train, stages)
+                    trainers, _ = trainers_and_spares(cluster_order(membership.peers), train)
+                    cluster = build_cluster(trainers, membership.peers, self.dht.read_links(), cfg.emulation)
+                    workload = self.plan_workload(trainers, membership, train)
+                    self._own_search = (key, self._planner.submit(make_plan, cluster, workload, stages, cfg.plan))
             except (ValueError, ProtocolError):
                 return cfg.plan.time_budget_s
-            self._own_search = (key, self._planner.submit(make_plan, cluster, workload, cfg.train.stages, cfg.plan))
         future = self._own_search[1]
         if not future.done() or future.exception() is not None:
             return cfg.plan.time_budget_s
         seconds = (future.result().get("search") or {}).get("seconds") or 0.0
         return min(cfg.plan.time_budget_s, 2.0 * seconds + 1.0)
+
+    def _own_first_plan(self, membership: Membership, rows) -> dict[str, Any]:
+        """Run in the planner thread: the stage count chosen for ``membership`` and the plan at it, as the leader
+        of an auto run's first plan makes them; its ``search.seconds`` is the whole time both took."""
+        cfg, started = self.config, time.perf_counter()
+        order = cluster_order(membership.peers)
+        choice = choose_run_stages(order, membership.peers, rows, cfg.train, cfg.plan, **self._measured_costs(membership))
+        best = choice.best
+        if best is None:
+            raise ValueError("no stage count fits the devices' memory")
+        train = at_stages(cfg.train, best.num_stages)
+        trainers, _ = trainers_and_spares(order, train)
+        cluster = build_cluster(trainers, membership.peers, rows, cfg.emulation)
+        plan = make_plan(cluster, self.plan_workload(trainers, membership, train), best.num_stages, cfg.plan)
+        return {**plan, "search": {"seconds": time.perf_counter() - started}}
+
+    def _measured_costs(self, membership: Membership) -> dict[str, float]:
+        """What the stage-count choice prices besides the model: the transport's cost of one message (the
+        median of the members' calibrations, where they have one) and our own pause between two steps."""
+        messages = [r.compute.message_s for r in membership.peers.values() if r.compute is not None]
+        return {"message_s": statistics.median(messages) if messages else 0.0,
+                "boundary_s": statistics.median(self._boundary_s) if self._boundary_s else 0.0}
 
     def pass_over(self, leader: str, why: str) -> None:
         """Leave ``leader`` out of our view of the members for its back-off (``LeaderWatch.pass_over``): the
@@ -231,8 +269,7 @@ class Leading:
         if self._first_due:
             return True
         try:
-            trainers, _ = trainers_and_spares(cluster_order(membership.peers), cfg.train)
-            gaps = link_gaps(trainers, self.dht.read_links())
+            gaps = link_gaps(self._first_trainers(cluster_order(membership.peers)), self.dht.read_links())
         except (ValueError, ProtocolError):
             return False
         now = time.monotonic()
@@ -241,11 +278,17 @@ class Leading:
         self._first_due = not gaps or now - self._links_wait_since >= cfg.membership.links_timeout_s
         return self._first_due
 
+    def _first_trainers(self, order: list[str]) -> list[str]:
+        """The peers the run's first plan makes trainers, whose links must be measured before it is made: with
+        ``stages = "auto"``, until the stage count is chosen, every member (any of them may train)."""
+        stages = self._stages.next_plan(None)
+        return list(order) if stages is None else trainers_and_spares(order, self.config.train, stages)[0]
+
     # ---- the workload a plan is priced with (the leader's, and the followers' check of it) ---------------
 
     def plan_workload(self, trainers: list[str], membership: Membership, train: TrainConfig) -> Workload:
         """The workload a plan of ``trainers`` is scored with under ``train`` (the run settings: our own when we
-        lead, the plan's when we check the leader's)."""
+        lead, the plan's when we check the leader's; its ``stages`` the plan's S, ``run_stages.at_stages``)."""
         return self._split_workload(trainers, membership, train)[0]
 
     def _split_workload(self, trainers: list[str], membership: Membership,
@@ -305,7 +348,7 @@ class Leading:
                                + (f" of {self.config.membership.expect} expected" if self.config.membership.expect else ""))
             return
         order = cluster_order(membership.peers)
-        trainers, spares = trainers_and_spares(order, self.config.train)
+        trainers = self._first_trainers(order)
         try:
             rows = self.dht.read_links()
         except ProtocolError as e:
@@ -319,13 +362,59 @@ class Leading:
             self._note_waiting(f"leading; {trigger}; waiting for {len(gaps)} of {len(trainers) * (len(trainers) - 1)} "
                                "link measurements")
             return
-        start_step, sources, trigger = self._first_start(trigger, membership)
+        stages = self._stages.next_plan(None)
+        if stages is None:
+            stages = self._choose_stages(membership, rows, trigger)
+            if stages is None:
+                return
+        self._chosen = stages
+        trainers, spares = trainers_and_spares(order, self.config.train, stages)
+        start_step, sources, trigger = self._first_start(trigger, membership, stages)
         self._start_planning(membership, trainers, spares, rows, trigger, None, start_step, sources)
 
-    def _first_start(self, trigger: str, membership: Membership) -> tuple[int, tuple[str, ...], str]:
-        """Step 0 from the seed, or with ``checkpoint.resume`` the newest step every stage has a copy of:
-        on a live member's own disk (their first heartbeats say which), or in the shared checkpoint dir."""
-        ckpt, train = self.config.checkpoint, self.config.train
+    def _choose_stages(self, membership: Membership, rows, trigger: str) -> int | None:
+        """``stages = "auto"``, the run's first plan: the stage count of the checkpoint we resume from (a shared
+        dir; our own copies pinned it as the agent started), else the one chosen for these members in the
+        planner thread (``run_stages.choose_run_stages``); None while it is being chosen, or if none fits."""
+        cfg = self.config
+        if cfg.checkpoint.resume and cfg.checkpoint.dir:
+            found = stages_on_disk(cfg.checkpoint.dir, cfg.train, complete=True)
+            if found is not None:
+                self._note_waiting(f"leading; resuming the {found} stages of the checkpoint in {cfg.checkpoint.dir}")
+                return found
+        if self._choice is None or self._choice[0] != membership.ids:
+            future = self._planner.submit(choose_run_stages, cluster_order(membership.peers), membership.peers, rows,
+                                          cfg.train, cfg.plan, **self._measured_costs(membership))  # fmt: skip
+            self._choice, self._choice_said = (membership.ids, future), False
+        future = self._choice[1]
+        if not future.done():
+            self._note_waiting(f"leading; {trigger}; choosing the stage count for {len(membership)} peers")
+            return None
+        try:
+            choice = future.result()
+        except ValueError as e:
+            self._note_waiting(f"leading; cannot choose the stage count: {e}; waiting for peers")
+            return None
+        best = choice.best
+        options = "; ".join(f"{o.num_stages}: {o.step_s:.4g} s" if o.step_s is not None else
+                            f"{o.num_stages}: {o.skipped}" for o in choice.options)  # fmt: skip
+        if best is None:
+            self._note_waiting(f"leading; no stage count fits the devices' memory ({options}); waiting for peers")
+            return None
+        if not self._choice_said:
+            self._choice_said = True
+            logger.info("chose %d pipeline stages for the run (predicted step per stage count: %s)", best.num_stages,
+                        options)
+            self.events.write("stages_chosen", stages=best.num_stages, peers=len(membership),
+                              options=[{"stages": o.num_stages, "step_s": o.step_s, "skipped": o.skipped}
+                                       for o in choice.options])  # fmt: skip
+        return best.num_stages
+
+    def _first_start(self, trigger: str, membership: Membership, stages: int) -> tuple[int, tuple[str, ...], str]:
+        """Step 0 from the seed, or with ``checkpoint.resume`` the newest step every stage (of the run's
+        ``stages``) has a copy of: on a live member's own disk (their first heartbeats say which), or in the
+        shared checkpoint dir."""
+        ckpt, train = self.config.checkpoint, at_stages(self.config.train, stages)
         if not ckpt.resume:
             return 0, (), trigger
         try:
@@ -357,7 +446,7 @@ class Leading:
             logger.warning("reading progress failed: %s", e)
             return
         self._compute.observe(current, progress)
-        ckpt, train = self.config.checkpoint, self.config.train
+        ckpt, train = self.config.checkpoint, at_stages(self.config.train, self._plan_stages())
         last = latest_complete(ckpt.dir, train.stages, train.model) if ckpt.dir else None
         live = self.quarantine.without(membership.ids)  # a quarantined peer is no joiner before its back-off ends
         view = self._view()
@@ -443,8 +532,8 @@ class Leading:
         membership = Membership(with_slowdowns(membership.peers, slowdowns))
         cluster = build_cluster(trainers, membership.peers, rows, self.config.emulation)
         members = build_cluster(trainers + spares, membership.peers, rows, self.config.emulation) if spares else cluster
-        stages = self.config.train.stages
-        workload, layers = self._split_workload(trainers, membership, self.config.train)
+        stages = self._plan_stages()
+        workload, layers = self._split_workload(trainers, membership, at_stages(self.config.train, stages))
         logger.info("planning epoch %d for %d peers (%s): %d stages × %d replicas, %d spare(s), strategy %s",
                     self._next_epoch, len(membership), trigger, stages, len(trainers) // stages, len(spares),
                     self.config.plan.strategy)
@@ -452,6 +541,14 @@ class Leading:
         future = self._planner.submit(make_plan, cluster, workload, stages, self.config.plan)
         self._planning = _Planning(epoch, membership.ids, trainers, spares, cluster, workload, trigger, future,
                                    replan, start_step, sources, members, step_s, slowdowns, layers)
+
+    def _plan_stages(self) -> int:
+        """The S of the plan being made: the run's (``RunStages.next_plan``), for an auto run's first plan the
+        one this leader chose (``_choose_stages``)."""
+        current = self._view().current
+        stages = self._stages.next_plan(current) or (current.stages if current is not None else self._chosen)
+        assert stages is not None, "the first plan of an auto run is made once its stage count is chosen"
+        return stages
 
     def _judge_compute(self, membership: Membership) -> dict[str, float]:
         """Before a plan: what the epoch trained showed of each trainer's compute (``agent.claims``); the
@@ -555,7 +652,7 @@ class Leading:
         if not planning.step_s and churn.backup_every == "auto" and not planning.cluster.has_access_links:
             churn = dataclasses.replace(churn, backup_max_every=min(churn.backup_max_every, churn.backup_first_every))
         copies = warm_copies(plan, planning.devices, planning.spares, planning.members or planning.cluster,
-                             stage_state_bytes(cfg.train, cfg.train.stages), step_s, churn, cfg.emulation,
+                             stage_state_bytes(cfg.train, plan["stages"]), step_s, churn, cfg.emulation,
                              cfg.train.rounds.length)
         logger.info("warm copies every %d step(s) (one copy %.3f s, %.4f s per step) to %s", copies["every_steps"],
                     copies["copy_s"], copies["per_step_s"], copies["peers"])

@@ -8,6 +8,9 @@ the leader's word for a plan:
 * ``membership_problem``: the plan names only peers the follower sees live, and a first plan leaves out
   none that the follower has seen for a while (a later plan may: peers that did not halt in time, or
   joiners who wait for the next re-plan point).
+* the stage count (``run_stages``): a plan has the run's S, or with ``stages = "auto"`` one within the
+  run's bounds whose stage for this follower fits its device's memory, and once the run's S is pinned (the
+  first plan the follower trained, or its own copies on disk) that one.
 * ``cost_problem``: the follower plans the same records itself (the scheduler is deterministic with the
   run's seed and takes seconds), scores the leader's assignment and its own with the same objective on the
   same measured links, and refuses the leader's if it is more than ``tolerance`` (a fraction) plus
@@ -36,6 +39,7 @@ from p2ptrain.agent.config import EmulationSettings, PlanConfig
 from p2ptrain.agent.leadership import settings
 from p2ptrain.agent.leadership.claims import plan_slowdowns, with_slowdowns
 from p2ptrain.agent.leadership.plan_maker import build_cluster, cluster_order, make_plan, trainers_and_spares
+from p2ptrain.agent.leadership.run_stages import RunStages, at_stages, memory_problem
 from p2ptrain.agent.leadership.standing import Standing
 from p2ptrain.net.dht.records import LinksRecord, PeerRecord, PlanRecord, ProgressRecord
 from p2ptrain.planning import Cluster, LayeredWorkload, Workload, even_layers, make_objective
@@ -110,7 +114,8 @@ def cost_check(plan: PlanRecord, peers: Mapping[str, PeerRecord], rows: Mapping[
     """Score ``plan`` and our own plan of its members (``peers``: their records; ``rows``: the links rows)
     with the run's objective and settings (``agent.settings``: the wire, schedule and overlap both plans
     train with; a plan that departs from them is refused); ``workload_for(cluster, trainers, peers, train)`` gives the workload both
-    are scored with. Raises ValueError where we cannot plan these members ourselves."""
+    are scored with. ``train.stages`` is the run's S (``run_stages.at_stages``: the plan's, for an auto run
+    whose gate accepted its S). Raises ValueError where we cannot plan these members ourselves."""
     if plan.stages != train.stages:
         raise ValueError(f"it has {plan.stages} stages; the run trains {train.stages}")
     why = settings.problem(plan, train)
@@ -252,8 +257,10 @@ class PlanGate:
                  read_rows: Callable[[], Mapping[str, LinksRecord]],
                  workload_for: WorkloadFor,
                  on_refusal: Callable[[PlanRecord, str], None] = lambda plan, reason: None,
-                 pass_over: Callable[[str, str], None] = lambda leader, why: None, needed: int = 1):  # fmt: skip
+                 pass_over: Callable[[str, str], None] = lambda leader, why: None, needed: int = 1,
+                 stages: RunStages | None = None):  # fmt: skip
         self.me, self.train, self.plan, self.emulation = me, train, plan, emulation
+        self.stages = stages or RunStages(train)  # the run's S (the agent's, shared with its leader's side)
         self.leaders = leaders
         self.settle_s = settle_s
         self.read_rows = read_rows
@@ -279,6 +286,10 @@ class PlanGate:
             return True
         key = plan.encode()
         unknown = settings.problem(plan, self.train)  # checked even unverified: the run's settings are pinned
+        if unknown is None and self.stages.auto:  # so is an auto run's S, once it has one; and our stage must fit
+            record = live.get(self.me)
+            unknown = self.stages.problem(plan.stages) or memory_problem(
+                plan, self.me, record.memory_gb if record is not None else None, self.train)
         if unknown is not None:
             self._costs[key] = unknown
             self._refuse(plan, key, unknown)
@@ -343,7 +354,8 @@ class PlanGate:
         live = with_slowdowns(live, plan_slowdowns(plan))  # the leader's factors: only ever slower (``claims``)
         started = time.monotonic()
         try:
-            check = cost_check(plan, live, rows, self.train, self.plan, self.emulation, self.workload_for,
+            train = at_stages(self.train, plan.stages) if self.stages.auto else self.train
+            check = cost_check(plan, live, rows, train, self.plan, self.emulation, self.workload_for,
                                self.plan.verify_tolerance, self.plan.verify_slack_s)  # fmt: skip
         except ValueError as e:
             self._costs[key] = str(e)

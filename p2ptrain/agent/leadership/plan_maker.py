@@ -2,7 +2,8 @@
 
 1. ``trainers_and_spares``: how many replicas the live membership gives (``members // stages``, fewer if
    the global batch does not split over them), and which peers train: the first ``stages × replicas`` in
-   cluster order; the others are spares.
+   cluster order; the others are spares. ``stages`` is the run's S (``run_stages``: the config's, or the
+   one the leader chose with ``stages = "auto"``).
 2. ``build_cluster``: devices from the peer records (region, TFLOP/s, memory), α and β from the links rows.
    Each row holds its writer's measurements of its outgoing links; a pair's α is the mean of the two
    directions and its β their harmonic mean (transfer times average, not rates). A row is its writer's
@@ -70,22 +71,27 @@ def cluster_order(peers: Mapping[str, PeerRecord]) -> list[str]:
     return sorted(peers)
 
 
-def replicas_for(num_members: int, train: TrainConfig) -> int:
-    """The most replicas (≤ members // stages) over which the global batch splits; 0 if none."""
-    for replicas in range(num_members // train.stages, 0, -1):
+def replicas_for(num_members: int, train: TrainConfig, num_stages: int | None = None) -> int:
+    """The most replicas (≤ members // stages) over which the global batch splits; 0 if none. ``num_stages``:
+    the run's S (``run_stages``), default ``train.stages``."""
+    stages = train.stages if num_stages is None else num_stages
+    assert isinstance(stages, int), 'stages = "auto": the run\'s S comes from ``run_stages``'
+    for replicas in range(num_members // stages, 0, -1):
         if train.global_batch_size % (replicas * train.micro_batches) == 0:
             return replicas
     return 0
 
 
-def trainers_and_spares(order: Sequence[str], train: TrainConfig) -> tuple[list[str], list[str]]:
-    replicas = replicas_for(len(order), train)
+def trainers_and_spares(order: Sequence[str], train: TrainConfig,
+                        num_stages: int | None = None) -> tuple[list[str], list[str]]:  # fmt: skip
+    stages = train.stages if num_stages is None else num_stages
+    replicas = replicas_for(len(order), train, stages)
     if replicas == 0:
         raise ValueError(
-            f"{len(order)} peers cannot train {train.stages} stages of a global batch of "
+            f"{len(order)} peers cannot train {stages} stages of a global batch of "
             f"{train.global_batch_size} in {train.micro_batches} micro-batches"
         )
-    used = replicas * train.stages
+    used = replicas * stages
     return list(order[:used]), list(order[used:])
 
 

@@ -7,8 +7,10 @@ shards of different sizes. The leader also prices its plan with these settings (
 They are the run's, not the leader's: an open run lets anyone lead who sorts lowest, and a leader that
 could switch an fp32 run to int4 would train everyone with its choice (its plan would even look cheaper).
 So each agent's ``[train]`` ``wire``, ``schedule``, ``overlap`` and ``bucket_elements`` are pinned, like its
-dataset: its peer record says them (``identity``), peers that train with others are not members of its run
-(``membership``), and a plan is followed only if the settings it carries are exactly ours (``problem``).
+dataset (and ``stages = "auto"`` with its bounds, ``stages=auto_<min>_<max>``, where the leader chooses S; an
+integer ``stages`` is not said: a plan of another S is refused, ``plan_check``): its peer record says them
+(``identity``), peers that train with others are not members of its run (``membership``), and a plan is
+followed only if the settings it carries are exactly ours (``problem``).
 The organiser ships them in the run's agent config with the dataset. A plan that leaves a setting out (a
 leader that does not say) trains with ours.
 
@@ -40,8 +42,11 @@ def plan_fields(train: TrainConfig) -> dict[str, object]:
 
 def identity(train: TrainConfig) -> str:
     """The settings as one short line for a peer record (``PeerRecord.settings``):
-    ``wire=fp32,schedule=...,training=<digest>``."""
-    return ",".join([*(f"{name}={_text(getattr(train, name))}" for name in NAMES),
+    ``wire=fp32,schedule=...,training=<digest>``, and ``stages=auto_<min>_<max>`` where the leader chooses the
+    stage count (members of a run must agree on that too)."""
+    low, high = train.stage_bounds
+    auto = [f"stages=auto_{low}_{high}"] if train.stages_auto else []
+    return ",".join([*(f"{name}={_text(getattr(train, name))}" for name in NAMES), *auto,
                      f"training={training_digest(train)}"])  # fmt: skip
 
 
@@ -69,6 +74,9 @@ def _person(part: str) -> str:
     name, _, value = part.partition("=")
     if name == "training":  # what the digest covers, so a person knows where to look
         return f"training {value} (model shape, seed, steps, optimizer, precision, initial weights)"
+    if name == "stages" and value.startswith("auto_") and value.count("_") == 2:
+        low, high = value.split("_")[1:]
+        return f'stages "auto" ({low} to {high})'
     return f"{name} {value}"
 
 
