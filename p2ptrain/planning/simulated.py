@@ -354,11 +354,11 @@ class SimulatedObjective:
         self.codec_before_backward_s = volume_gb * dec_grad * inner[1]  # the gradient received, decoded
         self.codec_after_backward_s = volume_gb * enc_grad * inner[0]  # the input's gradient, encoded
         # ... and each all-reduce bucket's, per member: [stage, bucket]
-        shard_gb = workload_gradient_gb[:, None] * shares / d
-        self.rs_encode_s = (d - 1) * enc_dp * shard_gb  # its shards, before the last is handed over
-        self.rs_decode_s = (d - 1) * dec_dp * shard_gb  # the owner's, of the shards it sums
-        self.ag_encode_s = (d > 1) * enc_dp * shard_gb  # the owner's, of the sum
-        self.ag_decode_s = (d - 1) * dec_dp * shard_gb  # every member's, of the others' sums
+        bucket_shard_gb = workload_gradient_gb[:, None] * shares / d
+        self.rs_encode_s = (d - 1) * enc_dp * bucket_shard_gb  # its shards, before they are handed over
+        self.rs_decode_s = (d - 1) * dec_dp * bucket_shard_gb  # the owner's, of the shards it sums
+        self.ag_encode_s = (d > 1) * enc_dp * bucket_shard_gb  # the owner's, of the sum
+        self.ag_decode_s = (d - 1) * dec_dp * bucket_shard_gb  # every member's, of the others' sums
         self.forward_s = profile.per_stage("forward_s", s, 0.0)
         self.backward_s = profile.per_stage("backward_s", s, 0.0)
         self.update_s = profile.per_stage("update_s", s, 0.0)

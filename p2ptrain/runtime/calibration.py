@@ -11,7 +11,12 @@ and backward of the run's model for one micro-batch of ``rows`` sequences:
   million parameters;
 - the local cost of one message: a tensor to bytes and back, its header encoded and decoded, and the two
   thread hand-offs a send and a receive take (the caller's thread to the transport's loop and back). The
-  network part of a message (stream, latency) is what the link prober measures, in α.
+  network part of a message (stream, latency) is what the link prober measures, in α;
+- what the run's wire codecs (``wire.wire_format(train.wire)``) take to encode and to decode, per million
+  float32 elements (``_codec_s_per_melement``): activations and their gradients on a micro-batch's
+  activation, data-parallel gradients on one shard of an all-reduce bucket in a group of two
+  (``bucket_elements`` / 2), encoded through error feedback as the all-reduce does (encode, decode,
+  residual). fp32's is 0: its tensor to bytes and back is the message cost's already.
 
 Each timing is the fastest of ``repeats`` runs after a warm-up, a few milliseconds apart: the least
 disturbed sample, as the link prober takes the fastest transfer. That is the device's speed, not the
@@ -63,6 +68,7 @@ from p2ptrain.planning.workload import GB, Workload
 from p2ptrain.runtime.allreduce import flatten, unflatten_into
 from p2ptrain.runtime.compute_speed import NO_PACING, ComputePacer
 from p2ptrain.runtime.config import TrainConfig
+from p2ptrain.runtime.wire import Codec, ErrorFeedback, wire_format
 
 logger = logging.getLogger(__name__)
 
@@ -94,12 +100,15 @@ def calibrate(train: TrainConfig, rows: int, device: torch.device, repeats: int 
         head_s=(max(final.forward_s - layer[0], 0.0), max(final.backward_s - layer[1], 0.0)),
         update_s_per_mparam=plain.update_s / plain.parameters * 1e6,
         message_s=_message_s(rows, shape, repeats),
+        codec_s_per_melement=_codec_s_per_melement(train, rows, repeats),
     )  # fmt: skip
     logger.info("calibrated %s at %d rows in %.2f s: block %.2f/%.2f ms, embeddings +%.2f/%.2f ms, head "
-                "+%.2f/%.2f ms, update %.2f ms per Mparam, %.2f ms per message", train.model, rows,
+                "+%.2f/%.2f ms, update %.2f ms per Mparam, %.2f ms per message, %s codecs %s ms per M elements "
+                "(encode/decode)", train.model, rows,
                 time.perf_counter() - started, *(1e3 * v for v in measurement.layer_s),
                 *(1e3 * v for v in measurement.embed_s), *(1e3 * v for v in measurement.head_s),
-                1e3 * measurement.update_s_per_mparam, 1e3 * measurement.message_s)  # fmt: skip
+                1e3 * measurement.update_s_per_mparam, 1e3 * measurement.message_s, train.wire,
+                ", ".join(f"{1e3 * e:.2f}/{1e3 * d:.2f}" for e, d in measurement.codec_s_per_melement))  # fmt: skip
     return measurement
 
 
@@ -179,7 +188,37 @@ def _message_s(rows: int, shape: ModelShape, repeats: int) -> float:
         loop.close()
 
 
-def _fastest_s(fn: Callable[[], None], repeats: int) -> float:
+def _codec_s_per_melement(train: TrainConfig, rows: int, repeats: int) -> tuple[tuple[float, float], ...]:
+    """(encode, decode) seconds per million elements of the run's codec of each kind (module docstring)."""
+    shape, wire = train.shape, wire_format(train.wire)
+    activation = (rows, shape.seq_len, shape.hidden_size)
+    shard = (max(1, train.bucket_elements // 2),)
+    generator = torch.Generator().manual_seed(train.seed)
+    kinds = ((wire.activation, activation, None), (wire.activation_grad, activation, None),
+             (wire.gradient, shard, ErrorFeedback(wire.gradient)))  # fmt: skip
+    return tuple((0.0, 0.0) if codec.exact else _codec_s(codec, torch.randn(size, generator=generator), feedback,
+                                                           repeats)
+                 for codec, size, feedback in kinds)  # fmt: skip
+
+
+def _codec_s(codec: Codec, tensor: torch.Tensor, feedback: ErrorFeedback | None, repeats: int
+             ) -> tuple[float, float]:
+    """(encode, decode) seconds per million elements of ``codec`` on ``tensor``; encoded through ``feedback``
+    (the residual added, the message decoded, the residual kept) when given."""
+    shape, message = tuple(tensor.shape), codec.encode(tensor)
+
+    def encode() -> None:
+        if feedback is None:
+            codec.encode(tensor)
+        else:
+            feedback.encode("calibration", tensor)
+
+    per_melement = 1e6 / tensor.numel()
+    return (_fastest_s(encode, repeats) * per_melement,
+            _fastest_s(lambda: codec.decode(message, shape), repeats) * per_melement)
+
+
+def _fastest_s(fn: Callable[[], object], repeats: int) -> float:
     fn()
     times = []
     for _ in range(repeats):
@@ -238,8 +277,20 @@ def step_profile(
         backward.append(blocks * layer[1] + sum(e[1] for e in ends))
     profile = StepProfile(micro_batches=m, forward_s=tuple(forward), backward_s=tuple(backward),
                           update_s=tuple(p * per_param for p in params), gradient_gb=tuple(grads),
-                          message_s=message_s, boundary_s=boundary_s, **extra)  # fmt: skip
+                          message_s=message_s, boundary_s=boundary_s, **extra,
+                          **codec_costs(measurements, size_factor))  # fmt: skip
     return profile.scaled(1.0 / time_scale)
+
+
+def codec_costs(measurements: Sequence[ComputeMeasurement], size_factor: float = 1.0, time_scale: float = 1.0
+                ) -> dict[str, tuple[float, float, float]]:
+    """The wire codecs' encode and decode time (the median of the members' ``codec_s_per_melement``, an
+    older agent's record counting 0) as ``StepProfile`` fields: seconds per GB of the workload's volume, whose
+    GB hold GB · size_factor / 4 real float32 elements, in the network's seconds."""
+    elements_per_gb = GB * size_factor / FP32_BYTES
+    per_gb = [[statistics.median(c.codec_s_per_melement[kind][end] for c in measurements) * 1e-6 * elements_per_gb
+               / time_scale if measurements else 0.0 for kind in range(3)] for end in range(2)]  # fmt: skip
+    return {"encode_s_per_gb": tuple(per_gb[0]), "decode_s_per_gb": tuple(per_gb[1])}
 
 
 def run_settings(train: TrainConfig, size_factor: float = 1.0) -> dict[str, object]:
@@ -323,7 +374,8 @@ def layered_workload(
     )
     extra = run_settings(train, size_factor) | ({} if steps is None else {"steps": steps})
     step = StepProfile(micro_batches=m, message_s=statistics.median(c.message_s for c in measurements) / time_scale,
-                       boundary_s=boundary_s / time_scale, reference_tflops=measured_speed(fastest), **extra)
+                       boundary_s=boundary_s / time_scale, reference_tflops=measured_speed(fastest), **extra,
+                       **codec_costs(measurements, size_factor, time_scale))  # fmt: skip
     return LayeredWorkload(workload.activation_gb, workload.gradient_gb, workload.source, step=step, costs=costs,
                            wire="fp32")
 

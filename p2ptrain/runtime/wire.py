@@ -110,6 +110,9 @@ BLOCK = 64  # elements per quantisation block (one float32 scale each)
 SCALE_BYTES = 4
 _LEVELS = {"int8": 127, "int4": 7}
 INT2_SCALES = (1 / 6, 5 / 24, 1 / 4, 7 / 24, 1 / 3)  # int2's candidate steps, times the block's absmax
+CHUNK_BLOCKS = 4096  # blocks a quantiser works on at a time: 1 MiB of float32, which stays in cache over its passes
+# The quantisers pack and unpack codes by viewing bytes as int16/int32, the first code in the low byte: a
+# little-endian host's order (the messages' float32 scales are the host's own bytes too).
 TOPK_BLOCK, TOPK_KEEP = 256, 8  # topk: the 8 largest of each 256 elements (1/32), uint8 indices
 LOWRANK_DIVISOR = 16  # lowrank: rank ceil(d / 16) of a [tokens, d] activation
 _POWER_STEPS = 2
@@ -244,23 +247,36 @@ def lowrank_bytes(rows: int, d: int) -> int:
 
 def quantise_blockwise(flat: torch.Tensor, levels: int) -> torch.Tensor:
     """``flat`` (1-D float32) as one uint8 message: per block of ``BLOCK`` a float32 scale, then the codes
-    (int8 for ``levels`` 127, packed nibbles for ``levels`` 7); rounded to nearest."""
+    (int8 for ``levels`` 127, packed nibbles for ``levels`` 7); rounded to nearest.
+
+    Works through ``CHUNK_BLOCKS`` blocks at a time in buffers it reuses: the operations a whole-tensor pass
+    would do, on the same values (so the same bytes, ``tests/runtime/test_wire_identity.py``), while the
+    chunk is in cache."""
     numel = flat.numel()
     blocks = -(-numel // BLOCK)
     head = blocks * SCALE_BYTES
-    message = torch.empty(head + (numel if levels == 127 else -(-numel // 2)), dtype=torch.uint8, device=flat.device)
+    code_bytes = numel if levels == 127 else -(-numel // 2)
+    message = torch.empty(head + code_bytes, dtype=torch.uint8, device=flat.device)
+    scales, codes = message[:head].view(torch.float32), message[head:]
     view = _blocks(flat, blocks)
-    absmax = view.abs().amax(dim=1)
-    torch.div(absmax, levels, out=message[:head].view(torch.float32))
-    inverse = torch.where(absmax > 0, levels / absmax, torch.zeros_like(absmax))
-    codes = (view * inverse[:, None]).round_().clamp_(-levels, levels).reshape(-1)[:numel].to(torch.int8)
-    if levels == 7:
-        nibbles = (codes + 8).to(torch.uint8)  # 1 … 15
-        if numel % 2:
-            nibbles = torch.cat([nibbles, torch.full((1,), 8, dtype=torch.uint8, device=flat.device)])
-        torch.bitwise_or(nibbles[0::2], nibbles[1::2] << 4, out=message[head:])
-    else:
-        message[head:] = codes.view(torch.uint8)
+    rows = max(1, min(CHUNK_BLOCKS, blocks))  # an empty tensor: no chunk
+    work = torch.empty(rows, BLOCK, dtype=torch.float32, device=flat.device)
+    signed = torch.empty(rows * BLOCK, dtype=torch.int8, device=flat.device) if levels == 7 else None
+    per_block = BLOCK if levels == 127 else BLOCK // 2  # code bytes of a block
+    for first in range(0, blocks, rows):
+        v = view[first: first + rows]
+        w = work[: len(v)]
+        absmax = torch.abs(v, out=w).amax(dim=1)
+        torch.div(absmax, levels, out=scales[first: first + len(v)])
+        inverse = torch.where(absmax > 0, levels / absmax, torch.zeros_like(absmax))
+        q = torch.mul(v, inverse[:, None], out=w).round_().clamp_(-levels, levels).view(-1)
+        lo, hi = first * per_block, min((first + len(v)) * per_block, code_bytes)
+        if signed is None:
+            codes[lo:hi].view(torch.int8).copy_(q[: hi - lo])
+            continue
+        # nibbles 1 … 15 (a padding element is 0: nibble 8), two to an int16, the first in its low byte
+        pairs = signed[: q.numel()].copy_(q).view(torch.uint8).add_(8).view(torch.int16)
+        codes[lo:hi].copy_(torch.bitwise_or(pairs, pairs >> 4)[: hi - lo])  # low byte: first | second << 4
     return message
 
 
@@ -270,50 +286,77 @@ def dequantise_blockwise(message: torch.Tensor, numel: int, levels: int) -> torc
     scales = _scales(message, blocks)
     payload = message[blocks * SCALE_BYTES:]
     if levels == 7:
-        codes = torch.stack([payload & 0x0F, payload >> 4], dim=1).reshape(-1)[:numel].to(torch.float32) - 8
+        pairs = payload.to(torch.int16)  # a byte's low nibble to the int16's low byte, its high one to the high
+        out = _as_floats((pairs | pairs << 4).bitwise_and_(0x0F0F).view(torch.uint8), blocks, numel)
+        out[:numel].sub_(8)
     else:
-        codes = payload.view(torch.int8).to(torch.float32)
-    return (_blocks(codes, blocks) * scales[:, None]).reshape(-1)[:numel]
+        out = _as_floats(payload.view(torch.int8), blocks, numel)
+    return out.view(blocks, BLOCK).mul_(scales[:, None]).view(-1)[:numel]
 
 
 def quantise_2bit(flat: torch.Tensor) -> torch.Tensor:
     """``flat`` as ``int2``: per block of ``BLOCK`` a float32 step α, then 2-bit codes q (four to a byte, the
     first element in the low bits) for the levels (2q − 3)·α ∈ {−3α, −α, α, 3α}. α is the one of
     ``INT2_SCALES`` × absmax with the least squared error in the block, each element rounded to its nearest
-    level: ``|x − x̂| ≤ max(α, absmax − 3α) ≤ absmax / 2``."""
+    level: ``|x − x̂| ≤ max(α, absmax − 3α) ≤ absmax / 2``.
+
+    Each candidate's error is computed in place in one reused buffer, ``CHUNK_BLOCKS`` blocks at a time (as
+    ``quantise_blockwise``): the same float operations, in the same order, as on the whole tensor, so the
+    same sums and the same choice, ties to the first candidate. A block whose errors overflow (|x| beyond
+    about 1e19) or hold a NaN has no candidate better than none: step 0, so it decodes to zeros (as it
+    always did: the bytes are kept)."""
     numel = flat.numel()
     blocks = -(-numel // BLOCK)
+    head = blocks * SCALE_BYTES
+    message = torch.empty(head + -(-numel // 4), dtype=torch.uint8, device=flat.device)
+    steps, codes = message[:head].view(torch.float32), message[head:]
     view = _blocks(flat, blocks)
-    absmax = view.abs().amax(dim=1)
-    best_err = torch.full_like(absmax, math.inf)
-    step = torch.zeros_like(absmax)
-    padding = torch.arange(blocks * BLOCK, device=flat.device).view(blocks, BLOCK) < numel  # not scored
-    for fraction in INT2_SCALES:
-        alpha = absmax * fraction
-        err = (_levels_2bit(view, alpha) * alpha[:, None] - view).square_().mul_(padding).sum(dim=1)
-        better = err < best_err
-        best_err = torch.where(better, err, best_err)
-        step = torch.where(better, alpha, step)
-    codes = ((_levels_2bit(view, step) + 3) / 2).to(torch.uint8).reshape(-1)[:numel]
-    codes = torch.cat([codes, codes.new_zeros(-numel % 4)]).view(-1, 4)
-    packed = codes[:, 0] | codes[:, 1] << 2 | codes[:, 2] << 4 | codes[:, 3] << 6
-    return torch.cat([step.view(torch.uint8), packed])
+    rows = max(1, min(CHUNK_BLOCKS, blocks))  # an empty tensor: no chunk
+    work = torch.empty(rows, BLOCK, dtype=torch.float32, device=flat.device)
+    indices = torch.empty(rows * BLOCK, dtype=torch.uint8, device=flat.device)
+    tail = numel - (blocks - 1) * BLOCK  # elements in the last block; the rest is padding, not scored
+    for first in range(0, blocks, rows):
+        v = view[first: first + rows]
+        w = work[: len(v)]
+        last = first + len(v) == blocks
+        absmax = torch.abs(v, out=w).amax(dim=1)
+        best_err = torch.full_like(absmax, math.inf)
+        step = torch.zeros_like(absmax)
+        for fraction in INT2_SCALES:
+            alpha = absmax * fraction
+            _level_index_2bit(v, alpha, w).mul_(2).sub_(3).mul_(alpha[:, None]).sub_(v).square_()  # (L·α − x)²
+            if last:
+                w[-1, tail:].mul_(0)  # times 0, not set to 0: an overflowed square scores NaN, as it did
+            err = w.sum(dim=1)
+            better = err < best_err
+            best_err = torch.where(better, err, best_err)
+            step = torch.where(better, alpha, step)
+        steps[first: first + len(v)] = step
+        q = indices[: w.numel()].copy_(_level_index_2bit(v, step, w).view(-1))  # codes 0 … 3
+        if last:
+            q[q.numel() - BLOCK + tail:] = 0  # padding codes are 0
+        quads = q.view(torch.int32)  # four codes an int32, the first in its low byte
+        lo, hi = first * BLOCK // 4, min((first + len(v)) * BLOCK // 4, codes.numel())
+        codes[lo:hi].copy_((quads | quads >> 6 | quads >> 12 | quads >> 18)[: hi - lo])  # low byte: q0 | q1 << 2 | …
+    return message
 
 
-def _levels_2bit(view: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
-    """The nearest of the levels −3, −1, 1, 3 to each element over its block's step ``alpha``."""
+def _level_index_2bit(view: torch.Tensor, alpha: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Into ``out``: the index 0 … 3 of the nearest of the levels −3, −1, 1, 3 to each element over its block's
+    step ``alpha`` (the level is 2·index − 3), as float32."""
     inverse = torch.where(alpha > 0, 1 / alpha, torch.zeros_like(alpha))
-    return ((view * inverse[:, None] + 3) / 2).round_().clamp_(0, 3).mul_(2).sub_(3)
+    return torch.mul(view, inverse[:, None], out=out).add_(3).div_(2).round_().clamp_(0, 3)
 
 
 def dequantise_2bit(message: torch.Tensor, numel: int) -> torch.Tensor:
     """The inverse of ``quantise_2bit``: a 1-D float32 tensor of ``numel`` elements."""
     blocks = -(-numel // BLOCK)
     steps = _scales(message, blocks)
-    payload = message[blocks * SCALE_BYTES:]
-    codes = torch.stack([payload & 3, payload >> 2 & 3, payload >> 4 & 3, payload >> 6], dim=1).reshape(-1)
-    levels = codes[:numel].to(torch.float32).mul_(2).sub_(3)
-    return (_blocks(levels, blocks) * steps[:, None]).reshape(-1)[:numel]
+    quads = message[blocks * SCALE_BYTES:].to(torch.int32)  # a byte's four codes to the four bytes of an int32
+    codes = (quads | quads << 6 | quads << 12 | quads << 18).bitwise_and_(0x03030303).view(torch.uint8)
+    out = _as_floats(codes, blocks, numel)
+    out[:numel].mul_(2).sub_(3)
+    return out.view(blocks, BLOCK).mul_(steps[:, None]).view(-1)[:numel]
 
 
 def encode_topk(flat: torch.Tensor) -> torch.Tensor:
@@ -404,6 +447,16 @@ def _blocks(flat: torch.Tensor, blocks: int) -> torch.Tensor:
     return padded.view(blocks, BLOCK)
 
 
+def _as_floats(codes: torch.Tensor, blocks: int, numel: int) -> torch.Tensor:
+    """The first ``numel`` of ``codes`` as float32, in a buffer of ``blocks`` × ``BLOCK`` (its padding 0)."""
+    if numel == blocks * BLOCK:
+        return codes[:numel].to(torch.float32)
+    out = torch.empty(blocks * BLOCK, dtype=torch.float32, device=codes.device)
+    out[numel:] = 0
+    out[:numel].copy_(codes[:numel])
+    return out
+
+
 class ErrorFeedback:
     """Residuals of a lossy codec, kept per key (a bucket, or a bucket's shard): ``encode`` sends
     ``x + residual`` and keeps what the encoding dropped for the next call with the same key.
@@ -421,8 +474,13 @@ class ErrorFeedback:
         if self.codec.exact:
             return self.codec.encode(x), x
         residual = self.residuals.get(key)
-        corrected = x if residual is None or residual.shape != x.shape else x + residual
-        message = self.codec.encode(corrected)
+        if residual is None or residual.shape != x.shape:
+            corrected = x  # the caller's: read, never written
+        elif residual.dtype == torch.result_type(x, residual) and residual.device == x.device:
+            corrected = residual.add_(x)  # x + residual, in the residual's own memory (the sum is the same)
+        else:
+            corrected = x + residual
+        message = self.codec.encode(corrected)  # neither the message nor the decoded value shares its memory
         decoded = self.codec.decode(message, tuple(x.shape))
-        self.residuals[key] = corrected - decoded
+        self.residuals[key] = corrected.sub_(decoded) if corrected is not x else corrected - decoded
         return message, decoded

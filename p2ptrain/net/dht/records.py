@@ -91,6 +91,7 @@ AGENT_PROTOCOL_VERSION = 1
 MAX_COMPUTE_S = 3600.0  # one micro-batch through one block: an hour is past any sane device
 MAX_STEP_BYTES = 1 << 50  # what a peer sends in one step: a PiB takes hours at 1 Tbit/s
 MAX_ROWS = 1 << 20
+NO_CODEC_S = ((0.0, 0.0),) * 3  # a calibration without codec timings: fp32's, or an older agent's
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,10 @@ class ComputeMeasurement:
     """What the writer's device takes for the run's model (``runtime.calibration``), in seconds: forward and
     backward of one block for one micro-batch of ``rows`` sequences of ``seq_len`` tokens, what the first
     stage adds (embeddings) and the last (final LayerNorm, head, loss), the optimizer step per million
-    parameters, and the transport's local cost of one message."""
+    parameters, and the transport's local cost of one message; and what the run's wire codecs take, per
+    million float32 elements, to encode and to decode (``codec_s_per_melement``: activations, their
+    gradients, data-parallel gradients, whose encode is error feedback's; all 0 for fp32, and in a record
+    of an agent that predates the field)."""
 
     rows: int
     seq_len: int
@@ -107,6 +111,7 @@ class ComputeMeasurement:
     head_s: tuple[float, float]
     update_s_per_mparam: float
     message_s: float
+    codec_s_per_melement: tuple[tuple[float, float], ...] = NO_CODEC_S  # (encode, decode) of each kind
 
     def __post_init__(self) -> None:
         set_field(self, "rows", f.integer("compute.rows", self.rows, 1, MAX_ROWS))
@@ -118,11 +123,23 @@ class ComputeMeasurement:
             set_field(self, name, tuple(f.number(f"compute.{name}", v, 0.0, MAX_COMPUTE_S) for v in pair))
         for name in ("update_s_per_mparam", "message_s"):
             set_field(self, name, f.number(f"compute.{name}", getattr(self, name), 0.0, MAX_COMPUTE_S))
+        name = "compute.codec_s_per_melement"
+        kinds = f.sequence(name, self.codec_s_per_melement, len(NO_CODEC_S))
+        if len(kinds) != len(NO_CODEC_S):
+            raise RecordError(f"{name} must hold (encode, decode) of activations, their gradients and gradients")
+        pairs = []
+        for pair in kinds:
+            pair = f.sequence(name, pair, 2)
+            if len(pair) != 2:
+                raise RecordError(f"{name} must hold (encode, decode) pairs")
+            pairs.append(tuple(f.number(name, v, 0.0, MAX_COMPUTE_S) for v in pair))
+        set_field(self, "codec_s_per_melement", tuple(pairs))
 
     def to_wire(self) -> dict[str, Any]:
         return {"rows": self.rows, "seq_len": self.seq_len, "layer_s": list(self.layer_s),
                 "embed_s": list(self.embed_s), "head_s": list(self.head_s),
-                "update_s_per_mparam": self.update_s_per_mparam, "message_s": self.message_s}  # fmt: skip
+                "update_s_per_mparam": self.update_s_per_mparam, "message_s": self.message_s,
+                "codec_s_per_melement": [list(pair) for pair in self.codec_s_per_melement]}  # fmt: skip
 
     @classmethod
     def from_wire(cls, m: Any) -> ComputeMeasurement:
@@ -130,7 +147,8 @@ class ComputeMeasurement:
             raise RecordError("compute must be a map")
         try:
             return cls(rows=m["rows"], seq_len=m["seq_len"], layer_s=m["layer_s"], embed_s=m["embed_s"],
-                       head_s=m["head_s"], update_s_per_mparam=m["update_s_per_mparam"], message_s=m["message_s"])
+                       head_s=m["head_s"], update_s_per_mparam=m["update_s_per_mparam"], message_s=m["message_s"],
+                       codec_s_per_melement=m.get("codec_s_per_melement", NO_CODEC_S))  # absent: an older agent's
         except KeyError as e:
             raise RecordError(f"compute: missing field {e.args[0]}") from None
 
