@@ -16,7 +16,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "p2ptrain"
 
 # Layers, low to high: a module may import its own layer and the ones below (DESIGN "Layers").
-LAYER = {"planning": 1, "model": 2, "net": 3, "runtime": 4, "agent": 5, "export": 5, "swarm": 6, "monitor": 6,
+LAYER = {"planning": 1, "model": 2, "net": 3, "runtime": 4, "verify": 4, "agent": 5, "export": 5, "swarm": 6, "monitor": 6,
          "bench": 7, "cli": 8, "__main__": 9}
 # Within a layer, concerns that must not reach into each other (first must not import second).
 SEPARATE = [("p2ptrain.net.dht", "p2ptrain.net.transport"), ("p2ptrain.net.transport", "p2ptrain.net.dht"),

@@ -1,0 +1,130 @@
+"""Sketches: linear, deterministic, addressable by position, unbiased; the seeds; garbled input refused."""
+
+import math
+
+import pytest
+import torch
+
+from p2ptrain.verify.sketch import (
+    MAX_ROWS,
+    Contribution,
+    challenge_seed,
+    check_sum,
+    contribution,
+    derive_seed,
+    sketch,
+    sketch_rounding,
+    threshold_factor,
+)
+
+
+def vector(n, seed=0):
+    return torch.randn(n, generator=torch.Generator().manual_seed(seed)) * torch.logspace(-2, 2, n)
+
+
+def test_a_sketch_is_linear_to_within_its_rounding():
+    a, b = vector(200_000, 1), vector(200_000, 2)
+    seed = derive_seed(7, "reduce", 0, 1)
+    together = sketch(a + b, seed)  # a + b in float32: compare with the float64 sum's sketch
+    apart = sketch(a, seed) + sketch(b, seed)
+    exact_sum_rounding = float((a.double() + b.double() - (a + b).double()).abs().sum())
+    slack = sketch_rounding(a.numel()) * 3 * float((a.double() + b.double()).norm()) + exact_sum_rounding
+    assert float((together - apart).abs().max()) <= slack
+
+
+def test_a_sketch_is_the_same_on_every_call_and_for_every_dtype():
+    x = vector(70_000)
+    assert torch.equal(sketch(x, 5), sketch(x, 5))
+    assert torch.equal(sketch(x, 5), sketch(x.double(), 5))
+    assert not torch.equal(sketch(x, 5), sketch(x, 6))
+
+
+def test_parts_sketched_at_their_offsets_add_up_to_the_whole():
+    x = vector(150_001)
+    cut = 65_537
+    whole = sketch(x, 11, rows=MAX_ROWS)
+    parts = sketch(x[:cut], 11, rows=MAX_ROWS) + sketch(x[cut:], 11, rows=MAX_ROWS, offset=cut)
+    assert torch.allclose(whole, parts, rtol=0, atol=1e-9 * float(x.abs().sum()))
+
+
+def test_fewer_rows_are_the_first_rows():
+    x = vector(1000)
+    assert torch.equal(sketch(x, 3, rows=16), sketch(x, 3, rows=64)[:16])
+
+
+def test_each_row_has_the_vectors_squared_norm_as_mean_square():
+    x = vector(4096, 3)
+    rows = torch.stack([sketch(x, seed) for seed in range(200)])
+    mean_square = float(rows.square().mean())
+    assert abs(mean_square / float(x.double().square().sum()) - 1) < 0.06  # 6400 draws: 3σ ≈ 0.053
+
+
+def test_single_columns_are_random_signs():
+    basis = torch.zeros(64)
+    column = torch.stack([sketch(basis.index_fill(0, torch.tensor([j]), 1.0), 9, rows=64) for j in range(64)])
+    assert set(column.unique().tolist()) == {-1.0, 1.0}
+    assert abs(float(column.mean())) < 0.05  # 4096 signs
+    gram = column @ column.T / 64
+    assert float((gram - torch.eye(64)).abs().max()) < 0.6  # columns not repeated
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((torch.tensor([1.0, float("nan")]), 1), "NaN"),
+        ((torch.tensor([1.0, float("inf")]), 1), "NaN or infinite"),
+        ((torch.zeros(2, 3), 1), "1-D float"),
+        ((torch.zeros(3, dtype=torch.int64), 1), "1-D float"),
+        ((torch.zeros(3), -1), "seed"),
+        ((torch.zeros(3), 2**64), "seed"),
+        ((torch.zeros(3), 1, 0), "rows"),
+        ((torch.zeros(3), 1, MAX_ROWS + 1), "rows"),
+    ],
+)
+def test_garbled_input_is_refused_in_one_line(args, message):
+    with pytest.raises(ValueError, match=message) as error:
+        sketch(*args)
+    assert "\n" not in str(error.value)
+
+
+def test_check_sum_refuses_garbled_contributions():
+    x = vector(100)
+    good = contribution(x, 1)
+    with pytest.raises(ValueError, match="differ in rows"):
+        check_sum(x, torch.zeros(100), [good, contribution(x, 1, rows=16)], 1)
+    with pytest.raises(ValueError, match="slack"):
+        check_sum(x, torch.zeros(99), [good], 1)
+    with pytest.raises(ValueError, match="non-negative"):
+        check_sum(x, -torch.ones(100), [good], 1)
+    with pytest.raises(ValueError, match="NaN"):
+        check_sum(x.index_fill(0, torch.tensor([3]), float("nan")), torch.zeros(100), [good], 1)
+    with pytest.raises(ValueError, match="at least one"):
+        check_sum(x, torch.zeros(100), [], 1)
+    with pytest.raises(ValueError, match="float64"):
+        Contribution(torch.zeros(8), 1.0)
+    with pytest.raises(ValueError, match="finite"):
+        Contribution(torch.zeros(8, dtype=torch.float64), float("nan"))
+
+
+def test_the_challenge_seed_depends_on_every_digest_and_not_on_their_order():
+    digests = [bytes([i]) * 32 for i in range(5)]
+    seed = challenge_seed("run", 3, digests)
+    assert seed == challenge_seed("run", 3, list(reversed(digests)))
+    assert seed != challenge_seed("run", 3, digests[:-1])
+    assert seed != challenge_seed("run", 4, digests)
+    assert seed != challenge_seed("other", 3, digests)
+    assert seed != challenge_seed("run", 3, digests, salts=[b"nonce"])
+    assert 0 <= seed < 2**64
+    with pytest.raises(ValueError, match="32 bytes"):
+        challenge_seed("run", 3, [b"short"])
+    with pytest.raises(ValueError, match="at least one"):
+        challenge_seed("run", 3, [])
+
+
+def test_derived_seeds_differ_by_label():
+    assert len({derive_seed(1, "reduce", b, k) for b in range(4) for k in range(4)}) == 16
+
+
+def test_the_threshold_factor_is_the_chi_square_tail_bound():
+    assert math.isclose(threshold_factor(32, math.exp(-10)), math.sqrt((32 + 2 * math.sqrt(320) + 20) / 32))
+    assert threshold_factor(64) < threshold_factor(32) < threshold_factor(16)
