@@ -2,6 +2,7 @@
 on the same prepared corpus for the same tokens, validation loss side by side over several seeds.
 
     python benchmarks/diloco.py [--model tiny] [--steps 500] [--replicas 4] [--h 5,10,25] [--outer 1.0:0,...]
+                                [--overlap off|on|both] [--no-baseline]
                                 [--seeds 0,1,2] [--batch-size 16] [--data PREPARED | --corpus TEXT]
                                 [--device cpu|cuda] [--precision fp32|bf16] [--jobs N] [--eval-every K] [--json]
 
@@ -82,9 +83,13 @@ def _run(cfg: TrainConfig) -> tuple[list[tuple[int, float]], float]:
 @click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True, help="CPU threads per run.")
 @click.option("--eval-every", type=click.IntRange(min=0), default=0, help="Validation curve every K steps.  "
               "[default: only after the last step]")
+@click.option("--overlap", "overlaps", type=click.Choice(["off", "on", "both"]), default="off", show_default=True,
+              help="DiLoCo's delayed outer step (the round's all-reduce overlapped with the next round): without, "
+                   "with, or each setting both ways.")
+@click.option("--no-baseline", is_flag=True, help="Skip the every-step runs (ratios are then against the first row).")
 @click.option("--json", "as_json", is_flag=True)
 def command(model, steps, replicas, batch_size, micro_batches, hs, outers, seeds, data, corpus, device, precision,
-            jobs, threads, eval_every, as_json):
+            jobs, threads, eval_every, overlaps, no_baseline, as_json):
     logging.getLogger("p2ptrain").setLevel(logging.WARNING)
     seed_list = [int(s) for s in seeds.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
@@ -95,10 +100,12 @@ def command(model, steps, replicas, batch_size, micro_batches, hs, outers, seeds
         pairs = [_pair(pair) for pair in outers.split(",")]
         grid = [(int(h.split("@")[0]), _pair(h.split("@")[1])) if "@" in h else (int(h), pair)
                 for h in hs.split(",") for pair in ([None] if "@" in h else pairs)]
-        settings = [("every-step", base)] + [
-            (f"H={h} {lr:g}/{m:g}", TrainConfig(**{**base.__dict__, "sync": "diloco", "diloco": DiLoCoConfig(
-                inner_steps=h, outer_lr=lr, outer_momentum=m)}))
-            for h, (lr, m) in grid]  # fmt: skip
+        modes = {"off": [False], "on": [True], "both": [False, True]}[overlaps]
+        settings = ([] if no_baseline else [("every-step", base)]) + [
+            (f"H={h} {lr:g}/{m:g}{' overlap' if overlap else ''}", TrainConfig(**{
+                **base.__dict__, "sync": "diloco",
+                "diloco": DiLoCoConfig(inner_steps=h, outer_lr=lr, outer_momentum=m, overlap=overlap)}))
+            for h, (lr, m) in grid for overlap in modes]  # fmt: skip
         runs = {(name, seed): TrainConfig(**{**cfg.__dict__, "seed": seed}) for name, cfg in settings
                 for seed in seed_list}
         results: dict[tuple[str, int], tuple[list[tuple[int, float]], float]] = {}
@@ -137,9 +144,9 @@ def command(model, steps, replicas, batch_size, micro_batches, hs, outers, seeds
         return
     click.echo(f"{model}, {steps} steps of {batch_size} sequences ({tokens:,} tokens), {replicas} replicas, "
                f"{device} {precision}, seeds {seeds}; validation loss after the last step:")
-    click.echo(f"{'setting':<18} {'val loss':>16} {'vs every-step':>14} {'outer rounds':>13}")
+    click.echo(f"{'setting':<22} {'val loss':>16} {'vs every-step':>14} {'outer rounds':>13}")
     for row in rows:
-        click.echo(f"{row['setting']:<18} {row['mean']:>8.4f} ± {row['spread']:.4f} {row['vs_every_step']:>13.3f}x "
+        click.echo(f"{row['setting']:<22} {row['mean']:>8.4f} ± {row['spread']:.4f} {row['vs_every_step']:>13.3f}x "
                    f"{row['rounds']:>13}")
     if eval_every:
         click.echo("mean validation loss by step: " + "; ".join(

@@ -339,10 +339,10 @@ class AgentConfig:
             raise ConfigError(str(e)) from None
         if not self.initial_peers:
             raise ConfigError("initial_peers is empty: give the bootstrap's address line (--initial-peers)")
-        if self.train.diloco_on and self.transport.step_window < self.train.diloco.inner_steps:
-            # pipelines of a DiLoCo round drift apart by up to H - 1 steps before its end joins them
+        if self.train.diloco_on and self.transport.step_window < self.train.diloco.step_window:
+            # pipelines of a DiLoCo round drift apart by up to H - 1 steps before its end joins them (2H overlapped)
             object.__setattr__(self, "transport",
-                               dataclasses.replace(self.transport, step_window=self.train.diloco.inner_steps))
+                               dataclasses.replace(self.transport, step_window=self.train.diloco.step_window))
         if self.dht.initial_peers and self.dht.initial_peers != self.initial_peers:
             raise ConfigError("set initial_peers at the top level, not in [dht]")
         identity_path = os.path.expanduser(self.dht.identity_path) if self.dht.identity_path else None

@@ -50,7 +50,13 @@ from p2ptrain.net.dht.node import SwarmDHT
 from p2ptrain.net.dht.records import MAX_HOLDS, PeerRecord, PlanRecord, ProgressRecord
 from p2ptrain.net.transport.endpoint import Transport
 from p2ptrain.net.transport.status import FAIL, HALT, IDLE, TRAIN, PeerStatus
-from p2ptrain.runtime.checkpoint import load_stage, load_state_tensors, save_stage, state_tensors
+from p2ptrain.runtime.checkpoint import (
+    load_stage,
+    load_state_tensors,
+    outer_tensors,
+    save_stage,
+    state_tensors,
+)
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.executor import StepWaits
 from p2ptrain.runtime.session import StageTrainer
@@ -191,6 +197,7 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
             if ctx.stop.is_set():
                 return EpochOutcome(False, done, tuple(losses))
             if ctx.should_halt(done):
+                _complete_held(ctx, trainer, done)
                 return _halt(plan, ctx, done, None)
             busy_s, busy_cpu_s = trainer.executor.pacer.busy_s, trainer.executor.pacer.busy_cpu_s
             sent_before = ctx.transport.sent_bytes  # what the step sends: its calls, its checkpoint's and copies'
@@ -201,13 +208,13 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
             compute_cpu_s = trainer.executor.pacer.busy_cpu_s - busy_cpu_s  # its CPU time: less, where it waited
             last_end = time.perf_counter()
             done = step + 1
-            if cfg.committed(done):  # with DiLoCo: a round's end (the states re-plans restart from)
-                ctx.keeper.record(done, trainer.module, trainer.optimizer, trainer.executor.outer)
+            kept = _keep(ctx, cfg, trainer, done) if cfg.committed(done) else None  # DiLoCo: at rounds' ends
             ctx.set_status(TRAIN, plan.epoch, done)
             if result.loss is not None:
                 losses.append(result.loss)
-            _checkpoint(ctx, cfg, role.stage, role.replica, done)
-            _copy(plan, ctx, role.stage, role.replica, done, trainer.module, sender)
+            if kept is not None:
+                _checkpoint(ctx, cfg, role.stage, role.replica, kept)
+                _copy(plan, ctx, role.stage, role.replica, kept, trainer.module, sender)
             sent_bytes, sync_every = ctx.transport.sent_bytes - sent_before, cfg.rounds.length
             record = ProgressRecord(plan.epoch, done, result.loss, result.step_time_s, compute_s=compute_s,
                                     leader=plan.leader, sent_bytes=sent_bytes, sync_every=sync_every)
@@ -232,6 +239,28 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
         return _halt(plan, ctx, done, None)
     ctx.set_status(IDLE, plan.epoch, done)
     return EpochOutcome(True, done, tuple(losses))
+
+
+def _keep(ctx: EpochContext, cfg: TrainConfig, trainer: StageTrainer, done: int) -> int | None:
+    """Keep the committed state after ``done`` (the states re-plans restart from); the step of the state kept
+    now, if any. With DiLoCo's ``overlap`` a round's end is complete only with its mean, which the next round's
+    end applies: it is held until then (``StateKeeper.hold``), and the state kept then is the last round end's;
+    the run's last step is complete at once (it applies every mean)."""
+    outer = trainer.executor.outer
+    if not cfg.diloco_on or not cfg.diloco.overlap or done == cfg.steps:
+        ctx.keeper.record(done, trainer.module, trainer.optimizer, outer)
+        return done
+    kept = ctx.keeper.complete(outer_tensors(trainer.module, outer))  # the last round end's, now complete
+    ctx.keeper.hold(done, trainer.module, trainer.optimizer, outer)
+    return kept
+
+
+def _complete_held(ctx: EpochContext, trainer: StageTrainer, done: int) -> None:
+    """An epoch that stops at a round's end (a new plan starts there) completes its held state: it waits for
+    that round's all-reduce (within its calls' deadlines) and keeps the state with its mean."""
+    if ctx.keeper.held_step == done:
+        trainer.executor.settle_outer()
+        ctx.keeper.complete(outer_tensors(trainer.module, trainer.executor.outer))
 
 
 def _serve_state(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: EpochContext,
@@ -293,7 +322,7 @@ def _copy(plan: PlanRecord, ctx: EpochContext, stage: int, replica: int, done: i
     """At a warm-copy step: our own state to our disk, and replica 0's to the stage's backup peer. With
     DiLoCo only a round's end is one (the states of a round's inside are not restarted from)."""
     every = plan.backup_every
-    if not every or done % every or not ctx.train.committed(done):
+    if not every or done % every:
         return
     tensors = ctx.keeper.get(stage, plan.stages, done)
     assert tensors is not None  # just recorded
@@ -356,7 +385,7 @@ def _take_state(plan: PlanRecord, stage: int, trainer: StageTrainer, ctx: EpochC
 
 def _checkpoint(ctx: EpochContext, cfg: TrainConfig, stage: int, replica: int, done: int) -> None:
     every = ctx.checkpoint.every_steps
-    if not every or replica != 0 or done % every or not cfg.committed(done):  # DiLoCo: at rounds' ends only
+    if not every or replica != 0 or done % every:  # a kept state: with DiLoCo, at rounds' ends only
         return
     tensors = ctx.keeper.get(stage, cfg.stages, done)
     assert tensors is not None

@@ -95,12 +95,12 @@ TARGET_STEP_S = 3.0  # emulated seconds of communication Megatron's order takes,
 DEFAULT_OUT = "benchmarks/results"
 DEFAULT_SETTING = "fp32/gpipe/overlap"
 WIRES, SCHEDULES = WIRE_FORMATS, ("gpipe", "1f1b")
-SETTING_FORM = "WIRE/SCHEDULE/overlap|no-overlap[/diloco-H]"
+SETTING_FORM = "WIRE/SCHEDULE/overlap|no-overlap[/diloco-H|/streamed-H]"
 
 
 def parse_setting(setting: str) -> tuple[str, str, bool]:
-    """``WIRE/SCHEDULE/overlap|no-overlap[/diloco-H]`` as (wire, schedule, overlap) (``sync_every``: H);
-    ValueError (one line) otherwise."""
+    """``WIRE/SCHEDULE/overlap|no-overlap[/diloco-H|/streamed-H]`` as (wire, schedule, overlap) (``sync_every``:
+    H; ``streamed``: DiLoCo's rounds overlapped); ValueError (one line) otherwise."""
     parts = setting.strip().split("/")
     if (len(parts) not in (3, 4) or parts[0] not in WIRES or parts[1] not in SCHEDULES
             or parts[2] not in ("overlap", "no-overlap") or len(parts) == 4 and _rounds(parts[3]) is None):
@@ -116,9 +116,16 @@ def sync_every(setting: str) -> int:
     return _rounds(parts[3]) if len(parts) == 4 else 1
 
 
+def streamed(setting: str) -> bool:
+    """Whether a setting's DiLoCo rounds overlap their all-reduce with the next round (``/streamed-H``)."""
+    parse_setting(setting)
+    return setting.strip().split("/")[-1].startswith("streamed-")
+
+
 def _rounds(part: str) -> int | None:
-    h = part.removeprefix("diloco-")
-    return int(h) if part.startswith("diloco-") and h.isdigit() and int(h) >= 1 else None
+    prefix = "diloco-" if part.startswith("diloco-") else "streamed-"
+    h = part.removeprefix(prefix)
+    return int(h) if part.startswith(prefix) and h.isdigit() and int(h) >= (2 if prefix == "streamed-" else 1) else None
 
 
 @dataclass(frozen=True)
@@ -194,7 +201,8 @@ def _swarm_config(config: E2EConfig, strategy: str, time_scale: float, compute_s
                        time_scale=time_scale, strategy=strategy, objective="simulated", model=config.model,
                        micro_batches=config.micro_batches, seed=config.seed, workdir=workdir, wire=wire,
                        schedule=schedule, overlap=overlap, compute_scale=compute_scale,
-                       sync="diloco" if h > 1 else "every-step", diloco=DiLoCoConfig(inner_steps=h))  # fmt: skip
+                       sync="diloco" if h > 1 else "every-step",
+                       diloco=DiLoCoConfig(inner_steps=h, overlap=streamed(setting)))  # fmt: skip
 
 
 def run_e2e(config: E2EConfig, stop) -> dict[str, Any]:

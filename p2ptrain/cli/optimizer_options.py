@@ -47,11 +47,13 @@ def optimizer_flags(values: dict[str, object]) -> dict[str, object]:
     return {name: values[name] for name in NAMES if values.get(name) is not None}
 
 
-SYNC_NAMES = ("inner_steps", "outer_lr", "outer_momentum")
+SYNC_NAMES = {"inner_steps": "inner_steps", "outer_lr": "outer_lr", "outer_momentum": "outer_momentum",
+              "outer_overlap": "overlap"}  # a command's keyword -> its [train.diloco] key
 
 
 def sync_options(command: Callable) -> Callable:
-    """Add ``--sync``, ``--inner-steps``, ``--outer-lr`` and ``--outer-momentum`` to ``command``."""
+    """Add ``--sync``, ``--inner-steps``, ``--outer-lr``, ``--outer-momentum`` and ``--outer-overlap`` to
+    ``command``."""
     options = [
         click.option("--sync", type=click.Choice(list(SYNC_MODES)),
                      help="Data-parallel synchronisation: every step, or DiLoCo rounds (p2ptrain.model.outer).  "
@@ -62,6 +64,9 @@ def sync_options(command: Callable) -> Callable:
                      help=f"DiLoCo: the outer Nesterov step's learning rate.  [default: {DiLoCoConfig.outer_lr}]"),
         click.option("--outer-momentum", type=click.FloatRange(min=0, max=1, max_open=True),
                      help=f"DiLoCo: the outer momentum.  [default: {DiLoCoConfig.outer_momentum}]"),
+        click.option("--outer-overlap/--no-outer-overlap", "outer_overlap", default=None,
+                     help="DiLoCo: overlap each round's all-reduce with the next round and apply its mean one round "
+                          "late (p2ptrain.model.outer).  [default: off]"),
     ]
     for option in reversed(options):
         command = option(command)
@@ -70,4 +75,4 @@ def sync_options(command: Callable) -> Callable:
 
 def diloco_flags(values: dict[str, object]) -> dict[str, object]:
     """The ``[train.diloco]`` keys the flags among ``values`` (a command's keyword arguments) set."""
-    return {name: values[name] for name in SYNC_NAMES if values.get(name) is not None}
+    return {key: values[name] for name, key in SYNC_NAMES.items() if values.get(name) is not None}

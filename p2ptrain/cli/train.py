@@ -134,6 +134,7 @@ def command(
     inner_steps: int | None,
     outer_lr: float | None,
     outer_momentum: float | None,
+    outer_overlap: bool | None,
     simulate_replicas: int | None,
     seed: int | None,
     data: str | None,
@@ -197,7 +198,8 @@ def command(
     optimizer = optimizer_flags(dict(lr=lr, lr_schedule=lr_schedule, warmup_steps=warmup_steps, min_lr=min_lr,
                                      clip=clip))  # fmt: skip
     # one tree, validated once: the preset's recipe fills what the file and the flags leave out of [optimizer]
-    diloco = diloco_flags(dict(inner_steps=inner_steps, outer_lr=outer_lr, outer_momentum=outer_momentum))
+    diloco = diloco_flags(dict(inner_steps=inner_steps, outer_lr=outer_lr, outer_momentum=outer_momentum,
+                               outer_overlap=outer_overlap))
     if simulate_replicas is not None:
         if replicas is not None or stages is not None or plan_path is not None:
             raise ValueError("--simulate-replicas trains in one process: leave out --stages, --replicas and --plan")

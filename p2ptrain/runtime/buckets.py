@@ -152,5 +152,21 @@ class BucketedAllReduce:
                     self.params[i].grad = g
         return loss
 
+    def sum_tensors(self, tensors: Sequence[torch.Tensor], rank: int, group_size: int,
+                    exchange_for: Callable[[int], GroupExchange]) -> list[torch.Tensor]:  # fmt: skip
+        """The group's sums of ``tensors`` (one per parameter, e.g. DiLoCo's pseudo-gradients), in this
+        reducer's buckets with its error feedback, every bucket at once; new host tensors. The arithmetic
+        of ``finish`` on gradients equal to ``tensors``."""
+        futures = [self.pool.submit(sharded_all_reduce, flatten([tensors[i].detach().cpu() for i in bucket]),
+                                    rank, group_size, exchange_for(b), self.feedback, key=b)
+                   for b, bucket in enumerate(self.buckets)]  # fmt: skip
+        out: list[torch.Tensor | None] = [None] * len(self.params)
+        for bucket, total in zip(self.buckets, wait_all(futures), strict=True):  # each bounded by its calls
+            slots = [torch.empty(tensors[i].shape, dtype=tensors[i].dtype) for i in bucket]
+            unflatten_into(total, slots)
+            for i, slot in zip(bucket, slots, strict=True):
+                out[i] = slot
+        return out  # type: ignore[return-value]
+
     def close(self) -> None:
         self.pool.shutdown(wait=False)

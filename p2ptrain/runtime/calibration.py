@@ -296,11 +296,12 @@ def codec_costs(measurements: Sequence[ComputeMeasurement], size_factor: float =
 def run_settings(train: TrainConfig, size_factor: float = 1.0) -> dict[str, object]:
     """What the run's settings change in a step, as ``StepProfile`` fields (``planning.wire_model``): the wire
     format (volumes here count float32 elements), the schedule, and the overlapped all-reduce's bucket size
-    in the network's GB (0: one exchange after the backward pass), and whether the stages exchange gradient norms
-    to clip."""
+    in the network's GB (0: one exchange after the backward pass), whether the stages exchange gradient norms
+    to clip, and DiLoCo's rounds (their all-reduce overlapped with the next round or not)."""
     bucket_gb = train.bucket_elements * FP32_BYTES / GB / size_factor if train.overlap else 0.0
     return {"wire": train.wire, "schedule": train.schedule, "volume_bytes": (FP32_BYTES,) * 3, "bucket_gb": bucket_gb,
-            "clip": train.optimizer.clip > 0, "sync_every": train.diloco.inner_steps if train.sync == "diloco" else 1}
+            "clip": train.optimizer.clip > 0, "sync_every": train.diloco.inner_steps if train.sync == "diloco" else 1,
+            "sync_overlap": train.sync == "diloco" and train.diloco.overlap and train.diloco.inner_steps > 1}
 
 
 def step_workload(workload: Workload, profile: StepProfile) -> StepWorkload:

@@ -69,6 +69,20 @@ def state_tensors(module: torch.nn.Module, optimizer: torch.optim.Optimizer, *, 
     return out
 
 
+def outer_tensors(module: torch.nn.Module, outer: OuterOptimizer) -> dict[str, torch.Tensor]:
+    """The parameters and outer momentum a round's end leaves for a restart: the anchor (the group's outer
+    step, which with DiLoCo's ``overlap`` is not the replica's own round start) and the momentum, by state
+    name (copies in host memory)."""
+    by_param = {p: (a, m) for p, a, m in zip(outer.params, outer.anchor, outer.momentum, strict=True)}
+    out: dict[str, torch.Tensor] = {}
+    for name, param in module.named_parameters():
+        if param in by_param:
+            anchor, momentum = by_param[param]
+            out[PARAM + name] = _host_copy(anchor, False)
+            out[OUTER + name] = _host_copy(momentum, False)
+    return out
+
+
 def _host_copy(tensor: torch.Tensor, non_blocking: bool) -> torch.Tensor:
     tensor = tensor.detach()
     if tensor.device.type == "cpu":

@@ -32,8 +32,9 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -66,6 +67,11 @@ class StepLink(Protocol):
     def recv(
         self, peer: str, kind: str, micro_batch: int, part: int, shape: tuple[int, ...], dtype: torch.dtype
     ) -> torch.Tensor: ...
+
+    def for_step(self, step: int) -> StepLink:
+        """The same peers' messages of another step (DiLoCo's overlapped all-reduce is tagged with the step
+        that applies it)."""
+        ...
 
 
 DEFAULT_BUCKET_ELEMENTS = 1 << 18  # gradient elements per all-reduce bucket: 1 MiB of fp32
@@ -146,6 +152,8 @@ class StageExecutor:
         # DiLoCo (``model.outer``): no all-reduce per step; every round's end, the group averages pseudo-gradients
         self.diloco, self.total_steps = diloco, total_steps
         self.outer = OuterOptimizer(self.params, diloco) if diloco is not None else None
+        self._in_flight: Future | None = None  # DiLoCo's ``overlap``: the last round's all-reduce, running
+        self._outer_thread: ThreadPoolExecutor | None = None
 
     def run_step(self, step: int, role: Role, topology: Topology, link: StepLink) -> StepOutcome:
         micro = self._micro_batches(step, role)
@@ -250,22 +258,54 @@ class StageExecutor:
             self.optimizer.step()
         if self.outer is not None and self.diloco.round_ends(state.step, self.total_steps):
             started = time.perf_counter()
-            self._outer_step(role, topology, state.link)
+            self._outer_step(role, topology, state.link, state.step)
             state.reduce_s += time.perf_counter() - started
         return loss  # DiLoCo: this pipeline's own loss (the run's is the mean over the pipelines)
 
-    def _outer_step(self, role: Role, topology: Topology, link: StepLink) -> None:
+    def _outer_step(self, role: Role, topology: Topology, link: StepLink, step: int) -> None:
         """The round's end: the group's mean pseudo-gradient (the sharded all-reduce, in the run's gradient
-        wire format with its error feedback), then the outer optimizer; replicas end bit-identical."""
+        wire format with its error feedback), then the outer optimizer; replicas end bit-identical. With
+        ``overlap`` (``model.outer``): the last round's mean (in by now) moves the anchor, this round's
+        all-reduce runs in the background until the next round's end, and this replica starts the next round
+        from its own tentative step; the run's last round waits for its own mean."""
         deltas = self.outer.pseudo_gradients()
-        if role.num_replicas > 1:
-            for p, delta in zip(self.params, deltas, strict=True):
-                p.grad = delta.to(p.device, non_blocking=True)  # the anchor is in host memory on a GPU
-            group = topology.group(role.stage)
-            self.reducer.begin(role.replica, role.num_replicas, lambda b: _GroupOverLink(link, group, b))
-            self.reducer.finish(None)
-            deltas = [p.grad / role.num_replicas for p in self.params]
-        self.outer.step(deltas)
+        if not self.diloco.overlap:
+            self.outer.step(self._group_mean(deltas, role, topology, link, 0))
+            return
+        self.settle_outer()
+        if step + 1 == self.total_steps:
+            self.outer.step(self._group_mean(deltas, role, topology, link, 0))
+            self.outer.start = None
+            return
+        if role.num_replicas == 1:
+            self._in_flight = Future()
+            self._in_flight.set_result(deltas)
+        else:  # tagged with the next round's end step, past the buckets' own numbers (the last round's use them)
+            ahead = link.for_step(min(step + self.diloco.inner_steps, self.total_steps - 1))
+            if self._outer_thread is None:
+                self._outer_thread = ThreadPoolExecutor(1, thread_name_prefix="p2ptrain-outer")
+                weakref.finalize(self, self._outer_thread.shutdown, wait=False)
+            self._in_flight = self._outer_thread.submit(self._group_mean, deltas, role, topology, ahead,
+                                                        len(self.reducer.buckets) + 1)  # fmt: skip
+        self.outer.start = self.outer.tentative(deltas)
+        self.outer.reset(self.params, self.outer.start)
+
+    def settle_outer(self) -> None:
+        """Wait for the last round's all-reduce in flight (``overlap``) and move the anchor and momentum by its
+        mean: the state of that round's end is then complete (an epoch that stops there hands it on)."""
+        if self._in_flight is not None:
+            mean, self._in_flight = wait_all([self._in_flight])[0], None
+            self.outer.advance(mean)
+
+    def _group_mean(self, deltas: list[torch.Tensor], role: Role, topology: Topology, link: StepLink,
+                    offset: int) -> list[torch.Tensor]:  # fmt: skip
+        """The mean of ``deltas`` over the stage's replica group; bucket b's messages tagged ``offset + b``."""
+        if role.num_replicas == 1:
+            return deltas
+        group = topology.group(role.stage)
+        sums = self.reducer.sum_tensors(deltas, role.replica, role.num_replicas,
+                                        lambda b: _GroupOverLink(link, group, offset + b))  # fmt: skip
+        return [s / role.num_replicas for s in sums]
 
     def _clip(self, role: Role, topology: Topology, state: _StepState) -> None:
         """Scale the gradients by the global-norm coefficient, the stages' squared norms exchanged."""

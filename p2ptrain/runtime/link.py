@@ -29,3 +29,6 @@ class TransportStepLink:
         self, peer: str, kind: str, micro_batch: int, part: int, shape: tuple[int, ...], dtype: torch.dtype
     ) -> torch.Tensor:
         return self.transport.recv(self._tag(kind, micro_batch, part), peer, shape, dtype, self.timeout_s)
+
+    def for_step(self, step: int) -> TransportStepLink:
+        return TransportStepLink(self.transport, self.run, self.epoch, step, self.timeout_s)

@@ -196,6 +196,7 @@ def train_reference(cfg: TrainConfig, on_step: Callable[[StepReport], None] | No
             load_initial(model, cfg)  # init_from's weights, if the run starts from a checkpoint
         optimizers = [build_optimizer(model, cfg.optimizer) for model in models]
         outer = OuterOptimizer(list(models[0].parameters()), cfg.diloco) if diloco else None
+        starts: list[list[torch.Tensor] | None] = [None] * len(models)  # ``overlap``: each replica's round start
         model = models[0]
         logger.info(
             "training %s (%d parameters) on %s: %d steps of %d sequences × %d tokens, %d replica(s) × %d micro-batch(es)%s",
@@ -211,8 +212,10 @@ def train_reference(cfg: TrainConfig, on_step: Callable[[StepReport], None] | No
         )
         for step in range(cfg.steps if stop_after is None else min(stop_after, cfg.steps)):
             while pending and pending[0].start_step == step:
+                outer.reset(list(models[0].parameters()))  # ``overlap``: a restart starts from the anchor
                 models, optimizers = _replay(pending.pop(0), models, optimizers, cfg)
                 replicas, outer.params = len(models), list(models[0].parameters())
+                starts = [None] * len(models)
             started = time.perf_counter()
             batch = data.global_batch(step)
             step_loss, norms = 0.0, []
@@ -234,11 +237,19 @@ def train_reference(cfg: TrainConfig, on_step: Callable[[StepReport], None] | No
             if grad_norm is not None:
                 grad_norms.append(grad_norm)
             if outer is not None and cfg.diloco.round_ends(step, cfg.steps):
-                deltas = [outer.pseudo_gradients(list(m.parameters())) for m in models]
+                deltas = [outer.pseudo_gradients(list(m.parameters()), start) for m, start in zip(models, starts, strict=True)]
                 summed = [sum(parts[1:], parts[0]) for parts in zip(*deltas, strict=True)]  # replica order
-                outer.step([g / len(models) for g in summed])  # models[0] is set to the new anchor ...
-                for other in models[1:]:
-                    outer.reset(list(other.parameters()))  # ... and every other replica
+                mean = [g / len(models) for g in summed]
+                if cfg.diloco.overlap and step + 1 < cfg.steps:  # each replica starts from its own guess
+                    starts = [outer.tentative(d) for d in deltas]
+                    outer.advance(mean)
+                    for m, start in zip(models, starts, strict=True):
+                        outer.reset(list(m.parameters()), start)
+                else:
+                    outer.step(mean)  # models[0] is set to the new anchor ...
+                    starts = [None] * len(models)
+                    for other in models[1:]:
+                        outer.reset(list(other.parameters()))  # ... and every other replica
             model = models[0]
             if device.type == "cuda":
                 torch.cuda.synchronize(device)

@@ -85,6 +85,14 @@ def params_digest(module: torch.nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
+def anchor_digest(anchor: list[torch.Tensor]) -> str:
+    """A digest of DiLoCo's anchor (``model.outer``), the same on every replica of a stage."""
+    h = hashlib.sha256()
+    for tensor in anchor:
+        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 class ProgressWriter:
     def __init__(self, path: str):
         self.path = Path(path)
@@ -148,7 +156,7 @@ def run_worker(spec: WorkerSpec) -> None:
     try:
         emulator = LinkEmulator()
         # DiLoCo: pipelines drift apart within a round, up to H - 1 steps, and a round's end waits for the slowest
-        window = max(TransportConfig.step_window, cfg.diloco.inner_steps if cfg.sync == "diloco" else 0)
+        window = max(TransportConfig.step_window, cfg.diloco.step_window if cfg.sync == "diloco" else 0)
         transport = Transport(spec.run, TransportConfig(call_timeout_s=spec.call_timeout_s, step_window=window),
                               dht=dht, emulator=emulator)
         peer_id = str(transport.peer_id)
@@ -214,8 +222,10 @@ def _train(spec: WorkerSpec, role: Role, topology: Topology, transport: Transpor
                  "peak_activation_bytes": result.peak_activation_bytes, "peak_in_flight": result.peak_in_flight}
         if result.loss is not None:
             event["loss"] = result.loss
-        if spec.check_replicas:
-            event["digest"] = params_digest(trainer.module)
+        if spec.check_replicas:  # with DiLoCo's ``overlap`` replicas start rounds apart: their anchors agree
+            outer = trainer.executor.outer
+            event["digest"] = (params_digest(trainer.module) if outer is None or not cfg.diloco.overlap
+                               else anchor_digest(outer.anchor))
         progress.write(**event)
         if result.loss is not None and role.replica == 0:
             logger.info("step %d/%d loss %.4f (%.3f s)", step + 1, cfg.steps, result.loss, result.step_time_s)

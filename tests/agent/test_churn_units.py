@@ -365,3 +365,32 @@ def test_the_keeper_states_of_a_diloco_run_carry_the_outer_momentum():
     kept = keeper.get(0, 2, 2)
     names = [n for n in kept if n.startswith("outer/momentum/")]
     assert len(names) == len(list(module.parameters()))
+
+
+def test_an_overlapped_round_end_is_kept_once_its_mean_gives_the_anchor():
+    """``overlap``: a round's end is held (not restarted from: not ``kept``) until the next round's end completes
+    it with the anchor and momentum the round's mean gave; the inner moments are those of its own end."""
+    from p2ptrain.model.outer import DiLoCoConfig, OuterOptimizer
+    from p2ptrain.runtime.checkpoint import outer_tensors
+
+    cfg, module, optimizer = trained_stage(2)
+    outer = OuterOptimizer(list(module.parameters()), DiLoCoConfig(inner_steps=2, overlap=True))
+    keeper = StateKeeper()
+    keeper.reset(0, 2, 0, state_tensors(module, optimizer))
+    with torch.no_grad():
+        for k, p in enumerate(module.parameters()):  # the round's inner steps moved them
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(k)) * 1e-2)
+    deltas = outer.pseudo_gradients()
+    outer.start = outer.tentative([d * 0.5 for d in deltas])  # its own guess, not the mean
+    outer.reset(outer.params, outer.start)
+    keeper.hold(2, module, optimizer, outer)
+    moments = {n: t.clone() for n, t in keeper._held[1].items() if n.startswith("adam/")}
+    assert keeper.held_step == 2 and keeper.latest_step == 0 and keeper.complete({}) == 2
+    keeper.hold(2, module, optimizer, outer)
+    outer.advance(deltas)  # the mean is in (the next round's end)
+    assert keeper.complete(outer_tensors(module, outer)) == 2 and keeper.held_step is None
+    kept = keeper.get(0, 2, 2)
+    for (name, _), anchor in zip(module.named_parameters(), outer.anchor, strict=True):
+        assert torch.equal(kept["param/" + name], anchor) and not torch.equal(kept["param/" + name],
+                                                                           dict(module.named_parameters())[name])
+    assert all(torch.equal(kept[n], t) for n, t in moments.items())

@@ -30,6 +30,26 @@ def test_the_outer_step_is_torchs_sgd_on_the_pseudo_gradient(nesterov):
         assert torch.equal(outer.anchor[0], ours.detach())  # the next round starts from the new anchor
 
 
+def test_the_tentative_step_is_the_outer_step_bit_for_bit_and_changes_nothing():
+    """``overlap``'s round start: the anchor the outer step of a pseudo-gradient would give (with one replica,
+    the one its mean gives, bit for bit), while the anchor and momentum stay until the mean is in."""
+    cfg = DiLoCoConfig(inner_steps=2, outer_lr=0.7, outer_momentum=0.9, overlap=True)
+    param = torch.nn.Parameter(torch.randn(7, generator=torch.Generator().manual_seed(0)))
+    outer = OuterOptimizer([param], cfg)
+    for k in range(3):
+        with torch.no_grad():
+            param.add_(torch.randn(7, generator=torch.Generator().manual_seed(k + 1)))
+        (delta,) = outer.pseudo_gradients()
+        anchor, momentum = outer.anchor[0].clone(), outer.momentum[0].clone()
+        (start,) = outer.tentative([delta])
+        assert torch.equal(outer.anchor[0], anchor) and torch.equal(outer.momentum[0], momentum)
+        outer.advance([delta])
+        assert torch.equal(start, outer.anchor[0])
+        outer.start = [start]
+        outer.reset([param], [start])
+    assert cfg.step_window == 4 and DiLoCoConfig(inner_steps=2).step_window == 2
+
+
 def test_rounds_end_every_h_steps_and_at_the_last():
     cfg = DiLoCoConfig(inner_steps=3)
     assert [s for s in range(8) if cfg.round_ends(s, 8)] == [2, 5, 7]

@@ -40,7 +40,12 @@ UNEVEN_3 = ((0, 1), (1, 2), (2, 8))
          optimizer=OptimizerConfig(lr_schedule="cosine", warmup_steps=2, min_lr=2e-4, clip=0.5)),
     # 2 × 2 with DiLoCo: rounds of 4 steps then 2, the pseudo-gradients all-reduced at each round's end
     dict(stages=2, replicas=2, sync="diloco", diloco=DiLoCoConfig(inner_steps=4)),
-], ids=["dp4-no-overlap", "2x2-uneven-gpipe-buckets", "pp3-uneven", "2x2-1f1b-buckets", "2x2-diloco"])
+    # 2 × 2 with DiLoCo's delayed outer step: rounds of 2, each round's all-reduce in the background through
+    # the next round (messages tagged with the step that applies them), its mean applied a round late
+    dict(stages=2, replicas=2, sync="diloco", diloco=DiLoCoConfig(inner_steps=2, overlap=True, outer_lr=0.7,
+                                                                  outer_momentum=0.9)),
+], ids=["dp4-no-overlap", "2x2-uneven-gpipe-buckets", "pp3-uneven", "2x2-1f1b-buckets", "2x2-diloco",
+        "2x2-diloco-overlap"])
 def test_distributed_losses_equal_single_process(settings, tmp_path):
     """The single-process losses and final parameters on every worker, replicas bit-identical after every
     step; GPipe holds every micro-batch in flight, 1F1B at most S − j on stage j."""

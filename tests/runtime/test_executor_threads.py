@@ -23,8 +23,14 @@ DEADLINE_S = 60.0
 class MemoryLink:
     """A StepLink over queues shared by every thread; receives wait under a deadline."""
 
-    def __init__(self, boxes, lock, me):
+    def __init__(self, boxes, lock, me, steps=None):
         self.boxes, self.lock, self.me = boxes, lock, me
+        self.steps = steps if steps is not None else {}  # step -> that step's boxes (``for_step``)
+
+    def for_step(self, step):
+        with self.lock:
+            boxes = self.steps.setdefault(step, {})
+        return type(self)(boxes, self.lock, self.me, self.steps)
 
     def _box(self, src, dst, kind, micro_batch, part):
         with self.lock:
@@ -83,13 +89,16 @@ def train_in_threads(cfg: TrainConfig, link=MemoryLink):
                                         diloco=cfg.diloco if cfg.sync == "diloco" else None)
     outcomes = {peer: [] for peer in executors}
     errors = []
+    steps, lock = {}, threading.Lock()  # every step's boxes: DiLoCo's overlapped all-reduce spans steps
     for step in range(cfg.steps):
-        boxes, lock = {}, threading.Lock()
+        with lock:
+            boxes = steps.setdefault(step, {})
 
-        def work(peer, step=step, boxes=boxes, lock=lock):
+        def work(peer, step=step, boxes=boxes):
             try:
                 role = topology.role_of(peer)
-                outcomes[peer].append(executors[peer].run_step(step, role, topology, link(boxes, lock, peer)))
+                outcomes[peer].append(executors[peer].run_step(step, role, topology,
+                                                               link(boxes, lock, peer, steps)))
             except Exception as e:  # noqa: BLE001 - reported below
                 errors.append(e)
 
@@ -296,3 +305,27 @@ def test_diloco_pipelines_give_the_single_process_diloco_losses():
     for peer, executor in executors.items():
         for name, p in executor.module.named_parameters():
             assert torch.allclose(p.detach(), full[name], atol=1e-5, rtol=1e-4), (peer, name)
+
+
+@pytest.mark.timeout(120)
+def test_diloco_overlapped_rounds_give_the_single_process_losses():
+    """``overlap``: each round's all-reduce runs in the background through the next round (tagged with the step
+    that applies it) and its mean is applied one round late; 2 × 2, rounds of 2 over 7 steps (the last round
+    waits for its own mean too): the single-process reference's losses and final state, which differ from
+    the undelayed run's."""
+    torch.set_num_threads(1)
+    cfg = dataclasses.replace(BASE, steps=7, sync="diloco", diloco=DiLoCoConfig(inner_steps=2, overlap=True,
+                                                                                outer_lr=0.7, outer_momentum=0.9))
+    reference = train_reference(dataclasses.replace(cfg, stages=1))
+    undelayed = train_reference(dataclasses.replace(cfg, stages=1, diloco=dataclasses.replace(cfg.diloco,
+                                                                                              overlap=False)))
+    assert abs(reference.losses[-1] - undelayed.losses[-1]) > 1e-3
+    assert reference.losses[:2] == undelayed.losses[:2] and reference.losses[2] != undelayed.losses[2]
+    losses, executors, _, topology = train_in_threads(cfg, DelayedLink)
+    assert losses == pytest.approx(reference.losses, rel=1e-5)
+    for stage in range(cfg.stages):
+        a, b = (params_of(executors[peer]) for peer in topology.group(stage))
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    for peer, executor in executors.items():
+        for name, p in executor.module.named_parameters():
+            assert torch.allclose(p.detach(), reference.state[name], atol=1e-5, rtol=1e-4), (peer, name)

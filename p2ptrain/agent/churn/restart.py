@@ -30,6 +30,12 @@ the round is trained again by the new plan's pipelines on their new shards; ever
 it with the parameters (= the outer anchor) and outer momentum all replicas share and the inner AdamW moments
 of the stage's source (one replica's: replicas' inner moments differ), which a single-process reference can
 replay (``reference.train_reference``'s ``replans``). Joiners enter at a round's end (``join_start``).
+
+With ``[train.diloco] overlap`` a round's all-reduce finishes during the next round, so the state of a
+round's end (the anchor and momentum its mean gives, with the inner moments of that end) is complete one
+round later (``epoch._keep``: ``StateKeeper.hold`` then ``complete``), or when an epoch that stops there has
+waited for it (``epoch._complete_held``); trainers keep only complete states, so a failure redoes up to two
+rounds, and every replica restarts from the anchor (not from its own guess), as the reference replays it.
 """
 
 from __future__ import annotations

@@ -56,11 +56,35 @@ class StateKeeper:
         self._copying: dict[int, torch.cuda.Event] = {}  # step -> done when its copy is
         self._streams: dict[torch.device, torch.cuda.Stream] = {}  # the copies' own stream, per device
         self._device: torch.device | None = None  # the GPU of the copies in ``_copying``
+        self._held: tuple[int, dict[str, torch.Tensor]] | None = None  # ``hold``: a state waiting for its mean
 
     def reset(self, stage: int, num_stages: int, step: int, tensors: dict[str, torch.Tensor]) -> None:
         self.stage, self.num_stages = stage, num_stages
         self._states = OrderedDict([(step, tensors)])
         self._copying = {}
+        self._held = None
+
+    def hold(self, step: int, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
+             outer: OuterOptimizer) -> None:  # fmt: skip
+        """DiLoCo ``overlap``: copy the state after ``step``, a round's end whose mean is still in flight; it is
+        not kept (not restarted from) until ``complete`` sets the parameters and outer momentum that mean gives
+        (the inner moments are this copy's)."""
+        self._held = (step, state_tensors(module, optimizer, outer=outer))
+
+    @property
+    def held_step(self) -> int | None:
+        return self._held[0] if self._held is not None else None
+
+    def complete(self, outer: dict[str, torch.Tensor]) -> int | None:
+        """Keep the held state with the parameters and outer momentum its round's mean gave
+        (``checkpoint.outer_tensors``); its step (None: none held)."""
+        if self._held is None:
+            return None
+        (step, tensors), self._held = self._held, None
+        tensors.update(outer)
+        self._states[step] = tensors
+        self._trim()
+        return step
 
     def record(self, step: int, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
                outer: OuterOptimizer | None = None) -> None:  # fmt: skip
@@ -79,6 +103,9 @@ class StateKeeper:
             event.record(stream)
             self._copying[step] = event
             self._device = device
+        self._trim()
+
+    def _trim(self) -> None:
         while len(self._states) > self.keep:
             dropped, _ = self._states.popitem(last=False)
             self._copying.pop(dropped, None)
