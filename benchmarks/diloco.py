@@ -2,7 +2,7 @@
 on the same prepared corpus for the same tokens, validation loss side by side over several seeds.
 
     python benchmarks/diloco.py [--model tiny] [--steps 500] [--replicas 4] [--h 5,10,25] [--outer 1.0:0,...]
-                                [--overlap off|on|both] [--no-baseline]
+                                [--overlap off|on|both] [--overlap-steps 0,5] [--no-baseline]
                                 [--seeds 0,1,2] [--batch-size 16] [--data PREPARED | --corpus TEXT]
                                 [--device cpu|cuda] [--precision fp32|bf16] [--jobs N] [--eval-every K] [--json]
 
@@ -86,10 +86,12 @@ def _run(cfg: TrainConfig) -> tuple[list[tuple[int, float]], float]:
 @click.option("--overlap", "overlaps", type=click.Choice(["off", "on", "both"]), default="off", show_default=True,
               help="DiLoCo's delayed outer step (the round's all-reduce overlapped with the next round): without, "
                    "with, or each setting both ways.")
+@click.option("--overlap-steps", "taus", default="0", show_default=True,
+              help="Comma-separated steps of the next round an overlapped round's all-reduce gets (0: all H).")
 @click.option("--no-baseline", is_flag=True, help="Skip the every-step runs (ratios are then against the first row).")
 @click.option("--json", "as_json", is_flag=True)
 def command(model, steps, replicas, batch_size, micro_batches, hs, outers, seeds, data, corpus, device, precision,
-            jobs, threads, eval_every, overlaps, no_baseline, as_json):
+            jobs, threads, eval_every, overlaps, taus, no_baseline, as_json):
     logging.getLogger("p2ptrain").setLevel(logging.WARNING)
     seed_list = [int(s) for s in seeds.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
@@ -100,12 +102,14 @@ def command(model, steps, replicas, batch_size, micro_batches, hs, outers, seeds
         pairs = [_pair(pair) for pair in outers.split(",")]
         grid = [(int(h.split("@")[0]), _pair(h.split("@")[1])) if "@" in h else (int(h), pair)
                 for h in hs.split(",") for pair in ([None] if "@" in h else pairs)]
-        modes = {"off": [False], "on": [True], "both": [False, True]}[overlaps]
+        tau_list = [int(t) for t in taus.split(",")]
+        modes = {"off": [None], "on": tau_list, "both": [None, *tau_list]}[overlaps]
         settings = ([] if no_baseline else [("every-step", base)]) + [
-            (f"H={h} {lr:g}/{m:g}{' overlap' if overlap else ''}", TrainConfig(**{
+            (f"H={h} {lr:g}/{m:g}{'' if tau is None else f' overlap {tau or h}'}", TrainConfig(**{
                 **base.__dict__, "sync": "diloco",
-                "diloco": DiLoCoConfig(inner_steps=h, outer_lr=lr, outer_momentum=m, overlap=overlap)}))
-            for h, (lr, m) in grid for overlap in modes]  # fmt: skip
+                "diloco": DiLoCoConfig(inner_steps=h, outer_lr=lr, outer_momentum=m, overlap=tau is not None,
+                                       overlap_steps=tau or 0)}))
+            for h, (lr, m) in grid for tau in modes]  # fmt: skip
         runs = {(name, seed): TrainConfig(**{**cfg.__dict__, "seed": seed}) for name, cfg in settings
                 for seed in seed_list}
         results: dict[tuple[str, int], tuple[list[tuple[int, float]], float]] = {}

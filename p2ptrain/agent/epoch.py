@@ -208,7 +208,7 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
             compute_cpu_s = trainer.executor.pacer.busy_cpu_s - busy_cpu_s  # its CPU time: less, where it waited
             last_end = time.perf_counter()
             done = step + 1
-            kept = _keep(ctx, cfg, trainer, done) if cfg.committed(done) else None  # DiLoCo: at rounds' ends
+            kept = _keep(ctx, cfg, trainer, done)  # with DiLoCo: at rounds' ends
             ctx.set_status(TRAIN, plan.epoch, done)
             if result.loss is not None:
                 losses.append(result.loss)
@@ -243,15 +243,21 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
 
 def _keep(ctx: EpochContext, cfg: TrainConfig, trainer: StageTrainer, done: int) -> int | None:
     """Keep the committed state after ``done`` (the states re-plans restart from); the step of the state kept
-    now, if any. With DiLoCo's ``overlap`` a round's end is complete only with its mean, which the next round's
-    end applies: it is held until then (``StateKeeper.hold``), and the state kept then is the last round end's;
-    the run's last step is complete at once (it applies every mean)."""
-    outer = trainer.executor.outer
+    now, if any. With DiLoCo's ``overlap`` a round's end is complete only with its mean, which comes in
+    ``tau`` steps later: it is held until then (``StateKeeper.hold``) and kept then, with the anchor and
+    momentum that mean gave; the run's last step is complete at once (it applies every mean)."""
+    executor = trainer.executor
     if not cfg.diloco_on or not cfg.diloco.overlap or done == cfg.steps:
-        ctx.keeper.record(done, trainer.module, trainer.optimizer, outer)
+        if not cfg.committed(done):
+            return None
+        ctx.keeper.record(done, trainer.module, trainer.optimizer, executor.outer)
         return done
-    kept = ctx.keeper.complete(outer_tensors(trainer.module, outer))  # the last round end's, now complete
-    ctx.keeper.hold(done, trainer.module, trainer.optimizer, outer)
+    kept = None
+    held = ctx.keeper.held_step
+    if held is not None and executor.in_flight_end != held:  # its mean is in
+        kept = ctx.keeper.complete(outer_tensors(trainer.module, executor.outer))
+    if cfg.committed(done):
+        ctx.keeper.hold(done, trainer.module, trainer.optimizer, executor.outer)
     return kept
 
 

@@ -133,7 +133,8 @@ def memory_fit(stages: int, schedule: str, sync_every: int, micro_batches: int, 
 
 def measure_networks(networks: tuple[str, ...], stage_counts: tuple[int, ...], settings: tuple[str, ...],
                      sync_everys: tuple[int, ...], micro_batches: int = 8, *, access: bool = True,
-                     sync_overlap: bool = False, memory_gb: float = V100_MEMORY_GB) -> dict[str, Any]:
+                     sync_overlap: bool = False, memory_gb: float = V100_MEMORY_GB,
+                     overlap_steps: int = 0) -> dict[str, Any]:
     """Every (network, stages, setting, H) that fits memory: its step time and compute utilisation; per network
     the best, over the data center's best; and what was skipped (module docstring)."""
     fits = {(s, schedule, h): memory_fit(s, schedule, h, micro_batches, memory_gb) for s in stage_counts
@@ -155,7 +156,7 @@ def measure_networks(networks: tuple[str, ...], stage_counts: tuple[int, ...], s
                         layouts[recompute] = objective.refine(np.arange(DEVICES).reshape(DEVICES // s, s))
                     layout = layouts[recompute]
                     streamed = sync_overlap and h > 1
-                    priced = _objective(cluster, st, micro_batches, s, h, recompute, streamed)
+                    priced = _objective(cluster, st, micro_batches, s, h, recompute, streamed, overlap_steps)
                     step = priced.evaluate(layout).cost_s
                     compute = priced.compute_s(layout)
                     rows.append({"network": n, "stages": s, "setting": st, "sync_every": h, "streamed": streamed,
@@ -167,16 +168,18 @@ def measure_networks(networks: tuple[str, ...], stage_counts: tuple[int, ...], s
     for r in best.values():
         r["vs_datacenter_best"] = r["step_s"] / reference["step_s"] if reference else None
     return {"model": MODEL, "devices": DEVICES, "batch_tokens": BATCH_TOKENS, "micro_batches": micro_batches,
-            "memory_gb": memory_gb, "access_links": access, "sync_overlap": sync_overlap, "rows": rows,
+            "memory_gb": memory_gb, "access_links": access, "sync_overlap": sync_overlap,
+            "overlap_steps": overlap_steps, "rows": rows,
             "skipped": skipped, "best": best}
 
 
 def _objective(cluster, setting: str, micro_batches: int, stages: int, sync_every: int, recompute: bool,
-               sync_overlap: bool = False):
+               sync_overlap: bool = False, overlap_steps: int = 0):
     wire, schedule, overlap = _parse(setting)
     bucket_gb = BUCKET_ELEMENTS * FP32_BYTES / GB if overlap else 0.0
     settings = StepProfile(wire=wire, schedule=schedule, bucket_gb=bucket_gb, volume_bytes=(FP32_BYTES,) * 3,
-                           sync_every=sync_every, sync_overlap=sync_overlap)  # float32 volumes: the wire scales
+                           sync_every=sync_every, sync_overlap=sync_overlap,
+                           overlap_steps=overlap_steps)  # float32 volumes: the wire scales
     workload = stage_workload(cluster, model_shape(MODEL), stages, batch_tokens=BATCH_TOKENS,
                               micro_batches=micro_batches, settings=settings, recompute=recompute,
                               activation_bytes=FP32_BYTES)
@@ -264,6 +267,8 @@ def format_report(report: dict[str, Any]) -> str:
 @click.option("--sync-overlap", is_flag=True,
               help="With --networks: price every H > 1 as Streaming DiLoCo (the round's all-reduce streamed during "
                    "the next round's steps).")
+@click.option("--overlap-steps", type=click.IntRange(min=0), default=0, show_default=True,
+              help="With --sync-overlap: the steps of the next round a round's all-reduce is spread over (0: all H).")
 @click.option("--access-link/--no-access-link", default=True, show_default=True,
               help="With --networks: homes behind their access links (each home's uplink and downlink shared by its "
                    "flows), or every pair a path of its own.")
@@ -271,7 +276,8 @@ def format_report(report: dict[str, Any]) -> str:
               help="With --networks: a device's memory; stage counts whose stages do not fit are skipped.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 def command(settings: str, micro_batches: int, networks: str | None, stage_counts: str, sync_everys: str,
-            sync_overlap: bool, access_link: bool, memory_gb: float, as_json: bool) -> None:  # fmt: skip
+            sync_overlap: bool, overlap_steps: int, access_link: bool, memory_gb: float,
+            as_json: bool) -> None:  # fmt: skip
     chosen = tuple(s.strip() for s in settings.split(",") if s.strip())
     for s in chosen:
         _parse(s)
@@ -282,7 +288,8 @@ def command(settings: str, micro_batches: int, networks: str | None, stage_count
                 raise click.BadParameter(f"unknown network {n!r}", param_hint="--networks")
         report = measure_networks(names, _integers(stage_counts, "--stages"), chosen,
                                   _integers(sync_everys, "--sync-every"), micro_batches, access=access_link,
-                                  sync_overlap=sync_overlap, memory_gb=memory_gb)  # fmt: skip
+                                  sync_overlap=sync_overlap, memory_gb=memory_gb,
+                                  overlap_steps=overlap_steps)  # fmt: skip
         click.echo(json.dumps(report) if as_json else format_networks(report))
         return
     report = measure(chosen, micro_batches)

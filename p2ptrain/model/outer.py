@@ -71,6 +71,9 @@ class DiLoCoConfig:
     # the round's all-reduce overlapped with the next round (Streaming DiLoCo's overlap, DiLoCoX's one-step delay):
     # round r's mean pseudo-gradient is applied at round r + 1's end ("Delayed outer step" above)
     overlap: bool = False
+    # with ``overlap``: how many steps of the next round the all-reduce has before its mean corrects the replicas
+    # (Streaming DiLoCo's τ); 0: the whole round (H)
+    overlap_steps: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.inner_steps, bool) or not isinstance(self.inner_steps, int) or self.inner_steps < 1:
@@ -81,13 +84,20 @@ class DiLoCoConfig:
             raise ValueError(f"diloco.outer_momentum must be in [0, 1), got {self.outer_momentum}")
         if not isinstance(self.overlap, bool):
             raise ValueError(f"diloco.overlap must be true or false, got {self.overlap!r}")
+        if isinstance(self.overlap_steps, bool) or not isinstance(self.overlap_steps, int) or self.overlap_steps < 0:
+            raise ValueError(f"diloco.overlap_steps must be a non-negative integer, got {self.overlap_steps!r}")
+
+    @property
+    def tau(self) -> int:
+        """Steps of the next round a round's all-reduce runs beside (``overlap``): at most H."""
+        return min(self.overlap_steps or self.inner_steps, self.inner_steps)
 
     @property
     def step_window(self) -> int:
         """How many steps a pipeline's messages may run ahead of another's in the same group: a round's
         pipelines drift apart by up to H − 1 steps before its end joins them; with ``overlap`` nothing joins
         them before the next round's end, and the all-reduce is tagged with that step."""
-        return 2 * self.inner_steps if self.overlap else self.inner_steps
+        return self.inner_steps + self.tau if self.overlap else self.inner_steps
 
     def round_ends(self, step: int, total_steps: int) -> bool:
         """Whether the replicas synchronise after update ``step`` (0-based) of a run of ``total_steps``."""
@@ -158,6 +168,13 @@ class OuterOptimizer:
             b = buf.mul(m).add_(g)
             out.append(anchor.sub(g.add(b, alpha=m) if self.cfg.nesterov else b, alpha=lr))
         return out
+
+    @torch.no_grad()
+    def correct(self, params: Sequence[torch.nn.Parameter], start: Sequence[torch.Tensor]) -> None:
+        """``overlap``: the mean is in and the anchor moved; ``params`` (a replica that started its round from
+        ``start``, its guess) move by the anchor minus that start: as if the round had started from the anchor."""
+        for p, anchor, s in zip(params, self.anchor, start, strict=True):
+            p.add_((anchor - s).to(p.device))
 
     def momentum_by_param(self) -> dict[torch.nn.Parameter, torch.Tensor]:
         return dict(zip(self.params, self.momentum, strict=True))

@@ -21,12 +21,12 @@ pseudo-gradients after every H-th step, none after the others. The prediction is
 it plus 1/H of what it adds to a step that has it (both simulated); the closed form divides the groups'
 all-reduce term by H.
 
-With ``sync_overlap`` (Streaming DiLoCo, the outer step one round late) the round's all-reduce runs
-streamed during the next round's H steps instead: a step is priced as the longer of the step without it
-(simulated) and, for every queue (each device's uplink and downlink; each pair's path, which is the only
-queue where a device has no access link), the time the queue needs for one step's bytes plus 1/H of the
-round's all-reduce bytes (``streamed_floor_s``): the busiest queue paces the round, however the shards
-are scheduled in it.
+With ``sync_overlap`` (``[train.diloco] overlap``) the round's all-reduce runs streamed during the next
+round's first τ steps instead (``overlap_steps``, at most H): each of them is priced as the longer of the
+step without it (simulated) and, for every queue (each device's uplink and downlink; each pair's path, which
+is the only queue where a device has no access link), the time the queue needs for one step's bytes plus
+1/τ of the round's all-reduce bytes (``streamed_floor_s``): the busiest queue paces those steps, however
+the shards are scheduled in it; the round's other H − τ steps are the step without it.
 
 4. with gradient clipping (``clip``, ``model.clip``), between the all-reduce and the update: send the
    stage's squared norm to every other stage of the pipeline (one scalar: latency and message overhead
@@ -214,6 +214,7 @@ class StepProfile:
     clip: bool = False  # the stages exchange their gradient norms before the update (step 4)
     sync_every: int = 1  # DiLoCo: the replicas all-reduce once every this many steps (1: every step)
     sync_overlap: bool = False  # DiLoCo: the round's all-reduce streams during the next round (module docstring)
+    overlap_steps: int = 0  # ... during its first this many steps (``DiLoCoConfig.overlap_steps``; 0: all H)
     encode_s_per_gb: tuple[float, float, float] = (0.0, 0.0, 0.0)  # activations, their gradients, DP gradients
     decode_s_per_gb: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
@@ -253,6 +254,11 @@ class StepProfile:
             raise ValueError("step profile: sync_overlap streams a DiLoCo round's all-reduce and needs sync_every > 1")
         if not (math.isfinite(self.bucket_gb) and self.bucket_gb >= 0):
             raise ValueError(f"step profile: bucket_gb must be a non-negative number, got {self.bucket_gb!r}")
+
+    @property
+    def streamed_steps(self) -> int:
+        """The steps a streamed round's all-reduce is spread over (``sync_overlap``): τ, at most H."""
+        return min(self.overlap_steps or self.sync_every, self.sync_every)
 
     @property
     def factors(self) -> tuple[float, float, float]:
@@ -400,7 +406,7 @@ class SimulatedObjective:
         h = self.profile.sync_every  # DiLoCo: one all-reduce a round
         if self.profile.sync_overlap:  # streamed: the round's all-reduce runs beside the next round's steps
             local = pipeline + float(self._update_s.max()) + self.profile.boundary_s + self._clip_s
-            step = max(local, max(float(g) for g in group_values) / h)
+            step = max(local, max(float(g) for g in group_values) / self.profile.streamed_steps)
             return CostBreakdown(cost_s=step, data_parallel_s=step - pipeline, pipeline_s=pipeline)
         data_parallel = max(float(g) / h + float(u) for g, u in zip(group_values, self._update_s, strict=True))
         data_parallel += self.profile.boundary_s + self._clip_s
@@ -468,7 +474,8 @@ class SimulatedObjective:
             return _simulate(self, sigma, steps or self.profile.steps)
         local = _simulate(self, sigma, steps or self.profile.steps, all_reduce=False)
         if self.profile.sync_overlap:
-            extra = h * max(0.0, self.streamed_floor_s(sigma) - local.predicted_s)  # a round is this much longer
+            # the τ steps that carry the round's all-reduce are this much longer, so is the round
+            extra = self.profile.streamed_steps * max(0.0, self.streamed_floor_s(sigma) - local.predicted_s)
         else:
             synced = _simulate(self, sigma, steps or self.profile.steps)
             extra = max(0.0, synced.predicted_s - local.predicted_s)
@@ -487,7 +494,7 @@ class SimulatedObjective:
         pair_gb[b, a] += m * self.activation_grad_gb
         if d > 1:
             cols = sigma.T  # [j, i]
-            shards = (2 * self.gradient_gb / d / self.profile.sync_every)[:, None, None]
+            shards = (2 * self.gradient_gb / d / self.profile.streamed_steps)[:, None, None]
             pair_gb[cols[:, :, None], cols[:, None, :]] += np.where(np.eye(d, dtype=bool)[None], 0.0, shards)
         busiest = float((pair_gb * self.send_s_per_gb).max())
         if self.access:

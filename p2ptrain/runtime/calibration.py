@@ -301,7 +301,8 @@ def run_settings(train: TrainConfig, size_factor: float = 1.0) -> dict[str, obje
     bucket_gb = train.bucket_elements * FP32_BYTES / GB / size_factor if train.overlap else 0.0
     return {"wire": train.wire, "schedule": train.schedule, "volume_bytes": (FP32_BYTES,) * 3, "bucket_gb": bucket_gb,
             "clip": train.optimizer.clip > 0, "sync_every": train.diloco.inner_steps if train.sync == "diloco" else 1,
-            "sync_overlap": train.sync == "diloco" and train.diloco.overlap and train.diloco.inner_steps > 1}
+            "sync_overlap": train.sync == "diloco" and train.diloco.overlap and train.diloco.inner_steps > 1,
+            "overlap_steps": train.diloco.overlap_steps}
 
 
 def step_workload(workload: Workload, profile: StepProfile) -> StepWorkload:

@@ -154,6 +154,8 @@ class StageExecutor:
         self.outer = OuterOptimizer(self.params, diloco) if diloco is not None else None
         self._in_flight: Future | None = None  # DiLoCo's ``overlap``: the last round's all-reduce, running
         self._outer_thread: ThreadPoolExecutor | None = None
+        self._correct_at = -1  # ``overlap``: the step after whose update the mean in flight corrects us
+        self.in_flight_end: int | None = None  # ``overlap``: the state (steps done) the mean in flight completes
 
     def run_step(self, step: int, role: Role, topology: Topology, link: StepLink) -> StepOutcome:
         micro = self._micro_batches(step, role)
@@ -256,7 +258,12 @@ class StageExecutor:
             if self.before_update is not None:
                 self.before_update()  # e.g. a copy of the last state still reading the parameters
             self.optimizer.step()
-        if self.outer is not None and self.diloco.round_ends(state.step, self.total_steps):
+        ends = self.outer is not None and self.diloco.round_ends(state.step, self.total_steps)
+        if self._in_flight is not None and (ends or state.step == self._correct_at):
+            started = time.perf_counter()
+            self._correct()
+            state.reduce_s += time.perf_counter() - started
+        if ends:
             started = time.perf_counter()
             self._outer_step(role, topology, state.link, state.step)
             state.reduce_s += time.perf_counter() - started
@@ -265,30 +272,35 @@ class StageExecutor:
     def _outer_step(self, role: Role, topology: Topology, link: StepLink, step: int) -> None:
         """The round's end: the group's mean pseudo-gradient (the sharded all-reduce, in the run's gradient
         wire format with its error feedback), then the outer optimizer; replicas end bit-identical. With
-        ``overlap`` (``model.outer``): the last round's mean (in by now) moves the anchor, this round's
-        all-reduce runs in the background until the next round's end, and this replica starts the next round
-        from its own tentative step; the run's last round waits for its own mean."""
+        ``overlap`` (``model.outer``): this round's all-reduce runs in the background for the next ``tau``
+        steps (``_correct`` then applies it), and this replica starts the next round from the outer step of its
+        own pseudo-gradient; the run's last round waits for its own mean."""
         deltas = self.outer.pseudo_gradients()
-        if not self.diloco.overlap:
-            self.outer.step(self._group_mean(deltas, role, topology, link, 0))
-            return
-        self.settle_outer()
-        if step + 1 == self.total_steps:
+        if not self.diloco.overlap or step + 1 == self.total_steps:
             self.outer.step(self._group_mean(deltas, role, topology, link, 0))
             self.outer.start = None
             return
+        self._correct_at = min(step + self.diloco.tau, step + self.diloco.inner_steps, self.total_steps - 1)
+        self.in_flight_end = step + 1  # the state this mean completes: after ``step + 1`` steps
         if role.num_replicas == 1:
             self._in_flight = Future()
             self._in_flight.set_result(deltas)
-        else:  # tagged with the next round's end step, past the buckets' own numbers (the last round's use them)
-            ahead = link.for_step(min(step + self.diloco.inner_steps, self.total_steps - 1))
+        else:  # tagged with the step that applies it, past the buckets' own numbers (the last round's use them)
             if self._outer_thread is None:
                 self._outer_thread = ThreadPoolExecutor(1, thread_name_prefix="p2ptrain-outer")
                 weakref.finalize(self, self._outer_thread.shutdown, wait=False)
-            self._in_flight = self._outer_thread.submit(self._group_mean, deltas, role, topology, ahead,
-                                                        len(self.reducer.buckets) + 1)  # fmt: skip
+            self._in_flight = self._outer_thread.submit(self._group_mean, deltas, role, topology,
+                                                        link.for_step(self._correct_at), len(self.reducer.buckets) + 1)
         self.outer.start = self.outer.tentative(deltas)
         self.outer.reset(self.params, self.outer.start)
+
+    def _correct(self) -> None:
+        """``overlap``: the last round's mean is in (``settle_outer``); move this replica by the anchor minus
+        the start it guessed, as if its round had started from the anchor."""
+        self.settle_outer()
+        if self.outer.start is not None:
+            self.outer.correct(self.params, self.outer.start)
+            self.outer.start = None
 
     def settle_outer(self) -> None:
         """Wait for the last round's all-reduce in flight (``overlap``) and move the anchor and momentum by its
@@ -296,6 +308,7 @@ class StageExecutor:
         if self._in_flight is not None:
             mean, self._in_flight = wait_all([self._in_flight])[0], None
             self.outer.advance(mean)
+            self.in_flight_end = None
 
     def _group_mean(self, deltas: list[torch.Tensor], role: Role, topology: Topology, link: StepLink,
                     offset: int) -> list[torch.Tensor]:  # fmt: skip

@@ -197,6 +197,8 @@ def train_reference(cfg: TrainConfig, on_step: Callable[[StepReport], None] | No
         optimizers = [build_optimizer(model, cfg.optimizer) for model in models]
         outer = OuterOptimizer(list(models[0].parameters()), cfg.diloco) if diloco else None
         starts: list[list[torch.Tensor] | None] = [None] * len(models)  # ``overlap``: each replica's round start
+        in_flight: list[torch.Tensor] | None = None  # ``overlap``: the last round's mean, applied at ``correct_at``
+        correct_at = -1
         model = models[0]
         logger.info(
             "training %s (%d parameters) on %s: %d steps of %d sequences × %d tokens, %d replica(s) × %d micro-batch(es)%s",
@@ -212,6 +214,9 @@ def train_reference(cfg: TrainConfig, on_step: Callable[[StepReport], None] | No
         )
         for step in range(cfg.steps if stop_after is None else min(stop_after, cfg.steps)):
             while pending and pending[0].start_step == step:
+                if in_flight is not None:  # ``overlap``: the restarted state is the one its mean completes
+                    outer.advance(in_flight)
+                    in_flight = None
                 outer.reset(list(models[0].parameters()))  # ``overlap``: a restart starts from the anchor
                 models, optimizers = _replay(pending.pop(0), models, optimizers, cfg)
                 replicas, outer.params = len(models), list(models[0].parameters())
@@ -236,13 +241,21 @@ def train_reference(cfg: TrainConfig, on_step: Callable[[StepReport], None] | No
             grad_norm = norms[0] if norms else None  # DiLoCo: replica 0's (each pipeline clips by its own)
             if grad_norm is not None:
                 grad_norms.append(grad_norm)
-            if outer is not None and cfg.diloco.round_ends(step, cfg.steps):
-                deltas = [outer.pseudo_gradients(list(m.parameters()), start) for m, start in zip(models, starts, strict=True)]
+            ends = outer is not None and cfg.diloco.round_ends(step, cfg.steps)
+            if in_flight is not None and (ends or step == correct_at):  # ``overlap``: the mean is in
+                outer.advance(in_flight)
+                in_flight = None
+                for m, start in zip(models, starts, strict=True):
+                    outer.correct(list(m.parameters()), start)
+                starts = [None] * len(models)
+            if ends:
+                deltas = [outer.pseudo_gradients(list(m.parameters())) for m in models]
                 summed = [sum(parts[1:], parts[0]) for parts in zip(*deltas, strict=True)]  # replica order
                 mean = [g / len(models) for g in summed]
                 if cfg.diloco.overlap and step + 1 < cfg.steps:  # each replica starts from its own guess
                     starts = [outer.tentative(d) for d in deltas]
-                    outer.advance(mean)
+                    in_flight = mean
+                    correct_at = min(step + cfg.diloco.tau, step + cfg.diloco.inner_steps, cfg.steps - 1)
                     for m, start in zip(models, starts, strict=True):
                         outer.reset(list(m.parameters()), start)
                 else:

@@ -308,19 +308,21 @@ def test_diloco_pipelines_give_the_single_process_diloco_losses():
 
 
 @pytest.mark.timeout(120)
-def test_diloco_overlapped_rounds_give_the_single_process_losses():
-    """``overlap``: each round's all-reduce runs in the background through the next round (tagged with the step
-    that applies it) and its mean is applied one round late; 2 × 2, rounds of 2 over 7 steps (the last round
-    waits for its own mean too): the single-process reference's losses and final state, which differ from
-    the undelayed run's."""
+@pytest.mark.parametrize("inner_steps,overlap_steps", [(2, 0), (3, 1)], ids=["whole-round", "tau-1"])
+def test_diloco_overlapped_rounds_give_the_single_process_losses(inner_steps, overlap_steps):
+    """``overlap``: each round's all-reduce runs in the background for the next round's first ``tau`` steps
+    (tagged with the step that applies it; the whole round, or one step), each replica starting that round
+    from its own guess and corrected when the mean is in; 2 × 2 over 7 steps (the last round waits for its
+    own mean): the single-process reference's losses and final state, which differ from the undelayed run's."""
     torch.set_num_threads(1)
-    cfg = dataclasses.replace(BASE, steps=7, sync="diloco", diloco=DiLoCoConfig(inner_steps=2, overlap=True,
-                                                                                outer_lr=0.7, outer_momentum=0.9))
+    cfg = dataclasses.replace(BASE, steps=7, sync="diloco", diloco=DiLoCoConfig(
+        inner_steps=inner_steps, overlap=True, overlap_steps=overlap_steps, outer_lr=0.7, outer_momentum=0.9))
     reference = train_reference(dataclasses.replace(cfg, stages=1))
     undelayed = train_reference(dataclasses.replace(cfg, stages=1, diloco=dataclasses.replace(cfg.diloco,
                                                                                               overlap=False)))
     assert abs(reference.losses[-1] - undelayed.losses[-1]) > 1e-3
-    assert reference.losses[:2] == undelayed.losses[:2] and reference.losses[2] != undelayed.losses[2]
+    h = inner_steps
+    assert reference.losses[:h] == undelayed.losses[:h] and reference.losses[h] != undelayed.losses[h]
     losses, executors, _, topology = train_in_threads(cfg, DelayedLink)
     assert losses == pytest.approx(reference.losses, rel=1e-5)
     for stage in range(cfg.stages):
