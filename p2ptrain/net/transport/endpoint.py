@@ -111,8 +111,8 @@ class TransportConfig:
             raise ValueError(f"chunk_bytes must be in 4096..{3 << 20} (libp2p messages cap at 4 MiB), got {self.chunk_bytes}")
         if not 0 < self.max_message_bytes <= self.max_buffered_bytes:
             raise ValueError("max_message_bytes must be positive and at most max_buffered_bytes")
-        if not 0 <= self.max_probe_reply_bytes <= self.max_message_bytes:
-            raise ValueError("max_probe_reply_bytes must be in 0..max_message_bytes")
+        if self.max_probe_reply_bytes < 0:  # answered in pieces (servicer.py): no memory of that size
+            raise ValueError(f"max_probe_reply_bytes must be >= 0, got {self.max_probe_reply_bytes}")
         if self.buffer_pool_bytes < 0:
             raise ValueError(f"buffer_pool_bytes must be >= 0, got {self.buffer_pool_bytes}")
         if self.step_window < 0 or self.epoch_window < 0:

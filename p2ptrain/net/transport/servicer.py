@@ -15,7 +15,7 @@ first piece does). A malformed stream (garbled header, pieces that disagree on t
 than announced, a sender that stalls inside a message or sends far slower than its link allows) is refused
 and closed. A stream with no new message for ``stream_idle_s`` is closed quietly. ``rpc_probe`` takes a
 sequence of probe messages on one long-lived stream and answers each with ``reply_bytes`` of payload (in
-pieces of ``REPLY_PIECE_BYTES``, each a response, when larger: the access probe's pulls), shaped
+pieces of at most ``REPLY_PIECE_BYTES``, each a response, when over 8 KiB: the access probe's pulls), shaped
 by the replier's own emulator on the reverse link; keeping the stream open keeps stream setup (milliseconds)
 out of the round trips the prober times. Under emulation, every message and probe that comes in crosses this
 peer's downlink (``emulation.Downlink``): booked when its first piece is in, held until it is through.
@@ -227,13 +227,18 @@ class TensorServicer(ServicerBase):
     async def _probe_reply(
         self, sender: str, reply_bytes: int, received: Stamp | None
     ) -> AsyncIterator[runtime_pb2.ExpertResponse]:
-        """A probe's reply of ``reply_bytes``: one response up to ``REPLY_PIECE_BYTES``, else pieces of that size
-        (a pull, ``net.transport.access_probe``), each ``ok`` with its bytes; the last carries the stamps. The
+        """A probe's reply of ``reply_bytes``: one response up to 2 × ``TAIL_BYTES``, else a head of ``TAIL_BYTES``
+        (the receiver books its downlink when it is in, as for a tensor message), pieces of up to
+        ``REPLY_PIECE_BYTES`` and a tail of ``TAIL_BYTES`` (a pull, ``net.transport.access_probe``), each ``ok``
+        with its bytes; the last carries the stamps. The
         reply carries data, so it is shaped on the reverse link by this side's emulator, piece by piece as a
         tensor message is (``paced_pieces``)."""
         reservation = self.emulator.reserve(sender, reply_bytes)
         arrival = None if reservation is None else self.pacer.stamp(reservation.arrive_s)
-        bounds = piece_bounds(reply_bytes, REPLY_PIECE_BYTES, TAIL_BYTES if reply_bytes > REPLY_PIECE_BYTES else 0)
+        bounds = [(0, reply_bytes)]
+        if reply_bytes > 2 * TAIL_BYTES:  # a small head first: the receiver books its downlink when it is in
+            bounds = [(0, TAIL_BYTES)] + [(TAIL_BYTES + lo, TAIL_BYTES + hi) for lo, hi in
+                                          piece_bounds(reply_bytes - TAIL_BYTES, REPLY_PIECE_BYTES, TAIL_BYTES)]
         lead_s = TAIL_LEAD_S if arrival is not None else 0.0
         for index, (lo, hi) in enumerate(bounds):
             last = index == len(bounds) - 1
