@@ -71,6 +71,7 @@ class LinkProber:
         self.access: dict[Direction, float] = {}  # our line's capacities as measured, bytes/s (absent: unknown)
         self._access_next_s = float("-inf")  # when the line is due to be measured again (monotonic)
         self._access_peers = 0  # peers the last measurement had
+        self.access_measurements = 0  # measurements of our line that ended (a direction found or not)
         self._rng = rng or random.Random()
         self._peers: tuple[str, ...] = ()
         self._published: dict[str, LinkMeasurement] | None = None
@@ -208,6 +209,7 @@ class LinkProber:
             return True
         self._access_next_s = time.monotonic() + self.config.access.refresh_s
         self._access_peers = min(len(paths), self.config.access.max_peers)
+        self.access_measurements += 1
         known = dict(self.access)
         known.update({d: e.capacity_bytes_per_s for d, e in found.items() if e.capacity_bytes_per_s is not None})
         if known != self.access:
