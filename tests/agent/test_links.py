@@ -20,9 +20,10 @@ import numpy as np
 import pytest
 from agent_helpers import run_swarm
 
-from p2ptrain.agent.config import LinksConfig
+from p2ptrain.agent.agent import Agent
+from p2ptrain.agent.config import AgentConfig, LinksConfig
 from p2ptrain.agent.links import LinkProber, line_to_publish
-from p2ptrain.net.dht.records import LinkMeasurement, LinksRecord
+from p2ptrain.net.dht.records import LinkMeasurement, LinksRecord, PeerRecord
 from p2ptrain.net.transport.access_probe import AccessConfig, Direction
 from p2ptrain.net.transport.endpoint import Transport, TransportConfig
 from p2ptrain.net.transport.probe import LinkEstimate, ProbeConfig
@@ -161,6 +162,51 @@ def test_the_line_published_is_the_declared_else_the_emulated_device_s_else_the_
     assert line_to_publish(declared, None, measured) == pytest.approx({"uplink_gbps": 0.02, "downlink_gbps": 0.04})
     emulated = {"uplink_gbps": 1.25e6, "downlink_gbps": None}  # bytes/s; the network gives this device no downlink
     assert line_to_publish(nothing, emulated, measured) == pytest.approx({"uplink_gbps": 0.01})
+
+
+BOOTSTRAP = "/ip4/127.0.0.1/tcp/31337/p2p/QmXeJB72XYYV2FhvJSzajoDCZH2viUzKbdPztJwNH16TXW"
+
+
+class PeerBoard:
+    def __init__(self):
+        self.records: list[PeerRecord] = []
+
+    def publish_peer(self, record: PeerRecord) -> bool:
+        self.records.append(record)
+        return True
+
+
+class Events:
+    def __init__(self):
+        self.written: list[tuple[str, dict]] = []
+
+    def write(self, kind: str, **fields) -> None:
+        self.written.append((kind, fields))
+
+
+def agent_stand_in(links: LinksConfig, measured: dict) -> SimpleNamespace:
+    """What ``Agent._on_access`` touches: its config, network, emulator, prober, DHT, events, last record."""
+    agent = SimpleNamespace(config=AgentConfig(initial_peers=(BOOTSTRAP,), links=links),
+                            network=None, emulator=None, prober=SimpleNamespace(access=measured), dht=PeerBoard(),
+                            events=Events(), _peer_record=PeerRecord(device_name="cpu", memory_gb=8.0, tflops=1.0))
+    agent._access_gbps = lambda: Agent._access_gbps(agent)
+    return agent
+
+
+def test_an_agent_publishes_its_measured_line_in_its_peer_record_where_nothing_declared_wins():
+    measured = {Direction.UP: 2e6}  # 16 Mbit/s; the downlink unknown
+    agent = agent_stand_in(LinksConfig(), measured)
+    Agent._on_access(agent, measured)
+    assert [(r.uplink_gbps, r.downlink_gbps) for r in agent.dht.records] == [(pytest.approx(0.016), None)]
+    assert agent.events.written == [("access", {"uplink_gbps": pytest.approx(0.016)})]
+    Agent._on_access(agent, measured)  # nothing new: nothing published
+    assert len(agent.dht.records) == 1
+    declared = agent_stand_in(LinksConfig(uplink_mbps=20.0, downlink_mbps=50.0), measured)
+    assert not Agent._measures_access(declared)  # both declared: the prober does not measure
+    Agent._on_access(declared, measured)
+    assert declared.dht.records[-1].uplink_gbps == pytest.approx(0.02)  # the declared line, not the measured
+    assert Agent._measures_access(agent_stand_in(LinksConfig(uplink_mbps=20.0), measured))
+    assert not Agent._measures_access(agent_stand_in(LinksConfig(measure_access=False), measured))
 
 
 MBIT = 1e6 / 8  # bytes/s in a Mbit/s
