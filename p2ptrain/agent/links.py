@@ -18,7 +18,9 @@ Once every current peer's link is measured well enough, and at least ``access.mi
 measures this agent's own line (``net.transport.access_probe``: several flows at once against each alone)
 over the fastest of them, unless told not to (``measure_access``: the agent turns it off when the line is
 declared or emulated). Again after ``access.refresh_s``, 30 s after a failure, or sooner when more peers
-came than the last measurement had (up to ``access.max_peers``). A direction it finds replaces the one
+came than the last measurement had (up to ``access.max_peers``). The first one goes before the row that
+covers every peer is published: the leader plans once every row covers the others, and should know our line
+by then. A direction it finds replaces the one
 known; an unknown one leaves it (it only says that this measurement could not tell). ``on_access`` gets the
 known capacities (bytes/s) whenever they change.
 
@@ -141,6 +143,10 @@ class LinkProber:
             self._rng.shuffle(peers)
             for peer in peers:
                 if not self._measure(peer):
+                    return
+                # the first time: before the row that completes ours, which the leader waits for to plan, so
+                # that its first plan has our line
+                if self.access_measurements == 0 and self._access_due() and not self._measure_access():
                     return
                 self._publish()
             if self._access_due() and not self._measure_access():

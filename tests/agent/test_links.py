@@ -227,7 +227,8 @@ def test_the_prober_measures_its_emulated_home_line_after_its_pairs_and_a_plain_
     """Four transports, every path 5 ms and 100 Mbit/s; ``home`` has a 16 Mbit/s uplink and a 40 Mbit/s
     downlink. Its prober measures the three pairs (each alone at its uplink's 16 Mbit/s), then its line within
     25 % of the emulated one, which it hands on (the agent puts it in its peer record); a peer without a line
-    of its own measures its pairs and publishes no line."""
+    of its own measures its pairs and publishes no line. The first measurement of the line goes before the
+    row that covers every peer, which the leader waits for to plan."""
     # these transports' peer IDs are Ed25519 keys, which a links record does not take: keep the rows as they are
     monkeypatch.setattr("p2ptrain.agent.links.LinksRecord", SimpleNamespace(from_peers=lambda row: row))
     config = TransportConfig(call_timeout_s=20.0)
@@ -244,12 +245,15 @@ def test_the_prober_measures_its_emulated_home_line_after_its_pairs_and_a_plain_
         links = LinksConfig(probe=QUICK, round_pause_s=0.1, access=AccessConfig(deadline_s=90.0))
         lines: queue.Queue = queue.Queue()
         board = Board()
-        prober = LinkProber(home, board, links, on_access=lines.put, rng=random.Random(0)).start()
+        order: list[str] = []  # the line first, then the row that covers every peer (the leader plans on it)
+        prober = LinkProber(home, board, links, on_access=lambda line: (order.append("line"), lines.put(line)),
+                            on_publish=lambda row: order.append(f"row of {len(row)}"), rng=random.Random(0)).start()
         try:
             _measure_line(prober, [str(t.peer_id) for t in transports[1:]], timeout_s=150)
         finally:
             prober.stop(timeout_s=30)
         assert set(board.rows[-1]) == {str(t.peer_id) for t in transports[1:]}
+        assert "line" in order and order.index("line") < order.index("row of 3"), order
         line = lines.get(timeout=1)
         assert line[Direction.UP] == pytest.approx(16 * MBIT, rel=0.25), line
         assert line[Direction.DOWN] == pytest.approx(40 * MBIT, rel=0.25), line
