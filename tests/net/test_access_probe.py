@@ -70,6 +70,11 @@ def test_a_pull_comes_in_pieces_through_the_emulated_links_and_a_peer_may_refuse
     assert b.emulator.link(str(a.peer_id)) is not None
     with pytest.raises(MessageRejected):
         a.run_coroutine(pull(small.peer_id, 1 << 20), 30)
+    # in a measurement, the direction a peer refuses is unknown, with the reason; the other is measured
+    quick = AccessConfig(flow_s=0.2, tries=1, pings=2, deadline_s=30.0)
+    found = measure_access(a, {str(b.peer_id): 200 * MBIT, str(small.peer_id): 200 * MBIT}, quick)
+    assert found[Direction.DOWN].capacity_bytes_per_s is None and "failed" in found[Direction.DOWN].reason, found
+    assert "failed" not in found[Direction.UP].reason, found
 
 
 @pytest.mark.integration

@@ -33,13 +33,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from p2ptrain.errors import PeerTimeoutError
+from p2ptrain.errors import PeerTimeoutError, ProtocolError
 
 if TYPE_CHECKING:
     from p2ptrain.net.transport.endpoint import Transport
@@ -49,6 +49,7 @@ logger = logging.getLogger(__name__)
 
 BITS_PER_BYTE = 8
 MIN_SERIAL_S = 1e-6  # a transfer faster than this is below what we can time
+T = TypeVar("T")
 
 
 class Direction(str, Enum):
@@ -131,7 +132,9 @@ def measure_access(
     stop: Callable[[], bool] | None = None,
 ) -> dict[Direction, AccessEstimate] | None:
     """Both directions of our line (blocking), from the peers ``paths_bytes_per_s`` names with their pair
-    probes' rates; None once ``stop()`` says to stop; PeerTimeoutError past ``config.deadline_s``."""
+    probes' rates; None once ``stop()`` says to stop. A direction that a peer fails (it left, timed out, refused a
+    pull), or that ran past ``config.deadline_s``, is unknown with the reason; a peer that cannot be reached
+    for a probe stream raises (PeerTimeoutError naming it)."""
     config = config or AccessConfig()
     return transport.run_coroutine(ameasure_access(transport, paths_bytes_per_s, config, stop), config.deadline_s + 5.0)
 
@@ -151,7 +154,7 @@ async def ameasure_access(
             sessions = [await stack.enter_async_context(transport.open_probe(p)) for p in peers]
             run = _Run(sessions, config, deadline_s, stop or (lambda: False), transport.config)
             guesses = [paths_bytes_per_s[p] for p in peers]
-            return {d: await run.direction(d, guesses) for d in Direction}
+            return {d: await run.checked(d, guesses) for d in Direction}
     except _Stopped:
         logger.debug("stopped measuring the access link")
         return None
@@ -166,9 +169,17 @@ class _Run:
         self.call_timeout_s = transport_config.call_timeout_s
         self.max_pull_bytes = transport_config.max_probe_reply_bytes
 
+    async def checked(self, direction: Direction, guesses: Sequence[float]) -> AccessEstimate:
+        """One direction; a peer that fails it (left, timed out, refused a pull) makes it unknown, not the other."""
+        try:
+            return await self.direction(direction, guesses)
+        except ProtocolError as e:
+            logger.warning("measuring our %s failed: %s; unknown until the next measurement", direction.value, e)
+            return AccessEstimate(None, f"failed: {e}")
+
     async def direction(self, direction: Direction, guesses: Sequence[float]) -> AccessEstimate:
         config = self.config
-        pings = await asyncio.gather(*(self._pings(s) for s in self.sessions))
+        pings = await _all([self._pings(s) for s in self.sessions])
         floors = [min(_delay(t, direction) for t in trips) for trips in pings]
         rtt_s = max(min(t.rtt_s for t in trips) for trips in pings)
         flow_s = min(max(config.flow_s, config.rtt_multiple * rtt_s), config.max_transfer_s)
@@ -178,8 +189,8 @@ class _Run:
         sizes = self._sizes(singles, flow_s, direction)
         aggregates = []
         for _ in range(config.tries):
-            serial = await asyncio.gather(*(self._timed(s, direction, n, f)
-                                            for s, n, f in zip(self.sessions, sizes, floors, strict=True)))  # fmt: skip
+            serial = await _all([self._timed(s, direction, n, f)
+                                 for s, n, f in zip(self.sessions, sizes, floors, strict=True)])  # fmt: skip
             aggregates.append(sum(sizes) / max(max(serial), MIN_SERIAL_S))
         estimate = estimate_access(singles, aggregates, config)
         logger.info("%s: %s (paths alone %s Mbit/s, at once %s Mbit/s, flows of %.2f s): %s", direction.value,
@@ -224,6 +235,17 @@ class _Run:
             raise PeerTimeoutError(f"the access probe did not finish within {self.config.deadline_s:.1f} s",
                                    peer=session.peer)  # fmt: skip
         return await session.roundtrip(request_bytes, reply_bytes, timeout_s=left_s)
+
+
+async def _all(coroutines: list[Coroutine[Any, Any, T]]) -> list[T]:
+    """Run ``coroutines`` at once; the first failure cancels the others (none is left running) and is raised."""
+    tasks = [asyncio.ensure_future(c) for c in coroutines]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _delay(trip: RoundTrip, direction: Direction) -> float:
