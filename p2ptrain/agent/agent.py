@@ -495,7 +495,10 @@ class Agent:
         in), else what the prober measured."""
         links = self.config.links
         declared = {"uplink_gbps": links.uplink_mbps, "downlink_gbps": links.downlink_mbps}
-        emulated = None if self.network is None else dict(zip(("uplink_gbps", "downlink_gbps"), self.emulator.access(), strict=False))
+        emulated = None
+        if self.network is not None:
+            up, down = self.emulator.access()  # bytes/s
+            emulated = {"uplink_gbps": up, "downlink_gbps": down}
         return line_to_publish(declared, emulated, self.prober.access if self.prober is not None else {})
 
     def _measures_access(self) -> bool:
@@ -504,8 +507,9 @@ class Agent:
         declared = links.uplink_mbps is not None and links.downlink_mbps is not None
         return links.measure_access and not declared and self.network is None
 
-    def _on_access(self, measured) -> None:
-        """The prober measured our line anew: publish it in our peer record (where nothing declared wins)."""
+    def _on_access(self, measured: dict) -> None:
+        """The prober measured our line anew (``measured``, also its ``access``): publish it in our peer record
+        where nothing declared wins."""
         record = self._peer_record
         line = self._access_gbps()
         if record is None or line == {k: getattr(record, k) for k in line}:
