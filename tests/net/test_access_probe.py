@@ -14,33 +14,51 @@ CONFIG = AccessConfig()
 MBIT = 1e6 / 8  # bytes/s in a Mbit/s
 
 
+def flows(rates: list[float], flow_s: float = 0.5) -> list[int]:
+    """Each flow's bytes when it takes ``flow_s`` alone."""
+    return [int(r * flow_s) for r in rates]
+
+
 def test_flows_sharing_our_uplink_give_its_capacity():
-    # four paths each limited by our 16 Mbit/s uplink when alone; at once they share it
-    estimate = estimate_access([16 * MBIT] * 4, [15.2 * MBIT, 16.1 * MBIT], CONFIG)
-    assert estimate.capacity_bytes_per_s == pytest.approx(16.1 * MBIT)
-    assert estimate.gbps == pytest.approx(0.0161)
+    # four paths each limited by our 16 Mbit/s uplink when alone; at once they share it: 4 × 0.5 s
+    singles = [16 * MBIT] * 4
+    estimate = estimate_access(singles, flows(singles), [2.1, 1.99], CONFIG)
+    assert estimate.capacity_bytes_per_s == pytest.approx(4 * 0.5 * 16 * MBIT / 1.99, rel=1e-6)
+    assert estimate.gbps == pytest.approx(0.016 * 2 / 1.99, rel=1e-6)
 
 
 def test_paths_slower_than_the_line_but_together_faster_give_the_line():
     # 10 Mbit/s paths, a 16 Mbit/s line: the aggregate is the line, above any one path
-    assert estimate_access([10 * MBIT] * 4, [14 * MBIT], CONFIG).capacity_bytes_per_s == pytest.approx(14 * MBIT)
+    singles = [10 * MBIT] * 4
+    line = estimate_access(singles, flows(singles), [sum(flows(singles)) / (14 * MBIT)], CONFIG)
+    assert line.capacity_bytes_per_s == pytest.approx(14 * MBIT)
     # a FIFO line that one flow left early carried a bit less than a path alone: the line did carry that path
-    assert estimate_access([10 * MBIT] * 2, [9 * MBIT], CONFIG).capacity_bytes_per_s == pytest.approx(10 * MBIT)
+    two = [10 * MBIT] * 2
+    assert estimate_access(two, flows(two), [sum(flows(two)) / (9 * MBIT)], CONFIG).capacity_bytes_per_s == (
+        pytest.approx(10 * MBIT))  # fmt: skip
 
 
 def test_without_a_shared_bottleneck_or_enough_peers_the_line_is_unknown():
-    no_bottleneck = estimate_access([10 * MBIT] * 4, [36 * MBIT], CONFIG)  # 90 % of the sum: at least 36, no more said
+    singles = [10 * MBIT] * 4
+    no_bottleneck = estimate_access(singles, flows(singles), [0.55], CONFIG)  # 91 % of their rates alone
     assert no_bottleneck.capacity_bytes_per_s is None and "no shared bottleneck" in no_bottleneck.reason
-    one_peer = estimate_access([16 * MBIT], [16 * MBIT], CONFIG)  # one flow cannot tell our line from its path
+    one_peer = estimate_access([16 * MBIT], flows([16 * MBIT]), [0.5], CONFIG)  # one flow cannot tell line from path
     assert one_peer.capacity_bytes_per_s is None and one_peer.gbps is None
-    assert estimate_access([16 * MBIT] * 3, [], CONFIG).capacity_bytes_per_s is None
-    disturbed = estimate_access([16 * MBIT] * 4, [5 * MBIT, 6 * MBIT], CONFIG)  # slower than one path alone
+    assert estimate_access(singles, flows(singles), [], CONFIG).capacity_bytes_per_s is None
+    disturbed = estimate_access([16 * MBIT] * 4, flows([16 * MBIT] * 4), [6.0, 7.0], CONFIG)  # slower than one path
     assert disturbed.capacity_bytes_per_s is None and "disturbed" in disturbed.reason
+
+
+def test_flows_cut_short_by_the_budget_are_judged_by_when_the_slowest_alone_would_end():
+    # a 925 Mbit/s path whose flow the budget cut to 0.29 s, and an 11 Mbit/s one of 0.5 s: at once they end
+    # with the slow one, as alone; comparing with the sum of the rates would have made that a 50 % share
+    singles, sizes = [925 * MBIT, 11 * MBIT], [32 << 20, int(11 * MBIT * 0.5)]
+    assert estimate_access(singles, sizes, [0.52], CONFIG).capacity_bytes_per_s is None
 
 
 def test_bad_access_configs_are_refused():
     for bad in ({"min_peers": 1}, {"max_peers": 1}, {"tries": 0}, {"flow_s": 3.0}, {"shared_share": 1.0},
-                {"max_transfer_bytes": 1 << 30}, {"deadline_s": 0.0}):  # fmt: skip
+                {"max_transfer_bytes": 1 << 30}, {"first_transfer_bytes": 0}, {"deadline_s": 0.0}):  # fmt: skip
         with pytest.raises(ValueError):
             AccessConfig(**bad)
 

@@ -6,24 +6,29 @@ several run at once. For each direction, over the k fastest peers by their pair 
 (``AccessConfig.min_peers`` ≤ k ≤ ``max_peers``), each on a probe stream of its own:
 
 1. ``pings`` empty probes per peer: each path's floor, the smallest delay of an empty probe.
-2. Singles: each peer alone, a transfer of n_i = b_i × T bytes (b_i: the pair's rate as far as known, T the
-   flow time), resized once if it took under half of T, the fastest of ``tries``: b_i = n_i / (delay − floor).
-   Uplink: we send n_i bytes (a push, as the pair probe; the delay is the one-way delay when the peer reports
-   arrivals); downlink: the peer sends them (a pull: a probe asking for n_i bytes back; the round trip).
-3. The aggregate: all k at once, each flow n_i = b_i × T; A = Σ n_i / max_i (delay_i − floor_i), the largest
-   of ``tries`` (the least disturbed).
-4. ``estimate_access`` (pure): without a shared bottleneck every flow ends after about T and A ≈ Σ b_i:
-   the line carries at least that, but how much more is not measured, so the answer is *unknown*. When A is
-   at most ``shared_share`` × Σ b_i, the flows queued in something they share: not the peers' lines (each
-   carries one flow, and its single b_i already had it) but ours; the line carried A with the flows keeping
-   it busy, and each b_i alone, so its capacity is max(A, max b_i). Fewer than ``min_peers`` peers, or an A
-   below ``disturbed_share`` × max b_i (slower than one path alone: the measurement was disturbed), is
-   unknown too. A is a lower bound: a FIFO line that a flow left early idles for the rest.
+2. Singles: each peer alone, the fastest of ``tries`` transfers: b_i = n / (delay − floor). The first is of
+   at most ``first_transfer_bytes`` (a path's rate one way says little of the other: a home's 12 Mbit/s
+   uplink behind a peer we reach at 1 Gbit/s), then n grows to b_i × T (T: the flow time) while a transfer
+   takes under half of T. Uplink: we send n bytes (a push, as the pair probe; the delay is the one-way delay
+   when the peer reports arrivals); downlink: the peer sends them (a pull: a probe asking for n bytes back;
+   the round trip).
+3. A path whose flow of T would exceed the per-flow budget is left out: faster than the budget measures.
+   The aggregate: the others all at once, each flow n_i = b_i × T (scaled down alike to the total budget);
+   D = max_i (delay_i − floor_i), the smallest of ``tries`` (the least disturbed), A = Σ n_i / D.
+4. ``estimate_access`` (pure): without a shared bottleneck the flows end when the slowest alone would,
+   D ≈ D₀ = max_i n_i / b_i, and A ≈ Σ n_i / D₀ (Σ b_i when every flow takes T): the line carries at least
+   that, but how much more is not measured, so the answer is *unknown*. When A is at most ``shared_share`` ×
+   Σ n_i / D₀, the flows queued in something they share: not the peers' lines (each carries one flow, and its
+   single b_i already had it) but ours; the line carried A with the flows keeping it busy, and each b_i
+   alone, so its capacity is max(A, max b_i). Fewer than ``min_peers`` peers, or an A below
+   ``disturbed_share`` × max b_i (slower than one path alone: the measurement was disturbed), is unknown
+   too. A is a lower bound: a FIFO line that a flow left early idles for the rest.
 
-T = max(``flow_s``, ``rtt_multiple`` × the slowest ping's round trip), at most the pair probe's
-``max_transfer_s``; each flow at most ``max_transfer_bytes`` (pulls: the transport's
-``max_probe_reply_bytes``), all of them together at most ``max_total_bytes``. So the line is kept full for
-about k × T once per try (a 10 Mbit/s uplink, 4 peers: 2 s at the defaults), the whole measurement (both
+T = max(``flow_s``, ``rtt_multiple`` × the slowest ping's round trip), at most ``max_transfer_s``; each flow
+at most ``max_transfer_bytes`` (pulls: also the transport's ``max_probe_reply_bytes``), all of them together
+at most ``max_total_bytes``: at the defaults, paths over about 500 Mbit/s are left out and lines over about
+1 Gbit/s stay unknown (on such lines a machine's CPU is often what its flows share). So the line is kept full
+for about k × T once per try (a 10 Mbit/s uplink, 4 peers: 2 s at the defaults), the whole measurement (both
 directions) under ``deadline_s``, every round trip under the transport's call deadline, and ``stop`` (the
 prober's pause) asked between steps ends it without a result.
 """
@@ -68,6 +73,7 @@ class AccessConfig:
     flow_s: float = 0.5  # T: how long each flow takes alone
     rtt_multiple: float = 3.0  # ... and at least this many round trips of the slowest path
     max_transfer_s: float = 2.0
+    first_transfer_bytes: int = 256 << 10  # a single's first transfer, at most
     max_transfer_bytes: int = 32 << 20
     max_total_bytes: int = 64 << 20  # all flows of one aggregate together
     shared_share: float = 0.7  # A at most this share of Σ b_i: a shared bottleneck (ours)
@@ -82,8 +88,8 @@ class AccessConfig:
             raise ValueError("pings and tries must be at least 1")
         if not 0 < self.flow_s <= self.max_transfer_s or self.rtt_multiple < 0:
             raise ValueError("need 0 < flow_s <= max_transfer_s and rtt_multiple >= 0")
-        if not 0 < self.max_transfer_bytes <= self.max_total_bytes:
-            raise ValueError("need 0 < max_transfer_bytes <= max_total_bytes")
+        if not 0 < self.first_transfer_bytes <= self.max_transfer_bytes <= self.max_total_bytes:
+            raise ValueError("need 0 < first_transfer_bytes <= max_transfer_bytes <= max_total_bytes")
         if not 0 < self.disturbed_share < 1 or not 0 < self.shared_share < 1:
             raise ValueError("shared_share and disturbed_share must be shares in (0, 1)")
         if not self.deadline_s > 0 or self.refresh_s < 0:
@@ -103,24 +109,29 @@ class AccessEstimate:
 
 
 def estimate_access(
-    singles_bytes_per_s: Sequence[float], aggregates_bytes_per_s: Sequence[float], config: AccessConfig
+    singles_bytes_per_s: Sequence[float], sizes_bytes: Sequence[int], aggregate_s: Sequence[float],
+    config: AccessConfig,
 ) -> AccessEstimate:
-    """The line's capacity from each path's rate alone (b_i) and the aggregate rates of all of them at once
-    (the tries'), or unknown; the rule is the module docstring's step 4."""
+    """The line's capacity from each path's rate alone (b_i), the bytes each flow carried at once (n_i) and how
+    long all of them took at once (D, each try's), or unknown; the rule is the module docstring's step 4."""
     if len(singles_bytes_per_s) < config.min_peers:
         return AccessEstimate(None, f"{len(singles_bytes_per_s)} peers measured, fewer than {config.min_peers}")
-    if not aggregates_bytes_per_s:
+    if len(sizes_bytes) != len(singles_bytes_per_s):
+        raise ValueError(f"{len(sizes_bytes)} flow sizes for {len(singles_bytes_per_s)} paths")
+    if not aggregate_s:
         return AccessEstimate(None, "no aggregate measured")
-    total, fastest = sum(singles_bytes_per_s), max(singles_bytes_per_s)
-    aggregate = max(aggregates_bytes_per_s)
-    if aggregate > config.shared_share * total:
-        return AccessEstimate(None, f"no shared bottleneck: {len(singles_bytes_per_s)} flows at once carried "
-                                    f"{aggregate / total:.0%} of their rates alone")  # fmt: skip
+    alone_s = max(n / b for n, b in zip(sizes_bytes, singles_bytes_per_s, strict=True))
+    total_bytes, fastest = sum(sizes_bytes), max(singles_bytes_per_s)
+    aggregate = total_bytes / max(min(aggregate_s), MIN_SERIAL_S)
+    share = aggregate / (total_bytes / alone_s)
+    flows = len(singles_bytes_per_s)
+    if share > config.shared_share:
+        return AccessEstimate(None, f"no shared bottleneck: {flows} flows at once carried {share:.0%} of their "
+                                    "rates alone")  # fmt: skip
     if aggregate < config.disturbed_share * fastest:
         return AccessEstimate(None, f"disturbed: the flows at once carried {aggregate / fastest:.0%} of the "
                                     "fastest path alone")  # fmt: skip
-    return AccessEstimate(max(aggregate, fastest), f"{len(singles_bytes_per_s)} flows at once carried "
-                                                   f"{aggregate / total:.0%} of their rates alone")  # fmt: skip
+    return AccessEstimate(max(aggregate, fastest), f"{flows} flows at once carried {share:.0%} of their rates alone")
 
 
 class _Stopped(Exception):
@@ -153,8 +164,7 @@ async def ameasure_access(
         async with AsyncExitStack() as stack:
             sessions = [await stack.enter_async_context(transport.open_probe(p)) for p in peers]
             run = _Run(sessions, config, deadline_s, stop or (lambda: False), transport.config)
-            guesses = [paths_bytes_per_s[p] for p in peers]
-            return {d: await run.checked(d, guesses) for d in Direction}
+            return {d: await run.checked(d) for d in Direction}
     except _Stopped:
         logger.debug("stopped measuring the access link")
         return None
@@ -169,54 +179,68 @@ class _Run:
         self.call_timeout_s = transport_config.call_timeout_s
         self.max_pull_bytes = transport_config.max_probe_reply_bytes
 
-    async def checked(self, direction: Direction, guesses: Sequence[float]) -> AccessEstimate:
+    async def checked(self, direction: Direction) -> AccessEstimate:
         """One direction; a peer that fails it (left, timed out, refused a pull) makes it unknown, not the other."""
         try:
-            return await self.direction(direction, guesses)
+            return await self.direction(direction)
         except ProtocolError as e:
             logger.warning("measuring our %s failed: %s; unknown until the next measurement", direction.value, e)
             return AccessEstimate(None, f"failed: {e}")
 
-    async def direction(self, direction: Direction, guesses: Sequence[float]) -> AccessEstimate:
+    async def direction(self, direction: Direction) -> AccessEstimate:
         config = self.config
         pings = await _all([self._pings(s) for s in self.sessions])
         floors = [min(_delay(t, direction) for t in trips) for trips in pings]
         rtt_s = max(min(t.rtt_s for t in trips) for trips in pings)
         flow_s = min(max(config.flow_s, config.rtt_multiple * rtt_s), config.max_transfer_s)
         singles = []
-        for session, floor_s, guess in zip(self.sessions, floors, guesses, strict=True):
-            singles.append(await self._single(session, direction, floor_s, guess, flow_s))
+        for session, floor_s in zip(self.sessions, floors, strict=True):
+            singles.append(await self._single(session, direction, floor_s, flow_s))
+        cap = self._cap(direction)
+        kept = [i for i, b in enumerate(singles) if b * flow_s <= cap]  # the others: faster than the budget measures
+        if len(kept) < config.min_peers:
+            estimate = AccessEstimate(None, f"{len(singles) - len(kept)} of {len(singles)} paths faster than "
+                                            f"{cap / flow_s * 8 / 1e6:.0f} Mbit/s, the budget's")  # fmt: skip
+            logger.info("%s: unknown (paths alone %s Mbit/s): %s", direction.value,
+                        "/".join(f"{b * 8 / 1e6:.1f}" for b in singles), estimate.reason)  # fmt: skip
+            return estimate
+        singles = [singles[i] for i in kept]
+        sessions, floors = [self.sessions[i] for i in kept], [floors[i] for i in kept]
         sizes = self._sizes(singles, flow_s, direction)
-        aggregates = []
+        aggregate_s = []
         for _ in range(config.tries):
             serial = await _all([self._timed(s, direction, n, f)
-                                 for s, n, f in zip(self.sessions, sizes, floors, strict=True)])  # fmt: skip
-            aggregates.append(sum(sizes) / max(max(serial), MIN_SERIAL_S))
-        estimate = estimate_access(singles, aggregates, config)
+                                 for s, n, f in zip(sessions, sizes, floors, strict=True)])  # fmt: skip
+            aggregate_s.append(max(serial))
+        estimate = estimate_access(singles, sizes, aggregate_s, config)
         logger.info("%s: %s (paths alone %s Mbit/s, at once %s Mbit/s, flows of %.2f s): %s", direction.value,
                     "unknown" if estimate.gbps is None else f"{estimate.gbps * 1e3:.2f} Mbit/s",
-                    "/".join(f"{b * 8 / 1e6:.1f}" for b in singles), "/".join(f"{a * 8 / 1e6:.1f}" for a in aggregates),
-                    flow_s, estimate.reason)  # fmt: skip
+                    "/".join(f"{b * 8 / 1e6:.1f}" for b in singles),
+                    "/".join(f"{sum(sizes) / d * 8 / 1e6:.1f}" for d in aggregate_s), flow_s, estimate.reason)  # fmt: skip
         return estimate
 
+    def _cap(self, direction: Direction) -> int:
+        """The most one flow carries: a push, ``max_transfer_bytes``; a pull, also the peer's reply limit (ours)."""
+        if direction is Direction.UP:
+            return self.config.max_transfer_bytes
+        return min(self.config.max_transfer_bytes, self.max_pull_bytes)
+
     def _sizes(self, rates: Sequence[float], flow_s: float, direction: Direction) -> list[int]:
-        """Each flow's bytes: rate × T within the per-flow and total budgets."""
-        cap = self.config.max_transfer_bytes if direction is Direction.UP else min(self.config.max_transfer_bytes,
-                                                                                    self.max_pull_bytes)  # fmt: skip
-        sizes = [max(1, min(int(r * flow_s), cap)) for r in rates]
+        """Each flow's bytes: rate × T within the per-flow budget, all scaled down alike to the total one."""
+        sizes = [max(1, min(int(r * flow_s), self._cap(direction))) for r in rates]
         scale = min(1.0, self.config.max_total_bytes / sum(sizes))
         return [max(1, int(n * scale)) for n in sizes]
 
     async def _pings(self, session: ProbeSession) -> list[RoundTrip]:
         return [await self._trip(session, 0, 0) for _ in range(self.config.pings)]
 
-    async def _single(self, session: ProbeSession, direction: Direction, floor_s: float, guess: float,
-                      flow_s: float) -> float:  # fmt: skip
-        """A path's rate alone: resized once from ``guess`` if its first transfer took under half of T."""
-        size = self._sizes([guess], flow_s, direction)[0]
+    async def _single(self, session: ProbeSession, direction: Direction, floor_s: float, flow_s: float) -> float:
+        """A path's rate alone (module docstring, step 2)."""
+        cap = self._cap(direction)
+        size = min(self.config.first_transfer_bytes, cap)
         serial_s = await self._timed(session, direction, size, floor_s)
-        if serial_s < flow_s / 2:
-            size = self._sizes([size / serial_s], flow_s, direction)[0]
+        while serial_s < flow_s / 2 and size < cap:
+            size = min(max(int(size / serial_s * flow_s), 2 * size), cap)
             serial_s = await self._timed(session, direction, size, floor_s)
         for _ in range(self.config.tries - 1):
             serial_s = min(serial_s, await self._timed(session, direction, size, floor_s))

@@ -26,6 +26,9 @@ from p2ptrain.net.transport.servicer import Reply, next_reply, paced_requests, p
 if TYPE_CHECKING:
     from p2ptrain.net.transport.endpoint import Transport
 
+# a pull's pieces all come within its deadline and this much time per byte more (a piece may not stall the rest)
+MIN_PULL_BYTES_PER_S = 10e6
+
 
 @dataclass(frozen=True)
 class RoundTrip:
@@ -79,7 +82,8 @@ class ProbeSession:
         both ways (``RoundTrip``).
 
         Includes queueing behind earlier messages on the emulated link. PeerTimeoutError past ``timeout_s``
-        (default: the transport's call_timeout_s) beyond the emulated time of the request.
+        (default: the transport's call_timeout_s) beyond the emulated time of the request; a reply in pieces must
+        be in within that of its first piece and ``reply_bytes / MIN_PULL_BYTES_PER_S`` more.
         """
         config, emulator = self.transport.config, self.transport.emulator
         timeout_s = timeout_s or config.call_timeout_s
@@ -99,9 +103,11 @@ class ProbeSession:
         through_s = emulator.downlink.reserve(reply_bytes)  # the reply came in: it crosses our downlink
         reply = self._checked(response)
         got_bytes = len(reply.payload)
+        until_s = time.perf_counter() + timeout_s + reply_bytes / MIN_PULL_BYTES_PER_S
         while got_bytes < reply_bytes:  # a large reply (a pull) comes in pieces, the stamps on the last
             try:
-                reply = self._checked(await asyncio.wait_for(next_reply(self._responses, self.peer), timeout_s))
+                left_s = max(until_s - time.perf_counter(), 0.0)
+                reply = self._checked(await asyncio.wait_for(next_reply(self._responses, self.peer), left_s))
             except asyncio.TimeoutError:
                 raise PeerTimeoutError(f"a probe reply stalled after {got_bytes} of {reply_bytes} bytes",
                                        peer=self.peer) from None
