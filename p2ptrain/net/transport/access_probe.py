@@ -76,7 +76,7 @@ class AccessConfig:
     first_transfer_bytes: int = 256 << 10  # a single's first transfer, at most
     max_transfer_bytes: int = 32 << 20
     max_total_bytes: int = 64 << 20  # all flows of one aggregate together
-    shared_share: float = 0.7  # A at most this share of Σ b_i: a shared bottleneck (ours)
+    shared_share: float = 0.7  # A at most this share of what the flows carry alone (Σ n_i / D₀): ours is shared
     disturbed_share: float = 0.5  # A under this share of the fastest single: disturbed, unknown
     deadline_s: float = 60.0  # both directions
     refresh_s: float = 600.0  # measured again after this long (the pair probes' refresh_s is shorter)
