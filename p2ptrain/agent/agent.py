@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import dataclasses
 import logging
 import math
 import os
@@ -65,7 +66,7 @@ from p2ptrain.agent.leadership.leader import AgentView, Leading
 from p2ptrain.agent.leadership.membership import Membership, MembershipTracker
 from p2ptrain.agent.leadership.plan_check import CulpableWatch, LeaderWatch, PlanGate, trainers_of
 from p2ptrain.agent.leadership.run_stages import RunStages, stages_on_disk
-from p2ptrain.agent.links import LinkProber
+from p2ptrain.agent.links import LinkProber, line_to_publish
 from p2ptrain.agent.profile import profile_device
 from p2ptrain.agent.senders import min_rates, sender_budgets
 from p2ptrain.agent.tag_senders import TagSenders
@@ -107,6 +108,7 @@ class Agent:
         self.dht: SwarmDHT | None = None
         self.transport: Transport | None = None
         self.prober: LinkProber | None = None
+        self._peer_record: PeerRecord | None = None  # as last published (a measured access link replaces it)
         self.emulator = LinkEmulator()
         self.network: Cluster | None = load_cluster(config.emulation.cluster_file) if config.emulation.enabled else None
         if self.network is not None and not config.emulation.device_index < self.network.num_devices:
@@ -191,7 +193,10 @@ class Agent:
                 if cfg.liveness.enabled:
                     self.liveness = LivenessMonitor(self.transport, cfg.liveness, on_round=self._on_heartbeats).start()
                 self._publish_peer_record(profile, compute)
-                self.prober = LinkProber(self.transport, self.dht, cfg.links, on_publish=self._on_links).start()
+                self.prober = LinkProber(self.transport, self.dht, cfg.links, on_publish=self._on_links,
+                                         on_access=self._on_access)  # fmt: skip
+                self.prober.measure_access = self._measures_access()
+                self.prober.start()
                 self.heartbeat = Heartbeat(self.dht)
                 return self._loop(device)
             except Exception as e:
@@ -305,6 +310,7 @@ class Agent:
             settings=settings.identity(self.config.train), **self._access_gbps(),
         )  # fmt: skip
         self.dht.publish_peer(record)
+        self._peer_record = record
         logger.info("joined run %r as peer %s%s", self.config.run, self.peer_id,
                     f" (playing device {emulation.device_index}, {region})" if self.network is not None else "")
         self.events.write("started", peer=self.peer_id, maddrs=list(record.maddrs), region=region,
@@ -484,14 +490,38 @@ class Agent:
         return (targets & set(others)) | {p for p in others if p not in (plan.membership if plan else ())}
 
     def _access_gbps(self) -> dict[str, float]:
-        """The access link to publish (``PeerRecord.uplink_gbps``/``downlink_gbps``): an emulated device's
-        own, in the emulated frame its links are measured in, else what ``[links]`` declares."""
+        """The access link to publish (``PeerRecord.uplink_gbps``/``downlink_gbps``; ``links.line_to_publish``):
+        what ``[links]`` declares, else an emulated device's own (in the emulated frame its links are measured
+        in), else what the prober measured."""
         links = self.config.links
-        if self.network is None:
-            declared = {"uplink_gbps": links.uplink_mbps, "downlink_gbps": links.downlink_mbps}
-            return {k: v / 1e3 for k, v in declared.items() if v is not None}
-        up, down = self.emulator.access()
-        return {k: v * 8 / 1e9 for k, v in (("uplink_gbps", up), ("downlink_gbps", down)) if v is not None}
+        declared = {"uplink_gbps": links.uplink_mbps, "downlink_gbps": links.downlink_mbps}
+        emulated = None
+        if self.network is not None:
+            up, down = self.emulator.access()  # bytes/s
+            emulated = {"uplink_gbps": up, "downlink_gbps": down}
+        return line_to_publish(declared, emulated, self.prober.access if self.prober is not None else {})
+
+    def _measures_access(self) -> bool:
+        """Whether the prober measures our line: asked to, and neither declared both ways nor emulated."""
+        links = self.config.links
+        declared = links.uplink_mbps is not None and links.downlink_mbps is not None
+        return links.measure_access and not declared and self.network is None
+
+    def _on_access(self, measured: dict) -> None:
+        """The prober measured our line anew (``measured``, also its ``access``): publish it in our peer record
+        where nothing declared wins."""
+        record = self._peer_record
+        line = self._access_gbps()
+        if record is None or line == {k: getattr(record, k) for k in line}:
+            return
+        record = dataclasses.replace(record, **line)
+        try:
+            self.dht.publish_peer(record)
+        except ProtocolError as e:
+            logger.warning("publishing our measured access link failed: %s; it goes out with the next change", e)
+            return
+        self._peer_record = record
+        self.events.write("access", **line)
 
     def _shape_access(self) -> None:
         """Emulate our device's access link (a home's uplink and downlink, shared by all our flows), if the

@@ -17,7 +17,7 @@ Example (see ``agent/agent.example.toml`` for every key with comments)::
 
 Sub-tables reuse the configs of the layers they configure: ``[train]`` is ``TrainConfig`` (its ``replicas``
 is ignored: the plan decides it; its ``stages`` may be ``"auto"``: the leader chooses, ``leadership.run_stages``), ``[dht]`` is ``DHTConfig``, ``[transport]`` is ``TransportConfig``,
-``[links.probe]`` is ``ProbeConfig``. Every timeout is a field ending in ``_s``.
+``[links.probe]`` is ``ProbeConfig``, ``[links.access]`` is ``AccessConfig``. Every timeout is a field ending in ``_s``.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from typing import Literal
 from p2ptrain.errors import ConfigError
 from p2ptrain.net.dht.keys import check_run_id
 from p2ptrain.net.dht.node import DHTConfig
+from p2ptrain.net.transport.access_probe import AccessConfig
 from p2ptrain.net.transport.endpoint import TransportConfig
 from p2ptrain.net.transport.probe import ProbeConfig
 from p2ptrain.runtime.config import TrainConfig
@@ -126,6 +127,10 @@ class LinksConfig:
     # unknown (an emulated device publishes its network's own)
     uplink_mbps: float | None = None
     downlink_mbps: float | None = None
+    # without a declared line (nor an emulated device's own), measure it and publish what the measurement
+    # supports (``net.transport.access_probe``: several flows at once against each alone)
+    measure_access: bool = True
+    access: AccessConfig = field(default_factory=AccessConfig)
 
     def __post_init__(self) -> None:
         if self.min_rounds < 1 or not 0 < self.ewma_weight <= 1:

@@ -14,6 +14,16 @@ measurements, or one more than that as a best guess), or last measured ``refresh
 links are known idles instead of probing without end: on a home uplink each probe's transfers would
 compete with everything else, and on one machine the probes of a waiting swarm took a core.
 
+Once every current peer's link is measured well enough, and at least ``access.min_peers`` are, the prober
+measures this agent's own line (``net.transport.access_probe``: several flows at once against each alone)
+over the fastest of them, unless told not to (``measure_access``: the agent turns it off when the line is
+declared or emulated). Again after ``access.refresh_s``, 30 s after a failure, or sooner when more peers
+came than the last measurement had (up to ``access.max_peers``). The first one goes before the row that
+covers every peer is published: the leader plans once every row covers the others, and should know our line
+by then. A direction it finds replaces the one
+known; an unknown one leaves it (it only says that this measurement could not tell). ``on_access`` gets the
+known capacities (bytes/s) whenever they change.
+
 ``pause()`` stops probing (training traffic must not queue behind probes on the same links): a
 measurement in progress ends after its current round trip, without a result; ``resume()`` starts again (a
 later membership change needs fresh rows).
@@ -32,12 +42,14 @@ from p2ptrain.errors import ProtocolError
 from p2ptrain.net.dht.node import SwarmDHT
 from p2ptrain.net.dht.record_base import MAX_BANDWIDTH_GBPS, MAX_LATENCY_MS
 from p2ptrain.net.dht.records import LinkMeasurement, LinksRecord
+from p2ptrain.net.transport.access_probe import Direction, measure_access
 from p2ptrain.net.transport.endpoint import Transport
 from p2ptrain.net.transport.probe import LinkTable, measure_link
 
 logger = logging.getLogger(__name__)
 
 MIN_BANDWIDTH_GBPS = 1e-6  # 1 kbit/s: the least we publish (a record's bandwidth must be positive)
+ACCESS_RETRY_S = 30.0  # after a failed access measurement (a peer left mid-way), try again this much later
 
 
 class LinkProber:
@@ -48,6 +60,7 @@ class LinkProber:
         config: LinksConfig,
         on_publish: Callable[[dict[str, LinkMeasurement]], None] | None = None,
         rng: random.Random | None = None,
+        on_access: Callable[[dict[Direction, float]], None] | None = None,
     ):
         self.transport, self.dht, self.config = transport, dht, config
         self.table = LinkTable(config.ewma_weight)
@@ -55,6 +68,12 @@ class LinkProber:
         self.attempts: dict[str, int] = {}  # measurements per peer, agreed or not
         self.measured_at: dict[str, float] = {}  # when each peer was last measured (monotonic)
         self._on_publish = on_publish
+        self._on_access = on_access
+        self.measure_access = config.measure_access
+        self.access: dict[Direction, float] = {}  # our line's capacities as measured, bytes/s (absent: unknown)
+        self._access_next_s = float("-inf")  # when the line is due to be measured again (monotonic)
+        self._access_peers = 0  # peers the last measurement had
+        self.access_measurements = 0  # measurements of our line that ended (a direction found or not)
         self._rng = rng or random.Random()
         self._peers: tuple[str, ...] = ()
         self._published: dict[str, LinkMeasurement] | None = None
@@ -116,7 +135,7 @@ class LinkProber:
     def _run(self) -> None:
         while True:
             with self._wake:
-                while not self._stopped and (self._paused or not self._due()):
+                while not self._stopped and (self._paused or not (self._due() or self._access_due())):
                     self._wake.wait(self._until_due())
                 if self._stopped:
                     return
@@ -125,7 +144,13 @@ class LinkProber:
             for peer in peers:
                 if not self._measure(peer):
                     return
+                # the first time: before the row that completes ours, which the leader waits for to plan, so
+                # that its first plan has our line
+                if self.access_measurements == 0 and self._access_due() and not self._measure_access():
+                    return
                 self._publish()
+            if self._access_due() and not self._measure_access():
+                return
             with self._wake:
                 self._wake.wait_for(lambda: self._stopped, timeout=self.config.round_pause_s)
 
@@ -139,10 +164,67 @@ class LinkProber:
         return self.measured_at[peer] + self.config.refresh_s if self._enough(peer) and peer in self.measured_at else None
 
     def _until_due(self) -> float | None:
-        """Seconds until the next peer is due (None: none is, or we are paused, until woken)."""
+        """Seconds until the next peer or the access measurement is due (None: nothing is, or we are paused,
+        until woken)."""
         if self._paused or not self._peers:
             return None
-        return max(0.0, min(self._settled_at(p) or 0.0 for p in self._peers) - time.monotonic())
+        next_s = min(self._settled_at(p) or 0.0 for p in self._peers)
+        if self._access_ready():
+            next_s = min(next_s, self._access_next_s)
+        return max(0.0, next_s - time.monotonic())
+
+    def _access_ready(self) -> bool:
+        """Whether the line may be measured: asked to, every peer measured well enough, enough of them."""
+        peers = self._peers
+        return (self.measure_access and len(peers) >= self.config.access.min_peers
+                and all(self._enough(p) and self.table.get(p) is not None for p in peers))  # fmt: skip
+
+    def _access_due(self) -> bool:
+        """Whether the line is due to be measured (module docstring)."""
+        if not self._access_ready():
+            return False
+        more = self._access_peers < self.config.access.max_peers and len(self._peers) > self._access_peers
+        return more or time.monotonic() >= self._access_next_s
+
+    def _measure_access(self) -> bool:
+        """Measure our line unless stopped or paused; False once stopped."""
+        with self._lock:
+            if self._stopped:
+                return False
+            if self._paused:
+                return True
+            self._measuring = True
+            peers = self._peers
+        estimates = self.table.snapshot()
+        paths = {p: estimates[p].bandwidth_gbps * 1e9 / 8 for p in peers if p in estimates}
+        try:
+            found = measure_access(self.transport, paths, self.config.access, stop=self._interrupted)
+        except Exception as e:  # a peer that left, a timeout, the transport shutting down: never kill the thread
+            with self._lock:
+                if self._stopped:
+                    return False
+            logger.warning("measuring our access link failed (%s: %s); retrying in %.0f s", type(e).__name__, e,
+                           ACCESS_RETRY_S, exc_info=logger.isEnabledFor(logging.DEBUG))  # fmt: skip
+            self._access_next_s = time.monotonic() + ACCESS_RETRY_S
+            return True
+        finally:
+            with self._wake:
+                self._measuring = False
+                self._wake.notify_all()
+        if found is None:  # paused or stopped midway: due again once resumed
+            return True
+        self._access_next_s = time.monotonic() + self.config.access.refresh_s
+        self._access_peers = min(len(paths), self.config.access.max_peers)
+        self.access_measurements += 1
+        known = dict(self.access)
+        known.update({d: e.capacity_bytes_per_s for d, e in found.items() if e.capacity_bytes_per_s is not None})
+        if known != self.access:
+            self.access = known
+            logger.info("our access link as measured: %s", ", ".join(f"{d.value} {v * 8 / 1e6:.2f} Mbit/s"
+                                                                     for d, v in known.items()))  # fmt: skip
+            if self._on_access is not None:
+                self._on_access(dict(known))
+        return True
 
     def _measure(self, peer: str) -> bool:
         """Measure one link unless stopped, paused or the peer is gone; False once stopped."""
@@ -190,3 +272,23 @@ class LinkProber:
         logger.info("published links to %d peers", len(row))
         if self._on_publish is not None:
             self._on_publish(row)
+
+
+def line_to_publish(
+    declared_mbps: dict[str, float | None], emulated_bytes_per_s: dict[str, float | None] | None,
+    measured_bytes_per_s: dict[Direction, float],
+) -> dict[str, float]:
+    """Our line as the peer record says it (``uplink_gbps``/``downlink_gbps``, absent: unknown), each direction
+    from the first that knows it: what the owner declared (``[links]``, Mbit/s), an emulated device's own
+    line (``emulated_bytes_per_s`` not None: we play a device of a network, whose line is the network's, none
+    when it has none), what we measured."""
+    line = {}
+    for key, direction in (("uplink_gbps", Direction.UP), ("downlink_gbps", Direction.DOWN)):
+        if declared_mbps.get(key) is not None:
+            line[key] = declared_mbps[key] / 1e3
+        elif emulated_bytes_per_s is not None:
+            if emulated_bytes_per_s.get(key) is not None:
+                line[key] = emulated_bytes_per_s[key] * 8 / 1e9
+        elif direction in measured_bytes_per_s:
+            line[key] = min(max(measured_bytes_per_s[direction] * 8 / 1e9, MIN_BANDWIDTH_GBPS), MAX_BANDWIDTH_GBPS)
+    return line

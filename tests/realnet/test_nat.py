@@ -6,7 +6,9 @@ They find each other through the bootstrap, become reachable through it as a rel
 forwarding: ``p2ptrain.net.nat.forward``), plan and train; the losses are those of
 single-process training, and the measured bandwidth of each shaped uplink to the public agent is within 15%
 of what ``tc`` allows. Measured on a quiet 2-core machine: 22.6 and 22.8 Mbit/s for the 24 Mbit/s home
-(to the public agent, and through the relay), 11.4 and 5.7 Mbit/s for the 12 Mbit/s home."""
+(to the public agent, and through the relay), 11.4 and 5.7 Mbit/s for the 12 Mbit/s home. Each home also
+measures its line (``net.transport.access_probe``) and the leader's first plan has it; on the shared 2-core
+machine (load 8), three runs: 22.30-23.42 Mbit/s for the 24 Mbit/s home, 11.27-11.38 for the 12 Mbit/s one."""
 
 from __future__ import annotations
 
@@ -83,6 +85,19 @@ def test_agents_behind_nat_measure_plan_and_train_through_relays(network, tmp_pa
         other_home = next(n for n in homes if n != name)
         assert 0 < measured[(name, other_home)] <= 1.15 * mbit, (name, mbit, measured)
 
+    # each home measured its line (the flows to both peers at once share its shaped uplink) and published it in
+    # its peer record before its row covered the others, so the leader's first plan has it; the public agent's
+    # line and the homes' downlinks (unshaped: faster than the measurement's budget) are unknown, none published
+    lines = {name: [e for e in evs if e["event"] == "access"] for name, evs in logs.items()}
+    assert not lines["pub1"], lines["pub1"]
+    plan = next(e for evs in logs.values() for e in evs if e["event"] == "plan")
+    planned = dict(zip(plan["devices"], plan["cluster"].get("uplink_gbps") or [None] * 3, strict=True))
+    for name, mbit in UPLINK_MBIT.items():
+        assert lines[name] and lines[name][-1].get("downlink_gbps") is None, lines[name]
+        assert abs(lines[name][-1]["uplink_gbps"] * 1e3 - mbit) <= 0.25 * mbit, (name, mbit, lines[name])
+        assert planned[ids[name]] == pytest.approx(lines[name][0]["uplink_gbps"], rel=1e-6), (name, plan["cluster"])
+    assert planned[ids["pub1"]] is None, plan["cluster"]
+
     reference = train_reference(TrainConfig(**TRAIN)).losses
     for name, evs in logs.items():
         losses = [e["loss"] for e in evs if e["event"] == "step" and e["loss"] is not None]
@@ -90,4 +105,5 @@ def test_agents_behind_nat_measure_plan_and_train_through_relays(network, tmp_pa
         for got, want in zip(losses, reference, strict=True):
             assert abs(got - want) <= 1e-4 * abs(want), (name, losses, reference)
         assert any(e["event"] == "done" for e in evs)
-    print("measured uplinks (Mbit/s):", {f"{a}->{b}": round(v, 2) for (a, b), v in measured.items()})
+    print("measured uplinks (Mbit/s):", {f"{a}->{b}": round(v, 2) for (a, b), v in measured.items()},
+          "lines:", {name: lines[name][-1]["uplink_gbps"] * 1e3 for name in UPLINK_MBIT})

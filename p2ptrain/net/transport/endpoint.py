@@ -99,7 +99,7 @@ class TransportConfig:
     buffer_pool_bytes: int = 64 << 20  # idle message buffers kept for reuse, each for sending and receiving (streamio.BufferPool)
     max_message_bytes: int = 256 << 20
     max_buffered_bytes: int = 1 << 30  # in flight + received but not yet read, over all senders
-    max_probe_reply_bytes: int = 64 << 10
+    max_probe_reply_bytes: int = 32 << 20  # the access probe pulls this much at most from a peer (access_probe.py)
     step_window: int = 2  # messages up to this many steps ahead of the receiver's window are accepted
     epoch_window: int = 1  # ... and up to this many epochs ahead
 
@@ -111,8 +111,8 @@ class TransportConfig:
             raise ValueError(f"chunk_bytes must be in 4096..{3 << 20} (libp2p messages cap at 4 MiB), got {self.chunk_bytes}")
         if not 0 < self.max_message_bytes <= self.max_buffered_bytes:
             raise ValueError("max_message_bytes must be positive and at most max_buffered_bytes")
-        if self.max_probe_reply_bytes < 0 or self.max_probe_reply_bytes > self.chunk_bytes:
-            raise ValueError("max_probe_reply_bytes must be in 0..chunk_bytes")
+        if self.max_probe_reply_bytes < 0:  # answered in pieces (servicer.py): no memory of that size
+            raise ValueError(f"max_probe_reply_bytes must be >= 0, got {self.max_probe_reply_bytes}")
         if self.buffer_pool_bytes < 0:
             raise ValueError(f"buffer_pool_bytes must be >= 0, got {self.buffer_pool_bytes}")
         if self.step_window < 0 or self.epoch_window < 0:

@@ -21,10 +21,13 @@ from typing import TYPE_CHECKING, Any
 from p2ptrain.errors import MessageRejected, PeerTimeoutError, ProtocolError
 from p2ptrain.net.transport.messages import Header, MessageKind, Tag
 from p2ptrain.net.transport.pacing import clock_domain
-from p2ptrain.net.transport.servicer import next_reply, paced_requests, parse_reply
+from p2ptrain.net.transport.servicer import Reply, next_reply, paced_requests, parse_reply
 
 if TYPE_CHECKING:
     from p2ptrain.net.transport.endpoint import Transport
+
+# a pull's pieces all come within its deadline and this much time per byte more (a piece may not stall the rest)
+MIN_PULL_BYTES_PER_S = 10e6
 
 
 @dataclass(frozen=True)
@@ -75,10 +78,12 @@ class ProbeSession:
                 yield piece
 
     async def roundtrip(self, request_bytes: int, reply_bytes: int = 0, timeout_s: float | None = None) -> RoundTrip:
-        """Send ``request_bytes``, get the peer's ``reply_bytes`` back; the times of both ways (``RoundTrip``).
+        """Send ``request_bytes``, get the peer's ``reply_bytes`` back (in pieces when large: a pull); the times of
+        both ways (``RoundTrip``).
 
         Includes queueing behind earlier messages on the emulated link. PeerTimeoutError past ``timeout_s``
-        (default: the transport's call_timeout_s) beyond the emulated time of the request.
+        (default: the transport's call_timeout_s) beyond the emulated time of the request; a reply in pieces must
+        be in within that of its first piece and ``reply_bytes / MIN_PULL_BYTES_PER_S`` more.
         """
         config, emulator = self.transport.config, self.transport.emulator
         timeout_s = timeout_s or config.call_timeout_s
@@ -96,11 +101,19 @@ class ProbeSession:
             raise PeerTimeoutError(f"a probe of {request_bytes} bytes got no reply within {timeout_s:.1f} s",
                                    peer=self.peer) from None
         through_s = emulator.downlink.reserve(reply_bytes)  # the reply came in: it crosses our downlink
-        reply = parse_reply(response)
-        if reply.error is not None:
-            raise MessageRejected(f"the peer refused a probe: {reply.error}", peer=self.peer)
-        if len(reply.payload) != reply_bytes:
-            raise ProtocolError(f"a probe reply had {len(reply.payload)} bytes, asked for {reply_bytes}", peer=self.peer)
+        reply = self._checked(response)
+        got_bytes = len(reply.payload)
+        until_s = time.perf_counter() + timeout_s + reply_bytes / MIN_PULL_BYTES_PER_S
+        while got_bytes < reply_bytes:  # a large reply (a pull) comes in pieces, the stamps on the last
+            try:
+                left_s = max(until_s - time.perf_counter(), 0.0)
+                reply = self._checked(await asyncio.wait_for(next_reply(self._responses, self.peer), left_s))
+            except asyncio.TimeoutError:
+                raise PeerTimeoutError(f"a probe reply stalled after {got_bytes} of {reply_bytes} bytes",
+                                       peer=self.peer) from None
+            got_bytes += len(reply.payload)
+        if got_bytes != reply_bytes:
+            raise ProtocolError(f"a probe reply had {got_bytes} bytes, asked for {reply_bytes}", peer=self.peer)
         try:
             await self.transport.pacer.hold(reply.arrival, timeout_s)
         except ValueError as e:
@@ -111,3 +124,9 @@ class ProbeSession:
         if reply.received is None:
             return RoundTrip(rtt_s)
         return RoundTrip(rtt_s, reply.received.time_s - sent_s, reply.received.clock == clock_domain())
+
+    def _checked(self, response) -> Reply:
+        reply = parse_reply(response)
+        if reply.error is not None:
+            raise MessageRejected(f"the peer refused a probe: {reply.error}", peer=self.peer)
+        return reply

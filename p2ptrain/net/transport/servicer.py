@@ -14,7 +14,8 @@ message and the receiver skips what it already sent of it (its pieces carry no h
 first piece does). A malformed stream (garbled header, pieces that disagree on the tag, more or fewer bytes
 than announced, a sender that stalls inside a message or sends far slower than its link allows) is refused
 and closed. A stream with no new message for ``stream_idle_s`` is closed quietly. ``rpc_probe`` takes a
-sequence of probe messages on one long-lived stream and answers each with ``reply_bytes`` of payload, shaped
+sequence of probe messages on one long-lived stream and answers each with ``reply_bytes`` of payload (in
+pieces of at most ``REPLY_PIECE_BYTES``, each a response, when over 8 KiB: the access probe's pulls), shaped
 by the replier's own emulator on the reverse link; keeping the stream open keeps stream setup (milliseconds)
 out of the round trips the prober times. Under emulation, every message and probe that comes in crosses this
 peer's downlink (``emulation.Downlink``): booked when its first piece is in, held until it is through.
@@ -62,6 +63,10 @@ NAMESPACE = "p2ptrain"
 # On an emulated link the last TAIL_BYTES of a message are held back until its arrival time; the rest streams
 # as the link would deliver it, so real transfer time overlaps the emulated one instead of adding to it.
 TAIL_BYTES = 4096
+# A probe reply larger than this (a pull of the access probe) comes in pieces of this size, each one response
+# (libp2p messages cap at 4 MiB).
+REPLY_PIECE_BYTES = 1 << 20
+_ZEROS = bytes(REPLY_PIECE_BYTES)
 MAX_ERROR_CHARS = 500
 
 
@@ -213,16 +218,34 @@ class TensorServicer(ServicerBase):
                 yield refusal(sender, e)
                 await pieces.drain()
                 return
-            # the reply carries data, so it is shaped on the reverse link by this side's emulator
-            reservation = self.emulator.reserve(sender, header.reply_bytes)
-            arrival = None if reservation is None else self.pacer.stamp(reservation.arrive_s)
-            if reservation is not None:
-                lead_s = TAIL_LEAD_S if arrival is not None else 0.0
-                await self.pacer.sleep_until(reservation.arrive_s - lead_s)
             # when the probe arrived, on our clock: the prober times the link one way with it (net.probe)
             arrived_s = self.pacer.arrived_s(header.arrival, read_s)
             received = self.pacer.stamp(arrived_s if through_s is None else max(arrived_s, through_s))
-            yield make_reply(payload=bytes(header.reply_bytes), arrival=arrival, received=received)
+            async for reply in self._probe_reply(sender, header.reply_bytes, received):
+                yield reply
+
+    async def _probe_reply(
+        self, sender: str, reply_bytes: int, received: Stamp | None
+    ) -> AsyncIterator[runtime_pb2.ExpertResponse]:
+        """A probe's reply of ``reply_bytes``: one response up to 2 × ``TAIL_BYTES``, else a head of ``TAIL_BYTES``
+        (the receiver books its downlink when it is in, as for a tensor message), pieces of up to
+        ``REPLY_PIECE_BYTES`` and a tail of ``TAIL_BYTES`` (a pull, ``net.transport.access_probe``), each ``ok``
+        with its bytes; the last carries the stamps. The
+        reply carries data, so it is shaped on the reverse link by this side's emulator, piece by piece as a
+        tensor message is (``paced_pieces``)."""
+        reservation = self.emulator.reserve(sender, reply_bytes)
+        arrival = None if reservation is None else self.pacer.stamp(reservation.arrive_s)
+        bounds = [(0, reply_bytes)]
+        if reply_bytes > 2 * TAIL_BYTES:  # a small head first: the receiver books its downlink when it is in
+            bounds = [(0, TAIL_BYTES)] + [(TAIL_BYTES + lo, TAIL_BYTES + hi) for lo, hi in
+                                          piece_bounds(reply_bytes - TAIL_BYTES, REPLY_PIECE_BYTES, TAIL_BYTES)]
+        lead_s = TAIL_LEAD_S if arrival is not None else 0.0
+        for index, (lo, hi) in enumerate(bounds):
+            last = index == len(bounds) - 1
+            if reservation is not None:  # a piece leaves when its first byte would arrive; the last, when its last
+                await self.pacer.sleep_until(reservation.arrive_s - lead_s if last else reservation.release_s(lo))
+            payload = _ZEROS[: hi - lo]
+            yield make_reply(payload=payload, arrival=arrival if last else None, received=received if last else None)
 
     async def hold(self, header: Header, through_s: float | None) -> None:
         """Keep a message until its stamped arrival time (see pacing.py) and until our emulated downlink has

@@ -1,0 +1,122 @@
+"""Measuring a peer's own line (net.transport.access_probe): the estimator on rates, pulls in pieces, and the
+whole measurement through real transports whose links and lines are emulated. The only timing asserted is
+the measured capacity against the emulated one, which the emulator enforces however busy the machine."""
+
+from __future__ import annotations
+
+import pytest
+
+from p2ptrain.errors import MessageRejected
+from p2ptrain.net.transport.access_probe import AccessConfig, Direction, estimate_access, measure_access
+from p2ptrain.net.transport.endpoint import Transport, TransportConfig
+
+CONFIG = AccessConfig()
+MBIT = 1e6 / 8  # bytes/s in a Mbit/s
+
+
+def flows(rates: list[float], flow_s: float = 0.5) -> list[int]:
+    """Each flow's bytes when it takes ``flow_s`` alone."""
+    return [int(r * flow_s) for r in rates]
+
+
+def test_flows_sharing_our_uplink_give_its_capacity():
+    # four paths each limited by our 16 Mbit/s uplink when alone; at once they share it: 4 × 0.5 s
+    singles = [16 * MBIT] * 4
+    estimate = estimate_access(singles, flows(singles), [2.1, 1.99], CONFIG)
+    assert estimate.capacity_bytes_per_s == pytest.approx(4 * 0.5 * 16 * MBIT / 1.99, rel=1e-6)
+    assert estimate.gbps == pytest.approx(0.016 * 2 / 1.99, rel=1e-6)
+
+
+def test_paths_slower_than_the_line_but_together_faster_give_the_line():
+    # 10 Mbit/s paths, a 16 Mbit/s line: the aggregate is the line, above any one path
+    singles = [10 * MBIT] * 4
+    line = estimate_access(singles, flows(singles), [sum(flows(singles)) / (14 * MBIT)], CONFIG)
+    assert line.capacity_bytes_per_s == pytest.approx(14 * MBIT)
+    # a FIFO line that one flow left early carried a bit less than a path alone: the line did carry that path
+    two = [10 * MBIT] * 2
+    assert estimate_access(two, flows(two), [sum(flows(two)) / (9 * MBIT)], CONFIG).capacity_bytes_per_s == (
+        pytest.approx(10 * MBIT))  # fmt: skip
+
+
+def test_without_a_shared_bottleneck_or_enough_peers_the_line_is_unknown():
+    singles = [10 * MBIT] * 4
+    no_bottleneck = estimate_access(singles, flows(singles), [0.55], CONFIG)  # 91 % of their rates alone
+    assert no_bottleneck.capacity_bytes_per_s is None and "no shared bottleneck" in no_bottleneck.reason
+    one_peer = estimate_access([16 * MBIT], flows([16 * MBIT]), [0.5], CONFIG)  # one flow cannot tell line from path
+    assert one_peer.capacity_bytes_per_s is None and one_peer.gbps is None
+    assert estimate_access(singles, flows(singles), [], CONFIG).capacity_bytes_per_s is None
+    disturbed = estimate_access([16 * MBIT] * 4, flows([16 * MBIT] * 4), [6.0, 7.0], CONFIG)  # slower than one path
+    assert disturbed.capacity_bytes_per_s is None and "disturbed" in disturbed.reason
+
+
+def test_flows_cut_short_by_the_budget_are_judged_by_when_the_slowest_alone_would_end():
+    # a 925 Mbit/s path whose flow the budget cut to 0.29 s, and an 11 Mbit/s one of 0.5 s: at once they end
+    # with the slow one, as alone; comparing with the sum of the rates would have made that a 50 % share
+    singles, sizes = [925 * MBIT, 11 * MBIT], [32 << 20, int(11 * MBIT * 0.5)]
+    assert estimate_access(singles, sizes, [0.52], CONFIG).capacity_bytes_per_s is None
+
+
+def test_bad_access_configs_are_refused():
+    for bad in ({"min_peers": 1}, {"max_peers": 1}, {"tries": 0}, {"flow_s": 3.0}, {"shared_share": 1.0},
+                {"max_transfer_bytes": 1 << 30}, {"first_transfer_bytes": 0}, {"deadline_s": 0.0}):  # fmt: skip
+        with pytest.raises(ValueError):
+            AccessConfig(**bad)
+
+
+def shape_all(transports: list[Transport], latency_ms: float, bandwidth_mbit: float) -> None:
+    for a in transports:
+        for b in transports:
+            if a is not b:
+                a.emulator.set_link(str(b.peer_id), latency_ms / 1e3, bandwidth_mbit * MBIT)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_a_pull_comes_in_pieces_through_the_emulated_links_and_a_peer_may_refuse_it(make_transport):
+    a = make_transport(TransportConfig(call_timeout_s=10.0))
+    b = make_transport(TransportConfig(call_timeout_s=10.0), join=a)
+    small = make_transport(TransportConfig(call_timeout_s=10.0, max_probe_reply_bytes=64 << 10), join=a)
+    shape_all([a, b, small], 2.0, 200.0)
+    size = (3 << 20) + 5  # three full pieces and a tail
+
+    async def pull(peer, reply_bytes):
+        async with a.open_probe(peer) as session:
+            return await session.roundtrip(0, reply_bytes)
+
+    trip = a.run_coroutine(pull(b.peer_id, size), 30)
+    assert trip.rtt_s >= size / (200 * MBIT) + 2 * 2e-3  # its bytes crossed the emulated link back
+    assert b.emulator.link(str(a.peer_id)) is not None
+    with pytest.raises(MessageRejected):
+        a.run_coroutine(pull(small.peer_id, 1 << 20), 30)
+    # in a measurement, the direction a peer refuses is unknown, with the reason; the other is measured
+    quick = AccessConfig(flow_s=0.2, tries=1, pings=2, deadline_s=30.0)
+    found = measure_access(a, {str(b.peer_id): 200 * MBIT, str(small.peer_id): 200 * MBIT}, quick)
+    assert found[Direction.DOWN].capacity_bytes_per_s is None and "failed" in found[Direction.DOWN].reason, found
+    assert "failed" not in found[Direction.UP].reason, found
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_a_home_line_is_measured_through_the_emulator_and_a_peer_without_one_publishes_nothing(make_transport):
+    """Four peers, every path 5 ms and 100 Mbit/s; ``home`` has a 16 Mbit/s uplink and a 40 Mbit/s downlink
+    shared by its flows. Its line is measured within 25 %; a peer without a line of its own finds none."""
+    config = TransportConfig(call_timeout_s=20.0)
+    home = make_transport(config)
+    others = [make_transport(config, join=home) for _ in range(3)]
+    shape_all([home, *others], 5.0, 100.0)
+    up_mbit, down_mbit = 16.0, 40.0
+    home.emulator.set_access(up_mbit * MBIT, down_mbit * MBIT)
+    # what the pair probes would have said: each of home's paths alone, limited by its uplink
+    found = measure_access(home, {str(o.peer_id): up_mbit * MBIT for o in others})
+    assert found is not None
+    up, down = found[Direction.UP], found[Direction.DOWN]
+    assert up.capacity_bytes_per_s == pytest.approx(up_mbit * MBIT, rel=0.25), up
+    assert down.capacity_bytes_per_s == pytest.approx(down_mbit * MBIT, rel=0.25), down
+    print(f"measured uplink {up.gbps * 1e3:.2f} Mbit/s (emulated {up_mbit}), downlink {down.gbps * 1e3:.2f} Mbit/s "
+          f"(emulated {down_mbit})")  # fmt: skip
+    plain = others[0]
+    paths = {str(home.peer_id): up_mbit * MBIT, **{str(o.peer_id): 100 * MBIT for o in others[1:]}}
+    found = measure_access(plain, paths)
+    assert found is not None
+    assert found[Direction.UP].capacity_bytes_per_s is None, found
+    assert found[Direction.DOWN].capacity_bytes_per_s is None, found
