@@ -48,12 +48,12 @@ def optimizer_flags(values: dict[str, object]) -> dict[str, object]:
 
 
 SYNC_NAMES = {"inner_steps": "inner_steps", "outer_lr": "outer_lr", "outer_momentum": "outer_momentum",
-              "outer_overlap": "overlap"}  # a command's keyword -> its [train.diloco] key
+              "outer_overlap": "overlap", "outer_overlap_steps": "overlap_steps"}  # keyword -> [train.diloco] key
 
 
 def sync_options(command: Callable) -> Callable:
-    """Add ``--sync``, ``--inner-steps``, ``--outer-lr``, ``--outer-momentum`` and ``--outer-overlap`` to
-    ``command``."""
+    """Add ``--sync``, ``--inner-steps``, ``--outer-lr``, ``--outer-momentum``, ``--outer-overlap`` and
+    ``--outer-overlap-steps`` to ``command``."""
     options = [
         click.option("--sync", type=click.Choice(list(SYNC_MODES)),
                      help="Data-parallel synchronisation: every step, or DiLoCo rounds (p2ptrain.model.outer).  "
@@ -65,8 +65,11 @@ def sync_options(command: Callable) -> Callable:
         click.option("--outer-momentum", type=click.FloatRange(min=0, max=1, max_open=True),
                      help=f"DiLoCo: the outer momentum.  [default: {DiLoCoConfig.outer_momentum}]"),
         click.option("--outer-overlap/--no-outer-overlap", "outer_overlap", default=None,
-                     help="DiLoCo: overlap each round's all-reduce with the next round and apply its mean one round "
-                          "late (p2ptrain.model.outer).  [default: off]"),
+                     help="DiLoCo: run each round's all-reduce beside the next round, each replica starting it from "
+                          "its own outer step (p2ptrain.model.outer).  [default: off]"),
+        click.option("--outer-overlap-steps", "outer_overlap_steps", type=click.IntRange(min=0),
+                     help="DiLoCo with --outer-overlap: the steps of the next round the all-reduce runs beside before "
+                          "its mean corrects the replicas (0: the whole round).  [default: 0]"),
     ]
     for option in reversed(options):
         command = option(command)

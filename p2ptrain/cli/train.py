@@ -135,6 +135,7 @@ def command(
     outer_lr: float | None,
     outer_momentum: float | None,
     outer_overlap: bool | None,
+    outer_overlap_steps: int | None,
     simulate_replicas: int | None,
     seed: int | None,
     data: str | None,
@@ -199,7 +200,7 @@ def command(
                                      clip=clip))  # fmt: skip
     # one tree, validated once: the preset's recipe fills what the file and the flags leave out of [optimizer]
     diloco = diloco_flags(dict(inner_steps=inner_steps, outer_lr=outer_lr, outer_momentum=outer_momentum,
-                               outer_overlap=outer_overlap))
+                               outer_overlap=outer_overlap, outer_overlap_steps=outer_overlap_steps))
     if simulate_replicas is not None:
         if replicas is not None or stages is not None or plan_path is not None:
             raise ValueError("--simulate-replicas trains in one process: leave out --stages, --replicas and --plan")
