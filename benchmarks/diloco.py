@@ -2,7 +2,7 @@
 on the same prepared corpus for the same tokens, validation loss side by side over several seeds.
 
     python benchmarks/diloco.py [--model tiny] [--steps 500] [--replicas 4] [--h 5,10,25] [--outer 1.0:0,...]
-                                [--overlap off|on|both] [--overlap-steps 0,5] [--no-baseline]
+                                [--overlap off|on|both] [--overlap-steps 0,5] [--wire int2] [--no-baseline]
                                 [--seeds 0,1,2] [--batch-size 16] [--data PREPARED | --corpus TEXT]
                                 [--device cpu|cuda] [--precision fp32|bf16] [--jobs N] [--eval-every K] [--json]
 
@@ -88,17 +88,20 @@ def _run(cfg: TrainConfig) -> tuple[list[tuple[int, float]], float]:
                    "with, or each setting both ways.")
 @click.option("--overlap-steps", "taus", default="0", show_default=True,
               help="Comma-separated steps of the next round an overlapped round's all-reduce gets (0: all H).")
+@click.option("--wire", default="fp32", show_default=True,
+              help="The run's wire format: DiLoCo's pseudo-gradients are summed in its gradient codec, each replica "
+                   "with its own error feedback (the sharded all-reduce, in one process).")
 @click.option("--no-baseline", is_flag=True, help="Skip the every-step runs (ratios are then against the first row).")
 @click.option("--json", "as_json", is_flag=True)
 def command(model, steps, replicas, batch_size, micro_batches, hs, outers, seeds, data, corpus, device, precision,
-            jobs, threads, eval_every, overlaps, taus, no_baseline, as_json):
+            jobs, threads, eval_every, overlaps, taus, wire, no_baseline, as_json):
     logging.getLogger("p2ptrain").setLevel(logging.WARNING)
     seed_list = [int(s) for s in seeds.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         data = _prepared(data, corpus, Path(tmp))
         base = TrainConfig(model=model, steps=steps, replicas=replicas, global_batch_size=batch_size,
                            micro_batches=micro_batches, data=data, eval_every=eval_every or steps,
-                           num_threads=threads, device=device, precision=precision)
+                           num_threads=threads, device=device, precision=precision, wire=wire)
         pairs = [_pair(pair) for pair in outers.split(",")]
         grid = [(int(h.split("@")[0]), _pair(h.split("@")[1])) if "@" in h else (int(h), pair)
                 for h in hs.split(",") for pair in ([None] if "@" in h else pairs)]

@@ -2,7 +2,8 @@
 
 Run it as ``p2ptrain train`` (no parallel flags), or from Python::
 
-    from p2ptrain.runtime.config import TrainConfig
+    from p2ptrain.runtime.allreduce import flatten, unflatten_into
+from p2ptrain.runtime.config import TrainConfig
     from p2ptrain.runtime.reference import train_reference
     result = train_reference(TrainConfig(steps=20))
     print(result.losses)
@@ -46,8 +47,10 @@ from p2ptrain.model.lr_schedule import set_lr
 from p2ptrain.model.optim import build_optimizer
 from p2ptrain.model.outer import OuterOptimizer
 from p2ptrain.model.stage import build_stage
+from p2ptrain.runtime.allreduce import flatten, unflatten_into
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.init_from import load_initial
+from p2ptrain.runtime.wire import ErrorFeedback, wire_format
 
 logger = logging.getLogger(__name__)
 
@@ -197,6 +200,8 @@ def train_reference(cfg: TrainConfig, on_step: Callable[[StepReport], None] | No
         optimizers = [build_optimizer(model, cfg.optimizer) for model in models]
         outer = OuterOptimizer(list(models[0].parameters()), cfg.diloco) if diloco else None
         starts: list[list[torch.Tensor] | None] = [None] * len(models)  # ``overlap``: each replica's round start
+        codec = wire_format(cfg.wire).gradient  # DiLoCo's pseudo-gradients travel in it (quality: not exact)
+        feedbacks = [ErrorFeedback(codec) for _ in models]
         in_flight: list[torch.Tensor] | None = None  # ``overlap``: the last round's mean, applied at ``correct_at``
         correct_at = -1
         model = models[0]
@@ -221,6 +226,7 @@ def train_reference(cfg: TrainConfig, on_step: Callable[[StepReport], None] | No
                 models, optimizers = _replay(pending.pop(0), models, optimizers, cfg)
                 replicas, outer.params = len(models), list(models[0].parameters())
                 starts = [None] * len(models)
+                feedbacks = [ErrorFeedback(codec) for _ in models]  # each epoch's executors start afresh
             started = time.perf_counter()
             batch = data.global_batch(step)
             step_loss, norms = 0.0, []
@@ -250,7 +256,10 @@ def train_reference(cfg: TrainConfig, on_step: Callable[[StepReport], None] | No
                 starts = [None] * len(models)
             if ends:
                 deltas = [outer.pseudo_gradients(list(m.parameters())) for m in models]
-                summed = [sum(parts[1:], parts[0]) for parts in zip(*deltas, strict=True)]  # replica order
+                if codec.exact:
+                    summed = [sum(parts[1:], parts[0]) for parts in zip(*deltas, strict=True)]  # replica order
+                else:  # the run's gradient codec with each replica's error feedback, as the sharded all-reduce
+                    summed = _sum_through(codec, deltas, feedbacks)
                 mean = [g / len(models) for g in summed]
                 if cfg.diloco.overlap and step + 1 < cfg.steps:  # each replica starts from its own guess
                     starts = [outer.tentative(d) for d in deltas]
@@ -288,6 +297,19 @@ def train_reference(cfg: TrainConfig, on_step: Callable[[StepReport], None] | No
         val_losses=val_losses,
         grad_norms=grad_norms,
     )
+
+
+def _sum_through(codec, deltas: list[list[torch.Tensor]], feedbacks: list) -> list[torch.Tensor]:
+    """The replicas' pseudo-gradients summed by the real sharded all-reduce in ``codec`` (one bucket: the whole
+    model, flattened), each replica with its own error feedback across rounds: what a one-stage distributed run
+    sums, but for its buckets' boundaries (so close, not equal)."""
+    from p2ptrain.verify.loopback import all_reduce_group
+
+    flats = [flatten(d) for d in deltas]
+    totals, _ = all_reduce_group(flats, feedbacks)
+    out = [torch.empty_like(t) for t in deltas[0]]
+    unflatten_into(totals[0], out)
+    return out
 
 
 def _replay(replan: Replan, models: list[GPT], optimizers: list, cfg: TrainConfig) -> tuple[list[GPT], list]:
