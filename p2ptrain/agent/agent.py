@@ -302,7 +302,7 @@ class Agent:
             device_name=profile.device_name, memory_gb=profile.memory_gb, tflops=profile.tflops,
             maddrs=tuple(self.dht.get_visible_maddrs()[:16]), region=region,
             emulated_device=emulation.device_index, compute=compute, data=self.data_id,
-            settings=settings.identity(self.config.train), **self._access_gbps(),
+            settings=settings.identity(self.config.train, self.config.verify), **self._access_gbps(),
         )  # fmt: skip
         self.dht.publish_peer(record)
         logger.info("joined run %r as peer %s%s", self.config.run, self.peer_id,
@@ -314,7 +314,7 @@ class Agent:
 
     def _loop(self, device) -> AgentResult:
         cfg = self.config
-        self._tracker = MembershipTracker(self.peer_id, data=self.data_id, settings=settings.identity(cfg.train))
+        self._tracker = MembershipTracker(self.peer_id, data=self.data_id, settings=settings.identity(cfg.train, cfg.verify))
         self._gate = PlanGate(self.peer_id, cfg.train, cfg.plan, cfg.emulation, self._leaders, cfg.dht.peer_ttl_s,
                               self.dht.read_links,
                               lambda cluster, trainers, peers, train: self._leading.plan_workload(
@@ -667,6 +667,7 @@ class Agent:
             state_timeout_s=call_timeout_s + cfg.churn.halt_timeout_s, poll_s=cfg.membership.poll_s,
             finish_timeout_s=cfg.membership.finish_timeout_s, should_halt=self._should_halt,
             compute_slowdown=self.compute_slowdown, link_bandwidth=self._measured_bandwidth(), time_scale=scale,
+            verify=cfg.verify,
         )  # fmt: skip
         # A trainer may take the epoch up this long after us (``liveness.no_shows``): two liveness timeouts, and
         # twice the search the plan cost us (followers check a plan by planning its records themselves)
