@@ -240,6 +240,9 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
         if ctx.stop.is_set():
             return EpochOutcome(False, done, tuple(losses))
         return _halt(plan, ctx, done, e)
+    if verifier is not None:
+        logger.info("epoch %d: every member's sums of stage %d held in the %d step(s) checked", plan.epoch,
+                    role.stage, verifier.checked_steps)  # fmt: skip
     if not _finish_together(plan, topology, cfg.steps, ctx):
         return _halt(plan, ctx, done, None)
     ctx.set_status(IDLE, plan.epoch, done)
