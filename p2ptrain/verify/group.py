@@ -114,7 +114,7 @@ def _split(body: bytes) -> tuple[dict, bytes]:
         raise ValueError(f"a statement header of {size} bytes in a body of {len(body)}")
     try:
         header = json.loads(body[_HEADER_LENGTH.size: size].decode())
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: absurdly nested JSON
         raise ValueError("a statement header that does not parse") from None
     if not isinstance(header, dict):
         raise ValueError("a statement header that is not a mapping")
@@ -189,7 +189,10 @@ def judge_evidence(evidence: bytes, accused: str, run: str, false_alarm: float =
         return str(e)
     if parsed.header.get("run") != run or parsed.header.get("member") != accused:
         return f"the statement is of run {parsed.header.get('run')!r} and member {parsed.header.get('member')}"
-    failed = judge_statement(parsed, false_alarm)
+    try:
+        failed = judge_statement(parsed, false_alarm)
+    except ValueError as e:
+        return str(e)
     if failed is None:
         return "the accused's attested sums add up"
     return None
@@ -325,39 +328,44 @@ class GroupVerifier:
             return [self._finding(k, "statement", math.inf, f"its sketch statement is for something else: {wrong}")]
         findings = []
         for b, (record, att) in enumerate(zip(records, parsed.buckets, strict=True)):
-            gathered = record.gathered[k]
-            # (a) the reduced message is the one committed (the same to every member)
-            if message_digest(gathered, self._tag("gather", b, k, k)) != committed[b][-1]:
-                findings.append(self._finding(k, "commit", math.inf, f"its reduced shard of bucket {b} is not the "
-                                                                     "message it committed to"))  # fmt: skip
-                continue
-            numel = record.sizes[k]
-            mine = self._decoded_sent(record, k)
-            shard_seed = derive_seed(seed, "reduce", self.stage, b, k)
-            total = self.codec.decode(gathered, (numel,))
-            # (b) its claims about D
-            ours = sketch(total, shard_seed, self.rows)
-            total_norm = float(_norm(total))
-            slack_norm = self._slack_norm(gathered, numel, b, k)
-            if not (_close(att.total, ours, total_norm, numel) and _near(att.total_norm, total_norm, numel)
-                    and _near(att.slack_norm, slack_norm, numel)):
-                findings.append(self._finding(k, "claim", math.inf, f"its sketch, norm or slack of bucket {b}'s "
-                                                                    "reduced shard is not that of the shard it sent"))
-                continue
-            # (c) its entry for what we sent it
-            own = att.added[rank]
-            if not (_close(own.sketch, sketch(mine, shard_seed, self.rows), own.norm, numel)
-                    and _near(own.norm, float(_norm(mine)), numel)):
-                findings.append(self._finding(k, "attest", math.inf, f"it attests another contribution of ours to "
-                                                                     f"bucket {b} than the one we sent"))
-                continue
-            # (d) the sum
-            result = judge_sum(att.total, att.total_norm, att.slack_norm, numel, att.added,
-                               false_alarm=self.false_alarm)  # fmt: skip
-            if not result.passed:
-                findings.append(self._finding(k, "sum", result.ratio, f"its reduced shard of bucket {b} is not the "
-                                              f"sum of what it added ({result.ratio:.3g}× the tolerance)", blob))
+            try:
+                finding = self._check_bucket(record, att, b, k, rank, seed, committed, blob)
+            except ValueError as e:  # a reduced message no honest encoder makes (``bounds.error_bound``)
+                finding = self._finding(k, "claim", math.inf, f"its reduced shard of bucket {b} is refused: {e}")
+            if finding is not None:
+                findings.append(finding)
         return findings
+
+    def _check_bucket(self, record: ReduceRecord, att: Attestation, b: int, k: int, rank: int, seed: int,
+                      committed: list[list[bytes]], blob: bytes) -> Finding | None:  # fmt: skip
+        """Checks (a) to (d) of owner k's shard of bucket b (see the module); ``blob``: its signed statement."""
+        gathered = record.gathered[k]
+        # (a) the reduced message is the one committed (the same to every member)
+        if message_digest(gathered, self._tag("gather", b, k, k)) != committed[b][-1]:
+            return self._finding(k, "commit", math.inf, f"its reduced shard of bucket {b} is not the message it "
+                                                         "committed to")  # fmt: skip
+        numel = record.sizes[k]
+        shard_seed = derive_seed(seed, "reduce", self.stage, b, k)
+        total = self.codec.decode(gathered, (numel,))
+        # (b) its claims about D
+        total_norm = float(_norm(total))
+        if not (_close(att.total, sketch(total, shard_seed, self.rows), total_norm, numel)
+                and _near(att.total_norm, total_norm, numel)
+                and _near(att.slack_norm, self._slack_norm(gathered, numel, b, k), numel)):
+            return self._finding(k, "claim", math.inf, f"its sketch, norm or slack of bucket {b}'s reduced shard is "
+                                                        "not that of the shard it sent")  # fmt: skip
+        # (c) its entry for what we sent it
+        mine, own = self._decoded_sent(record, k), att.added[rank]
+        if not (_close(own.sketch, sketch(mine, shard_seed, self.rows), own.norm, numel)
+                and _near(own.norm, float(_norm(mine)), numel)):
+            return self._finding(k, "attest", math.inf, f"it attests another contribution of ours to bucket {b} "
+                                                         "than the one we sent")  # fmt: skip
+        # (d) the sum
+        result = judge_sum(att.total, att.total_norm, att.slack_norm, numel, att.added, false_alarm=self.false_alarm)
+        if not result.passed:
+            return self._finding(k, "sum", result.ratio, f"its reduced shard of bucket {b} is not the sum of what "
+                                 f"it added ({result.ratio:.3g}× the tolerance)", blob)  # fmt: skip
+        return None
 
     def _finding(self, k: int, check: str, ratio: float, reason: str, evidence: bytes | None = None) -> Finding:
         return Finding(self.group[k], self.epoch, self.step, check, ratio, reason,

@@ -188,3 +188,12 @@ def test_a_commitment_for_another_step_is_refused():
         results = list(pool.map(member, range(n)))
     for r in (0, 1):
         assert results[r].finding.member == GROUP[2] and "another run, epoch, step" in results[r].finding.reason
+
+
+def test_evidence_that_does_not_parse_is_refused_with_a_reason():
+    key = IDENTITIES[1].private_key
+    for body in (b"", b"\x00" * 3, b"\xff\xff\xff\xff", (600).to_bytes(4, "little") + b"[" * 596,
+                 (20).to_bytes(4, "little") + b'{"kind": "sketch"}  '):
+        why = judge_evidence(statement.sign(key, body), GROUP[1], RUN)
+        assert isinstance(why, str) and "\n" not in why, why
+    assert judge_evidence(b"garbage", GROUP[1], RUN) is not None
