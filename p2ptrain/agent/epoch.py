@@ -332,7 +332,7 @@ def _install_verifier(plan: PlanRecord, topology: Topology, role: Role, cfg: Tra
     reducer = trainer.executor.reducer
     verifier = GroupVerifier(ctx.dht.signing_key, ctx.dht.keys.run_id, role.stage, topology.group(role.stage),
                              reducer.feedback.codec, rows=ctx.verify.sketch_rows, false_alarm=ctx.verify.false_alarm,
-                             on_finding=on_finding)  # fmt: skip
+                             running=ctx.verify.running, on_finding=on_finding)  # fmt: skip
     reducer.verifier = verifier
     return verifier
 

@@ -17,7 +17,7 @@ class VerifyConfig:
     rate: float = DEFAULT_RATE  # micro-batches recomputed per member per step (the recompute check, not wired yet)
     sketch_rows: int = SKETCH_ROWS  # rows k of the sum check's sketches
     false_alarm: float = FALSE_ALARM  # the probability an honest member fails one check, at most
-    running: bool = True  # the epoch-long running-sum check (not wired yet)
+    running: bool = True  # the sum check also over the running sums since the epoch began (``verify.group``)
 
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool) or not isinstance(self.running, bool):
@@ -30,7 +30,7 @@ class VerifyConfig:
             raise ConfigError(f"verify.false_alarm={self.false_alarm!r} must lie in (0, 2^-20]")
 
     def identity(self) -> str:
-        """The setting as said in a settings line: ``off``, or ``<rows>_<-log2 false_alarm>_<rate>_<running>``."""
+        """The setting as said in a settings line: ``off``, or ``<rows>_<false_alarm>_<rate>_<running>``."""
         if not self.enabled:
             return "off"
         return f"{self.sketch_rows}_{self.false_alarm!r}_{self.rate!r}_{int(self.running)}"

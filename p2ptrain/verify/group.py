@@ -21,6 +21,11 @@ applied. Every member of the group then, over the step's link (kinds ``commit`` 
    ``false_alarm``): that statement is the evidence a finder sends the leader (``judge_evidence``).
    (a)-(c) are named with a reason and no transferable evidence (it would be a whole shard).
 
+With ``running`` each owner also attests, and each member checks the same way, the running sums since the
+epoch began (``sketch.RunningSum``: ``Σ_u D_u`` against ``Σ_u c_{j,u}``; the error-feedback residuals
+telescope, so only the present message's bound remains and a bias inside the codec's error every step grows
+against a fixed tolerance): check ``running``, proven by the same statement.
+
 A failure raises ``VerificationFailed`` (a ``ProtocolError`` naming the member): the step's sums are never
 applied, the epoch halts blaming it. A statement that does not parse, is not signed by its sender, or is for
 another run, epoch, step or stage is a failure of its sender (check ``statement``), refused with a one-line
@@ -53,6 +58,7 @@ from p2ptrain.verify.sketch import (
     FALSE_ALARM,
     SKETCH_ROWS,
     Contribution,
+    RunningSum,
     challenge_seed,
     derive_seed,
     judge_sum,
@@ -74,7 +80,7 @@ class Finding:
     member: str
     epoch: int
     step: int
-    check: str  # "sum", "claim", "attest", "commit", "statement"
+    check: str  # "sum", "running", "claim", "attest", "commit", "statement"
     ratio: float
     reason: str
     evidence: bytes | None = None
@@ -91,9 +97,9 @@ class VerificationFailed(ProtocolError):
 
 
 def _header(kind: str, run: str, epoch: int, step: int, stage: int, member: str, rank: int, n: int,
-            numels: Sequence[int], rows: int, seed: int | None) -> bytes:  # fmt: skip
+            numels: Sequence[int], rows: int, seed: int | None, steps: int = 0) -> bytes:  # fmt: skip
     fields = {"kind": kind, "run": run, "epoch": epoch, "step": step, "stage": stage, "member": member,
-              "rank": rank, "n": n, "numels": list(numels), "rows": rows, "seed": seed}  # fmt: skip
+              "rank": rank, "n": n, "numels": list(numels), "rows": rows, "seed": seed, "steps": steps}  # fmt: skip
     text = json.dumps(fields, sort_keys=True).encode()
     size = header_bytes(len(numels))
     assert len(text) <= size - _HEADER_LENGTH.size, "a shard of more than 10^12 elements"
@@ -139,7 +145,8 @@ class Attestation:
 @dataclass(frozen=True)
 class SketchStatement:
     header: dict
-    buckets: tuple[Attestation, ...]
+    buckets: tuple[Attestation, ...]  # this step's
+    running: tuple[Attestation, ...] = ()  # since the epoch began (``header["steps"]`` steps), when checked
 
 
 def parse_sketch_body(body: bytes) -> SketchStatement:
@@ -153,20 +160,29 @@ def parse_sketch_body(body: bytes) -> SketchStatement:
         raise ValueError("a sketch statement with an impossible header")
     if min(numels) < 1:
         raise ValueError("a sketch statement with an empty shard")
-    per = _sketch_floats(n, rows)
+    steps = header.get("steps", 0)
+    if not isinstance(steps, int) or isinstance(steps, bool) or not 0 <= steps < 2**53:
+        raise ValueError(f"a sketch statement with running sums over {steps!r} steps")
+    per = _sketch_floats(n, rows) * (2 if steps else 1)
     if len(floats) != 8 * per * len(numels):
         raise ValueError(f"a sketch statement of {len(floats)} value bytes, expected {8 * per * len(numels)}")
     values = torch.frombuffer(bytearray(floats), dtype=torch.float64).view(len(numels), per)
     if not bool(torch.isfinite(values).all()):
         raise ValueError("a sketch statement holding non-finite values")
-    buckets = []
+    buckets, running = [], []
     for row in values:
-        added = tuple(Contribution(row[rows + 2 + j * (rows + 1): rows + 2 + j * (rows + 1) + rows].clone(),
-                                   float(row[rows + 2 + j * (rows + 1) + rows])) for j in range(n))  # fmt: skip
-        if float(row[rows]) < 0 or float(row[rows + 1]) < 0:
-            raise ValueError("a sketch statement with a negative norm")
-        buckets.append(Attestation(row[:rows].clone(), float(row[rows]), float(row[rows + 1]), added))
-    return SketchStatement(header, tuple(buckets))
+        buckets.append(_attestation(row[: _sketch_floats(n, rows)], n, rows))
+        if steps:
+            running.append(_attestation(row[_sketch_floats(n, rows):], n, rows))
+    return SketchStatement(header, tuple(buckets), tuple(running))
+
+
+def _attestation(row: torch.Tensor, n: int, rows: int) -> Attestation:
+    added = tuple(Contribution(row[rows + 2 + j * (rows + 1): rows + 2 + j * (rows + 1) + rows].clone(),
+                               float(row[rows + 2 + j * (rows + 1) + rows])) for j in range(n))  # fmt: skip
+    if float(row[rows]) < 0 or float(row[rows + 1]) < 0:
+        raise ValueError("a sketch statement with a negative norm")
+    return Attestation(row[:rows].clone(), float(row[rows]), float(row[rows + 1]), added)
 
 
 def judge_statement(parsed: SketchStatement, false_alarm: float = FALSE_ALARM) -> tuple[int, float] | None:
@@ -175,6 +191,11 @@ def judge_statement(parsed: SketchStatement, false_alarm: float = FALSE_ALARM) -
     for b, (att, numel) in enumerate(zip(parsed.buckets, parsed.header["numels"], strict=True)):
         result = judge_sum(att.total, att.total_norm, att.slack_norm, int(numel), att.added,
                            false_alarm=false_alarm)  # fmt: skip
+        if not result.passed:
+            return b, result.ratio
+    for b, (att, numel) in enumerate(zip(parsed.running, parsed.header["numels"], strict=False)):
+        result = judge_sum(att.total, att.total_norm, att.slack_norm, int(numel), att.added,
+                           steps=parsed.header["steps"], false_alarm=false_alarm)  # fmt: skip
         if not result.passed:
             return b, result.ratio
     return None
@@ -202,12 +223,17 @@ class GroupVerifier:
     """The sum check of one stage's replica group for one epoch (``__call__`` is ``buckets.Verifier``)."""
 
     def __init__(self, key: RSAPrivateKey, run: str, stage: int, group: Sequence[str], codec: Codec, *,
-                 rows: int = SKETCH_ROWS, false_alarm: float = FALSE_ALARM,
+                 rows: int = SKETCH_ROWS, false_alarm: float = FALSE_ALARM, running: bool = True,
                  on_finding: Callable[[Finding], None] | None = None):  # fmt: skip
         self.key, self.run, self.stage, self.group, self.codec = key, run, stage, tuple(group), codec
         self.rows, self.false_alarm, self.on_finding = rows, false_alarm, on_finding
         self.epoch = self.step = 0
         self._previous: dict[tuple[int, int], torch.Tensor] = {}  # (bucket, owner) -> last message's bound
+        # the running sums since the epoch began (its executor's residuals started at zero): as owner, per
+        # bucket D and what we added per replica; as member, per (bucket, owner) its D and what we sent it
+        self.running = running
+        self._owned: dict[int, tuple[RunningSum, list[RunningSum]]] = {}
+        self._seen: dict[tuple[int, int], tuple[RunningSum, RunningSum]] = {}
         self.checked_steps = 0
 
     def begin_step(self, epoch: int, step: int) -> None:
@@ -243,11 +269,12 @@ class GroupVerifier:
         # 2. the seed, from every member's digests
         seed = challenge_seed(f"{self.run}/{self.epoch}/{self.stage}", self.step,
                               [d for j in range(n) for bucket in committed[j] for d in bucket])  # fmt: skip
-        # 3. attest our own shards
+        # 3. attest our own shards (and their running sums)
+        steps = self._add_running(records, rank, n) if self.running else 0
         floats = [self._attest(record, b, rank, n, seed) for b, record in enumerate(records)]
         values = torch.cat(floats).numpy().tobytes()
         body = _header("sketch", self.run, self.epoch, self.step, self.stage, me, rank, n, owned, self.rows,
-                       seed) + values  # fmt: skip
+                       seed, steps) + values  # fmt: skip
         blob = statement.sign(self.key, body)
         sketch_bytes = len(body)  # the same for every member: the layout depends on the bucket count only
         for k in range(n):
@@ -258,7 +285,7 @@ class GroupVerifier:
             if k == rank:
                 continue
             received = exchange.recv(k, MessageKind.SKETCH, 0, (statement.wire_size(sketch_bytes),), torch.uint8)
-            findings += self._check_owner(records, k, rank, n, seed, numels, committed[k], received)
+            findings += self._check_owner(records, k, rank, n, seed, steps, committed[k], received)
         if findings:
             self._fail(findings)
         for b, record in enumerate(records):  # the bounds of this step's messages: next step's residuals
@@ -300,18 +327,40 @@ class GroupVerifier:
             slack = slack + previous
         return float(torch.linalg.vector_norm(slack))
 
+    def _add_running(self, records: list[ReduceRecord], rank: int, n: int) -> int:
+        """Add this step's shards to the running sums; returns the steps they hold."""
+        for b, record in enumerate(records):
+            own_d, added = self._owned.setdefault(b, (RunningSum(record.sizes[rank]),
+                                                      [RunningSum(record.sizes[rank]) for _ in range(n)]))  # fmt: skip
+            own_d.add(self.codec.decode(record.gathered[rank], (record.sizes[rank],)))
+            for j in range(n):
+                added[j].add(record.added[j])
+            for k in range(n):
+                if k != rank:
+                    seen_d, sent = self._seen.setdefault((b, k), (RunningSum(record.sizes[k]),
+                                                                  RunningSum(record.sizes[k])))  # fmt: skip
+                    seen_d.add(self.codec.decode(record.gathered[k], (record.sizes[k],)))
+                    sent.add(self._decoded_sent(record, k))
+        return self._owned[0][0].steps
+
     def _attest(self, record: ReduceRecord, b: int, rank: int, n: int, seed: int) -> torch.Tensor:
         shard_seed = derive_seed(seed, "reduce", self.stage, b, rank)
         message = record.gathered[rank]
-        numel = int(record.added[rank].numel())
+        numel = record.sizes[rank]
         total = self.codec.decode(message, (numel,))
-        parts = [sketch(total, shard_seed, self.rows), _norm(total), torch.tensor([self._slack_norm(message, numel, b, rank)],
-                                                                                  dtype=torch.float64)]  # fmt: skip
+        slack = torch.tensor([self._slack_norm(message, numel, b, rank)], dtype=torch.float64)
+        parts = [sketch(total, shard_seed, self.rows), _norm(total), slack]
         for j in range(n):
             parts += [sketch(record.added[j], shard_seed, self.rows), _norm(record.added[j])]
+        if self.running:  # over the epoch the residuals telescope: only the present message's bound remains
+            own_d, added = self._owned[b]
+            current = float(torch.linalg.vector_norm(error_bound(self.codec, message, (numel,))))
+            parts += [sketch(own_d.total, shard_seed, self.rows), _scalar(own_d.norm), _scalar(current)]
+            for j in range(n):
+                parts += [sketch(added[j].total, shard_seed, self.rows), _scalar(added[j].norm)]
         return torch.cat([p.reshape(-1) for p in parts])
 
-    def _check_owner(self, records: list[ReduceRecord], k: int, rank: int, n: int, seed: int, numels: list[int],
+    def _check_owner(self, records: list[ReduceRecord], k: int, rank: int, n: int, seed: int, steps: int,
                      committed: list[list[bytes]], message: torch.Tensor) -> list[Finding]:  # fmt: skip
         owner = self.group[k]
         try:
@@ -321,7 +370,7 @@ class GroupVerifier:
         except ValueError as e:
             return [self._finding(k, "statement", math.inf, f"its sketch statement is refused: {e}")]
         expected = {"kind": "sketch", "run": self.run, "epoch": self.epoch, "step": self.step, "stage": self.stage,
-                    "member": owner, "rank": k, "n": n, "rows": self.rows, "seed": seed,
+                    "member": owner, "rank": k, "n": n, "rows": self.rows, "seed": seed, "steps": steps,
                     "numels": [record.sizes[k] for record in records]}  # fmt: skip
         wrong = {key: parsed.header.get(key) for key, value in expected.items() if parsed.header.get(key) != value}
         if wrong or len(parsed.buckets) != len(records):
@@ -330,6 +379,8 @@ class GroupVerifier:
         for b, (record, att) in enumerate(zip(records, parsed.buckets, strict=True)):
             try:
                 finding = self._check_bucket(record, att, b, k, rank, seed, committed, blob)
+                if finding is None and parsed.running:
+                    finding = self._check_running(parsed.running[b], b, k, rank, seed, steps, record, blob)
             except ValueError as e:  # a reduced message no honest encoder makes (``bounds.error_bound``)
                 finding = self._finding(k, "claim", math.inf, f"its reduced shard of bucket {b} is refused: {e}")
             if finding is not None:
@@ -367,6 +418,31 @@ class GroupVerifier:
                                  f"it added ({result.ratio:.3g}× the tolerance)", blob)  # fmt: skip
         return None
 
+    def _check_running(self, att: Attestation, b: int, k: int, rank: int, seed: int, steps: int,
+                       record: ReduceRecord, blob: bytes) -> Finding | None:  # fmt: skip
+        """Checks (b) to (d) of owner k's running sums of bucket b since the epoch began."""
+        seen_d, sent = self._seen[(b, k)]
+        numel = record.sizes[k]
+        shard_seed = derive_seed(seed, "reduce", self.stage, b, k)
+        current = float(torch.linalg.vector_norm(error_bound(self.codec, record.gathered[k], (numel,))))
+        scale = seen_d.norm + sent.norm
+        if not (_close(att.total, sketch(seen_d.total, shard_seed, self.rows), scale, numel)
+                and _near(att.total_norm, seen_d.norm, numel * steps) and _near(att.slack_norm, current, numel)):
+            return self._finding(k, "claim", math.inf, f"its running sum of bucket {b}'s reduced shards is not the "
+                                                        "sum of the shards it sent")  # fmt: skip
+        own = att.added[rank]
+        if not (_close(own.sketch, sketch(sent.total, shard_seed, self.rows), scale, numel)
+                and _near(own.norm, sent.norm, numel * steps)):
+            return self._finding(k, "attest", math.inf, f"it attests another running sum of our contributions to "
+                                                         f"bucket {b} than the one we sent")  # fmt: skip
+        result = judge_sum(att.total, att.total_norm, att.slack_norm, numel, att.added, steps=steps,
+                           false_alarm=self.false_alarm)  # fmt: skip
+        if not result.passed:
+            return self._finding(k, "running", result.ratio, f"its reduced shards of bucket {b} since the epoch "
+                                 f"began are not the sum of what it added ({result.ratio:.3g}× the tolerance, "
+                                 f"{steps} steps)", blob)  # fmt: skip
+        return None
+
     def _finding(self, k: int, check: str, ratio: float, reason: str, evidence: bytes | None = None) -> Finding:
         return Finding(self.group[k], self.epoch, self.step, check, ratio, reason,
                        statement.trimmed(evidence) if evidence is not None else None)
@@ -379,6 +455,10 @@ class GroupVerifier:
                 self.on_finding(finding)
         proven = [f for f in findings if f.evidence is not None]
         raise VerificationFailed((proven or findings)[0])
+
+
+def _scalar(x: float) -> torch.Tensor:
+    return torch.tensor([x], dtype=torch.float64)
 
 
 def _norm(x: torch.Tensor) -> torch.Tensor:

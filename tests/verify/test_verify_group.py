@@ -70,18 +70,25 @@ class Scaling(ErrorFeedback):
         return super().encode(key, x)
 
 
-def run_steps(codec_name, steps, feedbacks=None, tamper=None, numels=(1000, 517), seed=0):
-    """Every member's steps; returns per member the list of per-step outcomes (None: passed, else the error)."""
+def run_steps(codec_name, steps, feedbacks=None, tamper=None, numels=(1000, 517), seed=0, running=True,
+              drift=None):  # fmt: skip
+    """Every member's steps; returns per member the list of per-step outcomes (None: passed, else the error).
+    ``drift``: each member's gradients are a fixed direction plus this much noise (a training run's gradients
+    share a direction from step to step), else fresh every step."""
     n = len(GROUP)
     codec = Codec(codec_name)
     feedbacks = feedbacks or [ErrorFeedback(codec) for _ in range(n)]
-    verifiers = [GroupVerifier(IDENTITIES[r].private_key, RUN, 0, GROUP, codec) for r in range(n)]
+    verifiers = [GroupVerifier(IDENTITIES[r].private_key, RUN, 0, GROUP, codec, running=running) for r in range(n)]
     gen = torch.Generator().manual_seed(seed)
+    base = [[torch.randn(m, generator=gen) for m in numels] for _ in range(n)]
     outcomes = [[] for _ in range(n)]
     for step in range(steps):
         queues = Queues()
         queues.tamper = tamper(step) if tamper else None
-        flats = [[torch.randn(m, generator=gen) for m in numels] for _ in range(n)]
+        if drift is None:
+            flats = [[torch.randn(m, generator=gen) for m in numels] for _ in range(n)]
+        else:
+            flats = [[x + drift * torch.randn(x.numel(), generator=gen) for x in member] for member in base]
         for f in feedbacks:
             if isinstance(f, Scaling):
                 f.step = step
@@ -106,9 +113,27 @@ def run_steps(codec_name, steps, feedbacks=None, tamper=None, numels=(1000, 517)
 
 
 @pytest.mark.parametrize("codec", ["fp32", "bf16", "int8", "int4", "int2"])
-def test_honest_steps_pass(codec):
-    outcomes = run_steps(codec, 4)
+@pytest.mark.parametrize("drift", [None, 0.1])
+def test_honest_steps_pass(codec, drift):
+    outcomes = run_steps(codec, 8, drift=drift)
     assert all(o is None for member in outcomes for o in member), outcomes
+
+
+@pytest.mark.parametrize("codec", ["int8", "int4"])
+def test_a_small_bias_every_step_is_caught_by_the_running_sums_only(codec):
+    """×1.02 on every sum: inside int8's and int4's own error in any one step, not over the epoch."""
+    feedbacks = [ErrorFeedback(Codec(codec)) for _ in GROUP]
+    feedbacks[1] = Scaling(Codec(codec), 1.02, start=0)
+    alone = run_steps(codec, 6, [ErrorFeedback(Codec(codec)) for _ in GROUP[:1]] + feedbacks[1:2] +
+                      [ErrorFeedback(Codec(codec))], running=False, drift=0.1)  # fmt: skip
+    assert all(o is None for member in alone for o in member), "a per-step check saw it after all"
+    feedbacks[1] = Scaling(Codec(codec), 1.02, start=0)  # fresh residuals
+    outcomes = run_steps(codec, 30, feedbacks, drift=0.1)
+    caught = [member[-1] for r, member in enumerate(outcomes) if r != 1]
+    assert all(isinstance(e, VerificationFailed) and e.finding.check == "running" for e in caught), caught
+    assert all(e.finding.member == GROUP[1] and judge_evidence(e.finding.evidence, GROUP[1], RUN) is None
+               for e in caught)  # fmt: skip
+    assert len(outcomes[0]) <= {"int8": 4, "int4": 30}[codec], len(outcomes[0])
 
 
 @pytest.mark.parametrize("codec,factor", [("fp32", 8.0), ("fp32", -1.0), ("int8", 8.0), ("int8", -1.0)])
