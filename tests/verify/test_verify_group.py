@@ -222,3 +222,49 @@ def test_evidence_that_does_not_parse_is_refused_with_a_reason():
         why = judge_evidence(statement.sign(key, body), GROUP[1], RUN)
         assert isinstance(why, str) and "\n" not in why, why
     assert judge_evidence(b"garbage", GROUP[1], RUN) is not None
+
+
+class HidingOwner(GroupVerifier):
+    """An owner that scales its sums and attests the sketch of the honest sum (what a careful cheat would say)."""
+
+    def _attest(self, record, b, rank, n, seed):
+        honest = record.gathered[rank].clone() / 8.0  # fp32: the message is the (scaled) sum itself
+        record = ReduceRecord(record.sent, record.added, {**record.gathered, rank: honest}, record.sizes)
+        return super()._attest(record, b, rank, n, seed)
+
+
+class Misreporting(GroupVerifier):
+    """An owner that attests a contribution of member 0 other than the one it received."""
+
+    def _attest(self, record, b, rank, n, seed):
+        added = {**record.added, 0: record.added[0] * 1.5}
+        return super()._attest(ReduceRecord(record.sent, added, record.gathered, record.sizes), b, rank, n, seed)
+
+
+@pytest.mark.parametrize("cheat,check,who", [(HidingOwner, "claim", (0, 2)), (Misreporting, "attest", (0,))])
+def test_an_owner_whose_statement_misdescribes_what_it_sent_or_received_is_named(cheat, check, who):
+    n, codec = len(GROUP), Codec("fp32")
+    feedbacks = [ErrorFeedback(codec) for _ in range(n)]
+    if cheat is HidingOwner:
+        feedbacks[1] = Scaling(codec, 8.0, start=0)
+    verifiers = [(cheat if r == 1 else GroupVerifier)(IDENTITIES[r].private_key, RUN, 0, GROUP, codec)
+                 for r in range(n)]  # fmt: skip
+    queues = Queues()
+    flats = [torch.randn(300, generator=torch.Generator().manual_seed(r)) for r in range(n)]
+
+    def member(r):
+        record = ReduceRecord()
+        sharded_all_reduce(flats[r], r, n, Exchange(queues, r, 0), feedbacks[r], record=record)
+        verifiers[r].begin_step(0, 0)
+        try:
+            verifiers[r]([record], r, n, Exchange(queues, r, 9))
+        except (VerificationFailed, TimeoutError) as e:
+            return e
+
+    with ThreadPoolExecutor(n) as pool:
+        results = list(pool.map(member, range(n)))
+    for r in who:
+        finding = results[r].finding
+        assert (finding.member, finding.check, finding.evidence) == (GROUP[1], check, None), finding
+    if cheat is Misreporting:  # the others see its numbers not add up: proven
+        assert results[2].finding.check == "sum" and judge_evidence(results[2].finding.evidence, GROUP[1], RUN) is None
