@@ -25,7 +25,7 @@ from p2ptrain.runtime import buckets
 from p2ptrain.runtime.executor import StageExecutor
 from p2ptrain.runtime.wire import ErrorFeedback
 from p2ptrain.verify import statement
-from p2ptrain.verify.group import Finding, GroupVerifier, VerificationFailed
+from p2ptrain.verify.group import Finding, GroupVerifier
 
 FIRST_CORRUPT_STEP = 2  # 0-based: the third step of the run
 _current = {"step": -1}
@@ -72,7 +72,7 @@ class ForgingVerifier(GroupVerifier):
             doctored = bytearray(statement.trimmed(statement.from_message(message)))
             doctored[len(doctored) // 2] ^= 0x10  # one of its sketches' values: now the sums do not add up
             findings = [Finding(self.group[k], self.epoch, self.step, "sum", 9.9, "forged", bytes(doctored))]
-            self._fail(findings)
+            self._fail(findings)  # raises VerificationFailed: the epoch halts blaming that peer with it
         return findings
 
 
@@ -85,7 +85,6 @@ def main(mode: str, config_path: str) -> None:
         epoch.GroupVerifier = ForgingVerifier
     else:
         raise SystemExit(f"unknown mode {mode}")
-    assert VerificationFailed  # what ForgingVerifier's _fail raises
     config = config_from_dict(AgentConfig, read_toml(config_path))
     with StopSignal() as stop:
         Agent(config, stop).run()
