@@ -135,7 +135,8 @@ class Agent:
         self._seen = Membership({})  # the live view before passed-over leaders are left out
         self._leaders = LeaderWatch(config.membership.leader_grace_s, config.membership.leader_backoff_s)
         self._gate: PlanGate | None = None
-        self._culpable = CulpableWatch(config.membership.poll_s)
+        self._culpable = CulpableWatch(config.membership.poll_s, run=config.run,
+                                      false_alarm=config.verify.false_alarm)  # fmt: skip
         self._halted_epoch = -1  # the last epoch this agent halted on a failure
         # the progress records read for the standing (``_observe_standing``): the read in flight, when it began
         self._standing_reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="p2ptrain-standing")

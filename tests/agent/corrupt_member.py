@@ -2,8 +2,8 @@
 
     python corrupt_member.py scale CONFIG     # its reduced gradient shards ×8, from step FIRST_CORRUPT_STEP on
     python corrupt_member.py negate CONFIG    # the same shards negated
-    python corrupt_member.py forge CONFIG     # honest work; at that step it blames an honest peer of its group
-                                              # with that peer's real statement, doctored
+    python corrupt_member.py forge CONFIG     # honest work; at that step it blames the run's leader with an
+                                              # honest group-mate's real statement, doctored
 
 Each runs the real agent (real identity, DHT, streams); only its own runtime is patched, inside this process:
 ``scale`` and ``negate`` change the shards it sums as owner before it encodes and sends them back (the
@@ -25,7 +25,7 @@ from p2ptrain.runtime import buckets
 from p2ptrain.runtime.executor import StageExecutor
 from p2ptrain.runtime.wire import ErrorFeedback
 from p2ptrain.verify import statement
-from p2ptrain.verify.group import Finding, GroupVerifier
+from p2ptrain.verify.group import Finding, GroupVerifier, VerificationFailed
 
 FIRST_CORRUPT_STEP = 2  # 0-based: the third step of the run
 _current = {"step": -1}
@@ -76,6 +76,16 @@ class ForgingVerifier(GroupVerifier):
         return findings
 
 
+def blame_the_leader() -> None:
+    """The forged blame names the plan's leader (the hardest case: followers must not pass it over)."""
+    blamed_peer = epoch.blamed_peer
+
+    def forged(error, plan):
+        return plan.leader if isinstance(error, VerificationFailed) else blamed_peer(error, plan)
+
+    epoch.blamed_peer = forged
+
+
 def main(mode: str, config_path: str) -> None:
     configure_logging(1)
     track_steps()
@@ -83,6 +93,7 @@ def main(mode: str, config_path: str) -> None:
         corrupt_sums(8.0 if mode == "scale" else -1.0)
     elif mode == "forge":
         epoch.GroupVerifier = ForgingVerifier
+        blame_the_leader()
     else:
         raise SystemExit(f"unknown mode {mode}")
     config = config_from_dict(AgentConfig, read_toml(config_path))

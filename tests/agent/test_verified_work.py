@@ -69,7 +69,9 @@ def test_a_member_that_blames_an_honest_peer_with_forged_evidence_is_the_one_qua
     judged = [e for e in log if e["event"] == "evidence"]
     assert [(e["blamer"], e["holds"]) for e in judged] == [(rogue, False)], judged
     accused = judged[0]["accused"]
-    assert accused in {a.peer_id for a in honest} and "signature" in judged[0]["reason"]
+    assert accused == leader.peer_id and "sign" in judged[0]["reason"]  # it blamed the leader, with what it cannot sign
+    roles = [e for a in honest for e in events(a.events.path) if e["event"] == "role"]
+    assert {e["leader"] for e in roles} == {leader.peer_id}  # who believed nothing: no follower passed it over
     quarantined = [e for e in log if e["event"] == "quarantined"]
     assert [e["peer"] for e in quarantined] == [rogue] and "does not hold" in quarantined[0]["reason"]
     assert not [e for e in log if e["event"] == "blamed" and e["peer"] == accused]  # not counted against it
