@@ -18,7 +18,7 @@ applied. Every member of the group then, over the step's link (kinds ``commit`` 
    (c) k's entry for this member's own contribution is the sketch of what it sent k; (d) the sum:
    ``sketch.judge_sum`` of k's attested numbers. A failure of (d) is proven by k's signed statement alone
    (k's own numbers do not add up, beyond a tolerance an honest owner exceeds with probability
-   ``false_alarm``): that statement is the evidence a finder sends the leader (``judge_evidence``).
+   ``false_alarm``): that statement is the evidence a finder sends the leader (``attest.judge_evidence``).
    (a)-(c) are named with a reason and no transferable evidence (it would be a whole shard).
 
 With ``running`` each owner also attests, and each member checks the same way, the running sums since the
@@ -35,10 +35,8 @@ matching sketch, passes); that is the recompute check's part (``recompute``).
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import struct
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -52,12 +50,18 @@ from p2ptrain.net.transport.messages import MessageKind
 from p2ptrain.runtime.allreduce import GroupExchange, ReduceRecord
 from p2ptrain.runtime.wire import Codec
 from p2ptrain.verify import statement
+from p2ptrain.verify.attest import (
+    Attestation,
+    header_bytes,
+    parse_sketch_body,
+    said,
+    statement_header,
+)
 from p2ptrain.verify.bounds import error_bound
 from p2ptrain.verify.commit import message_digest
 from p2ptrain.verify.sketch import (
     FALSE_ALARM,
     SKETCH_ROWS,
-    Contribution,
     RunningSum,
     challenge_seed,
     derive_seed,
@@ -68,7 +72,6 @@ from p2ptrain.verify.sketch import (
 
 logger = logging.getLogger(__name__)
 
-_HEADER_LENGTH = struct.Struct("<I")
 _U64 = 2.0**-53
 
 
@@ -94,129 +97,6 @@ class VerificationFailed(ProtocolError):
                          f"{finding.reason}")
         self.finding = finding
         self.peer = finding.member
-
-
-def _header(kind: str, run: str, epoch: int, step: int, stage: int, member: str, rank: int, n: int,
-            numels: Sequence[int], rows: int, seed: int | None, steps: int = 0) -> bytes:  # fmt: skip
-    fields = {"kind": kind, "run": run, "epoch": epoch, "step": step, "stage": stage, "member": member,
-              "rank": rank, "n": n, "numels": list(numels), "rows": rows, "seed": seed, "steps": steps}  # fmt: skip
-    text = json.dumps(fields, sort_keys=True).encode()
-    size = header_bytes(len(numels))
-    assert len(text) <= size - _HEADER_LENGTH.size, "a shard of more than 10^12 elements"
-    return _HEADER_LENGTH.pack(size) + text.ljust(size - _HEADER_LENGTH.size)
-
-
-def header_bytes(buckets: int) -> int:
-    """A statement body's header (its length, then JSON, space-padded): a size both ends know in advance."""
-    return 512 + 16 * buckets
-
-
-def _split(body: bytes) -> tuple[dict, bytes]:
-    """A body's header (parsed) and the rest; ValueError (one line) for one that does not parse."""
-    if len(body) < _HEADER_LENGTH.size:
-        raise ValueError("a statement body too short for its header")
-    (size,) = _HEADER_LENGTH.unpack_from(body)
-    if not _HEADER_LENGTH.size < size <= len(body):
-        raise ValueError(f"a statement header of {size} bytes in a body of {len(body)}")
-    try:
-        header = json.loads(body[_HEADER_LENGTH.size: size].decode())
-    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: absurdly nested JSON
-        raise ValueError("a statement header that does not parse") from None
-    if not isinstance(header, dict):
-        raise ValueError("a statement header that is not a mapping")
-    return header, body[size:]
-
-
-def _sketch_floats(n: int, rows: int) -> int:
-    """float64s per bucket of a ``sketch`` statement: ``D``'s sketch, ‖D‖, ‖slack‖, then per replica rows + norm."""
-    return rows + 2 + n * (rows + 1)
-
-
-@dataclass(frozen=True)
-class Attestation:
-    """An owner's signed numbers for one bucket's shard (see the module)."""
-
-    total: torch.Tensor  # S·D, float64 [rows]
-    total_norm: float
-    slack_norm: float
-    added: tuple[Contribution, ...]  # per replica j: S·(what the owner added for j), its norm
-
-
-@dataclass(frozen=True)
-class SketchStatement:
-    header: dict
-    buckets: tuple[Attestation, ...]  # this step's
-    running: tuple[Attestation, ...] = ()  # since the epoch began (``header["steps"]`` steps), when checked
-
-
-def parse_sketch_body(body: bytes) -> SketchStatement:
-    """A ``sketch`` statement's body; ValueError (one line) for one that does not parse."""
-    header, floats = _split(body)
-    try:
-        n, rows, numels = int(header["n"]), int(header["rows"]), [int(x) for x in header["numels"]]
-    except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"a sketch statement whose header lacks a field ({type(e).__name__})") from None
-    if header.get("kind") != "sketch" or not 1 <= n <= 1024 or not 1 <= rows <= 64 or not 1 <= len(numels) <= 1 << 16:
-        raise ValueError("a sketch statement with an impossible header")
-    if min(numels) < 1:
-        raise ValueError("a sketch statement with an empty shard")
-    steps = header.get("steps", 0)
-    if not isinstance(steps, int) or isinstance(steps, bool) or not 0 <= steps < 2**53:
-        raise ValueError(f"a sketch statement with running sums over {steps!r} steps")
-    per = _sketch_floats(n, rows) * (2 if steps else 1)
-    if len(floats) != 8 * per * len(numels):
-        raise ValueError(f"a sketch statement of {len(floats)} value bytes, expected {8 * per * len(numels)}")
-    values = torch.frombuffer(bytearray(floats), dtype=torch.float64).view(len(numels), per)
-    if not bool(torch.isfinite(values).all()):
-        raise ValueError("a sketch statement holding non-finite values")
-    buckets, running = [], []
-    for row in values:
-        buckets.append(_attestation(row[: _sketch_floats(n, rows)], n, rows))
-        if steps:
-            running.append(_attestation(row[_sketch_floats(n, rows):], n, rows))
-    return SketchStatement(header, tuple(buckets), tuple(running))
-
-
-def _attestation(row: torch.Tensor, n: int, rows: int) -> Attestation:
-    added = tuple(Contribution(row[rows + 2 + j * (rows + 1): rows + 2 + j * (rows + 1) + rows].clone(),
-                               float(row[rows + 2 + j * (rows + 1) + rows])) for j in range(n))  # fmt: skip
-    if float(row[rows]) < 0 or float(row[rows + 1]) < 0:
-        raise ValueError("a sketch statement with a negative norm")
-    return Attestation(row[:rows].clone(), float(row[rows]), float(row[rows + 1]), added)
-
-
-def judge_statement(parsed: SketchStatement, false_alarm: float = FALSE_ALARM) -> tuple[int, float] | None:
-    """The first bucket whose attested numbers do not add up, with its ratio (statistic / tolerance); None if
-    every bucket's do."""
-    for b, (att, numel) in enumerate(zip(parsed.buckets, parsed.header["numels"], strict=True)):
-        result = judge_sum(att.total, att.total_norm, att.slack_norm, int(numel), att.added,
-                           false_alarm=false_alarm)  # fmt: skip
-        if not result.passed:
-            return b, result.ratio
-    for b, (att, numel) in enumerate(zip(parsed.running, parsed.header["numels"], strict=False)):
-        result = judge_sum(att.total, att.total_norm, att.slack_norm, int(numel), att.added,
-                           steps=parsed.header["steps"], false_alarm=false_alarm)  # fmt: skip
-        if not result.passed:
-            return b, result.ratio
-    return None
-
-
-def judge_evidence(evidence: bytes, accused: str, run: str, false_alarm: float = FALSE_ALARM) -> str | None:
-    """Whether ``evidence`` (a ``sketch`` statement a finder forwarded) proves that ``accused`` sent a sum that
-    fails the check: None if it does, else why not (one line). What a leader runs on a blame."""
-    try:
-        parsed = parse_sketch_body(statement.open_signed(evidence, accused))
-    except ValueError as e:
-        return str(e)
-    if parsed.header.get("run") != run or parsed.header.get("member") != accused:
-        return f"the statement is of run {parsed.header.get('run')!r} and member {parsed.header.get('member')}"
-    try:
-        failed = judge_statement(parsed, false_alarm)
-    except ValueError as e:
-        return str(e)
-    if failed is None:
-        return "the accused's attested sums add up"
-    return None
 
 
 class GroupVerifier:
@@ -246,7 +126,7 @@ class GroupVerifier:
         sends: list[Future] = []
         # 1. commit
         digests = self._digests(records, rank, n)
-        body = _header("commit", self.run, self.epoch, self.step, self.stage, me, rank, n, numels, self.rows,
+        body = statement_header("commit", self.run, self.epoch, self.step, self.stage, me, rank, n, numels, self.rows,
                        None) + b"".join(d for bucket in digests for d in bucket)  # fmt: skip
         blob = statement.sign(self.key, body)
         commit_bytes = header_bytes(len(records)) + 32 * n * len(records)
@@ -273,7 +153,7 @@ class GroupVerifier:
         steps = self._add_running(records, rank, n) if self.running else 0
         floats = [self._attest(record, b, rank, n, seed) for b, record in enumerate(records)]
         values = torch.cat(floats).numpy().tobytes()
-        body = _header("sketch", self.run, self.epoch, self.step, self.stage, me, rank, n, owned, self.rows,
+        body = statement_header("sketch", self.run, self.epoch, self.step, self.stage, me, rank, n, owned, self.rows,
                        seed, steps) + values  # fmt: skip
         blob = statement.sign(self.key, body)
         sketch_bytes = len(body)  # the same for every member: the layout depends on the bucket count only
@@ -309,10 +189,10 @@ class GroupVerifier:
 
     def _open_commit(self, message: torch.Tensor, j: int, n: int, numels: list[int]) -> list[list[bytes]]:
         body = statement.open_signed(statement.from_message(message), self.group[j])
-        want = _header("commit", self.run, self.epoch, self.step, self.stage, self.group[j], j, n, numels,
+        want = statement_header("commit", self.run, self.epoch, self.step, self.stage, self.group[j], j, n, numels,
                        self.rows, None)  # fmt: skip
         if body[: len(want)] != want:
-            raise ValueError(f"it is for another run, epoch, step, stage or bucket layout: {_said(body)}")
+            raise ValueError(f"it is for another run, epoch, step, stage or bucket layout: {said(body)}")
         raw = body[len(want):]
         return [[raw[(b * n + i) * 32: (b * n + i + 1) * 32] for i in range(n)] for b in range(len(numels))]
 
@@ -474,11 +354,3 @@ def _close(a: torch.Tensor, b: torch.Tensor, norm: float, numel: int) -> bool:
 def _near(a: float, b: float, numel: int) -> bool:
     """Two float64 norms of one vector made on two machines."""
     return abs(a - b) <= 4 * (numel + 2) * _U64 * max(abs(a), abs(b)) + 1e-300
-
-
-def _said(body: bytes) -> str:
-    try:
-        header, _ = _split(body)
-    except ValueError as e:
-        return str(e)
-    return ", ".join(f"{k} {header.get(k)}" for k in ("run", "epoch", "step", "stage"))

@@ -274,7 +274,7 @@ def _statement(key, member: str, run: str, adds_up: bool) -> bytes:
     import torch
 
     from p2ptrain.verify import statement
-    from p2ptrain.verify.group import _header
+    from p2ptrain.verify.attest import statement_header
 
     rows, n = 32, 2
     added = [torch.randn(rows, dtype=torch.float64, generator=torch.Generator().manual_seed(j)) for j in range(n)]
@@ -282,7 +282,7 @@ def _statement(key, member: str, run: str, adds_up: bool) -> bytes:
     values = [total, torch.tensor([1.0, 0.0], dtype=torch.float64)]
     for a in added:
         values += [a, torch.tensor([1.0], dtype=torch.float64)]
-    body = _header("sketch", run, 0, 3, 0, member, 0, n, [100], rows, 7) + torch.cat(values).numpy().tobytes()
+    body = statement_header("sketch", run, 0, 3, 0, member, 0, n, [100], rows, 7) + torch.cat(values).numpy().tobytes()
     return statement.sign(key, body)
 
 

@@ -17,7 +17,8 @@ from p2ptrain.net.identity import generate_identity
 from p2ptrain.runtime.allreduce import ReduceRecord, sharded_all_reduce
 from p2ptrain.runtime.wire import Codec, ErrorFeedback
 from p2ptrain.verify import statement
-from p2ptrain.verify.group import GroupVerifier, VerificationFailed, judge_evidence
+from p2ptrain.verify.attest import judge_evidence
+from p2ptrain.verify.group import GroupVerifier, VerificationFailed
 
 RUN = "verify-group"
 IDENTITIES = [generate_identity() for _ in range(3)]

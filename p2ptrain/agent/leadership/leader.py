@@ -77,7 +77,7 @@ from p2ptrain.planning.split import Layers
 from p2ptrain.runtime.calibration import layered_workload, step_profile, step_workload
 from p2ptrain.runtime.checkpoint import latest_complete
 from p2ptrain.runtime.config import TrainConfig
-from p2ptrain.verify.group import judge_evidence
+from p2ptrain.verify.attest import judge_evidence
 
 logger = logging.getLogger(__name__)
 

@@ -45,7 +45,7 @@ from p2ptrain.agent.leadership.standing import Standing
 from p2ptrain.net.dht.records import LinksRecord, PeerRecord, PlanRecord, ProgressRecord
 from p2ptrain.planning import Cluster, LayeredWorkload, Workload, even_layers, make_objective
 from p2ptrain.runtime.config import TrainConfig
-from p2ptrain.verify.group import judge_evidence
+from p2ptrain.verify.attest import judge_evidence
 from p2ptrain.verify.sketch import FALSE_ALARM
 
 logger = logging.getLogger(__name__)
@@ -150,7 +150,7 @@ def culpable_leader(plan: PlanRecord, progress: Mapping[str, ProgressRecord], bl
     would have planned around the failure was itself.
 
     With ``run``, blames that come with evidence (``ProgressRecord.evidence``) are judged as the leader judges
-    them (``verify.group.judge_evidence``): evidence that holds against the leader makes it culpable at once (its
+    them (``verify.attest.judge_evidence``): evidence that holds against the leader makes it culpable at once (its
     own work failed a check), evidence that does not hold is no blame at all (a liar's word must not pass an
     honest leader over, and make the liar, next in line, the leader of those who believed it)."""
     halted = {p: r for p, r in progress.items() if r.epoch == plan.epoch and r.halted and p in plan.membership}
