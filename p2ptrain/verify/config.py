@@ -4,6 +4,7 @@ run and no leader can turn it off or down for its followers."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from p2ptrain.errors import ConfigError
@@ -30,7 +31,10 @@ class VerifyConfig:
             raise ConfigError(f"verify.false_alarm={self.false_alarm!r} must lie in (0, 2^-20]")
 
     def identity(self) -> str:
-        """The setting as said in a settings line: ``off``, or ``<rows>_<false_alarm>_<rate>_<running>``."""
+        """The setting as said in a settings line (``[a-z0-9_.]``, at most 24 characters): ``off``, or
+        ``<rows>_<-log2 false_alarm>_<rate>_<running>``, e.g. ``32_40_0.125_1`` (the default)."""
         if not self.enabled:
             return "off"
-        return f"{self.sketch_rows}_{self.false_alarm!r}_{self.rate!r}_{int(self.running)}"
+        bits = f"{-math.log2(self.false_alarm):.3f}".rstrip("0").rstrip(".")
+        rate = f"{self.rate:.6f}".rstrip("0").rstrip(".")
+        return f"{self.sketch_rows}_{bits}_{rate}_{int(self.running)}"
