@@ -22,6 +22,11 @@ each ``--leader-steps``, by default 6 and 120), in one invocation:
   ``other_data`` (its peer record claims another dataset) or ``int4`` (its plans switch the fp32 run to
   int4). Beside a clean run of the 4 honest agents; every setting is the default ``p2ptrain swarm`` gives
   (leader grace, search budget, tensor deadline), none shrunk to fit.
+* **corrupt sums** and **forged blame** (``tests/agent/corrupt_member.py``; docs/verification.md): 4 agents,
+  one of them (a trainer, never the leader) scaling ×8 (``scale``) or negating (``negate``) the gradient shards
+  it sums from step 2 on, or blaming an honest peer of its group with a doctored statement at step 2
+  (``forge``); beside a clean run of the same 4 (tensor deadline 15 s). Also: the steps rolled back (the
+  steps trained past the re-plan's start, redone without the member).
 
 Per run: the wall time from launch until every honest agent finished (for the lowest-ID rogues: until the
 last honest agent's ``done`` event, without the teardown after), beside its clean run's (ratio, and the
@@ -129,6 +134,25 @@ def _members(mode: str | None) -> dict:
             **_tally(workdir, honest, agents[0].events.path)}  # fmt: skip
 
 
+def _corrupt(mode: str | None) -> dict:
+    workdir = Path(tempfile.mkdtemp(prefix="p2ptrain-bench-rogue-"))
+    sorted_identities(workdir, 4)
+    config = SwarmConfig(agents=4, stages=2, steps=6, scenario=None, workdir=str(workdir), run="rogue-bench-corrupt",
+                         call_timeout_s=15.0)  # fmt: skip
+    commands = {1: [sys.executable, str(ROGUES / "corrupt_member.py"), mode]} if mode else {}
+    started = time.monotonic()
+    agents, codes, _ = run_agents(workdir, config, commands, {}, 900)
+    took = time.monotonic() - started
+    honest = {a.peer_id for a in agents if a.index not in commands}
+    log = events(agents[0].events.path)
+    plans = [e for e in log if e["event"] == "plan"]
+    trained = [e["step"] for a in agents if a.index not in commands for e in events(a.events.path)
+               if e["event"] == "step" and plans and e["epoch"] == plans[0]["epoch"]]  # fmt: skip
+    rolled_back = max(trained, default=0) - plans[1]["start_step"] if len(plans) > 1 else 0
+    return {"ok": all(c == 0 for c in codes.values()), "seconds": took, "workdir": str(workdir),
+            "rolled_back": rolled_back, **_tally(workdir, honest, agents[0].events.path)}  # fmt: skip
+
+
 @click.command()
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--only", multiple=True, help="Run only the scenarios whose name contains this (repeatable).")
@@ -145,7 +169,10 @@ def main(as_json: bool, only: tuple[str, ...], leader_steps: tuple[int, ...]) ->
 
     scenarios = [("non-member flood", lambda: _swarm(False), lambda: _swarm(True)),
                  ("boasting swallower", lambda: clean("members", _members), lambda: _members("swallow")),
-                 ("cooperative swallower", lambda: clean("members", _members), lambda: _members("swallow_and_halt"))]
+                 ("cooperative swallower", lambda: clean("members", _members), lambda: _members("swallow_and_halt")),
+                 *[(f"corrupt sums ({m})", lambda: clean("corrupt", _corrupt), lambda m=m: _corrupt(m))
+                   for m in ("scale", "negate")],
+                 ("forged blame", lambda: clean("corrupt", _corrupt), lambda: _corrupt("forge"))]
     for steps in leader_steps:
         for mode in LEADER_MODES:
             scenarios.append((f"lowest-ID {mode} {steps}", lambda n=steps: clean(f"open {n}", lambda _: _open_run(None, n)),
@@ -161,11 +188,13 @@ def main(as_json: bool, only: tuple[str, ...], leader_steps: tuple[int, ...]) ->
         click.echo(json.dumps(rows))
         return
     click.echo(f"{'scenario':<25} {'ok':<5} {'clean s':>8} {'attacked s':>10} {'extra s':>8} {'ratio':>6} {'plans':>5} "
-               f"{'quarantined':>11} {'passed over':>11} {'honest refused':>14} {'rogue refused (log lines)':>25}")
+               f"{'quarantined':>11} {'passed over':>11} {'rolled back':>11} {'honest refused':>14} "
+               f"{'rogue refused (log lines)':>25}")
     for r in rows:
         a = r["attacked"]
         click.echo(f"{r['scenario']:<25} {str(a['ok'] and r['clean']['ok']):<5} {r['clean']['seconds']:8.1f} "
-                   f"{a['seconds']:10.1f} {r['extra_s']:8.1f} {r['ratio']:5.2f}x {a['plans']:>5} {a['quarantined']:>11} {a.get('passed_over', '-'):>11} "
+                   f"{a['seconds']:10.1f} {r['extra_s']:8.1f} {r['ratio']:5.2f}x {a['plans']:>5} {a['quarantined']:>11} "
+                   f"{a.get('passed_over', '-'):>11} {a.get('rolled_back', '-'):>11} "
                    f"{a['honest_refused']:>14} {a['rogue_refused_lines']:>25}")
 
 

@@ -137,7 +137,8 @@ class Agent:
         self._seen = Membership({})  # the live view before passed-over leaders are left out
         self._leaders = LeaderWatch(config.membership.leader_grace_s, config.membership.leader_backoff_s)
         self._gate: PlanGate | None = None
-        self._culpable = CulpableWatch(config.membership.poll_s)
+        self._culpable = CulpableWatch(config.membership.poll_s, run=config.run,
+                                      false_alarm=config.verify.false_alarm)  # fmt: skip
         self._halted_epoch = -1  # the last epoch this agent halted on a failure
         # the progress records read for the standing (``_observe_standing``): the read in flight, when it began
         self._standing_reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="p2ptrain-standing")
@@ -307,7 +308,7 @@ class Agent:
             device_name=profile.device_name, memory_gb=profile.memory_gb, tflops=profile.tflops,
             maddrs=tuple(self.dht.get_visible_maddrs()[:16]), region=region,
             emulated_device=emulation.device_index, compute=compute, data=self.data_id,
-            settings=settings.identity(self.config.train), **self._access_gbps(),
+            settings=settings.identity(self.config.train, self.config.verify), **self._access_gbps(),
         )  # fmt: skip
         self.dht.publish_peer(record)
         self._peer_record = record
@@ -320,7 +321,7 @@ class Agent:
 
     def _loop(self, device) -> AgentResult:
         cfg = self.config
-        self._tracker = MembershipTracker(self.peer_id, data=self.data_id, settings=settings.identity(cfg.train))
+        self._tracker = MembershipTracker(self.peer_id, data=self.data_id, settings=settings.identity(cfg.train, cfg.verify))
         self._gate = PlanGate(self.peer_id, cfg.train, cfg.plan, cfg.emulation, self._leaders, cfg.dht.peer_ttl_s,
                               self.dht.read_links,
                               lambda cluster, trainers, peers, train: self._leading.plan_workload(
@@ -697,6 +698,7 @@ class Agent:
             state_timeout_s=call_timeout_s + cfg.churn.halt_timeout_s, poll_s=cfg.membership.poll_s,
             finish_timeout_s=cfg.membership.finish_timeout_s, should_halt=self._should_halt,
             compute_slowdown=self.compute_slowdown, link_bandwidth=self._measured_bandwidth(), time_scale=scale,
+            verify=cfg.verify,
         )  # fmt: skip
         # A trainer may take the epoch up this long after us (``liveness.no_shows``): two liveness timeouts, and
         # twice the search the plan cost us (followers check a plan by planning its records themselves)

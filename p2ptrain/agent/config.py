@@ -34,6 +34,7 @@ from p2ptrain.net.transport.access_probe import AccessConfig
 from p2ptrain.net.transport.endpoint import TransportConfig
 from p2ptrain.net.transport.probe import ProbeConfig
 from p2ptrain.runtime.config import TrainConfig
+from p2ptrain.verify.config import VerifyConfig
 
 # communication_only: the paper's planner (its communication cost, every stage the same number of layers),
 # scored by the run's objective: what a plan that ignores mixed devices' compute and memory would do
@@ -336,6 +337,7 @@ class AgentConfig:
     liveness: LivenessConfig = field(default_factory=LivenessConfig)
     claims: ClaimsConfig = field(default_factory=ClaimsConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    verify: VerifyConfig = field(default_factory=VerifyConfig)  # a run setting: checks of the members' work
 
     def __post_init__(self) -> None:
         try:

@@ -23,6 +23,12 @@ Warm copies (``agent.backup``): each stage's replica 0 sends the stage's state t
 of the stage every ``plan.backup_every`` steps (and the epoch's source sends it the start state); every
 trainer also writes its own state to its own disk at those steps (``StateStore``). The halted heartbeat
 lists those copies (``holds``), so the leader can restart a lost stage from them.
+
+Verified work (``[verify]``, ``verify.group``): in a run that syncs every step, each replica group checks
+every step's sums before they are applied. A member that fails a check is named (a log line and a
+``verify_failed`` event per finding) and the epoch halts blaming it, with the evidence when the check has
+some (the member's own signed statement), which the leader re-checks. The finder never applied the step, so
+the states it keeps are all from before the tainted step.
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ from p2ptrain.errors import MessageRejected, PeerFailed, PeerTimeoutError, Proto
 from p2ptrain.lifecycle import StopSignal
 from p2ptrain.model.stage import build_stage
 from p2ptrain.net.dht.node import SwarmDHT
-from p2ptrain.net.dht.records import MAX_HOLDS, PeerRecord, PlanRecord, ProgressRecord
+from p2ptrain.net.dht.records import MAX_EVIDENCE_BYTES, MAX_HOLDS, PeerRecord, PlanRecord, ProgressRecord
 from p2ptrain.net.transport.endpoint import Transport
 from p2ptrain.net.transport.status import FAIL, HALT, IDLE, TRAIN, PeerStatus
 from p2ptrain.runtime.checkpoint import (
@@ -60,7 +66,9 @@ from p2ptrain.runtime.checkpoint import (
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.executor import StepWaits
 from p2ptrain.runtime.session import StageTrainer
-from p2ptrain.runtime.topology import Topology
+from p2ptrain.runtime.topology import Role, Topology
+from p2ptrain.verify.config import VerifyConfig
+from p2ptrain.verify.group import Finding, GroupVerifier, VerificationFailed
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +109,7 @@ class EpochContext:
     compute_slowdown: float = 1.0  # emulated compute speed (``runtime.compute_speed``)
     link_bandwidth: Callable[[str], float | None] = lambda peer: None  # bytes/s we measured to a peer (None: not)
     time_scale: float = 1.0  # a plan's seconds in ours (emulation): its predicted step is cost_s × time_scale
+    verify: VerifyConfig | None = None  # the checks of the members' work (None: none)
 
     def set_status(self, state: str, epoch: int, step: int) -> None:
         """What heartbeat pings answer (``net.status``)."""
@@ -189,6 +198,7 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
             _connect(ctx, peers, peer)
         trainer = StageTrainer(cfg, role, ctx.device, ctx.compute_slowdown)
         trainer.executor.before_update = ctx.keeper.fence  # the kept state's copy may still be reading
+        verifier = _install_verifier(plan, topology, role, cfg, trainer, ctx)
         _take_state(plan, role.stage, trainer, ctx)
         _wait_sends(sends, ctx.state_timeout_s)
         settle_heap()
@@ -203,6 +213,8 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
             sent_before = ctx.transport.sent_bytes  # what the step sends: its calls, its checkpoint's and copies'
             started = time.perf_counter()
             between_s = started - last_end if last_end is not None else 0.0  # the last step's aftermath
+            if verifier is not None:
+                verifier.begin_step(plan.epoch, step)
             result = trainer.step(ctx.transport, ctx.dht.keys.run_id, plan.epoch, step, topology, ctx.call_timeout_s)
             compute_s = trainer.executor.pacer.busy_s - busy_s  # our own compute, none of the waits (``claims``)
             compute_cpu_s = trainer.executor.pacer.busy_cpu_s - busy_cpu_s  # its CPU time: less, where it waited
@@ -235,6 +247,9 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
         if ctx.stop.is_set():
             return EpochOutcome(False, done, tuple(losses))
         return _halt(plan, ctx, done, e)
+    if verifier is not None:
+        logger.info("epoch %d: every member's sums of stage %d held in the %d step(s) checked", plan.epoch,
+                    role.stage, verifier.checked_steps)  # fmt: skip
     if not _finish_together(plan, topology, cfg.steps, ctx):
         return _halt(plan, ctx, done, None)
     ctx.set_status(IDLE, plan.epoch, done)
@@ -338,6 +353,25 @@ def _copy(plan: PlanRecord, ctx: EpochContext, stage: int, replica: int, done: i
         sender.send(backup, stage, done, tensors, module)
 
 
+def _install_verifier(plan: PlanRecord, topology: Topology, role: Role, cfg: TrainConfig, trainer: StageTrainer,
+                      ctx: EpochContext) -> GroupVerifier | None:  # fmt: skip
+    """The sum check of our stage's all-reduce, every step (a run that syncs every step, with replicas)."""
+    if ctx.verify is None or not ctx.verify.enabled or plan.replicas < 2 or cfg.diloco_on:
+        return None
+
+    def on_finding(finding: Finding) -> None:
+        ctx.events.write("verify_failed", epoch=finding.epoch, step=finding.step, peer=finding.member,
+                         check=finding.check, ratio=finding.ratio if finding.ratio < float("inf") else None,
+                         reason=finding.reason, evidence=finding.evidence is not None)  # fmt: skip
+
+    reducer = trainer.executor.reducer
+    verifier = GroupVerifier(ctx.dht.signing_key, ctx.dht.keys.run_id, role.stage, topology.group(role.stage),
+                             reducer.feedback.codec, rows=ctx.verify.sketch_rows, false_alarm=ctx.verify.false_alarm,
+                             running=ctx.verify.running, on_finding=on_finding)  # fmt: skip
+    reducer.verifier = verifier
+    return verifier
+
+
 def _connect(ctx: EpochContext, peers: dict[str, PeerRecord], peer: str) -> None:
     """Dial a peer of the plan at its recorded addresses; without a record in our view (it lapsed for a
     moment on a busy DHT) we keep the connection the membership poll opened, and a dead peer fails the
@@ -434,9 +468,16 @@ def _halt(plan: PlanRecord, ctx: EpochContext, done: int, error: BaseException |
     ctx.events.write("halted", epoch=plan.epoch, step=done, kept=kept, stage=keeper.stage, reason=why,
                      holds=[list(h) for h in holds])
     blame = blamed_peer(error, plan)
+    evidence = b""
+    if isinstance(error, VerificationFailed) and blame is not None and error.finding.evidence is not None:
+        if len(error.finding.evidence) <= MAX_EVIDENCE_BYTES:
+            evidence = error.finding.evidence
+        else:  # a stage of very many buckets: the blame goes as our word (``docs/verification.md``)
+            logger.warning("the evidence against %s (%d bytes) does not fit a heartbeat; blaming it without",
+                           blame, len(error.finding.evidence))  # fmt: skip
     ctx.heartbeat.flush(ProgressRecord(plan.epoch, step, None, 0.0, halted=True, kept=kept,
                                        stage=keeper.stage if held else None, holds=holds, blame=blame,
-                                       leader=plan.leader))
+                                       leader=plan.leader, evidence=evidence))
     return EpochOutcome(False, done, halted=True)
 
 
@@ -446,6 +487,8 @@ def blamed_peer(error: BaseException | None, plan: PlanRecord) -> str | None:
     waited on for most of its deadline by then (``PeerFailed.stuck_on``): we were stuck behind it, and would
     have blamed it once that call timed out; without such a call it blames nobody."""
     if isinstance(error, PeerTimeoutError | StreamClosed | MessageRejected) and error.peer in plan.membership:
+        return error.peer
+    if isinstance(error, VerificationFailed) and error.peer in plan.membership:  # its work failed a check
         return error.peer
     if isinstance(error, PeerFailed) and error.stuck_on in plan.membership:
         return error.stuck_on

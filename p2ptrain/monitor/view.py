@@ -133,6 +133,9 @@ class RunView:
         old = peer.progress
         if old is None or (old.epoch, old.step, old.halted) != (record.epoch, record.step, record.halted):
             peer.beat_at = now
+            if record.halted and record.evidence and record.blame is not None:  # a check of its work failed
+                self._event(now, "verify_failed", record.blame, f"failed a check of its work in epoch {record.epoch}: "
+                            f"blamed with evidence by {peer_id}", epoch=record.epoch)  # fmt: skip
         peer.progress = record
         if record.step == 0 or record.halted:
             return

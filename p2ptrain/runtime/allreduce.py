@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import Future
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -39,6 +40,17 @@ class GroupExchange(Protocol):
     def send(self, to_rank: int, kind: str, part: int, tensor: torch.Tensor) -> Future: ...
 
     def recv(self, from_rank: int, kind: str, part: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor: ...
+
+
+@dataclass
+class ReduceRecord:
+    """What one member's all-reduce of one vector sent and added up, for the checks of ``p2ptrain.verify.group``
+    (the all-reduce only fills it): nothing here is changed after it is recorded."""
+
+    sent: dict[int, torch.Tensor] = field(default_factory=dict)  # owner k -> the reduce message we sent it
+    added: dict[int, torch.Tensor] = field(default_factory=dict)  # (as owner) replica r -> what we added for it
+    gathered: dict[int, torch.Tensor] = field(default_factory=dict)  # owner k -> its reduced message (ours too)
+    sizes: list[int] = field(default_factory=list)  # the shards' element counts, by owner
 
 
 def shard_bounds(numel: int, num_shards: int) -> list[tuple[int, int]]:
@@ -59,11 +71,13 @@ def sharded_all_reduce(
     exchange: GroupExchange,
     feedback: ErrorFeedback | None = None,
     key: object = 0,
+    record: ReduceRecord | None = None,
 ) -> torch.Tensor:
     """Sum ``flat`` (1-D, contiguous, float32) over the group; returns a new tensor, identical on every member.
 
     ``feedback`` (default: exact fp32) encodes the messages; ``key`` names this vector's residuals in it (the
-    same vector of the next step must pass the same key).
+    same vector of the next step must pass the same key). ``record`` (optional) is filled with the messages
+    sent and received and the contributions added (``ReduceRecord``).
     """
     if group_size == 1:
         return flat.clone()
@@ -71,21 +85,30 @@ def sharded_all_reduce(
     feedback = feedback or ErrorFeedback(Codec("fp32"))
     codec = feedback.codec
     bounds = shard_bounds(flat.numel(), group_size)
+    if record is not None:
+        record.sizes = [end - start for start, end in bounds]
     sends: list[Future] = []
     for k, (start, end) in enumerate(bounds):
         if k != rank:
             message, _ = feedback.encode((key, REDUCE, k), flat[start:end].contiguous())
             sends.append(exchange.send(k, REDUCE, k, message))
+            if record is not None:
+                record.sent[k] = message
     my_start, my_end = bounds[rank]
     my_shape = (my_end - my_start,)
     wire_shape, wire_dtype = codec.wire_spec(my_shape)
     reduced = torch.zeros(my_shape, dtype=torch.float32)
     for r in range(group_size):  # fixed order: the same additions on every member
         if r == rank:
-            reduced += flat[my_start:my_end]  # our own copy needs no encoding
+            added = flat[my_start:my_end]  # our own copy needs no encoding
         else:
-            reduced += codec.decode(exchange.recv(r, REDUCE, rank, wire_shape, wire_dtype), my_shape)
+            added = codec.decode(exchange.recv(r, REDUCE, rank, wire_shape, wire_dtype), my_shape)
+        reduced += added
+        if record is not None:
+            record.added[r] = added.clone() if r == rank else added
     message, decoded = feedback.encode((key, GATHER), reduced)
+    if record is not None:
+        record.gathered[rank] = message
     for k in range(group_size):
         if k != rank:
             sends.append(exchange.send(k, GATHER, rank, message))
@@ -94,7 +117,10 @@ def sharded_all_reduce(
     for r, (start, end) in enumerate(bounds):
         if r != rank:
             wire_shape, wire_dtype = codec.wire_spec((end - start,))
-            out[start:end] = codec.decode(exchange.recv(r, GATHER, r, wire_shape, wire_dtype), (end - start,))
+            gathered = exchange.recv(r, GATHER, r, wire_shape, wire_dtype)
+            out[start:end] = codec.decode(gathered, (end - start,))
+            if record is not None:
+                record.gathered[r] = gathered
     wait_all(sends)
     return out
 

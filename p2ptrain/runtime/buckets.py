@@ -14,6 +14,11 @@ fp32 "bucket" after the gradients. ``finish`` waits for every bucket and writes 
 Each bucket's message is tagged with the bucket index as its micro-batch number (kinds ``reduce_shard``
 and ``gather_shard``, part = shard index), so buckets and shards of one step never mix. The arithmetic is
 the unbucketed all-reduce's, element by element: fp32 + overlap is bit-identical to fp32 without it.
+
+With a ``verifier`` (``p2ptrain.verify.group``, installed by the agent) every bucket's messages are recorded
+(``allreduce.ReduceRecord``) and ``finish`` hands the step's records to it once every bucket is summed and
+before any ``.grad`` is written: it exchanges its own messages with the group (under one more bucket index) and
+raises to refuse the step, so a sum that fails its check is never applied.
 """
 
 from __future__ import annotations
@@ -26,10 +31,18 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 
 from p2ptrain.futures import wait_all
-from p2ptrain.runtime.allreduce import GroupExchange, flatten, sharded_all_reduce, unflatten_into
+from p2ptrain.runtime.allreduce import (
+    GroupExchange,
+    ReduceRecord,
+    flatten,
+    sharded_all_reduce,
+    unflatten_into,
+)
 from p2ptrain.runtime.wire import Codec, ErrorFeedback
 
 MAX_BUCKETS_IN_FLIGHT = 4  # communication threads per stage
+# (the step's records, our rank, the group's size, an exchange of its own): raises to refuse the step
+Verifier = Callable[[list[ReduceRecord], int, int, GroupExchange], None]
 
 
 def plan_buckets(numels: Sequence[int], bucket_elements: int) -> list[list[int]]:
@@ -58,6 +71,7 @@ class _Round:
         self.futures: list[Future] = []
         self.armed = False
         self.lock = threading.Lock()
+        self.records = [ReduceRecord() for _ in owner.buckets] if owner.verifier is not None else None
 
     def param_done(self, index: int) -> None:
         with self.lock:
@@ -92,6 +106,7 @@ class BucketedAllReduce:
         self.pool = ThreadPoolExecutor(max_workers=MAX_BUCKETS_IN_FLIGHT, thread_name_prefix="p2ptrain-allreduce")
         weakref.finalize(self, self.pool.shutdown, wait=False)  # an executor per epoch: no idle thread left
         self._round: _Round | None = None
+        self.verifier: Verifier | None = None  # checks each step's sums before they are applied (see the module)
         self.overlapped_buckets = 0  # of the last step: buckets started before its backward ended
         for i, p in enumerate(self.params):
             p.register_post_accumulate_grad_hook(self._hook(i))
@@ -121,7 +136,9 @@ class BucketedAllReduce:
         grads = [self.params[i].grad for i in self.buckets[b]]
         flat = flatten([g.detach().cpu() if g is not None else torch.zeros(self.params[i].shape)
                         for g, i in zip(grads, self.buckets[b], strict=True)])  # fmt: skip
-        return sharded_all_reduce(flat, round_.rank, round_.group_size, round_.exchange_for(b), self.feedback, key=b)
+        record = round_.records[b] if round_.records is not None else None
+        return sharded_all_reduce(flat, round_.rank, round_.group_size, round_.exchange_for(b), self.feedback, key=b,
+                                  record=record)
 
     def finish(self, loss_sum: torch.Tensor | None) -> float | None:
         """Start what has not started, wait for every bucket, write the sums into ``.grad``; the summed loss
@@ -141,6 +158,9 @@ class BucketedAllReduce:
             extra = [loss_future] if loss_future is not None else []
             totals = wait_all([*round_.futures, *extra])  # each bounded by the exchange's call deadlines
             loss = float(totals.pop()[0]) if extra else None
+            if round_.records is not None and self.verifier is not None:
+                # an index past the loss's: the verifier's messages never share a tag with the sums'
+                self.verifier(round_.records, round_.rank, round_.group_size, round_.exchange_for(len(self.buckets) + 1))
         finally:
             self._round = None
         with torch.no_grad():

@@ -237,14 +237,45 @@ def check_sum(
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
     observed = sketch(total, seed, rows)  # refuses a non-finite total
+    own = float(torch.linalg.vector_norm(total.detach().to(torch.float64))) if total_norm is None else total_norm
+    return judge_sum(observed, own, float(torch.linalg.vector_norm(slack64)), total.numel(), contributions,
+                     steps=steps, false_alarm=false_alarm)
+
+
+def judge_sum(
+    observed: torch.Tensor,
+    total_norm: float,
+    slack_norm: float,
+    numel: int,
+    contributions: Sequence[Contribution],
+    *,
+    steps: int = 1,
+    false_alarm: float = FALSE_ALARM,
+) -> SumCheck:
+    """``check_sum`` from numbers only: the total's sketch ``observed`` (``S·total``), its norm, ``‖slack‖₂`` and
+    its ``numel``; what a third party re-checks from a member's signed statement (``verify.group``)."""
+    if not contributions:
+        raise ValueError("judge_sum needs the contributions of at least one member")
+    rows = contributions[0].sketch.numel()
+    if any(c.sketch.numel() != rows for c in contributions):
+        raise ValueError("contributions' sketches differ in rows: " + ", ".join(str(c.sketch.numel()) for c in contributions))
+    if not isinstance(observed, torch.Tensor) or observed.dtype != torch.float64 or tuple(observed.shape) != (rows,):
+        raise ValueError(f"the total's sketch is float64 [{rows}], got {_describe(observed)}")
+    if not bool(torch.isfinite(observed).all()):
+        raise ValueError("the total's sketch holds non-finite values")
+    for name, value in (("total_norm", total_norm), ("slack_norm", slack_norm)):
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"{name} must be finite and non-negative, got {value}")
+    if numel < 1 or steps < 1:
+        raise ValueError(f"numel and steps must be at least 1, got {numel}, {steps}")
     expected = torch.stack([c.sketch for c in contributions]).sum(dim=0)
     statistic = float(torch.linalg.vector_norm(observed - expected)) / math.sqrt(rows)
     norms = sum(c.norm for c in contributions)
-    own = float(torch.linalg.vector_norm(total.detach().to(torch.float64))) if total_norm is None else total_norm
+    own = total_norm
     float32_sums = _gamma(len(contributions) - 1, _U32) * norms  # the owner's additions, every step
     float64_running = _gamma(steps - 1, _U64) * (norms + own)  # the running sums' own additions
-    bound = float(torch.linalg.vector_norm(slack64)) + float32_sums + float64_running
-    rounding = sketch_rounding(total.numel()) * (norms + own) + _gamma(len(contributions) + 1, _U64) * float(
+    bound = slack_norm + float32_sums + float64_running
+    rounding = sketch_rounding(numel) * (norms + own) + _gamma(len(contributions) + 1, _U64) * float(
         (observed.abs() + torch.stack([c.sketch.abs() for c in contributions]).sum(dim=0)).max())
     return SumCheck(statistic, threshold_factor(rows, false_alarm) * bound + rounding)
 

@@ -267,3 +267,41 @@ def test_a_leader_whose_own_stage_failed_its_epoch_is_culpable(world):
     assert watch.check(plan, read) is None and watch.check(plan, read) is None and len(reads) == 1  # throttled
     clock.now += 10.0
     assert watch.check(plan, read) == why and len(reads) == 2  # 10 s since it was first blamed
+
+
+def _statement(key, member: str, run: str, adds_up: bool) -> bytes:
+    """A signed one-bucket ``sketch`` statement whose attested numbers add up or not (``verify.group``)."""
+    import torch
+
+    from p2ptrain.verify import statement
+    from p2ptrain.verify.attest import statement_header
+
+    rows, n = 32, 2
+    added = [torch.randn(rows, dtype=torch.float64, generator=torch.Generator().manual_seed(j)) for j in range(n)]
+    total = sum(added) * (1.0 if adds_up else 8.0)
+    values = [total, torch.tensor([1.0, 0.0], dtype=torch.float64)]
+    for a in added:
+        values += [a, torch.tensor([1.0], dtype=torch.float64)]
+    body = statement_header("sketch", run, 0, 3, 0, member, 0, n, [100], rows, 7) + torch.cat(values).numpy().tobytes()
+    return statement.sign(key, body)
+
+
+def test_a_blame_with_evidence_is_judged_before_it_passes_a_leader_over():
+    ids = sorted((generate_identity() for _ in range(5)), key=lambda i: i.peer_id)
+    peers = [i.peer_id for i in ids]
+    plan = plan_record(peers, peers[:4], (0, 1, 2, 3))  # led by peers[0]
+    run = "judged"
+    forged = ProgressRecord(0, 3, None, 0.0, halted=True, blame=peers[0],
+                            evidence=_statement(ids[0].private_key, peers[0], run, adds_up=True))  # fmt: skip
+    leader_halted = ProgressRecord(0, 3, None, 0.0, halted=True)  # blaming nobody: the root of any blame
+    # without judging, one blame ends at a leader that halted: passed over; judged, a liar's blame is nothing
+    assert culpable_leader(plan, {peers[1]: forged, peers[0]: leader_halted}, 60.0) is not None
+    assert culpable_leader(plan, {peers[1]: forged, peers[0]: leader_halted}, 60.0, run=run) is None
+    tampered = dataclasses.replace(forged, evidence=forged.evidence[:-5] + b"AAAA=")
+    assert culpable_leader(plan, {peers[1]: tampered, peers[0]: leader_halted}, 60.0, run=run) is None
+    # a proven failure of its own work: at once, halted or not
+    proven = dataclasses.replace(forged, evidence=_statement(ids[0].private_key, peers[0], run, adds_up=False))
+    why = culpable_leader(plan, {peers[1]: proven}, 0.0, run=run)
+    assert why is not None and "its own work failed a check" in why
+    watch = CulpableWatch(0.0, run=run)
+    assert watch.check(plan, lambda: {peers[1]: forged, peers[0]: leader_halted}) is None

@@ -170,3 +170,27 @@ def test_peers_with_other_settings_are_not_members_of_our_run():
     view = tracker.update({PEERS[0]: record(ours), PEERS[1]: record(int4), PEERS[2]: record(ours)})
     assert view.ids == (PEERS[0], PEERS[2]) and tracker.refusal() is None  # a lowest-ID rogue leads nobody
     assert tracker.update({PEERS[0]: record(ours), PEERS[1]: record("")}).ids == (PEERS[0],)  # unsaid: not ours
+
+
+def test_peers_that_check_less_are_not_members_of_a_run_that_checks():
+    """``[verify]`` is a run setting: a peer (or a leader) that turns the checks off or down trains in no run of
+    ours; the default is not said, so the line of a run with default checks is unchanged."""
+    from p2ptrain.agent.leadership.membership import MembershipTracker
+    from p2ptrain.verify.config import VerifyConfig
+
+    ours = settings.identity(TRAIN, VerifyConfig())
+    assert ours == settings.identity(TRAIN) and "verify=" not in ours
+    off = settings.identity(TRAIN, VerifyConfig(enabled=False))
+    fewer_rows = settings.identity(TRAIN, VerifyConfig(sketch_rows=8))
+    no_running = settings.identity(TRAIN, VerifyConfig(running=False))
+    assert len({ours, off, fewer_rows, no_running}) == 4 and "verify=off" in off
+
+    def record(line: str) -> PeerRecord:
+        return PeerRecord(device_name="dev", memory_gb=16.0, tflops=10.0, settings=line)
+
+    tracker = MembershipTracker(PEERS[0], settings=ours)
+    view = tracker.update({PEERS[0]: record(ours), PEERS[1]: record(off), PEERS[2]: record(no_running)})
+    assert view.ids == (PEERS[0],)
+    for config in (VerifyConfig(), VerifyConfig(false_alarm=1e-12, rate=1e-5, sketch_rows=64), VerifyConfig(enabled=False)):
+        line = settings.identity(TRAIN, config)
+        assert PeerRecord.decode(record(line).encode()).settings == line  # fits the peer record's settings line

@@ -208,3 +208,16 @@ def test_sync_mode_rounds_traffic_and_utilisation_come_from_the_training_heartbe
     assert (summary["sync"], summary["sync_every"], summary["round"], summary["round_steps_left"]) == (
         "every-step", 1, None, None)
     assert summary["sent_bytes_per_step"] is None and summary["utilisation"] == 0.5
+
+
+def test_a_blame_with_evidence_is_shown_as_a_failed_check():
+    view = RunView(ViewConfig(run="demo", tokens_per_step=1000, silent_after_s=5.0))
+    first = plan(0, PEERS[:4], ((0, 1), (2, 3)))
+    peers = {p: peer(i) for i, p in enumerate(PEERS[:4])}
+    view.update(Snapshot(100.0, peers, plans={PEERS[0]: first}))
+    halted = {PEERS[2]: ProgressRecord(0, 3, None, 0.0, halted=True, blame=PEERS[3], evidence=b"statement"),
+              PEERS[1]: ProgressRecord(0, 3, None, 0.0, halted=True, blame=PEERS[3])}  # a plain blame: not shown
+    view.update(Snapshot(101.0, peers, plans={PEERS[0]: first}, progress=halted))
+    view.update(Snapshot(102.0, peers, plans={PEERS[0]: first}, progress=halted))  # read again: once
+    failed = [e for e in view.state(102.0)["events"] if e["kind"] == "verify_failed"]
+    assert len(failed) == 1 and failed[0]["peer"] == PEERS[3] and PEERS[2] in failed[0]["text"]

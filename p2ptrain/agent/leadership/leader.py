@@ -69,7 +69,7 @@ from p2ptrain.agent.leadership.plan_maker import (
 from p2ptrain.agent.leadership.run_stages import RunStages, at_stages, choose_run_stages, stages_on_disk
 from p2ptrain.errors import AgentError, ProtocolError
 from p2ptrain.net.dht.node import SwarmDHT
-from p2ptrain.net.dht.records import NO_BACKUP, PlanRecord
+from p2ptrain.net.dht.records import NO_BACKUP, PlanRecord, ProgressRecord
 from p2ptrain.net.transport.status import PeerStatus
 from p2ptrain.planning import Cluster, LayeredWorkload, Workload, even_layers
 from p2ptrain.planning.simulated import StepWorkload
@@ -77,6 +77,7 @@ from p2ptrain.planning.split import Layers
 from p2ptrain.runtime.calibration import layered_workload, step_profile, step_workload
 from p2ptrain.runtime.checkpoint import latest_complete
 from p2ptrain.runtime.config import TrainConfig
+from p2ptrain.verify.attest import judge_evidence
 
 logger = logging.getLogger(__name__)
 
@@ -163,6 +164,8 @@ class Leading:
         self.quarantine = Quarantine(config.churn.quarantine_s, config.churn.quarantine_max_s,
                                      blame_epochs=config.churn.quarantine_blames,
                                      blame_window_s=config.churn.blame_window_s)  # fmt: skip
+        self._judged: set[tuple[str, int]] = set()  # (blamer, epoch) whose evidence was judged
+        self._cleared: set[tuple[str, int]] = set()  # (peer, epoch) blamed with evidence that did not hold
         self._compute = ComputeWatch(config.claims.speed_tolerance, config.claims.min_steps)
 
     def close(self) -> None:
@@ -446,6 +449,7 @@ class Leading:
             logger.warning("reading progress failed: %s", e)
             return
         self._compute.observe(current, progress)
+        self._judge_evidence(current, progress)  # before ``live``: a proven culprit's states are no restart's
         ckpt, train = self.config.checkpoint, at_stages(self.config.train, self._plan_stages())
         last = latest_complete(ckpt.dir, train.stages, train.model) if ckpt.dir else None
         live = self.quarantine.without(membership.ids)  # a quarantined peer is no joiner before its back-off ends
@@ -501,12 +505,44 @@ class Leading:
             return True
         return False
 
+    def _judge_evidence(self, current: PlanRecord, progress: dict[str, ProgressRecord]) -> None:
+        """Blames that come with evidence (``ProgressRecord.evidence``, ``verify.group``): re-checked here. Evidence
+        that holds quarantines the blamed peer at once (an honest member fails a check with probability
+        ``verify.false_alarm``); evidence that does not hold quarantines the blamer, and its blame is not counted
+        against the peer it named: a liar blaming an honest peer is the one caught."""
+        for blamer, record in sorted(progress.items()):
+            if record.epoch != current.epoch or not record.halted or record.blame is None or not record.evidence:
+                continue
+            if (blamer, record.epoch) in self._judged or blamer not in current.membership:
+                continue
+            self._judged.add((blamer, record.epoch))
+            accused = record.blame
+            why = judge_evidence(record.evidence, accused, self.dht.keys.run_id, self.config.verify.false_alarm)
+            if why is None:
+                culprit = accused
+                reason = (f"its work failed the sum check of epoch {record.epoch}: proven by its own signed statement, "
+                          f"which {blamer} forwarded")
+            else:
+                culprit = blamer
+                reason = f"it blamed {accused} for epoch {record.epoch} with evidence that does not hold: {why}"
+                self._cleared.add((accused, record.epoch))
+            logger.warning("evidence from %s against %s %s", blamer, accused, "holds" if why is None else
+                           f"does not hold ({why})")  # fmt: skip
+            self.events.write("evidence", epoch=record.epoch, blamer=blamer, accused=accused, holds=why is None,
+                              reason=why or "")  # fmt: skip
+            if culprit == self.peer_id:
+                continue
+            backoff = self.quarantine.add(culprit, record.epoch)
+            if backoff is not None:
+                logger.warning("quarantining peer %s for %.0f s: %s", culprit, backoff, reason)
+                self.events.write("quarantined", peer=culprit, epoch=record.epoch, seconds=backoff, reason=reason)
+
     def _count_blames(self, current: PlanRecord, replan: Replan) -> None:
         """Members blamed for this failure that halted: quarantined once blamed for ``churn.quarantine_blames``
         epochs within ``churn.blame_window_s`` (``agent.quarantine``), else counted."""
         churn = self.config.churn
         for peer in replan.blamed:
-            if peer == self.peer_id:
+            if peer == self.peer_id or (peer, current.epoch) in self._cleared:
                 continue
             count = self.quarantine.blame(peer, current.epoch)
             if count is None:  # this epoch's failure read again

@@ -27,6 +27,7 @@ the leader's word for a plan:
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -44,6 +45,8 @@ from p2ptrain.agent.leadership.standing import Standing
 from p2ptrain.net.dht.records import LinksRecord, PeerRecord, PlanRecord, ProgressRecord
 from p2ptrain.planning import Cluster, LayeredWorkload, Workload, even_layers, make_objective
 from p2ptrain.runtime.config import TrainConfig
+from p2ptrain.verify.attest import judge_evidence
+from p2ptrain.verify.sketch import FALSE_ALARM
 
 logger = logging.getLogger(__name__)
 
@@ -137,14 +140,26 @@ def cost_check(plan: PlanRecord, peers: Mapping[str, PeerRecord], rows: Mapping[
     return CostCheck(float(theirs_s), float(ours_s), tolerance, slack_s)
 
 
-def culpable_leader(plan: PlanRecord, progress: Mapping[str, ProgressRecord], blamed_for_s: float) -> str | None:
+def culpable_leader(plan: PlanRecord, progress: Mapping[str, ProgressRecord], blamed_for_s: float,
+                    run: str | None = None, false_alarm: float = FALSE_ALARM) -> str | None:  # fmt: skip
     """Why the leader of ``plan`` failed its own epoch (None: nothing says so yet): the halted trainers' blames
     (``ProgressRecord.blame``) end at it (``replan.blame_roots``): its stage took tensors and answered nothing.
     Until it halted itself (saying whom it waited on, if anyone) it gets ``BLAMED_HALT_S`` from the first such
     blame (``blamed_for_s`` ago), as a blamed trainer does from its leader. An honest leader at the root of a
     cascade (its link broke) is passed over for one back-off and rejoins like any joiner: the leader that
-    would have planned around the failure was itself."""
+    would have planned around the failure was itself.
+
+    With ``run``, blames that come with evidence (``ProgressRecord.evidence``) are judged as the leader judges
+    them (``verify.attest.judge_evidence``): evidence that holds against the leader makes it culpable at once (its
+    own work failed a check), evidence that does not hold is no blame at all (a liar's word must not pass an
+    honest leader over, and make the liar, next in line, the leader of those who believed it)."""
     halted = {p: r for p, r in progress.items() if r.epoch == plan.epoch and r.halted and p in plan.membership}
+    if run is not None:
+        judged = {p: _judge(r.evidence, r.blame, run, false_alarm) for p, r in halted.items()
+                  if r.evidence and r.blame}  # fmt: skip
+        if any(why is None and halted[p].blame == plan.leader for p, why in judged.items()):
+            return f"epoch {plan.epoch}, which it planned: its own work failed a check (proven by its signed statement)"
+        halted = {p: r for p, r in halted.items() if judged.get(p) is None}
     edges = {p: r.blame for p, r in halted.items() if r.blame in plan.membership and r.blame != p}
     if plan.leader not in blame_roots(edges) or (plan.leader not in halted and blamed_for_s < BLAMED_HALT_S):
         return None
@@ -152,12 +167,19 @@ def culpable_leader(plan: PlanRecord, progress: Mapping[str, ProgressRecord], bl
             f"{sum(1 for b in edges.values() if b == plan.leader)} trainer(s) blame it)")
 
 
+@functools.lru_cache(maxsize=256)
+def _judge(evidence: bytes, accused: str, run: str, false_alarm: float) -> str | None:
+    return judge_evidence(evidence, accused, run, false_alarm)  # a signature check and a sketch sum: once each
+
+
 class CulpableWatch:
     """A follower's watch on the leader of the epoch it followed (``culpable_leader``), once that epoch failed:
     remembers when the blames first ended at the leader, and reads the progress records at most every
-    ``interval_s``."""
+    ``interval_s``; with ``run``, blames with evidence are judged."""
 
-    def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic, run: str | None = None,
+                 false_alarm: float = FALSE_ALARM):  # fmt: skip
+        self.run, self.false_alarm = run, false_alarm
         self.interval_s = interval_s
         self.clock = clock
         self._blamed: dict[tuple[str, int], float] = {}  # (leader, epoch) -> when its blame was first read
@@ -170,10 +192,11 @@ class CulpableWatch:
         self._last = now
         progress = read_progress()
         key = (plan.leader, plan.epoch)
-        if culpable_leader(plan, progress, blamed_for_s=float("inf")) is None:
+        judging = {"run": self.run, "false_alarm": self.false_alarm}
+        if culpable_leader(plan, progress, blamed_for_s=float("inf"), **judging) is None:
             self._blamed.pop(key, None)
             return None
-        return culpable_leader(plan, progress, now - self._blamed.setdefault(key, now))
+        return culpable_leader(plan, progress, now - self._blamed.setdefault(key, now), **judging)
 
 
 def newer_plan_excuses(newest: PlanRecord | None, followed_epoch: int, leader: str, live: Collection[str]) -> bool:

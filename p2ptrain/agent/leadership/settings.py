@@ -31,6 +31,7 @@ from p2ptrain.net.dht.records import PlanRecord
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.schedule import SCHEDULES
 from p2ptrain.runtime.wire import WIRE_FORMATS
+from p2ptrain.verify.config import VerifyConfig
 
 NAMES = ("wire", "schedule", "overlap", "bucket_elements")
 
@@ -40,13 +41,16 @@ def plan_fields(train: TrainConfig) -> dict[str, object]:
     return {name: getattr(train, name) for name in NAMES}
 
 
-def identity(train: TrainConfig) -> str:
+def identity(train: TrainConfig, verify: VerifyConfig | None = None) -> str:
     """The settings as one short line for a peer record (``PeerRecord.settings``):
     ``wire=fp32,schedule=...,training=<digest>``, and ``stages=auto_<min>_<max>`` where the leader chooses the
-    stage count (members of a run must agree on that too)."""
+    stage count (members of a run must agree on that too), and ``verify=...`` where ``[verify]`` is not the
+    default (``VerifyConfig.identity``): an agent that checks less, or not at all, is not a member of a run that
+    checks, so no leader can plan it in (nor turn the checks off: each follower checks by its own config)."""
     low, high = train.stage_bounds
     auto = [f"stages=auto_{low}_{high}"] if train.stages_auto else []
-    return ",".join([*(f"{name}={_text(getattr(train, name))}" for name in NAMES), *auto,
+    checks = [] if verify is None or verify == VerifyConfig() else [f"verify={verify.identity()}"]
+    return ",".join([*(f"{name}={_text(getattr(train, name))}" for name in NAMES), *auto, *checks,
                      f"training={training_digest(train)}"])  # fmt: skip
 
 

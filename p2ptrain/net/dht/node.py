@@ -40,6 +40,7 @@ from typing import Any
 import hivemind
 from hivemind.dht.validation import RecordValidatorBase
 from hivemind.utils import get_dht_time
+from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.multiaddr import Multiaddr
 
 from p2ptrain.errors import ConfigError, PeerTimeoutError, ProtocolError
@@ -248,6 +249,14 @@ class SwarmDHT:
         if self._identity is None:
             raise RuntimeError("SwarmDHT is not started")
         return self._identity.peer_id
+
+    @property
+    def signing_key(self) -> RSAPrivateKey:
+        """This peer's identity key (its peer ID is the key's hash): it signs what the peer states
+        (``verify.statement``) as it signs its records."""
+        if self._identity is None:
+            raise RuntimeError("the DHT is not started")
+        return self._identity.private_key
 
     @property
     def hivemind_dht(self) -> hivemind.DHT:

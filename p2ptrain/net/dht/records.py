@@ -91,6 +91,7 @@ AGENT_PROTOCOL_VERSION = 1
 MAX_COMPUTE_S = 3600.0  # one micro-batch through one block: an hour is past any sane device
 MAX_STEP_BYTES = 1 << 50  # what a peer sends in one step: a PiB takes hours at 1 Tbit/s
 MAX_ROWS = 1 << 20
+MAX_EVIDENCE_BYTES = 16 << 10  # a blame's evidence: a record stays under MAX_RECORD_BYTES
 NO_CODEC_S = ((0.0, 0.0),) * 3  # a calibration without codec timings: fp32's, or an older agent's
 
 
@@ -322,7 +323,9 @@ class ProgressRecord(RecordEnvelope):
     bytes the writer's transport sent during step ``step`` (``Transport.sent_bytes``), None when not said
     (additive). ``sync_every``: the steps between the run's data-parallel syncs, H of DiLoCo's rounds
     (``TrainConfig.rounds``), 1 for every step and for writers that do not say (additive). Both are for
-    readers (the monitor).
+    readers (the monitor). ``evidence``: with ``blame``, what proves that the blamed peer's work failed a
+    check (``verify.group``: its own signed statement, at most ``MAX_EVIDENCE_BYTES``), which the leader
+    re-checks (additive; empty: the blame is the writer's word).
     """
 
     epoch: int
@@ -338,6 +341,7 @@ class ProgressRecord(RecordEnvelope):
     leader: str | None = None
     sent_bytes: int | None = None
     sync_every: int = 1
+    evidence: bytes = b""
     kind: ClassVar[RecordKind] = RecordKind.PROGRESS
 
     def __post_init__(self) -> None:
@@ -373,6 +377,10 @@ class ProgressRecord(RecordEnvelope):
         if self.sent_bytes is not None:
             set_field(self, "sent_bytes", f.integer("sent_bytes", self.sent_bytes, 0, MAX_STEP_BYTES))
         set_field(self, "sync_every", f.integer("sync_every", self.sync_every, 1, MAX_COUNTER))
+        if not isinstance(self.evidence, bytes) or len(self.evidence) > MAX_EVIDENCE_BYTES:
+            raise RecordError(f"evidence must be at most {MAX_EVIDENCE_BYTES} bytes")
+        if self.evidence and self.blame is None:
+            raise RecordError("evidence without a blame")
 
     def _fields(self) -> dict[str, Any]:
         fields = {"epoch": self.epoch, "step": self.step, "loss": self.loss, "step_time_s": self.step_time_s,
@@ -389,6 +397,8 @@ class ProgressRecord(RecordEnvelope):
             fields["sent_bytes"] = self.sent_bytes
         if self.sync_every != 1:  # optional field: absent when the run syncs every step
             fields["sync_every"] = self.sync_every
+        if self.evidence:  # optional field: absent unless a blame comes with evidence
+            fields["evidence"] = self.evidence
         return fields
 
     @classmethod
@@ -397,7 +407,8 @@ class ProgressRecord(RecordEnvelope):
                    halted=m.get("halted", False), kept=m.get("kept", 0), stage=m.get("stage"),
                    holds=tuple(m.get("holds", ())), blame=peer_from_bytes("blame", m.get("blame")),
                    compute_s=m.get("compute_s", 0.0), leader=peer_from_bytes("leader", m.get("leader")),
-                   sent_bytes=m.get("sent_bytes"), sync_every=m.get("sync_every", 1))
+                   sent_bytes=m.get("sent_bytes"), sync_every=m.get("sync_every", 1),
+                   evidence=m.get("evidence", b""))
 
 
 Record = PeerRecord | LinksRecord | PlanRecord | ProgressRecord

@@ -46,6 +46,8 @@ class MessageKind(StrEnum):
     ACTIVATION_GRAD = "activation_grad"  # the gradient of a stage's input, back to the stage before it
     REDUCE_SHARD = "reduce_shard"  # a shard of a gradient, to the replica that sums it (``runtime.allreduce``)
     GATHER_SHARD = "gather_shard"  # a summed shard, from that replica to every other
+    COMMIT = "commit"  # a member's signed digests of the all-reduce messages it sent in a step (``verify.group``)
+    SKETCH = "sketch"  # an owner's signed sketches of the shards it summed, once the step's seed is known
     GRAD_NORM = "grad_norm"  # a stage's squared gradient norm, to the other stages of its pipeline (``model.clip``)
     PROBE = "probe"  # a link probe (``probe_session``), answered by ``rpc_probe``, never kept in a mailbox
     STATE = "state"  # a stage's training state, to a peer that takes the stage over (``agent.churn.stage_state``)

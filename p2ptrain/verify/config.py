@@ -1,0 +1,40 @@
+"""``[verify]``: how a run checks its members' work (docs/verification.md). A run setting: every agent says it in
+its settings line (``agent.leadership.settings.identity``), so peers that verify otherwise are not members of one
+run and no leader can turn it off or down for its followers."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from p2ptrain.errors import ConfigError
+from p2ptrain.verify.commit import DEFAULT_RATE
+from p2ptrain.verify.sketch import FALSE_ALARM, MAX_ROWS, SKETCH_ROWS
+
+
+@dataclass(frozen=True)
+class VerifyConfig:
+    enabled: bool = True  # the sum check of every data-parallel all-reduce, every step (``verify.group``)
+    rate: float = DEFAULT_RATE  # micro-batches recomputed per member per step (the recompute check, not wired yet)
+    sketch_rows: int = SKETCH_ROWS  # rows k of the sum check's sketches
+    false_alarm: float = FALSE_ALARM  # the probability an honest member fails one check, at most
+    running: bool = True  # the sum check also over the running sums since the epoch began (``verify.group``)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool) or not isinstance(self.running, bool):
+            raise ConfigError("verify.enabled and verify.running are true or false")
+        if not (isinstance(self.rate, int | float) and 0 < self.rate <= 1):
+            raise ConfigError(f"verify.rate={self.rate!r} must lie in (0, 1]")
+        if not (isinstance(self.sketch_rows, int) and 8 <= self.sketch_rows <= MAX_ROWS):
+            raise ConfigError(f"verify.sketch_rows={self.sketch_rows!r} must lie in 8..{MAX_ROWS}")
+        if not (isinstance(self.false_alarm, int | float) and 0 < self.false_alarm <= 2.0**-20):
+            raise ConfigError(f"verify.false_alarm={self.false_alarm!r} must lie in (0, 2^-20]")
+
+    def identity(self) -> str:
+        """The setting as said in a settings line (``[a-z0-9_.]``, at most 24 characters): ``off``, or
+        ``<rows>_<-log2 false_alarm>_<rate>_<running>``, e.g. ``32_40_0.125_1`` (the default)."""
+        if not self.enabled:
+            return "off"
+        bits = f"{-math.log2(self.false_alarm):.3f}".rstrip("0").rstrip(".")
+        rate = f"{self.rate:.6f}".rstrip("0").rstrip(".")
+        return f"{self.sketch_rows}_{bits}_{rate}_{int(self.running)}"

@@ -1,0 +1,356 @@
+"""The sum check of a stage's data-parallel all-reduce, live, every step: commit, seed, attest, check.
+
+``runtime.buckets`` hands a ``GroupVerifier`` the step's records (``allreduce.ReduceRecord``: the messages a
+member sent and received, what it added up as owner) once every bucket is summed and before any sum is
+applied. Every member of the group then, over the step's link (kinds ``commit`` and ``sketch``):
+
+1. **commits**: signs the digests (``commit.message_digest``) of the tensor messages it sent in the step's
+   all-reduce, per bucket its reduce shard to every other owner then its own reduced shard, and sends that
+   statement (``statement``) to the group;
+2. derives the step's **seed** from every member's digests (``sketch.challenge_seed``): it exists only once
+   the last message is committed, so nobody knew the sketches' signs when it summed or sent;
+3. **attests**, as owner of shard r of every bucket: the sketch of the reduced shard ``D`` it sent (decoded),
+   ``‖D‖``, ``‖slack‖`` (the codec's bound of ``D``'s message plus that of its previous one, which bounds the
+   error-feedback residual it added), and for every replica j the sketch and norm of what it added for j;
+   signed, kind ``sketch``;
+4. **checks**, for every other owner k and bucket b: (a) k's reduced message is the one k committed to (the
+   same to every member); (b) k's claims about ``D`` are what this member computes from the ``D`` it holds;
+   (c) k's entry for this member's own contribution is the sketch of what it sent k; (d) the sum:
+   ``sketch.judge_sum`` of k's attested numbers. A failure of (d) is proven by k's signed statement alone
+   (k's own numbers do not add up, beyond a tolerance an honest owner exceeds with probability
+   ``false_alarm``): that statement is the evidence a finder sends the leader (``attest.judge_evidence``).
+   (a)-(c) are named with a reason and no transferable evidence (it would be a whole shard).
+
+With ``running`` each owner also attests, and each member checks the same way, the running sums since the
+epoch began (``sketch.RunningSum``: ``Σ_u D_u`` against ``Σ_u c_{j,u}``; the error-feedback residuals
+telescope, so only the present message's bound remains and a bias inside the codec's error every step grows
+against a fixed tolerance): check ``running``, proven by the same statement.
+
+A failure raises ``VerificationFailed`` (a ``ProtocolError`` naming the member): the step's sums are never
+applied, the epoch halts blaming it. A statement that does not parse, is not signed by its sender, or is for
+another run, epoch, step or stage is a failure of its sender (check ``statement``), refused with a one-line
+reason. What this cannot see: an owner's own contribution is its word (a corruption folded into it, with a
+matching sketch, passes); that is the recompute check's part (``recompute``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import torch
+from hivemind.utils.crypto import RSAPrivateKey
+
+from p2ptrain.errors import ProtocolError
+from p2ptrain.futures import wait_all
+from p2ptrain.net.transport.messages import MessageKind
+from p2ptrain.runtime.allreduce import GroupExchange, ReduceRecord
+from p2ptrain.runtime.wire import Codec
+from p2ptrain.verify import statement
+from p2ptrain.verify.attest import (
+    Attestation,
+    header_bytes,
+    parse_sketch_body,
+    said,
+    statement_header,
+)
+from p2ptrain.verify.bounds import error_bound
+from p2ptrain.verify.commit import message_digest
+from p2ptrain.verify.sketch import (
+    FALSE_ALARM,
+    SKETCH_ROWS,
+    RunningSum,
+    challenge_seed,
+    derive_seed,
+    judge_sum,
+    sketch,
+    sketch_rounding,
+)
+
+logger = logging.getLogger(__name__)
+
+_U64 = 2.0**-53
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A check a member failed: who, at which step, which check, by how much (statistic / tolerance; inf where
+    it is a mismatch), why, and the evidence a third party re-checks (None: the finder's word only)."""
+
+    member: str
+    epoch: int
+    step: int
+    check: str  # "sum", "running", "claim", "attest", "commit", "statement"
+    ratio: float
+    reason: str
+    evidence: bytes | None = None
+
+
+class VerificationFailed(ProtocolError):
+    """A member of our group failed a check of this step: the step is refused and the epoch halts blaming it."""
+
+    def __init__(self, finding: Finding):
+        super().__init__(f"peer {finding.member} failed the {finding.check} check of step {finding.step}: "
+                         f"{finding.reason}")
+        self.finding = finding
+        self.peer = finding.member
+
+
+class GroupVerifier:
+    """The sum check of one stage's replica group for one epoch (``__call__`` is ``buckets.Verifier``)."""
+
+    def __init__(self, key: RSAPrivateKey, run: str, stage: int, group: Sequence[str], codec: Codec, *,
+                 rows: int = SKETCH_ROWS, false_alarm: float = FALSE_ALARM, running: bool = True,
+                 on_finding: Callable[[Finding], None] | None = None):  # fmt: skip
+        self.key, self.run, self.stage, self.group, self.codec = key, run, stage, tuple(group), codec
+        self.rows, self.false_alarm, self.on_finding = rows, false_alarm, on_finding
+        self.epoch = self.step = 0
+        self._previous: dict[tuple[int, int], torch.Tensor] = {}  # (bucket, owner) -> last message's bound
+        # the running sums since the epoch began (its executor's residuals started at zero): as owner, per
+        # bucket D and what we added per replica; as member, per (bucket, owner) its D and what we sent it
+        self.running = running
+        self._owned: dict[int, tuple[RunningSum, list[RunningSum]]] = {}
+        self._seen: dict[tuple[int, int], tuple[RunningSum, RunningSum]] = {}
+        self.checked_steps = 0
+
+    def begin_step(self, epoch: int, step: int) -> None:
+        self.epoch, self.step = epoch, step
+
+    def __call__(self, records: list[ReduceRecord], rank: int, n: int, exchange: GroupExchange) -> None:
+        me = self.group[rank]
+        numels = [sum(record.sizes) for record in records]  # the buckets'; a sketch statement says its shards'
+        owned = [record.sizes[rank] for record in records]
+        sends: list[Future] = []
+        # 1. commit
+        digests = self._digests(records, rank, n)
+        body = statement_header("commit", self.run, self.epoch, self.step, self.stage, me, rank, n, numels, self.rows,
+                       None) + b"".join(d for bucket in digests for d in bucket)  # fmt: skip
+        blob = statement.sign(self.key, body)
+        commit_bytes = header_bytes(len(records)) + 32 * n * len(records)
+        for k in range(n):
+            if k != rank:
+                sends.append(exchange.send(k, MessageKind.COMMIT, 0, statement.to_message(blob, commit_bytes)))
+        committed: dict[int, list[list[bytes]]] = {rank: digests}
+        findings: list[Finding] = []
+        for j in range(n):
+            if j == rank:
+                continue
+            size = statement.wire_size(commit_bytes)
+            received = exchange.recv(j, MessageKind.COMMIT, 0, (size,), torch.uint8)
+            try:
+                committed[j] = self._open_commit(received, j, n, numels)
+            except ValueError as e:
+                findings.append(self._finding(j, "statement", math.inf, f"its commitment is refused: {e}"))
+        if findings:
+            self._fail(findings)
+        # 2. the seed, from every member's digests
+        seed = challenge_seed(f"{self.run}/{self.epoch}/{self.stage}", self.step,
+                              [d for j in range(n) for bucket in committed[j] for d in bucket])  # fmt: skip
+        # 3. attest our own shards (and their running sums)
+        steps = self._add_running(records, rank, n) if self.running else 0
+        floats = [self._attest(record, b, rank, n, seed) for b, record in enumerate(records)]
+        values = torch.cat(floats).numpy().tobytes()
+        body = statement_header("sketch", self.run, self.epoch, self.step, self.stage, me, rank, n, owned, self.rows,
+                       seed, steps) + values  # fmt: skip
+        blob = statement.sign(self.key, body)
+        sketch_bytes = len(body)  # the same for every member: the layout depends on the bucket count only
+        for k in range(n):
+            if k != rank:
+                sends.append(exchange.send(k, MessageKind.SKETCH, 0, statement.to_message(blob, sketch_bytes)))
+        # 4. check every other owner's
+        for k in range(n):
+            if k == rank:
+                continue
+            received = exchange.recv(k, MessageKind.SKETCH, 0, (statement.wire_size(sketch_bytes),), torch.uint8)
+            findings += self._check_owner(records, k, rank, n, seed, steps, committed[k], received)
+        if findings:
+            self._fail(findings)
+        for b, record in enumerate(records):  # the bounds of this step's messages: next step's residuals
+            for k in range(n):
+                self._previous[(b, k)] = error_bound(self.codec, record.gathered[k], (record.sizes[k],))
+        self.checked_steps += 1
+        wait_all(sends)
+
+    # -- the parts
+
+    def _tag(self, kind: str, b: int, shard: int, sender: int) -> str:
+        return f"{self.run}/{self.epoch}/{self.step}/{self.stage}/{kind}/{b}/{shard}/{sender}"
+
+    def _digests(self, records: list[ReduceRecord], rank: int, n: int) -> list[list[bytes]]:
+        out = []
+        for b, record in enumerate(records):
+            bucket = [message_digest(record.sent[k], self._tag("reduce", b, k, rank)) for k in range(n) if k != rank]
+            bucket.append(message_digest(record.gathered[rank], self._tag("gather", b, rank, rank)))
+            out.append(bucket)
+        return out
+
+    def _open_commit(self, message: torch.Tensor, j: int, n: int, numels: list[int]) -> list[list[bytes]]:
+        body = statement.open_signed(statement.from_message(message), self.group[j])
+        want = statement_header("commit", self.run, self.epoch, self.step, self.stage, self.group[j], j, n, numels,
+                       self.rows, None)  # fmt: skip
+        if body[: len(want)] != want:
+            raise ValueError(f"it is for another run, epoch, step, stage or bucket layout: {said(body)}")
+        raw = body[len(want):]
+        return [[raw[(b * n + i) * 32: (b * n + i + 1) * 32] for i in range(n)] for b in range(len(numels))]
+
+    def _decoded_sent(self, record: ReduceRecord, k: int) -> torch.Tensor:
+        """What owner k decoded from us (it adds exactly that)."""
+        return self.codec.decode(record.sent[k], (record.sizes[k],))
+
+    def _slack_norm(self, message: torch.Tensor, numel: int, b: int, k: int) -> float:
+        slack = error_bound(self.codec, message, (numel,))
+        previous = self._previous.get((b, k))
+        if previous is not None and previous.shape == slack.shape:
+            slack = slack + previous
+        return float(torch.linalg.vector_norm(slack))
+
+    def _add_running(self, records: list[ReduceRecord], rank: int, n: int) -> int:
+        """Add this step's shards to the running sums; returns the steps they hold."""
+        for b, record in enumerate(records):
+            own_d, added = self._owned.setdefault(b, (RunningSum(record.sizes[rank]),
+                                                      [RunningSum(record.sizes[rank]) for _ in range(n)]))  # fmt: skip
+            own_d.add(self.codec.decode(record.gathered[rank], (record.sizes[rank],)))
+            for j in range(n):
+                added[j].add(record.added[j])
+            for k in range(n):
+                if k != rank:
+                    seen_d, sent = self._seen.setdefault((b, k), (RunningSum(record.sizes[k]),
+                                                                  RunningSum(record.sizes[k])))  # fmt: skip
+                    seen_d.add(self.codec.decode(record.gathered[k], (record.sizes[k],)))
+                    sent.add(self._decoded_sent(record, k))
+        return self._owned[0][0].steps
+
+    def _attest(self, record: ReduceRecord, b: int, rank: int, n: int, seed: int) -> torch.Tensor:
+        shard_seed = derive_seed(seed, "reduce", self.stage, b, rank)
+        message = record.gathered[rank]
+        numel = record.sizes[rank]
+        total = self.codec.decode(message, (numel,))
+        slack = torch.tensor([self._slack_norm(message, numel, b, rank)], dtype=torch.float64)
+        parts = [sketch(total, shard_seed, self.rows), _norm(total), slack]
+        for j in range(n):
+            parts += [sketch(record.added[j], shard_seed, self.rows), _norm(record.added[j])]
+        if self.running:  # over the epoch the residuals telescope: only the present message's bound remains
+            own_d, added = self._owned[b]
+            current = float(torch.linalg.vector_norm(error_bound(self.codec, message, (numel,))))
+            parts += [sketch(own_d.total, shard_seed, self.rows), _scalar(own_d.norm), _scalar(current)]
+            for j in range(n):
+                parts += [sketch(added[j].total, shard_seed, self.rows), _scalar(added[j].norm)]
+        return torch.cat([p.reshape(-1) for p in parts])
+
+    def _check_owner(self, records: list[ReduceRecord], k: int, rank: int, n: int, seed: int, steps: int,
+                     committed: list[list[bytes]], message: torch.Tensor) -> list[Finding]:  # fmt: skip
+        owner = self.group[k]
+        try:
+            blob = statement.from_message(message)
+            body = statement.open_signed(blob, owner)
+            parsed = parse_sketch_body(body)
+        except ValueError as e:
+            return [self._finding(k, "statement", math.inf, f"its sketch statement is refused: {e}")]
+        expected = {"kind": "sketch", "run": self.run, "epoch": self.epoch, "step": self.step, "stage": self.stage,
+                    "member": owner, "rank": k, "n": n, "rows": self.rows, "seed": seed, "steps": steps,
+                    "numels": [record.sizes[k] for record in records]}  # fmt: skip
+        wrong = {key: parsed.header.get(key) for key, value in expected.items() if parsed.header.get(key) != value}
+        if wrong or len(parsed.buckets) != len(records):
+            return [self._finding(k, "statement", math.inf, f"its sketch statement is for something else: {wrong}")]
+        findings = []
+        for b, (record, att) in enumerate(zip(records, parsed.buckets, strict=True)):
+            try:
+                finding = self._check_bucket(record, att, b, k, rank, seed, committed, blob)
+                if finding is None and parsed.running:
+                    finding = self._check_running(parsed.running[b], b, k, rank, seed, steps, record, blob)
+            except ValueError as e:  # a reduced message no honest encoder makes (``bounds.error_bound``)
+                finding = self._finding(k, "claim", math.inf, f"its reduced shard of bucket {b} is refused: {e}")
+            if finding is not None:
+                findings.append(finding)
+        return findings
+
+    def _check_bucket(self, record: ReduceRecord, att: Attestation, b: int, k: int, rank: int, seed: int,
+                      committed: list[list[bytes]], blob: bytes) -> Finding | None:  # fmt: skip
+        """Checks (a) to (d) of owner k's shard of bucket b (see the module); ``blob``: its signed statement."""
+        gathered = record.gathered[k]
+        # (a) the reduced message is the one committed (the same to every member)
+        if message_digest(gathered, self._tag("gather", b, k, k)) != committed[b][-1]:
+            return self._finding(k, "commit", math.inf, f"its reduced shard of bucket {b} is not the message it "
+                                                         "committed to")  # fmt: skip
+        numel = record.sizes[k]
+        shard_seed = derive_seed(seed, "reduce", self.stage, b, k)
+        total = self.codec.decode(gathered, (numel,))
+        # (b) its claims about D
+        total_norm = float(_norm(total))
+        if not (_close(att.total, sketch(total, shard_seed, self.rows), total_norm, numel)
+                and _near(att.total_norm, total_norm, numel)
+                and _near(att.slack_norm, self._slack_norm(gathered, numel, b, k), numel)):
+            return self._finding(k, "claim", math.inf, f"its sketch, norm or slack of bucket {b}'s reduced shard is "
+                                                        "not that of the shard it sent")  # fmt: skip
+        # (c) its entry for what we sent it
+        mine, own = self._decoded_sent(record, k), att.added[rank]
+        if not (_close(own.sketch, sketch(mine, shard_seed, self.rows), own.norm, numel)
+                and _near(own.norm, float(_norm(mine)), numel)):
+            return self._finding(k, "attest", math.inf, f"it attests another contribution of ours to bucket {b} "
+                                                         "than the one we sent")  # fmt: skip
+        # (d) the sum
+        result = judge_sum(att.total, att.total_norm, att.slack_norm, numel, att.added, false_alarm=self.false_alarm)
+        if not result.passed:
+            return self._finding(k, "sum", result.ratio, f"its reduced shard of bucket {b} is not the sum of what "
+                                 f"it added ({result.ratio:.3g}× the tolerance)", blob)  # fmt: skip
+        return None
+
+    def _check_running(self, att: Attestation, b: int, k: int, rank: int, seed: int, steps: int,
+                       record: ReduceRecord, blob: bytes) -> Finding | None:  # fmt: skip
+        """Checks (b) to (d) of owner k's running sums of bucket b since the epoch began."""
+        seen_d, sent = self._seen[(b, k)]
+        numel = record.sizes[k]
+        shard_seed = derive_seed(seed, "reduce", self.stage, b, k)
+        current = float(torch.linalg.vector_norm(error_bound(self.codec, record.gathered[k], (numel,))))
+        scale = seen_d.norm + sent.norm
+        if not (_close(att.total, sketch(seen_d.total, shard_seed, self.rows), scale, numel)
+                and _near(att.total_norm, seen_d.norm, numel * steps) and _near(att.slack_norm, current, numel)):
+            return self._finding(k, "claim", math.inf, f"its running sum of bucket {b}'s reduced shards is not the "
+                                                        "sum of the shards it sent")  # fmt: skip
+        own = att.added[rank]
+        if not (_close(own.sketch, sketch(sent.total, shard_seed, self.rows), scale, numel)
+                and _near(own.norm, sent.norm, numel * steps)):
+            return self._finding(k, "attest", math.inf, f"it attests another running sum of our contributions to "
+                                                         f"bucket {b} than the one we sent")  # fmt: skip
+        result = judge_sum(att.total, att.total_norm, att.slack_norm, numel, att.added, steps=steps,
+                           false_alarm=self.false_alarm)  # fmt: skip
+        if not result.passed:
+            return self._finding(k, "running", result.ratio, f"its reduced shards of bucket {b} since the epoch "
+                                 f"began are not the sum of what it added ({result.ratio:.3g}× the tolerance, "
+                                 f"{steps} steps)", blob)  # fmt: skip
+        return None
+
+    def _finding(self, k: int, check: str, ratio: float, reason: str, evidence: bytes | None = None) -> Finding:
+        return Finding(self.group[k], self.epoch, self.step, check, ratio, reason,
+                       statement.trimmed(evidence) if evidence is not None else None)
+
+    def _fail(self, findings: list[Finding]) -> None:
+        for finding in findings:
+            logger.warning("verification: peer %s failed the %s check of epoch %d step %d: %s", finding.member,
+                           finding.check, finding.epoch, finding.step, finding.reason)  # fmt: skip
+            if self.on_finding is not None:
+                self.on_finding(finding)
+        proven = [f for f in findings if f.evidence is not None]
+        raise VerificationFailed((proven or findings)[0])
+
+
+def _scalar(x: float) -> torch.Tensor:
+    return torch.tensor([x], dtype=torch.float64)
+
+
+def _norm(x: torch.Tensor) -> torch.Tensor:
+    return torch.linalg.vector_norm(x.detach().to(torch.float64)).reshape(1)
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, norm: float, numel: int) -> bool:
+    """Two sketches of one vector (norm ``norm``) made on two machines: equal up to float64 rounding."""
+    allowed = 2 * sketch_rounding(numel) * norm + 1e-300
+    return bool(((a - b).abs() <= allowed).all())
+
+
+def _near(a: float, b: float, numel: int) -> bool:
+    """Two float64 norms of one vector made on two machines."""
+    return abs(a - b) <= 4 * (numel + 2) * _U64 * max(abs(a), abs(b)) + 1e-300

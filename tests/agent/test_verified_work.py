@@ -1,0 +1,90 @@
+"""Verified work in a real swarm (real agents as processes, real DHT, real libp2p on loopback; tiny model, 2
+stages × 2 replicas, fp32): a member whose sums are wrong is named by its group within 2 steps of its first
+corrupt message, with evidence the leader re-checks, quarantined at once, and the run finishes with the
+single-process losses; a member that blames an honest peer with forged evidence is the one quarantined; an
+honest run blames nobody.
+
+The corrupt members are ``corrupt_member.py`` (the real agent with its own runtime patched in its process).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from agent_helpers import events, run_agents, sorted_identities
+from corrupt_member import FIRST_CORRUPT_STEP
+from test_untrusted_members import assert_reference
+
+from p2ptrain.swarm.launcher import SwarmConfig
+
+pytestmark = pytest.mark.integration
+
+HERE = Path(__file__).resolve().parent
+ROGUE = 1  # the second-lowest peer ID: a trainer, never the leader
+
+
+def swarm(tmp_path, run: str, steps: int, mode: str | None):
+    sorted_identities(tmp_path, 4)
+    config = SwarmConfig(agents=4, stages=2, steps=steps, scenario=None, workdir=str(tmp_path), run=run,
+                         call_timeout_s=15.0)  # fmt: skip
+    commands = {ROGUE: [sys.executable, str(HERE / "corrupt_member.py"), mode]} if mode else {}
+    agents, codes, train = run_agents(tmp_path, config, commands, {}, 300)
+    assert all(code == 0 for code in codes.values()), codes
+    return agents, train
+
+
+def all_events(agents, kind: str) -> list[dict]:
+    return [e for a in agents for e in events(a.events.path) if e["event"] == kind]
+
+
+@pytest.mark.timeout(360)
+def test_a_member_that_scales_the_sums_it_sends_is_caught_quarantined_and_nothing_wrong_is_kept(tmp_path):
+    # negated sums are caught alike (``corrupt_member.py negate``; tests/verify/test_verify_group.py)
+    agents, train = swarm(tmp_path, "corrupt-scale", 6, "scale")
+    rogue, leader = agents[ROGUE].peer_id, agents[0]
+    honest = [a for a in agents if a.index != ROGUE]
+    found = all_events(honest, "verify_failed")
+    assert found and {e["peer"] for e in found} == {rogue}, found
+    assert {e["check"] for e in found} == {"sum"} and all(e["evidence"] and e["ratio"] > 1 for e in found)
+    assert min(e["step"] for e in found) == FIRST_CORRUPT_STEP  # its first corrupt message, before it is applied
+    log = events(leader.events.path)
+    judged = [e for e in log if e["event"] == "evidence"]
+    assert judged and all(e["accused"] == rogue and e["holds"] for e in judged), judged
+    quarantined = [e for e in log if e["event"] == "quarantined"]
+    assert [e["peer"] for e in quarantined] == [rogue] and "failed the sum check" in quarantined[0]["reason"]
+    plans = [e for e in log if e["event"] == "plan"]
+    assert rogue in plans[0]["devices"] and rogue not in plans[-1]["devices"] + plans[-1]["spares"]
+    assert f"peer {rogue} failed the sum check" in "".join(a.log_path.read_text() for a in honest)
+    assert_reference(honest, train)  # every step's loss the single-process one: the wrong sums were never kept
+
+
+@pytest.mark.timeout(360)
+def test_a_member_that_blames_an_honest_peer_with_forged_evidence_is_the_one_quarantined(tmp_path):
+    agents, train = swarm(tmp_path, "forged-blame", 6, "forge")
+    rogue, leader = agents[ROGUE].peer_id, agents[0]
+    honest = [a for a in agents if a.index != ROGUE]
+    log = events(leader.events.path)
+    judged = [e for e in log if e["event"] == "evidence"]
+    assert [(e["blamer"], e["holds"]) for e in judged] == [(rogue, False)], judged
+    accused = judged[0]["accused"]
+    assert accused == leader.peer_id and "sign" in judged[0]["reason"]  # it blamed the leader, with what it cannot sign
+    roles = [e for a in honest for e in events(a.events.path) if e["event"] == "role"]
+    assert {e["leader"] for e in roles} == {leader.peer_id}  # who believed nothing: no follower passed it over
+    quarantined = [e for e in log if e["event"] == "quarantined"]
+    assert [e["peer"] for e in quarantined] == [rogue] and "does not hold" in quarantined[0]["reason"]
+    assert not [e for e in log if e["event"] == "blamed" and e["peer"] == accused]  # not counted against it
+    assert not all_events(honest, "verify_failed")
+    assert_reference(honest, train)
+
+
+@pytest.mark.timeout(360)
+def test_an_honest_run_blames_nobody(tmp_path):
+    steps = 20
+    agents, train = swarm(tmp_path, "honest-verified", steps, None)
+    assert not all_events(agents, "verify_failed") and not all_events(agents, "quarantined")
+    assert not all_events(agents, "evidence")
+    checked = "".join(a.log_path.read_text() for a in agents)
+    assert checked.count(f"held in the {steps} step(s) checked") == 4  # every trainer checked every step
+    assert_reference(agents, train)

@@ -1,0 +1,271 @@
+"""The live sum check of a group (``verify.group``) in one process: the real all-reduce of every member, real
+signatures, the messages through in-process queues. Honest steps pass under every bounded codec; an owner that
+scales or negates the shards it sums is named by every other member with evidence that a third party re-checks;
+garbled, forged and wrong-step statements are refused with a reason and blame their sender."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections import defaultdict
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import pytest
+import torch
+
+from p2ptrain.net.identity import generate_identity
+from p2ptrain.runtime.allreduce import ReduceRecord, sharded_all_reduce
+from p2ptrain.runtime.wire import Codec, ErrorFeedback
+from p2ptrain.verify import statement
+from p2ptrain.verify.attest import judge_evidence
+from p2ptrain.verify.group import GroupVerifier, VerificationFailed
+
+RUN = "verify-group"
+IDENTITIES = [generate_identity() for _ in range(3)]
+GROUP = tuple(i.peer_id for i in IDENTITIES)
+RECV_S = 8.0  # only a member whose peers halted waits this long
+
+
+class Queues:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.queues: dict[tuple, queue.Queue] = defaultdict(queue.Queue)
+        self.tamper = None  # (sender, kind) -> a function of the message
+
+    def q(self, key):
+        with self.lock:
+            return self.queues[key]
+
+
+class Exchange:
+    def __init__(self, queues: Queues, rank: int, space: int):
+        self.queues, self.rank, self.space = queues, rank, space
+
+    def send(self, to_rank, kind, part, tensor):
+        if self.queues.tamper is not None and (self.rank, str(kind)) in self.queues.tamper:
+            tensor = self.queues.tamper[(self.rank, str(kind))](tensor)
+        self.queues.q((self.space, self.rank, to_rank, str(kind), part)).put(tensor)
+        done: Future = Future()
+        done.set_result(None)
+        return done
+
+    def recv(self, from_rank, kind, part, shape, dtype):
+        try:
+            message = self.queues.q((self.space, from_rank, self.rank, str(kind), part)).get(timeout=RECV_S)
+        except queue.Empty:
+            raise TimeoutError(f"nothing from {from_rank}") from None  # its peers halted: the transport's deadline
+        assert tuple(message.shape) == tuple(shape) and message.dtype == dtype  # what the transport refuses
+        return message
+
+
+class Scaling(ErrorFeedback):
+    """An owner that scales (or negates) every shard it sums before it sends it back, from step ``start`` on."""
+
+    def __init__(self, codec, factor, start):
+        super().__init__(codec)
+        self.factor, self.start, self.step = factor, start, 0
+
+    def encode(self, key, x):
+        if isinstance(key, tuple) and "gather_shard" in map(str, key) and self.step >= self.start:
+            x = x * self.factor
+        return super().encode(key, x)
+
+
+def run_steps(codec_name, steps, feedbacks=None, tamper=None, numels=(1000, 517), seed=0, running=True,
+              drift=None):  # fmt: skip
+    """Every member's steps; returns per member the list of per-step outcomes (None: passed, else the error).
+    ``drift``: each member's gradients are a fixed direction plus this much noise (a training run's gradients
+    share a direction from step to step), else fresh every step."""
+    n = len(GROUP)
+    codec = Codec(codec_name)
+    feedbacks = feedbacks or [ErrorFeedback(codec) for _ in range(n)]
+    verifiers = [GroupVerifier(IDENTITIES[r].private_key, RUN, 0, GROUP, codec, running=running) for r in range(n)]
+    gen = torch.Generator().manual_seed(seed)
+    base = [[torch.randn(m, generator=gen) for m in numels] for _ in range(n)]
+    outcomes = [[] for _ in range(n)]
+    for step in range(steps):
+        queues = Queues()
+        queues.tamper = tamper(step) if tamper else None
+        if drift is None:
+            flats = [[torch.randn(m, generator=gen) for m in numels] for _ in range(n)]
+        else:
+            flats = [[x + drift * torch.randn(x.numel(), generator=gen) for x in member] for member in base]
+        for f in feedbacks:
+            if isinstance(f, Scaling):
+                f.step = step
+
+        def member(r, flats=flats, queues=queues, step=step):
+            records = [ReduceRecord() for _ in numels]
+            for b in range(len(numels)):
+                sharded_all_reduce(flats[r][b], r, n, Exchange(queues, r, b), feedbacks[r], key=b, record=records[b])
+            verifiers[r].begin_step(0, step)
+            try:
+                verifiers[r](records, r, n, Exchange(queues, r, len(numels) + 1))
+            except (VerificationFailed, TimeoutError) as e:
+                return e
+            return None
+
+        with ThreadPoolExecutor(n) as pool:
+            for r, outcome in enumerate(pool.map(member, range(n))):
+                outcomes[r].append(outcome)
+        if any(o is not None for member_outcomes in outcomes for o in member_outcomes[-1:]):
+            break
+    return outcomes
+
+
+@pytest.mark.parametrize("codec", ["fp32", "bf16", "int8", "int4", "int2"])
+@pytest.mark.parametrize("drift", [None, 0.1])
+def test_honest_steps_pass(codec, drift):
+    outcomes = run_steps(codec, 8, drift=drift)
+    assert all(o is None for member in outcomes for o in member), outcomes
+
+
+@pytest.mark.parametrize("codec", ["int8", "int4"])
+def test_a_small_bias_every_step_is_caught_by_the_running_sums_only(codec):
+    """×1.02 on every sum: inside int8's and int4's own error in any one step, not over the epoch."""
+    feedbacks = [ErrorFeedback(Codec(codec)) for _ in GROUP]
+    feedbacks[1] = Scaling(Codec(codec), 1.02, start=0)
+    alone = run_steps(codec, 6, [ErrorFeedback(Codec(codec)) for _ in GROUP[:1]] + feedbacks[1:2] +
+                      [ErrorFeedback(Codec(codec))], running=False, drift=0.1)  # fmt: skip
+    assert all(o is None for member in alone for o in member), "a per-step check saw it after all"
+    feedbacks[1] = Scaling(Codec(codec), 1.02, start=0)  # fresh residuals
+    outcomes = run_steps(codec, 30, feedbacks, drift=0.1)
+    caught = [member[-1] for r, member in enumerate(outcomes) if r != 1]
+    assert all(isinstance(e, VerificationFailed) and e.finding.check == "running" for e in caught), caught
+    assert all(e.finding.member == GROUP[1] and judge_evidence(e.finding.evidence, GROUP[1], RUN) is None
+               for e in caught)  # fmt: skip
+    assert len(outcomes[0]) <= {"int8": 4, "int4": 30}[codec], len(outcomes[0])
+
+
+@pytest.mark.parametrize("codec,factor", [("fp32", 8.0), ("fp32", -1.0), ("int8", 8.0), ("int8", -1.0)])
+def test_an_owner_that_scales_its_sums_is_named_by_everyone_with_evidence(codec, factor):
+    feedbacks = [ErrorFeedback(Codec(codec)) for _ in GROUP]
+    feedbacks[1] = Scaling(Codec(codec), factor, start=2)
+    outcomes = run_steps(codec, 4, feedbacks)
+    assert all(o is None for member in outcomes for o in member[:2])  # honest until step 2
+    for r in (0, 2):
+        error = outcomes[r][2]
+        assert isinstance(error, VerificationFailed), outcomes[r]
+        finding = error.finding
+        assert (finding.member, finding.step, finding.check) == (GROUP[1], 2, "sum") and finding.ratio > 1
+        assert judge_evidence(finding.evidence, GROUP[1], RUN) is None  # a third party sees it too
+        assert judge_evidence(finding.evidence, GROUP[0], RUN) is not None  # not signed by the one it is used against
+        assert judge_evidence(finding.evidence, GROUP[1], "another-run") is not None
+        forged = bytearray(finding.evidence)
+        forged[len(forged) // 3] ^= 0x40
+        assert judge_evidence(bytes(forged), GROUP[1], RUN) is not None
+    assert outcomes[1][2] is None  # the owner's own checks of the others pass
+
+
+def test_an_honest_statement_is_no_evidence():
+    """What a liar would forward: an honest member's real statement proves nothing against it."""
+    captured = {}
+
+    def capture(step):
+        def keep(message):
+            captured.setdefault(step, statement.from_message(message))
+            return message
+        return {(1, "sketch"): keep}
+
+    outcomes = run_steps("fp32", 2, tamper=capture)
+    assert all(o is None for member in outcomes for o in member)
+    assert judge_evidence(statement.trimmed(captured[1]), GROUP[1], RUN) == "the accused's attested sums add up"
+
+
+@pytest.mark.parametrize("kind,how,check", [
+    ("sketch", "garble", "statement"), ("commit", "garble", "statement"), ("commit", "resign", "statement"),
+])  # fmt: skip
+def test_bad_statements_are_refused_and_blame_their_sender(kind, how, check):
+    def garble(message):
+        out = message.clone()
+        out[100] ^= 0x01
+        return out
+
+    def resign(message):  # a well-signed statement by someone else (member 0's key) in member 2's name
+        body = statement.open_signed(statement.from_message(message), GROUP[2])
+        return statement.to_message(statement.sign(IDENTITIES[0].private_key, body), message.numel() - 4108)
+
+    tamper = {"garble": garble, "resign": resign}[how]
+    outcomes = run_steps("fp32", 2, tamper=lambda step: {(2, kind): tamper} if step == 1 else {})
+    for r in (0, 1):
+        error = outcomes[r][1]
+        assert isinstance(error, VerificationFailed) and error.finding.member == GROUP[2], outcomes[r]
+        assert error.finding.check == check and error.finding.evidence is None
+        assert "refused" in error.finding.reason
+
+
+def test_a_commitment_for_another_step_is_refused():
+    n = len(GROUP)
+    codec = Codec("fp32")
+    verifiers = [GroupVerifier(IDENTITIES[r].private_key, RUN, 0, GROUP, codec) for r in range(n)]
+    queues = Queues()
+    flats = [torch.randn(100) for _ in range(n)]
+
+    def member(r):
+        record = ReduceRecord()
+        sharded_all_reduce(flats[r], r, n, Exchange(queues, r, 0), ErrorFeedback(codec), record=record)
+        verifiers[r].begin_step(0, 5 if r == 2 else 4)  # member 2 signs for step 5
+        try:
+            verifiers[r]([record], r, n, Exchange(queues, r, 9))
+        except VerificationFailed as e:
+            return e
+
+    with ThreadPoolExecutor(n) as pool:
+        results = list(pool.map(member, range(n)))
+    for r in (0, 1):
+        assert results[r].finding.member == GROUP[2] and "another run, epoch, step" in results[r].finding.reason
+
+
+def test_evidence_that_does_not_parse_is_refused_with_a_reason():
+    key = IDENTITIES[1].private_key
+    for body in (b"", b"\x00" * 3, b"\xff\xff\xff\xff", (600).to_bytes(4, "little") + b"[" * 596,
+                 (20).to_bytes(4, "little") + b'{"kind": "sketch"}  '):
+        why = judge_evidence(statement.sign(key, body), GROUP[1], RUN)
+        assert isinstance(why, str) and "\n" not in why, why
+    assert judge_evidence(b"garbage", GROUP[1], RUN) is not None
+
+
+class HidingOwner(GroupVerifier):
+    """An owner that scales its sums and attests the sketch of the honest sum (what a careful cheat would say)."""
+
+    def _attest(self, record, b, rank, n, seed):
+        honest = record.gathered[rank].clone() / 8.0  # fp32: the message is the (scaled) sum itself
+        record = ReduceRecord(record.sent, record.added, {**record.gathered, rank: honest}, record.sizes)
+        return super()._attest(record, b, rank, n, seed)
+
+
+class Misreporting(GroupVerifier):
+    """An owner that attests a contribution of member 0 other than the one it received."""
+
+    def _attest(self, record, b, rank, n, seed):
+        added = {**record.added, 0: record.added[0] * 1.5}
+        return super()._attest(ReduceRecord(record.sent, added, record.gathered, record.sizes), b, rank, n, seed)
+
+
+@pytest.mark.parametrize("cheat,check,who", [(HidingOwner, "claim", (0, 2)), (Misreporting, "attest", (0,))])
+def test_an_owner_whose_statement_misdescribes_what_it_sent_or_received_is_named(cheat, check, who):
+    n, codec = len(GROUP), Codec("fp32")
+    feedbacks = [ErrorFeedback(codec) for _ in range(n)]
+    if cheat is HidingOwner:
+        feedbacks[1] = Scaling(codec, 8.0, start=0)
+    verifiers = [(cheat if r == 1 else GroupVerifier)(IDENTITIES[r].private_key, RUN, 0, GROUP, codec)
+                 for r in range(n)]  # fmt: skip
+    queues = Queues()
+    flats = [torch.randn(300, generator=torch.Generator().manual_seed(r)) for r in range(n)]
+
+    def member(r):
+        record = ReduceRecord()
+        sharded_all_reduce(flats[r], r, n, Exchange(queues, r, 0), feedbacks[r], record=record)
+        verifiers[r].begin_step(0, 0)
+        try:
+            verifiers[r]([record], r, n, Exchange(queues, r, 9))
+        except (VerificationFailed, TimeoutError) as e:
+            return e
+
+    with ThreadPoolExecutor(n) as pool:
+        results = list(pool.map(member, range(n)))
+    for r in who:
+        finding = results[r].finding
+        assert (finding.member, finding.check, finding.evidence) == (GROUP[1], check, None), finding
+    if cheat is Misreporting:  # the others see its numbers not add up: proven
+        assert results[2].finding.check == "sum" and judge_evidence(results[2].finding.evidence, GROUP[1], RUN) is None
