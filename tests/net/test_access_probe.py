@@ -120,3 +120,17 @@ def test_a_home_line_is_measured_through_the_emulator_and_a_peer_without_one_pub
     assert found is not None
     assert found[Direction.UP].capacity_bytes_per_s is None, found
     assert found[Direction.DOWN].capacity_bytes_per_s is None, found
+
+
+def test_a_peer_may_pull_only_its_budget_of_reply_bytes_per_window():
+    """A pull asks for up to ``max_probe_reply_bytes`` with a request of a few bytes: each sender gets a budget
+    per window, so no member can turn us into an amplifier; pair probes' small replies are never counted."""
+    from p2ptrain.net.transport.servicer import PullBudget
+
+    now = [0.0]
+    budget = PullBudget(100_000, 60.0, lambda: now[0])
+    assert budget.take("a", 60_000) is None and budget.take("b", 60_000) is None  # each sender its own
+    assert "exceed the 100000 a peer may pull" in budget.take("a", 60_000)
+    assert budget.take("a", 40_000) is None and budget.take("a", 100) is None  # small replies: not counted
+    now[0] = 60.0
+    assert budget.take("a", 100_000) is None  # a new window

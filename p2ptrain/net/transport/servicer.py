@@ -92,6 +92,7 @@ class TensorServicer(ServicerBase):
         self.idle_timeout_s = idle_timeout_s  # the longest wait for the next piece inside a message
         self.stream_idle_s = stream_idle_s  # ... and for the next message on a stream
         self.max_reply_bytes = max_reply_bytes
+        self._pulled = PullBudget(PULL_BUDGET_REPLIES * max_reply_bytes, PULL_WINDOW_S, pacer.clock)
         self.status = PeerStatus()  # what a ping answers (``net.status``); the agent keeps it current
 
     @classmethod
@@ -207,7 +208,7 @@ class TensorServicer(ServicerBase):
                 if first is None:
                     return
                 header = decode_header(first)
-                problem = self._probe_problem(header)
+                problem = self._probe_problem(header) or self._pulled.take(sender, header.reply_bytes)
                 if problem is not None:
                     raise MessageRejected(problem, peer=sender)
                 through_s = self.emulator.downlink.reserve(header.nbytes)
@@ -266,6 +267,38 @@ class TensorServicer(ServicerBase):
             return f"probe of {header.nbytes} bytes exceeds the limit of {self.mailbox.max_message_bytes}"
         if header.reply_bytes > self.max_reply_bytes:
             return f"probe reply of {header.reply_bytes} bytes exceeds the limit of {self.max_reply_bytes}"
+        return None
+
+
+# What one peer may pull from us (probe replies' bytes) within a window: a request of a few bytes asks for up to
+# ``max_reply_bytes``, so without a bound any member could make us send without end (an amplifier). An access
+# probe pulls at most two replies' worth from a peer per direction and try (``access_probe``), every 10 minutes.
+PULL_BUDGET_REPLIES = 4
+PULL_WINDOW_S = 60.0
+
+
+class PullBudget:
+    """Reply bytes each sender may ask of us per ``window_s`` (a window that starts at its first pull)."""
+
+    def __init__(self, budget_bytes: int, window_s: float, clock):
+        self.budget_bytes, self.window_s, self.clock = budget_bytes, window_s, clock
+        self._spent: dict[str, tuple[float, int]] = {}  # sender -> (window start, bytes pulled in it)
+
+    def take(self, sender: str, reply_bytes: int) -> str | None:
+        """Book ``reply_bytes`` for ``sender``; why not, when that would exceed its budget (nothing booked)."""
+        if reply_bytes <= 2 * TAIL_BYTES:  # a pair probe's reply: nothing to amplify
+            return None
+        now = self.clock()
+        start, spent = self._spent.get(sender, (now, 0))
+        if now - start >= self.window_s:
+            start, spent = now, 0
+        if spent + reply_bytes > self.budget_bytes:
+            return (f"probe replies of {spent + reply_bytes} bytes within {self.window_s:.0f} s exceed the "
+                    f"{self.budget_bytes} a peer may pull")
+        self._spent[sender] = (start, spent + reply_bytes)
+        if len(self._spent) > 4096:  # forget the oldest windows (a peer ID costs an attacker nothing)
+            for key in sorted(self._spent, key=lambda k: self._spent[k][0])[:2048]:
+                del self._spent[key]
         return None
 
 
