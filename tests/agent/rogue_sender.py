@@ -1,6 +1,7 @@
 """A peer outside the run that attacks the agents' receive buffers (for the tests; not a test module).
 
     python rogue_sender.py RUN BOOTSTRAP_MADDR...
+    python rogue_sender.py RUN @WORKDIR   # waits (120 s at most) for the swarm's WORKDIR/bootstrap.maddrs
 
 It has a real identity and joins the run's DHT through the bootstrap (but publishes no peer record), reads
 the agents' records, dials each and, while it runs:
@@ -18,6 +19,7 @@ import asyncio
 import collections
 import sys
 import time
+from pathlib import Path
 
 from hivemind.proto import runtime_pb2
 
@@ -68,8 +70,21 @@ async def flood(transport: Transport, peer: str, run: str, round_: int) -> None:
         await push(transport, peer, header, pieces())
 
 
+def _bootstrap(args: tuple[str, ...]) -> tuple[str, ...]:
+    """The bootstrap's addresses: given, or (``@WORKDIR``) read once the swarm has written them."""
+    if len(args) != 1 or not args[0].startswith("@"):
+        return args
+    path, deadline = Path(args[0][1:]) / "bootstrap.maddrs", time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().strip():
+            return tuple(path.read_text().split())
+        time.sleep(0.2)
+    raise SystemExit(f"no bootstrap address line at {path} within 120 s")
+
+
 def main(run: str, *bootstrap: str) -> None:
     configure_logging(0)
+    bootstrap = _bootstrap(bootstrap)  # (started beside the swarm: its imports are done by now)
     with StopSignal() as stop:
         dht = SwarmDHT(run, DHTConfig(initial_peers=bootstrap, host_maddrs=("/ip4/127.0.0.1/tcp/0",))).start()
         transport = Transport(run, TransportConfig(), dht=dht.hivemind_dht)

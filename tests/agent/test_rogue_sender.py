@@ -1,6 +1,6 @@
 """A peer outside the run cannot stall it through the agents' receive buffers.
 
-A real local swarm (4 agents, loopback, 40 steps) trains while ``rogue_sender.py`` — a real identity on the
+A real local swarm (4 agents, loopback, 60 steps) trains while ``rogue_sender.py`` — a real identity on the
 run's DHT, real libp2p streams — trickles four 256 MiB announcements into every agent and floods each with
 1 MiB messages every second. It starts with the agents and attacks each as soon as its peer record is out,
 so the attack is on before the first plan (on this machine under load: the first refusal 10 s before it).
@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from agent_helpers import background_swarm, bootstrap_maddrs
+from agent_helpers import background_swarm
 
 from p2ptrain.config import config_from_dict
 from p2ptrain.runtime.config import TrainConfig
@@ -35,11 +35,13 @@ RUN = "rogue-sender-test"
 @pytest.mark.timeout(420)
 def test_a_non_member_flooding_and_trickling_tensors_is_refused_and_training_goes_on(tmp_path):
     rogue_out = ""
-    with background_swarm(tmp_path, "--run", RUN, "--scenario", "none", "--agents", "4", "--stages", "2",
-                          "--steps", "40") as swarm:  # fmt: skip
-        with open(tmp_path / "rogue.log", "w") as log:
-            rogue = subprocess.Popen([sys.executable, str(HERE / "rogue_sender.py"), RUN, *bootstrap_maddrs(tmp_path)],
-                                     stdout=subprocess.PIPE, stderr=log, text=True)  # fmt: skip
+    # the rogue starts first and waits for the bootstrap's address line: its start (a busy machine took 35 s for
+    # it) runs beside the agents' own, not after it, so it is attacking before they train
+    with open(tmp_path / "rogue.log", "w") as log:
+        rogue = subprocess.Popen([sys.executable, str(HERE / "rogue_sender.py"), RUN, f"@{tmp_path}"],
+                                 stdout=subprocess.PIPE, stderr=log, text=True)  # fmt: skip
+        with background_swarm(tmp_path, "--run", RUN, "--scenario", "none", "--agents", "4", "--stages", "2",
+                              "--steps", "60") as swarm:  # fmt: skip
             try:
                 out, _ = swarm.communicate(timeout=360)
             finally:
