@@ -2,7 +2,8 @@
 on the same prepared corpus for the same tokens, validation loss side by side over several seeds.
 
     python benchmarks/diloco.py [--model tiny] [--steps 500] [--replicas 4] [--h 5,10,25] [--outer 1.0:0,...]
-                                [--overlap off|on|both] [--overlap-steps 0,5] [--wire int2] [--no-baseline]
+                                [--overlap off|on|both] [--overlap-steps 0,5] [--fragments 1,5] [--wire int2]
+                                [--no-baseline]
                                 [--seeds 0,1,2] [--batch-size 16] [--data PREPARED | --corpus TEXT]
                                 [--device cpu|cuda] [--precision fp32|bf16] [--jobs N] [--eval-every K] [--json]
 
@@ -88,13 +89,16 @@ def _run(cfg: TrainConfig) -> tuple[list[tuple[int, float]], float]:
                    "with, or each setting both ways.")
 @click.option("--overlap-steps", "taus", default="0", show_default=True,
               help="Comma-separated steps of the next round an overlapped round's all-reduce gets (0: all H).")
+@click.option("--fragments", "fragment_counts", default="1", show_default=True,
+              help="Comma-separated numbers of Streaming DiLoCo's fragments (each at most H), each run with every "
+                   "DiLoCo setting.")
 @click.option("--wire", default="fp32", show_default=True,
               help="The run's wire format: DiLoCo's pseudo-gradients are summed in its gradient codec, each replica "
                    "with its own error feedback (the sharded all-reduce, in one process).")
 @click.option("--no-baseline", is_flag=True, help="Skip the every-step runs (ratios are then against the first row).")
 @click.option("--json", "as_json", is_flag=True)
 def command(model, steps, replicas, batch_size, micro_batches, hs, outers, seeds, data, corpus, device, precision,
-            jobs, threads, eval_every, overlaps, taus, wire, no_baseline, as_json):
+            jobs, threads, eval_every, overlaps, taus, fragment_counts, wire, no_baseline, as_json):
     logging.getLogger("p2ptrain").setLevel(logging.WARNING)
     seed_list = [int(s) for s in seeds.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
@@ -107,12 +111,13 @@ def command(model, steps, replicas, batch_size, micro_batches, hs, outers, seeds
                 for h in hs.split(",") for pair in ([None] if "@" in h else pairs)]
         tau_list = [int(t) for t in taus.split(",")]
         modes = {"off": [None], "on": tau_list, "both": [None, *tau_list]}[overlaps]
+        fragment_list = [int(f) for f in fragment_counts.split(",")]
         settings = ([] if no_baseline else [("every-step", base)]) + [
-            (f"H={h} {lr:g}/{m:g}{'' if tau is None else f' overlap {tau or h}'}", TrainConfig(**{
-                **base.__dict__, "sync": "diloco",
-                "diloco": DiLoCoConfig(inner_steps=h, outer_lr=lr, outer_momentum=m, overlap=tau is not None,
-                                       overlap_steps=tau or 0)}))
-            for h, (lr, m) in grid for tau in modes]  # fmt: skip
+            (f"H={h} {lr:g}/{m:g}{'' if tau is None else f' overlap {tau or h}'}{f' F{f}' if f > 1 else ''}",
+             TrainConfig(**{**base.__dict__, "sync": "diloco", "diloco": DiLoCoConfig(
+                 inner_steps=h, outer_lr=lr, outer_momentum=m, overlap=tau is not None, overlap_steps=tau or 0,
+                 fragments=f)}))
+            for h, (lr, m) in grid for tau in modes for f in fragment_list]  # fmt: skip
         runs = {(name, seed): TrainConfig(**{**cfg.__dict__, "seed": seed}) for name, cfg in settings
                 for seed in seed_list}
         results: dict[tuple[str, int], tuple[list[tuple[int, float]], float]] = {}

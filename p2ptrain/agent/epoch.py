@@ -260,16 +260,22 @@ def _keep(ctx: EpochContext, cfg: TrainConfig, trainer: StageTrainer, done: int)
     """Keep the committed state after ``done`` (the states re-plans restart from); the step of the state kept
     now, if any. With DiLoCo's ``overlap`` a round's end is complete only with its mean, which comes in
     ``tau`` steps later: it is held until then (``StateKeeper.hold``) and kept then, with the anchor and
-    momentum that mean gave; the run's last step is complete at once (it applies every mean)."""
+    momentum that mean gave; the run's last step is complete at once (it applies every mean). With fragments
+    (``DiLoCoConfig.fragments``) a state is fragment 0's round end and holds every fragment's anchor: the others'
+    rounds restart from theirs."""
     executor = trainer.executor
+    fragments = cfg.diloco_on and cfg.diloco.fragments > 1
     if not cfg.diloco_on or not cfg.diloco.overlap or done == cfg.steps:
         if not cfg.committed(done):
             return None
+        if fragments and done < cfg.steps:  # the other fragments are mid-round: the state holds their anchors
+            ctx.keeper.hold(done, trainer.module, trainer.optimizer, executor.outer)
+            return ctx.keeper.complete(outer_tensors(trainer.module, executor.outer))
         ctx.keeper.record(done, trainer.module, trainer.optimizer, executor.outer)
         return done
     kept = None
     held = ctx.keeper.held_step
-    if held is not None and executor.in_flight_end != held:  # its mean is in
+    if held is not None and not executor.mean_pending(held):  # its means are in
         kept = ctx.keeper.complete(outer_tensors(trainer.module, executor.outer))
     if cfg.committed(done):
         ctx.keeper.hold(done, trainer.module, trainer.optimizer, executor.outer)

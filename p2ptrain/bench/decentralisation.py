@@ -134,7 +134,7 @@ def memory_fit(stages: int, schedule: str, sync_every: int, micro_batches: int, 
 def measure_networks(networks: tuple[str, ...], stage_counts: tuple[int, ...], settings: tuple[str, ...],
                      sync_everys: tuple[int, ...], micro_batches: int = 8, *, access: bool = True,
                      sync_overlap: bool = False, memory_gb: float = V100_MEMORY_GB,
-                     overlap_steps: int = 0) -> dict[str, Any]:
+                     overlap_steps: int = 0, fragments: int = 1) -> dict[str, Any]:
     """Every (network, stages, setting, H) that fits memory: its step time and compute utilisation; per network
     the best, over the data center's best; and what was skipped (module docstring)."""
     fits = {(s, schedule, h): memory_fit(s, schedule, h, micro_batches, memory_gb) for s in stage_counts
@@ -156,7 +156,8 @@ def measure_networks(networks: tuple[str, ...], stage_counts: tuple[int, ...], s
                         layouts[recompute] = objective.refine(np.arange(DEVICES).reshape(DEVICES // s, s))
                     layout = layouts[recompute]
                     streamed = sync_overlap and h > 1
-                    priced = _objective(cluster, st, micro_batches, s, h, recompute, streamed, overlap_steps)
+                    priced = _objective(cluster, st, micro_batches, s, h, recompute, streamed, overlap_steps,
+                                        min(fragments, h))
                     step = priced.evaluate(layout).cost_s
                     compute = priced.compute_s(layout)
                     rows.append({"network": n, "stages": s, "setting": st, "sync_every": h, "streamed": streamed,
@@ -169,17 +170,17 @@ def measure_networks(networks: tuple[str, ...], stage_counts: tuple[int, ...], s
         r["vs_datacenter_best"] = r["step_s"] / reference["step_s"] if reference else None
     return {"model": MODEL, "devices": DEVICES, "batch_tokens": BATCH_TOKENS, "micro_batches": micro_batches,
             "memory_gb": memory_gb, "access_links": access, "sync_overlap": sync_overlap,
-            "overlap_steps": overlap_steps, "rows": rows,
+            "overlap_steps": overlap_steps, "fragments": fragments, "rows": rows,
             "skipped": skipped, "best": best}
 
 
 def _objective(cluster, setting: str, micro_batches: int, stages: int, sync_every: int, recompute: bool,
-               sync_overlap: bool = False, overlap_steps: int = 0):
+               sync_overlap: bool = False, overlap_steps: int = 0, fragments: int = 1):
     wire, schedule, overlap = _parse(setting)
     bucket_gb = BUCKET_ELEMENTS * FP32_BYTES / GB if overlap else 0.0
     settings = StepProfile(wire=wire, schedule=schedule, bucket_gb=bucket_gb, volume_bytes=(FP32_BYTES,) * 3,
                            sync_every=sync_every, sync_overlap=sync_overlap,
-                           overlap_steps=overlap_steps)  # float32 volumes: the wire scales
+                           overlap_steps=overlap_steps, fragments=fragments)  # float32 volumes: the wire scales
     workload = stage_workload(cluster, model_shape(MODEL), stages, batch_tokens=BATCH_TOKENS,
                               micro_batches=micro_batches, settings=settings, recompute=recompute,
                               activation_bytes=FP32_BYTES)
@@ -269,6 +270,9 @@ def format_report(report: dict[str, Any]) -> str:
                    "the next round's steps).")
 @click.option("--overlap-steps", type=click.IntRange(min=0), default=0, show_default=True,
               help="With --sync-overlap: the steps of the next round a round's all-reduce is spread over (0: all H).")
+@click.option("--fragments", type=click.IntRange(min=1), default=1, show_default=True,
+              help="With --sync-overlap: Streaming DiLoCo's fragments, each round's all-reduce carrying 1/F of the "
+                   "parameters over its own --overlap-steps (at most H).")
 @click.option("--access-link/--no-access-link", default=True, show_default=True,
               help="With --networks: homes behind their access links (each home's uplink and downlink shared by its "
                    "flows), or every pair a path of its own.")
@@ -276,7 +280,7 @@ def format_report(report: dict[str, Any]) -> str:
               help="With --networks: a device's memory; stage counts whose stages do not fit are skipped.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 def command(settings: str, micro_batches: int, networks: str | None, stage_counts: str, sync_everys: str,
-            sync_overlap: bool, overlap_steps: int, access_link: bool, memory_gb: float,
+            sync_overlap: bool, overlap_steps: int, fragments: int, access_link: bool, memory_gb: float,
             as_json: bool) -> None:  # fmt: skip
     chosen = tuple(s.strip() for s in settings.split(",") if s.strip())
     for s in chosen:
@@ -289,7 +293,7 @@ def command(settings: str, micro_batches: int, networks: str | None, stage_count
         report = measure_networks(names, _integers(stage_counts, "--stages"), chosen,
                                   _integers(sync_everys, "--sync-every"), micro_batches, access=access_link,
                                   sync_overlap=sync_overlap, memory_gb=memory_gb,
-                                  overlap_steps=overlap_steps)  # fmt: skip
+                                  overlap_steps=overlap_steps, fragments=fragments)  # fmt: skip
         click.echo(json.dumps(report) if as_json else format_networks(report))
         return
     report = measure(chosen, micro_batches)

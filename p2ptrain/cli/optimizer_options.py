@@ -48,12 +48,13 @@ def optimizer_flags(values: dict[str, object]) -> dict[str, object]:
 
 
 SYNC_NAMES = {"inner_steps": "inner_steps", "outer_lr": "outer_lr", "outer_momentum": "outer_momentum",
-              "outer_overlap": "overlap", "outer_overlap_steps": "overlap_steps"}  # keyword -> [train.diloco] key
+              "outer_overlap": "overlap", "outer_overlap_steps": "overlap_steps",
+              "outer_fragments": "fragments"}  # keyword -> [train.diloco] key
 
 
 def sync_options(command: Callable) -> Callable:
-    """Add ``--sync``, ``--inner-steps``, ``--outer-lr``, ``--outer-momentum``, ``--outer-overlap`` and
-    ``--outer-overlap-steps`` to ``command``."""
+    """Add ``--sync``, ``--inner-steps``, ``--outer-lr``, ``--outer-momentum``, ``--outer-overlap``,
+    ``--outer-overlap-steps`` and ``--outer-fragments`` to ``command``."""
     options = [
         click.option("--sync", type=click.Choice(list(SYNC_MODES)),
                      help="Data-parallel synchronisation: every step, or DiLoCo rounds (p2ptrain.model.outer).  "
@@ -70,6 +71,10 @@ def sync_options(command: Callable) -> Callable:
         click.option("--outer-overlap-steps", "outer_overlap_steps", type=click.IntRange(min=0),
                      help="DiLoCo with --outer-overlap: the steps of the next round the all-reduce runs beside before "
                           "its mean corrects the replicas (0: the whole round).  [default: 0]"),
+        click.option("--outer-fragments", "outer_fragments", type=click.IntRange(min=1),
+                     help="DiLoCo: split the parameters into this many fragments (block i in i mod F) whose rounds "
+                          "are staggered by H / F steps, each all-reduce carrying 1/F of them (Streaming DiLoCo).  "
+                          "[default: 1]"),
     ]
     for option in reversed(options):
         command = option(command)

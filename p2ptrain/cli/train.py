@@ -136,6 +136,7 @@ def command(
     outer_momentum: float | None,
     outer_overlap: bool | None,
     outer_overlap_steps: int | None,
+    outer_fragments: int | None,
     simulate_replicas: int | None,
     seed: int | None,
     data: str | None,
@@ -200,7 +201,8 @@ def command(
                                      clip=clip))  # fmt: skip
     # one tree, validated once: the preset's recipe fills what the file and the flags leave out of [optimizer]
     diloco = diloco_flags(dict(inner_steps=inner_steps, outer_lr=outer_lr, outer_momentum=outer_momentum,
-                               outer_overlap=outer_overlap, outer_overlap_steps=outer_overlap_steps))
+                               outer_overlap=outer_overlap, outer_overlap_steps=outer_overlap_steps,
+                               outer_fragments=outer_fragments))
     if simulate_replicas is not None:
         if replicas is not None or stages is not None or plan_path is not None:
             raise ValueError("--simulate-replicas trains in one process: leave out --stages, --replicas and --plan")

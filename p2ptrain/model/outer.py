@@ -36,6 +36,19 @@ momentum its mean gives (complete one round later), and a restart starts every r
 (``agent.churn.restart``; the reference replays it). A stage holds two more copies of its parameters in host
 memory: the round in flight and its own start.
 
+Fragments (``fragments`` F, Streaming DiLoCo's, Douillard et al. 2025): the parameters are split into F
+fragments, block i in fragment i mod F (strided, so every stage of a pipeline holds about 1/F of each; the
+embeddings go with block 0, the final norm and head with the last block: ``fragment_of``, by the full model's
+names, so a stage and the single-process reference cut the same fragments). Fragment f's rounds end every H
+steps from step f · H // F (its first round that short) and all end at the run's last step; each has its own
+pseudo-gradient, all-reduce (tagged apart: fragment f's sums ``f · (B + 1) + b``, in flight ``(F + f) · (B + 1)
++ b`` for B buckets), tentative start and correction, with the anchor and momentum of its own parameters. A
+round's all-reduce then carries 1/F of the parameters, and with ``overlap`` each runs over its own τ steps: a
+link carries the round's bytes over τ · F steps instead of τ, at the same delay. A state to restart from is
+still fragment 0's round end (every H steps); it holds every fragment's anchor (for the others, the outer step
+of their last complete round), so a restart redoes the other fragments' partial rounds, as the reference
+replays. Measured in benchmarks/README.md ("Streaming DiLoCo's fragments").
+
 ``OuterOptimizer`` is torch's ``SGD(nesterov=True)`` written out over a stage's parameters (what each stage
 holds: its round-start copy, the anchor, and the momentum; two more copies of the stage's parameters), so
 a single process simulating D replicas and D pipelines of stages apply the same arithmetic. The two copies
@@ -74,6 +87,9 @@ class DiLoCoConfig:
     # with ``overlap``: how many steps of the next round the all-reduce has before its mean corrects the replicas
     # (Streaming DiLoCo's τ); 0: the whole round (H)
     overlap_steps: int = 0
+    # Streaming DiLoCo's fragments: the parameters split into this many (block i in fragment i mod F), each with
+    # rounds of H staggered by H / F steps, so a round's all-reduce carries 1/F of the parameters ("Fragments")
+    fragments: int = 1
 
     def __post_init__(self) -> None:
         if isinstance(self.inner_steps, bool) or not isinstance(self.inner_steps, int) or self.inner_steps < 1:
@@ -86,6 +102,11 @@ class DiLoCoConfig:
             raise ValueError(f"diloco.overlap must be true or false, got {self.overlap!r}")
         if isinstance(self.overlap_steps, bool) or not isinstance(self.overlap_steps, int) or self.overlap_steps < 0:
             raise ValueError(f"diloco.overlap_steps must be a non-negative integer, got {self.overlap_steps!r}")
+        if isinstance(self.fragments, bool) or not isinstance(self.fragments, int) or self.fragments < 1:
+            raise ValueError(f"diloco.fragments must be a positive integer, got {self.fragments!r}")
+        if self.fragments > self.inner_steps:
+            raise ValueError(f"diloco.fragments ({self.fragments}) must be at most inner_steps ({self.inner_steps}): "
+                             "fragments' rounds are staggered by inner_steps / fragments steps")
 
     @property
     def tau(self) -> int:
@@ -100,8 +121,18 @@ class DiLoCoConfig:
         return self.inner_steps + self.tau if self.overlap else self.inner_steps
 
     def round_ends(self, step: int, total_steps: int) -> bool:
-        """Whether the replicas synchronise after update ``step`` (0-based) of a run of ``total_steps``."""
-        return (step + 1) % self.inner_steps == 0 or step + 1 == total_steps
+        """Whether the replicas synchronise (fragment 0, the whole model without fragments) after update ``step``
+        (0-based) of a run of ``total_steps``."""
+        return self.fragment_ends(0, step, total_steps)
+
+    def fragment_offset(self, fragment: int) -> int:
+        """The steps fragment ``fragment``'s rounds lag fragment 0's: ``fragment · H // F``."""
+        return fragment * self.inner_steps // self.fragments
+
+    def fragment_ends(self, fragment: int, step: int, total_steps: int) -> bool:
+        """Whether fragment ``fragment``'s round ends after update ``step``: every H steps from its offset (its
+        first round is that short), and at the run's last step."""
+        return (step + 1 - self.fragment_offset(fragment)) % self.inner_steps == 0 or step + 1 == total_steps
 
 
 @dataclass(frozen=True)
@@ -125,56 +156,90 @@ class Rounds:
 EVERY_STEP = Rounds()
 
 
+def fragment_of(name: str, fragments: int, num_layers: int) -> int:
+    """The fragment a parameter belongs to, by its name in the full model (a stage keeps the full model's names):
+    block i's in fragment i mod F (strided, as Streaming DiLoCo's fragments, so each stage holds about 1/F of
+    each), the embeddings with block 0, the final norm and the head with the last block."""
+    parts = name.split(".")
+    if parts[0] == "blocks":
+        return int(parts[1]) % fragments
+    return 0 if parts[0] in ("tok_emb", "pos_emb") else (num_layers - 1) % fragments
+
+
+def fragment_parts(names: Sequence[str], fragments: int, num_layers: int) -> list[list[int]]:
+    """The indices (into ``names``, a stage's parameters in order) of each of ``fragments`` fragments."""
+    parts: list[list[int]] = [[] for _ in range(fragments)]
+    for i, name in enumerate(names):
+        parts[fragment_of(name, fragments, num_layers)].append(i)
+    return parts
+
+
 class OuterOptimizer:
-    """The round-start parameters (the anchor) and the outer momentum of one stage (or the full model)."""
+    """The round-start parameters (the anchor) and the outer momentum of one stage (or the full model).
+
+    Methods taking ``part`` (indices into the parameters, one fragment; default: all) work on those parameters
+    only, their tensor arguments and results aligned with ``part``."""
 
     def __init__(self, params: Sequence[torch.nn.Parameter], cfg: DiLoCoConfig):
         self.params = list(params)
         self.cfg = cfg
         self.anchor = [_host(p.detach()) for p in self.params]  # in host memory (module docstring)
         self.momentum = [torch.zeros_like(a) for a in self.anchor]
-        self.start: list[torch.Tensor] | None = None  # ``overlap``: this replica's own round start (None: the anchor)
+        # ``overlap``: this replica's own round start per parameter (None: the anchor) while a mean is in flight
+        self.start: list[torch.Tensor | None] = [None] * len(self.params)
+
+    def _part(self, part: Sequence[int] | None) -> Sequence[int]:
+        return range(len(self.params)) if part is None else part
 
     def pseudo_gradients(self, params: Sequence[torch.nn.Parameter] | None = None,
-                         start: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:  # fmt: skip
+                         start: Sequence[torch.Tensor] | None = None,
+                         part: Sequence[int] | None = None) -> list[torch.Tensor]:  # fmt: skip
         """The round's start (``start``, else this stage's ``start``, else the anchor) minus ``params`` (default:
         this stage's own), float32, where the anchor lives."""
-        base = start if start is not None else self.start if params is None and self.start is not None else self.anchor
-        return [a - p.detach().to(a.device) for a, p in zip(base, params or self.params, strict=True)]
+        own = params is None
+        params = self.params if params is None else params
+        out = []
+        for k, i in enumerate(self._part(part)):
+            base = start[k] if start is not None else self.start[i] if own and self.start[i] is not None else self.anchor[i]
+            out.append(base - params[i].detach().to(base.device))
+        return out
 
     @torch.no_grad()
-    def advance(self, averaged: Sequence[torch.Tensor]) -> None:
+    def advance(self, averaged: Sequence[torch.Tensor], part: Sequence[int] | None = None) -> None:
         """Apply the replicas' mean pseudo-gradient to the anchor and the momentum (the parameters stay)."""
         lr, m = self.cfg.outer_lr, self.cfg.outer_momentum
-        for anchor, buf, g in zip(self.anchor, self.momentum, averaged, strict=True):
+        for i, g in zip(self._part(part), averaged, strict=True):
+            anchor, buf = self.anchor[i], self.momentum[i]
             g = g.to(anchor.device)
             buf.mul_(m).add_(g)
             anchor.sub_(g.add(buf, alpha=m) if self.cfg.nesterov else buf, alpha=lr)
 
-    def step(self, averaged: Sequence[torch.Tensor]) -> None:
-        """``advance``, then set every parameter to the new anchor."""
-        self.advance(averaged)
-        self.reset(self.params)
+    def step(self, averaged: Sequence[torch.Tensor], part: Sequence[int] | None = None) -> None:
+        """``advance``, then set those parameters to the new anchor."""
+        self.advance(averaged, part)
+        self.reset(self.params, part=part)
 
     @torch.no_grad()
-    def tentative(self, own: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    def tentative(self, own: Sequence[torch.Tensor], part: Sequence[int] | None = None) -> list[torch.Tensor]:
         """The anchor ``advance(own)`` would give, as new tensors, nothing changed: the round start of a replica
         whose group's mean is still in flight (``overlap``); the same arithmetic, so with one replica it is the
         anchor the mean gives, bit for bit."""
         lr, m = self.cfg.outer_lr, self.cfg.outer_momentum
         out = []
-        for anchor, buf, g in zip(self.anchor, self.momentum, own, strict=True):
+        for i, g in zip(self._part(part), own, strict=True):
+            anchor, buf = self.anchor[i], self.momentum[i]
             g = g.to(anchor.device)
             b = buf.mul(m).add_(g)
             out.append(anchor.sub(g.add(b, alpha=m) if self.cfg.nesterov else b, alpha=lr))
         return out
 
     @torch.no_grad()
-    def correct(self, params: Sequence[torch.nn.Parameter], start: Sequence[torch.Tensor]) -> None:
+    def correct(self, params: Sequence[torch.nn.Parameter], start: Sequence[torch.Tensor],
+                part: Sequence[int] | None = None) -> None:  # fmt: skip
         """``overlap``: the mean is in and the anchor moved; ``params`` (a replica that started its round from
         ``start``, its guess) move by the anchor minus that start: as if the round had started from the anchor."""
-        for p, anchor, s in zip(params, self.anchor, start, strict=True):
-            p.add_((anchor - s).to(p.device))
+        for i, s in zip(self._part(part), start, strict=True):
+            params[i].add_((self.anchor[i] - s).to(params[i].device))
 
     def momentum_by_param(self) -> dict[torch.nn.Parameter, torch.Tensor]:
         return dict(zip(self.params, self.momentum, strict=True))
@@ -184,7 +249,7 @@ class OuterOptimizer:
         """Start a round from the parameters as they are now (a state of a round's end was loaded into them):
         they become the anchor and the round's start; the outer momentum is ``momenta``'s (zero where it gives
         None)."""
-        self.start = None
+        self.start = [None] * len(self.params)
         for p, anchor, buf in zip(self.params, self.anchor, self.momentum, strict=True):
             anchor.copy_(p.detach())  # to the host when the parameters are on an accelerator
             value = momenta.get(p)
@@ -194,10 +259,13 @@ class OuterOptimizer:
                 buf.copy_(value.to(buf.device, buf.dtype))
 
     @torch.no_grad()
-    def reset(self, params: Sequence[torch.nn.Parameter], values: Sequence[torch.Tensor] | None = None) -> None:
-        """Set ``params`` (this stage's, or a simulated replica's) to ``values`` (default: the anchor)."""
-        for p, value in zip(params, values if values is not None else self.anchor, strict=True):
-            p.copy_(value)
+    def reset(self, params: Sequence[torch.nn.Parameter], values: Sequence[torch.Tensor] | None = None,
+              part: Sequence[int] | None = None) -> None:  # fmt: skip
+        """Set ``params`` (this stage's, or a simulated replica's; those of ``part``) to ``values`` (default: the
+        anchor)."""
+        idx = self._part(part)
+        for k, i in enumerate(idx):
+            params[i].copy_(values[k] if values is not None else self.anchor[i])
 
 
 def _host(tensor: torch.Tensor) -> torch.Tensor:

@@ -26,7 +26,9 @@ round's first τ steps instead (``overlap_steps``, at most H): each of them is p
 step without it (simulated) and, for every queue (each device's uplink and downlink; each pair's path, which
 is the only queue where a device has no access link), the time the queue needs for one step's bytes plus
 1/τ of the round's all-reduce bytes (``streamed_floor_s``): the busiest queue paces those steps, however
-the shards are scheduled in it; the round's other H − τ steps are the step without it.
+the shards are scheduled in it; the round's other H − τ steps are the step without it. With F fragments
+(``fragments``, Streaming DiLoCo's: rounds of 1/F of the parameters staggered by H / F steps) each carries 1/F
+of the bytes over its own τ steps: the round's bytes spread over τ · F steps (at most H).
 
 4. with gradient clipping (``clip``, ``model.clip``), between the all-reduce and the update: send the
    stage's squared norm to every other stage of the pipeline (one scalar: latency and message overhead
@@ -215,6 +217,7 @@ class StepProfile:
     sync_every: int = 1  # DiLoCo: the replicas all-reduce once every this many steps (1: every step)
     sync_overlap: bool = False  # DiLoCo: the round's all-reduce streams during the next round (module docstring)
     overlap_steps: int = 0  # ... during its first this many steps (``DiLoCoConfig.overlap_steps``; 0: all H)
+    fragments: int = 1  # ... in this many fragments, staggered (``DiLoCoConfig.fragments``; module docstring)
     encode_s_per_gb: tuple[float, float, float] = (0.0, 0.0, 0.0)  # activations, their gradients, DP gradients
     decode_s_per_gb: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
@@ -250,6 +253,8 @@ class StepProfile:
             object.__setattr__(self, name, tuple(float(v) for v in costs))
         if isinstance(self.sync_every, bool) or not isinstance(self.sync_every, int) or self.sync_every < 1:
             raise ValueError(f"step profile: sync_every must be a positive integer, got {self.sync_every!r}")
+        if isinstance(self.fragments, bool) or not isinstance(self.fragments, int) or self.fragments < 1:
+            raise ValueError(f"step profile: fragments must be a positive integer, got {self.fragments!r}")
         if self.sync_overlap and self.sync_every == 1:
             raise ValueError("step profile: sync_overlap streams a DiLoCo round's all-reduce and needs sync_every > 1")
         if not (math.isfinite(self.bucket_gb) and self.bucket_gb >= 0):
@@ -257,8 +262,9 @@ class StepProfile:
 
     @property
     def streamed_steps(self) -> int:
-        """The steps a streamed round's all-reduce is spread over (``sync_overlap``): τ, at most H."""
-        return min(self.overlap_steps or self.sync_every, self.sync_every)
+        """The steps a streamed round's all-reduce is spread over (``sync_overlap``): τ per fragment, τ · F in
+        all, at most H."""
+        return min((self.overlap_steps or self.sync_every) * self.fragments, self.sync_every)
 
     @property
     def factors(self) -> tuple[float, float, float]:

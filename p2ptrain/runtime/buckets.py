@@ -173,19 +173,26 @@ class BucketedAllReduce:
         return loss
 
     def sum_tensors(self, tensors: Sequence[torch.Tensor], rank: int, group_size: int,
-                    exchange_for: Callable[[int], GroupExchange]) -> list[torch.Tensor]:  # fmt: skip
-        """The group's sums of ``tensors`` (one per parameter, e.g. DiLoCo's pseudo-gradients), in this
-        reducer's buckets with its error feedback, every bucket at once; new host tensors. The arithmetic
-        of ``finish`` on gradients equal to ``tensors``."""
-        futures = [self.pool.submit(sharded_all_reduce, flatten([tensors[i].detach().cpu() for i in bucket]),
-                                    rank, group_size, exchange_for(b), self.feedback, key=b)
-                   for b, bucket in enumerate(self.buckets)]  # fmt: skip
-        out: list[torch.Tensor | None] = [None] * len(self.params)
-        for bucket, total in zip(self.buckets, wait_all(futures), strict=True):  # each bounded by its calls
-            slots = [torch.empty(tensors[i].shape, dtype=tensors[i].dtype) for i in bucket]
+                    exchange_for: Callable[[int], GroupExchange], part: Sequence[int] | None = None,
+                    fragment: int = 0) -> list[torch.Tensor]:  # fmt: skip
+        """The group's sums of ``tensors`` (one per parameter, e.g. DiLoCo's pseudo-gradients; with ``part``,
+        one per parameter of ``part``, indices into the parameters: a fragment's), in this reducer's buckets
+        (each cut to ``part``'s parameters) with its error feedback (kept per ``fragment`` when ``part`` is
+        given), every bucket at once; new host tensors aligned with ``tensors``. The arithmetic of ``finish``
+        on gradients equal to ``tensors``."""
+        position = {i: k for k, i in enumerate(part)} if part is not None else {i: i for i in range(len(self.params))}
+        cut = [(b, [position[i] for i in bucket if i in position]) for b, bucket in enumerate(self.buckets)]
+        cut = [(b, members) for b, members in cut if members]
+        futures = [self.pool.submit(sharded_all_reduce, flatten([tensors[k].detach().cpu() for k in members]),
+                                    rank, group_size, exchange_for(b), self.feedback,
+                                    key=b if part is None else (fragment, b))
+                   for b, members in cut]  # fmt: skip
+        out: list[torch.Tensor | None] = [None] * len(tensors)
+        for (_, members), total in zip(cut, wait_all(futures), strict=True):  # each bounded by its calls
+            slots = [torch.empty(tensors[k].shape, dtype=tensors[k].dtype) for k in members]
             unflatten_into(total, slots)
-            for i, slot in zip(bucket, slots, strict=True):
-                out[i] = slot
+            for k, slot in zip(members, slots, strict=True):
+                out[k] = slot
         return out  # type: ignore[return-value]
 
     def close(self) -> None:

@@ -302,7 +302,7 @@ def run_settings(train: TrainConfig, size_factor: float = 1.0) -> dict[str, obje
     return {"wire": train.wire, "schedule": train.schedule, "volume_bytes": (FP32_BYTES,) * 3, "bucket_gb": bucket_gb,
             "clip": train.optimizer.clip > 0, "sync_every": train.diloco.inner_steps if train.sync == "diloco" else 1,
             "sync_overlap": train.sync == "diloco" and train.diloco.overlap and train.diloco.inner_steps > 1,
-            "overlap_steps": train.diloco.overlap_steps}
+            "overlap_steps": train.diloco.overlap_steps, "fragments": train.diloco.fragments}
 
 
 def step_workload(workload: Workload, profile: StepProfile) -> StepWorkload:

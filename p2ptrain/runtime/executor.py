@@ -45,7 +45,7 @@ from p2ptrain.model.clip import clip_coefficient, scale_gradients, squared_norm,
 from p2ptrain.model.data import TrainData, inputs_and_targets, micro_batches, shard_of
 from p2ptrain.model.loss import micro_batch_loss
 from p2ptrain.model.lr_schedule import set_lr
-from p2ptrain.model.outer import DiLoCoConfig, OuterOptimizer
+from p2ptrain.model.outer import DiLoCoConfig, OuterOptimizer, fragment_parts
 from p2ptrain.net.transport.messages import MessageKind
 from p2ptrain.runtime.buckets import BucketedAllReduce
 from p2ptrain.runtime.compute_speed import NO_PACING, ComputePacer
@@ -152,10 +152,13 @@ class StageExecutor:
         # DiLoCo (``model.outer``): no all-reduce per step; every round's end, the group averages pseudo-gradients
         self.diloco, self.total_steps = diloco, total_steps
         self.outer = OuterOptimizer(self.params, diloco) if diloco is not None else None
-        self._in_flight: Future | None = None  # DiLoCo's ``overlap``: the last round's all-reduce, running
+        self.parts = _fragments(module, self.params, diloco)  # each fragment's parameter indices (``model.outer``)
+        # DiLoCo's ``overlap``, per fragment: its last round's all-reduce, running; the step after whose update
+        # its mean corrects us; the state (steps done) that mean completes
+        self._in_flight: dict[int, Future] = {}
         self._outer_thread: ThreadPoolExecutor | None = None
-        self._correct_at = -1  # ``overlap``: the step after whose update the mean in flight corrects us
-        self.in_flight_end: int | None = None  # ``overlap``: the state (steps done) the mean in flight completes
+        self._correct_at: dict[int, int] = {}
+        self._round_end: dict[int, int] = {}
 
     def run_step(self, step: int, role: Role, topology: Topology, link: StepLink) -> StepOutcome:
         micro = self._micro_batches(step, role)
@@ -258,66 +261,86 @@ class StageExecutor:
             if self.before_update is not None:
                 self.before_update()  # e.g. a copy of the last state still reading the parameters
             self.optimizer.step()
-        ends = self.outer is not None and self.diloco.round_ends(state.step, self.total_steps)
-        if self._in_flight is not None and (ends or state.step == self._correct_at):
+        if self.outer is not None:
             started = time.perf_counter()
-            self._correct()
-            state.reduce_s += time.perf_counter() - started
-        if ends:
-            started = time.perf_counter()
-            self._outer_step(role, topology, state.link, state.step)
+            self._outer_rounds(role, topology, state.link, state.step)
             state.reduce_s += time.perf_counter() - started
         return loss  # DiLoCo: this pipeline's own loss (the run's is the mean over the pipelines)
 
-    def _outer_step(self, role: Role, topology: Topology, link: StepLink, step: int) -> None:
-        """The round's end: the group's mean pseudo-gradient (the sharded all-reduce, in the run's gradient
-        wire format with its error feedback), then the outer optimizer; replicas end bit-identical. With
-        ``overlap`` (``model.outer``): this round's all-reduce runs in the background for the next ``tau``
-        steps (``_correct`` then applies it), and this replica starts the next round from the outer step of its
-        own pseudo-gradient; the run's last round waits for its own mean."""
-        deltas = self.outer.pseudo_gradients()
-        if not self.diloco.overlap or step + 1 == self.total_steps:
-            self.outer.step(self._group_mean(deltas, role, topology, link, 0))
-            self.outer.start = None
+    def _outer_rounds(self, role: Role, topology: Topology, link: StepLink, step: int) -> None:
+        """After update ``step``: every fragment whose mean in flight is due corrects this replica, then every
+        fragment whose round ends takes its outer step."""
+        ends = [f for f in range(len(self.parts)) if self.diloco.fragment_ends(f, step, self.total_steps)]
+        for f in sorted(self._in_flight):
+            if f in ends or step == self._correct_at[f]:
+                self._correct(f)
+        for f in ends:
+            if self.parts[f]:  # a stage may hold none of a fragment
+                self._outer_step(f, role, topology, link, step)
+
+    def mean_pending(self, done: int) -> bool:
+        """Whether a mean of a round that ended at or before state ``done`` (steps done) is still in flight."""
+        return any(end <= done for end in self._round_end.values())
+
+    def _outer_step(self, fragment: int, role: Role, topology: Topology, link: StepLink, step: int) -> None:
+        """Fragment ``fragment``'s round end: the group's mean pseudo-gradient (the sharded all-reduce, in the
+        run's gradient wire format with its error feedback), then the outer optimizer; replicas end
+        bit-identical. With ``overlap`` (``model.outer``): the all-reduce runs in the background for the next
+        ``tau`` steps (``_correct`` then applies it), and this replica starts the fragment's next round from the
+        outer step of its own pseudo-gradient; the run's last round waits for its own mean."""
+        part, outer = self.parts[fragment], self.outer
+        deltas = outer.pseudo_gradients(part=part)
+        stride, count = len(self.reducer.buckets) + 1, len(self.parts)  # message tags: fragment f's sums use
+        if not self.diloco.overlap or step + 1 == self.total_steps:  # f·stride + b, in flight (count + f)·stride + b
+            outer.step(self._group_mean(deltas, role, topology, link, fragment * stride, fragment, part), part)
             return
-        self._correct_at = min(step + self.diloco.tau, step + self.diloco.inner_steps, self.total_steps - 1)
-        self.in_flight_end = step + 1  # the state this mean completes: after ``step + 1`` steps
+        correct_at = min(step + self.diloco.tau, step + self.diloco.inner_steps, self.total_steps - 1)
+        self._correct_at[fragment], self._round_end[fragment] = correct_at, step + 1
         if role.num_replicas == 1:
-            self._in_flight = Future()
-            self._in_flight.set_result(deltas)
-        else:  # tagged with the step that applies it, past the buckets' own numbers (the last round's use them)
+            self._in_flight[fragment] = Future()
+            self._in_flight[fragment].set_result(deltas)
+        else:  # tagged with the step that applies it, past the synchronous rounds' numbers
             if self._outer_thread is None:
                 self._outer_thread = ThreadPoolExecutor(1, thread_name_prefix="p2ptrain-outer")
                 weakref.finalize(self, self._outer_thread.shutdown, wait=False)
-            self._in_flight = self._outer_thread.submit(self._group_mean, deltas, role, topology,
-                                                        link.for_step(self._correct_at), len(self.reducer.buckets) + 1)
-        self.outer.start = self.outer.tentative(deltas)
-        self.outer.reset(self.params, self.outer.start)
+            self._in_flight[fragment] = self._outer_thread.submit(
+                self._group_mean, deltas, role, topology, link.for_step(correct_at), (count + fragment) * stride,
+                fragment, part)
+        starts = outer.tentative(deltas, part)
+        for i, start in zip(part, starts, strict=True):
+            outer.start[i] = start
+        outer.reset(self.params, starts, part)
 
-    def _correct(self) -> None:
-        """``overlap``: the last round's mean is in (``settle_outer``); move this replica by the anchor minus
+    def _correct(self, fragment: int) -> None:
+        """``overlap``: the fragment's last mean is in (``settle_outer``); move this replica by the anchor minus
         the start it guessed, as if its round had started from the anchor."""
-        self.settle_outer()
-        if self.outer.start is not None:
-            self.outer.correct(self.params, self.outer.start)
-            self.outer.start = None
+        self.settle_outer(fragment)
+        part, outer = self.parts[fragment], self.outer
+        starts = [outer.start[i] for i in part]
+        if part and all(s is not None for s in starts):
+            outer.correct(self.params, starts, part)  # type: ignore[arg-type]
+            for i in part:
+                outer.start[i] = None
 
-    def settle_outer(self) -> None:
-        """Wait for the last round's all-reduce in flight (``overlap``) and move the anchor and momentum by its
-        mean: the state of that round's end is then complete (an epoch that stops there hands it on)."""
-        if self._in_flight is not None:
-            mean, self._in_flight = wait_all([self._in_flight])[0], None
-            self.outer.advance(mean)
-            self.in_flight_end = None
+    def settle_outer(self, fragment: int | None = None) -> None:
+        """Wait for the all-reduce in flight (``overlap``) of ``fragment`` (default: every fragment's) and move
+        the anchor and momentum by its mean: the state of that round's end is then complete (an epoch that
+        stops there hands it on)."""
+        for f in sorted(self._in_flight) if fragment is None else [fragment]:
+            future = self._in_flight.pop(f, None)
+            if future is not None:
+                self.outer.advance(wait_all([future])[0], self.parts[f])
+                del self._correct_at[f], self._round_end[f]
 
     def _group_mean(self, deltas: list[torch.Tensor], role: Role, topology: Topology, link: StepLink,
-                    offset: int) -> list[torch.Tensor]:  # fmt: skip
-        """The mean of ``deltas`` over the stage's replica group; bucket b's messages tagged ``offset + b``."""
+                    offset: int, fragment: int = 0, part: list[int] | None = None) -> list[torch.Tensor]:  # fmt: skip
+        """The mean of ``deltas`` (of ``part``'s parameters, one fragment's) over the stage's replica group;
+        bucket b's messages tagged ``offset + b``."""
         if role.num_replicas == 1:
             return deltas
         group = topology.group(role.stage)
         sums = self.reducer.sum_tensors(deltas, role.replica, role.num_replicas,
-                                        lambda b: _GroupOverLink(link, group, offset + b))  # fmt: skip
+                                        lambda b: _GroupOverLink(link, group, offset + b), part, fragment)  # fmt: skip
         return [s / role.num_replicas for s in sums]
 
     def _clip(self, role: Role, topology: Topology, state: _StepState) -> None:
@@ -364,3 +387,14 @@ class _StepState:
             return self.link.recv(peer, kind, m, 0, shape, dtype)
         finally:
             self.recv_s += time.perf_counter() - started
+
+
+def _fragments(module: torch.nn.Module, params: list[torch.nn.Parameter], diloco: DiLoCoConfig | None) -> list[list[int]]:
+    """The indices into ``params`` of each of DiLoCo's fragments (``model.outer.fragment_parts``); no DiLoCo:
+    none."""
+    if diloco is None:
+        return []
+    if diloco.fragments == 1:
+        return [list(range(len(params)))]
+    names = {p: n for n, p in module.named_parameters()}
+    return fragment_parts([names[p] for p in params], diloco.fragments, module.shape.num_layers)

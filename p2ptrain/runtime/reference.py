@@ -45,7 +45,7 @@ from p2ptrain.model.gpt import GPT
 from p2ptrain.model.loss import micro_batch_loss
 from p2ptrain.model.lr_schedule import set_lr
 from p2ptrain.model.optim import build_optimizer
-from p2ptrain.model.outer import OuterOptimizer
+from p2ptrain.model.outer import OuterOptimizer, fragment_parts
 from p2ptrain.model.stage import build_stage
 from p2ptrain.runtime.allreduce import flatten, unflatten_into
 from p2ptrain.runtime.config import TrainConfig
@@ -199,11 +199,14 @@ def train_reference(cfg: TrainConfig, on_step: Callable[[StepReport], None] | No
             load_initial(model, cfg)  # init_from's weights, if the run starts from a checkpoint
         optimizers = [build_optimizer(model, cfg.optimizer) for model in models]
         outer = OuterOptimizer(list(models[0].parameters()), cfg.diloco) if diloco else None
-        starts: list[list[torch.Tensor] | None] = [None] * len(models)  # ``overlap``: each replica's round start
+        parts = (fragment_parts([n for n, _ in models[0].named_parameters()], cfg.diloco.fragments,
+                                cfg.shape.num_layers) if diloco else [])
         codec = wire_format(cfg.wire).gradient  # DiLoCo's pseudo-gradients travel in it (quality: not exact)
-        feedbacks = [ErrorFeedback(codec) for _ in models]
-        in_flight: list[torch.Tensor] | None = None  # ``overlap``: the last round's mean, applied at ``correct_at``
-        correct_at = -1
+        feedbacks = [[ErrorFeedback(codec) for _ in models] for _ in parts]  # per fragment, per replica
+        # ``overlap``, per fragment: each replica's round start, the last round's mean (applied at ``correct_at``)
+        starts: dict[int, list[list[torch.Tensor]]] = {}
+        in_flight: dict[int, list[torch.Tensor]] = {}
+        correct_at: dict[int, int] = {}
         model = models[0]
         logger.info(
             "training %s (%d parameters) on %s: %d steps of %d sequences × %d tokens, %d replica(s) × %d micro-batch(es)%s",
@@ -219,14 +222,13 @@ def train_reference(cfg: TrainConfig, on_step: Callable[[StepReport], None] | No
         )
         for step in range(cfg.steps if stop_after is None else min(stop_after, cfg.steps)):
             while pending and pending[0].start_step == step:
-                if in_flight is not None:  # ``overlap``: the restarted state is the one its mean completes
-                    outer.advance(in_flight)
-                    in_flight = None
-                outer.reset(list(models[0].parameters()))  # ``overlap``: a restart starts from the anchor
+                for f in sorted(in_flight):  # ``overlap``: the restarted state is the one its means complete
+                    outer.advance(in_flight.pop(f), parts[f])
+                outer.reset(list(models[0].parameters()))  # a restart starts from the anchors (every fragment's)
                 models, optimizers = _replay(pending.pop(0), models, optimizers, cfg)
                 replicas, outer.params = len(models), list(models[0].parameters())
-                starts = [None] * len(models)
-                feedbacks = [ErrorFeedback(codec) for _ in models]  # each epoch's executors start afresh
+                starts.clear()
+                feedbacks = [[ErrorFeedback(codec) for _ in models] for _ in parts]  # executors start afresh
             started = time.perf_counter()
             batch = data.global_batch(step)
             step_loss, norms = 0.0, []
@@ -247,31 +249,8 @@ def train_reference(cfg: TrainConfig, on_step: Callable[[StepReport], None] | No
             grad_norm = norms[0] if norms else None  # DiLoCo: replica 0's (each pipeline clips by its own)
             if grad_norm is not None:
                 grad_norms.append(grad_norm)
-            ends = outer is not None and cfg.diloco.round_ends(step, cfg.steps)
-            if in_flight is not None and (ends or step == correct_at):  # ``overlap``: the mean is in
-                outer.advance(in_flight)
-                in_flight = None
-                for m, start in zip(models, starts, strict=True):
-                    outer.correct(list(m.parameters()), start)
-                starts = [None] * len(models)
-            if ends:
-                deltas = [outer.pseudo_gradients(list(m.parameters())) for m in models]
-                if codec.exact:
-                    summed = [sum(parts[1:], parts[0]) for parts in zip(*deltas, strict=True)]  # replica order
-                else:  # the run's gradient codec with each replica's error feedback, as the sharded all-reduce
-                    summed = _sum_through(codec, deltas, feedbacks)
-                mean = [g / len(models) for g in summed]
-                if cfg.diloco.overlap and step + 1 < cfg.steps:  # each replica starts from its own guess
-                    starts = [outer.tentative(d) for d in deltas]
-                    in_flight = mean
-                    correct_at = min(step + cfg.diloco.tau, step + cfg.diloco.inner_steps, cfg.steps - 1)
-                    for m, start in zip(models, starts, strict=True):
-                        outer.reset(list(m.parameters()), start)
-                else:
-                    outer.step(mean)  # models[0] is set to the new anchor ...
-                    starts = [None] * len(models)
-                    for other in models[1:]:
-                        outer.reset(list(other.parameters()))  # ... and every other replica
+            if outer is not None:
+                _outer_rounds(cfg, step, outer, parts, models, codec, feedbacks, starts, in_flight, correct_at)
             model = models[0]
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
@@ -297,6 +276,37 @@ def train_reference(cfg: TrainConfig, on_step: Callable[[StepReport], None] | No
         val_losses=val_losses,
         grad_norms=grad_norms,
     )
+
+
+def _outer_rounds(cfg: TrainConfig, step: int, outer: OuterOptimizer, parts: list[list[int]], models: list[GPT],
+                  codec, feedbacks: list[list], starts: dict, in_flight: dict, correct_at: dict) -> None:  # fmt: skip
+    """DiLoCo after update ``step``, as ``StageExecutor._outer_rounds`` does it on every stage: each fragment's
+    mean in flight that is due corrects every replica, then each fragment whose round ends takes its outer step
+    (``overlap``: each replica starts the next round from its own guess)."""
+    ends = [f for f, part in enumerate(parts) if part and cfg.diloco.fragment_ends(f, step, cfg.steps)]
+    for f in sorted(in_flight):
+        if f in ends or step == correct_at[f]:  # ``overlap``: the mean is in
+            outer.advance(in_flight.pop(f), parts[f])
+            for m, start in zip(models, starts.pop(f), strict=True):
+                outer.correct(list(m.parameters()), start, parts[f])
+    for f in ends:
+        part = parts[f]
+        deltas = [outer.pseudo_gradients(list(m.parameters()), part=part) for m in models]
+        if codec.exact:
+            summed = [sum(each[1:], each[0]) for each in zip(*deltas, strict=True)]  # replica order
+        else:  # the run's gradient codec with each replica's error feedback, as the sharded all-reduce
+            summed = _sum_through(codec, deltas, feedbacks[f])
+        mean = [g / len(models) for g in summed]
+        if cfg.diloco.overlap and step + 1 < cfg.steps:  # each replica starts from its own guess
+            starts[f] = [outer.tentative(d, part) for d in deltas]
+            in_flight[f] = mean
+            correct_at[f] = min(step + cfg.diloco.tau, step + cfg.diloco.inner_steps, cfg.steps - 1)
+            for m, start in zip(models, starts[f], strict=True):
+                outer.reset(list(m.parameters()), start, part)
+        else:
+            outer.step(mean, part)  # models[0] is set to the new anchor ...
+            for other in models[1:]:
+                outer.reset(list(other.parameters()), part=part)  # ... and every other replica
 
 
 def _sum_through(codec, deltas: list[list[torch.Tensor]], feedbacks: list) -> list[torch.Tensor]:

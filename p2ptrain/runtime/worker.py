@@ -224,7 +224,8 @@ def _train(spec: WorkerSpec, role: Role, topology: Topology, transport: Transpor
             event["loss"] = result.loss
         if spec.check_replicas:  # with DiLoCo's ``overlap`` replicas start rounds apart: their anchors agree
             outer = trainer.executor.outer
-            event["digest"] = (params_digest(trainer.module) if outer is None or not cfg.diloco.overlap
+            event["digest"] = (params_digest(trainer.module)
+                               if outer is None or not (cfg.diloco.overlap or cfg.diloco.fragments > 1)
                                else anchor_digest(outer.anchor))
         progress.write(**event)
         if result.loss is not None and role.replica == 0:

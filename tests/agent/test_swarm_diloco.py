@@ -70,22 +70,25 @@ def test_a_diloco_swarm_survives_a_kill_mid_round_by_redoing_the_round_as_its_re
 
 
 @pytest.mark.timeout(400)
-def test_an_overlapped_diloco_swarm_restarts_from_the_last_complete_round_as_its_reference_does(tmp_path):
-    """``--outer-overlap --outer-overlap-steps 2``: each round's all-reduce runs beside the next round's first
-    2 steps, so a round's end is a state to restart from only once its mean is in; a kill in round 3 (steps
-    6-8) restarts from step 3 or 6, never from the round in flight, and the run gives its reference's losses."""
+def test_an_overlapped_fragmented_diloco_swarm_restarts_from_the_last_complete_round_as_its_reference_does(
+        tmp_path):  # fmt: skip
+    """``--outer-overlap --outer-overlap-steps 2 --outer-fragments 2``, rounds of 4: the odd blocks' fragment
+    synchronises 2 steps after the even blocks', each fragment's all-reduce running beside its next 2 steps, so
+    a round's end (of fragment 0, every 4 steps) is a state to restart from only once its mean is in, and it
+    holds every fragment's anchor; a kill in round 3 (steps 8-11) restarts from step 4 or 8, never from a round
+    in flight, and the run gives its reference's losses."""
     sorted_identities(tmp_path, 5)
     code, summary, stderr = run_swarm(
-        tmp_path, "--agents", "5", "--stages", "2", "--steps", "12", "--sync", "diloco", "--inner-steps", "3",
-        "--outer-overlap", "--outer-overlap-steps", "2", "--outer-lr", "0.7", "--outer-momentum", "0.9",
-        "--kill", "2@8", *FAST, timeout_s=360,
+        tmp_path, "--agents", "5", "--stages", "2", "--steps", "14", "--sync", "diloco", "--inner-steps", "4",
+        "--outer-overlap", "--outer-overlap-steps", "2", "--outer-fragments", "2", "--outer-lr", "0.7",
+        "--outer-momentum", "0.9", "--kill", "2@9", *FAST, timeout_s=360,
     )  # fmt: skip
     assert code == 0, stderr[-3000:]
     assert summary["finished"] and summary["config"]["diloco"]["overlap"]
-    assert summary["config"]["diloco"]["overlap_steps"] == 2
+    assert summary["config"]["diloco"]["overlap_steps"] == 2 and summary["config"]["diloco"]["fragments"] == 2
     plans = [e for e in events(tmp_path / "agent-0.events.jsonl") if e["event"] == "plan"]
     failure = next(r for r in summary["replans"] if r["kind"] == "failure")
-    assert failure["start_step"] in (3, 6), failure
+    assert failure["start_step"] in (4, 8), failure
     replans = assert_replayed(summary, plans)
     print("re-plans replayed:", replans, "failure:", failure)
     done = [e for k in (0, 1, 3, 4) for e in events(tmp_path / f"agent-{k}.events.jsonl") if e["event"] == "done"]

@@ -3,10 +3,12 @@ the settings refused in one line."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
-from p2ptrain.model.outer import DiLoCoConfig, OuterOptimizer
+from p2ptrain.model.outer import DiLoCoConfig, OuterOptimizer, fragment_of, fragment_parts
 from p2ptrain.runtime.config import TrainConfig
 
 
@@ -55,13 +57,31 @@ def test_rounds_end_every_h_steps_and_at_the_last():
     assert [s for s in range(8) if cfg.round_ends(s, 8)] == [2, 5, 7]
 
 
+def test_fragments_rounds_are_staggered_by_h_over_f_and_all_end_at_the_last_step():
+    cfg = DiLoCoConfig(inner_steps=6, fragments=3)
+    ends = [[s for s in range(14) if cfg.fragment_ends(f, s, 14)] for f in range(3)]
+    assert ends == [[5, 11, 13], [1, 7, 13], [3, 9, 13]]  # offsets 0, 2, 4: the later fragments' first round short
+    assert [s for s in range(14) if cfg.round_ends(s, 14)] == ends[0]
+
+
+def test_fragments_are_strided_blocks_with_the_embeddings_first_and_the_head_last():
+    names = ["tok_emb.weight", "pos_emb.weight", *(f"blocks.{i}.attn.qkv.weight" for i in range(5)), "ln_f.weight",
+             "head.weight"]
+    assert [fragment_of(n, 2, 5) for n in names] == [0, 0, 0, 1, 0, 1, 0, 0, 0]
+    assert fragment_parts(names, 3, 5) == [[0, 1, 2, 5], [3, 6, 7, 8], [4]]
+    # a stage keeps the full model's names: its fragments are the full model's, cut to what it holds
+    assert fragment_parts(names[4:7], 2, 5) == [[0, 2], [1]]  # blocks 2, 3, 4
+
+
 @pytest.mark.parametrize("changes, message", [
     (dict(inner_steps=0), "diloco.inner_steps must be a positive integer"),
     (dict(outer_lr=0.0), "diloco.outer_lr must be positive"),
     (dict(outer_momentum=1.0), "diloco.outer_momentum must be in [0, 1)"),
+    (dict(fragments=0), "diloco.fragments must be a positive integer"),
+    (dict(inner_steps=4, fragments=5), "diloco.fragments (5) must be at most inner_steps (4)"),
 ])  # fmt: skip
 def test_bad_settings_are_refused(changes, message):
-    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace(")", r"\)")):
+    with pytest.raises(ValueError, match=re.escape(message)):
         DiLoCoConfig(**changes)
     with pytest.raises(ValueError, match="unknown sync mode 'sometimes'"):
         TrainConfig(sync="sometimes")

@@ -181,6 +181,14 @@ def test_streaming_diloco_is_paced_by_the_busiest_queue():
     assert streamed.combine(values, []).cost_s == pytest.approx(max(0.05, values[0] / 4))
     with pytest.raises(ValueError, match="sync_overlap .* needs sync_every > 1"):
         StepProfile(sync_overlap=True)
+    # streamed over τ = 1 step, the round's 0.4 GB a member sends take that step 0.4 s; in 4 fragments, each
+    # streamed over its own step, a quarter of it each: the round's bytes over 4 steps again
+    tau_one = _objective(lines, 1, gradient_gb=0.3, forward_s=(0.05,), sync_every=4, sync_overlap=True, overlap_steps=1)
+    assert tau_one.streamed_floor_s(sigma) == pytest.approx(0.4)
+    fragmented = _objective(lines, 1, gradient_gb=0.3, forward_s=(0.05,), sync_every=4, sync_overlap=True,
+                            overlap_steps=1, fragments=4)  # fmt: skip
+    assert fragmented.streamed_floor_s(sigma) == pytest.approx(0.1)
+    assert StepProfile(sync_every=4, sync_overlap=True, overlap_steps=2, fragments=4).streamed_steps == 4
 
 
 def test_compute_is_the_busiest_devices_forwards_backwards_and_update():
