@@ -65,6 +65,7 @@ from p2ptrain.agent.leadership.plan_maker import (
     stage_state_bytes,
     trainers_and_spares,
     warm_copies,
+    with_company,
 )
 from p2ptrain.agent.leadership.run_stages import RunStages, at_stages, choose_run_stages, stages_on_disk
 from p2ptrain.errors import AgentError, ProtocolError
@@ -612,6 +613,10 @@ class Leading:
             raise AgentError(f"the planner found no plan: {e}") from None
         if planning.layers is not None:  # planned at the split the run trains with
             plan = {**plan, "layers": [list(r) for r in planning.layers]}
+        probation = [i for i, p in enumerate(planning.devices) if not self._leaders.standing.proven(p)]
+        if probation:  # fresh keys never train a stage alone (``plan_maker.with_company``)
+            plan = with_company(plan, planning.cluster, planning.workload, probation, self.config.plan)
+            logger.info("peers on probation (no work shown yet): %s", ", ".join(planning.devices[i] for i in probation))
         record = PlanRecord.from_plan_json(planning.epoch, planning.devices + planning.spares, plan)
         start_step, sources = planning.start_step, planning.sources
         if planning.replan is not None and planning.replan.kind == JOIN:

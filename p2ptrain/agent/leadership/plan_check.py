@@ -39,7 +39,13 @@ from p2ptrain.agent.churn.replan import BLAMED_HALT_S, blame_roots
 from p2ptrain.agent.config import EmulationSettings, PlanConfig
 from p2ptrain.agent.leadership import settings
 from p2ptrain.agent.leadership.claims import plan_slowdowns, with_slowdowns
-from p2ptrain.agent.leadership.plan_maker import build_cluster, cluster_order, make_plan, trainers_and_spares
+from p2ptrain.agent.leadership.plan_maker import (
+    build_cluster,
+    cluster_order,
+    make_plan,
+    trainers_and_spares,
+    with_company,
+)
 from p2ptrain.agent.leadership.run_stages import RunStages, at_stages, memory_problem
 from p2ptrain.agent.leadership.standing import Standing
 from p2ptrain.net.dht.records import LinksRecord, PeerRecord, PlanRecord, ProgressRecord
@@ -113,12 +119,15 @@ class CostCheck:
 
 def cost_check(plan: PlanRecord, peers: Mapping[str, PeerRecord], rows: Mapping[str, LinksRecord],
                train: TrainConfig, config: PlanConfig, emulation: EmulationSettings,
-               workload_for: WorkloadFor, tolerance: float, slack_s: float = 0.0) -> CostCheck:
+               workload_for: WorkloadFor, tolerance: float, slack_s: float = 0.0,
+               proven: Callable[[str], bool] | None = None) -> CostCheck:
     """Score ``plan`` and our own plan of its members (``peers``: their records; ``rows``: the links rows)
     with the run's objective and settings (``agent.settings``: the wire, schedule and overlap both plans
     train with; a plan that departs from them is refused); ``workload_for(cluster, trainers, peers, train)`` gives the workload both
     are scored with. ``train.stages`` is the run's S (``run_stages.at_stages``: the plan's, for an auto run
-    whose gate accepted its S). Raises ValueError where we cannot plan these members ourselves."""
+    whose gate accepted its S). With ``proven`` (who has shown work, ``Standing.proven``) our own plan keeps the
+peers on probation company (``plan_maker.with_company``). Raises ValueError where we cannot plan these members
+ourselves."""
     if plan.stages != train.stages:
         raise ValueError(f"it has {plan.stages} stages; the run trains {train.stages}")
     why = settings.problem(plan, train)
@@ -136,7 +145,11 @@ def cost_check(plan: PlanRecord, peers: Mapping[str, PeerRecord], rows: Mapping[
         raise ValueError(f"it trains {len(theirs)} peers where the run's settings train {len(ours)} of "
                          f"{len(plan.membership)} members")
     own = build_cluster(ours, peers, rows, emulation)
-    ours_s = make_plan(own, workload_for(own, ours, peers, train), plan.stages, config)["cost_s"]
+    own_workload = workload_for(own, ours, peers, train)
+    own_plan = make_plan(own, own_workload, plan.stages, config)
+    if proven is not None:  # our plan keeps peers on probation company, as the leader's must
+        own_plan = with_company(own_plan, own, own_workload, [i for i, p in enumerate(ours) if not proven(p)], config)
+    ours_s = own_plan["cost_s"]
     return CostCheck(float(theirs_s), float(ours_s), tolerance, slack_s)
 
 
@@ -379,7 +392,8 @@ class PlanGate:
         try:
             train = at_stages(self.train, plan.stages) if self.stages.auto else self.train
             check = cost_check(plan, live, rows, train, self.plan, self.emulation, self.workload_for,
-                               self.plan.verify_tolerance, self.plan.verify_slack_s)  # fmt: skip
+                               self.plan.verify_tolerance, self.plan.verify_slack_s,
+                               self.leaders.standing.proven)  # fmt: skip
         except ValueError as e:
             self._costs[key] = str(e)
             return self._costs[key]

@@ -258,6 +258,55 @@ def make_plan(cluster: Cluster, workload: Workload, num_stages: int, config: Pla
     return plan.to_json()
 
 
+def with_company(plan: dict[str, Any], cluster: Cluster, workload: Workload, probation: Collection[int],
+                 config: PlanConfig) -> dict[str, Any]:  # fmt: skip
+    """``plan`` with no stage trained by peers on probation alone (``probation``: indices into ``cluster``'s
+    devices, peers that have shown no work yet, ``leadership.standing``): for each such stage, the cheapest swap
+    (by ``config.objective``) of one of its peers with a proven peer of another stage that keeps a proven peer
+    of its own. Verification compares a stage's replicas (``p2ptrain.verify``): a stage whose replicas are all
+    fresh keys may be one person's, who checks itself. A stage that no swap can cover (too few proven peers)
+    stays as it is, logged. The plan's ``probation`` lists the devices on probation; ``cost_s`` is the
+    objective's for the pipelines returned."""
+    pipelines = [list(row) for row in plan["pipelines"]]
+    if not probation or not pipelines:
+        return plan
+    fresh = set(probation)
+    replicas, stages = len(pipelines), len(pipelines[0])
+
+    def proven_in(j: int) -> int:
+        return sum(pipelines[i][j] not in fresh for i in range(replicas))
+
+    alone = [j for j in range(stages) if proven_in(j) == 0]
+    if not alone:
+        return {**plan, "probation": sorted(fresh)}
+    if isinstance(workload, LayeredWorkload):
+        workload = workload.at([tuple(r) for r in plan["layers"]] if plan.get("layers")
+                               else even_layers(workload.costs.num_layers, stages))
+    objective = make_objective(config.objective, cluster, workload, stages)
+    cost = None
+    for j in alone:
+        best = None
+        for i in range(replicas):
+            for i2 in range(replicas):
+                for j2 in range(stages):
+                    if j2 == j or pipelines[i2][j2] in fresh or proven_in(j2) < 2:
+                        continue
+                    trial = [row[:] for row in pipelines]
+                    trial[i][j], trial[i2][j2] = trial[i2][j2], trial[i][j]
+                    value = objective.evaluate(np.array(trial))
+                    if math.isfinite(value.cost_s) and (best is None or value.cost_s < best[0].cost_s):
+                        best = (value, trial)
+        if best is None:
+            logger.warning("stage %d is trained by peers on probation only (%s): too few proven peers to pair "
+                           "them with", j, ", ".join(str(pipelines[i][j]) for i in range(replicas)))
+            continue
+        cost, pipelines = best
+    if cost is None:
+        return {**plan, "probation": sorted(fresh)}
+    return {**plan, "pipelines": pipelines, "cost_s": float(cost.cost_s), "data_parallel_s": float(cost.data_parallel_s),
+            "pipeline_s": float(cost.pipeline_s), "probation": sorted(fresh)}
+
+
 def check_plan_json(plan: Mapping[str, Any], num_devices: int) -> None:
     """An assertion that the planner's document is a full assignment of ``num_devices`` devices."""
     flat = sorted(d for row in plan["pipelines"] for d in row)

@@ -99,6 +99,12 @@ class Standing:
             return True
         return not self.history or peer in self._worked or peer in self._provisional
 
+    def proven(self, peer: str) -> bool:
+        """Whether ``peer`` has shown training work (or the run has no history yet): a peer that has not is *on
+        probation*, never a stage's only kind of trainer (``plan_maker.with_company``). A passed-over leader's
+        training record stands: being passed over says nothing about its compute."""
+        return not self.history or peer in self._worked or peer in self._provisional
+
     def leader(self, live: Collection[str]) -> str | None:
         """The peer that leads among ``live``: the lowest in standing; else the lowest that owes nothing; else
         the lowest (None for nobody)."""
