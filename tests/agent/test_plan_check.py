@@ -42,6 +42,10 @@ class Clock:
 
 @pytest.fixture(scope="module")
 def world():
+    return measured_world()
+
+
+def measured_world():
     """Five peers (IDs sorted) playing the first five world-wide devices: their records and links rows."""
     peers = sorted(generate_identity().peer_id for _ in range(5))
     net = scenario("worldwide", 5)

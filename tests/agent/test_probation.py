@@ -7,7 +7,8 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-from test_plan_check import NO_EMULATION, TRAIN, plan_record, workload_for, world  # noqa: F401 - the fixture
+import pytest
+from test_plan_check import NO_EMULATION, TRAIN, measured_world, plan_record, workload_for
 
 from p2ptrain.agent.config import PlanConfig
 from p2ptrain.agent.leadership.plan_check import cost_check
@@ -15,6 +16,11 @@ from p2ptrain.agent.leadership.plan_maker import build_cluster, make_plan, with_
 from p2ptrain.agent.leadership.standing import Standing
 from p2ptrain.net.dht.records import PlanRecord, ProgressRecord
 from p2ptrain.planning import make_objective
+
+
+@pytest.fixture(scope="module")
+def world():
+    return measured_world()
 
 
 def _progress(plan: PlanRecord, step: int) -> dict[str, ProgressRecord]:
