@@ -100,6 +100,8 @@ from p2ptrain.runtime.wire import WIRE_FORMATS
 @click.option("--liveness/--no-liveness", default=True, show_default=True,
               help="Heartbeat pings that notice a dead or cut-off agent within seconds (off: only failed calls "
                    "and expired records do).")
+@click.option("--verify/--no-verify", default=True, show_default=True,
+              help="The checks of members' work ([verify] enabled, p2ptrain.verify; off: to measure what they cost).")
 @click.option("--warm-copies/--no-warm-copies", default=True, show_default=True,
               help="Copy every stage's state to another agent every few steps (off: only at re-plans).")
 @click.option("--call-timeout", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
@@ -115,7 +117,7 @@ def command(ctx: click.Context, agents: int, stages: int | str, steps: int, scen
             time_scale: float | None, size_factor: float | None, compute_scale: float, strategy: str, objective: str, model: str,
             batch_size: int | None, micro_batches: int, wire: str, schedule: str, overlap: bool, seed: int, data: str | None, precision: str, eval_every: int, device: str, workdir: str | None, run_id: str | None,
             as_json: bool, kills: tuple, partitions: tuple, joins: tuple, checkpoint_every: int, resume: bool, call_timeout: float,
-            peer_ttl: float, liveness: bool, warm_copies: bool, monitor_port: int | None,
+            peer_ttl: float, liveness: bool, verify: bool, warm_copies: bool, monitor_port: int | None,
             init_from: str | None, sync: str | None, **optimizer: object) -> None:  # fmt: skip
     """Start a bootstrap and N agents on this machine, train, and summarise."""
     from p2ptrain.lifecycle import StopSignal
@@ -134,7 +136,7 @@ def command(ctx: click.Context, agents: int, stages: int | str, steps: int, scen
         batch_size=batch_size, micro_batches=micro_batches, wire=wire, schedule=schedule, overlap=overlap, seed=seed, data=data, precision=precision, eval_every=eval_every, device=device, workdir=workdir, run=run_id,
         kills=tuple((a, int(s)) for a, s in kills), partitions=partitions, joins=tuple((int(n), int(s)) for n, s in joins),
         checkpoint_every=checkpoint_every or eval_every, resume=resume, call_timeout_s=call_timeout, peer_ttl_s=peer_ttl,
-        liveness=liveness, warm_copies=warm_copies, monitor_port=monitor_port,
+        liveness=liveness, verify=verify, warm_copies=warm_copies, monitor_port=monitor_port,
         optimizer=OptimizerConfig(**optimizer_flags(optimizer)), init_from=init_from,
         sync=sync or "every-step", diloco=DiLoCoConfig(**diloco_flags(optimizer)),
     )  # fmt: skip

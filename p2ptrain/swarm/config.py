@@ -59,6 +59,7 @@ class SwarmConfig:
     shared_checkpoints: bool = False  # resume and re-plans also read <workdir>/checkpoints (with checkpoint_every)
     resume: bool = False  # the first plan starts from the agents' own copies (<workdir>/agent-K.state)
     liveness: bool = True  # heartbeat pings (off: failures show only as failed calls and expired records)
+    verify: bool = True  # the checks of members' work (``[verify] enabled``; off: to measure what they cost)
     warm_copies: bool = True  # periodic warm copies of every stage (off: only the epochs' start copies)
     monitor_port: int | None = None  # also start ``p2ptrain monitor`` on this port (0: any free port); None: no
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)  # TrainConfig.optimizer: unsaid keys, the preset's
