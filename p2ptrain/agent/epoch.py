@@ -496,7 +496,8 @@ def _halt(plan: PlanRecord, ctx: EpochContext, done: int, error: BaseException |
                            blame, len(error.finding.evidence))  # fmt: skip
     ctx.heartbeat.flush(ProgressRecord(plan.epoch, step, None, 0.0, halted=True, kept=kept,
                                        stage=keeper.stage if held else None, holds=holds, blame=blame,
-                                       leader=plan.leader, evidence=evidence))
+                                       leader=plan.leader, evidence=evidence,
+                                       refused=isinstance(error, VerificationFailed) and blame is not None))
     return EpochOutcome(False, done, halted=True)
 
 

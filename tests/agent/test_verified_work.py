@@ -25,11 +25,11 @@ HERE = Path(__file__).resolve().parent
 ROGUE = 1  # the second-lowest peer ID: a trainer, never the leader
 
 
-def swarm(tmp_path, run: str, steps: int, mode: str | None):
+def swarm(tmp_path, run: str, steps: int, mode: str | None, rogue: int = ROGUE, **settings):
     sorted_identities(tmp_path, 4)
     config = SwarmConfig(agents=4, stages=2, steps=steps, scenario=None, workdir=str(tmp_path), run=run,
-                         call_timeout_s=15.0)  # fmt: skip
-    commands = {ROGUE: [sys.executable, str(HERE / "corrupt_member.py"), mode]} if mode else {}
+                         call_timeout_s=15.0, **settings)  # fmt: skip
+    commands = {rogue: [sys.executable, str(HERE / "corrupt_member.py"), mode]} if mode else {}
     agents, codes, train = run_agents(tmp_path, config, commands, {}, 300)
     assert all(code == 0 for code in codes.values()), codes
     return agents, train
@@ -88,3 +88,32 @@ def test_an_honest_run_blames_nobody(tmp_path):
     checked = "".join(a.log_path.read_text() for a in agents)
     assert checked.count(f"held in the {steps} step(s) checked") == 4  # every trainer checked every step
     assert_reference(agents, train)
+
+
+# mode -> (the rogue: agent 1 holds stage 0 in the first plan, agent 2 stage 1 (``megatron``: agents in peer-ID
+# order fill stage 0, then stage 1), the check that names it)
+PIPELINE_CASES = {
+    "act_noise": (1, "recompute"),
+    "grad_noise": (2, "recompute"),
+}
+
+
+@pytest.mark.timeout(360)
+@pytest.mark.parametrize("mode", PIPELINE_CASES)
+def test_a_member_whose_pipeline_messages_are_wrong_is_caught_and_nothing_wrong_is_kept(tmp_path, mode):
+    index, check = PIPELINE_CASES[mode]
+    # 8 micro-batches per replica: at the default rate 1/8 one of each member's is recomputed every step
+    agents, train = swarm(tmp_path, f"corrupt-{mode}", 6, mode, index, micro_batches=8, strategy="megatron")
+    rogue, leader = agents[index].peer_id, agents[0]
+    honest = [a for a in agents if a.index != index]
+    found = all_events(honest, "verify_failed")
+    assert found and {e["peer"] for e in found} == {rogue}, found
+    assert {e["check"] for e in found} == {check}, found
+    assert min(e["step"] for e in found) <= FIRST_CORRUPT_STEP + 1  # within 2 steps of its first corrupt message
+    log = events(leader.events.path)
+    quarantined = {e["peer"] for e in log if e["event"] == "quarantined"}
+    assert quarantined == {rogue}, quarantined  # its finders' word: blamed for churn.quarantine_blames epochs
+    plans = [e for e in log if e["event"] == "plan"]
+    assert rogue in plans[0]["devices"] and rogue not in plans[-1]["devices"] + plans[-1]["spares"]
+    assert f"peer {rogue} failed the {check} check" in "".join(a.log_path.read_text() for a in honest)
+    assert_reference(honest, train)  # every step's loss the single-process one: nothing wrong was kept
