@@ -253,8 +253,9 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
         logger.info("epoch %d: every member's sums of stage %d held in the %d step(s) checked", plan.epoch,
                     role.stage, verifier.checked_steps)  # fmt: skip
     if recomputer is not None:
-        logger.info("epoch %d: every one of the %d micro-batch(es) of stage %d's members recomputed here held",
-                    plan.epoch, recomputer.recomputed, role.stage)  # fmt: skip
+        logger.info("epoch %d: every one of the %d micro-batch(es) of stage %d's members recomputed here held "
+                    "(the recompute check took %.3f s in all)", plan.epoch, recomputer.recomputed, role.stage,
+                    recomputer.seconds)  # fmt: skip
     if not _finish_together(plan, topology, cfg.steps, ctx):
         return _halt(plan, ctx, done, None)
     ctx.set_status(IDLE, plan.epoch, done)

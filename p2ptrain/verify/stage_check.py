@@ -38,6 +38,7 @@ import json
 import logging
 import math
 import struct
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 
@@ -133,6 +134,7 @@ class StageVerifier:
         self.step = 0
         self.link: RecordingLink | None = None
         self.recomputed = 0  # micro-batches of other members recomputed, every one held
+        self.seconds = 0.0  # spent in ``check_step``: the check's rounds, reveals and recomputes
 
     def wrap(self, link) -> RecordingLink:
         self.link = RecordingLink(link)
@@ -144,6 +146,13 @@ class StageVerifier:
     # -- one step
 
     def check_step(self) -> None:
+        started = time.perf_counter()
+        try:
+            self._check_step()
+        finally:
+            self.seconds += time.perf_counter() - started
+
+    def _check_step(self) -> None:
         link = self.link
         assert link is not None, "check_step without a recorded step"
         self.link = None

@@ -9,6 +9,7 @@ The corrupt members are ``corrupt_member.py`` (the real agent with its own runti
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -87,6 +88,9 @@ def test_an_honest_run_blames_nobody(tmp_path):
     assert not all_events(agents, "evidence")
     checked = "".join(a.log_path.read_text() for a in agents)
     assert checked.count(f"held in the {steps} step(s) checked") == 4  # every trainer checked every step
+    # and recomputed its group-mate's challenged micro-batches: 2 each a step, at 1/8 (P(none in all) ~ 1e-10)
+    recomputed = [int(n) for n in re.findall(r"every one of the (\d+) micro-batch\(es\)", checked)]
+    assert len(recomputed) == 4 and sum(recomputed) > 0, recomputed
     assert_reference(agents, train)
 
 
@@ -95,6 +99,7 @@ def test_an_honest_run_blames_nobody(tmp_path):
 PIPELINE_CASES = {
     "act_noise": (1, "recompute"),
     "grad_noise": (2, "recompute"),
+    "skip": (1, "recompute"),  # sends another token's activations: plausible values, not its compute's
 }
 
 
