@@ -132,6 +132,7 @@ class StageVerifier:
         self.neighbours = {s: topology.pipelines[role.replica][s] for s in (role.stage - 1, role.stage + 1)
                            if 0 <= s < role.num_stages}  # fmt: skip
         self.step = 0
+        self._batch: tuple[int, torch.Tensor | None] = (-1, None)
         self.link: RecordingLink | None = None
         self.recomputed = 0  # micro-batches of other members recomputed, every one held
         self.seconds = 0.0  # spent in ``check_step``: the check's rounds, reveals and recomputes
@@ -250,7 +251,9 @@ class StageVerifier:
     # -- the parts
 
     def _micro_batch(self, k: int, m: int) -> torch.Tensor:
-        shard = shard_of(self.data.global_batch(self.step), k, len(self.group))
+        if self._batch[0] != self.step:  # the step's global batch, derived once (a dataset read may be slow)
+            self._batch = (self.step, self.data.global_batch(self.step))
+        shard = shard_of(self._batch[1], k, len(self.group))
         return micro_batches(shard, self.num_micro_batches)[m]
 
     def _act_shape(self, k: int) -> tuple[int, int, int]:
