@@ -2,7 +2,11 @@
 stages × 2 replicas, fp32): a member whose sums are wrong is named by its group within 2 steps of its first
 corrupt message, with evidence the leader re-checks, quarantined at once, and the run finishes with the
 single-process losses; a member that blames an honest peer with forged evidence is the one quarantined; an
-honest run blames nobody.
+honest run blames nobody. A member whose pipeline messages are wrong (noise on its activations or their
+gradients, skipped compute, clean messages revealed in place of the corrupt ones it sent) is named by its
+verifier at its first corrupt step (the recompute check, ``verify.stage_check``), the step is rolled back
+everywhere, it is quarantined on its finders' word after two epochs, and the run finishes with the
+single-process losses.
 
 The corrupt members are ``corrupt_member.py`` (the real agent with its own runtime patched in its process).
 """
@@ -100,6 +104,8 @@ PIPELINE_CASES = {
     "act_noise": (1, "recompute"),
     "grad_noise": (2, "recompute"),
     "skip": (1, "recompute"),  # sends another token's activations: plausible values, not its compute's
+    # corrupts every activation it sends and, once it knows which are checked, shows its verifier clean ones
+    "clean_reveal": (1, "reveal"),
 }
 
 
