@@ -28,7 +28,10 @@ Verified work (``[verify]``, ``verify.group``): in a run that syncs every step, 
 every step's sums before they are applied. A member that fails a check is named (a log line and a
 ``verify_failed`` event per finding) and the epoch halts blaming it, with the evidence when the check has
 some (the member's own signed statement), which the leader re-checks. The finder never applied the step, so
-the states it keeps are all from before the tainted step.
+the states it keeps are all from before the tainted step. The same hook then runs the recompute check
+(``verify.stage_check``): each member's challenged micro-batches are redone by another replica of its stage
+from the pipeline messages it committed to; a finder's halted heartbeat says ``refused``, so the re-plan rolls
+every stage back to before the step (a neighbour that computed on a corrupt message may have applied it).
 """
 
 from __future__ import annotations
