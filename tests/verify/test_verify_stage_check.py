@@ -147,15 +147,19 @@ def test_the_order_of_commitments_and_the_rotation_of_verifiers():
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("wire, precision, schedule", [("fp32", "fp32", "gpipe"), ("int8", "fp32", "1f1b"),
-                                                       ("int2", "fp32", "gpipe"), ("bf16", "bf16", "gpipe")])
-def test_honest_steps_pass_every_recompute(wire, precision, schedule):
-    cfg = dataclasses.replace(CFG, wire=wire, precision=precision, schedule=schedule)
+@pytest.mark.parametrize("wire, precision, schedule, stages", [
+    ("fp32", "fp32", "gpipe", 3), ("int8", "fp32", "1f1b", 3), ("int2", "fp32", "gpipe", 3), ("bf16", "bf16", "gpipe", 3),
+    ("fp32", "fp32", "1f1b", 2),  # 3 replicas: verifiers rotate
+])  # fmt: skip
+def test_honest_steps_pass_every_recompute(wire, precision, schedule, stages):
+    replicas = len(IDENTITIES) // stages
+    cfg = dataclasses.replace(CFG, wire=wire, precision=precision, schedule=schedule, stages=stages,
+                              replicas=replicas, global_batch_size=8 * replicas, steps=2 if stages == 3 else 3)  # fmt: skip
     _, losses, errors, members = run_swarm(cfg=cfg)
     assert not errors, errors
     if wire == "fp32" and precision == "fp32":  # and give the reference losses
         reference = train_reference(dataclasses.replace(cfg, stages=1, replicas=1)).losses
-        assert losses == pytest.approx(reference, rel=1e-5)
+        assert losses == pytest.approx(reference, rel=1e-4)  # 3 replicas sum in another order
     assert sum(c.recomputed for _, c in members.values()) == cfg.steps * cfg.stages * cfg.replicas  # 8 × 1/8 each
 
 
