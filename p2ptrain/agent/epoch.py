@@ -28,7 +28,10 @@ Verified work (``[verify]``, ``verify.group``): in a run that syncs every step, 
 every step's sums before they are applied. A member that fails a check is named (a log line and a
 ``verify_failed`` event per finding) and the epoch halts blaming it, with the evidence when the check has
 some (the member's own signed statement), which the leader re-checks. The finder never applied the step, so
-the states it keeps are all from before the tainted step.
+the states it keeps are all from before the tainted step. The same hook then runs the recompute check
+(``verify.stage_check``): each member's challenged micro-batches are redone by another replica of its stage
+from the pipeline messages it committed to; a finder's halted heartbeat says ``refused``, so the re-plan rolls
+every stage back to before the step (a neighbour that computed on a corrupt message may have applied it).
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ from p2ptrain.runtime.session import StageTrainer
 from p2ptrain.runtime.topology import Role, Topology
 from p2ptrain.verify.config import VerifyConfig
 from p2ptrain.verify.group import Finding, GroupVerifier, VerificationFailed
+from p2ptrain.verify.stage_check import StageVerifier
 
 logger = logging.getLogger(__name__)
 
@@ -198,7 +202,7 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
             _connect(ctx, peers, peer)
         trainer = StageTrainer(cfg, role, ctx.device, ctx.compute_slowdown)
         trainer.executor.before_update = ctx.keeper.fence  # the kept state's copy may still be reading
-        verifier = _install_verifier(plan, topology, role, cfg, trainer, ctx)
+        verifier, recomputer = _install_verifier(plan, topology, role, cfg, trainer, ctx)
         _take_state(plan, role.stage, trainer, ctx)
         _wait_sends(sends, ctx.state_timeout_s)
         settle_heap()
@@ -213,8 +217,9 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
             sent_before = ctx.transport.sent_bytes  # what the step sends: its calls, its checkpoint's and copies'
             started = time.perf_counter()
             between_s = started - last_end if last_end is not None else 0.0  # the last step's aftermath
-            if verifier is not None:
-                verifier.begin_step(plan.epoch, step)
+            for checks in (verifier, recomputer):
+                if checks is not None:
+                    checks.begin_step(plan.epoch, step)
             result = trainer.step(ctx.transport, ctx.dht.keys.run_id, plan.epoch, step, topology, ctx.call_timeout_s)
             compute_s = trainer.executor.pacer.busy_s - busy_s  # our own compute, none of the waits (``claims``)
             compute_cpu_s = trainer.executor.pacer.busy_cpu_s - busy_cpu_s  # its CPU time: less, where it waited
@@ -250,6 +255,10 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
     if verifier is not None:
         logger.info("epoch %d: every member's sums of stage %d held in the %d step(s) checked", plan.epoch,
                     role.stage, verifier.checked_steps)  # fmt: skip
+    if recomputer is not None:
+        logger.info("epoch %d: every one of the %d micro-batch(es) of stage %d's members recomputed here held "
+                    "(the recompute check took %.3f s in all)", plan.epoch, recomputer.recomputed, role.stage,
+                    recomputer.seconds)  # fmt: skip
     if not _finish_together(plan, topology, cfg.steps, ctx):
         return _halt(plan, ctx, done, None)
     ctx.set_status(IDLE, plan.epoch, done)
@@ -360,10 +369,11 @@ def _copy(plan: PlanRecord, ctx: EpochContext, stage: int, replica: int, done: i
 
 
 def _install_verifier(plan: PlanRecord, topology: Topology, role: Role, cfg: TrainConfig, trainer: StageTrainer,
-                      ctx: EpochContext) -> GroupVerifier | None:  # fmt: skip
-    """The sum check of our stage's all-reduce, every step (a run that syncs every step, with replicas)."""
+                      ctx: EpochContext) -> tuple[GroupVerifier | None, StageVerifier | None]:  # fmt: skip
+    """The sum check of our stage's all-reduce and the recompute check of our group's micro-batches, every step
+    (a run that syncs every step, with replicas; fp16 stages are not recomputed: their loss scale is their own)."""
     if ctx.verify is None or not ctx.verify.enabled or plan.replicas < 2 or cfg.diloco_on:
-        return None
+        return None, None
 
     def on_finding(finding: Finding) -> None:
         ctx.events.write("verify_failed", epoch=finding.epoch, step=finding.step, peer=finding.member,
@@ -374,8 +384,21 @@ def _install_verifier(plan: PlanRecord, topology: Topology, role: Role, cfg: Tra
     verifier = GroupVerifier(ctx.dht.signing_key, ctx.dht.keys.run_id, role.stage, topology.group(role.stage),
                              reducer.feedback.codec, rows=ctx.verify.sketch_rows, false_alarm=ctx.verify.false_alarm,
                              running=ctx.verify.running, on_finding=on_finding)  # fmt: skip
-    reducer.verifier = verifier
-    return verifier
+    if cfg.precision == "fp16":
+        reducer.verifier = verifier
+        return verifier, None
+    executor = trainer.executor
+    recomputer = StageVerifier(ctx.dht.signing_key, ctx.dht.keys.run_id, plan.epoch, role, topology, trainer.module,
+                               executor.data, executor.wire, executor.num_micro_batches, executor.hidden_size,
+                               cfg.precision, ctx.verify.rate, on_finding=on_finding)  # fmt: skip
+    trainer.link_wrapper = recomputer.wrap
+
+    def check_step(records, rank, n, exchange) -> None:
+        verifier(records, rank, n, exchange)  # the sums first: the recompute check's reveals are larger
+        recomputer.check_step()
+
+    reducer.verifier = check_step
+    return verifier, recomputer
 
 
 def _connect(ctx: EpochContext, peers: dict[str, PeerRecord], peer: str) -> None:
@@ -483,7 +506,8 @@ def _halt(plan: PlanRecord, ctx: EpochContext, done: int, error: BaseException |
                            blame, len(error.finding.evidence))  # fmt: skip
     ctx.heartbeat.flush(ProgressRecord(plan.epoch, step, None, 0.0, halted=True, kept=kept,
                                        stage=keeper.stage if held else None, holds=holds, blame=blame,
-                                       leader=plan.leader, evidence=evidence))
+                                       leader=plan.leader, evidence=evidence,
+                                       refused=isinstance(error, VerificationFailed) and blame is not None))
     return EpochOutcome(False, done, halted=True)
 
 

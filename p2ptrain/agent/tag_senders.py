@@ -8,7 +8,8 @@ the sender must be the peer that sends this receiver that kind of message.
 |---|---|---|
 | ``activation`` | stage j > 0 of pipeline i | stage j − 1 of pipeline i |
 | ``activation_grad`` | stage j < S − 1 of pipeline i | stage j + 1 of pipeline i |
-| ``reduce_shard``, ``gather_shard``, ``commit``, ``sketch`` | stage j | the other replicas of stage j |
+| ``reduce_shard``, ``gather_shard``, ``commit``, ``sketch``, ``reveal`` | stage j | the other replicas of stage j |
+| ``pipe_commit`` | stage j of pipeline i | the other replicas of stage j, stages j ± 1 of pipeline i |
 | ``grad_norm`` | stage j of pipeline i | the other stages of pipeline i |
 | ``state`` (micro_batch: the stage) | a trainer of that stage | the plan's source of the stage |
 | ``backup`` (micro_batch: the stage) | the stage's backup peer | the stage's source, its replica 0 |
@@ -29,7 +30,8 @@ from p2ptrain.agent.churn.restart import source_of
 from p2ptrain.net.dht.records import PlanRecord
 from p2ptrain.net.transport.messages import MessageKind, Tag
 
-GROUP_KINDS = frozenset({MessageKind.REDUCE_SHARD, MessageKind.GATHER_SHARD, MessageKind.COMMIT, MessageKind.SKETCH})
+GROUP_KINDS = frozenset({MessageKind.REDUCE_SHARD, MessageKind.GATHER_SHARD, MessageKind.COMMIT, MessageKind.SKETCH,
+                         MessageKind.REVEAL})
 
 
 def sender_problem(plan: PlanRecord, me: str, sender: str, tag: Tag) -> str | None:
@@ -57,7 +59,7 @@ def sender_problem(plan: PlanRecord, me: str, sender: str, tag: Tag) -> str | No
         allowed = {plan.peer_at(row, j) for j in range(plan.stages)} - {me}
     elif kind in GROUP_KINDS:
         allowed = {plan.peer_at(i, own) for i in range(plan.replicas)} - {me}
-    else:
+    else:  # ``pipe_commit`` too
         neighbours = {plan.peer_at(row, j) for j in (own - 1, own + 1) if 0 <= j < plan.stages}
         allowed = neighbours | {plan.peer_at(i, own) for i in range(plan.replicas)} - {me}
     if sender in allowed:

@@ -16,6 +16,7 @@ first, so messages of older steps or epochs are refused.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -25,7 +26,7 @@ from p2ptrain.model.stage import build_stage
 from p2ptrain.net.transport.endpoint import Transport
 from p2ptrain.runtime.compute_speed import ComputePacer
 from p2ptrain.runtime.config import TrainConfig
-from p2ptrain.runtime.executor import StageExecutor, StepWaits
+from p2ptrain.runtime.executor import StageExecutor, StepLink, StepWaits
 from p2ptrain.runtime.init_from import load_initial
 from p2ptrain.runtime.link import TransportStepLink
 from p2ptrain.runtime.reference import build_data
@@ -64,6 +65,8 @@ class StageTrainer:
             learning_rate=lambda step: cfg.optimizer.lr_at(step, cfg.steps), clip=cfg.optimizer.clip,
             diloco=cfg.diloco if cfg.sync == "diloco" else None, total_steps=cfg.steps,
         )
+        # goes around each step's link (e.g. ``verify.stage_check`` records the pipeline's messages); None: none
+        self.link_wrapper: Callable[[StepLink], StepLink] | None = None
 
     def step(
         self, transport: Transport, run: str, epoch: int, step: int, topology: Topology, timeout_s: float
@@ -73,7 +76,9 @@ class StageTrainer:
         if self.cfg.sync == "diloco" and self.cfg.diloco.round_ends(step, self.cfg.steps):
             timeout_s *= self.cfg.diloco.inner_steps  # the group's other pipelines may be up to H - 1 steps behind
         transport.set_window(run, epoch, step)
-        link = TransportStepLink(transport, run, epoch, step, timeout_s)
+        link: StepLink = TransportStepLink(transport, run, epoch, step, timeout_s)
+        if self.link_wrapper is not None:
+            link = self.link_wrapper(link)
         outcome = self.executor.run_step(step, self.role, topology, link)
         return StepResult(step, outcome.loss, time.perf_counter() - started, outcome.peak_activation_bytes,
                           outcome.peak_in_flight, outcome.waits)

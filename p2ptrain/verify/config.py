@@ -14,8 +14,8 @@ from p2ptrain.verify.sketch import FALSE_ALARM, MAX_ROWS, SKETCH_ROWS
 
 @dataclass(frozen=True)
 class VerifyConfig:
-    enabled: bool = True  # the sum check of every data-parallel all-reduce, every step (``verify.group``)
-    rate: float = DEFAULT_RATE  # micro-batches recomputed per member per step (the recompute check, not wired yet)
+    enabled: bool = True  # the sum check (``verify.group``) and the recompute check (``verify.stage_check``), every step
+    rate: float = DEFAULT_RATE  # micro-batches recomputed per member per step (``verify.stage_check``)
     sketch_rows: int = SKETCH_ROWS  # rows k of the sum check's sketches
     false_alarm: float = FALSE_ALARM  # the probability an honest member fails one check, at most
     running: bool = True  # the sum check also over the running sums since the epoch began (``verify.group``)

@@ -83,7 +83,7 @@ class Finding:
     member: str
     epoch: int
     step: int
-    check: str  # "sum", "running", "claim", "attest", "commit", "statement"
+    check: str  # "sum", "running", "claim", "attest", "commit", "statement"; "pipeline", "reveal", "recompute"
     ratio: float
     reason: str
     evidence: bytes | None = None
@@ -328,13 +328,19 @@ class GroupVerifier:
                        statement.trimmed(evidence) if evidence is not None else None)
 
     def _fail(self, findings: list[Finding]) -> None:
-        for finding in findings:
-            logger.warning("verification: peer %s failed the %s check of epoch %d step %d: %s", finding.member,
-                           finding.check, finding.epoch, finding.step, finding.reason)  # fmt: skip
-            if self.on_finding is not None:
-                self.on_finding(finding)
-        proven = [f for f in findings if f.evidence is not None]
-        raise VerificationFailed((proven or findings)[0])
+        fail(findings, self.on_finding)
+
+
+def fail(findings: list[Finding], on_finding: Callable[[Finding], None] | None) -> None:
+    """Name every member that failed a check (a log line, ``on_finding``) and raise ``VerificationFailed`` for
+    the first with evidence, else the first."""
+    for finding in findings:
+        logger.warning("verification: peer %s failed the %s check of epoch %d step %d: %s", finding.member,
+                       finding.check, finding.epoch, finding.step, finding.reason)  # fmt: skip
+        if on_finding is not None:
+            on_finding(finding)
+    proven = [f for f in findings if f.evidence is not None]
+    raise VerificationFailed((proven or findings)[0])
 
 
 def _scalar(x: float) -> torch.Tensor:

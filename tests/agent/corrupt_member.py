@@ -4,15 +4,25 @@
     python corrupt_member.py negate CONFIG    # the same shards negated
     python corrupt_member.py forge CONFIG     # honest work; at that step it blames the run's leader with an
                                               # honest group-mate's real statement, doctored
+    python corrupt_member.py act_noise CONFIG     # noise on the activations it sends (1 % of their spread)
+    python corrupt_member.py grad_noise CONFIG    # noise on the activation gradients it sends
+    python corrupt_member.py skip CONFIG          # sends another token's values for each (compute not used)
+    python corrupt_member.py clean_commit CONFIG  # noise on what it sends, commits to the clean messages
+    python corrupt_member.py clean_reveal CONFIG  # noise on what it sends and commits to, reveals the clean ones
 
 Each runs the real agent (real identity, DHT, streams); only its own runtime is patched, inside this process:
 ``scale`` and ``negate`` change the shards it sums as owner before it encodes and sends them back (the
-all-reduce's ``gather_shard`` messages), and nothing else; its checks of the others stay honest code.
+all-reduce's ``gather_shard`` messages), and nothing else; its checks of the others stay honest code. The
+pipeline modes change the activations or activation gradients it sends from that step on (``stage_check``'s
+recording link: it commits to what it sent), or below the recording (``clean_commit``: it commits to the clean
+ones), or reveal the clean ones to its verifier (``clean_reveal``).
 """
 
 from __future__ import annotations
 
 import sys
+
+import torch
 
 from p2ptrain.agent import epoch
 from p2ptrain.agent.agent import Agent
@@ -23,9 +33,11 @@ from p2ptrain.lifecycle import StopSignal
 from p2ptrain.net.transport.messages import MessageKind
 from p2ptrain.runtime import buckets
 from p2ptrain.runtime.executor import StageExecutor
+from p2ptrain.runtime.link import TransportStepLink
 from p2ptrain.runtime.wire import ErrorFeedback
 from p2ptrain.verify import statement
 from p2ptrain.verify.group import Finding, GroupVerifier, VerificationFailed
+from p2ptrain.verify.stage_check import RecordingLink
 
 FIRST_CORRUPT_STEP = 2  # 0-based: the third step of the run
 _current = {"step": -1}
@@ -86,11 +98,49 @@ def blame_the_leader() -> None:
     epoch.blamed_peer = forged
 
 
+PIPELINE_MODES = {"act_noise": (MessageKind.ACTIVATION,), "grad_noise": (MessageKind.ACTIVATION_GRAD,),
+                  "skip": (MessageKind.ACTIVATION, MessageKind.ACTIVATION_GRAD),
+                  "clean_commit": (MessageKind.ACTIVATION, MessageKind.ACTIVATION_GRAD),
+                  "clean_reveal": (MessageKind.ACTIVATION, MessageKind.ACTIVATION_GRAD)}  # fmt: skip
+
+
+def noise(tensor: torch.Tensor, m: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(1000 * _current["step"] + m)
+    return tensor + 0.01 * tensor.std() * torch.randn(tensor.shape, generator=generator)
+
+
+def another_token(tensor: torch.Tensor, m: int) -> torch.Tensor:
+    return tensor.roll(1, dims=1)  # plausible values (the previous token's), not computed for this token
+
+
+def corrupt_pipeline(mode: str) -> None:
+    """Change the pipeline messages of the kinds ``mode`` names, from ``FIRST_CORRUPT_STEP`` on: above the
+    recording (it commits to what it sends) or, ``clean_commit``, below it; ``clean_reveal`` then reveals the
+    clean message in place of each corrupt one it committed to."""
+    kinds, change = PIPELINE_MODES[mode], another_token if mode == "skip" else noise
+    clean: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(corrupt message) -> (it, the clean one)
+    layer = TransportStepLink if mode == "clean_commit" else RecordingLink
+    send = layer.send
+
+    def corrupt_send(self, peer, kind, micro_batch, part, tensor):
+        if kind in kinds and _current["step"] >= FIRST_CORRUPT_STEP:
+            corrupt = change(tensor, micro_batch)
+            clean[id(corrupt)] = (corrupt, tensor)
+            tensor = corrupt
+        elif kind == MessageKind.REVEAL and mode == "clean_reveal" and id(tensor) in clean:
+            tensor = clean[id(tensor)][1]
+        return send(self, peer, kind, micro_batch, part, tensor)
+
+    layer.send = corrupt_send
+
+
 def main(mode: str, config_path: str) -> None:
     configure_logging(1)
     track_steps()
     if mode in ("scale", "negate"):
         corrupt_sums(8.0 if mode == "scale" else -1.0)
+    elif mode in PIPELINE_MODES:
+        corrupt_pipeline(mode)
     elif mode == "forge":
         epoch.GroupVerifier = ForgingVerifier
         blame_the_leader()

@@ -134,6 +134,21 @@ def test_a_dead_trainer_is_replanned_once_the_survivors_halted():
     assert replan.restart.step == 4 and replan.restart.sources == (A, D)  # C (stage 0, step 5) rolls back to 4
 
 
+def test_a_refused_step_is_rolled_back_everywhere_and_its_culprit_is_no_source():
+    # C (stage 0) sent wrong activations at step 4: its verifier A refused the step (keeps 3 and 4); C and the
+    # stage after it (B, D) applied it, their own checks passing, and keep 4 and 5
+    record = ProgressRecord(1, 4, None, 0.0, halted=True, kept=2, blame=C, refused=True)
+    assert ProgressRecord.decode(record.encode()) == record
+    with pytest.raises(RecordError, match="refused"):
+        ProgressRecord(1, 4, None, 0.0, halted=True, refused=True)  # a refusal names whom
+    trainers = {A: record, B: halted(5), C: halted(5), D: halted(5)}
+    replan = ReplanWatch(ChurnConfig()).check(PLAN, [A, B, C, D, E], trainers, steps=10, checkpoints=[], now=0.0)
+    assert replan.restart.step == 4 and replan.restart.sources == (A, B)
+    unrefused = dict(trainers, **{A: halted(4)})
+    assert ReplanWatch(ChurnConfig()).check(PLAN, [A, B, C, D, E], unrefused, steps=10, checkpoints=[],
+                                            now=0.0).restart.step == 5  # fmt: skip
+
+
 def test_a_trainer_that_never_halts_is_left_out_after_the_timeout():
     watch = ReplanWatch(ChurnConfig(halt_timeout_s=5))
     progress = {A: halted(4), B: halted(4), C: halted(4)}

@@ -50,6 +50,13 @@ def test_all_reduce_parts_come_from_the_stage_group():
         assert allowed(p, PEERS[5], kind) == {PEERS[2]}
 
 
+def test_the_recompute_checks_commitments_come_from_group_and_neighbours_and_reveals_from_the_group():
+    p = plan()
+    assert allowed(p, PEERS[4], MessageKind.PIPE_COMMIT) == {PEERS[1], PEERS[3], PEERS[5]}
+    assert allowed(p, PEERS[0], MessageKind.PIPE_COMMIT) == {PEERS[3], PEERS[1]}
+    assert allowed(p, PEERS[4], MessageKind.REVEAL, micro_batch=6) == {PEERS[1]}  # only a replica verifies
+
+
 def test_norms_for_clipping_come_from_the_other_stages_of_the_same_pipeline():
     p = plan()
     assert allowed(p, PEERS[4], MessageKind.GRAD_NORM) == {PEERS[3], PEERS[5]}

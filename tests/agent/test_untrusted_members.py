@@ -29,12 +29,12 @@ FREEZE_S, QUARANTINE_S = 14.0, 12.0  # the transient failure: a machine frozen t
 
 def losses_of(agents) -> dict[int, float]:
     """Step -> loss, as the last stage's trainers reported it (the last epoch that trained a step wins)."""
-    out = {}
+    out: dict[int, tuple[int, float]] = {}  # step -> (epoch, loss)
     for agent in agents:
         for e in events(agent.events.path):
-            if e["event"] == "step" and e["loss"] is not None:
-                out[e["step"]] = e["loss"]
-    return out
+            if e["event"] == "step" and e["loss"] is not None and e["epoch"] >= out.get(e["step"], (-1, 0.0))[0]:
+                out[e["step"]] = (e["epoch"], e["loss"])  # a step rolled back and redone: the redone one
+    return {step: loss for step, (_, loss) in out.items()}
 
 
 def assert_reference(agents, train, stopped: bool = False) -> None:

@@ -2,13 +2,18 @@
 stages × 2 replicas, fp32): a member whose sums are wrong is named by its group within 2 steps of its first
 corrupt message, with evidence the leader re-checks, quarantined at once, and the run finishes with the
 single-process losses; a member that blames an honest peer with forged evidence is the one quarantined; an
-honest run blames nobody.
+honest run blames nobody. A member whose pipeline messages are wrong (noise on its activations or their
+gradients, skipped compute, clean messages revealed in place of the corrupt ones it sent) is named by its
+verifier at its first corrupt step (the recompute check, ``verify.stage_check``), the step is rolled back
+everywhere, it is quarantined on its finders' word after two epochs, and the run finishes with the
+single-process losses.
 
 The corrupt members are ``corrupt_member.py`` (the real agent with its own runtime patched in its process).
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -25,11 +30,11 @@ HERE = Path(__file__).resolve().parent
 ROGUE = 1  # the second-lowest peer ID: a trainer, never the leader
 
 
-def swarm(tmp_path, run: str, steps: int, mode: str | None):
+def swarm(tmp_path, run: str, steps: int, mode: str | None, rogue: int = ROGUE, **settings):
     sorted_identities(tmp_path, 4)
     config = SwarmConfig(agents=4, stages=2, steps=steps, scenario=None, workdir=str(tmp_path), run=run,
-                         call_timeout_s=15.0)  # fmt: skip
-    commands = {ROGUE: [sys.executable, str(HERE / "corrupt_member.py"), mode]} if mode else {}
+                         call_timeout_s=15.0, **settings)  # fmt: skip
+    commands = {rogue: [sys.executable, str(HERE / "corrupt_member.py"), mode]} if mode else {}
     agents, codes, train = run_agents(tmp_path, config, commands, {}, 300)
     assert all(code == 0 for code in codes.values()), codes
     return agents, train
@@ -87,4 +92,39 @@ def test_an_honest_run_blames_nobody(tmp_path):
     assert not all_events(agents, "evidence")
     checked = "".join(a.log_path.read_text() for a in agents)
     assert checked.count(f"held in the {steps} step(s) checked") == 4  # every trainer checked every step
+    # and recomputed its group-mate's challenged micro-batches: 2 each a step, at 1/8 (P(none in all) ~ 1e-10)
+    recomputed = [int(n) for n in re.findall(r"every one of the (\d+) micro-batch\(es\)", checked)]
+    assert len(recomputed) == 4 and sum(recomputed) > 0, recomputed
     assert_reference(agents, train)
+
+
+# mode -> (the rogue: agent 1 holds stage 0 in the first plan, agent 2 stage 1 (``megatron``: agents in peer-ID
+# order fill stage 0, then stage 1), the check that names it)
+PIPELINE_CASES = {
+    "act_noise": (1, "recompute"),
+    "grad_noise": (2, "recompute"),
+    "skip": (1, "recompute"),  # sends another token's activations: plausible values, not its compute's
+    # corrupts every activation it sends and, once it knows which are checked, shows its verifier clean ones
+    "clean_reveal": (1, "reveal"),
+}
+
+
+@pytest.mark.timeout(360)
+@pytest.mark.parametrize("mode", PIPELINE_CASES)
+def test_a_member_whose_pipeline_messages_are_wrong_is_caught_and_nothing_wrong_is_kept(tmp_path, mode):
+    index, check = PIPELINE_CASES[mode]
+    # 8 micro-batches per replica: at the default rate 1/8 one of each member's is recomputed every step
+    agents, train = swarm(tmp_path, f"corrupt-{mode}", 6, mode, index, micro_batches=8, strategy="megatron")
+    rogue, leader = agents[index].peer_id, agents[0]
+    honest = [a for a in agents if a.index != index]
+    found = all_events(honest, "verify_failed")
+    assert found and {e["peer"] for e in found} == {rogue}, found
+    assert {e["check"] for e in found} == {check}, found
+    assert min(e["step"] for e in found) <= FIRST_CORRUPT_STEP + 1  # within 2 steps of its first corrupt message
+    log = events(leader.events.path)
+    quarantined = {e["peer"] for e in log if e["event"] == "quarantined"}
+    assert quarantined == {rogue}, quarantined  # its finders' word: blamed for churn.quarantine_blames epochs
+    plans = [e for e in log if e["event"] == "plan"]
+    assert rogue in plans[0]["devices"] and rogue not in plans[-1]["devices"] + plans[-1]["spares"]
+    assert f"peer {rogue} failed the {check} check" in "".join(a.log_path.read_text() for a in honest)
+    assert_reference(honest, train)  # every step's loss the single-process one: nothing wrong was kept

@@ -23,7 +23,7 @@ from p2ptrain.net.transport.servicer import make_reply, parse_reply, refusal
 from p2ptrain.runtime.wire import Codec
 
 KINDS = ["activation", "activation_grad", "reduce_shard", "gather_shard", "grad_norm", "probe", "state", "backup",
-         "bench", "commit", "sketch"]
+         "bench", "commit", "sketch", "pipe_commit", "reveal"]
 CODES = ["refused", "duplicate", "stale", "not_sender", "too_slow"]
 
 

@@ -26,7 +26,7 @@ Nothing is re-planned once every trainer of epoch e finished.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from p2ptrain.agent.churn.restart import Holding, Restart, copies_of, holding_of, join_start, restart_point
 from p2ptrain.agent.config import ChurnConfig
@@ -144,7 +144,7 @@ class ReplanWatch:
             kept = record.kept if record.halted else self.churn.keep_states
             holding = holding_of(plan, peer, record.step, kept, record.stage if record.halted else None, self.rounds)
             holdings[peer] = ([holding] if holding is not None else []) + copies_of(record.holds)
-        restart = restart_point(plan.stages, holdings, checkpoints, self.rounds)
+        restart = restart_point(plan.stages, refused_states(holdings, halted), checkpoints, self.rounds)
         why = f"peer(s) {', '.join(dead)} left" if dead else f"a step failed on {len(halted)} trainer(s)"
         if restart.lost_stages:
             why += f"; every replica of stage(s) {', '.join(map(str, restart.lost_stages))} was lost"
@@ -163,6 +163,19 @@ class ReplanWatch:
         edges = {p: r.blame for p, r in halted.items() if r.blame in plan.membership and r.blame != p}
         accused = tuple(sorted(blame_roots(edges) - set(culprits)))
         return Replan(FAILURE, tuple(sorted(live - waiting)), why, restart, culprits, accused)
+
+
+def refused_states(holdings: Mapping[str, list[Holding]],
+                   halted: Mapping[str, ProgressRecord]) -> dict[str, list[Holding]]:  # fmt: skip
+    """``holdings`` without what a refused step may have tainted (``ProgressRecord.refused``): a peer whose work
+    failed a check holds no source, and nobody's state after the earliest refused step is one (a stage that
+    computed on a corrupt message passed its own checks and applied it; verification.md)."""
+    refused = [r for r in halted.values() if r.refused and r.blame is not None]
+    if not refused:
+        return dict(holdings)
+    cap, culprits = min(r.step for r in refused), {r.blame for r in refused}
+    return {p: [replace(h, last=min(h.last, cap)) for h in hs if h.first <= cap]
+            for p, hs in holdings.items() if p not in culprits}  # fmt: skip
 
 
 def blame_roots(edges: Mapping[str, str]) -> set[str]:

@@ -451,6 +451,9 @@ class Leading:
             return
         self._compute.observe(current, progress)
         self._judge_evidence(current, progress)  # before ``live``: a proven culprit's states are no restart's
+        # a refusal whose evidence did not hold rolls nothing back: its accused's states stay sources
+        progress = {p: dataclasses.replace(r, refused=False) if r.refused and (r.blame, r.epoch) in self._cleared else r
+                    for p, r in progress.items()}  # fmt: skip
         ckpt, train = self.config.checkpoint, at_stages(self.config.train, self._plan_stages())
         last = latest_complete(ckpt.dir, train.stages, train.model) if ckpt.dir else None
         live = self.quarantine.without(membership.ids)  # a quarantined peer is no joiner before its back-off ends

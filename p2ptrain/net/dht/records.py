@@ -325,7 +325,10 @@ class ProgressRecord(RecordEnvelope):
     (``TrainConfig.rounds``), 1 for every step and for writers that do not say (additive). Both are for
     readers (the monitor). ``evidence``: with ``blame``, what proves that the blamed peer's work failed a
     check (``verify.group``: its own signed statement, at most ``MAX_EVIDENCE_BYTES``), which the leader
-    re-checks (additive; empty: the blame is the writer's word).
+    re-checks (additive; empty: the blame is the writer's word). ``refused``: with ``blame``, the blamed
+    peer's work failed a check of the writer's and the writer refused step ``step`` (it keeps only states before
+    it): no state after ``step`` seeds the next epoch, and none of the blamed peer's (additive;
+    ``churn.replan``).
     """
 
     epoch: int
@@ -342,6 +345,7 @@ class ProgressRecord(RecordEnvelope):
     sent_bytes: int | None = None
     sync_every: int = 1
     evidence: bytes = b""
+    refused: bool = False
     kind: ClassVar[RecordKind] = RecordKind.PROGRESS
 
     def __post_init__(self) -> None:
@@ -381,6 +385,8 @@ class ProgressRecord(RecordEnvelope):
             raise RecordError(f"evidence must be at most {MAX_EVIDENCE_BYTES} bytes")
         if self.evidence and self.blame is None:
             raise RecordError("evidence without a blame")
+        if not isinstance(self.refused, bool) or (self.refused and self.blame is None):
+            raise RecordError("refused is a boolean, true only with a blame")
 
     def _fields(self) -> dict[str, Any]:
         fields = {"epoch": self.epoch, "step": self.step, "loss": self.loss, "step_time_s": self.step_time_s,
@@ -399,6 +405,8 @@ class ProgressRecord(RecordEnvelope):
             fields["sync_every"] = self.sync_every
         if self.evidence:  # optional field: absent unless a blame comes with evidence
             fields["evidence"] = self.evidence
+        if self.refused:  # optional field: absent unless a blamed peer's work failed a check
+            fields["refused"] = True
         return fields
 
     @classmethod
@@ -408,7 +416,7 @@ class ProgressRecord(RecordEnvelope):
                    holds=tuple(m.get("holds", ())), blame=peer_from_bytes("blame", m.get("blame")),
                    compute_s=m.get("compute_s", 0.0), leader=peer_from_bytes("leader", m.get("leader")),
                    sent_bytes=m.get("sent_bytes"), sync_every=m.get("sync_every", 1),
-                   evidence=m.get("evidence", b""))
+                   evidence=m.get("evidence", b""), refused=m.get("refused", False))
 
 
 Record = PeerRecord | LinksRecord | PlanRecord | ProgressRecord

@@ -48,6 +48,10 @@ class MessageKind(StrEnum):
     GATHER_SHARD = "gather_shard"  # a summed shard, from that replica to every other
     COMMIT = "commit"  # a member's signed digests of the all-reduce messages it sent in a step (``verify.group``)
     SKETCH = "sketch"  # an owner's signed sketches of the shards it summed, once the step's seed is known
+    # a member's signed digests of every pipeline message it sent and received in a step, to its replica group and
+    # pipeline neighbours (``verify.stage_check``)
+    PIPE_COMMIT = "pipe_commit"
+    REVEAL = "reveal"  # a pipeline message of a challenged micro-batch, to the replica that recomputes it
     GRAD_NORM = "grad_norm"  # a stage's squared gradient norm, to the other stages of its pipeline (``model.clip``)
     PROBE = "probe"  # a link probe (``probe_session``), answered by ``rpc_probe``, never kept in a mailbox
     STATE = "state"  # a stage's training state, to a peer that takes the stage over (``agent.churn.stage_state``)

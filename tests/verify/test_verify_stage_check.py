@@ -1,0 +1,192 @@
+"""The live recompute check (``verify.stage_check``) in one process: 3 stages × 2 replicas of the tiny model as
+executors in threads over an in-memory link, real signatures, every step's update held until the check passed.
+Honest steps pass and give the reference losses; a member of the middle stage that adds noise to its
+activations or to its activation gradients, or skips its compute and replays old messages, is named by its
+verifier in the step it starts (check ``recompute``); one that commits to clean messages and sends corrupt ones
+is named by the neighbour that received them (``pipeline``); one that commits to what it sent and reveals clean
+ones is named by its verifier (``reveal``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+from concurrent.futures import Future
+
+import pytest
+import torch
+
+from p2ptrain.model.optim import build_optimizer
+from p2ptrain.model.stage import build_stage
+from p2ptrain.net.identity import generate_identity
+from p2ptrain.net.transport.messages import MessageKind
+from p2ptrain.runtime.config import TrainConfig
+from p2ptrain.runtime.executor import StageExecutor
+from p2ptrain.runtime.reference import build_data, train_reference
+from p2ptrain.runtime.topology import Topology
+from p2ptrain.verify.group import VerificationFailed
+from p2ptrain.verify.stage_check import StageVerifier, entries, verifier_of
+
+RUN = "verify-stage"
+CFG = TrainConfig(steps=2, stages=3, replicas=2, global_batch_size=16, micro_batches=8, num_threads=1)
+IDENTITIES = [generate_identity() for _ in range(CFG.stages * CFG.replicas)]
+ROGUE = (1, 0)  # (stage, replica)
+
+
+class Link:
+    """A StepLink over queues shared by every thread of a step."""
+
+    def __init__(self, boxes, lock, me):
+        self.boxes, self.lock, self.me = boxes, lock, me
+
+    def _box(self, src, dst, kind, m, part):
+        with self.lock:
+            return self.boxes.setdefault((src, dst, str(kind), m, part), queue.Queue())
+
+    def send(self, peer, kind, m, part, tensor):
+        self._box(self.me, peer, kind, m, part).put(tensor.clone())
+        done = Future()
+        done.set_result(None)
+        return done
+
+    def recv(self, peer, kind, m, part, shape, dtype):
+        message = self._box(peer, self.me, kind, m, part).get(timeout=60)
+        assert tuple(message.shape) == tuple(shape) and message.dtype == dtype  # what the transport refuses
+        return message
+
+
+class Corrupt:
+    """What the rogue does to the messages of ``kind`` it sends from step 1 on; ``where``: ``"committed"`` (it
+    commits to the corrupt message), ``"below"`` (it commits to the clean one and sends the corrupt one) or
+    ``"reveal"`` (it commits to the corrupt one and reveals the clean one)."""
+
+    def __init__(self, kind: str, change, where: str = "committed"):
+        self.kind, self.change, self.where = kind, change, where
+        self.clean: dict[int, torch.Tensor] = {}
+
+
+class Corrupting:
+    """The rogue's link around (or, ``reveal``, inside) its recording: changes what it sends."""
+
+    def __init__(self, inner, corrupt: Corrupt, step: int, reveals: bool = False):
+        self.inner, self.corrupt, self.step, self.reveals = inner, corrupt, step, reveals
+
+    def send(self, peer, kind, m, part, tensor):
+        if self.reveals:  # inside the recording: its reveal of the activation it sent is the clean one
+            if kind == MessageKind.REVEAL and part == 1 and m in self.corrupt.clean:
+                tensor = self.corrupt.clean[m]
+        elif kind == self.corrupt.kind and self.step >= 1:
+            self.corrupt.clean[m] = tensor
+            tensor = self.corrupt.change(tensor, m)
+        return self.inner.send(peer, kind, m, part, tensor)
+
+    def recv(self, *args):
+        return self.inner.recv(*args)
+
+
+def run_swarm(corrupt: Corrupt | None = None, cfg: TrainConfig = CFG):
+    rows = [[IDENTITIES[r * cfg.stages + s].peer_id for s in range(cfg.stages)] for r in range(cfg.replicas)]
+    keys = {IDENTITIES[r * cfg.stages + s].peer_id: IDENTITIES[r * cfg.stages + s].private_key
+            for s in range(cfg.stages) for r in range(cfg.replicas)}  # fmt: skip
+    topology = Topology.from_rows(rows)
+    data = build_data(cfg)
+    members = {}
+    for peer in topology.peers:
+        role = topology.role_of(peer)
+        module = build_stage(cfg.shape, role.stage, cfg.stages, cfg.seed, precision=cfg.precision)
+        executor = StageExecutor(module, build_optimizer(module, cfg.optimizer), data, cfg.micro_batches,
+                                 cfg.shape.hidden_size, learning_rate=lambda s: cfg.optimizer.lr_at(s, cfg.steps),
+                                 total_steps=cfg.steps, wire=cfg.wire, schedule=cfg.schedule)  # fmt: skip
+        checker = StageVerifier(keys[peer], RUN, 0, role, topology, module, data, executor.wire, cfg.micro_batches,
+                                cfg.shape.hidden_size, cfg.precision, 1 / 8)  # fmt: skip
+        executor.reducer.verifier = lambda records, rank, n, exchange, c=checker: c.check_step()
+        members[peer] = (executor, checker)
+    losses, errors, lock = [], {}, threading.Lock()
+    for step in range(cfg.steps):
+        boxes = {}
+
+        def work(peer, step=step, boxes=boxes):
+            executor, checker = members[peer]
+            role = topology.role_of(peer)
+            link = Link(boxes, lock, peer)
+            rogue = corrupt is not None and (role.stage, role.replica) == ROGUE
+            if rogue and corrupt.where == "below":
+                link = checker.wrap(Corrupting(link, corrupt, step))
+            elif rogue:
+                inner = Corrupting(link, corrupt, step, reveals=True) if corrupt.where == "reveal" else link
+                link = Corrupting(checker.wrap(inner), corrupt, step)
+            else:
+                link = checker.wrap(link)
+            checker.begin_step(0, step)
+            try:
+                outcome = executor.run_step(step, role, topology, link)
+                if outcome.loss is not None and role.replica == 0:
+                    losses.append(outcome.loss)
+            except Exception as e:  # noqa: BLE001 - judged below
+                errors[peer] = e
+
+        threads = [threading.Thread(target=work, args=(peer,)) for peer in members]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert not any(t.is_alive() for t in threads)
+        if errors:
+            return topology, losses, errors, members
+    return topology, losses, errors, members
+
+
+def test_the_order_of_commitments_and_the_rotation_of_verifiers():
+    assert entries(0, 3, 2) == [("sent", "activation", 0), ("received", "activation_grad", 0),
+                                ("sent", "activation", 1), ("received", "activation_grad", 1)]  # fmt: skip
+    assert len(entries(1, 3, 2)) == 8 and len(entries(2, 3, 2)) == 4
+    for seed in range(50):
+        chosen = [verifier_of(seed, 0, k, 4) for k in range(4)]
+        assert sorted(chosen) == [0, 1, 2, 3] and all(v != k for k, v in enumerate(chosen))  # a rotation
+    assert len({tuple(verifier_of(seed, 0, k, 4) for k in range(4)) for seed in range(50)}) == 3
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("wire, precision, schedule, stages", [
+    ("fp32", "fp32", "gpipe", 3), ("int8", "fp32", "1f1b", 3), ("int2", "fp32", "gpipe", 3), ("bf16", "bf16", "gpipe", 3),
+    ("fp32", "fp32", "1f1b", 2),  # 3 replicas: verifiers rotate
+])  # fmt: skip
+def test_honest_steps_pass_every_recompute(wire, precision, schedule, stages):
+    replicas = len(IDENTITIES) // stages
+    cfg = dataclasses.replace(CFG, wire=wire, precision=precision, schedule=schedule, stages=stages,
+                              replicas=replicas, global_batch_size=8 * replicas, steps=2 if stages == 3 else 3)  # fmt: skip
+    _, losses, errors, members = run_swarm(cfg=cfg)
+    assert not errors, errors
+    if wire == "fp32" and precision == "fp32":  # and give the reference losses
+        reference = train_reference(dataclasses.replace(cfg, stages=1, replicas=1)).losses
+        assert losses == pytest.approx(reference, rel=1e-4)  # 3 replicas sum in another order
+    assert sum(c.recomputed for _, c in members.values()) == cfg.steps * cfg.stages * cfg.replicas  # 8 × 1/8 each
+
+
+def noise(tensor, m):
+    return tensor + 0.01 * tensor.std() * torch.randn(tensor.shape, generator=torch.Generator().manual_seed(m))
+
+
+def replay(tensor, m):
+    return torch.roll(tensor, 1, dims=1)  # another token's values: plausible, not computed for this one
+
+
+CASES = {
+    "activation noise": (Corrupt(MessageKind.ACTIVATION, noise), "recompute"),
+    "activation gradient noise": (Corrupt(MessageKind.ACTIVATION_GRAD, noise), "recompute"),
+    "skipped compute": (Corrupt(MessageKind.ACTIVATION, replay), "recompute"),
+    "commits clean, sends corrupt": (Corrupt(MessageKind.ACTIVATION, noise, "below"), "pipeline"),
+    "reveals clean": (Corrupt(MessageKind.ACTIVATION, noise, "reveal"), "reveal"),
+}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", CASES)
+def test_a_corrupt_member_is_named_in_the_step_it_starts(case):
+    corrupt, check = CASES[case]
+    topology, _, errors, _ = run_swarm(corrupt)
+    rogue = topology.pipelines[ROGUE[1]][ROGUE[0]]
+    errors.pop(rogue, None)  # its own checks are honest code on its own (clean) records: it may name anyone
+    assert errors and all(isinstance(e, VerificationFailed) for e in errors.values()), errors
+    assert {e.peer for e in errors.values()} == {rogue}
+    assert {e.finding.check for e in errors.values()} == {check} and all(e.finding.step == 1 for e in errors.values())
