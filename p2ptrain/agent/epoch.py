@@ -390,7 +390,8 @@ def _install_verifier(plan: PlanRecord, topology: Topology, role: Role, cfg: Tra
     executor = trainer.executor
     recomputer = StageVerifier(ctx.dht.signing_key, ctx.dht.keys.run_id, plan.epoch, role, topology, trainer.module,
                                executor.data, executor.wire, executor.num_micro_batches, executor.hidden_size,
-                               cfg.precision, ctx.verify.rate, on_finding=on_finding)  # fmt: skip
+                               cfg.precision, ctx.verify.rate, on_finding=on_finding,
+                               probation=plan.on_probation)  # fmt: skip
     trainer.link_wrapper = recomputer.wrap
 
     def check_step(records, rank, n, exchange) -> None:

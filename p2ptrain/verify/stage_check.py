@@ -14,7 +14,8 @@ of a replica group of stage j, over the step's link:
 3. derives the step's **seed** from its group's commitments (``sketch.challenge_seed``): it exists only once
    every member has committed, so no member knew, when it computed and sent, which micro-batch is checked.
    From it: member k's verifier (``verifier_of``: the group rotated by 1 + σ, σ drawn from the seed) and its
-   challenged micro-batches (``commit.Challenge`` at ``rate``);
+   challenged micro-batches (``commit.Challenge`` at ``rate``; a member on probation, ``PlanRecord.probation``,
+   at ``PROBATION_FACTOR`` times it, at most every micro-batch);
 4. **reveals** (kind ``reveal``) to its verifier, for each challenged micro-batch, the messages it received and
    sent for it;
 5. **recomputes**, as the verifier of a member: the revealed messages must match their digests (check
@@ -62,6 +63,7 @@ ACT, GRAD = MessageKind.ACTIVATION.value, MessageKind.ACTIVATION_GRAD.value
 SENT, RECEIVED = "sent", "received"
 _HEADER = struct.Struct("<I")
 HEADER_BYTES = 512  # a commitment's header (its length, then JSON, space-padded)
+PROBATION_FACTOR = 4  # a member on probation (no work shown yet) is recomputed this many times as often
 
 
 def entries(stage: int, num_stages: int, num_micro_batches: int) -> list[tuple[str, str, int]]:
@@ -123,12 +125,15 @@ class StageVerifier:
 
     def __init__(self, key: RSAPrivateKey, run: str, epoch: int, role: Role, topology: Topology, module: torch.nn.Module,
                  data: TrainData, wire: WireFormat, num_micro_batches: int, hidden_size: int, precision: str,
-                 rate: float, on_finding: Callable[[Finding], None] | None = None):  # fmt: skip
+                 rate: float, on_finding: Callable[[Finding], None] | None = None,
+                 probation: frozenset[str] = frozenset()):  # fmt: skip
         self.key, self.run, self.epoch, self.role, self.topology = key, run, epoch, role, topology
         self.module, self.data, self.wire, self.hidden_size = module, data, wire, hidden_size
         self.num_micro_batches, self.precision, self.rate, self.on_finding = num_micro_batches, precision, rate, on_finding
         self.group = topology.group(role.stage)
         self.me = self.group[role.replica]
+        # each member's challenge rate: the run's, or on probation (the plan's) ``PROBATION_FACTOR`` times it
+        self.rates = [min(1.0, rate * PROBATION_FACTOR) if peer in probation else rate for peer in self.group]
         self.neighbours = {s: topology.pipelines[role.replica][s] for s in (role.stage - 1, role.stage + 1)
                            if 0 <= s < role.num_stages}  # fmt: skip
         self.step = 0
@@ -193,16 +198,15 @@ class StageVerifier:
             fail(findings, self.on_finding)  # no seed without every member's commitment
         seed = challenge_seed(f"{self.run}/{self.epoch}/{role.stage}/recompute", self.step,
                               [d for k in range(n) for d in committed[k]])  # fmt: skip
-        challenge = Challenge(seed, self.rate)
         # 4. reveal ours to our verifier
         verifier = self.group[verifier_of(seed, role.stage, role.replica, n)]
-        for m in challenge.micro_batches(role.stage, role.replica, self.num_micro_batches):
+        for m in Challenge(seed, self.rates[role.replica]).micro_batches(role.stage, role.replica, self.num_micro_batches):
             for part, entry in enumerate(e for e in mine if e[2] == m):
                 sends.append(link.send(verifier, MessageKind.REVEAL, m, part, link.messages[entry]))
         # 5. recompute the members we verify
         for k in range(n):
             if k != role.replica and verifier_of(seed, role.stage, k, n) == role.replica:
-                for m in challenge.micro_batches(role.stage, k, self.num_micro_batches):
+                for m in Challenge(seed, self.rates[k]).micro_batches(role.stage, k, self.num_micro_batches):
                     finding = self._verify(link, k, m, dict(zip(mine, committed[k], strict=True)))
                     if finding is not None:
                         findings.append(finding)

@@ -81,7 +81,8 @@ def wire_of(record, **changes) -> bytes:
     "record",
     [peer_record(), peer_record(maddrs=(), region=""), links_record(), LinksRecord(()), plan_record(),
      ProgressRecord(epoch=1, step=120, loss=3.25, step_time_s=1.5), ProgressRecord(0, 0, None, 0.0),
-     plan_record(slowdowns=((4, 6.5), (1, 12.0))), ProgressRecord(1, 2, 3.0, 0.5, compute_s=0.25),
+     plan_record(slowdowns=((4, 6.5), (1, 12.0))), plan_record(probation=(1, 4)),
+     ProgressRecord(1, 2, 3.0, 0.5, compute_s=0.25),
      ProgressRecord(1, 2, 3.0, 0.5, sent_bytes=0),
      ProgressRecord(1, 2, 3.0, 0.5, sent_bytes=123_456_789, sync_every=50)],
     ids=lambda r: type(r).__name__,
@@ -189,6 +190,9 @@ def _raw_ids(peers: list[str]) -> bytes:
         (dict(slowdowns=[[1, 0.5]]), "slowdown factor=0.5 is outside"),  # a leader may only slow a claim
         (dict(slowdowns=[[1, 2.0], [1, 3.0]]), "name a member twice"),
         (dict(slowdowns=[[1]]), "slowdowns must be"),
+        (dict(probation=records.f.pack_uint16([9])), "probation member=9 is outside"),
+        (dict(probation=records.f.pack_uint16([4, 1])), "probation must list member indices sorted"),
+        (dict(probation=records.f.pack_uint16([1, 1])), "probation must list member indices sorted"),
     ],
 )
 def test_bad_plan_records_are_refused(changes, message):

@@ -84,7 +84,7 @@ class Corrupting:
         return self.inner.recv(*args)
 
 
-def run_swarm(corrupt: Corrupt | None = None, cfg: TrainConfig = CFG):
+def run_swarm(corrupt: Corrupt | None = None, cfg: TrainConfig = CFG, probation: frozenset[str] = frozenset()):
     rows = [[IDENTITIES[r * cfg.stages + s].peer_id for s in range(cfg.stages)] for r in range(cfg.replicas)]
     keys = {IDENTITIES[r * cfg.stages + s].peer_id: IDENTITIES[r * cfg.stages + s].private_key
             for s in range(cfg.stages) for r in range(cfg.replicas)}  # fmt: skip
@@ -98,7 +98,7 @@ def run_swarm(corrupt: Corrupt | None = None, cfg: TrainConfig = CFG):
                                  cfg.shape.hidden_size, learning_rate=lambda s: cfg.optimizer.lr_at(s, cfg.steps),
                                  total_steps=cfg.steps, wire=cfg.wire, schedule=cfg.schedule)  # fmt: skip
         checker = StageVerifier(keys[peer], RUN, 0, role, topology, module, data, executor.wire, cfg.micro_batches,
-                                cfg.shape.hidden_size, cfg.precision, 1 / 8)  # fmt: skip
+                                cfg.shape.hidden_size, cfg.precision, 1 / 8, probation=probation)  # fmt: skip
         executor.reducer.verifier = lambda records, rank, n, exchange, c=checker: c.check_step()
         members[peer] = (executor, checker)
     losses, errors, lock = [], {}, threading.Lock()
@@ -161,6 +161,17 @@ def test_honest_steps_pass_every_recompute(wire, precision, schedule, stages):
         reference = train_reference(dataclasses.replace(cfg, stages=1, replicas=1)).losses
         assert losses == pytest.approx(reference, rel=1e-4)  # 3 replicas sum in another order
     assert sum(c.recomputed for _, c in members.values()) == cfg.steps * cfg.stages * cfg.replicas  # 8 × 1/8 each
+
+
+@pytest.mark.timeout(120)
+def test_a_member_on_probation_is_recomputed_four_times_as_often():
+    """``PlanRecord.probation``: the middle stage's replica 0 has shown no work yet, so its verifier redoes 4 of
+    its 8 micro-batches a step (``PROBATION_FACTOR`` × 1/8) where every other member gets 1; honest steps pass."""
+    fresh = IDENTITIES[1].peer_id  # stage 1 of pipeline 0
+    _, _, errors, members = run_swarm(probation=frozenset({fresh}))
+    assert not errors, errors
+    assert sum(c.recomputed for _, c in members.values()) == CFG.steps * (CFG.stages * CFG.replicas - 1 + 4)
+    assert members[fresh][1].rates == [0.5, 0.125]
 
 
 def noise(tensor, m):

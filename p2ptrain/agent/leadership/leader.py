@@ -651,6 +651,8 @@ class Leading:
                                      sources=source_indices(sources, record.membership),
                                      backups=tuple(NO_BACKUP if p is None else index[p] for p in copies["peers"]),
                                      backup_every=copies["every_steps"],
+                                     probation=tuple(sorted(index[planning.devices[d]]
+                                                            for d in plan.get("probation", ()))),
                                      **settings.plan_fields(self.config.train))  # fmt: skip
         plan = {**plan, "warm_copies": copies}
         self.dht.publish_plan(record)

@@ -57,6 +57,11 @@ class PlanRecord(RecordEnvelope):
     member's device this many times slower than its peer record says, from what it showed in training
     (``agent.claims``); followers check the plan's cost with the same factors. Empty: the records as they are.
 
+    Probation (additive): ``probation`` lists the member indices (sorted) of peers that have shown no training
+    work yet (``agent.leadership.standing``): the leader kept each of them company on its stage
+    (``plan_maker.with_company``), and the recompute check verifies them at ``stage_check.PROBATION_FACTOR``
+    times the run's rate. Empty: nobody on probation.
+
     Run settings (additive): how the epoch's tensors travel, which the leader priced the plan with and every
     trainer of the epoch uses (``agent.settings``): ``wire`` (``runtime.wire``), ``schedule``
     (``runtime.schedule``), ``overlap`` and ``bucket_elements`` (``runtime.buckets``). Empty, None or 0: the
@@ -86,6 +91,7 @@ class PlanRecord(RecordEnvelope):
     overlap: bool | None = None
     bucket_elements: int = 0
     leader_at: int = 0
+    probation: tuple[int, ...] = ()
     kind: ClassVar[RecordKind] = RecordKind.PLAN
 
     def __post_init__(self) -> None:
@@ -163,6 +169,11 @@ class PlanRecord(RecordEnvelope):
             raise RecordError(f"overlap must be true, false or absent, not {self.overlap!r}")
         set_field(self, "bucket_elements", f.integer("bucket_elements", self.bucket_elements, 0, MAX_BUCKET_ELEMENTS))
         set_field(self, "leader_at", f.integer("leader_at", self.leader_at, 0, len(members) - 1))
+        probation = tuple(f.integer("probation member", i, 0, len(members) - 1)
+                          for i in f.sequence("probation", self.probation, MAX_PLAN_PEERS))
+        if any(a >= b for a, b in zip(probation, probation[1:], strict=False)):
+            raise RecordError("probation must list member indices sorted, without repeats")
+        set_field(self, "probation", probation)
 
     @property
     def leader(self) -> str:
@@ -187,6 +198,11 @@ class PlanRecord(RecordEnvelope):
             return None
         ends = tuple(itertools.accumulate(self.layers))
         return tuple((end - size, end) for size, end in zip(self.layers, ends, strict=True))
+
+    @property
+    def on_probation(self) -> frozenset[str]:
+        """The members on probation (``probation``)."""
+        return frozenset(self.membership[i] for i in self.probation)
 
     def backup_of(self, stage: int) -> str | None:
         """The member keeping a warm copy of ``stage``'s state, or None."""
@@ -227,6 +243,7 @@ class PlanRecord(RecordEnvelope):
             **({"overlap": self.overlap} if self.overlap is not None else {}),
             **({"bucket_elements": self.bucket_elements} if self.bucket_elements else {}),
             **({"leader_at": self.leader_at} if self.leader_at else {}),
+            **({"probation": f.pack_uint16(self.probation)} if self.probation else {}),
         }  # fmt: skip
 
     @classmethod
@@ -254,4 +271,6 @@ class PlanRecord(RecordEnvelope):
             layers=f.unpack_uint16(f.binary("layers", m.get("layers", b""), item_size=2, max_items=stages)),
             slowdowns=tuple(m.get("slowdowns", ())), wire=m.get("wire", ""), schedule=m.get("schedule", ""),
             overlap=m.get("overlap"), bucket_elements=m.get("bucket_elements", 0), leader_at=m.get("leader_at", 0),
+            probation=f.unpack_uint16(f.binary("probation", m.get("probation", b""), item_size=2,
+                                               max_items=MAX_PLAN_PEERS)),
         )  # fmt: skip
