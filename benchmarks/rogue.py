@@ -46,7 +46,6 @@ extra seconds), the plans published, the peers quarantined, and the honest messa
 
 from __future__ import annotations
 
-import itertools
 import json
 import re
 import signal
@@ -61,7 +60,7 @@ import click
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "agent"))
 
-from agent_helpers import bootstrap_maddrs, events, run_agents, sorted_identities  # noqa: E402
+from agent_helpers import bootstrap_maddrs, events, rolled_back, run_agents, sorted_identities  # noqa: E402
 from test_untrusted_members import losses_of  # noqa: E402
 from test_verified_work import PIPELINE_CASES  # noqa: E402
 
@@ -147,19 +146,6 @@ def _members(mode: str | None) -> dict:
     honest = {a.peer_id for a in agents if a.index not in commands}
     return {"ok": all(c == 0 for c in codes.values()), "seconds": took, "workdir": str(workdir),
             **_tally(workdir, honest, agents[0].events.path)}  # fmt: skip
-
-
-def rolled_back(plans: list[dict], applied: list[dict]) -> list[int]:
-    """Per re-plan (every plan after the first, in epoch order), the steps it redoes that an honest member had
-    applied: the furthest step applied (``step`` events: steps done) in the epochs since the plan before it,
-    minus the step it restarts from (``start_step``: steps done), never below 0. A step that no honest member
-    applied (refused everywhere it was checked, or in flight when the epoch halted) is redone too, uncounted."""
-    plans = sorted({p["epoch"]: p for p in plans}.values(), key=lambda p: p["epoch"])
-    out = []
-    for before, plan in itertools.pairwise(plans):
-        reached = [e["step"] for e in applied if before["epoch"] <= e["epoch"] < plan["epoch"]]
-        out.append(max(0, max(reached, default=plan["start_step"]) - plan["start_step"]))
-    return out
 
 
 def matches_reference(agents: list, train) -> bool:

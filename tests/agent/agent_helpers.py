@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import subprocess
 import sys
@@ -68,6 +69,19 @@ def events(path: str | Path) -> list[dict]:
     except FileNotFoundError:
         return []
     return [json.loads(line) for line in text.splitlines() if line.endswith("}")]
+
+
+def rolled_back(plans: list[dict], applied: list[dict]) -> list[int]:
+    """Per re-plan (every ``plan`` event after the first, in epoch order; repeats of an epoch count once), the
+    steps it redoes that an honest member had applied (``applied``: honest members' ``step`` events): the furthest step applied (``step`` events: steps done) in the epochs since the plan before it,
+    minus the step it restarts from (``start_step``: steps done), never below 0. A step that no honest member
+    applied (refused everywhere it was checked, or in flight when the epoch halted) is redone too, uncounted."""
+    plans = sorted({p["epoch"]: p for p in plans}.values(), key=lambda p: p["epoch"])
+    out = []
+    for before, plan in itertools.pairwise(plans):
+        reached = [e["step"] for e in applied if before["epoch"] <= e["epoch"] < plan["epoch"]]
+        out.append(max(0, max(reached, default=plan["start_step"]) - plan["start_step"]))
+    return out
 
 
 def process_tree(pid: int) -> list[psutil.Process]:
