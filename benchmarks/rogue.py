@@ -35,8 +35,10 @@ each ``--leader-steps``, by default 6 and 120), in one invocation:
 
 For the corrupt and forged ones also: whether the run is ``ok`` (every honest agent finished, the rogue and
 nobody else quarantined), the steps rolled back (``rolled_back``: per re-plan, the furthest step an honest
-member applied in the epoch it ends minus the step it restarts from; summed), the re-plans' start steps, the
-steps an honest finder refused (its ``verify_failed`` events), and whether every step's loss is the
+member applied in the epochs it ends minus the step it restarts from; summed), the steps redone (``redone``:
+the same with each refused step counted as reached, so the refused step's discarded work counts), the
+re-plans' start steps, the steps an honest finder refused (the indices in its ``verify_failed`` events: index
+2 is the third step, the one a restart from step 2 redoes), and whether every step's loss is the
 single-process reference's (within 1e-4, relative; the redone step's loss counts).
 
 Per run: the wall time from launch until every honest agent finished (for the lowest-ID rogues: until the
@@ -174,10 +176,16 @@ def _corrupt(mode: str | None, pipeline: bool = False) -> dict:
     plans = [e for e in log if e["event"] == "plan"]
     quarantined = {e["peer"] for e in log if e["event"] == "quarantined"}
     culprits = {agents[rogue].peer_id} if mode else set()
-    per_replan = rolled_back(plans, [e for e in log if e["event"] == "step"])
+    applied = [e for e in log if e["event"] == "step"]
+    per_replan = rolled_back(plans, applied)
+    # a refused step's work is redone too (its ``step`` is the step's index: reached, it would be index + 1);
+    # the rogue's refusals count (the forger's false one halts its group's step as well)
+    refusals = [e for a in agents for e in events(a.events.path) if e["event"] == "verify_failed"]
+    redone = rolled_back(plans, applied + [{"epoch": e["epoch"], "step": e["step"] + 1} for e in refusals])
     refused = sorted({(e["epoch"], e["step"]) for e in log if e["event"] == "verify_failed"})
     return {"ok": all(c == 0 for c in codes.values()) and quarantined == culprits, "seconds": took,
             "workdir": str(workdir), "rolled_back": sum(per_replan), "rolled_back_per_replan": per_replan,
+            "redone": sum(redone), "redone_per_replan": redone,
             "restarts": [p["start_step"] for p in sorted(plans, key=lambda p: p["epoch"])[1:]],
             "refused": [step for _, step in refused], "reference": matches_reference(honest, train),
             **_tally(workdir, {a.peer_id for a in honest}, agents[0].events.path)}  # fmt: skip
@@ -220,7 +228,7 @@ def main(as_json: bool, only: tuple[str, ...], leader_steps: tuple[int, ...]) ->
         click.echo(json.dumps(rows))
         return
     click.echo(f"{'scenario':<32} {'ok':<5} {'clean s':>8} {'attacked s':>10} {'extra s':>8} {'ratio':>6} {'plans':>5} "
-               f"{'quarantined':>11} {'passed over':>11} {'rolled back':>11} {'restarts':>8} {'refused':>7} "
+               f"{'quarantined':>11} {'passed over':>11} {'rolled back':>11} {'redone':>6} {'restarts':>8} {'refused':>7} "
                f"{'reference':>9} {'honest refused':>14} {'rogue refused (log lines)':>25}")
     for r in rows:
         a = r["attacked"]
@@ -228,7 +236,8 @@ def main(as_json: bool, only: tuple[str, ...], leader_steps: tuple[int, ...]) ->
         reference = str(a["reference"] and r["clean"]["reference"]) if "reference" in a else "-"
         click.echo(f"{r['scenario']:<32} {str(a['ok'] and r['clean']['ok']):<5} {r['clean']['seconds']:8.1f} "
                    f"{a['seconds']:10.1f} {r['extra_s']:8.1f} {r['ratio']:5.2f}x {a['plans']:>5} {a['quarantined']:>11} "
-                   f"{a.get('passed_over', '-'):>11} {a.get('rolled_back', '-'):>11} {listed['restarts'] or '-':>8} "
+                   f"{a.get('passed_over', '-'):>11} {a.get('rolled_back', '-'):>11} {a.get('redone', '-'):>6} "
+                   f"{listed['restarts'] or '-':>8} "
                    f"{listed['refused'] or '-':>7} {reference:>9} {a['honest_refused']:>14} "
                    f"{a['rogue_refused_lines']:>25}")
 

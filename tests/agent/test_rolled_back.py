@@ -44,3 +44,10 @@ def test_a_re_plan_that_starts_at_or_past_every_applied_step_rolls_nothing_back(
 
 def test_epochs_without_a_plan_event_read_count_toward_the_next_re_plan():
     assert rolled_back([plan(0, 0), plan(3, 1)], applied(0, 1) + applied(2, 2, 3)) == [2]
+
+
+def test_a_refused_step_counted_as_reached_is_redone():
+    # ``benchmarks/rogue.py``'s "redone": each refusal (``verify_failed``, the step's index) reached at index + 1
+    refusal = {"event": "verify_failed", "epoch": 0, "step": 2}
+    reached = applied(0, 1, 2) + [{"epoch": refusal["epoch"], "step": refusal["step"] + 1}]
+    assert rolled_back([plan(0, 0), plan(1, 2)], reached) == [1]
