@@ -41,9 +41,12 @@ re-plans' start steps, the steps an honest finder refused (the indices in its ``
 2 is the third step, the one a restart from step 2 redoes), and whether every step's loss is the
 single-process reference's (within 1e-4, relative; the redone step's loss counts).
 
-Per run: the wall time from launch until every honest agent finished (for the lowest-ID rogues: until the
-last honest agent's ``done`` event, without the teardown after), beside its clean run's (ratio, and the
-extra seconds), the plans published, the peers quarantined, and the honest messages refused (goal: 0).
+Per run: the wall time from launch until every honest agent finished (for the lowest-ID rogues and the
+corrupt and forged ones: until the last honest agent's ``done`` event, without the teardown after), beside its
+clean run's (ratio, and the extra seconds), the plans published, the peers quarantined, and the honest
+messages refused (goal: 0). For the corrupt and forged ones also the training time (``train s``, clean/attacked:
+from the first plan to the last honest ``done``, without the start-up, whose seconds on a busy machine say
+nothing of the rogue). ``--clean-each`` runs a clean run just before every attacked one.
 """
 
 from __future__ import annotations
@@ -168,11 +171,12 @@ def _corrupt(mode: str | None, pipeline: bool = False) -> dict:
                          call_timeout_s=15.0, **shape)  # fmt: skip
     rogue = PIPELINE_CASES[mode][0] if mode in PIPELINE_CASES else 1  # never the leader (agent 0)
     commands = {rogue: [sys.executable, str(ROGUES / "corrupt_member.py"), mode]} if mode else {}
-    started = time.monotonic()
+    started = time.time()  # the events' clock: until the last honest agent was done, not the teardown after
     agents, codes, train = run_agents(workdir, config, commands, {}, 900)
-    took = time.monotonic() - started
     honest = [a for a in agents if a.index not in commands]
     log = [e for a in honest for e in events(a.events.path)]
+    done = [e["time"] for e in log if e["event"] == "done"]
+    finished = max(done) if len(done) == len(honest) else time.time()
     plans = [e for e in log if e["event"] == "plan"]
     quarantined = {e["peer"] for e in log if e["event"] == "quarantined"}
     culprits = {agents[rogue].peer_id} if mode else set()
@@ -183,8 +187,8 @@ def _corrupt(mode: str | None, pipeline: bool = False) -> dict:
     refusals = [e for a in agents for e in events(a.events.path) if e["event"] == "verify_failed"]
     redone = rolled_back(plans, applied + [{"epoch": e["epoch"], "step": e["step"] + 1} for e in refusals])
     refused = sorted({(e["epoch"], e["step"]) for e in log if e["event"] == "verify_failed"})
-    return {"ok": all(c == 0 for c in codes.values()) and quarantined == culprits, "seconds": took,
-            "workdir": str(workdir), "rolled_back": sum(per_replan), "rolled_back_per_replan": per_replan,
+    return {"ok": all(c == 0 for c in codes.values()) and quarantined == culprits, "seconds": finished - started,
+            "train_s": finished - min(p["time"] for p in plans), "workdir": str(workdir), "rolled_back": sum(per_replan), "rolled_back_per_replan": per_replan,
             "redone": sum(redone), "redone_per_replan": redone,
             "restarts": [p["start_step"] for p in sorted(plans, key=lambda p: p["epoch"])[1:]],
             "refused": [step for _, step in refused], "reference": matches_reference(honest, train),
@@ -196,12 +200,14 @@ def _corrupt(mode: str | None, pipeline: bool = False) -> dict:
 @click.option("--only", multiple=True, help="Run only the scenarios whose name contains this (repeatable).")
 @click.option("--leader-steps", type=click.IntRange(1), multiple=True, default=LEADER_STEPS, show_default=True,
               help="Steps of the lowest-ID runs (repeatable: each length is a clean run and the five beside it).")
-def main(as_json: bool, only: tuple[str, ...], leader_steps: tuple[int, ...]) -> None:
+@click.option("--clean-each", is_flag=True,
+              help="A clean run just before every attacked one, not one per kind (a shared machine's load drifts).")
+def main(as_json: bool, only: tuple[str, ...], leader_steps: tuple[int, ...], clean_each: bool) -> None:
     rows = []
     cleans: dict = {}  # one clean run serves every scenario of its kind
 
     def clean(kind: str, run) -> dict:
-        if kind not in cleans:  # (``setdefault`` would run it every time)
+        if kind not in cleans or clean_each:  # (``setdefault`` would run it every time)
             cleans[kind] = run(None)
         return cleans[kind]
 
@@ -228,19 +234,20 @@ def main(as_json: bool, only: tuple[str, ...], leader_steps: tuple[int, ...]) ->
         click.echo(json.dumps(rows))
         return
     click.echo(f"{'scenario':<32} {'ok':<5} {'clean s':>8} {'attacked s':>10} {'extra s':>8} {'ratio':>6} {'plans':>5} "
-               f"{'quarantined':>11} {'passed over':>11} {'rolled back':>11} {'redone':>6} {'restarts':>8} {'refused':>7} "
-               f"{'reference':>9} {'honest refused':>14} {'rogue refused (log lines)':>25}")
+               f"{'train s':>11} {'train ratio':>11} {'quarantined':>11} {'passed over':>11} {'rolled back':>11} "
+               f"{'redone':>6} {'restarts':>8} {'refused':>7} {'reference':>9} {'honest refused':>14} "
+               f"{'rogue refused (log lines)':>25}")
     for r in rows:
-        a = r["attacked"]
-        listed = {k: ",".join(map(str, a[k])) if k in a else "-" for k in ("restarts", "refused")}
-        reference = str(a["reference"] and r["clean"]["reference"]) if "reference" in a else "-"
-        click.echo(f"{r['scenario']:<32} {str(a['ok'] and r['clean']['ok']):<5} {r['clean']['seconds']:8.1f} "
-                   f"{a['seconds']:10.1f} {r['extra_s']:8.1f} {r['ratio']:5.2f}x {a['plans']:>5} {a['quarantined']:>11} "
-                   f"{a.get('passed_over', '-'):>11} {a.get('rolled_back', '-'):>11} {a.get('redone', '-'):>6} "
-                   f"{listed['restarts'] or '-':>8} "
-                   f"{listed['refused'] or '-':>7} {reference:>9} {a['honest_refused']:>14} "
-                   f"{a['rogue_refused_lines']:>25}")
-
+        a, base = r["attacked"], r["clean"]
+        listed = {k: ",".join(map(str, a[k])) or "-" if k in a else "-" for k in ("restarts", "refused")}
+        reference = str(a["reference"] and base["reference"]) if "reference" in a else "-"
+        train_s = f"{base['train_s']:.1f}/{a['train_s']:.1f}" if "train_s" in a else "-"
+        train_ratio = f"{a['train_s'] / base['train_s']:.2f}x" if "train_s" in a else "-"
+        click.echo(f"{r['scenario']:<32} {str(a['ok'] and base['ok']):<5} {base['seconds']:8.1f} {a['seconds']:10.1f} "
+                   f"{r['extra_s']:8.1f} {r['ratio']:5.2f}x {a['plans']:>5} {train_s:>11} {train_ratio:>11} "
+                   f"{a['quarantined']:>11} {a.get('passed_over', '-'):>11} {a.get('rolled_back', '-'):>11} "
+                   f"{a.get('redone', '-'):>6} {listed['restarts']:>8} {listed['refused']:>7} {reference:>9} "
+                   f"{a['honest_refused']:>14} {a['rogue_refused_lines']:>25}")
 
 if __name__ == "__main__":
     main()
