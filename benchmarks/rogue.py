@@ -188,8 +188,9 @@ def _corrupt(mode: str | None, pipeline: bool = False) -> dict:
     redone = rolled_back(plans, applied + [{"epoch": e["epoch"], "step": e["step"] + 1} for e in refusals])
     refused = sorted({(e["epoch"], e["step"]) for e in log if e["event"] == "verify_failed"})
     return {"ok": all(c == 0 for c in codes.values()) and quarantined == culprits, "seconds": finished - started,
-            "train_s": finished - min(p["time"] for p in plans), "workdir": str(workdir), "rolled_back": sum(per_replan), "rolled_back_per_replan": per_replan,
-            "redone": sum(redone), "redone_per_replan": redone,
+            "train_s": finished - min((p["time"] for p in plans), default=started), "workdir": str(workdir),
+            "rolled_back": sum(per_replan), "rolled_back_per_replan": per_replan, "redone": sum(redone),
+            "redone_per_replan": redone,
             "restarts": [p["start_step"] for p in sorted(plans, key=lambda p: p["epoch"])[1:]],
             "refused": [step for _, step in refused], "reference": matches_reference(honest, train),
             **_tally(workdir, {a.peer_id for a in honest}, agents[0].events.path)}  # fmt: skip
