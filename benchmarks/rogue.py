@@ -25,12 +25,28 @@ each ``--leader-steps``, by default 6 and 120), in one invocation:
 * **corrupt sums** and **forged blame** (``tests/agent/corrupt_member.py``; docs/verification.md): 4 agents,
   one of them (a trainer, never the leader) scaling ×8 (``scale``) or negating (``negate``) the gradient shards
   it sums from step 2 on, or blaming an honest peer of its group with a doctored statement at step 2
-  (``forge``); beside a clean run of the same 4 (tensor deadline 15 s). Also: the steps rolled back (the
-  steps trained past the re-plan's start, redone without the member).
+  (``forge``); beside a clean run of the same 4 (tensor deadline 15 s);
+* **corrupt pipeline** (the same rogues, the recompute check): 4 agents as the swarm test runs them (8
+  micro-batches per replica, the ``megatron`` placement, so the rogue holds the stage whose messages it
+  corrupts), one of them sending, from step 2 on, activations with noise (``act_noise``), activation
+  gradients with noise (``grad_noise``), another token's activations in place of its compute's (``skip``),
+  or noisy activations it commits to while it reveals the clean ones to its verifier (``clean_reveal``);
+  beside a clean run of the same 4.
 
-Per run: the wall time from launch until every honest agent finished (for the lowest-ID rogues: until the
-last honest agent's ``done`` event, without the teardown after), beside its clean run's (ratio, and the
-extra seconds), the plans published, the peers quarantined, and the honest messages refused (goal: 0).
+For the corrupt and forged ones also: whether the run is ``ok`` (every honest agent finished, the rogue and
+nobody else quarantined), the steps rolled back (``rolled_back``: per re-plan, the furthest step an honest
+member applied in the epochs it ends minus the step it restarts from; summed), the steps redone (``redone``:
+the same with each refused step counted as reached, so the refused step's discarded work counts), the
+re-plans' start steps, the steps an honest finder refused (the indices in its ``verify_failed`` events: index
+2 is the third step, the one a restart from step 2 redoes), and whether every step's loss is the
+single-process reference's (within 1e-4, relative; the redone step's loss counts).
+
+Per run: the wall time from launch until every honest agent finished (for the lowest-ID rogues and the
+corrupt and forged ones: until the last honest agent's ``done`` event, without the teardown after), beside its
+clean run's (ratio, and the extra seconds), the plans published, the peers quarantined, and the honest
+messages refused (goal: 0). For the corrupt and forged ones also the training time (``train s``, clean/attacked:
+from the first plan to the last honest ``done``, without the start-up, whose seconds on a busy machine say
+nothing of the rogue). ``--clean-each`` runs a clean run just before every attacked one.
 """
 
 from __future__ import annotations
@@ -49,8 +65,11 @@ import click
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "agent"))
 
-from agent_helpers import bootstrap_maddrs, events, run_agents, sorted_identities  # noqa: E402
+from agent_helpers import bootstrap_maddrs, events, rolled_back, run_agents, sorted_identities  # noqa: E402
+from test_untrusted_members import losses_of  # noqa: E402
+from test_verified_work import PIPELINE_CASES  # noqa: E402
 
+from p2ptrain.runtime.reference import train_reference  # noqa: E402
 from p2ptrain.swarm.launcher import SwarmConfig  # noqa: E402
 
 ROGUES = ROOT / "tests" / "agent"
@@ -134,23 +153,47 @@ def _members(mode: str | None) -> dict:
             **_tally(workdir, honest, agents[0].events.path)}  # fmt: skip
 
 
-def _corrupt(mode: str | None) -> dict:
+def matches_reference(agents: list, train) -> bool:
+    """Every step's loss (the latest epoch's, where a step was redone) is single-process training's, within 1e-4."""
+    got, want = losses_of(agents), train_reference(train).losses
+    if sorted(got) != list(range(1, len(want) + 1)):
+        return False
+    return all(abs(got[step] - loss) <= 1e-4 * abs(loss) for step, loss in enumerate(want, start=1))
+
+
+def _corrupt(mode: str | None, pipeline: bool = False) -> dict:
+    """4 agents, agent ``rogue`` (peer-ID order) running ``corrupt_member.py mode`` (none: the clean run);
+    ``pipeline``: the recompute check's swarm shape (8 micro-batches, ``megatron``, the rogue the test's)."""
     workdir = Path(tempfile.mkdtemp(prefix="p2ptrain-bench-rogue-"))
     sorted_identities(workdir, 4)
+    shape = {"micro_batches": 8, "strategy": "megatron"} if pipeline else {}
     config = SwarmConfig(agents=4, stages=2, steps=6, scenario=None, workdir=str(workdir), run="rogue-bench-corrupt",
-                         call_timeout_s=15.0)  # fmt: skip
-    commands = {1: [sys.executable, str(ROGUES / "corrupt_member.py"), mode]} if mode else {}
-    started = time.monotonic()
-    agents, codes, _ = run_agents(workdir, config, commands, {}, 900)
-    took = time.monotonic() - started
-    honest = {a.peer_id for a in agents if a.index not in commands}
-    log = events(agents[0].events.path)
+                         call_timeout_s=15.0, **shape)  # fmt: skip
+    rogue = PIPELINE_CASES[mode][0] if mode in PIPELINE_CASES else 1  # never the leader (agent 0)
+    commands = {rogue: [sys.executable, str(ROGUES / "corrupt_member.py"), mode]} if mode else {}
+    started = time.time()  # the events' clock: until the last honest agent was done, not the teardown after
+    agents, codes, train = run_agents(workdir, config, commands, {}, 900)
+    honest = [a for a in agents if a.index not in commands]
+    log = [e for a in honest for e in events(a.events.path)]
+    done = [e["time"] for e in log if e["event"] == "done"]
+    finished = max(done) if len(done) == len(honest) else time.time()
     plans = [e for e in log if e["event"] == "plan"]
-    trained = [e["step"] for a in agents if a.index not in commands for e in events(a.events.path)
-               if e["event"] == "step" and plans and e["epoch"] == plans[0]["epoch"]]  # fmt: skip
-    rolled_back = max(trained, default=0) - plans[1]["start_step"] if len(plans) > 1 else 0
-    return {"ok": all(c == 0 for c in codes.values()), "seconds": took, "workdir": str(workdir),
-            "rolled_back": rolled_back, **_tally(workdir, honest, agents[0].events.path)}  # fmt: skip
+    quarantined = {e["peer"] for e in log if e["event"] == "quarantined"}
+    culprits = {agents[rogue].peer_id} if mode else set()
+    applied = [e for e in log if e["event"] == "step"]
+    per_replan = rolled_back(plans, applied)
+    # a refused step's work is redone too (its ``step`` is the step's index: reached, it would be index + 1);
+    # the rogue's refusals count (the forger's false one halts its group's step as well)
+    refusals = [e for a in agents for e in events(a.events.path) if e["event"] == "verify_failed"]
+    redone = rolled_back(plans, applied + [{"epoch": e["epoch"], "step": e["step"] + 1} for e in refusals])
+    refused = sorted({(e["epoch"], e["step"]) for e in log if e["event"] == "verify_failed"})
+    return {"ok": all(c == 0 for c in codes.values()) and quarantined == culprits, "seconds": finished - started,
+            "train_s": finished - min((p["time"] for p in plans), default=started), "workdir": str(workdir),
+            "rolled_back": sum(per_replan), "rolled_back_per_replan": per_replan, "redone": sum(redone),
+            "redone_per_replan": redone,
+            "restarts": [p["start_step"] for p in sorted(plans, key=lambda p: p["epoch"])[1:]],
+            "refused": [step for _, step in refused], "reference": matches_reference(honest, train),
+            **_tally(workdir, {a.peer_id for a in honest}, agents[0].events.path)}  # fmt: skip
 
 
 @click.command()
@@ -158,12 +201,14 @@ def _corrupt(mode: str | None) -> dict:
 @click.option("--only", multiple=True, help="Run only the scenarios whose name contains this (repeatable).")
 @click.option("--leader-steps", type=click.IntRange(1), multiple=True, default=LEADER_STEPS, show_default=True,
               help="Steps of the lowest-ID runs (repeatable: each length is a clean run and the five beside it).")
-def main(as_json: bool, only: tuple[str, ...], leader_steps: tuple[int, ...]) -> None:
+@click.option("--clean-each", is_flag=True,
+              help="A clean run just before every attacked one, not one per kind (a shared machine's load drifts).")
+def main(as_json: bool, only: tuple[str, ...], leader_steps: tuple[int, ...], clean_each: bool) -> None:
     rows = []
     cleans: dict = {}  # one clean run serves every scenario of its kind
 
     def clean(kind: str, run) -> dict:
-        if kind not in cleans:  # (``setdefault`` would run it every time)
+        if kind not in cleans or clean_each:  # (``setdefault`` would run it every time)
             cleans[kind] = run(None)
         return cleans[kind]
 
@@ -172,7 +217,9 @@ def main(as_json: bool, only: tuple[str, ...], leader_steps: tuple[int, ...]) ->
                  ("cooperative swallower", lambda: clean("members", _members), lambda: _members("swallow_and_halt")),
                  *[(f"corrupt sums ({m})", lambda: clean("corrupt", _corrupt), lambda m=m: _corrupt(m))
                    for m in ("scale", "negate")],
-                 ("forged blame", lambda: clean("corrupt", _corrupt), lambda: _corrupt("forge"))]
+                 ("forged blame", lambda: clean("corrupt", _corrupt), lambda: _corrupt("forge")),
+                 *[(f"corrupt pipeline ({m})", lambda: clean("pipeline", lambda _: _corrupt(None, True)),
+                    lambda m=m: _corrupt(m, True)) for m in PIPELINE_CASES]]
     for steps in leader_steps:
         for mode in LEADER_MODES:
             scenarios.append((f"lowest-ID {mode} {steps}", lambda n=steps: clean(f"open {n}", lambda _: _open_run(None, n)),
@@ -187,16 +234,21 @@ def main(as_json: bool, only: tuple[str, ...], leader_steps: tuple[int, ...]) ->
     if as_json:
         click.echo(json.dumps(rows))
         return
-    click.echo(f"{'scenario':<25} {'ok':<5} {'clean s':>8} {'attacked s':>10} {'extra s':>8} {'ratio':>6} {'plans':>5} "
-               f"{'quarantined':>11} {'passed over':>11} {'rolled back':>11} {'honest refused':>14} "
+    click.echo(f"{'scenario':<32} {'ok':<5} {'clean s':>8} {'attacked s':>10} {'extra s':>8} {'ratio':>6} {'plans':>5} "
+               f"{'train s':>11} {'train ratio':>11} {'quarantined':>11} {'passed over':>11} {'rolled back':>11} "
+               f"{'redone':>6} {'restarts':>8} {'refused':>7} {'reference':>9} {'honest refused':>14} "
                f"{'rogue refused (log lines)':>25}")
     for r in rows:
-        a = r["attacked"]
-        click.echo(f"{r['scenario']:<25} {str(a['ok'] and r['clean']['ok']):<5} {r['clean']['seconds']:8.1f} "
-                   f"{a['seconds']:10.1f} {r['extra_s']:8.1f} {r['ratio']:5.2f}x {a['plans']:>5} {a['quarantined']:>11} "
-                   f"{a.get('passed_over', '-'):>11} {a.get('rolled_back', '-'):>11} "
+        a, base = r["attacked"], r["clean"]
+        listed = {k: ",".join(map(str, a[k])) or "-" if k in a else "-" for k in ("restarts", "refused")}
+        reference = str(a["reference"] and base["reference"]) if "reference" in a else "-"
+        train_s = f"{base['train_s']:.1f}/{a['train_s']:.1f}" if "train_s" in a else "-"
+        train_ratio = f"{a['train_s'] / base['train_s']:.2f}x" if "train_s" in a else "-"
+        click.echo(f"{r['scenario']:<32} {str(a['ok'] and base['ok']):<5} {base['seconds']:8.1f} {a['seconds']:10.1f} "
+                   f"{r['extra_s']:8.1f} {r['ratio']:5.2f}x {a['plans']:>5} {train_s:>11} {train_ratio:>11} "
+                   f"{a['quarantined']:>11} {a.get('passed_over', '-'):>11} {a.get('rolled_back', '-'):>11} "
+                   f"{a.get('redone', '-'):>6} {listed['restarts']:>8} {listed['refused']:>7} {reference:>9} "
                    f"{a['honest_refused']:>14} {a['rogue_refused_lines']:>25}")
-
 
 if __name__ == "__main__":
     main()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import subprocess
 import sys
@@ -68,6 +69,19 @@ def events(path: str | Path) -> list[dict]:
     except FileNotFoundError:
         return []
     return [json.loads(line) for line in text.splitlines() if line.endswith("}")]
+
+
+def rolled_back(plans: list[dict], reached: list[dict]) -> list[int]:
+    """Per re-plan (every ``plan`` event after the first, in epoch order; repeats of an epoch count once), the
+    steps it redoes past its start: the furthest step reached (``reached``: events with an epoch and a step in
+    steps done, e.g. honest members' ``step`` events: the steps they applied) in the epochs since the plan
+    before it, minus the step it restarts from (``start_step``: steps done), never below 0."""
+    plans = sorted({p["epoch"]: p for p in plans}.values(), key=lambda p: p["epoch"])
+    out = []
+    for before, plan in itertools.pairwise(plans):
+        steps = [e["step"] for e in reached if before["epoch"] <= e["epoch"] < plan["epoch"]]
+        out.append(max(0, max(steps, default=plan["start_step"]) - plan["start_step"]))
+    return out
 
 
 def process_tree(pid: int) -> list[psutil.Process]:
