@@ -95,13 +95,14 @@ TARGET_STEP_S = 3.0  # emulated seconds of communication Megatron's order takes,
 DEFAULT_OUT = "benchmarks/results"
 DEFAULT_SETTING = "fp32/gpipe/overlap"
 WIRES, SCHEDULES = WIRE_FORMATS, ("gpipe", "1f1b")
-SETTING_FORM = "WIRE/SCHEDULE/overlap|no-overlap[/diloco-H|/streamed-H]"
+SETTING_FORM = "WIRE/SCHEDULE/overlap|no-overlap[/diloco-H|/streamed-H][/no-verify]"
 
 
 def parse_setting(setting: str) -> tuple[str, str, bool]:
-    """``WIRE/SCHEDULE/overlap|no-overlap[/diloco-H|/streamed-H]`` as (wire, schedule, overlap) (``sync_every``:
-    H; ``streamed``: DiLoCo's rounds overlapped); ValueError (one line) otherwise."""
-    parts = setting.strip().split("/")
+    """``WIRE/SCHEDULE/overlap|no-overlap[/diloco-H|/streamed-H][/no-verify]`` as (wire, schedule, overlap)
+    (``sync_every``: H; ``streamed``: DiLoCo's rounds overlapped; ``verified``: the members' work checked, as by
+    default, or not: what the checks cost); ValueError (one line) otherwise."""
+    parts = _without_verify(setting)
     if (len(parts) not in (3, 4) or parts[0] not in WIRES or parts[1] not in SCHEDULES
             or parts[2] not in ("overlap", "no-overlap") or len(parts) == 4 and _rounds(parts[3]) is None):
         raise ValueError(f"--settings: {setting!r} is not {SETTING_FORM} (wire one of {', '.join(WIRES)}, schedule "
@@ -112,14 +113,25 @@ def parse_setting(setting: str) -> tuple[str, str, bool]:
 def sync_every(setting: str) -> int:
     """A setting's DiLoCo round length H (``/diloco-H``); 1 (every step) without one."""
     parse_setting(setting)
-    parts = setting.strip().split("/")
+    parts = _without_verify(setting)
     return _rounds(parts[3]) if len(parts) == 4 else 1
 
 
 def streamed(setting: str) -> bool:
     """Whether a setting's DiLoCo rounds overlap their all-reduce with the next round (``/streamed-H``)."""
     parse_setting(setting)
-    return setting.strip().split("/")[-1].startswith("streamed-")
+    return _without_verify(setting)[-1].startswith("streamed-")
+
+
+def verified(setting: str) -> bool:
+    """Whether a setting's agents check each other's work (``[verify] enabled``; ``/no-verify``: not)."""
+    parse_setting(setting)
+    return setting.strip().split("/")[-1] != "no-verify"
+
+
+def _without_verify(setting: str) -> list[str]:
+    parts = setting.strip().split("/")
+    return parts[:-1] if len(parts) > 3 and parts[-1] == "no-verify" else parts
 
 
 def _rounds(part: str) -> int | None:
@@ -201,7 +213,7 @@ def _swarm_config(config: E2EConfig, strategy: str, time_scale: float, compute_s
                        time_scale=time_scale, strategy=strategy, objective="simulated", model=config.model,
                        micro_batches=config.micro_batches, seed=config.seed, workdir=workdir, wire=wire,
                        schedule=schedule, overlap=overlap, compute_scale=compute_scale,
-                       sync="diloco" if h > 1 else "every-step",
+                       sync="diloco" if h > 1 else "every-step", verify=verified(setting),
                        diloco=DiLoCoConfig(inner_steps=h, overlap=streamed(setting)))  # fmt: skip
 
 
