@@ -39,7 +39,9 @@ the shards are scheduled in it; the round's other H − τ steps are the step wi
 The run's settings (``StepProfile``, ``wire_model``): the wire format scales what each kind of message
 carries (activations, their gradients, the all-reduce's shards); steps 1 and 2 run in the schedule's order
 (``gpipe`` as above; ``1f1b`` interleaves them, each stage in its own order, ``wire_model.step_order``);
-with overlap, step 3 runs bucket by bucket, each bucket starting once the last backward pass produced it.
+with overlap, step 3 runs bucket by bucket, each bucket of stage 0 starting once the last backward pass
+produced it; a later stage's buckets start once that pass is done and its input's gradient is handed over
+(``runtime.buckets`` holds them: that gradient is what the stage before waits for).
 
 Codecs (``StepProfile.encode_s_per_gb``/``decode_s_per_gb``, which the calibration measures for the run's
 wire): the CPU time of turning tensors into messages and back, which the wire's bytes do not show (int2's
@@ -88,8 +90,7 @@ Each queue serves its messages in the order the simulation hands them over, whic
 except where noted: within a step, the pipeline's messages in the step's order (``step_order``: each
 device's own sends in its own order, so its uplink is exact), then each stage's all-reduce as soon as the
 stage's last backward pass is done, its shards and that pass's gradient to the stage before (handed over
-after the buckets the pass made, with overlap, and so queued behind them on the uplink) in hand-over order
-on every uplink and arrival order on every downlink (a fixed point, as without access links). A downlink
+before the stage's buckets, which wait for it, so first on the uplink) in hand-over order on every uplink and arrival order on every downlink (a fixed point, as without access links). A downlink
 serves the messages of a step's pipeline before the all-reduce's, and a step's before the next step's:
 where a faster pipeline's shard reaches a device still receiving its own pipeline's gradients, or a
 neighbour's next activations reach a device still in its all-reduce, the real queue would interleave them
@@ -702,7 +703,8 @@ class _Access:
         reduced and its shards taken, and when that gradient is delivered (None at stage 0).
 
         Each member's messages are its gradient (handed over when the pass is done), a reduce-scatter shard
-        of each bucket to every other member (when the bucket is ready) and an all-gather shard to each (when
+        of each bucket to every other member (when the bucket is ready: after the gradient at stages after 0)
+        and an all-gather shard to each (when
         it has every shard of the bucket it owns). Its uplink serves them in hand-over order, each also
         waiting for its pair's FIFO; each downlink in the order their first bytes come. The all-gather's
         hand-over depends on other members' deliveries: iterated from the buckets' readiness to a fixed point
@@ -713,7 +715,7 @@ class _Access:
         d, k_all = obj.num_replicas, obj.buckets
         me = sigma[:, j]
         valid = obj.bucket_share[j] > 0  # [k]
-        if obj.overlap:
+        if obj.overlap and j == 0:  # later stages hold their buckets until the input's gradient is handed over
             ready = last_start[:, None] + obj.bucket_ready[j][None, :] * bwd[:, None]  # [i, k]
         else:
             ready = np.repeat(backward_done[:, None], k_all, axis=1)
@@ -825,8 +827,8 @@ def _all_reduce(obj: SimulatedObjective, last_start: np.ndarray, bwd: np.ndarray
     """When each stage's member ([j, i]) has its gradients all-reduced and its own sends taken, and the links'
     free times after. Per bucket, each member sends the bucket's shard to its owner (reduce-scatter) and the
     owner, once it has every shard, the reduced shard to every member (all-gather). Without overlap one
-    bucket starts when the backward pass is done; with it each bucket starts when the last backward pass has
-    produced it (``bucket_shares``: full buckets first, the remainder last, the gradients made evenly through
+    bucket starts when the backward pass is done; with it each bucket of stage 0 starts when the last backward
+    pass has produced it, a later stage's when the pass is done (``bucket_shares``: full buckets first, the remainder last, the gradients made evenly through
     the pass). Each link serves its messages first come, first served (FIFO
     by hand-over time, as the runtime's few buckets in flight hand them over): an all-gather's hand-over
     depends on other links' reduce-scatters, so the order is found by iterating to a fixed point from the
@@ -837,6 +839,7 @@ def _all_reduce(obj: SimulatedObjective, last_start: np.ndarray, bwd: np.ndarray
     valid = obj.bucket_share > 0  # [j, k]
     if obj.overlap:
         ready = last_start[..., None] + obj.bucket_ready[:, None, :] * bwd[..., None]  # [j, i, k]
+        ready[1:] = np.maximum(ready[1:], backward_done[1:, :, None])  # held until the input's gradient is sent
     else:
         ready = np.repeat(backward_done[..., None], k_all, axis=-1)
     ready = np.where(valid[:, None, :], ready, -np.inf)

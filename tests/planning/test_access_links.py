@@ -58,17 +58,18 @@ def test_a_line_slower_than_the_path_paces_the_pipeline():
     assert down.evaluate(sigma).cost_s == pytest.approx(0.11 + 0.21)
 
 
-def test_with_overlap_the_last_gradient_queues_behind_the_buckets_on_the_uplink():
-    # 2 stages × 2 replicas; stage 1's 4 GB all-reduced in 4 buckets made during its last backward pass (1 s),
-    # each sending a 0.5 GB shard (0.5 s). Behind an uplink the pass's gradient to stage 0 (at 1 s) waits for
-    # the shards already handed over; on per-link FIFOs it does not: stage 0 starts its backward pass later
-    cluster = _uniform(4, 10.0, 8.0)
-    profile = dict(activation_gb=0.1, gradient_gb=4.0, forward_s=(0.1, 0.1), backward_s=(1.0, 1.0), bucket_gb=1.0)
-    sigma = np.array([[0, 1], [2, 3]])
-    free = _objective(cluster, 2, **profile).simulate(sigma).predicted_s
+def test_with_overlap_the_last_gradient_leaves_before_the_buckets_on_the_uplink():
+    # 2 stages × 2 replicas behind 8 Gbit/s uplinks; each stage's 4 GB all-reduced in 4 buckets (0.5 GB shards,
+    # 0.5 s each) made during its last backward pass (1 s). Stage 1 holds its buckets until that pass's
+    # gradient to stage 0 is handed over (``runtime.buckets``), so the gradient is first on its uplink: stage 0
+    # gets it as if stage 1 had nothing to reduce, and the step is stage 0's, the same either way
     lines = _uniform(4, 10.0, 8.0, uplink=[8.0] * 4)
-    shared = _objective(lines, 2, **profile)
-    assert shared.simulate(sigma).predicted_s > free + 0.1
+    profile = dict(forward_s=(0.1, 0.1), backward_s=(1.0, 1.0), bucket_gb=1.0)
+    sigma = np.array([[0, 1], [2, 3]])
+    shared = _objective(lines, 2, activation_gb=0.1, gradient_gb=4.0, **profile)
+    workload = StepWorkload(0.1, 4.0, step=StepProfile(**profile | {"gradient_gb": (4.0, 1e-9)}))
+    quiet = make_objective("simulated", lines, workload, 2)  # stage 1 has (almost) nothing to reduce
+    assert shared.simulate(sigma).predicted_s == pytest.approx(quiet.simulate(sigma).predicted_s, rel=1e-9)
     steps = shared.simulate(sigma, steps=3).step_s
     assert steps == pytest.approx(access_event_simulation(shared, sigma, 3)["step_s"], rel=1e-12)
 
