@@ -14,8 +14,11 @@ What one step does, on the device holding stage j of pipeline i (M micro-batches
    loss), compute B_j, send the input's gradient to stage j−1 without waiting;
 3. all-reduce of the stage's g_j GB of gradients in its group of D: send the 1/D shard that member k owns
    to every member k (all at once, one message per link), wait for the D−1 shards of ours, add, send the
-   reduced shard to every member, wait for theirs and for our own sends to be taken; then the optimizer
-   step U_j; then the step ends once every send of the step was taken.
+   reduced shard to every member, wait for theirs and for our own sends to be taken; with the sum check
+   (``verify_gb``, ``verify.group``: every step, with replicas) two more rounds in the group, each a message
+   to every other member (a signed commit, then the sketches) and a wait for theirs; then the optimizer
+   step U_j; then the step ends once every send of the step was taken. (The check's CPU, signing and
+   sketching, is not priced: about 0.1 s a step on 4 agents sharing 2 cores.)
 With DiLoCo (``sync_every`` H > 1, ``model.outer``) step 3 happens once a round: the all-reduce of the
 pseudo-gradients after every H-th step, none after the others. The prediction is the period of steps without
 it plus 1/H of what it adds to a step that has it (both simulated); the closed form divides the groups'
@@ -197,6 +200,10 @@ class StepProfile:
     encode and to decode one GB of each kind's volume as the workload counts it (before the wire), for
     activations, their gradients and data-parallel gradients (whose encode is error feedback's: encode,
     decode and residual); 0 for fp32, whose cost is ``message_s``'s.
+
+    ``verify_gb``: the sum check's two messages (a commit, then a sketch statement), GB each, that every member
+    of a group sends every other member after the step's all-reduce (``runtime.calibration.verify_volumes``);
+    (0, 0) where no check runs.
     """
 
     micro_batches: int = 1
@@ -218,6 +225,7 @@ class StepProfile:
     overlap_steps: int = 0  # ... during its first this many steps (``DiLoCoConfig.overlap_steps``; 0: all H)
     encode_s_per_gb: tuple[float, float, float] = (0.0, 0.0, 0.0)  # activations, their gradients, DP gradients
     decode_s_per_gb: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    verify_gb: tuple[float, float] = (0.0, 0.0)  # the sum check's commit and sketch messages (step 3); 0: none
 
     def __post_init__(self) -> None:
         if isinstance(self.micro_batches, bool) or not isinstance(self.micro_batches, int) or self.micro_batches < 1:
@@ -249,6 +257,10 @@ class StepProfile:
             if len(costs) != 3 or not all(_is_seconds(v) for v in costs):
                 raise ValueError(f"step profile: {name} must be three non-negative numbers, got {costs!r}")
             object.__setattr__(self, name, tuple(float(v) for v in costs))
+        volumes = tuple(self.verify_gb)
+        if len(volumes) != 2 or not all(_is_seconds(v) for v in volumes):
+            raise ValueError(f"step profile: verify_gb must be two non-negative numbers, got {volumes!r}")
+        object.__setattr__(self, "verify_gb", tuple(float(v) for v in volumes))
         if isinstance(self.sync_every, bool) or not isinstance(self.sync_every, int) or self.sync_every < 1:
             raise ValueError(f"step profile: sync_every must be a positive integer, got {self.sync_every!r}")
         if self.sync_overlap and self.sync_every == 1:
@@ -390,6 +402,9 @@ class SimulatedObjective:
                            + self.codec_before_backward_s + self.codec_after_backward_s)
         self._update_s = self.update_s * worst
         self._clip_s = float(self.delay_s.max()) if profile.clip and s > 1 else 0.0
+        # the sum check's rounds (every step only): each a message from every other member, behind each other
+        self._verify_s = sum(float((self.delay_s + gb * (d - 1) * alone).max()) for gb in profile.verify_gb
+                             if gb > 0 and d > 1)  # fmt: skip
         links = hop[~np.eye(n, dtype=bool)]
         self._tau = MATCHING_SOFTNESS * (float(np.median(links)) if links.size else 1.0) or 1.0
 
@@ -410,7 +425,7 @@ class SimulatedObjective:
             step = max(local, max(float(g) for g in group_values) / self.profile.streamed_steps)
             return CostBreakdown(cost_s=step, data_parallel_s=step - pipeline, pipeline_s=pipeline)
         data_parallel = max(float(g) / h + float(u) for g, u in zip(group_values, self._update_s, strict=True))
-        data_parallel += self.profile.boundary_s + self._clip_s
+        data_parallel += self.profile.boundary_s + self._clip_s + self._verify_s
         return CostBreakdown(cost_s=pipeline + data_parallel, data_parallel_s=data_parallel, pipeline_s=pipeline)
 
     # -- the stage order, under the exact simulation ---------------------------------------------------------
@@ -632,6 +647,9 @@ def _simulate(obj: SimulatedObjective, sigma: np.ndarray, steps: int, all_reduce
         if d > 1 and all_reduce and access is None:
             all_reduced, free_g = _all_reduce(obj, last_start.T, bwd.T, backward_done, free_g, ser_g, lat_g)
         reduced = all_reduced.T  # [i, j]
+        if d > 1 and all_reduce:  # the sum check's two rounds (step 3), each waiting for the other members'
+            for gb in obj.profile.verify_gb:
+                reduced = _group_exchange(obj, sigma, reduced, gb, access)
         if obj.profile.clip and s > 1:  # every other stage's norm (the diagonal's delay is 0: its own)
             delay = obj.delay_s[sigma[:, :, None], sigma[:, None, :]]
             if access is None:
@@ -647,6 +665,34 @@ def _simulate(obj: SimulatedObjective, sigma: np.ndarray, steps: int, all_reduce
         start = end + obj.profile.boundary_s
     predicted = step_period(step_s[1:])  # ``SimulatedSteps.predicted_s``
     return SimulatedSteps(step_s=tuple(step_s), pipeline_s=pipeline_s, data_parallel_s=predicted - pipeline_s)
+
+
+def _group_exchange(obj: SimulatedObjective, sigma: np.ndarray, at: np.ndarray, gb: float,
+                    access: _Access | None) -> np.ndarray:
+    """Every member of every stage's group ([pipeline, stage] ``at``) sends each other member one message of
+    ``gb`` GB, in rank order (``verify.group``), and waits for theirs: when each has them all. Over access
+    links a message waits for its sender's uplink and then the receiver's downlink (served in the order the
+    senders are taken: exact with two replicas); without, its pair is free (the all-reduce's sends are
+    taken)."""
+    if gb <= 0:
+        return at
+    got = at.copy()
+    d = obj.num_replicas
+    for i in range(d):
+        for k in range(d):
+            if k == i:
+                continue
+            a, b = sigma[i], sigma[k]  # [stage]: sender, receiver
+            if access is None:
+                got[k] = np.maximum(got[k], at[i] + obj.delay_s[a, b] + gb * obj.s_per_gb[a, b])
+                continue
+            start = np.maximum(at[i], access.up_free[i])
+            access.up_free[i] = np.where(obj.has_up[a], start + gb * obj.up_s_per_gb[a], -np.inf)
+            first = start + obj.delay_s[a, b]
+            through = np.maximum(first, access.down_free[k]) + gb * obj.down_s_per_gb[b]
+            access.down_free[k] = np.where(obj.has_down[b], through, -np.inf)
+            got[k] = np.maximum(got[k], np.maximum(first + gb * obj.send_s_per_gb[a, b], access.down_free[k]))
+    return got
 
 
 def _fifo(hand_over: np.ndarray, service_s: np.ndarray, free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -38,6 +38,21 @@ def test_a_devices_shards_share_its_uplink():
     assert shared.simulate(sigma, steps=2).step_s[0] == pytest.approx(0.42)
 
 
+def test_the_sum_checks_two_rounds_follow_the_all_reduce():
+    # as above, with the sum check's commit and sketch (0.1 GB each, to every other member in rank order) after
+    # the all-reduce. Per link each round is one message: 0.22 + 2 × 0.11. Behind the uplinks: member 0 is
+    # done at 0.41 (its uplink free at 0.4), 1 and 2 at 0.42 (theirs at 0.41). Commits: 0 → 1 at 0.52, → 2
+    # at 0.62; 1 → 0 at 0.53, → 2 at 0.63; 2 → 0 at 0.53, → 1 at 0.63: 0 has them at 0.53, 1 and 2 at 0.63.
+    # Sketches: 0 (uplink free at 0.61) → 1 at 0.72, → 2 at 0.82; 1 and 2 → 0 at 0.74, to the other at 0.84
+    sigma = np.array([[0], [1], [2]])
+    check = {"verify_gb": (0.1, 0.1)}
+    per_link = _objective(_uniform(3, 10.0, 8.0), stages=1, gradient_gb=0.3, **check)
+    assert per_link.simulate(sigma, steps=2).step_s[0] == pytest.approx(0.44)
+    shared = _objective(_uniform(3, 10.0, 8.0, uplink=[8.0] * 3), stages=1, gradient_gb=0.3, **check)
+    assert shared.simulate(sigma, steps=2).step_s[0] == pytest.approx(0.84)
+    assert shared.evaluate(sigma).cost_s <= shared.combine([shared.group_terms(np.arange(3)).max()], []).cost_s
+
+
 def test_a_receivers_downlink_is_shared_by_its_senders():
     # device 0 alone has a downlink (8 Gbit/s). Reduce-scatter: 1 → 0 and 2 → 0 both come in from 0.01 on;
     # the downlink takes 1's by 0.11, then 2's by 0.21 (0 has its shard then; 1 and 2 theirs at 0.11).
