@@ -20,9 +20,11 @@ What one step does, on the device holding stage j of pipeline i (M micro-batches
    step U_j; then the step ends once every send of the step was taken. (The check's CPU, signing and
    sketching, is not priced: about 0.1 s a step on 4 agents sharing 2 cores.)
 With DiLoCo (``sync_every`` H > 1, ``model.outer``) step 3 happens once a round: the all-reduce of the
-pseudo-gradients after every H-th step, none after the others. The prediction is the period of steps without
-it plus 1/H of what it adds to a step that has it (both simulated); the closed form divides the groups'
-all-reduce term by H.
+pseudo-gradients after every H-th step, none after the others, and where the runtime runs it
+(``executor._outer_step``): after the clip's exchange (step 4) and the update, every bucket at once, so a
+later stage's all-reduce does not overlap the backward passes of the stages before it (with clipping it
+starts when stage 0's norm is in). The prediction is the period of steps without it plus 1/H of what it adds
+to a step that has it (both simulated); the closed form divides the groups' all-reduce term by H.
 
 With ``sync_overlap`` (``[train.diloco] overlap``) the round's all-reduce runs streamed during the next
 round's first τ steps instead (``overlap_steps``, at most H): each of them is priced as the longer of the
@@ -492,8 +494,8 @@ class SimulatedObjective:
         if self.profile.sync_overlap:
             # the τ steps that carry the round's all-reduce are this much longer, so is the round
             extra = self.profile.streamed_steps * max(0.0, self.streamed_floor_s(sigma) - local.predicted_s)
-        else:
-            synced = _simulate(self, sigma, steps or self.profile.steps)
+        else:  # the round's end: its all-reduce after the clip and the update
+            synced = _simulate(self, sigma, steps or self.profile.steps, round_end=True)
             extra = max(0.0, synced.predicted_s - local.predicted_s)
         return dataclasses.replace(local, data_parallel_s=local.data_parallel_s + extra / h, sync_every=h,
                                    sync_extra_s=extra)
@@ -583,7 +585,11 @@ def _slowdown(cluster: Cluster, reference_tflops: float | None) -> np.ndarray:
     return np.array([reference_tflops / d.tflops if d.tflops else 1.0 for d in cluster.devices])
 
 
-def _simulate(obj: SimulatedObjective, sigma: np.ndarray, steps: int, all_reduce: bool = True) -> SimulatedSteps:
+def _simulate(obj: SimulatedObjective, sigma: np.ndarray, steps: int, all_reduce: bool = True,
+              round_end: bool = False) -> SimulatedSteps:
+    """``steps`` steps of ``sigma``; ``all_reduce``: with the groups' all-reduce, during and after the last
+    backward pass as every-step sync runs it, or with ``round_end`` as a DiLoCo round's end runs it
+    (``executor._outer_step``): after the clip's exchange and the update, every bucket at once."""
     d, s, m = obj.num_replicas, obj.num_stages, obj.micro_batches
     a, b = sigma[:, :-1], sigma[:, 1:]  # pipeline i's hop h: a[i, h] → b[i, h]
     lat_f, ser_f = obj.delay_s[a, b], obj.activation_gb * obj.send_s_per_gb[a, b]
@@ -602,7 +608,8 @@ def _simulate(obj: SimulatedObjective, sigma: np.ndarray, steps: int, all_reduce
     free_b = np.full((d, s - 1), -np.inf)
     free_g = np.full((s, d, d), -np.inf)
     access = _Access(obj, sigma, free_f, free_b, free_g) if obj.access else None
-    shared_all_reduce = access is not None and d > 1 and all_reduce  # each stage's, once its last backward is done
+    in_step = d > 1 and all_reduce and not round_end  # every-step sync: the all-reduce in the step
+    shared_all_reduce = access is not None and in_step  # each stage's, once its last backward is done
     start = np.zeros((d, s))
     step_s: list[float] = []
     completed = pipeline_s = 0.0
@@ -644,10 +651,10 @@ def _simulate(obj: SimulatedObjective, sigma: np.ndarray, steps: int, all_reduce
         backward_done = busy.T  # [j, i]
         if not shared_all_reduce:
             all_reduced = backward_done
-        if d > 1 and all_reduce and access is None:
+        if in_step and access is None:
             all_reduced, free_g = _all_reduce(obj, last_start.T, bwd.T, backward_done, free_g, ser_g, lat_g)
         reduced = all_reduced.T  # [i, j]
-        if d > 1 and all_reduce:  # the sum check's two rounds (step 3), each waiting for the other members'
+        if in_step:  # the sum check's two rounds (step 3), each waiting for the other members'
             for gb in obj.profile.verify_gb:
                 reduced = _group_exchange(obj, sigma, reduced, gb, access)
         if obj.profile.clip and s > 1:  # every other stage's norm (the diagonal's delay is 0: its own)
@@ -658,6 +665,14 @@ def _simulate(obj: SimulatedObjective, sigma: np.ndarray, steps: int, all_reduce
                 others = np.where(np.eye(s, dtype=bool), -np.inf, delay)
                 reduced = np.maximum(reduced, (np.maximum(reduced, access.up_free)[:, :, None] + others).max(axis=1))
         end = np.maximum(reduced + upd, sent)
+        if d > 1 and all_reduce and round_end:  # DiLoCo: the pseudo-gradients once the update is done
+            updated = reduced + upd
+            if access is None:
+                done, free_g = _all_reduce(obj, last_start.T, bwd.T, updated.T, free_g, ser_g, lat_g, overlap=False)
+            else:
+                done = np.stack([access.all_reduce(j, last_start[:, j], bwd[:, j], updated[:, j], round_end=True)[0]
+                                 for j in range(s)])
+            end = np.maximum(done.T, sent)
         crit = np.unravel_index(int(np.argmax(end)), end.shape)  # the device that ends the step last
         pipeline_s = float(busy[crit] - start[crit])
         step_s.append(float(end[crit]) - completed)
@@ -742,8 +757,8 @@ class _Access:
         down[:, j_to] = np.where(obj.has_down[b], through, -np.inf)
         return np.maximum(last, down[:, j_to])
 
-    def all_reduce(self, j: int, last_start: np.ndarray, bwd: np.ndarray, backward_done: np.ndarray
-                   ) -> tuple[np.ndarray, np.ndarray | None]:
+    def all_reduce(self, j: int, last_start: np.ndarray, bwd: np.ndarray, backward_done: np.ndarray,
+                   round_end: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
         """Stage j's all-reduce ([pipeline] of its members) over the access links, its last backward pass's
         gradient to stage j − 1 queued among the shards on each uplink: when each member has its gradients
         reduced and its shards taken, and when that gradient is delivered (None at stage 0).
@@ -756,12 +771,13 @@ class _Access:
         hand-over depends on other members' deliveries: iterated from the buckets' readiness to a fixed point
         (``ALL_REDUCE_ROUNDS`` at most, as ``_all_reduce``); a pair slower than its sender's uplink holds the
         uplink's next messages (FIFO), found by iterating the pair FIFOs and the uplink to a fixed point
-        (exact after as many rounds as a member sends messages; usually two)."""
+        (exact after as many rounds as a member sends messages; usually two). ``round_end``: a DiLoCo round's
+        all-reduce, every bucket at ``backward_done`` (the update's end), no gradient among them."""
         obj, sigma = self.obj, self.sigma
         d, k_all = obj.num_replicas, obj.buckets
         me = sigma[:, j]
         valid = obj.bucket_share[j] > 0  # [k]
-        if obj.overlap and j == 0:  # later stages hold their buckets until the input's gradient is handed over
+        if obj.overlap and j == 0 and not round_end:  # later stages hold their buckets until the gradient is sent
             ready = last_start[:, None] + obj.bucket_ready[j][None, :] * bwd[:, None]  # [i, k]
         else:
             ready = np.repeat(backward_done[:, None], k_all, axis=1)
@@ -774,8 +790,9 @@ class _Access:
         down_s = np.where(sent, gb * obj.down_s_per_gb[me][None, :, None], 0.0)  # at the receiver r
         pair_free = self.free_g[j]  # [i, r]
         has_up = obj.has_up[me]
-        # the gradient to stage j − 1 leads each member's queue (column 0); a padding message at stage 0
-        tail = j > 0
+        # the gradient to stage j − 1 leads each member's queue (column 0); a padding message at stage 0 (and at
+        # a round's end)
+        tail = j > 0 and not round_end
         prev = sigma[:, j - 1] if tail else me
         tail_gb = obj.activation_grad_gb if tail else 0.0
         tail_pair = tail_gb * obj.send_s_per_gb[me, prev]
@@ -869,7 +886,8 @@ class _Access:
 
 
 def _all_reduce(obj: SimulatedObjective, last_start: np.ndarray, bwd: np.ndarray, backward_done: np.ndarray,
-                free_g: np.ndarray, ser_g: np.ndarray, lat_g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                free_g: np.ndarray, ser_g: np.ndarray, lat_g: np.ndarray, overlap: bool = True
+                ) -> tuple[np.ndarray, np.ndarray]:
     """When each stage's member ([j, i]) has its gradients all-reduced and its own sends taken, and the links'
     free times after. Per bucket, each member sends the bucket's shard to its owner (reduce-scatter) and the
     owner, once it has every shard, the reduced shard to every member (all-gather). Without overlap one
@@ -879,11 +897,12 @@ def _all_reduce(obj: SimulatedObjective, last_start: np.ndarray, bwd: np.ndarray
     by hand-over time, as the runtime's few buckets in flight hand them over): an all-gather's hand-over
     depends on other links' reduce-scatters, so the order is found by iterating to a fixed point from the
     reduce-scatters alone (``ALL_REDUCE_ROUNDS`` at most; one bucket settles in two). A stage with fewer buckets
-    than another has padding buckets: never ready, nothing sent."""
+    than another has padding buckets: never ready, nothing sent. ``overlap`` False: every bucket at
+    ``backward_done`` whatever the profile (a DiLoCo round's end)."""
     k_all = obj.buckets
     off = ~np.eye(obj.num_replicas, dtype=bool)[None, :, :, None]
     valid = obj.bucket_share > 0  # [j, k]
-    if obj.overlap:
+    if obj.overlap and overlap:
         ready = last_start[..., None] + obj.bucket_ready[:, None, :] * bwd[..., None]  # [j, i, k]
         ready[1:] = np.maximum(ready[1:], backward_done[1:, :, None])  # held until the input's gradient is sent
     else:
