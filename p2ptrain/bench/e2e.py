@@ -96,6 +96,9 @@ TARGET_STEP_S = 3.0  # emulated seconds of communication Megatron's order takes,
 # publishes its plan, and on this machine beside other work each follower's check of it (the joint search again,
 # 8 agents on 2 cores) took 68-74 s, so the first step's messages timed out and the epoch was aborted
 CALL_TIMEOUT_S = 180.0
+# the leader's search budget, which the followers also allow it (the swarm's default is 60 s): there every agent
+# searches the first plan at once, and the leader's took 70 s of the 70 it was allowed, so it was passed over
+PLAN_BUDGET_S = 180.0
 DEFAULT_OUT = "benchmarks/results"
 DEFAULT_SETTING = "fp32/gpipe/overlap"
 WIRES, SCHEDULES = WIRE_FORMATS, ("gpipe", "1f1b")
@@ -205,6 +208,7 @@ def _swarm_config(config: E2EConfig, strategy: str, time_scale: float, compute_s
                        time_scale=time_scale, strategy=strategy, objective="simulated", model=config.model,
                        micro_batches=config.micro_batches, seed=config.seed, workdir=workdir, wire=wire,
                        schedule=schedule, overlap=overlap, compute_scale=compute_scale, call_timeout_s=CALL_TIMEOUT_S,
+                       plan_budget_s=PLAN_BUDGET_S,
                        sync="diloco" if h > 1 else "every-step",
                        diloco=DiLoCoConfig(inner_steps=h, overlap=streamed(setting)))  # fmt: skip
 
