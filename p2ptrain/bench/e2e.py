@@ -92,6 +92,13 @@ PLANS = ("scheduled", "communication_only", "megatron", "random")  # in the tabl
 PAPER_PLANS = ("scheduled", "megatron", "random")  # the default on the paper's networks
 MIXED_PLANS = ("scheduled", "communication_only", "megatron")  # the default on mixed GPUs
 TARGET_STEP_S = 3.0  # emulated seconds of communication Megatron's order takes, when no time scale is given
+# every message's deadline in the swarms (the swarm's default is 60 s): the leader starts training as soon as it
+# publishes its plan, and on this machine beside other work each follower's check of it (the joint search again,
+# 8 agents on 2 cores) took 68-74 s, so the first step's messages timed out and the epoch was aborted
+CALL_TIMEOUT_S = 180.0
+# the leader's search budget, which the followers also allow it (the swarm's default is 60 s): there every agent
+# searches the first plan at once, and the leader's took 70 s of the 70 it was allowed, so it was passed over
+PLAN_BUDGET_S = 180.0
 DEFAULT_OUT = "benchmarks/results"
 DEFAULT_SETTING = "fp32/gpipe/overlap"
 WIRES, SCHEDULES = WIRE_FORMATS, ("gpipe", "1f1b")
@@ -212,8 +219,8 @@ def _swarm_config(config: E2EConfig, strategy: str, time_scale: float, compute_s
     return SwarmConfig(agents=config.agents, stages=config.stages, steps=config.steps, scenario=config.scenario,
                        time_scale=time_scale, strategy=strategy, objective="simulated", model=config.model,
                        micro_batches=config.micro_batches, seed=config.seed, workdir=workdir, wire=wire,
-                       schedule=schedule, overlap=overlap, compute_scale=compute_scale,
-                       sync="diloco" if h > 1 else "every-step", verify=verified(setting),
+                       schedule=schedule, overlap=overlap, compute_scale=compute_scale, call_timeout_s=CALL_TIMEOUT_S,
+                       plan_budget_s=PLAN_BUDGET_S, sync="diloco" if h > 1 else "every-step", verify=verified(setting),
                        diloco=DiLoCoConfig(inner_steps=h, overlap=streamed(setting)))  # fmt: skip
 
 

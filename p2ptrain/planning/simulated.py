@@ -14,12 +14,17 @@ What one step does, on the device holding stage j of pipeline i (M micro-batches
    loss), compute B_j, send the input's gradient to stage j−1 without waiting;
 3. all-reduce of the stage's g_j GB of gradients in its group of D: send the 1/D shard that member k owns
    to every member k (all at once, one message per link), wait for the D−1 shards of ours, add, send the
-   reduced shard to every member, wait for theirs and for our own sends to be taken; then the optimizer
-   step U_j; then the step ends once every send of the step was taken.
+   reduced shard to every member, wait for theirs and for our own sends to be taken; with the sum check
+   (``verify_gb``, ``verify.group``: every step, with replicas) two more rounds in the group, each a message
+   to every other member (a signed commit, then the sketches) and a wait for theirs; then the optimizer
+   step U_j; then the step ends once every send of the step was taken. (The check's CPU, signing and
+   sketching, is not priced: about 0.1 s a step on 4 agents sharing 2 cores.)
 With DiLoCo (``sync_every`` H > 1, ``model.outer``) step 3 happens once a round: the all-reduce of the
-pseudo-gradients after every H-th step, none after the others. The prediction is the period of steps without
-it plus 1/H of what it adds to a step that has it (both simulated); the closed form divides the groups'
-all-reduce term by H.
+pseudo-gradients after every H-th step, none after the others, and where the runtime runs it
+(``executor._outer_step``): after the clip's exchange (step 4) and the update, every bucket at once, so a
+later stage's all-reduce does not overlap the backward passes of the stages before it (with clipping it
+starts when stage 0's norm is in). The prediction is the period of steps without it plus 1/H of what it adds
+to a step that has it (both simulated); the closed form divides the groups' all-reduce term by H.
 
 With ``sync_overlap`` (``[train.diloco] overlap``) the round's all-reduce runs streamed during the next
 round's first τ steps instead (``overlap_steps``, at most H): each of them is priced as the longer of the
@@ -41,7 +46,9 @@ of the bytes over its own τ steps: the round's bytes spread over τ · F steps 
 The run's settings (``StepProfile``, ``wire_model``): the wire format scales what each kind of message
 carries (activations, their gradients, the all-reduce's shards); steps 1 and 2 run in the schedule's order
 (``gpipe`` as above; ``1f1b`` interleaves them, each stage in its own order, ``wire_model.step_order``);
-with overlap, step 3 runs bucket by bucket, each bucket starting once the last backward pass produced it.
+with overlap, step 3 runs bucket by bucket, each bucket of stage 0 starting once the last backward pass
+produced it; a later stage's buckets start once that pass is done and its input's gradient is handed over
+(``runtime.buckets`` holds them: that gradient is what the stage before waits for).
 
 Codecs (``StepProfile.encode_s_per_gb``/``decode_s_per_gb``, which the calibration measures for the run's
 wire): the CPU time of turning tensors into messages and back, which the wire's bytes do not show (int2's
@@ -90,8 +97,7 @@ Each queue serves its messages in the order the simulation hands them over, whic
 except where noted: within a step, the pipeline's messages in the step's order (``step_order``: each
 device's own sends in its own order, so its uplink is exact), then each stage's all-reduce as soon as the
 stage's last backward pass is done, its shards and that pass's gradient to the stage before (handed over
-after the buckets the pass made, with overlap, and so queued behind them on the uplink) in hand-over order
-on every uplink and arrival order on every downlink (a fixed point, as without access links). A downlink
+before the stage's buckets, which wait for it, so first on the uplink) in hand-over order on every uplink and arrival order on every downlink (a fixed point, as without access links). A downlink
 serves the messages of a step's pipeline before the all-reduce's, and a step's before the next step's:
 where a faster pipeline's shard reaches a device still receiving its own pipeline's gradients, or a
 neighbour's next activations reach a device still in its all-reduce, the real queue would interleave them
@@ -198,6 +204,10 @@ class StepProfile:
     encode and to decode one GB of each kind's volume as the workload counts it (before the wire), for
     activations, their gradients and data-parallel gradients (whose encode is error feedback's: encode,
     decode and residual); 0 for fp32, whose cost is ``message_s``'s.
+
+    ``verify_gb``: the sum check's two messages (a commit, then a sketch statement), GB each, that every member
+    of a group sends every other member after the step's all-reduce (``runtime.calibration.verify_volumes``);
+    (0, 0) where no check runs.
     """
 
     micro_batches: int = 1
@@ -220,6 +230,7 @@ class StepProfile:
     fragments: int = 1  # ... in this many fragments, staggered (``DiLoCoConfig.fragments``; module docstring)
     encode_s_per_gb: tuple[float, float, float] = (0.0, 0.0, 0.0)  # activations, their gradients, DP gradients
     decode_s_per_gb: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    verify_gb: tuple[float, float] = (0.0, 0.0)  # the sum check's commit and sketch messages (step 3); 0: none
 
     def __post_init__(self) -> None:
         if isinstance(self.micro_batches, bool) or not isinstance(self.micro_batches, int) or self.micro_batches < 1:
@@ -251,6 +262,10 @@ class StepProfile:
             if len(costs) != 3 or not all(_is_seconds(v) for v in costs):
                 raise ValueError(f"step profile: {name} must be three non-negative numbers, got {costs!r}")
             object.__setattr__(self, name, tuple(float(v) for v in costs))
+        volumes = tuple(self.verify_gb)
+        if len(volumes) != 2 or not all(_is_seconds(v) for v in volumes):
+            raise ValueError(f"step profile: verify_gb must be two non-negative numbers, got {volumes!r}")
+        object.__setattr__(self, "verify_gb", tuple(float(v) for v in volumes))
         if isinstance(self.sync_every, bool) or not isinstance(self.sync_every, int) or self.sync_every < 1:
             raise ValueError(f"step profile: sync_every must be a positive integer, got {self.sync_every!r}")
         if isinstance(self.fragments, bool) or not isinstance(self.fragments, int) or self.fragments < 1:
@@ -395,6 +410,9 @@ class SimulatedObjective:
                            + self.codec_before_backward_s + self.codec_after_backward_s)
         self._update_s = self.update_s * worst
         self._clip_s = float(self.delay_s.max()) if profile.clip and s > 1 else 0.0
+        # the sum check's rounds (every step only): each a message from every other member, behind each other
+        self._verify_s = sum(float((self.delay_s + gb * (d - 1) * alone).max()) for gb in profile.verify_gb
+                             if gb > 0 and d > 1)  # fmt: skip
         links = hop[~np.eye(n, dtype=bool)]
         self._tau = MATCHING_SOFTNESS * (float(np.median(links)) if links.size else 1.0) or 1.0
 
@@ -415,7 +433,7 @@ class SimulatedObjective:
             step = max(local, max(float(g) for g in group_values) / self.profile.streamed_steps)
             return CostBreakdown(cost_s=step, data_parallel_s=step - pipeline, pipeline_s=pipeline)
         data_parallel = max(float(g) / h + float(u) for g, u in zip(group_values, self._update_s, strict=True))
-        data_parallel += self.profile.boundary_s + self._clip_s
+        data_parallel += self.profile.boundary_s + self._clip_s + self._verify_s
         return CostBreakdown(cost_s=pipeline + data_parallel, data_parallel_s=data_parallel, pipeline_s=pipeline)
 
     # -- the stage order, under the exact simulation ---------------------------------------------------------
@@ -482,8 +500,8 @@ class SimulatedObjective:
         if self.profile.sync_overlap:
             # the τ steps that carry the round's all-reduce are this much longer, so is the round
             extra = self.profile.streamed_steps * max(0.0, self.streamed_floor_s(sigma) - local.predicted_s)
-        else:
-            synced = _simulate(self, sigma, steps or self.profile.steps)
+        else:  # the round's end: its all-reduce after the clip and the update
+            synced = _simulate(self, sigma, steps or self.profile.steps, round_end=True)
             extra = max(0.0, synced.predicted_s - local.predicted_s)
         return dataclasses.replace(local, data_parallel_s=local.data_parallel_s + extra / h, sync_every=h,
                                    sync_extra_s=extra)
@@ -573,7 +591,11 @@ def _slowdown(cluster: Cluster, reference_tflops: float | None) -> np.ndarray:
     return np.array([reference_tflops / d.tflops if d.tflops else 1.0 for d in cluster.devices])
 
 
-def _simulate(obj: SimulatedObjective, sigma: np.ndarray, steps: int, all_reduce: bool = True) -> SimulatedSteps:
+def _simulate(obj: SimulatedObjective, sigma: np.ndarray, steps: int, all_reduce: bool = True,
+              round_end: bool = False) -> SimulatedSteps:
+    """``steps`` steps of ``sigma``; ``all_reduce``: with the groups' all-reduce, during and after the last
+    backward pass as every-step sync runs it, or with ``round_end`` as a DiLoCo round's end runs it
+    (``executor._outer_step``): after the clip's exchange and the update, every bucket at once."""
     d, s, m = obj.num_replicas, obj.num_stages, obj.micro_batches
     a, b = sigma[:, :-1], sigma[:, 1:]  # pipeline i's hop h: a[i, h] → b[i, h]
     lat_f, ser_f = obj.delay_s[a, b], obj.activation_gb * obj.send_s_per_gb[a, b]
@@ -592,7 +614,8 @@ def _simulate(obj: SimulatedObjective, sigma: np.ndarray, steps: int, all_reduce
     free_b = np.full((d, s - 1), -np.inf)
     free_g = np.full((s, d, d), -np.inf)
     access = _Access(obj, sigma, free_f, free_b, free_g) if obj.access else None
-    shared_all_reduce = access is not None and d > 1 and all_reduce  # each stage's, once its last backward is done
+    in_step = d > 1 and all_reduce and not round_end  # every-step sync: the all-reduce in the step
+    shared_all_reduce = access is not None and in_step  # each stage's, once its last backward is done
     start = np.zeros((d, s))
     step_s: list[float] = []
     completed = pipeline_s = 0.0
@@ -634,9 +657,12 @@ def _simulate(obj: SimulatedObjective, sigma: np.ndarray, steps: int, all_reduce
         backward_done = busy.T  # [j, i]
         if not shared_all_reduce:
             all_reduced = backward_done
-        if d > 1 and all_reduce and access is None:
+        if in_step and access is None:
             all_reduced, free_g = _all_reduce(obj, last_start.T, bwd.T, backward_done, free_g, ser_g, lat_g)
         reduced = all_reduced.T  # [i, j]
+        if in_step:  # the sum check's two rounds (step 3), each waiting for the other members'
+            for gb in obj.profile.verify_gb:
+                reduced = _group_exchange(obj, sigma, reduced, gb, access)
         if obj.profile.clip and s > 1:  # every other stage's norm (the diagonal's delay is 0: its own)
             delay = obj.delay_s[sigma[:, :, None], sigma[:, None, :]]
             if access is None:
@@ -645,6 +671,14 @@ def _simulate(obj: SimulatedObjective, sigma: np.ndarray, steps: int, all_reduce
                 others = np.where(np.eye(s, dtype=bool), -np.inf, delay)
                 reduced = np.maximum(reduced, (np.maximum(reduced, access.up_free)[:, :, None] + others).max(axis=1))
         end = np.maximum(reduced + upd, sent)
+        if d > 1 and all_reduce and round_end:  # DiLoCo: the pseudo-gradients once the update is done
+            updated = reduced + upd
+            if access is None:
+                done, free_g = _all_reduce(obj, last_start.T, bwd.T, updated.T, free_g, ser_g, lat_g, overlap=False)
+            else:
+                done = np.stack([access.all_reduce(j, last_start[:, j], bwd[:, j], updated[:, j], round_end=True)[0]
+                                 for j in range(s)])
+            end = np.maximum(done.T, sent)
         crit = np.unravel_index(int(np.argmax(end)), end.shape)  # the device that ends the step last
         pipeline_s = float(busy[crit] - start[crit])
         step_s.append(float(end[crit]) - completed)
@@ -652,6 +686,34 @@ def _simulate(obj: SimulatedObjective, sigma: np.ndarray, steps: int, all_reduce
         start = end + obj.profile.boundary_s
     predicted = step_period(step_s[1:])  # ``SimulatedSteps.predicted_s``
     return SimulatedSteps(step_s=tuple(step_s), pipeline_s=pipeline_s, data_parallel_s=predicted - pipeline_s)
+
+
+def _group_exchange(obj: SimulatedObjective, sigma: np.ndarray, at: np.ndarray, gb: float,
+                    access: _Access | None) -> np.ndarray:
+    """Every member of every stage's group ([pipeline, stage] ``at``) sends each other member one message of
+    ``gb`` GB, in rank order (``verify.group``), and waits for theirs: when each has them all. Over access
+    links a message waits for its sender's uplink and then the receiver's downlink (served in the order the
+    senders are taken: exact with two replicas); without, its pair is free (the all-reduce's sends are
+    taken)."""
+    if gb <= 0:
+        return at
+    got = at.copy()
+    d = obj.num_replicas
+    for i in range(d):
+        for k in range(d):
+            if k == i:
+                continue
+            a, b = sigma[i], sigma[k]  # [stage]: sender, receiver
+            if access is None:
+                got[k] = np.maximum(got[k], at[i] + obj.delay_s[a, b] + gb * obj.s_per_gb[a, b])
+                continue
+            start = np.maximum(at[i], access.up_free[i])
+            access.up_free[i] = np.where(obj.has_up[a], start + gb * obj.up_s_per_gb[a], -np.inf)
+            first = start + obj.delay_s[a, b]
+            through = np.maximum(first, access.down_free[k]) + gb * obj.down_s_per_gb[b]
+            access.down_free[k] = np.where(obj.has_down[b], through, -np.inf)
+            got[k] = np.maximum(got[k], np.maximum(first + gb * obj.send_s_per_gb[a, b], access.down_free[k]))
+    return got
 
 
 def _fifo(hand_over: np.ndarray, service_s: np.ndarray, free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -701,25 +763,27 @@ class _Access:
         down[:, j_to] = np.where(obj.has_down[b], through, -np.inf)
         return np.maximum(last, down[:, j_to])
 
-    def all_reduce(self, j: int, last_start: np.ndarray, bwd: np.ndarray, backward_done: np.ndarray
-                   ) -> tuple[np.ndarray, np.ndarray | None]:
+    def all_reduce(self, j: int, last_start: np.ndarray, bwd: np.ndarray, backward_done: np.ndarray,
+                   round_end: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
         """Stage j's all-reduce ([pipeline] of its members) over the access links, its last backward pass's
         gradient to stage j − 1 queued among the shards on each uplink: when each member has its gradients
         reduced and its shards taken, and when that gradient is delivered (None at stage 0).
 
         Each member's messages are its gradient (handed over when the pass is done), a reduce-scatter shard
-        of each bucket to every other member (when the bucket is ready) and an all-gather shard to each (when
+        of each bucket to every other member (when the bucket is ready: after the gradient at stages after 0)
+        and an all-gather shard to each (when
         it has every shard of the bucket it owns). Its uplink serves them in hand-over order, each also
         waiting for its pair's FIFO; each downlink in the order their first bytes come. The all-gather's
         hand-over depends on other members' deliveries: iterated from the buckets' readiness to a fixed point
         (``ALL_REDUCE_ROUNDS`` at most, as ``_all_reduce``); a pair slower than its sender's uplink holds the
         uplink's next messages (FIFO), found by iterating the pair FIFOs and the uplink to a fixed point
-        (exact after as many rounds as a member sends messages; usually two)."""
+        (exact after as many rounds as a member sends messages; usually two). ``round_end``: a DiLoCo round's
+        all-reduce, every bucket at ``backward_done`` (the update's end), no gradient among them."""
         obj, sigma = self.obj, self.sigma
         d, k_all = obj.num_replicas, obj.buckets
         me = sigma[:, j]
         valid = obj.bucket_share[j] > 0  # [k]
-        if obj.overlap:
+        if obj.overlap and j == 0 and not round_end:  # later stages hold their buckets until the gradient is sent
             ready = last_start[:, None] + obj.bucket_ready[j][None, :] * bwd[:, None]  # [i, k]
         else:
             ready = np.repeat(backward_done[:, None], k_all, axis=1)
@@ -732,8 +796,9 @@ class _Access:
         down_s = np.where(sent, gb * obj.down_s_per_gb[me][None, :, None], 0.0)  # at the receiver r
         pair_free = self.free_g[j]  # [i, r]
         has_up = obj.has_up[me]
-        # the gradient to stage j − 1 leads each member's queue (column 0); a padding message at stage 0
-        tail = j > 0
+        # the gradient to stage j − 1 leads each member's queue (column 0); a padding message at stage 0 (and at
+        # a round's end)
+        tail = j > 0 and not round_end
         prev = sigma[:, j - 1] if tail else me
         tail_gb = obj.activation_grad_gb if tail else 0.0
         tail_pair = tail_gb * obj.send_s_per_gb[me, prev]
@@ -827,22 +892,25 @@ class _Access:
 
 
 def _all_reduce(obj: SimulatedObjective, last_start: np.ndarray, bwd: np.ndarray, backward_done: np.ndarray,
-                free_g: np.ndarray, ser_g: np.ndarray, lat_g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                free_g: np.ndarray, ser_g: np.ndarray, lat_g: np.ndarray, overlap: bool = True
+                ) -> tuple[np.ndarray, np.ndarray]:
     """When each stage's member ([j, i]) has its gradients all-reduced and its own sends taken, and the links'
     free times after. Per bucket, each member sends the bucket's shard to its owner (reduce-scatter) and the
     owner, once it has every shard, the reduced shard to every member (all-gather). Without overlap one
-    bucket starts when the backward pass is done; with it each bucket starts when the last backward pass has
-    produced it (``bucket_shares``: full buckets first, the remainder last, the gradients made evenly through
+    bucket starts when the backward pass is done; with it each bucket of stage 0 starts when the last backward
+    pass has produced it, a later stage's when the pass is done (``bucket_shares``: full buckets first, the remainder last, the gradients made evenly through
     the pass). Each link serves its messages first come, first served (FIFO
     by hand-over time, as the runtime's few buckets in flight hand them over): an all-gather's hand-over
     depends on other links' reduce-scatters, so the order is found by iterating to a fixed point from the
     reduce-scatters alone (``ALL_REDUCE_ROUNDS`` at most; one bucket settles in two). A stage with fewer buckets
-    than another has padding buckets: never ready, nothing sent."""
+    than another has padding buckets: never ready, nothing sent. ``overlap`` False: every bucket at
+    ``backward_done`` whatever the profile (a DiLoCo round's end)."""
     k_all = obj.buckets
     off = ~np.eye(obj.num_replicas, dtype=bool)[None, :, :, None]
     valid = obj.bucket_share > 0  # [j, k]
-    if obj.overlap:
+    if obj.overlap and overlap:
         ready = last_start[..., None] + obj.bucket_ready[:, None, :] * bwd[..., None]  # [j, i, k]
+        ready[1:] = np.maximum(ready[1:], backward_done[1:, :, None])  # held until the input's gradient is sent
     else:
         ready = np.repeat(backward_done[..., None], k_all, axis=-1)
     ready = np.where(valid[:, None, :], ready, -np.inf)

@@ -66,9 +66,13 @@ from p2ptrain.planning.model_shapes import ModelShape
 from p2ptrain.planning.simulated import StepProfile, StepWorkload
 from p2ptrain.planning.workload import GB, Workload
 from p2ptrain.runtime.allreduce import flatten, unflatten_into
+from p2ptrain.runtime.buckets import plan_buckets
 from p2ptrain.runtime.compute_speed import NO_PACING, ComputePacer
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.wire import Codec, ErrorFeedback, wire_format
+from p2ptrain.verify import statement
+from p2ptrain.verify.attest import commit_bytes, sketch_bytes
+from p2ptrain.verify.config import VerifyConfig
 
 logger = logging.getLogger(__name__)
 
@@ -247,14 +251,17 @@ def step_profile(
     time_scale: float = 1.0,
     size_factor: float = 1.0,
     steps: int | None = None,
+    verify: VerifyConfig | None = None,
 ) -> StepProfile:
     """The step profile of a plan of ``num_stages`` × ``num_replicas`` (module docstring), in the network's
     units. Without measurements, compute and message overhead are zero (communication only).
-    ``boundary_s``: what an agent does between two steps (real seconds; the leader times its own polls)."""
+    ``boundary_s``: what an agent does between two steps (real seconds; the leader times its own polls);
+    ``verify``: the run's sum check, whose messages a step waits for (``verify_volumes``)."""
     shape, m = train.shape, train.micro_batches
     params = stage_parameters(shape, num_stages)
     grads = [(p + (1 if j == num_stages - 1 else 0)) * FP32_BYTES / GB / size_factor for j, p in enumerate(params)]
-    extra = run_settings(train, size_factor) | ({} if steps is None else {"steps": steps})
+    extra = (run_settings(train, size_factor) | verify_volumes(verify, train, num_stages, num_replicas, size_factor)
+             | ({} if steps is None else {"steps": steps}))
     if not measurements:
         return StepProfile(micro_batches=m, gradient_gb=tuple(grads), boundary_s=boundary_s, **extra).scaled(
             1.0 / time_scale)
@@ -305,6 +312,25 @@ def run_settings(train: TrainConfig, size_factor: float = 1.0) -> dict[str, obje
             "overlap_steps": train.diloco.overlap_steps, "fragments": train.diloco.fragments}
 
 
+def verify_volumes(verify: VerifyConfig | None, train: TrainConfig, num_stages: int, num_replicas: int,
+                   size_factor: float = 1.0) -> dict[str, tuple[float, float]]:
+    """The sum check's messages (``verify.group``: after each step's all-reduce every member of a stage's group
+    sends every other member a signed ``commit`` statement, waits for theirs, then a ``sketch`` statement and
+    waits for theirs) as the ``StepProfile`` field ``verify_gb``, in the network's GB (bytes / size_factor:
+    the emulator shapes their real bytes as every message's). Their size grows with a stage's buckets: priced
+    at the largest stage's of an even split. Nothing where no check runs: ``[verify]`` off, DiLoCo, one
+    replica."""
+    if verify is None or not verify.enabled or train.sync == "diloco" or num_replicas < 2:
+        return {}
+    shape = train.shape
+    buckets = max(len(plan_buckets([p.numel() for p in build_stage(shape, j, num_stages, seed=0, device="meta")
+                                    .parameters() if p.requires_grad], train.bucket_elements))
+                  for j in range(num_stages))  # fmt: skip
+    sizes = (commit_bytes(buckets, num_replicas),
+             sketch_bytes(buckets, num_replicas, verify.sketch_rows, verify.running))
+    return {"verify_gb": tuple(statement.wire_size(b) / GB / size_factor for b in sizes)}
+
+
 def step_workload(workload: Workload, profile: StepProfile) -> StepWorkload:
     """``workload`` (c_PP, c_DP) carrying ``profile``, for ``make_objective("simulated", ...)``."""
     return StepWorkload(workload.activation_gb, workload.gradient_gb, workload.source, step=profile)
@@ -344,6 +370,7 @@ def layered_workload(
     time_scale: float = 1.0,
     size_factor: float = 1.0,
     steps: int | None = None,
+    verify: VerifyConfig | None = None,
 ) -> LayeredWorkload:
     """This run's workload priced per layer (``planning.joint``) from the trainers' own measurements:
     compute at the fastest device's speed (``measured_speed``; the others' are their devices' ``tflops``,
@@ -374,7 +401,10 @@ def layered_workload(
         gradient_gb=model.parameters.scaled(FP32_BYTES / GB / size_factor),
         memory_gb=model.memory_bytes.scaled(1 / GB),
     )
-    extra = run_settings(train, size_factor) | ({} if steps is None else {"steps": steps})
+    extra = (run_settings(train, size_factor)
+             | verify_volumes(verify, train, train.stages if train.stages != "auto" else 1, num_replicas,
+                              size_factor)  # the plan's S ("auto" is chosen before a plan is priced)
+             | ({} if steps is None else {"steps": steps}))
     step = StepProfile(micro_batches=m, message_s=statistics.median(c.message_s for c in measurements) / time_scale,
                        boundary_s=boundary_s / time_scale, reference_tflops=measured_speed(fastest), **extra,
                        **codec_costs(measurements, size_factor, time_scale))  # fmt: skip

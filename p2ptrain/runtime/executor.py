@@ -12,7 +12,8 @@ in flight):
   from stage j+1; all but stage 0 send the gradient of their input back to stage j−1;
 * the stage's gradients (and, on the last stage, the summed loss) are summed over the replica group with the
   sharded all-reduce, bucket by bucket (``buckets``): with ``overlap`` each bucket starts during the last
-  backward as soon as its gradients are final; then the optimizer steps. Every replica applies the same sum,
+  backward as soon as its gradients are final (on stages after 0, once the input's gradient of that backward
+  is handed to the link: it is what the stage before waits for); then the optimizer steps. Every replica applies the same sum,
   so replicas stay bit-identical;
 * with clipping (``clip`` > 0, ``model.clip``): the stage's squared gradient norm goes to every other stage
   of its pipeline (kind ``grad_norm``, one float32 each) and theirs come back; every peer adds the S
@@ -182,9 +183,12 @@ class StageExecutor:
                     self._forward(state, m, micro[m])
                     continue
                 backwards_left -= 1
-                if backwards_left == 0 and self.overlap and every_step:
-                    self.reducer.arm()  # this backward makes the gradients final
+                last = backwards_left == 0 and self.overlap and every_step
+                if last:  # this backward makes the gradients final; the input's gradient leaves before the buckets
+                    self.reducer.arm(hold=not role.is_first)
                 self._backward(state, m)
+                if last and not role.is_first:
+                    self.reducer.release()
             loss = self._all_reduce_and_step(role, topology, state)
         except BaseException:
             self.reducer.abandon()  # no hook of a later step may act for this one

@@ -48,6 +48,7 @@ class SwarmConfig:
     startup_timeout_s: float = 240.0  # from launch until every agent has its role
     step_timeout_s: float = 180.0  # longest wait for the next step
     call_timeout_s: float = 60.0
+    plan_budget_s: float = 60.0  # PlanConfig.time_budget_s: the leader's search, and what followers allow it
     probe: ProbeConfig | None = None  # default: LOOPBACK_PROBE or EMULATED_PROBE
     peer_ttl_s: float = 30.0  # a peer record's lifetime (refreshed every half); heartbeats notice the dead sooner
     kills: tuple[tuple[str, int], ...] = ()  # (agent index or "leader", step): SIGKILL it while that step runs

@@ -365,7 +365,8 @@ def _agent_toml(config: SwarmConfig, train: TrainConfig, run: str, maddrs: list[
         "train": {k: v for k, v in asdict(train).items() if v is not None and k != "replicas"},
         "membership": {"expect": config.agents, "poll_s": 0.5, "plan_timeout_s": config.startup_timeout_s,
                        "links_timeout_s": config.startup_timeout_s / 2, "finish_timeout_s": config.call_timeout_s},
-        "plan": {"strategy": config.strategy, "seed": config.seed, "objective": config.objective},
+        "plan": {"strategy": config.strategy, "seed": config.seed, "objective": config.objective,
+                 "time_budget_s": config.plan_budget_s},
         # agents on one machine share its loopback, no home's line: an emulated device publishes its network's
         "links": {"settle_s": 1.5 if cluster_path else 0.0, "round_pause_s": 0.5, "measure_access": False,
                   "min_rounds": 1, "probe": asdict(probe)},

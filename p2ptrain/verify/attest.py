@@ -39,6 +39,17 @@ def header_bytes(buckets: int) -> int:
     return 512 + 16 * buckets
 
 
+def commit_bytes(buckets: int, n: int) -> int:
+    """A ``commit`` statement's body: its header, then a 32-byte digest per bucket and message (``verify.group``)."""
+    return header_bytes(buckets) + 32 * n * buckets
+
+
+def sketch_bytes(buckets: int, n: int, rows: int, running: bool) -> int:
+    """A ``sketch`` statement's body: its header, then per bucket its float64s (and as many again for the
+    running sums)."""
+    return header_bytes(buckets) + 8 * buckets * _sketch_floats(n, rows) * (2 if running else 1)
+
+
 def _split(body: bytes) -> tuple[dict, bytes]:
     """A body's header (parsed) and the rest; ValueError (one line) for one that does not parse."""
     if len(body) < _HEADER_LENGTH.size:

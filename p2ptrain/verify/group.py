@@ -52,9 +52,10 @@ from p2ptrain.runtime.wire import Codec
 from p2ptrain.verify import statement
 from p2ptrain.verify.attest import (
     Attestation,
-    header_bytes,
+    commit_bytes,
     parse_sketch_body,
     said,
+    sketch_bytes,
     statement_header,
 )
 from p2ptrain.verify.bounds import error_bound
@@ -129,16 +130,16 @@ class GroupVerifier:
         body = statement_header("commit", self.run, self.epoch, self.step, self.stage, me, rank, n, numels, self.rows,
                        None) + b"".join(d for bucket in digests for d in bucket)  # fmt: skip
         blob = statement.sign(self.key, body)
-        commit_bytes = header_bytes(len(records)) + 32 * n * len(records)
+        commit_size = commit_bytes(len(records), n)
         for k in range(n):
             if k != rank:
-                sends.append(exchange.send(k, MessageKind.COMMIT, 0, statement.to_message(blob, commit_bytes)))
+                sends.append(exchange.send(k, MessageKind.COMMIT, 0, statement.to_message(blob, commit_size)))
         committed: dict[int, list[list[bytes]]] = {rank: digests}
         findings: list[Finding] = []
         for j in range(n):
             if j == rank:
                 continue
-            size = statement.wire_size(commit_bytes)
+            size = statement.wire_size(commit_size)
             received = exchange.recv(j, MessageKind.COMMIT, 0, (size,), torch.uint8)
             try:
                 committed[j] = self._open_commit(received, j, n, numels)
@@ -156,15 +157,16 @@ class GroupVerifier:
         body = statement_header("sketch", self.run, self.epoch, self.step, self.stage, me, rank, n, owned, self.rows,
                        seed, steps) + values  # fmt: skip
         blob = statement.sign(self.key, body)
-        sketch_bytes = len(body)  # the same for every member: the layout depends on the bucket count only
+        sketch_size = len(body)  # the same for every member: the layout depends on the bucket count only
+        assert sketch_size == sketch_bytes(len(records), n, self.rows, self.running)  # what the planner prices
         for k in range(n):
             if k != rank:
-                sends.append(exchange.send(k, MessageKind.SKETCH, 0, statement.to_message(blob, sketch_bytes)))
+                sends.append(exchange.send(k, MessageKind.SKETCH, 0, statement.to_message(blob, sketch_size)))
         # 4. check every other owner's
         for k in range(n):
             if k == rank:
                 continue
-            received = exchange.recv(k, MessageKind.SKETCH, 0, (statement.wire_size(sketch_bytes),), torch.uint8)
+            received = exchange.recv(k, MessageKind.SKETCH, 0, (statement.wire_size(sketch_size),), torch.uint8)
             findings += self._check_owner(records, k, rank, n, seed, steps, committed[k], received)
         if findings:
             self._fail(findings)

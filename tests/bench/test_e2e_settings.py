@@ -44,3 +44,14 @@ def test_the_emulated_prober_fits_its_first_transfer_to_the_slowest_line():
     world = SwarmConfig(agents=8, stages=4, steps=12, scenario="worldwide")
     _, network, time_scale, size_factor = plan_swarm(world)
     assert _probe(world, network, time_scale, size_factor) == EMULATED_PROBE  # fast lines: probes as before
+
+
+def test_the_swarms_messages_wait_for_the_followers_checks_of_the_plan():
+    """The leader trains as soon as it publishes its plan; its followers' checks of it took over 60 s on the
+    shared 2-core machine, so the e2e swarms give every message ``CALL_TIMEOUT_S``."""
+    from p2ptrain.bench.e2e import CALL_TIMEOUT_S, PLAN_BUDGET_S, _swarm_config
+
+    config = E2EConfig(scenario="homes", steps=10, settings=("int4/1f1b/overlap", "int4/1f1b/overlap/diloco-5"))
+    for setting in config.settings:
+        swarm = _swarm_config(config, "scheduled", 0.33, 4.0, setting=setting)
+        assert swarm.call_timeout_s == CALL_TIMEOUT_S > 60 and swarm.plan_budget_s == PLAN_BUDGET_S > 60

@@ -8,8 +8,9 @@ s + n/min(β, U_a) and the uplink at s + n/U_a; its first bytes reach b at s + �
 downlink (if any) serves it in the order first bytes come, d = max(s + α, down_free[b]); it is delivered at
 max(d + n/D_b, s + n/min(β, U_a) + α). Every device runs the executor's program (``runtime/executor.py``):
 its schedule's forwards and backwards, blocking receives, non-blocking sends; its last backward pass makes
-its buckets (handed over at the times the objective's overlap model gives them, the pass's gradient to the
-stage before at its end, first among equal times); an owner hands over a bucket's all-gather shards once
+its buckets (handed over at the times the objective's overlap model gives them: stage 0's during the pass,
+a later stage's at its end, after the pass's gradient to the stage before, handed over first among equal
+times); an owner hands over a bucket's all-gather shards once
 it has the bucket's shards and its own; the clip's norms leave once the sender's uplink is free (the
 objective's model of a scalar). Events at equal times go in the order they were scheduled.
 """
@@ -147,7 +148,8 @@ def access_event_simulation(obj, sigma: np.ndarray, steps: int, all_reduce: bool
                 for k in range(k_all):
                     if not valid[j, k]:
                         continue
-                    ready = begin + obj.bucket_ready[j, k] * bwd if obj.overlap else state["busy"]
+                    # stages after 0 hold their buckets until the pass's gradient is handed over (runtime.buckets)
+                    ready = begin + obj.bucket_ready[j, k] * bwd if obj.overlap and j == 0 else state["busy"]
                     reduce_ready[(t, j, i, k)] = ready
                     shard = obj.gradient_gb[j] * obj.bucket_share[j, k] / d
                     for r in range(d):

@@ -38,6 +38,21 @@ def test_a_devices_shards_share_its_uplink():
     assert shared.simulate(sigma, steps=2).step_s[0] == pytest.approx(0.42)
 
 
+def test_the_sum_checks_two_rounds_follow_the_all_reduce():
+    # as above, with the sum check's commit and sketch (0.1 GB each, to every other member in rank order) after
+    # the all-reduce. Per link each round is one message: 0.22 + 2 × 0.11. Behind the uplinks: member 0 is
+    # done at 0.41 (its uplink free at 0.4), 1 and 2 at 0.42 (theirs at 0.41). Commits: 0 → 1 at 0.52, → 2
+    # at 0.62; 1 → 0 at 0.53, → 2 at 0.63; 2 → 0 at 0.53, → 1 at 0.63: 0 has them at 0.53, 1 and 2 at 0.63.
+    # Sketches: 0 (uplink free at 0.61) → 1 at 0.72, → 2 at 0.82; 1 and 2 → 0 at 0.74, to the other at 0.84
+    sigma = np.array([[0], [1], [2]])
+    check = {"verify_gb": (0.1, 0.1)}
+    per_link = _objective(_uniform(3, 10.0, 8.0), stages=1, gradient_gb=0.3, **check)
+    assert per_link.simulate(sigma, steps=2).step_s[0] == pytest.approx(0.44)
+    shared = _objective(_uniform(3, 10.0, 8.0, uplink=[8.0] * 3), stages=1, gradient_gb=0.3, **check)
+    assert shared.simulate(sigma, steps=2).step_s[0] == pytest.approx(0.84)
+    assert shared.evaluate(sigma).cost_s <= shared.combine([shared.group_terms(np.arange(3)).max()], []).cost_s
+
+
 def test_a_receivers_downlink_is_shared_by_its_senders():
     # device 0 alone has a downlink (8 Gbit/s). Reduce-scatter: 1 → 0 and 2 → 0 both come in from 0.01 on;
     # the downlink takes 1's by 0.11, then 2's by 0.21 (0 has its shard then; 1 and 2 theirs at 0.11).
@@ -58,17 +73,18 @@ def test_a_line_slower_than_the_path_paces_the_pipeline():
     assert down.evaluate(sigma).cost_s == pytest.approx(0.11 + 0.21)
 
 
-def test_with_overlap_the_last_gradient_queues_behind_the_buckets_on_the_uplink():
-    # 2 stages × 2 replicas; stage 1's 4 GB all-reduced in 4 buckets made during its last backward pass (1 s),
-    # each sending a 0.5 GB shard (0.5 s). Behind an uplink the pass's gradient to stage 0 (at 1 s) waits for
-    # the shards already handed over; on per-link FIFOs it does not: stage 0 starts its backward pass later
-    cluster = _uniform(4, 10.0, 8.0)
-    profile = dict(activation_gb=0.1, gradient_gb=4.0, forward_s=(0.1, 0.1), backward_s=(1.0, 1.0), bucket_gb=1.0)
-    sigma = np.array([[0, 1], [2, 3]])
-    free = _objective(cluster, 2, **profile).simulate(sigma).predicted_s
+def test_with_overlap_the_last_gradient_leaves_before_the_buckets_on_the_uplink():
+    # 2 stages × 2 replicas behind 8 Gbit/s uplinks; each stage's 4 GB all-reduced in 4 buckets (0.5 GB shards,
+    # 0.5 s each) made during its last backward pass (1 s). Stage 1 holds its buckets until that pass's
+    # gradient to stage 0 is handed over (``runtime.buckets``), so the gradient is first on its uplink: stage 0
+    # gets it as if stage 1 had nothing to reduce, and the step is stage 0's, the same either way
     lines = _uniform(4, 10.0, 8.0, uplink=[8.0] * 4)
-    shared = _objective(lines, 2, **profile)
-    assert shared.simulate(sigma).predicted_s > free + 0.1
+    profile = dict(forward_s=(0.1, 0.1), backward_s=(1.0, 1.0), bucket_gb=1.0)
+    sigma = np.array([[0, 1], [2, 3]])
+    shared = _objective(lines, 2, activation_gb=0.1, gradient_gb=4.0, **profile)
+    workload = StepWorkload(0.1, 4.0, step=StepProfile(**profile | {"gradient_gb": (4.0, 1e-9)}))
+    quiet = make_objective("simulated", lines, workload, 2)  # stage 1 has (almost) nothing to reduce
+    assert shared.simulate(sigma).predicted_s == pytest.approx(quiet.simulate(sigma).predicted_s, rel=1e-9)
     steps = shared.simulate(sigma, steps=3).step_s
     assert steps == pytest.approx(access_event_simulation(shared, sigma, 3)["step_s"], rel=1e-12)
 

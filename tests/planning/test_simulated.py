@@ -199,3 +199,21 @@ def test_planned_worldwide_beats_the_baselines_and_is_a_valid_assignment():
     check_assignment(np.array(plan.pipelines), 4, 4, 16)
     assert plan.cost.cost_s < plan.baselines["megatron"].cost_s
     assert plan.cost.cost_s < plan.baselines["random"].cost_s
+
+
+def test_a_diloco_round_reduces_after_the_clip_and_the_update():
+    # 2 stages × 2 replicas, per-link FIFOs (α 10 ms, 8 Gbit/s), one micro-batch, no activation bytes; stage 1
+    # holds 0.4 GB of gradients (0.2 GB shards: 0.21 s a phase, 0.42 s its all-reduce), stage 0 0.02 GB. Without
+    # an all-reduce the period is 0.82 (forward 0.1, hop 0.01, stage 1's 0.2, back 0.01, stage 0's backward 0.5).
+    # At a round's end stage 1 reduces after its clip, which waits for stage 0's norm: the cycle "stage 1's
+    # all-reduce, its forward and backward, the gradient back, stage 0's backward, its norm" is 0.42 + 0.2 +
+    # 0.01 + 0.5 + 0.01 = 1.14, 0.32 more, a quarter of it a step with rounds of 4. (Reduced during stage 0's
+    # backward, as every-step sync does, stage 1's all-reduce would add 0.04.)
+    cluster, sigma = _uniform(4, 10.0, 8.0), np.array([[0, 1], [2, 3]])
+    profile = dict(forward_s=(0.1, 0.1), backward_s=(0.5, 0.1), gradient_gb=(0.02, 0.4), clip=True)
+    every = make_objective("simulated", cluster, StepWorkload(0.0, 0.4, step=StepProfile(**profile)), 2)
+    diloco = make_objective("simulated", cluster, StepWorkload(0.0, 0.4, step=StepProfile(**profile, sync_every=4)),
+                            2)
+    assert diloco.simulate(sigma).sync_extra_s == pytest.approx(0.32)
+    assert diloco.evaluate(sigma).cost_s == pytest.approx(0.82 + 0.32 / 4)
+    assert every.evaluate(sigma).cost_s == pytest.approx(0.86)  # stage 0's all-reduce (0.02 + 0.02) and norm

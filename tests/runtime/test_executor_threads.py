@@ -201,6 +201,38 @@ def test_bucket_size_changes_no_bit():
     assert all(torch.equal(a, b) for x, y in zip(p0, p1, strict=True) for a, b in zip(x, y, strict=True))
 
 
+class OrderLink(MemoryLink):
+    """A MemoryLink that notes every send, (sender, kind, micro-batch), in the order they are handed over."""
+
+    sent: list = []
+
+    def send(self, peer, kind, micro_batch, part, tensor):
+        with self.lock:
+            OrderLink.sent.append((self.me, kind, micro_batch))
+        return super().send(peer, kind, micro_batch, part, tensor)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_with_overlap_a_later_stage_sends_its_last_gradient_before_its_buckets(schedule):
+    """The buckets' hooks fire inside the last backward, before the input's gradient exists; a shared uplink
+    serves messages in the order they are handed over, so a stage after 0 holds its buckets until that
+    gradient, which the stage before waits for, is handed over. Stage 0 sends no gradient: its buckets start
+    during the backward."""
+    torch.set_num_threads(1)
+    OrderLink.sent = []
+    cfg = dataclasses.replace(BASE, steps=1, schedule=schedule, overlap=True)
+    _, executors, _, topology = train_in_threads(cfg, link=OrderLink)
+    for peer in topology.peers:
+        mine = [(kind, mb) for who, kind, mb in OrderLink.sent if who == peer]
+        shards = [k for k, (kind, _) in enumerate(mine) if kind == "reduce_shard"]
+        assert shards and executors[peer].reducer.overlapped_buckets == len(executors[peer].reducer.buckets)
+        if topology.role_of(peer).stage == 0:
+            continue
+        last_gradient = max(k for k, (kind, _) in enumerate(mine) if kind == "activation_grad")
+        assert last_gradient < shards[0], mine
+
+
 @pytest.mark.timeout(120)
 def test_a_step_says_how_long_it_waited_for_the_pipeline_and_the_all_reduce():
     """Messages that take d to arrive: in the first step, stage 0 waits about 2d for its first gradient (the

@@ -323,10 +323,12 @@ class Leading:
         if measured and len(measured) == len(trainers):  # each device's own measurement (mixed devices)
             return layered_workload(measured, workload, train, len(trainers) // stages,
                                     boundary_s=boundary_s, time_scale=emulation.time_scale if emulation.enabled else 1.0,
-                                    size_factor=emulation.size_factor if emulation.enabled else 1.0)  # fmt: skip
+                                    size_factor=emulation.size_factor if emulation.enabled else 1.0,
+                                    verify=self.config.verify)  # fmt: skip
         profile = step_profile(measured, train, stages, len(trainers) // stages, boundary_s=boundary_s,
                                time_scale=emulation.time_scale if emulation.enabled else 1.0,
-                               size_factor=emulation.size_factor if emulation.enabled else 1.0)  # fmt: skip
+                               size_factor=emulation.size_factor if emulation.enabled else 1.0,
+                               verify=self.config.verify)  # fmt: skip
         return step_workload(workload, profile)
 
     # ---- leading ----------------------------------------------------------------------------------------
