@@ -371,7 +371,8 @@ def _copy(plan: PlanRecord, ctx: EpochContext, stage: int, replica: int, done: i
 def _install_verifier(plan: PlanRecord, topology: Topology, role: Role, cfg: TrainConfig, trainer: StageTrainer,
                       ctx: EpochContext) -> tuple[GroupVerifier | None, StageVerifier | None]:  # fmt: skip
     """The sum check of our stage's all-reduce and the recompute check of our group's micro-batches, every step
-    (a run that syncs every step, with replicas; fp16 stages are not recomputed: their loss scale is their own)."""
+    (a run that syncs every step, with replicas; fp16 stages are not recomputed: their loss scale is their own;
+    a one-stage plan has no pipeline messages to recompute: the whole-step check would be its)."""
     if ctx.verify is None or not ctx.verify.enabled or plan.replicas < 2 or cfg.diloco_on:
         return None, None
 
@@ -384,7 +385,7 @@ def _install_verifier(plan: PlanRecord, topology: Topology, role: Role, cfg: Tra
     verifier = GroupVerifier(ctx.dht.signing_key, ctx.dht.keys.run_id, role.stage, topology.group(role.stage),
                              reducer.feedback.codec, rows=ctx.verify.sketch_rows, false_alarm=ctx.verify.false_alarm,
                              running=ctx.verify.running, on_finding=on_finding)  # fmt: skip
-    if cfg.precision == "fp16":
+    if cfg.precision == "fp16" or plan.stages == 1:  # one stage sends no pipeline messages to recompute
         reducer.verifier = verifier
         return verifier, None
     executor = trainer.executor

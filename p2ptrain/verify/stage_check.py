@@ -127,6 +127,8 @@ class StageVerifier:
                  data: TrainData, wire: WireFormat, num_micro_batches: int, hidden_size: int, precision: str,
                  rate: float, on_finding: Callable[[Finding], None] | None = None,
                  probation: frozenset[str] = frozenset()):  # fmt: skip
+        if role.num_stages < 2:
+            raise ValueError("the recompute check needs a pipeline of at least 2 stages (one sends no messages)")
         self.key, self.run, self.epoch, self.role, self.topology = key, run, epoch, role, topology
         self.module, self.data, self.wire, self.hidden_size = module, data, wire, hidden_size
         self.num_micro_batches, self.precision, self.rate, self.on_finding = num_micro_batches, precision, rate, on_finding
