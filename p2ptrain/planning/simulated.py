@@ -9,16 +9,26 @@ Gbit/s, volumes in GB) and the network's seconds; ``StepProfile`` holds what is 
 What one step does, on the device holding stage j of pipeline i (M micro-batches, S stages, D pipelines):
 
 1. forward, m = 0 … M−1: wait for micro-batch m's activations from stage j−1 (stage 0 has its tokens),
-   compute F_j, send the output to stage j+1 without waiting (the send is queued on the link);
+   compute F_j, send the output to stage j+1 without waiting (the send is queued on the link); with the
+   recompute check (``recompute_rate`` ρ, ``verify.stage_check``, run in the shadow of the next step) the step
+   first hands the member's verifier its reveal of the step before: the pipeline messages of its ρ·M expected
+   challenged micro-batches as they travelled (wire format; per micro-batch the activation received and the
+   gradient sent where j > 0, the activation sent and the gradient received where j < S−1), ahead of the
+   step's pipeline sends on its uplink, or on the pair's link (idle in the forward phase) without one;
 2. backward, m = M−1 … 0: wait for the gradient of micro-batch m from stage j+1 (the last stage has its
-   loss), compute B_j, send the input's gradient to stage j−1 without waiting;
+   loss), compute B_j, send the input's gradient to stage j−1 without waiting. With the recompute check each
+   F_j and B_j takes 1 + ρ times as long: the member recomputes, as a verifier, ρ·M micro-batches of another
+   replica of its stage a step (the rotation is a bijection), in a background thread on the same device,
+   spread over the step;
 3. all-reduce of the stage's g_j GB of gradients in its group of D: send the 1/D shard that member k owns
    to every member k (all at once, one message per link), wait for the D−1 shards of ours, add, send the
    reduced shard to every member, wait for theirs and for our own sends to be taken; with the sum check
    (``verify_gb``, ``verify.group``: every step, with replicas) two more rounds in the group, each a message
-   to every other member (a signed commit, then the sketches) and a wait for theirs; then the optimizer
-   step U_j; then the step ends once every send of the step was taken. (The check's CPU, signing and
-   sketching, is not priced: about 0.1 s a step on 4 agents sharing 2 cores.)
+   to every other member (a signed commit, then the sketches) and a wait for theirs; the recompute check's
+   result is joined there too, its reveal and recompute long done (not a wait); then the optimizer
+   step U_j; then the step ends once every send of the step was taken. (The checks' CPU, signing and
+   sketching, is not priced: about 0.1 s a step on 4 agents sharing 2 cores; nor are the recompute check's
+   commitments, 512 + 32 bytes a pipeline message each, whose round is over before the reveal is needed.)
 With DiLoCo (``sync_every`` H > 1, ``model.outer``) step 3 happens once a round: the all-reduce of the
 pseudo-gradients after every H-th step, none after the others, and where the runtime runs it
 (``executor._outer_step``): after the clip's exchange (step 4) and the update, every bucket at once, so a
@@ -150,7 +160,14 @@ form cannot see positions, see below) and the plan is evaluated exactly.
   pair value adds 8s(D−2)·(1/U_a + 1/D_b): a shard queued behind its phase's other shards at both ends
   (an estimate on the high side: in a balanced exchange the shards queue mostly at one end; the search
   uses it to compare groups, the plan is then simulated exactly). Without access links these are the
-  terms above. With ``sync_overlap`` the step is the longer of the pipeline part and the slowest group's
+  terms above.
+- The recompute check, in the closed form: C_j is F_j · (1 + ρ) + B_j · (1 + ρ) (its codecs' part as
+  before), and every pair's all-reduce value adds the largest stage's reveal (ρ·M micro-batches of 2 messages,
+  4 at a middle stage) sent alone on it, 8r·max(1/β_ab, 1/U_a, 1/D_b): a member's term so adds the reveal it
+  sends and the one it receives, charged after the pipeline, in front of the all-reduce. An upper bound (on
+  access links an estimate on the high side, as above): in the simulation the reveal leaves at the step's
+  start, delaying the first sends on its uplink by at most that much, and the all-reduce only where still in
+  flight on the pair. With ``sync_overlap`` the step is the longer of the pipeline part and the slowest group's
   value over H (the round's all-reduce spread over its steps).
 
 Compute times are for a device of ``reference_tflops``; a device whose ``tflops`` is known computes
@@ -207,7 +224,11 @@ class StepProfile:
 
     ``verify_gb``: the sum check's two messages (a commit, then a sketch statement), GB each, that every member
     of a group sends every other member after the step's all-reduce (``runtime.calibration.verify_volumes``);
-    (0, 0) where no check runs.
+    (0, 0) where no check runs. ``recompute_rate``: the recompute check's (``verify.stage_check``, ``[verify]
+    rate``) expected challenged micro-batches per member and step over M, in [0, 1]: each member reveals their
+    pipeline messages to its verifier at the next step's start and recomputes as many of another member's
+    during it (module docstring, steps 1–2); 0 where no check runs. Priced only on plans the runtime installs
+    the check on: two or more stages and replicas, every-step sync.
     """
 
     micro_batches: int = 1
@@ -231,6 +252,7 @@ class StepProfile:
     encode_s_per_gb: tuple[float, float, float] = (0.0, 0.0, 0.0)  # activations, their gradients, DP gradients
     decode_s_per_gb: tuple[float, float, float] = (0.0, 0.0, 0.0)
     verify_gb: tuple[float, float] = (0.0, 0.0)  # the sum check's commit and sketch messages (step 3); 0: none
+    recompute_rate: float = 0.0  # the recompute check's challenged micro-batches per member, over M (steps 1–2)
 
     def __post_init__(self) -> None:
         if isinstance(self.micro_batches, bool) or not isinstance(self.micro_batches, int) or self.micro_batches < 1:
@@ -266,6 +288,8 @@ class StepProfile:
         if len(volumes) != 2 or not all(_is_seconds(v) for v in volumes):
             raise ValueError(f"step profile: verify_gb must be two non-negative numbers, got {volumes!r}")
         object.__setattr__(self, "verify_gb", tuple(float(v) for v in volumes))
+        if not (_is_seconds(self.recompute_rate) and self.recompute_rate <= 1):
+            raise ValueError(f"step profile: recompute_rate must be a number in [0, 1], got {self.recompute_rate!r}")
         if isinstance(self.sync_every, bool) or not isinstance(self.sync_every, int) or self.sync_every < 1:
             raise ValueError(f"step profile: sync_every must be a positive integer, got {self.sync_every!r}")
         if isinstance(self.fragments, bool) or not isinstance(self.fragments, int) or self.fragments < 1:
@@ -386,6 +410,12 @@ class SimulatedObjective:
         self.rs_decode_s = (d - 1) * dec_dp * bucket_shard_gb  # the owner's, of the shards it sums
         self.ag_encode_s = (d > 1) * enc_dp * bucket_shard_gb  # the owner's, of the sum
         self.ag_decode_s = (d - 1) * dec_dp * bucket_shard_gb  # every member's, of the others' sums
+        # the recompute check (steps 1–2) where the runtime installs it: a device computes 1 + ρ times its stage's
+        # forwards and backwards; a member reveals ρ·M micro-batches' messages, 2 or (middle stages) 4 of each
+        rho = profile.recompute_rate if d > 1 and s > 1 and profile.sync_every == 1 else 0.0
+        self.recompute_factor = 1.0 + rho
+        neighbours = inner[0].astype(float) + inner[1]
+        self.reveal_gb = rho * m * neighbours * (self.activation_gb + self.activation_grad_gb)  # [stage]
         self.forward_s = profile.per_stage("forward_s", s, 0.0)
         self.backward_s = profile.per_stage("backward_s", s, 0.0)
         self.update_s = profile.per_stage("update_s", s, 0.0)
@@ -404,9 +434,11 @@ class SimulatedObjective:
             pair_dp = pair_dp + shard_gb * (d - 2) * (self.up_s_per_gb[:, None] + self.down_s_per_gb[None, :])
         # the codecs' time of the largest stage's exchange (its buckets' in a row), half on each of a member's terms
         codec_dp = float((self.rs_encode_s + self.rs_decode_s + self.ag_encode_s + self.ag_decode_s).sum(axis=1).max())
+        if rho > 0:  # the largest stage's reveal, alone on the pair (module docstring: the closed form's bound)
+            pair_dp = pair_dp + float(self.reveal_gb.max()) * alone
         self._pair_dp_s = np.where(off, pair_dp + codec_dp / 2, 0.0)
         worst = float(self.slowdown.max())
-        self._compute_s = ((self.forward_s + self.backward_s) * worst + self.codec_forward_s
+        self._compute_s = ((self.forward_s + self.backward_s) * worst * self.recompute_factor + self.codec_forward_s
                            + self.codec_before_backward_s + self.codec_after_backward_s)
         self._update_s = self.update_s * worst
         self._clip_s = float(self.delay_s.max()) if profile.clip and s > 1 else 0.0
@@ -528,7 +560,8 @@ class SimulatedObjective:
 
     def compute_s(self, assignment: np.ndarray) -> float:
         """The busiest device's compute per step: M forwards and backwards of its stage and its update, at its
-        speed (a plan's compute utilisation is this over its step time)."""
+        speed (a plan's compute utilisation is this over its step time; the recompute check's is left out: it
+        trains nothing)."""
         sigma = check_assignment(assignment, self.num_replicas, self.num_stages, len(self.hop_link_s))
         per_stage = self.micro_batches * (self.forward_s + self.backward_s) + self.update_s
         return float((per_stage[None, :] * self.slowdown[sigma]).max())
@@ -606,7 +639,8 @@ def _simulate(obj: SimulatedObjective, sigma: np.ndarray, steps: int, all_reduce
     shard_gb = obj.gradient_gb[:, None] * obj.bucket_share / d  # [j, k]: one bucket's shard
     ser_g = shard_gb[:, None, None, :] * obj.s_per_gb[src, dst][..., None]  # [j, i, r, k]
     slow = obj.slowdown[sigma]
-    fwd, bwd, upd = obj.forward_s * slow + obj.codec_forward_s, obj.backward_s * slow, obj.update_s * slow
+    grow = slow * obj.recompute_factor  # the recompute check's share of each pass (steps 1–2)
+    fwd, bwd, upd = obj.forward_s * grow + obj.codec_forward_s, obj.backward_s * grow, obj.update_s * slow
     before_bwd, after_bwd = obj.codec_before_backward_s, obj.codec_after_backward_s  # [s]: decode, encode
     last_backward = {j: max(k for k, (kind, jj, _) in enumerate(obj.order) if kind == BACKWARD and jj == j)
                      for j in range(s)}
@@ -620,6 +654,8 @@ def _simulate(obj: SimulatedObjective, sigma: np.ndarray, steps: int, all_reduce
     step_s: list[float] = []
     completed = pipeline_s = 0.0
     for _ in range(steps):
+        if in_step and obj.reveal_gb.any():  # the recompute check's reveals, ahead of the step's sends
+            free_g = _reveal(obj, sigma, start, free_g, access)
         busy = start.copy()  # when each device is done with what it computed so far
         sent = start.copy()  # when each device's last pipeline message arrived
         arrive_f = np.zeros((d, s, m))  # when micro-batch mb's activations reach stage j
@@ -688,6 +724,27 @@ def _simulate(obj: SimulatedObjective, sigma: np.ndarray, steps: int, all_reduce
     return SimulatedSteps(step_s=tuple(step_s), pipeline_s=pipeline_s, data_parallel_s=predicted - pipeline_s)
 
 
+def _reveal(obj: SimulatedObjective, sigma: np.ndarray, start: np.ndarray, free_g: np.ndarray,
+            access: _Access | None) -> np.ndarray:
+    """The recompute check's reveals at the step's ``start`` ([pipeline, stage]): member i of every group sends
+    its ``reveal_gb`` to its verifier, member i + 1 mod D (the runtime rotates by 1 + σ, σ drawn each step:
+    priced as σ = 0, the only rotation with two replicas). Without access links it takes the pair's FIFO
+    (``free_g`` [stage, src, dst]) and delays the all-reduce only if still on it when the shards go; with them
+    ``_Access.reveal`` queues it on the sender's uplink and the receiver's downlink too. Nothing waits for its
+    delivery. Returns the pairs' free times."""
+    d = obj.num_replicas
+    rows, verifier = np.arange(d), (np.arange(d) + 1) % d
+    if access is not None:
+        for j in np.flatnonzero(obj.reveal_gb):
+            access.reveal(j, rows, verifier, obj.reveal_gb[j], start[:, j])
+        return free_g
+    free_g = free_g.copy()
+    for j in np.flatnonzero(obj.reveal_gb):
+        a, b = sigma[:, j], sigma[verifier, j]
+        free_g[j, rows, verifier] = np.maximum(start[:, j], free_g[j, rows, verifier]) + obj.reveal_gb[j] * obj.s_per_gb[a, b]
+    return free_g
+
+
 def _group_exchange(obj: SimulatedObjective, sigma: np.ndarray, at: np.ndarray, gb: float,
                     access: _Access | None) -> np.ndarray:
     """Every member of every stage's group ([pipeline, stage] ``at``) sends each other member one message of
@@ -754,6 +811,18 @@ class _Access:
         free[:, col] = start + gb * obj.send_s_per_gb[a, b]
         up[:, j_from] = np.where(obj.has_up[a], start + gb * obj.up_s_per_gb[a], -np.inf)
         return self._receive(b, j_to, start + obj.delay_s[a, b], free[:, col] + obj.delay_s[a, b], gb)
+
+    def reveal(self, j: int, rows: np.ndarray, verifier: np.ndarray, gb: float, at: np.ndarray) -> None:
+        """Member ``rows`` of stage j's group sends ``gb`` to member ``verifier`` (a permutation) at ``at``: on the
+        group's pair FIFO, the sender's uplink and the receiver's downlink (``_simulate``'s ``_reveal``)."""
+        obj, up, pair = self.obj, self.up_free, self.free_g[j]
+        a, b = self.sigma[rows, j], self.sigma[verifier, j]
+        start = np.maximum(np.maximum(at, pair[rows, verifier]), up[:, j])
+        pair[rows, verifier] = start + gb * obj.send_s_per_gb[a, b]
+        up[:, j] = np.where(obj.has_up[a], start + gb * obj.up_s_per_gb[a], -np.inf)
+        first, last = np.empty_like(start), np.empty_like(start)  # by receiving row
+        first[verifier], last[verifier] = start + obj.delay_s[a, b], pair[rows, verifier] + obj.delay_s[a, b]
+        self._receive(self.sigma[:, j], j, first, last, gb)
 
     def _receive(self, b: np.ndarray, j_to: int, first: np.ndarray, last: np.ndarray, gb: float) -> np.ndarray:
         """A message per pipeline whose bytes reach stage ``j_to`` from ``first`` to ``last``: delivered once
