@@ -256,7 +256,7 @@ def step_profile(
     """The step profile of a plan of ``num_stages`` × ``num_replicas`` (module docstring), in the network's
     units. Without measurements, compute and message overhead are zero (communication only).
     ``boundary_s``: what an agent does between two steps (real seconds; the leader times its own polls);
-    ``verify``: the run's sum check, whose messages a step waits for (``verify_volumes``)."""
+    ``verify``: the run's checks, the sum check's messages and the recompute check's rate (``verify_volumes``)."""
     shape, m = train.shape, train.micro_batches
     params = stage_parameters(shape, num_stages)
     grads = [(p + (1 if j == num_stages - 1 else 0)) * FP32_BYTES / GB / size_factor for j, p in enumerate(params)]
@@ -313,13 +313,15 @@ def run_settings(train: TrainConfig, size_factor: float = 1.0) -> dict[str, obje
 
 
 def verify_volumes(verify: VerifyConfig | None, train: TrainConfig, num_stages: int, num_replicas: int,
-                   size_factor: float = 1.0) -> dict[str, tuple[float, float]]:
+                   size_factor: float = 1.0) -> dict[str, object]:
     """The sum check's messages (``verify.group``: after each step's all-reduce every member of a stage's group
     sends every other member a signed ``commit`` statement, waits for theirs, then a ``sketch`` statement and
     waits for theirs) as the ``StepProfile`` field ``verify_gb``, in the network's GB (bytes / size_factor:
     the emulator shapes their real bytes as every message's). Their size grows with a stage's buckets: priced
     at the largest stage's of an even split. Nothing where no check runs: ``[verify]`` off, DiLoCo, one
-    replica."""
+    replica. Where the recompute check runs too (``agent.epoch._install_verifier``: two stages or more, not
+    fp16), its ``[verify] rate`` as ``recompute_rate`` (the objective sizes its reveals from its own wire-format
+    pipeline volumes)."""
     if verify is None or not verify.enabled or train.sync == "diloco" or num_replicas < 2:
         return {}
     shape = train.shape
@@ -328,7 +330,8 @@ def verify_volumes(verify: VerifyConfig | None, train: TrainConfig, num_stages: 
                   for j in range(num_stages))  # fmt: skip
     sizes = (commit_bytes(buckets, num_replicas),
              sketch_bytes(buckets, num_replicas, verify.sketch_rows, verify.running))
-    return {"verify_gb": tuple(statement.wire_size(b) / GB / size_factor for b in sizes)}
+    recompute = {"recompute_rate": float(verify.rate)} if num_stages >= 2 and train.precision != "fp16" else {}
+    return {"verify_gb": tuple(statement.wire_size(b) / GB / size_factor for b in sizes)} | recompute
 
 
 def step_workload(workload: Workload, profile: StepProfile) -> StepWorkload:

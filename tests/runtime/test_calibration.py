@@ -82,10 +82,34 @@ def test_the_sum_checks_messages_are_priced_at_their_sizes_on_the_wire():
 
     train = TrainConfig(model="tiny", stages=2, replicas=2, global_batch_size=16, micro_batches=2)
     assert verify_volumes(VerifyConfig(), train, 2, 2, size_factor=0.5) == {
-        "verify_gb": pytest.approx((4700 / GB / 0.5, 6236 / GB / 0.5))}
+        "verify_gb": pytest.approx((4700 / GB / 0.5, 6236 / GB / 0.5)), "recompute_rate": 1 / 8}
     assert step_profile([], train, 2, 2, verify=VerifyConfig()).verify_gb == pytest.approx((4700 / GB, 6236 / GB))
     diloco = TrainConfig(model="tiny", stages=2, replicas=2, global_batch_size=16, micro_batches=2, sync="diloco",
                          diloco=DiLoCoConfig(inner_steps=5))
     for args in ((VerifyConfig(enabled=False), train, 2, 2), (VerifyConfig(), train, 2, 1),
                  (VerifyConfig(), diloco, 2, 2), (None, train, 2, 2)):
         assert verify_volumes(*args) == {}
+
+
+def test_the_recompute_checks_rate_is_priced_where_the_runtime_installs_it():
+    """``agent.epoch._install_verifier``: with the sum check, on two stages or more, not fp16; else no rate (the
+    profile's 0: no recompute check)."""
+    from p2ptrain.model.outer import DiLoCoConfig
+    from p2ptrain.runtime.calibration import verify_volumes
+    from p2ptrain.verify.config import VerifyConfig
+
+    def train(**settings):
+        return TrainConfig(**{"model": "tiny", "stages": 2, "replicas": 2, "global_batch_size": 16,
+                              "micro_batches": 2} | settings)
+
+    assert verify_volumes(VerifyConfig(rate=0.5), train(), 2, 2)["recompute_rate"] == 0.5
+    assert verify_volumes(VerifyConfig(), train(precision="bf16"), 3, 2)["recompute_rate"] == 1 / 8
+    assert step_profile([], train(), 2, 2, verify=VerifyConfig()).recompute_rate == 1 / 8
+    assert "recompute_rate" not in verify_volumes(VerifyConfig(), train(precision="fp16"), 2, 2)
+    assert "recompute_rate" not in verify_volumes(VerifyConfig(), train(stages=1, replicas=4), 1, 4)  # no pipeline
+    assert "verify_gb" in verify_volumes(VerifyConfig(), train(stages=1, replicas=4), 1, 4)  # the sum check still
+    diloco = train(sync="diloco", diloco=DiLoCoConfig(inner_steps=5))
+    for args in ((VerifyConfig(enabled=False), train(), 2, 2), (VerifyConfig(), train(), 2, 1),
+                 (VerifyConfig(), diloco, 2, 2), (None, train(), 2, 2)):
+        assert "recompute_rate" not in verify_volumes(*args)
+    assert step_profile([], train(), 2, 2).recompute_rate == 0.0
