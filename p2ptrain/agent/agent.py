@@ -151,7 +151,8 @@ class Agent:
         self._went_on: int | None = None  # steps done at the last boundary that went on to the next step
         self._boundary: BoundaryWatch[PlanRecord] | None = None  # the step-boundary check while an epoch trains
         self._claims_noted: set[tuple[str, str]] = set()  # (peer, what was said): each said once
-        self.keeper = StateKeeper(config.churn.keep_states)
+        # with the recompute check one more: a step is checked in the next one's shadow (``verify.stage_check``)
+        self.keeper = StateKeeper(config.churn.keep_states + int(config.verify.enabled))
         self.store: StateStore | None = None
         self.liveness: LivenessMonitor | None = None
         self._aborted = -1  # the last epoch the heartbeats aborted

@@ -212,7 +212,7 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
                 return EpochOutcome(False, done, tuple(losses))
             if ctx.should_halt(done):
                 _complete_held(ctx, trainer, done)
-                return _halt(plan, ctx, done, None)
+                return _halt(plan, ctx, done, None, _unverified(recomputer))
             busy_s, busy_cpu_s = trainer.executor.pacer.busy_s, trainer.executor.pacer.busy_cpu_s
             sent_before = ctx.transport.sent_bytes  # what the step sends: its calls, its checkpoint's and copies'
             started = time.perf_counter()
@@ -251,14 +251,14 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
     except HALTING_ERRORS as e:
         if ctx.stop.is_set():
             return EpochOutcome(False, done, tuple(losses))
-        return _halt(plan, ctx, done, e)
+        return _halt(plan, ctx, done, e, _unverified(recomputer))
     if verifier is not None:
         logger.info("epoch %d: every member's sums of stage %d held in the %d step(s) checked", plan.epoch,
                     role.stage, verifier.checked_steps)  # fmt: skip
     if recomputer is not None:
         logger.info("epoch %d: every one of the %d micro-batch(es) of stage %d's members recomputed here held "
-                    "(the recompute check took %.3f s in all)", plan.epoch, recomputer.recomputed, role.stage,
-                    recomputer.seconds)  # fmt: skip
+                    "(the recompute check took %.3f s beside the next steps, and the steps waited %.3f s for it)",
+                    plan.epoch, recomputer.recomputed, role.stage, recomputer.shadow_seconds, recomputer.seconds)
     if not _finish_together(plan, topology, cfg.steps, ctx):
         return _halt(plan, ctx, done, None)
     ctx.set_status(IDLE, plan.epoch, done)
@@ -391,8 +391,8 @@ def _install_verifier(plan: PlanRecord, topology: Topology, role: Role, cfg: Tra
     executor = trainer.executor
     recomputer = StageVerifier(ctx.dht.signing_key, ctx.dht.keys.run_id, plan.epoch, role, topology, trainer.module,
                                executor.data, executor.wire, executor.num_micro_batches, executor.hidden_size,
-                               cfg.precision, ctx.verify.rate, on_finding=on_finding,
-                               probation=plan.on_probation)  # fmt: skip
+                               cfg.precision, ctx.verify.rate, on_finding=on_finding, probation=plan.on_probation,
+                               last_step=cfg.steps - 1)  # fmt: skip  # each step checked in the next one's shadow
     trainer.link_wrapper = recomputer.wrap
 
     def check_step(records, rank, n, exchange) -> None:
@@ -485,12 +485,23 @@ def _waits(waits: StepWaits | None) -> dict[str, float]:
             "send_wait_s": round(waits.send_s, 6)}
 
 
-def _halt(plan: PlanRecord, ctx: EpochContext, done: int, error: BaseException | None) -> EpochOutcome:
+def _unverified(recomputer: StageVerifier | None) -> int | None:
+    return recomputer.unverified if recomputer is not None else None
+
+
+def _halt(plan: PlanRecord, ctx: EpochContext, done: int, error: BaseException | None,
+          unverified: int | None = None) -> EpochOutcome:  # fmt: skip
     """Stop this epoch: say in a heartbeat which states we keep (of this epoch, or of an earlier one when
-    this epoch failed before we took up our stage), and wait for the next plan."""
+    this epoch failed before we took up our stage), and wait for the next plan. Only checked states: none
+    after a step whose check failed (``error``'s finding) or has not ended (``unverified``, the recompute
+    check's shadow: ``verify.stage_check``)."""
     keeper = ctx.keeper
     held = keeper.latest_step is not None and keeper.num_stages == plan.stages
     step, kept = (keeper.latest_step, keeper.kept) if held else (done, 0)
+    caps = [c for c in (unverified, error.finding.step if isinstance(error, VerificationFailed) else None)
+            if c is not None]  # fmt: skip
+    if held and caps and step > min(caps):  # the state after step s is the state before step s + 1
+        kept, step = max(0, kept - (step - min(caps))), min(caps)
     why = f"{type(error).__name__}: {error}" if error is not None else "a newer plan"
     ctx.set_status(FAIL if error is not None else HALT, plan.epoch, done)
     holds = ctx.holds(plan.stages)

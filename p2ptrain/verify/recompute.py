@@ -103,13 +103,16 @@ def recompute(
     grad_output: torch.Tensor | None = None,
     targets: torch.Tensor | None = None,
     loss_tokens: int | None = None,
+    param_grads: bool = True,
 ) -> Recomputed:
     """Forward and backward of one micro-batch of ``module`` (a stage of ``model.stage.build_stage``).
 
     ``inputs``: token ids ``[rows, T]`` on stage 0, else the decoded activation ``[rows, T, d]``;
     ``grad_output``: the decoded gradient of the output (every stage but the last); ``targets`` and
-    ``loss_tokens`` (the loss's denominator: the global batch's tokens) on the last stage. ValueError (one line)
-    for inputs that do not fit."""
+    ``loss_tokens`` (the loss's denominator: the global batch's tokens) on the last stage. Without
+    ``param_grads`` only what a member sends is redone (``param_grads`` empty): the input's gradient, none on
+    stage 0, whose backward is then skipped (the check of the pipeline's messages; the weights' gradients are
+    the sum check's). ValueError (one line) for inputs that do not fit."""
     if module.precision == "fp16":
         raise ValueError("fp16 stages are not recomputed: their loss scale is per-stage state")
     _check_inputs(module, inputs, grad_output, targets, loss_tokens)
@@ -126,6 +129,10 @@ def recompute(
             seeds = None
         else:
             seeds = grad_output.to(device, out.dtype)
+        if not param_grads:
+            params = []
+            if module.has_embeddings:
+                return Recomputed(out.detach(), None, ())
         wrt = params if module.has_embeddings else [x, *params]
         grads = torch.autograd.grad(out, wrt, grad_outputs=seeds, allow_unused=True)
     grads = [torch.zeros_like(w) if g is None else g for g, w in zip(grads, wrt, strict=True)]

@@ -25,6 +25,18 @@ of a replica group of stage j, over the step's link:
    compares what the member sent with what it should have, under ``recompute.allowance`` (check
    ``recompute``).
 
+**In the shadow of the next step** (``last_step``: how the agents run it). Steps 1-5 are rounds and a
+reveal of activation-sized messages across the group: in the step's hook, on a world-wide network, they cost
+a third of a step (``bench e2e``, benchmarks/README.md). So the hook of step t only copies the parameters the
+step computed with (one more copy of the stage's parameters) and keeps its records; steps 1-5 for step t run
+on a thread of their own during step t + 1, over step t + 1's link (the statements say which step they
+check), while the data-parallel links are idle in its forward pass; step t + 1's hook waits for them before
+its update, so a failure is raised there (the finding names step t) and step t + 1 is never applied. Step t
+was: the re-plan restarts from the state before it (``epoch._halt`` reports the states up to step t; a
+trainer keeps one more state, ``churn.keep_states`` + 1, since its peers may have applied step t + 1 too),
+and a trainer that halts for any other reason reports only its checked states. The run's last step is
+checked in its own hook.
+
 A failure raises ``group.VerificationFailed`` after every message of ours is sent (so the others are not left
 waiting on us): the step is never applied here and the epoch halts blaming the member. The evidence is the
 member's revealed tensors (a micro-batch's activations: far over a heartbeat's 16 KiB), so a failed recompute
@@ -35,13 +47,16 @@ and the re-plan restarts from there (docs/verification.md).
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
 import struct
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass, replace
 
 import torch
 from hivemind.utils.crypto import RSAPrivateKey
@@ -53,7 +68,7 @@ from p2ptrain.runtime.topology import Role, Topology
 from p2ptrain.runtime.wire import WireFormat
 from p2ptrain.verify import statement
 from p2ptrain.verify.commit import Challenge, message_digest
-from p2ptrain.verify.group import Finding, fail
+from p2ptrain.verify.group import Finding, VerificationFailed, fail
 from p2ptrain.verify.recompute import allowance, check_message, recompute
 from p2ptrain.verify.sketch import challenge_seed, derive_seed
 
@@ -117,16 +132,58 @@ class RecordingLink:
         return self.link.for_step(step)
 
 
+@dataclass(frozen=True)
+class _Checked:
+    """What the check of one step needs once the step is over: its pipeline messages and the parameters it
+    computed with (the member's module, or in the shadow mode the copy taken before the step's update)."""
+
+    step: int
+    messages: dict[tuple[str, str, int], torch.Tensor]
+    module: torch.nn.Module
+    lane: int = 0  # 1: checked over the next step's link, beside that step's own check (tags apart: ``_part``)
+
+
+def _in_thread(work: Callable[[], None], name: str) -> Future:
+    """``work`` on a daemon thread of its own; its outcome (or exception) in the future."""
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(work())
+        except BaseException as e:  # noqa: BLE001 - handed to whoever joins the check
+            future.set_exception(e)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return future
+
+
+def _part(checked: _Checked, part: int) -> int:
+    """A reveal's part: its place among a micro-batch's messages (at most 4), in its lane's own range."""
+    return part + 4 * checked.lane
+
+
+def _copy_into(shadow: torch.nn.Module, module: torch.nn.Module) -> None:
+    with torch.no_grad():
+        for mine, theirs in zip(shadow.parameters(), module.parameters(), strict=True):
+            mine.copy_(theirs)
+        for mine, theirs in zip(shadow.buffers(), module.buffers(), strict=True):
+            mine.copy_(theirs)
+
+
 class StageVerifier:
     """The recompute check of one member of a stage's replica group for one epoch (see the module).
 
     ``wrap`` goes around each step's link (``StageTrainer.link_wrapper``); ``check_step`` runs in the step's
-    verifier hook, before the update."""
+    verifier hook, before the update. With ``last_step`` (the shadow mode, the agents'), the hook of step t
+    copies the parameters step t computed with and the check of step t runs during step t + 1, over its link
+    (begun by ``wrap``), beside its compute; step t + 1's hook waits for it (and raises its failure) before
+    that step's update. The last step (``last_step``) is checked in its own hook. Without, every step is
+    checked in its own hook."""
 
     def __init__(self, key: RSAPrivateKey, run: str, epoch: int, role: Role, topology: Topology, module: torch.nn.Module,
                  data: TrainData, wire: WireFormat, num_micro_batches: int, hidden_size: int, precision: str,
                  rate: float, on_finding: Callable[[Finding], None] | None = None,
-                 probation: frozenset[str] = frozenset()):  # fmt: skip
+                 probation: frozenset[str] = frozenset(), last_step: int | None = None):  # fmt: skip
         if role.num_stages < 2:
             raise ValueError("the recompute check needs a pipeline of at least 2 stages (one sends no messages)")
         self.key, self.run, self.epoch, self.role, self.topology = key, run, epoch, role, topology
@@ -142,11 +199,21 @@ class StageVerifier:
         self._batch: tuple[int, torch.Tensor | None] = (-1, None)
         self.link: RecordingLink | None = None
         self.recomputed = 0  # micro-batches of other members recomputed, every one held
-        self.seconds = 0.0  # spent in ``check_step``: the check's rounds, reveals and recomputes
+        self.seconds = 0.0  # spent in ``check_step`` (the step waited): the check's, or waiting for the shadow's
+        self.shadow_seconds = 0.0  # spent checking in the shadow of the next step
+        self.last_step = last_step
+        # the shadow mode's copy of the parameters a step computed with (one more copy of the stage's parameters)
+        self._shadow = copy.deepcopy(module) if last_step is not None else None
+        self._pending: _Checked | None = None  # a step whose check waits for the next step's link
+        self._running: Future | None = None  # ... that check, running
+        self.unverified: int | None = None  # the step applied whose check has not passed yet (shadow mode)
 
     def wrap(self, link) -> RecordingLink:
-        self.link = RecordingLink(link)
-        return self.link
+        self.link = recording = RecordingLink(link)
+        if self._pending is not None:  # the step before's check, over this step's link (its messages are this step's)
+            checked, self._pending = self._pending, None
+            self._running = _in_thread(lambda: self._shadow_check(checked, recording), f"recompute-check-{checked.step}")
+        return recording
 
     def begin_step(self, epoch: int, step: int) -> None:
         self.epoch, self.step = epoch, step
@@ -154,38 +221,68 @@ class StageVerifier:
     # -- one step
 
     def check_step(self) -> None:
+        """The step's hook, before its update: the check of the step before ends (shadow mode; its failure is
+        raised here, so this step is not applied), then this step's is done, or set aside for the next."""
         started = time.perf_counter()
         try:
-            self._check_step()
+            link = self.link
+            assert link is not None, "check_step without a recorded step"
+            self.link = None
+            failed: VerificationFailed | None = None
+            if self._running is not None:
+                running, self._running = self._running, None
+                try:
+                    running.result()  # its own calls have deadlines
+                    self.unverified = None
+                except VerificationFailed as e:  # raised once this step's messages are sent too
+                    failed = e
+            checked = _Checked(self.step, link.messages, self.module)
+            if self._shadow is None or self.step >= self.last_step:
+                try:
+                    self._check(checked, link)  # the others wait for our part of it
+                except VerificationFailed:
+                    if failed is None:
+                        raise
+            elif failed is None:
+                _copy_into(self._shadow, self.module)
+                self._pending, self.unverified = replace(checked, module=self._shadow, lane=1), self.step
+            if failed is not None:
+                raise failed
         finally:
             self.seconds += time.perf_counter() - started
 
-    def _check_step(self) -> None:
-        link = self.link
-        assert link is not None, "check_step without a recorded step"
-        self.link = None
-        role, n = self.role, len(self.group)
+    def _shadow_check(self, checked: _Checked, link) -> None:
+        started = time.perf_counter()
+        try:
+            self._check(checked, link)
+        finally:
+            self.shadow_seconds += time.perf_counter() - started
+
+    def _check(self, checked: _Checked, link) -> None:
+        """Steps 1-5 of the module for step ``checked.step``, over ``link`` (its own, or the next step's)."""
+        role, n, step = self.role, len(self.group), checked.step
         mine = entries(role.stage, role.num_stages, self.num_micro_batches)
-        digests = [message_digest(link.messages[e], self._tag(role.replica, role.stage, e)) for e in mine]
-        blob, body_bytes = self._commitment(role.stage, role.replica, digests), self._body_bytes(role.stage)
+        digests = [message_digest(checked.messages[e], self._tag(step, role.replica, role.stage, e)) for e in mine]
+        blob, body_bytes = self._commitment(step, role.stage, role.replica, digests), self._body_bytes(role.stage)
         sends: list[Future] = []
         for peer in [p for p in self.group if p != self.me] + list(self.neighbours.values()):
-            sends.append(link.send(peer, MessageKind.PIPE_COMMIT, 0, 0, statement.to_message(blob, body_bytes)))
+            sends.append(link.send(peer, MessageKind.PIPE_COMMIT, 0, checked.lane,
+                                   statement.to_message(blob, body_bytes)))  # fmt: skip
         findings: list[Finding] = []
         # 2. what our neighbours committed to of the messages we exchanged with them
         for stage, peer in self.neighbours.items():
             try:
-                theirs = self._open(link, peer, stage, role.replica)
+                theirs = self._open(link, step, checked.lane, peer, stage, role.replica)
             except ValueError as e:
-                findings.append(self._finding(peer, "statement", f"its pipeline commitment is refused: {e}"))
+                findings.append(self._finding(step, peer, "statement", f"its pipeline commitment is refused: {e}"))
                 continue
             for entry, digest in zip(entries(stage, role.num_stages, self.num_micro_batches), theirs, strict=True):
                 direction, kind, m = entry
                 if _toward_next(entry) != (stage < role.stage):
                     continue  # a message it exchanged with its other neighbour
                 own = (RECEIVED if direction == SENT else SENT, kind, m)
-                if message_digest(link.messages[own], self._tag(role.replica, stage, entry)) != digest:
-                    findings.append(self._finding(peer, "pipeline", f"it committed to another {kind} of micro-batch "
+                if message_digest(checked.messages[own], self._tag(step, role.replica, stage, entry)) != digest:
+                    findings.append(self._finding(step, peer, "pipeline", f"it committed to another {kind} of micro-batch "
                                                                     f"{m} than the one it {direction} with us"))  # fmt: skip
                     break
         # 3. the seed, from the group's commitments
@@ -193,23 +290,23 @@ class StageVerifier:
         for k, peer in enumerate(self.group):
             if k != role.replica:
                 try:
-                    committed[k] = self._open(link, peer, role.stage, k)
+                    committed[k] = self._open(link, step, checked.lane, peer, role.stage, k)
                 except ValueError as e:
-                    findings.append(self._finding(peer, "statement", f"its pipeline commitment is refused: {e}"))
+                    findings.append(self._finding(step, peer, "statement", f"its pipeline commitment is refused: {e}"))
         if len(committed) < n:
             fail(findings, self.on_finding)  # no seed without every member's commitment
-        seed = challenge_seed(f"{self.run}/{self.epoch}/{role.stage}/recompute", self.step,
+        seed = challenge_seed(f"{self.run}/{self.epoch}/{role.stage}/recompute", step,
                               [d for k in range(n) for d in committed[k]])  # fmt: skip
         # 4. reveal ours to our verifier
         verifier = self.group[verifier_of(seed, role.stage, role.replica, n)]
         for m in Challenge(seed, self.rates[role.replica]).micro_batches(role.stage, role.replica, self.num_micro_batches):
             for part, entry in enumerate(e for e in mine if e[2] == m):
-                sends.append(link.send(verifier, MessageKind.REVEAL, m, part, link.messages[entry]))
+                sends.append(link.send(verifier, MessageKind.REVEAL, m, _part(checked, part), checked.messages[entry]))
         # 5. recompute the members we verify
         for k in range(n):
             if k != role.replica and verifier_of(seed, role.stage, k, n) == role.replica:
                 for m in Challenge(seed, self.rates[k]).micro_batches(role.stage, k, self.num_micro_batches):
-                    finding = self._verify(link, k, m, dict(zip(mine, committed[k], strict=True)))
+                    finding = self._verify(checked, link, k, m, dict(zip(mine, committed[k], strict=True)))
                     if finding is not None:
                         findings.append(finding)
                         break
@@ -218,25 +315,26 @@ class StageVerifier:
             fail(findings, self.on_finding)
         wait_all(sends)
 
-    def _verify(self, link: RecordingLink, k: int, m: int, committed: dict) -> Finding | None:
+    def _verify(self, checked: _Checked, link, k: int, m: int, committed: dict) -> Finding | None:
         """Member k's micro-batch m: its revealed messages against its digests, then recomputed and compared."""
-        role, peer = self.role, self.group[k]
+        role, peer, step = self.role, self.group[k], checked.step
         revealed = {}
         for part, entry in enumerate(e for e in committed if e[2] == m):
             codec = self.wire.activation if entry[1] == ACT else self.wire.activation_grad
-            shape, dtype = codec.wire_spec(self._act_shape(k))
-            message = link.recv(peer, MessageKind.REVEAL, m, part, shape, dtype)
-            if message_digest(message, self._tag(k, role.stage, entry)) != committed[entry]:
-                return self._finding(peer, "reveal", f"its revealed {entry[1]} of micro-batch {m} ({entry[0]}) is not "
+            shape, dtype = codec.wire_spec(self._act_shape(step, k))
+            message = link.recv(peer, MessageKind.REVEAL, m, _part(checked, part), shape, dtype)
+            if message_digest(message, self._tag(step, k, role.stage, entry)) != committed[entry]:
+                return self._finding(step, peer, "reveal", f"its revealed {entry[1]} of micro-batch {m} ({entry[0]}) is not "
                                                      "the message it committed to")  # fmt: skip
             revealed[entry[:2]] = message
-        inputs, targets = inputs_and_targets(self._micro_batch(k, m))
-        shape = self._act_shape(k)
+        inputs, targets = inputs_and_targets(self._micro_batch(step, k, m))
+        shape = self._act_shape(step, k)
         try:
             x = inputs if role.is_first else self.wire.activation.decode(revealed[(RECEIVED, ACT)], shape)
             grad_output = None if role.is_last else self.wire.activation_grad.decode(revealed[(RECEIVED, GRAD)], shape)
-            own = recompute(self.module, x, grad_output=grad_output, targets=targets if role.is_last else None,
-                            loss_tokens=self.data.tokens_per_batch if role.is_last else None)  # fmt: skip
+            own = recompute(checked.module, x, grad_output=grad_output, targets=targets if role.is_last else None,
+                            loss_tokens=self.data.tokens_per_batch if role.is_last else None,
+                            param_grads=False)  # fmt: skip
             checks = []
             if not role.is_last:
                 checks.append(("activation", check_message(self.wire.activation, revealed[(SENT, ACT)], own.output,
@@ -246,37 +344,37 @@ class StageVerifier:
                     self.wire.activation_grad, revealed[(SENT, GRAD)], own.input_grad,
                     allowance(self.precision, "input_grad"))))  # fmt: skip
         except ValueError as e:  # a message that does not decode, or that no honest encoder makes
-            return self._finding(peer, "recompute", f"its messages of micro-batch {m} are refused: {e}")
+            return self._finding(step, peer, "recompute", f"its messages of micro-batch {m} are refused: {e}")
         for what, result in checks:
             if not result.passed:
-                return self._finding(peer, "recompute", f"the {what} it sent for micro-batch {m} is not what its "
+                return self._finding(step, peer, "recompute", f"the {what} it sent for micro-batch {m} is not what its "
                                      f"input gives ({result.ratio:.3g}× the allowance, worst row {result.row})",
                                      result.ratio)  # fmt: skip
         return None
 
     # -- the parts
 
-    def _micro_batch(self, k: int, m: int) -> torch.Tensor:
-        if self._batch[0] != self.step:  # the step's global batch, derived once (a dataset read may be slow)
-            self._batch = (self.step, self.data.global_batch(self.step))
+    def _micro_batch(self, step: int, k: int, m: int) -> torch.Tensor:
+        if self._batch[0] != step:  # the step's global batch, derived once (a dataset read may be slow)
+            self._batch = (step, self.data.global_batch(step))
         shard = shard_of(self._batch[1], k, len(self.group))
         return micro_batches(shard, self.num_micro_batches)[m]
 
-    def _act_shape(self, k: int) -> tuple[int, int, int]:
-        rows, width = self._micro_batch(k, 0).shape
+    def _act_shape(self, step: int, k: int) -> tuple[int, int, int]:
+        rows, width = self._micro_batch(step, k, 0).shape
         return rows, width - 1, self.hidden_size
 
-    def _tag(self, replica: int, stage: int, entry: tuple[str, str, int]) -> str:
+    def _tag(self, step: int, replica: int, stage: int, entry: tuple[str, str, int]) -> str:
         """The digest tag of a pipeline message of the member (stage, replica), the same at both ends: its sender
         and receiver by peer ID."""
         direction, kind, m = entry
         row = self.topology.pipelines[replica]
         member, other = row[stage], row[stage + 1 if _toward_next(entry) else stage - 1]
         sender, receiver = (member, other) if direction == SENT else (other, member)
-        return f"{self.run}/{self.epoch}/{self.step}/pipe/{kind}/{m}/{sender}/{receiver}"
+        return f"{self.run}/{self.epoch}/{step}/pipe/{kind}/{m}/{sender}/{receiver}"
 
-    def _header(self, stage: int, replica: int) -> bytes:
-        fields = {"kind": "pipe_commit", "run": self.run, "epoch": self.epoch, "step": self.step, "stage": stage,
+    def _header(self, step: int, stage: int, replica: int) -> bytes:
+        fields = {"kind": "pipe_commit", "run": self.run, "epoch": self.epoch, "step": step, "stage": stage,
                   "replica": replica, "member": self.topology.pipelines[replica][stage],
                   "micro_batches": self.num_micro_batches}  # fmt: skip
         text = json.dumps(fields, sort_keys=True).encode()
@@ -286,18 +384,18 @@ class StageVerifier:
     def _body_bytes(self, stage: int) -> int:
         return HEADER_BYTES + 32 * len(entries(stage, self.role.num_stages, self.num_micro_batches))
 
-    def _commitment(self, stage: int, replica: int, digests: list[bytes]) -> bytes:
-        return statement.sign(self.key, self._header(stage, replica) + b"".join(digests))
+    def _commitment(self, step: int, stage: int, replica: int, digests: list[bytes]) -> bytes:
+        return statement.sign(self.key, self._header(step, stage, replica) + b"".join(digests))
 
-    def _open(self, link: RecordingLink, peer: str, stage: int, replica: int) -> list[bytes]:
+    def _open(self, link, step: int, lane: int, peer: str, stage: int, replica: int) -> list[bytes]:
         """The digests ``peer`` (stage, replica) committed to; ValueError (one line) for a statement refused."""
         body_bytes = self._body_bytes(stage)
-        message = link.recv(peer, MessageKind.PIPE_COMMIT, 0, 0, (statement.wire_size(body_bytes),), torch.uint8)
+        message = link.recv(peer, MessageKind.PIPE_COMMIT, 0, lane, (statement.wire_size(body_bytes),), torch.uint8)
         body = statement.open_signed(statement.from_message(message), peer)
-        want = self._header(stage, replica)
+        want = self._header(step, stage, replica)
         if body[:HEADER_BYTES] != want or len(body) != body_bytes:
             raise ValueError("it is for another run, epoch, step, stage or micro-batch count")
         return [body[i: i + 32] for i in range(HEADER_BYTES, body_bytes, 32)]
 
-    def _finding(self, peer: str, check: str, reason: str, ratio: float = math.inf) -> Finding:
-        return Finding(peer, self.epoch, self.step, check, ratio, reason)
+    def _finding(self, step: int, peer: str, check: str, reason: str, ratio: float = math.inf) -> Finding:
+        return Finding(peer, self.epoch, step, check, ratio, reason)

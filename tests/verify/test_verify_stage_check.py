@@ -73,7 +73,7 @@ class Corrupting:
 
     def send(self, peer, kind, m, part, tensor):
         if self.reveals:  # inside the recording: its reveal of the activation it sent is the clean one
-            if kind == MessageKind.REVEAL and part == 1 and m in self.corrupt.clean:
+            if kind == MessageKind.REVEAL and part % 4 == 1 and m in self.corrupt.clean:  # lanes of 4
                 tensor = self.corrupt.clean[m]
         elif kind == self.corrupt.kind and self.step >= 1:
             self.corrupt.clean[m] = tensor
@@ -84,12 +84,15 @@ class Corrupting:
         return self.inner.recv(*args)
 
 
-def run_swarm(corrupt: Corrupt | None = None, cfg: TrainConfig = CFG, probation: frozenset[str] = frozenset()):
+def run_swarm(corrupt: Corrupt | None = None, cfg: TrainConfig = CFG, probation: frozenset[str] = frozenset(),
+              shadow: bool = False):
     rows = [[IDENTITIES[r * cfg.stages + s].peer_id for s in range(cfg.stages)] for r in range(cfg.replicas)]
     keys = {IDENTITIES[r * cfg.stages + s].peer_id: IDENTITIES[r * cfg.stages + s].private_key
             for s in range(cfg.stages) for r in range(cfg.replicas)}  # fmt: skip
     topology = Topology.from_rows(rows)
     data = build_data(cfg)
+    if corrupt is not None:
+        corrupt.clean.clear()  # CASES are shared by the tests
     members = {}
     for peer in topology.peers:
         role = topology.role_of(peer)
@@ -98,7 +101,8 @@ def run_swarm(corrupt: Corrupt | None = None, cfg: TrainConfig = CFG, probation:
                                  cfg.shape.hidden_size, learning_rate=lambda s: cfg.optimizer.lr_at(s, cfg.steps),
                                  total_steps=cfg.steps, wire=cfg.wire, schedule=cfg.schedule)  # fmt: skip
         checker = StageVerifier(keys[peer], RUN, 0, role, topology, module, data, executor.wire, cfg.micro_batches,
-                                cfg.shape.hidden_size, cfg.precision, 1 / 8, probation=probation)  # fmt: skip
+                                cfg.shape.hidden_size, cfg.precision, 1 / 8, probation=probation,
+                                last_step=cfg.steps - 1 if shadow else None)  # fmt: skip
         executor.reducer.verifier = lambda records, rank, n, exchange, c=checker: c.check_step()
         members[peer] = (executor, checker)
     losses, errors, lock = [], {}, threading.Lock()
@@ -196,8 +200,40 @@ CASES = {
 def test_a_corrupt_member_is_named_in_the_step_it_starts(case):
     corrupt, check = CASES[case]
     topology, _, errors, _ = run_swarm(corrupt)
+    _named(topology, errors, check)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", ["activation gradient noise", "commits clean, sends corrupt", "reveals clean"])
+def test_in_the_shadow_a_corrupt_member_is_named_before_the_next_update(case):
+    """The agents' mode: step 1 is checked during step 2, whose hook raises the finding (step 1's), so step 2
+    is never applied."""
+    corrupt, check = CASES[case]
+    topology, _, errors, members = run_swarm(corrupt, dataclasses.replace(CFG, steps=3), shadow=True)
+    _named(topology, errors, check)
+    finder = members[next(iter(errors))][1]
+    assert finder.unverified == 1 and finder.shadow_seconds > 0
+
+
+@pytest.mark.timeout(120)
+def test_in_the_shadow_honest_steps_pass_and_train_bit_for_bit_as_checked_in_place():
+    """The check beside the next step changes nothing of what the run computes."""
+    cfg = dataclasses.replace(CFG, steps=3)
+    _, losses, errors, members = run_swarm(cfg=cfg, shadow=True)
+    assert not errors, errors
+    _, in_place, errors, _ = run_swarm(cfg=cfg)
+    assert not errors, errors
+    assert losses == in_place and len(losses) == 3
+    checkers = [c for _, c in members.values()]
+    assert sum(c.recomputed for c in checkers) == cfg.steps * cfg.stages * cfg.replicas  # 8 × 1/8 each
+    assert all(c.unverified is None and c._running is None and c._pending is None for c in checkers)
+    assert all(c.shadow_seconds > 0 for c in checkers)  # steps 0 and 1 were checked beside the next
+
+
+def _named(topology, errors, check):
     rogue = topology.pipelines[ROGUE[1]][ROGUE[0]]
     errors.pop(rogue, None)  # its own checks are honest code on its own (clean) records: it may name anyone
     assert errors and all(isinstance(e, VerificationFailed) for e in errors.values()), errors
     assert {e.peer for e in errors.values()} == {rogue}
-    assert {e.finding.check for e in errors.values()} == {check} and all(e.finding.step == 1 for e in errors.values())
+    assert {e.finding.check for e in errors.values()} == {check}, errors
+    assert all(e.finding.step == 1 for e in errors.values()), errors

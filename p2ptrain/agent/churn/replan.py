@@ -144,6 +144,8 @@ class ReplanWatch:
             kept = record.kept if record.halted else self.churn.keep_states
             holding = holding_of(plan, peer, record.step, kept, record.stage if record.halted else None, self.rounds)
             holdings[peer] = ([holding] if holding is not None else []) + copies_of(record.holds)
+        cap = refused_cap(halted)  # a checkpoint after a refused step may hold what it tainted, like a copy
+        checkpoints = [c for c in checkpoints if cap is None or c <= cap]
         restart = restart_point(plan.stages, refused_states(holdings, halted), checkpoints, self.rounds)
         why = f"peer(s) {', '.join(dead)} left" if dead else f"a step failed on {len(halted)} trainer(s)"
         if restart.lost_stages:
@@ -173,9 +175,15 @@ def refused_states(holdings: Mapping[str, list[Holding]],
     refused = [r for r in halted.values() if r.refused and r.blame is not None]
     if not refused:
         return dict(holdings)
-    cap, culprits = min(r.step for r in refused), {r.blame for r in refused}
+    cap, culprits = refused_cap(halted), {r.blame for r in refused}
     return {p: [replace(h, last=min(h.last, cap)) for h in hs if h.first <= cap]
             for p, hs in holdings.items() if p not in culprits}  # fmt: skip
+
+
+def refused_cap(halted: Mapping[str, ProgressRecord]) -> int | None:
+    """The last state a re-plan may restart from after refused steps: the earliest refused record's (its
+    finder reports the state before the step that failed); None: nothing refused."""
+    return min((r.step for r in halted.values() if r.refused and r.blame is not None), default=None)
 
 
 def blame_roots(edges: Mapping[str, str]) -> set[str]:
