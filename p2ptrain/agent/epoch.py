@@ -217,10 +217,13 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
             sent_before = ctx.transport.sent_bytes  # what the step sends: its calls, its checkpoint's and copies'
             started = time.perf_counter()
             between_s = started - last_end if last_end is not None else 0.0  # the last step's aftermath
+            checked_s = 0.0  # the checks' time in the step's hook (``verify_s``)
             for checks in (verifier, recomputer):
                 if checks is not None:
                     checks.begin_step(plan.epoch, step)
+                    checked_s -= checks.seconds
             result = trainer.step(ctx.transport, ctx.dht.keys.run_id, plan.epoch, step, topology, ctx.call_timeout_s)
+            checked_s += sum(checks.seconds for checks in (verifier, recomputer) if checks is not None)
             compute_s = trainer.executor.pacer.busy_s - busy_s  # our own compute, none of the waits (``claims``)
             compute_cpu_s = trainer.executor.pacer.busy_cpu_s - busy_cpu_s  # its CPU time: less, where it waited
             last_end = time.perf_counter()
@@ -244,7 +247,8 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
                              stage=role.stage, replica=role.replica, compute_s=round(compute_s, 6),
                              compute_cpu_s=round(compute_cpu_s, 6), between_s=round(between_s, 6),
                              **_waits(result.waits), tokens_per_s=round(tokens_per_s, 1), sent_bytes=sent_bytes,
-                             round=step // sync_every if sync_every > 1 else None)  # DiLoCo: the step's round
+                             round=step // sync_every if sync_every > 1 else None,  # DiLoCo: the step's round
+                             verify_s=round(checked_s, 6) if verifier is not None else None)
             loss = f" loss {result.loss:.4f}" if result.loss is not None else ""
             logger.info("epoch %d step %d/%d%s (%.3f s, %.0f tokens/s)", plan.epoch, done, cfg.steps, loss,
                         result.step_time_s, tokens_per_s)

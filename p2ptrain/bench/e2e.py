@@ -12,7 +12,10 @@ the measured step time beside the step time the planner predicted (the ``simulat
 With ``--settings`` the scheduled plan is also trained once per further setting (wire format / schedule /
 overlap, the first is the one the plans above use) and each is reported with its measured and predicted
 step time and its loss after the last step; each setting's leader plans with that setting, so its plan may
-differ (the table says when it does).
+differ (the table says when it does). Every setting's swarm has the same peers (identity files) as the
+plan's; with ``--settings-plan megatron`` the settings train Megatron's placement, by peer-ID order, so every
+setting's swarm trains the very same plan: what a setting costs on one plan, apart from what it changes in
+the plan (a scheduled plan is made on each swarm's own measurements, whose noise alone moves it).
 
 Mixed GPUs (``volunteers``): each agent also computes as many times slower as its card is than the
 fastest (``runtime.compute_speed``), and the plans compared are the compute- and memory-aware plan
@@ -62,7 +65,9 @@ import csv
 import dataclasses
 import json
 import logging
+import shutil
 import statistics
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -99,17 +104,23 @@ CALL_TIMEOUT_S = 180.0
 # the leader's search budget, which the followers also allow it (the swarm's default is 60 s): there every agent
 # searches the first plan at once, and the leader's took 70 s of the 70 it was allowed, so it was passed over
 PLAN_BUDGET_S = 180.0
+# the leader's search, then each follower's own for its cost check (``plan_check``), each up to the budget
+STARTUP_TIMEOUT_S = 2 * PLAN_BUDGET_S + 120.0
 DEFAULT_OUT = "benchmarks/results"
 DEFAULT_SETTING = "fp32/gpipe/overlap"
 WIRES, SCHEDULES = WIRE_FORMATS, ("gpipe", "1f1b")
-SETTING_FORM = "WIRE/SCHEDULE/overlap|no-overlap[/diloco-H|/streamed-H][/no-verify]"
+SETTING_FORM = "WIRE/SCHEDULE/overlap|no-overlap[/diloco-H|/streamed-H][/no-verify|/verify-RATE]"
 
 
 def parse_setting(setting: str) -> tuple[str, str, bool]:
-    """``WIRE/SCHEDULE/overlap|no-overlap[/diloco-H|/streamed-H][/no-verify]`` as (wire, schedule, overlap)
-    (``sync_every``: H; ``streamed``: DiLoCo's rounds overlapped; ``verified``: the members' work checked, as by
-    default, or not: what the checks cost); ValueError (one line) otherwise."""
+    """``WIRE/SCHEDULE/overlap|no-overlap[/diloco-H|/streamed-H][/no-verify|/verify-RATE]`` as (wire, schedule,
+    overlap) (``sync_every``: H; ``streamed``: DiLoCo's rounds overlapped; ``verified``: the members' work checked,
+    as by default, or not: what the checks cost; ``verify_rate``: at another ``[verify] rate``); ValueError (one
+    line) otherwise."""
     parts = _without_verify(setting)
+    last = setting.strip().split("/")[-1]
+    if last.startswith("verify-") and _rate(last) is None:
+        raise ValueError(f"--settings: {setting!r}: a verification rate is a number in (0, 1], e.g. verify-0.0625")
     if (len(parts) not in (3, 4) or parts[0] not in WIRES or parts[1] not in SCHEDULES
             or parts[2] not in ("overlap", "no-overlap") or len(parts) == 4 and _rounds(parts[3]) is None):
         raise ValueError(f"--settings: {setting!r} is not {SETTING_FORM} (wire one of {', '.join(WIRES)}, schedule "
@@ -136,9 +147,23 @@ def verified(setting: str) -> bool:
     return setting.strip().split("/")[-1] != "no-verify"
 
 
+def verify_rate(setting: str) -> float | None:
+    """A setting's ``[verify] rate`` (``/verify-RATE``); None: the default."""
+    parse_setting(setting)
+    return _rate(setting.strip().split("/")[-1])
+
+
+def _rate(part: str) -> float | None:
+    try:
+        rate = float(part.removeprefix("verify-")) if part.startswith("verify-") else None
+    except ValueError:
+        return None
+    return rate if rate is not None and 0 < rate <= 1 else None
+
+
 def _without_verify(setting: str) -> list[str]:
     parts = setting.strip().split("/")
-    return parts[:-1] if len(parts) > 3 and parts[-1] == "no-verify" else parts
+    return parts[:-1] if len(parts) > 3 and (parts[-1] == "no-verify" or parts[-1].startswith("verify-")) else parts
 
 
 def _rounds(part: str) -> int | None:
@@ -160,6 +185,7 @@ class E2EConfig:
     workdir: str | None = None  # a folder per plan inside; default: a temporary folder per swarm
     plans: tuple[str, ...] = ()  # which of them to run ("scheduled" always); () the scenario's default
     settings: tuple[str, ...] = (DEFAULT_SETTING,)  # SETTING_FORM; the plans use the first
+    settings_plan: str = "scheduled"  # the plan the other settings train with (one of PLANS, run first)
     # the world in slow motion: devices this many times slower, the time scale alike; None: fitting_scale
     compute_scale: float | None = None
 
@@ -177,6 +203,8 @@ class E2EConfig:
             object.__setattr__(self, "plans", MIXED_PLANS if self.scenario in MIXED_SCENARIOS else PAPER_PLANS)
         if self.steps < 2:
             raise ValueError("--steps must be at least 2 (the first step is a warm-up and not measured)")
+        if self.settings_plan not in self.plans:
+            raise ValueError(f"--settings-plan {self.settings_plan}: not among --plans {','.join(self.plans)}")
         if self.compute_scale is not None and not 1 <= self.compute_scale < float("inf"):
             raise ValueError(f"--compute-scale must be a number of at least 1, got {self.compute_scale}")
         unknown = set(self.plans) - set(PLANS)
@@ -220,7 +248,8 @@ def _swarm_config(config: E2EConfig, strategy: str, time_scale: float, compute_s
                        time_scale=time_scale, strategy=strategy, objective="simulated", model=config.model,
                        micro_batches=config.micro_batches, seed=config.seed, workdir=workdir, wire=wire,
                        schedule=schedule, overlap=overlap, compute_scale=compute_scale, call_timeout_s=CALL_TIMEOUT_S,
-                       plan_budget_s=PLAN_BUDGET_S, sync="diloco" if h > 1 else "every-step", verify=verified(setting),
+                       plan_budget_s=PLAN_BUDGET_S, startup_timeout_s=STARTUP_TIMEOUT_S, sync="diloco" if h > 1 else "every-step", verify=verified(setting),
+                       verify_rate=verify_rate(setting),
                        diloco=DiLoCoConfig(inner_steps=h, overlap=streamed(setting)))  # fmt: skip
 
 
@@ -235,37 +264,43 @@ def run_e2e(config: E2EConfig, stop) -> dict[str, Any]:
                 train.micro_batches, factors["size_factor"], time_scale, compute_scale)  # fmt: skip
     plans: dict[str, Any] = {}
     models: dict[str, Any] = {}
-    for strategy in [p for p in PLANS if p in config.plans]:
-        workdir = str(Path(config.workdir) / strategy) if config.workdir else None
-        result = run_swarm(_swarm_config(config, strategy, time_scale, compute_scale, workdir), stop)
-        if not result.ok:
-            raise RuntimeError(f"{config.scenario}, {strategy}: the swarm failed: {result.error}")
-        if strategy == "scheduled":
-            models = leader_objectives(result.summary)
-        plans[strategy] = plan_row(result.summary, step_completions(result.agents), time_scale,
-                                   shown_compute(result.agents), sync_every(config.settings[0])) | {
-            "breakdown": step_breakdown(result.agents)}
-        logger.info("%s, %s: measured %.3f s, predicted %.3f s", config.scenario, strategy,
-                    plans[strategy]["measured_step_s"], plans[strategy]["predicted_step_s"])
-    settings = {config.settings[0]: plans["scheduled"]}
-    for setting in config.settings[1:]:
-        workdir = str(Path(config.workdir) / setting.replace("/", "-")) if config.workdir else None
-        swarm = _swarm_config(config, "scheduled", time_scale, compute_scale, workdir, setting)
-        result = run_swarm(swarm, stop)
-        if not result.ok:
-            raise RuntimeError(f"{config.scenario}, {setting}: the swarm failed: {result.error}")
-        settings[setting] = plan_row(result.summary, step_completions(result.agents), time_scale,
-                                     shown_compute(result.agents), sync_every(setting)) | {
-            "breakdown": step_breakdown(result.agents)}
-        logger.info("%s, %s: measured %.3f s, predicted %.3f s", config.scenario, setting,
-                    settings[setting]["measured_step_s"], settings[setting]["predicted_step_s"])
+    settings: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="p2ptrain-e2e-") as scratch:
+        root = Path(config.workdir or scratch)  # a folder per swarm: the settings' reuse the plan's peers
+        for strategy in [p for p in PLANS if p in config.plans]:
+            result = run_swarm(_swarm_config(config, strategy, time_scale, compute_scale, str(root / strategy)), stop)
+            if not result.ok:
+                raise RuntimeError(f"{config.scenario}, {strategy}: the swarm failed: {result.error}")
+            if strategy == "scheduled":
+                models = leader_objectives(result.summary)
+            plans[strategy] = plan_row(result.summary, step_completions(result.agents), time_scale,
+                                       shown_compute(result.agents), sync_every(config.settings[0])) | {
+                "breakdown": step_breakdown(result.agents)}
+            logger.info("%s, %s: measured %.3f s, predicted %.3f s", config.scenario, strategy,
+                        plans[strategy]["measured_step_s"], plans[strategy]["predicted_step_s"])
+        settings[config.settings[0]] = plans[config.settings_plan]
+        for setting in config.settings[1:]:
+            # the same peers (identity files) as the plan's swarm: a plan by peer-ID order is the same plan
+            workdir = root / setting.replace("/", "-")
+            workdir.mkdir(parents=True, exist_ok=True)
+            for k in range(config.agents):
+                shutil.copy2(root / config.settings_plan / f"agent-{k}.id", workdir / f"agent-{k}.id")  # mode 600 too
+            swarm = _swarm_config(config, config.settings_plan, time_scale, compute_scale, str(workdir), setting)
+            result = run_swarm(swarm, stop)
+            if not result.ok:
+                raise RuntimeError(f"{config.scenario}, {setting}: the swarm failed: {result.error}")
+            settings[setting] = plan_row(result.summary, step_completions(result.agents), time_scale,
+                                         shown_compute(result.agents), sync_every(setting)) | {
+                "breakdown": step_breakdown(result.agents)}
+            logger.info("%s, %s: measured %.3f s, predicted %.3f s", config.scenario, setting,
+                        settings[setting]["measured_step_s"], settings[setting]["predicted_step_s"])
     return {
         "scenario": config.scenario, "agents": config.agents, "stages": config.stages,
         "replicas": config.agents // config.stages, "steps": config.steps, "model": train.model,
         "global_batch_size": train.global_batch_size, "micro_batches": train.micro_batches,
         "size_factor": factors["size_factor"], "time_scale": time_scale, "compute_scale": compute_scale,
         "seed": config.seed,
-        "plans": plans, "speedups": speedups(plans, models), "settings": settings,
+        "plans": plans, "speedups": speedups(plans, models), "settings": settings, "settings_plan": config.settings_plan,
     }  # fmt: skip
 
 
@@ -498,7 +533,7 @@ def format_settings(report: dict[str, Any]) -> str:
         lines.append(f"{name:<22} {r['measured_step_s']:10.3f} {r['predicted_step_s']:11.3f} {100 * r['error']:+6.1f}% "
                      f"{shown} {base['measured_step_s'] / r['measured_step_s']:16.2f}× "
                      f"{base['predicted_step_s'] / r['predicted_step_s']:8.2f}× {r['loss_last']:7.4f}  {same}")
-    lines.append(f"{report['scenario']}: the scheduled plan per setting; predicted: the leader's, from the agents' "
+    lines.append(f"{report['scenario']}: the {report.get('settings_plan', 'scheduled')} plan per setting; predicted: the leader's, from the agents' "
                  f"calibration; shown: the same plan priced with the compute the trainers showed while training; "
                  f"speedup = the first setting's step time over this one's; loss after step {report['steps']}; "
                  f"plan: the same as the first setting's or another")
@@ -561,10 +596,13 @@ def write_results(reports: list[dict[str, Any]], out_dir: Path, stem: str) -> li
 @click.option("--settings", default=DEFAULT_SETTING, show_default=True,
               help=f"{SETTING_FORM}, comma-separated (diloco-H: DiLoCo rounds of H steps): the plans train with the "
                    "first; the scheduled plan also with each other one, side by side.")
+@click.option("--settings-plan", type=click.Choice(PLANS), default="scheduled", show_default=True,
+              help="The plan the settings after the first train with, by the same peers as its own swarm "
+                   "(megatron: the same placement in every setting's swarm; must be among --plans).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON document on stdout.")
 def command(scenario: str, agents: int, stages: int, steps: int, time_scale: float | None, micro_batches: int,
             compute_scale: float | None, plans: str, seed: int, out_dir: str, workdir: str | None,
-            settings: str, as_json: bool) -> None:  # fmt: skip
+            settings: str, settings_plan: str, as_json: bool) -> None:  # fmt: skip
     """One emulated network end to end: scheduled plan, Megatron's order, random; measured beside predicted."""
     from p2ptrain.lifecycle import StopSignal
 
@@ -573,7 +611,8 @@ def command(scenario: str, agents: int, stages: int, steps: int, time_scale: flo
     config = E2EConfig(scenario=scenario, agents=agents, stages=stages, steps=steps, time_scale=time_scale,
                        micro_batches=micro_batches, compute_scale=compute_scale, seed=seed, workdir=workdir,
                        plans=tuple(p.strip() for p in plans.split(",") if p.strip()),
-                       settings=tuple(s.strip() for s in settings.split(",") if s.strip()))  # fmt: skip
+                       settings=tuple(s.strip() for s in settings.split(",") if s.strip()),
+                       settings_plan=settings_plan)  # fmt: skip
     _progress_logging()
     with StopSignal() as stop:
         report = run_e2e(config, stop)

@@ -61,6 +61,7 @@ class SwarmConfig:
     resume: bool = False  # the first plan starts from the agents' own copies (<workdir>/agent-K.state)
     liveness: bool = True  # heartbeat pings (off: failures show only as failed calls and expired records)
     verify: bool = True  # the checks of members' work (``[verify] enabled``; off: to measure what they cost)
+    verify_rate: float | None = None  # their ``[verify] rate`` (None: the default)
     warm_copies: bool = True  # periodic warm copies of every stage (off: only the epochs' start copies)
     monitor_port: int | None = None  # also start ``p2ptrain monitor`` on this port (0: any free port); None: no
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)  # TrainConfig.optimizer: unsaid keys, the preset's

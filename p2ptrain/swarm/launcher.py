@@ -375,7 +375,7 @@ def _agent_toml(config: SwarmConfig, train: TrainConfig, run: str, maddrs: list[
         "transport": {"call_timeout_s": config.call_timeout_s},
         "churn": {"halt_timeout_s": max(config.call_timeout_s, config.peer_ttl_s) * 2},
         "liveness": {"enabled": config.liveness},
-        "verify": {"enabled": config.verify},
+        "verify": {"enabled": config.verify} | ({"rate": config.verify_rate} if config.verify_rate is not None else {}),
         "checkpoint": {"every_steps": config.checkpoint_every, "resume": config.resume,
                        "local_dir": str(root / f"agent-{agent.index}.state")},
     }  # fmt: skip

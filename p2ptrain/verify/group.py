@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -116,11 +117,19 @@ class GroupVerifier:
         self._owned: dict[int, tuple[RunningSum, list[RunningSum]]] = {}
         self._seen: dict[tuple[int, int], tuple[RunningSum, RunningSum]] = {}
         self.checked_steps = 0
+        self.seconds = 0.0  # spent in the step's hook: the rounds, sketches and judgements
 
     def begin_step(self, epoch: int, step: int) -> None:
         self.epoch, self.step = epoch, step
 
     def __call__(self, records: list[ReduceRecord], rank: int, n: int, exchange: GroupExchange) -> None:
+        started = time.perf_counter()
+        try:
+            self._check(records, rank, n, exchange)
+        finally:
+            self.seconds += time.perf_counter() - started
+
+    def _check(self, records: list[ReduceRecord], rank: int, n: int, exchange: GroupExchange) -> None:
         me = self.group[rank]
         numels = [sum(record.sizes) for record in records]  # the buckets'; a sketch statement says its shards'
         owned = [record.sizes[rank] for record in records]

@@ -9,6 +9,9 @@
     python corrupt_member.py skip CONFIG          # sends another token's values for each (compute not used)
     python corrupt_member.py clean_commit CONFIG  # noise on what it sends, commits to the clean messages
     python corrupt_member.py clean_reveal CONFIG  # noise on what it sends and commits to, reveals the clean ones
+    python corrupt_member.py guess CONFIG         # noise on the activations of the micro-batches it guesses are
+                                                  # not checked: all but those it last revealed (the challenge
+                                                  # repeats, it bets), at first all but 0 and 1
 
 Each runs the real agent (real identity, DHT, streams); only its own runtime is patched, inside this process:
 ``scale`` and ``negate`` change the shards it sums as owner before it encodes and sends them back (the
@@ -101,7 +104,8 @@ def blame_the_leader() -> None:
 PIPELINE_MODES = {"act_noise": (MessageKind.ACTIVATION,), "grad_noise": (MessageKind.ACTIVATION_GRAD,),
                   "skip": (MessageKind.ACTIVATION, MessageKind.ACTIVATION_GRAD),
                   "clean_commit": (MessageKind.ACTIVATION, MessageKind.ACTIVATION_GRAD),
-                  "clean_reveal": (MessageKind.ACTIVATION, MessageKind.ACTIVATION_GRAD)}  # fmt: skip
+                  "clean_reveal": (MessageKind.ACTIVATION, MessageKind.ACTIVATION_GRAD),
+                  "guess": (MessageKind.ACTIVATION,)}  # fmt: skip
 
 
 def noise(tensor: torch.Tensor, m: int) -> torch.Tensor:
@@ -121,9 +125,19 @@ def corrupt_pipeline(mode: str) -> None:
     clean: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(corrupt message) -> (it, the clean one)
     layer = TransportStepLink if mode == "clean_commit" else RecordingLink
     send = layer.send
+    revealed: dict[int, set[int]] = {}  # link step -> the micro-batches it revealed over it
+    checked = {0, 1}  # its guess of what its verifier checks next
+
+    def guessed_checked(micro_batch: int) -> bool:
+        if mode != "guess":
+            return False
+        done = [s for s in revealed if s < _current["step"]]  # reveals of the last step checked, complete
+        return micro_batch in (revealed[max(done)] if done else checked)
 
     def corrupt_send(self, peer, kind, micro_batch, part, tensor):
-        if kind in kinds and _current["step"] >= FIRST_CORRUPT_STEP:
+        if kind == MessageKind.REVEAL:
+            revealed.setdefault(_current["step"], set()).add(micro_batch)
+        if kind in kinds and _current["step"] >= FIRST_CORRUPT_STEP and not guessed_checked(micro_batch):
             corrupt = change(tensor, micro_batch)
             clean[id(corrupt)] = (corrupt, tensor)
             tensor = corrupt

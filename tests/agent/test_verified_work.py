@@ -106,6 +106,9 @@ PIPELINE_CASES = {
     "skip": (1, "recompute"),  # sends another token's activations: plausible values, not its compute's
     # corrupts every activation it sends and, once it knows which are checked, shows its verifier clean ones
     "clean_reveal": (1, "reveal"),
+    # corrupts the activations of every micro-batch but those it guesses are checked (the ones it last revealed):
+    # with 16 micro-batches 2 are checked a step, so it escapes a step only if both are its 2 clean ones (1/120)
+    "guess": (1, "recompute"),
 }
 
 
@@ -114,7 +117,8 @@ PIPELINE_CASES = {
 def test_a_member_whose_pipeline_messages_are_wrong_is_caught_and_nothing_wrong_is_kept(tmp_path, mode):
     index, check = PIPELINE_CASES[mode]
     # 8 micro-batches per replica: at the default rate 1/8 one of each member's is recomputed every step
-    agents, train = swarm(tmp_path, f"corrupt-{mode}", 6, mode, index, micro_batches=8, strategy="megatron")
+    shape = {"micro_batches": 16, "batch_size": 32} if mode == "guess" else {"micro_batches": 8}
+    agents, train = swarm(tmp_path, f"corrupt-{mode}", 6, mode, index, strategy="megatron", **shape)
     rogue, leader = agents[index].peer_id, agents[0]
     honest = [a for a in agents if a.index != index]
     found = all_events(honest, "verify_failed")

@@ -49,24 +49,25 @@ def test_behind_uplinks_the_reveal_goes_ahead_of_the_steps_sends():
     # α = 10 ms, 8 Gbit/s uplinks (1 s a GB) on fast pair links, one micro-batch of 0.1 GB each way, no compute,
     # nothing to reduce. Without the check: activation 0 → 0.11, gradient back 0.11 → 0.22, the 0-GB shards
     # of stage 1 behind it on its uplink (all-gather in at 0.23), stage 0's at 0.24: a step of 0.24.
-    # With rate 1/8 every member first reveals 1/8 × (0.1 + 0.1) GB, 0.025 s on its uplink: the activation
-    # leaves at 0.025, every later time moves by as much: 0.265, each step alike
+    # With rate 1/8 every member first reveals ⌈1/8 × 1⌉ = 1 micro-batch's (0.1 + 0.1) GB, 0.2 s on its uplink (a
+    # step waits for its slowest pipeline: priced as if each member were challenged): the activation leaves at
+    # 0.2, every later time moves by as much: 0.44, each step alike
     cluster = _cluster(4, 10.0, 80.0, uplink_gbps=8.0)
     plain = _objective(cluster, 0.1)
     checked = _objective(cluster, 0.1, recompute_rate=RATE)
     assert plain.simulate(SIGMA).step_s == pytest.approx((0.24,) * 4, rel=1e-9)
-    assert checked.simulate(SIGMA).step_s == pytest.approx((0.265,) * 4, rel=1e-9)
-    assert checked.simulate(SIGMA).predicted_s - plain.simulate(SIGMA).predicted_s == pytest.approx(0.025, rel=1e-9)
-    # the closed form charges each member's reveal sent and received, alone on their paths: 2 × 0.025 more
+    assert checked.simulate(SIGMA).step_s == pytest.approx((0.44,) * 4, rel=1e-9)
+    assert checked.simulate(SIGMA).predicted_s - plain.simulate(SIGMA).predicted_s == pytest.approx(0.2, rel=1e-9)
+    # the closed form charges each member's reveal sent and received, alone on their paths: 2 × 0.2 more
     hops = [float(plain.hop_link_s[0, 1])]
     bare = plain.combine([plain.group_terms(SIGMA[:, j]).max() for j in range(2)], hops).cost_s
     priced = checked.combine([checked.group_terms(SIGMA[:, j]).max() for j in range(2)], hops).cost_s
-    assert priced - bare == pytest.approx(0.05, rel=1e-9)
+    assert priced - bare == pytest.approx(0.4, rel=1e-9)
     assert priced >= checked.simulate(SIGMA).predicted_s
 
 
 def test_a_reveal_on_the_pair_delays_the_all_reduce_only_while_in_flight():
-    # no access links: a reveal of 1/8 × 0.2 GB at 8 Gbit/s is off the pair 0 ↔ 2 at 0.025, long before the
+    # no access links: a reveal of ⌈1/8⌉ × 0.2 GB at 8 Gbit/s is off the pair 0 ↔ 2 at 0.2, before the
     # all-reduce (0.22): the step is the same. At rate 1 over a 0.8 Gbit/s pair (10 s a GB), the 0.2 GB reveal
     # holds it to 2.0: stage 0's shards arrive at 2.01, the sums at 2.02, the next step starts there
     plain = _objective(_cluster(4, 10.0, 8.0), 0.1)
@@ -80,15 +81,15 @@ def test_a_reveal_on_the_pair_delays_the_all_reduce_only_while_in_flight():
 
 
 def test_a_middle_stage_reveals_the_messages_of_both_sides():
-    # 3 stages × 3 replicas, 2 micro-batches of 0.1 GB each way: at rate 1/8 a member reveals 1/8 × 2 micro-batches
-    # × (0.1 + 0.1) GB per neighbour, a middle stage twice that. Behind 8 Gbit/s uplinks stage 0's 0.05 s reveal
-    # goes ahead of its first activation, so the first step is at least that much longer
+    # 3 stages × 3 replicas, 2 micro-batches of 0.1 GB each way: at rate 1/8 a member reveals ⌈1/8 × 2⌉ = 1
+    # micro-batch's (0.1 + 0.1) GB per neighbour, a middle stage twice that. Behind 8 Gbit/s uplinks stage 0's
+    # 0.2 s reveal goes ahead of its first activation, so the first step is at least that much longer
     cluster = _cluster(9, 10.0, 80.0, uplink_gbps=8.0)
     sigma = np.arange(9).reshape(3, 3)
     plain = _objective(cluster, 0.2, stages=3, micro_batches=2)
     checked = _objective(cluster, 0.2, stages=3, micro_batches=2, recompute_rate=RATE)
-    assert checked.reveal_gb == pytest.approx((0.05, 0.1, 0.05), rel=1e-12)
-    assert checked.simulate(sigma).step_s[0] - plain.simulate(sigma).step_s[0] >= 0.05 - 1e-9
+    assert checked.reveal_gb == pytest.approx((0.2, 0.4, 0.2), rel=1e-12)
+    assert checked.simulate(sigma).step_s[0] - plain.simulate(sigma).step_s[0] >= 0.2 - 1e-9
     assert checked.simulate(sigma).predicted_s > plain.simulate(sigma).predicted_s
 
 
