@@ -52,6 +52,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from p2ptrain.agent.churn.boundary import INTERVAL_S, BoundaryWatch, overshot
 from p2ptrain.agent.churn.liveness import NO_SHOW_TIMEOUTS, LivenessMonitor, epoch_failure, no_shows
 from p2ptrain.agent.churn.stage_state import StateKeeper
@@ -78,11 +80,13 @@ from p2ptrain.net.dht.records import ComputeMeasurement, PeerRecord, PlanRecord,
 from p2ptrain.net.nat.forward import setup_forwarding
 from p2ptrain.net.transport.emulation import EmulationConfig, LinkEmulator, scaled_bandwidth, scaled_link
 from p2ptrain.net.transport.endpoint import Transport
+from p2ptrain.net.transport.messages import MessageKind, Tag
 from p2ptrain.net.transport.status import FAIL
 from p2ptrain.planning import Cluster, load_cluster
 from p2ptrain.runtime.calibration import calibrate, expected_rows
 from p2ptrain.runtime.compute_speed import compute_slowdown
 from p2ptrain.runtime.reference import resolve_device, torch_settings
+from p2ptrain.verify.evidence import parts as evidence_parts
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +129,7 @@ class Agent:
         self.stages = RunStages(config.train)  # the run's S: the config's, or (auto) pinned once known
         self._leading: Leading | None = None  # the leader's side (``agent.leading``), from the loop's start
         self._following: PlanRecord | None = None  # the last plan this agent followed
+        self._evidence: dict[tuple[int, int], bytes] = {}  # (epoch, step) -> a failed recompute's, found leading
         self._newest_seen: PlanRecord | None = None  # the highest-epoch plan read from a live signer
         # ... from any signer (a finished run's leader leaves; ``_finished_without_me``)
         self._newest_any: PlanRecord | None = None
@@ -334,7 +339,8 @@ class Agent:
         self._started = time.monotonic()
         self._leading = self._leading_class(cfg, self.dht, self.events, self.peer_id, self._leaders, view=self._view,
                                             note_waiting=self._note_waiting, boundary_s=self._poll_s,
-                                            started=self._started, stages=self.stages)  # fmt: skip
+                                            started=self._started, stages=self.stages,
+                                            fetch_evidence=self._fetch_evidence)  # fmt: skip
         while not self.stop.is_set():
             self._poll()
             plan = self._next_plan()
@@ -671,6 +677,28 @@ class Agent:
         return AgentView(self._seen, self._following, self._newest_seen, self._done_now, self._max_epoch_seen,
                          statuses)  # fmt: skip
 
+    def _keep_evidence(self, epoch: int, step: int, bulk: bytes) -> None:
+        """The bulk of a failed recompute this agent found in an epoch it leads: its own judge reads it here."""
+        self._evidence[(epoch, step)] = bulk
+        for old in sorted(self._evidence)[:-2]:
+            del self._evidence[old]
+
+    def _fetch_evidence(self, blamer: str, epoch: int, step: int, nbytes: int, timeout_s: float) -> bytes:
+        """The bulk of ``blamer``'s evidence of ``step`` (``verify.evidence``), which it sends us as leader, in
+        parts; ProtocolError where it does not arrive within ``timeout_s``."""
+        if blamer == self.peer_id:
+            bulk = self._evidence.get((epoch, step))
+            if bulk is None:
+                raise ProtocolError(f"no evidence of epoch {epoch} step {step} was kept here")
+            return bulk
+        deadline = time.monotonic() + timeout_s
+        pieces = []
+        for part, (start, end) in enumerate(evidence_parts(nbytes)):
+            tag = Tag(self.dht.keys.run_id, epoch, step, MessageKind.EVIDENCE, 0, part)
+            pieces.append(self.transport.recv(tag, blamer, (end - start,), torch.uint8,
+                                              max(0.1, deadline - time.monotonic())).numpy().tobytes())  # fmt: skip
+        return b"".join(pieces)
+
     def _note_waiting(self, note: str) -> None:
         if note != self._last_wait_note:
             self._last_wait_note = note
@@ -699,7 +727,7 @@ class Agent:
             state_timeout_s=call_timeout_s + cfg.churn.halt_timeout_s, poll_s=cfg.membership.poll_s,
             finish_timeout_s=cfg.membership.finish_timeout_s, should_halt=self._should_halt,
             compute_slowdown=self.compute_slowdown, link_bandwidth=self._measured_bandwidth(), time_scale=scale,
-            verify=cfg.verify,
+            verify=cfg.verify, on_evidence=self._keep_evidence,
         )  # fmt: skip
         # A trainer may take the epoch up this long after us (``liveness.no_shows``): two liveness timeouts, and
         # twice the search the plan cost us (followers check a plan by planning its records themselves)

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import torch
 
 from p2ptrain.agent.churn.restart import CHECKPOINT, INIT, source_of
-from p2ptrain.agent.churn.stage_state import StateKeeper, recv_state, send_state
+from p2ptrain.agent.churn.stage_state import StateKeeper, recv_state, send_retrying, send_state
 from p2ptrain.agent.churn.state_store import StateStore
 from p2ptrain.agent.churn.warm_copies import BackupReceiver, BackupSender, copy_part_numel
 from p2ptrain.agent.config import CheckpointConfig
@@ -58,6 +58,7 @@ from p2ptrain.model.stage import build_stage
 from p2ptrain.net.dht.node import SwarmDHT
 from p2ptrain.net.dht.records import MAX_EVIDENCE_BYTES, MAX_HOLDS, PeerRecord, PlanRecord, ProgressRecord
 from p2ptrain.net.transport.endpoint import Transport
+from p2ptrain.net.transport.messages import MessageKind, Tag
 from p2ptrain.net.transport.status import FAIL, HALT, IDLE, TRAIN, PeerStatus
 from p2ptrain.runtime.checkpoint import (
     load_stage,
@@ -71,6 +72,7 @@ from p2ptrain.runtime.executor import StepWaits
 from p2ptrain.runtime.session import StageTrainer
 from p2ptrain.runtime.topology import Role, Topology
 from p2ptrain.verify.config import VerifyConfig
+from p2ptrain.verify.evidence import parts as evidence_parts
 from p2ptrain.verify.group import Finding, GroupVerifier, VerificationFailed
 from p2ptrain.verify.stage_check import StageVerifier
 
@@ -114,6 +116,8 @@ class EpochContext:
     link_bandwidth: Callable[[str], float | None] = lambda peer: None  # bytes/s we measured to a peer (None: not)
     time_scale: float = 1.0  # a plan's seconds in ours (emulation): its predicted step is cost_s × time_scale
     verify: VerifyConfig | None = None  # the checks of the members' work (None: none)
+    # a failed recompute's evidence (epoch, step, bulk) found here while this agent leads the epoch: its judge's
+    on_evidence: Callable[[int, int, bytes], None] | None = None
 
     def set_status(self, state: str, epoch: int, step: int) -> None:
         """What heartbeat pings answer (``net.status``)."""
@@ -518,6 +522,8 @@ def _halt(plan: PlanRecord, ctx: EpochContext, done: int, error: BaseException |
     if isinstance(error, VerificationFailed) and blame is not None and error.finding.evidence is not None:
         if len(error.finding.evidence) <= MAX_EVIDENCE_BYTES:
             evidence = error.finding.evidence
+            if error.finding.bulk is not None:  # announced in the heartbeat: sent to the leader before it
+                _send_evidence(plan, ctx, error.finding.step, error.finding.bulk)
         else:  # a stage of very many buckets: the blame goes as our word (``docs/verification.md``)
             logger.warning("the evidence against %s (%d bytes) does not fit a heartbeat; blaming it without",
                            blame, len(error.finding.evidence))  # fmt: skip
@@ -526,6 +532,23 @@ def _halt(plan: PlanRecord, ctx: EpochContext, done: int, error: BaseException |
                                        leader=plan.leader, evidence=evidence,
                                        refused=isinstance(error, VerificationFailed) and blame is not None))
     return EpochOutcome(False, done, halted=True)
+
+
+def _send_evidence(plan: PlanRecord, ctx: EpochContext, step: int, bulk: bytes) -> None:
+    """The bulk of a failed recompute's evidence (``verify.evidence``), to the plan's leader that judges it: in
+    the background, retried while it refuses (it takes the parts once it read our heartbeat); kept here when we
+    lead."""
+    if plan.leader == ctx.me:
+        if ctx.on_evidence is not None:
+            ctx.on_evidence(plan.epoch, step, bulk)
+        return
+    payload = torch.frombuffer(bytearray(bulk), dtype=torch.uint8)
+    for part, (start, end) in enumerate(evidence_parts(len(bulk))):
+        tag = Tag(ctx.dht.keys.run_id, plan.epoch, step, MessageKind.EVIDENCE, 0, part)
+        future = send_retrying(ctx.transport, plan.leader, tag, payload[start:end], ctx.state_timeout_s)
+        future.add_done_callback(lambda f, tag=tag: f.exception() is None or logger.warning(
+            "the evidence %s did not reach the leader %s: %s", tag, plan.leader, f.exception()))
+    logger.info("sent the leader %s the evidence of step %d (%d bytes) to judge", plan.leader, step, len(bulk))
 
 
 def blamed_peer(error: BaseException | None, plan: PlanRecord) -> str | None:

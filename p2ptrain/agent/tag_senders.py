@@ -13,6 +13,7 @@ the sender must be the peer that sends this receiver that kind of message.
 | ``grad_norm`` | stage j of pipeline i | the other stages of pipeline i |
 | ``state`` (micro_batch: the stage) | a trainer of that stage | the plan's source of the stage |
 | ``backup`` (micro_batch: the stage) | the stage's backup peer | the stage's source, its replica 0 |
+| ``evidence`` | the plan's leader | the plan's members (a finder's evidence, ``verify.evidence``) |
 | any other kind | a trainer | its pipeline neighbours and replica group |
 
 "Any other kind" keeps a new runtime kind working (a compressed part, a scale) without letting a peer with
@@ -43,6 +44,10 @@ def sender_problem(plan: PlanRecord, me: str, sender: str, tag: Tag) -> str | No
         allowed = {source_of(plan, stage), plan.peer_at(0, stage)}
         return None if sender in allowed else f"epoch {plan.epoch}'s plan has stage {stage}'s copy come from " \
                                               f"{', '.join(sorted(allowed))}"
+    if kind == MessageKind.EVIDENCE:
+        if plan.leader != me:
+            return f"this agent does not lead epoch {plan.epoch}"
+        return None if sender in plan.membership and sender != me else f"peer {sender} is no member of epoch {plan.epoch}"
     position = plan.position_of(me)
     if position is None:
         return f"this agent trains nothing in epoch {plan.epoch}"

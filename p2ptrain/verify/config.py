@@ -19,6 +19,9 @@ class VerifyConfig:
     sketch_rows: int = SKETCH_ROWS  # rows k of the sum check's sketches
     false_alarm: float = FALSE_ALARM  # the probability an honest member fails one check, at most
     running: bool = True  # the sum check also over the running sums since the epoch began (``verify.group``)
+    # a leader's wait for a finder's evidence of a failed recompute (``verify.evidence``), plus a second a MB; not
+    # a run setting (the leader's own patience)
+    evidence_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool) or not isinstance(self.running, bool):
@@ -29,6 +32,8 @@ class VerifyConfig:
             raise ConfigError(f"verify.sketch_rows={self.sketch_rows!r} must lie in 8..{MAX_ROWS}")
         if not (isinstance(self.false_alarm, int | float) and 0 < self.false_alarm <= 2.0**-20):
             raise ConfigError(f"verify.false_alarm={self.false_alarm!r} must lie in (0, 2^-20]")
+        if not (isinstance(self.evidence_timeout_s, int | float) and 0 < self.evidence_timeout_s <= 3600):
+            raise ConfigError(f"verify.evidence_timeout_s={self.evidence_timeout_s!r} must lie in (0, 3600]")
 
     def identity(self) -> str:
         """The setting as said in a settings line (``[a-z0-9_.]``, at most 24 characters): ``off``, or

@@ -40,7 +40,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from hivemind.utils.crypto import RSAPrivateKey
@@ -85,10 +85,13 @@ class Finding:
     member: str
     epoch: int
     step: int
-    check: str  # "sum", "running", "claim", "attest", "commit", "statement"; "pipeline", "reveal", "recompute"
+    check: str  # "sum", "running", "claim", "attest", "commit", "statement"; "pipeline", "reveal", "recompute", "params"
     ratio: float
     reason: str
     evidence: bytes | None = None
+    # evidence too large for a heartbeat, sent to the leader (a failed recompute's: ``verify.evidence``); then
+    # ``evidence`` is its header
+    bulk: bytes | None = field(default=None, repr=False)
 
 
 class VerificationFailed(ProtocolError):

@@ -38,9 +38,12 @@ and a trainer that halts for any other reason reports only its checked states. T
 checked in its own hook.
 
 A failure raises ``group.VerificationFailed`` after every message of ours is sent (so the others are not left
-waiting on us): the step is never applied here and the epoch halts blaming the member. The evidence is the
-member's revealed tensors (a micro-batch's activations: far over a heartbeat's 16 KiB), so a failed recompute
-is the finder's word (an ordinary blame, ``trust.md``). A stage that computed on a corrupt message of a
+waiting on us): the step is never applied here and the epoch halts blaming the member. A failed recompute
+comes with evidence a third party re-checks (``verify.evidence``): the member's commitment signs the digest of
+the parameters it computed with (``evidence.param_digest``) besides its messages', so the revealed messages,
+the verifier's copy of the parameters and the commitment are all a judge needs to redo the micro-batch
+(``verify.dispute``, the leader's); the other checks' findings are the finder's word (an ordinary blame,
+``trust.md``). A stage that computed on a corrupt message of a
 neighbour passes its own checks and may apply the step; it keeps the state before it (``churn.keep_states``)
 and the re-plan restarts from there (docs/verification.md).
 """
@@ -48,6 +51,7 @@ and the re-plan restarts from there (docs/verification.md).
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import logging
 import math
@@ -68,8 +72,9 @@ from p2ptrain.runtime.topology import Role, Topology
 from p2ptrain.runtime.wire import WireFormat
 from p2ptrain.verify import statement
 from p2ptrain.verify.commit import Challenge, message_digest
+from p2ptrain.verify.evidence import Bulk, DisputeHeader, pack, param_digest
 from p2ptrain.verify.group import Finding, VerificationFailed, fail
-from p2ptrain.verify.recompute import allowance, check_message, recompute
+from p2ptrain.verify.recompute import RecomputeCheck, allowance, check_message, recompute
 from p2ptrain.verify.sketch import challenge_seed, derive_seed
 
 logger = logging.getLogger(__name__)
@@ -107,6 +112,65 @@ def _toward_next(entry: tuple[str, str, int]) -> bool:
     """Whether a member's pipeline message goes between it and the next stage (an activation it sent, a
     gradient it received) rather than the stage before it."""
     return (entry[0] == SENT) == (entry[1] == ACT)
+
+
+def pipe_tag(run: str, epoch: int, step: int, topology: Topology, replica: int, stage: int,
+             entry: tuple[str, str, int]) -> str:  # fmt: skip
+    """The digest tag of a pipeline message of the member (stage, replica), the same at both ends: its sender
+    and receiver by peer ID."""
+    direction, kind, m = entry
+    row = topology.pipelines[replica]
+    member, other = row[stage], row[stage + 1 if _toward_next(entry) else stage - 1]
+    sender, receiver = (member, other) if direction == SENT else (other, member)
+    return f"{run}/{epoch}/{step}/pipe/{kind}/{m}/{sender}/{receiver}"
+
+
+def commitment_header(run: str, epoch: int, step: int, stage: int, replica: int, member: str,
+                      num_micro_batches: int) -> bytes:  # fmt: skip
+    """The first ``HEADER_BYTES`` of a member's commitment: what it is for (its length, then JSON, padded)."""
+    fields = {"kind": "pipe_commit", "run": run, "epoch": epoch, "step": step, "stage": stage, "replica": replica,
+              "member": member, "micro_batches": num_micro_batches}  # fmt: skip
+    text = json.dumps(fields, sort_keys=True).encode()
+    assert len(text) <= HEADER_BYTES - _HEADER.size, "a run ID too long for a pipeline commitment"
+    return _HEADER.pack(HEADER_BYTES) + text.ljust(HEADER_BYTES - _HEADER.size)
+
+
+def commitment_bytes(stage: int, num_stages: int, num_micro_batches: int) -> int:
+    """A commitment's body: its header, the parameters' digest, one digest per pipeline message (``entries``)."""
+    return HEADER_BYTES + 32 + 32 * len(entries(stage, num_stages, num_micro_batches))
+
+
+def open_commitment(blob: bytes, signer: str, header: bytes, body_bytes: int) -> tuple[bytes, list[bytes]]:
+    """The parameters' digest and the messages' digests ``signer`` committed to in ``blob``, which must be for
+    ``header``; ValueError (one line) for a statement refused."""
+    body = statement.open_signed(blob, signer)
+    if body[:HEADER_BYTES] != header or len(body) != body_bytes:
+        raise ValueError("it is for another run, epoch, step, stage or micro-batch count")
+    return body[HEADER_BYTES: HEADER_BYTES + 32], [body[i: i + 32] for i in range(HEADER_BYTES + 32, body_bytes, 32)]
+
+
+def check_micro_batch(module: torch.nn.Module, stage: int, num_stages: int, wire: WireFormat, precision: str,
+                      rows: torch.Tensor, revealed: dict[tuple[str, str], torch.Tensor], hidden_size: int,
+                      loss_tokens: int) -> list[tuple[str, RecomputeCheck]]:  # fmt: skip
+    """Redo micro-batch ``rows`` (its tokens, ``[rows, T + 1]``) of ``stage`` on ``module`` from the member's
+    revealed messages (``(direction, kind)``: the input it received, the output gradient it received) and
+    compare what it sent (its activation, its input gradient) with ours: each check by name. ValueError (one
+    line) for a message that does not decode, or that no honest encoder makes."""
+    first, last = stage == 0, stage == num_stages - 1
+    inputs, targets = inputs_and_targets(rows)
+    shape = (rows.shape[0], rows.shape[1] - 1, hidden_size)
+    x = inputs if first else wire.activation.decode(revealed[(RECEIVED, ACT)], shape)
+    grad_output = None if last else wire.activation_grad.decode(revealed[(RECEIVED, GRAD)], shape)
+    own = recompute(module, x, grad_output=grad_output, targets=targets if last else None,
+                    loss_tokens=loss_tokens if last else None, param_grads=False)  # fmt: skip
+    checks = []
+    if not last:
+        checks.append(("activation", check_message(wire.activation, revealed[(SENT, ACT)], own.output,
+                                                   allowance(precision, "activation"))))  # fmt: skip
+    if not first:
+        checks.append(("activation gradient", check_message(wire.activation_grad, revealed[(SENT, GRAD)],
+                                                            own.input_grad, allowance(precision, "input_grad"))))
+    return checks
 
 
 class RecordingLink:
@@ -263,7 +327,9 @@ class StageVerifier:
         role, n, step = self.role, len(self.group), checked.step
         mine = entries(role.stage, role.num_stages, self.num_micro_batches)
         digests = [message_digest(checked.messages[e], self._tag(step, role.replica, role.stage, e)) for e in mine]
-        blob, body_bytes = self._commitment(step, role.stage, role.replica, digests), self._body_bytes(role.stage)
+        params = param_digest(checked.module.named_parameters())  # what a judge holds the parameters to
+        blob = self._commitment(step, role.stage, role.replica, params, digests)
+        body_bytes = self._body_bytes(role.stage)
         sends: list[Future] = []
         for peer in [p for p in self.group if p != self.me] + list(self.neighbours.values()):
             sends.append(link.send(peer, MessageKind.PIPE_COMMIT, 0, checked.lane,
@@ -272,7 +338,7 @@ class StageVerifier:
         # 2. what our neighbours committed to of the messages we exchanged with them
         for stage, peer in self.neighbours.items():
             try:
-                theirs = self._open(link, step, checked.lane, peer, stage, role.replica)
+                _, _, theirs = self._open(link, step, checked.lane, peer, stage, role.replica)
             except ValueError as e:
                 findings.append(self._finding(step, peer, "statement", f"its pipeline commitment is refused: {e}"))
                 continue
@@ -286,13 +352,18 @@ class StageVerifier:
                                                                     f"{m} than the one it {direction} with us"))  # fmt: skip
                     break
         # 3. the seed, from the group's commitments
-        committed = {role.replica: digests}
+        committed, blobs = {role.replica: digests}, {}
         for k, peer in enumerate(self.group):
             if k != role.replica:
                 try:
-                    committed[k] = self._open(link, step, checked.lane, peer, role.stage, k)
+                    blobs[k], theirs_params, committed[k] = self._open(link, step, checked.lane, peer, role.stage, k)
                 except ValueError as e:
                     findings.append(self._finding(step, peer, "statement", f"its pipeline commitment is refused: {e}"))
+                    continue
+                if theirs_params != params:  # replicas hold bit-identical parameters: one of us does not
+                    findings.append(self._finding(step, peer, "params", f"it computed step {step} with other "
+                                                  f"parameters than ours (digest {theirs_params.hex()[:16]}…, ours "
+                                                  f"{params.hex()[:16]}…)"))  # fmt: skip
         if len(committed) < n:
             fail(findings, self.on_finding)  # no seed without every member's commitment
         seed = challenge_seed(f"{self.run}/{self.epoch}/{role.stage}/recompute", step,
@@ -306,7 +377,7 @@ class StageVerifier:
         for k in range(n):
             if k != role.replica and verifier_of(seed, role.stage, k, n) == role.replica:
                 for m in Challenge(seed, self.rates[k]).micro_batches(role.stage, k, self.num_micro_batches):
-                    finding = self._verify(checked, link, k, m, dict(zip(mine, committed[k], strict=True)))
+                    finding = self._verify(checked, link, k, m, dict(zip(mine, committed[k], strict=True)), blobs[k])
                     if finding is not None:
                         findings.append(finding)
                         break
@@ -315,8 +386,9 @@ class StageVerifier:
             fail(findings, self.on_finding)
         wait_all(sends)
 
-    def _verify(self, checked: _Checked, link, k: int, m: int, committed: dict) -> Finding | None:
-        """Member k's micro-batch m: its revealed messages against its digests, then recomputed and compared."""
+    def _verify(self, checked: _Checked, link, k: int, m: int, committed: dict, blob: bytes) -> Finding | None:
+        """Member k's micro-batch m: its revealed messages against its digests, then recomputed and compared. A
+        failed recompute comes with its evidence (``verify.evidence``): ``blob`` is member k's commitment."""
         role, peer, step = self.role, self.group[k], checked.step
         revealed = {}
         for part, entry in enumerate(e for e in committed if e[2] == m):
@@ -326,31 +398,25 @@ class StageVerifier:
             if message_digest(message, self._tag(step, k, role.stage, entry)) != committed[entry]:
                 return self._finding(step, peer, "reveal", f"its revealed {entry[1]} of micro-batch {m} ({entry[0]}) is not "
                                                      "the message it committed to")  # fmt: skip
-            revealed[entry[:2]] = message
-        inputs, targets = inputs_and_targets(self._micro_batch(step, k, m))
-        shape = self._act_shape(step, k)
+            revealed[entry] = message
         try:
-            x = inputs if role.is_first else self.wire.activation.decode(revealed[(RECEIVED, ACT)], shape)
-            grad_output = None if role.is_last else self.wire.activation_grad.decode(revealed[(RECEIVED, GRAD)], shape)
-            own = recompute(checked.module, x, grad_output=grad_output, targets=targets if role.is_last else None,
-                            loss_tokens=self.data.tokens_per_batch if role.is_last else None,
-                            param_grads=False)  # fmt: skip
-            checks = []
-            if not role.is_last:
-                checks.append(("activation", check_message(self.wire.activation, revealed[(SENT, ACT)], own.output,
-                                                           allowance(self.precision, "activation"))))  # fmt: skip
-            if not role.is_first:
-                checks.append(("activation gradient", check_message(
-                    self.wire.activation_grad, revealed[(SENT, GRAD)], own.input_grad,
-                    allowance(self.precision, "input_grad"))))  # fmt: skip
+            checks = check_micro_batch(checked.module, role.stage, role.num_stages, self.wire, self.precision,
+                                       self._micro_batch(step, k, m), {e[:2]: t for e, t in revealed.items()},
+                                       self.hidden_size, self.data.tokens_per_batch)  # fmt: skip
         except ValueError as e:  # a message that does not decode, or that no honest encoder makes
-            return self._finding(step, peer, "recompute", f"its messages of micro-batch {m} are refused: {e}")
-        for what, result in checks:
-            if not result.passed:
-                return self._finding(step, peer, "recompute", f"the {what} it sent for micro-batch {m} is not what its "
-                                     f"input gives ({result.ratio:.3g}× the allowance, worst row {result.row})",
-                                     result.ratio)  # fmt: skip
-        return None
+            reason, ratio = f"its messages of micro-batch {m} are refused: {e}", math.inf
+        else:
+            failed = [(what, result) for what, result in checks if not result.passed]
+            if not failed:
+                return None
+            what, result = failed[0]
+            reason = (f"the {what} it sent for micro-batch {m} is not what its input gives ({result.ratio:.3g}× the "
+                      f"allowance, worst row {result.row})")  # fmt: skip
+            ratio = result.ratio
+        bulk = pack(Bulk(statement.trimmed(blob), revealed,
+                         [(name, p.detach().to("cpu")) for name, p in checked.module.named_parameters()]))
+        header = DisputeHeader(self.epoch, step, role.stage, k, peer, m, ratio, len(bulk), hashlib.sha256(bulk).hexdigest())
+        return replace(self._finding(step, peer, "recompute", reason, ratio), evidence=header.to_bytes(), bulk=bulk)
 
     # -- the parts
 
@@ -365,37 +431,26 @@ class StageVerifier:
         return rows, width - 1, self.hidden_size
 
     def _tag(self, step: int, replica: int, stage: int, entry: tuple[str, str, int]) -> str:
-        """The digest tag of a pipeline message of the member (stage, replica), the same at both ends: its sender
-        and receiver by peer ID."""
-        direction, kind, m = entry
-        row = self.topology.pipelines[replica]
-        member, other = row[stage], row[stage + 1 if _toward_next(entry) else stage - 1]
-        sender, receiver = (member, other) if direction == SENT else (other, member)
-        return f"{self.run}/{self.epoch}/{step}/pipe/{kind}/{m}/{sender}/{receiver}"
+        return pipe_tag(self.run, self.epoch, step, self.topology, replica, stage, entry)
 
     def _header(self, step: int, stage: int, replica: int) -> bytes:
-        fields = {"kind": "pipe_commit", "run": self.run, "epoch": self.epoch, "step": step, "stage": stage,
-                  "replica": replica, "member": self.topology.pipelines[replica][stage],
-                  "micro_batches": self.num_micro_batches}  # fmt: skip
-        text = json.dumps(fields, sort_keys=True).encode()
-        assert len(text) <= HEADER_BYTES - _HEADER.size, "a run ID too long for a pipeline commitment"
-        return _HEADER.pack(HEADER_BYTES) + text.ljust(HEADER_BYTES - _HEADER.size)
+        return commitment_header(self.run, self.epoch, step, stage, replica, self.topology.pipelines[replica][stage],
+                                 self.num_micro_batches)  # fmt: skip
 
     def _body_bytes(self, stage: int) -> int:
-        return HEADER_BYTES + 32 * len(entries(stage, self.role.num_stages, self.num_micro_batches))
+        return commitment_bytes(stage, self.role.num_stages, self.num_micro_batches)
 
-    def _commitment(self, step: int, stage: int, replica: int, digests: list[bytes]) -> bytes:
-        return statement.sign(self.key, self._header(step, stage, replica) + b"".join(digests))
+    def _commitment(self, step: int, stage: int, replica: int, params: bytes, digests: list[bytes]) -> bytes:
+        return statement.sign(self.key, self._header(step, stage, replica) + params + b"".join(digests))
 
-    def _open(self, link, step: int, lane: int, peer: str, stage: int, replica: int) -> list[bytes]:
-        """The digests ``peer`` (stage, replica) committed to; ValueError (one line) for a statement refused."""
+    def _open(self, link, step: int, lane: int, peer: str, stage: int, replica: int) -> tuple[bytes, bytes, list[bytes]]:
+        """What ``peer`` (stage, replica) committed to: its statement, its parameters' digest, its messages'
+        digests; ValueError (one line) for a statement refused."""
         body_bytes = self._body_bytes(stage)
         message = link.recv(peer, MessageKind.PIPE_COMMIT, 0, lane, (statement.wire_size(body_bytes),), torch.uint8)
-        body = statement.open_signed(statement.from_message(message), peer)
-        want = self._header(step, stage, replica)
-        if body[:HEADER_BYTES] != want or len(body) != body_bytes:
-            raise ValueError("it is for another run, epoch, step, stage or micro-batch count")
-        return [body[i: i + 32] for i in range(HEADER_BYTES, body_bytes, 32)]
+        blob = statement.from_message(message)
+        params, digests = open_commitment(blob, peer, self._header(step, stage, replica), body_bytes)
+        return blob, params, digests
 
     def _finding(self, step: int, peer: str, check: str, reason: str, ratio: float = math.inf) -> Finding:
         return Finding(peer, self.epoch, step, check, ratio, reason)

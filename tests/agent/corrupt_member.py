@@ -4,6 +4,8 @@
     python corrupt_member.py negate CONFIG    # the same shards negated
     python corrupt_member.py forge CONFIG     # honest work; at that step it blames the run's leader with an
                                               # honest group-mate's real statement, doctored
+    python corrupt_member.py lie CONFIG       # honest work; it says the recomputes it does of that step failed,
+                                              # and forwards its group-mate's real, honest work as the evidence
     python corrupt_member.py act_noise CONFIG     # noise on the activations it sends (1 % of their spread)
     python corrupt_member.py grad_noise CONFIG    # noise on the activation gradients it sends
     python corrupt_member.py skip CONFIG          # sends another token's values for each (compute not used)
@@ -38,8 +40,9 @@ from p2ptrain.runtime import buckets
 from p2ptrain.runtime.executor import StageExecutor
 from p2ptrain.runtime.link import TransportStepLink
 from p2ptrain.runtime.wire import ErrorFeedback
-from p2ptrain.verify import statement
+from p2ptrain.verify import stage_check, statement
 from p2ptrain.verify.group import Finding, GroupVerifier, VerificationFailed
+from p2ptrain.verify.recompute import RecomputeCheck
 from p2ptrain.verify.stage_check import RecordingLink
 
 FIRST_CORRUPT_STEP = 2  # 0-based: the third step of the run
@@ -101,6 +104,20 @@ def blame_the_leader() -> None:
     epoch.blamed_peer = forged
 
 
+def lie_about_recomputes() -> None:
+    """Checks honestly, except the recomputes of step ``FIRST_CORRUPT_STEP`` (done in the shadow of the next
+    one): it says they failed, so its halt blames the member it verified, with that member's honest work."""
+    real = stage_check.check_micro_batch
+
+    def lying(*args):
+        checks = real(*args)
+        if _current["step"] == FIRST_CORRUPT_STEP + 1:
+            return [(what, RecomputeCheck(9.9, 9.9, 0)) for what, _ in checks]
+        return checks
+
+    stage_check.check_micro_batch = lying
+
+
 PIPELINE_MODES = {"act_noise": (MessageKind.ACTIVATION,), "grad_noise": (MessageKind.ACTIVATION_GRAD,),
                   "skip": (MessageKind.ACTIVATION, MessageKind.ACTIVATION_GRAD),
                   "clean_commit": (MessageKind.ACTIVATION, MessageKind.ACTIVATION_GRAD),
@@ -155,6 +172,8 @@ def main(mode: str, config_path: str) -> None:
         corrupt_sums(8.0 if mode == "scale" else -1.0)
     elif mode in PIPELINE_MODES:
         corrupt_pipeline(mode)
+    elif mode == "lie":
+        lie_about_recomputes()
     elif mode == "forge":
         epoch.GroupVerifier = ForgingVerifier
         blame_the_leader()

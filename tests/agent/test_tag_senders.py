@@ -57,6 +57,15 @@ def test_the_recompute_checks_commitments_come_from_group_and_neighbours_and_rev
     assert allowed(p, PEERS[4], MessageKind.REVEAL, micro_batch=6) == {PEERS[1]}  # only a replica verifies
 
 
+def test_a_failed_recomputes_evidence_goes_to_the_leader_from_any_member():
+    p = plan(leader_at=2)
+    leader = p.membership[2]
+    assert allowed(p, leader, MessageKind.EVIDENCE) == set(PEERS[:7]) - {leader}  # a spare too: it may verify later
+    assert allowed(p, PEERS[4], MessageKind.EVIDENCE) == set()
+    assert "does not lead epoch 3" in sender_problem(p, PEERS[4], PEERS[1], tag(MessageKind.EVIDENCE))
+    assert "no member" in sender_problem(p, leader, PEERS[7], tag(MessageKind.EVIDENCE))
+
+
 def test_norms_for_clipping_come_from_the_other_stages_of_the_same_pipeline():
     p = plan()
     assert allowed(p, PEERS[4], MessageKind.GRAD_NORM) == {PEERS[3], PEERS[5]}

@@ -76,6 +76,27 @@ def test_aborting_an_epoch_fails_its_pending_and_later_calls_at_once(pair):
     assert torch.equal(a.recv(Tag(RUN, 6, 0, MessageKind.ACTIVATION), b.peer_id, (4,), torch.float32), torch.ones(4))
 
 
+def test_an_aborted_epochs_evidence_still_travels_within_its_own_deadline():
+    """A finder's evidence is sent and received once its epoch failed (``UNABORTED_KINDS``)."""
+    with Transport(RUN, CONFIG) as a, Transport(RUN, CONFIG, initial_peers=a.visible_maddrs) as b:
+        _evidence_after_abort(a, b)
+
+
+def _evidence_after_abort(a: Transport, b: Transport) -> None:
+    a.set_window(RUN, 8, 4)
+    a.abort_epoch(8, "a member failed a check")
+    b.abort_epoch(8, "a member failed a check")
+    with pytest.raises(PeerFailed):
+        a.recv(Tag(RUN, 8, 4, MessageKind.ACTIVATION), b.peer_id, (4,), torch.float32, timeout_s=60.0)
+    tag = Tag(RUN, 8, 2, MessageKind.EVIDENCE, 0, 0)  # a step behind the window: judged by its epoch alone
+    b.send(a.peer_id, tag, torch.arange(16, dtype=torch.uint8))
+    assert torch.equal(a.recv(tag, b.peer_id, (16,), torch.uint8, timeout_s=10.0), torch.arange(16, dtype=torch.uint8))
+    started = time.monotonic()
+    with pytest.raises(PeerTimeoutError):  # and its own deadline holds
+        a.recv(Tag(RUN, 8, 2, MessageKind.EVIDENCE, 0, 1), b.peer_id, (16,), torch.uint8, timeout_s=1.0)
+    assert time.monotonic() - started < 10.0
+
+
 def epochs_in_flight(transport: Transport) -> list[int]:
     """The epochs of the sends and receives ``transport`` has in flight, read on its loop (what an abort fails)."""
 

@@ -23,7 +23,7 @@ from p2ptrain.net.transport.servicer import make_reply, parse_reply, refusal
 from p2ptrain.runtime.wire import Codec
 
 KINDS = ["activation", "activation_grad", "reduce_shard", "gather_shard", "grad_norm", "probe", "state", "backup",
-         "bench", "commit", "sketch", "pipe_commit", "reveal"]
+         "bench", "commit", "sketch", "pipe_commit", "reveal", "evidence"]
 CODES = ["refused", "duplicate", "stale", "not_sender", "too_slow"]
 
 
@@ -134,9 +134,9 @@ def test_a_piece_frame_head_has_its_bytes():
         b'\x00\x00\x00\x00\x00\x00\x00\x003\n\x14run-1/2/3/backup/4/5\x1a\x07{"v":1}\x12\x12\n\x10'
 
 
-def test_a_peer_record_states_protocol_version_1_in_schema_1():
+def test_a_peer_record_states_protocol_version_2_in_schema_1():
     fields = msgpack.unpackb(PeerRecord(device_name="cpu", memory_gb=8.0, tflops=0.1).encode())
-    assert (fields["v"], fields["protocol_version"]) == (1, 1)
+    assert (fields["v"], fields["protocol_version"]) == (1, 2)
 
 
 def test_an_int2_message_is_its_steps_then_four_codes_a_byte():

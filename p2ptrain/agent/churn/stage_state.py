@@ -201,11 +201,11 @@ def send_state(
     futures = []
     for part, (start, end) in enumerate(state_parts(flat.numel())):
         tag = Tag(run, epoch, step, MessageKind.STATE, stage, part)
-        futures.append(_send_retrying(transport, peer, tag, flat[start:end].contiguous(), timeout_s))
+        futures.append(send_retrying(transport, peer, tag, flat[start:end].contiguous(), timeout_s))
     return futures
 
 
-def _send_retrying(transport: Transport, peer: str, tag: Tag, tensor: torch.Tensor, timeout_s: float) -> Future:
+def send_retrying(transport: Transport, peer: str, tag: Tag, tensor: torch.Tensor, timeout_s: float) -> Future:
     result: Future = Future()
     deadline = time.monotonic() + timeout_s
     refusals = _Refusals()

@@ -53,6 +53,7 @@ from p2ptrain.agent.config import AgentConfig
 from p2ptrain.agent.events import EventLog
 from p2ptrain.agent.leadership import settings
 from p2ptrain.agent.leadership.claims import ComputeWatch, with_slowdowns
+from p2ptrain.agent.leadership.disputes import Disputes, Fetch
 from p2ptrain.agent.leadership.membership import Membership, plan_trigger
 from p2ptrain.agent.leadership.plan_check import LeaderWatch, newer_plan_excuses
 from p2ptrain.agent.leadership.plan_maker import (
@@ -79,6 +80,7 @@ from p2ptrain.runtime.calibration import layered_workload, step_profile, step_wo
 from p2ptrain.runtime.checkpoint import latest_complete
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.verify.attest import judge_evidence
+from p2ptrain.verify.evidence import is_recompute_evidence
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +138,7 @@ class Leading:
 
     def __init__(self, config: AgentConfig, dht: SwarmDHT, events: EventLog, peer_id: str, leaders: LeaderWatch, *,
                  view: Callable[[], AgentView], note_waiting: Callable[[str], None], boundary_s: Sequence[float],
-                 started: float, stages: RunStages | None = None):  # fmt: skip
+                 started: float, stages: RunStages | None = None, fetch_evidence: Fetch | None = None):  # fmt: skip
         self.config = config
         self.dht = dht
         self.events = events
@@ -166,12 +168,14 @@ class Leading:
                                      blame_epochs=config.churn.quarantine_blames,
                                      blame_window_s=config.churn.blame_window_s)  # fmt: skip
         self._judged: set[tuple[str, int]] = set()  # (blamer, epoch) whose evidence was judged
+        self._disputes = Disputes(config, dht.keys.run_id, fetch_evidence)  # failed recomputes' evidence, judged
         self._cleared: set[tuple[str, int]] = set()  # (peer, epoch) blamed with evidence that did not hold
         self._compute = ComputeWatch(config.claims.speed_tolerance, config.claims.min_steps)
 
     def close(self) -> None:
-        """Stop the planner thread; a plan being computed is dropped."""
+        """Stop the planner's and the judge's threads; a plan being computed, or a judgement, is dropped."""
         self._planner.shutdown(wait=False, cancel_futures=True)
+        self._disputes.close()
 
     # ---- watching the leader (we do not lead) -----------------------------------------------------------
 
@@ -452,7 +456,10 @@ class Leading:
             logger.warning("reading progress failed: %s", e)
             return
         self._compute.observe(current, progress)
-        self._judge_evidence(current, progress)  # before ``live``: a proven culprit's states are no restart's
+        judging = self._judge_evidence(current, progress)  # before ``live``: a proven culprit's states are no restart's
+        if judging is not None:  # whom the failure is on decides who stays, and from which states
+            self._note_waiting(f"leading; {judging}")
+            return
         # a refusal whose evidence did not hold rolls nothing back: its accused's states stay sources
         progress = {p: dataclasses.replace(r, refused=False) if r.refused and (r.blame, r.epoch) in self._cleared else r
                     for p, r in progress.items()}  # fmt: skip
@@ -511,23 +518,45 @@ class Leading:
             return True
         return False
 
-    def _judge_evidence(self, current: PlanRecord, progress: dict[str, ProgressRecord]) -> None:
-        """Blames that come with evidence (``ProgressRecord.evidence``, ``verify.group``): re-checked here. Evidence
+    def _judge_evidence(self, current: PlanRecord, progress: dict[str, ProgressRecord]) -> str | None:
+        """Blames that come with evidence (``ProgressRecord.evidence``): a sum check's signed statement
+        (``verify.group``) re-checked here, a failed recompute's redone from the bulk its finder sends us
+        (``Disputes``, beside the loop: while one is judged this says so and nothing is re-planned). Evidence
         that holds quarantines the blamed peer at once (an honest member fails a check with probability
         ``verify.false_alarm``); evidence that does not hold quarantines the blamer, and its blame is not counted
-        against the peer it named: a liar blaming an honest peer is the one caught."""
+        against the peer it named: a liar blaming an honest peer is the one caught. A recompute the judge finds
+        neither wrong nor clearly right (``verify.dispute``) is the finder's word, counted as any blame."""
+        judging = []
         for blamer, record in sorted(progress.items()):
             if record.epoch != current.epoch or not record.halted or record.blame is None or not record.evidence:
                 continue
             if (blamer, record.epoch) in self._judged or blamer not in current.membership:
                 continue
-            self._judged.add((blamer, record.epoch))
             accused = record.blame
-            why = judge_evidence(record.evidence, accused, self.dht.keys.run_id, self.config.verify.false_alarm)
-            if why is None:
-                culprit = accused
-                reason = (f"its work failed the sum check of epoch {record.epoch}: proven by its own signed statement, "
+            if is_recompute_evidence(record.evidence):
+                verdict = self._disputes.verdict(blamer, record, current)
+                if verdict is None:
+                    judging.append(f"judging {blamer}'s evidence against {accused}")
+                    continue
+                self._judged.add((blamer, record.epoch))
+                if verdict.holds is None:
+                    logger.warning("evidence from %s against %s is undecided (%s): its word, as any blame", blamer,
+                                   accused, verdict.reason)  # fmt: skip
+                    self.events.write("evidence", epoch=record.epoch, blamer=blamer, accused=accused, holds=None,
+                                      reason=verdict.reason, check="recompute")  # fmt: skip
+                    continue
+                why = None if verdict.holds else verdict.reason
+                proven = (f"its work failed the recompute check of epoch {record.epoch}: redone from its own signed "
+                          f"commitment, whose messages and parameters {blamer} forwarded ({verdict.reason})")
+                check = "recompute"
+            else:
+                self._judged.add((blamer, record.epoch))
+                why = judge_evidence(record.evidence, accused, self.dht.keys.run_id, self.config.verify.false_alarm)
+                proven = (f"its work failed the sum check of epoch {record.epoch}: proven by its own signed statement, "
                           f"which {blamer} forwarded")
+                check = "sum"
+            if why is None:
+                culprit, reason = accused, proven
             else:
                 culprit = blamer
                 reason = f"it blamed {accused} for epoch {record.epoch} with evidence that does not hold: {why}"
@@ -535,13 +564,14 @@ class Leading:
             logger.warning("evidence from %s against %s %s", blamer, accused, "holds" if why is None else
                            f"does not hold ({why})")  # fmt: skip
             self.events.write("evidence", epoch=record.epoch, blamer=blamer, accused=accused, holds=why is None,
-                              reason=why or "")  # fmt: skip
+                              reason=why or "", check=check)  # fmt: skip
             if culprit == self.peer_id:
                 continue
             backoff = self.quarantine.add(culprit, record.epoch)
             if backoff is not None:
                 logger.warning("quarantining peer %s for %.0f s: %s", culprit, backoff, reason)
                 self.events.write("quarantined", peer=culprit, epoch=record.epoch, seconds=backoff, reason=reason)
+        return "; ".join(judging) or None
 
     def _count_blames(self, current: PlanRecord, replan: Replan) -> None:
         """Members blamed for this failure that halted: quarantined once blamed for ``churn.quarantine_blames``

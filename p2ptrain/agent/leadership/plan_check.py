@@ -52,6 +52,7 @@ from p2ptrain.net.dht.records import LinksRecord, PeerRecord, PlanRecord, Progre
 from p2ptrain.planning import Cluster, LayeredWorkload, Workload, even_layers, make_objective
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.verify.attest import judge_evidence
+from p2ptrain.verify.evidence import is_recompute_evidence
 from p2ptrain.verify.sketch import FALSE_ALARM
 
 logger = logging.getLogger(__name__)
@@ -165,14 +166,19 @@ def culpable_leader(plan: PlanRecord, progress: Mapping[str, ProgressRecord], bl
     With ``run``, blames that come with evidence (``ProgressRecord.evidence``) are judged as the leader judges
     them (``verify.attest.judge_evidence``): evidence that holds against the leader makes it culpable at once (its
     own work failed a check), evidence that does not hold is no blame at all (a liar's word must not pass an
-    honest leader over, and make the liar, next in line, the leader of those who believed it)."""
+    honest leader over, and make the liar, next in line, the leader of those who believed it). A failed
+    recompute's evidence is not (its bulk goes to the leader, ``verify.evidence``, which judges it): its blame of
+    another member is the finder's word, its blame of the leader is no blame here."""
     halted = {p: r for p, r in progress.items() if r.epoch == plan.epoch and r.halted and p in plan.membership}
     if run is not None:
         judged = {p: _judge(r.evidence, r.blame, run, false_alarm) for p, r in halted.items()
-                  if r.evidence and r.blame}  # fmt: skip
+                  if r.evidence and r.blame and not is_recompute_evidence(r.evidence)}  # fmt: skip
         if any(why is None and halted[p].blame == plan.leader for p, why in judged.items()):
             return f"epoch {plan.epoch}, which it planned: its own work failed a check (proven by its signed statement)"
-        halted = {p: r for p, r in halted.items() if judged.get(p) is None}
+        # nor is a failed recompute's against the leader (its bulk goes to the leader, which judges it): a liar's
+        # must not pass an honest leader over, and nothing the leader did is kept meanwhile (the step is refused)
+        halted = {p: r for p, r in halted.items() if judged.get(p) is None
+                  and not (r.evidence and is_recompute_evidence(r.evidence) and r.blame == plan.leader)}  # fmt: skip
     edges = {p: r.blame for p, r in halted.items() if r.blame in plan.membership and r.blame != p}
     if plan.leader not in blame_roots(edges) or (plan.leader not in halted and blamed_for_s < BLAMED_HALT_S):
         return None

@@ -50,7 +50,7 @@ from p2ptrain.net.nat.relay import multiaddr_bytes
 from p2ptrain.net.transport.channel import Channels
 from p2ptrain.net.transport.emulation import LinkEmulator
 from p2ptrain.net.transport.mailbox import Mailbox
-from p2ptrain.net.transport.messages import Header, MessageKind, Refusal, Tag, dtype_name
+from p2ptrain.net.transport.messages import UNABORTED_KINDS, Header, MessageKind, Refusal, Tag, dtype_name
 from p2ptrain.net.transport.pacing import Pacer
 from p2ptrain.net.transport.probe_session import ProbeSession
 from p2ptrain.net.transport.servicer import NAMESPACE, TensorServicer, parse_reply
@@ -237,8 +237,7 @@ class Transport:
             numpy.copyto(copied, data)  # numpy's copy: torch's would run on its intra-op threads, which spin
         payload = memoryview(data if copied is None else copied)
         timeout_s = timeout_s or self.config.call_timeout_s
-        return self._submit(self._send(str(peer), header, payload, timeout_s, copied),
-                            call=(tag.epoch, str(peer), timeout_s, tag.kind in STUCK_KINDS))
+        return self._submit(self._send(str(peer), header, payload, timeout_s, copied), call=_call_of(tag, peer, timeout_s))
 
     async def _send(self, peer: str, header: Header, payload: memoryview, timeout_s: float,
                     copied: numpy.ndarray | None = None) -> None:
@@ -339,7 +338,7 @@ class Transport:
     ) -> concurrent.futures.Future[torch.Tensor]:
         timeout_s = timeout_s or self.config.call_timeout_s
         return self._submit(self._recv(tag, str(sender), tuple(shape), dtype_name(dtype), timeout_s),
-                            call=(tag.epoch, str(sender), timeout_s, tag.kind in STUCK_KINDS))
+                            call=_call_of(tag, sender, timeout_s))
 
     async def _recv(self, tag: Tag, sender: str, shape: tuple[int, ...], dtype: str, timeout_s: float) -> torch.Tensor:
         future = self.mailbox.receive(tag, sender, shape, dtype)
@@ -537,6 +536,11 @@ class Transport:
     def __exit__(self, *exc_info) -> None:
         self.shutdown()
 
+
+
+def _call_of(tag: Tag, peer: PeerLike, timeout_s: float) -> tuple[int, str, float, bool] | None:
+    """What ``abort_epoch`` knows of a send or receive of ``tag`` (None: it is not cut short)."""
+    return None if tag.kind in UNABORTED_KINDS else (tag.epoch, str(peer), timeout_s, tag.kind in STUCK_KINDS)
 
 
 def tensor_data(tensor: torch.Tensor) -> numpy.ndarray:

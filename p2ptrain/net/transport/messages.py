@@ -57,11 +57,16 @@ class MessageKind(StrEnum):
     STATE = "state"  # a stage's training state, to a peer that takes the stage over (``agent.churn.stage_state``)
     BACKUP = "backup"  # a stage's state, copied to a peer that keeps it warm (``agent.churn.warm_copies``)
     BENCH = "bench"  # the transport benchmark's messages (``p2ptrain.bench.transport``)
+    # a finder's evidence of a failed recompute, to the leader that judges it (``verify.evidence``): part ``part``
+    EVIDENCE = "evidence"
 
 
 # Kinds judged by epoch only: they are sent in the background and may arrive after the receiver's own
 # training moved past their step.
-EPOCH_ONLY_KINDS = frozenset({MessageKind.BACKUP})
+EPOCH_ONLY_KINDS = frozenset({MessageKind.BACKUP, MessageKind.EVIDENCE})
+# Kinds an epoch's abort (``Transport.abort_epoch``) does not cut short: exchanged once their epoch has failed
+# (a finder's evidence, which the leader judges after the epoch halted); their own deadlines still hold.
+UNABORTED_KINDS = frozenset({MessageKind.EVIDENCE})
 
 
 class Refusal(StrEnum):

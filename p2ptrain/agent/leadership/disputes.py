@@ -1,0 +1,94 @@
+"""The leader's judgement of failed recomputes, beside its loop: fetch a finder's evidence, redo the micro-batch.
+
+A finder's halted heartbeat announces its evidence (``verify.evidence``: a header in ``ProgressRecord.evidence``)
+and sends the bulk to the plan's leader (``agent.epoch``). ``Disputes.verdict`` starts the judgement of one
+(blamer, epoch) on a thread of its own the first time the leader reads the record, and answers None until it is
+done: the leader re-plans only once it knows whom the failure is on (``Leading._judge_evidence``). The bulk must
+arrive within ``[verify] evidence_timeout_s`` plus a second a MB, and announce no more bytes than the stage's
+parameters and a micro-batch's messages take (``verify.dispute.max_bulk_bytes``); otherwise it does not hold.
+The judgement itself is ``verify.dispute.judge_recompute``'s, on this host's CPU.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import logging
+from collections.abc import Callable
+
+from p2ptrain.agent.config import AgentConfig
+from p2ptrain.errors import ProtocolError
+from p2ptrain.model.stage import build_stage
+from p2ptrain.net.dht.records import PlanRecord, ProgressRecord
+from p2ptrain.runtime.reference import build_data
+from p2ptrain.runtime.topology import Topology
+from p2ptrain.runtime.wire import wire_format
+from p2ptrain.verify.dispute import RunView, Verdict, judge_recompute, max_bulk_bytes
+from p2ptrain.verify.evidence import DisputeHeader
+
+logger = logging.getLogger(__name__)
+
+# (blamer, epoch, step, bytes, timeout s) -> the bulk it sent us; ProtocolError where it did not arrive
+Fetch = Callable[[str, int, int, int, float], bytes]
+BYTES_PER_S = 1e6  # the evidence's deadline grows by a second per MB (a stage's parameters over a home uplink)
+
+
+class Disputes:
+    def __init__(self, config: AgentConfig, run: str, fetch: Fetch | None):
+        self.config, self.run, self.fetch = config, run, fetch
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="p2ptrain-judge")
+        self._verdicts: dict[tuple[str, int], concurrent.futures.Future] = {}
+
+    def verdict(self, blamer: str, record: ProgressRecord, plan: PlanRecord) -> Verdict | None:
+        """The verdict on ``blamer``'s evidence (its halted ``record`` of ``plan``'s epoch); None while it is
+        judged (begun at the first call)."""
+        key = (blamer, record.epoch)
+        if key not in self._verdicts:
+            self._verdicts[key] = self._pool.submit(self._judge, blamer, record, plan)
+        future = self._verdicts[key]
+        if not future.done():
+            return None
+        try:
+            return future.result()
+        except Exception as e:  # noqa: BLE001 - our own failure to judge is nobody's fault: the finder's word
+            logger.exception("judging %s's evidence against %s failed", blamer, record.blame)
+            return Verdict(None, f"the judgement failed here: {type(e).__name__}: {e}")
+
+    def _judge(self, blamer: str, record: ProgressRecord, plan: PlanRecord) -> Verdict:
+        try:
+            header = DisputeHeader.from_bytes(record.evidence)
+        except ValueError as e:
+            return Verdict(False, f"its evidence header is refused: {e}")
+        if header.stage >= plan.stages or header.epoch != plan.epoch:
+            return Verdict(False, f"its header names stage {header.stage} of epoch {header.epoch}, not of this plan")
+        view = run_view(self.config, self.run, plan)
+        rows = view.data.global_batch_size // plan.replicas // view.num_micro_batches
+        cap = max_bulk_bytes(view, header.stage, rows)
+        if header.bulk_bytes > cap:
+            return Verdict(False, f"it announces {header.bulk_bytes} bytes of evidence, more than stage "
+                                  f"{header.stage}'s can take ({cap})")  # fmt: skip
+        if self.fetch is None:
+            return Verdict(None, "this leader cannot receive evidence")
+        timeout_s = self.config.verify.evidence_timeout_s + header.bulk_bytes / BYTES_PER_S
+        logger.info("judging %s's evidence against %s (step %d, micro-batch %d): fetching %d bytes within %.0f s",
+                    blamer, record.blame, header.step, header.micro_batch, header.bulk_bytes, timeout_s)
+        try:
+            bulk = self.fetch(blamer, record.epoch, header.step, header.bulk_bytes, timeout_s)
+        except ProtocolError as e:
+            return Verdict(False, f"its evidence did not arrive: {e}")
+        return judge_recompute(header, bulk, record.blame, view)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def run_view(config: AgentConfig, run: str, plan: PlanRecord) -> RunView:
+    """What the judge needs of the run (our ``[train]``: the run's settings are pinned) and of ``plan``."""
+    cfg = dataclasses.replace(config.train, stages=plan.stages, replicas=plan.replicas, layers=plan.layer_ranges)
+    topology = Topology.from_rows([[plan.peer_at(i, j) for j in range(plan.stages)] for i in range(plan.replicas)])
+
+    def build(stage: int):
+        return build_stage(cfg.shape, stage, cfg.stages, cfg.seed, "cpu", layers=cfg.layers, precision=cfg.precision)
+
+    return RunView(run, plan.epoch, topology, cfg.micro_batches, cfg.precision, wire_format(cfg.wire), build_data(cfg),
+                   cfg.shape.hidden_size, build)  # fmt: skip

@@ -1,0 +1,181 @@
+"""Evidence of a failed recompute that a third party re-checks: what it is, on the wire and in a heartbeat. Pure.
+
+A verifier that finds a member's message is not what its input gives (``stage_check``) holds everything a
+judge needs to redo the check without trusting it:
+
+- the member's own **signed commitment** of the step (``pipe_commit``): the digests of every pipeline message it
+  sent and received, and the digest of the parameters it computed with (``param_digest``), so the member is bound
+  to the messages and the parameters before anyone knew which micro-batch would be checked;
+- the **revealed messages** of the checked micro-batch (as they travelled), each of which must match its
+  digest in that commitment: a verifier cannot change a byte of them;
+- the **parameters** the step computed with (its own copy: replicas' are bit-identical), which must match the
+  member's signed digest: a verifier cannot hand the judge other weights.
+
+That is the *bulk*, far over a heartbeat's 16 KiB (a stage's parameters): it travels to the leader as messages
+of kind ``evidence`` (parts of at most ``PART_BYTES``), announced by a small *header* in the finder's halted
+heartbeat (``ProgressRecord.evidence``): which step, stage, member and micro-batch, and the bulk's size and
+SHA-256, so the finder is bound to the bulk it announced. The judgement is ``verify.dispute``'s.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import struct
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+
+import torch
+
+from p2ptrain.verify.commit import message_digest
+
+MAGIC = b"p2ptrain/recompute-evidence/1\n"  # a heartbeat's evidence that is a recompute dispute's header
+PART_BYTES = 64 << 20  # the bulk travels in messages of at most this many bytes
+_LENGTH = struct.Struct("<Q")
+_MAX_INDEX_BYTES = 1 << 20  # a bulk's index (JSON): names, dtypes, shapes
+# what a bulk may carry: parameters (fp32 or bf16 masters), messages as the wire codecs make them
+DTYPES = {str(d).removeprefix("torch."): d for d in (torch.float32, torch.bfloat16, torch.float16, torch.float64,
+                                                    torch.uint8, torch.int8)}  # fmt: skip
+MAX_HEADER_BYTES = 1024
+
+
+def param_digest(named: Iterable[tuple[str, torch.Tensor]]) -> bytes:
+    """SHA-256 (32 bytes) of a stage's parameters, in the order given (a module's ``named_parameters``): each
+    one's ``message_digest`` under its name (dtype, shape and bytes), chained."""
+    h = hashlib.sha256(b"p2ptrain.verify.params\0")
+    for name, tensor in named:
+        h.update(message_digest(tensor, f"param/{name}"))
+    return h.digest()
+
+
+@dataclass(frozen=True)
+class DisputeHeader:
+    """What a finder's halted heartbeat says of its evidence against ``member`` (stage ``stage``, replica
+    ``replica``): the step and micro-batch it recomputed, the ratio it found (over the allowance), and the bulk
+    it sends the leader: ``bulk_bytes`` bytes of SHA-256 ``bulk_sha256`` (hex)."""
+
+    epoch: int
+    step: int
+    stage: int
+    replica: int
+    member: str
+    micro_batch: int
+    ratio: float
+    bulk_bytes: int
+    bulk_sha256: str
+
+    def to_bytes(self) -> bytes:
+        fields = asdict(self)
+        fields["ratio"] = self.ratio if math.isfinite(self.ratio) else None
+        blob = MAGIC + json.dumps(fields, sort_keys=True).encode()
+        assert len(blob) <= MAX_HEADER_BYTES, "a dispute header too long for a heartbeat"
+        return blob
+
+    @classmethod
+    def from_bytes(cls, blob: bytes) -> DisputeHeader:
+        """The header of ``blob``; ValueError (one line) for anything else."""
+        if not is_recompute_evidence(blob) or len(blob) > MAX_HEADER_BYTES:
+            raise ValueError("not a recompute dispute's header")
+        try:
+            fields = json.loads(blob[len(MAGIC):])
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"a dispute header that is not JSON: {e}") from None
+        if not isinstance(fields, dict) or set(fields) != {f for f in cls.__dataclass_fields__}:
+            raise ValueError("a dispute header with other fields than a header's")
+        ints = ("epoch", "step", "stage", "replica", "micro_batch", "bulk_bytes")
+        if any(isinstance(fields[k], bool) or not isinstance(fields[k], int) or fields[k] < 0 for k in ints):
+            raise ValueError("a dispute header whose indices are not non-negative integers")
+        if not isinstance(fields["member"], str) or not isinstance(fields["bulk_sha256"], str) \
+                or len(fields["bulk_sha256"]) != 64:  # fmt: skip
+            raise ValueError("a dispute header whose member or SHA-256 is malformed")
+        ratio = fields["ratio"]
+        if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, int | float)):
+            raise ValueError("a dispute header whose ratio is not a number")
+        fields["ratio"] = math.inf if ratio is None else float(ratio)
+        return cls(**fields)
+
+
+def is_recompute_evidence(evidence: bytes) -> bool:
+    return bytes(evidence[: len(MAGIC)]) == MAGIC
+
+
+@dataclass(frozen=True)
+class Bulk:
+    """A bulk, unpacked: the member's signed commitment (as it travelled, trimmed), the revealed messages by
+    their place in it (``(direction, kind, micro_batch)``, ``stage_check.entries``) and the parameters by name."""
+
+    commitment: bytes
+    messages: dict[tuple[str, str, int], torch.Tensor]
+    params: list[tuple[str, torch.Tensor]]
+
+
+def _raw(tensor: torch.Tensor) -> bytes:
+    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+    return flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+
+
+def pack(bulk: Bulk) -> bytes:
+    """``bulk`` as bytes: the index's length, the index (JSON), the commitment, then every tensor's bytes."""
+    tensors = [(list(e), t) for e, t in bulk.messages.items()] + [(n, t) for n, t in bulk.params]
+    index = {"commitment": len(bulk.commitment), "messages": len(bulk.messages),
+             "tensors": [[name, str(t.dtype).removeprefix("torch."), list(t.shape)] for name, t in tensors]}
+    text = json.dumps(index).encode()
+    return b"".join([_LENGTH.pack(len(text)), text, bulk.commitment, *(_raw(t) for _, t in tensors)])
+
+
+def unpack(blob: bytes) -> Bulk:
+    """The bulk of ``blob``; ValueError (one line) for anything malformed (sizes, dtypes, shapes, names)."""
+    view = memoryview(blob)
+    if len(view) < _LENGTH.size:
+        raise ValueError("a bulk shorter than its index's length")
+    (n,) = _LENGTH.unpack_from(view)
+    if n > _MAX_INDEX_BYTES or _LENGTH.size + n > len(view):
+        raise ValueError(f"a bulk whose index ({n} bytes) does not fit it")
+    try:
+        index = json.loads(bytes(view[_LENGTH.size: _LENGTH.size + n]))
+        commitment_n, messages_n, specs = index["commitment"], index["messages"], index["tensors"]
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ValueError(f"a bulk whose index is malformed: {e}") from None
+    if not (isinstance(commitment_n, int) and isinstance(messages_n, int) and isinstance(specs, list)) \
+            or not 0 <= messages_n <= len(specs):  # fmt: skip
+        raise ValueError("a bulk whose index is malformed")
+    offset = _LENGTH.size + n
+    commitment = bytes(view[offset: offset + commitment_n])
+    offset += commitment_n
+    tensors = []
+    for spec in specs:
+        try:
+            name, dtype_name, shape = spec
+            dtype = DTYPES[dtype_name]
+            numel = math.prod(shape)
+            if not all(isinstance(s, int) and s >= 0 for s in shape):
+                raise TypeError(shape)
+        except (ValueError, TypeError, KeyError) as e:
+            raise ValueError(f"a bulk tensor's spec {spec!r} is malformed ({e!r})") from None
+        size = numel * torch.tensor([], dtype=dtype).element_size()
+        if offset + size > len(view):
+            raise ValueError(f"a bulk whose tensor {name!r} ({size} bytes) runs past its end")
+        raw = torch.frombuffer(bytearray(view[offset: offset + size]), dtype=torch.uint8) if size else \
+            torch.empty(0, dtype=torch.uint8)  # fmt: skip
+        tensors.append((name, raw.view(dtype).reshape(shape)))
+        offset += size
+    if offset != len(view):
+        raise ValueError(f"a bulk with {len(view) - offset} bytes after its tensors")
+    messages = {}
+    for name, tensor in tensors[:messages_n]:
+        if not (isinstance(name, list) and len(name) == 3 and all(isinstance(x, str) for x in name[:2])
+                and isinstance(name[2], int)):  # fmt: skip
+            raise ValueError(f"a bulk message's name {name!r} is not an entry")
+        messages[(name[0], name[1], name[2])] = tensor
+    params = []
+    for name, tensor in tensors[messages_n:]:
+        if not isinstance(name, str):
+            raise ValueError(f"a bulk parameter's name {name!r} is not a string")
+        params.append((name, tensor))
+    return Bulk(commitment, messages, params)
+
+
+def parts(nbytes: int) -> list[tuple[int, int]]:
+    """The (start, end) byte ranges of a bulk's messages."""
+    return [(s, min(nbytes, s + PART_BYTES)) for s in range(0, max(nbytes, 1), PART_BYTES)]
