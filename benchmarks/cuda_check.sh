@@ -13,9 +13,13 @@
 # 6. what keeping a stage's state after every step costs a GPU trainer (benchmarks/keeper_copy.py; CUDA only);
 # 7. gpt3-xl and llama-1b with their recipes, 50 steps in bf16: no loss spike, tokens/s and MFU
 #    (benchmarks/large_presets.py; CUDA only).
+# 8. verified work on the GPU: the floating-point deviations the recompute check's allowance is made of, on
+#    trained states (benchmarks/verify_noise.py --measure, to 1,000 steps), and a swarm of four whose members
+#    recompute one of each other's 8 micro-batches a step in bf16 (every check on; nobody may be blamed).
 # Each part has its own deadline and its log goes to OUTDIR (default ./cuda-check; WORK: where the rest
 # goes); a part that fails is reported and the next one still runs; the exit status is 1 if any failed.
 # DEVICE=cpu runs the same parts on the CPU (a dry run of the script).
+# ONLY="NAME ..." runs only the parts named (e.g. ONLY="verify-measure swarm-verify").
 set -u
 OUT_DIR=${1:-cuda-check}
 DEVICE=${DEVICE:-cuda}
@@ -26,6 +30,7 @@ status=0
 
 part() {  # part NAME SECONDS COMMAND...: run with a deadline, keep the log, note the outcome
     local name=$1 limit=$2; shift 2
+    if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then return; fi
     local t0=$SECONDS
     echo "=== $name (deadline ${limit}s): $*"
     timeout --kill-after=10 "$limit" "$@" > "$OUT_DIR/$name.log" 2>&1
@@ -56,6 +61,13 @@ for wire in bf16 int8; do
         --device "$DEVICE" --precision bf16 --wire "$wire" --schedule 1f1b --overlap --workdir "$WORK/swarm-$wire" --json
 done
 part transport 120 python3 -m p2ptrain bench runtime --sizes 1 --repeats 100 --json
+part verify-measure 240 python3 benchmarks/verify_noise.py --measure --device "$DEVICE" --checkpoints 0,200,1000 --json
+part swarm-verify 200 python3 -m p2ptrain swarm --agents 4 --stages 2 --steps 20 --scenario none --model small \
+    --device "$DEVICE" --precision bf16 --wire bf16 --micro-batches 8 --batch-size 32 --workdir "$WORK/swarm-verify" --json
+if [ -d "$WORK/swarm-verify" ] && grep -l '"event":"verify_failed"' "$WORK"/swarm-verify/agent-*.events.jsonl > /dev/null 2>&1; then
+    echo "=== swarm-verify: an honest member was blamed"; status=1
+fi
+[ -d "$WORK/swarm-verify" ] && grep -h "recompute check took" "$WORK"/swarm-verify/agent-*.log
 [ "$DEVICE" = cuda ] && part keeper 120 python3 benchmarks/keeper_copy.py
 [ "$DEVICE" = cuda ] && part presets 300 python3 benchmarks/large_presets.py
 exit $status

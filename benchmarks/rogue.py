@@ -30,8 +30,10 @@ each ``--leader-steps``, by default 6 and 120), in one invocation:
   micro-batches per replica, the ``megatron`` placement, so the rogue holds the stage whose messages it
   corrupts), one of them sending, from step 2 on, activations with noise (``act_noise``), activation
   gradients with noise (``grad_noise``), another token's activations in place of its compute's (``skip``),
-  or noisy activations it commits to while it reveals the clean ones to its verifier (``clean_reveal``);
-  beside a clean run of the same 4.
+  or noisy activations it commits to while it reveals the clean ones to its verifier (``clean_reveal``),
+  or corrupting only the micro-batches it guesses are unchecked (``guess``); and a verifier that says its
+  recomputes of step 2 failed, forwarding its group-mate's honest work as the evidence (``lie``: the forged
+  recompute blame); beside a clean run of the same 4.
 
 For the corrupt and forged ones also: whether the run is ``ok`` (every honest agent finished, the rogue and
 nobody else quarantined), the steps rolled back (``rolled_back``: per re-plan, the furthest step an honest
@@ -218,6 +220,8 @@ def main(as_json: bool, only: tuple[str, ...], leader_steps: tuple[int, ...], cl
                  *[(f"corrupt sums ({m})", lambda: clean("corrupt", _corrupt), lambda m=m: _corrupt(m))
                    for m in ("scale", "negate")],
                  ("forged blame", lambda: clean("corrupt", _corrupt), lambda: _corrupt("forge")),
+                 ("forged recompute blame", lambda: clean("pipeline", lambda _: _corrupt(None, True)),
+                  lambda: _corrupt("lie", True)),
                  *[(f"corrupt pipeline ({m})", lambda: clean("pipeline", lambda _: _corrupt(None, True)),
                     lambda m=m: _corrupt(m, True)) for m in PIPELINE_CASES]]
     for steps in leader_steps:

@@ -392,7 +392,7 @@ def _install_verifier(plan: PlanRecord, topology: Topology, role: Role, cfg: Tra
     reducer = trainer.executor.reducer
     verifier = GroupVerifier(ctx.dht.signing_key, ctx.dht.keys.run_id, role.stage, topology.group(role.stage),
                              reducer.feedback.codec, rows=ctx.verify.sketch_rows, false_alarm=ctx.verify.false_alarm,
-                             running=ctx.verify.running, on_finding=on_finding)  # fmt: skip
+                             running=ctx.verify.running, on_finding=on_finding, device=ctx.device)  # fmt: skip
     if cfg.precision == "fp16" or plan.stages == 1:  # one stage sends no pipeline messages to recompute
         reducer.verifier = verifier
         return verifier, None

@@ -109,8 +109,12 @@ class GroupVerifier:
 
     def __init__(self, key: RSAPrivateKey, run: str, stage: int, group: Sequence[str], codec: Codec, *,
                  rows: int = SKETCH_ROWS, false_alarm: float = FALSE_ALARM, running: bool = True,
-                 on_finding: Callable[[Finding], None] | None = None):  # fmt: skip
+                 on_finding: Callable[[Finding], None] | None = None,
+                 device: torch.device | str | None = None):  # fmt: skip
         self.key, self.run, self.stage, self.group, self.codec = key, run, stage, tuple(group), codec
+        # where the sketches are made and the running sums kept: the trainer's accelerator, if it has one (on
+        # a GPU the CPU's sketches of a stage's gradient cost more than its step, ``benchmarks/README.md``)
+        self.device = device
         self.rows, self.false_alarm, self.on_finding = rows, false_alarm, on_finding
         self.epoch = self.step = 0
         self._previous: dict[tuple[int, int], torch.Tensor] = {}  # (bucket, owner) -> last message's bound
@@ -224,15 +228,15 @@ class GroupVerifier:
     def _add_running(self, records: list[ReduceRecord], rank: int, n: int) -> int:
         """Add this step's shards to the running sums; returns the steps they hold."""
         for b, record in enumerate(records):
-            own_d, added = self._owned.setdefault(b, (RunningSum(record.sizes[rank]),
-                                                      [RunningSum(record.sizes[rank]) for _ in range(n)]))  # fmt: skip
+            own_d, added = self._owned.setdefault(b, (RunningSum(record.sizes[rank], self.device),
+                                                      [RunningSum(record.sizes[rank], self.device) for _ in range(n)]))  # fmt: skip
             own_d.add(self.codec.decode(record.gathered[rank], (record.sizes[rank],)))
             for j in range(n):
                 added[j].add(record.added[j])
             for k in range(n):
                 if k != rank:
-                    seen_d, sent = self._seen.setdefault((b, k), (RunningSum(record.sizes[k]),
-                                                                  RunningSum(record.sizes[k])))  # fmt: skip
+                    seen_d, sent = self._seen.setdefault((b, k), (RunningSum(record.sizes[k], self.device),
+                                                                  RunningSum(record.sizes[k], self.device)))  # fmt: skip
                     seen_d.add(self.codec.decode(record.gathered[k], (record.sizes[k],)))
                     sent.add(self._decoded_sent(record, k))
         return self._owned[0][0].steps
@@ -243,15 +247,15 @@ class GroupVerifier:
         numel = record.sizes[rank]
         total = self.codec.decode(message, (numel,))
         slack = torch.tensor([self._slack_norm(message, numel, b, rank)], dtype=torch.float64)
-        parts = [sketch(total, shard_seed, self.rows), _norm(total), slack]
+        parts = [sketch(total, shard_seed, self.rows, device=self.device), _norm(total), slack]
         for j in range(n):
-            parts += [sketch(record.added[j], shard_seed, self.rows), _norm(record.added[j])]
+            parts += [sketch(record.added[j], shard_seed, self.rows, device=self.device), _norm(record.added[j])]
         if self.running:  # over the epoch the residuals telescope: only the present message's bound remains
             own_d, added = self._owned[b]
             current = float(torch.linalg.vector_norm(error_bound(self.codec, message, (numel,))))
-            parts += [sketch(own_d.total, shard_seed, self.rows), _scalar(own_d.norm), _scalar(current)]
+            parts += [sketch(own_d.total, shard_seed, self.rows, device=self.device), _scalar(own_d.norm), _scalar(current)]
             for j in range(n):
-                parts += [sketch(added[j].total, shard_seed, self.rows), _scalar(added[j].norm)]
+                parts += [sketch(added[j].total, shard_seed, self.rows, device=self.device), _scalar(added[j].norm)]
         return torch.cat([p.reshape(-1) for p in parts])
 
     def _check_owner(self, records: list[ReduceRecord], k: int, rank: int, n: int, seed: int, steps: int,
@@ -294,14 +298,14 @@ class GroupVerifier:
         total = self.codec.decode(gathered, (numel,))
         # (b) its claims about D
         total_norm = float(_norm(total))
-        if not (_close(att.total, sketch(total, shard_seed, self.rows), total_norm, numel)
+        if not (_close(att.total, sketch(total, shard_seed, self.rows, device=self.device), total_norm, numel)
                 and _near(att.total_norm, total_norm, numel)
                 and _near(att.slack_norm, self._slack_norm(gathered, numel, b, k), numel)):
             return self._finding(k, "claim", math.inf, f"its sketch, norm or slack of bucket {b}'s reduced shard is "
                                                         "not that of the shard it sent")  # fmt: skip
         # (c) its entry for what we sent it
         mine, own = self._decoded_sent(record, k), att.added[rank]
-        if not (_close(own.sketch, sketch(mine, shard_seed, self.rows), own.norm, numel)
+        if not (_close(own.sketch, sketch(mine, shard_seed, self.rows, device=self.device), own.norm, numel)
                 and _near(own.norm, float(_norm(mine)), numel)):
             return self._finding(k, "attest", math.inf, f"it attests another contribution of ours to bucket {b} "
                                                          "than the one we sent")  # fmt: skip
@@ -320,12 +324,12 @@ class GroupVerifier:
         shard_seed = derive_seed(seed, "reduce", self.stage, b, k)
         current = float(torch.linalg.vector_norm(error_bound(self.codec, record.gathered[k], (numel,))))
         scale = seen_d.norm + sent.norm
-        if not (_close(att.total, sketch(seen_d.total, shard_seed, self.rows), scale, numel)
+        if not (_close(att.total, sketch(seen_d.total, shard_seed, self.rows, device=self.device), scale, numel)
                 and _near(att.total_norm, seen_d.norm, numel * steps) and _near(att.slack_norm, current, numel)):
             return self._finding(k, "claim", math.inf, f"its running sum of bucket {b}'s reduced shards is not the "
                                                         "sum of the shards it sent")  # fmt: skip
         own = att.added[rank]
-        if not (_close(own.sketch, sketch(sent.total, shard_seed, self.rows), scale, numel)
+        if not (_close(own.sketch, sketch(sent.total, shard_seed, self.rows, device=self.device), scale, numel)
                 and _near(own.norm, sent.norm, numel * steps)):
             return self._finding(k, "attest", math.inf, f"it attests another running sum of our contributions to "
                                                          f"bucket {b} than the one we sent")  # fmt: skip

@@ -100,8 +100,11 @@ def derive_seed(seed: int, *labels: int | str) -> int:
     return int.from_bytes(hashlib.sha256(struct.pack("<Q", seed) + text).digest()[:8], "little")
 
 
-def sketch(x: torch.Tensor, seed: int, rows: int = SKETCH_ROWS, offset: int = 0) -> torch.Tensor:
-    """``S·x``, float64 ``[rows]``, for the sign matrix of ``seed`` (columns ``offset`` … ``offset + len(x) − 1``).
+def sketch(x: torch.Tensor, seed: int, rows: int = SKETCH_ROWS, offset: int = 0,
+           device: torch.device | str | None = None) -> torch.Tensor:  # fmt: skip
+    """``S·x``, float64 ``[rows]`` on the CPU, for the sign matrix of ``seed`` (columns ``offset`` … ``offset +
+    len(x) − 1``), computed where ``device`` says: an accelerator (``_sketch_on``: the same signs, float64 sums of
+    at most ``CHUNK`` terms, then one per chunk, so within the same ``sketch_rounding``) or, by default, the CPU.
 
     ``x``: a 1-D finite float tensor on any device. ValueError (one line) otherwise."""
     _check_seed(seed)
@@ -111,6 +114,8 @@ def sketch(x: torch.Tensor, seed: int, rows: int = SKETCH_ROWS, offset: int = 0)
         raise ValueError(f"sketch takes a 1-D float tensor, got {_describe(x)}")
     if offset < 0:
         raise ValueError(f"offset must be non-negative, got {offset}")
+    if device is not None and torch.device(device).type != "cpu":
+        return _sketch_on(x, seed, rows, offset, torch.device(device))
     values = x.detach().to("cpu", torch.float64).numpy()
     if not np.isfinite(values).all():
         raise ValueError("sketch of a vector with NaN or infinite values")
@@ -122,6 +127,47 @@ def sketch(x: torch.Tensor, seed: int, rows: int = SKETCH_ROWS, offset: int = 0)
         for plane in range(planes):
             out[plane] += np.bincount(words[:, plane], weights=part, minlength=256) @ _SIGNS
     return torch.from_numpy(out.reshape(-1)[:rows].copy())
+
+
+def _sketch_on(x: torch.Tensor, seed: int, rows: int, offset: int, device: torch.device) -> torch.Tensor:
+    """``sketch`` on an accelerator: the words of a chunk (``_words_torch``, the same bits as ``_words``), every
+    row's signs at once, each row summed per chunk of ``CHUNK`` elements, then over the chunks, in float64 (a
+    few kernels a chunk: a shard of a bucket is one or two chunks)."""
+    values = x.detach().to(device, torch.float64)
+    chunks = -(-values.numel() // CHUNK)
+    padded = torch.zeros(chunks * CHUNK, dtype=torch.float64, device=device)  # zeros add nothing, exactly
+    padded[: values.numel()] = values
+    words = _words_torch(seed, offset, chunks * CHUNK, device).view(chunks, CHUNK)
+    shifts = torch.arange(rows, dtype=torch.int64, device=device).view(rows, 1)
+    sums = torch.empty(rows, chunks, dtype=torch.float64, device=device)
+    for c, block in enumerate(padded.view(chunks, CHUNK)):
+        negative = ((words[c] >> shifts) & 1).bool()  # [rows, CHUNK]: bit i of each word, row i's sign
+        sums[:, c] = torch.where(negative, -block, block).sum(dim=1)
+    out = sums.sum(dim=1).cpu()  # the one wait for the device
+    if not bool(torch.isfinite(out).all()):  # float64 sums of float32 values overflow nowhere: x was not finite
+        raise ValueError("sketch of a vector with NaN or infinite values")
+    return out
+
+
+def _signed(value: int) -> int:
+    """A uint64 constant as the int64 of the same bits."""
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _words_torch(seed: int, start: int, count: int, device: torch.device) -> torch.Tensor:
+    """``_words`` in int64 tensors (two's complement: products and sums wrap as uint64's do; a logical right
+    shift is the arithmetic one with the sign's copies masked off): the same 64 bits per element."""
+
+    def shifted(z: torch.Tensor, bits: int) -> torch.Tensor:
+        return (z >> bits) & ((1 << (64 - bits)) - 1)
+
+    z = torch.arange(start + 1, start + count + 1, dtype=torch.int64, device=device) * _signed(int(_GAMMA))
+    z = z + _signed(seed)
+    z = z ^ shifted(z, 30)
+    z = z * _signed(int(_MIX1))
+    z = z ^ shifted(z, 27)
+    z = z * _signed(int(_MIX2))
+    return z ^ shifted(z, 31)
 
 
 def sketch_rounding(numel: int) -> float:
@@ -164,9 +210,10 @@ def contribution(x: torch.Tensor, seed: int, rows: int = SKETCH_ROWS) -> Contrib
 
 class RunningSum:
     """The float64 sum of one shard's vectors since the epoch began (for ``check_sum`` over a window, see the
-    module), with the sum of their norms and their count."""
+    module), with the sum of their norms and their count, in host memory; its sketches are made on ``device``."""
 
-    def __init__(self, numel: int):
+    def __init__(self, numel: int, device: torch.device | str | None = None):
+        self.device = device
         self.total = torch.zeros(numel, dtype=torch.float64)
         self.norm = 0.0
         self.steps = 0
@@ -180,7 +227,7 @@ class RunningSum:
         self.steps += 1
 
     def contribution(self, seed: int, rows: int = SKETCH_ROWS) -> Contribution:
-        return Contribution(sketch(self.total, seed, rows), self.norm)
+        return Contribution(sketch(self.total, seed, rows, device=self.device), self.norm)
 
 
 @dataclass(frozen=True)

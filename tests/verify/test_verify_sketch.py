@@ -128,3 +128,27 @@ def test_derived_seeds_differ_by_label():
 def test_the_threshold_factor_is_the_chi_square_tail_bound():
     assert math.isclose(threshold_factor(32, math.exp(-10)), math.sqrt((32 + 2 * math.sqrt(320) + 20) / 32))
     assert threshold_factor(64) < threshold_factor(32) < threshold_factor(16)
+
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_accelerators_sketch_draws_the_same_signs_and_agrees_within_the_rounding_bound(device):
+    """``sketch(..., device=...)`` on an accelerator (here its torch path, run on the CPU too): splitmix64 in
+    int64 tensors gives numpy's uint64 words bit for bit, and the float64 sums agree within ``sketch_rounding``."""
+    import numpy as np
+
+    from p2ptrain.verify import sketch as sketches
+
+    for seed, start, count in [(0, 0, 1000), (2**64 - 1, 12_345, 70_000), (0x9E3779B97F4A7C15, 2**40, 5000)]:
+        want = sketches._words(seed, start, count).view(np.int64)
+        assert (sketches._words_torch(seed, start, count, torch.device(device)).cpu().numpy() == want).all()
+    x = torch.randn(3 * sketches.CHUNK + 17, generator=torch.Generator().manual_seed(3))
+    for rows, offset in [(32, 0), (7, 12_345), (64, 2**33)]:
+        want = sketch(x, 99, rows, offset)
+        got = sketches._sketch_on(x, 99, rows, offset, torch.device(device))
+        assert got.device.type == "cpu" and got.dtype == torch.float64 and got.shape == (rows,)
+        assert float((got - want).abs().max()) <= 2 * sketch_rounding(x.numel()) * float(x.norm())
+    with pytest.raises(ValueError, match="NaN"):
+        sketches._sketch_on(torch.tensor([1.0, float("nan")]), 1, 8, 0, torch.device(device))
