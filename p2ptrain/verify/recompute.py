@@ -33,8 +33,9 @@ norms. Why these:
 
 **The allowance ε** (``FLOAT_ALLOWANCE``, per run precision and quantity) is ``SAFETY`` times a deviation
 measured against float64 (``benchmarks/verify_noise.py --measure``): presets ``tiny``, ``small`` and
-``llama-tiny``, at initialisation and after 40 steps of training, the micro-batch computed whole and row by row
-(another batching makes other kernels), with 1, 2 and 4 CPU threads and on an H200, every row of every sample.
+``llama-tiny``, at initialisation and after 200 and 1,000 steps of training, the micro-batch computed whole and
+row by row (another batching makes other kernels), with 1, 2 and 4 CPU threads and on an H200, every row of every
+sample.
 If each honest implementation stays within δ of the exact value, two of them differ by at most 2δ (triangle
 inequality): in an ``fp32`` run ε = SAFETY · 2δ_fp32. In a ``bf16`` run the verifier recomputes in fp32 (its own
 error is δ_fp32, four orders below), so ε = SAFETY · (δ_bf16 + δ_fp32) and bf16 implementations need not agree
@@ -77,10 +78,10 @@ class Allowance:
 # δ in the comments: the largest over presets, training states and devices (docs/verification.md).
 FLOAT_ALLOWANCE: dict[tuple[str, str], Allowance] = {
     ("fp32", "activation"): Allowance(row=6e-6, whole=4e-6),  # δ 8.97e-7, 5.57e-7
-    ("fp32", "input_grad"): Allowance(row=1e-4, whole=1.2e-5),  # δ 1.58e-5, 1.95e-6 (small, step 1000)
-    ("fp32", "param_grad"): Allowance(row=0.0, whole=1.3e-5),  # δ 2.09e-6 (small, step 1000)
+    ("fp32", "input_grad"): Allowance(row=1.2e-4, whole=3.7e-5),  # δ 1.93e-5, 6.08e-6 (small, step 1000, H200)
+    ("fp32", "param_grad"): Allowance(row=0.0, whole=1.7e-5),  # δ 2.71e-6 (small, step 1000, H200)
     ("bf16", "activation"): Allowance(row=4e-2, whole=1.6e-2),  # δ 1.21e-2 (llama-tiny), 5.07e-3 (small)
-    ("bf16", "input_grad"): Allowance(row=0.18, whole=4.5e-2),  # δ 5.74e-2, 1.42e-2 (llama-tiny, step 1000)
+    ("bf16", "input_grad"): Allowance(row=0.32, whole=8.4e-2),  # δ 0.104, 2.78e-2 (small, step 1000, H200)
     ("bf16", "param_grad"): Allowance(row=0.0, whole=0.11),  # δ 3.47e-2 (small, step 40, H200)
 }
 QUANTITIES = ("activation", "input_grad", "param_grad")

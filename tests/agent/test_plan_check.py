@@ -309,3 +309,23 @@ def test_a_blame_with_evidence_is_judged_before_it_passes_a_leader_over():
     assert why is not None and "its own work failed a check" in why
     watch = CulpableWatch(0.0, run=run)
     assert watch.check(plan, lambda: {peers[1]: forged, peers[0]: leader_halted}) is None
+
+
+def test_a_failed_recomputes_blame_of_the_leader_is_no_blame_to_followers_and_of_others_their_finders_word():
+    """Its evidence's bulk goes to the leader, which judges it (``verify.dispute``): a follower cannot, so a liar's
+    recompute blame must not pass an honest leader over; a recompute blame of another member counts as before."""
+    from p2ptrain.verify.evidence import DisputeHeader
+
+    peers = sorted(generate_identity().peer_id for _ in range(5))
+    plan = plan_record(peers, peers[:4], (0, 1, 2, 3))  # led by peers[0]
+    header = DisputeHeader(0, 3, 0, 0, peers[0], 2, 9.9, 1000, "0" * 64).to_bytes()
+    blame = ProgressRecord(0, 3, None, 0.0, halted=True, blame=peers[0], evidence=header)
+    leader_halted = ProgressRecord(0, 3, None, 0.0, halted=True)
+    assert culpable_leader(plan, {peers[1]: blame, peers[0]: leader_halted}, 60.0, run="r") is None
+    word = ProgressRecord(0, 3, None, 0.0, halted=True, blame=peers[0])  # the same blame without evidence: counted
+    assert culpable_leader(plan, {peers[1]: word, peers[0]: leader_halted}, 60.0, run="r") is not None
+    # of another member: its finder's word, as any blame (an edge in blame_roots, here away from the leader)
+    other = dataclasses.replace(blame, blame=peers[2], evidence=DisputeHeader(0, 3, 0, 1, peers[2], 2, 9.9, 1000,
+                                                                              "0" * 64).to_bytes())  # fmt: skip
+    assert culpable_leader(plan, {peers[1]: other, peers[0]: ProgressRecord(0, 3, None, 0.0, halted=True,
+                                                                            blame=peers[1])}, 60.0, run="r") is None
