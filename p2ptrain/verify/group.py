@@ -85,7 +85,7 @@ class Finding:
     member: str
     epoch: int
     step: int
-    check: str  # "sum", "running", "claim", "attest", "commit", "statement"; "pipeline", "reveal", "recompute", "params"
+    check: str  # "sum", "running", "claim", "attest", "commit", "statement"; "pipeline", "reveal", "recompute"
     ratio: float
     reason: str
     evidence: bytes | None = None

@@ -154,3 +154,18 @@ def test_a_bulk_round_trips_every_dtype_and_the_parameters_digest_binds_names_an
     assert param_digest(params) == param_digest(back.params)
     assert param_digest(params) != param_digest([("a.bias", params[0][1]), params[1]])
     assert param_digest(params) != param_digest([("a.weight", params[0][1] + 1e-7), params[1]])
+
+
+@pytest.mark.timeout(120)
+def test_a_member_whose_parameters_differ_in_the_last_bit_passes_and_its_failure_would_be_the_finders_word():
+    """Replicas on another kind of device may round an update otherwise: the recompute's allowance covers what
+    that changes, but the verifier's parameters are then no evidence of the member's (its digest is not ours)."""
+    rogue = (1, 0)  # the middle stage's replica 0, as ``test_verify_stage_check.ROGUE``
+    topology, _, errors, members = run_swarm(nudged=rogue)
+    assert not errors, errors
+    peer = topology.pipelines[rogue[1]][rogue[0]]
+    verifier = members[topology.pipelines[1 - rogue[1]][rogue[0]]][1]
+    assert verifier.params_differ == {peer} and verifier.recomputed == CFG.steps  # checked, and it held
+    _, _, errors, _ = run_swarm(CASES["activation noise"][0], nudged=rogue)
+    found = findings(errors)
+    assert found and all(f.member == peer and f.evidence is None and f.bulk is None for f in found), found

@@ -85,7 +85,7 @@ class Corrupting:
 
 
 def run_swarm(corrupt: Corrupt | None = None, cfg: TrainConfig = CFG, probation: frozenset[str] = frozenset(),
-              shadow: bool = False):
+              shadow: bool = False, nudged: tuple[int, int] | None = None):
     rows = [[IDENTITIES[r * cfg.stages + s].peer_id for s in range(cfg.stages)] for r in range(cfg.replicas)]
     keys = {IDENTITIES[r * cfg.stages + s].peer_id: IDENTITIES[r * cfg.stages + s].private_key
             for s in range(cfg.stages) for r in range(cfg.replicas)}  # fmt: skip
@@ -97,6 +97,10 @@ def run_swarm(corrupt: Corrupt | None = None, cfg: TrainConfig = CFG, probation:
     for peer in topology.peers:
         role = topology.role_of(peer)
         module = build_stage(cfg.shape, role.stage, cfg.stages, cfg.seed, precision=cfg.precision)
+        if (role.stage, role.replica) == nudged:  # one element one float32 step away: another device's rounding
+            with torch.no_grad():
+                first = next(module.parameters()).view(-1)
+                first[0] = torch.nextafter(first[0], torch.tensor(float("inf")))
         executor = StageExecutor(module, build_optimizer(module, cfg.optimizer), data, cfg.micro_batches,
                                  cfg.shape.hidden_size, learning_rate=lambda s: cfg.optimizer.lr_at(s, cfg.steps),
                                  total_steps=cfg.steps, wire=cfg.wire, schedule=cfg.schedule)  # fmt: skip
