@@ -238,21 +238,29 @@ def main(as_json: bool, only: tuple[str, ...], leader_steps: tuple[int, ...], cl
     if as_json:
         click.echo(json.dumps(rows))
         return
-    click.echo(f"{'scenario':<32} {'ok':<5} {'clean s':>8} {'attacked s':>10} {'extra s':>8} {'ratio':>6} {'plans':>5} "
-               f"{'train s':>11} {'train ratio':>11} {'quarantined':>11} {'passed over':>11} {'rolled back':>11} "
-               f"{'redone':>6} {'restarts':>8} {'refused':>7} {'reference':>9} {'honest refused':>14} "
-               f"{'rogue refused (log lines)':>25}")
+    for line in table(rows):
+        click.echo(line)
+
+
+def table(rows: list[dict]) -> list[str]:
+    """The rows (``--json``'s) as the table's lines."""
+    lines = [f"{'scenario':<32} {'ok':<5} {'clean s':>8} {'attacked s':>10} {'extra s':>8} {'ratio':>6} {'plans':>5} "
+             f"{'train s':>11} {'train ratio':>11} {'quarantined':>11} {'passed over':>11} {'rolled back':>11} "
+             f"{'redone':>6} {'restarts':>8} {'refused':>7} {'reference':>9} {'honest refused':>14} "
+             f"{'rogue refused (log lines)':>25}"]
     for r in rows:
         a, base = r["attacked"], r["clean"]
         listed = {k: ",".join(map(str, a[k])) or "-" if k in a else "-" for k in ("restarts", "refused")}
         reference = str(a["reference"] and base["reference"]) if "reference" in a else "-"
         train_s = f"{base['train_s']:.1f}/{a['train_s']:.1f}" if "train_s" in a else "-"
         train_ratio = f"{a['train_s'] / base['train_s']:.2f}x" if "train_s" in a else "-"
-        click.echo(f"{r['scenario']:<32} {str(a['ok'] and base['ok']):<5} {base['seconds']:8.1f} {a['seconds']:10.1f} "
-                   f"{r['extra_s']:8.1f} {r['ratio']:5.2f}x {a['plans']:>5} {train_s:>11} {train_ratio:>11} "
-                   f"{a['quarantined']:>11} {a.get('passed_over', '-'):>11} {a.get('rolled_back', '-'):>11} "
-                   f"{a.get('redone', '-'):>6} {listed['restarts']:>8} {listed['refused']:>7} {reference:>9} "
-                   f"{a['honest_refused']:>14} {a['rogue_refused_lines']:>25}")
+        lines.append(f"{r['scenario']:<32} {str(a['ok'] and base['ok']):<5} {base['seconds']:8.1f} {a['seconds']:10.1f} "
+                     f"{r['extra_s']:8.1f} {r['ratio']:5.2f}x {a['plans']:>5} {train_s:>11} {train_ratio:>11} "
+                     f"{a['quarantined']:>11} {a.get('passed_over', '-'):>11} {a.get('rolled_back', '-'):>11} "
+                     f"{a.get('redone', '-'):>6} {listed['restarts']:>8} {listed['refused']:>7} {reference:>9} "
+                     f"{a['honest_refused']:>14} {a['rogue_refused_lines']:>25}")
+    return lines
+
 
 if __name__ == "__main__":
     main()
