@@ -380,8 +380,13 @@ def _install_verifier(plan: PlanRecord, topology: Topology, role: Role, cfg: Tra
                       ctx: EpochContext) -> tuple[GroupVerifier | None, StageVerifier | None]:  # fmt: skip
     """The sum check of our stage's all-reduce and the recompute check of our group's micro-batches, every step
     (a run that syncs every step, with replicas; fp16 stages are not recomputed: their loss scale is their own;
-    a one-stage plan has no pipeline messages to recompute: the whole-step check would be its)."""
-    if ctx.verify is None or not ctx.verify.enabled or plan.replicas < 2 or cfg.diloco_on:
+    a one-stage plan has no pipeline messages to recompute: the whole-step check would be its). A DiLoCo run
+    gets the sum check of each round's all-reduce of pseudo-gradients, before the outer step (plain rounds:
+    not overlapped, one fragment); its replicas differ inside a round, so nothing is recomputed."""
+    if ctx.verify is None or not ctx.verify.enabled or plan.replicas < 2:
+        return None, None
+    plain_rounds = not cfg.diloco_on or (cfg.diloco.fragments == 1 and not cfg.diloco.overlap)
+    if not plain_rounds:
         return None, None
 
     def on_finding(finding: Finding) -> None:
@@ -393,7 +398,7 @@ def _install_verifier(plan: PlanRecord, topology: Topology, role: Role, cfg: Tra
     verifier = GroupVerifier(ctx.dht.signing_key, ctx.dht.keys.run_id, role.stage, topology.group(role.stage),
                              reducer.feedback.codec, rows=ctx.verify.sketch_rows, false_alarm=ctx.verify.false_alarm,
                              running=ctx.verify.running, on_finding=on_finding, device=ctx.device)  # fmt: skip
-    if cfg.precision == "fp16" or plan.stages == 1:  # one stage sends no pipeline messages to recompute
+    if cfg.precision == "fp16" or plan.stages == 1 or cfg.diloco_on:  # no pipeline messages to recompute
         reducer.verifier = verifier
         return verifier, None
     executor = trainer.executor

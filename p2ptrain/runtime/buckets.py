@@ -194,21 +194,29 @@ class BucketedAllReduce:
 
     def sum_tensors(self, tensors: Sequence[torch.Tensor], rank: int, group_size: int,
                     exchange_for: Callable[[int], GroupExchange], part: Sequence[int] | None = None,
-                    fragment: int = 0) -> list[torch.Tensor]:  # fmt: skip
+                    fragment: int = 0, checked: bool = False) -> list[torch.Tensor]:  # fmt: skip
         """The group's sums of ``tensors`` (one per parameter, e.g. DiLoCo's pseudo-gradients; with ``part``,
         one per parameter of ``part``, indices into the parameters: a fragment's), in this reducer's buckets
         (each cut to ``part``'s parameters) with its error feedback (kept per ``fragment`` when ``part`` is
         given), every bucket at once; new host tensors aligned with ``tensors``. The arithmetic of ``finish``
-        on gradients equal to ``tensors``."""
+        on gradients equal to ``tensors``. ``checked`` (with a ``verifier``): every bucket's messages are
+        recorded and the verifier checks the sums (over ``exchange_for(len(buckets))``, a tag no bucket's sums
+        use) before they are returned; it must then cut no bucket (one fragment: all the parameters)."""
         position = {i: k for k, i in enumerate(part)} if part is not None else {i: i for i in range(len(self.params))}
         cut = [(b, [position[i] for i in bucket if i in position]) for b, bucket in enumerate(self.buckets)]
         cut = [(b, members) for b, members in cut if members]
+        records = [ReduceRecord() for _ in cut] if checked and self.verifier is not None else None
+        assert records is None or len(cut) == len(self.buckets), "a checked sum covers every bucket"
         futures = [self.pool.submit(sharded_all_reduce, flatten([tensors[k].detach().cpu() for k in members]),
                                     rank, group_size, exchange_for(b), self.feedback,
-                                    key=b if part is None else (fragment, b))
-                   for b, members in cut]  # fmt: skip
+                                    key=b if part is None else (fragment, b),
+                                    record=records[i] if records is not None else None)
+                   for i, (b, members) in enumerate(cut)]  # fmt: skip
+        totals = wait_all(futures)
+        if records is not None:
+            self.verifier(records, rank, group_size, exchange_for(len(self.buckets)))
         out: list[torch.Tensor | None] = [None] * len(tensors)
-        for (_, members), total in zip(cut, wait_all(futures), strict=True):  # each bounded by its calls
+        for (_, members), total in zip(cut, totals, strict=True):  # each bounded by its calls
             slots = [torch.empty(tensors[k].shape, dtype=tensors[k].dtype) for k in members]
             unflatten_into(total, slots)
             for k, slot in zip(members, slots, strict=True):

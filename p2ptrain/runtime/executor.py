@@ -296,7 +296,10 @@ class StageExecutor:
         deltas = outer.pseudo_gradients(part=part)
         stride, count = len(self.reducer.buckets) + 1, len(self.parts)  # message tags: fragment f's sums use
         if not self.diloco.overlap or step + 1 == self.total_steps:  # f·stride + b, in flight (count + f)·stride + b
-            outer.step(self._group_mean(deltas, role, topology, link, fragment * stride, fragment, part), part)
+            # checked before the outer step (the reducer's verifier, ``verify.group``): plain DiLoCo only, whose
+            # round ends are the only all-reduces and happen on this thread; overlapped or fragmented rounds are not
+            checked = len(self.parts) == 1 and not self.diloco.overlap
+            outer.step(self._group_mean(deltas, role, topology, link, fragment * stride, fragment, part, checked), part)
             return
         correct_at = min(step + self.diloco.tau, step + self.diloco.inner_steps, self.total_steps - 1)
         self._correct_at[fragment], self._round_end[fragment] = correct_at, step + 1
@@ -337,14 +340,16 @@ class StageExecutor:
                 del self._correct_at[f], self._round_end[f]
 
     def _group_mean(self, deltas: list[torch.Tensor], role: Role, topology: Topology, link: StepLink,
-                    offset: int, fragment: int = 0, part: list[int] | None = None) -> list[torch.Tensor]:  # fmt: skip
+                    offset: int, fragment: int = 0, part: list[int] | None = None,
+                    checked: bool = False) -> list[torch.Tensor]:  # fmt: skip
         """The mean of ``deltas`` (of ``part``'s parameters, one fragment's) over the stage's replica group;
-        bucket b's messages tagged ``offset + b``."""
+        bucket b's messages tagged ``offset + b``; ``checked``: its sums checked by the reducer's verifier."""
         if role.num_replicas == 1:
             return deltas
         group = topology.group(role.stage)
         sums = self.reducer.sum_tensors(deltas, role.replica, role.num_replicas,
-                                        lambda b: _GroupOverLink(link, group, offset + b), part, fragment)  # fmt: skip
+                                        lambda b: _GroupOverLink(link, group, offset + b), part, fragment,
+                                        checked=checked)  # fmt: skip
         return [s / role.num_replicas for s in sums]
 
     def _clip(self, role: Role, topology: Topology, state: _StepState) -> None:

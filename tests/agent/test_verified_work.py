@@ -151,3 +151,39 @@ def test_a_member_whose_pipeline_messages_are_wrong_is_caught_and_nothing_wrong_
     assert rogue in plans[0]["devices"] and rogue not in plans[-1]["devices"] + plans[-1]["spares"]
     assert f"peer {rogue} failed the {check} check" in "".join(a.log_path.read_text() for a in honest)
     assert_reference(honest, train)  # every step's loss the single-process one: nothing wrong was kept
+
+
+@pytest.mark.timeout(360)
+def test_in_a_diloco_run_a_member_that_scales_the_pseudo_gradients_it_sums_is_caught_before_the_outer_step(tmp_path):
+    """DiLoCo (rounds of 2): the sum check runs on each round's all-reduce of pseudo-gradients, before the outer
+    step. The rogue (agent 2: stage 0 of pipeline 1 in Megatron's placement) scales the shards it sums from step 2
+    on: its group names it at the round ending at step index 3 with its own statement, the leader quarantines it
+    at once, the round is redone from the round before (step 2) without it, and the run gives the losses of its
+    reference replaying that re-plan (``test_swarm_diloco``)."""
+    from test_swarm_diloco import replans_of
+
+    from p2ptrain.model.outer import DiLoCoConfig
+    from p2ptrain.runtime.reference import train_reference
+    from p2ptrain.swarm.report import _run_loss
+
+    rogue = 2
+    agents, train = swarm(tmp_path, "corrupt-diloco", 8, "scale", rogue, strategy="megatron", sync="diloco",
+                          diloco=DiLoCoConfig(inner_steps=2))  # fmt: skip
+    culprit, leader = agents[rogue].peer_id, agents[0]
+    honest = [a for a in agents if a.index != rogue]
+    found = all_events(honest, "verify_failed")
+    assert found and {e["peer"] for e in found} == {culprit} and {e["check"] for e in found} == {"sum"}, found
+    assert {e["step"] for e in found} == {3} and all(e["evidence"] for e in found)  # the first corrupt round's end
+    log = events(leader.events.path)
+    assert [e["peer"] for e in log if e["event"] == "quarantined"] == [culprit]
+    plans = [e for e in log if e["event"] == "plan"]
+    assert len(plans) == 2 and plans[1]["start_step"] == 2 and culprit not in plans[1]["devices"] + plans[1]["spares"]
+    final: dict[int, list[dict]] = {}  # per step, its events from the last epoch that trained it
+    for e in (e for a in agents for e in events(a.events.path) if e["event"] == "step"):
+        if e["step"] not in final or e["epoch"] > final[e["step"]][0]["epoch"]:
+            final[e["step"]] = [e]
+        elif e["epoch"] == final[e["step"]][0]["epoch"]:
+            final[e["step"]].append(e)
+    got = [loss for step in sorted(final) if (loss := _run_loss(final[step])) is not None]
+    want = train_reference(train, replans=replans_of(plans)).losses
+    assert len(got) == len(want) and all(abs(g - w) <= 1e-4 * abs(w) for g, w in zip(got, want, strict=True)), (got, want)
