@@ -1,5 +1,6 @@
 """The leader's judgement of a failed recompute's evidence beside its loop (``agent.leadership.disputes``): it waits
-for the judgement, and evidence that is not what a finder may send, or does not arrive, does not hold. The
+for the judgement; evidence that is not what a finder may send does not hold, and evidence that does not arrive
+is the finder's word. The
 judgement itself, on real evidence, is ``tests/verify/test_verify_dispute.py``'s; the whole path over real
 streams, ``tests/agent/test_verified_work.py``'s."""
 
@@ -39,7 +40,7 @@ def verdict_of(disputes: Disputes, blamer: str, rec: ProgressRecord):
     return verdict
 
 
-def test_evidence_that_does_not_arrive_or_announces_too_much_does_not_hold_and_the_leader_waits_meanwhile():
+def test_evidence_that_announces_too_much_does_not_hold_that_does_not_arrive_is_word_and_the_leader_waits():
     asked = []
 
     def fetch(blamer, epoch, step, nbytes, timeout_s):
@@ -52,7 +53,7 @@ def test_evidence_that_does_not_arrive_or_announces_too_much_does_not_hold_and_t
         rec = record()
         assert disputes.verdict(PEERS[3], rec, PLAN) is None  # begun: judged beside the loop
         verdict = verdict_of(disputes, PEERS[3], rec)
-        assert verdict.holds is False and "did not arrive" in verdict.reason
+        assert verdict.holds is None and "did not arrive" in verdict.reason  # the finder's word: links fail
         assert asked == [(PEERS[3], 2, 3, 1000, 0.5 + 1000 / 1e6)]  # the deadline: 0.5 s and a second a MB
         cap = max_bulk_bytes(run_view(CONFIG, "run", PLAN), 1, 16 // 2 // 8)
         huge = record(bulk_bytes=cap + 1)

@@ -4,8 +4,9 @@ A finder's halted heartbeat announces its evidence (``verify.evidence``: a heade
 and sends the bulk to the plan's leader (``agent.epoch``). ``Disputes.verdict`` starts the judgement of one
 (blamer, epoch) on a thread of its own the first time the leader reads the record, and answers None until it is
 done: the leader re-plans only once it knows whom the failure is on (``Leading._judge_evidence``). The bulk must
-arrive within ``[verify] evidence_timeout_s`` plus a second a MB, and announce no more bytes than the stage's
-parameters and a micro-batch's messages take (``verify.dispute.max_bulk_bytes``); otherwise it does not hold.
+arrive within ``[verify] evidence_timeout_s`` plus a second a MB, else the blame is the finder's word (the link
+may have failed, or this leader took over from the one the bulk went to), and announce no more bytes than the
+stage's parameters and a micro-batch's messages take (``verify.dispute.max_bulk_bytes``), else it does not hold.
 The judgement itself is ``verify.dispute.judge_recompute``'s, on this host's CPU.
 """
 
@@ -74,8 +75,8 @@ class Disputes:
                     blamer, record.blame, header.step, header.micro_batch, header.bulk_bytes, timeout_s)
         try:
             bulk = self.fetch(blamer, record.epoch, header.step, header.bulk_bytes, timeout_s)
-        except ProtocolError as e:
-            return Verdict(False, f"its evidence did not arrive: {e}")
+        except ProtocolError as e:  # a lost link, or a leader that took over from the one it was sent to
+            return Verdict(None, f"its evidence did not arrive: {e}")
         return judge_recompute(header, bulk, record.blame, view)
 
     def close(self) -> None:
