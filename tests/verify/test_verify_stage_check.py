@@ -62,7 +62,7 @@ class Corrupt:
 
     def __init__(self, kind: str, change, where: str = "committed"):
         self.kind, self.change, self.where = kind, change, where
-        self.clean: dict[int, torch.Tensor] = {}
+        self.clean: dict[tuple[int, int], torch.Tensor] = {}  # (step, micro-batch) -> the clean message
 
 
 class Corrupting:
@@ -73,10 +73,12 @@ class Corrupting:
 
     def send(self, peer, kind, m, part, tensor):
         if self.reveals:  # inside the recording: its reveal of the activation it sent is the clean one
-            if kind == MessageKind.REVEAL and part % 4 == 1 and m in self.corrupt.clean:  # lanes of 4
-                tensor = self.corrupt.clean[m]
+            # lanes of 4 parts: lane 1 reveals the step before's messages (checked beside this step, shadow mode)
+            revealed = (self.step - part // 4, m)
+            if kind == MessageKind.REVEAL and part % 4 == 1 and revealed in self.corrupt.clean:
+                tensor = self.corrupt.clean[revealed]
         elif kind == self.corrupt.kind and self.step >= 1:
-            self.corrupt.clean[m] = tensor
+            self.corrupt.clean[self.step, m] = tensor
             tensor = self.corrupt.change(tensor, m)
         return self.inner.send(peer, kind, m, part, tensor)
 
