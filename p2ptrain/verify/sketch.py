@@ -61,7 +61,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from scipy.stats import chi2
 
 SKETCH_ROWS = 32  # rows k: 256 bytes per sketch; one 64-bit word per element serves up to 64
 MAX_ROWS = 64
@@ -107,46 +106,67 @@ def sketch(x: torch.Tensor, seed: int, rows: int = SKETCH_ROWS, offset: int = 0,
     at most ``CHUNK`` terms, then one per chunk, so within the same ``sketch_rounding``) or, by default, the CPU.
 
     ``x``: a 1-D finite float tensor on any device. ValueError (one line) otherwise."""
+    return sketch_many([x], seed, rows, offset, device)[0]
+
+
+def sketch_many(xs: Sequence[torch.Tensor], seed: int, rows: int = SKETCH_ROWS, offset: int = 0,
+                device: torch.device | str | None = None) -> list[torch.Tensor]:  # fmt: skip
+    """``[sketch(x, seed, rows, offset, device) for x in xs]`` for vectors of one length (bit for bit on the CPU;
+    on an accelerator within the same ``sketch_rounding``): the sign
+    matrix is made once for all of them (its words are half of a CPU sketch's time; on an accelerator, one set
+    of kernels for the signs and one wait for every sketch). A check sketches several vectors of a shard with
+    one seed: the reduced shard, each contribution and their running sums."""
     _check_seed(seed)
     if not isinstance(rows, int) or not 1 <= rows <= MAX_ROWS:
         raise ValueError(f"a sketch has 1 to {MAX_ROWS} rows, got {rows!r}")
-    if not isinstance(x, torch.Tensor) or x.dim() != 1 or not x.dtype.is_floating_point:
-        raise ValueError(f"sketch takes a 1-D float tensor, got {_describe(x)}")
+    for x in xs:
+        if not isinstance(x, torch.Tensor) or x.dim() != 1 or not x.dtype.is_floating_point:
+            raise ValueError(f"sketch takes a 1-D float tensor, got {_describe(x)}")
+    if len({x.numel() for x in xs}) > 1:
+        raise ValueError(f"sketch_many takes vectors of one length, got {sorted({x.numel() for x in xs})}")
     if offset < 0:
         raise ValueError(f"offset must be non-negative, got {offset}")
+    if not xs:
+        return []
     if device is not None and torch.device(device).type != "cpu":
-        return _sketch_on(x, seed, rows, offset, torch.device(device))
-    values = x.detach().to("cpu", torch.float64).numpy()
-    if not np.isfinite(values).all():
+        return _sketch_on(xs, seed, rows, offset, torch.device(device))
+    values = [x.detach().to("cpu", torch.float64).numpy() for x in xs]
+    if not all(np.isfinite(v).all() for v in values):
         raise ValueError("sketch of a vector with NaN or infinite values")
     planes = -(-rows // 8)
-    out = np.zeros((planes, 8))
-    for start in range(0, values.size, CHUNK):
-        part = values[start: start + CHUNK]
-        words = _words(seed, offset + start, part.size).view(np.uint8).reshape(part.size, 8)
+    out = np.zeros((len(values), planes, 8))
+    for start in range(0, values[0].size, CHUNK):
+        count = min(CHUNK, values[0].size - start)
+        words = _words(seed, offset + start, count).view(np.uint8).reshape(count, 8)
         for plane in range(planes):
-            out[plane] += np.bincount(words[:, plane], weights=part, minlength=256) @ _SIGNS
-    return torch.from_numpy(out.reshape(-1)[:rows].copy())
+            column = np.ascontiguousarray(words[:, plane])  # one byte of each word: the signs of 8 rows
+            for i, v in enumerate(values):
+                out[i, plane] += np.bincount(column, weights=v[start: start + count], minlength=256) @ _SIGNS
+    return [torch.from_numpy(o.reshape(-1)[:rows].copy()) for o in out]
 
 
-def _sketch_on(x: torch.Tensor, seed: int, rows: int, offset: int, device: torch.device) -> torch.Tensor:
-    """``sketch`` on an accelerator: the words of a chunk (``_words_torch``, the same bits as ``_words``), every
-    row's signs at once, each row summed per chunk of ``CHUNK`` elements, then over the chunks, in float64 (a
-    few kernels a chunk: a shard of a bucket is one or two chunks)."""
-    values = x.detach().to(device, torch.float64)
-    chunks = -(-values.numel() // CHUNK)
-    padded = torch.zeros(chunks * CHUNK, dtype=torch.float64, device=device)  # zeros add nothing, exactly
-    padded[: values.numel()] = values
+def _sketch_on(xs: Sequence[torch.Tensor], seed: int, rows: int, offset: int, device: torch.device) -> list[torch.Tensor]:
+    """``sketch_many`` on an accelerator: the words of a chunk (``_words_torch``, the same bits as ``_words``),
+    every row's signs at once, each row summed per chunk of ``CHUNK`` elements, then over the chunks, in float64
+    (a few kernels a chunk and vector: a shard of a bucket is one or two chunks); one wait for them all."""
+    numel = xs[0].numel()
+    chunks = -(-numel // CHUNK)
+    padded = torch.zeros(len(xs), chunks * CHUNK, dtype=torch.float64, device=device)  # zeros add nothing, exactly
+    for i, x in enumerate(xs):
+        padded[i, :numel] = x.detach().to(device, torch.float64)
     words = _words_torch(seed, offset, chunks * CHUNK, device).view(chunks, CHUNK)
     shifts = torch.arange(rows, dtype=torch.int64, device=device).view(rows, 1)
-    sums = torch.empty(rows, chunks, dtype=torch.float64, device=device)
-    for c, block in enumerate(padded.view(chunks, CHUNK)):
+    sums = torch.empty(len(xs), rows, chunks, dtype=torch.float64, device=device)
+    blocks = padded.view(len(xs), chunks, CHUNK)
+    for c in range(chunks):
         negative = ((words[c] >> shifts) & 1).bool()  # [rows, CHUNK]: bit i of each word, row i's sign
-        sums[:, c] = torch.where(negative, -block, block).sum(dim=1)
-    out = sums.sum(dim=1).cpu()  # the one wait for the device
+        for i in range(len(xs)):
+            block = blocks[i, c]
+            sums[i, :, c] = torch.where(negative, -block, block).sum(dim=1)
+    out = sums.sum(dim=2).cpu()  # the one wait for the device
     if not bool(torch.isfinite(out).all()):  # float64 sums of float32 values overflow nowhere: x was not finite
         raise ValueError("sketch of a vector with NaN or infinite values")
-    return out
+    return [row.clone() for row in out]
 
 
 def _signed(value: int) -> int:
@@ -334,6 +354,8 @@ def detection_probability(corruption_norm: float, tolerance: float, rows: int = 
     ``P(χ²_k > k (tolerance + honest)² / ‖d‖²)`` (``‖S·d‖² ≈ ‖d‖² χ²_k`` for signs that are ±1 at random)."""
     if corruption_norm <= 0:
         return 0.0
+    from scipy.stats import chi2  # here: importing scipy.stats costs every agent process about a second
+
     return float(chi2.sf(rows * ((tolerance + honest) / corruption_norm) ** 2, rows))
 
 
