@@ -68,7 +68,7 @@ from p2ptrain.verify.sketch import (
     challenge_seed,
     derive_seed,
     judge_sum,
-    sketch,
+    sketch_many,
     sketch_rounding,
 )
 
@@ -247,15 +247,19 @@ class GroupVerifier:
         numel = record.sizes[rank]
         total = self.codec.decode(message, (numel,))
         slack = torch.tensor([self._slack_norm(message, numel, b, rank)], dtype=torch.float64)
-        parts = [sketch(total, shard_seed, self.rows, device=self.device), _norm(total), slack]
-        for j in range(n):
-            parts += [sketch(record.added[j], shard_seed, self.rows, device=self.device), _norm(record.added[j])]
-        if self.running:  # over the epoch the residuals telescope: only the present message's bound remains
+        vectors = [total, *(record.added[j] for j in range(n))]
+        if self.running:
             own_d, added = self._owned[b]
+            vectors += [own_d.total, *(added[j].total for j in range(n))]
+        sketches = iter(sketch_many(vectors, shard_seed, self.rows, device=self.device))  # one sign matrix for all
+        parts = [next(sketches), _norm(total), slack]
+        for j in range(n):
+            parts += [next(sketches), _norm(record.added[j])]
+        if self.running:  # over the epoch the residuals telescope: only the present message's bound remains
             current = float(torch.linalg.vector_norm(error_bound(self.codec, message, (numel,))))
-            parts += [sketch(own_d.total, shard_seed, self.rows, device=self.device), _scalar(own_d.norm), _scalar(current)]
+            parts += [next(sketches), _scalar(own_d.norm), _scalar(current)]
             for j in range(n):
-                parts += [sketch(added[j].total, shard_seed, self.rows, device=self.device), _scalar(added[j].norm)]
+                parts += [next(sketches), _scalar(added[j].norm)]
         return torch.cat([p.reshape(-1) for p in parts])
 
     def _check_owner(self, records: list[ReduceRecord], k: int, rank: int, n: int, seed: int, steps: int,
@@ -276,9 +280,11 @@ class GroupVerifier:
         findings = []
         for b, (record, att) in enumerate(zip(records, parsed.buckets, strict=True)):
             try:
-                finding = self._check_bucket(record, att, b, k, rank, seed, committed, blob)
+                sketches: list[torch.Tensor] = []  # the bucket's, made at once once its message is the committed one
+                finding = self._check_bucket(record, att, b, k, rank, seed, committed, blob, sketches,
+                                             bool(parsed.running))  # fmt: skip
                 if finding is None and parsed.running:
-                    finding = self._check_running(parsed.running[b], b, k, rank, seed, steps, record, blob)
+                    finding = self._check_running(parsed.running[b], b, k, rank, seed, steps, record, blob, sketches)
             except ValueError as e:  # a reduced message no honest encoder makes (``bounds.error_bound``)
                 finding = self._finding(k, "claim", math.inf, f"its reduced shard of bucket {b} is refused: {e}")
             if finding is not None:
@@ -286,8 +292,10 @@ class GroupVerifier:
         return findings
 
     def _check_bucket(self, record: ReduceRecord, att: Attestation, b: int, k: int, rank: int, seed: int,
-                      committed: list[list[bytes]], blob: bytes) -> Finding | None:  # fmt: skip
-        """Checks (a) to (d) of owner k's shard of bucket b (see the module); ``blob``: its signed statement."""
+                      committed: list[list[bytes]], blob: bytes, sketches: list[torch.Tensor],
+                      running: bool) -> Finding | None:  # fmt: skip
+        """Checks (a) to (d) of owner k's shard of bucket b (see the module); ``blob``: its signed statement.
+        Fills ``sketches`` with the shard's (with ``running``, the running sums' too, for ``_check_running``)."""
         gathered = record.gathered[k]
         # (a) the reduced message is the one committed (the same to every member)
         if message_digest(gathered, self._tag("gather", b, k, k)) != committed[b][-1]:
@@ -296,16 +304,22 @@ class GroupVerifier:
         numel = record.sizes[k]
         shard_seed = derive_seed(seed, "reduce", self.stage, b, k)
         total = self.codec.decode(gathered, (numel,))
+        mine = self._decoded_sent(record, k)
+        vectors = [total, mine]
+        if running:
+            seen_d, sent = self._seen[(b, k)]
+            vectors += [seen_d.total, sent.total]
+        sketches += sketch_many(vectors, shard_seed, self.rows, device=self.device)  # one sign matrix for all
         # (b) its claims about D
         total_norm = float(_norm(total))
-        if not (_close(att.total, sketch(total, shard_seed, self.rows, device=self.device), total_norm, numel)
+        if not (_close(att.total, sketches[0], total_norm, numel)
                 and _near(att.total_norm, total_norm, numel)
                 and _near(att.slack_norm, self._slack_norm(gathered, numel, b, k), numel)):
             return self._finding(k, "claim", math.inf, f"its sketch, norm or slack of bucket {b}'s reduced shard is "
                                                         "not that of the shard it sent")  # fmt: skip
         # (c) its entry for what we sent it
-        mine, own = self._decoded_sent(record, k), att.added[rank]
-        if not (_close(own.sketch, sketch(mine, shard_seed, self.rows, device=self.device), own.norm, numel)
+        own = att.added[rank]
+        if not (_close(own.sketch, sketches[1], own.norm, numel)
                 and _near(own.norm, float(_norm(mine)), numel)):
             return self._finding(k, "attest", math.inf, f"it attests another contribution of ours to bucket {b} "
                                                          "than the one we sent")  # fmt: skip
@@ -317,19 +331,19 @@ class GroupVerifier:
         return None
 
     def _check_running(self, att: Attestation, b: int, k: int, rank: int, seed: int, steps: int,
-                       record: ReduceRecord, blob: bytes) -> Finding | None:  # fmt: skip
-        """Checks (b) to (d) of owner k's running sums of bucket b since the epoch began."""
+                       record: ReduceRecord, blob: bytes, sketches: list[torch.Tensor]) -> Finding | None:  # fmt: skip
+        """Checks (b) to (d) of owner k's running sums of bucket b since the epoch began (``sketches``: those
+        ``_check_bucket`` made, the running sums' last)."""
         seen_d, sent = self._seen[(b, k)]
         numel = record.sizes[k]
-        shard_seed = derive_seed(seed, "reduce", self.stage, b, k)
         current = float(torch.linalg.vector_norm(error_bound(self.codec, record.gathered[k], (numel,))))
         scale = seen_d.norm + sent.norm
-        if not (_close(att.total, sketch(seen_d.total, shard_seed, self.rows, device=self.device), scale, numel)
+        if not (_close(att.total, sketches[2], scale, numel)
                 and _near(att.total_norm, seen_d.norm, numel * steps) and _near(att.slack_norm, current, numel)):
             return self._finding(k, "claim", math.inf, f"its running sum of bucket {b}'s reduced shards is not the "
                                                         "sum of the shards it sent")  # fmt: skip
         own = att.added[rank]
-        if not (_close(own.sketch, sketch(sent.total, shard_seed, self.rows, device=self.device), scale, numel)
+        if not (_close(own.sketch, sketches[3], scale, numel)
                 and _near(own.norm, sent.norm, numel * steps)):
             return self._finding(k, "attest", math.inf, f"it attests another running sum of our contributions to "
                                                          f"bucket {b} than the one we sent")  # fmt: skip

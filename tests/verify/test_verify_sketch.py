@@ -13,6 +13,7 @@ from p2ptrain.verify.sketch import (
     contribution,
     derive_seed,
     sketch,
+    sketch_many,
     sketch_rounding,
     threshold_factor,
 )
@@ -147,8 +148,31 @@ def test_an_accelerators_sketch_draws_the_same_signs_and_agrees_within_the_round
     x = torch.randn(3 * sketches.CHUNK + 17, generator=torch.Generator().manual_seed(3))
     for rows, offset in [(32, 0), (7, 12_345), (64, 2**33)]:
         want = sketch(x, 99, rows, offset)
-        got = sketches._sketch_on(x, 99, rows, offset, torch.device(device))
+        (got,) = sketches._sketch_on([x], 99, rows, offset, torch.device(device))
         assert got.device.type == "cpu" and got.dtype == torch.float64 and got.shape == (rows,)
         assert float((got - want).abs().max()) <= 2 * sketch_rounding(x.numel()) * float(x.norm())
     with pytest.raises(ValueError, match="NaN"):
-        sketches._sketch_on(torch.tensor([1.0, float("nan")]), 1, 8, 0, torch.device(device))
+        sketches._sketch_on([torch.tensor([1.0, float("nan")])], 1, 8, 0, torch.device(device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sketches_of_several_vectors_with_one_seed_are_each_ones_sketch(device):
+    """``sketch_many``: the sign matrix made once serves every vector; each result is that vector's ``sketch``
+    (bit for bit on the CPU; the accelerator's torch path sums each vector as ``sketch`` would, here run on the CPU
+    too), and what one of them refuses the call refuses."""
+    from p2ptrain.verify import sketch as sketches
+
+    g = torch.Generator().manual_seed(5)
+    xs = [torch.randn(2 * sketches.CHUNK + 5, generator=g) for _ in range(3)] + [torch.zeros(2 * sketches.CHUNK + 5)]
+    for rows, offset in [(32, 0), (13, 777)]:
+        assert [t.tolist() for t in sketch_many(xs, 42, rows, offset)] == [sketch(x, 42, rows, offset).tolist() for x in xs]
+        on = sketches._sketch_on(xs, 42, rows, offset, torch.device(device))
+        one_by_one = [sketches._sketch_on([x], 42, rows, offset, torch.device(device))[0] for x in xs]
+        assert all(torch.equal(a, b) for a, b in zip(on, one_by_one, strict=True))
+    assert sketch_many([], 1) == []
+    with pytest.raises(ValueError, match="one length"):
+        sketch_many([torch.zeros(3), torch.zeros(4)], 1)
+    with pytest.raises(ValueError, match="NaN"):
+        sketch_many([torch.zeros(3), torch.tensor([0.0, float("inf"), 1.0])], 1)
+    with pytest.raises(ValueError, match="1-D float"):
+        sketch_many([torch.zeros(3), torch.zeros(3, dtype=torch.int64)], 1)
