@@ -13,7 +13,9 @@ a session of its own (``setsid``, so that a signal to its process group reaches 
 time of the call, ``sys.argv`` as the command line says, fresh random states, the module (``-m``) or script
 run as ``__main__``, and the interpreter's normal exit (atexit handlers, coverage's included). What differs:
 ``/proc/PID/cmdline`` shows the server's command line (each process's log and events say what it is), and
-environment variables that torch or hivemind read when imported were read once, by the server.
+environment variables that torch or hivemind read when imported were read once, by the server. The locks
+hivemind makes when imported are made anew in each child (``_own_process_locks``): a child killed while holding
+one must not hang its siblings.
 
 The server never starts a thread or CUDA (a fork would copy a held lock, and a forked child cannot use a
 CUDA its parent initialised): it refuses to serve if its imports did either.
@@ -301,6 +303,21 @@ def _become(request: dict[str, Any], out, err) -> None:
         numpy.random.seed()
     if (torch := sys.modules.get("torch")) is not None:
         torch.seed()
+    _own_process_locks()
+
+
+def _own_process_locks() -> None:
+    """Fresh copies of the multiprocessing locks the server's imports made: a lock created at import time is a
+    semaphore every process forked since shares. hivemind takes one (``MPFuture._update_lock``) to send each
+    result of its DHT process, and one (``SharedBytes._lock``) for each future it makes: an agent SIGKILLed
+    while it held one hung the DHT of every other agent of the swarm for good (each forked from this server),
+    where processes started apart share nothing. A child starts with no future of hivemind's yet."""
+    import multiprocessing
+
+    if (mpfuture := sys.modules.get("hivemind.utils.mpfuture")) is not None:
+        mpfuture.MPFuture.reset_backend()  # new _initialization_lock, _update_lock and SharedBytes._lock
+    if (aio := sys.modules.get("hivemind.utils.asyncio")) is not None:
+        aio._AsyncContextWrapper.EXECUTOR_LOCK = multiprocessing.Lock()  # noqa: SLF001 - same, for its executor
 
 
 def _run(argv: Sequence[str]) -> None:

@@ -33,8 +33,20 @@ def run_swarm(workdir: Path, *args: str, timeout_s: float = 240) -> tuple[int, d
             proc.communicate()
         raise
     summary = json.loads(stdout) if stdout.strip() else None
+    if proc.returncode != 0:
+        print(log_tails(workdir))  # pytest shows it beside the failure: CI keeps no workdir to read afterwards
     assert_no_logging_errors(workdir)
     return proc.returncode, summary, stderr
+
+
+def log_tails(workdir: Path, lines: int = 12, width: int = 240) -> str:
+    """The last ``lines`` lines of each log under ``workdir`` (each cut to ``width`` characters): what a failed
+    swarm's agents were doing, for a failure seen only in a CI run's output."""
+    out = []
+    for path in sorted(workdir.rglob("*.log")):
+        tail = path.read_text(errors="replace").splitlines()[-lines:]
+        out += [f"--- {path.relative_to(workdir)} (last {len(tail)} lines)", *(line[:width] for line in tail)]
+    return "\n".join(out)
 
 
 def assert_no_logging_errors(workdir: Path) -> None:

@@ -80,3 +80,54 @@ def test_a_group_forks_python_children_and_starts_other_commands_as_before(tmp_p
         stuck = group.start("stuck", [sys.executable, "-m", "http.server", "0"], log_path=tmp_path / "s.log", fork=True)
         assert isinstance(stuck.popen, ForkedProcess) and group.stop("stuck") == -signal.SIGTERM
     assert group.fork_server._popen.poll() == 0  # noqa: SLF001 - closed with the group, after its children
+
+
+HOLDER = textwrap.dedent(
+    """
+    import time
+    from hivemind.utils.mpfuture import MPFuture, SharedBytes
+    MPFuture._update_lock.acquire()  # as a DHT process sending a result, or an agent making a future, would
+    SharedBytes._lock.acquire()
+    print("holding", flush=True)
+    time.sleep(120)
+    """
+)
+TAKER = textwrap.dedent(
+    """
+    import multiprocessing, sys
+    from hivemind.utils.mpfuture import MPFuture
+    future = MPFuture()  # made here, fulfilled by a process forked from here: hivemind's DHT round trip
+    child = multiprocessing.get_context("fork").Process(target=future.set_result, args=(42,))
+    child.start()
+    try:
+        print(future.result(timeout=20))
+    except TimeoutError:
+        sys.exit("the result never came: a lock of another process held it up")
+    child.join(10)
+    """
+)
+
+
+@pytest.mark.timeout(180)
+def test_a_child_killed_holding_hivemind_locks_does_not_hang_its_siblings(tmp_path):
+    # hivemind makes multiprocessing locks when imported; processes forked from one server would share them:
+    # an agent SIGKILLed while it held one hung the DHT of every other agent of a local swarm
+    (tmp_path / "holder.py").write_text(HOLDER)
+    (tmp_path / "taker.py").write_text(TAKER)
+    server = ForkServer(["hivemind.utils.mpfuture"], log_path=tmp_path / "server.log").start()
+    try:
+        holder = server.spawn([sys.executable, str(tmp_path / "holder.py")], stdout_path=tmp_path / "holder.out",
+                              stderr_path=tmp_path / "holder.err")  # fmt: skip
+        deadline = time.monotonic() + 60
+        while "holding" not in (tmp_path / "holder.out").read_text():
+            assert holder.poll() is None, (tmp_path / "holder.err").read_text()
+            assert time.monotonic() < deadline, "the holder did not take the locks within 60 s"
+            time.sleep(0.1)
+        os.killpg(holder.pid, signal.SIGKILL)  # dies holding them, as ``p2ptrain swarm --kill`` kills an agent
+        assert holder.wait(timeout=30) == -signal.SIGKILL
+        taker = server.spawn([sys.executable, str(tmp_path / "taker.py")], stdout_path=tmp_path / "taker.out",
+                             stderr_path=tmp_path / "taker.err")  # fmt: skip
+        assert taker.wait(timeout=40) == 0, (tmp_path / "taker.err").read_text()
+        assert (tmp_path / "taker.out").read_text() == "42\n"
+    finally:
+        server.close(timeout_s=30)
