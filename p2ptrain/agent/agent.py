@@ -68,6 +68,7 @@ from p2ptrain.agent.leadership.leader import AgentView, Leading
 from p2ptrain.agent.leadership.membership import Membership, MembershipTracker
 from p2ptrain.agent.leadership.plan_check import CulpableWatch, LeaderWatch, PlanGate, trainers_of
 from p2ptrain.agent.leadership.run_stages import RunStages, stages_on_disk
+from p2ptrain.agent.leadership.standing import followed_instead
 from p2ptrain.agent.links import LinkProber, line_to_publish
 from p2ptrain.agent.profile import profile_device
 from p2ptrain.agent.senders import min_rates, sender_budgets
@@ -133,6 +134,7 @@ class Agent:
         self._newest_seen: PlanRecord | None = None  # the highest-epoch plan read from a live signer
         # ... from any signer (a finished run's leader leaves; ``_finished_without_me``)
         self._newest_any: PlanRecord | None = None
+        self._plans_read: tuple[PlanRecord, ...] = ()  # the plan records of the last read, one per signer
         self._max_epoch_seen = -1  # over every verified plan: a new leader numbers above it
         self._plans_logged: Any = None
         self._dialled: set[str] = set()
@@ -168,6 +170,10 @@ class Agent:
         self._finished = threading.Event()
         self.heartbeat: Heartbeat | None = None
         self._poll_s: collections.deque[float] = collections.deque(maxlen=64)  # a step boundary's cost to training
+        # the furthest (epoch, step) any progress record said, and when it last moved or our last epoch ended:
+        # an agent that does not train waits at most ``idle_timeout_s`` on a run that does not move
+        self._run_furthest: tuple[int, int] = (-1, -1)
+        self._run_moved_at = time.monotonic()
 
     # ---- lifetime ---------------------------------------------------------------------------------------
 
@@ -357,10 +363,15 @@ class Agent:
                     break
                 continue
             if (finished := self._finished_without_me()) is not None:
-                logger.info("the run finished without this agent (not a member of the last plan, epoch %d)",
-                            finished.epoch)  # fmt: skip
+                logger.info("the run finished without this agent (not a member of the last plan, epoch %d by %s)",
+                            finished.epoch, finished.leader)  # fmt: skip
                 self.events.write("done", epoch=finished.epoch, steps=0, stage=None, params_sha256=None)
                 return AgentResult(self.peer_id, True, 0)
+            idle_s = time.monotonic() - self._run_moved_at
+            if self._following is not None and idle_s > cfg.membership.idle_timeout_s:
+                raise AgentError(f"the run made no progress this agent can see for {idle_s:.0f} s while it trained "
+                                 f"nothing (idle_timeout_s={cfg.membership.idle_timeout_s:.0f}); it stops here, and "
+                                 "a restarted agent joins the run again")  # fmt: skip
             membership = self._membership
             if membership.leader == self.peer_id:
                 self._leading.lead(membership)
@@ -584,6 +595,7 @@ class Agent:
         key = (frozenset(plans.items()), live)
         log, self._plans_logged = key != self._plans_logged, key  # say what is ignored once per change
         after = self._following.epoch if self._following is not None else -1
+        self._plans_read = tuple(plans.values())
         self._observe_standing(plans)
         plan = latest_plan(plans, live, self.peer_id, after, log=log, leader=self._membership.leader) if live else None
         # the run's first epoch for us: nothing followed, no earlier plan seen (a joiner's first plan may
@@ -623,10 +635,35 @@ class Agent:
                 logger.debug("reading the progress records for the standing failed: %s", e)
             else:
                 self._leaders.standing.observe((*plans.values(), self._newest_seen), progress, followed=self._followed)
+                self._note_run_progress(progress)
+                self._step_aside(plans, progress)
         now = time.monotonic()
         if self._standing_read is None and now - self._standing_last >= STANDING_READ_S:
             self._standing_last = now
             self._standing_read = self._standing_reader.submit(self.dht.read_progress)
+
+    def _note_run_progress(self, progress: dict[str, ProgressRecord]) -> None:
+        """Move the idle clock (``membership.idle_timeout_s``) when any record says the run got further."""
+        furthest = max(((r.epoch, r.step) for r in progress.values()), default=(-1, -1))
+        if furthest > self._run_furthest:
+            self._run_furthest, self._run_moved_at = furthest, time.monotonic()
+
+    def _step_aside(self, plans: dict[str, PlanRecord], progress: dict[str, ProgressRecord]) -> None:
+        """While we lead in our own view: if the run's own trainers train another live peer's plan and nobody
+        trains ours (``standing.followed_instead``), the run passed us over (its followers judged us culpable or
+        silent, rightly or not). We step aside as a passed-over leader does (out of standing for the epochs owed, a
+        back-off): the peer the run follows leads in our view too, and we join its run at a re-plan point, or
+        see it finish without us (``_finished_without_me``), instead of waiting alone on a plan nobody trains."""
+        if self._membership.leader != self.peer_id:
+            return
+        plan = followed_instead(self.peer_id, (self._following, self._leading.published), plans,
+                                self._membership.ids, progress, self._leaders.standing)  # fmt: skip
+        if plan is not None:
+            backoff = self._leaders.pass_over(self.peer_id)
+            logger.warning("the run's trainers train epoch %d of %s's plan, not ours: this agent was passed over as "
+                           "leader; it steps aside for %.0f s and follows the run's leader", plan.epoch, plan.leader,
+                           backoff)  # fmt: skip
+            self.events.write("stepped_aside", epoch=plan.epoch, leader=plan.leader, backoff_s=backoff)
 
     def _check_culpable_leader(self) -> None:
         """Once the epoch we follow failed (we halted it, or a heartbeat says a trainer did), pass its leader
@@ -666,8 +703,9 @@ class Agent:
         the run (``election.finished_without``), from a live signer or not."""
         followed = self._following.epoch if self._following is not None else -1
         try:
-            return finished_without((self._newest_seen, self._newest_any), self.peer_id, followed,
-                                    self.dht.read_progress, self.config.train.steps)  # fmt: skip
+            return finished_without((self._newest_seen, self._newest_any, *self._plans_read), self.peer_id, followed,
+                                    self.dht.read_progress, self.config.train.steps,
+                                    self._following.leader if self._following is not None else None)  # fmt: skip
         except ProtocolError:
             return None
 
@@ -747,6 +785,7 @@ class Agent:
                 return EpochOutcome(False, 0)
             raise
         finally:
+            self._run_moved_at = time.monotonic()  # the idle clock starts when our epoch ends
             self._boundary.stop()  # the agent's loop polls again from here, alone
             self._boundary = None
             self._training = None

@@ -59,6 +59,9 @@ class MembershipConfig:
     plan_timeout_s: float = 900.0  # follower: give up if no plan for the live membership comes within this
     poll_s: float = 1.0  # how often to read the run's records while waiting
     finish_timeout_s: float = 60.0  # after the last step: wait this long for the other trainers to finish too
+    # once this agent followed a plan: stop (with a one-line reason) if it trains nothing and no progress record
+    # shows the run getting further for this long (a run that lost its peers, an agent nobody plans again)
+    idle_timeout_s: float = 900.0
     # a leader gets this long from when a plan is due to publish one we accept (plus twice what our own search
     # of the first plan took, or plan.time_budget_s for a re-plan); then it is passed over (the next-lowest peer
     # leads) for leader_backoff_s, doubling with each repeat. A plan we refuse passes its leader over at once.
@@ -72,8 +75,8 @@ class MembershipConfig:
             raise ConfigError(f"membership.expect={self.expect} must be at least 1")
         if self.min_peers < 1:
             raise ConfigError(f"membership.min_peers={self.min_peers} must be at least 1")
-        for name in ("links_timeout_s", "plan_timeout_s", "poll_s", "finish_timeout_s", "leader_grace_s",
-                     "leader_backoff_s"):
+        for name in ("links_timeout_s", "plan_timeout_s", "poll_s", "finish_timeout_s", "idle_timeout_s",
+                     "leader_grace_s", "leader_backoff_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"membership.{name}={getattr(self, name)} must be positive")
         if self.join_deadline_s is not None and not self.join_deadline_s > 0:

@@ -51,6 +51,7 @@ class ReduceRecord:
     added: dict[int, torch.Tensor] = field(default_factory=dict)  # (as owner) replica r -> what we added for it
     gathered: dict[int, torch.Tensor] = field(default_factory=dict)  # owner k -> its reduced message (ours too)
     sizes: list[int] = field(default_factory=list)  # the shards' element counts, by owner
+    received: dict[int, torch.Tensor] = field(default_factory=dict)  # (as owner) replica r -> its reduce message
 
 
 def shard_bounds(numel: int, num_shards: int) -> list[tuple[int, int]]:
@@ -102,7 +103,10 @@ def sharded_all_reduce(
         if r == rank:
             added = flat[my_start:my_end]  # our own copy needs no encoding
         else:
-            added = codec.decode(exchange.recv(r, REDUCE, rank, wire_shape, wire_dtype), my_shape)
+            message = exchange.recv(r, REDUCE, rank, wire_shape, wire_dtype)
+            added = codec.decode(message, my_shape)
+            if record is not None:
+                record.received[r] = message
         reduced += added
         if record is not None:
             record.added[r] = added.clone() if r == rank else added

@@ -14,7 +14,8 @@ applied. Every member of the group then, over the step's link (kinds ``commit`` 
    error-feedback residual it added), and for every replica j the sketch and norm of what it added for j;
    signed, kind ``sketch``;
 4. **checks**, for every other owner k and bucket b: (a) k's reduced message is the one k committed to (the
-   same to every member); (b) k's claims about ``D`` are what this member computes from the ``D`` it holds;
+   same to every member), and so is every reduce shard another member sent us (checked before step 3, so an
+   honest member never attests a message that contradicts its sender's commitment); (b) k's claims about ``D`` are what this member computes from the ``D`` it holds;
    (c) k's entry for this member's own contribution is the sketch of what it sent k; (d) the sum:
    ``sketch.judge_sum`` of k's attested numbers. A failure of (d) is proven by k's signed statement alone
    (k's own numbers do not add up, beyond a tolerance an honest owner exceeds with probability
@@ -161,7 +162,8 @@ class GroupVerifier:
                 committed[j] = self._open_commit(received, j, n, numels)
             except ValueError as e:
                 findings.append(self._finding(j, "statement", math.inf, f"its commitment is refused: {e}"))
-        if findings:
+        findings += self._check_received(records, rank, n, committed)
+        if findings:  # before we attest: nothing we sign describes a message its sender did not commit to
             self._fail(findings)
         # 2. the seed, from every member's digests
         seed = challenge_seed(f"{self.run}/{self.epoch}/{self.stage}", self.step,
@@ -204,6 +206,30 @@ class GroupVerifier:
             bucket.append(message_digest(record.gathered[rank], self._tag("gather", b, rank, rank)))
             out.append(bucket)
         return out
+
+    def _check_received(self, records: list[ReduceRecord], rank: int, n: int,
+                        committed: dict[int, list[list[bytes]]]) -> list[Finding]:  # fmt: skip
+        """Check (a), before this member attests anything: every message it received in the step's all-reduce
+        (each other member's reduce shard to us, and its reduced shard) is the one its sender committed to. So
+        an honest member never signs a statement about a message that contradicts its sender's commitment, and
+        a member caught here has no statement of ours to accuse us with: its own checks stop at a failed call."""
+        findings = []
+        for j in range(n):
+            if j == rank or j not in committed:
+                continue
+            wrong = []
+            for b, record in enumerate(records):
+                digests = committed[j][b]  # j's reduce shards to every other owner in rank order, then its own
+                if j in record.received and message_digest(record.received[j], self._tag("reduce", b, rank, j)) \
+                        != digests[rank if rank < j else rank - 1]:  # fmt: skip
+                    wrong.append(f"its reduce shard of bucket {b} to us")
+                if message_digest(record.gathered[j], self._tag("gather", b, j, j)) != digests[-1]:
+                    wrong.append(f"its reduced shard of bucket {b}")
+            if wrong:
+                more = f" (and {len(wrong) - 1} more of its messages)" if len(wrong) > 1 else ""
+                findings.append(self._finding(j, "commit", math.inf, f"{wrong[0]} is not the message it committed "
+                                                                     f"to{more}"))  # fmt: skip
+        return findings
 
     def _open_commit(self, message: torch.Tensor, j: int, n: int, numels: list[int]) -> list[list[bytes]]:
         body = statement.open_signed(statement.from_message(message), self.group[j])
@@ -296,11 +322,7 @@ class GroupVerifier:
                       running: bool) -> Finding | None:  # fmt: skip
         """Checks (a) to (d) of owner k's shard of bucket b (see the module); ``blob``: its signed statement.
         Fills ``sketches`` with the shard's (with ``running``, the running sums' too, for ``_check_running``)."""
-        gathered = record.gathered[k]
-        # (a) the reduced message is the one committed (the same to every member)
-        if message_digest(gathered, self._tag("gather", b, k, k)) != committed[b][-1]:
-            return self._finding(k, "commit", math.inf, f"its reduced shard of bucket {b} is not the message it "
-                                                         "committed to")  # fmt: skip
+        gathered = record.gathered[k]  # (a) is the message k committed to: ``_check_received``
         numel = record.sizes[k]
         shard_seed = derive_seed(seed, "reduce", self.stage, b, k)
         total = self.codec.decode(gathered, (numel,))

@@ -140,12 +140,13 @@ def sorted_identities(workdir: Path, count: int) -> None:
 
 
 def run_agents(workdir: Path, config, commands: dict, overrides: dict, timeout_s: float, on_start=None,
-               agent_overrides: dict | None = None):
+               agent_overrides: dict | None = None, awaited: tuple[int, ...] = ()):
     """A swarm started by hand: a bootstrap and ``config.agents`` agents with the settings ``p2ptrain swarm``
     writes (each table updated from ``overrides``, then agent k's from ``agent_overrides[k]``), agent k running ``commands[k] + [its config file]``
     where given (a misbehaving peer), ``p2ptrain agent --config`` otherwise. Waits until every agent without
-    a command exited (``on_start(group, agents)`` runs once they are started), then stops the rest.
-    Returns (agents, exit codes of the honest ones, train config)."""
+    a command exited, and those of ``awaited`` (an honest agent run by its own command; ``on_start(group, agents)``
+    runs once they are started), then stops the rest. Returns (agents, exit codes of those waited for, train
+    config)."""
     import tomllib
 
     from p2ptrain.runtime.procgroup import ProcessGroup, tail
@@ -178,7 +179,7 @@ def run_agents(workdir: Path, config, commands: dict, overrides: dict, timeout_s
         if on_start is not None:
             on_start(group, agents)
         deadline = time.monotonic() + timeout_s
-        honest = [a for a in agents if a.index not in commands]
+        honest = [a for a in agents if a.index not in commands or a.index in awaited]
         for agent in honest:
             child = group.children[agent.name]
             while child.poll() is None and time.monotonic() < deadline:

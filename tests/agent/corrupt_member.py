@@ -14,6 +14,11 @@
     python corrupt_member.py guess CONFIG         # noise on the activations of the micro-batches it guesses are
                                                   # not checked: all but those it last revealed (the challenge
                                                   # repeats, it bets), at first all but 0 and 1
+    python corrupt_member.py after_commit CONFIG  # its reduce and gather shards ×−8 on the wire, below what it
+                                                  # records and commits to (its checks stay honest code: they
+                                                  # accuse whoever finds it of holding what it never sent)
+    python corrupt_member.py accuse_back CONFIG   # the same, and once its epoch halts it says a check of its
+                                                  # own refused the plan's leader (a word, no evidence)
 
 Each runs the real agent (real identity, DHT, streams); only its own runtime is patched, inside this process:
 ``scale`` and ``negate`` change the shards it sums as owner before it encodes and sends them back (the
@@ -165,6 +170,35 @@ def corrupt_pipeline(mode: str) -> None:
     layer.send = corrupt_send
 
 
+def corrupt_after_commit(factor: float = -8.0) -> None:
+    """Every all-reduce message it sends (reduce and gather shards) ×``factor`` on the wire from
+    ``FIRST_CORRUPT_STEP`` on, below the all-reduce's record: it commits to the clean messages, keeps every
+    deadline, and its own checks (honest code) compare what it meant to send with what its group says it got."""
+    send = TransportStepLink.send
+
+    def corrupt_send(self, peer, kind, micro_batch, part, tensor):
+        if kind in (MessageKind.REDUCE_SHARD, MessageKind.GATHER_SHARD) and _current["step"] >= FIRST_CORRUPT_STEP:
+            tensor = tensor * factor
+        return send(self, peer, kind, micro_batch, part, tensor)
+
+    TransportStepLink.send = corrupt_send
+
+
+def accuse_the_leader_back() -> None:
+    """However its epoch halts from ``FIRST_CORRUPT_STEP`` on, its halted heartbeat says a check of its own
+    refused the plan's leader: the commit check, with no evidence (what a caught member would say to shield
+    itself)."""
+    halt = epoch._halt
+
+    def accusing(plan, ctx, done, error, unverified=None):
+        if error is not None and _current["step"] >= FIRST_CORRUPT_STEP and plan.leader != ctx.me:
+            error = VerificationFailed(Finding(plan.leader, plan.epoch, _current["step"], "commit", float("inf"),
+                                               "its reduced shard of bucket 0 is not the message it committed to"))
+        return halt(plan, ctx, done, error, unverified)
+
+    epoch._halt = accusing
+
+
 def main(mode: str, config_path: str) -> None:
     configure_logging(1)
     track_steps()
@@ -174,6 +208,10 @@ def main(mode: str, config_path: str) -> None:
         corrupt_pipeline(mode)
     elif mode == "lie":
         lie_about_recomputes()
+    elif mode in ("after_commit", "accuse_back"):
+        corrupt_after_commit()
+        if mode == "accuse_back":
+            accuse_the_leader_back()
     elif mode == "forge":
         epoch.GroupVerifier = ForgingVerifier
         blame_the_leader()

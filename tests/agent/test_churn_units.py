@@ -3,6 +3,7 @@ churn fields of the records, and the state a trainer keeps and sends (over a rea
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from types import SimpleNamespace
 
@@ -242,6 +243,21 @@ def test_an_agent_cut_off_until_the_run_finished_finds_it_finished_by_its_peers_
         raise AssertionError("progress read though no plan left A out")
 
     assert finished_without([first, None], A, 0, unread, 12) is None
+
+
+def test_a_leader_passed_over_finds_the_run_finished_by_the_plan_of_its_own_epoch_number():
+    # A led epoch 0 and published epoch 1 for its swarm; its followers had passed it over and B numbered its own
+    # plan 1 too, which they trained to the end: A, whose last followed plan is its own epoch 1, sees it finished
+    ours = dataclasses.replace(plan_of(1, [A, B, C, D], [[A, B], [C, D]]), leader_at=0)
+    theirs = dataclasses.replace(plan_of(1, [B, C, D], [[B, C]], start_step=2), leader_at=0)  # signed by B
+    done = {p: ProgressRecord(1, 12, 3.1, 0.1, leader=B) for p in (B, C)}
+    assert theirs.leader == B and ours.leader == A
+    assert finished_without([theirs], A, 1, lambda: done, 12, followed_leader=A) == theirs
+    assert finished_without([theirs], A, 1, lambda: done, 12, followed_leader=B) is None  # the plan A followed
+    assert finished_without([theirs], A, 2, lambda: done, 12, followed_leader=A) == theirs  # A numbered above it
+    # records of epoch 1 that name another signer (A's own epoch 1) say nothing of B's plan
+    other = {p: ProgressRecord(1, 12, 3.1, 0.1, leader=A) for p in (B, C)}
+    assert finished_without([theirs], A, 1, lambda: other, 12, followed_leader=A) is None
 
 
 # ---- the kept state and its transfer ---------------------------------------------------------------------

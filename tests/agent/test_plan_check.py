@@ -273,6 +273,40 @@ def test_a_leader_whose_own_stage_failed_its_epoch_is_culpable(world):
     assert watch.check(plan, read) == why and len(reads) == 2  # 10 s since it was first blamed
 
 
+def test_a_member_the_leader_refused_cannot_get_it_passed_over():
+    """The leader's own check found a member's work wrong (its halted record refuses it): the member's blame of
+    the leader, a failed call or a refusal of its own, is its word against the leader's and passes no leader over;
+    without the leader's refusal the same blame still does."""
+    peers = sorted(generate_identity().peer_id for _ in range(5))
+    plan = plan_record(peers, peers[:4], (0, 1, 2, 3))  # led by peers[0]
+    leader_refused = ProgressRecord(0, 2, None, 0.0, halted=True, blame=peers[1], refused=True)
+    call = ProgressRecord(0, 2, None, 0.0, halted=True, blame=peers[0])
+    counter = dataclasses.replace(call, refused=True)  # it says a check of its own found the leader wrong
+    for blame in (call, counter):
+        assert culpable_leader(plan, {peers[0]: leader_refused, peers[1]: blame}, 60.0, run="r") is None
+        assert culpable_leader(plan, {peers[0]: leader_refused, peers[1]: blame}, 60.0) is None
+    # the leader halted on a failed call of its own (no refusal): a refusal of it names it, as before
+    leader_call = dataclasses.replace(leader_refused, refused=False)
+    assert culpable_leader(plan, {peers[0]: leader_call, peers[1]: counter}, 60.0) is not None
+    # and a third trainer's refusal of the leader still counts, whatever the leader says of another
+    third = ProgressRecord(0, 2, None, 0.0, halted=True, blame=peers[0], refused=True)
+    assert culpable_leader(plan, {peers[0]: leader_refused, peers[1]: counter, peers[2]: third}, 60.0) is not None
+
+
+def test_the_blames_of_a_member_proven_by_evidence_are_void():
+    ids = sorted((generate_identity() for _ in range(5)), key=lambda i: i.peer_id)
+    peers = [i.peer_id for i in ids]
+    plan = plan_record(peers, peers[:4], (0, 1, 2, 3))  # led by peers[0]
+    run = "proven"
+    proof = _statement(ids[3].private_key, peers[3], run, adds_up=False)  # peers[3]'s own sums do not add up
+    finder = ProgressRecord(0, 3, None, 0.0, halted=True, blame=peers[3], evidence=proof, refused=True)
+    accuses_leader = ProgressRecord(0, 3, None, 0.0, halted=True, blame=peers[0], refused=True)
+    leader_halted = ProgressRecord(0, 3, None, 0.0, halted=True)
+    records = {peers[2]: finder, peers[3]: accuses_leader, peers[0]: leader_halted}
+    assert culpable_leader(plan, records, 60.0, run=run) is None  # judged: the proven culprit's word is void
+    assert culpable_leader(plan, records, 60.0) is not None  # unjudged, its refusal names the leader
+
+
 def _statement(key, member: str, run: str, adds_up: bool) -> bytes:
     """A signed one-bucket ``sketch`` statement whose attested numbers add up or not (``verify.group``)."""
     import torch

@@ -3,6 +3,8 @@ claims that the other end checks (``agent.quarantine``, ``ReplanWatch`` culprits
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from test_churn_units import PLAN, A, B, C, D, E
@@ -80,6 +82,22 @@ def test_blames_are_counted_where_their_chain_ends():
     replan = ReplanWatch(ChurnConfig(halt_timeout_s=5)).check(PLAN, [A, C, D, E], progress, steps=10,
                                                               checkpoints=[], now=6.0)
     assert replan.culprits == (B,) and replan.blamed == (D,)
+
+
+def test_a_refusal_names_a_cause_and_the_failed_calls_it_caused_do_not_turn_on_its_finder():
+    # A's check found B's work wrong; B's calls to A then failed (A halted on its finding): B, not A
+    assert blame_roots({A: B, B: A}, refusals={A}) == {B}
+    assert blame_roots({A: B, B: A}) == {A, B}  # the same two blames as failed calls: both count, as before
+    # a chain of failed calls that reaches a refuser ends at what it refused
+    assert blame_roots({A: B, B: A, C: A}, refusals={A}) == {B}
+    assert blame_roots({C: D, D: A, A: B}, refusals={A}) == {B}
+    # two refusals of each other (word against word): each side counts
+    assert blame_roots({A: B, B: A}, refusals={A, B}) == {A, B}
+    # the watch hands the leader the refused peer only (``ProgressRecord.refused``)
+    progress = {A: dataclasses.replace(halted(4, blame=D), refused=True), D: halted(4, blame=A), E: halted(4)}
+    watch = ReplanWatch(ChurnConfig(halt_timeout_s=5))
+    assert watch.check(PLAN, [A, C, D, E], progress, steps=10, checkpoints=[], now=0.0) is None  # C may halt
+    assert watch.check(PLAN, [A, C, D, E], progress, steps=10, checkpoints=[], now=6.0).blamed == (D,)
 
 
 def test_a_member_blamed_in_two_epochs_is_quarantined_though_it_halted():

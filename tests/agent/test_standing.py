@@ -10,7 +10,7 @@ import pytest
 from p2ptrain.agent.leadership.election import latest_plan
 from p2ptrain.agent.leadership.membership import Membership
 from p2ptrain.agent.leadership.plan_check import LeaderWatch
-from p2ptrain.agent.leadership.standing import Standing, made_progress
+from p2ptrain.agent.leadership.standing import Standing, followed_instead, made_progress
 from p2ptrain.net.dht.records import PlanRecord, ProgressRecord
 from p2ptrain.net.identity import generate_identity
 
@@ -135,3 +135,29 @@ def test_a_group_of_keys_vouching_for_itself_earns_nothing_with_an_agent_that_tr
     moving = {p: step(a, 1, 4) for p in (a, b, c)}
     joiner.observe([group, admitted], {**fake, **moving}, followed=[admitted])
     assert joiner.leader({r1, r2, r3, a, b, c}) == a and not joiner.in_standing(r1) and not joiner.in_standing(r3)
+
+
+def test_a_leader_whose_run_trains_another_signers_plan_sees_it_was_passed_over(ids):
+    """The issue-45 stranding: leader L trained epoch 0 with a, b, c (its history), its followers passed it over
+    and a's plan (numbered 1, as L's own re-plan is) is what they train: L sees the run follows a instead."""
+    lead, a, b, c, _, fresh = ids
+    standing = Standing()
+    first = plan_of(lead, [lead, a, b, c], epoch=0)
+    standing.observe([], {p: step(lead, 0, 2) for p in (lead, a, b, c)}, followed=[first])
+    ours = plan_of(lead, [lead, a, b, c], epoch=1, start=2)  # L's own re-plan, which nobody takes up
+    theirs = plan_of(a, [a, b, c, fresh], epoch=1, start=2, spares=())
+    live = {lead, a, b, c, fresh}
+    training = {a: step(a, 1, 4), b: step(a, 1, 4), c: step(a, 1, 3), fresh: step(a, 1, 4), lead: step(lead, 1, 2)}
+    assert followed_instead(lead, [ours], {lead: ours, a: theirs}, live, training, standing) == theirs
+    # not while the run trains ours, nor before theirs moved, nor for a signer that is not live
+    ours_moving = {**training, **{p: step(lead, 1, 4) for p in (a, b, c)}}
+    assert followed_instead(lead, [ours], {lead: ours, a: theirs}, live, ours_moving, standing) is None
+    assert followed_instead(lead, [ours], {lead: ours, a: theirs}, live, {p: step(a, 1, 2) for p in live},
+                            standing) is None  # fmt: skip
+    assert followed_instead(lead, [ours], {lead: ours, a: theirs}, live - {a}, training, standing) is None
+    # a plan trained only by keys with no history in this run counts for nothing
+    strangers = sorted(generate_identity().peer_id for _ in range(4))
+    cabal = plan_of(strangers[0], strangers, epoch=5)
+    cabal_training = {**training, **{p: step(strangers[0], 5, 3) for p in strangers}}
+    assert followed_instead(lead, [ours], {lead: ours, strangers[0]: cabal}, live | set(strangers), cabal_training,
+                            standing) is None  # fmt: skip

@@ -194,6 +194,22 @@ def test_bad_statements_are_refused_and_blame_their_sender(kind, how, check):
         assert "refused" in error.finding.reason
 
 
+@pytest.mark.parametrize("kind", ["reduce_shard", "gather_shard"])
+def test_a_member_that_sends_other_messages_than_it_commits_to_is_named_before_anyone_attests(kind, monkeypatch):
+    """Member 2 multiplies what it sends by -8 below its record (it commits to the clean messages): every member
+    that received one names it (check ``commit``) before attesting anything, so member 2's own honest checks
+    have no statement to accuse anyone with: it is left waiting on statements that never come (a failed call)."""
+    monkeypatch.setitem(globals(), "RECV_S", 2.0)  # member 2 waits this long for the statements
+    outcomes = run_steps("fp32", 3, tamper=lambda step: {(2, kind): lambda m: m * -8.0} if step == 1 else {})
+    receivers = (0, 1)  # a gather shard goes to every member, a reduce shard to every other owner
+    for r in receivers:
+        error = outcomes[r][1]
+        assert isinstance(error, VerificationFailed), outcomes[r]
+        assert (error.finding.member, error.finding.check, error.finding.evidence) == (GROUP[2], "commit", None)
+        assert "not the message it committed to" in error.finding.reason
+    assert isinstance(outcomes[2][1], TimeoutError), outcomes[2]  # no statement of theirs to accuse them with
+
+
 def test_a_commitment_for_another_step_is_refused():
     n = len(GROUP)
     codec = Codec("fp32")

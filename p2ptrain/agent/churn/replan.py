@@ -25,7 +25,7 @@ Nothing is re-planned once every trainer of epoch e finished.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from p2ptrain.agent.churn.restart import Holding, Restart, copies_of, holding_of, join_start, restart_point
@@ -163,8 +163,13 @@ class ReplanWatch:
             why += f"; halted by their heartbeats, but no halted record came: {', '.join(sorted(waiting & said))}"
         culprits = tuple(sorted(set(dead) | waiting))
         edges = {p: r.blame for p, r in halted.items() if r.blame in plan.membership and r.blame != p}
-        accused = tuple(sorted(blame_roots(edges) - set(culprits)))
+        accused = tuple(sorted(blame_roots(edges, refusals_of(halted)) - set(culprits)))
         return Replan(FAILURE, tuple(sorted(live - waiting)), why, restart, culprits, accused)
+
+
+def refusals_of(halted: Mapping[str, ProgressRecord]) -> set[str]:
+    """The halted peers whose blame is a refusal: a check their blamed peer's work failed (``blame_roots``)."""
+    return {p for p, r in halted.items() if r.refused and r.blame is not None}
 
 
 def refused_states(holdings: Mapping[str, list[Holding]],
@@ -186,16 +191,25 @@ def refused_cap(halted: Mapping[str, ProgressRecord]) -> int | None:
     return min((r.step for r in halted.values() if r.refused and r.blame is not None), default=None)
 
 
-def blame_roots(edges: Mapping[str, str]) -> set[str]:
-    """Where the blames of a failed epoch end (``edges``: halted peer -> the peer it blamed). A halted peer
-    that blames another was stuck waiting on it, a victim of the cascade: the failure is at the end of the
-    chain, the blamed peer that blamed nobody. A chain that comes back on itself (a rogue accusing its
-    accuser) has no end: every peer on the loop counts (the honest one among them only for one back-off)."""
-    roots: set[str] = set()
+def blame_roots(edges: Mapping[str, str], refusals: Collection[str] = ()) -> set[str]:
+    """Where the blames of a failed epoch end (``edges``: halted peer -> the peer it blamed; ``refusals``: the
+    halted peers whose blame is a check their blamed peer's work failed, ``ProgressRecord.refused``).
+
+    A halted peer whose call failed was stuck waiting on the peer it blames, a victim of the cascade: the
+    failure is at the end of the chain, the blamed peer that blamed nobody. A refusal is no victim's blame:
+    it is a cause, so the peer it names is a root, and a chain of failed calls that reaches a refuser ends
+    there (the refuser halted on what it found: the calls to it failed because of it). So a member caught by a
+    check, whose calls to its finder then fail, cannot turn the blame on its finder. A chain of failed calls
+    that comes back on itself has no end: every peer on the loop counts; so does each side of two refusals
+    of each other (word against word, ``docs/trust.md``)."""
+    roots = {edges[p] for p in refusals if p in edges}
     for start in set(edges.values()):
         chain, peer = [], start
-        while peer in edges and peer not in chain:
+        while peer in edges and peer not in refusals and peer not in chain:
             chain.append(peer)
             peer = edges[peer]
-        roots.update([peer] if peer not in edges else chain[chain.index(peer):])
+        if peer in chain:
+            roots.update(chain[chain.index(peer):])
+        elif peer not in edges:
+            roots.add(peer)
     return roots

@@ -99,19 +99,26 @@ def latest_plan(
 
 def finished_without(
     plans: Iterable[PlanRecord | None], me: str, followed: int, progress: Callable[[], Mapping[str, ProgressRecord]],
-    steps: int,
+    steps: int, followed_leader: str | None = None,
 ) -> PlanRecord | None:  # fmt: skip
-    """The first of ``plans`` newer than the epoch ``me`` followed last (``followed``; -1: none) that leaves
-    ``me`` out and is done: each of its trainers says in its own progress record (``progress()``, read only
-    if a plan leaves ``me`` out) that it trained step ``steps`` in that plan's epoch. The plan's signer need
-    not be live: once a run finished its peers leave, and an agent cut off until then finds only their
-    records (a leader's plan outlives it by its record's lifetime, the peers' progress by theirs)."""
+    """The first of ``plans`` newer than the plan ``me`` followed last (``followed``: its epoch, -1: none;
+    ``followed_leader``: its signer) that leaves ``me`` out and is done: each of its trainers says in its own
+    progress record (``progress()``, read only if a plan leaves ``me`` out) that it trained step ``steps`` in
+    that plan's epoch, under that plan's signer where the record names one. A plan by another signer than
+    ``followed_leader`` counts whatever its epoch: the peers that passed ``me`` over while it led numbered their
+    plans from what they had seen, not from ``me``'s (a run finishes once, so its trainers' final records say
+    which plan finished it). The plan's signer need not be live: once a run finished its peers leave, and an agent cut
+    off until then finds only their records (a leader's plan outlives it by its record's lifetime, the peers'
+    progress by theirs)."""
     records: Mapping[str, ProgressRecord] | None = None
     for plan in plans:
-        if plan is None or plan.epoch <= followed or me in plan.membership:
+        if plan is None or me in plan.membership:
+            continue
+        if plan.epoch <= followed and (followed_leader is None or plan.leader == followed_leader):
             continue
         records = progress() if records is None else records
         trainers = {plan.peer_at(i, j) for i in range(plan.replicas) for j in range(plan.stages)}
-        if all(p in records and records[p].epoch == plan.epoch and records[p].step >= steps for p in trainers):
+        if all(p in records and records[p].epoch == plan.epoch and records[p].step >= steps
+               and records[p].leader in (None, plan.leader) for p in trainers):  # fmt: skip
             return plan
     return None

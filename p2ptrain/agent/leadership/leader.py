@@ -172,6 +172,11 @@ class Leading:
         self._cleared: set[tuple[str, int]] = set()  # (peer, epoch) blamed with evidence that did not hold
         self._compute = ComputeWatch(config.claims.speed_tolerance, config.claims.min_steps)
 
+    @property
+    def published(self) -> PlanRecord | None:
+        """The last plan this agent published as leader."""
+        return self._published
+
     def close(self) -> None:
         """Stop the planner's and the judge's threads; a plan being computed, or a judgement, is dropped."""
         self._planner.shutdown(wait=False, cancel_futures=True)
@@ -478,6 +483,7 @@ class Leading:
                 logger.warning("quarantining peer %s for %.0f s: it failed epoch %d (%s)", peer, backoff,
                                current.epoch, replan.reason)  # fmt: skip
                 self.events.write("quarantined", peer=peer, epoch=current.epoch, seconds=backoff, reason=replan.reason)
+        self._own_finding(current, progress)
         self._count_blames(current, replan)
         # the quarantined stay out, except a peer the restart takes a stage's state from (it holds it; the
         # plan must name it as a member); a live culprit whose back-off ended while this failure could not be
@@ -572,6 +578,22 @@ class Leading:
                 logger.warning("quarantining peer %s for %.0f s: %s", culprit, backoff, reason)
                 self.events.write("quarantined", peer=culprit, epoch=record.epoch, seconds=backoff, reason=reason)
         return "; ".join(judging) or None
+
+    def _own_finding(self, current: PlanRecord, progress: Mapping[str, ProgressRecord]) -> None:
+        """A member whose work failed a check of this leader's own (our halted record refused it): quarantined at
+        once. Our own finding is no one's word to us; evidence, where the check has it, was judged already
+        (``_judge_evidence``). Followers do not count the accused's blame of us (``plan_check.culpable_leader``)."""
+        own = progress.get(self.peer_id)
+        if own is None or own.epoch != current.epoch or not own.halted or not own.refused or own.blame is None:
+            return
+        accused = own.blame
+        if accused == self.peer_id or accused not in current.membership or (accused, current.epoch) in self._cleared:
+            return
+        backoff = self.quarantine.add(accused, current.epoch)
+        if backoff is not None:
+            reason = f"its work failed a check of the leader's own in epoch {current.epoch} (the leader's finding)"
+            logger.warning("quarantining peer %s for %.0f s: %s", accused, backoff, reason)
+            self.events.write("quarantined", peer=accused, epoch=current.epoch, seconds=backoff, reason=reason)
 
     def _count_blames(self, current: PlanRecord, replan: Replan) -> None:
         """Members blamed for this failure that halted: quarantined once blamed for ``churn.quarantine_blames``

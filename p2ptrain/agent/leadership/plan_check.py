@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from p2ptrain.agent.churn.replan import BLAMED_HALT_S, blame_roots
+from p2ptrain.agent.churn.replan import BLAMED_HALT_S, blame_roots, refusals_of
 from p2ptrain.agent.config import EmulationSettings, PlanConfig
 from p2ptrain.agent.leadership import settings
 from p2ptrain.agent.leadership.claims import plan_slowdowns, with_slowdowns
@@ -157,30 +157,41 @@ ourselves."""
 def culpable_leader(plan: PlanRecord, progress: Mapping[str, ProgressRecord], blamed_for_s: float,
                     run: str | None = None, false_alarm: float = FALSE_ALARM) -> str | None:  # fmt: skip
     """Why the leader of ``plan`` failed its own epoch (None: nothing says so yet): the halted trainers' blames
-    (``ProgressRecord.blame``) end at it (``replan.blame_roots``): its stage took tensors and answered nothing.
-    Until it halted itself (saying whom it waited on, if anyone) it gets ``BLAMED_HALT_S`` from the first such
-    blame (``blamed_for_s`` ago), as a blamed trainer does from its leader. An honest leader at the root of a
-    cascade (its link broke) is passed over for one back-off and rejoins like any joiner: the leader that
-    would have planned around the failure was itself.
+    (``ProgressRecord.blame``) end at it (``replan.blame_roots``): its stage took tensors and answered nothing,
+    or a check of a member's found its work wrong. Until it halted itself (saying whom it waited on, if anyone)
+    it gets ``BLAMED_HALT_S`` from the first such blame (``blamed_for_s`` ago), as a blamed trainer does from
+    its leader. An honest leader at the root of a cascade (its link broke) is passed over for one back-off and
+    rejoins like any joiner: the leader that would have planned around the failure was itself.
 
-    With ``run``, blames that come with evidence (``ProgressRecord.evidence``) are judged as the leader judges
-    them (``verify.attest.judge_evidence``): evidence that holds against the leader makes it culpable at once (its
-    own work failed a check), evidence that does not hold is no blame at all (a liar's word must not pass an
-    honest leader over, and make the liar, next in line, the leader of those who believed it). A failed
-    recompute's evidence is not (its bulk goes to the leader, ``verify.evidence``, which judges it): its blame of
-    another member is the finder's word, its blame of the leader is no blame here."""
+    Accusations are taken in their order (``docs/trust.md``): a blame with evidence is judged first, as the
+    leader judges it (with ``run``; ``verify.attest.judge_evidence``): evidence that holds against the leader
+    makes it culpable at once (its own work failed a check), and the blames of a peer whom evidence that holds
+    accuses are void; evidence that does not hold is no blame at all (a liar's word must not pass an honest
+    leader over, and make the liar, next in line, the leader of those who believed it). A failed recompute's
+    evidence is not judged here (its bulk goes to the leader, ``verify.evidence``): its blame of another
+    member is the finder's word, its blame of the leader is no blame here. Then a peer the leader itself
+    refused (its halted record says a check of the leader's found the peer's work wrong) cannot get the leader
+    passed over: its blame of the leader is its word against the leader's, and the leader decides whom it
+    plans. The rest are words, ordered by ``blame_roots``: a refusal names a cause, a failed call a cascade."""
     halted = {p: r for p, r in progress.items() if r.epoch == plan.epoch and r.halted and p in plan.membership}
+    void: set[str] = set()  # peers whose blames do not count
     if run is not None:
         judged = {p: _judge(r.evidence, r.blame, run, false_alarm) for p, r in halted.items()
                   if r.evidence and r.blame and not is_recompute_evidence(r.evidence)}  # fmt: skip
         if any(why is None and halted[p].blame == plan.leader for p, why in judged.items()):
             return f"epoch {plan.epoch}, which it planned: its own work failed a check (proven by its signed statement)"
+        void = {halted[p].blame for p, why in judged.items() if why is None}  # proven culprits
         # nor is a failed recompute's against the leader (its bulk goes to the leader, which judges it): a liar's
         # must not pass an honest leader over, and nothing the leader did is kept meanwhile (the step is refused)
         halted = {p: r for p, r in halted.items() if judged.get(p) is None
                   and not (r.evidence and is_recompute_evidence(r.evidence) and r.blame == plan.leader)}  # fmt: skip
+    own = halted.get(plan.leader)
+    if own is not None and own.refused and own.blame is not None:
+        void.add(own.blame)  # caught by the leader's own check: its word against the leader's does not count
+    halted = {p: r for p, r in halted.items() if p not in void}
     edges = {p: r.blame for p, r in halted.items() if r.blame in plan.membership and r.blame != p}
-    if plan.leader not in blame_roots(edges) or (plan.leader not in halted and blamed_for_s < BLAMED_HALT_S):
+    roots = blame_roots(edges, refusals_of(halted))
+    if plan.leader not in roots or (plan.leader not in halted and blamed_for_s < BLAMED_HALT_S):
         return None
     return (f"epoch {plan.epoch}, which it planned, failed at its own stage (the failed calls of "
             f"{sum(1 for b in edges.values() if b == plan.leader)} trainer(s) blame it)")

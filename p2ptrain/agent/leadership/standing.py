@@ -80,6 +80,16 @@ class Standing:
                 self._provisional.clear()
         self.history = bool(self._worked or self._provisional)
 
+    def moved_on(self, plan: PlanRecord, progress: Mapping[str, ProgressRecord]) -> bool:
+        """Whether the run's own trainers train ``plan``: more than half of its trainers say they trained a step of
+        it under its signer, and each of those trained an epoch we trust (a group of fresh keys signing a plan
+        among themselves never counts once we have a history; before, what a joiner learns provisionally). An
+        agent that leads in its own view and sees this, while nobody trains its own plan, was passed over by the
+        run (``Agent._step_aside``)."""
+        book = self._worked or self._provisional  # before any own history, what a joiner would trust
+        known = [p for p in moved(plan, progress) if p in book]
+        return 2 * len(known) > plan.stages * plan.replicas
+
     def passed_over(self, peer: str, times: int) -> None:
         """``peer`` was passed over as leader for the ``times``-th time: it owes ``2**(times-1)`` epochs of
         progress trained after the newest epoch seen now."""
@@ -113,3 +123,17 @@ class Standing:
             if found is not None:
                 return found
         return None
+
+
+def followed_instead(me: str, ours: Iterable[PlanRecord | None], plans: Mapping[str, PlanRecord], live: Collection[str],
+                     progress: Mapping[str, ProgressRecord], standing: Standing) -> PlanRecord | None:  # fmt: skip
+    """The plan the run's own trainers train instead of ours (``ours``: the plans ``me`` signed and follows or
+    published), or None: nobody trains ours (``made_progress``, whatever the epochs' numbers: a peer that took
+    over numbered its plans from what it saw) while another live signer's plan is trained by trainers
+    ``standing`` knows (``Standing.moved_on``). A leader that sees this was passed over by the run."""
+    if any(p is not None and p.leader == me and made_progress(p, progress) for p in ours):
+        return None
+    for signer, plan in sorted(plans.items()):
+        if signer != me and signer in live and standing.moved_on(plan, progress):
+            return plan
+    return None
