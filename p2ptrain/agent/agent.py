@@ -142,7 +142,8 @@ class Agent:
         self._tracker: MembershipTracker | None = None
         self._membership = Membership({})
         self._seen = Membership({})  # the live view before passed-over leaders are left out
-        self._leaders = LeaderWatch(config.membership.leader_grace_s, config.membership.leader_backoff_s)
+        self._leaders = LeaderWatch(config.membership.leader_grace_s, config.membership.leader_backoff_s,
+                                    poll_s=config.membership.poll_s)  # fmt: skip
         self._gate: PlanGate | None = None
         self._culpable = CulpableWatch(config.membership.poll_s, run=config.run,
                                       false_alarm=config.verify.false_alarm)  # fmt: skip
@@ -173,6 +174,7 @@ class Agent:
         # the furthest (epoch, step) any progress record said, and when it last moved or our last epoch ended:
         # an agent that does not train waits at most ``idle_timeout_s`` on a run that does not move
         self._run_furthest: tuple[int, int] = (-1, -1)
+        self._progress_seen: dict[str, ProgressRecord] = {}  # the last progress records read (``_observe_standing``)
         self._run_moved_at = time.monotonic()
 
     # ---- lifetime ---------------------------------------------------------------------------------------
@@ -582,11 +584,13 @@ class Agent:
     def _next_plan(self) -> PlanRecord | None:
         """The plan to follow next (``election.latest_plan``), or None."""
         self._check_culpable_leader()
+        started = time.monotonic()
         try:
             plans = self.dht.read_plans()
         except ProtocolError as e:
             logger.warning("reading the plan records failed: %s", e)
             return None
+        self._leaders.observe_read(time.monotonic() - started)  # the control plane's pace: a leader's grace
         refusal = self._tracker.refusal()  # several live peers agree on other data or settings than ours
         if refusal is not None:
             raise AgentError(refusal)
@@ -636,7 +640,9 @@ class Agent:
             else:
                 self._leaders.standing.observe((*plans.values(), self._newest_seen), progress, followed=self._followed)
                 self._note_run_progress(progress)
+                self._progress_seen = progress
                 self._step_aside(plans, progress)
+                self._follow_the_run(plans, progress)
         now = time.monotonic()
         if self._standing_read is None and now - self._standing_last >= STANDING_READ_S:
             self._standing_last = now
@@ -664,6 +670,19 @@ class Agent:
                            "leader; it steps aside for %.0f s and follows the run's leader", plan.epoch, plan.leader,
                            backoff)  # fmt: skip
             self.events.write("stepped_aside", epoch=plan.epoch, leader=plan.leader, backoff_s=backoff)
+
+    def _follow_the_run(self, plans: dict[str, PlanRecord], progress: dict[str, ProgressRecord]) -> None:
+        """While another peer leads in our view: if the run's own trainers train a third live peer's plan while
+        nobody trains our leader's (``standing.followed_instead``), the run passed our leader over (a spare, or an
+        agent that was waiting, did not see it fall silent or fail): we pass it over too and follow the run."""
+        leader = self._membership.leader
+        if leader is None or leader == self.peer_id:
+            return
+        theirs = (plans.get(leader), self._following if self._following is not None else None)
+        plan = followed_instead(leader, theirs, plans, self._membership.ids, progress, self._leaders.standing)
+        if plan is not None and plan.leader != self.peer_id:
+            self._pass_over(leader, f"the run's trainers train epoch {plan.epoch} of {plan.leader}'s plan, and "
+                                    "nobody trains its own")  # fmt: skip
 
     def _check_culpable_leader(self) -> None:
         """Once the epoch we follow failed (we halted it, or a heartbeat says a trainer did), pass its leader
@@ -712,8 +731,10 @@ class Agent:
     def _view(self) -> AgentView:
         """What the leader's side reads of this agent (``leading.AgentView``), as it is now."""
         statuses = self.liveness.statuses() if self.liveness is not None else {}
-        return AgentView(self._seen, self._following, self._newest_seen, self._done_now, self._max_epoch_seen,
-                         statuses)  # fmt: skip
+        following = self._following
+        check_s = self._gate.check_s(following) if following is not None and self._gate is not None else 0.0
+        return AgentView(self._seen, following, self._newest_seen, self._done_now, self._max_epoch_seen,
+                         statuses, self._progress_seen, check_s)  # fmt: skip
 
     def _keep_evidence(self, epoch: int, step: int, bulk: bytes) -> None:
         """The bulk of a failed recompute this agent found in an epoch it leads: its own judge reads it here."""

@@ -11,6 +11,8 @@
     python rogue_leader.py int4 CONFIG    its plans switch the run's wire to int4 (its peer record says fp32)
     python rogue_leader.py late_silent CONFIG  silent, and joins the run once CONFIG.go exists (a fresh key
                                           arriving while the run trains)
+    python rogue_leader.py silent_replan CONFIG  plans the run's first plan as shipped and trains in it, then
+                                          never re-plans (silent at the first failure)
 
 Everything else is the agent as shipped: it joins, publishes its profile and links, answers pings.
 """
@@ -106,6 +108,15 @@ class OtherData(Agent):
             self.data_id = real
 
 
+class SilentReplanLeading(Leading):
+    def _replan(self, current, membership) -> None:
+        self._note_waiting("rogue: leading, and never re-planning")
+
+
+class SilentReplan(Agent):
+    _leading_class = SilentReplanLeading
+
+
 class Int4Leading(Leading):
     def __init__(self, config, *args, **kwargs):
         super().__init__(dataclasses.replace(config, train=dataclasses.replace(config.train, wire="int4")), *args,
@@ -117,7 +128,8 @@ class Int4(Agent):
 
 
 MODES = {"bad": WorstPlanner, "silent": SilentLeader, "leaves_out": LeavesOut, "idle_stage": IdleStage,
-         "other_data": OtherData, "int4": Int4, "late_silent": LateSilent}  # fmt: skip
+         "other_data": OtherData, "int4": Int4, "late_silent": LateSilent,
+         "silent_replan": SilentReplan}  # fmt: skip
 
 
 def main(mode: str, config_path: str) -> None:

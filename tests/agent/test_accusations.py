@@ -14,6 +14,7 @@ says so and exits: nobody is left waiting on a plan nobody trains.
 
 from __future__ import annotations
 
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -92,3 +93,40 @@ def test_a_leader_passed_over_sees_the_run_finish_without_it_and_exits(tmp_path)
     assert [e["steps"] for e in own if e["event"] == "done"] == [0]
     assert "the run finished without this agent" in late.log_path.read_text()
     assert_reference(others, train)
+
+
+@pytest.mark.timeout(360)
+def test_a_leader_silent_at_a_replan_is_passed_over_once_every_trainer_halted(tmp_path):
+    """Agent 0 leads the run's first plan as shipped and trains in it (``rogue_leader.py silent_replan``), then
+    never re-plans. A trainer is killed after step 2: once every live trainer halted, the followers give the
+    leader its search and the grace (before: the search budget, the halt deadline and a record's lifetime, minutes
+    in a local swarm), pass it over, and the next peer re-plans; the run finishes with the single-process losses."""
+    sorted_identities(tmp_path, 5)
+    config = SwarmConfig(agents=5, stages=2, steps=30, scenario=None, workdir=str(tmp_path), run="silent-replan",
+                         call_timeout_s=15.0)  # fmt: skip
+    killed: list[int] = []
+
+    def kill_a_trainer_after_step_2(group, agents) -> None:
+        def watch() -> None:
+            def trainer_past_2():
+                for a in agents[1:]:
+                    if any(e["event"] == "step" and e["step"] >= 2 for e in events(a.events.path)):
+                        return a
+                return None
+
+            victim = wait_for(trainer_past_2, 240, "a trainer's step 2")
+            killed.append(victim.index)
+            group.signal(victim.name, signal.SIGKILL)  # the agent, its DHT process and its daemon
+
+        threading.Thread(target=watch, daemon=True).start()
+
+    commands = {0: [sys.executable, str(HERE / "rogue_leader.py"), "silent_replan"]}
+    agents, codes, train = run_agents(tmp_path, config, commands, {}, 300, on_start=kill_a_trainer_after_step_2)
+    assert killed, "no trainer was killed"
+    survivors = [a for a in agents[1:] if a.index not in killed]
+    assert all(codes[a.name] == 0 for a in survivors), codes
+    passed = [e for a in survivors for e in events(a.events.path) if e["event"] == "passed_over"]
+    assert passed and {e["peer"] for e in passed} == {agents[0].peer_id}, passed
+    plans = [e for a in survivors for e in events(a.events.path) if e["event"] == "plan"]
+    assert plans and all(p["epoch"] >= 1 for p in plans)  # the re-plan, by the next in line
+    assert_reference(survivors, train)

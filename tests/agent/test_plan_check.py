@@ -18,6 +18,7 @@ from p2ptrain.agent.leadership.plan_check import (
     cost_check,
     culpable_leader,
     first_plan_problem,
+    halts_settled,
     membership_problem,
     newer_plan_excuses,
 )
@@ -163,6 +164,42 @@ def test_leader_watch_passes_over_after_grace_and_backs_off_doubling():
     assert "L" in watch.excluded()
     clock.now += 2
     assert "L" not in watch.excluded()
+
+
+def test_a_leaders_grace_follows_the_control_planes_pace():
+    clock = Clock()
+    watch = LeaderWatch(grace_s=10.0, backoff_s=60.0, clock=clock, poll_s=0.5)
+    assert watch.grace_s == 10.0  # nothing read yet: the configured most
+    for seconds in (0.05, 0.1, 0.08):
+        watch.observe_read(seconds)
+    assert watch.grace_s == 2.0  # two polls and a second: fast reads
+    watch.observe_read(1.5)  # a loaded DHT: four of the slowest read
+    assert watch.grace_s == 6.0
+    watch.observe_read(9.0)
+    assert watch.grace_s == 10.0  # never past [membership] leader_grace_s
+    assert LeaderWatch(grace_s=10.0, backoff_s=60.0).grace_s == 10.0  # without a poll: fixed
+    # the due clock: when a plan fell due under a leader
+    assert watch.due_since("a", 5.0) == 5.0
+    clock.now = 3.0
+    assert watch.waiting("a", True, 1.0) is None and watch.due_since("a", 9.0) == 3.0 and watch.due_since("b", 9.0) == 9.0
+
+
+def test_a_replan_is_due_once_every_live_trainer_halted_and_nothing_is_judged(world):
+    from p2ptrain.verify.evidence import DisputeHeader
+
+    peers, _, _ = world
+    plan = plan_record(peers, peers[:4], (0, 1, 2, 3))
+    halted = lambda epoch=0: ProgressRecord(epoch, 2, None, 0.0, halted=True)  # noqa: E731
+    live = peers[:4]
+    every = {p: halted() for p in live}
+    assert halts_settled(plan, live, every, steps=6)
+    assert not halts_settled(plan, live, {**every, peers[3]: ProgressRecord(0, 3, None, 0.1)}, steps=6)  # trains on
+    assert halts_settled(plan, live, {**every, peers[3]: ProgressRecord(0, 6, None, 0.1)}, steps=6)  # done
+    assert not halts_settled(plan, live, {**every, peers[3]: halted(epoch=1)}, steps=6)  # another epoch's
+    assert halts_settled(plan, live[:3], {p: every[p] for p in live[:3]}, steps=6)  # a dead trainer is not waited for
+    header = DisputeHeader(0, 2, 0, 0, peers[1], 2, 9.9, 1000, "0" * 64).to_bytes()
+    judged = dataclasses.replace(halted(), blame=peers[1], evidence=header, refused=True)
+    assert not halts_settled(plan, live, {**every, peers[0]: judged}, steps=6)  # the leader judges a recompute
 
 
 def test_only_the_leaders_own_newer_plan_stops_its_clock():

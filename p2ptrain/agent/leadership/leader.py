@@ -55,7 +55,7 @@ from p2ptrain.agent.leadership import settings
 from p2ptrain.agent.leadership.claims import ComputeWatch, with_slowdowns
 from p2ptrain.agent.leadership.disputes import Disputes, Fetch
 from p2ptrain.agent.leadership.membership import Membership, plan_trigger
-from p2ptrain.agent.leadership.plan_check import LeaderWatch, newer_plan_excuses
+from p2ptrain.agent.leadership.plan_check import LeaderWatch, halts_settled, newer_plan_excuses
 from p2ptrain.agent.leadership.plan_maker import (
     build_cluster,
     cluster_order,
@@ -96,6 +96,8 @@ class AgentView:
     max_epoch_seen: int  # over every verified plan: a new leader numbers above it
     # each watched peer's last answer to our heartbeat pings (``LivenessMonitor.statuses``; none without them)
     statuses: Mapping[str, PeerStatus] = dataclasses.field(default_factory=dict)
+    progress: Mapping[str, ProgressRecord] = dataclasses.field(default_factory=dict)  # the last read of the records
+    check_s: float = 0.0  # our own check of the followed plan (a search of its records; 0: not checked)
 
     @property
     def current(self) -> PlanRecord | None:
@@ -157,6 +159,7 @@ class Leading:
         self._join_links_since: float | None = None  # a join re-plan waiting for the joiners' links, since
         self._first_due = False  # a follower saw the first plan fall due (``_first_plan_due``)
         self._own_search: tuple[tuple[str, ...], concurrent.futures.Future] | None = None  # ``_search_allowance``
+        self._settled: dict[tuple[str, int], float] = {}  # (leader, epoch) -> when its re-plan's halts were all in
         self._stages = stages or RunStages(config.train)
         # stages = "auto", the run's first plan: the stage count being chosen for these members (and whether the
         # choice was said), and the one chosen
@@ -201,12 +204,43 @@ class Leading:
             allowance = self._search_allowance(membership) if due else cfg.plan.time_budget_s
         else:
             due, allowance = True, cfg.plan.time_budget_s + cfg.churn.halt_timeout_s + cfg.dht.peer_ttl_s
+            settled = self._replan_settled(view, membership)
+            if settled is not None:  # every live trainer halted: what is left is the search and the publishing
+                since = self._leaders.due_since(membership.leader, time.monotonic())
+                allowance = min(allowance, max(0.0, settled - since) + self._replan_search_s(view))
+        grace = self._leaders.grace_s
         leader = self._leaders.waiting(membership.leader, due, allowance)
         if leader is None:
             return membership
-        self.pass_over(leader, f"no plan we accept came within {cfg.membership.leader_grace_s + allowance:.0f} s "
-                               "of one being due")  # fmt: skip
+        self.pass_over(leader, f"no plan we accept came within {grace + allowance:.0f} s of one being due")
         return membership.without(leader)
+
+    def _replan_settled(self, view: AgentView, membership: Membership) -> float | None:
+        """When we first saw every live trainer of the epoch we followed halted (or done), with nothing left for
+        its leader to judge (no failed recompute's evidence) and members enough for the run's plan: from then on
+        the leader's re-plan is its search and its publishing alone (``replan.ReplanWatch`` waits for nothing
+        more). None while that is not so: the leader may wait for halts (``churn.halt_timeout_s``), evidence
+        (``verify.evidence_timeout_s``) or peers, and gets the whole allowance."""
+        plan = view.following
+        settled = halts_settled(plan, membership.ids, view.progress, self.config.train.steps)
+        if settled:
+            try:
+                trainers_and_spares(cluster_order(membership.peers), at_stages(self.config.train, plan.stages))
+            except ValueError:
+                settled = False  # too few members for a plan: the leader waits for peers, as we would
+        key = (plan.leader, plan.epoch)
+        if not settled:
+            self._settled.pop(key, None)
+            return None
+        return self._settled.setdefault(key, time.monotonic())
+
+    def _replan_search_s(self, view: AgentView) -> float:
+        """What a re-plan's search may take: twice our own of the run's plans (the first plan's, or our check of
+        the one followed), plus a second to publish; ``plan.time_budget_s`` at most."""
+        own = 0.0
+        if self._own_search is not None and self._own_search[1].done() and self._own_search[1].exception() is None:
+            own = float((self._own_search[1].result().get("search") or {}).get("seconds") or 0.0)
+        return min(self.config.plan.time_budget_s, 2.0 * max(own, view.check_s) + 1.0)
 
     def _search_allowance(self, membership: Membership) -> float:
         """What the leader may spend on its search, beyond the grace, for the first plan of ``membership``:

@@ -27,6 +27,7 @@ the leader's word for a plan:
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import time
@@ -229,6 +230,19 @@ class CulpableWatch:
         return culpable_leader(plan, progress, now - self._blamed.setdefault(key, now), **judging)
 
 
+def halts_settled(plan: PlanRecord, live: Collection[str], progress: Mapping[str, ProgressRecord], steps: int) -> bool:
+    """Whether every live trainer of ``plan`` says it halted its epoch (or trained every step), with no failed
+    recompute's evidence among them for the leader to judge: its re-plan waits for nothing more than its own
+    search (``replan.ReplanWatch``), so a follower gives it that and the grace, not the halts' and the
+    evidence's deadlines (``Leading.watch_leader``)."""
+    trainers = [p for p in dict.fromkeys(trainers_of(plan)) if p in live]
+    records = [progress.get(p) for p in trainers]
+    if not trainers or not all(r is not None and r.epoch == plan.epoch and (r.halted or r.step >= steps)
+                               for r in records):  # fmt: skip
+        return False
+    return not any(r.evidence and is_recompute_evidence(r.evidence) for r in records)
+
+
 def newer_plan_excuses(newest: PlanRecord | None, followed_epoch: int, leader: str, live: Collection[str]) -> bool:
     """Whether a plan newer than the one we followed stops the clock on ``leader`` (we wait for a re-plan
     point like any joiner: a plan came, we are just not in it). Only a plan signed by ``leader`` itself, or by
@@ -239,6 +253,10 @@ def newer_plan_excuses(newest: PlanRecord | None, followed_epoch: int, leader: s
     if newest is None or newest.epoch <= followed_epoch:
         return False
     return newest.leader == leader or newest.leader not in live
+
+
+GRACE_READS = 4.0  # a leader's grace: this many of our slowest recent DHT reads (``LeaderWatch.grace_s``)
+READS_KEPT = 16
 
 
 @dataclass
@@ -252,8 +270,10 @@ class LeaderWatch:
     may lead (``leadership.standing``), where a passed-over leader owes the epochs of its back-off."""
 
     def __init__(self, grace_s: float, backoff_s: float, max_backoff_s: float = 86400.0,
-                 clock: Callable[[], float] = time.monotonic):  # fmt: skip
-        self.grace_s = grace_s
+                 clock: Callable[[], float] = time.monotonic, poll_s: float | None = None):  # fmt: skip
+        # the grace: ``grace_s`` at most; with ``poll_s``, paced by the control plane (``observe_read``)
+        self.max_grace_s, self.poll_s = grace_s, poll_s
+        self._reads_s: collections.deque[float] = collections.deque(maxlen=READS_KEPT)
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         self.clock = clock
@@ -261,6 +281,25 @@ class LeaderWatch:
         self._until: dict[str, float] = {}  # peer -> passed over until
         self._times: dict[str, int] = {}  # peer -> how often passed over
         self.standing = Standing()
+
+    @property
+    def grace_s(self) -> float:
+        """What a leader gets beyond its search to publish a plan that fell due: its own poll, its read of the
+        records, its store of the plan and our poll and read of it. Paced by the control plane as we see it:
+        ``GRACE_READS`` times the slowest of our last DHT reads (``observe_read``), at least two polls and a
+        second, at most ``[membership] leader_grace_s``. Without ``poll_s``, that maximum."""
+        if self.poll_s is None:
+            return self.max_grace_s
+        slowest = max(self._reads_s, default=self.max_grace_s / GRACE_READS)
+        return min(self.max_grace_s, max(2 * self.poll_s + 1.0, GRACE_READS * slowest))
+
+    def observe_read(self, seconds: float) -> None:
+        """How long one of our DHT reads of the run's records took (the pace ``grace_s`` follows)."""
+        self._reads_s.append(seconds)
+
+    def due_since(self, leader: str, now: float) -> float:
+        """When the plan fell due under ``leader`` (``waiting``), else ``now``."""
+        return self._due.since if self._due is not None and self._due.peer == leader else now
 
     def excluded(self) -> set[str]:
         """The peers passed over now (their back-off runs)."""
