@@ -47,9 +47,11 @@ import contextlib
 import dataclasses
 import json
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -86,6 +88,8 @@ class Cell:
     agents: int  # with the rogues
     rogues: tuple[int, ...]  # agent indices in peer-ID order
     settings: tuple[tuple[str, object], ...] = ()  # SwarmConfig fields besides the pinned ones
+    kill_at: int = 0  # > 0: the first honest non-leader trainer to reach this step is killed (both runs)
+    steps: int = STEPS
 
     @property
     def name(self) -> str:
@@ -145,6 +149,9 @@ def all_cells() -> list[Cell]:
     modes = (*SUM_MODES, "lie", *PIPELINE_MODES)
     return [*(c for mode in modes for c in member_cells(mode)),
             *(Cell(mode, "lowest-ID leader", "leader", 5, (0,)) for mode in LEADER_MODES),
+            # silent at the re-plan a killed trainer makes (30 steps: the kill lands while the run trains)
+            Cell("silent_replan", "lowest-ID leader, a trainer killed at step 2", "leader", 5, (0,), kill_at=2,
+                 steps=30),
             *(Cell(mode, "member", "swallower", 5, (1,)) for mode in SWALLOW_MODES)]  # fmt: skip
 
 
@@ -160,26 +167,52 @@ def run_once(cell: Cell, seed: int, keys: Path, attacked: bool) -> dict:
     settings = dict(cell.settings)
     if cell.family != "leader":  # the open run keeps every default, as rogue.py's ``_open_run``
         settings["call_timeout_s"] = CALL_TIMEOUT_S
-    config = SwarmConfig(agents=len(slots), stages=STAGES, steps=STEPS, scenario=None, workdir=str(workdir),
+    config = SwarmConfig(agents=len(slots), stages=STAGES, steps=cell.steps, scenario=None, workdir=str(workdir),
                          run="campaign", seed=seed, **settings)  # fmt: skip
     script = [sys.executable, str(ROGUES / SCRIPTS[cell.family]), cell.mode]
     commands = {r: script for r in cell.rogues} if attacked else {}
     overrides = {"membership": {"expect": 4}} if cell.family == "leader" else {}
+    killed: list[int] = []
     started = time.time()  # the events' clock: until the last honest agent was done, not the teardown after
     try:
         with contextlib.redirect_stdout(sys.stderr):  # run_agents prints failed agents' log tails
-            agents, codes, train = run_agents(workdir, config, commands, overrides, DEADLINE_S)
+            agents, codes, train = run_agents(workdir, config, commands, overrides, DEADLINE_S,
+                                              on_start=_killer(cell.kill_at, set(commands), killed)
+                                              if cell.kill_at else None)  # fmt: skip
     except Exception as error:  # a failed start or a logging error: the row says so, the campaign goes on
         return {"workdir": str(workdir), "error": f"{type(error).__name__}: {error}", "finished": False,
                 "reference": False, "rogue_quarantined": False, "honest_passed_over": [], "honest_quarantined": [],
                 "stranded": len(slots) - len(commands), "plans": 0, "seconds": None}  # fmt: skip
-    return {"workdir": str(workdir), **measure(agents, codes, train, set(commands), started)}
+    codes = {name: code for name, code in codes.items() if int(name.rsplit("-", 1)[1]) not in killed}
+    return {"workdir": str(workdir), "killed": killed, **measure(agents, codes, train, set(commands), started, killed)}
 
 
-def measure(agents: list, codes: dict, train, rogues: set[int], started: float) -> dict:
-    """What a run's honest agents' events say (agents named by index)."""
+def _killer(step: int, rogues: set[int], killed: list[int]):
+    """An ``on_start`` for ``run_agents``: SIGKILL (the agent, its DHT process and its daemon) the first honest
+    agent other than agent 0 whose events say it trained ``step`` steps; its index goes into ``killed``."""
+
+    def on_start(group, agents) -> None:
+        def watch() -> None:
+            deadline = time.monotonic() + DEADLINE_S
+            while time.monotonic() < deadline and not killed:
+                for a in agents[1:]:
+                    if a.index not in rogues and any(e["event"] == "step" and e["step"] >= step
+                                                     for e in events(a.events.path)):  # fmt: skip
+                        killed.append(a.index)
+                        group.signal(a.name, signal.SIGKILL)
+                        return
+                time.sleep(0.2)
+
+        threading.Thread(target=watch, daemon=True).start()
+
+    return on_start
+
+
+def measure(agents: list, codes: dict, train, rogues: set[int], started: float, killed: list[int] = ()) -> dict:
+    """What a run's honest agents' events say (agents named by index; the ``killed`` one's done is not waited for)."""
     index = {a.peer_id: a.index for a in agents}
-    honest = [a for a in agents if a.index not in rogues]
+    every = [a for a in agents if a.index not in rogues]  # the killed one's steps count for the losses
+    honest = [a for a in every if a.index not in killed]
     logs = {a.index: events(a.events.path) for a in honest}
     log = [e for mine in logs.values() for e in mine]
     done = {k: max(e["time"] for e in mine if e["event"] == "done") for k, mine in logs.items()
@@ -190,7 +223,7 @@ def measure(agents: list, codes: dict, train, rogues: set[int], started: float) 
     passed = sorted({index.get(e["peer"], e["peer"]) for e in log if e["event"] == "passed_over"}, key=str)
     return {"finished": len(codes) == len(honest) and all(c == 0 for c in codes.values()),
             "codes": codes, "stranded": sum(1 for c in codes.values() if c != 0),
-            "seconds": finished_at - started, "plans": len(plans), "reference": matches_reference(honest, train),
+            "seconds": finished_at - started, "plans": len(plans), "reference": matches_reference(every, train),
             "rogue_quarantined": bool(rogues) and rogues <= set(quarantined), "quarantined": quarantined,
             "passed_over": passed, "honest_quarantined": [k for k in quarantined if k not in rogues],
             "honest_passed_over": [k for k in passed if k not in rogues],

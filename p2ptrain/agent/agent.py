@@ -660,8 +660,9 @@ class Agent:
         silent, rightly or not). We step aside as a passed-over leader does (out of standing for the epochs owed, a
         back-off): the peer the run follows leads in our view too, and we join its run at a re-plan point, or
         see it finish without us (``_finished_without_me``), instead of waiting alone on a plan nobody trains."""
-        if self._membership.leader != self.peer_id:
-            return
+        following = self._following
+        if self._membership.leader != self.peer_id or (following is not None and following.leader != self.peer_id):
+            return  # not leading, or training another's plan with the run (a joiner that earned standing)
         plan = followed_instead(self.peer_id, (self._following, self._leading.published), plans,
                                 self._membership.ids, progress, self._leaders.standing)  # fmt: skip
         if plan is not None:
@@ -675,11 +676,11 @@ class Agent:
         """While another peer leads in our view: if the run's own trainers train a third live peer's plan while
         nobody trains our leader's (``standing.followed_instead``), the run passed our leader over (a spare, or an
         agent that was waiting, did not see it fall silent or fail): we pass it over too and follow the run."""
-        leader = self._membership.leader
-        if leader is None or leader == self.peer_id:
-            return
-        theirs = (plans.get(leader), self._following if self._following is not None else None)
-        plan = followed_instead(leader, theirs, plans, self._membership.ids, progress, self._leaders.standing)
+        leader, following = self._membership.leader, self._following
+        if leader is None or leader == self.peer_id or (following is not None and following.leader != leader):
+            return  # we train another's plan with the run (our leader's turn is the next re-plan)
+        plan = followed_instead(leader, (plans.get(leader), following), plans, self._membership.ids, progress,
+                                self._leaders.standing)  # fmt: skip
         if plan is not None and plan.leader != self.peer_id:
             self._pass_over(leader, f"the run's trainers train epoch {plan.epoch} of {plan.leader}'s plan, and "
                                     "nobody trains its own")  # fmt: skip

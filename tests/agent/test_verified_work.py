@@ -5,8 +5,8 @@ single-process losses; a member that blames an honest peer with forged evidence 
 honest run blames nobody. A member whose pipeline messages are wrong (noise on its activations or their
 gradients, skipped compute, clean messages revealed in place of the corrupt ones it sent) is named by its
 verifier at its first corrupt step (the recompute check, ``verify.stage_check``), the step is rolled back
-everywhere, it is quarantined on its finders' word after two epochs, and the run finishes with the
-single-process losses.
+everywhere, it is quarantined at once (on evidence the leader redoes, or on the leader's own finding where the
+leader is its verifier), and the run finishes with the single-process losses.
 
 The corrupt members are ``corrupt_member.py`` (the real agent with its own runtime patched in its process).
 """
@@ -145,8 +145,9 @@ def test_a_member_whose_pipeline_messages_are_wrong_is_caught_and_nothing_wrong_
         assert judged and all(e["holds"] and e["accused"] == rogue and e["blamer"] != rogue for e in judged), judged
         assert "failed the recompute check" in quarantined[0]["reason"]
         assert [e["epoch"] for e in quarantined] == [0]
-    else:  # its finders' word: blamed for churn.quarantine_blames epochs
-        assert not judged and "blamed by a halted trainer" in quarantined[0]["reason"]
+    else:  # its finder's word, here the leader's (agent 0 recomputes agent 1's): its own finding quarantines at once
+        assert not judged and "a check of the leader's own" in quarantined[0]["reason"]
+        assert [e["epoch"] for e in quarantined] == [0]
     plans = [e for e in log if e["event"] == "plan"]
     assert rogue in plans[0]["devices"] and rogue not in plans[-1]["devices"] + plans[-1]["spares"]
     assert f"peer {rogue} failed the {check} check" in "".join(a.log_path.read_text() for a in honest)
