@@ -25,7 +25,9 @@ The pipeline modes (``act_noise`` … ``guess``) and ``lie`` run the recompute c
 messages it corrupts (stage 0 activations, stage 1 activation gradients), and placements that land on the
 same agents are one cell (``leader-finder+test``). Lowest-ID leaders (``rogue_leader.py``): an open run of 4
 honest agents expecting 4, the rogue a fifth sorting lowest, defaults otherwise (``rogue.py``'s
-``_open_run``). Swallowers (``rogue_member.py``): 5 agents, rogue 1, the default strategy.
+``_open_run``); ``silent_replan`` the same with 30 steps and the first honest non-leader trainer to reach step 2
+SIGKILLed in both runs (the killed agent counts as neither finished nor quarantined). Swallowers
+(``rogue_member.py``): 5 agents, rogue 1, the default strategy.
 
 Per cell over its seeds: runs; finished (every honest agent exited 0); reference (every step's loss the
 single-process one within 1e-4, relative); rogue quarantined (every rogue named by a ``quarantined`` event;
@@ -225,8 +227,8 @@ def measure(agents: list, codes: dict, train, rogues: set[int], started: float, 
             "codes": codes, "stranded": sum(1 for c in codes.values() if c != 0),
             "seconds": finished_at - started, "plans": len(plans), "reference": matches_reference(every, train),
             "rogue_quarantined": bool(rogues) and rogues <= set(quarantined), "quarantined": quarantined,
-            "passed_over": passed, "honest_quarantined": [k for k in quarantined if k not in rogues],
-            "honest_passed_over": [k for k in passed if k not in rogues],
+            "passed_over": passed, "honest_quarantined": [k for k in quarantined if k not in rogues and k not in killed],
+            "honest_passed_over": [k for k in passed if k not in rogues],  # the killed one is a fault we made
             "first_plan": _layout(plans[min(plans)], index) if plans else None}  # fmt: skip
 
 
@@ -262,13 +264,18 @@ def read_rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip().endswith("}")]
 
 
+def _honest_quarantined(run: dict) -> list:
+    """The honest agents a run quarantined, less the one the campaign killed (a dead peer is a culprit)."""
+    return [k for k in run["honest_quarantined"] if k not in run.get("killed", ())]
+
+
 def failures(row: dict) -> list[str]:
     """Why one seed fails its cell (empty: it passes)."""
     a, why = row["attacked"], []
     checks = [(not row["clean"]["finished"], "clean unfinished"), (not a["finished"], "unfinished"),
               (not a["reference"], "reference"), (row["family"] != "leader" and not a["rogue_quarantined"],
               "rogue free"), (bool(a["honest_passed_over"]), "honest passed over"),
-              (bool(a["honest_quarantined"]), "honest quarantined"), (a["stranded"] > 0, "stranded"),
+              (bool(_honest_quarantined(a)), "honest quarantined"), (a["stranded"] > 0, "stranded"),
               (row["extra_s"] is None or row["extra_s"] > row["limit_s"], "over limit")]  # fmt: skip
     why += [what for failed, what in checks if failed]
     return why
@@ -285,7 +292,7 @@ def summarise(rows: list[dict]) -> dict:
             "reference": sum(a["reference"] for a in attacked),
             "rogue_quarantined": sum(a["rogue_quarantined"] for a in attacked),
             "honest_passed_over": sum(bool(a["honest_passed_over"]) for a in attacked),
-            "honest_quarantined": sum(bool(a["honest_quarantined"]) for a in attacked),
+            "honest_quarantined": sum(bool(_honest_quarantined(a)) for a in attacked),
             "stranded": sum(a["stranded"] for a in attacked), "plans": sorted({a["plans"] for a in attacked}),
             "clean_s": statistics.mean(cleans) if cleans else None,
             "extra_mean_s": statistics.mean(extras) if extras else None, "extra_max_s": max(extras, default=None),
