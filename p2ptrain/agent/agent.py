@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
 import logging
 import math
@@ -55,7 +56,14 @@ from typing import Any
 import torch
 
 from p2ptrain.agent.churn.boundary import INTERVAL_S, BoundaryWatch, overshot
-from p2ptrain.agent.churn.liveness import NO_SHOW_TIMEOUTS, LivenessMonitor, epoch_failure, no_shows
+from p2ptrain.agent.churn.liveness import (
+    NO_SHOW_TIMEOUTS,
+    LivenessMonitor,
+    epoch_failure,
+    no_show_window_s,
+    no_shows,
+    taking_up,
+)
 from p2ptrain.agent.churn.stage_state import StateKeeper
 from p2ptrain.agent.churn.state_store import StateStore
 from p2ptrain.agent.config import AgentConfig
@@ -82,7 +90,7 @@ from p2ptrain.net.nat.forward import setup_forwarding
 from p2ptrain.net.transport.emulation import EmulationConfig, LinkEmulator, scaled_bandwidth, scaled_link
 from p2ptrain.net.transport.endpoint import Transport
 from p2ptrain.net.transport.messages import MessageKind, Tag
-from p2ptrain.net.transport.status import FAIL
+from p2ptrain.net.transport.status import FAIL, IDLE, TAKE, TRAIN, PeerStatus
 from p2ptrain.planning import Cluster, load_cluster
 from p2ptrain.runtime.calibration import calibrate, expected_rows
 from p2ptrain.runtime.compute_speed import compute_slowdown
@@ -166,7 +174,14 @@ class Agent:
         self._aborted = -1  # the last epoch the heartbeats aborted
         self._training: int | None = None  # the epoch being trained (None between epochs)
         self._training_since = 0.0  # when this agent took it up
-        self._no_show_after_s = float("inf")  # how long a trainer of it may take to take it up after us
+        self._no_show_after_s = float("inf")  # how long a trainer of it may stay away after we took it up
+        self._taking_after_s = float("inf")  # how long one that says it takes it up (checks the plan) may take
+        self._on_way: dict[str, float] = {}
+        self._observing = -1  # the epoch whose no-shows the heartbeats look for (the last one we took up)  # when we last saw each trainer train an older epoch (``_stayed_away``)
+        # the trainers of the epoch being trained this agent itself saw stay away past their time (the
+        # leader's own finding: ``leading.AgentView.no_shows``)
+        self._no_shows: tuple[int, tuple[str, ...]] = (-1, ())
+        self._unjudged: tuple[int, tuple[str, ...]] = (-1, ())  # those away from it whose time still runs
         self._last_wait_note = ""
         self._finished = threading.Event()
         self.heartbeat: Heartbeat | None = None
@@ -283,17 +298,27 @@ class Agent:
         trainers is dead or failed it, or if this agent itself was silent long enough to be counted dead."""
         silent_s = self.liveness.take_silence()
         plan = self._following
-        if plan is None or plan.epoch <= self._aborted or plan.epoch != self._training:
+        if plan is None or plan.epoch != self._observing:
             return
-        dead, statuses, timeout_s = self.liveness.dead(), self.liveness.statuses(), self.config.liveness.timeout_s
+        answered, statuses = self.liveness.answered(), self.liveness.statuses()
+        # who stayed away from the epoch we took up, also once it halted (on someone else's finding): the leader
+        # re-plans on what its own heartbeats saw (``leading.AgentView.no_shows``)
+        absent = self._stayed_away(plan, statuses, answered)
+        if absent and silent_s <= self.config.liveness.timeout_s:
+            seen = set(self._no_shows[1]) if self._no_shows[0] == plan.epoch else set()
+            self._no_shows = (plan.epoch, tuple(sorted(seen | set(absent))))
+        if plan.epoch <= self._aborted or plan.epoch != self._training:
+            return
+        dead, timeout_s = self.liveness.dead(), self.config.liveness.timeout_s
         reason = epoch_failure(plan, self.peer_id, dead, statuses)
         if reason is None and silent_s > timeout_s:
             reason = f"this agent was silent for {silent_s:.0f} s (stopped or cut off): its peers re-planned without it"
-        absent = no_shows(plan, self.peer_id, statuses) if reason is None else []
-        waited_s = time.monotonic() - self._training_since
-        if absent and waited_s > self._no_show_after_s:
+        if reason is None and absent:
+            waited_s = time.monotonic() - self._training_since
             reason = (f"peer(s) {', '.join(absent)} answer heartbeats but have not taken up epoch {plan.epoch} "
-                      f"{waited_s:.0f} s after this agent did")
+                      f"{waited_s:.1f} s after this agent did")
+        else:
+            absent = []
         if reason is not None:
             self._aborted = plan.epoch
             logger.warning("epoch %d: %s; halting it", plan.epoch, reason)
@@ -302,6 +327,25 @@ class Agent:
             gone = sorted(set(dead) & set(trainers_of(plan)) - {self.peer_id}) or absent
             culprit = gone[0] if gone and silent_s <= timeout_s else None
             self.transport.abort_epoch(plan.epoch, reason, culprit=culprit)
+
+    def _stayed_away(self, plan: PlanRecord, statuses, answered: dict[str, float]) -> list[str]:
+        """The trainers of ``plan`` whose answer to our heartbeat says they neither train its epoch nor are on
+        their way to it, past their time: one that does not even say it takes it up gets the control plane's
+        pace (``liveness.no_show_window_s``), one that says it checks the plan (``take``) the longer allowance.
+        Counted from when we took the epoch up until the answer came (``answered``: a stale answer, our own
+        pings starved, proves nothing), or, for a trainer we last saw train an older epoch toward this one's
+        start (a join re-plan point), from then: it still has to publish its halt and read the plan."""
+        for peer, status in statuses.items():
+            if status.state == TRAIN and status.epoch < plan.epoch:
+                self._on_way[peer] = answered.get(peer, time.monotonic())
+
+        def away_s(peer: str) -> float:
+            return answered.get(peer, -math.inf) - max(self._training_since, self._on_way.get(peer, -math.inf))
+
+        away = {p: self._no_show_after_s for p in no_shows(plan, self.peer_id, statuses)}
+        away.update({p: self._taking_after_s for p in taking_up(plan, self.peer_id, statuses)})
+        self._unjudged = (plan.epoch, tuple(sorted(p for p, allowed_s in away.items() if away_s(p) <= allowed_s)))
+        return sorted(p for p, allowed_s in away.items() if away_s(p) > allowed_s)
 
     def _calibrate(self, device) -> ComputeMeasurement | None:
         """For the simulated objective: time the run's model on this device (``runtime.calibration``)."""
@@ -607,9 +651,10 @@ class Agent:
         newest = self._newest_seen
         first = self._following is None and (newest is None or self._gate.refused(newest) or
                                              (plan is not None and newest.epoch >= plan.epoch))  # fmt: skip
-        if plan is not None and not self._gate.accept(plan, self._membership.peers, self._tracker.known_for_s,
-                                                      first=first):  # fmt: skip
-            plan = None
+        if plan is not None:
+            with self._taking_up(plan):
+                if not self._gate.accept(plan, self._membership.peers, self._tracker.known_for_s, first=first):
+                    plan = None
         theirs = plans.get(self._membership.leader) if live else None
         if (plan is None and theirs is not None and self._following is None and self.peer_id not in theirs.membership
                 and self._gate.left_out(theirs, live, self._tracker.known_for_s, self._untrained)):  # fmt: skip
@@ -625,6 +670,19 @@ class Agent:
         self._newest_any = max((p for p in plans.values() if not self._gate.refused(p)), key=lambda p: p.epoch,
                                default=None)  # fmt: skip
         return plan
+
+    @contextlib.contextmanager
+    def _taking_up(self, plan: PlanRecord):
+        """While we check ``plan`` (a search of its records: seconds on a slow CPU), heartbeats say we take its
+        epoch up (``take``), so its trainers give us the check's time (``liveness.taking_up``); after, what
+        they said before: ``_follow`` then says ``train``."""
+        before = self.transport.status
+        if self.peer_id in trainers_of(plan) and before.epoch <= plan.epoch:
+            self.transport.status = PeerStatus(TAKE, plan.epoch, plan.start_step)
+        try:
+            yield
+        finally:
+            self.transport.status = before
 
     def _observe_standing(self, plans: dict[str, PlanRecord]) -> None:
         """Who has shown training work (``leadership.standing``): the plans read, and the ones we followed,
@@ -734,8 +792,12 @@ class Agent:
         statuses = self.liveness.statuses() if self.liveness is not None else {}
         following = self._following
         check_s = self._gate.check_s(following) if following is not None and self._gate is not None else 0.0
+        def of_followed(epoch_peers: tuple[int, tuple[str, ...]]) -> tuple[str, ...]:
+            return epoch_peers[1] if following is not None and epoch_peers[0] == following.epoch else ()
+
         return AgentView(self._seen, following, self._newest_seen, self._done_now, self._max_epoch_seen,
-                         statuses, self._progress_seen, check_s)  # fmt: skip
+                         statuses, self._progress_seen, check_s, of_followed(self._no_shows),
+                         of_followed(self._unjudged))  # fmt: skip
 
     def _keep_evidence(self, epoch: int, step: int, bulk: bytes) -> None:
         """The bulk of a failed recompute this agent found in an epoch it leads: its own judge reads it here."""
@@ -769,6 +831,9 @@ class Agent:
     def _follow(self, plan: PlanRecord, device) -> EpochOutcome:
         cfg = self.config
         self._following = plan
+        # what heartbeats answer from now on (``run_epoch`` says it again): before any setup that may wait
+        self.transport.status = PeerStatus(TRAIN if self.peer_id in trainers_of(plan) else IDLE, plan.epoch,
+                                           plan.start_step)  # fmt: skip
         if plan.start_step > 0:  # it restarts from states of its stage count: that is the run's
             self.stages.pin(plan.stages, f"epoch {plan.epoch}, which restarts from step {plan.start_step}'s states")
         self._followed.append(plan)  # the plans whose progress earns standing (``leadership.standing``)
@@ -792,8 +857,11 @@ class Agent:
         # A trainer may take the epoch up this long after us (``liveness.no_shows``): two liveness timeouts, and
         # twice the search the plan cost us (followers check a plan by planning its records themselves)
         effort_s = self._leading.published_search_s if plan.leader == self.peer_id else self._gate.check_s(plan)
-        self._no_show_after_s = NO_SHOW_TIMEOUTS * cfg.liveness.timeout_s + 2.0 * effort_s
-        self._training_since = time.monotonic()  # before ``_training``: the heartbeats' thread reads both
+        self._taking_after_s = NO_SHOW_TIMEOUTS * cfg.liveness.timeout_s + 2.0 * effort_s
+        self._no_show_after_s = no_show_window_s(cfg.liveness.interval_s, self._leaders.grace_s, self._taking_after_s)
+        self._on_way = {}
+        self._training_since = time.monotonic()  # before ``_training``: the heartbeats' thread reads them
+        self._observing = plan.epoch  # the no-shows of its epoch, until we follow another (``_on_heartbeats``)
         self._training = plan.epoch
         peers = dict(self._membership.peers)
         self._boundary = BoundaryWatch(self._boundary_check, min(cfg.membership.poll_s, INTERVAL_S)).start()

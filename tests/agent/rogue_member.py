@@ -2,6 +2,7 @@
 
     python rogue_member.py swallow CONFIG
     python rogue_member.py swallow_and_halt CONFIG
+    python rogue_member.py claim_and_swallow CONFIG
     python rogue_member.py boast_compute CONFIG
 
 Each runs the real agent, with a real identity and real streams. ``swallow`` claims what no device has
@@ -11,7 +12,9 @@ pings (its transport does), so heartbeats alone never call it dead. ``swallow_an
 special and swallows tensors the same way, but halts once another peer published a halted heartbeat for
 its epoch (blaming nobody; a spare's that says which copies it keeps counts too, so it often halts at the
 epoch's start, long before the others' calls time out), so it is never left out for not halting: it takes
-up every plan that names it. ``boast_compute`` trains honestly but publishes a calibration ``BOAST`` (1000) times
+up every plan that names it. Its heartbeat answers never say it trains, so its peers find it a no-show
+within seconds. ``claim_and_swallow`` is the same, but its heartbeat answers say it trains the epoch: only
+the tensor deadline finds it, and only the blames of two epochs quarantine it. ``boast_compute`` trains honestly but publishes a calibration ``BOAST`` (1000) times
 faster than its device measured: far beyond what load does to an honest peer's speed (CI saw 11x).
 """
 
@@ -28,6 +31,7 @@ from p2ptrain.config import config_from_dict, read_toml
 from p2ptrain.errors import ProtocolError
 from p2ptrain.lifecycle import StopSignal
 from p2ptrain.net.dht.records import LinkMeasurement, LinksRecord, ProgressRecord
+from p2ptrain.net.transport.status import TRAIN, PeerStatus
 
 BOAST = 1000.0
 
@@ -67,6 +71,12 @@ class CooperativeSwallower(Agent):
         return EpochOutcome(False, 0)
 
 
+class ClaimingSwallower(CooperativeSwallower):
+    def _follow(self, plan, device) -> EpochOutcome:
+        self.transport.status = PeerStatus(TRAIN, plan.epoch, plan.start_step)
+        return super()._follow(plan, device)
+
+
 class ComputeBoaster(Agent):
     def _calibrate(self, device):
         c = super()._calibrate(device)
@@ -79,7 +89,8 @@ def main(mode: str, config_path: str) -> None:
     configure_logging(1)
     config = config_from_dict(AgentConfig, read_toml(config_path))
     with StopSignal() as stop:
-        {"swallow": Swallower, "swallow_and_halt": CooperativeSwallower, "boast_compute": ComputeBoaster}[mode](config, stop).run()
+        {"swallow": Swallower, "swallow_and_halt": CooperativeSwallower, "claim_and_swallow": ClaimingSwallower,
+     "boast_compute": ComputeBoaster}[mode](config, stop).run()
 
 
 if __name__ == "__main__":

@@ -176,6 +176,19 @@ def test_a_blamed_trainer_whose_heartbeat_says_it_halted_is_waited_for_like_any_
     assert replan.kind == FAILURE and replan.culprits == () and B in replan.members and replan.blamed == (B,)
 
 
+def test_a_trainer_the_leader_saw_stay_away_is_not_waited_for():
+    # B answered the leader's heartbeats without ever taking up the epoch: it has nothing of it to halt, so the
+    # re-plan leaves it out as soon as the others halted, not BLAMED_HALT_S (or halt_timeout_s) later
+    progress = {A: halted(0, blame=B), C: halted(0, blame=A), D: halted(0), E: halted(0)}
+    live = [A, B, C, D, E]
+    watch = ReplanWatch(ChurnConfig(halt_timeout_s=120))
+    replan = watch.check(PLAN, live, progress, 10, [], now=0.0, absent=[B])
+    assert replan.kind == FAILURE and replan.culprits == (B,) and B not in replan.members
+    assert "never took up the epoch" in replan.reason
+    # without the leader's own finding it is waited for (a blame alone proves nothing)
+    assert ReplanWatch(ChurnConfig(halt_timeout_s=120)).check(PLAN, live, progress, 10, [], now=0.0) is None
+
+
 def test_only_a_peers_own_failed_call_blames_it():
     plan = PLAN
     assert blamed_peer(PeerTimeoutError("no reply", peer=B), plan) == B

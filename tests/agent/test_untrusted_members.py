@@ -1,6 +1,6 @@
-"""Members that fail a run cost it at most one epoch (two for one that halts like an honest peer): they are
-quarantined out of the plans, and a peer that failed once (an honest transient failure) comes back when its
-back-off ends.
+"""Members that fail a run cost it at most one epoch (two for one that says it trains and halts like an honest
+peer): they are quarantined out of the plans, and a peer that failed once (an honest transient failure) comes
+back when its back-off ends.
 
 Each runs a real swarm on loopback (tiny model, 2 stages) started by hand, with the settings ``p2ptrain swarm``
 writes and a short tensor deadline.
@@ -80,10 +80,27 @@ def test_a_member_that_boasts_and_swallows_tensors_is_quarantined_after_one_fail
 
 
 @pytest.mark.timeout(480)
-def test_a_member_that_swallows_tensors_and_halts_is_quarantined_after_two_failed_epochs(tmp_path):
+def test_a_member_that_never_takes_up_its_stage_and_halts_is_quarantined_on_the_leaders_own_finding(tmp_path):
     # agent-1 (a trainer, never the leader) takes tensors and answers nothing, but halts like everyone once
-    # another trainer did: it is no culprit of any one failure, only the peer they all blame
+    # another trainer did; its heartbeat answers never say it took the epoch up: the leader's own heartbeats saw
+    # it stay away past its time (seconds, the control plane's pace), so one failed epoch quarantines it
     agents, train, log = swarm_with_rogue(tmp_path, "swallow_and_halt", "cooperative", {})
+    rogue = agents[1].peer_id
+    plans = [e for e in log if e["event"] == "plan"]
+    assert rogue in plans[0]["devices"] and len(plans) == 2 and rogue not in plans[1]["devices"] + plans[1]["spares"]
+    quarantined = [e for e in log if e["event"] == "quarantined"]
+    assert [e["peer"] for e in quarantined] == [rogue], [(e["peer"], e["reason"]) for e in quarantined]  # nobody honest
+    assert "never took up its stage of epoch 0" in quarantined[0]["reason"]
+    halts = [e for a in agents if a.index != 1 for e in events(a.events.path) if e["event"] == "halted"]
+    assert any("have not taken up epoch 0" in e["reason"] for e in halts), [e["reason"] for e in halts]
+    assert_reference([a for a in agents if a.index != 1], train)
+
+
+@pytest.mark.timeout(480)
+def test_a_member_that_says_it_trains_swallows_tensors_and_halts_is_quarantined_after_two_failed_epochs(tmp_path):
+    # agent-1 (a trainer, never the leader) says it trains, takes tensors and answers nothing, but halts like
+    # everyone once another trainer did: it is no culprit of any one failure, only the peer they all blame
+    agents, train, log = swarm_with_rogue(tmp_path, "claim_and_swallow", "cooperative", {})
     rogue, leader = agents[1].peer_id, agents[0]
     plans = [e for e in log if e["event"] == "plan"]
     given = [p["epoch"] for p in plans if rogue in p["devices"] + p["spares"]]

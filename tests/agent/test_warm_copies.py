@@ -12,7 +12,14 @@ import numpy as np
 import pytest
 import torch
 
-from p2ptrain.agent.churn.liveness import PeerHealth, epoch_failure, no_shows
+from p2ptrain.agent.churn.liveness import (
+    NO_SHOW_INTERVALS,
+    PeerHealth,
+    epoch_failure,
+    no_show_window_s,
+    no_shows,
+    taking_up,
+)
 from p2ptrain.agent.churn.restart import Holding, copies_of, restart_point
 from p2ptrain.agent.churn.stage_state import PART_NUMEL, StateKeeper
 from p2ptrain.agent.churn.state_store import StateStore
@@ -32,7 +39,7 @@ from p2ptrain.model.stage import build_stage
 from p2ptrain.net.dht.records import NO_BACKUP, PlanRecord, ProgressRecord, RecordError
 from p2ptrain.net.identity import generate_identity
 from p2ptrain.net.transport.messages import MessageKind, Tag
-from p2ptrain.net.transport.status import FAIL, HALT, IDLE, TRAIN, PeerStatus
+from p2ptrain.net.transport.status import FAIL, HALT, IDLE, TAKE, TRAIN, PeerStatus
 from p2ptrain.runtime.checkpoint import state_tensors
 from p2ptrain.runtime.config import TrainConfig
 
@@ -112,6 +119,21 @@ def test_a_trainer_that_answers_but_never_takes_up_the_epoch_is_a_no_show():
     absent = {B: PeerStatus(IDLE, 0, 0), C: PeerStatus(HALT, 2, 5), D: PeerStatus(IDLE, 3, 5), E: PeerStatus()}
     assert no_shows(plan, A, absent) == [B, C, D]  # idle; halted before it; a spare of epoch 3 in its view
     assert no_shows(plan, B, absent) == [C, D]  # never ourselves
+
+
+def test_a_trainer_that_says_it_takes_the_epoch_up_is_on_its_way_for_the_longer_allowance():
+    plan = dataclasses.replace(plan_of([[A, B], [C, D]]), epoch=3, start_step=5)
+    statuses = {B: PeerStatus(TAKE, 3, 5), C: PeerStatus(TAKE, 2, 4), D: PeerStatus(IDLE, 2, 5)}
+    assert no_shows(plan, A, statuses) == [C, D]  # taking up an older plan is no way to this one
+    assert taking_up(plan, A, statuses) == [B]
+    assert taking_up(plan, B, statuses) == []  # never ourselves
+
+
+def test_the_no_show_window_follows_the_control_plane():
+    # a leader's grace (our slowest recent reads) and the answer's age; at least three heartbeat intervals
+    assert no_show_window_s(1.0, grace_s=3.0, taking_s=12.0) == 4.0
+    assert no_show_window_s(1.0, grace_s=0.5, taking_s=12.0) == NO_SHOW_INTERVALS * 1.0
+    assert no_show_window_s(1.0, grace_s=40.0, taking_s=12.0) == 12.0  # never more than a peer that says it takes
 
 
 def test_liveness_settings_are_checked():

@@ -16,10 +16,13 @@ transport's event loop, whatever training is doing) and keeps, per peer, when it
 * ``epoch_failure`` (pure): whether the epoch this agent trains must halt now: a trainer of the plan is
   dead, or answers that it stopped the epoch on a failure (state ``fail``). A trainer that stopped at a
   re-plan point (``halt``) or trains a newer epoch is no failure: every trainer stops there at the same step;
-* ``no_shows`` (pure): the trainers of the plan that answer pings but have not taken up its epoch; the
-  agent halts the epoch once one of them is still not there ``NO_SHOW_TIMEOUTS`` × ``timeout_s`` after it
-  started the epoch itself (a peer that ignores its stage, or never read the plan, is as good as dead for
-  the epoch; waiting out the tensor deadline on it cost a minute).
+* ``no_shows`` (pure): the trainers of the plan that answer pings but have not taken up its epoch, nor say
+  they are taking it up (``take``: checking the plan); ``taking_up``: those that say so. A peer that ignores
+  its stage, or never read the plan, is as good as dead for the epoch (waiting out the tensor deadline on it
+  cost a minute), so the agent halts the epoch once one of them is still not there, at the control plane's
+  pace (``no_show_window_s``): an honest trainer reads a published plan within what a leader's grace allows
+  (our own poll and DHT reads, ``LeaderWatch.grace_s``), and says ``take`` from then on; one that says so
+  gets ``NO_SHOW_TIMEOUTS`` × ``timeout_s`` and twice our own check of the plan (a slow CPU checks slowly).
 
 The agent halts the epoch through ``Transport.abort_epoch`` (pending calls fail at once with PeerFailed),
 and leaves dead peers out of its view of the live members until they answer again, so the next leader
@@ -38,12 +41,13 @@ from p2ptrain.agent.config import LivenessConfig
 from p2ptrain.errors import PeerTimeoutError, ProtocolError
 from p2ptrain.net.dht.records import PlanRecord
 from p2ptrain.net.transport.endpoint import Transport
-from p2ptrain.net.transport.status import FAIL, IDLE, TRAIN, PeerStatus
+from p2ptrain.net.transport.status import FAIL, IDLE, TAKE, TRAIN, PeerStatus
 
 logger = logging.getLogger(__name__)
 
 UNREACHABLE_IN_A_ROW = 3
-NO_SHOW_TIMEOUTS = 2.0  # liveness timeouts a trainer may take to take up an epoch after we took it up
+NO_SHOW_TIMEOUTS = 2.0  # liveness timeouts a trainer that says it takes up an epoch may take after we took it up
+NO_SHOW_INTERVALS = 3.0  # the least heartbeat intervals a trainer may take to read a plan after we took it up
 
 
 @dataclass
@@ -105,6 +109,10 @@ class PeerHealth:
         """The last answer of every watched peer that is not dead."""
         return {p: s.status for p, s in self._peers.items() if s.status is not None and not self.is_dead(p)}
 
+    def answered(self) -> dict[str, float]:
+        """When (our clock) each watched peer that is not dead gave its last answer (``statuses``)."""
+        return {p: s.last_ok for p, s in self._peers.items() if s.last_ok is not None and not self.is_dead(p)}
+
 
 def epoch_failure(plan: PlanRecord, me: str, dead: Iterable[str], statuses: Mapping[str, PeerStatus]) -> str | None:
     """Why the epoch of ``plan`` must halt now for trainer ``me`` (None: go on)."""
@@ -124,7 +132,8 @@ def no_shows(plan: PlanRecord, me: str, statuses: Mapping[str, PeerStatus]) -> l
     """The trainers of ``plan`` whose last answer says they have not taken up its epoch and are not on their
     way to it: idle, halted or failed in an older epoch, or idle in this one at its start (a spare of
     another plan). A trainer still training an older epoch toward this one's start is on its way (a join
-    re-plan point); one we have no answer from is the heartbeats' to judge (dead or not)."""
+    re-plan point), and so is one that says it takes this epoch up (``taking_up``); one we have no answer
+    from is the heartbeats' to judge (dead or not)."""
     trainers = {plan.peer_at(i, j) for i in range(plan.replicas) for j in range(plan.stages)} - {me}
     late = []
     for peer in sorted(trainers):
@@ -134,6 +143,20 @@ def no_shows(plan: PlanRecord, me: str, statuses: Mapping[str, PeerStatus]) -> l
         if s.epoch < plan.epoch or (s.state == IDLE and s.step <= plan.start_step):
             late.append(peer)
     return late
+
+
+def taking_up(plan: PlanRecord, me: str, statuses: Mapping[str, PeerStatus]) -> list[str]:
+    """The trainers of ``plan`` (but ``me``) whose last answer says they are taking its epoch up (``take``)."""
+    trainers = {plan.peer_at(i, j) for i in range(plan.replicas) for j in range(plan.stages)} - {me}
+    return sorted(p for p in trainers if (s := statuses.get(p)) is not None and s.state == TAKE and s.epoch == plan.epoch)
+
+
+def no_show_window_s(interval_s: float, grace_s: float, taking_s: float) -> float:
+    """How long after we took an epoch up a trainer that does not even say it takes it up may stay away:
+    what a leader's grace allows for a published record to be read and acted on (``grace_s``, the control
+    plane's pace) and one heartbeat interval (its answer's age); at least ``NO_SHOW_INTERVALS`` intervals, at
+    most what a trainer that says it takes the epoch up gets (``taking_s``)."""
+    return min(taking_s, max(NO_SHOW_INTERVALS * interval_s, grace_s + interval_s))
 
 
 class LivenessMonitor:
@@ -178,6 +201,10 @@ class LivenessMonitor:
     def statuses(self) -> dict[str, PeerStatus]:
         with self._lock:
             return self.health.statuses()
+
+    def answered(self) -> dict[str, float]:
+        with self._lock:
+            return self.health.answered()
 
     def _run(self) -> None:
         last_round = time.monotonic()

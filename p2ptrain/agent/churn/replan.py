@@ -11,6 +11,8 @@ Given the plan being trained (epoch e), the live peers and the heartbeats it rea
   earlier halt that blamed nobody does not shorten it, nor ever past ``halt_timeout_s``), unless its answer to
   the leader's heartbeat pings (``liveness``) already says it halted the epoch: then only its halted record
   is on its way (a DHT store under load can take seconds) and it gets ``halt_timeout_s`` like any trainer.
+  A trainer the leader's own heartbeats saw stay away from the epoch (it never took it up: ``absent``) is not
+  waited for at all: it has nothing of the epoch to halt.
   The new epoch starts at ``churn.restart_point`` over what the halted trainers keep and the complete
   checkpoints; every live peer but those left out is a member.
 * **a spare keeping warm copies left**: training goes on; the next epoch (with other backup peers) starts
@@ -76,9 +78,11 @@ class ReplanWatch:
     def check(
         self, plan: PlanRecord, live: Iterable[str], progress: Mapping[str, ProgressRecord], steps: int,
         checkpoints: Iterable[int], now: float, done: int | None = None,
-        statuses: Mapping[str, PeerStatus] | None = None,
+        statuses: Mapping[str, PeerStatus] | None = None, absent: Collection[str] = (),
     ) -> Replan | None:  # fmt: skip
-        """``statuses``: the leader's last heartbeat answer from each peer (``LivenessMonitor.statuses``)."""
+        """``statuses``: the leader's last heartbeat answer from each peer (``LivenessMonitor.statuses``);
+        ``absent``: trainers the leader's own heartbeats saw stay away from the epoch past their time (they
+        never took it up: nothing of theirs to wait for)."""
         live = set(live)
         trainers = {plan.peer_at(i, j) for i in range(plan.replicas) for j in range(plan.stages)}
         ours = {p: r for p, r in progress.items() if r.epoch == plan.epoch}
@@ -92,7 +96,7 @@ class ReplanWatch:
         if set(halted) & trainers:
             finished = {p: r for p, r in ours.items() if p in trainers & live and not r.halted and r.step >= steps}
             said = {p for p, s in (statuses or {}).items() if s.epoch == plan.epoch and s.state in (FAIL, HALT)}
-            return self._failure(plan, live, trainers, dead, halted, finished, checkpoints, now, said)
+            return self._failure(plan, live, trainers, dead, halted, finished, checkpoints, now, said, set(absent))
         self._failure_since, self._blamed_since = None, {}
         # the epoch's start is progress its trainers hold before any of them says so (``churn.join_start``)
         furthest = max([r.step for r in ours.values()] + ([done] if done is not None else []) + [plan.start_step])
@@ -116,7 +120,8 @@ class ReplanWatch:
 
     def _failure(self, plan: PlanRecord, live: set[str], trainers: set[str], dead: list[str],
                  halted: Mapping[str, ProgressRecord], finished: Mapping[str, ProgressRecord],
-                 checkpoints: Iterable[int], now: float, said: set[str]) -> Replan | None:  # fmt: skip
+                 checkpoints: Iterable[int], now: float, said: set[str],
+                 absent: set[str] = frozenset()) -> Replan | None:  # fmt: skip
         """Trainers that finished every step before the failure wait for their peers' last heartbeats and
         take up the next plan from there: they count as holders of their last steps, not as waited for.
         ``said``: peers whose heartbeat answer says they halted this epoch (their records may be late)."""
@@ -135,7 +140,8 @@ class ReplanWatch:
         waiting = (trainers & live) - set(halted) - set(finished)
         full = self._failure_since + self.churn.halt_timeout_s
         short_s = min(self.churn.halt_timeout_s, BLAMED_HALT_S)
-        deadlines = [min(full, self._blamed_since[p] + short_s) if p in blamed else full for p in waiting]
+        deadlines = [now if p in absent else min(full, self._blamed_since[p] + short_s) if p in blamed else full
+                     for p in waiting]  # fmt: skip
         if waiting and now < max(deadlines):
             self.note = f"re-planning epoch {plan.epoch}: waiting for {len(waiting)} trainer(s) to halt"
             return None
@@ -159,6 +165,8 @@ class ReplanWatch:
                     f"blamed): {', '.join(sorted(waiting))}")
         if waiting & blamed:
             why += f"; blamed by a halted trainer: {', '.join(sorted(waiting & blamed))}"
+        if waiting & absent:
+            why += f"; never took up the epoch (the leader's heartbeats): {', '.join(sorted(waiting & absent))}"
         if waiting & said:
             why += f"; halted by their heartbeats, but no halted record came: {', '.join(sorted(waiting & said))}"
         culprits = tuple(sorted(set(dead) | waiting))

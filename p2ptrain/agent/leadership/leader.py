@@ -35,12 +35,12 @@ import dataclasses
 import logging
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from p2ptrain.agent.churn.quarantine import Quarantine
-from p2ptrain.agent.churn.replan import JOIN, Replan, ReplanWatch
+from p2ptrain.agent.churn.replan import FAILURE, JOIN, Replan, ReplanWatch
 from p2ptrain.agent.churn.restart import (
     CHECKPOINT,
     INIT,
@@ -98,6 +98,10 @@ class AgentView:
     statuses: Mapping[str, PeerStatus] = dataclasses.field(default_factory=dict)
     progress: Mapping[str, ProgressRecord] = dataclasses.field(default_factory=dict)  # the last read of the records
     check_s: float = 0.0  # our own check of the followed plan (a search of its records; 0: not checked)
+    # the trainers of the followed plan that this agent saw stay away from its epoch past their time (its
+    # heartbeat answers said so: ``agent.liveness.no_shows``); the leader's own finding
+    no_shows: tuple[str, ...] = ()
+    unjudged: tuple[str, ...] = ()  # trainers away from it whose time (the no-show window) still runs
 
     @property
     def current(self) -> PlanRecord | None:
@@ -506,18 +510,26 @@ class Leading:
         last = latest_complete(ckpt.dir, train.stages, train.model) if ckpt.dir else None
         live = self.quarantine.without(membership.ids)  # a quarantined peer is no joiner before its back-off ends
         view = self._view()
+        ours = view.following is not None and view.following.epoch == current.epoch  # the epoch our heartbeats watch
+        absent = view.no_shows if ours else ()
         replan = self._watch.check(current, live, progress, train.steps, [last] if last is not None else [],
-                                   time.monotonic(), view.done_now, view.statuses)
+                                   time.monotonic(), view.done_now, view.statuses, absent)
         if replan is None:
             if self._watch.note:
                 self._note_waiting(f"leading; {self._watch.note}")
+            return
+        if replan.kind == FAILURE and ours and view.unjudged:
+            # a trainer that never took the epoch up, whose time runs: our own finding, within seconds, decides
+            # whether it is left out now (not waited for, quarantined), not the wait for its halt
+            self._note_waiting(f"leading; re-planning epoch {current.epoch}: judging whether "
+                               f"{', '.join(view.unjudged)} took it up")  # fmt: skip
             return
         for peer in replan.culprits:
             if peer != self.peer_id and (backoff := self.quarantine.add(peer, current.epoch)) is not None:
                 logger.warning("quarantining peer %s for %.0f s: it failed epoch %d (%s)", peer, backoff,
                                current.epoch, replan.reason)  # fmt: skip
                 self.events.write("quarantined", peer=peer, epoch=current.epoch, seconds=backoff, reason=replan.reason)
-        self._own_finding(current, progress)
+        self._own_finding(current, progress, absent)
         self._count_blames(current, replan)
         # the quarantined stay out, except a peer the restart takes a stage's state from (it holds it; the
         # plan must name it as a member); a live culprit whose back-off ended while this failure could not be
@@ -613,10 +625,20 @@ class Leading:
                 self.events.write("quarantined", peer=culprit, epoch=record.epoch, seconds=backoff, reason=reason)
         return "; ".join(judging) or None
 
-    def _own_finding(self, current: PlanRecord, progress: Mapping[str, ProgressRecord]) -> None:
-        """A member whose work failed a check of this leader's own (our halted record refused it): quarantined at
-        once. Our own finding is no one's word to us; evidence, where the check has it, was judged already
-        (``_judge_evidence``). Followers do not count the accused's blame of us (``plan_check.culpable_leader``)."""
+    def _own_finding(self, current: PlanRecord, progress: Mapping[str, ProgressRecord],
+                     absent: Collection[str] = ()) -> None:  # fmt: skip
+        """A member whose work failed a check of this leader's own (our halted record refused it), or that our
+        own heartbeats saw stay away from the epoch past its time (``absent``: it never took up its stage, and
+        halting with the others afterwards changes nothing): quarantined at once. Our own finding is no one's
+        word to us; evidence, where the check has it, was judged already (``_judge_evidence``). Followers do not
+        count the accused's blame of us (``plan_check.culpable_leader``)."""
+        for peer in sorted(set(absent) & set(current.membership) - {self.peer_id}):
+            backoff = self.quarantine.add(peer, current.epoch)
+            if backoff is not None:
+                reason = (f"it never took up its stage of epoch {current.epoch}: its heartbeat answers said so past "
+                          "its time (the leader's finding)")
+                logger.warning("quarantining peer %s for %.0f s: %s", peer, backoff, reason)
+                self.events.write("quarantined", peer=peer, epoch=current.epoch, seconds=backoff, reason=reason)
         own = progress.get(self.peer_id)
         if own is None or own.epoch != current.epoch or not own.halted or not own.refused or own.blame is None:
             return

@@ -6,7 +6,9 @@ that gets no answer says the peer is dead or cut off (``agent.liveness`` decides
 where the peer is, so a failure one trainer noticed spreads to the others in one ping round instead of
 one data deadline.
 
-States: ``idle`` (no epoch being trained: waiting for a plan, a spare, or done), ``train`` (training epoch
+States: ``idle`` (no epoch being trained: waiting for a plan, a spare, or done), ``take`` (taking up epoch
+``epoch``: it read the plan and checks it; a trainer leaves this state for ``train`` or, refusing the plan, for
+what it said before), ``train`` (training epoch
 ``epoch``, ``step`` steps done), ``fail`` (stopped epoch ``epoch`` because a call or a peer failed: the
 others of that epoch should stop waiting for it), ``halt`` (stopped epoch ``epoch`` at a re-plan point,
 cleanly: nothing to propagate).
@@ -17,8 +19,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-IDLE, TRAIN, FAIL, HALT = "idle", "train", "fail", "halt"
-STATES = (IDLE, TRAIN, FAIL, HALT)
+IDLE, TAKE, TRAIN, FAIL, HALT = "idle", "take", "train", "fail", "halt"
+STATES = (IDLE, TAKE, TRAIN, FAIL, HALT)
 MAX_STATUS_BYTES = 256
 MAX_COUNTER = 2**53
 
