@@ -78,7 +78,7 @@ LEADER_FINDER_SEEDS = 10
 LIMIT_FLOOR_S = 10.0
 OUT = ROOT / "benchmarks" / "results" / "campaign.jsonl"
 SUM_MODES = ("scale", "negate", "forge", "after_commit", "accuse_back")
-SWALLOW_MODES = ("swallow", "swallow_and_halt")
+SWALLOW_MODES = ("swallow", "swallow_and_halt", "claim_and_swallow")
 SCRIPTS = {"member": "corrupt_member.py", "leader": "rogue_leader.py", "swallower": "rogue_member.py"}
 
 

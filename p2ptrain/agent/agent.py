@@ -57,8 +57,10 @@ import torch
 
 from p2ptrain.agent.churn.boundary import INTERVAL_S, BoundaryWatch, overshot
 from p2ptrain.agent.churn.liveness import (
+    NO_SHOW_INTERVALS,
     NO_SHOW_TIMEOUTS,
     LivenessMonitor,
+    StallWatch,
     epoch_failure,
     no_show_window_s,
     no_shows,
@@ -177,7 +179,8 @@ class Agent:
         self._no_show_after_s = float("inf")  # how long a trainer of it may stay away after we took it up
         self._taking_after_s = float("inf")  # how long one that says it takes it up (checks the plan) may take
         self._on_way: dict[str, float] = {}
-        self._observing = -1  # the epoch whose no-shows the heartbeats look for (the last one we took up)  # when we last saw each trainer train an older epoch (``_stayed_away``)
+        self._observing = -1  # the epoch whose no-shows the heartbeats look for (the last one we took up)
+        self._stalls: StallWatch | None = None  # its trainers that say they train it and never send  # when we last saw each trainer train an older epoch (``_stayed_away``)
         # the trainers of the epoch being trained this agent itself saw stay away past their time (the
         # leader's own finding: ``leading.AgentView.no_shows``)
         self._no_shows: tuple[int, tuple[str, ...]] = (-1, ())
@@ -304,6 +307,12 @@ class Agent:
         # who stayed away from the epoch we took up, also once it halted (on someone else's finding): the leader
         # re-plans on what its own heartbeats saw (``leading.AgentView.no_shows``)
         absent = self._stayed_away(plan, statuses, answered)
+        stalls, stalled = self._stalls, []
+        if stalls is not None and stalls.epoch == plan.epoch:  # and who trains it in name only
+            stalled = stalls.observe(statuses, answered)
+            running = set(stalls.unjudged()) - set(stalled) | set(self._unjudged[1])
+            self._unjudged = (plan.epoch, tuple(sorted(running)))
+        absent = sorted(set(absent) | set(stalled))
         if absent and silent_s <= self.config.liveness.timeout_s:
             seen = set(self._no_shows[1]) if self._no_shows[0] == plan.epoch else set()
             self._no_shows = (plan.epoch, tuple(sorted(seen | set(absent))))
@@ -317,6 +326,9 @@ class Agent:
             waited_s = time.monotonic() - self._training_since
             reason = (f"peer(s) {', '.join(absent)} answer heartbeats but have not taken up epoch {plan.epoch} "
                       f"{waited_s:.1f} s after this agent did")
+            if stalled:
+                reason += (f" (say they train it, but wait on nobody and sent nothing: {', '.join(stalled)}; the "
+                           f"others' first messages allow {stalls.pace_s():.1f} s)")
         else:
             absent = []
         if reason is not None:
@@ -342,7 +354,7 @@ class Agent:
         def away_s(peer: str) -> float:
             return answered.get(peer, -math.inf) - max(self._training_since, self._on_way.get(peer, -math.inf))
 
-        away = {p: self._no_show_after_s for p in no_shows(plan, self.peer_id, statuses)}
+        away = {p: self._no_show_after_s for p in no_shows(plan, self.peer_id, statuses)}  # busy ones: longer
         away.update({p: self._taking_after_s for p in taking_up(plan, self.peer_id, statuses)})
         self._unjudged = (plan.epoch, tuple(sorted(p for p, allowed_s in away.items() if away_s(p) <= allowed_s)))
         return sorted(p for p, allowed_s in away.items() if away_s(p) > allowed_s)
@@ -858,10 +870,12 @@ class Agent:
         # twice the search the plan cost us (followers check a plan by planning its records themselves)
         effort_s = self._leading.published_search_s if plan.leader == self.peer_id else self._gate.check_s(plan)
         self._taking_after_s = NO_SHOW_TIMEOUTS * cfg.liveness.timeout_s + 2.0 * effort_s
-        self._no_show_after_s = no_show_window_s(cfg.liveness.interval_s, self._leaders.grace_s, self._taking_after_s)
+        self._no_show_after_s = no_show_window_s(cfg.liveness.interval_s, self._leaders.grace_s, cfg.membership.poll_s,
+                                                 self._taking_after_s)  # fmt: skip
         self._on_way = {}
         self._training_since = time.monotonic()  # before ``_training``: the heartbeats' thread reads them
         self._observing = plan.epoch  # the no-shows of its epoch, until we follow another (``_on_heartbeats``)
+        self._stalls = StallWatch(plan, self.peer_id, self._training_since, NO_SHOW_INTERVALS * cfg.liveness.interval_s)
         self._training = plan.epoch
         peers = dict(self._membership.peers)
         self._boundary = BoundaryWatch(self._boundary_check, min(cfg.membership.poll_s, INTERVAL_S)).start()

@@ -13,8 +13,8 @@ special and swallows tensors the same way, but halts once another peer published
 its epoch (blaming nobody; a spare's that says which copies it keeps counts too, so it often halts at the
 epoch's start, long before the others' calls time out), so it is never left out for not halting: it takes
 up every plan that names it. Its heartbeat answers never say it trains, so its peers find it a no-show
-within seconds. ``claim_and_swallow`` is the same, but its heartbeat answers say it trains the epoch: only
-the tensor deadline finds it, and only the blames of two epochs quarantine it. ``boast_compute`` trains honestly but publishes a calibration ``BOAST`` (1000) times
+within seconds. ``claim_and_swallow`` is the same, but its heartbeat answers say it trains the epoch (waiting
+on nobody, having sent nothing): found once its peers' first messages went out long enough ago. ``boast_compute`` trains honestly but publishes a calibration ``BOAST`` (1000) times
 faster than its device measured: far beyond what load does to an honest peer's speed (CI saw 11x).
 """
 

@@ -1,6 +1,5 @@
-"""Members that fail a run cost it at most one epoch (two for one that says it trains and halts like an honest
-peer): they are quarantined out of the plans, and a peer that failed once (an honest transient failure) comes
-back when its back-off ends.
+"""Members that fail a run cost it at most one epoch: they are quarantined out of the plans, and a peer that
+failed once (an honest transient failure) comes back when its back-off ends.
 
 Each runs a real swarm on loopback (tiny model, 2 stages) started by hand, with the settings ``p2ptrain swarm``
 writes and a short tensor deadline.
@@ -80,37 +79,22 @@ def test_a_member_that_boasts_and_swallows_tensors_is_quarantined_after_one_fail
 
 
 @pytest.mark.timeout(480)
-def test_a_member_that_never_takes_up_its_stage_and_halts_is_quarantined_on_the_leaders_own_finding(tmp_path):
+@pytest.mark.parametrize("mode", ["swallow_and_halt", "claim_and_swallow"])
+def test_a_member_that_never_takes_up_its_stage_and_halts_is_quarantined_on_the_leaders_own_finding(tmp_path, mode):
     # agent-1 (a trainer, never the leader) takes tensors and answers nothing, but halts like everyone once
-    # another trainer did; its heartbeat answers never say it took the epoch up: the leader's own heartbeats saw
-    # it stay away past its time (seconds, the control plane's pace), so one failed epoch quarantines it
-    agents, train, log = swarm_with_rogue(tmp_path, "swallow_and_halt", "cooperative", {})
+    # another trainer did. Its heartbeat answers never say it took the epoch up (swallow_and_halt), or say it
+    # trains while it waits on nobody and sends nothing (claim_and_swallow): the leader's own heartbeats see it
+    # past its time (the control plane's pace; the others' first messages), so one failed epoch quarantines it
+    agents, train, log = swarm_with_rogue(tmp_path, mode, "cooperative", {})
     rogue = agents[1].peer_id
     plans = [e for e in log if e["event"] == "plan"]
     assert rogue in plans[0]["devices"] and len(plans) == 2 and rogue not in plans[1]["devices"] + plans[1]["spares"]
     quarantined = [e for e in log if e["event"] == "quarantined"]
     assert [e["peer"] for e in quarantined] == [rogue], [(e["peer"], e["reason"]) for e in quarantined]  # nobody honest
-    assert "never took up its stage of epoch 0" in quarantined[0]["reason"]
-    halts = [e for a in agents if a.index != 1 for e in events(a.events.path) if e["event"] == "halted"]
-    assert any("have not taken up epoch 0" in e["reason"] for e in halts), [e["reason"] for e in halts]
-    assert_reference([a for a in agents if a.index != 1], train)
-
-
-@pytest.mark.timeout(480)
-def test_a_member_that_says_it_trains_swallows_tensors_and_halts_is_quarantined_after_two_failed_epochs(tmp_path):
-    # agent-1 (a trainer, never the leader) says it trains, takes tensors and answers nothing, but halts like
-    # everyone once another trainer did: it is no culprit of any one failure, only the peer they all blame
-    agents, train, log = swarm_with_rogue(tmp_path, "claim_and_swallow", "cooperative", {})
-    rogue, leader = agents[1].peer_id, agents[0]
-    plans = [e for e in log if e["event"] == "plan"]
-    given = [p["epoch"] for p in plans if rogue in p["devices"] + p["spares"]]
-    assert 1 <= len(given) <= 2 and rogue not in plans[-1]["devices"] + plans[-1]["spares"], given
-    quarantined = [e for e in log if e["event"] == "quarantined"]
-    assert [e["peer"] for e in quarantined] == [rogue], [(e["peer"], e["reason"]) for e in quarantined]  # nobody honest
-    assert "blamed by a halted trainer for the failed calls of 2 epochs" in quarantined[0]["reason"]
-    blamed = [e for e in log if e["event"] == "blamed"]
-    assert {e["peer"] for e in blamed} <= {rogue}, blamed
-    assert f"quarantining peer {rogue} for 60 s" in leader.log_path.read_text()
+    assert "never took up" in quarantined[0]["reason"] and quarantined[0]["epoch"] == 0  # by the leader's heartbeats
+    halts = [e["reason"] for a in agents if a.index != 1 for e in events(a.events.path) if e["event"] == "halted"]
+    said = "have not taken up epoch 0" if mode == "swallow_and_halt" else "wait on nobody and sent nothing"
+    assert any(said in reason for reason in halts), halts
     assert_reference([a for a in agents if a.index != 1], train)
 
 

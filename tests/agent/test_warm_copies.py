@@ -14,7 +14,9 @@ import torch
 
 from p2ptrain.agent.churn.liveness import (
     NO_SHOW_INTERVALS,
+    STALL_PACE,
     PeerHealth,
+    StallWatch,
     epoch_failure,
     no_show_window_s,
     no_shows,
@@ -126,14 +128,39 @@ def test_a_trainer_that_says_it_takes_the_epoch_up_is_on_its_way_for_the_longer_
     statuses = {B: PeerStatus(TAKE, 3, 5), C: PeerStatus(TAKE, 2, 4), D: PeerStatus(IDLE, 2, 5)}
     assert no_shows(plan, A, statuses) == [C, D]  # taking up an older plan is no way to this one
     assert taking_up(plan, A, statuses) == [B]
+    # one that still ends an older epoch it halted (its halted record to publish) is busy on its way too
+    ending = {B: PeerStatus(HALT, 2, 5), C: PeerStatus(FAIL, 1, 4), D: PeerStatus(HALT, 3, 5)}
+    assert taking_up(plan, A, ending) == [B, C] and no_shows(plan, A, ending) == [B, C]  # D took it up
     assert taking_up(plan, B, statuses) == []  # never ourselves
+
+
+def test_a_trainer_that_says_it_trains_and_never_sends_is_stalled_at_the_runs_pace():
+    plan = dataclasses.replace(plan_of([[A, B], [C, D]]), epoch=3, start_step=5)
+    watch = StallWatch(plan, A, since=100.0, floor_s=3.0)
+    at = dict.fromkeys([B, C, D], 100.5)
+    computing = {B: PeerStatus(TRAIN, 3, 5), C: PeerStatus(TRAIN, 3, 5), D: PeerStatus(TRAIN, 3, 5, waits=B)}
+    assert watch.observe(computing, at) == [] and watch.pace_s() is None  # nobody sent: no pace, no verdict
+    assert watch.unjudged() == []  # ... and nothing to wait for
+    at = dict.fromkeys([B, C, D], 102.0)
+    sent = {**computing, C: PeerStatus(TRAIN, 3, 5, sent=2)}  # C's first message went out 2 s after we took up
+    assert watch.observe(sent, at) == [] and watch.pace_s() == STALL_PACE * 2.0
+    for t in (105.0, 108.4):  # B has waited on nobody with nothing sent since 100.5: 8 s allowed
+        assert watch.observe(sent, dict.fromkeys([B, C, D], t)) == []
+    assert watch.unjudged() == [B]  # its time runs: a leader re-planning waits for its own verdict
+    assert watch.observe(sent, dict.fromkeys([B, C, D], 108.6)) == [B]  # D waits on B: not stalled itself
+    # one that waits on a neighbour, or sent something, starts afresh
+    assert watch.observe({**sent, B: PeerStatus(TRAIN, 3, 5, waits=C)}, dict.fromkeys([B, C, D], 109.0)) == []
+    assert watch.observe(sent, dict.fromkeys([B, C, D], 110.0)) == []
+    # a status of another epoch, or a halt, is no stall
+    assert watch.observe({**sent, B: PeerStatus(HALT, 3, 5)}, dict.fromkeys([B, C, D], 130.0)) == []
+    assert StallWatch(plan, A, 100.0, floor_s=3.0).observe({B: PeerStatus(TRAIN, 2, 5)}, {B: 200.0}) == []
 
 
 def test_the_no_show_window_follows_the_control_plane():
     # a leader's grace (our slowest recent reads) and the answer's age; at least three heartbeat intervals
-    assert no_show_window_s(1.0, grace_s=3.0, taking_s=12.0) == 4.0
-    assert no_show_window_s(1.0, grace_s=0.5, taking_s=12.0) == NO_SHOW_INTERVALS * 1.0
-    assert no_show_window_s(1.0, grace_s=40.0, taking_s=12.0) == 12.0  # never more than a peer that says it takes
+    assert no_show_window_s(1.0, grace_s=3.0, poll_s=1.0, taking_s=12.0) == 5.0
+    assert no_show_window_s(1.0, grace_s=0.5, poll_s=0.5, taking_s=12.0) == NO_SHOW_INTERVALS * 1.0
+    assert no_show_window_s(1.0, grace_s=40.0, poll_s=1.0, taking_s=12.0) == 12.0  # never more than a busy peer
 
 
 def test_liveness_settings_are_checked():

@@ -38,6 +38,31 @@ def test_a_ping_answers_with_the_peers_status(pair):
     assert a.ping_all([str(b.peer_id)], timeout_s=10.0)[str(b.peer_id)].state == FAIL
 
 
+def test_a_ping_answer_says_whom_the_epoch_waits_on_and_what_it_sent(pair):
+    # filled in by the transport as it answers: the peer its oldest call of the epoch waits on, and the training
+    # messages of the epoch its receivers accepted (``agent.liveness.StallWatch`` reads both)
+    a, b = pair
+    a.set_window(RUN, 7, 0)
+    b.set_window(RUN, 7, 0)
+    a.status = PeerStatus(TRAIN, 7, 0)
+    ask = lambda: b.ping_all([str(a.peer_id)], timeout_s=10.0)[str(a.peer_id)]  # noqa: E731
+    assert (ask().sent, ask().waits) == (0, "")
+    waiting = a.recv_async(Tag(RUN, 7, 0, MessageKind.ACTIVATION_GRAD), b.peer_id, (4,), torch.float32, timeout_s=60.0)
+    deadline_s = time.monotonic() + 10.0
+    while ask().waits != str(b.peer_id):
+        assert time.monotonic() < deadline_s, "the answer never said whom the receive waits on"
+        time.sleep(0.05)
+    a.send(b.peer_id, Tag(RUN, 7, 0, MessageKind.ACTIVATION), torch.ones(4))
+    a.send(b.peer_id, Tag(RUN, 7, 0, MessageKind.STATE), torch.ones(4))  # no training message: not counted
+    assert ask().sent == 1 and ask().state == TRAIN and ask().epoch == 7
+    b.send(a.peer_id, Tag(RUN, 7, 0, MessageKind.ACTIVATION_GRAD), torch.ones(4))
+    assert torch.equal(waiting.result(timeout=10.0), torch.ones(4))
+    assert ask().waits == ""
+    a.status = PeerStatus(TRAIN, 8, 0)  # another epoch: nothing sent in it yet
+    assert ask().sent == 0
+    torch.equal(b.recv(Tag(RUN, 7, 0, MessageKind.ACTIVATION), a.peer_id, (4,), torch.float32), torch.ones(4))
+
+
 def test_a_ping_of_another_run_is_refused(pair):
     a, _ = pair
     with Transport("otherrun", CONFIG, initial_peers=a.visible_maddrs) as other:
@@ -49,10 +74,13 @@ def test_a_status_is_validated_both_ways():
     with pytest.raises(ValueError, match="state"):
         PeerStatus("dancing", 0, 0)
     for garbage in (b"", b"[1]", b'{"state": "train", "epoch": -1, "step": 0}', b"x" * 300,
-                    b'{"state": "train", "epoch": true, "step": 0}'):
+                    b'{"state": "train", "epoch": true, "step": 0}', b'{"state": "idle", "epoch": 0, "step": 0, "sent": -1}',
+                    b'{"state": "idle", "epoch": 0, "step": 0, "waits": 5}'):
         with pytest.raises(ValueError):
             PeerStatus.decode(garbage)
     assert PeerStatus.decode(PeerStatus(TRAIN, 2, 5).encode()) == PeerStatus(TRAIN, 2, 5)
+    assert PeerStatus.decode(PeerStatus(TRAIN, 2, 5, 9, "QmX").encode()) == PeerStatus(TRAIN, 2, 5, 9, "QmX")
+    assert PeerStatus.decode(b'{"state": "train", "epoch": 2, "step": 5}') == PeerStatus(TRAIN, 2, 5)  # older peers
 
 
 def test_aborting_an_epoch_fails_its_pending_and_later_calls_at_once(pair):
@@ -178,6 +206,10 @@ def test_an_abort_names_the_peer_a_call_was_stuck_on(pair):
     a, b = pair  # epochs past every other test's: an abort is for good
     a.set_window(RUN, 20, 0)
     stuck = a.recv_async(Tag(RUN, 20, 0, MessageKind.ACTIVATION), b.peer_id, (4,), torch.float32, timeout_s=6.0)
+    deadline_s = time.monotonic() + 5.0
+    while 20 not in epochs_in_flight(a):  # its wait starts on a's loop, maybe after we start ours
+        assert time.monotonic() < deadline_s, "the receive never started waiting"
+        time.sleep(0.01)
     time.sleep(3.5)  # 58% of its deadline (STUCK_SHARE: 50%)
     fresh = a.recv_async(Tag(RUN, 20, 1, MessageKind.ACTIVATION), b.peer_id, (4,), torch.float32, timeout_s=60.0)
     a.abort_epoch(20, "peer X failed the epoch")

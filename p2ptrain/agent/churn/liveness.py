@@ -20,9 +20,17 @@ transport's event loop, whatever training is doing) and keeps, per peer, when it
   they are taking it up (``take``: checking the plan); ``taking_up``: those that say so. A peer that ignores
   its stage, or never read the plan, is as good as dead for the epoch (waiting out the tensor deadline on it
   cost a minute), so the agent halts the epoch once one of them is still not there, at the control plane's
-  pace (``no_show_window_s``): an honest trainer reads a published plan within what a leader's grace allows
-  (our own poll and DHT reads, ``LeaderWatch.grace_s``), and says ``take`` from then on; one that says so
-  gets ``NO_SHOW_TIMEOUTS`` × ``timeout_s`` and twice our own check of the plan (a slow CPU checks slowly).
+  pace (``no_show_window_s``): an idle honest trainer reads a published plan within what a leader's grace
+  allows (our own DHT reads, ``LeaderWatch.grace_s``) and a poll, and says ``take`` from then on; one that
+  says so, or that still ends an older epoch it halted (its halted record to publish first), gets
+  ``NO_SHOW_TIMEOUTS`` × ``timeout_s`` and twice our own check of the plan (a slow CPU checks slowly).
+* ``StallWatch`` (pure, times passed in): the trainers that say they train the epoch but never take their stage
+  up: their answers say they wait on nobody (``PeerStatus.waits``) and sent no training message of it
+  (``sent``), for ``STALL_PACE`` times as long as the slowest first message of the trainers that sent one took
+  after we took the epoch up (the run's own pace: state loads, warm-up, the first forward), at least
+  ``NO_SHOW_INTERVALS`` heartbeat intervals. An honest trainer with its input computes one micro-batch before
+  its first message goes out; one that waits on a neighbour says so. Nobody sent yet: no verdict (the tensor
+  deadline decides).
 
 The agent halts the epoch through ``Transport.abort_epoch`` (pending calls fail at once with PeerFailed),
 and leaves dead peers out of its view of the live members until they answer again, so the next leader
@@ -41,13 +49,14 @@ from p2ptrain.agent.config import LivenessConfig
 from p2ptrain.errors import PeerTimeoutError, ProtocolError
 from p2ptrain.net.dht.records import PlanRecord
 from p2ptrain.net.transport.endpoint import Transport
-from p2ptrain.net.transport.status import FAIL, IDLE, TAKE, TRAIN, PeerStatus
+from p2ptrain.net.transport.status import FAIL, HALT, IDLE, TAKE, TRAIN, PeerStatus
 
 logger = logging.getLogger(__name__)
 
 UNREACHABLE_IN_A_ROW = 3
 NO_SHOW_TIMEOUTS = 2.0  # liveness timeouts a trainer that says it takes up an epoch may take after we took it up
 NO_SHOW_INTERVALS = 3.0  # the least heartbeat intervals a trainer may take to read a plan after we took it up
+STALL_PACE = 4.0  # a trainer that sent nothing may idle this many times the slowest first message (``StallWatch``)
 
 
 @dataclass
@@ -146,17 +155,60 @@ def no_shows(plan: PlanRecord, me: str, statuses: Mapping[str, PeerStatus]) -> l
 
 
 def taking_up(plan: PlanRecord, me: str, statuses: Mapping[str, PeerStatus]) -> list[str]:
-    """The trainers of ``plan`` (but ``me``) whose last answer says they are taking its epoch up (``take``)."""
+    """The trainers of ``plan`` (but ``me``) whose last answer says they are on their way to its epoch but busy:
+    taking it up (``take``: checking the plan), or still ending an older epoch they halted (``halt``, ``fail``:
+    a halted record to publish, a DHT store that can take seconds, before they read plans again)."""
     trainers = {plan.peer_at(i, j) for i in range(plan.replicas) for j in range(plan.stages)} - {me}
-    return sorted(p for p in trainers if (s := statuses.get(p)) is not None and s.state == TAKE and s.epoch == plan.epoch)
+    return sorted(p for p in trainers if (s := statuses.get(p)) is not None and (
+        (s.state == TAKE and s.epoch == plan.epoch) or (s.state in (HALT, FAIL) and s.epoch < plan.epoch)))
 
 
-def no_show_window_s(interval_s: float, grace_s: float, taking_s: float) -> float:
-    """How long after we took an epoch up a trainer that does not even say it takes it up may stay away:
-    what a leader's grace allows for a published record to be read and acted on (``grace_s``, the control
-    plane's pace) and one heartbeat interval (its answer's age); at least ``NO_SHOW_INTERVALS`` intervals, at
-    most what a trainer that says it takes the epoch up gets (``taking_s``)."""
-    return min(taking_s, max(NO_SHOW_INTERVALS * interval_s, grace_s + interval_s))
+def no_show_window_s(interval_s: float, grace_s: float, poll_s: float, taking_s: float) -> float:
+    """How long after we took an epoch up a trainer that says it idles may stay away: what a leader's grace
+    allows for a published record to be read (``grace_s``, the control plane's pace), one poll of the reader's
+    and one heartbeat interval (its answer's age); at least ``NO_SHOW_INTERVALS`` intervals, at most what a
+    trainer busy on its way gets (``taking_s``)."""
+    return min(taking_s, max(NO_SHOW_INTERVALS * interval_s, grace_s + poll_s + interval_s))
+
+
+class StallWatch:
+    """The trainers of ``plan`` (but ``me``) that say they train its epoch and never take their stage up (see the
+    module's notes); ``since``: when we took the epoch up; times are our clock's, of the answers (``answered``)."""
+
+    def __init__(self, plan: PlanRecord, me: str, since: float, floor_s: float):
+        self.epoch, self.since, self.floor_s = plan.epoch, since, floor_s
+        self.trainers = {plan.peer_at(i, j) for i in range(plan.replicas) for j in range(plan.stages)} - {me}
+        self._first_sent: dict[str, float] = {}  # when each trainer was first seen to have sent a message
+        self._idle_since: dict[str, float] = {}  # since when each has been seen to train, wait on nobody, send nothing
+
+    def pace_s(self) -> float | None:
+        """How long a trainer may wait on nobody with nothing sent (None: nobody sent anything yet)."""
+        if not self._first_sent:
+            return None
+        return max(self.floor_s, STALL_PACE * max(t - self.since for t in self._first_sent.values()))
+
+    def observe(self, statuses: Mapping[str, PeerStatus], answered: Mapping[str, float]) -> list[str]:
+        """The stalled trainers after this round's answers."""
+        for peer in self.trainers:
+            s, at = statuses.get(peer), answered.get(peer)
+            if s is None or at is None or s.epoch != self.epoch:
+                self._idle_since.pop(peer, None)
+            elif s.sent > 0:
+                self._first_sent.setdefault(peer, at)
+                self._idle_since.pop(peer, None)
+            elif s.state == TRAIN and not s.waits:
+                self._idle_since.setdefault(peer, at)
+            else:
+                self._idle_since.pop(peer, None)
+        pace_s = self.pace_s()
+        if pace_s is None:
+            return []
+        return sorted(p for p, t in self._idle_since.items() if answered[p] - max(t, self.since) > pace_s)
+
+    def unjudged(self) -> list[str]:
+        """The trainers seen waiting on nobody with nothing sent whose time still runs (none before anyone sent:
+        then no verdict comes)."""
+        return sorted(self._idle_since) if self.pace_s() is not None else []
 
 
 class LivenessMonitor:

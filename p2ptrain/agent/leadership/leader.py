@@ -636,7 +636,7 @@ class Leading:
             backoff = self.quarantine.add(peer, current.epoch)
             if backoff is not None:
                 reason = (f"it never took up its stage of epoch {current.epoch}: its heartbeat answers said so past "
-                          "its time (the leader's finding)")
+                          "its time (not there, or training and never sending; the leader's finding)")
                 logger.warning("quarantining peer %s for %.0f s: %s", peer, backoff, reason)
                 self.events.write("quarantined", peer=peer, epoch=current.epoch, seconds=backoff, reason=reason)
         own = progress.get(self.peer_id)

@@ -156,6 +156,7 @@ class Transport:
         self._abort_stuck: tuple[str, float | None] | None = None  # (peer, waited s) the abort blames
         self._aborted_tasks: set[asyncio.Task] = set()
         self._sent_bytes = 0  # written by the loop thread only, so no lock: other threads only read it
+        self._sent_training: dict[int, int] = {}  # epoch -> its training messages receivers accepted (loop thread)
         self._close_lock = threading.Lock()
         self._loop = service_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="p2ptrain-transport", daemon=True)
@@ -178,6 +179,7 @@ class Transport:
                                            max_reply_bytes=self.config.max_probe_reply_bytes,
                                            stream_idle_s=self.config.stream_idle_s,
                                            buffers=BufferPool(self.config.buffer_pool_bytes))
+        self._servicer.status_now = self._status_now
         await self._servicer.add_p2p_handlers(self._p2p, namespace=NAMESPACE)
         self._channels = Channels(self._p2p, self.servicer_cls._get_handle_name(NAMESPACE, "rpc_push"), self.pacer,
                                   self.config.chunk_bytes, per_peer=self.config.streams_per_peer,
@@ -269,6 +271,8 @@ class Transport:
             reply = parse_reply(response)
             if reply.error is None:
                 self._sent_bytes += len(payload)  # every byte went out (a refusal may have cut the message short)
+                if call is not None and call.training:
+                    self._sent_training[call.epoch] = self._sent_training.get(call.epoch, 0) + 1
             if reply.error is None and attempt == 0 and copied is not None:
                 self._send_buffers.give_back(copied)  # every byte was read: no stream holds a view of it
             if reply.error is None or (attempt > 0 and reply.code in (Refusal.DUPLICATE, Refusal.STALE)):
@@ -417,6 +421,16 @@ class Transport:
     def status(self, status: PeerStatus) -> None:
         """What this peer answers to pings from now on (``net.status``)."""
         self._servicer.status = status
+
+    def _status_now(self, status: PeerStatus) -> PeerStatus:
+        """``status`` with where its epoch stands (the loop's thread: a ping's answer): the training messages of
+        the epoch receivers accepted, and the peer the oldest call of the epoch still in flight waits on."""
+        for epoch in [e for e in self._sent_training if e < status.epoch - 1]:
+            del self._sent_training[epoch]
+        pending = [c for t, c in self._calls.items() if c.epoch == status.epoch and not t.done()]
+        oldest = min(pending, key=lambda c: c.started, default=None)
+        return dataclasses.replace(status, sent=self._sent_training.get(status.epoch, 0),
+                                   waits=oldest.peer if oldest is not None else "")  # fmt: skip
 
     def ping_all(self, peers: Sequence[str], timeout_s: float) -> dict[str, PeerStatus | ProtocolError]:
         """Ping every peer at once; per peer its status, or the error (no answer within ``timeout_s``, a

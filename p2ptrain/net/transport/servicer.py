@@ -31,7 +31,7 @@ import json
 import logging
 import time
 import typing
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,6 +94,8 @@ class TensorServicer(ServicerBase):
         self.max_reply_bytes = max_reply_bytes
         self._pulled = PullBudget(PULL_BUDGET_REPLIES * max_reply_bytes, PULL_WINDOW_S, pacer.clock)
         self.status = PeerStatus()  # what a ping answers (``net.status``); the agent keeps it current
+        # fills in where the epoch stands (``PeerStatus.sent``, ``waits``) as a ping is answered (the loop's thread)
+        self.status_now: Callable[[PeerStatus], PeerStatus] = lambda status: status
 
     @classmethod
     def _get_handle_name(cls, namespace: str | None, method_name: str) -> str:
@@ -195,7 +197,7 @@ class TensorServicer(ServicerBase):
         """A heartbeat: answer at once with our status (the run's name goes in ``uid``); no mailbox involved."""
         if request.uid != self.mailbox.window.run:
             return make_reply(error=f"run {request.uid[:100]!r} is not this peer's run")
-        return runtime_pb2.ExpertResponse(metadata=self.status.encode())
+        return runtime_pb2.ExpertResponse(metadata=self.status_now(self.status).encode())
 
     async def rpc_probe(
         self, requests: typing.AsyncIterator[runtime_pb2.ExpertRequest], context: P2PContext

@@ -12,6 +12,12 @@ what it said before), ``train`` (training epoch
 ``epoch``, ``step`` steps done), ``fail`` (stopped epoch ``epoch`` because a call or a peer failed: the
 others of that epoch should stop waiting for it), ``halt`` (stopped epoch ``epoch`` at a re-plan point,
 cleanly: nothing to propagate).
+
+Two more fields say where a trainer's epoch stands inside a step, filled in by the transport as it answers:
+``sent``, the training messages (``STUCK_KINDS``) of epoch ``epoch`` its receivers accepted, and ``waits``, the
+peer its oldest call of that epoch still in flight waits on ("" when none: it computes, or idles). A trainer
+that says it trains, waits on nobody and has sent nothing while its peers' first messages went out long ago
+never takes its stage up (``agent.liveness.stalled``).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ IDLE, TAKE, TRAIN, FAIL, HALT = "idle", "take", "train", "fail", "halt"
 STATES = (IDLE, TAKE, TRAIN, FAIL, HALT)
 MAX_STATUS_BYTES = 256
 MAX_COUNTER = 2**53
+MAX_PEER_CHARS = 128
 
 
 @dataclass(frozen=True)
@@ -30,17 +37,22 @@ class PeerStatus:
     state: str = IDLE
     epoch: int = 0
     step: int = 0
+    sent: int = 0  # training messages of ``epoch`` accepted by their receivers
+    waits: str = ""  # the peer our oldest call of ``epoch`` in flight waits on ("": none)
 
     def __post_init__(self) -> None:
         if self.state not in STATES:
             raise ValueError(f"status state {self.state!r} is not one of {', '.join(STATES)}")
-        for name in ("epoch", "step"):
+        if not isinstance(self.waits, str) or len(self.waits) > MAX_PEER_CHARS:
+            raise ValueError(f"status waits must be a peer ID of at most {MAX_PEER_CHARS} characters")
+        for name in ("epoch", "step", "sent"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNTER:
                 raise ValueError(f"status {name} must be an integer in 0..{MAX_COUNTER}, got {value!r}")
 
     def encode(self) -> bytes:
-        return json.dumps({"state": self.state, "epoch": self.epoch, "step": self.step}).encode()
+        return json.dumps({"state": self.state, "epoch": self.epoch, "step": self.step, "sent": self.sent,
+                           "waits": self.waits}).encode()  # fmt: skip
 
     @classmethod
     def decode(cls, data: bytes) -> PeerStatus:
@@ -54,6 +66,6 @@ class PeerStatus:
         if not isinstance(m, dict):
             raise ValueError("status is not a JSON object")
         try:
-            return cls(m.get("state"), m.get("epoch"), m.get("step"))
+            return cls(m.get("state"), m.get("epoch"), m.get("step"), m.get("sent", 0), m.get("waits", ""))
         except TypeError:
             raise ValueError("status has the wrong fields") from None
