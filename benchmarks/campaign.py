@@ -77,7 +77,7 @@ DEADLINE_S = 600.0  # every run: until each honest agent exited, then the rest a
 LEADER_FINDER_SEEDS = 10
 LIMIT_FLOOR_S = 10.0
 OUT = ROOT / "benchmarks" / "results" / "campaign.jsonl"
-SUM_MODES = ("scale", "negate", "forge", "after_commit", "accuse_back")
+SUM_MODES = ("scale", "negate", "forge", "after_commit", "accuse_back", "censor")
 SWALLOW_MODES = ("swallow", "swallow_and_halt", "claim_and_swallow")
 SCRIPTS = {"member": "corrupt_member.py", "leader": "rogue_leader.py", "swallower": "rogue_member.py"}
 

@@ -140,7 +140,7 @@ class Agent:
         self.stages = RunStages(config.train)  # the run's S: the config's, or (auto) pinned once known
         self._leading: Leading | None = None  # the leader's side (``agent.leading``), from the loop's start
         self._following: PlanRecord | None = None  # the last plan this agent followed
-        self._evidence: dict[tuple[int, int], bytes] = {}  # (epoch, step) -> a failed recompute's, found leading
+        self._evidence: dict[tuple[int, int], bytes] = {}  # (epoch, step) -> bulk evidence found leading
         self._newest_seen: PlanRecord | None = None  # the highest-epoch plan read from a live signer
         # ... from any signer (a finished run's leader leaves; ``_finished_without_me``)
         self._newest_any: PlanRecord | None = None
@@ -812,7 +812,7 @@ class Agent:
                          of_followed(self._unjudged))  # fmt: skip
 
     def _keep_evidence(self, epoch: int, step: int, bulk: bytes) -> None:
-        """The bulk of a failed recompute this agent found in an epoch it leads: its own judge reads it here."""
+        """The bulk evidence this agent found in an epoch it leads: its own judge reads it here."""
         self._evidence[(epoch, step)] = bulk
         for old in sorted(self._evidence)[:-2]:
             del self._evidence[old]

@@ -116,7 +116,8 @@ class EpochContext:
     link_bandwidth: Callable[[str], float | None] = lambda peer: None  # bytes/s we measured to a peer (None: not)
     time_scale: float = 1.0  # a plan's seconds in ours (emulation): its predicted step is cost_s × time_scale
     verify: VerifyConfig | None = None  # the checks of the members' work (None: none)
-    # a failed recompute's evidence (epoch, step, bulk) found here while this agent leads the epoch: its judge's
+    # bulk evidence (a failed recompute's or a shard dispute's: epoch, step, bulk) found here while this agent
+    # leads the epoch: its judge's
     on_evidence: Callable[[int, int, bytes], None] | None = None
 
     def set_status(self, state: str, epoch: int, step: int) -> None:
@@ -540,9 +541,8 @@ def _halt(plan: PlanRecord, ctx: EpochContext, done: int, error: BaseException |
 
 
 def _send_evidence(plan: PlanRecord, ctx: EpochContext, step: int, bulk: bytes) -> None:
-    """The bulk of a failed recompute's evidence (``verify.evidence``), to the plan's leader that judges it: in
-    the background, retried while it refuses (it takes the parts once it read our heartbeat); kept here when we
-    lead."""
+    """The bulk of a finding's evidence (``verify.evidence``), to the plan's leader that judges it: in the
+    background, retried while it refuses (it takes the parts once it read our heartbeat); kept here when we lead."""
     if plan.leader == ctx.me:
         if ctx.on_evidence is not None:
             ctx.on_evidence(plan.epoch, step, bulk)

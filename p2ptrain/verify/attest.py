@@ -66,6 +66,11 @@ def _split(body: bytes) -> tuple[dict, bytes]:
     return header, body[size:]
 
 
+def body_header(body: bytes) -> dict:
+    """A statement body's header, parsed; ValueError (one line) for one that does not parse."""
+    return _split(body)[0]
+
+
 def _sketch_floats(n: int, rows: int) -> int:
     """float64s per bucket of a ``sketch`` statement: ``D``'s sketch, ‖D‖, ‖slack‖, then per replica rows + norm."""
     return rows + 2 + n * (rows + 1)

@@ -15,6 +15,11 @@ That is the *bulk*, far over a heartbeat's 16 KiB (a stage's parameters): it tra
 of kind ``evidence`` (parts of at most ``PART_BYTES``), announced by a small *header* in the finder's halted
 heartbeat (``ProgressRecord.evidence``): which step, stage, member and micro-batch, and the bulk's size and
 SHA-256, so the finder is bound to the bulk it announced. The judgement is ``verify.dispute``'s.
+
+A *shard dispute* (``ShardHeader``: an owner's signed sketch statement misdescribes a message of the all-reduce it
+accepted, ``verify.group`` checks ``claim`` and ``attest``) travels the same way: its bulk holds every member's
+signed commitment of the step and the owner's statement (laid end to end in ``Bulk.commitment``) and the disputed
+message (``Bulk.messages``, keyed ``("shard", check, bucket)``).
 """
 
 from __future__ import annotations
@@ -68,27 +73,13 @@ class DisputeHeader:
     def to_bytes(self) -> bytes:
         fields = asdict(self)
         fields["ratio"] = self.ratio if math.isfinite(self.ratio) else None
-        blob = MAGIC + json.dumps(fields, sort_keys=True).encode()
-        assert len(blob) <= MAX_HEADER_BYTES, "a dispute header too long for a heartbeat"
-        return blob
+        return _header_bytes(MAGIC, fields)
 
     @classmethod
     def from_bytes(cls, blob: bytes) -> DisputeHeader:
         """The header of ``blob``; ValueError (one line) for anything else."""
-        if not is_recompute_evidence(blob) or len(blob) > MAX_HEADER_BYTES:
-            raise ValueError("not a recompute dispute's header")
-        try:
-            fields = json.loads(blob[len(MAGIC):])
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ValueError(f"a dispute header that is not JSON: {e}") from None
-        if not isinstance(fields, dict) or set(fields) != {f for f in cls.__dataclass_fields__}:
-            raise ValueError("a dispute header with other fields than a header's")
-        ints = ("epoch", "step", "stage", "replica", "micro_batch", "bulk_bytes")
-        if any(isinstance(fields[k], bool) or not isinstance(fields[k], int) or fields[k] < 0 for k in ints):
-            raise ValueError("a dispute header whose indices are not non-negative integers")
-        if not isinstance(fields["member"], str) or not isinstance(fields["bulk_sha256"], str) \
-                or len(fields["bulk_sha256"]) != 64:  # fmt: skip
-            raise ValueError("a dispute header whose member or SHA-256 is malformed")
+        fields = _header_fields(blob, MAGIC, cls, ("epoch", "step", "stage", "replica", "micro_batch", "bulk_bytes"),
+                                ("member",), "a dispute header")  # fmt: skip
         ratio = fields["ratio"]
         if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, int | float)):
             raise ValueError("a dispute header whose ratio is not a number")
@@ -96,8 +87,91 @@ class DisputeHeader:
         return cls(**fields)
 
 
+SHARD_MAGIC = b"p2ptrain/shard-evidence/1\n"  # a heartbeat's evidence that is a shard dispute's header
+SHARD_CHECKS = ("claim", "attest")
+
+
+@dataclass(frozen=True)
+class ShardHeader:
+    """What a finder's halted heartbeat says of its evidence that owner ``member`` misdescribed a shard in its
+    signed sketch statement (``verify.group`` checks ``claim``: its own reduced shard of bucket ``bucket``;
+    ``attest``: the finder's contribution to it), and of the bulk it sends the leader (``verify.dispute.
+    judge_shard``): every member's signed commitment of the step, the owner's sketch statement and the disputed
+    message, ``bulk_bytes`` bytes of SHA-256 ``bulk_sha256`` (hex)."""
+
+    epoch: int
+    step: int
+    stage: int
+    bucket: int
+    member: str
+    finder: str
+    check: str
+    bulk_bytes: int
+    bulk_sha256: str
+
+    def to_bytes(self) -> bytes:
+        return _header_bytes(SHARD_MAGIC, asdict(self))
+
+    @classmethod
+    def from_bytes(cls, blob: bytes) -> ShardHeader:
+        """The header of ``blob``; ValueError (one line) for anything else."""
+        fields = _header_fields(blob, SHARD_MAGIC, cls, ("epoch", "step", "stage", "bucket", "bulk_bytes"),
+                                ("member", "finder", "check"), "a shard dispute header")  # fmt: skip
+        if fields["check"] not in SHARD_CHECKS:
+            raise ValueError(f"a shard dispute header of check {fields['check']!r} (known: {', '.join(SHARD_CHECKS)})")
+        return cls(**fields)
+
+
+def _header_bytes(magic: bytes, fields: dict) -> bytes:
+    blob = magic + json.dumps(fields, sort_keys=True).encode()
+    assert len(blob) <= MAX_HEADER_BYTES, "a dispute header too long for a heartbeat"
+    return blob
+
+
+def _header_fields(blob: bytes, magic: bytes, cls: type, ints: tuple[str, ...], strings: tuple[str, ...],
+                   what: str) -> dict:  # fmt: skip
+    """The fields of a header ``blob`` of ``cls`` after ``magic``, its integers and strings checked; ValueError."""
+    if bytes(blob[: len(magic)]) != magic or len(blob) > MAX_HEADER_BYTES:
+        raise ValueError(f"not {what}")
+    try:
+        fields = json.loads(blob[len(magic):])
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise ValueError(f"{what} that is not JSON: {e}") from None
+    if not isinstance(fields, dict) or set(fields) != set(cls.__dataclass_fields__):
+        raise ValueError(f"{what} with other fields than a header's")
+    if any(isinstance(fields[k], bool) or not isinstance(fields[k], int) or fields[k] < 0 for k in ints):
+        raise ValueError(f"{what} whose indices are not non-negative integers")
+    if any(not isinstance(fields[k], str) for k in strings) or not isinstance(fields["bulk_sha256"], str) \
+            or len(fields["bulk_sha256"]) != 64:  # fmt: skip
+        raise ValueError(f"{what} whose member or SHA-256 is malformed")
+    return fields
+
+
 def is_recompute_evidence(evidence: bytes) -> bool:
     return bytes(evidence[: len(MAGIC)]) == MAGIC
+
+
+def is_shard_evidence(evidence: bytes) -> bool:
+    return bytes(evidence[: len(SHARD_MAGIC)]) == SHARD_MAGIC
+
+
+def is_bulk_evidence(evidence: bytes) -> bool:
+    """Whether a heartbeat's evidence announces a bulk sent to the leader (a recompute's or a shard's), which only
+    the leader judges; else it is a signed statement anyone re-checks (``verify.attest.judge_evidence``)."""
+    return is_recompute_evidence(evidence) or is_shard_evidence(evidence)
+
+
+def evidence_check(evidence: bytes) -> str:
+    """The check a heartbeat's evidence is of: ``recompute``, a shard dispute's (``claim``, ``attest``), or ``sum``
+    (a signed statement)."""
+    if is_recompute_evidence(evidence):
+        return "recompute"
+    if is_shard_evidence(evidence):
+        try:
+            return ShardHeader.from_bytes(evidence).check
+        except ValueError:
+            return "shard"
+    return "sum"
 
 
 @dataclass(frozen=True)

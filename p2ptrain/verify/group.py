@@ -20,7 +20,13 @@ applied. Every member of the group then, over the step's link (kinds ``commit`` 
    ``sketch.judge_sum`` of k's attested numbers. A failure of (d) is proven by k's signed statement alone
    (k's own numbers do not add up, beyond a tolerance an honest owner exceeds with probability
    ``false_alarm``): that statement is the evidence a finder sends the leader (``attest.judge_evidence``).
-   (a)-(c) are named with a reason and no transferable evidence (it would be a whole shard).
+   A failure of (b) (the sketch or norm of ``D``) or (c) is proven by the disputed message with every member's
+   signed commitment and k's statement: the message matches its sender's commitment, the step's seed (in k's
+   statement) is made of those commitments, so k accepted that message, and its sketch is not what k signed.
+   That bulk (a shard) goes to the leader, announced in the heartbeat (``evidence.ShardHeader``,
+   ``dispute.judge_shard``). (a), (b)'s slack and the running sums' (b) and (c) are named with a reason and
+   no transferable evidence (a receiver cannot prove which bytes it received; the slack and running sums take
+   earlier steps' messages).
 
 With ``running`` each owner also attests, and each member checks the same way, the running sums since the
 epoch began (``sketch.RunningSum``: ``Σ_u D_u`` against ``Σ_u c_{j,u}``; the error-feedback residuals
@@ -36,6 +42,7 @@ matching sketch, passes); that is the recompute check's part (``recompute``).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import time
@@ -62,6 +69,7 @@ from p2ptrain.verify.attest import (
 )
 from p2ptrain.verify.bounds import error_bound
 from p2ptrain.verify.commit import message_digest
+from p2ptrain.verify.evidence import Bulk, ShardHeader, pack
 from p2ptrain.verify.sketch import (
     FALSE_ALARM,
     SKETCH_ROWS,
@@ -124,6 +132,7 @@ class GroupVerifier:
         self.running = running
         self._owned: dict[int, tuple[RunningSum, list[RunningSum]]] = {}
         self._seen: dict[tuple[int, int], tuple[RunningSum, RunningSum]] = {}
+        self._commits: dict[int, bytes] = {}  # rank -> its signed commitment of the step (trimmed): evidence's
         self.checked_steps = 0
         self.seconds = 0.0  # spent in the step's hook: the rounds, sketches and judgements
 
@@ -147,6 +156,7 @@ class GroupVerifier:
         body = statement_header("commit", self.run, self.epoch, self.step, self.stage, me, rank, n, numels, self.rows,
                        None) + b"".join(d for bucket in digests for d in bucket)  # fmt: skip
         blob = statement.sign(self.key, body)
+        self._commits = {rank: blob}
         commit_size = commit_bytes(len(records), n)
         for k in range(n):
             if k != rank:
@@ -197,7 +207,7 @@ class GroupVerifier:
     # -- the parts
 
     def _tag(self, kind: str, b: int, shard: int, sender: int) -> str:
-        return f"{self.run}/{self.epoch}/{self.step}/{self.stage}/{kind}/{b}/{shard}/{sender}"
+        return message_tag(self.run, self.epoch, self.step, self.stage, kind, b, shard, sender)
 
     def _digests(self, records: list[ReduceRecord], rank: int, n: int) -> list[list[bytes]]:
         out = []
@@ -232,12 +242,14 @@ class GroupVerifier:
         return findings
 
     def _open_commit(self, message: torch.Tensor, j: int, n: int, numels: list[int]) -> list[list[bytes]]:
-        body = statement.open_signed(statement.from_message(message), self.group[j])
+        blob = statement.from_message(message)
+        body = statement.open_signed(blob, self.group[j])
         want = statement_header("commit", self.run, self.epoch, self.step, self.stage, self.group[j], j, n, numels,
                        self.rows, None)  # fmt: skip
         if body[: len(want)] != want:
             raise ValueError(f"it is for another run, epoch, step, stage or bucket layout: {said(body)}")
         raw = body[len(want):]
+        self._commits[j] = statement.trimmed(blob)
         return [[raw[(b * n + i) * 32: (b * n + i + 1) * 32] for i in range(n)] for b in range(len(numels))]
 
     def _decoded_sent(self, record: ReduceRecord, k: int) -> torch.Tensor:
@@ -334,17 +346,18 @@ class GroupVerifier:
         sketches += sketch_many(vectors, shard_seed, self.rows, device=self.device)  # one sign matrix for all
         # (b) its claims about D
         total_norm = float(_norm(total))
-        if not (_close(att.total, sketches[0], total_norm, numel)
-                and _near(att.total_norm, total_norm, numel)
-                and _near(att.slack_norm, self._slack_norm(gathered, numel, b, k), numel)):
-            return self._finding(k, "claim", math.inf, f"its sketch, norm or slack of bucket {b}'s reduced shard is "
-                                                        "not that of the shard it sent")  # fmt: skip
+        if not (_close(att.total, sketches[0], total_norm, numel) and _near(att.total_norm, total_norm, numel)):
+            return self._proven(k, rank, b, "claim", gathered, blob, f"its sketch or norm of bucket {b}'s reduced "
+                                                                       "shard is not that of the shard it sent")  # fmt: skip
+        if not _near(att.slack_norm, self._slack_norm(gathered, numel, b, k), numel):
+            return self._finding(k, "claim", math.inf, f"its slack of bucket {b}'s reduced shard is not that of the "
+                                                        "shard it sent")  # fmt: skip
         # (c) its entry for what we sent it
         own = att.added[rank]
         if not (_close(own.sketch, sketches[1], own.norm, numel)
                 and _near(own.norm, float(_norm(mine)), numel)):
-            return self._finding(k, "attest", math.inf, f"it attests another contribution of ours to bucket {b} "
-                                                         "than the one we sent")  # fmt: skip
+            return self._proven(k, rank, b, "attest", record.sent[k], blob, f"it attests another contribution of "
+                                                                             f"ours to bucket {b} than the one we sent")  # fmt: skip
         # (d) the sum
         result = judge_sum(att.total, att.total_norm, att.slack_norm, numel, att.added, false_alarm=self.false_alarm)
         if not result.passed:
@@ -377,6 +390,16 @@ class GroupVerifier:
                                  f"{steps} steps)", blob)  # fmt: skip
         return None
 
+    def _proven(self, k: int, rank: int, b: int, check: str, message: torch.Tensor, blob: bytes,
+                reason: str) -> Finding:  # fmt: skip
+        """A finding of check ``claim`` or ``attest`` against owner k with the evidence a third party re-checks:
+        the step's commitments, k's statement (``blob``) and the disputed ``message`` (``dispute.judge_shard``)."""
+        statements = b"".join(self._commits[j] for j in range(len(self.group))) + statement.trimmed(blob)
+        bulk = pack(Bulk(statements, {("shard", check, b): message}, []))
+        header = ShardHeader(self.epoch, self.step, self.stage, b, self.group[k], self.group[rank], check, len(bulk),
+                             hashlib.sha256(bulk).hexdigest())  # fmt: skip
+        return Finding(self.group[k], self.epoch, self.step, check, math.inf, reason, header.to_bytes(), bulk)
+
     def _finding(self, k: int, check: str, ratio: float, reason: str, evidence: bytes | None = None) -> Finding:
         return Finding(self.group[k], self.epoch, self.step, check, ratio, reason,
                        statement.trimmed(evidence) if evidence is not None else None)
@@ -405,12 +428,27 @@ def _norm(x: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(x.detach().to(torch.float64)).reshape(1)
 
 
-def _close(a: torch.Tensor, b: torch.Tensor, norm: float, numel: int) -> bool:
-    """Two sketches of one vector (norm ``norm``) made on two machines: equal up to float64 rounding."""
+def message_tag(run: str, epoch: int, step: int, stage: int, kind: str, b: int, shard: int, sender: int) -> str:
+    """The tag a message of the all-reduce is committed under (``commit.message_digest``): ``kind`` (``reduce``,
+    ``gather``) of bucket ``b``'s shard ``shard``, sent by rank ``sender``."""
+    return f"{run}/{epoch}/{step}/{stage}/{kind}/{b}/{shard}/{sender}"
+
+
+def sketch_ratio(a: torch.Tensor, b: torch.Tensor, norm: float, numel: int) -> float:
+    """How far apart two sketches are against what float64 rounding allows two sketches of one vector (norm
+    ``norm``) made on two machines: at most 1 for one vector."""
     allowed = 2 * sketch_rounding(numel) * norm + 1e-300
-    return bool(((a - b).abs() <= allowed).all())
+    return float((a - b).abs().max()) / allowed
+
+
+def norm_ratio(a: float, b: float, numel: int) -> float:
+    """How far apart two norms are against what rounding allows two float64 norms of one vector: at most 1."""
+    return abs(a - b) / (4 * (numel + 2) * _U64 * max(abs(a), abs(b)) + 1e-300)
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, norm: float, numel: int) -> bool:
+    return sketch_ratio(a, b, norm, numel) <= 1
 
 
 def _near(a: float, b: float, numel: int) -> bool:
-    """Two float64 norms of one vector made on two machines."""
-    return abs(a - b) <= 4 * (numel + 2) * _U64 * max(abs(a), abs(b)) + 1e-300
+    return norm_ratio(a, b, numel) <= 1

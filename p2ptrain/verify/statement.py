@@ -64,6 +64,21 @@ def trimmed(blob: bytes) -> bytes:
     return blob[: _LENGTHS.size + sum(_LENGTHS.unpack_from(blob))]
 
 
+def split(blob: bytes) -> list[bytes]:
+    """Trimmed statements laid end to end, apart (each is opened with ``open_signed``); ValueError (one line) for
+    bytes that are not such a sequence."""
+    out, offset = [], 0
+    while offset < len(blob):
+        if len(blob) - offset < _LENGTHS.size:
+            raise ValueError(f"{len(blob) - offset} bytes after the last statement")
+        end = offset + _LENGTHS.size + sum(_LENGTHS.unpack_from(blob, offset))
+        if end > len(blob):
+            raise ValueError(f"a statement of {end - offset} bytes in the {len(blob) - offset} left")
+        out.append(bytes(blob[offset:end]))
+        offset = end
+    return out
+
+
 def wire_size(body_bytes: int) -> int:
     """The size of the uint8 message carrying a statement whose body has ``body_bytes``."""
     return _LENGTHS.size + body_bytes + ENVELOPE_BYTES

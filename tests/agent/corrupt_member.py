@@ -19,6 +19,9 @@
                                                   # accuse whoever finds it of holding what it never sent)
     python corrupt_member.py accuse_back CONFIG   # the same, and once its epoch halts it says a check of its
                                                   # own refused the plan's leader (a word, no evidence)
+    python corrupt_member.py censor CONFIG        # as owner, adds nothing for the others' reduce shards (their
+                                                  # gradients dropped) and attests what it added: its sums add
+                                                  # up, only each victim sees its own entry wrong (check attest)
 
 Each runs the real agent (real identity, DHT, streams); only its own runtime is patched, inside this process:
 ``scale`` and ``negate`` change the shards it sums as owner before it encodes and sends them back (the
@@ -41,7 +44,7 @@ from p2ptrain.cli import configure_logging
 from p2ptrain.config import config_from_dict, read_toml
 from p2ptrain.lifecycle import StopSignal
 from p2ptrain.net.transport.messages import MessageKind
-from p2ptrain.runtime import buckets
+from p2ptrain.runtime import allreduce, buckets
 from p2ptrain.runtime.executor import StageExecutor
 from p2ptrain.runtime.link import TransportStepLink
 from p2ptrain.runtime.wire import ErrorFeedback
@@ -199,6 +202,41 @@ def accuse_the_leader_back() -> None:
     epoch._halt = accusing
 
 
+class _Censoring:
+    """An owner's exchange that hands its all-reduce the message of zeros for every other member's reduce shard,
+    keeping the real ones (recorded as received: its check of their commitments passes)."""
+
+    def __init__(self, inner, codec, record, rank):
+        self.inner, self.codec, self.record, self.rank, self.real = inner, codec, record, rank, {}
+
+    def send(self, to_rank, kind, part, tensor):
+        return self.inner.send(to_rank, kind, part, tensor)
+
+    def recv(self, from_rank, kind, part, shape, dtype):
+        message = self.inner.recv(from_rank, kind, part, shape, dtype)
+        if kind == allreduce.REDUCE:
+            self.real[from_rank] = message
+            return self.codec.encode(torch.zeros(self.record.sizes[self.rank]))
+        return message
+
+
+def censor_contributions() -> None:
+    """From ``FIRST_CORRUPT_STEP`` on, as owner, its sums leave out the other members' contributions (zeros added
+    for them) while it records their real messages as received; its statements are honest code over what it
+    added, so its sums add up and each other member's checks of its own contribution (``attest``) fail alone."""
+    real = buckets.sharded_all_reduce
+
+    def censoring(flat, rank, group_size, exchange, feedback=None, key=0, record=None):
+        if record is None or feedback is None or _current["step"] < FIRST_CORRUPT_STEP:
+            return real(flat, rank, group_size, exchange, feedback, key, record)
+        wrapped = _Censoring(exchange, feedback.codec, record, rank)
+        out = real(flat, rank, group_size, wrapped, feedback, key, record)
+        record.received.update(wrapped.real)
+        return out
+
+    buckets.sharded_all_reduce = censoring
+
+
 def main(mode: str, config_path: str) -> None:
     configure_logging(1)
     track_steps()
@@ -212,6 +250,8 @@ def main(mode: str, config_path: str) -> None:
         corrupt_after_commit()
         if mode == "accuse_back":
             accuse_the_leader_back()
+    elif mode == "censor":
+        censor_contributions()
     elif mode == "forge":
         epoch.GroupVerifier = ForgingVerifier
         blame_the_leader()

@@ -65,6 +65,32 @@ def test_a_member_that_scales_the_sums_it_sends_is_caught_quarantined_and_nothin
     assert_reference(honest, train)  # every step's loss the single-process one: the wrong sums were never kept
 
 
+@pytest.mark.timeout(360)
+def test_an_owner_that_drops_a_members_gradient_is_proven_wrong_by_its_victim_and_quarantined_at_once(tmp_path):
+    """``censor``: its sums add up, so only its victim (agent 2, the other replica of stage 1 in Megatron's
+    placement) sees it, by its own contribution's entry (check ``attest``); its evidence (the message with the
+    step's signed commitments, a shard) goes to the leader, which re-makes the sketch: it holds, the owner is
+    quarantined in the first epoch it failed (a word would need two), and nothing it summed is kept."""
+    rogue_index, victim = 3, 2
+    agents, train = swarm(tmp_path, "corrupt-censor", 6, "censor", rogue=rogue_index, strategy="megatron")
+    rogue, leader = agents[rogue_index].peer_id, agents[0]
+    honest = [a for a in agents if a.index != rogue_index]
+    found = all_events(honest, "verify_failed")
+    assert found and {e["peer"] for e in found} == {rogue}, found
+    assert {e["check"] for e in found} == {"attest"} and all(e["evidence"] for e in found), found
+    assert {a.index for a in honest if any(e["event"] == "verify_failed" for e in events(a.events.path))} == {victim}
+    assert min(e["step"] for e in found) == FIRST_CORRUPT_STEP
+    log = events(leader.events.path)
+    judged = [e for e in log if e["event"] == "evidence"]
+    assert judged and all((e["accused"], e["holds"], e["check"]) == (rogue, True, "attest") for e in judged), judged
+    quarantined = [e for e in log if e["event"] == "quarantined"]
+    assert [e["peer"] for e in quarantined] == [rogue] and "failed the attest check" in quarantined[0]["reason"]
+    assert quarantined[0]["epoch"] == 0  # at once, on evidence
+    plans = [e for e in log if e["event"] == "plan"]
+    assert rogue in plans[0]["devices"] and rogue not in plans[-1]["devices"] + plans[-1]["spares"]
+    assert_reference(honest, train)  # every step's loss the single-process one: the censored sums were never kept
+
+
 # mode -> (the swarm's settings, what the leader's judgement says of the evidence)
 FORGED = {
     # the sum check's evidence: an honest group-mate's real statement, doctored (it blames the leader with it)

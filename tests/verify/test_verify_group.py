@@ -1,10 +1,13 @@
 """The live sum check of a group (``verify.group``) in one process: the real all-reduce of every member, real
 signatures, the messages through in-process queues. Honest steps pass under every bounded codec; an owner that
-scales or negates the shards it sums is named by every other member with evidence that a third party re-checks;
-garbled, forged and wrong-step statements are refused with a reason and blame their sender."""
+scales or negates the shards it sums is named by every other member with evidence that a third party re-checks,
+and so is one whose statement misdescribes what it sent or received (a shard dispute: the message with the
+step's commitments); garbled, forged and wrong-step statements are refused with a reason and blame their sender."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import queue
 import threading
 from collections import defaultdict
@@ -18,6 +21,8 @@ from p2ptrain.runtime.allreduce import ReduceRecord, sharded_all_reduce
 from p2ptrain.runtime.wire import Codec, ErrorFeedback
 from p2ptrain.verify import statement
 from p2ptrain.verify.attest import judge_evidence
+from p2ptrain.verify.dispute import judge_shard
+from p2ptrain.verify.evidence import Bulk, ShardHeader, pack, unpack
 from p2ptrain.verify.group import GroupVerifier, VerificationFailed
 
 RUN = "verify-group"
@@ -258,8 +263,39 @@ class Misreporting(GroupVerifier):
         return super()._attest(ReduceRecord(record.sent, added, record.gathered, record.sizes), b, rank, n, seed)
 
 
-@pytest.mark.parametrize("cheat,check,who", [(HidingOwner, "claim", (0, 2)), (Misreporting, "attest", (0,))])
-def test_an_owner_whose_statement_misdescribes_what_it_sent_or_received_is_named(cheat, check, who):
+class Censoring(GroupVerifier):
+    """Checks and attests honestly what its all-reduce did; paired with ``censor`` below, which drops member 0's
+    contribution to the shards it owns (adds zeros for it): its sums add up, only member 0 sees its entry wrong."""
+
+
+class CensoringExchange:
+    """An owner's exchange that hands its all-reduce zeros for ``victim``'s reduce shard (keeping the real one)."""
+
+    def __init__(self, inner, victim):
+        self.inner, self.victim, self.real = inner, victim, None
+
+    def send(self, to_rank, kind, part, tensor):
+        return self.inner.send(to_rank, kind, part, tensor)
+
+    def recv(self, from_rank, kind, part, shape, dtype):
+        message = self.inner.recv(from_rank, kind, part, shape, dtype)
+        if from_rank == self.victim and str(kind) == "reduce_shard":
+            self.real = message
+            return torch.zeros_like(message)  # fp32: the message of zeros
+        return message
+
+
+def censor(victim: int):
+    """An owner's all-reduce that adds nothing for member ``victim``, its real message recorded as received."""
+    def reduce(flat, r, n, exchange, feedback=None, key=0, record=None):
+        censoring = CensoringExchange(exchange, victim)
+        out = sharded_all_reduce(flat, r, n, censoring, feedback, key, record)
+        record.received[victim] = censoring.real
+        return out
+    return reduce
+
+
+def _run_cheat(cheat):
     n, codec = len(GROUP), Codec("fp32")
     feedbacks = [ErrorFeedback(codec) for _ in range(n)]
     if cheat is HidingOwner:
@@ -271,7 +307,8 @@ def test_an_owner_whose_statement_misdescribes_what_it_sent_or_received_is_named
 
     def member(r):
         record = ReduceRecord()
-        sharded_all_reduce(flats[r], r, n, Exchange(queues, r, 0), feedbacks[r], record=record)
+        reduce = censor(0) if cheat is Censoring and r == 1 else sharded_all_reduce
+        reduce(flats[r], r, n, Exchange(queues, r, 0), feedbacks[r], record=record)
         verifiers[r].begin_step(0, 0)
         try:
             verifiers[r]([record], r, n, Exchange(queues, r, 9))
@@ -279,9 +316,61 @@ def test_an_owner_whose_statement_misdescribes_what_it_sent_or_received_is_named
             return e
 
     with ThreadPoolExecutor(n) as pool:
-        results = list(pool.map(member, range(n)))
+        return list(pool.map(member, range(n)))
+
+
+@pytest.mark.parametrize("cheat,check,who", [(HidingOwner, "claim", (0, 2)), (Misreporting, "attest", (0,)),
+                                             (Censoring, "attest", (0,))])  # fmt: skip
+def test_an_owner_whose_statement_misdescribes_what_it_sent_or_received_is_proven_wrong(cheat, check, who):
+    """Checks (b) and (c) come with the evidence a third party re-checks (``dispute.judge_shard``): the step's
+    signed commitments, the owner's statement and the disputed message."""
+    results = _run_cheat(cheat)
     for r in who:
         finding = results[r].finding
-        assert (finding.member, finding.check, finding.evidence) == (GROUP[1], check, None), finding
+        assert (finding.member, finding.check) == (GROUP[1], check), finding
+        header = ShardHeader.from_bytes(finding.evidence)
+        assert (header.member, header.finder, header.check) == (GROUP[1], GROUP[r], check)
+        verdict = judge_shard(header, finding.bulk, GROUP[1], RUN, GROUP, Codec("fp32"))
+        assert verdict.holds is True and verdict.ratio > 2, verdict
     if cheat is Misreporting:  # the others see its numbers not add up: proven
         assert results[2].finding.check == "sum" and judge_evidence(results[2].finding.evidence, GROUP[1], RUN) is None
+    if cheat is Censoring:  # its sums add up: only its victim sees it
+        assert results[2] is None or not isinstance(results[2], VerificationFailed), results[2]
+
+
+def test_shard_evidence_that_does_not_hold_clears_the_accused():
+    """What a liar could forward against an honest owner: its real statement with a doctored message, another
+    member's commitment, another accused or bulk; each is refused with a one-line reason."""
+    results = _run_cheat(Censoring)
+    finding = results[0].finding
+    header = ShardHeader.from_bytes(finding.evidence)
+    codec = Codec("fp32")
+    assert judge_shard(header, finding.bulk, GROUP[1], RUN, GROUP, codec).holds is True
+
+    def verdict(bulk=finding.bulk, accused=GROUP[1], run=RUN, **changes):
+        changed = dataclasses.replace(header, **changes)
+        if bulk is not finding.bulk and "bulk_sha256" not in changes:
+            changed = dataclasses.replace(changed, bulk_bytes=len(bulk), bulk_sha256=hashlib.sha256(bulk).hexdigest())
+        out = judge_shard(changed, bulk, accused, run, GROUP, codec)
+        assert isinstance(out.reason, str) and "\n" not in out.reason, out
+        return out
+
+    unpacked = unpack(finding.bulk)
+    message = unpacked.messages[("shard", "attest", 0)]
+    honest = pack(Bulk(unpacked.commitment, {("shard", "attest", 0): message * 0}, []))  # what it "added"
+    assert verdict(honest).holds is False and "committed to" in verdict(honest).reason
+    assert verdict(accused=GROUP[2], member=GROUP[2]).holds is False  # not the one whose statement it is
+    assert verdict(run="another-run").holds is False
+    assert verdict(finding.bulk + b"x", bulk_sha256=header.bulk_sha256).holds is False  # not the bulk announced
+    assert verdict(finder=GROUP[1]).holds is False
+    assert verdict(check="claim").holds is False  # its own reduced shard is what it signed
+    statements = statement.split(unpacked.commitment)
+    swapped = pack(Bulk(b"".join([statements[1], statements[0], *statements[2:]]),
+                        unpacked.messages, []))  # fmt: skip
+    assert verdict(swapped).holds is False and "refused" in verdict(swapped).reason
+    garbled = bytearray(finding.bulk)
+    garbled[len(garbled) // 2] ^= 0x08
+    assert verdict(bytes(garbled)).holds is False
+    for blob in (b"", b"p2ptrain/shard-evidence/1\n{", b"p2ptrain/shard-evidence/1\n[]", finding.evidence[:-3]):
+        with pytest.raises(ValueError):
+            ShardHeader.from_bytes(blob)

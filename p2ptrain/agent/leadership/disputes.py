@@ -1,13 +1,16 @@
-"""The leader's judgement of failed recomputes, beside its loop: fetch a finder's evidence, redo the micro-batch.
+"""The leader's judgement of disputes with bulk evidence, beside its loop: fetch a finder's evidence, redo the check.
 
+Two kinds (``verify.dispute``): a failed recompute (the micro-batch redone) and a shard dispute (an owner's sketch
+statement that misdescribes a message of the all-reduce it accepted: the sketch re-made).
 A finder's halted heartbeat announces its evidence (``verify.evidence``: a header in ``ProgressRecord.evidence``)
 and sends the bulk to the plan's leader (``agent.epoch``). ``Disputes.verdict`` starts the judgement of one
 (blamer, epoch) on a thread of its own the first time the leader reads the record, and answers None until it is
 done: the leader re-plans only once it knows whom the failure is on (``Leading._judge_evidence``). The bulk must
 arrive within ``[verify] evidence_timeout_s`` plus a second a MB, else the blame is the finder's word (the link
 may have failed, or this leader took over from the one the bulk went to), and announce no more bytes than the
-stage's parameters and a micro-batch's messages take (``verify.dispute.max_bulk_bytes``), else it does not hold.
-The judgement itself is ``verify.dispute.judge_recompute``'s, on this host's CPU.
+stage's parameters and a micro-batch's messages take (``verify.dispute.max_bulk_bytes``; a shard dispute: a shard
+of the stage's parameters and the step's statements, ``max_shard_bulk_bytes``), else it does not hold. The
+judgement itself is ``verify.dispute``'s, on this host's CPU.
 """
 
 from __future__ import annotations
@@ -24,8 +27,15 @@ from p2ptrain.net.dht.records import PlanRecord, ProgressRecord
 from p2ptrain.runtime.reference import build_data
 from p2ptrain.runtime.topology import Topology
 from p2ptrain.runtime.wire import wire_format
-from p2ptrain.verify.dispute import RunView, Verdict, judge_recompute, max_bulk_bytes
-from p2ptrain.verify.evidence import DisputeHeader
+from p2ptrain.verify.dispute import (
+    RunView,
+    Verdict,
+    judge_recompute,
+    judge_shard,
+    max_bulk_bytes,
+    max_shard_bulk_bytes,
+)
+from p2ptrain.verify.evidence import DisputeHeader, ShardHeader, is_shard_evidence
 
 logger = logging.getLogger(__name__)
 
@@ -56,27 +66,37 @@ class Disputes:
             return Verdict(None, f"the judgement failed here: {type(e).__name__}: {e}")
 
     def _judge(self, blamer: str, record: ProgressRecord, plan: PlanRecord) -> Verdict:
+        shard = is_shard_evidence(record.evidence)
         try:
-            header = DisputeHeader.from_bytes(record.evidence)
+            header = (ShardHeader if shard else DisputeHeader).from_bytes(record.evidence)
         except ValueError as e:
             return Verdict(False, f"its evidence header is refused: {e}")
         if header.stage >= plan.stages or header.epoch != plan.epoch:
             return Verdict(False, f"its header names stage {header.stage} of epoch {header.epoch}, not of this plan")
         view = run_view(self.config, self.run, plan)
-        rows = view.data.global_batch_size // plan.replicas // view.num_micro_batches
-        cap = max_bulk_bytes(view, header.stage, rows)
+        if shard:
+            params = list(view.build(header.stage).parameters())
+            cap = max_shard_bulk_bytes(sum(p.numel() for p in params), len(params), plan.replicas)
+            what = f"bucket {header.bucket}, check {header.check}"
+        else:
+            rows = view.data.global_batch_size // plan.replicas // view.num_micro_batches
+            cap = max_bulk_bytes(view, header.stage, rows)
+            what = f"micro-batch {header.micro_batch}"
         if header.bulk_bytes > cap:
             return Verdict(False, f"it announces {header.bulk_bytes} bytes of evidence, more than stage "
                                   f"{header.stage}'s can take ({cap})")  # fmt: skip
         if self.fetch is None:
             return Verdict(None, "this leader cannot receive evidence")
         timeout_s = self.config.verify.evidence_timeout_s + header.bulk_bytes / BYTES_PER_S
-        logger.info("judging %s's evidence against %s (step %d, micro-batch %d): fetching %d bytes within %.0f s",
-                    blamer, record.blame, header.step, header.micro_batch, header.bulk_bytes, timeout_s)
+        logger.info("judging %s's evidence against %s (step %d, %s): fetching %d bytes within %.0f s",
+                    blamer, record.blame, header.step, what, header.bulk_bytes, timeout_s)
         try:
             bulk = self.fetch(blamer, record.epoch, header.step, header.bulk_bytes, timeout_s)
         except ProtocolError as e:  # a lost link, or a leader that took over from the one it was sent to
             return Verdict(None, f"its evidence did not arrive: {e}")
+        if shard:
+            return judge_shard(header, bulk, record.blame, self.run, view.topology.group(header.stage),
+                               view.wire.gradient)  # fmt: skip
         return judge_recompute(header, bulk, record.blame, view)
 
     def close(self) -> None:

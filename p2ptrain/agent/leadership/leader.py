@@ -80,7 +80,7 @@ from p2ptrain.runtime.calibration import layered_workload, step_profile, step_wo
 from p2ptrain.runtime.checkpoint import latest_complete
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.verify.attest import judge_evidence
-from p2ptrain.verify.evidence import is_recompute_evidence
+from p2ptrain.verify.evidence import evidence_check, is_bulk_evidence
 
 logger = logging.getLogger(__name__)
 
@@ -221,7 +221,7 @@ class Leading:
 
     def _replan_settled(self, view: AgentView, membership: Membership) -> float | None:
         """When we first saw every live trainer of the epoch we followed halted (or done), with nothing left for
-        its leader to judge (no failed recompute's evidence) and members enough for the run's plan: from then on
+        its leader to judge (no bulk evidence) and members enough for the run's plan: from then on
         the leader's re-plan is its search and its publishing alone (``replan.ReplanWatch`` waits for nothing
         more). None while that is not so: the leader may wait for halts (``churn.halt_timeout_s``), evidence
         (``verify.evidence_timeout_s``) or peers, and gets the whole allowance."""
@@ -585,7 +585,8 @@ class Leading:
             if (blamer, record.epoch) in self._judged or blamer not in current.membership:
                 continue
             accused = record.blame
-            if is_recompute_evidence(record.evidence):
+            if is_bulk_evidence(record.evidence):
+                check = evidence_check(record.evidence)
                 verdict = self._disputes.verdict(blamer, record, current)
                 if verdict is None:
                     judging.append(f"judging {blamer}'s evidence against {accused}")
@@ -595,12 +596,14 @@ class Leading:
                     logger.warning("evidence from %s against %s is undecided (%s): its word, as any blame", blamer,
                                    accused, verdict.reason)  # fmt: skip
                     self.events.write("evidence", epoch=record.epoch, blamer=blamer, accused=accused, holds=None,
-                                      reason=verdict.reason, check="recompute")  # fmt: skip
+                                      reason=verdict.reason, check=check)  # fmt: skip
                     continue
                 why = None if verdict.holds else verdict.reason
                 proven = (f"its work failed the recompute check of epoch {record.epoch}: redone from its own signed "
-                          f"commitment, whose messages and parameters {blamer} forwarded ({verdict.reason})")
-                check = "recompute"
+                          f"commitment, whose messages and parameters {blamer} forwarded ({verdict.reason})"
+                          if check == "recompute" else
+                          f"its statement failed the {check} check of epoch {record.epoch}: proven by the message it "
+                          f"accepted, under the step's signed commitments, which {blamer} forwarded ({verdict.reason})")
             else:
                 self._judged.add((blamer, record.epoch))
                 why = judge_evidence(record.evidence, accused, self.dht.keys.run_id, self.config.verify.false_alarm)

@@ -53,7 +53,7 @@ from p2ptrain.net.dht.records import LinksRecord, PeerRecord, PlanRecord, Progre
 from p2ptrain.planning import Cluster, LayeredWorkload, Workload, even_layers, make_objective
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.verify.attest import judge_evidence
-from p2ptrain.verify.evidence import is_recompute_evidence
+from p2ptrain.verify.evidence import is_bulk_evidence
 from p2ptrain.verify.sketch import FALSE_ALARM
 
 logger = logging.getLogger(__name__)
@@ -168,9 +168,9 @@ def culpable_leader(plan: PlanRecord, progress: Mapping[str, ProgressRecord], bl
     leader judges it (with ``run``; ``verify.attest.judge_evidence``): evidence that holds against the leader
     makes it culpable at once (its own work failed a check), and the blames of a peer whom evidence that holds
     accuses are void; evidence that does not hold is no blame at all (a liar's word must not pass an honest
-    leader over, and make the liar, next in line, the leader of those who believed it). A failed recompute's
-    evidence is not judged here (its bulk goes to the leader, ``verify.evidence``): its blame of another
-    member is the finder's word, its blame of the leader is no blame here. Then a peer the leader itself
+    leader over, and make the liar, next in line, the leader of those who believed it). Bulk evidence (a failed
+    recompute's, a shard dispute's) is not judged here (its bulk goes to the leader, ``verify.evidence``): its
+    blame of another member is the finder's word, its blame of the leader is no blame here. Then a peer the leader itself
     refused (its halted record says a check of the leader's found the peer's work wrong) cannot get the leader
     passed over: its blame of the leader is its word against the leader's, and the leader decides whom it
     plans. The rest are words, ordered by ``blame_roots``: a refusal names a cause, a failed call a cascade."""
@@ -178,14 +178,14 @@ def culpable_leader(plan: PlanRecord, progress: Mapping[str, ProgressRecord], bl
     void: set[str] = set()  # peers whose blames do not count
     if run is not None:
         judged = {p: _judge(r.evidence, r.blame, run, false_alarm) for p, r in halted.items()
-                  if r.evidence and r.blame and not is_recompute_evidence(r.evidence)}  # fmt: skip
+                  if r.evidence and r.blame and not is_bulk_evidence(r.evidence)}  # fmt: skip
         if any(why is None and halted[p].blame == plan.leader for p, why in judged.items()):
             return f"epoch {plan.epoch}, which it planned: its own work failed a check (proven by its signed statement)"
         void = {halted[p].blame for p, why in judged.items() if why is None}  # proven culprits
-        # nor is a failed recompute's against the leader (its bulk goes to the leader, which judges it): a liar's
+        # nor is bulk evidence against the leader (its bulk goes to the leader, which judges it): a liar's
         # must not pass an honest leader over, and nothing the leader did is kept meanwhile (the step is refused)
         halted = {p: r for p, r in halted.items() if judged.get(p) is None
-                  and not (r.evidence and is_recompute_evidence(r.evidence) and r.blame == plan.leader)}  # fmt: skip
+                  and not (r.evidence and is_bulk_evidence(r.evidence) and r.blame == plan.leader)}  # fmt: skip
     own = halted.get(plan.leader)
     if own is not None and own.refused and own.blame is not None:
         void.add(own.blame)  # caught by the leader's own check: its word against the leader's does not count
@@ -231,16 +231,16 @@ class CulpableWatch:
 
 
 def halts_settled(plan: PlanRecord, live: Collection[str], progress: Mapping[str, ProgressRecord], steps: int) -> bool:
-    """Whether every live trainer of ``plan`` says it halted its epoch (or trained every step), with no failed
-    recompute's evidence among them for the leader to judge: its re-plan waits for nothing more than its own
-    search (``replan.ReplanWatch``), so a follower gives it that and the grace, not the halts' and the
-    evidence's deadlines (``Leading.watch_leader``)."""
+    """Whether every live trainer of ``plan`` says it halted its epoch (or trained every step), with no bulk
+    evidence among them for the leader to judge (a failed recompute's, a shard dispute's): its re-plan waits for
+    nothing more than its own search (``replan.ReplanWatch``), so a follower gives it that and the grace, not the
+    halts' and the evidence's deadlines (``Leading.watch_leader``)."""
     trainers = [p for p in dict.fromkeys(trainers_of(plan)) if p in live]
     records = [progress.get(p) for p in trainers]
     if not trainers or not all(r is not None and r.epoch == plan.epoch and (r.halted or r.step >= steps)
                                for r in records):  # fmt: skip
         return False
-    return not any(r.evidence and is_recompute_evidence(r.evidence) for r in records)
+    return not any(r.evidence and is_bulk_evidence(r.evidence) for r in records)
 
 
 def newer_plan_excuses(newest: PlanRecord | None, followed_epoch: int, leader: str, live: Collection[str]) -> bool:
