@@ -16,6 +16,10 @@ receiver cannot tell the rest of that message from the next one; the messages be
 with ``StreamClosed`` and their senders send them again on a fresh stream (the receiver answers a copy it
 already took "duplicate"). A stream that broke is never reused.
 
+A channel tries a direct connection first where the transport has a direct data plane (``direct.py``: plain
+TCP, sealed, beside libp2p) and opens a libp2p stream where the peer cannot be reached directly; both carry the
+same frames.
+
 All methods run on the transport's event loop.
 """
 
@@ -30,6 +34,7 @@ from hivemind.p2p import P2P, PeerID
 from hivemind.proto import runtime_pb2
 
 from p2ptrain.errors import ProtocolError, StreamClosed
+from p2ptrain.net.transport.direct import DIRECT_CHUNK_BYTES
 from p2ptrain.net.transport.emulation import Reservation
 from p2ptrain.net.transport.frames import request_frame_head
 from p2ptrain.net.transport.messages import Header
@@ -42,9 +47,11 @@ logger = logging.getLogger(__name__)
 class Channel:
     """One persistent ``rpc_push`` stream to ``peer``; see the module docstring."""
 
-    def __init__(self, p2p: P2P, peer: str, handle_name: str, pacer: Pacer, chunk_bytes: int):
+    def __init__(self, p2p: P2P, peer: str, handle_name: str, pacer: Pacer, chunk_bytes: int, direct=None):
         self.peer = peer
         self._p2p = p2p
+        self._direct = direct  # our direct data plane (``direct.DirectPlane``): tried before libp2p
+        self.is_direct = False
         self._handle_name = handle_name
         self._pacer = pacer
         self._chunk_bytes = chunk_bytes
@@ -86,7 +93,8 @@ class Channel:
             written = False
             uid = header.tag.key.encode()
             try:
-                async for metadata, data in paced_pieces(header, payload, reservation, self._chunk_bytes, self._pacer):
+                chunk_bytes = DIRECT_CHUNK_BYTES if self.is_direct else self._chunk_bytes
+                async for metadata, data in paced_pieces(header, payload, reservation, chunk_bytes, self._pacer):
                     if reply.done():  # refused on its header: the receiver skips the rest
                         break
                     written = True
@@ -106,8 +114,13 @@ class Channel:
 
     async def _open(self) -> None:
         try:
-            _, self._reader, self._writer = await self._p2p.call_binary_stream_handler(
-                PeerID.from_base58(self.peer), self._handle_name)
+            pair = await self._direct.open(self.peer) if self._direct is not None else None
+            if pair is not None:  # a proven direct connection: the same framing, sealed (``direct.py``)
+                self._reader, self._writer = pair
+                self.is_direct = True
+            else:
+                _, self._reader, self._writer = await self._p2p.call_binary_stream_handler(
+                    PeerID.from_base58(self.peer), self._handle_name)
         except BaseException:
             self.close("it could not be opened")
             raise
@@ -130,7 +143,7 @@ class Channel:
                     return
                 if not reply.done():
                     reply.set_result(response)
-        except (asyncio.IncompleteReadError, ConnectionError, OSError) as e:
+        except (asyncio.IncompleteReadError, ConnectionError, OSError) as e:  # ``direct.Refused`` too
             reason = f"the connection broke: {e!r}"
         except Exception as e:  # a garbled frame (not protobuf): the stream is unusable
             reason = f"an unreadable reply: {e!r}"
@@ -158,8 +171,10 @@ class Channel:
 class Channels:
     """A pool of at most ``per_peer`` channels per peer; idle ones closed after ``idle_s``."""
 
-    def __init__(self, p2p: P2P, handle_name: str, pacer: Pacer, chunk_bytes: int, *, per_peer: int, idle_s: float):
+    def __init__(self, p2p: P2P, handle_name: str, pacer: Pacer, chunk_bytes: int, *, per_peer: int, idle_s: float,
+                 direct=None):  # fmt: skip
         self._p2p = p2p
+        self._direct = direct
         self._handle_name = handle_name
         self._pacer = pacer
         self._chunk_bytes = chunk_bytes
@@ -181,7 +196,7 @@ class Channels:
         if idle:
             return idle[0]
         if len(pool) < self.per_peer:
-            pool.append(Channel(self._p2p, peer, self._handle_name, self._pacer, self._chunk_bytes))
+            pool.append(Channel(self._p2p, peer, self._handle_name, self._pacer, self._chunk_bytes, self._direct))
             return pool[-1]
         return min(pool, key=lambda c: c.pending_bytes)
 

@@ -48,6 +48,7 @@ from p2ptrain.errors import MessageRejected, PeerFailed, PeerTimeoutError, Proto
 from p2ptrain.lifecycle import service_loop
 from p2ptrain.net.nat.relay import multiaddr_bytes
 from p2ptrain.net.transport.channel import Channels
+from p2ptrain.net.transport.direct import DirectPlane, plane_hosts
 from p2ptrain.net.transport.emulation import LinkEmulator
 from p2ptrain.net.transport.mailbox import Mailbox
 from p2ptrain.net.transport.messages import UNABORTED_KINDS, Header, MessageKind, Refusal, Tag, dtype_name
@@ -102,6 +103,8 @@ class TransportConfig:
     max_probe_reply_bytes: int = 32 << 20  # the access probe pulls this much at most from a peer (access_probe.py)
     step_window: int = 2  # messages up to this many steps ahead of the receiver's window are accepted
     epoch_window: int = 1  # ... and up to this many epochs ahead
+    direct: bool = False  # tensors over direct TCP connections, sealed, where peers reach each other (direct.py)
+    direct_port: int = 0  # the direct plane's TCP port (0: any free one)
 
     def __post_init__(self):
         for name in ("call_timeout_s", "startup_timeout_s", "shutdown_timeout_s", "dial_retry_s", "stream_idle_s"):
@@ -119,6 +122,8 @@ class TransportConfig:
             raise ValueError("step_window and epoch_window must be >= 0")
         if not 1 <= self.streams_per_peer <= 16:
             raise ValueError(f"streams_per_peer must be in 1..16, got {self.streams_per_peer}")
+        if not 0 <= self.direct_port < 65536:
+            raise ValueError(f"direct_port must be a TCP port (0: any), got {self.direct_port}")
 
 
 class Transport:
@@ -180,10 +185,23 @@ class Transport:
                                            stream_idle_s=self.config.stream_idle_s,
                                            buffers=BufferPool(self.config.buffer_pool_bytes))
         self._servicer.status_now = self._status_now
+        self.direct = None
+        if self.config.direct:
+            bind, hosts = plane_hosts([str(m) for m in await self._p2p.get_visible_maddrs()])
+            self.direct = DirectPlane(self.peer_id.to_base58(), self._servicer.serve_push, self._hello,
+                                      bind_host=bind, port=self.config.direct_port, hosts=hosts)  # fmt: skip
+            await self.direct.start()
+            self._servicer.direct = self.direct
         await self._servicer.add_p2p_handlers(self._p2p, namespace=NAMESPACE)
         self._channels = Channels(self._p2p, self.servicer_cls._get_handle_name(NAMESPACE, "rpc_push"), self.pacer,
                                   self.config.chunk_bytes, per_peer=self.config.streams_per_peer,
-                                  idle_s=self.config.stream_idle_s / 2)
+                                  idle_s=self.config.stream_idle_s / 2, direct=self.direct)
+
+    async def _hello(self, peer: str, request: bytes) -> bytes:
+        """``peer``'s answer to our direct-plane agreement, over libp2p (``direct.py``)."""
+        reply = await asyncio.wait_for(self.stub(peer).rpc_direct(runtime_pb2.ExpertRequest(uid=self.run, metadata=request)),
+                                       self.config.call_timeout_s)  # fmt: skip
+        return reply.metadata
 
     @property
     def run(self) -> str:
@@ -534,6 +552,8 @@ class Transport:
         channels = getattr(self, "_channels", None)
         if channels is not None:
             channels.close_all()
+        if getattr(self, "direct", None) is not None:
+            await self.direct.close()
         await asyncio.sleep(0)  # let pending receives take that error before they are cancelled
         await _cancel_all(self._tasks - {asyncio.current_task()}, step_s)
         servicer = getattr(self, "_servicer", None)

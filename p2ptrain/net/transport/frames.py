@@ -161,12 +161,12 @@ class _Fields:
     async def read_data(self, size: int) -> bytearray | numpy.ndarray:
         """A tensor buffer, read as it arrives: ``readexactly`` of a megabyte would let the stream's buffer
         grow past its limit, pause reading after every few hundred kilobytes and stall the sender's daemon.
-        A ``DirectReader`` receives it straight into the buffer."""
+        A ``DirectReader`` (or a direct connection's ``SealedReader``) receives it straight into the buffer."""
         if size > self.left or size > MAX_PIECE_BYTES:
             raise FrameError(f"a buffer of {size} bytes runs past its piece or exceeds {MAX_PIECE_BYTES}")
         self.left -= size
         data = self.allocate(size)
-        if isinstance(self.reader, DirectReader):
+        if hasattr(self.reader, "readinto"):
             await self.reader.readinto(memoryview(data))
             return data
         view, filled = memoryview(data), 0

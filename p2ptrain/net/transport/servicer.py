@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy
-from hivemind.p2p import P2P, P2PContext, ServicerBase
+from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase
 from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 from hivemind.p2p.p2p_daemon_bindings.utils import P2PHandlerError
 from hivemind.proto import runtime_pb2
@@ -96,6 +96,7 @@ class TensorServicer(ServicerBase):
         self.status = PeerStatus()  # what a ping answers (``net.status``); the agent keeps it current
         # fills in where the epoch stands (``PeerStatus.sent``, ``waits``) as a ping is answered (the loop's thread)
         self.status_now: Callable[[PeerStatus], PeerStatus] = lambda status: status
+        self.direct: typing.Any = None  # this peer's direct data plane (``direct.DirectPlane``), if it has one
 
     @classmethod
     def _get_handle_name(cls, namespace: str | None, method_name: str) -> str:
@@ -125,21 +126,33 @@ class TensorServicer(ServicerBase):
               for h in self._rpc_handlers if h.method_name != "rpc_push"])
 
     async def _push_stream(self, info: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """A stream of ``rpc_push``: its pieces in, its replies out (hivemind's framing), until either side ends."""
-        context = P2PContext(handle_name="rpc_push", local_id=self._local_id, remote_id=info.peer_id)
+        """A libp2p stream of ``rpc_push``: served as ``serve_push``."""
         try:
-            pieces = read_pieces(await DirectReader.take_over(reader, writer), self.buffers.lend)
+            source = await DirectReader.take_over(reader, writer)
+        except (ConnectionError, OSError) as e:
+            logger.debug("push stream from peer %s ended: %r", info.peer_id, e)
+            writer.close()
+            return
+        await self.serve_push(info.peer_id.to_base58(), source, writer)
+
+    async def serve_push(self, peer: str, source: typing.Any, writer: typing.Any) -> None:
+        """A stream of ``rpc_push`` from ``peer`` (a libp2p stream, or a direct connection proven to be the peer's,
+        ``direct.py``): its pieces in from ``source`` (``readexactly``, ``readinto``), its replies out through
+        ``writer`` (hivemind's framing), until either side ends."""
+        context = P2PContext(handle_name="rpc_push", local_id=self._local_id, remote_id=PeerID.from_base58(peer))
+        try:
+            pieces = read_pieces(source, self.buffers.lend)
             async for reply in self.rpc_push(pieces, context):
                 writer.write(message_frame(reply.SerializeToString()))
                 await within(writer.drain(), self.idle_timeout_s)
         except (ConnectionError, OSError, asyncio.TimeoutError) as e:  # the sender went away or stopped reading
-            logger.debug("push stream from peer %s ended: %r", info.peer_id, e)
+            logger.debug("push stream from peer %s ended: %r", peer, e)
         except Malformed as e:  # cut mid-piece (the sender died) or garbled: refused, one line
-            logger.info("push stream from peer %s refused: %s", info.peer_id, e)
+            logger.info("push stream from peer %s refused: %s", peer, e)
         except asyncio.CancelledError:  # we are shutting down: end the stream quietly
-            logger.debug("push stream from peer %s closed at shutdown", info.peer_id)
+            logger.debug("push stream from peer %s closed at shutdown", peer)
         except Exception:
-            logger.warning("push stream from peer %s failed", info.peer_id, exc_info=True)
+            logger.warning("push stream from peer %s failed", peer, exc_info=True)
         finally:
             writer.close()
 
@@ -192,6 +205,20 @@ class TensorServicer(ServicerBase):
                 self.mailbox.abandon(admission)
         logger.debug("received %s (%d bytes) from peer %s", header.tag, header.nbytes, sender)
         return make_reply(), NEXT
+
+    async def rpc_direct(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
+        """A sender's agreement on a direct connection to us (``direct.DirectPlane.answer_hello``; the run's name
+        goes in ``uid``): over libp2p, so the keys it carries are bound to both peers' identities."""
+        if request.uid != self.mailbox.window.run:
+            return make_reply(error=f"run {request.uid[:100]!r} is not this peer's run")
+        if self.direct is None:
+            return make_reply(error="no direct data plane here")
+        try:
+            answer = self.direct.answer_hello(context.remote_id.to_base58(), request.metadata)
+        except ValueError as e:
+            logger.info("direct-plane hello from peer %s refused: %s", context.remote_id, e)
+            return make_reply(error=str(e)[:MAX_ERROR_CHARS])
+        return runtime_pb2.ExpertResponse(metadata=answer)
 
     async def rpc_ping(self, request: runtime_pb2.ExpertRequest, context: P2PContext) -> runtime_pb2.ExpertResponse:
         """A heartbeat: answer at once with our status (the run's name goes in ``uid``); no mailbox involved."""

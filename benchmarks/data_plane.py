@@ -1,0 +1,148 @@
+"""The direct data plane beside libp2p and a plain TCP socket pair, in one run on this machine (issue 46).
+
+    python benchmarks/data_plane.py [--sizes 16,64] [--repeats 7]
+
+For each size, interleaved rounds (the machine's load swings within seconds), the median MB/s (10^6 bytes/s)
+of one float32 tensor moved and acknowledged:
+
+- ``tcp``: a plaintext TCP socket pair on loopback in Python (blocking sockets, a thread each end, the receiver
+  reading into one preallocated buffer, a 1-byte answer): what the machine moves without any protocol;
+- ``libp2p``: two transports (``transport.direct`` off), ``send`` until accepted, then ``recv``;
+- ``direct``: the same with ``transport.direct`` on (sealed with AES-GCM, ``net/transport/direct.py``);
+
+and what the encryption costs on its own: AES-GCM sealing and opening a 4 MiB record (the direct plane's
+pieces) on one core. Ratios are against ``tcp`` of the same round.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import click
+import torch
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from p2ptrain.net.transport.endpoint import Transport, TransportConfig  # noqa: E402
+from p2ptrain.net.transport.messages import MessageKind, Tag  # noqa: E402
+
+MIB = 1 << 20
+RUN = "dataplane"
+
+
+class TcpPair:
+    """A plaintext TCP socket pair on loopback, the receiver a thread reading into one buffer."""
+
+    def __init__(self, nbytes: int):
+        self.nbytes = nbytes
+        listener = socket.create_server(("127.0.0.1", 0))
+        self.sender = socket.create_connection(listener.getsockname())
+        self.receiver, _ = listener.accept()
+        listener.close()
+        self.buffer = memoryview(bytearray(nbytes))
+        self.go, self.stop = threading.Semaphore(0), False
+        self.thread = threading.Thread(target=self._receive, daemon=True)
+        self.thread.start()
+
+    def _receive(self) -> None:
+        while True:
+            self.go.acquire()
+            if self.stop:
+                return
+            got = 0
+            while got < self.nbytes:
+                got += self.receiver.recv_into(self.buffer[got:], self.nbytes - got)
+            self.receiver.sendall(b"k")
+
+    def round(self, payload: memoryview) -> float:
+        self.go.release()
+        started = time.perf_counter()
+        self.sender.sendall(payload)
+        assert self.sender.recv(1) == b"k"
+        return time.perf_counter() - started
+
+    def close(self) -> None:
+        self.stop = True
+        self.go.release()
+        self.sender.close()
+        self.receiver.close()
+
+
+def _transport_round(sender: Transport, receiver: Transport, tensor: torch.Tensor, index: int) -> float:
+    tag = Tag(RUN, 0, 0, MessageKind.BENCH, micro_batch=index)
+    started = time.perf_counter()
+    sender.send(receiver.peer_id, tag, tensor)
+    elapsed = time.perf_counter() - started
+    receiver.recv(tag, sender.peer_id, shape=tuple(tensor.shape), dtype=tensor.dtype)
+    return elapsed
+
+
+def _aead_rate() -> tuple[float, float]:
+    key, data, nonce = AESGCM(AESGCM.generate_key(128)), os.urandom(4 * MIB), bytes(12)
+    out = bytearray(4 * MIB)
+    sealed = key.encrypt(nonce, data, None)
+    seal, open_ = [], []
+    for _ in range(8):
+        t = time.perf_counter()
+        sealed = key.encrypt(nonce, data, None)
+        seal.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        key.decrypt_into(nonce, sealed, None, out)
+        open_.append(time.perf_counter() - t)
+    return 4 * MIB / statistics.median(seal) / 1e6, 4 * MIB / statistics.median(open_) / 1e6
+
+
+@click.command()
+@click.option("--sizes", default="16,64", show_default=True, help="Tensor sizes in MiB, comma-separated.")
+@click.option("--repeats", type=click.IntRange(1), default=7, show_default=True, help="Interleaved rounds (median).")
+def main(sizes: str, repeats: int) -> None:
+    sizes_mib = [int(s) for s in sizes.split(",")]
+    seal, open_ = _aead_rate()
+    print(f"AES-GCM on one core, 4 MiB records: seal {seal:.0f} MB/s, open {open_:.0f} MB/s", flush=True)
+    config = {"max_message_bytes": max(sizes_mib) * MIB, "max_buffered_bytes": 4 * max(sizes_mib) * MIB,
+              "call_timeout_s": 60.0}  # fmt: skip
+    pairs = {}
+    for name, direct in (("libp2p", False), ("direct", True)):
+        receiver = Transport(RUN, TransportConfig(direct=direct, **config))
+        sender = Transport(RUN, TransportConfig(direct=direct, **config), initial_peers=receiver.visible_maddrs)
+        sender.connect(receiver.peer_id, receiver.visible_maddrs)
+        pairs[name] = (sender, receiver)
+    index = 0
+    print(f"{'MiB':>4} {'tcp MB/s':>9} {'libp2p':>8} {'direct':>8} {'libp2p/tcp':>11} {'direct/tcp':>11} "
+          f"{'direct/libp2p':>14}")  # fmt: skip
+    try:
+        for size in sizes_mib:
+            tensor = torch.randn(size * MIB // 4)
+            payload = memoryview(tensor.numpy()).cast("B")
+            tcp = TcpPair(size * MIB)
+            times: dict[str, list[float]] = {"tcp": [], "libp2p": [], "direct": []}
+            for round_ in range(repeats + 1):  # the first round warms up (connections, page faults)
+                t = {"tcp": tcp.round(payload)}
+                for name, (sender, receiver) in pairs.items():
+                    index += 1
+                    t[name] = _transport_round(sender, receiver, tensor, index)
+                if round_:
+                    for name, seconds in t.items():
+                        times[name].append(seconds)
+            tcp.close()
+            rate = {name: size * MIB / statistics.median(ts) / 1e6 for name, ts in times.items()}
+            print(f"{size:>4} {rate['tcp']:>9.0f} {rate['libp2p']:>8.0f} {rate['direct']:>8.0f} "
+                  f"{rate['libp2p'] / rate['tcp']:>10.2f}x {rate['direct'] / rate['tcp']:>10.2f}x "
+                  f"{rate['direct'] / rate['libp2p']:>13.2f}x", flush=True)  # fmt: skip
+        direct_channels = [c.is_direct for c in pairs["direct"][0]._channels._pools.get(str(pairs["direct"][1].peer_id), [])]
+        print(f"direct channels used: {direct_channels}")
+    finally:
+        for sender, receiver in pairs.values():
+            sender.shutdown()
+            receiver.shutdown()
+
+
+if __name__ == "__main__":
+    main()
