@@ -302,7 +302,6 @@ class DirectPlane:
                 return
             proven = True
             self._pending -= 1
-            self.accepted += 1
             self._open.add(task)
             self._connections.add(writer)
             logger.debug("direct connection from peer %s proven", peer)
@@ -329,6 +328,7 @@ class DirectPlane:
         proof = await sealed_reader.readexactly(len(_PROOF) + len(opening))
         if not hmac.compare_digest(proof, _PROOF + opening):
             raise Refused("a proof for another connection")
+        self.accepted += 1  # before our proof goes out: the dialer may count on it as soon as it has it
         sealed_writer = SealedWriter(writer, outbound)
         sealed_writer.write(_PROOF + opening)
         await sealed_writer.drain()

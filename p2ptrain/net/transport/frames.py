@@ -74,6 +74,41 @@ def message_frame(body: bytes) -> bytes:
 Allocate = Callable[[int], "bytearray | numpy.ndarray"]  # a writable buffer of that many bytes
 
 
+class Landing:
+    """An ``Allocate`` that can be aimed: the next buffer asked for that fits lands in the place aimed at (the
+    rest of a message's buffer, ``servicer.read_payload``), so a message of many pieces is read into its own
+    buffer and not copied there piece by piece; otherwise a buffer from ``allocate``."""
+
+    def __init__(self, allocate: Allocate):
+        self.allocate = allocate
+        self._aim: memoryview | None = None
+        self.landed: memoryview | None = None  # the last buffer handed out in place, until the next aim
+
+    def aim(self, view: memoryview | None) -> None:
+        """The place the next buffer that fits lands in (None: wherever ``allocate`` says)."""
+        self._aim, self.landed = view, None
+
+    def __call__(self, size: int):
+        aim, self._aim = self._aim, None
+        if aim is not None and size <= len(aim):
+            self.landed = aim[:size]
+            return self.landed
+        return self.allocate(size)
+
+
+class Landed:
+    """``read_pieces(reader, landing)`` with its ``landing`` at hand (``servicer.Pieces`` aims it)."""
+
+    def __init__(self, read, reader, landing: Landing):
+        self._pieces, self.landing = read(reader, landing), landing
+
+    def __aiter__(self) -> Landed:
+        return self
+
+    async def __anext__(self) -> Piece:
+        return await self._pieces.__anext__()
+
+
 async def read_pieces(reader: asyncio.StreamReader | DirectReader, allocate: Allocate = bytearray) -> AsyncIterator[Piece]:
     """The pieces of an incoming stream until its end (an end-of-stream frame, or the stream closing between
     two frames), each piece's data in a buffer from ``allocate``. FrameError for anything else; the caller's

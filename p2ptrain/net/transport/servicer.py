@@ -43,7 +43,15 @@ from hivemind.proto import runtime_pb2
 
 from p2ptrain.errors import MessageRejected, ProtocolError, StreamClosed
 from p2ptrain.net.transport.emulation import LinkEmulator, Reservation
-from p2ptrain.net.transport.frames import Allocate, FrameError, Piece, message_frame, read_pieces
+from p2ptrain.net.transport.frames import (
+    Allocate,
+    FrameError,
+    Landed,
+    Landing,
+    Piece,
+    message_frame,
+    read_pieces,
+)
 from p2ptrain.net.transport.mailbox import Mailbox
 from p2ptrain.net.transport.messages import (
     Header,
@@ -141,7 +149,7 @@ class TensorServicer(ServicerBase):
         ``writer`` (hivemind's framing), until either side ends."""
         context = P2PContext(handle_name="rpc_push", local_id=self._local_id, remote_id=PeerID.from_base58(peer))
         try:
-            pieces = read_pieces(source, self.buffers.lend)
+            pieces = Landed(read_pieces, source, Landing(self.buffers.lend))
             async for reply in self.rpc_push(pieces, context):
                 writer.write(message_frame(reply.SerializeToString()))
                 await within(writer.drain(), self.idle_timeout_s)
@@ -348,6 +356,8 @@ class Pieces:
     pieces), each awaited under the idle deadline, with one piece of lookahead."""
 
     def __init__(self, requests: AsyncIterator[Piece | runtime_pb2.ExpertRequest], idle_timeout_s: float):
+        # where the stream's reader allocates (``frames.Landed``): aimed by ``read_payload``
+        self.landing: Landing | None = getattr(requests, "landing", None)
         self._requests = requests.__aiter__()
         self._idle_timeout_s = idle_timeout_s
         self._ahead: Piece | None = None
@@ -438,27 +448,35 @@ async def read_payload(
     pieces: Pieces, first: Piece, header: Header, keep: bool = True, allocate: Allocate = bytearray
 ) -> bytearray | numpy.ndarray | None:
     """Read the pieces of one message, starting with ``first``; its bytes (None when not ``keep``), in the
-    first piece's buffer when that is the whole message, else in one from ``allocate``."""
+    first piece's buffer when that is the whole message, else in one from ``allocate``, into which the pieces
+    after the first land directly where the stream's reader allows (``pieces.landing``)."""
     buffer, filled, piece = None, 0, first
-    while True:
-        if piece.buffers > 1:
-            raise Malformed("a piece carries more than one buffer")
-        data = piece.data
-        if filled + len(data) > header.nbytes:
-            raise Malformed(f"more bytes than the header announced ({header.nbytes})")
-        if keep and filled == 0 and len(data) == header.nbytes:  # a message in one piece: no copy when we can keep it
-            buffer = data if isinstance(data, bytearray | numpy.ndarray) else bytearray(data)
-        elif keep:
-            buffer = buffer if buffer is not None else allocate(header.nbytes)
-            memoryview(buffer)[filled : filled + len(data)] = data
-        filled += len(data)
-        if filled == header.nbytes:
-            return buffer
-        piece = await pieces.next(allow_end=False)
-        if piece.uid != header.tag.key:
-            raise Malformed(f"pieces disagree on the tag: {piece.uid[:100]!r} inside {header.tag.key!r}")
-        if piece.metadata:
-            raise Malformed("a header in the middle of a message")
+    landing = pieces.landing
+    try:
+        while True:
+            if piece.buffers > 1:
+                raise Malformed("a piece carries more than one buffer")
+            data = piece.data
+            if filled + len(data) > header.nbytes:
+                raise Malformed(f"more bytes than the header announced ({header.nbytes})")
+            if keep and filled == 0 and len(data) == header.nbytes:  # a message in one piece: no copy when we can keep it
+                buffer = data if isinstance(data, bytearray | numpy.ndarray) else bytearray(data)
+            elif keep and not (landing is not None and data is landing.landed):  # landed in place: nothing to copy
+                buffer = buffer if buffer is not None else allocate(header.nbytes)
+                memoryview(buffer)[filled : filled + len(data)] = data
+            filled += len(data)
+            if filled == header.nbytes:
+                return buffer
+            if landing is not None and keep:  # the next piece's data goes straight to its place in ``buffer``
+                landing.aim(memoryview(buffer).cast("B")[filled:])
+            piece = await pieces.next(allow_end=False)
+            if piece.uid != header.tag.key:
+                raise Malformed(f"pieces disagree on the tag: {piece.uid[:100]!r} inside {header.tag.key!r}")
+            if piece.metadata:
+                raise Malformed("a header in the middle of a message")
+    finally:
+        if landing is not None:  # nothing lands in this message's buffer once it is read (or refused)
+            landing.aim(None)
 
 
 async def paced_pieces(
