@@ -38,7 +38,7 @@ def optimizer_options(command: Callable) -> Callable:
 
 
 INIT_FROM_HELP = ("Start from these weights: a Hugging Face folder (GPT2LMHeadModel or LlamaForCausalLM safetensors "
-                  "and config.json) or a p2ptrain checkpoint; its shape must be the preset's.  [default: drawn "
+                  "and config.json) or a p2ptrain checkpoint of any shape of the preset's family (the preset gives the recipe).  [default: drawn "
                   "from --seed]")
 
 

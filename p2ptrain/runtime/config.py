@@ -107,7 +107,6 @@ class TrainConfig:
         for name in ("steps", "global_batch_size", "micro_batches", "replicas"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        self._check_stages(shape.num_layers)
         if self.seq_len is not None and self.seq_len < 1:
             raise ValueError(f"seq_len must be at least 1, got {self.seq_len}")
         if self.seed < 0:
@@ -121,8 +120,6 @@ class TrainConfig:
             raise ValueError(f"optimizer.warmup_steps={self.optimizer.warmup_steps} exceeds the run's {self.steps} "
                              "steps (the warm-up would never end)")
         check_split(self.global_batch_size, self.replicas, self.micro_batches)
-        if self.layers is not None:
-            object.__setattr__(self, "layers", check_layers(self.layers, shape.num_layers, self.stages))
         if self.precision not in ("fp32", "bf16", "fp16"):
             raise ValueError(f"precision must be fp32, bf16 or fp16, got {self.precision!r}")
         if self.eval_every < 0 or self.eval_batches < 1:
@@ -138,7 +135,10 @@ class TrainConfig:
             from p2ptrain.runtime.init_from import check_data, open_init_source
 
             check_data(open_init_source(self.init_from), self.data, tokens)
-            self.shape  # noqa: B018 - checks the checkpoint's shape against the preset's (one line)
+            shape = self.shape  # the checkpoint's, checked against the preset's family (one line)
+        self._check_stages(shape.num_layers)
+        if self.layers is not None:
+            object.__setattr__(self, "layers", check_layers(self.layers, shape.num_layers, self.stages))
 
     def _check_stages(self, num_layers: int) -> None:
         """``stages`` a positive number of at most the model's blocks, or "auto"; the bounds within them."""
@@ -169,11 +169,12 @@ class TrainConfig:
         (the model's blocks when unset) with ``"auto"``."""
         if not self.stages_auto:
             return self.stages, self.stages
-        return self.min_stages, model_shape(self.model).num_layers if self.max_stages is None else self.max_stages
+        return self.min_stages, self.shape.num_layers if self.max_stages is None else self.max_stages
 
     @property
     def shape(self) -> ModelShape:
-        """The preset's shape with ``seq_len`` applied: what every stage builds and every batch holds."""
+        """The preset's shape with ``seq_len`` applied (with ``init_from``, the checkpoint's: ``run_shape``): what
+        every stage builds and every batch holds."""
         shape = model_shape(self.model)
         if self.seq_len is not None:
             shape = dataclasses.replace(shape, seq_len=self.seq_len)
@@ -182,7 +183,7 @@ class TrainConfig:
         if self.init_from is not None:
             from p2ptrain.runtime.init_from import open_init_source, run_shape
 
-            return run_shape(open_init_source(self.init_from), shape, self.activation)
+            return run_shape(open_init_source(self.init_from), shape, self.activation, self.model)
         if self.activation is not None:
             shape = dataclasses.replace(shape, activation=self.activation)
         return shape

@@ -4,11 +4,12 @@
     p2ptrain swarm --model llama-tiny --init-from ./tiny-llama                     # LlamaForCausalLM
     p2ptrain train --model tiny --init-from ckpt/                                   # one of ours
 
-The run's preset says the shape; the folder must hold exactly that shape (family, layers, widths, heads,
-feed-forward size, vocabulary), else the run is refused in one line. Two settings follow the folder: the
-activation (GPT-2's checkpoints use the tanh GELU, ``gelu_new``; the run takes it and exports it as loaded)
-and, for learned positions, the run may be shorter than the folder's positions (the first ``seq_len`` rows
-are used). The run's data must be written with the checkpoint's vocabulary (its tokenizer's size, and the
+The folder says the shape: any GPT-2 or LLaMA-family shape the blocks build (layers, widths, heads, key/value
+heads, feed-forward size, vocabulary) trains; the run's preset must be of the same family and gives the rest:
+its optimizer recipe (a shape no preset has gets the recipe of the preset the run names, and the log says which
+preset is nearest by size), its sequence length unless ``seq_len`` says otherwise. For learned positions the
+run may be shorter than the folder's positions (the first ``seq_len`` rows are used). The activation follows
+the folder too (GPT-2's checkpoints use the tanh GELU, ``gelu_new``; the run takes it and exports it as loaded). The run's data must be written with the checkpoint's vocabulary (its tokenizer's size, and the
 same tokenizer when the folder has a ``tokenizer.json``).
 
 Each stage reads only its own tensors (``load_initial``: safetensors are read lazily, by name). Only the
@@ -23,6 +24,7 @@ import dataclasses
 import functools
 import hashlib
 import logging
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +32,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from p2ptrain.planning.model_shapes import ModelShape
+from p2ptrain.planning.model_shapes import MODEL_PRESETS, ModelShape
+from p2ptrain.planning.workload import parameter_count
 
 if TYPE_CHECKING:
     from p2ptrain.runtime.config import TrainConfig
@@ -100,23 +103,40 @@ def open_init_source(path: str) -> InitSource:
     return source
 
 
-def run_shape(source: InitSource, preset: ModelShape, activation: str | None) -> ModelShape:
-    """The run's shape starting from ``source``: ``preset`` (the run's seq_len and vocabulary applied) checked
-    against the checkpoint, with the checkpoint's activation (or ``activation`` if it agrees)."""
+def run_shape(source: InitSource, preset: ModelShape, activation: str | None, model: str = "") -> ModelShape:
+    """The run's shape starting from ``source``: the checkpoint's, with the run's sequence length (``preset``'s,
+    ``seq_len`` applied), checked against the run's preset (``model``: the same family) and ``activation``."""
     theirs = source.shape
-    differ = [f"{name} {getattr(theirs, name)} (the preset's: {getattr(preset, name)})" for name in SHAPE_FIELDS
-              if getattr(theirs, name) != getattr(preset, name)]  # fmt: skip
-    if differ:
-        raise ValueError(f"init_from {source.path}: the checkpoint's shape does not match the preset: "
-                         f"{', '.join(differ)}")
+    if theirs.family != preset.family:
+        raise ValueError(f"init_from {source.path}: the checkpoint's shape does not match the preset: family "
+                         f"{theirs.family} (the preset's: {preset.family}; choose a {theirs.family} preset, whose "
+                         "recipe the run takes)")
     if activation is not None and activation != theirs.activation:
         raise ValueError(f"init_from {source.path}: the checkpoint computes {theirs.activation}, not the "
                          f"activation {activation} asked for (leave activation unset to take the checkpoint's)")
     if preset.family == "gpt" and preset.seq_len > theirs.seq_len:
         raise ValueError(f"init_from {source.path}: the checkpoint has {theirs.seq_len} learned positions, the run "
                          f"asks for sequences of {preset.seq_len} (--seq-len {theirs.seq_len} or less)")
-    return dataclasses.replace(preset, activation=theirs.activation, norm_eps=theirs.norm_eps,
-                               rope_theta=theirs.rope_theta)
+    shape = dataclasses.replace(theirs, seq_len=preset.seq_len)
+    differ = [f"{name} {getattr(theirs, name)}" for name in SHAPE_FIELDS[1:] if getattr(theirs, name) != getattr(preset, name)]
+    if differ and (source.path, model) not in _NOTED:
+        _NOTED.add((source.path, model))
+        nearest = nearest_preset(shape)
+        logger.info("init_from %s: the checkpoint's shape is not preset %s's (%s; %.1f M parameters): the run trains "
+                    "it with %s's optimizer recipe%s", source.path, model or "?", ", ".join(differ),
+                    parameter_count(shape) / 1e6, model or "the preset",
+                    "" if nearest == model else f" (the nearest preset by size: {nearest})")  # fmt: skip
+    return shape
+
+
+_NOTED: set[tuple[str, str]] = set()
+
+
+def nearest_preset(shape: ModelShape) -> str:
+    """The preset of ``shape``'s family nearest it in parameters (by ratio)."""
+    count = parameter_count(shape)
+    same = {name: s for name, s in MODEL_PRESETS.items() if s.family == shape.family}
+    return min(same, key=lambda name: abs(math.log(parameter_count(same[name]) / count)))
 
 
 def check_data(source: InitSource, data: str | None, data_vocab: int) -> None:
