@@ -330,6 +330,25 @@ def test_a_member_the_leader_refused_cannot_get_it_passed_over():
     assert culpable_leader(plan, {peers[0]: leader_refused, peers[1]: counter, peers[2]: third}, 60.0) is not None
 
 
+def test_a_member_another_member_refused_cannot_get_the_leader_passed_over():
+    """A non-leader's check refuses a member (issue 45's campaign: ``accuse_back @ finder``); the refused member
+    blames the leader, with a refusal or a failed call of its own: contested, no leader is passed over. The
+    finder's refusal still names the member, and two members refusing each other stay word against word."""
+    peers = sorted(generate_identity().peer_id for _ in range(5))
+    plan = plan_record(peers, peers[:4], (0, 1, 2, 3))  # led by peers[0]
+    finder = ProgressRecord(0, 2, None, 0.0, halted=True, blame=peers[3], refused=True)
+    leader = ProgressRecord(0, 2, None, 0.0, halted=True)  # aborted, blaming nobody
+    call = ProgressRecord(0, 2, None, 0.0, halted=True, blame=peers[0])
+    for blame in (call, dataclasses.replace(call, refused=True)):
+        records = {peers[2]: finder, peers[3]: blame, peers[0]: leader}
+        assert culpable_leader(plan, records, 60.0) is None
+        assert culpable_leader(plan, {peers[3]: blame, peers[0]: leader}, 60.0) is not None  # uncontested: it counts
+    # an honest third trainer's blame of the leader is no one's contested word
+    third = ProgressRecord(0, 2, None, 0.0, halted=True, blame=peers[0])
+    assert culpable_leader(plan, {peers[2]: finder, peers[3]: call, peers[1]: third, peers[0]: leader}, 60.0) \
+        is not None  # fmt: skip
+
+
 def test_the_blames_of_a_member_proven_by_evidence_are_void():
     ids = sorted((generate_identity() for _ in range(5)), key=lambda i: i.peer_id)
     peers = [i.peer_id for i in ids]
@@ -341,7 +360,9 @@ def test_the_blames_of_a_member_proven_by_evidence_are_void():
     leader_halted = ProgressRecord(0, 3, None, 0.0, halted=True)
     records = {peers[2]: finder, peers[3]: accuses_leader, peers[0]: leader_halted}
     assert culpable_leader(plan, records, 60.0, run=run) is None  # judged: the proven culprit's word is void
-    assert culpable_leader(plan, records, 60.0) is not None  # unjudged, its refusal names the leader
+    assert culpable_leader(plan, records, 60.0) is None  # unjudged, its finder's refusal still contests it
+    waited = dataclasses.replace(finder, evidence=b"", refused=False)  # a failed call on it: no one contests it
+    assert culpable_leader(plan, {**records, peers[2]: waited}, 60.0) is not None  # its refusal names the leader
 
 
 def _statement(key, member: str, run: str, adds_up: bool) -> bytes:

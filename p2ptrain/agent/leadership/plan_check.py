@@ -173,7 +173,9 @@ def culpable_leader(plan: PlanRecord, progress: Mapping[str, ProgressRecord], bl
     blame of another member is the finder's word, its blame of the leader is no blame here. Then a peer the leader itself
     refused (its halted record says a check of the leader's found the peer's work wrong) cannot get the leader
     passed over: its blame of the leader is its word against the leader's, and the leader decides whom it
-    plans. The rest are words, ordered by ``blame_roots``: a refusal names a cause, a failed call a cascade."""
+    plans; nor can a peer another member refused (its word against its finder's: a caught member that blames
+    the leader back, to shield itself). The rest are words, ordered by ``blame_roots``: a refusal names a
+    cause, a failed call a cascade."""
     halted = {p: r for p, r in progress.items() if r.epoch == plan.epoch and r.halted and p in plan.membership}
     void: set[str] = set()  # peers whose blames do not count
     if run is not None:
@@ -189,6 +191,9 @@ def culpable_leader(plan: PlanRecord, progress: Mapping[str, ProgressRecord], bl
     own = halted.get(plan.leader)
     if own is not None and own.refused and own.blame is not None:
         void.add(own.blame)  # caught by the leader's own check: its word against the leader's does not count
+    # refused by another member's check: its word is contested by its finder's, and cannot pass the leader over
+    # while it stands accused (a member caught by a non-leader that blames the leader back, issue 45's campaign)
+    void |= {r.blame for r in halted.values() if r.refused and r.blame is not None and r.blame != plan.leader}
     halted = {p: r for p, r in halted.items() if p not in void}
     edges = {p: r.blame for p, r in halted.items() if r.blame in plan.membership and r.blame != p}
     roots = blame_roots(edges, refusals_of(halted))
