@@ -16,10 +16,14 @@ llama-125m     6e-4       1e-5    GPT-3 Small's rate with LLaMA's ε
 llama-1b       4e-4       1e-5    TinyLlama 1.1B (Zhang et al. 2024)
 =============  =========  ======  ==========================================================================
 
-Warm-up is a share of the run (``warmup_fraction``), not a count: the references warmed up over 375 M
-tokens (GPT-3) or 2000 steps (LLaMA, TinyLlama), well under 1 % of runs far longer than any run here; a
-1 % warm-up is of that order for a long run and still a few steps for a short one. The toy presets, run for
-tens of steps, warm up over 10 %. An explicit ``warmup_steps`` or ``min_lr`` replaces the share.
+Warm-up is a share of the run (``warmup_fraction``) with a floor (``warmup_floor_steps``): the references
+warmed up over 375 M tokens (GPT-3: 750 updates of GPT-3 Small's 0.5 M-token batch, 375 of GPT-3 XL's 1 M)
+or 2000 updates (LLaMA, TinyLlama), well under 1 % of runs far longer than any run here. A long run warms up
+over 1 %, at least the reference's updates; a run too short for those warms up over at most a tenth of itself
+(``SHORT_RUN_WARMUP``): 5 updates of a 50-update run, where 1 % rounds to none and the first full-rate updates
+of a large preset blow its loss up (``benchmarks/large_presets.py``: ``gpt3-xl`` from 11.4 to 18.1). The toy
+presets, run for tens of steps, warm up over 10 % with no floor. An explicit ``warmup_steps`` or ``min_lr``
+replaces the share.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ class Recipe:
     weight_decay: float = 0.1
     lr_schedule: str = "cosine"
     warmup_fraction: float = 0.01
+    warmup_floor_steps: int = 0  # the reference's warm-up in updates (a short run: at most SHORT_RUN_WARMUP of it)
     min_lr_ratio: float = 0.1
     decay_fraction: float = 0.2
     clip: float = 1.0
@@ -46,16 +51,17 @@ class Recipe:
         return asdict(self)
 
 
+SHORT_RUN_WARMUP = 0.1  # a run shorter than its preset's warm-up floor warms up over at most this share of it
 _TOY = Recipe(lr=2e-3, warmup_fraction=0.1)
 
 RECIPES: dict[str, Recipe] = {
     "tiny": _TOY,
     "small": _TOY,
     "llama-tiny": _TOY,
-    "gpt2": Recipe(lr=6e-4),
-    "gpt3-xl": Recipe(lr=2e-4),
-    "llama-125m": Recipe(lr=6e-4, eps=1e-5),
-    "llama-1b": Recipe(lr=4e-4, eps=1e-5),
+    "gpt2": Recipe(lr=6e-4, warmup_floor_steps=750),
+    "gpt3-xl": Recipe(lr=2e-4, warmup_floor_steps=375),
+    "llama-125m": Recipe(lr=6e-4, eps=1e-5, warmup_floor_steps=2000),
+    "llama-1b": Recipe(lr=4e-4, eps=1e-5, warmup_floor_steps=2000),
 }
 
 
@@ -70,5 +76,6 @@ def recipe(model: str) -> Recipe:
 def described(model: str) -> str:
     """One line for ``--help``: ``tiny: lr 2e-3, 10% warm-up, cosine to 10%, clip 1.0``."""
     r = recipe(model)
-    return (f"{model}: lr {r.lr:g}, {r.warmup_fraction:.0%} warm-up, {r.lr_schedule} to {r.min_lr_ratio:.0%}, "
+    floor = f" (at least {r.warmup_floor_steps} updates, {SHORT_RUN_WARMUP:.0%} of a shorter run)" if r.warmup_floor_steps else ""
+    return (f"{model}: lr {r.lr:g}, {r.warmup_fraction:.0%} warm-up{floor}, {r.lr_schedule} to {r.min_lr_ratio:.0%}, "
             f"clip {r.clip:g}, betas {r.beta1:g}/{r.beta2:g}, eps {r.eps:g}, wd {r.weight_decay:g}")

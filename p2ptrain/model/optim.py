@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from p2ptrain.model.hyperparams import recipe
+from p2ptrain.model.hyperparams import SHORT_RUN_WARMUP, recipe
 from p2ptrain.model.lr_schedule import SCHEDULE_KINDS, lr_at
 from p2ptrain.model.precision import ScaledAdamW
 
@@ -37,6 +37,7 @@ class OptimizerConfig:
     lr_schedule: str | None = None  # constant, cosine, linear or wsd (``p2ptrain.model.lr_schedule``)
     warmup_steps: int | None = None  # linear warm-up over this many first updates (None: warmup_fraction of the run)
     warmup_fraction: float | None = None  # the warm-up as a share of the run's steps, when warmup_steps is None
+    warmup_floor_steps: int | None = None  # ... and at least this many updates, or SHORT_RUN_WARMUP of a shorter run
     min_lr: float | None = None  # the floor the decaying schedules reach at the run's end (None: min_lr_ratio · lr)
     min_lr_ratio: float | None = None  # the floor as a share of lr, when min_lr is None
     decay_fraction: float | None = None  # wsd: the share of the run's steps over which it decays
@@ -48,6 +49,9 @@ class OptimizerConfig:
         if self.warmup_steps is not None and (isinstance(self.warmup_steps, bool) or not isinstance(
                 self.warmup_steps, int) or self.warmup_steps < 0):  # fmt: skip
             raise ValueError(f"optimizer.warmup_steps must be a non-negative integer, got {self.warmup_steps!r}")
+        if self.warmup_floor_steps is not None and (isinstance(self.warmup_floor_steps, bool) or not isinstance(
+                self.warmup_floor_steps, int) or self.warmup_floor_steps < 0):  # fmt: skip
+            raise ValueError(f"optimizer.warmup_floor_steps must be a non-negative integer, got {self.warmup_floor_steps!r}")
         if self.lr is not None and not self.lr > 0:
             raise ValueError(f"optimizer.lr must be positive, got {self.lr}")
         if self.min_lr is not None and not 0 <= self.min_lr <= (self.lr if self.lr is not None else math.inf):
@@ -83,7 +87,8 @@ class OptimizerConfig:
         self._check_resolved()
         if self.warmup_steps is not None:
             return self.warmup_steps
-        return min(total_steps, round(self.warmup_fraction * total_steps))
+        floor = min(self.warmup_floor_steps, math.ceil(SHORT_RUN_WARMUP * total_steps))
+        return min(total_steps, max(round(self.warmup_fraction * total_steps), floor))
 
     @property
     def floor(self) -> float:
