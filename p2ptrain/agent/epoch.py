@@ -56,7 +56,14 @@ from p2ptrain.errors import MessageRejected, PeerFailed, PeerTimeoutError, Proto
 from p2ptrain.lifecycle import StopSignal
 from p2ptrain.model.stage import build_stage
 from p2ptrain.net.dht.node import SwarmDHT
-from p2ptrain.net.dht.records import MAX_EVIDENCE_BYTES, MAX_HOLDS, PeerRecord, PlanRecord, ProgressRecord
+from p2ptrain.net.dht.records import (
+    MAX_ALSO,
+    MAX_EVIDENCE_BYTES,
+    MAX_HOLDS,
+    PeerRecord,
+    PlanRecord,
+    ProgressRecord,
+)
 from p2ptrain.net.transport.endpoint import Transport
 from p2ptrain.net.transport.messages import MessageKind, Tag
 from p2ptrain.net.transport.status import FAIL, HALT, IDLE, TRAIN, PeerStatus
@@ -536,7 +543,9 @@ def _halt(plan: PlanRecord, ctx: EpochContext, done: int, error: BaseException |
     ctx.heartbeat.flush(ProgressRecord(plan.epoch, step, None, 0.0, halted=True, kept=kept,
                                        stage=keeper.stage if held else None, holds=holds, blame=blame,
                                        leader=plan.leader, evidence=evidence,
-                                       refused=isinstance(error, VerificationFailed) and blame is not None))
+                                       refused=isinstance(error, VerificationFailed) and blame is not None,
+                                       also=error.also[:MAX_ALSO] if isinstance(error, VerificationFailed)
+                                       and blame is not None else ()))  # fmt: skip
     return EpochOutcome(False, done, halted=True)
 
 

@@ -106,11 +106,12 @@ class Finding:
 class VerificationFailed(ProtocolError):
     """A member of our group failed a check of this step: the step is refused and the epoch halts blaming it."""
 
-    def __init__(self, finding: Finding):
+    def __init__(self, finding: Finding, also: tuple[str, ...] = ()):
         super().__init__(f"peer {finding.member} failed the {finding.check} check of step {finding.step}: "
                          f"{finding.reason}")
         self.finding = finding
         self.peer = finding.member
+        self.also = also  # the other members that failed a check of the same step (``ProgressRecord.also``)
 
 
 class GroupVerifier:
@@ -417,7 +418,8 @@ def fail(findings: list[Finding], on_finding: Callable[[Finding], None] | None) 
         if on_finding is not None:
             on_finding(finding)
     proven = [f for f in findings if f.evidence is not None]
-    raise VerificationFailed((proven or findings)[0])
+    first = (proven or findings)[0]
+    raise VerificationFailed(first, tuple(dict.fromkeys(f.member for f in findings if f.member != first.member)))
 
 
 def _scalar(x: float) -> torch.Tensor:

@@ -343,6 +343,12 @@ def test_a_member_another_member_refused_cannot_get_the_leader_passed_over():
         records = {peers[2]: finder, peers[3]: blame, peers[0]: leader}
         assert culpable_leader(plan, records, 60.0) is None
         assert culpable_leader(plan, {peers[3]: blame, peers[0]: leader}, 60.0) is not None  # uncontested: it counts
+    # two corrupt members of the leader's group both blame it: its record refuses one and names the other too
+    both = ProgressRecord(0, 2, None, 0.0, halted=True, blame=peers[1], refused=True, also=(peers[2],))
+    accusing = ProgressRecord(0, 2, None, 0.0, halted=True, blame=peers[0], refused=True)
+    assert culpable_leader(plan, {peers[0]: both, peers[1]: accusing, peers[2]: accusing}, 60.0) is None
+    assert culpable_leader(plan, {peers[0]: dataclasses.replace(both, also=()), peers[1]: accusing,
+                                  peers[2]: accusing}, 60.0) is not None  # fmt: skip
     # an honest third trainer's blame of the leader is no one's contested word
     third = ProgressRecord(0, 2, None, 0.0, halted=True, blame=peers[0])
     assert culpable_leader(plan, {peers[2]: finder, peers[3]: call, peers[1]: third, peers[0]: leader}, 60.0) \

@@ -226,6 +226,17 @@ def test_bad_progress_records_are_refused(changes, message):
         decode_record(RecordKind.PROGRESS, wire_of(ProgressRecord(1, 2, 3.0, 0.5), **changes))
 
 
+def test_a_halted_record_names_every_peer_its_checks_refused():
+    peers = [generate_identity().peer_id for _ in range(3)]
+    record = ProgressRecord(1, 2, None, 0.0, halted=True, blame=peers[0], refused=True, also=(peers[1], peers[2]))
+    assert decode_record(RecordKind.PROGRESS, record.encode()) == record
+    for changes, message in ((dict(also=(peers[1],), refused=False), "only with refused"),
+                             (dict(also=("not a peer",)), "also: "), (dict(also=tuple(peers) * 6), "also")):
+        with pytest.raises(RecordError, match=message):
+            ProgressRecord(**{**dict(epoch=1, step=2, loss=None, step_time_s=0.0, halted=True, blame=peers[0],
+                                     refused=True), **changes})  # fmt: skip
+
+
 def test_a_heartbeat_without_traffic_or_sync_fields_reads_as_every_step_unmeasured():
     """Older agents write neither field; the defaults are written as absent, so their wire is unchanged."""
     old = wire(RecordKind.PROGRESS, epoch=1, step=2, loss=3.0, step_time_s=0.5, halted=False, kept=0, stage=None)

@@ -188,7 +188,7 @@ def refused_states(holdings: Mapping[str, list[Holding]],
     refused = [r for r in halted.values() if r.refused and r.blame is not None]
     if not refused:
         return dict(holdings)
-    cap, culprits = refused_cap(halted), {r.blame for r in refused}
+    cap, culprits = refused_cap(halted), {p for r in refused for p in (r.blame, *r.also)}
     return {p: [replace(h, last=min(h.last, cap)) for h in hs if h.first <= cap]
             for p, hs in holdings.items() if p not in culprits}  # fmt: skip
 

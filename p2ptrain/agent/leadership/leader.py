@@ -645,14 +645,14 @@ class Leading:
         own = progress.get(self.peer_id)
         if own is None or own.epoch != current.epoch or not own.halted or not own.refused or own.blame is None:
             return
-        accused = own.blame
-        if accused == self.peer_id or accused not in current.membership or (accused, current.epoch) in self._cleared:
-            return
-        backoff = self.quarantine.add(accused, current.epoch)
-        if backoff is not None:
-            reason = f"its work failed a check of the leader's own in epoch {current.epoch} (the leader's finding)"
-            logger.warning("quarantining peer %s for %.0f s: %s", accused, backoff, reason)
-            self.events.write("quarantined", peer=accused, epoch=current.epoch, seconds=backoff, reason=reason)
+        for accused in (own.blame, *own.also):  # every member our checks refused in that step
+            if accused == self.peer_id or accused not in current.membership or (accused, current.epoch) in self._cleared:
+                continue
+            backoff = self.quarantine.add(accused, current.epoch)
+            if backoff is not None:
+                reason = f"its work failed a check of the leader's own in epoch {current.epoch} (the leader's finding)"
+                logger.warning("quarantining peer %s for %.0f s: %s", accused, backoff, reason)
+                self.events.write("quarantined", peer=accused, epoch=current.epoch, seconds=backoff, reason=reason)
 
     def _count_blames(self, current: PlanRecord, replan: Replan) -> None:
         """Members blamed for this failure that halted: quarantined once blamed for ``churn.quarantine_blames``

@@ -92,6 +92,7 @@ MAX_COMPUTE_S = 3600.0  # one micro-batch through one block: an hour is past any
 MAX_STEP_BYTES = 1 << 50  # what a peer sends in one step: a PiB takes hours at 1 Tbit/s
 MAX_ROWS = 1 << 20
 MAX_EVIDENCE_BYTES = 16 << 10  # a blame's evidence: a record stays under MAX_RECORD_BYTES
+MAX_ALSO = 16  # further refused peers a halted record names (``ProgressRecord.also``)
 NO_CODEC_S = ((0.0, 0.0),) * 3  # a calibration without codec timings: fp32's, or an older agent's
 
 
@@ -328,7 +329,8 @@ class ProgressRecord(RecordEnvelope):
     re-checks (additive; empty: the blame is the writer's word). ``refused``: with ``blame``, the blamed
     peer's work failed a check of the writer's and the writer refused step ``step`` (it keeps only states before
     it): no state after ``step`` seeds the next epoch, and none of the blamed peer's (additive;
-    ``churn.replan``).
+    ``churn.replan``). ``also``: with ``refused``, the other peers whose work failed a check of the writer's in
+    that step (at most ``MAX_ALSO``; additive): refused as ``blame`` is, though the blame names one.
     """
 
     epoch: int
@@ -346,6 +348,7 @@ class ProgressRecord(RecordEnvelope):
     sync_every: int = 1
     evidence: bytes = b""
     refused: bool = False
+    also: tuple[str, ...] = ()
     kind: ClassVar[RecordKind] = RecordKind.PROGRESS
 
     def __post_init__(self) -> None:
@@ -387,6 +390,15 @@ class ProgressRecord(RecordEnvelope):
             raise RecordError("evidence without a blame")
         if not isinstance(self.refused, bool) or (self.refused and self.blame is None):
             raise RecordError("refused is a boolean, true only with a blame")
+        also = []
+        for peer in f.sequence("also", self.also, MAX_ALSO):
+            try:
+                also.append(check_peer_id(peer))
+            except ValueError as e:
+                raise RecordError(f"also: {e}") from None
+        if also and not self.refused:
+            raise RecordError("also names refused peers: only with refused")
+        set_field(self, "also", tuple(dict.fromkeys(also)))
 
     def _fields(self) -> dict[str, Any]:
         fields = {"epoch": self.epoch, "step": self.step, "loss": self.loss, "step_time_s": self.step_time_s,
@@ -407,6 +419,8 @@ class ProgressRecord(RecordEnvelope):
             fields["evidence"] = self.evidence
         if self.refused:  # optional field: absent unless a blamed peer's work failed a check
             fields["refused"] = True
+        if self.also:  # optional field: absent unless more than one peer's work failed a check
+            fields["also"] = [peer_id_to_bytes(p) for p in self.also]
         return fields
 
     @classmethod
@@ -416,7 +430,8 @@ class ProgressRecord(RecordEnvelope):
                    holds=tuple(m.get("holds", ())), blame=peer_from_bytes("blame", m.get("blame")),
                    compute_s=m.get("compute_s", 0.0), leader=peer_from_bytes("leader", m.get("leader")),
                    sent_bytes=m.get("sent_bytes"), sync_every=m.get("sync_every", 1),
-                   evidence=m.get("evidence", b""), refused=m.get("refused", False))
+                   evidence=m.get("evidence", b""), refused=m.get("refused", False),
+                   also=tuple(peer_from_bytes("also", p) for p in m.get("also", ())))
 
 
 Record = PeerRecord | LinksRecord | PlanRecord | ProgressRecord
