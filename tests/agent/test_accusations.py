@@ -75,9 +75,15 @@ def test_a_leader_passed_over_sees_the_run_finish_without_it_and_exits(tmp_path)
                          call_timeout_s=15.0)  # fmt: skip
 
     def open_gate_once_another_planned(group, agents) -> None:
+        def stepped_aside(agent) -> bool:  # it passed agent 0 over, or took a role in another leader's plan
+            return any(e["event"] == "passed_over" or (e["event"] == "role" and e["leader"] != agents[0].peer_id)
+                       for e in events(agent.events.path))  # fmt: skip
+
         def watch() -> None:
-            wait_for(lambda: any(e["event"] == "plan" for e in events(agents[1].events.path)), 240,
-                     "agent 1's first plan")  # fmt: skip
+            # every other agent left agent 0 first: one still in its grace would follow the late plan (under load)
+            wait_for(lambda: any(e["event"] == "plan" for e in events(agents[1].events.path))
+                     and all(stepped_aside(a) for a in agents[1:]), 240,
+                     "agent 1's first plan, and every other agent leaving agent 0")  # fmt: skip
             Path(str(agents[0].config_path) + ".go").touch()
 
         threading.Thread(target=watch, daemon=True).start()
