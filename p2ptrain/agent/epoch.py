@@ -413,7 +413,7 @@ def _install_verifier(plan: PlanRecord, topology: Topology, role: Role, cfg: Tra
     recomputer = StageVerifier(ctx.dht.signing_key, ctx.dht.keys.run_id, plan.epoch, role, topology, trainer.module,
                                executor.data, executor.wire, executor.num_micro_batches, executor.hidden_size,
                                cfg.precision, ctx.verify.rate, on_finding=on_finding, probation=plan.on_probation,
-                               last_step=cfg.steps - 1)  # fmt: skip  # each step checked in the next one's shadow
+                               last_step=cfg.steps - 1, verifiers=ctx.verify.verifiers)  # fmt: skip  # each step checked in the next one's shadow
     trainer.link_wrapper = recomputer.wrap
 
     def check_step(records, rank, n, exchange) -> None:

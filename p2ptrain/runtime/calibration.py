@@ -320,8 +320,8 @@ def verify_volumes(verify: VerifyConfig | None, train: TrainConfig, num_stages: 
     the emulator shapes their real bytes as every message's). Their size grows with a stage's buckets: priced
     at the largest stage's of an even split. Nothing where no check runs: ``[verify]`` off, DiLoCo, one
     replica. Where the recompute check runs too (``agent.epoch._install_verifier``: two stages or more, not
-    fp16), its ``[verify] rate`` as ``recompute_rate`` (the objective sizes its reveals from its own wire-format
-    pipeline volumes)."""
+    fp16), its ``[verify] rate`` times the verifiers of each member (``[verify] verifiers``, at most D - 1) as
+    ``recompute_rate`` (the objective sizes its reveals from its own wire-format pipeline volumes)."""
     if verify is None or not verify.enabled or train.sync == "diloco" or num_replicas < 2:
         return {}
     shape = train.shape
@@ -330,7 +330,9 @@ def verify_volumes(verify: VerifyConfig | None, train: TrainConfig, num_stages: 
                   for j in range(num_stages))  # fmt: skip
     sizes = (commit_bytes(buckets, num_replicas),
              sketch_bytes(buckets, num_replicas, verify.sketch_rows, verify.running))
-    recompute = {"recompute_rate": float(verify.rate)} if num_stages >= 2 and train.precision != "fp16" else {}
+    # each member's challenged micro-batches go to min(verifiers, D - 1) replicas: as many reveals and recomputes
+    rate = min(1.0, float(verify.rate) * min(verify.verifiers, num_replicas - 1))
+    recompute = {"recompute_rate": rate} if num_stages >= 2 and train.precision != "fp16" else {}
     return {"verify_gb": tuple(statement.wire_size(b) / GB / size_factor for b in sizes)} | recompute
 
 

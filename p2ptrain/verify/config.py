@@ -19,6 +19,9 @@ class VerifyConfig:
     sketch_rows: int = SKETCH_ROWS  # rows k of the sum check's sketches
     false_alarm: float = FALSE_ALARM  # the probability an honest member fails one check, at most
     running: bool = True  # the sum check also over the running sums since the epoch began (``verify.group``)
+    # replicas that recompute each member's challenged micro-batches (at most the group's others): two, so that
+    # two colluding members of a group of three or more do not verify each other alone (``verify.stage_check``)
+    verifiers: int = 2
     # a leader's wait for a finder's evidence of a failed recompute (``verify.evidence``), plus a second a MB; not
     # a run setting (the leader's own patience)
     evidence_timeout_s: float = 60.0
@@ -32,14 +35,18 @@ class VerifyConfig:
             raise ConfigError(f"verify.sketch_rows={self.sketch_rows!r} must lie in 8..{MAX_ROWS}")
         if not (isinstance(self.false_alarm, int | float) and 0 < self.false_alarm <= 2.0**-20):
             raise ConfigError(f"verify.false_alarm={self.false_alarm!r} must lie in (0, 2^-20]")
+        if not (isinstance(self.verifiers, int) and not isinstance(self.verifiers, bool) and 1 <= self.verifiers <= 8):
+            raise ConfigError(f"verify.verifiers={self.verifiers!r} must be an integer in 1..8")
         if not (isinstance(self.evidence_timeout_s, int | float) and 0 < self.evidence_timeout_s <= 3600):
             raise ConfigError(f"verify.evidence_timeout_s={self.evidence_timeout_s!r} must lie in (0, 3600]")
 
     def identity(self) -> str:
         """The setting as said in a settings line (``[a-z0-9_.]``, at most 24 characters): ``off``, or
-        ``<rows>_<-log2 false_alarm>_<rate>_<running>``, e.g. ``32_40_0.125_1`` (the default)."""
+        ``<rows>_<-log2 false_alarm>_<rate>_<running>``, e.g. ``32_40_0.125_1`` (the default), then ``_v<verifiers>``
+        where that is not the default's."""
         if not self.enabled:
             return "off"
         bits = f"{-math.log2(self.false_alarm):.3f}".rstrip("0").rstrip(".")
         rate = f"{self.rate:.6f}".rstrip("0").rstrip(".")
-        return f"{self.sketch_rows}_{bits}_{rate}_{int(self.running)}"
+        extra = "" if self.verifiers == VerifyConfig.verifiers else f"_v{self.verifiers}"
+        return f"{self.sketch_rows}_{bits}_{rate}_{int(self.running)}{extra}"

@@ -13,10 +13,12 @@ of a replica group of stage j, over the step's link:
    it sent or received (check ``pipeline``, named by the neighbour);
 3. derives the step's **seed** from its group's commitments (``sketch.challenge_seed``): it exists only once
    every member has committed, so no member knew, when it computed and sent, which micro-batch is checked.
-   From it: member k's verifier (``verifier_of``: the group rotated by 1 + σ, σ drawn from the seed) and its
+   From it: member k's verifiers (``verifiers_of``: the group rotated by 1 + σ, σ drawn from the seed, and by
+   the next offsets up to ``[verify] verifiers``, 2: two colluders of a group of three never check each other
+   alone) and its
    challenged micro-batches (``commit.Challenge`` at ``rate``; a member on probation, ``PlanRecord.probation``,
    at ``PROBATION_FACTOR`` times it, at most every micro-batch);
-4. **reveals** (kind ``reveal``) to its verifier, for each challenged micro-batch, the messages it received and
+4. **reveals** (kind ``reveal``) to each of its verifiers, for each challenged micro-batch, the messages it received and
    sent for it;
 5. **recomputes**, as the verifier of a member: the revealed messages must match their digests (check
    ``reveal``); then ``recompute.recompute`` redoes the micro-batch on its own parameters (bit-identical to the
@@ -103,9 +105,17 @@ def entries(stage: int, num_stages: int, num_micro_batches: int) -> list[tuple[s
 def verifier_of(seed: int, stage: int, rank: int, n: int) -> int:
     """The replica of the stage that recomputes member ``rank``'s micro-batches this step: the group rotated by
     1 + σ, σ uniform in 0 … n − 2 from the seed (never the member itself; pairs rotate unpredictably)."""
-    assert n >= 2 and 0 <= rank < n
+    return verifiers_of(seed, stage, rank, n, 1)[0]
+
+
+def verifiers_of(seed: int, stage: int, rank: int, n: int, count: int) -> list[int]:
+    """The ``min(count, n − 1)`` replicas of the stage that recompute member ``rank``'s micro-batches this step:
+    the group rotated by 1 + σ, 1 + σ + 1, … (mod n − 1), σ uniform from the seed; never the member itself. With
+    ``count`` ≥ 2, c colluding members of a group escape only if every one of their verifiers is one of them:
+    a group of three with two rogues has each rogue recomputed by the honest replica every step."""
+    assert n >= 2 and 0 <= rank < n and count >= 1
     sigma = derive_seed(seed, "verifier", stage) % (n - 1)
-    return (rank + 1 + sigma) % n
+    return [(rank + 1 + (sigma + i) % (n - 1)) % n for i in range(min(count, n - 1))]
 
 
 def _toward_next(entry: tuple[str, str, int]) -> bool:
@@ -247,7 +257,8 @@ class StageVerifier:
     def __init__(self, key: RSAPrivateKey, run: str, epoch: int, role: Role, topology: Topology, module: torch.nn.Module,
                  data: TrainData, wire: WireFormat, num_micro_batches: int, hidden_size: int, precision: str,
                  rate: float, on_finding: Callable[[Finding], None] | None = None,
-                 probation: frozenset[str] = frozenset(), last_step: int | None = None):  # fmt: skip
+                 probation: frozenset[str] = frozenset(), last_step: int | None = None,
+                 verifiers: int = 2):  # fmt: skip
         if role.num_stages < 2:
             raise ValueError("the recompute check needs a pipeline of at least 2 stages (one sends no messages)")
         self.key, self.run, self.epoch, self.role, self.topology = key, run, epoch, role, topology
@@ -255,6 +266,7 @@ class StageVerifier:
         self.num_micro_batches, self.precision, self.rate, self.on_finding = num_micro_batches, precision, rate, on_finding
         self.group = topology.group(role.stage)
         self.me = self.group[role.replica]
+        self.verifiers = verifiers  # replicas that recompute each member (``verifiers_of``)
         # each member's challenge rate: the run's, or on probation (the plan's) ``PROBATION_FACTOR`` times it
         self.rates = [min(1.0, rate * PROBATION_FACTOR) if peer in probation else rate for peer in self.group]
         self.neighbours = {s: topology.pipelines[role.replica][s] for s in (role.stage - 1, role.stage + 1)
@@ -373,14 +385,16 @@ class StageVerifier:
             fail(findings, self.on_finding)  # no seed without every member's commitment
         seed = challenge_seed(f"{self.run}/{self.epoch}/{role.stage}/recompute", step,
                               [d for k in range(n) for d in committed[k]])  # fmt: skip
-        # 4. reveal ours to our verifier
-        verifier = self.group[verifier_of(seed, role.stage, role.replica, n)]
-        for m in Challenge(seed, self.rates[role.replica]).micro_batches(role.stage, role.replica, self.num_micro_batches):
-            for part, entry in enumerate(e for e in mine if e[2] == m):
-                sends.append(link.send(verifier, MessageKind.REVEAL, m, _part(checked, part), checked.messages[entry]))
+        # 4. reveal ours to our verifiers
+        for verifier in verifiers_of(seed, role.stage, role.replica, n, self.verifiers):
+            for m in Challenge(seed, self.rates[role.replica]).micro_batches(role.stage, role.replica,
+                                                                            self.num_micro_batches):  # fmt: skip
+                for part, entry in enumerate(e for e in mine if e[2] == m):
+                    sends.append(link.send(self.group[verifier], MessageKind.REVEAL, m, _part(checked, part),
+                                           checked.messages[entry]))  # fmt: skip
         # 5. recompute the members we verify
         for k in range(n):
-            if k != role.replica and verifier_of(seed, role.stage, k, n) == role.replica:
+            if k != role.replica and role.replica in verifiers_of(seed, role.stage, k, n, self.verifiers):
                 for m in Challenge(seed, self.rates[k]).micro_batches(role.stage, k, self.num_micro_batches):
                     finding = self._verify(checked, link, k, m, dict(zip(mine, committed[k], strict=True)),
                                            blobs[k] if same[k] else None)  # fmt: skip

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from p2ptrain.errors import ConfigError
 from p2ptrain.model.gpt import GPT
 from p2ptrain.net.dht.records import ComputeMeasurement, PeerRecord, RecordError
 from p2ptrain.planning import StepProfile
@@ -105,6 +106,13 @@ def test_the_recompute_checks_rate_is_priced_where_the_runtime_installs_it():
     assert verify_volumes(VerifyConfig(rate=0.5), train(), 2, 2)["recompute_rate"] == 0.5
     assert verify_volumes(VerifyConfig(), train(precision="bf16"), 3, 2)["recompute_rate"] == 1 / 8
     assert step_profile([], train(), 2, 2, verify=VerifyConfig()).recompute_rate == 1 / 8
+    # each member recomputed by ``verifiers`` (2) replicas, at most the D − 1 others: twice the work and reveals
+    assert verify_volumes(VerifyConfig(), train(replicas=3, global_batch_size=24), 2, 3)["recompute_rate"] == 2 / 8
+    assert verify_volumes(VerifyConfig(verifiers=1), train(replicas=3, global_batch_size=24), 2, 3)["recompute_rate"] == 1 / 8
+    assert VerifyConfig().identity() == "32_40_0.125_1" and VerifyConfig(verifiers=3).identity() == "32_40_0.125_1_v3"
+    for bad in (0, 9, 1.5, True):
+        with pytest.raises(ConfigError, match="verify.verifiers"):
+            VerifyConfig(verifiers=bad)
     assert "recompute_rate" not in verify_volumes(VerifyConfig(), train(precision="fp16"), 2, 2)
     assert "recompute_rate" not in verify_volumes(VerifyConfig(), train(stages=1, replicas=4), 1, 4)  # no pipeline
     assert "verify_gb" in verify_volumes(VerifyConfig(), train(stages=1, replicas=4), 1, 4)  # the sum check still

@@ -25,7 +25,7 @@ from p2ptrain.runtime.executor import StageExecutor
 from p2ptrain.runtime.reference import build_data, train_reference
 from p2ptrain.runtime.topology import Topology
 from p2ptrain.verify.group import VerificationFailed
-from p2ptrain.verify.stage_check import StageVerifier, entries, verifier_of
+from p2ptrain.verify.stage_check import StageVerifier, entries, verifier_of, verifiers_of
 
 RUN = "verify-stage"
 CFG = TrainConfig(steps=2, stages=3, replicas=2, global_batch_size=16, micro_batches=8, num_threads=1)
@@ -154,6 +154,14 @@ def test_the_order_of_commitments_and_the_rotation_of_verifiers():
         chosen = [verifier_of(seed, 0, k, 4) for k in range(4)]
         assert sorted(chosen) == [0, 1, 2, 3] and all(v != k for k, v in enumerate(chosen))  # a rotation
     assert len({tuple(verifier_of(seed, 0, k, 4) for k in range(4)) for seed in range(50)}) == 3
+    for seed in range(50):  # two verifiers a member: distinct, never the member, the first the rotation's
+        for n in (2, 3, 4, 8):
+            for k in range(n):
+                chosen = verifiers_of(seed, 0, k, n, 2)
+                assert len(chosen) == min(2, n - 1) == len(set(chosen)) and k not in chosen
+                assert chosen[0] == verifier_of(seed, 0, k, n)
+        # a group of three: each member recomputed by both others, so two colluders never check each other alone
+        assert all(sorted(verifiers_of(seed, 0, k, 3, 2)) == sorted({0, 1, 2} - {k}) for k in range(3))
 
 
 @pytest.mark.timeout(120)
@@ -170,7 +178,8 @@ def test_honest_steps_pass_every_recompute(wire, precision, schedule, stages):
     if wire == "fp32" and precision == "fp32":  # and give the reference losses
         reference = train_reference(dataclasses.replace(cfg, stages=1, replicas=1)).losses
         assert losses == pytest.approx(reference, rel=1e-4)  # 3 replicas sum in another order
-    assert sum(c.recomputed for _, c in members.values()) == cfg.steps * cfg.stages * cfg.replicas  # 8 × 1/8 each
+    verifiers = min(2, cfg.replicas - 1)  # ``[verify] verifiers`` (2) of each member, at most the others
+    assert sum(c.recomputed for _, c in members.values()) == cfg.steps * cfg.stages * cfg.replicas * verifiers  # 8 × 1/8
 
 
 @pytest.mark.timeout(120)
