@@ -8,15 +8,17 @@ import dataclasses
 import numpy as np
 import pytest
 from test_churn_units import PLAN, A, B, C, D, E
+from test_plan_check import measured_world, workload_for
 
 from p2ptrain.agent.churn.quarantine import Quarantine
-from p2ptrain.agent.churn.replan import BLAMED_HALT_S, FAILURE, ReplanWatch, blame_roots
-from p2ptrain.agent.config import ChurnConfig, EmulationSettings
+from p2ptrain.agent.churn.replan import BLAMED_HALT_S, FAILURE, ReplanWatch, blame_roots, disputes_of
+from p2ptrain.agent.config import ChurnConfig, EmulationSettings, PlanConfig
 from p2ptrain.agent.epoch import blamed_peer
-from p2ptrain.agent.leadership.plan_maker import build_cluster
+from p2ptrain.agent.leadership.plan_maker import build_cluster, kept_apart, meetings
 from p2ptrain.errors import MessageRejected, PeerFailed, PeerTimeoutError, StreamClosed
 from p2ptrain.net.dht.records import LinkMeasurement, LinksRecord, PeerRecord, ProgressRecord, RecordError
 from p2ptrain.net.transport.status import FAIL, TRAIN, PeerStatus
+from p2ptrain.planning import make_objective
 
 
 def halted(step: int, blame: str | None = None) -> ProgressRecord:
@@ -98,6 +100,64 @@ def test_a_refusal_names_a_cause_and_the_failed_calls_it_caused_do_not_turn_on_i
     watch = ReplanWatch(ChurnConfig(halt_timeout_s=5))
     assert watch.check(PLAN, [A, C, D, E], progress, steps=10, checkpoints=[], now=0.0) is None  # C may halt
     assert watch.check(PLAN, [A, C, D, E], progress, steps=10, checkpoints=[], now=6.0).blamed == (D,)
+
+
+def test_two_members_that_refuse_each_other_without_evidence_are_a_dispute_counted_by_counterpart():
+    refusing = {A: dataclasses.replace(halted(4, blame=B), refused=True),
+                B: dataclasses.replace(halted(4, blame=A), refused=True),
+                C: dataclasses.replace(halted(4, blame=D), refused=True, also=(A,)), D: halted(4, blame=C)}
+    assert disputes_of(refusing, {A, B, C, D}) == ((A, B),)  # C's refusal of D is answered by a failed call only
+    assert disputes_of(refusing, {A, C, D}) == ()
+    with_evidence = {**refusing, B: dataclasses.replace(refusing[B], evidence=b"x")}
+    assert disputes_of(with_evidence, {A, B}) == ()  # evidence is judged, not counted
+    # the watch hands both sides of the dispute to the leader
+    watch = ReplanWatch(ChurnConfig(halt_timeout_s=5))
+    replan = watch.check(PLAN, [A, B, C, D, E], {A: refusing[A], B: refusing[B], C: halted(4), D: halted(4),
+                                                 E: halted(4)}, steps=10, checkpoints=[], now=6.0)  # fmt: skip
+    assert replan.blamed == (A, B) and replan.disputes == ((A, B),)
+
+    clock = Clock()
+    q = Quarantine(60.0, 600.0, clock=clock, blame_epochs=2, blame_window_s=300.0)
+    assert q.dispute(A, B, 1) == 1 and q.dispute(B, A, 1) == 1 and q.apart() == {frozenset((A, B))}
+    assert q.dispute(A, B, 1) is None  # the same epoch read again
+    clock.now = 10.0
+    assert q.dispute(C, A, 2) == 1  # the rogue A, kept apart from B, disputes with C: C's first ...
+    assert q.dispute(A, C, 2) == 2  # ... A's second counterpart: the caller quarantines A, not B nor C
+    assert q.counterparts(B) == {A} and q.counterparts(A) == set()  # A's disputes forgotten once it went
+    assert q.apart() == {frozenset((A, B)), frozenset((A, C))}
+    assert q.suspects() == {B, C}  # A's disputes were forgotten when it went (the caller quarantines it: ``add``)
+    q.add(A, 2)
+    assert q.suspects() == {A, B, C}
+    # a pair that could not be kept apart and disputed again: both reach the count, as blames by epoch do
+    assert q.dispute(D, E, 3) == 1 and q.dispute(D, E, 4) == 2 and q.dispute(E, D, 4) == 2
+    clock.now = 400.0
+    assert q.apart() == set() and q.dispute(B, C, 5) == 1  # past the window: forgotten
+    # two colluders each dispute with one honest peer; one of them is caught on a proof: one count left
+    q1, q2 = (Quarantine(60.0, 600.0, clock=clock, blame_epochs=2, blame_window_s=300.0) for _ in range(2))
+    assert q1.dispute(E, A, 9) == 1 and q1.dispute(E, B, 10) == 2  # (the caller would quarantine E here ...)
+    assert q2.dispute(E, A, 9) == 1
+    q2.add(A, 10, proven=True)  # ... but A's refusal by the leader's own check came first
+    assert q2.dispute(E, B, 10) == 1 and q2.counterparts(E) == {B}
+    # a peer blamed at the root of one failure, then in a dispute: two counts (and the reverse)
+    assert q.blame(B, 6) == 2
+    assert q.blame(C, 7) == 2 and q.blame(C, 8) == 1  # its count started over
+
+
+def test_members_that_refused_each_other_are_placed_where_they_exchange_no_message():
+    peers, records, rows = measured_world()
+    cluster = build_cluster(peers[:4], records, rows, EmulationSettings())
+    workload = workload_for(cluster, peers[:4])
+    plan = {"stages": 2, "replicas": 2, "pipelines": [[0, 1], [2, 3]], "cost_s": 1.0}
+    assert meetings(plan["pipelines"], [(0, 1)]) == 1 and meetings(plan["pipelines"], [(0, 2)]) == 1  # neighbours, group
+    assert meetings(plan["pipelines"], [(0, 3)]) == 0
+    config = PlanConfig(objective="dtfm")
+    apart = kept_apart(plan, cluster, workload, [(0, 1)], config)
+    assert meetings(apart["pipelines"], [(0, 1)]) == 0  # 0 and 1 on the diagonal now
+    assert apart["cost_s"] == make_objective("dtfm", cluster, workload, 2).evaluate(np.array(apart["pipelines"])).cost_s
+    assert kept_apart(plan, cluster, workload, [(0, 3)], config) is plan  # they never met: nothing changes
+    # 0 disputed with 1 and with 2: in a 2 x 2 grid only one of the two pairs can be apart
+    both = kept_apart(plan, cluster, workload, [(0, 1), (0, 2)], config)
+    assert meetings(both["pipelines"], [(0, 1), (0, 2)]) == 1
 
 
 def test_a_member_blamed_in_two_epochs_is_quarantined_though_it_halted():

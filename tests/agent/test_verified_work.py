@@ -181,6 +181,36 @@ def test_a_member_whose_pipeline_messages_are_wrong_is_caught_and_nothing_wrong_
 
 
 @pytest.mark.timeout(360)
+def test_a_member_that_sends_other_activations_than_it_commits_to_goes_and_its_honest_receiver_stays(tmp_path):
+    """The rogue (agent 1, stage 0; ``corrupt_member.py clean_commit``) sends noisy activations and commits to the
+    clean ones; its receiver (agent 3, not the leader) commits to what it received. Each one's check refuses the
+    other's commitment: word against word (no receiver can prove what it received). The leader counts the
+    dispute by counterpart and plans the two apart; the rogue meets a new receiver, disputes with it too and is
+    quarantined; its first receiver is not (before: planned together again, both were blamed in two epochs and
+    both quarantined), and the run ends on the single-process losses."""
+    index, receiver_index = 1, 3  # megatron: pipelines [0, 2] and [1, 3]
+    agents, train = swarm(tmp_path, "corrupt-clean-commit", 6, "clean_commit", index, strategy="megatron",
+                          micro_batches=8)  # fmt: skip
+    rogue, receiver, leader = agents[index].peer_id, agents[receiver_index].peer_id, agents[0]
+    honest = [a for a in agents if a.index != index]
+    found = all_events(honest, "verify_failed")
+    assert found and {e["peer"] for e in found} == {rogue} and {e["check"] for e in found} == {"pipeline"}, found
+    log = events(leader.events.path)
+    assert [e["peer"] for e in log if e["event"] == "quarantined"] == [rogue]
+    disputes = [e for e in log if e["event"] == "blamed" and e.get("dispute")]
+    assert {(e["peer"], e["dispute"]) for e in disputes} >= {(rogue, receiver), (receiver, rogue)}, disputes
+    plans = [e for e in log if e["event"] == "plan"]
+    assert rogue in plans[0]["devices"] and rogue not in plans[-1]["devices"] + plans[-1]["spares"]
+    first = min(e["epoch"] for e in disputes if e["peer"] == receiver)
+    after = next(p for p in plans if p["epoch"] == first + 1)  # the plan after their dispute keeps them apart
+    where = {after["devices"][d]: (i, j) for i, row in enumerate(after["plan"]["pipelines"]) for j, d in enumerate(row)}
+    if rogue in where and receiver in where:
+        (i, j), (i2, j2) = where[rogue], where[receiver]
+        assert i != i2 and j != j2, after  # neither pipeline neighbours nor replicas of one stage
+    assert_reference(honest, train)
+
+
+@pytest.mark.timeout(360)
 def test_in_a_diloco_run_a_member_that_scales_the_pseudo_gradients_it_sums_is_caught_before_the_outer_step(tmp_path):
     """DiLoCo (rounds of 2): the sum check runs on each round's all-reduce of pseudo-gradients, before the outer
     step. The rogue (agent 2: stage 0 of pipeline 1 in Megatron's placement) scales the shards it sums from step 2

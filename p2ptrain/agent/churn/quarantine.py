@@ -15,12 +15,22 @@ of them within ``blame_window_s``, it is quarantined like a culprit (with the sa
 peer blamed once (an honest neighbour of a failure) is only counted. The tally is the leader's own: a new
 leader starts counting afresh.
 
+Two members that refused each other without evidence (``churn.replan.disputes_of``: word against word) are each
+blamed, but counted by *counterpart*, not by epoch: one of the two is lying (or its wire is), and nobody can say
+which. ``dispute`` tallies each one's distinct counterparts within ``blame_window_s``, and the leader keeps
+every disputed pair apart in its plans (``apart``; ``plan_maker.kept_apart``): a rogue that disputes with
+whoever it meets meets someone new and reaches ``blame_epochs`` counterparts, while each honest peer it
+disputed with has one. (Counted by epoch, a pair planned together again failed twice, and the honest one was
+quarantined with the rogue.) Colluders can frame a peer this way only by each disputing with it: ``blame_epochs``
+of them.
+
 A leader that cannot re-plan yet (too few peers) reads the same failure again at every poll: each failed
 epoch costs a peer one strike and one blame, however often it is read.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable
 
@@ -37,10 +47,16 @@ class Quarantine:
         self._strikes: dict[str, tuple[int, float]] = {}  # peer -> (failures, when the last one was)
         self._blamed: dict[str, dict[int, float]] = {}  # peer -> {epoch it was blamed for: when}
         self._charged: set[tuple[str, int, str]] = set()  # (peer, epoch, "failed" | "blamed") already counted
+        self._disputes: dict[frozenset[str], dict[int, float]] = {}  # pairs that refused each other: epoch -> when
+        self._forgotten: dict[str, float] = {}  # peer -> when its disputes last quarantined it
+        self._proven: dict[str, float] = {}  # peer -> when it was quarantined on a proof (``add(proven=True)``)
 
-    def add(self, peer: str, epoch: int) -> float | None:
+    def add(self, peer: str, epoch: int, proven: bool = False) -> float | None:
         """Quarantine ``peer`` for failing epoch ``epoch``; returns its back-off in seconds, or None when that
-        epoch's failure already quarantined it (one strike per failed epoch)."""
+        epoch's failure already quarantined it (one strike per failed epoch). ``proven``: on evidence that held
+        or the leader's own finding, not on a count: the disputes it had are explained (``counterparts``)."""
+        if proven:
+            self._proven[peer] = self.clock()
         if (peer, epoch, "failed") in self._charged:
             return None
         self._charged.add((peer, epoch, "failed"))
@@ -68,16 +84,70 @@ class Quarantine:
 
     def blame(self, peer: str, epoch: int) -> int | None:
         """Count that ``peer`` was blamed for epoch ``epoch``'s failure; returns the distinct epochs it was
-        blamed for within ``blame_window_s``, or None when this epoch's blame was counted already (a repeat
+        blamed for within ``blame_window_s`` plus the peers it disputed with (``dispute``), or None when this epoch's blame was counted already (a repeat
         report of one epoch counts once). The caller quarantines it (``add``) once that reaches
         ``blame_epochs``; the count then starts over."""
         if (peer, epoch, "blamed") in self._charged:
             return None
         self._charged.add((peer, epoch, "blamed"))
         now = self.clock()
-        epochs = {e: t for e, t in self._blamed.get(peer, {}).items() if now - t <= self.blame_window_s}
+        epochs = self._blamed_epochs(peer)
         epochs.setdefault(epoch, now)
         self._blamed[peer] = epochs
-        if len(epochs) >= self.blame_epochs:
-            del self._blamed[peer]
-        return len(epochs)
+        count = len(epochs) + len(self.counterparts(peer))
+        if count >= self.blame_epochs:
+            self._forget(peer)
+        return count
+
+    def _blamed_epochs(self, peer: str) -> dict[int, float]:
+        now = self.clock()
+        return {e: t for e, t in self._blamed.get(peer, {}).items() if now - t <= self.blame_window_s}
+
+    def _forget(self, peer: str) -> None:
+        """``peer`` reached the count: its blames and disputes start over (the pairs stay apart)."""
+        self._blamed.pop(peer, None)
+        self._forgotten[peer] = self.clock()
+
+    def dispute(self, peer: str, other: str, epoch: int) -> int | None:
+        """Count that ``peer`` and ``other`` refused each other without evidence in epoch ``epoch``; returns how
+        far ``peer`` is toward quarantine, or None when this epoch's dispute of ``peer`` was counted already: the
+        distinct peers it disputed with within ``blame_window_s`` plus the epochs it was blamed for (``blame``), or, for a pair that disputed again although
+        kept apart was not possible (too few peers to place otherwise), the epochs that pair disputed in (both
+        then go, as before). The caller quarantines it (``add``) once that reaches ``blame_epochs``; its disputes
+        are then forgotten (the pairs stay apart, ``apart``)."""
+        if (peer, epoch, "blamed") in self._charged:
+            return None
+        self._charged.add((peer, epoch, "blamed"))
+        now = self.clock()
+        epochs = self._disputes.setdefault(frozenset((peer, other)), {})
+        epochs.setdefault(epoch, now)
+        count = max(len(self.counterparts(peer)) + len(self._blamed_epochs(peer)),
+                    len(self._recent(epochs, self._forgotten.get(peer, -math.inf))))  # fmt: skip
+        if count >= self.blame_epochs:
+            self._forget(peer)
+        return count
+
+    def _recent(self, epochs: dict[int, float], since: float) -> dict[int, float]:
+        now = self.clock()
+        return {e: t for e, t in epochs.items() if now - t <= self.blame_window_s and t > since}
+
+    def counterparts(self, peer: str) -> set[str]:
+        """The peers ``peer`` disputed with within ``blame_window_s`` (since it was last quarantined for it),
+        but those quarantined on a proof since: the dispute is explained (two colluders disputing with one
+        honest peer, one of them caught on a proof, do not make it two counts)."""
+        since, now = self._forgotten.get(peer, -math.inf), self.clock()
+        proven = {q for q, t in self._proven.items() if now - t <= self.blame_window_s}
+        return {q for pair, epochs in self._disputes.items() if peer in pair and self._recent(epochs, since)
+                for q in pair - {peer} if q not in proven}  # fmt: skip
+
+    def suspects(self) -> set[str]:
+        """Peers blamed, in a dispute or quarantined within ``blame_window_s``: the spares, where a plan has some
+        (``Leading``), so that a stage is not trained by one of them alone, checked by nobody."""
+        now = self.clock()
+        recent = {p for p, (_, last) in self._strikes.items() if now - last <= self.blame_window_s}
+        return recent | {p for p in self._blamed if self._blamed_epochs(p)} | {
+            p for pair in self.apart() for p in pair if self.counterparts(p)}
+
+    def apart(self) -> set[frozenset[str]]:
+        """The pairs that disputed within ``blame_window_s``: the leader's plans keep each apart."""
+        return {pair for pair, epochs in self._disputes.items() if self._recent(epochs, -math.inf)}

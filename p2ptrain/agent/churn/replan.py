@@ -53,6 +53,9 @@ class Replan:
     # members a halted trainer blamed for its failed call that halted too, at the root of the blames
     # (``blame_roots``): no culprits, but the leader counts the epochs each is blamed for (``Quarantine.blame``)
     blamed: tuple[str, ...] = ()
+    # pairs of halted members that refused each other (word against word, ``disputes_of``): among ``blamed``, but
+    # the leader counts each one's distinct counterparts, and keeps the pair apart in its plans
+    disputes: tuple[tuple[str, str], ...] = ()
 
 
 class ReplanWatch:
@@ -172,7 +175,17 @@ class ReplanWatch:
         culprits = tuple(sorted(set(dead) | waiting))
         edges = {p: r.blame for p, r in halted.items() if r.blame in plan.membership and r.blame != p}
         accused = tuple(sorted(blame_roots(edges, refusals_of(halted)) - set(culprits)))
-        return Replan(FAILURE, tuple(sorted(live - waiting)), why, restart, culprits, accused)
+        return Replan(FAILURE, tuple(sorted(live - waiting)), why, restart, culprits, accused,
+                      disputes_of(halted, set(accused)))  # fmt: skip
+
+
+def disputes_of(halted: Mapping[str, ProgressRecord], among: Collection[str]) -> tuple[tuple[str, str], ...]:
+    """The pairs of ``among`` whose halted records refuse each other (``ProgressRecord.refused``, blame or
+    ``also``) without evidence: word against word, one of the two lies (or its wire does) and nobody can say
+    which. Each pair sorted; evidence is judged apart (``Leading._judge_evidence``)."""
+    names = {p: {r.blame, *r.also} for p, r in halted.items() if r.refused and r.blame is not None and not r.evidence}
+    return tuple(sorted({tuple(sorted((p, q))) for p, named in names.items() for q in named
+                         if p in among and q in among and p in names.get(q, ())}))  # fmt: skip
 
 
 def refusals_of(halted: Mapping[str, ProgressRecord]) -> set[str]:

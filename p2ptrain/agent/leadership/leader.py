@@ -60,6 +60,7 @@ from p2ptrain.agent.leadership.plan_maker import (
     build_cluster,
     cluster_order,
     compute_estimate_s,
+    kept_apart,
     link_gaps,
     make_plan,
     run_workload,
@@ -538,7 +539,11 @@ class Leading:
         peers = {p: membership.peers[p] for p in (*replan.members, *replan.culprits)
                  if p in membership.peers and p not in held}  # fmt: skip
         try:
-            trainers, spares = trainers_and_spares(cluster_order(peers), train)
+            # suspects (blamed, disputed or back from a quarantine lately) are the spares where some must be: a
+            # member refused on a word may be the rogue, and a stage it trains alone is checked by nobody
+            suspects = self.quarantine.suspects()
+            order = sorted(cluster_order(peers), key=lambda p: p in suspects)  # stable: the cluster's order else
+            trainers, spares = trainers_and_spares(order, train)
         except ValueError as e:
             self._note_waiting(f"leading; cannot re-plan ({replan.reason}): {e}; waiting for peers")
             return
@@ -622,7 +627,7 @@ class Leading:
                               reason=why or "", check=check)  # fmt: skip
             if culprit == self.peer_id:
                 continue
-            backoff = self.quarantine.add(culprit, record.epoch)
+            backoff = self.quarantine.add(culprit, record.epoch, proven=True)
             if backoff is not None:
                 logger.warning("quarantining peer %s for %.0f s: %s", culprit, backoff, reason)
                 self.events.write("quarantined", peer=culprit, epoch=record.epoch, seconds=backoff, reason=reason)
@@ -648,7 +653,7 @@ class Leading:
         for accused in (own.blame, *own.also):  # every member our checks refused in that step
             if accused == self.peer_id or accused not in current.membership or (accused, current.epoch) in self._cleared:
                 continue
-            backoff = self.quarantine.add(accused, current.epoch)
+            backoff = self.quarantine.add(accused, current.epoch, proven=True)
             if backoff is not None:
                 reason = f"its work failed a check of the leader's own in epoch {current.epoch} (the leader's finding)"
                 logger.warning("quarantining peer %s for %.0f s: %s", accused, backoff, reason)
@@ -658,8 +663,12 @@ class Leading:
         """Members blamed for this failure that halted: quarantined once blamed for ``churn.quarantine_blames``
         epochs within ``churn.blame_window_s`` (``agent.quarantine``), else counted."""
         churn = self.config.churn
+        counterpart = {p: q for pair in replan.disputes for p, q in (pair, pair[::-1])}
         for peer in replan.blamed:
             if peer == self.peer_id or (peer, current.epoch) in self._cleared:
+                continue
+            if peer in counterpart:  # word against word: counted by counterpart, the pair kept apart from now on
+                self._count_dispute(current, peer, counterpart[peer])
                 continue
             count = self.quarantine.blame(peer, current.epoch)
             if count is None:  # this epoch's failure read again
@@ -677,6 +686,27 @@ class Leading:
                       f"{churn.blame_window_s:.0f} s (the last {current.epoch})")
             logger.warning("quarantining peer %s for %.0f s: %s", peer, backoff, reason)
             self.events.write("quarantined", peer=peer, epoch=current.epoch, seconds=backoff, reason=reason)
+
+    def _count_dispute(self, current: PlanRecord, peer: str, other: str) -> None:
+        """``peer`` and ``other`` refused each other without evidence in this epoch (``Quarantine.dispute``):
+        ``peer`` is quarantined once it disputed with ``churn.quarantine_blames`` distinct peers, else counted."""
+        churn = self.config.churn
+        count = self.quarantine.dispute(peer, other, current.epoch)
+        if count is None:
+            return
+        if count < churn.quarantine_blames:
+            logger.info("peer %s and %s refused each other in epoch %d without evidence: kept apart from now on "
+                        "(%s disputed with %d of the %d distinct peers before it is quarantined)", peer, other,
+                        current.epoch, peer, count, churn.quarantine_blames)  # fmt: skip
+            self.events.write("blamed", peer=peer, epoch=current.epoch, count=count, dispute=other)
+            return
+        backoff = self.quarantine.add(peer, current.epoch)
+        if backoff is None:
+            return
+        reason = (f"it refused, and was refused by, {count} distinct peers without evidence within "
+                  f"{churn.blame_window_s:.0f} s (the last {other}, epoch {current.epoch})")
+        logger.warning("quarantining peer %s for %.0f s: %s", peer, backoff, reason)
+        self.events.write("quarantined", peer=peer, epoch=current.epoch, seconds=backoff, reason=reason)
 
     def _start_planning(self, membership: Membership, trainers: list[str], spares: list[str], rows, trigger: str,
                         replan: Replan | None, start_step: int, sources: tuple[str, ...],
@@ -733,6 +763,10 @@ class Leading:
         if probation:  # fresh keys never train a stage alone (``plan_maker.with_company``)
             plan = with_company(plan, planning.cluster, planning.workload, probation, self.config.plan)
             logger.info("peers on probation (no work shown yet): %s", ", ".join(planning.devices[i] for i in probation))
+        pairs = [(planning.devices.index(a), planning.devices.index(b)) for a, b in map(sorted, self.quarantine.apart())
+                 if a in planning.devices and b in planning.devices]  # fmt: skip
+        if pairs:  # members that refused each other without evidence never exchange a message again
+            plan = kept_apart(plan, planning.cluster, planning.workload, pairs, self.config.plan)
         record = PlanRecord.from_plan_json(planning.epoch, planning.devices + planning.spares, plan)
         start_step, sources = planning.start_step, planning.sources
         if planning.replan is not None and planning.replan.kind == JOIN:

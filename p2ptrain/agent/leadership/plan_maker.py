@@ -307,6 +307,60 @@ def with_company(plan: dict[str, Any], cluster: Cluster, workload: Workload, pro
             "pipeline_s": float(cost.pipeline_s), "probation": sorted(fresh)}
 
 
+def meetings(pipelines: Sequence[Sequence[int]], pairs: Collection[tuple[int, int]]) -> int:
+    """How many of ``pairs`` (device indices) exchange messages under ``pipelines``: pipeline neighbours (the
+    activations and their gradients), or replicas of one stage (its all-reduce and its checks)."""
+    where = {d: (i, j) for i, row in enumerate(pipelines) for j, d in enumerate(row)}
+    count = 0
+    for a, b in pairs:
+        if a in where and b in where:
+            (i, j), (i2, j2) = where[a], where[b]
+            count += (i == i2 and abs(j - j2) == 1) or (j == j2 and i != i2)
+    return count
+
+
+def kept_apart(plan: dict[str, Any], cluster: Cluster, workload: Workload, pairs: Collection[tuple[int, int]],
+               config: PlanConfig) -> dict[str, Any]:  # fmt: skip
+    """``plan`` with no pair of ``pairs`` (device indices: members that refused each other without evidence,
+    ``churn.quarantine``) exchanging a message (``meetings``), where swaps of two devices can get there: one
+    swap at a time, each the cheapest (by ``config.objective``) of those that leave the fewest pairs meeting,
+    while the count falls. A pair no swap separates (too few devices) stays, logged. ``cost_s`` is the
+    objective's for the pipelines returned."""
+    pipelines = [list(row) for row in plan["pipelines"]]
+    meeting = meetings(pipelines, pairs)
+    if not meeting:
+        return plan
+    replicas, stages = len(pipelines), len(pipelines[0])
+    if isinstance(workload, LayeredWorkload):
+        workload = workload.at([tuple(r) for r in plan["layers"]] if plan.get("layers")
+                               else even_layers(workload.costs.num_layers, stages))
+    objective = make_objective(config.objective, cluster, workload, stages)
+    cost = None
+    cells = [(i, j) for i in range(replicas) for j in range(stages)]
+    while meeting:
+        best = None
+        for n, (i, j) in enumerate(cells):
+            for i2, j2 in cells[n + 1:]:
+                trial = [row[:] for row in pipelines]
+                trial[i][j], trial[i2][j2] = trial[i2][j2], trial[i][j]
+                left = meetings(trial, pairs)
+                if left >= meeting or (best is not None and left > best[0]):
+                    continue
+                value = objective.evaluate(np.array(trial))
+                if math.isfinite(value.cost_s) and (best is None or (left, value.cost_s) < (best[0], best[1].cost_s)):
+                    best = (left, value, trial)
+        if best is None:
+            break
+        meeting, cost, pipelines = best
+    if meeting:
+        logger.warning("%d pair(s) of members that refused each other still meet in this plan: too few devices to "
+                       "place them apart", meeting)  # fmt: skip
+    if cost is None:
+        return plan
+    return {**plan, "pipelines": pipelines, "cost_s": float(cost.cost_s), "data_parallel_s": float(cost.data_parallel_s),
+            "pipeline_s": float(cost.pipeline_s)}
+
+
 def check_plan_json(plan: Mapping[str, Any], num_devices: int) -> None:
     """An assertion that the planner's document is a full assignment of ``num_devices`` devices."""
     flat = sorted(d for row in plan["pipelines"] for d in row)
