@@ -541,7 +541,7 @@ class Leading:
         try:
             # suspects (blamed, disputed or back from a quarantine lately) are the spares where some must be: a
             # member refused on a word may be the rogue, and a stage it trains alone is checked by nobody
-            suspects = self.quarantine.suspects()
+            suspects = self.quarantine.suspects() - {self.peer_id}
             order = sorted(cluster_order(peers), key=lambda p: p in suspects)  # stable: the cluster's order else
             trainers, spares = trainers_and_spares(order, train)
         except ValueError as e:
