@@ -4,6 +4,7 @@ keeps the same rule when it checks the leader's (``plan_check.cost_check``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import numpy as np
@@ -12,7 +13,7 @@ from test_plan_check import NO_EMULATION, TRAIN, measured_world, plan_record, wo
 
 from p2ptrain.agent.config import PlanConfig
 from p2ptrain.agent.leadership.plan_check import cost_check
-from p2ptrain.agent.leadership.plan_maker import build_cluster, make_plan, with_company
+from p2ptrain.agent.leadership.plan_maker import build_cluster, kept_apart, make_plan, meetings, with_company
 from p2ptrain.agent.leadership.standing import Standing
 from p2ptrain.net.dht.records import PlanRecord, ProgressRecord
 from p2ptrain.planning import make_objective
@@ -90,3 +91,27 @@ def test_a_follower_that_knows_who_is_fresh_accepts_the_leaders_plan_with_compan
     assert ruled.ours_s == company["cost_s"] and ruled.problem is None
     unruled = cost_check(published, records, rows, TRAIN, config, NO_EMULATION, workload_for, 0.0, 0.0)
     assert unruled.ours_s == best["cost_s"] and unruled.problem is not None
+
+
+def test_a_follower_checks_a_plan_kept_apart_against_its_own_plan_kept_apart_alike(world):
+    """The leader kept two disputing members apart (``PlanRecord.apart``) at some cost; the follower's own plan
+    keeps the same pairs apart before the costs are compared."""
+    peers, records, rows = world
+    trainers = peers[:4]
+    cluster = build_cluster(trainers, records, rows, NO_EMULATION)
+    config = PlanConfig(objective="dtfm")
+    workload = workload_for(cluster, trainers)
+    best = make_plan(cluster, workload, 2, config)
+    row = best["pipelines"][0]
+    pairs = [(row[0], row[1])]  # the best plan's first pipeline: its two stages disputed
+    apart = kept_apart(best, cluster, workload, pairs, config)
+    assert meetings(apart["pipelines"], pairs) == 0 and apart["cost_s"] > best["cost_s"]
+    published = PlanRecord.from_plan_json(0, peers, {**apart, "stages": 2, "replicas": 2})
+    published = dataclasses.replace(published, apart=(tuple(sorted(published.membership.index(trainers[d])
+                                                                    for d in pairs[0])),))  # fmt: skip
+    assert published.kept_apart == {frozenset(trainers[d] for d in pairs[0])}
+    checked = cost_check(published, records, rows, TRAIN, config, NO_EMULATION, workload_for, 0.0, 0.0)
+    assert checked.ours_s == apart["cost_s"] and checked.problem is None
+    unruled = cost_check(dataclasses.replace(published, apart=()), records, rows, TRAIN, config, NO_EMULATION,
+                         workload_for, 0.0, 0.0)  # fmt: skip
+    assert unruled.ours_s == best["cost_s"] and unruled.problem is not None  # not saying the pairs: refused

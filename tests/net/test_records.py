@@ -81,7 +81,7 @@ def wire_of(record, **changes) -> bytes:
     "record",
     [peer_record(), peer_record(maddrs=(), region=""), links_record(), LinksRecord(()), plan_record(),
      ProgressRecord(epoch=1, step=120, loss=3.25, step_time_s=1.5), ProgressRecord(0, 0, None, 0.0),
-     plan_record(slowdowns=((4, 6.5), (1, 12.0))), plan_record(probation=(1, 4)),
+     plan_record(slowdowns=((4, 6.5), (1, 12.0))), plan_record(probation=(1, 4)), plan_record(apart=((0, 3), (1, 4))),
      ProgressRecord(1, 2, 3.0, 0.5, compute_s=0.25),
      ProgressRecord(1, 2, 3.0, 0.5, sent_bytes=0),
      ProgressRecord(1, 2, 3.0, 0.5, sent_bytes=123_456_789, sync_every=50)],
@@ -193,6 +193,11 @@ def _raw_ids(peers: list[str]) -> bytes:
         (dict(probation=records.f.pack_uint16([9])), "probation member=9 is outside"),
         (dict(probation=records.f.pack_uint16([4, 1])), "probation must list member indices sorted"),
         (dict(probation=records.f.pack_uint16([1, 1])), "probation must list member indices sorted"),
+        (dict(apart=records.f.pack_uint16([0, 9])), "apart member=9 is outside"),
+        (dict(apart=records.f.pack_uint16([3, 1])), "apart pair lists its members sorted"),
+        (dict(apart=records.f.pack_uint16([1, 1])), "apart pair lists its members sorted"),
+        (dict(apart=records.f.pack_uint16([1, 3, 0, 2])), "apart must list its pairs sorted"),
+        (dict(apart=records.f.pack_uint16([1, 3, 4])), "not pairs"),
     ],
 )
 def test_bad_plan_records_are_refused(changes, message):

@@ -763,7 +763,8 @@ class Leading:
         if probation:  # fresh keys never train a stage alone (``plan_maker.with_company``)
             plan = with_company(plan, planning.cluster, planning.workload, probation, self.config.plan)
             logger.info("peers on probation (no work shown yet): %s", ", ".join(planning.devices[i] for i in probation))
-        pairs = [(planning.devices.index(a), planning.devices.index(b)) for a, b in map(sorted, self.quarantine.apart())
+        apart = self.quarantine.apart()  # the pairs kept apart: the plan's, and so its record's
+        pairs = [(planning.devices.index(a), planning.devices.index(b)) for a, b in map(sorted, apart)
                  if a in planning.devices and b in planning.devices]  # fmt: skip
         if pairs:  # members that refused each other without evidence never exchange a message again
             plan = kept_apart(plan, planning.cluster, planning.workload, pairs, self.config.plan)
@@ -800,6 +801,9 @@ class Leading:
                                      backup_every=copies["every_steps"],
                                      probation=tuple(sorted(index[planning.devices[d]]
                                                             for d in plan.get("probation", ()))),
+                                     apart=tuple(sorted(tuple(sorted(index[p] for p in pair))
+                                                        for pair in apart
+                                                        if all(p in index for p in pair))),
                                      **settings.plan_fields(self.config.train))  # fmt: skip
         plan = {**plan, "warm_copies": copies}
         self.dht.publish_plan(record)

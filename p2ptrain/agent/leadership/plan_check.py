@@ -43,6 +43,7 @@ from p2ptrain.agent.leadership.claims import plan_slowdowns, with_slowdowns
 from p2ptrain.agent.leadership.plan_maker import (
     build_cluster,
     cluster_order,
+    kept_apart,
     make_plan,
     trainers_and_spares,
     with_company,
@@ -128,7 +129,9 @@ def cost_check(plan: PlanRecord, peers: Mapping[str, PeerRecord], rows: Mapping[
     train with; a plan that departs from them is refused); ``workload_for(cluster, trainers, peers, train)`` gives the workload both
     are scored with. ``train.stages`` is the run's S (``run_stages.at_stages``: the plan's, for an auto run
     whose gate accepted its S). With ``proven`` (who has shown work, ``Standing.proven``) our own plan keeps the
-peers on probation company (``plan_maker.with_company``). Raises ValueError where we cannot plan these members
+peers on probation company (``plan_maker.with_company``); and the pairs the plan keeps apart (``PlanRecord.apart``,
+disputes the leader counted) apart alike (``plan_maker.kept_apart``): a leader can inflate a plan's cost with
+pairs it names, no more than a swap per pair. Raises ValueError where we cannot plan these members
 ourselves."""
     if plan.stages != train.stages:
         raise ValueError(f"it has {plan.stages} stages; the run trains {train.stages}")
@@ -151,6 +154,9 @@ ourselves."""
     own_plan = make_plan(own, own_workload, plan.stages, config)
     if proven is not None:  # our plan keeps peers on probation company, as the leader's must
         own_plan = with_company(own_plan, own, own_workload, [i for i, p in enumerate(ours) if not proven(p)], config)
+    pairs = [(ours.index(a), ours.index(b)) for a, b in map(sorted, plan.kept_apart) if a in ours and b in ours]
+    if pairs:  # the pairs the leader keeps apart (disputes it counted): our plan alike, or theirs costs more
+        own_plan = kept_apart(own_plan, own, own_workload, pairs, config)
     ours_s = own_plan["cost_s"]
     return CostCheck(float(theirs_s), float(ours_s), tolerance, slack_s)
 

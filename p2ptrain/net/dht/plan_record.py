@@ -62,6 +62,11 @@ class PlanRecord(RecordEnvelope):
     (``plan_maker.with_company``), and the recompute check verifies them at ``stage_check.PROBATION_FACTOR``
     times the run's rate. Empty: nobody on probation.
 
+    Kept apart (additive): ``apart`` lists pairs of member indices (each pair and the list sorted) that refused
+    each other without evidence lately (``churn.quarantine``): the leader placed no pair where it exchanges a
+    message (``plan_maker.kept_apart``), and followers check the plan's cost against their own plan kept apart
+    alike. Empty: no pair.
+
     Run settings (additive): how the epoch's tensors travel, which the leader priced the plan with and every
     trainer of the epoch uses (``agent.settings``): ``wire`` (``runtime.wire``), ``schedule``
     (``runtime.schedule``), ``overlap`` and ``bucket_elements`` (``runtime.buckets``). Empty, None or 0: the
@@ -92,6 +97,7 @@ class PlanRecord(RecordEnvelope):
     bucket_elements: int = 0
     leader_at: int = 0
     probation: tuple[int, ...] = ()
+    apart: tuple[tuple[int, int], ...] = ()
     kind: ClassVar[RecordKind] = RecordKind.PLAN
 
     def __post_init__(self) -> None:
@@ -174,6 +180,17 @@ class PlanRecord(RecordEnvelope):
         if any(a >= b for a, b in zip(probation, probation[1:], strict=False)):
             raise RecordError("probation must list member indices sorted, without repeats")
         set_field(self, "probation", probation)
+        apart = []
+        for pair in f.sequence("apart", self.apart, MAX_PLAN_PEERS):
+            if not isinstance(pair, list | tuple) or len(pair) != 2:
+                raise RecordError(f"apart holds pairs of member indices, not {pair!r}")
+            a, b = (f.integer("apart member", i, 0, len(members) - 1) for i in pair)
+            if a >= b:
+                raise RecordError(f"an apart pair lists its members sorted and distinct, not ({a}, {b})")
+            apart.append((a, b))
+        if any(x >= y for x, y in zip(apart, apart[1:], strict=False)):
+            raise RecordError("apart must list its pairs sorted, without repeats")
+        set_field(self, "apart", tuple(apart))
 
     @property
     def leader(self) -> str:
@@ -198,6 +215,11 @@ class PlanRecord(RecordEnvelope):
             return None
         ends = tuple(itertools.accumulate(self.layers))
         return tuple((end - size, end) for size, end in zip(self.layers, ends, strict=True))
+
+    @property
+    def kept_apart(self) -> frozenset[frozenset[str]]:
+        """The pairs of members the plan keeps apart (``apart``)."""
+        return frozenset(frozenset((self.membership[a], self.membership[b])) for a, b in self.apart)
 
     @property
     def on_probation(self) -> frozenset[str]:
@@ -244,6 +266,7 @@ class PlanRecord(RecordEnvelope):
             **({"bucket_elements": self.bucket_elements} if self.bucket_elements else {}),
             **({"leader_at": self.leader_at} if self.leader_at else {}),
             **({"probation": f.pack_uint16(self.probation)} if self.probation else {}),
+            **({"apart": f.pack_uint16([i for pair in self.apart for i in pair])} if self.apart else {}),
         }  # fmt: skip
 
     @classmethod
@@ -273,4 +296,12 @@ class PlanRecord(RecordEnvelope):
             overlap=m.get("overlap"), bucket_elements=m.get("bucket_elements", 0), leader_at=m.get("leader_at", 0),
             probation=f.unpack_uint16(f.binary("probation", m.get("probation", b""), item_size=2,
                                                max_items=MAX_PLAN_PEERS)),
+            apart=_pairs(f.unpack_uint16(f.binary("apart", m.get("apart", b""), item_size=2,
+                                                  max_items=2 * MAX_PLAN_PEERS))),
         )  # fmt: skip
+
+
+def _pairs(flat: Sequence[int]) -> tuple[tuple[int, int], ...]:
+    if len(flat) % 2:
+        raise RecordError(f"apart holds {len(flat)} indices, not pairs")
+    return tuple((flat[i], flat[i + 1]) for i in range(0, len(flat), 2))
