@@ -72,15 +72,20 @@ def test_too_few_proven_peers_leave_the_plan_as_it_is_and_say_so(world, caplog):
     assert "stage 0 is trained by peers on probation only" in caplog.text
 
 
-def test_a_follower_that_knows_who_is_fresh_accepts_the_leaders_plan_with_company(world):
-    """The leader swapped a proven peer into a stage of fresh peers, at some cost; a follower that planned
-    without the rule would find its own plan cheaper, one that applies it finds the same."""
+def best_of_four(world):
+    """The world's first four peers as trainers: their cluster, the dtfm config, workload and best plan."""
     peers, records, rows = world
     trainers = peers[:4]
     cluster = build_cluster(trainers, records, rows, NO_EMULATION)
     config = PlanConfig(objective="dtfm")
     workload = workload_for(cluster, trainers)
-    best = make_plan(cluster, workload, 2, config)
+    return peers, records, rows, trainers, cluster, config, workload, make_plan(cluster, workload, 2, config)
+
+
+def test_a_follower_that_knows_who_is_fresh_accepts_the_leaders_plan_with_company(world):
+    """The leader swapped a proven peer into a stage of fresh peers, at some cost; a follower that planned
+    without the rule would find its own plan cheaper, one that applies it finds the same."""
+    peers, records, rows, trainers, cluster, config, workload, best = best_of_four(world)
     fresh = [best["pipelines"][0][0], best["pipelines"][1][0]]  # the best plan's stage 0: on probation
     company = with_company(best, cluster, workload, fresh, config)
     assert company["cost_s"] > best["cost_s"]
@@ -96,12 +101,7 @@ def test_a_follower_that_knows_who_is_fresh_accepts_the_leaders_plan_with_compan
 def test_a_follower_checks_a_plan_kept_apart_against_its_own_plan_kept_apart_alike(world):
     """The leader kept two disputing members apart (``PlanRecord.apart``) at some cost; the follower's own plan
     keeps the same pairs apart before the costs are compared."""
-    peers, records, rows = world
-    trainers = peers[:4]
-    cluster = build_cluster(trainers, records, rows, NO_EMULATION)
-    config = PlanConfig(objective="dtfm")
-    workload = workload_for(cluster, trainers)
-    best = make_plan(cluster, workload, 2, config)
+    peers, records, rows, trainers, cluster, config, workload, best = best_of_four(world)
     row = best["pipelines"][0]
     pairs = [(row[0], row[1])]  # the best plan's first pipeline: its two stages disputed
     apart = kept_apart(best, cluster, workload, pairs, config)
