@@ -308,3 +308,13 @@ def test_a_halt_missing_from_a_later_read_still_counts_and_the_wait_ends():
     assert watch.check(PLAN, live, {}, steps=10, checkpoints=[], now=10.0) is None  # A's record missing
     replan = watch.check(PLAN, live, {B: halted(4)}, steps=10, checkpoints=[], now=31.0)
     assert replan.kind == FAILURE and replan.culprits == tuple(sorted((C, D))) and replan.restart.step == 4
+
+
+def test_a_refusal_whose_evidence_did_not_hold_is_no_refusal_nor_are_the_others_it_named():
+    from p2ptrain.agent.leadership.leader import without_cleared
+
+    liar = dataclasses.replace(halted(4, blame=A), refused=True, also=(B, C), evidence=b"x")
+    finder = dataclasses.replace(halted(4, blame=D), refused=True)
+    progress = without_cleared({E: liar, A: finder}, {(A, 1)})  # E's evidence against A did not hold
+    assert not progress[E].refused and progress[E].also == () and progress[E].blame == A  # (it raised, before)
+    assert progress[A] == finder

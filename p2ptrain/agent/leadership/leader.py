@@ -131,6 +131,15 @@ class _Planning:
     layers: Layers | None = None  # the split a re-plan keeps (``Leading._split_workload``)
 
 
+def without_cleared(progress: Mapping[str, ProgressRecord],
+                    cleared: Collection[tuple[str, int]]) -> dict[str, ProgressRecord]:  # fmt: skip
+    """``progress`` with each refusal whose evidence did not hold (``cleared``: (accused, epoch)) no refusal: it
+    rolls nothing back (its accused's states stay sources), nor do the others its writer refused in that step
+    (``also`` stands only with ``refused``, and a proven liar's word is spent)."""
+    return {p: dataclasses.replace(r, refused=False, also=()) if r.refused and (r.blame, r.epoch) in cleared else r
+            for p, r in progress.items()}  # fmt: skip
+
+
 class Leading:
     """The leader-only state of one agent, and the leader's moves.
 
@@ -504,9 +513,7 @@ class Leading:
         if judging is not None:  # whom the failure is on decides who stays, and from which states
             self._note_waiting(f"leading; {judging}")
             return
-        # a refusal whose evidence did not hold rolls nothing back: its accused's states stay sources
-        progress = {p: dataclasses.replace(r, refused=False) if r.refused and (r.blame, r.epoch) in self._cleared else r
-                    for p, r in progress.items()}  # fmt: skip
+        progress = without_cleared(progress, self._cleared)
         ckpt, train = self.config.checkpoint, at_stages(self.config.train, self._plan_stages())
         last = latest_complete(ckpt.dir, train.stages, train.model) if ckpt.dir else None
         live = self.quarantine.without(membership.ids)  # a quarantined peer is no joiner before its back-off ends
