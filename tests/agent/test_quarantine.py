@@ -155,6 +155,10 @@ def test_members_that_refused_each_other_are_placed_where_they_exchange_no_messa
     assert meetings(apart["pipelines"], [(0, 1)]) == 0  # 0 and 1 on the diagonal now
     assert apart["cost_s"] == make_objective("dtfm", cluster, workload, 2).evaluate(np.array(apart["pipelines"])).cost_s
     assert kept_apart(plan, cluster, workload, [(0, 3)], config) is plan  # they never met: nothing changes
+    # a swap that would leave a stage to peers on probation alone is not taken (``with_company`` came first)
+    # (0 and 2, replicas of stage 0, part only if one moves to stage 1, leaving it to 1 and 2 or to 0 and 3)
+    assert meetings(kept_apart(plan, cluster, workload, [(0, 2)], config)["pipelines"], [(0, 2)]) == 0
+    assert kept_apart(plan, cluster, workload, [(0, 2)], config, probation=(1, 2)) == plan
     # 0 disputed with 1 and with 2: in a 2 x 2 grid only one of the two pairs can be apart
     both = kept_apart(plan, cluster, workload, [(0, 1), (0, 2)], config)
     assert meetings(both["pipelines"], [(0, 1), (0, 2)]) == 1

@@ -774,7 +774,7 @@ class Leading:
         pairs = [(planning.devices.index(a), planning.devices.index(b)) for a, b in map(sorted, apart)
                  if a in planning.devices and b in planning.devices]  # fmt: skip
         if pairs:  # members that refused each other without evidence never exchange a message again
-            plan = kept_apart(plan, planning.cluster, planning.workload, pairs, self.config.plan)
+            plan = kept_apart(plan, planning.cluster, planning.workload, pairs, self.config.plan, probation)
         record = PlanRecord.from_plan_json(planning.epoch, planning.devices + planning.spares, plan)
         start_step, sources = planning.start_step, planning.sources
         if planning.replan is not None and planning.replan.kind == JOIN:

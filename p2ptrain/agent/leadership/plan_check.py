@@ -152,11 +152,12 @@ ourselves."""
     own = build_cluster(ours, peers, rows, emulation)
     own_workload = workload_for(own, ours, peers, train)
     own_plan = make_plan(own, own_workload, plan.stages, config)
-    if proven is not None:  # our plan keeps peers on probation company, as the leader's must
-        own_plan = with_company(own_plan, own, own_workload, [i for i, p in enumerate(ours) if not proven(p)], config)
+    fresh = [i for i, p in enumerate(ours) if not proven(p)] if proven is not None else []
+    if fresh:  # our plan keeps peers on probation company, as the leader's must
+        own_plan = with_company(own_plan, own, own_workload, fresh, config)
     pairs = [(ours.index(a), ours.index(b)) for a, b in map(sorted, plan.kept_apart) if a in ours and b in ours]
     if pairs:  # the pairs the leader keeps apart (disputes it counted): our plan alike, or theirs costs more
-        own_plan = kept_apart(own_plan, own, own_workload, pairs, config)
+        own_plan = kept_apart(own_plan, own, own_workload, pairs, config, fresh)
     ours_s = own_plan["cost_s"]
     return CostCheck(float(theirs_s), float(ours_s), tolerance, slack_s)
 

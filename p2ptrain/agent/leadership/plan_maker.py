@@ -320,12 +320,13 @@ def meetings(pipelines: Sequence[Sequence[int]], pairs: Collection[tuple[int, in
 
 
 def kept_apart(plan: dict[str, Any], cluster: Cluster, workload: Workload, pairs: Collection[tuple[int, int]],
-               config: PlanConfig) -> dict[str, Any]:  # fmt: skip
+               config: PlanConfig, probation: Collection[int] = ()) -> dict[str, Any]:  # fmt: skip
     """``plan`` with no pair of ``pairs`` (device indices: members that refused each other without evidence,
     ``churn.quarantine``) exchanging a message (``meetings``), where swaps of two devices can get there: one
     swap at a time, each the cheapest (by ``config.objective``) of those that leave the fewest pairs meeting,
-    while the count falls. A pair no swap separates (too few devices) stays, logged. ``cost_s`` is the
-    objective's for the pipelines returned."""
+    while the count falls, and none that leaves a stage to devices on ``probation`` alone (``with_company``,
+    applied before). A pair no swap separates (too few devices) stays, logged. ``cost_s`` is the objective's
+    for the pipelines returned."""
     pipelines = [list(row) for row in plan["pipelines"]]
     meeting = meetings(pipelines, pairs)
     if not meeting:
@@ -337,6 +338,11 @@ def kept_apart(plan: dict[str, Any], cluster: Cluster, workload: Workload, pairs
     objective = make_objective(config.objective, cluster, workload, stages)
     cost = None
     cells = [(i, j) for i in range(replicas) for j in range(stages)]
+    fresh = set(probation)
+
+    def alone(rows: list[list[int]]) -> int:  # stages trained by devices on probation only
+        return sum(all(rows[i][j] in fresh for i in range(replicas)) for j in range(stages)) if fresh else 0
+
     while meeting:
         best = None
         for n, (i, j) in enumerate(cells):
@@ -344,7 +350,7 @@ def kept_apart(plan: dict[str, Any], cluster: Cluster, workload: Workload, pairs
                 trial = [row[:] for row in pipelines]
                 trial[i][j], trial[i2][j2] = trial[i2][j2], trial[i][j]
                 left = meetings(trial, pairs)
-                if left >= meeting or (best is not None and left > best[0]):
+                if left >= meeting or (best is not None and left > best[0]) or alone(trial) > alone(pipelines):
                     continue
                 value = objective.evaluate(np.array(trial))
                 if math.isfinite(value.cost_s) and (best is None or (left, value.cost_s) < (best[0], best[1].cost_s)):
