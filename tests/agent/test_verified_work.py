@@ -181,14 +181,16 @@ def test_a_member_whose_pipeline_messages_are_wrong_is_caught_and_nothing_wrong_
 
 
 @pytest.mark.timeout(360)
-def test_a_member_that_sends_other_activations_than_it_commits_to_goes_and_its_honest_receiver_stays(tmp_path):
-    """The rogue (agent 1, stage 0; ``corrupt_member.py clean_commit``) sends noisy activations and commits to the
-    clean ones; its receiver (agent 3, not the leader) commits to what it received. Each one's check refuses the
-    other's commitment: word against word (no receiver can prove what it received). The leader counts the
-    dispute by counterpart and plans the two apart; the rogue meets a new receiver, disputes with it too and is
-    quarantined; its first receiver is not (before: planned together again, both were blamed in two epochs and
-    both quarantined), and the run ends on the single-process losses."""
-    index, receiver_index = 1, 3  # megatron: pipelines [0, 2] and [1, 3]
+def test_a_member_that_sends_other_pipeline_messages_than_it_commits_to_goes_and_its_honest_receiver_stays(tmp_path):
+    """The rogue (agent 3, stage 1; ``corrupt_member.py clean_commit``) sends noisy activation gradients and
+    commits to the clean ones; its receiver (agent 1, not the leader) commits to what it received. Each one's
+    check refuses the other's commitment: word against word (no receiver can prove what it received). The leader
+    counts the dispute by counterpart and plans the two apart; the rogue meets a new receiver, disputes with it
+    too and is quarantined; its first receiver is not (before: planned together again, both were blamed in two
+    epochs and both quarantined), and the run ends on the single-process losses. (The rogue sorts last: were it
+    next in line to lead, a leader judged gone under load would hand it the run, whose own finding then decides;
+    docs/trust.md.)"""
+    index, receiver_index = 3, 1  # megatron: pipelines [0, 2] and [1, 3]
     agents, train = swarm(tmp_path, "corrupt-clean-commit", 6, "clean_commit", index, strategy="megatron",
                           micro_batches=8)  # fmt: skip
     rogue, receiver, leader = agents[index].peer_id, agents[receiver_index].peer_id, agents[0]
