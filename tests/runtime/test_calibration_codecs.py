@@ -27,8 +27,7 @@ def test_calibration_times_the_run_wire_codecs_and_fp32_is_free():
         int2 = calibrate(TRAIN, rows=2, device=torch.device("cpu"), repeats=2)
         fp32 = calibrate(dataclasses.replace(TRAIN, wire="fp32"), rows=2, device=torch.device("cpu"), repeats=2)
     assert all(encode > 0 and decode > 0 for encode, decode in int2.codec_s_per_melement)
-    encode_activation, _ = int2.codec_s_per_melement[0]
-    assert encode_activation > int2.codec_s_per_melement[1][0]  # int2's five candidate steps cost more than int4's
+    # (which codec is dearer is a timing, measured in benchmarks/, never asserted here: CI's load reorders them)
     assert fp32.codec_s_per_melement == ((0.0, 0.0),) * 3  # its cost is the message cost's already
 
 
