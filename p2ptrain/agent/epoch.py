@@ -80,7 +80,7 @@ from p2ptrain.runtime.session import StageTrainer
 from p2ptrain.runtime.topology import Role, Topology
 from p2ptrain.verify.config import VerifyConfig
 from p2ptrain.verify.evidence import parts as evidence_parts
-from p2ptrain.verify.group import Finding, GroupVerifier, VerificationFailed
+from p2ptrain.verify.group import Finding, GroupVerifier, VerificationFailed, refusal
 from p2ptrain.verify.stage_check import StageVerifier
 
 logger = logging.getLogger(__name__)
@@ -209,12 +209,13 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
                      replicas=plan.replicas, leader=plan.leader, cost_s=plan.cost_s, start_step=plan.start_step)
     done = plan.start_step
     losses: list[float] = []
+    findings: list[Finding] = []  # our checks' findings of this epoch, as they are made
     try:
         for peer in sorted(topology.neighbours(role)):
             _connect(ctx, peers, peer)
         trainer = StageTrainer(cfg, role, ctx.device, ctx.compute_slowdown)
         trainer.executor.before_update = ctx.keeper.fence  # the kept state's copy may still be reading
-        verifier, recomputer = _install_verifier(plan, topology, role, cfg, trainer, ctx)
+        verifier, recomputer = _install_verifier(plan, topology, role, cfg, trainer, ctx, findings)
         _take_state(plan, role.stage, trainer, ctx)
         _wait_sends(sends, ctx.state_timeout_s)
         settle_heap()
@@ -267,7 +268,7 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
     except HALTING_ERRORS as e:
         if ctx.stop.is_set():
             return EpochOutcome(False, done, tuple(losses))
-        return _halt(plan, ctx, done, e, _unverified(recomputer))
+        return _halt(plan, ctx, done, _own_finding(e, findings), _unverified(recomputer))
     if verifier is not None:
         logger.info("epoch %d: every member's sums of stage %d held in the %d step(s) checked", plan.epoch,
                     role.stage, verifier.checked_steps)  # fmt: skip
@@ -385,7 +386,7 @@ def _copy(plan: PlanRecord, ctx: EpochContext, stage: int, replica: int, done: i
 
 
 def _install_verifier(plan: PlanRecord, topology: Topology, role: Role, cfg: TrainConfig, trainer: StageTrainer,
-                      ctx: EpochContext) -> tuple[GroupVerifier | None, StageVerifier | None]:  # fmt: skip
+                      ctx: EpochContext, findings: list[Finding]) -> tuple[GroupVerifier | None, StageVerifier | None]:  # fmt: skip
     """The sum check of our stage's all-reduce and the recompute check of our group's micro-batches, every step
     (a run that syncs every step, with replicas; fp16 stages are not recomputed: their loss scale is their own;
     a one-stage plan has no pipeline messages to recompute: the whole-step check would be its). A DiLoCo run
@@ -398,6 +399,7 @@ def _install_verifier(plan: PlanRecord, topology: Topology, role: Role, cfg: Tra
         return None, None
 
     def on_finding(finding: Finding) -> None:
+        findings.append(finding)
         ctx.events.write("verify_failed", epoch=finding.epoch, step=finding.step, peer=finding.member,
                          check=finding.check, ratio=finding.ratio if finding.ratio < float("inf") else None,
                          reason=finding.reason, evidence=finding.evidence is not None)  # fmt: skip
@@ -508,6 +510,20 @@ def _waits(waits: StepWaits | None) -> dict[str, float]:
 
 def _unverified(recomputer: StageVerifier | None) -> int | None:
     return recomputer.unverified if recomputer is not None else None
+
+
+def _own_finding(error: BaseException, findings: list[Finding]) -> BaseException:
+    """What we halt on: ``error``, unless our checks found a member's work wrong in this epoch and ``error`` is
+    not that refusal (the check runs in the next step's shadow: the abort of a peer that halted first, or a call
+    to it, can end the epoch before our finding is raised). Our finding is what we refuse, and the leader must
+    read it: a receiver that caught its sender, but halted on the sender's own abort, was blamed by the sender's
+    refusal alone (the campaign's ``clean_commit`` at two colluding members)."""
+    if isinstance(error, VerificationFailed) or not findings:
+        return error
+    ours = refusal(findings)
+    logger.warning("halting on our finding against %s (%s check of step %d), not on %s: %s", ours.peer,
+                   ours.finding.check, ours.finding.step, type(error).__name__, error)  # fmt: skip
+    return ours
 
 
 def _halt(plan: PlanRecord, ctx: EpochContext, done: int, error: BaseException | None,

@@ -417,9 +417,14 @@ def fail(findings: list[Finding], on_finding: Callable[[Finding], None] | None) 
                        finding.check, finding.epoch, finding.step, finding.reason)  # fmt: skip
         if on_finding is not None:
             on_finding(finding)
+    raise refusal(findings)
+
+
+def refusal(findings: list[Finding]) -> VerificationFailed:
+    """The refusal of ``findings`` (not empty): the first with evidence, else the first, naming the others."""
     proven = [f for f in findings if f.evidence is not None]
     first = (proven or findings)[0]
-    raise VerificationFailed(first, tuple(dict.fromkeys(f.member for f in findings if f.member != first.member)))
+    return VerificationFailed(first, tuple(dict.fromkeys(f.member for f in findings if f.member != first.member)))
 
 
 def _scalar(x: float) -> torch.Tensor:

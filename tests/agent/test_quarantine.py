@@ -14,11 +14,13 @@ from p2ptrain.agent.churn.quarantine import Quarantine
 from p2ptrain.agent.churn.replan import BLAMED_HALT_S, FAILURE, ReplanWatch, blame_roots, disputes_of
 from p2ptrain.agent.config import ChurnConfig, EmulationSettings, PlanConfig
 from p2ptrain.agent.epoch import blamed_peer
-from p2ptrain.agent.leadership.plan_maker import build_cluster, kept_apart, meetings
+from p2ptrain.agent.leadership.plan_maker import build_cluster, kept_apart, meetings, run_workload
 from p2ptrain.errors import MessageRejected, PeerFailed, PeerTimeoutError, StreamClosed
 from p2ptrain.net.dht.records import LinkMeasurement, LinksRecord, PeerRecord, ProgressRecord, RecordError
 from p2ptrain.net.transport.status import FAIL, TRAIN, PeerStatus
 from p2ptrain.planning import make_objective
+from p2ptrain.planning.scenarios import scenario
+from p2ptrain.runtime.config import TrainConfig
 
 
 def halted(step: int, blame: str | None = None) -> ProgressRecord:
@@ -164,6 +166,39 @@ def test_members_that_refused_each_other_are_placed_where_they_exchange_no_messa
     assert meetings(both["pipelines"], [(0, 1), (0, 2)]) == 1
 
 
+def test_two_colluders_that_each_disputed_with_one_honest_peer_are_not_handed_each_others_counterpart():
+    """Rogues 0 and 2 disputed with their receivers 1 and 3. Each pair apart, and as few of the four meeting
+    as can be: each rogue's next neighbours are peers no dispute touched, so the next disputes count a second counterpart
+    against each rogue and a first against fresh honest peers (not a second against 1 and 3)."""
+    cluster = scenario("worldwide", 8)
+    workload = run_workload(TrainConfig(model="tiny", steps=2, global_batch_size=8, micro_batches=2, stages=2), 2, 4)
+    plan = {"stages": 2, "replicas": 4, "pipelines": [[0, 1], [2, 3], [4, 5], [6, 7]], "cost_s": 1.0}
+    config = PlanConfig(objective="dtfm")
+    pairs = [(0, 1), (2, 3)]
+    apart = kept_apart(plan, cluster, workload, pairs, config)
+    assert meetings(apart["pipelines"], pairs) == 0
+    # four disputants on two stages: two share each stage's group (the fewest meetings there can be), and
+    # none is another's pipeline neighbour
+    assert meetings(apart["pipelines"], [(a, b) for a in range(4) for b in range(a + 1, 4)]) == 2
+    assert all(not (row[0] < 4 and row[1] < 4) for row in apart["pipelines"])
+    assert sorted(d for row in apart["pipelines"] for d in row) == list(range(8))
+    # the pairs alone are what a follower knows (``PlanRecord.apart``): its plan kept apart is the same
+    assert kept_apart(plan, cluster, workload, pairs, config) == apart
+
+
+def test_pairs_a_predecessor_kept_apart_stay_apart_for_their_window_but_count_against_nobody():
+    clock = Clock()
+    q = Quarantine(60.0, 600.0, clock=clock, blame_epochs=2, blame_window_s=300.0)
+    q.inherit({frozenset((A, B)), frozenset((A, C))})
+    assert q.apart() == {frozenset((A, B)), frozenset((A, C))}
+    assert q.counterparts(A) == set() and q.suspects() == set()  # a leader's word frames nobody
+    clock.now = 200.0
+    assert q.dispute(A, D, 3) == 1  # A's own first dispute here: one count, not three
+    q.inherit({frozenset((A, B))})  # read again: its window still runs from the first read
+    clock.now = 301.0
+    assert q.apart() == {frozenset((A, D))}
+
+
 def test_a_member_blamed_in_two_epochs_is_quarantined_though_it_halted():
     clock = Clock()
     q = Quarantine(60.0, 600.0, clock=clock, blame_epochs=2, blame_window_s=300.0)
@@ -264,6 +299,24 @@ def test_only_a_peers_own_failed_call_blames_it():
     assert blamed_peer(PeerFailed("aborted", stuck_on="QmNotAMember", stuck_s=9.0), plan) is None
     assert blamed_peer(PeerTimeoutError("no reply", peer="QmNotAMember"), plan) is None
     assert blamed_peer(RuntimeError("local"), plan) is None and blamed_peer(None, plan) is None
+
+
+def test_an_epoch_aborted_after_our_check_found_a_member_wrong_halts_on_our_finding():
+    """The check runs in the next step's shadow: the abort of the peer that halted first can end our epoch
+    before our finding is raised. We halt refusing what we found (the first with evidence), not on the abort."""
+    from p2ptrain.agent.epoch import _own_finding
+    from p2ptrain.verify.group import Finding, VerificationFailed
+
+    aborted = PeerFailed("epoch 3 was aborted: peer(s) B stopped epoch 3 on a failure", peer=B)
+    assert _own_finding(aborted, []) is aborted  # nothing found: the abort, as before
+    word = Finding(B, 3, 2, "pipeline", float("inf"), "it committed to another activation")
+    proof = Finding(C, 3, 2, "sum", 9.0, "its sums are off", evidence=b"statement")
+    halted_on = _own_finding(aborted, [word])
+    assert isinstance(halted_on, VerificationFailed) and blamed_peer(halted_on, PLAN) == B and halted_on.also == ()
+    both = _own_finding(PeerTimeoutError("no reply", peer=D), [word, proof])
+    assert both.peer == C and both.also == (B,)  # the finding with evidence first, the other named
+    refused = VerificationFailed(proof)
+    assert _own_finding(refused, [word]) is refused  # a refusal raised already stands
 
 
 def test_blame_rides_in_the_progress_record_and_must_name_a_peer():

@@ -161,3 +161,38 @@ def test_a_leader_whose_run_trains_another_signers_plan_sees_it_was_passed_over(
     cabal_training = {**training, **{p: step(strangers[0], 5, 3) for p in strangers}}
     assert followed_instead(lead, [ours], {lead: ours, strangers[0]: cabal}, live | set(strangers), cabal_training,
                             standing) is None  # fmt: skip
+
+
+def test_members_of_an_open_dispute_wait_to_lead_while_a_calm_peer_in_standing_is_live(ids):
+    """The issue-45 takeover: leader ``lead`` kept the rogue and its honest counterpart apart; passed over, the
+    run goes to the lowest calm peer in standing, not to the rogue that sorts next (whose own finding as leader
+    would quarantine its counterpart)."""
+    rogue, lead, honest, a, b, _ = ids
+    standing = Standing()
+    first = plan_of(lead, [rogue, honest, a, b], epoch=0)
+    standing.observe([], {p: step(lead, 0, 2) for p in (rogue, honest, a, b)}, followed=[first])
+    live = {rogue, honest, a, b}
+    assert standing.leader(live) == rogue  # no dispute yet: the lowest in standing
+    index = {p: k for k, p in enumerate(first.membership)}
+    apart = dataclasses.replace(plan_of(lead, [rogue, a, honest, b], epoch=1, start=2),
+                                apart=(tuple(sorted((index[rogue], index[honest]))),))
+    standing.observe([apart], {}, followed=[apart])
+    assert standing.disputed == {rogue, honest} and standing.kept_apart == (lead, {frozenset((rogue, honest))})
+    assert standing.leader(live | {lead}) == lead  # the signer of the pairs leads on
+    assert standing.leader(live) == a  # passed over: the lowest calm peer, not the rogue nor its counterpart
+    assert standing.leader({rogue, honest}) == rogue  # nobody calm is left: the lowest in standing, as before
+    # a plan by a signer nobody trusts says nothing about disputes; the next trusted plan's pairs replace these
+    stranger = sorted(generate_identity().peer_id for _ in range(1))[0]
+    standing.observe([dataclasses.replace(plan_of(stranger, [a, b, rogue, honest], epoch=5), apart=((0, 1),))], {})
+    assert standing.disputed == {rogue, honest}
+    # the next plan has no pairs (the rogue quarantined out of it, the pair expired): the honest counterpart is
+    # calm once it trained an epoch of progress under it; the rogue, which trains nothing, waits on
+    calm = plan_of(a, [honest, a, b, lead], epoch=2, start=3)
+    standing.observe([calm], {}, followed=[calm])
+    assert standing.disputed == {rogue, honest} and standing.leader(live) == a
+    standing.observe([calm], {p: step(a, 2, 5) for p in (honest, a, b, lead)}, followed=[calm])
+    assert standing.disputed == {rogue} and standing.leader(live) == honest
+    # the rogue back from quarantine, trained an epoch without a dispute: it may lead again
+    back = plan_of(a, [rogue, honest, a, b], epoch=3, start=5)
+    standing.observe([back], {p: step(a, 3, 7) for p in (rogue, honest, a, b)}, followed=[back])
+    assert standing.disputed == frozenset() and standing.leader(live) == rogue

@@ -50,6 +50,7 @@ class Quarantine:
         self._disputes: dict[frozenset[str], dict[int, float]] = {}  # pairs that refused each other: epoch -> when
         self._forgotten: dict[str, float] = {}  # peer -> when its disputes last quarantined it
         self._proven: dict[str, float] = {}  # peer -> when it was quarantined on a proof (``add(proven=True)``)
+        self._inherited: dict[frozenset[str], float] = {}  # pairs a predecessor's plan kept apart -> when read
 
     def add(self, peer: str, epoch: int, proven: bool = False) -> float | None:
         """Quarantine ``peer`` for failing epoch ``epoch``; returns its back-off in seconds, or None when that
@@ -148,6 +149,17 @@ class Quarantine:
         return recent | {p for p in self._blamed if self._blamed_epochs(p)} | {
             p for pair in self.apart() for p in pair if self.counterparts(p)}
 
+    def inherit(self, pairs: Iterable[frozenset[str]]) -> None:
+        """``pairs`` a predecessor's plan kept apart (``PlanRecord.kept_apart``): kept apart for
+        ``blame_window_s`` from when first read, but never counted (a leader's word frames nobody)."""
+        now = self.clock()
+        for pair in pairs:
+            if len(pair) == 2:
+                self._inherited.setdefault(frozenset(pair), now)
+
     def apart(self) -> set[frozenset[str]]:
-        """The pairs that disputed within ``blame_window_s``: the leader's plans keep each apart."""
-        return {pair for pair, epochs in self._disputes.items() if self._recent(epochs, -math.inf)}
+        """The pairs that disputed within ``blame_window_s``, and those inherited (``inherit``) within it: the
+        leader's plans keep each apart."""
+        now = self.clock()
+        return ({pair for pair, epochs in self._disputes.items() if self._recent(epochs, -math.inf)}
+                | {pair for pair, t in self._inherited.items() if now - t <= self.blame_window_s})  # fmt: skip

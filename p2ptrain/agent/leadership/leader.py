@@ -770,6 +770,9 @@ class Leading:
         if probation:  # fresh keys never train a stage alone (``plan_maker.with_company``)
             plan = with_company(plan, planning.cluster, planning.workload, probation, self.config.plan)
             logger.info("peers on probation (no work shown yet): %s", ", ".join(planning.devices[i] for i in probation))
+        signer, inherited = self._leaders.standing.kept_apart
+        if signer != self.peer_id:  # a predecessor's pairs: apart for their window, never counted
+            self.quarantine.inherit(inherited)
         apart = self.quarantine.apart()  # the pairs kept apart: the plan's, and so its record's
         pairs = [(planning.devices.index(a), planning.devices.index(b)) for a, b in map(sorted, apart)
                  if a in planning.devices and b in planning.devices]  # fmt: skip

@@ -326,10 +326,23 @@ def kept_apart(plan: dict[str, Any], cluster: Cluster, workload: Workload, pairs
     swap at a time, each the cheapest (by ``config.objective``) of those that leave the fewest pairs meeting,
     while the count falls, and none that leaves a stage to devices on ``probation`` alone (``with_company``,
     applied before). A pair no swap separates (too few devices) stays, logged. ``cost_s`` is the objective's
-    for the pipelines returned."""
+    for the pipelines returned.
+
+    Then, as far as it costs no pair of ``pairs`` a meeting, no two *disputants* (members of any pair) meet
+    either: each rogue meets a peer no dispute touched yet. Two colluders that each disputed with one honest
+    peer would otherwise be handed each other's honest counterpart, and the next epoch's disputes give each
+    honest peer two counterparts, as many as each rogue has (the campaign's ``clean_commit`` at two colluding
+    members found it)."""
     pipelines = [list(row) for row in plan["pipelines"]]
-    meeting = meetings(pipelines, pairs)
-    if not meeting:
+    disputants = sorted({d for pair in pairs for d in pair})
+    explicit = {tuple(sorted(pair)) for pair in pairs}
+    near = [(a, b) for n, a in enumerate(disputants) for b in disputants[n + 1:] if (a, b) not in explicit]
+
+    def score(rows: list[list[int]]) -> tuple[int, int]:
+        return meetings(rows, pairs), meetings(rows, near)
+
+    meeting = score(pipelines)
+    if meeting == (0, 0):
         return plan
     replicas, stages = len(pipelines), len(pipelines[0])
     if isinstance(workload, LayeredWorkload):
@@ -343,13 +356,13 @@ def kept_apart(plan: dict[str, Any], cluster: Cluster, workload: Workload, pairs
     def alone(rows: list[list[int]]) -> int:  # stages trained by devices on probation only
         return sum(all(rows[i][j] in fresh for i in range(replicas)) for j in range(stages)) if fresh else 0
 
-    while meeting:
+    while meeting > (0, 0):
         best = None
         for n, (i, j) in enumerate(cells):
             for i2, j2 in cells[n + 1:]:
                 trial = [row[:] for row in pipelines]
                 trial[i][j], trial[i2][j2] = trial[i2][j2], trial[i][j]
-                left = meetings(trial, pairs)
+                left = score(trial)
                 if left >= meeting or (best is not None and left > best[0]) or alone(trial) > alone(pipelines):
                     continue
                 value = objective.evaluate(np.array(trial))
@@ -358,9 +371,9 @@ def kept_apart(plan: dict[str, Any], cluster: Cluster, workload: Workload, pairs
         if best is None:
             break
         meeting, cost, pipelines = best
-    if meeting:
+    if meeting[0]:
         logger.warning("%d pair(s) of members that refused each other still meet in this plan: too few devices to "
-                       "place them apart", meeting)  # fmt: skip
+                       "place them apart", meeting[0])  # fmt: skip
     if cost is None:
         return plan
     return {**plan, "pipelines": pipelines, "cost_s": float(cost.cost_s), "data_parallel_s": float(cost.data_parallel_s),

@@ -17,6 +17,14 @@ has made progress, only peers that have shown training work may lead:
   for its k-th pass-over. The back-off thus follows the run, not only the clock: a rogue that comes back
   after its back-off cannot stall each later re-plan, however rare re-plans are.
 
+A member in an open *dispute* (``churn.quarantine``: it and another refused each other without evidence,
+so one of the two lies) leads only where no other peer in standing is live: a plan an agent trusts names the
+pairs it keeps apart (``PlanRecord.apart``), and every member of a pair but that plan's signer waits until it
+trained an epoch that made progress under a plan that names it in no pair (a rogue quarantined out of the
+plans trains none, and waits). A rogue that disputed with an honest peer would otherwise take the run over when the honest leader is
+passed over (under load, or blamed by the rogue's own failed calls), and quarantine its counterpart on its own
+finding as leader (the campaign's ``clean_commit``, found at a colluding member and at a spare).
+
 If no live peer is in standing (they all left), the lowest live peer that owes nothing leads, then the
 lowest live peer: the run goes on. Each agent keeps its own standing from the plans and progress records
 it reads. Only the plans it followed and plans signed by a peer in standing count: a group of keys that
@@ -55,6 +63,10 @@ class Standing:
     _provisional: dict[str, set[int]] = field(default_factory=dict)  # the same, read before we trusted a plan
     _owed: dict[str, tuple[int, int]] = field(default_factory=dict)  # peer -> (passed over after epoch, epochs owed)
     _newest: int = -1  # the newest epoch observed (a pass-over counts the epochs after it)
+    _apart: tuple[int, str, frozenset[frozenset[str]]] = (-1, "", frozenset())  # newest trusted plan: epoch,
+    # signer, the pairs it keeps apart
+    _named: dict[str, int] = field(default_factory=dict)  # peer -> newest trusted plan naming it in a pair
+    _calm: dict[str, int] = field(default_factory=dict)  # peer -> newest epoch of progress it trained, not named
     history: bool = False  # an epoch of the run made progress (as far as we have read)
 
     def observe(self, plans: Iterable[PlanRecord | None], progress: Mapping[str, ProgressRecord],
@@ -68,14 +80,22 @@ class Standing:
         followed = [p for p in followed if p is not None]
         for plan in (*followed, *(p for p in plans if p is not None)):
             self._newest = max(self._newest, plan.epoch)
+            trusted = plan in followed or plan.leader in self._worked
+            named = disputants(plan)
+            if trusted:
+                if plan.epoch > self._apart[0]:
+                    self._apart = (plan.epoch, plan.leader, plan.kept_apart)
+                for peer in named:
+                    self._named[peer] = max(self._named.get(peer, -1), plan.epoch)
             if not made_progress(plan, progress):
                 continue
-            trusted = plan in followed or plan.leader in self._worked
             if not trusted and self._worked:
                 continue  # another group's plan: our history is our own now
             book = self._worked if trusted else self._provisional
             for peer in (*moved(plan, progress), plan.leader):
                 book.setdefault(peer, set()).add(plan.epoch)
+                if trusted and peer not in named:
+                    self._calm[peer] = max(self._calm.get(peer, -1), plan.epoch)
             if trusted:
                 self._provisional.clear()
         self.history = bool(self._worked or self._provisional)
@@ -115,14 +135,36 @@ class Standing:
         training record stands: being passed over says nothing about its compute."""
         return not self.history or peer in self._worked or peer in self._provisional
 
+    @property
+    def kept_apart(self) -> tuple[str, frozenset[frozenset[str]]]:
+        """The newest trusted plan's signer and the pairs it keeps apart (``PlanRecord.kept_apart``)."""
+        return self._apart[1], self._apart[2]
+
+    @property
+    def disputed(self) -> frozenset[str]:
+        """The peers a trusted plan named in a pair it keeps apart (its signer aside) that trained no epoch of
+        progress since under a plan that did not: they wait to lead. A rogue quarantined out of the plans stays
+        disputed (it trains nothing); its honest counterpart is calm again one epoch after its pairs expired."""
+        return frozenset(p for p, epoch in self._named.items() if epoch > self._calm.get(p, -1))
+
     def leader(self, live: Collection[str]) -> str | None:
-        """The peer that leads among ``live``: the lowest in standing; else the lowest that owes nothing; else
-        the lowest (None for nobody)."""
-        for eligible in (self.in_standing, lambda p: not self.owes(p), lambda p: True):
+        """The peer that leads among ``live``: the lowest in standing and in no open dispute (``disputed``);
+        else the lowest in standing; else the lowest that owes nothing; else the lowest (None for nobody)."""
+        disputed = self.disputed
+
+        def calm(peer: str) -> bool:
+            return self.in_standing(peer) and peer not in disputed
+
+        for eligible in (calm, self.in_standing, lambda p: not self.owes(p), lambda p: True):
             found = min((p for p in live if eligible(p)), default=None)
             if found is not None:
                 return found
         return None
+
+
+def disputants(plan: PlanRecord) -> frozenset[str]:
+    """The members ``plan`` names in the pairs it keeps apart (``PlanRecord.kept_apart``), less its signer."""
+    return frozenset(p for pair in plan.kept_apart for p in pair) - {plan.leader}
 
 
 def followed_instead(me: str, ours: Iterable[PlanRecord | None], plans: Mapping[str, PlanRecord], live: Collection[str],
