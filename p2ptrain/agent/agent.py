@@ -211,7 +211,7 @@ class Agent:
             watcher = threading.Thread(target=self._interrupt_on_stop, name="p2ptrain-stop-watch", daemon=True)
             watcher.start()
             try:
-                self.dht = SwarmDHT(cfg.run, cfg.dht).start()
+                self.dht = SwarmDHT.join(cfg.run, cfg.dht, stopped=self.stop.is_set)
                 self.transport = Transport(cfg.run, cfg.transport, dht=self.dht.hivemind_dht, emulator=self.emulator)
                 routes = self.transport.run_coroutine(setup_forwarding(
                     self.transport.p2p, cfg.dht.relay, cfg.dht.initial_peers, cfg.transport.call_timeout_s),

@@ -184,6 +184,31 @@ def test_a_leaders_grace_follows_the_control_planes_pace():
     assert watch.waiting("a", True, 1.0) is None and watch.due_since("a", 9.0) == 3.0 and watch.due_since("b", 9.0) == 9.0
 
 
+def test_the_next_leader_gets_the_time_it_needs_to_pass_its_predecessor_over_itself():
+    """Our grace is paced by our reads (2 s here); the successor's by its own, up to ``leader_grace_s`` (10 s):
+    it knows it leads only after that. So a leader that succeeds one we passed over a moment ago gets the
+    difference on top (a follower with fast reads passed the next leader over as it published, under CI load)."""
+    clock = Clock()
+    watch = LeaderWatch(grace_s=10.0, backoff_s=60.0, clock=clock, poll_s=0.5)
+    watch.observe_read(0.05)
+    assert watch.grace_s == 2.0
+    start = clock.now
+    assert watch.waiting("a", True, 1.0) is None
+    clock.now = start + 3.5
+    assert watch.waiting("a", True, 1.0) == "a"  # 2 s of grace and 1 s of allowance: out of time
+    watch.pass_over("a")
+    assert watch.waiting("b", True, 1.0) is None  # its clock starts ...
+    clock.now = start + 3.5 + 11.0
+    assert watch.waiting("b", True, 1.0) is None  # ... and runs 8 s longer than ours would (3 s)
+    clock.now = start + 3.5 + 11.1
+    assert watch.waiting("b", True, 1.0) == "b"
+    # a leader that fell due long after our last pass-over gets our grace alone
+    clock.now = start + 100.0
+    assert watch.waiting("c", True, 1.0) is None
+    clock.now = start + 103.5
+    assert watch.waiting("c", True, 1.0) == "c"
+
+
 def test_a_replan_is_due_once_every_live_trainer_halted_and_nothing_is_judged(world):
     from p2ptrain.verify.evidence import DisputeHeader
 

@@ -261,6 +261,53 @@ def test_a_crashed_dht_process_leaves_no_p2pd_behind():
     assert not alive
 
 
+@pytest.mark.timeout(120)
+def test_a_peer_whose_bootstrap_is_not_up_yet_joins_once_it_is(tmp_path, caplog):
+    """``SwarmDHT.join`` (what an agent starts with) tries again while no initial peer answers, within
+    ``startup_timeout_s``: a bootstrap started a few seconds after the agent, at the address it was given."""
+    import socket
+
+    from p2ptrain.net.dht.node import BootstrapUnreachable
+    from p2ptrain.net.identity import load_or_create_identity
+
+    key = tmp_path / "bootstrap.id"
+    boot_id = load_or_create_identity(str(key)).peer_id
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    address = f"/ip4/127.0.0.1/tcp/{port}/p2p/{boot_id}"
+    config = dataclasses.replace(LOOPBACK, initial_peers=(address,), startup_timeout_s=60.0)
+    bootstrap_config = dataclasses.replace(LOOPBACK, host_maddrs=(f"/ip4/127.0.0.1/tcp/{port}",), identity_path=str(key))
+    bootstrap = SwarmDHT(None, bootstrap_config)
+    started = threading.Event()
+
+    def start_bootstrap_after_a_failed_try() -> None:
+        deadline = time.monotonic() + 30
+        while "try 1 to join the swarm failed" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.2)
+        bootstrap.start()
+        started.set()
+
+    with caplog.at_level(logging.WARNING, logger="p2ptrain.net.dht.node"):
+        thread = threading.Thread(target=start_bootstrap_after_a_failed_try, daemon=True)
+        thread.start()
+        try:
+            with SwarmDHT.join(RUN, config, pause_s=1.0) as dht:
+                assert started.is_set()  # it joined the bootstrap started after its first try
+                dht.publish_peer(PeerRecord(device_name="cpu", memory_gb=1.0, tflops=1.0))
+                assert dht.peer_id in dht.read_peers()
+        finally:
+            thread.join(30)
+            bootstrap.shutdown()
+    assert "try 1 to join the swarm failed" in caplog.text and "initial peers" in caplog.text
+    # nobody there at all: it gives up within its deadline, with the reason
+    nobody = dataclasses.replace(LOOPBACK, initial_peers=(f"/ip4/127.0.0.1/tcp/9/p2p/{boot_id}",), startup_timeout_s=3.0)
+    started = time.monotonic()
+    with pytest.raises(BootstrapUnreachable, match="initial peers"):
+        SwarmDHT.join(RUN, nobody, pause_s=1.0)
+    assert time.monotonic() - started < 30
+
+
 @pytest.mark.timeout(60)
 def test_an_unreachable_initial_peer_fails_with_a_clear_error():
     nobody = f"/ip4/127.0.0.1/tcp/9/p2p/{generate_identity().peer_id}"

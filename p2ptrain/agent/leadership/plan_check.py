@@ -30,6 +30,7 @@ from __future__ import annotations
 import collections
 import functools
 import logging
+import math
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -275,6 +276,7 @@ READS_KEPT = 16
 class _Leader:
     peer: str
     since: float  # when the plan became due under this leader
+    succeeds: bool = False  # it leads because we passed over its predecessor a moment ago
 
 
 class LeaderWatch:
@@ -290,6 +292,7 @@ class LeaderWatch:
         self.max_backoff_s = max_backoff_s
         self.clock = clock
         self._due: _Leader | None = None
+        self._passed_at = -math.inf  # when we last passed a leader over
         self._until: dict[str, float] = {}  # peer -> passed over until
         self._times: dict[str, int] = {}  # peer -> how often passed over
         self.standing = Standing()
@@ -330,9 +333,13 @@ class LeaderWatch:
             self._due = None
             return None
         if self._due is None or self._due.peer != leader:
-            self._due = _Leader(leader, now)
+            self._due = _Leader(leader, now, succeeds=now - self._passed_at <= self.max_grace_s)
             return None
-        if now - self._due.since <= self.grace_s + allowance_s:
+        # a successor learns that it leads only when it passes its predecessor over itself, after its own grace
+        # (up to the maximum: ours is paced by our reads, its by its own): the difference is its time too (a
+        # follower with a fast read passed over the next leader as it published, under CI load)
+        succession = self.max_grace_s - self.grace_s if self._due.succeeds else 0.0
+        if now - self._due.since <= self.grace_s + allowance_s + succession:
             return None
         self._due = None
         return leader
@@ -346,6 +353,7 @@ class LeaderWatch:
         the epochs it owes (``Standing.passed_over``: doubling too); returns the back-off in seconds."""
         times = self._times.get(peer, 0)
         self._times[peer] = times + 1
+        self._passed_at = self.clock()
         self.standing.passed_over(peer, times + 1)
         backoff = min(self.max_backoff_s, self.backoff_s * 2**times)
         self._until[peer] = self.clock() + backoff

@@ -63,6 +63,11 @@ from p2ptrain.net.nat.relay import RelayConfig, circuit_maddrs, is_circuit, mult
 logger = logging.getLogger(__name__)
 
 _REACH_HINT = "check that they are running and that their address, port and firewall let this machine in"
+JOIN_PAUSE_S = 2.0  # between two tries to reach the initial peers (``join``)
+
+
+class BootstrapUnreachable(PeerTimeoutError):
+    """None of the initial peers could be reached at start (``SwarmDHT.start``); ``join`` tries again."""
 
 
 @dataclass(frozen=True)
@@ -181,7 +186,8 @@ class SwarmDHT:
                 f" (initial peers: {' '.join(cfg.initial_peers)}; {_REACH_HINT})" if cfg.initial_peers else ""
             )
             who = f"peer {self._identity.peer_id}" + (f" (identity file {path})" if path else "")
-            raise ProtocolError(f"could not start DHT {who}: {type(e).__name__}: {e}{hint}") from e
+            error = BootstrapUnreachable if "failed to connect to bootstrap" in str(e) else ProtocolError
+            raise error(f"could not start DHT {who}: {type(e).__name__}: {e}{hint}") from e
         except BaseException:  # KeyboardInterrupt during startup: stop what started, then let it through
             self.shutdown()
             raise
@@ -192,12 +198,33 @@ class SwarmDHT:
             raise RuntimeError(f"p2pd runs as {peer_id}, expected {self._identity.peer_id}")
         if cfg.initial_peers and routing_table_size == 0:
             self.shutdown()
-            raise PeerTimeoutError(
+            raise BootstrapUnreachable(
                 f"none of the initial peers answered: {' '.join(cfg.initial_peers)}; {_REACH_HINT}"
             )
         self._refresher.start()
         logger.info("DHT peer %s is up (%d peers in its routing table)", peer_id, routing_table_size)
         return self
+
+    @classmethod
+    def join(cls, run_id: str | None, config: DHTConfig, stopped: Callable[[], bool] = lambda: False,
+             pause_s: float = JOIN_PAUSE_S, **kwargs: Any) -> SwarmDHT:  # fmt: skip
+        """A started node (``start``), tried again while none of the initial peers can be reached, until
+        ``config.startup_timeout_s`` from now: a volunteer whose bootstrap is not up yet, or whose home network
+        blinked, joins once it can (under load one of two home volunteers found its NAT path closed for a
+        moment and exited). Each try logs why it failed; ``stopped`` ends the tries (a signal)."""
+        deadline = time.monotonic() + config.startup_timeout_s
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                return cls(run_id, config, **kwargs).start()
+            except BootstrapUnreachable as e:
+                left = deadline - time.monotonic()
+                if left <= pause_s or stopped():
+                    raise
+                logger.warning("try %d to join the swarm failed (%s); trying again in %.0f s (%.0f s left)", tries,
+                               e, pause_s, left)  # fmt: skip
+                time.sleep(pause_s)
 
     def _record_validators(self, identity: Identity) -> list[RecordValidatorBase]:
         """What this node signs and admits with (tests subclass this to build a rogue node)."""
@@ -220,7 +247,7 @@ class SwarmDHT:
         logger.info("DHT peer %s shut down", self.peer_id if self._identity else "(not started)")
 
     def __enter__(self) -> SwarmDHT:
-        return self.start()
+        return self if self._dht is not None else self.start()  # ``with SwarmDHT.join(...) as dht``: started
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
