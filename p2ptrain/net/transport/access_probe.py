@@ -14,8 +14,7 @@ several run at once. For each direction, over the k fastest peers by their pair 
    the round trip).
 3. A path whose flow of T would exceed the per-flow budget is left out: faster than the budget measures.
    The aggregate: the others all at once, each flow n_i = b_i × T (scaled down alike to the total budget);
-   D = max_i (delay_i − floor_i), the smallest of ``tries`` (the least disturbed; ``tries`` more when these say
-   the line is shared: a disturbance only slows flows at once, so it can pass for a shared line), A = Σ n_i / D.
+   D = max_i (delay_i − floor_i), the smallest of ``tries`` (the least disturbed), A = Σ n_i / D.
 4. ``estimate_access`` (pure): without a shared bottleneck the flows end when the slowest alone would,
    D ≈ D₀ = max_i n_i / b_i, and A ≈ Σ n_i / D₀ (Σ b_i when every flow takes T): the line carries at least
    that, but how much more is not measured, so the answer is *unknown*. When A is at most ``shared_share`` ×
@@ -208,20 +207,12 @@ class _Run:
         singles = [singles[i] for i in kept]
         sessions, floors = [self.sessions[i] for i in kept], [floors[i] for i in kept]
         sizes = self._sizes(singles, flow_s, direction)
-        aggregate_s: list[float] = []
-
-        async def at_once(tries: int) -> AccessEstimate:
-            for _ in range(tries):
-                serial = await _all([self._timed(s, direction, n, f)
-                                     for s, n, f in zip(sessions, sizes, floors, strict=True)])  # fmt: skip
-                aggregate_s.append(max(serial))
-            return estimate_access(singles, sizes, aggregate_s, config)
-
-        estimate = await at_once(config.tries)
-        if estimate.gbps is not None:  # a shared line, or flows slowed by something else for a moment: a
-            # disturbance only ever slows the flows at once, so "shared" is confirmed by as many tries again (on
-            # a busy 2-core machine 3 flows under 3 lines of their own carried 68% of their rates alone, twice)
-            estimate = await at_once(config.tries)
+        aggregate_s = []
+        for _ in range(config.tries):
+            serial = await _all([self._timed(s, direction, n, f)
+                                 for s, n, f in zip(sessions, sizes, floors, strict=True)])  # fmt: skip
+            aggregate_s.append(max(serial))
+        estimate = estimate_access(singles, sizes, aggregate_s, config)
         logger.info("%s: %s (paths alone %s Mbit/s, at once %s Mbit/s, flows of %.2f s): %s", direction.value,
                     "unknown" if estimate.gbps is None else f"{estimate.gbps * 1e3:.2f} Mbit/s",
                     "/".join(f"{b * 8 / 1e6:.1f}" for b in singles),
