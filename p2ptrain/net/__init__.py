@@ -11,6 +11,8 @@
   ``probe`` / ``probe_session`` (measuring links), ``status`` (the heartbeat payload), ``endpoint``
   (``Transport``: one event loop, a synchronous facade, a deadline on every call).
 - ``nat/``: ``relay`` (circuit relays and relayed addresses), ``forward`` (streams forwarded by a public peer).
+- ``p2p_fixes``: a fix to hivemind's daemon client (a reply to a call given up on no longer ends every unary
+  call of the process), applied before any client starts.
 
 Process lifecycle (signals, ordered shutdown) is ``p2ptrain.lifecycle``; leader election is
 ``p2ptrain.agent.leadership.election``.

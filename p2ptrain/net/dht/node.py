@@ -45,6 +45,7 @@ from hivemind.utils.multiaddr import Multiaddr
 
 from p2ptrain.errors import ConfigError, PeerTimeoutError, ProtocolError
 from p2ptrain.lifecycle import find_processes, shutdown_in_order, terminate_stray_process
+from p2ptrain.net import p2p_fixes
 from p2ptrain.net.dht.admission import AdmissionConfig, AdmissionPolicy, attach_token
 from p2ptrain.net.dht.keys import RecordKind, RunKeys
 from p2ptrain.net.dht.records import LinksRecord, PeerRecord, PlanRecord, ProgressRecord, Record
@@ -59,6 +60,8 @@ from p2ptrain.net.dht.validators import (
 )
 from p2ptrain.net.identity import Identity, TemporaryIdentityFile, generate_identity, load_or_create_identity
 from p2ptrain.net.nat.relay import RelayConfig, circuit_maddrs, is_circuit, multiaddr_bytes
+
+p2p_fixes.apply()  # before any P2P client starts (the DHT's process, forked from ours, inherits it)
 
 logger = logging.getLogger(__name__)
 

@@ -46,6 +46,7 @@ from hivemind.proto import runtime_pb2
 
 from p2ptrain.errors import MessageRejected, PeerFailed, PeerTimeoutError, ProtocolError, StreamClosed
 from p2ptrain.lifecycle import service_loop
+from p2ptrain.net import p2p_fixes
 from p2ptrain.net.nat.relay import multiaddr_bytes
 from p2ptrain.net.transport.channel import Channels
 from p2ptrain.net.transport.direct import DirectPlane, plane_hosts
@@ -57,6 +58,8 @@ from p2ptrain.net.transport.probe_session import ProbeSession
 from p2ptrain.net.transport.servicer import NAMESPACE, TensorServicer, parse_reply
 from p2ptrain.net.transport.status import PeerStatus
 from p2ptrain.net.transport.streamio import BufferPool, within
+
+p2p_fixes.apply()  # before any P2P client starts (the DHT's process, forked from ours, inherits it)
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,79 @@
+"""hivemind's unary calls survive calls given up on (``p2p_fixes``): a reply to a call its caller cancelled is
+dropped, not the end of every unary call of the process."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+
+import pytest
+from hivemind.p2p.p2p_daemon_bindings import control
+from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError
+from hivemind.proto import p2pd_pb2
+
+from p2ptrain.net import p2p_fixes
+from p2ptrain.net.transport.endpoint import Transport, TransportConfig
+from p2ptrain.net.transport.status import PeerStatus
+
+RUN = "fixes"
+
+
+def _framed(message) -> bytes:
+    body = message.SerializeToString()
+    size, prefix = len(body), bytearray()
+    while True:  # unsigned varint
+        byte, size = size & 0x7F, size >> 7
+        prefix.append(byte | (0x80 if size else 0))
+        if not size:
+            return bytes(prefix) + body
+
+
+def _reply(call_id: uuid.UUID, payload: bytes):
+    answer = p2pd_pb2.CallUnaryResponse(response=payload)
+    return p2pd_pb2.PersistentConnectionResponse(callId=call_id.bytes, callUnaryResponse=answer)
+
+
+def test_a_reply_to_a_cancelled_call_is_dropped_and_the_next_reply_still_arrives():
+    p2p_fixes.apply()
+
+    async def scenario():
+        client = object.__new__(control.ControlClient)  # only the state the reading loop touches
+        client._pending_calls, client._handler_tasks = {}, {}
+        loop = asyncio.get_running_loop()
+        given_up, waiting, after_close = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+        client._pending_calls[given_up] = loop.create_future()
+        client._pending_calls[given_up].cancel()  # its caller's timeout fired; the reply is already on its way
+        client._pending_calls[waiting] = loop.create_future()
+        reader = asyncio.StreamReader()
+        reading = asyncio.create_task(client._read_from_persistent_conn(reader))
+        reader.feed_data(_framed(_reply(given_up, b"late")) + _framed(_reply(waiting, b"on time")))
+        assert await asyncio.wait_for(client._pending_calls[waiting], 5.0) == b"on time"
+        assert not reading.done()  # the loop that reads every unary reply of the process still runs
+        client._pending_calls[after_close] = loop.create_future()
+        reader.feed_eof()  # the daemon closed the connection: a call still waiting fails now, not at its deadline
+        await asyncio.wait_for(reading, 5.0)
+        with pytest.raises(P2PDaemonError, match="closed"):
+            client._pending_calls[after_close].result()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_heartbeats_go_on_after_many_rounds_were_given_up_on_from_another_thread():
+    # what an agent frozen mid-round does when it wakes (``liveness``: the round's deadline passes, the caller
+    # gives up on it while its answers arrive): before the fix the reading task died within ~100 such rounds and
+    # the process could ping nobody and answer nobody until it exited
+    config = TransportConfig(call_timeout_s=30.0)
+    with Transport(RUN, config) as a, Transport(RUN, config, initial_peers=a.visible_maddrs) as b:
+        peer, back = str(a.peer_id), str(b.peer_id)
+        assert isinstance(b.ping_all([peer], 10.0)[peer], PeerStatus)
+        rng = random.Random(0)
+        for _ in range(400):
+            try:
+                b.run_coroutine(b._ping_all([peer] * 3, 2.0), rng.uniform(0.0005, 0.005))  # noqa: SLF001
+            except TimeoutError:
+                pass  # given up on, as the liveness thread does after its deadline
+        assert isinstance(b.ping_all([peer], 10.0)[peer], PeerStatus)  # b still calls ...
+        assert isinstance(a.ping_all([back], 10.0)[back], PeerStatus)  # ... and still answers
