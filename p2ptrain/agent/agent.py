@@ -11,7 +11,7 @@ States, driven by one loop in the calling (main) thread, every ``membership.poll
    links to them when emulating, and hands the settled ones to the link prober (a background thread that
    publishes our links row).
 3. **elect**: the lowest live peer ID leads (the leader's state machine and its state:
-   ``agent.leading.Leading``, which the loop hands each poll while this agent leads). The leader plans once
+   ``leadership.leader.Leading``, which the loop hands each poll while this agent leads). The leader plans once
    ``plan_trigger`` says so (expected peers present, or the join deadline passed) and every trainer's row
    covers the others (or ``links_timeout_s`` passed): it builds the cluster from the records, runs the
    planner in a worker thread (heartbeats and polling go on meanwhile), and publishes the plan record for
@@ -20,11 +20,11 @@ States, driven by one loop in the calling (main) thread, every ``membership.poll
    the peer it sees as lowest that names it as a member (``election.latest_plan``; epochs decide, so a
    leader that comes back late cannot split the swarm), then trains that epoch (``epoch.run_epoch``).
 5. **churn**: at every step boundary an epoch asks ``_should_halt``, whose answer a thread of its own keeps
-   current by polling and leading as the idle loop does (``agent.boundary``: no DHT read on the training
+   current by polling and leading as the idle loop does (``churn.boundary``: no DHT read on the training
    thread). A failed call halts the epoch (a heartbeat says which steps of its stage the agent keeps); the
    leader — the lowest live peer, so the next one when a leader dies — waits for every live trainer to
    halt and publishes the next epoch from the highest step every stage still has (``replan.ReplanWatch``,
-   ``churn.restart_point``: a surviving replica's kept state, else the last checkpoint). Joiners wait
+   ``restart.restart_point``: a surviving replica's kept state, else the last checkpoint). Joiners wait
    until the next re-plan point, then the trainers stop at the plan's start step and hand over their
    stages' states. Checkpoints (``[checkpoint]``) are written by replica 0 of each stage every K steps.
 6. **liveness and warm copies**: a heartbeat thread (``liveness.LivenessMonitor``) pings the members; a dead
@@ -138,7 +138,7 @@ class Agent:
             self._shape_access()
         self.data_id = data_identity(config.train.data)  # in our peer record: the run's agents must agree
         self.stages = RunStages(config.train)  # the run's S: the config's, or (auto) pinned once known
-        self._leading: Leading | None = None  # the leader's side (``agent.leading``), from the loop's start
+        self._leading: Leading | None = None  # the leader's side (``leadership.leader``), from the loop's start
         self._following: PlanRecord | None = None  # the last plan this agent followed
         self._evidence: dict[tuple[int, int], bytes] = {}  # (epoch, step) -> bulk evidence found leading
         self._newest_seen: PlanRecord | None = None  # the highest-epoch plan read from a live signer
@@ -453,7 +453,7 @@ class Agent:
     def _should_halt(self, done: int | None) -> bool:
         """At a step boundary of an epoch (``done``: steps done; None for a spare): poll and lead as the idle
         loop does (every ``poll_s``), and say whether a newer plan takes over from here. While an epoch runs the
-        polling is done off the training thread (``agent.boundary``): this reads its latest answer."""
+        polling is done off the training thread (``churn.boundary``): this reads its latest answer."""
         started = time.perf_counter()
         self._done_now = done
         following = self._following
@@ -520,7 +520,7 @@ class Agent:
 
     def _checked_claims(self, membership: Membership) -> Membership:
         """The members whose claims a real device could make, their tflops bounded by their calibration
-        (``agent.claims``: a pure function of each record, so every agent's view agrees)."""
+        (``leadership.claims``: a pure function of each record, so every agent's view agrees)."""
         shape, peak = self.config.train.shape, self.config.claims.peak_over_calibrated
         peers = {}
         for peer, record in membership.peers.items():
@@ -900,7 +900,7 @@ class Agent:
 
     def _measured_bandwidth(self) -> Callable[[str], float | None]:
         """Bytes per second we measured to each peer (the prober's row as this epoch starts), for sizing the
-        parts of warm copies (``agent.backup``)."""
+        parts of warm copies (``churn.warm_copies``)."""
         row = self.prober.row()
         return lambda peer: row[peer].bandwidth_gbps * 1e9 / 8 if peer in row else None
 

@@ -198,7 +198,7 @@ class ChurnConfig:
     the next plan) and publishes the next epoch. Peers that join while training goes on get a role once
     ``join_min_new_peers`` of them wait, or once ``join_every_steps`` steps passed since the first did.
 
-    Warm copies (``agent.backup``): every plan names a backup peer per stage (spares first), which the
+    Warm copies (``churn.warm_copies``): every plan names a backup peer per stage (spares first), which the
     stage's replica 0 sends the stage's state at the epoch's start and every ``backup_every`` steps; with
     "auto" the leader picks the interval so that one copy costs at most ``backup_budget`` of the steps
     between copies (at most ``backup_max_every``, and at most ``backup_first_every`` until a step time was
@@ -214,7 +214,7 @@ class ChurnConfig:
     backup_budget: float = 0.1
     backup_max_every: int = 50
     backup_first_every: int = 5
-    # a failure's causes stay out of the plans this long, doubling per repeat (``agent.quarantine``)
+    # a failure's causes stay out of the plans this long, doubling per repeat (``churn.quarantine``)
     quarantine_s: float = 60.0
     quarantine_max_s: float = 3600.0
     # a member blamed by a halted trainer for the failure of this many epochs within blame_window_s is
@@ -245,7 +245,7 @@ class ChurnConfig:
 
 @dataclass(frozen=True)
 class ClaimsConfig:
-    """A device's claims checked (``agent.claims``): its tflops at most ``peak_over_calibrated`` times the
+    """A device's claims checked (``leadership.claims``): its tflops at most ``peak_over_calibrated`` times the
     FLOP/s its own calibration of the run's model shows (small models reach a few per cent of a card's
     peak); once it trains, a peer whose compute per step (the median over at least ``min_steps`` steps of
     an epoch) is more than ``speed_tolerance`` times what its calibration predicts is planned at the speed
@@ -263,7 +263,7 @@ class ClaimsConfig:
 
 @dataclass(frozen=True)
 class LivenessConfig:
-    """Heartbeats separate from data (``agent.liveness``): every ``interval_s`` an agent pings the peers it
+    """Heartbeats separate from data (``churn.liveness``): every ``interval_s`` an agent pings the peers it
     watches (every member up to ``watch_all_up_to`` members; beyond, its plan neighbours, the leader and the
     next in line), each ping under ``ping_timeout_s``. A peer that has not answered for ``timeout_s`` is dead:
     the epoch it trains in halts at once, and it leaves this agent's view of the live peers until it
@@ -292,7 +292,7 @@ class LivenessConfig:
 class CheckpointConfig:
     """Every agent keeps its own copies (``local_dir``; default ``<cache>/p2ptrain/state/<run>/<peer ID>``;
     "" for none): its stage's state at every warm-copy step and the warm copies it keeps for others
-    (``agent.state_store``). With ``resume`` the first plan starts from the newest step every stage has a
+    (``churn.state_store``). With ``resume`` the first plan starts from the newest step every stage has a
     copy of on some live agent's disk (no shared directory needed).
 
     Optionally also a shared directory (``dir``, every agent must see the same one): every ``every_steps``

@@ -10,17 +10,17 @@ otherwise shut its daemon down while the acknowledgement of someone's last messa
 A spare (a member the plan gives no stage) idles until the trainers' heartbeats say they are done.
 
 Churn: the epoch starts at the plan's ``start_step`` with each stage's state from the plan's source for it
-(``churn.source_of``): a peer that kept it sends it to every trainer of the stage (a spare of this plan
+(``restart.source_of``): a peer that kept it sends it to every trainer of the stage (a spare of this plan
 too), or it comes from the last complete checkpoint, or from the seed at step 0. Every completed step is
 kept (``StateKeeper``) and, every ``checkpoint.every_steps``, saved by replica 0 of each stage. A call that
 fails (the configured deadline) *halts* the epoch, and so does a newer plan that starts at or before the
 steps done (``should_halt``, asked at every step boundary): the agent publishes a halted heartbeat saying
 which steps it keeps and returns ``EpochOutcome(halted=True)``; the leader re-plans from those heartbeats.
-A failed peer is noticed by heartbeat pings (``agent.liveness``), which abort the epoch's pending calls, so
+A failed peer is noticed by heartbeat pings (``churn.liveness``), which abort the epoch's pending calls, so
 the data deadline (``call_timeout_s``, sized by the plan's predicted step time) is only a last resort.
 
-Warm copies (``agent.backup``): each stage's replica 0 sends the stage's state to the plan's backup peer
-of the stage every ``plan.backup_every`` steps (and the epoch's source sends it the start state); every
+Warm copies (``churn.warm_copies``): each stage's replica 0 sends the stage's state to the plan's backup peer
+of the stage every ``PlanRecord.backup_every`` steps (and the epoch's source sends it the start state); every
 trainer also writes its own state to its own disk at those steps (``StateStore``). The halted heartbeat
 lists those copies (``holds``), so the leader can restart a lost stage from them.
 
@@ -128,7 +128,7 @@ class EpochContext:
     on_evidence: Callable[[int, int, bytes], None] | None = None
 
     def set_status(self, state: str, epoch: int, step: int) -> None:
-        """What heartbeat pings answer (``net.status``)."""
+        """What heartbeat pings answer (``transport.status``)."""
         self.transport.status = PeerStatus(state, epoch, step)
 
     def holds(self, num_stages: int) -> tuple[tuple[int, int], ...]:
@@ -447,7 +447,7 @@ def _wait_sends(sends: list[concurrent.futures.Future], timeout_s: float) -> Non
 
 
 def _take_state(plan: PlanRecord, stage: int, trainer: StageTrainer, ctx: EpochContext) -> None:
-    """Load stage ``stage``'s state after ``plan.start_step`` from the plan's source of it."""
+    """Load stage ``stage``'s state after ``PlanRecord.start_step`` from the plan's source of it."""
     step, source = plan.start_step, source_of(plan, stage)
     started = time.monotonic()
     if source == INIT:

@@ -2,7 +2,7 @@
 
 In rounds: each round measures the link to every peer it was given (``set_peers``), in a random order
 (so that two agents rarely probe each other at the same moment, which would queue each one's replies
-behind the other's bulk transfers), with ``net.probe.measure_link`` over the transport, so link emulation
+behind the other's bulk transfers), with ``transport.probe.measure_link`` over the transport, so link emulation
 applies. Estimates are smoothed across rounds (``LinkTable``, an EWMA); a peer enters the published row
 (``LinksRecord``, key ``{run}.links``) once it has been measured ``min_rounds`` times with samples that
 agreed (``LinkEstimate.agreed``), or, on a machine too busy for that, after one more measurement as a best

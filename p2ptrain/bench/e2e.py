@@ -23,7 +23,7 @@ fastest (``runtime.compute_speed``), and the plans compared are the compute- and
 plan with every stage the same number of layers (``communication_only``) and Megatron's order; each is
 predicted at its own layer split on the scheduled swarm's measurements (links and every agent's speed).
 
-How a run replays the paper's regime (DESIGN.md "Link emulation"): agent k plays device k of the network
+How a run replays the paper's regime (docs/design.md "Link emulation"): agent k plays device k of the network
 scaled to N devices (``scenarios.scenario``). The global batch is chosen so that this run's c_PP/c_DP is
 the paper's (≈ 0.72), and the size factor is this run's c_PP over the paper's (GPT-3 XL) c_PP, so a
 transfer takes as long relative to latency as the paper's did. The time scale makes the paper's seconds
@@ -254,7 +254,7 @@ def _swarm_config(config: E2EConfig, strategy: str, time_scale: float, compute_s
 
 
 def run_e2e(config: E2EConfig, stop) -> dict[str, Any]:
-    """Run the swarm once per plan on ``config.scenario`` and return the report (``--json``'s document)."""
+    """Run the swarm once per plan on ``E2EConfig.scenario`` and return the report (``--json``'s document)."""
     from p2ptrain.swarm.launcher import run_swarm
 
     factors = emulation_factors(config)

@@ -76,7 +76,7 @@ class OneLineErrors(click.Command):
 @click.option("--devices", type=int, metavar="N",
               help="With --scenario: scale the network to N devices, keeping its structure (default 64).")
 @click.option("--cluster", "cluster_file", metavar="FILE",
-              help="Plan the cluster in this JSON file (devices, latency_ms, bandwidth_gbps; see DESIGN.md).")
+              help="Plan the cluster in this JSON file (devices, latency_ms, bandwidth_gbps; see docs/design.md).")
 @click.option("--stages", type=StageCount(), metavar="S|auto",
               help=f"Pipeline stages; the device count must be a multiple (default {DEFAULT_STAGES}). auto (with "
                    "--model): plan every stage count that fits the devices' memory and keep the fastest.")
@@ -106,7 +106,7 @@ class OneLineErrors(click.Command):
 @click.option("--recompute/--no-recompute", default=True, show_default=True,
               help="Mixed devices: activation checkpointing (a stage keeps each block's input, not its "
                    "activations; the backward pass recomputes the forward).")
-@click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON document (DESIGN.md) instead.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON document (docs/design.md) instead.")
 def command(
     scenario_name: str | None,
     devices: int | None,

@@ -46,7 +46,7 @@ from p2ptrain.runtime.wire import WIRE_FORMATS
               help="The network to emulate, scaled to --agents devices (volunteers: mixed GPUs too, their compute "
                    "emulated); 'none': plain loopback.")
 @click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False),
-              help="Emulate this cluster file instead (DESIGN.md format, one device per agent).")
+              help="Emulate this cluster file instead (docs/design.md format, one device per agent).")
 @click.option("--time-scale", type=click.FloatRange(min=0, min_open=True),
               help="Emulated seconds per network second.  [default: 0.05 for a scenario, 1 for --cluster, times "
                    "--compute-scale]")

@@ -6,7 +6,7 @@
     p2ptrain train --data data/corpus --model small --steps 200 --eval-every 50 --save ckpt/
 
 Flags override the ``--config`` file, which overrides the defaults (``p2ptrain.runtime.config``). With no
-parallel flags this is single-process training, the reference of DESIGN.md's exactness contract.
+parallel flags this is single-process training, the reference of docs/design.md's exactness contract.
 ``--json`` prints one JSON document on stdout (per-step lines then go to stderr)::
 
     {"model": "tiny", "device": "cpu", "num_parameters": 436864,
@@ -109,7 +109,7 @@ from p2ptrain.runtime.wire import WIRE_FORMATS
     type=click.FloatRange(min=0, min_open=True),
     default=1.0,
     show_default=True,
-    help="Emulation: this run's bytes per message over the network's (see DESIGN.md).",
+    help="Emulation: this run's bytes per message over the network's (see docs/design.md).",
 )
 @click.option(
     "--workdir",

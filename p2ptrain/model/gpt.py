@@ -17,7 +17,7 @@ head             (after the blocks)         logits ``[B, T, vocab]``
 no head          (after the blocks)         hidden ``[B, T, d]``
 ===============  =========================  =============================
 
-No dropout: training is exact (DESIGN.md, "Exactness"). The LM head is not tied to the token embedding,
+No dropout: training is exact (docs/design.md, "Exactness"). The LM head is not tied to the token embedding,
 because they sit on different stages; tying them would need an extra gradient exchange every step.
 
 ``precision`` (bf16, fp16) runs the module's compute under autocast, fp32 parameters kept, and hands

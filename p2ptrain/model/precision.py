@@ -1,6 +1,6 @@
 """Mixed precision inside a stage: autocast around the stage's compute, fp32 everywhere else.
 
-- ``fp32``: nothing changes; the exact mode (DESIGN.md, "Exactness").
+- ``fp32``: nothing changes; the exact mode (docs/design.md, "Exactness").
 - ``bf16`` / ``fp16``: the stage's forward (and so its backward) runs under ``torch.autocast``: matmuls in
   the low precision, reductions and the loss in fp32. Parameters, gradients, AdamW moments (the master
   weights and optimizer state) stay fp32, and so do the tensors a stage sends: activations leave the

@@ -9,7 +9,7 @@ Pure (no I/O, no clock: every snapshot carries the time it was read), so it is t
 A DHT-only observer sees each peer's *latest* heartbeat, not a log: it samples. A step shorter than the poll
 interval may be missed (the curves then join the steps that were seen), and the curves start when the
 monitor did. Joins and leaves are peer records appearing and expiring; re-plans are the current plan's epoch
-rising. The current plan is the one signed by the lowest live peer (``net.election``); before that peer has
+rising. The current plan is the one signed by the lowest live peer (``leadership.election``); before that peer has
 planned, the newest plan by a live signer.
 
 Traffic and utilisation come from each live peer's latest training heartbeat (not halted, of the newest epoch

@@ -1,6 +1,6 @@
 """A cluster: the devices and the one-way delay (α) and bandwidth (β) between every pair.
 
-The file format (DESIGN.md, "Cluster file")::
+The file format (docs/design.md, "Cluster file")::
 
     {"devices": [{"name": "d0", "region": "Oregon", "tflops": 112.0, "memory_gb": 16.0}, ...],
      "latency_ms": [[0, 67.0, ...], ...],

@@ -212,7 +212,7 @@ def _tau(link: np.ndarray) -> float:
 
 def gcma_search(objective: Objective, rng: np.random.Generator, config: GcmaConfig,
                 deadline: Callable[[], bool] | None) -> SearchResult:
-    """The paper's GCMA on ``objective``: the best plan it finds in ``config.offspring`` rounds or by the
+    """The paper's GCMA on ``objective``: the best plan it finds in ``GcmaConfig.offspring`` rounds or by the
     deadline."""
     if objective.num_stages == 1 or objective.num_replicas == 1:
         sigma = np.arange(objective.num_stages * objective.num_replicas).reshape(objective.num_replicas, -1)

@@ -50,8 +50,8 @@ class Plan:
         return [[row[j] for row in self.pipelines] for j in range(self.num_stages)]
 
     def to_json(self) -> dict[str, Any]:
-        """The plan document of DESIGN.md ("Plan"), plus ``search.method``, ``search.stopped_by`` and
-        ``search.fallback``; plans with a layer split add ``layers``, ``stage_memory_gb``, ``wire`` and
+        """The plan document of docs/design.md ("Plan file"), plus a ``search`` object (``method``, ``stopped_by``,
+        ``fallback``); plans with a layer split add ``layers``, ``stage_memory_gb``, ``wire`` and
         ``schedule`` (docs/mixed-gpus.md)."""
         doc = {
             "stages": self.num_stages,

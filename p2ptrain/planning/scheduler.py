@@ -55,7 +55,7 @@ def schedule(
     ``search`` names the search method (``SEARCH_METHODS``; the default is our best; ``gcma`` configures the
     paper's). When the search's
     plan costs more than Megatron's rank order (a budget too short for a large network), the plan is that
-    order, and ``search.fallback`` says so.
+    order, and the plan's ``search`` says so (``fallback``).
     """
     if search not in SEARCH_METHODS:
         raise ValueError(f"unknown search {search!r} (choose from {', '.join(SEARCH_METHODS)})")

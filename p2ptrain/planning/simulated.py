@@ -33,7 +33,7 @@ What one step does, on the device holding stage j of pipeline i (M micro-batches
    commitments, 512 + 32 bytes a pipeline message each, whose round is over before the reveal is needed.)
 With DiLoCo (``sync_every`` H > 1, ``model.outer``) step 3 happens once a round: the all-reduce of the
 pseudo-gradients after every H-th step, none after the others, and where the runtime runs it
-(``executor._outer_step``): after the clip's exchange (step 4) and the update, every bucket at once, so a
+(``executor.StageExecutor._outer_step``): after the clip's exchange (step 4) and the update, every bucket at once, so a
 later stage's all-reduce does not overlap the backward passes of the stages before it (with clipping it
 starts when stage 0's norm is in). The prediction is the period of steps without it plus 1/H of what it adds
 to a step that has it (both simulated); the closed form divides the groups' all-reduce term by H.
@@ -633,7 +633,7 @@ def _simulate(obj: SimulatedObjective, sigma: np.ndarray, steps: int, all_reduce
               round_end: bool = False) -> SimulatedSteps:
     """``steps`` steps of ``sigma``; ``all_reduce``: with the groups' all-reduce, during and after the last
     backward pass as every-step sync runs it, or with ``round_end`` as a DiLoCo round's end runs it
-    (``executor._outer_step``): after the clip's exchange and the update, every bucket at once."""
+    (``executor.StageExecutor._outer_step``): after the clip's exchange and the update, every bucket at once."""
     d, s, m = obj.num_replicas, obj.num_stages, obj.micro_batches
     a, b = sigma[:, :-1], sigma[:, 1:]  # pipeline i's hop h: a[i, h] → b[i, h]
     lat_f, ser_f = obj.delay_s[a, b], obj.activation_gb * obj.send_s_per_gb[a, b]

@@ -51,7 +51,7 @@ def state_tensors(module: torch.nn.Module, optimizer: torch.optim.Optimizer, *, 
     ``non_blocking``: a GPU tensor is copied into pinned host memory without waiting for the copy, which runs
     on the current stream in its order: the caller orders it after the writes it should see and before the
     next ones, and synchronizes (an event recorded after this call) before reading the copies
-    (``agent.stage_state.StateKeeper`` copies on a stream of its own and fences the next update)."""
+    (``churn.stage_state.StateKeeper`` copies on a stream of its own and fences the next update)."""
     out: dict[str, torch.Tensor] = {}
     for name, param in module.named_parameters():
         out[PARAM + name] = _host_copy(param, non_blocking)
@@ -247,7 +247,7 @@ def _steps(root: Path) -> list[int]:
 
 def saved_stages(root: str | Path, num_stages: int, model: str) -> list[tuple[int, int]]:
     """Every verified (stage, step) copy under ``root``, whether or not its step is complete (an agent's own
-    copies: ``agent.stage_state.StateStore``)."""
+    copies: ``churn.state_store.StateStore``)."""
     root = Path(root)
     return [(stage, step) for step in _steps(root) for stage in range(num_stages)
             if _manifest(step_dir(root, step), stage, num_stages, model) is not None]  # fmt: skip

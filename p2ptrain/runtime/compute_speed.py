@@ -1,5 +1,5 @@
 """Emulated compute speed: a local swarm replays a mixed-GPU swarm the way link emulation replays a slow
-network (DESIGN.md "Link emulation").
+network (docs/design.md "Link emulation").
 
 An agent that plays device k of a cluster file whose devices carry ``tflops`` computes ``slowdown`` =
 (the fastest device's tflops) / (device k's) times as long as it does: a stretch of compute (a
@@ -40,7 +40,7 @@ class ComputePacer:
         self.slowdown = float(slowdown)
         self.cpu_clock = cpu_clock  # time the compute by this thread's CPU time (a CPU device)
         self.slept_s = 0.0
-        self.busy_s = 0.0  # wall seconds of every block, stretch included (what a step computed: ``agent.claims``)
+        self.busy_s = 0.0  # wall seconds of every block, stretch included (what a step computed: ``leadership.claims``)
         self.busy_cpu_s = 0.0  # the computing thread's CPU seconds in every block: busy_s less its waits
 
     @contextmanager

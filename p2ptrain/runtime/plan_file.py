@@ -1,8 +1,8 @@
 """A plan file for the fixed-plan launcher: ``p2ptrain train --plan FILE [--cluster FILE | --scenario NAME]``.
 
-The file is the plan JSON of DESIGN.md (``p2ptrain plan --json`` writes it): ``stages``, ``replicas`` and
+The file is the plan JSON of docs/design.md (``p2ptrain plan --json`` writes it): ``stages``, ``replicas`` and
 ``pipelines[i][j]``, the device holding stage ``j`` of pipeline ``i``. Worker (stage j, replica i) plays
-that device; with a cluster, its transport emulates the device's links (DESIGN.md's link emulation).
+that device; with a cluster, its transport emulates the device's links (docs/design.md's link emulation).
 An optional ``layers`` (a plan for mixed devices: stage j holds blocks [a, b)) is the split the stages are
 built with; without it, the even split.
 """

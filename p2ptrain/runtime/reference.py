@@ -1,4 +1,4 @@
-"""Single-process training: the reference every plan must reproduce (DESIGN.md, "Exactness").
+"""Single-process training: the reference every plan must reproduce (docs/design.md, "Exactness").
 
 Run it as ``p2ptrain train`` (no parallel flags), or from Python::
 

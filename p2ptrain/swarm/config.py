@@ -25,7 +25,7 @@ class SwarmConfig:
     stages: int | str = 2  # or "auto": the leader chooses (TrainConfig.stages)
     steps: int = 10
     scenario: str | None = "worldwide"  # one of the paper's networks, scaled to `agents` devices; None: loopback
-    cluster_file: str | None = None  # or a cluster file of `agents` devices (DESIGN.md "Cluster file")
+    cluster_file: str | None = None  # or a cluster file of `agents` devices (docs/design.md "Cluster file")
     # default: DEFAULT_TIME_SCALE for a scenario, 1 for a cluster file, times compute_scale
     time_scale: float | None = None
     size_factor: float | None = None  # default: automatic for a scenario, 1 for a cluster file

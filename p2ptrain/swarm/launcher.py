@@ -11,7 +11,7 @@ and ``swarm.json``, the status file (PIDs, peer IDs, paths); with a monitor (``m
 (``monitor.log``) and page's URL (``monitor.url``, also in ``swarm.json``).
 
 Emulated networks: with ``scenario`` (one of the paper's, scaled to N devices) or ``cluster_file``, agent
-K plays device K: its transport shapes its links as that device's (DESIGN.md "Link emulation"), so the
+K plays device K: its transport shapes its links as that device's (docs/design.md "Link emulation"), so the
 agents measure the network and the leader plans on measurements. Two factors map the network onto this
 machine: ``size_factor`` (this run's activation bytes per boundary over the paper's c_PP; automatic for a
 scenario) and ``time_scale`` (the network's seconds become this many seconds). A third, ``compute_scale``,
@@ -121,7 +121,7 @@ def run_swarm(
     on_monitor: Callable[[str], None] | None = None,
 ) -> SwarmResult:
     """Start the swarm, follow it until every agent is done (or one fails, a deadline passes, or ``stop``),
-    stop every process, and summarise. Never leaves a process running. With ``config.monitor_port``, a
+    stop every process, and summarise. Never leaves a process running. With ``SwarmConfig.monitor_port``, a
     monitor starts before the agents (so it sees the run from its start) and ``on_monitor(url)`` is called
     once its page answers; it stops with the swarm."""
     train, network, time_scale, size_factor = plan_swarm(config)
@@ -340,7 +340,7 @@ def _last_error(agent: AgentProcess) -> str:
 
 
 def _probe(config: SwarmConfig, network: Cluster | None, time_scale: float, size_factor: float) -> ProbeConfig:
-    """The link prober's settings: ``config.probe``, else for an emulated network ``EMULATED_PROBE`` with its
+    """The link prober's settings: ``SwarmConfig.probe``, else for an emulated network ``EMULATED_PROBE`` with its
     first transfer no longer than ``min_transfer_s`` on the network's slowest line (a home's access link,
     emulated at a few hundred kbit/s, took 2.5 s a 64 KiB transfer, and eight homes probing each other
     through their shared uplinks did not finish within the start-up deadline), else ``LOOPBACK_PROBE``."""

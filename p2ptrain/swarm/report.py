@@ -1,7 +1,7 @@
 """What the local swarm shows: its state from the agents' events, a live progress line, a final summary.
 
 The summary (``summarize``) is what ``p2ptrain swarm --json`` prints: ``losses`` and ``step_time_s`` per
-step as ``p2ptrain train --json`` has them, ``plan`` (the plan document of DESIGN.md with devices named by
+step as ``p2ptrain train --json`` has them, ``plan`` (the plan document of docs/design.md with devices named by
 agent index), the predicted cost, the measured median step time, the emulation factors, the peer ID of
 each agent and, from the leader's cluster, the measured link matrices in the network's units.
 """

@@ -14,7 +14,7 @@ The pause between checks follows the steps: half the time between the last two b
 answer, within ``interval_s`` … ``max_interval_s`` (each check reads the DHT, which costs the shared CPU
 as much as the training it no longer blocks). A newer plan is thus seen within half a step and a DHT read of
 its publication, as the synchronous read saw it at the next boundary after its publication; a re-plan point lies two steps ahead of
-the progress the leader saw (``churn.join_start``) and a stage keeps its last two states, so a trainer that
+the progress the leader saw (``restart.join_start``) and a stage keeps its last two states, so a trainer that
 sees it one step late still holds the state it starts from. That late trainer has started a step its peers,
 stopped at the plan's start, will never finish with it: ``overshot`` says so, and the agent cuts the step
 short at once (``Transport.abort_epoch``) instead of letting it wait for its call deadline — which also held

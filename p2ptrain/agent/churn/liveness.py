@@ -2,7 +2,7 @@
 
 Tensor calls can be slow for good reasons (half a gigabyte over 0.1 Gbit/s takes 40 s), so a short data
 deadline would call slow links dead, and a long one makes every failure cost that long. Instead an agent
-pings the peers it watches every ``interval_s`` (``net.status``: a tiny message answered at once by the
+pings the peers it watches every ``interval_s`` (``transport.status``: a tiny message answered at once by the
 transport's event loop, whatever training is doing) and keeps, per peer, when it last answered:
 
 * ``PeerHealth`` (pure, clock passed in): a watched peer is *dead* once it has not answered for

@@ -13,13 +13,13 @@ Given the plan being trained (epoch e), the live peers and the heartbeats it rea
   is on its way (a DHT store under load can take seconds) and it gets ``halt_timeout_s`` like any trainer.
   A trainer the leader's own heartbeats saw stay away from the epoch (it never took it up: ``absent``) is not
   waited for at all: it has nothing of the epoch to halt.
-  The new epoch starts at ``churn.restart_point`` over what the halted trainers keep and the complete
+  The new epoch starts at ``restart.restart_point`` over what the halted trainers keep and the complete
   checkpoints; every live peer but those left out is a member.
 * **a spare keeping warm copies left**: training goes on; the next epoch (with other backup peers) starts
   at a re-plan point as for joiners.
 * **peers joined** (live, not members of epoch e): once ``join_min_new_peers`` wait, or
   ``join_every_steps`` steps passed since the first did. Training goes on meanwhile; the plan starts at
-  ``churn.join_start`` of the progress seen when it is published, with each stage's state from its
+  ``restart.join_start`` of the progress seen when it is published, with each stage's state from its
   lowest-replica live trainer of epoch e.
 
 Nothing is re-planned once every trainer of epoch e finished.
@@ -48,7 +48,7 @@ class Replan:
     reason: str
     restart: Restart | None = None  # a failure's restart point (a join's is fixed when it is published)
     # a failure's likely causes: trainers that died or did not halt in time (a trainer a halted peer blamed,
-    # ``ProgressRecord.blame``, gets less time); the leader quarantines them (``agent.quarantine``)
+    # ``ProgressRecord.blame``, gets less time); the leader quarantines them (``churn.quarantine``)
     culprits: tuple[str, ...] = ()
     # members a halted trainer blamed for its failed call that halted too, at the root of the blames
     # (``blame_roots``): no culprits, but the leader counts the epochs each is blamed for (``Quarantine.blame``)
@@ -101,10 +101,10 @@ class ReplanWatch:
             said = {p for p, s in (statuses or {}).items() if s.epoch == plan.epoch and s.state in (FAIL, HALT)}
             return self._failure(plan, live, trainers, dead, halted, finished, checkpoints, now, said, set(absent))
         self._failure_since, self._blamed_since = None, {}
-        # the epoch's start is progress its trainers hold before any of them says so (``churn.join_start``)
+        # the epoch's start is progress its trainers hold before any of them says so (``restart.join_start``)
         furthest = max([r.step for r in ours.values()] + ([done] if done is not None else []) + [plan.start_step])
         if join_start([furthest], rounds=self.rounds) >= steps:
-            return None  # a re-plan point (``churn.join_start``) would come at or after the last step
+            return None  # a re-plan point (``restart.join_start``) would come at or after the last step
         keepers = {plan.backup_of(j) for j in range(plan.stages)} - {None}
         lost_keepers = sorted(keepers - live - trainers)
         if lost_keepers:  # training goes on, but a stage has one copy fewer: re-plan at the next point

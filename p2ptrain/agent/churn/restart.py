@@ -15,7 +15,7 @@ holding step s (its latest or the one before), replicas ahead roll back to it, r
 
 ``restart_point`` generalises this to what the halted peers report they keep (their last ``kept`` steps),
 the warm copies they hold (``ProgressRecord.holds``: other stages' states sent to them every
-``backup_every`` steps, and their own copies on disk, ``agent.backup``), plus the complete checkpoints of a
+``backup_every`` steps, and their own copies on disk, ``churn.warm_copies``), plus the complete checkpoints of a
 shared directory: the largest step for which every stage has a source. When every replica of a stage is
 gone, that is its last warm copy's step (every trainer keeps its own state at those steps too), else the
 last complete checkpoint, else step 0 (the seed).
@@ -130,7 +130,7 @@ def source_indices(sources: Iterable[str], membership: tuple[str, ...]) -> tuple
 
 
 def source_of(plan: PlanRecord, stage: int) -> str:
-    """Where stage ``stage``'s state at ``plan.start_step`` comes from: a peer ID, CHECKPOINT or INIT."""
+    """Where stage ``stage``'s state at ``PlanRecord.start_step`` comes from: a peer ID, CHECKPOINT or INIT."""
     if not plan.sources:
         return INIT if plan.start_step == 0 else CHECKPOINT
     code = plan.sources[stage]

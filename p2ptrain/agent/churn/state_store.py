@@ -3,7 +3,7 @@
 Three places, asked in this order by ``get``:
 
 1. the ``StateKeeper``: this agent's own stage after its last ``keep`` steps (memory);
-2. warm copies: other stages' states this agent keeps for the run (``agent.backup``: a stage's replica 0
+2. warm copies: other stages' states this agent keeps for the run (``churn.warm_copies``: a stage's replica 0
    sends its state to the plan's backup peer of the stage every ``backup_every`` steps, verified by
    SHA-256 on arrival), and its own stage's state at those steps and at each epoch's start, the last
    ``keep_copies`` per stage (memory);

@@ -5,12 +5,12 @@ training state; losing that peer used to restart the run from step 0 unless ever
 Now every plan names, per stage, a *backup* peer outside the stage's group (spares first: they are idle),
 and the stage's replica 0 sends it the stage's state (parameters and AdamW moments) every
 ``backup_every`` steps, in the background, plus the state the epoch starts from. The leader's restart point
-(``churn.restart_point``) counts those copies, so a stage whose every replica is lost restarts from its
+(``restart.restart_point``) counts those copies, so a stage whose every replica is lost restarts from its
 last copy.
 
-The leader chooses (``leader.choose_backups``, pure): per stage the candidate with the fastest copy from the
+The leader chooses (``plan_maker.choose_backups``, pure): per stage the candidate with the fastest copy from the
 stage's replica 0 — a trainer's copy time counts double, since its link also carries training — each
-candidate taking at most its share of stages; and the interval (``leader.backup_interval``) so that one copy
+candidate taking at most its share of stages; and the interval (``plan_maker.backup_interval``) so that one copy
 costs at most ``budget`` of the steps between copies: ``every = ceil(copy_s / (budget × step_s))``. Both go
 into the plan record, and the copy's cost per step into the plan event.
 
@@ -21,7 +21,7 @@ the SHA-256 of the flat float32 state, and the elements per part) and parts 1…
 many elements (the last one shorter). The receiver recomputes the digest and keeps the
 copy only when it matches.
 
-A copy shares its link with training, and a link carries one message after another (DESIGN.md "Link
+A copy shares its link with training, and a link carries one message after another (docs/design.md "Link
 emulation"; a real path's queue does much the same): one copy sent as one message of a stage's whole state
 would hold the link for seconds — minutes at a large model's scale — while the next step's activations wait
 behind it. So the sender cuts a copy into parts that each take at most ``COPY_PART_SHARE`` of a step on the

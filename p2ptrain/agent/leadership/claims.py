@@ -22,7 +22,7 @@ it cannot carry and slows every step. So:
   records say. A peer that later computes at its claim again gets its claim back.
 
 Memory is not measured in training: a device that claims more than it has fails its epoch (out of
-memory) and is quarantined like any failing peer (``agent.quarantine``).
+memory) and is quarantined like any failing peer (``churn.quarantine``).
 """
 
 from __future__ import annotations

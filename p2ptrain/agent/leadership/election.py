@@ -10,8 +10,8 @@ the membership it sees; anything else is ignored with a log line (a plan by anot
 leader's plan for an older membership is normal churn and only informational).
 
 Note: lowest-ID election is not Sybil-resistant: anyone may generate keys until one sorts first. Closed
-runs admit only listed peers or holders of a join token (``net.admission``); in any run, followers check a
-plan before following it and pass over a leader that publishes none they accept (``agent.plan_check``).
+runs admit only listed peers or holders of a join token (``dht.admission``); in any run, followers check a
+plan before following it and pass over a leader that publishes none they accept (``leadership.plan_check``).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@
     leading.close()
 
 The agent (``agent.Agent``) owns one. It calls ``lead`` on every poll while it leads: from its loop, or
-while an epoch trains from the step-boundary thread (``agent.boundary``). Each call moves the leader on:
+while an epoch trains from the step-boundary thread (``churn.boundary``). Each call moves the leader on:
 
 1. **first plan**: once ``plan_trigger`` fires (expected peers present, or the join deadline passed) and
    every trainer's links row covers the others (or ``links_timeout_s`` passed); with ``checkpoint.resume``
@@ -16,8 +16,8 @@ while an epoch trains from the step-boundary thread (``agent.boundary``). Each c
    takes the one of the checkpoint it resumes from; every later plan keeps it (``run_stages.RunStages``).
 2. **re-plan**: once a plan is followed, ``replan.ReplanWatch`` says when the next is due (the live
    trainers halted after a failure, joiners at a re-plan point). A failure's culprits are quarantined and
-   the peers blamed for it counted (``agent.quarantine``); the compute each trainer showed replaces its
-   claim (``agent.claims``).
+   the peers blamed for it counted (``churn.quarantine``); the compute each trainer showed replaces its
+   claim (``leadership.claims``).
 3. **planning**: the planner runs in a thread of its own (``_Planning``), so polling and heartbeats go on.
 4. **publishing**: the plan gets its start step and sources, who keeps each stage's warm copy
    (``leader.warm_copies``) and the run's settings, and is published as the epoch above every one seen;
@@ -100,7 +100,7 @@ class AgentView:
     progress: Mapping[str, ProgressRecord] = dataclasses.field(default_factory=dict)  # the last read of the records
     check_s: float = 0.0  # our own check of the followed plan (a search of its records; 0: not checked)
     # the trainers of the followed plan that this agent saw stay away from its epoch past their time (its
-    # heartbeat answers said so: ``agent.liveness.no_shows``); the leader's own finding
+    # heartbeat answers said so: ``churn.liveness.no_shows``); the leader's own finding
     no_shows: tuple[str, ...] = ()
     unjudged: tuple[str, ...] = ()  # trainers away from it whose time (the no-show window) still runs
 
@@ -127,7 +127,7 @@ class _Planning:
     sources: tuple[str, ...] = ()
     members: Cluster | None = None  # every member's links (trainers in ``devices`` order, then spares)
     step_s: float = 0.0  # the measured step time (0: not measured yet)
-    slowdowns: dict[str, float] = dataclasses.field(default_factory=dict)  # claims replaced (``agent.claims``)
+    slowdowns: dict[str, float] = dataclasses.field(default_factory=dict)  # claims replaced (``leadership.claims``)
     layers: Layers | None = None  # the split a re-plan keeps (``Leading._split_workload``)
 
 
@@ -286,7 +286,7 @@ class Leading:
 
     def _own_first_plan(self, membership: Membership, rows) -> dict[str, Any]:
         """Run in the planner thread: the stage count chosen for ``membership`` and the plan at it, as the leader
-        of an auto run's first plan makes them; its ``search.seconds`` is the whole time both took."""
+        of an auto run's first plan makes them; the ``seconds`` of its ``search`` are the whole time both took."""
         cfg, started = self.config, time.perf_counter()
         order = cluster_order(membership.peers)
         choice = choose_run_stages(order, membership.peers, rows, cfg.train, cfg.plan, **self._measured_costs(membership))
@@ -673,7 +673,7 @@ class Leading:
 
     def _count_blames(self, current: PlanRecord, replan: Replan) -> None:
         """Members blamed for this failure that halted: quarantined once blamed for ``churn.quarantine_blames``
-        epochs within ``churn.blame_window_s`` (``agent.quarantine``), else counted."""
+        epochs within ``churn.blame_window_s`` (``churn.quarantine``), else counted."""
         churn = self.config.churn
         counterpart = {p: q for pair in replan.disputes for p, q in (pair, pair[::-1])}
         for peer in replan.blamed:
@@ -746,7 +746,7 @@ class Leading:
         return stages
 
     def _judge_compute(self, membership: Membership) -> dict[str, float]:
-        """Before a plan: what the epoch trained showed of each trainer's compute (``agent.claims``); the
+        """Before a plan: what the epoch trained showed of each trainer's compute (``leadership.claims``); the
         factors the next plan prices the members with."""
         current = self._view().current
         for s in self._compute.judge(current, membership.peers, self.config.train) if current is not None else ():
@@ -871,7 +871,7 @@ class Leading:
         return copies
 
     def _join_point(self, record: PlanRecord) -> tuple[int, tuple[str, ...]] | None:
-        """A join re-plan's start (``churn.join_start``) and sources: each stage's lowest-replica trainer of
+        """A join re-plan's start (``restart.join_start``) and sources: each stage's lowest-replica trainer of
         the epoch being trained (every one of them stops at that step, holding it)."""
         current = self._view().current
         try:

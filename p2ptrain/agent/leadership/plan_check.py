@@ -2,7 +2,7 @@
 publishes no valid plan in time is passed over. Pure (no I/O; clocks are arguments).
 
 Lowest-ID election lets anyone lead who generates keys until one sorts first (closed runs refuse such
-peers at admission, ``net.admission``; an admitted peer can still be broken). So a follower does not take
+peers at admission, ``dht.admission``; an admitted peer can still be broken). So a follower does not take
 the leader's word for a plan:
 
 * ``membership_problem``: the plan names only peers the follower sees live, and a first plan leaves out

@@ -15,12 +15,12 @@
 3. ``run_workload``: c_PP and c_DP of this run (fp32 activations and gradients of the configured model and
    batch), divided by the emulation's size factor.
 4. ``make_plan``: the scheduler, or a baseline (Megatron's rank order in cluster order; a random
-   assignment), as the plan document of DESIGN.md, scored by ``config.objective`` (for "simulated" the
+   assignment), as the plan document of docs/design.md, scored by ``PlanConfig.objective`` (for "simulated" the
    workload carries the members' calibrated step profile, ``runtime.calibration``). Slow for big clusters:
    the agent runs it in a thread.
 
 5. ``warm_copies``: per stage the peer keeping a warm copy of its state and the interval of the copies
-   (``agent.backup``), from the measured links of every member (spares too) and the step time.
+   (``churn.warm_copies``), from the measured links of every member (spares too) and the step time.
 
 Cluster order: by the device each peer plays when every member emulates one (so Megatron's order is the
 emulated network's device order), otherwise by peer ID.
@@ -223,7 +223,7 @@ def run_workload(train: TrainConfig, num_stages: int, num_replicas: int, size_fa
 
 
 def make_plan(cluster: Cluster, workload: Workload, num_stages: int, config: PlanConfig) -> dict[str, Any]:
-    """The plan document (DESIGN.md "Plan") of ``config.strategy`` over ``cluster``; ValueError if none."""
+    """The plan document (docs/design.md "Plan file") of ``PlanConfig.strategy`` over ``cluster``; ValueError if none."""
     n = cluster.num_devices
     if config.strategy == "scheduled":
         plan = schedule(cluster, workload, num_stages, seed=config.seed, objective=config.objective,
@@ -262,7 +262,7 @@ def with_company(plan: dict[str, Any], cluster: Cluster, workload: Workload, pro
                  config: PlanConfig) -> dict[str, Any]:  # fmt: skip
     """``plan`` with no stage trained by peers on probation alone (``probation``: indices into ``cluster``'s
     devices, peers that have shown no work yet, ``leadership.standing``): for each such stage, the cheapest swap
-    (by ``config.objective``) of one of its peers with a proven peer of another stage that keeps a proven peer
+    (by ``PlanConfig.objective``) of one of its peers with a proven peer of another stage that keeps a proven peer
     of its own. Verification compares a stage's replicas (``p2ptrain.verify``): a stage whose replicas are all
     fresh keys may be one person's, who checks itself. A stage that no swap can cover (too few proven peers)
     stays as it is, logged. The plan's ``probation`` lists the devices on probation; ``cost_s`` is the
@@ -323,7 +323,7 @@ def kept_apart(plan: dict[str, Any], cluster: Cluster, workload: Workload, pairs
                config: PlanConfig, probation: Collection[int] = ()) -> dict[str, Any]:  # fmt: skip
     """``plan`` with no pair of ``pairs`` (device indices: members that refused each other without evidence,
     ``churn.quarantine``) exchanging a message (``meetings``), where swaps of two devices can get there: one
-    swap at a time, each the cheapest (by ``config.objective``) of those that leave the fewest pairs meeting,
+    swap at a time, each the cheapest (by ``PlanConfig.objective``) of those that leave the fewest pairs meeting,
     while the count falls, and none that leaves a stage to devices on ``probation`` alone (``with_company``,
     applied before). A pair no swap separates (too few devices) stays, logged. ``cost_s`` is the objective's
     for the pipelines returned.
@@ -448,7 +448,7 @@ def stage_state_bytes(train: TrainConfig, num_stages: int) -> float:
 def warm_copies(plan: Mapping[str, Any], devices: Sequence[str], spares: Sequence[str], cluster: Cluster,
                 state_bytes: float, step_s: float, churn: ChurnConfig,
                 emulation: EmulationSettings, train_rounds: int = 1) -> dict[str, Any]:  # fmt: skip
-    """Who keeps each stage's warm copy and how often (``agent.backup``), for ``plan`` over ``devices``.
+    """Who keeps each stage's warm copy and how often (``churn.warm_copies``), for ``plan`` over ``devices``.
 
     ``cluster`` holds every member, trainers (``devices``, in the plan's device order) first, then
     ``spares``; ``step_s`` is the step time in seconds (measured, or predicted); ``train_rounds``: DiLoCo's

@@ -212,7 +212,7 @@ class SwarmDHT:
     def join(cls, run_id: str | None, config: DHTConfig, stopped: Callable[[], bool] = lambda: False,
              pause_s: float = JOIN_PAUSE_S, **kwargs: Any) -> SwarmDHT:  # fmt: skip
         """A started node (``start``), tried again while none of the initial peers can be reached, until
-        ``config.startup_timeout_s`` from now: a volunteer whose bootstrap is not up yet, or whose home network
+        ``DHTConfig.startup_timeout_s`` from now: a volunteer whose bootstrap is not up yet, or whose home network
         blinked, joins once it can (under load one of two home volunteers found its NAT path closed for a
         moment and exited). Each try logs why it failed; ``stopped`` ends the tries (a signal)."""
         deadline = time.monotonic() + config.startup_timeout_s

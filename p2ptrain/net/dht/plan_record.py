@@ -35,7 +35,7 @@ class PlanRecord(RecordEnvelope):
     ``membership`` is sorted by peer ID (the order ``election.py`` uses); ``membership[leader_at]`` is the
     peer that must have signed it, its *leader* (additive: absent, 0, the lowest member; a leader in standing
     may plan lower peers that are not, ``agent.leadership.standing``). ``pipelines[i][j]`` is the index into ``membership`` of the peer holding
-    stage j of pipeline i (the DESIGN.md plan layout); members not in ``pipelines`` are spares.
+    stage j of pipeline i (the docs/design.md plan layout); members not in ``pipelines`` are spares.
 
     Churn fields (additive; absent in a first plan): training resumes at ``start_step`` (steps completed),
     and ``sources[j]`` says where stage j's state at that step comes from: a member index (a surviving
@@ -55,7 +55,7 @@ class PlanRecord(RecordEnvelope):
 
     Claims checked (additive): ``slowdowns`` pairs a member index with a factor ≥ 1: the leader priced that
     member's device this many times slower than its peer record says, from what it showed in training
-    (``agent.claims``); followers check the plan's cost with the same factors. Empty: the records as they are.
+    (``leadership.claims``); followers check the plan's cost with the same factors. Empty: the records as they are.
 
     Probation (additive): ``probation`` lists the member indices (sorted) of peers that have shown no training
     work yet (``agent.leadership.standing``): the leader kept each of them company on its stage
@@ -234,7 +234,7 @@ class PlanRecord(RecordEnvelope):
 
     @classmethod
     def from_plan_json(cls, epoch: int, devices: Sequence[str], plan: Mapping[str, Any]) -> PlanRecord:
-        """From the planner's plan (DESIGN.md "Plan") over a cluster whose device i is peer ``devices[i]``."""
+        """From the planner's plan (docs/design.md "Plan file") over a cluster whose device i is peer ``devices[i]``."""
         membership = tuple(sorted(devices))
         index = {peer: i for i, peer in enumerate(membership)}
         if len(index) != len(devices):

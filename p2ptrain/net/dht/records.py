@@ -170,7 +170,7 @@ class PeerRecord(RecordEnvelope):
     emulated_device: int | None = None
     compute: ComputeMeasurement | None = None  # optional: the agent's calibration of the run's model
     # optional: what it trains on (``p2ptrain.model.data.data_identity``: tokenizer and content digest);
-    # agents of a run must agree on it (``agent.membership``)
+    # agents of a run must agree on it (``leadership.membership``)
     data: str = ""
     # optional: the run settings it trains with (``agent.leadership.settings.identity``: wire, schedule, ...);
     # pinned by each agent's config, so agents of a run must agree on them too
@@ -318,7 +318,7 @@ class ProgressRecord(RecordEnvelope):
     copies on disk (additive). ``blame``: the peer whose call failed this writer's epoch (it timed out, broke
     or was refused by that peer), when one did (additive; the leader may quarantine it). ``compute_s``:
     the writer's own compute in step ``step`` (forward, backward, update; no waiting), 0 when not measured
-    (additive; the leader checks it against the writer's calibration, ``agent.claims``). ``leader``: the
+    (additive; the leader checks it against the writer's calibration, ``leadership.claims``). ``leader``: the
     signer of the plan of epoch ``epoch`` the writer trains (additive; who may lead counts only the records
     of the plan's own trainers that name its signer, ``leadership.standing``). ``sent_bytes``: the payload
     bytes the writer's transport sent during step ``step`` (``Transport.sent_bytes``), None when not said

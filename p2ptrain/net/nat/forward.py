@@ -13,7 +13,7 @@ heartbeats to a peer behind NAT go through a forwarding stream that we run ourse
   of B's hivemind handlers) and whether it is a stream or a unary call. R opens a ``fwd-in`` stream to B,
   writes the preamble with the *origin* A in place of the target, and then copies bytes both ways until
   either side closes, with an idle deadline.
-* B accepts ``fwd-in`` streams only from the relays it chose itself (its ``relay.relays``, or its initial
+* B accepts ``fwd-in`` streams only from the relays it chose itself (its ``dht.relay.relays``, or its initial
   peers), and hands the rest of the stream to its own handler for that protocol as if A had opened it:
   the servicer, the mailbox's sender checks and admission all see A. The trust this takes is the trust a
   home already puts in its bootstrap; a relay B did not choose cannot speak for anyone.

@@ -144,7 +144,7 @@ def measure_access(
 ) -> dict[Direction, AccessEstimate] | None:
     """Both directions of our line (blocking), from the peers ``paths_bytes_per_s`` names with their pair
     probes' rates; None once ``stop()`` says to stop. A direction that a peer fails (it left, timed out, refused a
-    pull), or that ran past ``config.deadline_s``, is unknown with the reason; a peer that cannot be reached
+    pull), or that ran past ``AccessConfig.deadline_s``, is unknown with the reason; a peer that cannot be reached
     for a probe stream raises (PeerTimeoutError naming it)."""
     config = config or AccessConfig()
     return transport.run_coroutine(ameasure_access(transport, paths_bytes_per_s, config, stop), config.deadline_s + 5.0)

@@ -1,5 +1,5 @@
 """Link emulation: each directed link a→b is a FIFO in the sender, each peer's access link a FIFO of its own
-(DESIGN.md, "Link emulation").
+(docs/design.md, "Link emulation").
 
 A peer a may have an uplink U_a and a downlink D_a (bytes/s; absent: unlimited), as a home router's queues
 would shape them, besides each directed pair's latency α and path bandwidth β. A message of n bytes that a
@@ -25,7 +25,7 @@ downlink lets them through, so every byte the runtime and the link prober send i
 *measure* the emulated network. Destinations with neither a pair profile nor an uplink are not shaped; an
 emulator without profiles and access links changes nothing.
 
-Replaying a cluster of the paper with a small model on one machine takes two factors (DESIGN.md)::
+Replaying a cluster of the paper with a small model on one machine takes two factors (docs/design.md)::
 
     α' = α × time_scale          β' = β × size_factor / time_scale          (U' and D' as β')
 

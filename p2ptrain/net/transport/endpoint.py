@@ -10,12 +10,12 @@ torch code, a deadline on every call.
 
 ``send`` returns once the receiver accepted the message, raises ``MessageRejected`` when it refused it and
 ``PeerTimeoutError`` naming the peer when no answer came within ``timeout_s`` (default
-``config.call_timeout_s``). On an emulated link the emulated transfer time (queueing behind earlier messages,
+``TransportConfig.call_timeout_s``). On an emulated link the emulated transfer time (queueing behind earlier messages,
 n/β, α, the uplink) is added to that deadline: it models time a real link would take, not a fault; the
 receiver's downlink, which the sender cannot know, is not. The reply itself is not shaped (it carries no
 data), so a send returns at the emulated arrival time (later when the receiver's downlink holds the message).
 ``recv`` waits under its own deadline and names the sender it waited for. Messages to one peer share a few
-persistent streams (``config.streams_per_peer``, see ``channel.py``): no stream setup per message.
+persistent streams (``TransportConfig.streams_per_peer``, see ``channel.py``): no stream setup per message.
 
 ``sent_bytes`` counts the payload bytes of the messages receivers accepted since the transport started (a
 message refused or whose reply was lost may have gone out in part, and is not counted): the difference of
@@ -316,7 +316,7 @@ class Transport:
 
         Dial a peer this way before the first message to it: finding it by ID alone through libp2p's
         routing intermittently stalls. PeerTimeoutError naming the peer past ``timeout_s`` (default
-        ``config.call_timeout_s``); a daemon error (no address answers) is raised as is.
+        ``TransportConfig.call_timeout_s``); a daemon error (no address answers) is raised as is.
         """
         timeout_s = timeout_s or self.config.call_timeout_s
         # the daemon wants addresses without the peer's own /p2p/ID; a relay's /p2p/<relay> part stays
@@ -440,7 +440,7 @@ class Transport:
 
     @status.setter
     def status(self, status: PeerStatus) -> None:
-        """What this peer answers to pings from now on (``net.status``)."""
+        """What this peer answers to pings from now on (``transport.status``)."""
         self._servicer.status = status
 
     def _status_now(self, status: PeerStatus) -> PeerStatus:

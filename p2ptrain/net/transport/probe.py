@@ -83,7 +83,7 @@ class LinkEstimate:
 def measure_link(
     transport: Transport, peer: PeerLike, config: ProbeConfig | None = None, stop: Callable[[], bool] | None = None
 ) -> LinkEstimate | None:
-    """Measure α and β to ``peer`` (blocking); PeerTimeoutError naming it past ``config.deadline_s``; None
+    """Measure α and β to ``peer`` (blocking); PeerTimeoutError naming it past ``ProbeConfig.deadline_s``; None
     once ``stop()`` (asked between round trips, from the transport's loop) says to stop."""
     config = config or ProbeConfig()
     return transport.run_coroutine(ameasure_link(transport, peer, config, stop), config.deadline_s + 5.0)
@@ -105,7 +105,7 @@ class _Stopped(Exception):
 async def ameasure_session(
     session: ProbeSession, config: ProbeConfig, stop: Callable[[], bool] | None = None
 ) -> LinkEstimate | None:
-    """The method of the module docstring, on an open probe stream (anything with ``peer``, ``transport.config``
+    """The method of the module docstring, on an open probe stream (anything with ``peer``, ``Transport.config``
     and ``roundtrip`` as ``ProbeSession`` has them)."""
     try:
         return await _measure(session, config, stop or (lambda: False))
@@ -174,8 +174,8 @@ def _delay(sample: RoundTrip, samples: Sequence[RoundTrip]) -> float:
 
 
 def _agree(transfers: Sequence[RoundTrip], pings: Sequence[RoundTrip], config: ProbeConfig) -> bool:
-    """Whether the fastest ``config.transfers`` transfers, and the fastest two pings, lie within
-    ``config.agreement`` × n/β. Two disturbed samples may agree by chance; three rarely do."""
+    """Whether the fastest ``ProbeConfig.transfers`` transfers, and the fastest two pings, lie within
+    ``ProbeConfig.agreement`` × n/β. Two disturbed samples may agree by chance; three rarely do."""
     samples = [*transfers, *pings]
     fast_transfers = sorted(_delay(t, samples) for t in transfers)[: config.transfers]
     fast_pings = sorted(_delay(p, samples) for p in pings)[:2]

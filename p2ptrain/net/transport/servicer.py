@@ -101,7 +101,7 @@ class TensorServicer(ServicerBase):
         self.stream_idle_s = stream_idle_s  # ... and for the next message on a stream
         self.max_reply_bytes = max_reply_bytes
         self._pulled = PullBudget(PULL_BUDGET_REPLIES * max_reply_bytes, PULL_WINDOW_S, pacer.clock)
-        self.status = PeerStatus()  # what a ping answers (``net.status``); the agent keeps it current
+        self.status = PeerStatus()  # what a ping answers (``transport.status``); the agent keeps it current
         # fills in where the epoch stands (``PeerStatus.sent``, ``waits``) as a ping is answered (the loop's thread)
         self.status_now: Callable[[PeerStatus], PeerStatus] = lambda status: status
         self.direct: typing.Any = None  # this peer's direct data plane (``direct.DirectPlane``), if it has one

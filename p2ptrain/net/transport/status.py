@@ -2,7 +2,7 @@
 
 Heartbeats are separate from data: a small ``rpc_ping`` on the transport answers at once from the
 transport's event loop, whatever the training thread is doing, with the answerer's ``PeerStatus``. A ping
-that gets no answer says the peer is dead or cut off (``agent.liveness`` decides when); an answer says
+that gets no answer says the peer is dead or cut off (``churn.liveness`` decides when); an answer says
 where the peer is, so a failure one trainer noticed spreads to the others in one ping round instead of
 one data deadline.
 
@@ -17,7 +17,7 @@ Two more fields say where a trainer's epoch stands inside a step, filled in by t
 ``sent``, the training messages (``STUCK_KINDS``) of epoch ``epoch`` its receivers accepted, and ``waits``, the
 peer its oldest call of that epoch still in flight waits on ("" when none: it computes, or idles). A trainer
 that says it trains, waits on nobody and has sent nothing while its peers' first messages went out long ago
-never takes its stage up (``agent.liveness.stalled``).
+never takes its stage up (``churn.liveness.StallWatch``).
 """
 
 from __future__ import annotations
