@@ -115,3 +115,59 @@ def test_the_check_leaves_out_annotation_only_imports(tmp_path):
     (root / "a.py").write_text("from p2ptrain.b import f\n")
     (root / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from p2ptrain.a import X\n")
     assert list(nx.simple_cycles(import_graph(root))) == []
+
+
+# Size caps: a function over MAX_FUNCTION_LINES or a class over MAX_CLASS_LINES lines (``def``/``class`` line to
+# its last) is refused, except today's offenders at today's size at most. The list may only shrink: an
+# offender that grows fails, and one brought under its cap must leave the list.
+MAX_FUNCTION_LINES, MAX_CLASS_LINES = 80, 400
+OVERSIZED = {
+    "p2ptrain/cli/train.py:command": 122,
+    "p2ptrain/runtime/reference.py:train_reference": 105,
+    "p2ptrain/planning/simulated.py:_simulate": 98,
+    "p2ptrain/net/dht/plan_record.py:PlanRecord.__post_init__": 91,
+    "p2ptrain/planning/joint.py:schedule_layered": 90,
+    "p2ptrain/agent/epoch.py:_run_epoch": 88,
+    "p2ptrain/planning/simulated.py:SimulatedObjective.__init__": 86,
+    "p2ptrain/planning/scheduler.py:schedule": 84,
+    "p2ptrain/agent/leadership/leader.py:Leading._publish_plan": 84,
+    "p2ptrain/agent/agent.py:Agent": 790,
+    "p2ptrain/agent/leadership/leader.py:Leading": 750,
+    "p2ptrain/net/transport/endpoint.py:Transport": 443,
+}
+
+
+def oversized(root: Path) -> dict[str, int]:
+    """Every function over MAX_FUNCTION_LINES and class over MAX_CLASS_LINES under ``root``: name -> lines."""
+    found: dict[str, int] = {}
+
+    def visit(node: ast.AST, path: Path, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                lines = child.end_lineno - child.lineno + 1
+                cap = MAX_CLASS_LINES if isinstance(child, ast.ClassDef) else MAX_FUNCTION_LINES
+                if lines > cap:
+                    found[f"{path.relative_to(root.parent).as_posix()}:{prefix}{child.name}"] = lines
+                visit(child, path, f"{prefix}{child.name}.")
+
+    for path in sorted(root.rglob("*.py")):
+        visit(ast.parse(path.read_text()), path, "")
+    return found
+
+
+def test_no_function_or_class_outgrows_its_cap_and_the_offenders_only_shrink():
+    found = oversized(PACKAGE)
+    new = {name: lines for name, lines in found.items() if name not in OVERSIZED}
+    grown = {name: (OVERSIZED[name], lines) for name, lines in found.items() if lines > OVERSIZED.get(name, lines)}
+    fixed = sorted(set(OVERSIZED) - set(found))
+    assert not new, f"over the cap ({MAX_FUNCTION_LINES} lines a function, {MAX_CLASS_LINES} a class): {new}"
+    assert not grown, f"an oversized function or class grew (allowed, now): {grown}"
+    assert not fixed, f"under the cap now: take these out of OVERSIZED: {fixed}"
+
+
+def test_the_size_check_counts_nested_definitions(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    body = "\n".join(f"        x{k} = {k}" for k in range(MAX_FUNCTION_LINES))
+    (package / "m.py").write_text(f"class A:\n    def f(self):\n{body}\n")
+    assert oversized(package) == {"pkg/m.py:A.f": MAX_FUNCTION_LINES + 1}
