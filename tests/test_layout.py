@@ -171,3 +171,16 @@ def test_the_size_check_counts_nested_definitions(tmp_path):
     body = "\n".join(f"        x{k} = {k}" for k in range(MAX_FUNCTION_LINES))
     (package / "m.py").write_text(f"class A:\n    def f(self):\n{body}\n")
     assert oversized(package) == {"pkg/m.py:A.f": MAX_FUNCTION_LINES + 1}
+
+
+def test_each_package_says_what_its_modules_own():
+    # every module and subpackage is named (``name``) in its package's docstring, which says what it owns
+    missing = {}
+    for init in sorted(PACKAGE.rglob("__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        children = [p.stem for p in init.parent.glob("*.py") if p.stem != "__init__"]
+        children += [p.name for p in init.parent.iterdir() if (p / "__init__.py").exists()]
+        unnamed = sorted(c for c in children if not any(f"``{c}{end}``" in doc for end in ("", "/", ".py")))
+        if unnamed:
+            missing[init.parent.relative_to(PACKAGE.parent).as_posix()] = unnamed
+    assert not missing, missing

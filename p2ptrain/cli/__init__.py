@@ -2,7 +2,10 @@
 
 Each subcommand lives in its own module ``p2ptrain/cli/<name>.py`` exposing ``command`` (a click command);
 modules are imported only when their command runs, so ``p2ptrain plan`` never imports torch or hivemind.
-Commands only parse flags, build a config and call one library function.
+Commands only parse flags, build a config and call one library function: ``plan``, ``data``, ``train``,
+``bootstrap``, ``agent``, ``token``, ``swarm``, ``export``, ``generate``, ``monitor`` and ``bench``, each the
+command of its name; ``optimizer_options`` (the optimizer and synchronisation flags three commands share) and
+``stage_count`` (the ``--stages S|auto`` type) are shared parts.
 
 Bad user input (a ``ValueError`` from the library, or a click usage error) ends with one line on stderr
 and exit code 2, never a traceback.

@@ -7,7 +7,12 @@
 - ``optim``: ``OptimizerConfig``, ``build_optimizer`` (AdamW).
 - ``lr_schedule``: ``lr_at``, ``set_lr`` (the learning rate of each step: constant, or a warm-up then cosine,
   linear or warm-up–stable–decay).
-- ``data``: byte tokens, the built-in corpus, ``TrainData.global_batch``, ``shard_of``, ``micro_batches``.
+- ``data``: byte tokens, the built-in corpus, ``TrainData.global_batch``, ``shard_of``, ``micro_batches``;
+  ``tokenizer``: byte-level and BPE tokenizers; ``prepare`` and ``prepared``: ``p2ptrain data prepare``'s
+  memory-mapped token shards and their manifest.
+- ``hyperparams``: each preset's optimizer recipe; ``clip``: gradient clipping by the global norm, alike on
+  one process and a pipeline; ``precision``: mixed precision inside a stage; ``outer``: DiLoCo's outer step.
+- ``hf_checkpoint``: Hugging Face checkpoint folders, their names for our parameters both ways.
 
 Importing this package imports nothing heavy; the submodules import torch.
 """

@@ -6,5 +6,6 @@ live web page, a JSON API and Prometheus metrics.
   the sync mode and DiLoCo round, each peer's bytes sent per step and compute utilisation).
 * ``metrics.py``: the Prometheus collector over a view.
 * ``server.py``: the web server (aiohttp) and the loop that polls the DHT.
+* ``tensorboard.py``: the run's progress as TensorBoard event files (``--tensorboard DIR``).
 * ``static/``: the page itself, plain HTML, CSS and JavaScript served by the monitor (nothing from a CDN).
 """

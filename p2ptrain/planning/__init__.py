@@ -6,6 +6,21 @@ numpy, scipy and networkx only; no torch, hivemind, asyncio, clock or global RNG
     from p2ptrain.planning import load_cluster, schedule, PAPER_WORKLOAD
     plan = schedule(load_cluster("cluster.json"), PAPER_WORKLOAD, num_stages=8, seed=0)
     plan.to_json()  # or an Infeasible with the reason
+
+- ``cluster``: the devices and every pair's delay and bandwidth; ``measured``: regions recovered from noisy
+  links, and noisy twins; ``canonical``: a device order independent of the listing; ``scenarios``: the
+  paper's five networks.
+- ``workload``: the bytes crossing a stage boundary and all-reduced per stage; ``layers``: the workload per
+  layer; ``model_shapes``: the presets' dimensions; ``split``: layer splits.
+- ``cost``: the paper's cost model; ``simulated``: the runtime's step time; ``wire_model``: what the
+  runtime's settings do to a step; ``objectives``: both by name.
+- ``scheduler``: ``schedule``, the entry point; ``strategies``: the search methods by name; ``search``: the
+  partition search; ``clustered``: the default search on the network's structure; ``starts``: where it
+  starts; ``path`` and ``matching``: the stage order and one hop's cost; ``gcma``: the paper's scheduler;
+  ``exhaustive``: the exact optimum for small clusters; ``joint``: layer split and assignment together for
+  mixed devices; ``stage_count``: how many stages.
+- ``plan``: a ``Plan`` or ``Infeasible``; ``report``: a plan for people; ``baselines``: Megatron's order and
+  random assignments.
 """
 
 from p2ptrain.planning.baselines import megatron_assignment, random_assignment, random_cost

@@ -2,5 +2,9 @@
 
 Pure functions over tensors and messages: ``sketch`` (linear sketches, the all-reduce sum check, the challenge
 seed), ``bounds`` (each codec's error bound from a message), ``reduce_check``, ``recompute`` (redoing a
-micro-batch), ``commit`` (digests, challenges); ``loopback`` runs a group's all-reduce in one process.
+micro-batch), ``commit`` (digests, challenges), ``attest`` (what an owner signs about the shards it summed),
+``statement`` (signed statements a third party checks offline), ``evidence`` (a failed recompute's evidence),
+``dispute`` (a third party's judgement of that evidence); ``loopback`` runs a group's all-reduce in one
+process. Live, every step: ``group`` (the sum check of a stage's all-reduce) and ``stage_check`` (the
+recompute check of a stage's members). ``config``: ``[verify]``, how a run checks its members' work.
 """

@@ -1,1 +1,13 @@
-"""p2ptrain.agent.leadership: Leadership: who leads, how a plan is made from the run's records, and how a follower checks it."""
+"""p2ptrain.agent.leadership: who leads, how a plan is made from the run's records, how a follower checks it.
+
+- ``election``: the lowest live peer in standing leads; which plan an agent follows (pure).
+- ``standing``: who may lead once the run has a history (pure).
+- ``membership``: the live peers, from the verified peer records, and when to plan.
+- ``plan_maker``: records to cluster to plan record, and the warm-copy keepers (pure; followers rerun it).
+- ``leader``: ``Leading``, the leader's side: when a plan is due, the planner off the loop, the plan published.
+- ``disputes``: the leader's judgement of disputes with bulk evidence, beside its loop.
+- ``plan_check``: a follower's checks of a plan, and passing over a leader that publishes none it accepts.
+- ``claims``: a device's compute claims, bounded by its calibration and replaced by what it shows.
+- ``settings``: the run settings every agent pins and every plan carries.
+- ``run_stages``: the run's stage count, fixed by the config or chosen by the leader (``stages = "auto"``).
+"""

@@ -1,1 +1,12 @@
-"""p2ptrain.net.dht.node: The run's DHT: keys, versioned signed records, validators, admission, the node and the bootstrap peer."""
+"""p2ptrain.net.dht: the run's DHT: keys, versioned signed records, validators, admission, the node, the bootstrap.
+
+- ``keys``: every DHT key p2ptrain uses, spelled in one place.
+- ``record_base``: what every record shares: the msgpack envelope under the size cap, versions, bounds.
+- ``records``: the record schemas agents publish (peers, links, progress, ...); ``plan_record``: the
+  leader's plan; ``fields``: the strict field checks they share.
+- ``validators``: which entries a DHT node stores and a reader accepts (signatures, admission, schemas).
+- ``admission``: open runs, and closed ones (listed peers or holders of a join token).
+- ``refresh``: keeps this peer's own records alive until replaced or withdrawn.
+- ``node``: ``SwarmDHT``, the synchronous facade over ``hivemind.DHT``: verified reads, deadlines, shutdown.
+- ``bootstrap``: the DHT-only bootstrap peer (``p2ptrain bootstrap``).
+"""

@@ -1,1 +1,5 @@
-"""p2ptrain.net.nat: Reaching peers behind NAT: circuit relays and forwarding through a public peer."""
+"""p2ptrain.net.nat: reaching peers behind NAT.
+
+- ``relay``: libp2p circuit relays as p2pd runs them, and the addresses that go through them.
+- ``forward``: streams forwarded by a public peer to a peer behind NAT (``p2ptrain/forward``).
+"""

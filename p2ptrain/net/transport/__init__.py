@@ -1,1 +1,13 @@
-"""p2ptrain.net.transport.endpoint: Tensor transport over libp2p: messages and frames, the rpc endpoints, mailboxes, emulation, probes."""
+"""p2ptrain.net.transport: tensors over libp2p (and plain TCP where peers reach each other).
+
+- ``endpoint``: ``Transport``: one event loop on a thread of its own, a synchronous facade, a deadline on
+  every call.
+- ``messages``: a message's kind, tag and header, refusals; ``frames`` and ``streamio``: its bytes on a
+  stream, with few copies.
+- ``servicer``: the ``rpc_*`` endpoints; ``channel``: the sending streams of ``rpc_push``; ``mailbox``:
+  what a receiver accepts and buffers; ``direct``: the direct data plane over sealed TCP.
+- ``status``: what a ping answers (the liveness payload, pure).
+- ``emulation`` and ``pacing``: emulated links and access lines, and keeping emulated time.
+- ``probe`` and ``probe_session``: a link's latency and bandwidth, measured over the transport's own rpc;
+  ``access_probe``: this peer's own line, from flows to several peers at once.
+"""
