@@ -68,7 +68,7 @@ from rogue import LEADER_MODES, ROGUES, matches_reference  # noqa: E402
 from test_verified_work import PIPELINE_CASES  # noqa: E402
 
 from p2ptrain.net.transport.messages import MessageKind  # noqa: E402
-from p2ptrain.swarm.launcher import SwarmConfig  # noqa: E402
+from p2ptrain.swarm.agent_launcher import SwarmConfig  # noqa: E402
 
 STEPS = 6
 STAGES = 2

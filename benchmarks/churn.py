@@ -28,7 +28,7 @@ import click
 
 from p2ptrain.lifecycle import StopSignal
 from p2ptrain.net.identity import load_or_create_identity
-from p2ptrain.swarm.launcher import SwarmConfig, run_swarm
+from p2ptrain.swarm.agent_launcher import SwarmConfig, run_swarm
 
 TODAY = {"liveness": False, "warm_copies": False}
 

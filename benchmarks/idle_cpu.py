@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 
 from p2ptrain.runtime.procgroup import ProcessGroup
-from p2ptrain.swarm.launcher import (
+from p2ptrain.swarm.agent_launcher import (
     AGENT_MODULES,
     LOOPBACK,
     SwarmConfig,

@@ -72,7 +72,7 @@ from test_untrusted_members import losses_of  # noqa: E402
 from test_verified_work import PIPELINE_CASES  # noqa: E402
 
 from p2ptrain.runtime.reference import train_reference  # noqa: E402
-from p2ptrain.swarm.launcher import SwarmConfig  # noqa: E402
+from p2ptrain.swarm.agent_launcher import SwarmConfig  # noqa: E402
 
 ROGUES = ROOT / "tests" / "agent"
 LEADER_MODES = ("silent", "leaves_out", "idle_stage", "other_data", "int4")

@@ -36,7 +36,7 @@ from p2ptrain.runtime.executor import DEFAULT_BUCKET_ELEMENTS  # noqa: E402
 from p2ptrain.runtime.wire import Codec, ErrorFeedback  # noqa: E402
 from p2ptrain.verify.dispute import judge_shard, max_shard_bulk_bytes  # noqa: E402
 from p2ptrain.verify.evidence import ShardHeader  # noqa: E402
-from p2ptrain.verify.group import GroupVerifier, VerificationFailed  # noqa: E402
+from p2ptrain.verify.sum_check import SumChecker, VerificationFailed  # noqa: E402
 
 RUN = "shard-dispute"
 
@@ -77,7 +77,7 @@ def _step(numel: int, n: int, codec: Codec, censor: bool, identities) -> tuple[f
         sharded_all_reduce(flats[r], r, n, exchange, ErrorFeedback(codec), key=0, record=record)
         if censoring:
             record.received[0] = exchange.real
-        verifier = GroupVerifier(identities[r].private_key, RUN, 0, group, codec)
+        verifier = SumChecker(identities[r].private_key, RUN, 0, group, codec)
         verifier.begin_step(0, 0)
         started = time.perf_counter()
         try:

@@ -11,7 +11,7 @@ States, driven by one loop in the calling (main) thread, every ``membership.poll
    links to them when emulating, and hands the settled ones to the link prober (a background thread that
    publishes our links row).
 3. **elect**: the lowest live peer ID leads (the leader's state machine and its state:
-   ``leadership.leader.Leading``, which the loop hands each poll while this agent leads). The leader plans once
+   ``leadership.leader.Leader``, which the loop hands each poll while this agent leads). The leader plans once
    ``plan_trigger`` says so (expected peers present, or the join deadline passed) and every trainer's row
    covers the others (or ``links_timeout_s`` passed): it builds the cluster from the records, runs the
    planner in a worker thread (heartbeats and polling go on meanwhile), and publishes the plan record for
@@ -74,7 +74,7 @@ from p2ptrain.agent.events import EventLog
 from p2ptrain.agent.leadership import settings
 from p2ptrain.agent.leadership.claims import bounded, record_problem
 from p2ptrain.agent.leadership.election import finished_without, latest_plan
-from p2ptrain.agent.leadership.leader import AgentView, Leading
+from p2ptrain.agent.leadership.leader import AgentView, Leader
 from p2ptrain.agent.leadership.membership import Membership, MembershipTracker
 from p2ptrain.agent.leadership.plan_check import CulpableWatch, LeaderWatch, PlanGate, trainers_of
 from p2ptrain.agent.leadership.run_stages import RunStages, stages_on_disk
@@ -114,7 +114,7 @@ class AgentResult:
 
 
 class Agent:
-    _leading_class: type[Leading] = Leading  # tests lead badly by subclassing it (``tests/agent/rogue_leader.py``)
+    _leading_class: type[Leader] = Leader  # tests lead badly by subclassing it (``tests/agent/rogue_leader.py``)
 
     def __init__(self, config: AgentConfig, stop: StopSignal):
         self.config = config
@@ -138,7 +138,7 @@ class Agent:
             self._shape_access()
         self.data_id = data_identity(config.train.data)  # in our peer record: the run's agents must agree
         self.stages = RunStages(config.train)  # the run's S: the config's, or (auto) pinned once known
-        self._leading: Leading | None = None  # the leader's side (``leadership.leader``), from the loop's start
+        self._leading: Leader | None = None  # the leader's side (``leadership.leader``), from the loop's start
         self._following: PlanRecord | None = None  # the last plan this agent followed
         self._evidence: dict[tuple[int, int], bytes] = {}  # (epoch, step) -> bulk evidence found leading
         self._newest_seen: PlanRecord | None = None  # the highest-epoch plan read from a live signer
@@ -169,7 +169,7 @@ class Agent:
         self._went_on: int | None = None  # steps done at the last boundary that went on to the next step
         self._boundary: BoundaryWatch[PlanRecord] | None = None  # the step-boundary check while an epoch trains
         self._claims_noted: set[tuple[str, str]] = set()  # (peer, what was said): each said once
-        # with the recompute check one more: a step is checked in the next one's shadow (``verify.stage_check``)
+        # with the recompute check one more: a step is checked in the next one's shadow (``verify.recompute_check``)
         self.keeper = StateKeeper(config.churn.keep_states + int(config.verify.enabled))
         self.store: StateStore | None = None
         self.liveness: LivenessMonitor | None = None
@@ -776,7 +776,7 @@ class Agent:
             self._pass_over(leader, why)
 
     def _pass_over(self, leader: str, why: str) -> None:
-        """Pass ``leader`` over (``Leading.pass_over``) and leave it out of the view this poll goes on with: the
+        """Pass ``leader`` over (``Leader.pass_over``) and leave it out of the view this poll goes on with: the
         next in line may lead in the same poll, and must not plan it."""
         self._leading.pass_over(leader, why)
         self._membership = self._membership.without(leader)

@@ -24,12 +24,12 @@ of the stage every ``PlanRecord.backup_every`` steps (and the epoch's source sen
 trainer also writes its own state to its own disk at those steps (``StateStore``). The halted heartbeat
 lists those copies (``holds``), so the leader can restart a lost stage from them.
 
-Verified work (``[verify]``, ``verify.group``): in a run that syncs every step, each replica group checks
+Verified work (``[verify]``, ``verify.sum_check``): in a run that syncs every step, each replica group checks
 every step's sums before they are applied. A member that fails a check is named (a log line and a
 ``verify_failed`` event per finding) and the epoch halts blaming it, with the evidence when the check has
 some (the member's own signed statement), which the leader re-checks. The finder never applied the step, so
 the states it keeps are all from before the tainted step. The same hook then runs the recompute check
-(``verify.stage_check``): each member's challenged micro-batches are redone by another replica of its stage
+(``verify.recompute_check``): each member's challenged micro-batches are redone by another replica of its stage
 from the pipeline messages it committed to; a finder's halted heartbeat says ``refused``, so the re-plan rolls
 every stage back to before the step (a neighbour that computed on a corrupt message may have applied it).
 """
@@ -80,8 +80,8 @@ from p2ptrain.runtime.session import StageTrainer
 from p2ptrain.runtime.topology import Role, Topology
 from p2ptrain.verify.config import VerifyConfig
 from p2ptrain.verify.evidence import parts as evidence_parts
-from p2ptrain.verify.group import Finding, GroupVerifier, VerificationFailed, refusal
-from p2ptrain.verify.stage_check import StageVerifier
+from p2ptrain.verify.recompute_check import RecomputeChecker
+from p2ptrain.verify.sum_check import Finding, SumChecker, VerificationFailed, refusal
 
 logger = logging.getLogger(__name__)
 
@@ -386,7 +386,7 @@ def _copy(plan: PlanRecord, ctx: EpochContext, stage: int, replica: int, done: i
 
 
 def _install_verifier(plan: PlanRecord, topology: Topology, role: Role, cfg: TrainConfig, trainer: StageTrainer,
-                      ctx: EpochContext, findings: list[Finding]) -> tuple[GroupVerifier | None, StageVerifier | None]:  # fmt: skip
+                      ctx: EpochContext, findings: list[Finding]) -> tuple[SumChecker | None, RecomputeChecker | None]:  # fmt: skip
     """The sum check of our stage's all-reduce and the recompute check of our group's micro-batches, every step
     (a run that syncs every step, with replicas; fp16 stages are not recomputed: their loss scale is their own;
     a one-stage plan has no pipeline messages to recompute: the whole-step check would be its). A DiLoCo run
@@ -405,14 +405,14 @@ def _install_verifier(plan: PlanRecord, topology: Topology, role: Role, cfg: Tra
                          reason=finding.reason, evidence=finding.evidence is not None)  # fmt: skip
 
     reducer = trainer.executor.reducer
-    verifier = GroupVerifier(ctx.dht.signing_key, ctx.dht.keys.run_id, role.stage, topology.group(role.stage),
+    verifier = SumChecker(ctx.dht.signing_key, ctx.dht.keys.run_id, role.stage, topology.group(role.stage),
                              reducer.feedback.codec, rows=ctx.verify.sketch_rows, false_alarm=ctx.verify.false_alarm,
                              running=ctx.verify.running, on_finding=on_finding, device=ctx.device)  # fmt: skip
     if cfg.precision == "fp16" or plan.stages == 1 or cfg.diloco_on:  # no pipeline messages to recompute
         reducer.verifier = verifier
         return verifier, None
     executor = trainer.executor
-    recomputer = StageVerifier(ctx.dht.signing_key, ctx.dht.keys.run_id, plan.epoch, role, topology, trainer.module,
+    recomputer = RecomputeChecker(ctx.dht.signing_key, ctx.dht.keys.run_id, plan.epoch, role, topology, trainer.module,
                                executor.data, executor.wire, executor.num_micro_batches, executor.hidden_size,
                                cfg.precision, ctx.verify.rate, on_finding=on_finding, probation=plan.on_probation,
                                last_step=cfg.steps - 1, verifiers=ctx.verify.verifiers)  # fmt: skip  # each step checked in the next one's shadow
@@ -508,7 +508,7 @@ def _waits(waits: StepWaits | None) -> dict[str, float]:
             "send_wait_s": round(waits.send_s, 6)}
 
 
-def _unverified(recomputer: StageVerifier | None) -> int | None:
+def _unverified(recomputer: RecomputeChecker | None) -> int | None:
     return recomputer.unverified if recomputer is not None else None
 
 
@@ -531,7 +531,7 @@ def _halt(plan: PlanRecord, ctx: EpochContext, done: int, error: BaseException |
     """Stop this epoch: say in a heartbeat which states we keep (of this epoch, or of an earlier one when
     this epoch failed before we took up our stage), and wait for the next plan. Only checked states: none
     after a step whose check failed (``error``'s finding) or has not ended (``unverified``, the recompute
-    check's shadow: ``verify.stage_check``)."""
+    check's shadow: ``verify.recompute_check``)."""
     keeper = ctx.keeper
     held = keeper.latest_step is not None and keeper.num_stages == plan.stages
     step, kept = (keeper.latest_step, keeper.kept) if held else (done, 0)

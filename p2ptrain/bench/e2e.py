@@ -218,7 +218,7 @@ def emulation_factors(config: E2EConfig) -> dict[str, Any]:
     from p2ptrain.agent.leadership.plan_maker import run_workload
     from p2ptrain.runtime.calibration import step_profile, step_workload
     from p2ptrain.runtime.compute_speed import fitting_scale
-    from p2ptrain.swarm.launcher import plan_swarm
+    from p2ptrain.swarm.agent_launcher import plan_swarm
 
     train, network, _, size_factor = plan_swarm(_swarm_config(config, "megatron", 1.0, 1.0))
     assert network is not None
@@ -239,7 +239,7 @@ def emulation_factors(config: E2EConfig) -> dict[str, Any]:
 def _swarm_config(config: E2EConfig, strategy: str, time_scale: float, compute_scale: float,
                   workdir: str | None = None, setting: str | None = None):
     from p2ptrain.model.outer import DiLoCoConfig
-    from p2ptrain.swarm.launcher import SwarmConfig
+    from p2ptrain.swarm.agent_launcher import SwarmConfig
 
     setting = setting or config.settings[0]
     wire, schedule, overlap = parse_setting(setting)
@@ -255,7 +255,7 @@ def _swarm_config(config: E2EConfig, strategy: str, time_scale: float, compute_s
 
 def run_e2e(config: E2EConfig, stop) -> dict[str, Any]:
     """Run the swarm once per plan on ``E2EConfig.scenario`` and return the report (``--json``'s document)."""
-    from p2ptrain.swarm.launcher import run_swarm
+    from p2ptrain.swarm.agent_launcher import run_swarm
 
     factors = emulation_factors(config)
     train, time_scale, compute_scale = factors["train"], factors["time_scale"], factors["compute_scale"]

@@ -38,8 +38,8 @@ class StepTimes:
 
 
 def measure_step_times(cfg: TrainConfig) -> StepTimes:
-    from p2ptrain.runtime.launcher import train_distributed
     from p2ptrain.runtime.reference import train_reference
+    from p2ptrain.runtime.worker_launcher import train_distributed
 
     single = train_reference(dataclasses.replace(cfg, stages=1, replicas=1))
     distributed = train_distributed(cfg)

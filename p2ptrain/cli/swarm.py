@@ -123,7 +123,7 @@ def command(ctx: click.Context, agents: int, stages: int | str, steps: int, scen
     from p2ptrain.lifecycle import StopSignal
     from p2ptrain.model.optim import OptimizerConfig
     from p2ptrain.model.outer import DiLoCoConfig
-    from p2ptrain.swarm.launcher import SwarmConfig, run_swarm
+    from p2ptrain.swarm.agent_launcher import SwarmConfig, run_swarm
     from p2ptrain.swarm.report import SwarmDisplay, format_summary
 
     if not (ctx.parent.params.get("verbose") if ctx.parent else 0):

@@ -307,7 +307,7 @@ def _train_distributed(cfg, workdir: str | None, as_json: bool, print_step, link
     """S × D worker processes on loopback (Megatron's rank order), the real runtime."""
     import dataclasses as dc
 
-    from p2ptrain.runtime.launcher import train_distributed
+    from p2ptrain.runtime.worker_launcher import train_distributed
 
     if cfg.num_threads is None:  # S × D processes share this machine's cores
         cfg = dc.replace(cfg, num_threads=1)

@@ -10,7 +10,7 @@ What one step does, on the device holding stage j of pipeline i (M micro-batches
 
 1. forward, m = 0 … M−1: wait for micro-batch m's activations from stage j−1 (stage 0 has its tokens),
    compute F_j, send the output to stage j+1 without waiting (the send is queued on the link); with the
-   recompute check (``recompute_rate`` ρ, ``verify.stage_check``, run in the shadow of the next step) the step
+   recompute check (``recompute_rate`` ρ, ``verify.recompute_check``, run in the shadow of the next step) the step
    first hands the member's verifier its reveal of the step before: the pipeline messages of ⌈ρ·M⌉ challenged
    micro-batches (not the mean ρ·M: a step waits for its slowest pipeline, and with a few members one of them
    is challenged in most steps, 90 % of them with 8 members at ρ·M = 1/4; measured on home uplinks, such a
@@ -25,7 +25,7 @@ What one step does, on the device holding stage j of pipeline i (M micro-batches
 3. all-reduce of the stage's g_j GB of gradients in its group of D: send the 1/D shard that member k owns
    to every member k (all at once, one message per link), wait for the D−1 shards of ours, add, send the
    reduced shard to every member, wait for theirs and for our own sends to be taken; with the sum check
-   (``verify_gb``, ``verify.group``: every step, with replicas) two more rounds in the group, each a message
+   (``verify_gb``, ``verify.sum_check``: every step, with replicas) two more rounds in the group, each a message
    to every other member (a signed commit, then the sketches) and a wait for theirs; the recompute check's
    result is joined there too, its reveal and recompute long done (not a wait); then the optimizer
    step U_j; then the step ends once every send of the step was taken. (The checks' CPU, signing and
@@ -226,7 +226,7 @@ class StepProfile:
 
     ``verify_gb``: the sum check's two messages (a commit, then a sketch statement), GB each, that every member
     of a group sends every other member after the step's all-reduce (``runtime.calibration.verify_volumes``);
-    (0, 0) where no check runs. ``recompute_rate``: the recompute check's (``verify.stage_check``, ``[verify]
+    (0, 0) where no check runs. ``recompute_rate``: the recompute check's (``verify.recompute_check``, ``[verify]
     rate``) expected challenged micro-batches per member and step over M, in [0, 1]: each member reveals their
     pipeline messages to its verifier at the next step's start and recomputes as many of another member's
     during it (module docstring, steps 1–2); 0 where no check runs. Priced only on plans the runtime installs
@@ -753,7 +753,7 @@ def _reveal(obj: SimulatedObjective, sigma: np.ndarray, start: np.ndarray, free_
 def _group_exchange(obj: SimulatedObjective, sigma: np.ndarray, at: np.ndarray, gb: float,
                     access: _Access | None) -> np.ndarray:
     """Every member of every stage's group ([pipeline, stage] ``at``) sends each other member one message of
-    ``gb`` GB, in rank order (``verify.group``), and waits for theirs: when each has them all. Over access
+    ``gb`` GB, in rank order (``verify.sum_check``), and waits for theirs: when each has them all. Over access
     links a message waits for its sender's uplink and then the receiver's downlink (served in the order the
     senders are taken: exact with two replicas); without, its pair is free (the all-reduce's sends are
     taken)."""

@@ -9,7 +9,7 @@
 - ``reference``: single-process training, the reference every plan reproduces.
 - ``checkpoint``: a stage's state by full-model name, on disk; ``gather``: the full model from a checkpoint's
   stages; ``init_from``: starting from existing weights.
-- ``launcher`` and ``worker``: ``p2ptrain train --stages S --replicas D``, S × D processes on loopback;
+- ``worker_launcher`` and ``worker``: ``p2ptrain train --stages S --replicas D``, S × D processes on loopback;
   ``plan_file``: a fixed plan for it; ``procgroup``: child processes that never outlive their parent;
   ``forkserver``: forking children from one process that imported torch and hivemind once.
 - ``calibration``, ``compute_speed``, ``memory``, ``throughput``: what a device measures of itself, emulated

@@ -44,7 +44,7 @@ class GroupExchange(Protocol):
 
 @dataclass
 class ReduceRecord:
-    """What one member's all-reduce of one vector sent and added up, for the checks of ``p2ptrain.verify.group``
+    """What one member's all-reduce of one vector sent and added up, for the checks of ``p2ptrain.verify.sum_check``
     (the all-reduce only fills it): nothing here is changed after it is recorded."""
 
     sent: dict[int, torch.Tensor] = field(default_factory=dict)  # owner k -> the reduce message we sent it

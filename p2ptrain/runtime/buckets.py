@@ -21,7 +21,7 @@ Each bucket's message is tagged with the bucket index as its micro-batch number 
 and ``gather_shard``, part = shard index), so buckets and shards of one step never mix. The arithmetic is
 the unbucketed all-reduce's, element by element: fp32 + overlap is bit-identical to fp32 without it.
 
-With a ``verifier`` (``p2ptrain.verify.group``, installed by the agent) every bucket's messages are recorded
+With a ``verifier`` (``p2ptrain.verify.sum_check``, installed by the agent) every bucket's messages are recorded
 (``allreduce.ReduceRecord``) and ``finish`` hands the step's records to it once every bucket is summed and
 before any ``.grad`` is written: it exchanges its own messages with the group (under one more bucket index) and
 raises to refuse the step, so a sum that fails its check is never applied.

@@ -314,7 +314,7 @@ def run_settings(train: TrainConfig, size_factor: float = 1.0) -> dict[str, obje
 
 def verify_volumes(verify: VerifyConfig | None, train: TrainConfig, num_stages: int, num_replicas: int,
                    size_factor: float = 1.0) -> dict[str, object]:
-    """The sum check's messages (``verify.group``: after each step's all-reduce every member of a stage's group
+    """The sum check's messages (``verify.sum_check``: after each step's all-reduce every member of a stage's group
     sends every other member a signed ``commit`` statement, waits for theirs, then a ``sketch`` statement and
     waits for theirs) as the ``StepProfile`` field ``verify_gb``, in the network's GB (bytes / size_factor:
     the emulator shapes their real bytes as every message's). Their size grows with a stage's buckets: priced

@@ -296,7 +296,7 @@ class StageExecutor:
         deltas = outer.pseudo_gradients(part=part)
         stride, count = len(self.reducer.buckets) + 1, len(self.parts)  # message tags: fragment f's sums use
         if not self.diloco.overlap or step + 1 == self.total_steps:  # f·stride + b, in flight (count + f)·stride + b
-            # checked before the outer step (the reducer's verifier, ``verify.group``): plain DiLoCo only, whose
+            # checked before the outer step (the reducer's verifier, ``verify.sum_check``): plain DiLoCo only, whose
             # round ends are the only all-reduces and happen on this thread; overlapped or fragmented rounds are not
             checked = len(self.parts) == 1 and not self.diloco.overlap
             outer.step(self._group_mean(deltas, role, topology, link, fragment * stride, fragment, part, checked), part)

@@ -65,7 +65,7 @@ class StageTrainer:
             learning_rate=lambda step: cfg.optimizer.lr_at(step, cfg.steps), clip=cfg.optimizer.clip,
             diloco=cfg.diloco if cfg.sync == "diloco" else None, total_steps=cfg.steps,
         )
-        # goes around each step's link (e.g. ``verify.stage_check`` records the pipeline's messages); None: none
+        # goes around each step's link (e.g. ``verify.recompute_check`` records the pipeline's messages); None: none
         self.link_wrapper: Callable[[StepLink], StepLink] | None = None
 
     def step(

@@ -6,7 +6,7 @@
     for row in report["wires"]:
         print(row["wire"], row["final_loss"], row["final_loss_vs_fp32"])
 
-Every run is the real runtime (``launcher.train_distributed``: S × D worker processes on loopback) on the
+Every run is the real runtime (``worker_launcher.train_distributed``: S × D worker processes on loopback) on the
 same seed, data and plan, so the losses differ only by what the wire dropped. Besides the losses, each row
 gives the bytes one step puts on the wire per kind (``step_wire_bytes``). ``delta_coding_error`` measures
 the premise of AQ-SGD's activation delta coding on this data (see ``wire``'s docstring).
@@ -62,7 +62,7 @@ def compare_wires(cfg: TrainConfig, wires: Sequence[str] = ("fp32", "bf16", "int
                   last_k: int = 10, workdir: str | None = None) -> dict:  # fmt: skip
     """Train ``cfg`` once per wire (distributed: ``cfg.stages`` × ``cfg.replicas`` workers); the final loss,
     the mean of the last ``last_k`` losses, each relative to fp32's, and the wire bytes per step."""
-    from p2ptrain.runtime.launcher import train_distributed
+    from p2ptrain.runtime.worker_launcher import train_distributed
 
     if not cfg.is_distributed:
         raise ValueError("compare_wires needs a distributed plan (stages × replicas > 1)")
@@ -133,7 +133,7 @@ def compare_step_times(cfg: TrainConfig, settings: Sequence[tuple[str, str, bool
     """Median step time of ``cfg`` under each (wire, schedule, overlap) setting; the settings run one after
     another, ``rounds`` times over (so a machine's slow minute touches each alike); the first ``skip_steps``
     steps of each run (connections warming up) are left out. Rows in the order of ``settings``."""
-    from p2ptrain.runtime.launcher import train_distributed
+    from p2ptrain.runtime.worker_launcher import train_distributed
 
     times: dict[tuple[str, str, bool], list[float]] = {s: [] for s in settings}
     losses: dict[tuple[str, str, bool], float] = {}

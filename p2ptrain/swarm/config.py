@@ -1,6 +1,6 @@
 """What a local swarm is asked to run (``SwarmConfig``), its agent processes and its result.
 
-Apart from the launcher (``launcher``) so that the launcher and its report (``report``) both import it,
+Apart from the launcher (``agent_launcher``) so that the launcher and its report (``report``) both import it,
 and neither imports the other's caller.
 """
 

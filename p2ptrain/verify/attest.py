@@ -1,5 +1,5 @@
 """What an owner signs about the shards it summed in a step, laid out so that anyone can re-check it (a ``sketch``
-statement, ``verify.group``): the layout, its parsing (peers are untrusted: one-line ValueErrors), and the
+statement, ``verify.sum_check``): the layout, its parsing (peers are untrusted: one-line ValueErrors), and the
 judgement of its numbers (``judge_statement``), which is all a third party needs to settle a blame
 (``judge_evidence``: what the leader, and a follower about its leader, run on evidence).
 
@@ -40,7 +40,7 @@ def header_bytes(buckets: int) -> int:
 
 
 def commit_bytes(buckets: int, n: int) -> int:
-    """A ``commit`` statement's body: its header, then a 32-byte digest per bucket and message (``verify.group``)."""
+    """A ``commit`` statement's body: its header, then a 32-byte digest per bucket and message (``verify.sum_check``)."""
     return header_bytes(buckets) + 32 * n * buckets
 
 

@@ -14,13 +14,13 @@ from p2ptrain.verify.sketch import FALSE_ALARM, MAX_ROWS, SKETCH_ROWS
 
 @dataclass(frozen=True)
 class VerifyConfig:
-    enabled: bool = True  # the sum check (``verify.group``) and the recompute check (``verify.stage_check``), every step
-    rate: float = DEFAULT_RATE  # micro-batches recomputed per member per step (``verify.stage_check``)
+    enabled: bool = True  # the sum check (``verify.sum_check``) and the recompute check (``verify.recompute_check``), every step
+    rate: float = DEFAULT_RATE  # micro-batches recomputed per member per step (``verify.recompute_check``)
     sketch_rows: int = SKETCH_ROWS  # rows k of the sum check's sketches
     false_alarm: float = FALSE_ALARM  # the probability an honest member fails one check, at most
-    running: bool = True  # the sum check also over the running sums since the epoch began (``verify.group``)
+    running: bool = True  # the sum check also over the running sums since the epoch began (``verify.sum_check``)
     # replicas that recompute each member's challenged micro-batches (at most the group's others): two, so that
-    # two colluding members of a group of three or more do not verify each other alone (``verify.stage_check``)
+    # two colluding members of a group of three or more do not verify each other alone (``verify.recompute_check``)
     verifiers: int = 2
     # a leader's wait for a finder's evidence of a failed recompute (``verify.evidence``), plus a second a MB; not
     # a run setting (the leader's own patience)

@@ -1,12 +1,12 @@
 """The judgement of a dispute with bulk evidence by a third party (the leader): does the finder's evidence hold?
 
 Two kinds: a failed recompute (``judge_recompute``, below) and an owner's statement that misdescribes a shard of
-the all-reduce (``judge_shard``: checks ``claim`` and ``attest`` of ``verify.group``).
+the all-reduce (``judge_shard``: checks ``claim`` and ``attest`` of ``verify.sum_check``).
 
 A finder's evidence (``verify.evidence``) binds the accused to everything the judge uses: its own signed
 commitment names the messages (digests) and the parameters (``param_digest``) of the step; the revealed messages
 and the parameters in the bulk must match them, so a finder can change none of it. The judge then redoes the
-micro-batch as the finder did (``stage_check.check_micro_batch``: the stage built from the run's settings, the
+micro-batch as the finder did (``recompute_check.check_micro_batch``: the stage built from the run's settings, the
 tokens every peer derives, the same allowance) and reads the ratio of what the member sent to what it was allowed:
 
 - above 1: **the evidence holds**: the accused's own committed work is wrong (also where a message it committed
@@ -44,9 +44,7 @@ from p2ptrain.verify.attest import (
 )
 from p2ptrain.verify.commit import message_digest
 from p2ptrain.verify.evidence import DisputeHeader, ShardHeader, param_digest, unpack
-from p2ptrain.verify.group import message_tag, norm_ratio, sketch_ratio
-from p2ptrain.verify.sketch import challenge_seed, derive_seed, sketch_many
-from p2ptrain.verify.stage_check import (
+from p2ptrain.verify.recompute_check import (
     check_micro_batch,
     commitment_bytes,
     commitment_header,
@@ -54,6 +52,8 @@ from p2ptrain.verify.stage_check import (
     open_commitment,
     pipe_tag,
 )
+from p2ptrain.verify.sketch import challenge_seed, derive_seed, sketch_many
+from p2ptrain.verify.sum_check import message_tag, norm_ratio, sketch_ratio
 
 LIAR_BELOW = 0.5  # a judge's ratio under this clears the accused: its finder could not have seen more than 1
 _SLACK_BYTES = 1 << 20  # a bulk's index and commitment, at most
@@ -230,7 +230,7 @@ def judge_shard(header: ShardHeader, bulk: bytes, accused: str, run: str, group:
 
 def _commitments(blobs: list[bytes], run: str, header: ShardHeader,
                  group: tuple[str, ...]) -> tuple[list[list[list[bytes]]], list[int], int]:  # fmt: skip
-    """Every member's signed digests (per bucket, as ``verify.group`` lays them out), the buckets' sizes and the
+    """Every member's signed digests (per bucket, as ``verify.sum_check`` lays them out), the buckets' sizes and the
     sketch rows, from their commitments of ``header``'s step; ValueError (one line) for any refused."""
     n = len(group)
     first = body_header(statement.open_signed(blobs[0], group[0]))

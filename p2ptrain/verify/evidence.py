@@ -1,6 +1,6 @@
 """Evidence of a failed recompute that a third party re-checks: what it is, on the wire and in a heartbeat. Pure.
 
-A verifier that finds a member's message is not what its input gives (``stage_check``) holds everything a
+A verifier that finds a member's message is not what its input gives (``recompute_check``) holds everything a
 judge needs to redo the check without trusting it:
 
 - the member's own **signed commitment** of the step (``pipe_commit``): the digests of every pipeline message it
@@ -17,7 +17,7 @@ heartbeat (``ProgressRecord.evidence``): which step, stage, member and micro-bat
 SHA-256, so the finder is bound to the bulk it announced. The judgement is ``verify.dispute``'s.
 
 A *shard dispute* (``ShardHeader``: an owner's signed sketch statement misdescribes a message of the all-reduce it
-accepted, ``verify.group`` checks ``claim`` and ``attest``) travels the same way: its bulk holds every member's
+accepted, ``verify.sum_check`` checks ``claim`` and ``attest``) travels the same way: its bulk holds every member's
 signed commitment of the step and the owner's statement (laid end to end in ``Bulk.commitment``) and the disputed
 message (``Bulk.messages``, keyed ``("shard", check, bucket)``).
 """
@@ -94,7 +94,7 @@ SHARD_CHECKS = ("claim", "attest")
 @dataclass(frozen=True)
 class ShardHeader:
     """What a finder's halted heartbeat says of its evidence that owner ``member`` misdescribed a shard in its
-    signed sketch statement (``verify.group`` checks ``claim``: its own reduced shard of bucket ``bucket``;
+    signed sketch statement (``verify.sum_check`` checks ``claim``: its own reduced shard of bucket ``bucket``;
     ``attest``: the finder's contribution to it), and of the bulk it sends the leader (``verify.dispute.
     judge_shard``): every member's signed commitment of the step, the owner's sketch statement and the disputed
     message, ``bulk_bytes`` bytes of SHA-256 ``bulk_sha256`` (hex)."""
@@ -177,7 +177,7 @@ def evidence_check(evidence: bytes) -> str:
 @dataclass(frozen=True)
 class Bulk:
     """A bulk, unpacked: the member's signed commitment (as it travelled, trimmed), the revealed messages by
-    their place in it (``(direction, kind, micro_batch)``, ``stage_check.entries``) and the parameters by name."""
+    their place in it (``(direction, kind, micro_batch)``, ``recompute_check.entries``) and the parameters by name."""
 
     commitment: bytes
     messages: dict[tuple[str, str, int], torch.Tensor]

@@ -320,7 +320,7 @@ def judge_sum(
     false_alarm: float = FALSE_ALARM,
 ) -> SumCheck:
     """``check_sum`` from numbers only: the total's sketch ``observed`` (``S·total``), its norm, ``‖slack‖₂`` and
-    its ``numel``; what a third party re-checks from a member's signed statement (``verify.group``)."""
+    its ``numel``; what a third party re-checks from a member's signed statement (``verify.sum_check``)."""
     if not contributions:
         raise ValueError("judge_sum needs the contributions of at least one member")
     rows = contributions[0].sketch.numel()

@@ -150,7 +150,7 @@ def run_agents(workdir: Path, config, commands: dict, overrides: dict, timeout_s
     import tomllib
 
     from p2ptrain.runtime.procgroup import ProcessGroup, tail
-    from p2ptrain.swarm.launcher import AGENT_MODULES, _agent_toml, _prepare_agents, plan_swarm, to_toml
+    from p2ptrain.swarm.agent_launcher import AGENT_MODULES, _agent_toml, _prepare_agents, plan_swarm, to_toml
 
     train, network, time_scale, size_factor = plan_swarm(config)
     cluster_path = None

@@ -26,7 +26,7 @@
 Each runs the real agent (real identity, DHT, streams); only its own runtime is patched, inside this process:
 ``scale`` and ``negate`` change the shards it sums as owner before it encodes and sends them back (the
 all-reduce's ``gather_shard`` messages), and nothing else; its checks of the others stay honest code. The
-pipeline modes change the activations or activation gradients it sends from that step on (``stage_check``'s
+pipeline modes change the activations or activation gradients it sends from that step on (``recompute_check``'s
 recording link: it commits to what it sent), or below the recording (``clean_commit``: it commits to the clean
 ones), or reveal the clean ones to its verifier (``clean_reveal``).
 """
@@ -48,10 +48,10 @@ from p2ptrain.runtime import allreduce, buckets
 from p2ptrain.runtime.executor import StageExecutor
 from p2ptrain.runtime.link import TransportStepLink
 from p2ptrain.runtime.wire import ErrorFeedback
-from p2ptrain.verify import stage_check, statement
-from p2ptrain.verify.group import Finding, GroupVerifier, VerificationFailed
+from p2ptrain.verify import recompute_check, statement
 from p2ptrain.verify.recompute import RecomputeCheck
-from p2ptrain.verify.stage_check import RecordingLink
+from p2ptrain.verify.recompute_check import RecordingLink
+from p2ptrain.verify.sum_check import Finding, SumChecker, VerificationFailed
 
 FIRST_CORRUPT_STEP = 2  # 0-based: the third step of the run
 _current = {"step": -1}
@@ -89,7 +89,7 @@ def corrupt_sums(factor: float) -> None:
     buckets.BucketedAllReduce.__init__ = patched
 
 
-class ForgingVerifier(GroupVerifier):
+class ForgingVerifier(SumChecker):
     """Checks honestly; at ``FIRST_CORRUPT_STEP`` blames the first other owner with its real, doctored statement."""
 
     def _check_owner(self, records, k, rank, n, seed, numels, committed, message):
@@ -115,7 +115,7 @@ def blame_the_leader() -> None:
 def lie_about_recomputes() -> None:
     """Checks honestly, except the recomputes of step ``FIRST_CORRUPT_STEP`` (done in the shadow of the next
     one): it says they failed, so its halt blames the member it verified, with that member's honest work."""
-    real = stage_check.check_micro_batch
+    real = recompute_check.check_micro_batch
 
     def lying(*args):
         checks = real(*args)
@@ -123,7 +123,7 @@ def lie_about_recomputes() -> None:
             return [(what, RecomputeCheck(9.9, 9.9, 0)) for what, _ in checks]
         return checks
 
-    stage_check.check_micro_batch = lying
+    recompute_check.check_micro_batch = lying
 
 
 PIPELINE_MODES = {"act_noise": (MessageKind.ACTIVATION,), "grad_noise": (MessageKind.ACTIVATION_GRAD,),
@@ -253,7 +253,7 @@ def main(mode: str, config_path: str) -> None:
     elif mode == "censor":
         censor_contributions()
     elif mode == "forge":
-        epoch.GroupVerifier = ForgingVerifier
+        epoch.SumChecker = ForgingVerifier
         blame_the_leader()
     else:
         raise SystemExit(f"unknown mode {mode}")

@@ -14,13 +14,13 @@ from pathlib import Path
 
 from p2ptrain.agent.agent import Agent
 from p2ptrain.agent.config import AgentConfig
-from p2ptrain.agent.leadership.leader import Leading
+from p2ptrain.agent.leadership.leader import Leader
 from p2ptrain.cli import configure_logging
 from p2ptrain.config import config_from_dict, read_toml
 from p2ptrain.lifecycle import StopSignal
 
 
-class LateLeading(Leading):
+class LateLeading(Leader):
     gate: Path
 
     def lead(self, membership) -> None:

@@ -31,7 +31,7 @@ from rogue_member import CooperativeSwallower
 
 from p2ptrain.agent.agent import Agent
 from p2ptrain.agent.config import AgentConfig
-from p2ptrain.agent.leadership.leader import Leading
+from p2ptrain.agent.leadership.leader import Leader
 from p2ptrain.agent.leadership.membership import Membership
 from p2ptrain.agent.leadership.plan_maker import cluster_order, trainers_and_spares
 from p2ptrain.cli import configure_logging
@@ -40,7 +40,7 @@ from p2ptrain.lifecycle import StopSignal
 from p2ptrain.planning import make_objective
 
 
-class SilentLeading(Leading):
+class SilentLeading(Leader):
     def lead(self, membership) -> None:
         self._note_waiting("rogue: leading, and never planning")
 
@@ -53,7 +53,7 @@ class LateSilent(GatedAgent):
     _leading_class = SilentLeading
 
 
-class WorstPlanning(Leading):
+class WorstPlanning(Leader):
     def _publish_plan(self, planning) -> None:
         plan = planning.future.result()
         objective = make_objective(self.config.plan.objective, planning.cluster, planning.workload, plan["stages"])
@@ -70,7 +70,7 @@ class WorstPlanner(Agent):
     _leading_class = WorstPlanning
 
 
-class LeavesOutLeading(Leading):
+class LeavesOutLeading(Leader):
     def _start_planning(self, membership, trainers, spares, rows, trigger, replan, start_step, sources,
                         step_s=0.0) -> None:  # fmt: skip
         if replan is None:  # the run's first plan: itself and the next two peers, two live honest agents left out
@@ -83,7 +83,7 @@ class LeavesOut(Agent):
     _leading_class = LeavesOutLeading
 
 
-class IdleStageLeading(Leading):
+class IdleStageLeading(Leader):
     def _start_planning(self, membership, trainers, spares, rows, trigger, replan, start_step, sources,
                         step_s=0.0) -> None:  # fmt: skip
         if self.peer_id in spares:  # a spare by the cluster order: it makes itself a trainer
@@ -108,7 +108,7 @@ class OtherData(Agent):
             self.data_id = real
 
 
-class SilentReplanLeading(Leading):
+class SilentReplanLeading(Leader):
     def _replan(self, current, membership) -> None:
         self._note_waiting("rogue: leading, and never re-planning")
 
@@ -117,7 +117,7 @@ class SilentReplan(Agent):
     _leading_class = SilentReplanLeading
 
 
-class Int4Leading(Leading):
+class Int4Leading(Leader):
     def __init__(self, config, *args, **kwargs):
         super().__init__(dataclasses.replace(config, train=dataclasses.replace(config.train, wire="int4")), *args,
                          **kwargs)  # fmt: skip

@@ -24,7 +24,7 @@ from agent_helpers import events, run_agents, sorted_identities, wait_for
 from corrupt_member import FIRST_CORRUPT_STEP
 from test_untrusted_members import assert_reference
 
-from p2ptrain.swarm.launcher import SwarmConfig
+from p2ptrain.swarm.agent_launcher import SwarmConfig
 
 pytestmark = pytest.mark.integration
 

@@ -32,7 +32,7 @@ from p2ptrain.net.identity import load_or_create_identity
 from p2ptrain.runtime.checkpoint import saved_stages
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.reference import train_reference
-from p2ptrain.swarm.launcher import SwarmConfig
+from p2ptrain.swarm.agent_launcher import SwarmConfig
 
 pytestmark = pytest.mark.integration
 
@@ -166,7 +166,7 @@ def test_the_swarm_starts_its_joiners_once_their_step_is_done(tmp_path):
     # ``p2ptrain swarm --join N@STEP``, the launcher's part (no processes): the joiners start once the step is
     # done, with the next indices and identities of their own, and the summary's record of joins names them;
     # the joining itself is the test above
-    from p2ptrain.swarm.launcher import FaultInjector, _prepare_agents, plan_swarm
+    from p2ptrain.swarm.agent_launcher import FaultInjector, _prepare_agents, plan_swarm
     from p2ptrain.swarm.report import SwarmState
 
     config = SwarmConfig(agents=2, stages=2, steps=10, scenario=None, joins=((2, 3),))

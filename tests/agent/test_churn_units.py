@@ -151,7 +151,7 @@ def test_a_refused_step_is_rolled_back_everywhere_and_its_culprit_is_no_source()
 
 
 def test_a_step_refused_in_the_next_ones_shadow_is_rolled_back_from_three_kept_states():
-    # the recompute check of step 4 ends at step 5's hook (``verify.stage_check``): its finder A applied 4 and
+    # the recompute check of step 4 ends at step 5's hook (``verify.recompute_check``): its finder A applied 4 and
     # reports only the state before it (``epoch._halt``); B, C and D applied 5 too and keep 4, 5 and 6
     trainers = {A: ProgressRecord(1, 4, None, 0.0, halted=True, kept=2, blame=C, refused=True),
                 B: halted(6, kept=3), C: halted(6, kept=3), D: halted(6, kept=3)}  # fmt: skip

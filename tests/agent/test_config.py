@@ -19,7 +19,7 @@ from p2ptrain.cli import main
 from p2ptrain.config import config_from_dict, read_toml
 from p2ptrain.planning import PAPER_WORKLOAD
 from p2ptrain.runtime.config import TrainConfig
-from p2ptrain.swarm.launcher import (
+from p2ptrain.swarm.agent_launcher import (
     AgentProcess,
     SwarmConfig,
     _agent_toml,

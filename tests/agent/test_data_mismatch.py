@@ -12,7 +12,7 @@ from p2ptrain.agent.leadership.membership import MembershipTracker
 from p2ptrain.model.prepare import PrepareConfig, prepare_dataset
 from p2ptrain.model.prepared import PreparedDataset
 from p2ptrain.net.dht.records import PeerRecord, RecordError
-from p2ptrain.swarm.launcher import SwarmConfig
+from p2ptrain.swarm.agent_launcher import SwarmConfig
 
 A, B, C, D, E = "QmA", "QmB", "QmC", "QmD", "QmE"
 OURS, THEIRS = "bpe-8000:0123456789abcdef", "byte-256:fedcba9876543210"

@@ -25,7 +25,7 @@ import pytest
 from agent_helpers import events, run_agents, sorted_identities
 from test_untrusted_members import assert_reference
 
-from p2ptrain.swarm.launcher import SwarmConfig
+from p2ptrain.swarm.agent_launcher import SwarmConfig
 
 pytestmark = pytest.mark.integration
 

@@ -397,7 +397,7 @@ def test_the_blames_of_a_member_proven_by_evidence_are_void():
 
 
 def _statement(key, member: str, run: str, adds_up: bool) -> bytes:
-    """A signed one-bucket ``sketch`` statement whose attested numbers add up or not (``verify.group``)."""
+    """A signed one-bucket ``sketch`` statement whose attested numbers add up or not (``verify.sum_check``)."""
     import torch
 
     from p2ptrain.verify import statement

@@ -205,7 +205,7 @@ def test_a_member_blamed_in_two_epochs_is_quarantined_though_it_halted():
     assert q.blame(D, 1) == 1 and q.held() == set()  # blamed once: an honest neighbour of a failure
     assert q.blame(D, 1) is None  # the same epoch's failure read again counts once
     clock.now = 100.0
-    assert q.blame(D, 2) == 2  # the caller quarantines it now (``Leading._count_blames``) ...
+    assert q.blame(D, 2) == 2  # the caller quarantines it now (``Leader._count_blames``) ...
     assert q.add(D, 2) == 60.0 and q.held() == {D}
     assert q.blame(D, 3) == 1  # ... and the count starts over
     clock.now = 100.0 + 301.0
@@ -305,7 +305,7 @@ def test_an_epoch_aborted_after_our_check_found_a_member_wrong_halts_on_our_find
     """The check runs in the next step's shadow: the abort of the peer that halted first can end our epoch
     before our finding is raised. We halt refusing what we found (the first with evidence), not on the abort."""
     from p2ptrain.agent.epoch import _own_finding
-    from p2ptrain.verify.group import Finding, VerificationFailed
+    from p2ptrain.verify.sum_check import Finding, VerificationFailed
 
     aborted = PeerFailed("epoch 3 was aborted: peer(s) B stopped epoch 3 on a failure", peer=B)
     assert _own_finding(aborted, []) is aborted  # nothing found: the abort, as before

@@ -34,7 +34,7 @@ from p2ptrain.net.identity import generate_identity
 from p2ptrain.planning.split import even_layers
 from p2ptrain.runtime.checkpoint import save_stage
 from p2ptrain.runtime.config import TrainConfig
-from p2ptrain.swarm.launcher import AgentProcess, SwarmConfig, _agent_toml, plan_swarm
+from p2ptrain.swarm.agent_launcher import AgentProcess, SwarmConfig, _agent_toml, plan_swarm
 
 AUTO = TrainConfig(model="tiny", steps=2, global_batch_size=8, micro_batches=2, stages="auto")
 FIXED = dataclasses.replace(AUTO, stages=2)

@@ -19,7 +19,7 @@ from p2ptrain.net.identity import generate_identity
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.reference import train_reference
 from p2ptrain.runtime.wire import WIRE_FORMATS
-from p2ptrain.swarm.launcher import SwarmConfig
+from p2ptrain.swarm.agent_launcher import SwarmConfig
 
 TRAIN = TrainConfig(model="tiny", steps=2, global_batch_size=8, micro_batches=2, stages=2)
 PEERS = sorted(generate_identity().peer_id for _ in range(4))

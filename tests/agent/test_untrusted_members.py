@@ -18,7 +18,7 @@ import pytest
 from agent_helpers import events, run_agents, sorted_identities
 
 from p2ptrain.runtime.reference import train_reference
-from p2ptrain.swarm.launcher import SwarmConfig
+from p2ptrain.swarm.agent_launcher import SwarmConfig
 
 pytestmark = pytest.mark.integration
 

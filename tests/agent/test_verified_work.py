@@ -4,7 +4,7 @@ corrupt message, with evidence the leader re-checks, quarantined at once, and th
 single-process losses; a member that blames an honest peer with forged evidence is the one quarantined; an
 honest run blames nobody. A member whose pipeline messages are wrong (noise on its activations or their
 gradients, skipped compute, clean messages revealed in place of the corrupt ones it sent) is named by its
-verifier at its first corrupt step (the recompute check, ``verify.stage_check``), the step is rolled back
+verifier at its first corrupt step (the recompute check, ``verify.recompute_check``), the step is rolled back
 everywhere, it is quarantined at once (on evidence the leader redoes, or on the leader's own finding where the
 leader is its verifier), and the run finishes with the single-process losses.
 
@@ -22,7 +22,7 @@ from agent_helpers import events, run_agents, sorted_identities
 from corrupt_member import FIRST_CORRUPT_STEP
 from test_untrusted_members import assert_reference
 
-from p2ptrain.swarm.launcher import SwarmConfig
+from p2ptrain.swarm.agent_launcher import SwarmConfig
 
 pytestmark = pytest.mark.integration
 
@@ -46,7 +46,7 @@ def all_events(agents, kind: str) -> list[dict]:
 
 @pytest.mark.timeout(360)
 def test_a_member_that_scales_the_sums_it_sends_is_caught_quarantined_and_nothing_wrong_is_kept(tmp_path):
-    # negated sums are caught alike (``corrupt_member.py negate``; tests/verify/test_verify_group.py)
+    # negated sums are caught alike (``corrupt_member.py negate``; tests/verify/test_verify_sum_check.py)
     agents, train = swarm(tmp_path, "corrupt-scale", 6, "scale")
     rogue, leader = agents[ROGUE].peer_id, agents[0]
     honest = [a for a in agents if a.index != ROGUE]

@@ -33,8 +33,8 @@ def test_a_diloco_step_is_the_mean_over_whole_rounds_after_the_first():
 
 def test_the_emulated_prober_fits_its_first_transfer_to_the_slowest_line():
     from p2ptrain.net.transport.emulation import EmulationConfig, scaled_bandwidth
+    from p2ptrain.swarm.agent_launcher import EMULATED_PROBE, _probe, plan_swarm
     from p2ptrain.swarm.config import SwarmConfig
-    from p2ptrain.swarm.launcher import EMULATED_PROBE, _probe, plan_swarm
 
     homes = SwarmConfig(agents=8, stages=4, steps=12, scenario="homes", time_scale=0.33)
     _, network, time_scale, size_factor = plan_swarm(homes)

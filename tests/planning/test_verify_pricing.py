@@ -1,4 +1,4 @@
-"""The recompute check (``verify.stage_check``) in the simulated objective: its share of each device's compute
+"""The recompute check (``verify.recompute_check``) in the simulated objective: its share of each device's compute
 and its reveals' bytes (``StepProfile.recompute_rate``), hand-computed on toy networks; where the runtime does
 not install it, nothing changes."""
 

@@ -15,9 +15,9 @@ from p2ptrain.model.optim import OptimizerConfig
 from p2ptrain.model.outer import DiLoCoConfig
 from p2ptrain.model.stage import stage_state_dict
 from p2ptrain.runtime.config import TrainConfig
-from p2ptrain.runtime.launcher import train_distributed
 from p2ptrain.runtime.reference import train_reference
 from p2ptrain.runtime.worker import LinkMatrices
+from p2ptrain.runtime.worker_launcher import train_distributed
 
 pytestmark = pytest.mark.integration
 
@@ -85,7 +85,7 @@ def test_a_peer_that_stops_answering_is_named_within_the_deadline(tmp_path):
 
     import psutil
 
-    from p2ptrain.runtime.launcher import LaunchConfig
+    from p2ptrain.runtime.worker_launcher import LaunchConfig
 
     cfg = TrainConfig(steps=50, stages=2, replicas=1, global_batch_size=4, micro_batches=2, num_threads=1)
     stopped = {}

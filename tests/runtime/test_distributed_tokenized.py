@@ -15,8 +15,8 @@ from click.testing import CliRunner
 from p2ptrain.cli import main
 from p2ptrain.model.prepare import PrepareConfig, prepare_dataset
 from p2ptrain.runtime.config import TrainConfig
-from p2ptrain.runtime.launcher import train_distributed
 from p2ptrain.runtime.reference import train_reference
+from p2ptrain.runtime.worker_launcher import train_distributed
 
 pytestmark = pytest.mark.integration
 

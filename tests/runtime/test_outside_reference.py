@@ -22,8 +22,8 @@ import transformers
 from p2ptrain.model.hf_checkpoint import to_hf_state
 from p2ptrain.model.optim import OptimizerConfig
 from p2ptrain.runtime.config import TrainConfig
-from p2ptrain.runtime.launcher import train_distributed
 from p2ptrain.runtime.reference import build_data, reference_state, train_reference
+from p2ptrain.runtime.worker_launcher import train_distributed
 
 STEPS = 22
 LR, WARMUP, FLOOR, CLIP, WD, BETAS, EPS = 3e-3, 5, 3e-4, 0.4, 0.1, (0.9, 0.95), 1e-8

@@ -1,5 +1,5 @@
 """The evidence of a failed recompute and its judgement by a third party (``verify.evidence``, ``verify.dispute``),
-on the live check's own findings (``test_verify_stage_check.run_swarm``: 3 stages × 2 replicas in threads, real
+on the live check's own findings (``test_verify_recompute_check.run_swarm``: 3 stages × 2 replicas in threads, real
 signatures): a finder's evidence against a member whose messages are wrong holds; evidence against an honest member
 (a finder that lies) does not, and neither does evidence a finder doctored (a message, the parameters, the bulk
 announced, the member named) or garbage; nothing in it crashes the judge."""
@@ -11,12 +11,12 @@ import hashlib
 
 import pytest
 import torch
-from test_verify_stage_check import CASES, CFG, RUN, run_swarm
+from test_verify_recompute_check import CASES, CFG, RUN, run_swarm
 
 from p2ptrain.model.stage import build_stage
 from p2ptrain.runtime.reference import build_data
 from p2ptrain.runtime.wire import wire_format
-from p2ptrain.verify import dispute, stage_check
+from p2ptrain.verify import dispute, recompute_check
 from p2ptrain.verify.evidence import Bulk, DisputeHeader, pack, param_digest, unpack
 from p2ptrain.verify.recompute import RecomputeCheck
 
@@ -51,14 +51,14 @@ def test_the_evidence_against_a_member_whose_messages_are_wrong_holds(case):
 def lie():
     """An honest run in which every verifier, at step 1, claims its member's first checked micro-batch failed:
     its evidence is the member's real, honest work."""
-    real = stage_check.check_micro_batch
+    real = recompute_check.check_micro_batch
 
     def lying(module, stage, num_stages, wire, precision, rows, *args):
         checks = real(module, stage, num_stages, wire, precision, rows, *args)
         return [(what, RecomputeCheck(9.9, 9.9, 0)) for what, _ in checks]
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(stage_check, "check_micro_batch", lying)
+        patch.setattr(recompute_check, "check_micro_batch", lying)
         topology, _, errors, _ = run_swarm()
     found = findings(errors)
     assert len(found) == CFG.stages * CFG.replicas  # every member blamed by its verifier
@@ -160,7 +160,7 @@ def test_a_bulk_round_trips_every_dtype_and_the_parameters_digest_binds_names_an
 def test_a_member_whose_parameters_differ_in_the_last_bit_passes_and_its_failure_would_be_the_finders_word():
     """Replicas on another kind of device may round an update otherwise: the recompute's allowance covers what
     that changes, but the verifier's parameters are then no evidence of the member's (its digest is not ours)."""
-    rogue = (1, 0)  # the middle stage's replica 0, as ``test_verify_stage_check.ROGUE``
+    rogue = (1, 0)  # the middle stage's replica 0, as ``test_verify_recompute_check.ROGUE``
     topology, _, errors, members = run_swarm(nudged=rogue)
     assert not errors, errors
     peer = topology.pipelines[rogue[1]][rogue[0]]

@@ -143,7 +143,7 @@ class Quarantine:
 
     def suspects(self) -> set[str]:
         """Peers blamed, in a dispute or quarantined within ``blame_window_s``: the spares, where a plan has some
-        (``Leading``), so that a stage is not trained by one of them alone, checked by nobody."""
+        (``Leader``), so that a stage is not trained by one of them alone, checked by nobody."""
         now = self.clock()
         recent = {p for p, (_, last) in self._strikes.items() if now - last <= self.blame_window_s}
         return recent | {p for p in self._blamed if self._blamed_epochs(p)} | {

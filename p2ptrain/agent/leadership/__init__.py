@@ -4,7 +4,7 @@
 - ``standing``: who may lead once the run has a history (pure).
 - ``membership``: the live peers, from the verified peer records, and when to plan.
 - ``plan_maker``: records to cluster to plan record, and the warm-copy keepers (pure; followers rerun it).
-- ``leader``: ``Leading``, the leader's side: when a plan is due, the planner off the loop, the plan published.
+- ``leader``: ``Leader``, the leader's side: when a plan is due, the planner off the loop, the plan published.
 - ``disputes``: the leader's judgement of disputes with bulk evidence, beside its loop.
 - ``plan_check``: a follower's checks of a plan, and passing over a leader that publishes none it accepts.
 - ``claims``: a device's compute claims, bounded by its calibration and replaced by what it shows.

@@ -1,6 +1,6 @@
 """The leader's side of an agent: when a plan is due, the planner run off the loop, the plan published.
 
-    leading = Leading(config, dht, events, peer_id, leaders, view=agent_view, note_waiting=note,
+    leading = Leader(config, dht, events, peer_id, leaders, view=agent_view, note_waiting=note,
                       boundary_s=boundary_costs_s, started=time.monotonic())
     leading.lead(membership)                      # while we are the lowest live peer, every poll
     membership = leading.watch_leader(membership)  # while another peer leads
@@ -128,7 +128,7 @@ class _Planning:
     members: Cluster | None = None  # every member's links (trainers in ``devices`` order, then spares)
     step_s: float = 0.0  # the measured step time (0: not measured yet)
     slowdowns: dict[str, float] = dataclasses.field(default_factory=dict)  # claims replaced (``leadership.claims``)
-    layers: Layers | None = None  # the split a re-plan keeps (``Leading._split_workload``)
+    layers: Layers | None = None  # the split a re-plan keeps (``Leader._split_workload``)
 
 
 def without_cleared(progress: Mapping[str, ProgressRecord],
@@ -140,7 +140,7 @@ def without_cleared(progress: Mapping[str, ProgressRecord],
             for p, r in progress.items()}  # fmt: skip
 
 
-class Leading:
+class Leader:
     """The leader-only state of one agent, and the leader's moves.
 
     From the agent it is given: ``config``, the ``dht`` (records read and the plan published), ``events``,
@@ -589,7 +589,7 @@ class Leading:
 
     def _judge_evidence(self, current: PlanRecord, progress: dict[str, ProgressRecord]) -> str | None:
         """Blames that come with evidence (``ProgressRecord.evidence``): a sum check's signed statement
-        (``verify.group``) re-checked here, a failed recompute's redone from the bulk its finder sends us
+        (``verify.sum_check``) re-checked here, a failed recompute's redone from the bulk its finder sends us
         (``Disputes``, beside the loop: while one is judged this says so and nothing is re-planned). Evidence
         that holds quarantines the blamed peer at once (an honest member fails a check with probability
         ``verify.false_alarm``); evidence that does not hold quarantines the blamer, and its blame is not counted

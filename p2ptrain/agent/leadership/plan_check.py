@@ -247,7 +247,7 @@ def halts_settled(plan: PlanRecord, live: Collection[str], progress: Mapping[str
     """Whether every live trainer of ``plan`` says it halted its epoch (or trained every step), with no bulk
     evidence among them for the leader to judge (a failed recompute's, a shard dispute's): its re-plan waits for
     nothing more than its own search (``replan.ReplanWatch``), so a follower gives it that and the grace, not the
-    halts' and the evidence's deadlines (``Leading.watch_leader``)."""
+    halts' and the evidence's deadlines (``Leader.watch_leader``)."""
     trainers = [p for p in dict.fromkeys(trainers_of(plan)) if p in live]
     records = [progress.get(p) for p in trainers]
     if not trainers or not all(r is not None and r.epoch == plan.epoch and (r.halted or r.step >= steps)

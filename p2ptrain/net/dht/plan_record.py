@@ -59,7 +59,7 @@ class PlanRecord(RecordEnvelope):
 
     Probation (additive): ``probation`` lists the member indices (sorted) of peers that have shown no training
     work yet (``agent.leadership.standing``): the leader kept each of them company on its stage
-    (``plan_maker.with_company``), and the recompute check verifies them at ``stage_check.PROBATION_FACTOR``
+    (``plan_maker.with_company``), and the recompute check verifies them at ``recompute_check.PROBATION_FACTOR``
     times the run's rate. Empty: nobody on probation.
 
     Kept apart (additive): ``apart`` lists pairs of member indices (each pair and the list sorted) that refused

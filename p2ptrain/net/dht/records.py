@@ -325,7 +325,7 @@ class ProgressRecord(RecordEnvelope):
     (additive). ``sync_every``: the steps between the run's data-parallel syncs, H of DiLoCo's rounds
     (``TrainConfig.rounds``), 1 for every step and for writers that do not say (additive). Both are for
     readers (the monitor). ``evidence``: with ``blame``, what proves that the blamed peer's work failed a
-    check (``verify.group``: its own signed statement, at most ``MAX_EVIDENCE_BYTES``), which the leader
+    check (``verify.sum_check``: its own signed statement, at most ``MAX_EVIDENCE_BYTES``), which the leader
     re-checks (additive; empty: the blame is the writer's word). ``refused``: with ``blame``, the blamed
     peer's work failed a check of the writer's and the writer refused step ``step`` (it keeps only states before
     it): no state after ``step`` seeds the next epoch, and none of the blamed peer's (additive;

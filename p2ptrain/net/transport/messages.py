@@ -46,10 +46,10 @@ class MessageKind(StrEnum):
     ACTIVATION_GRAD = "activation_grad"  # the gradient of a stage's input, back to the stage before it
     REDUCE_SHARD = "reduce_shard"  # a shard of a gradient, to the replica that sums it (``runtime.allreduce``)
     GATHER_SHARD = "gather_shard"  # a summed shard, from that replica to every other
-    COMMIT = "commit"  # a member's signed digests of the all-reduce messages it sent in a step (``verify.group``)
+    COMMIT = "commit"  # a member's signed digests of the all-reduce messages it sent in a step (``verify.sum_check``)
     SKETCH = "sketch"  # an owner's signed sketches of the shards it summed, once the step's seed is known
     # a member's signed digests of every pipeline message it sent and received in a step, to its replica group and
-    # pipeline neighbours (``verify.stage_check``)
+    # pipeline neighbours (``verify.recompute_check``)
     PIPE_COMMIT = "pipe_commit"
     REVEAL = "reveal"  # a pipeline message of a challenged micro-batch, to the replica that recomputes it
     GRAD_NORM = "grad_norm"  # a stage's squared gradient norm, to the other stages of its pipeline (``model.clip``)

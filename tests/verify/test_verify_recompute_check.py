@@ -1,4 +1,4 @@
-"""The live recompute check (``verify.stage_check``) in one process: 3 stages × 2 replicas of the tiny model as
+"""The live recompute check (``verify.recompute_check``) in one process: 3 stages × 2 replicas of the tiny model as
 executors in threads over an in-memory link, real signatures, every step's update held until the check passed.
 Honest steps pass and give the reference losses; a member of the middle stage that adds noise to its
 activations or to its activation gradients, or skips its compute and replays old messages, is named by its
@@ -24,8 +24,8 @@ from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.executor import StageExecutor
 from p2ptrain.runtime.reference import build_data, train_reference
 from p2ptrain.runtime.topology import Topology
-from p2ptrain.verify.group import VerificationFailed
-from p2ptrain.verify.stage_check import StageVerifier, entries, verifier_of, verifiers_of
+from p2ptrain.verify.recompute_check import RecomputeChecker, entries, verifier_of, verifiers_of
+from p2ptrain.verify.sum_check import VerificationFailed
 
 RUN = "verify-stage"
 CFG = TrainConfig(steps=2, stages=3, replicas=2, global_batch_size=16, micro_batches=8, num_threads=1)
@@ -106,7 +106,7 @@ def run_swarm(corrupt: Corrupt | None = None, cfg: TrainConfig = CFG, probation:
         executor = StageExecutor(module, build_optimizer(module, cfg.optimizer), data, cfg.micro_batches,
                                  cfg.shape.hidden_size, learning_rate=lambda s: cfg.optimizer.lr_at(s, cfg.steps),
                                  total_steps=cfg.steps, wire=cfg.wire, schedule=cfg.schedule)  # fmt: skip
-        checker = StageVerifier(keys[peer], RUN, 0, role, topology, module, data, executor.wire, cfg.micro_batches,
+        checker = RecomputeChecker(keys[peer], RUN, 0, role, topology, module, data, executor.wire, cfg.micro_batches,
                                 cfg.shape.hidden_size, cfg.precision, 1 / 8, probation=probation,
                                 last_step=cfg.steps - 1 if shadow else None)  # fmt: skip
         executor.reducer.verifier = lambda records, rank, n, exchange, c=checker: c.check_step()

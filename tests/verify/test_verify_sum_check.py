@@ -1,4 +1,4 @@
-"""The live sum check of a group (``verify.group``) in one process: the real all-reduce of every member, real
+"""The live sum check of a group (``verify.sum_check``) in one process: the real all-reduce of every member, real
 signatures, the messages through in-process queues. Honest steps pass under every bounded codec; an owner that
 scales or negates the shards it sums is named by every other member with evidence that a third party re-checks,
 and so is one whose statement misdescribes what it sent or received (a shard dispute: the message with the
@@ -23,7 +23,7 @@ from p2ptrain.verify import statement
 from p2ptrain.verify.attest import judge_evidence
 from p2ptrain.verify.dispute import judge_shard
 from p2ptrain.verify.evidence import Bulk, ShardHeader, pack, unpack
-from p2ptrain.verify.group import GroupVerifier, VerificationFailed
+from p2ptrain.verify.sum_check import SumChecker, VerificationFailed
 
 RUN = "verify-group"
 IDENTITIES = [generate_identity() for _ in range(3)]
@@ -84,7 +84,7 @@ def run_steps(codec_name, steps, feedbacks=None, tamper=None, numels=(1000, 517)
     n = len(GROUP)
     codec = Codec(codec_name)
     feedbacks = feedbacks or [ErrorFeedback(codec) for _ in range(n)]
-    verifiers = [GroupVerifier(IDENTITIES[r].private_key, RUN, 0, GROUP, codec, running=running) for r in range(n)]
+    verifiers = [SumChecker(IDENTITIES[r].private_key, RUN, 0, GROUP, codec, running=running) for r in range(n)]
     gen = torch.Generator().manual_seed(seed)
     base = [[torch.randn(m, generator=gen) for m in numels] for _ in range(n)]
     outcomes = [[] for _ in range(n)]
@@ -218,7 +218,7 @@ def test_a_member_that_sends_other_messages_than_it_commits_to_is_named_before_a
 def test_a_commitment_for_another_step_is_refused():
     n = len(GROUP)
     codec = Codec("fp32")
-    verifiers = [GroupVerifier(IDENTITIES[r].private_key, RUN, 0, GROUP, codec) for r in range(n)]
+    verifiers = [SumChecker(IDENTITIES[r].private_key, RUN, 0, GROUP, codec) for r in range(n)]
     queues = Queues()
     flats = [torch.randn(100) for _ in range(n)]
 
@@ -246,7 +246,7 @@ def test_evidence_that_does_not_parse_is_refused_with_a_reason():
     assert judge_evidence(b"garbage", GROUP[1], RUN) is not None
 
 
-class HidingOwner(GroupVerifier):
+class HidingOwner(SumChecker):
     """An owner that scales its sums and attests the sketch of the honest sum (what a careful cheat would say)."""
 
     def _attest(self, record, b, rank, n, seed):
@@ -255,7 +255,7 @@ class HidingOwner(GroupVerifier):
         return super()._attest(record, b, rank, n, seed)
 
 
-class Misreporting(GroupVerifier):
+class Misreporting(SumChecker):
     """An owner that attests a contribution of member 0 other than the one it received."""
 
     def _attest(self, record, b, rank, n, seed):
@@ -263,7 +263,7 @@ class Misreporting(GroupVerifier):
         return super()._attest(ReduceRecord(record.sent, added, record.gathered, record.sizes), b, rank, n, seed)
 
 
-class Censoring(GroupVerifier):
+class Censoring(SumChecker):
     """Checks and attests honestly what its all-reduce did; paired with ``censor`` below, which drops member 0's
     contribution to the shards it owns (adds zeros for it): its sums add up, only member 0 sees its entry wrong."""
 
@@ -300,7 +300,7 @@ def _run_cheat(cheat):
     feedbacks = [ErrorFeedback(codec) for _ in range(n)]
     if cheat is HidingOwner:
         feedbacks[1] = Scaling(codec, 8.0, start=0)
-    verifiers = [(cheat if r == 1 else GroupVerifier)(IDENTITIES[r].private_key, RUN, 0, GROUP, codec)
+    verifiers = [(cheat if r == 1 else SumChecker)(IDENTITIES[r].private_key, RUN, 0, GROUP, codec)
                  for r in range(n)]  # fmt: skip
     queues = Queues()
     flats = [torch.randn(300, generator=torch.Generator().manual_seed(r)) for r in range(n)]

@@ -2,7 +2,7 @@
 
 ``RecordingLink`` records, around the step's link, every pipeline message a member sends and receives
 (activations and activation gradients, as they travelled, per micro-batch). Once the step's sums are checked
-and before anything is applied (``runtime.buckets``' verifier hook, after ``group.GroupVerifier``), every member
+and before anything is applied (``runtime.buckets``' verifier hook, after ``sum_check.SumChecker``), every member
 of a replica group of stage j, over the step's link:
 
 1. **commits** (kind ``pipe_commit``): signs the digests (``commit.message_digest``) of every pipeline message
@@ -39,7 +39,7 @@ trainer keeps one more state, ``churn.keep_states`` + 1, since its peers may hav
 and a trainer that halts for any other reason reports only its checked states. The run's last step is
 checked in its own hook.
 
-A failure raises ``group.VerificationFailed`` after every message of ours is sent (so the others are not left
+A failure raises ``sum_check.VerificationFailed`` after every message of ours is sent (so the others are not left
 waiting on us): the step is never applied here and the epoch halts blaming the member. A failed recompute
 comes with evidence a third party re-checks (``verify.evidence``): the member's commitment signs the digest of
 the parameters it computed with (``evidence.param_digest``) besides its messages', so the revealed messages,
@@ -75,9 +75,9 @@ from p2ptrain.runtime.wire import WireFormat
 from p2ptrain.verify import statement
 from p2ptrain.verify.commit import Challenge, message_digest
 from p2ptrain.verify.evidence import Bulk, DisputeHeader, pack, param_digest
-from p2ptrain.verify.group import Finding, VerificationFailed, fail
 from p2ptrain.verify.recompute import RecomputeCheck, allowance, check_message, recompute
 from p2ptrain.verify.sketch import challenge_seed, derive_seed
+from p2ptrain.verify.sum_check import Finding, VerificationFailed, fail
 
 logger = logging.getLogger(__name__)
 
@@ -244,7 +244,7 @@ def _copy_into(shadow: torch.nn.Module, module: torch.nn.Module) -> None:
             mine.copy_(theirs)
 
 
-class StageVerifier:
+class RecomputeChecker:
     """The recompute check of one member of a stage's replica group for one epoch (see the module).
 
     ``wrap`` goes around each step's link (``StageTrainer.link_wrapper``); ``check_step`` runs in the step's

@@ -1,6 +1,6 @@
 """The sum check of a stage's data-parallel all-reduce, live, every step: commit, seed, attest, check.
 
-``runtime.buckets`` hands a ``GroupVerifier`` the step's records (``allreduce.ReduceRecord``: the messages a
+``runtime.buckets`` hands a ``SumChecker`` the step's records (``allreduce.ReduceRecord``: the messages a
 member sent and received, what it added up as owner) once every bucket is summed and before any sum is
 applied. Every member of the group then, over the step's link (kinds ``commit`` and ``sketch``):
 
@@ -114,7 +114,7 @@ class VerificationFailed(ProtocolError):
         self.also = also  # the other members that failed a check of the same step (``ProgressRecord.also``)
 
 
-class GroupVerifier:
+class SumChecker:
     """The sum check of one stage's replica group for one epoch (``__call__`` is ``buckets.Verifier``)."""
 
     def __init__(self, key: RSAPrivateKey, run: str, stage: int, group: Sequence[str], codec: Codec, *,
