@@ -3,8 +3,8 @@
 #   bash benchmarks/cuda_check.sh [OUTDIR]
 # from the project's root, with p2ptrain and its dependencies importable by python3 (pip install -e ".[test]"
 # after a CUDA build of torch). CI has no GPU: this is how the CUDA path gets checked where one is lent.
-# 1. the tests that run only where CUDA is (fp32 on CUDA equals the CPU; 2 x 2 workers on one GPU give the
-#    single-process losses) and the device-facing tests around them;
+# 1. the tests that run only where CUDA is (fp32 on CUDA equals the CPU; SDPA's grouped-query attention;
+#    2 x 2 workers on one GPU give the single-process losses) and the device-facing tests around them;
 # 2. the device's profile as an agent publishes it (name, memory, measured matmul TFLOP/s);
 # 3. `p2ptrain train` on the GPU, fp32 and bf16: tokens/s and MFU;
 # 4. real swarms of four agents sharing the GPU (bf16 compute; bf16, then int8 wire; 1F1B, overlap);
@@ -47,7 +47,7 @@ python3 -c "import torch, hivemind, p2ptrain; print('torch', torch.__version__, 
 
 part tests 240 python3 -m pytest -q -p no:cacheprovider --basetemp="$WORK/pytest" \
     tests/model/test_precision_modes.py tests/model/test_outer.py tests/runtime/test_distributed_tokenized.py \
-    tests/runtime/test_reference.py
+    tests/runtime/test_reference.py tests/model/test_llama.py
 part profile 60 python3 -c "import json, dataclasses, torch
 from p2ptrain.agent.profile import profile_device
 from p2ptrain.runtime.reference import resolve_device

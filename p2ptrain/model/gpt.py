@@ -89,10 +89,14 @@ class CausalSelfAttention(nn.Module):
         k, v = (t.view(batch, seq, self.num_kv_heads, self.head_size).transpose(1, 2) for t in (k, v))
         if rope is not None:
             q, k = rotate(q, rope), rotate(k, rope)
-        if self.num_kv_heads != self.num_heads:  # GQA: kv head j serves query heads j·g .. j·g + g - 1
+        # GQA: kv head j serves query heads j·g .. j·g + g - 1. On an accelerator through SDPA's own path (no
+        # repeated k and v in memory); on the CPU, where that saves nothing, k and v repeated as transformers'
+        # LLaMA does, which keeps our backward bit for bit theirs (its key/value gradients sum in another order)
+        gqa = self.num_kv_heads != self.num_heads
+        if gqa and q.device.type == "cpu":
             groups = self.num_heads // self.num_kv_heads
-            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            k, v, gqa = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1), False
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         return self.proj(y.transpose(1, 2).reshape(batch, seq, width))
 
 

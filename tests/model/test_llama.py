@@ -95,12 +95,14 @@ def test_stages_start_at_the_full_models_slice_and_chain_to_its_logits():
     assert torch.equal(out, want)
 
 
-def test_grouped_query_attention_is_attention_with_each_kv_head_repeated_for_consecutive_query_heads():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device here: SDPA's own GQA path runs on an accelerator"))])  # fmt: skip
+def test_grouped_query_attention_is_attention_with_each_kv_head_repeated_for_consecutive_query_heads(device):
     """kv head j serves query heads 2j and 2j+1: a model with 4 kv heads holding each of the 2 twice, in
-    that order, computes the same logits."""
-    gqa = GPT(LLAMA, seed=1)
+    that order, computes the same logits (on the CPU k and v are repeated; on CUDA SDPA's GQA path runs)."""
+    gqa = GPT(LLAMA, seed=1).to(device)
     mha_shape = dataclasses.replace(LLAMA, num_kv_heads=4)
-    mha = GPT(mha_shape, device="meta").to_empty(device="cpu")
+    mha = GPT(mha_shape, device="meta").to_empty(device=device)
     state = gqa.state_dict()
     for i in range(LLAMA.num_layers):
         q, k, v = state[f"blocks.{i}.attn.qkv.weight"].split((64, 32, 32))
@@ -108,7 +110,7 @@ def test_grouped_query_attention_is_attention_with_each_kv_head_repeated_for_con
         state[f"blocks.{i}.attn.qkv.weight"] = torch.cat([q, heads(k), heads(v)])
     mha.load_state_dict(state)
     with torch.no_grad():
-        torch.testing.assert_close(mha(tokens()), gqa(tokens()), rtol=0, atol=1e-5)
+        torch.testing.assert_close(mha(tokens().to(device)), gqa(tokens().to(device)), rtol=0, atol=1e-5)
     assert gqa.num_parameters() < mha.num_parameters()
 
 
