@@ -108,7 +108,8 @@ class OptimizerConfig:
 
 def build_optimizer(module: nn.Module, cfg: OptimizerConfig) -> torch.optim.AdamW:
     """AdamW over ``module``'s parameters; tensors of two or more dimensions get weight decay. ``cfg`` is a
-    run's (``TrainConfig.optimizer``: the model's recipe filled in)."""
+    run's (``TrainConfig.optimizer``: the model's recipe filled in). On CUDA the fused implementation (one
+    kernel for every parameter; its rounding is CUDA's own, as the rest of a CUDA step's is)."""
     cfg._check_resolved()
     params = list(module.parameters())
     groups = [
@@ -116,6 +117,8 @@ def build_optimizer(module: nn.Module, cfg: OptimizerConfig) -> torch.optim.Adam
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
     kwargs = {"lr": cfg.lr, "betas": (cfg.beta1, cfg.beta2), "eps": cfg.eps}
+    if params and all(p.is_cuda for p in params):  # one fused kernel per step: CUDA replicas all run it alike
+        kwargs["fused"] = True
     scaler = getattr(module, "loss_scaler", None)
     if scaler is not None:  # fp16: gradients arrive loss-scaled (``p2ptrain.model.precision``)
         return ScaledAdamW([g for g in groups if g["params"]], scaler, **kwargs)

@@ -76,3 +76,12 @@ def test_cuda_fp32_equals_cpu_and_bf16_is_close():
     bf16 = train_reference(dataclasses.replace(cfg, device="cuda", precision="bf16"))
     assert all(abs(a - b) <= 1e-3 * b for a, b in zip(cuda.losses, cpu.losses, strict=True))
     assert all(abs(a - b) <= 0.02 * b for a, b in zip(bf16.losses, cpu.losses, strict=True))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+def test_adamw_is_fused_on_cuda_only(device):
+    model = GPT(model_shape("tiny"), seed=0).to(device)
+    optimizer = build_optimizer(model, OptimizerConfig().for_model("tiny"))
+    assert bool(optimizer.defaults.get("fused")) == (device == "cuda")
+    model(torch.zeros(2, 8, dtype=torch.long, device=device)).sum().backward()
+    optimizer.step()  # the fused kernel runs where it is chosen
