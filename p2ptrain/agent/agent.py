@@ -97,6 +97,7 @@ from p2ptrain.planning import Cluster, load_cluster
 from p2ptrain.runtime.calibration import calibrate, expected_rows
 from p2ptrain.runtime.compute_speed import compute_slowdown
 from p2ptrain.runtime.reference import resolve_device, torch_settings
+from p2ptrain.runtime.throughput import peak_tflops
 from p2ptrain.verify.evidence import parts as evidence_parts
 
 logger = logging.getLogger(__name__)
@@ -139,6 +140,7 @@ class Agent:
         self.data_id = data_identity(config.train.data)  # in our peer record: the run's agents must agree
         self.stages = RunStages(config.train)  # the run's S: the config's, or (auto) pinned once known
         self._leading: Leader | None = None  # the leader's side (``leadership.leader``), from the loop's start
+        self._peak: tuple[float | None, str] = (None, "unknown")  # this device's peak TFLOP/s (MFU), and its source
         self._following: PlanRecord | None = None  # the last plan this agent followed
         self._evidence: dict[tuple[int, int], bytes] = {}  # (epoch, step) -> bulk evidence found leading
         self._newest_seen: PlanRecord | None = None  # the highest-epoch plan read from a live signer
@@ -205,6 +207,7 @@ class Agent:
                                      measure_s=cfg.profile.measure_s)
             self.events.write("profile", device_name=profile.device_name, tflops=profile.tflops,
                               memory_gb=profile.memory_gb, cached=profile.cached)
+            self._peak = peak_tflops(profile.device_name, cfg.train.precision, profile.tflops)  # MFU's
             compute = self._calibrate(device)
             if self.stop.is_set():
                 return AgentResult("", False, 0, self.stop.reason)
@@ -864,7 +867,7 @@ class Agent:
             state_timeout_s=call_timeout_s + cfg.churn.halt_timeout_s, poll_s=cfg.membership.poll_s,
             finish_timeout_s=cfg.membership.finish_timeout_s, should_halt=self._should_halt,
             compute_slowdown=self.compute_slowdown, link_bandwidth=self._measured_bandwidth(), time_scale=scale,
-            verify=cfg.verify, on_evidence=self._keep_evidence,
+            verify=cfg.verify, on_evidence=self._keep_evidence, peak=self._peak,
         )  # fmt: skip
         # A trainer may take the epoch up this long after us (``liveness.no_shows``): two liveness timeouts, and
         # twice the search the plan cost us (followers check a plan by planning its records themselves)

@@ -77,6 +77,7 @@ from p2ptrain.runtime.checkpoint import (
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.executor import StepWaits
 from p2ptrain.runtime.session import StageTrainer
+from p2ptrain.runtime.throughput import throughput
 from p2ptrain.runtime.topology import Role, Topology
 from p2ptrain.verify.config import VerifyConfig
 from p2ptrain.verify.evidence import parts as evidence_parts
@@ -126,6 +127,7 @@ class EpochContext:
     # bulk evidence (a failed recompute's or a shard dispute's: epoch, step, bulk) found here while this agent
     # leads the epoch: its judge's
     on_evidence: Callable[[int, int, bytes], None] | None = None
+    peak: tuple[float | None, str] = (None, "unknown")  # this device's peak TFLOP/s and its source (MFU)
 
     def set_status(self, state: str, epoch: int, step: int) -> None:
         """What heartbeat pings answer (``transport.status``)."""
@@ -255,11 +257,15 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
                 ctx.heartbeat.flush(record)  # the others wait for it before they leave
             else:
                 ctx.heartbeat.beat(record)
-            tokens_per_s = cfg.global_batch_size * cfg.shape.seq_len / max(result.step_time_s, 1e-9)  # the run's
+            tokens = cfg.global_batch_size * cfg.shape.seq_len
+            tokens_per_s = tokens / max(result.step_time_s, 1e-9)  # the run's
+            # the run's MFU as this trainer sees it: its step over every trainer at this device's peak
+            mfu = throughput(cfg.shape, tokens, result.step_time_s, ctx.peak, num_devices=len(topology.peers)).mfu
             ctx.events.write("step", epoch=plan.epoch, step=done, loss=result.loss, step_time_s=result.step_time_s,
                              stage=role.stage, replica=role.replica, compute_s=round(compute_s, 6),
                              compute_cpu_s=round(compute_cpu_s, 6), between_s=round(between_s, 6),
-                             **_waits(result.waits), tokens_per_s=round(tokens_per_s, 1), sent_bytes=sent_bytes,
+                             **_waits(result.waits), tokens_per_s=round(tokens_per_s, 1),
+                             mfu=None if mfu is None else float(f"{mfu:.4g}"), sent_bytes=sent_bytes,
                              round=step // sync_every if sync_every > 1 else None,  # DiLoCo: the step's round
                              verify_s=round(checked_s, 6) if verifier is not None else None)
             loss = f" loss {result.loss:.4f}" if result.loss is not None else ""

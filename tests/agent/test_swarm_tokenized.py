@@ -7,11 +7,12 @@ import dataclasses
 
 import numpy as np
 import pytest
-from agent_helpers import run_swarm
+from agent_helpers import events, run_swarm
 
 from p2ptrain.model.prepare import PrepareConfig, prepare_dataset
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.reference import train_reference
+from p2ptrain.runtime.throughput import flops_per_token
 
 pytestmark = pytest.mark.integration
 
@@ -34,3 +35,13 @@ def test_swarm_on_a_prepared_dataset_trains_and_evaluates_like_one_process(tmp_p
     for (_, got), (_, want) in zip(summary["val_losses"], reference.val_losses, strict=True):
         assert abs(got - want) <= 1e-4 * want
     assert summary["tokens_per_s"] > 0 and summary["mfu"] is not None
+    # every trainer's step event says the run's MFU as it saw the step: model FLOPs per second over both
+    # trainers at its own device's peak (on a CPU, the matmul throughput its profile measured)
+    for k in range(2):
+        log = events(tmp_path / "run" / f"agent-{k}.events.jsonl")
+        peak = next(e["tflops"] for e in log if e["event"] == "profile") * 1e12
+        steps = [e for e in log if e["event"] == "step"]
+        assert len(steps) == 4
+        for step in steps:
+            want = step["tokens_per_s"] * flops_per_token(cfg.shape) / (2 * peak)
+            assert step["mfu"] == pytest.approx(want, rel=2e-3)
