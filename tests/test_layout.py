@@ -131,7 +131,7 @@ OVERSIZED = {
     "p2ptrain/planning/simulated.py:SimulatedObjective.__init__": 86,
     "p2ptrain/planning/scheduler.py:schedule": 84,
     "p2ptrain/agent/leadership/leader.py:Leader._publish_plan": 84,
-    "p2ptrain/agent/agent.py:Agent": 790,
+    "p2ptrain/agent/agent.py:Agent": 771,
     "p2ptrain/agent/leadership/leader.py:Leader": 750,
     "p2ptrain/net/transport/endpoint.py:Transport": 443,
 }

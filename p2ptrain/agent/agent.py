@@ -53,8 +53,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from p2ptrain.agent.churn.boundary import INTERVAL_S, BoundaryWatch, overshot
 from p2ptrain.agent.churn.liveness import (
     NO_SHOW_INTERVALS,
@@ -73,6 +71,7 @@ from p2ptrain.agent.epoch import EpochContext, EpochOutcome, Heartbeat, run_epoc
 from p2ptrain.agent.events import EventLog
 from p2ptrain.agent.leadership import settings
 from p2ptrain.agent.leadership.claims import bounded, record_problem
+from p2ptrain.agent.leadership.disputes import EvidenceInbox
 from p2ptrain.agent.leadership.election import finished_without, latest_plan
 from p2ptrain.agent.leadership.leader import AgentView, Leader
 from p2ptrain.agent.leadership.membership import Membership, MembershipTracker
@@ -91,14 +90,12 @@ from p2ptrain.net.dht.records import ComputeMeasurement, PeerRecord, PlanRecord,
 from p2ptrain.net.nat.forward import setup_forwarding
 from p2ptrain.net.transport.emulation import EmulationConfig, LinkEmulator, scaled_bandwidth, scaled_link
 from p2ptrain.net.transport.endpoint import Transport
-from p2ptrain.net.transport.messages import MessageKind, Tag
 from p2ptrain.net.transport.status import FAIL, IDLE, TAKE, TRAIN, PeerStatus
 from p2ptrain.planning import Cluster, load_cluster
 from p2ptrain.runtime.calibration import calibrate, expected_rows
 from p2ptrain.runtime.compute_speed import compute_slowdown
 from p2ptrain.runtime.reference import resolve_device, torch_settings
 from p2ptrain.runtime.throughput import peak_tflops
-from p2ptrain.verify.evidence import parts as evidence_parts
 
 logger = logging.getLogger(__name__)
 
@@ -142,7 +139,7 @@ class Agent:
         self._leading: Leader | None = None  # the leader's side (``leadership.leader``), from the loop's start
         self._peak: tuple[float | None, str] = (None, "unknown")  # this device's peak TFLOP/s (MFU), and its source
         self._following: PlanRecord | None = None  # the last plan this agent followed
-        self._evidence: dict[tuple[int, int], bytes] = {}  # (epoch, step) -> bulk evidence found leading
+        self._inbox: EvidenceInbox | None = None  # bulk evidence for this agent as leader (from ``_loop``)
         self._newest_seen: PlanRecord | None = None  # the highest-epoch plan read from a live signer
         # ... from any signer (a finished run's leader leaves; ``_finished_without_me``)
         self._newest_any: PlanRecord | None = None
@@ -404,10 +401,11 @@ class Agent:
                               self._pass_over,
                               needed=cfg.membership.expect or cfg.membership.min_peers, stages=self.stages)  # fmt: skip
         self._started = time.monotonic()
+        self._inbox = EvidenceInbox(self.peer_id, self.transport, self.dht.keys.run_id)
         self._leading = self._leading_class(cfg, self.dht, self.events, self.peer_id, self._leaders, view=self._view,
                                             note_waiting=self._note_waiting, boundary_s=self._poll_s,
                                             started=self._started, stages=self.stages,
-                                            fetch_evidence=self._fetch_evidence)  # fmt: skip
+                                            fetch_evidence=self._inbox.fetch)  # fmt: skip
         while not self.stop.is_set():
             self._poll()
             plan = self._next_plan()
@@ -814,28 +812,6 @@ class Agent:
                          statuses, self._progress_seen, check_s, of_followed(self._no_shows),
                          of_followed(self._unjudged))  # fmt: skip
 
-    def _keep_evidence(self, epoch: int, step: int, bulk: bytes) -> None:
-        """The bulk evidence this agent found in an epoch it leads: its own judge reads it here."""
-        self._evidence[(epoch, step)] = bulk
-        for old in sorted(self._evidence)[:-2]:
-            del self._evidence[old]
-
-    def _fetch_evidence(self, blamer: str, epoch: int, step: int, nbytes: int, timeout_s: float) -> bytes:
-        """The bulk of ``blamer``'s evidence of ``step`` (``verify.evidence``), which it sends us as leader, in
-        parts; ProtocolError where it does not arrive within ``timeout_s``."""
-        if blamer == self.peer_id:
-            bulk = self._evidence.get((epoch, step))
-            if bulk is None:
-                raise ProtocolError(f"no evidence of epoch {epoch} step {step} was kept here")
-            return bulk
-        deadline = time.monotonic() + timeout_s
-        pieces = []
-        for part, (start, end) in enumerate(evidence_parts(nbytes)):
-            tag = Tag(self.dht.keys.run_id, epoch, step, MessageKind.EVIDENCE, 0, part)
-            pieces.append(self.transport.recv(tag, blamer, (end - start,), torch.uint8,
-                                              max(0.1, deadline - time.monotonic())).numpy().tobytes())  # fmt: skip
-        return b"".join(pieces)
-
     def _note_waiting(self, note: str) -> None:
         if note != self._last_wait_note:
             self._last_wait_note = note
@@ -867,7 +843,7 @@ class Agent:
             state_timeout_s=call_timeout_s + cfg.churn.halt_timeout_s, poll_s=cfg.membership.poll_s,
             finish_timeout_s=cfg.membership.finish_timeout_s, should_halt=self._should_halt,
             compute_slowdown=self.compute_slowdown, link_bandwidth=self._measured_bandwidth(), time_scale=scale,
-            verify=cfg.verify, on_evidence=self._keep_evidence, peak=self._peak,
+            verify=cfg.verify, on_evidence=self._inbox.keep, peak=self._peak,
         )  # fmt: skip
         # A trainer may take the epoch up this long after us (``liveness.no_shows``): two liveness timeouts, and
         # twice the search the plan cost us (followers check a plan by planning its records themselves)

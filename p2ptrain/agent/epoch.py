@@ -77,7 +77,7 @@ from p2ptrain.runtime.checkpoint import (
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.executor import StepWaits
 from p2ptrain.runtime.session import StageTrainer
-from p2ptrain.runtime.throughput import throughput
+from p2ptrain.runtime.throughput import Throughput, throughput
 from p2ptrain.runtime.topology import Role, Topology
 from p2ptrain.verify.config import VerifyConfig
 from p2ptrain.verify.evidence import parts as evidence_parts
@@ -257,20 +257,16 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
                 ctx.heartbeat.flush(record)  # the others wait for it before they leave
             else:
                 ctx.heartbeat.beat(record)
-            tokens = cfg.global_batch_size * cfg.shape.seq_len
-            tokens_per_s = tokens / max(result.step_time_s, 1e-9)  # the run's
-            # the run's MFU as this trainer sees it: its step over every trainer at this device's peak
-            mfu = throughput(cfg.shape, tokens, result.step_time_s, ctx.peak, num_devices=len(topology.peers)).mfu
+            speed = throughput(cfg.shape, cfg.global_batch_size * cfg.shape.seq_len, result.step_time_s, ctx.peak,
+                               num_devices=len(topology.peers))  # the run's, with every trainer at our peak
             ctx.events.write("step", epoch=plan.epoch, step=done, loss=result.loss, step_time_s=result.step_time_s,
                              stage=role.stage, replica=role.replica, compute_s=round(compute_s, 6),
                              compute_cpu_s=round(compute_cpu_s, 6), between_s=round(between_s, 6),
-                             **_waits(result.waits), tokens_per_s=round(tokens_per_s, 1),
-                             mfu=None if mfu is None else float(f"{mfu:.4g}"), sent_bytes=sent_bytes,
+                             **_waits(result.waits), **_speed(speed), sent_bytes=sent_bytes,
                              round=step // sync_every if sync_every > 1 else None,  # DiLoCo: the step's round
                              verify_s=round(checked_s, 6) if verifier is not None else None)
-            loss = f" loss {result.loss:.4f}" if result.loss is not None else ""
-            logger.info("epoch %d step %d/%d%s (%.3f s, %.0f tokens/s)", plan.epoch, done, cfg.steps, loss,
-                        result.step_time_s, tokens_per_s)
+            logger.info("epoch %d step %d/%d%s (%.3f s, %.0f tokens/s)", plan.epoch, done, cfg.steps,
+                        "" if result.loss is None else f" loss {result.loss:.4f}", result.step_time_s, speed.tokens_per_s)
     except HALTING_ERRORS as e:
         if ctx.stop.is_set():
             return EpochOutcome(False, done, tuple(losses))
@@ -512,6 +508,12 @@ def _waits(waits: StepWaits | None) -> dict[str, float]:
         return {}
     return {"recv_wait_s": round(waits.recv_s, 6), "reduce_wait_s": round(waits.reduce_s, 6),
             "send_wait_s": round(waits.send_s, 6)}
+
+
+def _speed(speed: Throughput) -> dict[str, float | None]:
+    """A step event's tokens per second and MFU (``runtime.throughput``; None without a peak)."""
+    return {"tokens_per_s": round(speed.tokens_per_s, 1),
+            "mfu": None if speed.mfu is None else float(f"{speed.mfu:.4g}")}
 
 
 def _unverified(recomputer: RecomputeChecker | None) -> int | None:

@@ -18,12 +18,17 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import logging
+import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
 
 from p2ptrain.agent.config import AgentConfig
 from p2ptrain.errors import ProtocolError
 from p2ptrain.model.stage import build_stage
 from p2ptrain.net.dht.records import PlanRecord, ProgressRecord
+from p2ptrain.net.transport.messages import MessageKind, Tag
 from p2ptrain.runtime.reference import build_data
 from p2ptrain.runtime.topology import Topology
 from p2ptrain.runtime.wire import wire_format
@@ -36,8 +41,43 @@ from p2ptrain.verify.dispute import (
     max_shard_bulk_bytes,
 )
 from p2ptrain.verify.evidence import DisputeHeader, ShardHeader, is_shard_evidence
+from p2ptrain.verify.evidence import parts as evidence_parts
+
+if TYPE_CHECKING:
+    from p2ptrain.net.transport.endpoint import Transport
 
 logger = logging.getLogger(__name__)
+
+
+class EvidenceInbox:
+    """Bulk evidence for this agent as a leader's judge: what it found itself in an epoch it led (the last two
+    steps' kept), and what a finder sends it in parts (``verify.evidence``)."""
+
+    def __init__(self, me: str, transport: Transport, run_id: str):
+        self.me, self.transport, self.run_id = me, transport, run_id
+        self._found: dict[tuple[int, int], bytes] = {}  # (epoch, step) -> bulk
+
+    def keep(self, epoch: int, step: int, bulk: bytes) -> None:
+        """Bulk evidence this agent found in an epoch it leads: its own judge reads it here."""
+        self._found[(epoch, step)] = bulk
+        for old in sorted(self._found)[:-2]:
+            del self._found[old]
+
+    def fetch(self, blamer: str, epoch: int, step: int, nbytes: int, timeout_s: float) -> bytes:
+        """The bulk of ``blamer``'s evidence of ``step``, which it sends us as leader, in parts; ProtocolError
+        where it does not arrive within ``timeout_s``."""
+        if blamer == self.me:
+            bulk = self._found.get((epoch, step))
+            if bulk is None:
+                raise ProtocolError(f"no evidence of epoch {epoch} step {step} was kept here")
+            return bulk
+        deadline = time.monotonic() + timeout_s
+        pieces = []
+        for part, (start, end) in enumerate(evidence_parts(nbytes)):
+            tag = Tag(self.run_id, epoch, step, MessageKind.EVIDENCE, 0, part)
+            pieces.append(self.transport.recv(tag, blamer, (end - start,), torch.uint8,
+                                              max(0.1, deadline - time.monotonic())).numpy().tobytes())  # fmt: skip
+        return b"".join(pieces)
 
 # (blamer, epoch, step, bytes, timeout s) -> the bulk it sent us; ProtocolError where it did not arrive
 Fetch = Callable[[str, int, int, int, float], bytes]
