@@ -127,7 +127,7 @@ OVERSIZED = {
     "p2ptrain/planning/simulated.py:_simulate": 98,
     "p2ptrain/net/dht/plan_record.py:PlanRecord.__post_init__": 91,
     "p2ptrain/planning/joint.py:schedule_layered": 90,
-    "p2ptrain/agent/epoch.py:_run_epoch": 88,
+    "p2ptrain/agent/epoch.py:_run_epoch": 86,
     "p2ptrain/planning/simulated.py:SimulatedObjective.__init__": 86,
     "p2ptrain/planning/scheduler.py:schedule": 84,
     "p2ptrain/agent/leadership/leader.py:Leader._publish_plan": 84,

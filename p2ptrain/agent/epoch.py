@@ -251,14 +251,12 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
                 _checkpoint(ctx, cfg, role.stage, role.replica, kept)
                 _copy(plan, ctx, role.stage, role.replica, kept, trainer.module, sender)
             sent_bytes, sync_every = ctx.transport.sent_bytes - sent_before, cfg.rounds.length
-            record = ProgressRecord(plan.epoch, done, result.loss, result.step_time_s, compute_s=compute_s,
-                                    leader=plan.leader, sent_bytes=sent_bytes, sync_every=sync_every)
-            if done == cfg.steps:
-                ctx.heartbeat.flush(record)  # the others wait for it before they leave
-            else:
-                ctx.heartbeat.beat(record)
             speed = throughput(cfg.shape, cfg.global_batch_size * cfg.shape.seq_len, result.step_time_s, ctx.peak,
                                num_devices=len(topology.peers))  # the run's, with every trainer at our peak
+            record = ProgressRecord(plan.epoch, done, result.loss, result.step_time_s, compute_s=compute_s,
+                                    leader=plan.leader, sent_bytes=sent_bytes, sync_every=sync_every,
+                                    mfu=_speed(speed)["mfu"])  # fmt: skip
+            (ctx.heartbeat.flush if done == cfg.steps else ctx.heartbeat.beat)(record)  # the last: others wait for it
             ctx.events.write("step", epoch=plan.epoch, step=done, loss=result.loss, step_time_s=result.step_time_s,
                              stage=role.stage, replica=role.replica, compute_s=round(compute_s, 6),
                              compute_cpu_s=round(compute_cpu_s, 6), between_s=round(between_s, 6),

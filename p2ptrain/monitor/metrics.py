@@ -43,6 +43,7 @@ class RunCollector:
             "round": ("p2ptrain_round", "DiLoCo round in progress (the highest step seen // H)"),
             "sent_bytes_per_step": ("p2ptrain_sent_bytes_per_step", "Bytes the trainers sent in their last step"),
             "utilisation": ("p2ptrain_compute_utilisation_ratio", "Mean share of their step trainers computed"),
+            "mfu": ("p2ptrain_mfu_ratio", "Model FLOPs utilisation, the mean of what the trainers saw"),
         }
         for key, (name, help_) in gauges.items():
             if summary.get(key) is not None:
@@ -62,11 +63,14 @@ class RunCollector:
                                  labels=["run", "peer"])  # fmt: skip
         used = GaugeMetricFamily("p2ptrain_peer_compute_utilisation_ratio",
                                  "Share of its latest step each peer computed", labels=["run", "peer"])  # fmt: skip
+        mfu = GaugeMetricFamily("p2ptrain_peer_mfu_ratio", "The run's model FLOPs utilisation as each peer saw its "
+                                "latest step", labels=["run", "peer"])  # fmt: skip
         for peer in state["peers"]:
-            for gauge, key in ((step, "step"), (age, "heartbeat_age_s"), (sent, "sent_bytes"), (used, "utilisation")):
+            for gauge, key in ((step, "step"), (age, "heartbeat_age_s"), (sent, "sent_bytes"), (used, "utilisation"),
+                               (mfu, "mfu")):  # fmt: skip
                 if peer[key] is not None:
                     gauge.add_metric([run, peer["peer_id"]], peer[key])
-        yield from (step, age, sent, used)
+        yield from (step, age, sent, used, mfu)
         polls = CounterMetricFamily("p2ptrain_monitor_polls", "DHT polls by the monitor", labels=["run"])
         polls.add_metric([run], state["polls"])
         yield polls

@@ -14,7 +14,8 @@ planned, the newest plan by a live signer.
 
 Traffic and utilisation come from each live peer's latest training heartbeat (not halted, of the newest epoch
 among them): the bytes it sent in that step (``ProgressRecord.sent_bytes``) and its compute utilisation,
-its own compute over the step's time (``compute_s / step_time_s``; none where compute was not measured).
+its own compute over the step's time (``compute_s / step_time_s``; none where compute was not measured), and
+the run's MFU as it saw the step (``ProgressRecord.mfu``; the summary's is their mean).
 The run's sync mode is the steps between data-parallel syncs those heartbeats state (``sync_every``, H of
 DiLoCo's rounds; 1: every step), the most of them agreeing; its current round is the highest step seen // H.
 
@@ -248,6 +249,7 @@ class RunView:
             "loss": progress.loss if progress else None, "step_time_s": progress.step_time_s if progress else None,
             "sent_bytes": progress.sent_bytes if progress else None,
             "utilisation": _utilisation(progress) if progress else None,
+            "mfu": progress.mfu if progress and not progress.halted else None,
         }  # fmt: skip
         if record is not None:
             out.update({
@@ -274,12 +276,14 @@ class RunView:
         diloco = every is not None and every > 1
         sent = [b.sent_bytes for b in beats if b.sent_bytes is not None]
         used = [u for b in beats if (u := _utilisation(b)) is not None]
+        mfus = [b.mfu for b in beats if b.mfu is not None]
         return {
             "sync": None if every is None else "diloco" if diloco else "every-step", "sync_every": every,
             "round": step // every if diloco else None,
             "round_steps_left": every - step % every if diloco else None,
             "sent_bytes_per_step": sum(sent) if sent else None,
             "utilisation": statistics.fmean(used) if used else None,
+            "mfu": statistics.fmean(mfus) if mfus else None,
         }  # fmt: skip
 
     def _role(self, peer_id: str) -> dict[str, Any]:

@@ -179,10 +179,10 @@ def test_sync_mode_rounds_traffic_and_utilisation_come_from_the_training_heartbe
     summary = view.state()["summary"]
     assert (summary["sync"], summary["round"], summary["utilisation"], summary["sent_bytes_per_step"]) == (None,) * 4
     progress = {
-        PEERS[0]: ProgressRecord(1, 6, None, 2.0, compute_s=1.5, sent_bytes=4_000_000, sync_every=4),
-        PEERS[1]: ProgressRecord(1, 6, 3.5, 2.0, compute_s=0.5, sent_bytes=1_000_000, sync_every=4),
+        PEERS[0]: ProgressRecord(1, 6, None, 2.0, compute_s=1.5, sent_bytes=4_000_000, sync_every=4, mfu=0.3),
+        PEERS[1]: ProgressRecord(1, 6, 3.5, 2.0, compute_s=0.5, sent_bytes=1_000_000, sync_every=4, mfu=0.2),
         PEERS[2]: ProgressRecord(1, 5, None, 2.0, sent_bytes=0, sync_every=4),  # compute not measured
-        PEERS[3]: ProgressRecord(1, 6, None, 0.0, halted=True),  # a halt says nothing of the run's sync
+        PEERS[3]: ProgressRecord(1, 6, None, 0.0, halted=True, mfu=0.9),  # a halt says nothing of the run's sync
         PEERS[4]: ProgressRecord(0, 9, 3.0, 1.0, compute_s=1.0, sent_bytes=9, sync_every=2),  # an older epoch's
     }  # fmt: skip
     view.update(Snapshot(2.0, peers, plans=plans, progress=progress))
@@ -191,13 +191,16 @@ def test_sync_mode_rounds_traffic_and_utilisation_come_from_the_training_heartbe
     assert (summary["sync"], summary["sync_every"]) == ("diloco", 4)
     assert (summary["step"], summary["round"], summary["round_steps_left"]) == (9, 2, 3)  # the highest step seen
     assert summary["utilisation"] == pytest.approx(0.5)  # the mean of 0.75 and 0.25
+    assert summary["mfu"] == pytest.approx(0.25)  # the mean of what the newest epoch's trainers saw
     assert summary["sent_bytes_per_step"] == 5_000_000
     by_id = {p["peer_id"]: p for p in state["peers"]}
-    assert [(by_id[p]["sent_bytes"], by_id[p]["utilisation"]) for p in PEERS] == [
-        (4_000_000, 0.75), (1_000_000, 0.25), (0, None), (None, None), (9, 1.0)]
+    assert [(by_id[p]["sent_bytes"], by_id[p]["utilisation"], by_id[p]["mfu"]) for p in PEERS] == [
+        (4_000_000, 0.75, 0.3), (1_000_000, 0.25, 0.2), (0, None, None), (None, None, None), (9, 1.0, None)]
     text = generate_latest(make_registry(RunCollector(lambda: state, lambda: 0))).decode()
     assert 'p2ptrain_sync_every_steps{run="demo"} 4.0' in text and 'p2ptrain_round{run="demo"} 2.0' in text
     assert 'p2ptrain_compute_utilisation_ratio{run="demo"} 0.5' in text
+    assert 'p2ptrain_mfu_ratio{run="demo"} 0.25' in text
+    assert f'p2ptrain_peer_mfu_ratio{{peer="{PEERS[0]}",run="demo"}} 0.3' in text
     assert f'p2ptrain_peer_sent_bytes_per_step{{peer="{PEERS[0]}",run="demo"}} 4e+06' in text
     assert f'p2ptrain_peer_compute_utilisation_ratio{{peer="{PEERS[1]}",run="demo"}} 0.25' in text
     assert f'p2ptrain_peer_compute_utilisation_ratio{{peer="{PEERS[2]}"' not in text

@@ -84,7 +84,8 @@ def wire_of(record, **changes) -> bytes:
      plan_record(slowdowns=((4, 6.5), (1, 12.0))), plan_record(probation=(1, 4)), plan_record(apart=((0, 3), (1, 4))),
      ProgressRecord(1, 2, 3.0, 0.5, compute_s=0.25),
      ProgressRecord(1, 2, 3.0, 0.5, sent_bytes=0),
-     ProgressRecord(1, 2, 3.0, 0.5, sent_bytes=123_456_789, sync_every=50)],
+     ProgressRecord(1, 2, 3.0, 0.5, sent_bytes=123_456_789, sync_every=50),
+     ProgressRecord(1, 2, 3.0, 0.5, mfu=0.42)],
     ids=lambda r: type(r).__name__,
 )  # fmt: skip
 def test_round_trip(record):
@@ -224,6 +225,10 @@ def test_bad_plan_records_are_refused(changes, message):
         (dict(sync_every="50"), "sync_every must be an integer"),
         (dict(sync_every=None), "sync_every must be an integer"),
         (dict(sync_every=2**60), "sync_every=1152921504606846976 is outside"),
+        (dict(mfu=-0.1), "mfu=-0.1 is outside"),
+        (dict(mfu=11.0), "mfu=11 is outside"),
+        (dict(mfu="most"), "mfu must be a number"),
+        (dict(mfu=math.inf), "mfu=inf"),
     ],
 )
 def test_bad_progress_records_are_refused(changes, message):
@@ -249,7 +254,7 @@ def test_a_heartbeat_without_traffic_or_sync_fields_reads_as_every_step_unmeasur
     assert (record.sent_bytes, record.sync_every) == (None, 1)
     assert record.encode() == old
     m = msgpack.unpackb(ProgressRecord(1, 2, 3.0, 0.5, sent_bytes=7, sync_every=4).encode())
-    assert (m["sent_bytes"], m["sync_every"]) == (7, 4)
+    assert (m["sent_bytes"], m["sync_every"]) == (7, 4) and "mfu" not in m  # absent unless said
 
 
 @pytest.mark.parametrize(

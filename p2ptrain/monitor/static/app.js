@@ -68,6 +68,7 @@ function renderSummary(state) {
     ["sync", syncMode(s)],
     ["round", s.round === null ? "—" : `${s.round} · ${plural(s.round_steps_left, "step")} left`],
     ["utilisation", percent(s.utilisation)],
+    ["MFU", percent(s.mfu)],
     ["sent by the trainers", perStep(s.sent_bytes_per_step)],
     ["re-plans", s.replans],
     ["joins / leaves", `${s.joins} / ${s.leaves}`],
@@ -208,6 +209,7 @@ function renderPeers(state) {
     el("td", {}, fmt(p.loss, 4)),
     el("td", {}, perStep(p.sent_bytes)),
     el("td", {}, percent(p.utilisation)),
+    el("td", {}, percent(p.mfu)),
     el("td", {}, p.heartbeat_age_s === null ? "—" : `${Math.round(p.heartbeat_age_s)} s ago`),
   ));
   document.querySelector("#peers tbody").replaceChildren(...rows);

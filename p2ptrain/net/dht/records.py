@@ -93,6 +93,7 @@ MAX_STEP_BYTES = 1 << 50  # what a peer sends in one step: a PiB takes hours at 
 MAX_ROWS = 1 << 20
 MAX_EVIDENCE_BYTES = 16 << 10  # a blame's evidence: a record stays under MAX_RECORD_BYTES
 MAX_ALSO = 16  # further refused peers a halted record names (``ProgressRecord.also``)
+MAX_MFU = 10.0  # a model FLOPs utilisation past any real device (a peak under-measured still fits)
 NO_CODEC_S = ((0.0, 0.0),) * 3  # a calibration without codec timings: fp32's, or an older agent's
 
 
@@ -331,6 +332,8 @@ class ProgressRecord(RecordEnvelope):
     it): no state after ``step`` seeds the next epoch, and none of the blamed peer's (additive;
     ``churn.replan``). ``also``: with ``refused``, the other peers whose work failed a check of the writer's in
     that step (at most ``MAX_ALSO``; additive): refused as ``blame`` is, though the blame names one.
+    ``mfu``: the run's model FLOPs utilisation as the writer saw step ``step`` (every trainer at the writer's
+    device's peak, ``runtime.throughput``), None when not said (additive; for readers: the monitor).
     """
 
     epoch: int
@@ -349,6 +352,7 @@ class ProgressRecord(RecordEnvelope):
     evidence: bytes = b""
     refused: bool = False
     also: tuple[str, ...] = ()
+    mfu: float | None = None
     kind: ClassVar[RecordKind] = RecordKind.PROGRESS
 
     def __post_init__(self) -> None:
@@ -399,6 +403,8 @@ class ProgressRecord(RecordEnvelope):
         if also and not self.refused:
             raise RecordError("also names refused peers: only with refused")
         set_field(self, "also", tuple(dict.fromkeys(also)))
+        if self.mfu is not None:
+            set_field(self, "mfu", f.number("mfu", self.mfu, 0.0, MAX_MFU))
 
     def _fields(self) -> dict[str, Any]:
         fields = {"epoch": self.epoch, "step": self.step, "loss": self.loss, "step_time_s": self.step_time_s,
@@ -421,6 +427,8 @@ class ProgressRecord(RecordEnvelope):
             fields["refused"] = True
         if self.also:  # optional field: absent unless more than one peer's work failed a check
             fields["also"] = [peer_id_to_bytes(p) for p in self.also]
+        if self.mfu is not None:  # optional field: absent unless the writer knows its device's peak
+            fields["mfu"] = self.mfu
         return fields
 
     @classmethod
@@ -431,7 +439,7 @@ class ProgressRecord(RecordEnvelope):
                    compute_s=m.get("compute_s", 0.0), leader=peer_from_bytes("leader", m.get("leader")),
                    sent_bytes=m.get("sent_bytes"), sync_every=m.get("sync_every", 1),
                    evidence=m.get("evidence", b""), refused=m.get("refused", False),
-                   also=tuple(peer_from_bytes("also", p) for p in m.get("also", ())))
+                   also=tuple(peer_from_bytes("also", p) for p in m.get("also", ())), mfu=m.get("mfu"))
 
 
 Record = PeerRecord | LinksRecord | PlanRecord | ProgressRecord
