@@ -87,6 +87,7 @@ from p2ptrain.planning import (
     make_objective,
     megatron_assignment,
 )
+from p2ptrain.planning.model_shapes import MODEL_PRESETS
 from p2ptrain.planning.scenarios import NAMED_SCENARIOS
 from p2ptrain.planning.simulated import StepProfile, StepWorkload, step_period
 from p2ptrain.runtime.wire import WIRE_FORMATS
@@ -580,6 +581,8 @@ def write_results(reports: list[dict[str, Any]], out_dir: Path, stem: str) -> li
               help=f"Emulated seconds per network second.  [default: Megatron's order takes {TARGET_STEP_S:g} s "
                    "of communication]")
 @click.option("--micro-batches", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--model", type=click.Choice(list(MODEL_PRESETS)), default="tiny", show_default=True,
+              help="The model preset every swarm trains (its recipe; the planner prices its layers).")
 @click.option("--compute-scale", type=click.FloatRange(min=1),
               help="Play every device this many times slower than this machine's core, and (unless "
                    "--time-scale is given) the network alike: the same world in slow motion, in which more "
@@ -601,7 +604,7 @@ def write_results(reports: list[dict[str, Any]], out_dir: Path, stem: str) -> li
                    "(megatron: the same placement in every setting's swarm; must be among --plans).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON document on stdout.")
 def command(scenario: str, agents: int, stages: int, steps: int, time_scale: float | None, micro_batches: int,
-            compute_scale: float | None, plans: str, seed: int, out_dir: str, workdir: str | None,
+            model: str, compute_scale: float | None, plans: str, seed: int, out_dir: str, workdir: str | None,
             settings: str, settings_plan: str, as_json: bool) -> None:  # fmt: skip
     """One emulated network end to end: scheduled plan, Megatron's order, random; measured beside predicted."""
     from p2ptrain.lifecycle import StopSignal
@@ -609,7 +612,7 @@ def command(scenario: str, agents: int, stages: int, steps: int, time_scale: flo
     if agents % stages:
         raise ValueError(f"--agents {agents} is not a multiple of --stages {stages}")
     config = E2EConfig(scenario=scenario, agents=agents, stages=stages, steps=steps, time_scale=time_scale,
-                       micro_batches=micro_batches, compute_scale=compute_scale, seed=seed, workdir=workdir,
+                       micro_batches=micro_batches, model=model, compute_scale=compute_scale, seed=seed, workdir=workdir,
                        plans=tuple(p.strip() for p in plans.split(",") if p.strip()),
                        settings=tuple(s.strip() for s in settings.split(",") if s.strip()),
                        settings_plan=settings_plan)  # fmt: skip
