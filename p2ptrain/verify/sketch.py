@@ -130,18 +130,21 @@ def sketch_many(xs: Sequence[torch.Tensor], seed: int, rows: int = SKETCH_ROWS, 
         return []
     if device is not None and torch.device(device).type != "cpu":
         return _sketch_on(xs, seed, rows, offset, torch.device(device))
-    values = [x.detach().to("cpu", torch.float64).numpy() for x in xs]
-    if not all(np.isfinite(v).all() for v in values):
-        raise ValueError("sketch of a vector with NaN or infinite values")
+    # as they are (bincount sums its weights in float64 whatever their float type: the same sums without a
+    # float64 copy of every vector); half-precision types have no numpy twin and widen to float32, exactly
+    values = [x.detach().to("cpu", x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32).numpy()
+              for x in xs]  # fmt: skip
     planes = -(-rows // 8)
     out = np.zeros((len(values), planes, 8))
     for start in range(0, values[0].size, CHUNK):
         count = min(CHUNK, values[0].size - start)
         words = _words(seed, offset + start, count).view(np.uint8).reshape(count, 8)
+        columns = np.ascontiguousarray(words[:, :planes].T)  # byte p of each word: the signs of rows 8p … 8p + 7
         for plane in range(planes):
-            column = np.ascontiguousarray(words[:, plane])  # one byte of each word: the signs of 8 rows
             for i, v in enumerate(values):
-                out[i, plane] += np.bincount(column, weights=v[start: start + count], minlength=256) @ _SIGNS
+                out[i, plane] += np.bincount(columns[plane], weights=v[start: start + count], minlength=256) @ _SIGNS
+    if not np.isfinite(out).all():  # a NaN or an infinity anywhere in a vector reaches its sketch's sums
+        raise ValueError("sketch of a vector with NaN or infinite values")
     return [torch.from_numpy(o.reshape(-1)[:rows].copy()) for o in out]
 
 

@@ -176,3 +176,12 @@ def test_sketches_of_several_vectors_with_one_seed_are_each_ones_sketch(device):
         sketch_many([torch.zeros(3), torch.tensor([0.0, float("inf"), 1.0])], 1)
     with pytest.raises(ValueError, match="1-D float"):
         sketch_many([torch.zeros(3), torch.zeros(3, dtype=torch.int64)], 1)
+
+
+def test_a_sketch_is_the_same_bits_as_every_earlier_version_made():
+    # peers of different versions check each other's sketches: the bits of a sketch are part of the protocol
+    # (these were made by the implementation before sketches read float32 vectors without a float64 copy)
+    x = torch.sin(torch.arange(200_000, dtype=torch.float32))
+    got = sketch(x, 2026, rows=4, offset=70_000).tolist()
+    assert got == [float.fromhex(h) for h in ("-0x1.2f12274984780p+7", "0x1.735c5b627b140p+8",
+                                              "-0x1.dcb3f48360180p+7", "-0x1.6b1c30d26bf80p+7")]  # fmt: skip
