@@ -1,8 +1,8 @@
 """Warm copies of every stage on another peer: who keeps them, how often, and their transfer.
 
 Why: a plan with one replica per stage (few peers, or after losses) has a single copy of each stage's
-training state; losing that peer used to restart the run from step 0 unless every agent shared a disk.
-Now every plan names, per stage, a *backup* peer outside the stage's group (spares first: they are idle),
+training state; losing that peer would restart the run from step 0 unless every agent shared a disk.
+So every plan names, per stage, a *backup* peer outside the stage's group (spares first: they are idle),
 and the stage's replica 0 sends it the stage's state (parameters and AdamW moments) every
 ``backup_every`` steps, in the background, plus the state the epoch starts from. The leader's restart point
 (``restart.restart_point``) counts those copies, so a stage whose every replica is lost restarts from its

@@ -200,7 +200,7 @@ def culpable_leader(plan: PlanRecord, progress: Mapping[str, ProgressRecord], bl
     if own is not None and own.refused and own.blame is not None:
         void |= {own.blame, *own.also}  # caught by the leader's own check: its word against the leader's does not count
     # refused by another member's check: its word is contested by its finder's, and cannot pass the leader over
-    # while it stands accused (a member caught by a non-leader that blames the leader back, issue 45's campaign)
+    # while it stands accused (a member caught by a non-leader that blames the leader back)
     void |= {p for r in halted.values() if r.refused and r.blame is not None for p in (r.blame, *r.also)} - {plan.leader}
     halted = {p: r for p, r in halted.items() if p not in void}
     edges = {p: r.blame for p, r in halted.items() if r.blame in plan.membership and r.blame != p}
