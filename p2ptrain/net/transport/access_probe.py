@@ -14,11 +14,16 @@ several run at once. For each direction, over the k fastest peers by their pair 
    the round trip).
 3. A path whose flow of T would exceed the per-flow budget is left out: faster than the budget measures.
    The aggregate: the others all at once, each flow n_i = b_i × T (scaled down alike to the total budget);
-   D = max_i (delay_i − floor_i), the smallest of ``tries`` (the least disturbed), A = Σ n_i / D.
+   D = max_i (delay_i − floor_i), the smallest of ``tries`` (the least disturbed), A = Σ n_i / D. A flow that
+   went ``UNDERSTATED`` times faster at once than its path alone shows that single was disturbed: it is
+   measured again (the larger rate kept), and the flows at once after it.
 4. ``estimate_access`` (pure): without a shared bottleneck the flows end when the slowest alone would,
    D ≈ D₀ = max_i n_i / b_i, and A ≈ Σ n_i / D₀ (Σ b_i when every flow takes T): the line carries at least
    that, but how much more is not measured, so the answer is *unknown*. When A is at most ``shared_share`` ×
-   Σ n_i / D₀, the flows queued in something they share: not the peers' lines (each carries one flow, and its
+   Σ n_i / D₀, and each flow too kept at most that share of its own pace alone (the mean over the flows of
+   (n_i / b_i) / delay_i, in the try where it is highest: a line they share slows every flow, while a
+   moment's disturbance of one flow — another process on a busy CPU — slows that one and, through D, A), the
+   flows queued in something they share: not the peers' lines (each carries one flow, and its
    single b_i already had it) but ours; the line carried A with the flows keeping it busy, and each b_i
    alone, so its capacity is max(A, max b_i). Fewer than ``min_peers`` peers, or an A below
    ``disturbed_share`` × max b_i (slower than one path alone: the measurement was disturbed), is unknown
@@ -37,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import statistics
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from contextlib import AsyncExitStack
@@ -54,6 +60,7 @@ logger = logging.getLogger(__name__)
 
 BITS_PER_BYTE = 8
 MIN_SERIAL_S = 1e-6  # a transfer faster than this is below what we can time
+UNDERSTATED = 1.25  # a flow at once this much faster than its path alone: that single was disturbed
 T = TypeVar("T")
 
 
@@ -109,29 +116,43 @@ class AccessEstimate:
 
 
 def estimate_access(
-    singles_bytes_per_s: Sequence[float], sizes_bytes: Sequence[int], aggregate_s: Sequence[float],
+    singles_bytes_per_s: Sequence[float], sizes_bytes: Sequence[int], flows_s: Sequence[Sequence[float]],
     config: AccessConfig,
 ) -> AccessEstimate:
     """The line's capacity from each path's rate alone (b_i), the bytes each flow carried at once (n_i) and how
-    long all of them took at once (D, each try's), or unknown; the rule is the module docstring's step 4."""
+    long each flow took at once (``flows_s``: per try, one delay per flow; D is a try's longest), or unknown;
+    the rule is the module docstring's step 4."""
     if len(singles_bytes_per_s) < config.min_peers:
         return AccessEstimate(None, f"{len(singles_bytes_per_s)} peers measured, fewer than {config.min_peers}")
     if len(sizes_bytes) != len(singles_bytes_per_s):
         raise ValueError(f"{len(sizes_bytes)} flow sizes for {len(singles_bytes_per_s)} paths")
-    if not aggregate_s:
+    if any(len(delays) != len(sizes_bytes) for delays in flows_s):
+        raise ValueError(f"a try of the flows at once has not one delay for each of the {len(sizes_bytes)} flows")
+    if not flows_s:
         return AccessEstimate(None, "no aggregate measured")
-    alone_s = max(n / b for n, b in zip(sizes_bytes, singles_bytes_per_s, strict=True))
+    alone = [n / b for n, b in zip(sizes_bytes, singles_bytes_per_s, strict=True)]
     total_bytes, fastest = sum(sizes_bytes), max(singles_bytes_per_s)
-    aggregate = total_bytes / max(min(aggregate_s), MIN_SERIAL_S)
-    share = aggregate / (total_bytes / alone_s)
+    aggregate = total_bytes / max(min(max(delays) for delays in flows_s), MIN_SERIAL_S)
+    share = aggregate / (total_bytes / max(alone))
+    # each flow's own pace at once against its pace alone, in the least disturbed try: a line they share slows
+    # every flow; a moment's disturbance, one of them (which the slowest flow's D alone would take for a line)
+    each = max(statistics.fmean(a / max(d, MIN_SERIAL_S) for a, d in zip(alone, delays, strict=True))
+               for delays in flows_s)  # fmt: skip
     flows = len(singles_bytes_per_s)
-    if share > config.shared_share:
+    if share > config.shared_share or each > config.shared_share:
         return AccessEstimate(None, f"no shared bottleneck: {flows} flows at once carried {share:.0%} of their "
-                                    "rates alone")  # fmt: skip
+                                    f"rates alone, each flow {each:.0%} of its own")  # fmt: skip
     if aggregate < config.disturbed_share * fastest:
         return AccessEstimate(None, f"disturbed: the flows at once carried {aggregate / fastest:.0%} of the "
                                     "fastest path alone")  # fmt: skip
     return AccessEstimate(max(aggregate, fastest), f"{flows} flows at once carried {share:.0%} of their rates alone")
+
+
+def understated_singles(singles_bytes_per_s: Sequence[float], sizes_bytes: Sequence[int],
+                        flows_s: Sequence[Sequence[float]]) -> list[int]:  # fmt: skip
+    """The paths whose flow went ``UNDERSTATED`` times faster at once (in some try) than their single said."""
+    return [i for i, b in enumerate(singles_bytes_per_s)
+            if max(sizes_bytes[i] / max(delays[i], MIN_SERIAL_S) for delays in flows_s) > UNDERSTATED * b]  # fmt: skip
 
 
 class _Stopped(Exception):
@@ -207,17 +228,27 @@ class _Run:
         singles = [singles[i] for i in kept]
         sessions, floors = [self.sessions[i] for i in kept], [floors[i] for i in kept]
         sizes = self._sizes(singles, flow_s, direction)
-        aggregate_s = []
-        for _ in range(config.tries):
-            serial = await _all([self._timed(s, direction, n, f)
-                                 for s, n, f in zip(sessions, sizes, floors, strict=True)])  # fmt: skip
-            aggregate_s.append(max(serial))
-        estimate = estimate_access(singles, sizes, aggregate_s, config)
+        flows_s = await self._at_once(sessions, direction, sizes, floors)
+        if understated := understated_singles(singles, sizes, flows_s):  # a flow went faster at once than its path alone: a disturbed single (a busy CPU), whose
+            # small flow would hide a line the others share; measured again, and the flows at once after it
+            logger.info("%s: path(s) %s alone measured slower than at once; measuring them again", direction.value,
+                        ", ".join(str(i) for i in understated))  # fmt: skip
+            for i in understated:
+                singles[i] = max(singles[i], await self._single(sessions[i], direction, floors[i], flow_s))
+            sizes = self._sizes(singles, flow_s, direction)
+            flows_s = await self._at_once(sessions, direction, sizes, floors)
+        estimate = estimate_access(singles, sizes, flows_s, config)
         logger.info("%s: %s (paths alone %s Mbit/s, at once %s Mbit/s, flows of %.2f s): %s", direction.value,
                     "unknown" if estimate.gbps is None else f"{estimate.gbps * 1e3:.2f} Mbit/s",
                     "/".join(f"{b * 8 / 1e6:.1f}" for b in singles),
-                    "/".join(f"{sum(sizes) / d * 8 / 1e6:.1f}" for d in aggregate_s), flow_s, estimate.reason)  # fmt: skip
+                    "/".join(f"{sum(sizes) / max(d) * 8 / 1e6:.1f}" for d in flows_s), flow_s, estimate.reason)  # fmt: skip
         return estimate
+
+    async def _at_once(self, sessions: Sequence[ProbeSession], direction: Direction, sizes: Sequence[int],
+                       floors: Sequence[float]) -> list[list[float]]:  # fmt: skip
+        """``tries`` rounds of every flow at once (module docstring, step 3): each flow's delay, per round."""
+        return [await _all([self._timed(s, direction, n, f) for s, n, f in zip(sessions, sizes, floors, strict=True)])
+                for _ in range(self.config.tries)]  # fmt: skip
 
     def _cap(self, direction: Direction) -> int:
         """The most one flow carries: a push, ``max_transfer_bytes``; a pull, also the peer's reply limit (ours)."""
