@@ -338,6 +338,9 @@ def main(seeds: int, quick: bool, only: tuple[str, ...], resume: bool, as_json: 
             click.echo(f"{c.name:<54} {c.seeds(seeds, quick):>2} seeds  {c.agents} agents, rogues {list(c.rogues)}, "
                        f"{dict(c.settings)}")  # fmt: skip
         return
+    # SIGTERM unwinds like Ctrl-C: the running swarm's process group stops its agents, their DHT processes and
+    # daemons (without this they outlived the campaign); the seed in flight is not written, --resume redoes it
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     out.parent.mkdir(parents=True, exist_ok=True)
     rows = {(r["cell"], r["seed"]): r for r in read_rows(out)} if resume else {}
     todo = [(c, s) for c in cells for s in range(c.seeds(seeds, quick)) if (c.name, s) not in rows]
