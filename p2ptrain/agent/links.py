@@ -14,11 +14,11 @@ measurements, or one more than that as a best guess), or last measured ``refresh
 links are known idles instead of probing without end: on a home uplink each probe's transfers would
 compete with everything else, and on one machine the probes of a waiting swarm took a core.
 
-Once every current peer's link is measured well enough, and at least ``access.min_peers`` are, the prober
+Once every current peer's link is measured well enough, and at least ``links.access.min_peers`` are, the prober
 measures this agent's own line (``net.transport.access_probe``: several flows at once against each alone)
 over the fastest of them, unless told not to (``measure_access``: the agent turns it off when the line is
-declared or emulated). Again after ``access.refresh_s``, 30 s after a failure, or sooner when more peers
-came than the last measurement had (up to ``access.max_peers``). The first one goes before the row that
+declared or emulated). Again after ``links.access.refresh_s``, 30 s after a failure, or sooner when more peers
+came than the last measurement had (up to ``links.access.max_peers``). The first one goes before the row that
 covers every peer is published: the leader plans once every row covers the others, and should know our line
 by then. A direction it finds replaces the one
 known; an unknown one leaves it (it only says that this measurement could not tell). ``on_access`` gets the

@@ -12,8 +12,8 @@ numpy, scipy and networkx only; no torch, hivemind, asyncio, clock or global RNG
   paper's five networks.
 - ``workload``: the bytes crossing a stage boundary and all-reduced per stage; ``layers``: the workload per
   layer; ``model_shapes``: the presets' dimensions; ``split``: layer splits.
-- ``cost``: the paper's cost model; ``simulated``: the runtime's step time; ``wire_model``: what the
-  runtime's settings do to a step; ``objectives``: both by name.
+- ``cost``: the paper's cost model; ``simulated/``: the runtime's step time (derived in
+  ``docs/simulated.md``); ``wire_model``: what the runtime's settings do to a step; ``objectives``: both by name.
 - ``scheduler``: ``schedule``, the entry point; ``strategies``: the search methods by name; ``search``: the
   partition search; ``clustered``: the default search on the network's structure; ``starts``: where it
   starts; ``path`` and ``matching``: the stage order and one hop's cost; ``gcma``: the paper's scheduler;

@@ -1,6 +1,6 @@
 """Plans for mixed devices: the layer split and the assignment chosen together, under memory limits.
 
-The objective is the ``simulated`` step time (``simulated.py``) with compute: stage j's forward, backward
+The objective is the ``simulated`` step time (``planning.simulated``) with compute: stage j's forward, backward
 and update are its blocks' (plus the embeddings on stage 0, the head on the last), on a device of the
 profile's reference speed; a device of ``tflops`` takes reference/tflops times as long, and a stage's
 replicas wait for each other in the all-reduce, so the slowest replica paces its stage. Gradients are

@@ -22,7 +22,7 @@ def refine_assignment(objective: Objective, assignment: np.ndarray) -> np.ndarra
 
 def make_objective(name: str, cluster: Cluster, workload: Workload, num_stages: int) -> Objective:
     """The objective called ``name``: "dtfm" (the paper's communication cost, above) or "simulated" (the
-    step time of our runtime, ``simulated.py``; its workload may be a ``StepWorkload`` with a step profile)."""
+    step time of our runtime, ``planning.simulated``; its workload may be a ``StepWorkload`` with a step profile)."""
     if name == "dtfm":
         return DtfmObjective(cluster, workload, num_stages)
     if name == "simulated":
