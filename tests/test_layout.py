@@ -123,11 +123,7 @@ def test_the_check_leaves_out_annotation_only_imports(tmp_path):
 MAX_FUNCTION_LINES, MAX_CLASS_LINES = 80, 400
 OVERSIZED = {
     "p2ptrain/cli/train.py:command": 122,
-    "p2ptrain/runtime/reference.py:train_reference": 105,
-    "p2ptrain/net/dht/plan_record.py:PlanRecord.__post_init__": 91,
-    "p2ptrain/planning/joint.py:schedule_layered": 90,
     "p2ptrain/agent/epoch.py:_run_epoch": 86,
-    "p2ptrain/planning/scheduler.py:schedule": 84,
     "p2ptrain/agent/leadership/leader.py:Leader._publish_plan": 84,
     "p2ptrain/agent/agent.py:Agent": 771,
     "p2ptrain/agent/leadership/leader.py:Leader": 750,

@@ -276,12 +276,7 @@ def schedule_layered(
               _grouped(np.lexsort((-joint.cap, joint.slow)), num_stages), *_memory_starts(joint),
               megatron_assignment(n, num_stages)]
     starts = [x for x in starts if x is not None]
-    best: _Found | None = None
-    for sigma in starts:  # every start as it is, at the even split (so the plan is never worse than these)
-        if joint.fits(sigma, even):
-            c = joint.cost(sigma, even)
-            if best is None or c < best.cost_s:
-                best = _Found(sigma, even, c)
+    best = _best_as_they_are(joint, starts)
     budget = MAX_JOINT_EVALUATIONS // (len(starts) + 1)
 
     def opening(sigma: np.ndarray) -> float:  # a start's step at its balanced split: the best go first
@@ -303,15 +298,7 @@ def schedule_layered(
     objective = joint.objective(best.layers)
     pipelines = best.sigma[np.argsort(best.sigma[:, 0], kind="stable")]
     cost = objective.evaluate(pipelines if cluster.has_access_links else best.sigma)  # rank order orders shards
-    even_objective = joint.objective(even)
-    baselines: dict[str, CostBreakdown] = {"megatron": even_objective.evaluate(megatron_assignment(n, num_stages))}
-    if comm_only is not None:
-        baselines["communication_only"] = even_objective.evaluate(comm_only)
-    samples = [even_objective.evaluate(random_assignment(n, num_stages, baseline_rng)) for _ in range(100)]  # fits or not
-    baselines["random"] = CostBreakdown(*(float(np.mean([getattr(c, k) for c in samples]))
-                                          for k in ("cost_s", "data_parallel_s", "pipeline_s")))
-    unfit = [name for name, sigma in (("megatron", megatron_assignment(n, num_stages)),
-                                      ("communication_only", comm_only)) if sigma is not None and not joint.fits(sigma, even)]
+    baselines, unfit = _baselines(joint, comm_only, baseline_rng)
     seconds = clock() - start_time if clock and start_time is not None else None
     log.info("planned %d devices in %d stages with layers %s: %.3f s/step (%d simulations)", n, num_stages,
              [b - a for a, b in best.layers], cost.cost_s, joint.evaluations)
@@ -322,6 +309,34 @@ def schedule_layered(
                            stopped_by="time budget" if out_of_time() else "converged"),
         layers=best.layers, stage_memory_gb=joint.costs.memory(best.layers),
         wire=workload.step.wire or workload.wire, schedule=workload.step.schedule, unfit_baselines=tuple(unfit))
+
+
+def _best_as_they_are(joint: _Joint, starts: list[np.ndarray]) -> _Found | None:
+    """The best of ``starts`` as they are, at the even split (so the plan is never worse than these)."""
+    best: _Found | None = None
+    for sigma in starts:
+        if joint.fits(sigma, joint.even):
+            c = joint.cost(sigma, joint.even)
+            if best is None or c < best.cost_s:
+                best = _Found(sigma, joint.even, c)
+    return best
+
+
+def _baselines(joint: _Joint, comm_only: np.ndarray | None, rng: np.random.Generator
+               ) -> tuple[dict[str, CostBreakdown], list[str]]:
+    """The baselines at the even split (Megatron's order, the communication-only plan, the mean of 100 random
+    assignments, fit or not), and which of the first two do not fit the devices' memory."""
+    n, num_stages, even = joint.cluster.num_devices, joint.num_stages, joint.even
+    even_objective = joint.objective(even)
+    baselines: dict[str, CostBreakdown] = {"megatron": even_objective.evaluate(megatron_assignment(n, num_stages))}
+    if comm_only is not None:
+        baselines["communication_only"] = even_objective.evaluate(comm_only)
+    samples = [even_objective.evaluate(random_assignment(n, num_stages, rng)) for _ in range(100)]
+    baselines["random"] = CostBreakdown(*(float(np.mean([getattr(c, k) for c in samples]))
+                                          for k in ("cost_s", "data_parallel_s", "pipeline_s")))
+    unfit = [name for name, sigma in (("megatron", megatron_assignment(n, num_stages)),
+                                      ("communication_only", comm_only)) if sigma is not None and not joint.fits(sigma, even)]
+    return baselines, unfit
 
 
 def _share_of(remaining: Callable[[], float | None], parts: int, clock: Callable[[], float] | None,

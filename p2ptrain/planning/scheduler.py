@@ -16,8 +16,9 @@ from collections.abc import Callable
 import numpy as np
 
 from p2ptrain.planning.baselines import megatron_assignment, random_cost
-from p2ptrain.planning.canonical import canonical_order
+from p2ptrain.planning.canonical import CanonicalOrder, canonical_order
 from p2ptrain.planning.cluster import Cluster
+from p2ptrain.planning.cost import Objective
 from p2ptrain.planning.exhaustive import MAX_DEVICES, solve_exhaustive
 from p2ptrain.planning.gcma import GcmaConfig
 from p2ptrain.planning.joint import schedule_layered
@@ -75,22 +76,14 @@ def schedule(
                                                "search": search, "gcma": gcma})
     start = clock() if clock else None
     search_rng, baseline_rng = rng.spawn(2)
-
+    out_of_time = None
+    if time_budget_s is not None:
+        assert clock is not None and start is not None
+        out_of_time = lambda: clock() - start > time_budget_s  # noqa: E731
     canon = canonical_order(cluster)
     obj = make_objective(objective, cluster.permuted(canon.order), workload, num_stages)
-    if n <= exhaustive_max_devices:
-        exact = solve_exhaustive(obj)
-        sigma, evaluations, method, stopped_by = exact.assignment, exact.partitions, "exhaustive", "converged"
-    elif num_stages == 1:  # one group of every device: nothing to search (the partition search needs two)
-        sigma, evaluations, method, stopped_by = canon.inverse[megatron_assignment(n, 1)], 1, "exhaustive", "converged"
-    else:
-        out_of_time = None
-        if time_budget_s is not None:
-            assert clock is not None and start is not None
-            out_of_time = lambda: clock() - start > time_budget_s  # noqa: E731
-        found = run_search(search, obj, cluster.permuted(canon.order), workload, canon.twin_class, search_rng,
-                           config, out_of_time, gcma)
-        sigma, evaluations, method, stopped_by = found.assignment, found.evaluations, search, found.stopped_by
+    sigma, evaluations, method, stopped_by = _search(obj, cluster.permuted(canon.order), workload, canon, search_rng,
+                                                     search, config, exhaustive_max_devices, out_of_time, gcma)
     sigma = refine_assignment(obj, sigma)  # the simulated objective re-orders stages under its exact cost
     if cluster.has_access_links:  # the plan's pipeline order is the groups' rank order, which orders their shards
         sigma = sigma[np.argsort(canon.order[sigma][:, 0], kind="stable")]
@@ -115,3 +108,18 @@ def schedule(
         search=SearchStats(seed=seed, evaluations=int(evaluations), seconds=seconds, method=method,
                            stopped_by=stopped_by, fallback=fallback),
     )
+
+
+def _search(obj: Objective, cluster: Cluster, workload: Workload, canon: CanonicalOrder, rng: np.random.Generator,
+            search: str, config: SearchConfig, exhaustive_max_devices: int, out_of_time: Callable[[], bool] | None,
+            gcma: GcmaConfig | None) -> tuple[np.ndarray, int, str, str]:
+    """The assignment of ``cluster`` (in canonical order) the search finds, with its evaluations, its method and
+    what stopped it: the exact solver up to ``exhaustive_max_devices``, one group for one stage, else ``search``."""
+    n = cluster.num_devices
+    if n <= exhaustive_max_devices:
+        exact = solve_exhaustive(obj)
+        return exact.assignment, exact.partitions, "exhaustive", "converged"
+    if obj.num_stages == 1:  # one group of every device: nothing to search (the partition search needs two)
+        return canon.inverse[megatron_assignment(n, 1)], 1, "exhaustive", "converged"
+    found = run_search(search, obj, cluster, workload, canon.twin_class, rng, config, out_of_time, gcma)
+    return found.assignment, found.evaluations, search, found.stopped_by

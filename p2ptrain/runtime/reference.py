@@ -171,6 +171,38 @@ class Replan:
     layers: tuple[tuple[int, int], ...] | None = None
 
 
+def _replans_in_order(cfg: TrainConfig, replans: Sequence[Replan]) -> list[Replan]:
+    """``replans`` in step order, each checked: DiLoCo runs only, at a round's end within the run."""
+    pending = sorted(replans, key=lambda r: r.start_step)
+    if pending and cfg.sync != "diloco":
+        raise ValueError("replans are replayed for DiLoCo runs only (every-step runs do not depend on the plan)")
+    for replan in pending:
+        if not cfg.committed(replan.start_step) or replan.start_step >= cfg.steps:
+            raise ValueError(f"a re-plan at step {replan.start_step} is not at a round's end of the run")
+    return pending
+
+
+def _inner_step(cfg: TrainConfig, step: int, batch: torch.Tensor, tokens_per_batch: int, models: list[GPT],
+                optimizers: list[torch.optim.Optimizer]) -> tuple[float, float | None]:
+    """One optimizer step of every model on ``batch``: every-step, one model summing every replica's shard;
+    DiLoCo, each replica's model on its own shard. The mean loss, and replica 0's gradient norm when clipping
+    (each pipeline clips by its own)."""
+    step_loss, norms, replicas = 0.0, [], len(models)
+    for replica, (model, optimizer) in enumerate(zip(models, optimizers, strict=True)):
+        if cfg.sync == "diloco":  # its own run: its shard, the mean over the shard's tokens
+            step_loss += accumulate_gradients(model, shard_of(batch, replica, replicas), 1, cfg.micro_batches,
+                                              tokens_per_batch // replicas)
+        else:
+            step_loss += accumulate_gradients(model, batch, cfg.replicas, cfg.micro_batches, tokens_per_batch)
+        if cfg.optimizer.clip > 0:
+            scale = model.loss_scaler.scale if model.loss_scaler is not None else 1.0
+            norms.append(clip_gradients(list(model.parameters()), cfg.optimizer.clip, scale))
+        set_lr(optimizer, cfg.optimizer.lr_at(step, cfg.steps))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return step_loss / replicas, (norms[0] if norms else None)
+
+
 def train_reference(cfg: TrainConfig, on_step: Callable[[StepReport], None] | None = None,
                     stop_after: int | None = None, replans: Sequence[Replan] = ()) -> TrainResult:
     """Train ``cfg.steps`` steps in this process (only the first ``stop_after`` of them, at the rates of the whole
@@ -184,13 +216,7 @@ def train_reference(cfg: TrainConfig, on_step: Callable[[StepReport], None] | No
     val_losses: list[tuple[int, float]] = []
     grad_norms: list[float] = []
     diloco = cfg.sync == "diloco"
-    pending = sorted(replans, key=lambda r: r.start_step)
-    if pending and not diloco:
-        raise ValueError("replans are replayed for DiLoCo runs only (every-step runs do not depend on the plan)")
-    for replan in pending:
-        if not cfg.committed(replan.start_step) or replan.start_step >= cfg.steps:
-            raise ValueError(f"a re-plan at step {replan.start_step} is not at a round's end of the run")
-    replicas = cfg.replicas
+    pending = _replans_in_order(cfg, replans)
     with torch_settings(cfg.num_threads, cfg.deterministic):
         # every-step: one model sums every replica's shard; DiLoCo: one model per replica, each on its shard
         models = [GPT(cfg.shape, seed=cfg.seed, device=device, precision=cfg.precision,
@@ -208,45 +234,22 @@ def train_reference(cfg: TrainConfig, on_step: Callable[[StepReport], None] | No
         in_flight: dict[int, list[torch.Tensor]] = {}
         correct_at: dict[int, int] = {}
         model = models[0]
-        logger.info(
-            "training %s (%d parameters) on %s: %d steps of %d sequences × %d tokens, %d replica(s) × %d micro-batch(es)%s",
-            cfg.model,
-            model.num_parameters(),
-            device,
-            cfg.steps,
-            cfg.global_batch_size,
-            cfg.shape.seq_len,
-            cfg.replicas,
-            cfg.micro_batches,
-            f", DiLoCo rounds of {cfg.diloco.inner_steps}" if diloco else "",
-        )
+        logger.info("training %s (%d parameters) on %s: %d steps of %d sequences × %d tokens, %d replica(s) × %d "
+                    "micro-batch(es)%s", cfg.model, model.num_parameters(), device, cfg.steps, cfg.global_batch_size,
+                    cfg.shape.seq_len, cfg.replicas, cfg.micro_batches,
+                    f", DiLoCo rounds of {cfg.diloco.inner_steps}" if diloco else "")  # fmt: skip
         for step in range(cfg.steps if stop_after is None else min(stop_after, cfg.steps)):
             while pending and pending[0].start_step == step:
                 for f in sorted(in_flight):  # ``overlap``: the restarted state is the one its means complete
                     outer.advance(in_flight.pop(f), parts[f])
                 outer.reset(list(models[0].parameters()))  # a restart starts from the anchors (every fragment's)
                 models, optimizers = _replay(pending.pop(0), models, optimizers, cfg)
-                replicas, outer.params = len(models), list(models[0].parameters())
+                outer.params = list(models[0].parameters())
                 starts.clear()
                 feedbacks = [[ErrorFeedback(codec) for _ in models] for _ in parts]  # executors start afresh
             started = time.perf_counter()
-            batch = data.global_batch(step)
-            step_loss, norms = 0.0, []
-            for replica, (model, optimizer) in enumerate(zip(models, optimizers, strict=True)):
-                if diloco:  # its own run: its shard, the mean over the shard's tokens
-                    step_loss += accumulate_gradients(model, shard_of(batch, replica, replicas), 1,
-                                                      cfg.micro_batches, data.tokens_per_batch // replicas)
-                else:
-                    step_loss += accumulate_gradients(model, batch, cfg.replicas, cfg.micro_batches,
-                                                      data.tokens_per_batch)
-                if cfg.optimizer.clip > 0:
-                    scale = model.loss_scaler.scale if model.loss_scaler is not None else 1.0
-                    norms.append(clip_gradients(list(model.parameters()), cfg.optimizer.clip, scale))
-                set_lr(optimizer, cfg.optimizer.lr_at(step, cfg.steps))
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-            loss = step_loss / len(models)
-            grad_norm = norms[0] if norms else None  # DiLoCo: replica 0's (each pipeline clips by its own)
+            loss, grad_norm = _inner_step(cfg, step, data.global_batch(step), data.tokens_per_batch, models,
+                                          optimizers)
             if grad_norm is not None:
                 grad_norms.append(grad_norm)
             if outer is not None:

@@ -101,6 +101,13 @@ class PlanRecord(RecordEnvelope):
     kind: ClassVar[RecordKind] = RecordKind.PLAN
 
     def __post_init__(self) -> None:
+        self._check_slots()
+        self._check_origins()
+        self._check_pairs()
+        self._check_settings()
+
+    def _check_slots(self) -> None:
+        """Epoch, members, the stage × replica grid and the pipelines' member indices."""
         set_field(self, "epoch", f.integer("epoch", self.epoch, 0, MAX_COUNTER))
         members = tuple(check_peer_id(p) for p in f.sequence("membership", self.membership, MAX_PLAN_PEERS))
         if not members or any(a >= b for a, b in zip(members, members[1:], strict=False)):
@@ -121,6 +128,10 @@ class PlanRecord(RecordEnvelope):
         if len(set(flat)) != len(flat):
             raise RecordError("a member holds two slots in pipelines")
         set_field(self, "pipelines", tuple(tuple(row) for row in rows))
+
+    def _check_origins(self) -> None:
+        """Costs, objective, start step, each stage's source, warm-copy holders and layer split."""
+        members = self.membership
         for name in ("cost_s", "data_parallel_s", "pipeline_s"):
             set_field(self, name, f.number(name, getattr(self, name), 0.0, MAX_COST_S))
         set_field(self, "objective", f.text("objective", self.objective, 32, pattern=IDENT_RE))
@@ -150,6 +161,10 @@ class PlanRecord(RecordEnvelope):
         if layers and len(layers) != self.stages:
             raise RecordError(f"layers must give one block count per stage ({self.stages}), got {len(layers)}")
         set_field(self, "layers", layers)
+
+    def _check_pairs(self) -> None:
+        """The baselines' (name, cost) and the slowdowns' (member, factor) pairs."""
+        members = self.membership
         baselines = []
         for pair in f.sequence("baselines", self.baselines, MAX_BASELINES):
             pair = f.sequence("baselines[i]", pair, 2)
@@ -168,6 +183,10 @@ class PlanRecord(RecordEnvelope):
         if len({i for i, _ in slowdowns}) != len(slowdowns):
             raise RecordError("slowdowns name a member twice")
         set_field(self, "slowdowns", tuple(sorted(slowdowns)))
+
+    def _check_settings(self) -> None:
+        """The run's settings the plan carries, the leader's index, probation and the pairs kept apart."""
+        members = self.membership
         for name in ("wire", "schedule"):
             value = getattr(self, name)
             set_field(self, name, "" if value == "" else f.text(name, value, 16, pattern=IDENT_RE))
