@@ -76,7 +76,7 @@ from p2ptrain.runtime.checkpoint import (
 )
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.executor import StepWaits
-from p2ptrain.runtime.session import StageTrainer
+from p2ptrain.runtime.session import StageTrainer, StepResult
 from p2ptrain.runtime.throughput import Throughput, throughput
 from p2ptrain.runtime.topology import Role, Topology
 from p2ptrain.verify.config import VerifyConfig
@@ -250,21 +250,10 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
             if kept is not None:
                 _checkpoint(ctx, cfg, role.stage, role.replica, kept)
                 _copy(plan, ctx, role.stage, role.replica, kept, trainer.module, sender)
-            sent_bytes, sync_every = ctx.transport.sent_bytes - sent_before, cfg.rounds.length
-            speed = throughput(cfg.shape, cfg.global_batch_size * cfg.shape.seq_len, result.step_time_s, ctx.peak,
-                               num_devices=len(topology.peers))  # the run's, with every trainer at our peak
-            record = ProgressRecord(plan.epoch, done, result.loss, result.step_time_s, compute_s=compute_s,
-                                    leader=plan.leader, sent_bytes=sent_bytes, sync_every=sync_every,
-                                    mfu=_speed(speed)["mfu"])  # fmt: skip
-            (ctx.heartbeat.flush if done == cfg.steps else ctx.heartbeat.beat)(record)  # the last: others wait for it
-            ctx.events.write("step", epoch=plan.epoch, step=done, loss=result.loss, step_time_s=result.step_time_s,
-                             stage=role.stage, replica=role.replica, compute_s=round(compute_s, 6),
-                             compute_cpu_s=round(compute_cpu_s, 6), between_s=round(between_s, 6),
-                             **_waits(result.waits), **_speed(speed), sent_bytes=sent_bytes,
-                             round=step // sync_every if sync_every > 1 else None,  # DiLoCo: the step's round
-                             verify_s=round(checked_s, 6) if verifier is not None else None)
-            logger.info("epoch %d step %d/%d%s (%.3f s, %.0f tokens/s)", plan.epoch, done, cfg.steps,
-                        "" if result.loss is None else f" loss {result.loss:.4f}", result.step_time_s, speed.tokens_per_s)
+            _report_step(plan, topology, role, cfg, ctx, step, result, _StepCosts(
+                compute_s=compute_s, compute_cpu_s=compute_cpu_s, between_s=between_s,
+                checked_s=checked_s if verifier is not None else None,
+                sent_bytes=ctx.transport.sent_bytes - sent_before))  # fmt: skip
     except HALTING_ERRORS as e:
         if ctx.stop.is_set():
             return EpochOutcome(False, done, tuple(losses))
@@ -280,6 +269,39 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
         return _halt(plan, ctx, done, None)
     ctx.set_status(IDLE, plan.epoch, done)
     return EpochOutcome(True, done, tuple(losses))
+
+
+@dataclass(frozen=True)
+class _StepCosts:
+    """What a step cost this agent beside its time: its own compute (wall and CPU), the time since the last step
+    ended (that step's aftermath), the checks' time in its hook (None without the sum check), its bytes sent
+    (its calls, its checkpoint's and copies')."""
+
+    compute_s: float
+    compute_cpu_s: float
+    between_s: float
+    checked_s: float | None
+    sent_bytes: int
+
+
+def _report_step(plan: PlanRecord, topology: Topology, role: Role, cfg: TrainConfig, ctx: EpochContext, step: int,
+                 result: StepResult, costs: _StepCosts) -> None:
+    """A finished step in the heartbeat's progress record, the events file and the log."""
+    done, sync_every = step + 1, cfg.rounds.length
+    speed = throughput(cfg.shape, cfg.global_batch_size * cfg.shape.seq_len, result.step_time_s, ctx.peak,
+                       num_devices=len(topology.peers))  # the run's, with every trainer at our peak
+    record = ProgressRecord(plan.epoch, done, result.loss, result.step_time_s, compute_s=costs.compute_s,
+                            leader=plan.leader, sent_bytes=costs.sent_bytes, sync_every=sync_every,
+                            mfu=_speed(speed)["mfu"])  # fmt: skip
+    (ctx.heartbeat.flush if done == cfg.steps else ctx.heartbeat.beat)(record)  # the last: others wait for it
+    ctx.events.write("step", epoch=plan.epoch, step=done, loss=result.loss, step_time_s=result.step_time_s,
+                     stage=role.stage, replica=role.replica, compute_s=round(costs.compute_s, 6),
+                     compute_cpu_s=round(costs.compute_cpu_s, 6), between_s=round(costs.between_s, 6),
+                     **_waits(result.waits), **_speed(speed), sent_bytes=costs.sent_bytes,
+                     round=step // sync_every if sync_every > 1 else None,  # DiLoCo: the step's round
+                     verify_s=round(costs.checked_s, 6) if costs.checked_s is not None else None)
+    logger.info("epoch %d step %d/%d%s (%.3f s, %.0f tokens/s)", plan.epoch, done, cfg.steps,
+                "" if result.loss is None else f" loss {result.loss:.4f}", result.step_time_s, speed.tokens_per_s)
 
 
 def _keep(ctx: EpochContext, cfg: TrainConfig, trainer: StageTrainer, done: int) -> int | None:

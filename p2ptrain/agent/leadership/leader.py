@@ -827,26 +827,7 @@ class Leader:
         self._next_epoch = planning.epoch + 1
         self._links_wait_since = self._join_links_since = None
         self._watch.reset()
-        baselines = ", ".join(f"{k} {v['cost_s']:.3f} s" for k, v in plan.get("baselines", {}).items())
-        search = plan.get("search") or {}
-        method = search.get("method", "?")
-        # a fixed order (strategy megatron or random) has no search time
-        how = (f"planned in {search['seconds']:.2f} s by the {method} search" if search.get("seconds") is not None
-               else f"placed in the {method} order")  # fmt: skip
-        logger.info("published plan epoch %d: predicted %.3f s/step (%s); pipelines %s; %s%s", planning.epoch,
-                    plan["cost_s"], baselines, plan["pipelines"], how,
-                    f" ({search['fallback']}'s order: the search did not beat it)" if search.get("fallback") else "")
-        self.events.write(
-            "plan", epoch=planning.epoch, plan=plan, devices=planning.devices, spares=planning.spares,
-            trigger=planning.trigger, cluster=planning.cluster.to_dict(), start_step=start_step,
-            sources=list(sources), replan=planning.replan.kind if planning.replan else None,
-            slowdowns=planning.slowdowns, settings=settings.plan_fields(self.config.train),
-            workload={"activation_gb": planning.workload.activation_gb, "gradient_gb": planning.workload.gradient_gb,
-                      **({"step": dataclasses.asdict(planning.workload.step)}
-                         if isinstance(planning.workload, StepWorkload) else {}),
-                      **({"layer_costs": dataclasses.asdict(planning.workload.costs)}
-                         if isinstance(planning.workload, LayeredWorkload) else {})},
-        )  # fmt: skip
+        _announce(self.events, self.config.train, planning, plan, start_step, sources)
 
     def _warm_copies(self, planning: _Planning, plan: dict[str, Any]) -> dict[str, Any]:
         """Who keeps each stage's warm copy, and how often (``leader.warm_copies``); the step time is the
@@ -890,3 +871,28 @@ class Leader:
                 return None  # a failure, not a join: the halted heartbeats will say where to restart
             sources.append(live[0])
         return join_start(seen, current.start_step, self.config.train.rounds), tuple(sources)
+
+
+def _announce(events: EventLog, train: TrainConfig, planning: _Planning, plan: dict[str, Any], start_step: int,
+              sources: Sequence[str]) -> None:
+    """The published plan in the log (prediction, baselines, how it was found) and in the events file."""
+    baselines = ", ".join(f"{k} {v['cost_s']:.3f} s" for k, v in plan.get("baselines", {}).items())
+    search = plan.get("search") or {}
+    method = search.get("method", "?")
+    # a fixed order (strategy megatron or random) has no search time
+    how = (f"planned in {search['seconds']:.2f} s by the {method} search" if search.get("seconds") is not None
+           else f"placed in the {method} order")  # fmt: skip
+    logger.info("published plan epoch %d: predicted %.3f s/step (%s); pipelines %s; %s%s", planning.epoch,
+                plan["cost_s"], baselines, plan["pipelines"], how,
+                f" ({search['fallback']}'s order: the search did not beat it)" if search.get("fallback") else "")
+    events.write(
+        "plan", epoch=planning.epoch, plan=plan, devices=planning.devices, spares=planning.spares,
+        trigger=planning.trigger, cluster=planning.cluster.to_dict(), start_step=start_step,
+        sources=list(sources), replan=planning.replan.kind if planning.replan else None,
+        slowdowns=planning.slowdowns, settings=settings.plan_fields(train),
+        workload={"activation_gb": planning.workload.activation_gb, "gradient_gb": planning.workload.gradient_gb,
+                  **({"step": dataclasses.asdict(planning.workload.step)}
+                     if isinstance(planning.workload, StepWorkload) else {}),
+                  **({"layer_costs": dataclasses.asdict(planning.workload.costs)}
+                     if isinstance(planning.workload, LayeredWorkload) else {})},
+    )  # fmt: skip
