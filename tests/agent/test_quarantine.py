@@ -205,7 +205,7 @@ def test_a_member_blamed_in_two_epochs_is_quarantined_though_it_halted():
     assert q.blame(D, 1) == 1 and q.held() == set()  # blamed once: an honest neighbour of a failure
     assert q.blame(D, 1) is None  # the same epoch's failure read again counts once
     clock.now = 100.0
-    assert q.blame(D, 2) == 2  # the caller quarantines it now (``Leader._count_blames``) ...
+    assert q.blame(D, 2) == 2  # the caller quarantines it now (``Judge.count_blames``) ...
     assert q.add(D, 2) == 60.0 and q.held() == {D}
     assert q.blame(D, 3) == 1  # ... and the count starts over
     clock.now = 100.0 + 301.0
@@ -368,7 +368,7 @@ def test_a_halt_missing_from_a_later_read_still_counts_and_the_wait_ends():
 
 
 def test_a_refusal_whose_evidence_did_not_hold_is_no_refusal_nor_are_the_others_it_named():
-    from p2ptrain.agent.leadership.leader import without_cleared
+    from p2ptrain.agent.leadership.judgement import without_cleared
 
     liar = dataclasses.replace(halted(4, blame=A), refused=True, also=(B, C), evidence=b"x")
     finder = dataclasses.replace(halted(4, blame=D), refused=True)

@@ -182,7 +182,7 @@ class ReplanWatch:
 def disputes_of(halted: Mapping[str, ProgressRecord], among: Collection[str]) -> tuple[tuple[str, str], ...]:
     """The pairs of ``among`` whose halted records refuse each other (``ProgressRecord.refused``, blame or
     ``also``) without evidence: word against word, one of the two lies (or its wire does) and nobody can say
-    which. Each pair sorted; evidence is judged apart (``Leader._judge_evidence``)."""
+    which. Each pair sorted; evidence is judged apart (``Judge.judge_evidence``)."""
     names = {p: {r.blame, *r.also} for p, r in halted.items() if r.refused and r.blame is not None and not r.evidence}
     return tuple(sorted({tuple(sorted((p, q))) for p, named in names.items() for q in named
                          if p in among and q in among and p in names.get(q, ())}))  # fmt: skip

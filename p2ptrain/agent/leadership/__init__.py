@@ -5,6 +5,11 @@
 - ``membership``: the live peers, from the verified peer records, and when to plan.
 - ``plan_maker``: records to cluster to plan record, and the warm-copy keepers (pure; followers rerun it).
 - ``leader``: ``Leader``, the leader's side: when a plan is due, the planner off the loop, the plan published.
+- ``judgement``: ``Judge``, the leader's judgement of a failure: evidence re-checked, blames counted, who is
+  quarantined, the compute each trainer showed.
+- ``watching``: ``Watching``, a follower's watch of the leader: when a plan is due, how long it may take,
+  passing it over.
+- ``pricing``: ``PlanPricing``, the workload a plan is priced with, the leader's and the followers' alike.
 - ``disputes``: the leader's judgement of disputes with bulk evidence, beside its loop.
 - ``plan_check``: a follower's checks of a plan, and passing over a leader that publishes none it accepts.
 - ``claims``: a device's compute claims, bounded by its calibration and replaced by what it shows.

@@ -5,7 +5,7 @@ statement that misdescribes a message of the all-reduce it accepted: the sketch 
 A finder's halted heartbeat announces its evidence (``verify.evidence``: a header in ``ProgressRecord.evidence``)
 and sends the bulk to the plan's leader (``agent.epoch``). ``Disputes.verdict`` starts the judgement of one
 (blamer, epoch) on a thread of its own the first time the leader reads the record, and answers None until it is
-done: the leader re-plans only once it knows whom the failure is on (``Leader._judge_evidence``). The bulk must
+done: the leader re-plans only once it knows whom the failure is on (``Judge.judge_evidence``). The bulk must
 arrive within ``[verify] evidence_timeout_s`` plus a second a MB, else the blame is the finder's word (the link
 may have failed, or this leader took over from the one the bulk went to), and announce no more bytes than the
 stage's parameters and a micro-batch's messages take (``verify.dispute.max_bulk_bytes``; a shard dispute: a shard

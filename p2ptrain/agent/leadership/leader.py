@@ -15,17 +15,18 @@ while an epoch trains from the step-boundary thread (``churn.boundary``). Each c
    it first chooses the run's stage count (``run_stages.choose_run_stages``, in the planner thread), or
    takes the one of the checkpoint it resumes from; every later plan keeps it (``run_stages.RunStages``).
 2. **re-plan**: once a plan is followed, ``replan.ReplanWatch`` says when the next is due (the live
-   trainers halted after a failure, joiners at a re-plan point). A failure's culprits are quarantined and
-   the peers blamed for it counted (``churn.quarantine``); the compute each trainer showed replaces its
-   claim (``leadership.claims``).
+   trainers halted after a failure, joiners at a re-plan point). Whom a failure is on is the judge's
+   (``judgement.Judge``): evidence re-checked, culprits quarantined, the peers blamed counted; the compute
+   each trainer showed replaces its claim (``leadership.claims``).
 3. **planning**: the planner runs in a thread of its own (``_Planning``), so polling and heartbeats go on.
 4. **publishing**: the plan gets its start step and sources, who keeps each stage's warm copy
    (``leader.warm_copies``) and the run's settings, and is published as the epoch above every one seen;
    nothing more is planned until the swarm takes it up.
 
-A peer that does not lead watches the leader (``watch_leader``): one that publishes no plan we accept in
-time is passed over (``plan_check.LeaderWatch``), and the next-lowest peer leads. The workload a plan is
-priced with (``plan_workload``) is the same for the leader and for the followers that check its plans.
+A peer that does not lead watches the leader (``watch_leader``, ``watching.Watching``): one that publishes no
+plan we accept in time is passed over (``plan_check.LeaderWatch``), and the next-lowest peer leads. The
+workload a plan is priced with (``plan_workload``, ``pricing.PlanPricing``) is the same for the leader and for
+the followers that check its plans. Whom a failure is on, and who is quarantined, is ``judgement.Judge``'s.
 """
 
 from __future__ import annotations
@@ -35,11 +36,10 @@ import dataclasses
 import logging
 import statistics
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from p2ptrain.agent.churn.quarantine import Quarantine
 from p2ptrain.agent.churn.replan import FAILURE, JOIN, Replan, ReplanWatch
 from p2ptrain.agent.churn.restart import (
     CHECKPOINT,
@@ -52,10 +52,11 @@ from p2ptrain.agent.churn.restart import (
 from p2ptrain.agent.config import AgentConfig
 from p2ptrain.agent.events import EventLog
 from p2ptrain.agent.leadership import settings
-from p2ptrain.agent.leadership.claims import ComputeWatch, with_slowdowns
-from p2ptrain.agent.leadership.disputes import Disputes, Fetch
+from p2ptrain.agent.leadership.claims import with_slowdowns
+from p2ptrain.agent.leadership.disputes import Fetch
+from p2ptrain.agent.leadership.judgement import Judge
 from p2ptrain.agent.leadership.membership import Membership, plan_trigger
-from p2ptrain.agent.leadership.plan_check import LeaderWatch, halts_settled, newer_plan_excuses
+from p2ptrain.agent.leadership.plan_check import LeaderWatch
 from p2ptrain.agent.leadership.plan_maker import (
     build_cluster,
     cluster_order,
@@ -63,25 +64,23 @@ from p2ptrain.agent.leadership.plan_maker import (
     kept_apart,
     link_gaps,
     make_plan,
-    run_workload,
     stage_state_bytes,
     trainers_and_spares,
     warm_copies,
     with_company,
 )
+from p2ptrain.agent.leadership.pricing import PlanPricing
 from p2ptrain.agent.leadership.run_stages import RunStages, at_stages, choose_run_stages, stages_on_disk
+from p2ptrain.agent.leadership.watching import LinksWait, Watching
 from p2ptrain.errors import AgentError, ProtocolError
 from p2ptrain.net.dht.node import SwarmDHT
 from p2ptrain.net.dht.records import NO_BACKUP, PlanRecord, ProgressRecord
 from p2ptrain.net.transport.status import PeerStatus
-from p2ptrain.planning import Cluster, LayeredWorkload, Workload, even_layers
+from p2ptrain.planning import Cluster, LayeredWorkload, Workload
 from p2ptrain.planning.simulated import StepWorkload
 from p2ptrain.planning.split import Layers
-from p2ptrain.runtime.calibration import layered_workload, step_profile, step_workload
 from p2ptrain.runtime.checkpoint import latest_complete
 from p2ptrain.runtime.config import TrainConfig
-from p2ptrain.verify.attest import judge_evidence
-from p2ptrain.verify.evidence import evidence_check, is_bulk_evidence
 
 logger = logging.getLogger(__name__)
 
@@ -128,16 +127,7 @@ class _Planning:
     members: Cluster | None = None  # every member's links (trainers in ``devices`` order, then spares)
     step_s: float = 0.0  # the measured step time (0: not measured yet)
     slowdowns: dict[str, float] = dataclasses.field(default_factory=dict)  # claims replaced (``leadership.claims``)
-    layers: Layers | None = None  # the split a re-plan keeps (``Leader._split_workload``)
-
-
-def without_cleared(progress: Mapping[str, ProgressRecord],
-                    cleared: Collection[tuple[str, int]]) -> dict[str, ProgressRecord]:  # fmt: skip
-    """``progress`` with each refusal whose evidence did not hold (``cleared``: (accused, epoch)) no refusal: it
-    rolls nothing back (its accused's states stay sources), nor do the others its writer refused in that step
-    (``also`` stands only with ``refused``, and a proven liar's word is spent)."""
-    return {p: dataclasses.replace(r, refused=False, also=()) if r.refused and (r.blame, r.epoch) in cleared else r
-            for p, r in progress.items()}  # fmt: skip
+    layers: Layers | None = None  # the split a re-plan keeps (``PlanPricing.split_workload``)
 
 
 class Leader:
@@ -148,8 +138,9 @@ class Leader:
     of plans and peers, read at each use: the training thread moves ``done_now``), ``note_waiting`` (one
     log line per change), ``boundary_s`` (the step boundaries' costs, appended while it trains), when
     its loop ``started`` and the run's ``stages`` (shared with its plan gate; its own by default). It keeps
-    the rest: the planner thread, the plan being computed and the last one published, the re-plan watch,
-    the quarantine and the compute each trainer showed.
+    the rest: the planner thread, the plan being computed and the last one published, the re-plan watch, its
+    judge (``judge``: the quarantine, evidence and blames, the compute each trainer showed), its pricing of
+    plans (``pricing``) and its watch of another leader (``Watching``, which shares the planner thread).
     """
 
     def __init__(self, config: AgentConfig, dht: SwarmDHT, events: EventLog, peer_id: str, leaders: LeaderWatch, *,
@@ -162,32 +153,27 @@ class Leader:
         self._leaders = leaders
         self._view = view
         self._note_waiting = note_waiting
-        self._boundary_s = boundary_s
         self._started = started
         self._planner = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="p2ptrain-planner")
         self._planning: _Planning | None = None
         self._next_epoch = 0
         self._published: PlanRecord | None = None  # the last plan this agent published as leader
         self.published_search_s = 0.0  # how long its search took
-        self._links_wait_since: float | None = None
+        self._links_wait = LinksWait()  # the first plan's wait for its trainers' links (shared with ``_watching``)
         self._join_links_since: float | None = None  # a join re-plan waiting for the joiners' links, since
-        self._first_due = False  # a follower saw the first plan fall due (``_first_plan_due``)
-        self._own_search: tuple[tuple[str, ...], concurrent.futures.Future] | None = None  # ``_search_allowance``
-        self._settled: dict[tuple[str, int], float] = {}  # (leader, epoch) -> when its re-plan's halts were all in
         self._stages = stages or RunStages(config.train)
+        self.pricing = PlanPricing(config, lambda: self._view().current, boundary_s)
+        self._watching = Watching(config, dht, events, peer_id, leaders, view=view, started=started,
+                                  stages=self._stages, planner=self._planner, pricing=self.pricing,
+                                  links_wait=self._links_wait)  # fmt: skip
         # stages = "auto", the run's first plan: the stage count being chosen for these members (and whether the
         # choice was said), and the one chosen
         self._choice: tuple[tuple[str, ...], concurrent.futures.Future] | None = None
         self._choice_said = False
         self._chosen: int | None = None
         self._watch = ReplanWatch(config.churn, config.train.rounds)
-        self.quarantine = Quarantine(config.churn.quarantine_s, config.churn.quarantine_max_s,
-                                     blame_epochs=config.churn.quarantine_blames,
-                                     blame_window_s=config.churn.blame_window_s)  # fmt: skip
-        self._judged: set[tuple[str, int]] = set()  # (blamer, epoch) whose evidence was judged
-        self._disputes = Disputes(config, dht.keys.run_id, fetch_evidence)  # failed recomputes' evidence, judged
-        self._cleared: set[tuple[str, int]] = set()  # (peer, epoch) blamed with evidence that did not hold
-        self._compute = ComputeWatch(config.claims.speed_tolerance, config.claims.min_steps)
+        self.judge = Judge(config, events, peer_id, dht.keys.run_id, fetch_evidence)  # evidence, blame, quarantine
+        self.quarantine = self.judge.quarantine
 
     @property
     def published(self) -> PlanRecord | None:
@@ -197,196 +183,23 @@ class Leader:
     def close(self) -> None:
         """Stop the planner's and the judge's threads; a plan being computed, or a judgement, is dropped."""
         self._planner.shutdown(wait=False, cancel_futures=True)
-        self._disputes.close()
+        self.judge.close()
 
-    # ---- watching the leader (we do not lead) -----------------------------------------------------------
+    # ---- watching the leader (we do not lead): ``watching.Watching`` ------------------------------------
 
     def watch_leader(self, membership: Membership) -> Membership:
-        """Pass over a leader that has not published a plan we accept in time (``plan_check.LeaderWatch``);
-        ``membership`` without it once passed over. The clock runs while a plan is due: the first once the
-        plan trigger fired and the links are measured (as the leader itself decides); a later one from when
-        we went idle after an epoch, with no newer plan published since by the leader (a peer left out of a
-        newer plan waits for a re-plan point like any joiner; ``plan_check.newer_plan_excuses``)."""
-        cfg = self.config
-        view = self._view()
-        followed = view.following.epoch if view.following is not None else -1
-        if newer_plan_excuses(view.newest_seen, followed, membership.leader, membership.ids):
-            self._leaders.waiting(None, False)
-            return membership
-        if view.following is None:
-            due = self._first_plan_due(membership)
-            allowance = self._search_allowance(membership) if due else cfg.plan.time_budget_s
-        else:
-            due, allowance = True, cfg.plan.time_budget_s + cfg.churn.halt_timeout_s + cfg.dht.peer_ttl_s
-            settled = self._replan_settled(view, membership)
-            if settled is not None:  # every live trainer halted: what is left is the search and the publishing
-                since = self._leaders.due_since(membership.leader, time.monotonic())
-                allowance = min(allowance, max(0.0, settled - since) + self._replan_search_s(view))
-        grace = self._leaders.grace_s
-        leader = self._leaders.waiting(membership.leader, due, allowance)
-        if leader is None:
-            return membership
-        self.pass_over(leader, f"no plan we accept came within {grace + allowance:.0f} s of one being due")
-        return membership.without(leader)
-
-    def _replan_settled(self, view: AgentView, membership: Membership) -> float | None:
-        """When we first saw every live trainer of the epoch we followed halted (or done), with nothing left for
-        its leader to judge (no bulk evidence) and members enough for the run's plan: from then on
-        the leader's re-plan is its search and its publishing alone (``replan.ReplanWatch`` waits for nothing
-        more). None while that is not so: the leader may wait for halts (``churn.halt_timeout_s``), evidence
-        (``verify.evidence_timeout_s``) or peers, and gets the whole allowance."""
-        plan = view.following
-        settled = halts_settled(plan, membership.ids, view.progress, self.config.train.steps)
-        if settled:
-            try:
-                trainers_and_spares(cluster_order(membership.peers), at_stages(self.config.train, plan.stages))
-            except ValueError:
-                settled = False  # too few members for a plan: the leader waits for peers, as we would
-        key = (plan.leader, plan.epoch)
-        if not settled:
-            self._settled.pop(key, None)
-            return None
-        return self._settled.setdefault(key, time.monotonic())
-
-    def _replan_search_s(self, view: AgentView) -> float:
-        """What a re-plan's search may take: twice our own of the run's plans (the first plan's, or our check of
-        the one followed), plus a second to publish; ``plan.time_budget_s`` at most."""
-        own = 0.0
-        if self._own_search is not None and self._own_search[1].done() and self._own_search[1].exception() is None:
-            own = float((self._own_search[1].result().get("search") or {}).get("seconds") or 0.0)
-        return min(self.config.plan.time_budget_s, 2.0 * max(own, view.check_s) + 1.0)
-
-    def _search_allowance(self, membership: Membership) -> float:
-        """What the leader may spend on its search, beyond the grace, for the first plan of ``membership``:
-        twice what our own search of the same records took, plus a second to publish. Our search runs once
-        per membership, in the planner thread the leader would use (heartbeats and polling go on); while it
-        runs, or where it cannot run, the whole ``plan.time_budget_s``. A silent leader is thus passed over
-        seconds after the plan fell due, not a minute: the search on a small run takes milliseconds."""
-        cfg = self.config
-        key = membership.ids
-        if self._own_search is None or self._own_search[0] != key:
-            stages = self._stages.next_plan(None)
-            try:
-                if stages is None:  # stages = "auto": the leader chooses the stage count first, as we do here
-                    rows = self.dht.read_links()
-                    self._own_search = (key, self._planner.submit(self._own_first_plan, membership, rows))
-                else:
-                    train = at_stages(cfg.train, stages)
-                    trainers, _ = trainers_and_spares(cluster_order(membership.peers), train)
-                    cluster = build_cluster(trainers, membership.peers, self.dht.read_links(), cfg.emulation)
-                    workload = self.plan_workload(trainers, membership, train)
-                    self._own_search = (key, self._planner.submit(make_plan, cluster, workload, stages, cfg.plan))
-            except (ValueError, ProtocolError):
-                return cfg.plan.time_budget_s
-        future = self._own_search[1]
-        if not future.done() or future.exception() is not None:
-            return cfg.plan.time_budget_s
-        seconds = (future.result().get("search") or {}).get("seconds") or 0.0
-        return min(cfg.plan.time_budget_s, 2.0 * seconds + 1.0)
-
-    def _own_first_plan(self, membership: Membership, rows) -> dict[str, Any]:
-        """Run in the planner thread: the stage count chosen for ``membership`` and the plan at it, as the leader
-        of an auto run's first plan makes them; the ``seconds`` of its ``search`` are the whole time both took."""
-        cfg, started = self.config, time.perf_counter()
-        order = cluster_order(membership.peers)
-        choice = choose_run_stages(order, membership.peers, rows, cfg.train, cfg.plan, **self._measured_costs(membership))
-        best = choice.best
-        if best is None:
-            raise ValueError("no stage count fits the devices' memory")
-        train = at_stages(cfg.train, best.num_stages)
-        trainers, _ = trainers_and_spares(order, train)
-        cluster = build_cluster(trainers, membership.peers, rows, cfg.emulation)
-        plan = make_plan(cluster, self.plan_workload(trainers, membership, train), best.num_stages, cfg.plan)
-        return {**plan, "search": {"seconds": time.perf_counter() - started}}
-
-    def _measured_costs(self, membership: Membership) -> dict[str, float]:
-        """What the stage-count choice prices besides the model: the transport's cost of one message (the
-        median of the members' calibrations, where they have one) and our own pause between two steps."""
-        messages = [r.compute.message_s for r in membership.peers.values() if r.compute is not None]
-        return {"message_s": statistics.median(messages) if messages else 0.0,
-                "boundary_s": statistics.median(self._boundary_s) if self._boundary_s else 0.0}
+        """``membership`` without the leader once it is passed over (``Watching.watch_leader``)."""
+        return self._watching.watch_leader(membership)
 
     def pass_over(self, leader: str, why: str) -> None:
-        """Leave ``leader`` out of our view of the members for its back-off (``LeaderWatch.pass_over``): the
-        next-lowest peer leads. ``why``: for the log line."""
-        if leader == self.peer_id or leader in self._leaders.excluded():
-            return
-        backoff = self._leaders.pass_over(leader)
-        logger.warning("passing over the leader %s: %s; the next-lowest peer leads (it may lead again in %.0f s)",
-                       leader, why, backoff)  # fmt: skip
-        self.events.write("passed_over", peer=leader, backoff_s=backoff, reason=why)
-
-    def _first_plan_due(self, membership: Membership) -> bool:
-        """Whether the run's first plan is due (a follower's view of the leader's own decision). Once due it
-        stays due while the trigger holds: rows read later may show gaps again (a DHT read that misses a
-        record; followers that passed a leader over measure it no more), and a gap must not restart the
-        clock on a leader that has not planned; that once held a lagging follower two minutes on a silent
-        leader (``links_timeout_s``) while the others trained without it."""
-        cfg = self.config
-        waited = time.monotonic() - self._started
-        if plan_trigger(self._view().seen, cfg.membership, waited) is None:
-            self._links_wait_since, self._first_due = None, False
-            return False
-        if self._first_due:
-            return True
-        try:
-            gaps = link_gaps(self._first_trainers(cluster_order(membership.peers)), self.dht.read_links())
-        except (ValueError, ProtocolError):
-            return False
-        now = time.monotonic()
-        if self._links_wait_since is None:
-            self._links_wait_since = now
-        self._first_due = not gaps or now - self._links_wait_since >= cfg.membership.links_timeout_s
-        return self._first_due
-
-    def _first_trainers(self, order: list[str]) -> list[str]:
-        """The peers the run's first plan makes trainers, whose links must be measured before it is made: with
-        ``stages = "auto"``, until the stage count is chosen, every member (any of them may train)."""
-        stages = self._stages.next_plan(None)
-        return list(order) if stages is None else trainers_and_spares(order, self.config.train, stages)[0]
+        """Leave ``leader`` out for its back-off (``Watching.pass_over``)."""
+        self._watching.pass_over(leader, why)
 
     # ---- the workload a plan is priced with (the leader's, and the followers' check of it) ---------------
 
     def plan_workload(self, trainers: list[str], membership: Membership, train: TrainConfig) -> Workload:
-        """The workload a plan of ``trainers`` is scored with under ``train`` (the run settings: our own when we
-        lead, the plan's when we check the leader's; its ``stages`` the plan's S, ``run_stages.at_stages``)."""
-        return self._split_workload(trainers, membership, train)[0]
-
-    def _split_workload(self, trainers: list[str], membership: Membership,
-                        train: TrainConfig) -> tuple[Workload, Layers | None]:  # fmt: skip
-        """``plan_workload``, and the layer split a re-plan keeps (None: the planner chooses). Stage states
-        are kept and handed over per stage, so once the run trains with a split its re-plans keep it (a new
-        split would ask a source for blocks it does not hold); the leader and the followers that check its
-        plan pin the same split, the one of the plan being trained."""
-        stages = train.stages
-        workload = run_workload(train, stages, len(trainers) // stages, self.config.emulation.size_factor)
-        if self.config.plan.objective == "simulated":
-            workload = self._step_workload(workload, trainers, membership, stages, train)
-        current = self._view().current
-        if not isinstance(workload, LayeredWorkload) or current is None:
-            return workload, None
-        layers = current.layer_ranges or even_layers(workload.costs.num_layers, stages)
-        return workload.at(layers), layers
-
-    def _step_workload(self, workload: Workload, trainers: list[str], membership: Membership, stages: int,
-                       train: TrainConfig) -> Workload:  # fmt: skip
-        """The workload with the trainers' calibrated step profile, in the (emulated) network's units."""
-        emulation = self.config.emulation
-        measured = [r.compute for p in trainers if (r := membership.peers.get(p)) is not None and r.compute]
-        if len(measured) < len(trainers):
-            logger.warning("%d of %d trainers published no calibration; the step profile uses the others'",
-                           len(trainers) - len(measured), len(trainers))
-        boundary_s = statistics.median(self._boundary_s) if self._boundary_s else 0.0  # every step boundary polls the same
-        if measured and len(measured) == len(trainers):  # each device's own measurement (mixed devices)
-            return layered_workload(measured, workload, train, len(trainers) // stages,
-                                    boundary_s=boundary_s, time_scale=emulation.time_scale if emulation.enabled else 1.0,
-                                    size_factor=emulation.size_factor if emulation.enabled else 1.0,
-                                    verify=self.config.verify)  # fmt: skip
-        profile = step_profile(measured, train, stages, len(trainers) // stages, boundary_s=boundary_s,
-                               time_scale=emulation.time_scale if emulation.enabled else 1.0,
-                               size_factor=emulation.size_factor if emulation.enabled else 1.0,
-                               verify=self.config.verify)  # fmt: skip
-        return step_workload(workload, profile)
+        """The workload a plan of ``trainers`` is scored with under ``train`` (``PlanPricing.plan_workload``)."""
+        return self.pricing.plan_workload(trainers, membership, train)
 
     # ---- leading ----------------------------------------------------------------------------------------
 
@@ -411,17 +224,14 @@ class Leader:
                                + (f" of {self.config.membership.expect} expected" if self.config.membership.expect else ""))
             return
         order = cluster_order(membership.peers)
-        trainers = self._first_trainers(order)
+        trainers = self._watching.first_trainers(order)
         try:
             rows = self.dht.read_links()
         except ProtocolError as e:
             logger.warning("reading the links rows failed: %s", e)
             return
-        gaps = link_gaps(trainers, rows)
-        now = time.monotonic()
-        if self._links_wait_since is None:
-            self._links_wait_since = now
-        if gaps and now - self._links_wait_since < self.config.membership.links_timeout_s:
+        gaps, waited_s = link_gaps(trainers, rows), self._links_wait.waited_s()
+        if gaps and waited_s < self.config.membership.links_timeout_s:
             self._note_waiting(f"leading; {trigger}; waiting for {len(gaps)} of {len(trainers) * (len(trainers) - 1)} "
                                "link measurements")
             return
@@ -447,7 +257,7 @@ class Leader:
                 return found
         if self._choice is None or self._choice[0] != membership.ids:
             future = self._planner.submit(choose_run_stages, cluster_order(membership.peers), membership.peers, rows,
-                                          cfg.train, cfg.plan, **self._measured_costs(membership))  # fmt: skip
+                                          cfg.train, cfg.plan, **self.pricing.measured_costs(membership))  # fmt: skip
             self._choice, self._choice_said = (membership.ids, future), False
         future = self._choice[1]
         if not future.done():
@@ -508,12 +318,12 @@ class Leader:
         except ProtocolError as e:
             logger.warning("reading progress failed: %s", e)
             return
-        self._compute.observe(current, progress)
-        judging = self._judge_evidence(current, progress)  # before ``live``: a proven culprit's states are no restart's
+        self.judge.observe(current, progress)
+        judging = self.judge.judge_evidence(current, progress)  # before ``live``: a proven culprit's states are no restart's
         if judging is not None:  # whom the failure is on decides who stays, and from which states
             self._note_waiting(f"leading; {judging}")
             return
-        progress = without_cleared(progress, self._cleared)
+        progress = self.judge.without_cleared(progress)
         ckpt, train = self.config.checkpoint, at_stages(self.config.train, self._plan_stages())
         last = latest_complete(ckpt.dir, train.stages, train.model) if ckpt.dir else None
         live = self.quarantine.without(membership.ids)  # a quarantined peer is no joiner before its back-off ends
@@ -532,13 +342,9 @@ class Leader:
             self._note_waiting(f"leading; re-planning epoch {current.epoch}: judging whether "
                                f"{', '.join(view.unjudged)} took it up")  # fmt: skip
             return
-        for peer in replan.culprits:
-            if peer != self.peer_id and (backoff := self.quarantine.add(peer, current.epoch)) is not None:
-                logger.warning("quarantining peer %s for %.0f s: it failed epoch %d (%s)", peer, backoff,
-                               current.epoch, replan.reason)  # fmt: skip
-                self.events.write("quarantined", peer=peer, epoch=current.epoch, seconds=backoff, reason=replan.reason)
-        self._own_finding(current, progress, absent)
-        self._count_blames(current, replan)
+        self.judge.quarantine_culprits(current, replan)
+        self.judge.own_finding(current, progress, absent)
+        self.judge.count_blames(current, replan)
         # the quarantined stay out, except a peer the restart takes a stage's state from (it holds it; the
         # plan must name it as a member); a live culprit whose back-off ended while this failure could not be
         # re-planned yet (too few peers) is a member again, as a joiner would be
@@ -587,148 +393,15 @@ class Leader:
             return True
         return False
 
-    def _judge_evidence(self, current: PlanRecord, progress: dict[str, ProgressRecord]) -> str | None:
-        """Blames that come with evidence (``ProgressRecord.evidence``): a sum check's signed statement
-        (``verify.sum_check``) re-checked here, a failed recompute's redone from the bulk its finder sends us
-        (``Disputes``, beside the loop: while one is judged this says so and nothing is re-planned). Evidence
-        that holds quarantines the blamed peer at once (an honest member fails a check with probability
-        ``verify.false_alarm``); evidence that does not hold quarantines the blamer, and its blame is not counted
-        against the peer it named: a liar blaming an honest peer is the one caught. A recompute the judge finds
-        neither wrong nor clearly right (``verify.dispute``) is the finder's word, counted as any blame."""
-        judging = []
-        for blamer, record in sorted(progress.items()):
-            if record.epoch != current.epoch or not record.halted or record.blame is None or not record.evidence:
-                continue
-            if (blamer, record.epoch) in self._judged or blamer not in current.membership:
-                continue
-            accused = record.blame
-            if is_bulk_evidence(record.evidence):
-                check = evidence_check(record.evidence)
-                verdict = self._disputes.verdict(blamer, record, current)
-                if verdict is None:
-                    judging.append(f"judging {blamer}'s evidence against {accused}")
-                    continue
-                self._judged.add((blamer, record.epoch))
-                if verdict.holds is None:
-                    logger.warning("evidence from %s against %s is undecided (%s): its word, as any blame", blamer,
-                                   accused, verdict.reason)  # fmt: skip
-                    self.events.write("evidence", epoch=record.epoch, blamer=blamer, accused=accused, holds=None,
-                                      reason=verdict.reason, check=check)  # fmt: skip
-                    continue
-                why = None if verdict.holds else verdict.reason
-                proven = (f"its work failed the recompute check of epoch {record.epoch}: redone from its own signed "
-                          f"commitment, whose messages and parameters {blamer} forwarded ({verdict.reason})"
-                          if check == "recompute" else
-                          f"its statement failed the {check} check of epoch {record.epoch}: proven by the message it "
-                          f"accepted, under the step's signed commitments, which {blamer} forwarded ({verdict.reason})")
-            else:
-                self._judged.add((blamer, record.epoch))
-                why = judge_evidence(record.evidence, accused, self.dht.keys.run_id, self.config.verify.false_alarm)
-                proven = (f"its work failed the sum check of epoch {record.epoch}: proven by its own signed statement, "
-                          f"which {blamer} forwarded")
-                check = "sum"
-            if why is None:
-                culprit, reason = accused, proven
-            else:
-                culprit = blamer
-                reason = f"it blamed {accused} for epoch {record.epoch} with evidence that does not hold: {why}"
-                self._cleared.add((accused, record.epoch))
-            logger.warning("evidence from %s against %s %s", blamer, accused, "holds" if why is None else
-                           f"does not hold ({why})")  # fmt: skip
-            self.events.write("evidence", epoch=record.epoch, blamer=blamer, accused=accused, holds=why is None,
-                              reason=why or "", check=check)  # fmt: skip
-            if culprit == self.peer_id:
-                continue
-            backoff = self.quarantine.add(culprit, record.epoch, proven=True)
-            if backoff is not None:
-                logger.warning("quarantining peer %s for %.0f s: %s", culprit, backoff, reason)
-                self.events.write("quarantined", peer=culprit, epoch=record.epoch, seconds=backoff, reason=reason)
-        return "; ".join(judging) or None
-
-    def _own_finding(self, current: PlanRecord, progress: Mapping[str, ProgressRecord],
-                     absent: Collection[str] = ()) -> None:  # fmt: skip
-        """A member whose work failed a check of this leader's own (our halted record refused it), or that our
-        own heartbeats saw stay away from the epoch past its time (``absent``: it never took up its stage, and
-        halting with the others afterwards changes nothing): quarantined at once. Our own finding is no one's
-        word to us; evidence, where the check has it, was judged already (``_judge_evidence``). Followers do not
-        count the accused's blame of us (``plan_check.culpable_leader``)."""
-        for peer in sorted(set(absent) & set(current.membership) - {self.peer_id}):
-            backoff = self.quarantine.add(peer, current.epoch)
-            if backoff is not None:
-                reason = (f"it never took up its stage of epoch {current.epoch}: its heartbeat answers said so past "
-                          "its time (not there, or training and never sending; the leader's finding)")
-                logger.warning("quarantining peer %s for %.0f s: %s", peer, backoff, reason)
-                self.events.write("quarantined", peer=peer, epoch=current.epoch, seconds=backoff, reason=reason)
-        own = progress.get(self.peer_id)
-        if own is None or own.epoch != current.epoch or not own.halted or not own.refused or own.blame is None:
-            return
-        for accused in (own.blame, *own.also):  # every member our checks refused in that step
-            if accused == self.peer_id or accused not in current.membership or (accused, current.epoch) in self._cleared:
-                continue
-            backoff = self.quarantine.add(accused, current.epoch, proven=True)
-            if backoff is not None:
-                reason = f"its work failed a check of the leader's own in epoch {current.epoch} (the leader's finding)"
-                logger.warning("quarantining peer %s for %.0f s: %s", accused, backoff, reason)
-                self.events.write("quarantined", peer=accused, epoch=current.epoch, seconds=backoff, reason=reason)
-
-    def _count_blames(self, current: PlanRecord, replan: Replan) -> None:
-        """Members blamed for this failure that halted: quarantined once blamed for ``churn.quarantine_blames``
-        epochs within ``churn.blame_window_s`` (``churn.quarantine``), else counted."""
-        churn = self.config.churn
-        counterpart = {p: q for pair in replan.disputes for p, q in (pair, pair[::-1])}
-        for peer in replan.blamed:
-            if peer == self.peer_id or (peer, current.epoch) in self._cleared:
-                continue
-            if peer in counterpart:  # word against word: counted by counterpart, the pair kept apart from now on
-                self._count_dispute(current, peer, counterpart[peer])
-                continue
-            count = self.quarantine.blame(peer, current.epoch)
-            if count is None:  # this epoch's failure read again
-                continue
-            if count < churn.quarantine_blames:
-                logger.info("peer %s was blamed for epoch %d's failed calls (%d of %d epochs within %.0f s before "
-                            "it is quarantined)", peer, current.epoch, count, churn.quarantine_blames,
-                            churn.blame_window_s)  # fmt: skip
-                self.events.write("blamed", peer=peer, epoch=current.epoch, count=count)
-                continue
-            backoff = self.quarantine.add(peer, current.epoch)
-            if backoff is None:  # quarantined for this epoch's failure already
-                continue
-            reason = (f"blamed by a halted trainer for the failed calls of {count} epochs within "
-                      f"{churn.blame_window_s:.0f} s (the last {current.epoch})")
-            logger.warning("quarantining peer %s for %.0f s: %s", peer, backoff, reason)
-            self.events.write("quarantined", peer=peer, epoch=current.epoch, seconds=backoff, reason=reason)
-
-    def _count_dispute(self, current: PlanRecord, peer: str, other: str) -> None:
-        """``peer`` and ``other`` refused each other without evidence in this epoch (``Quarantine.dispute``):
-        ``peer`` is quarantined once it disputed with ``churn.quarantine_blames`` distinct peers, else counted."""
-        churn = self.config.churn
-        count = self.quarantine.dispute(peer, other, current.epoch)
-        if count is None:
-            return
-        if count < churn.quarantine_blames:
-            logger.info("peer %s and %s refused each other in epoch %d without evidence: kept apart from now on "
-                        "(%s disputed with %d of the %d distinct peers before it is quarantined)", peer, other,
-                        current.epoch, peer, count, churn.quarantine_blames)  # fmt: skip
-            self.events.write("blamed", peer=peer, epoch=current.epoch, count=count, dispute=other)
-            return
-        backoff = self.quarantine.add(peer, current.epoch)
-        if backoff is None:
-            return
-        reason = (f"it refused, and was refused by, {count} distinct peers without evidence within "
-                  f"{churn.blame_window_s:.0f} s (the last {other}, epoch {current.epoch})")
-        logger.warning("quarantining peer %s for %.0f s: %s", peer, backoff, reason)
-        self.events.write("quarantined", peer=peer, epoch=current.epoch, seconds=backoff, reason=reason)
-
     def _start_planning(self, membership: Membership, trainers: list[str], spares: list[str], rows, trigger: str,
                         replan: Replan | None, start_step: int, sources: tuple[str, ...],
                         step_s: float = 0.0) -> None:  # fmt: skip
-        slowdowns = self._judge_compute(membership)
+        slowdowns = self.judge.judge_compute(self._view().current, membership)
         membership = Membership(with_slowdowns(membership.peers, slowdowns))
         cluster = build_cluster(trainers, membership.peers, rows, self.config.emulation)
         members = build_cluster(trainers + spares, membership.peers, rows, self.config.emulation) if spares else cluster
         stages = self._plan_stages()
-        workload, layers = self._split_workload(trainers, membership, at_stages(self.config.train, stages))
+        workload, layers = self.pricing.split_workload(trainers, membership, at_stages(self.config.train, stages))
         logger.info("planning epoch %d for %d peers (%s): %d stages × %d replicas, %d spare(s), strategy %s",
                     self._next_epoch, len(membership), trigger, stages, len(trainers) // stages, len(spares),
                     self.config.plan.strategy)
@@ -744,22 +417,6 @@ class Leader:
         stages = self._stages.next_plan(current) or (current.stages if current is not None else self._chosen)
         assert stages is not None, "the first plan of an auto run is made once its stage count is chosen"
         return stages
-
-    def _judge_compute(self, membership: Membership) -> dict[str, float]:
-        """Before a plan: what the epoch trained showed of each trainer's compute (``leadership.claims``); the
-        factors the next plan prices the members with."""
-        current = self._view().current
-        for s in self._compute.judge(current, membership.peers, self.config.train) if current is not None else ():
-            if s.factor > 1.0:
-                logger.warning("peer %s computed a step of epoch %d in %.3f s where its calibration predicts %.3f s "
-                               "(%.1fx, beyond the %gx tolerated): planned %.1fx slower from now on", s.peer, s.epoch,
-                               s.observed_s, s.predicted_s, s.factor, self.config.claims.speed_tolerance, s.factor)
-            else:
-                logger.info("peer %s computed as its calibration predicts again (epoch %d: %.3f s, predicted %.3f s); "
-                            "its claim counts again", s.peer, s.epoch, s.observed_s, s.predicted_s)
-            self.events.write("claim_corrected", peer=s.peer, epoch=s.epoch, factor=round(s.factor, 4),
-                              observed_s=s.observed_s, predicted_s=s.predicted_s)
-        return self._compute.slowdowns_of(membership.ids)
 
     # ---- publishing -------------------------------------------------------------------------------------
 
@@ -825,7 +482,8 @@ class Leader:
         self._published = record
         self.published_search_s = float((plan.get("search") or {}).get("seconds") or 0.0)
         self._next_epoch = planning.epoch + 1
-        self._links_wait_since = self._join_links_since = None
+        self._links_wait.reset()
+        self._join_links_since = None
         self._watch.reset()
         _announce(self.events, self.config.train, planning, plan, start_step, sources)
 

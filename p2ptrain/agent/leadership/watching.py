@@ -1,0 +1,223 @@
+"""A follower's watch of the leader: when a plan is due, how long the leader may take, passing it over.
+
+    watching = Watching(config, dht, events, peer_id, leaders, view=agent_view, started=started, stages=stages,
+                        planner=planner, pricing=pricing, links_wait=links_wait)
+    membership = watching.watch_leader(membership)  # while another peer leads, every poll
+    watching.pass_over(leader, why)                 # a leader that failed its own epoch (the agent's finding)
+
+The leader (``leader.Leader``) owns one and hands the agent's calls to it; it runs on the thread that polls
+(the agent's loop, or the step-boundary thread while an epoch trains). The first plan falls due as the leader
+itself would decide (the plan trigger, then the trainers' links measured or ``links_timeout_s``: the clock of
+that wait, ``LinksWait``, is the one the leader's side uses, so an agent that comes to lead goes on from it);
+the leader may then take twice what our own search of the same records took, plus a second to publish. A
+re-plan is due once we are idle after an epoch; once every live trainer halted, what is left to it is its
+search and its publishing. A leader that publishes no plan we accept in time is passed over
+(``plan_check.LeaderWatch``), and the next-lowest peer leads.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from p2ptrain.agent.config import AgentConfig
+from p2ptrain.agent.events import EventLog
+from p2ptrain.agent.leadership.membership import Membership, plan_trigger
+from p2ptrain.agent.leadership.plan_check import LeaderWatch, halts_settled, newer_plan_excuses
+from p2ptrain.agent.leadership.plan_maker import (
+    build_cluster,
+    cluster_order,
+    link_gaps,
+    make_plan,
+    trainers_and_spares,
+)
+from p2ptrain.agent.leadership.pricing import PlanPricing
+from p2ptrain.agent.leadership.run_stages import RunStages, at_stages, choose_run_stages
+from p2ptrain.errors import ProtocolError
+from p2ptrain.net.dht.node import SwarmDHT
+
+if TYPE_CHECKING:
+    from p2ptrain.agent.leadership.leader import AgentView
+
+logger = logging.getLogger(__name__)
+
+
+class LinksWait:
+    """How long the run's first plan has waited for its trainers' links to be measured: one clock, kept by the
+    leader's side and the follower's alike (``reset`` once the wait is over or the plan trigger no longer
+    holds)."""
+
+    def __init__(self) -> None:
+        self._since: float | None = None
+
+    def waited_s(self) -> float:
+        """Seconds since the wait began (now, if it had not)."""
+        now = time.monotonic()
+        if self._since is None:
+            self._since = now
+        return now - self._since
+
+    def reset(self) -> None:
+        self._since = None
+
+
+class Watching:
+    """A follower's watch of the leader (module docstring). ``planner`` is the leader's planner thread: our own
+    search of the leader's first plan runs there, as the leader's would."""
+
+    def __init__(self, config: AgentConfig, dht: SwarmDHT, events: EventLog, peer_id: str, leaders: LeaderWatch, *,
+                 view: Callable[[], AgentView], started: float, stages: RunStages,
+                 planner: concurrent.futures.Executor, pricing: PlanPricing, links_wait: LinksWait):  # fmt: skip
+        self.config = config
+        self.dht = dht
+        self.events = events
+        self.peer_id = peer_id
+        self._leaders = leaders
+        self._view = view
+        self._started = started
+        self._stages = stages
+        self._planner = planner
+        self._pricing = pricing
+        self._links_wait = links_wait
+        self._first_due = False  # the first plan fell due (``_first_plan_due``)
+        self._own_search: tuple[tuple[str, ...], concurrent.futures.Future] | None = None  # ``_search_allowance``
+        self._settled: dict[tuple[str, int], float] = {}  # (leader, epoch) -> when its re-plan's halts were all in
+
+    def watch_leader(self, membership: Membership) -> Membership:
+        """Pass over a leader that has not published a plan we accept in time (``plan_check.LeaderWatch``);
+        ``membership`` without it once passed over. The clock runs while a plan is due: the first once the
+        plan trigger fired and the links are measured (as the leader itself decides); a later one from when
+        we went idle after an epoch, with no newer plan published since by the leader (a peer left out of a
+        newer plan waits for a re-plan point like any joiner; ``plan_check.newer_plan_excuses``)."""
+        cfg = self.config
+        view = self._view()
+        followed = view.following.epoch if view.following is not None else -1
+        if newer_plan_excuses(view.newest_seen, followed, membership.leader, membership.ids):
+            self._leaders.waiting(None, False)
+            return membership
+        if view.following is None:
+            due = self._first_plan_due(membership)
+            allowance = self._search_allowance(membership) if due else cfg.plan.time_budget_s
+        else:
+            due, allowance = True, cfg.plan.time_budget_s + cfg.churn.halt_timeout_s + cfg.dht.peer_ttl_s
+            settled = self._replan_settled(view, membership)
+            if settled is not None:  # every live trainer halted: what is left is the search and the publishing
+                since = self._leaders.due_since(membership.leader, time.monotonic())
+                allowance = min(allowance, max(0.0, settled - since) + self._replan_search_s(view))
+        grace = self._leaders.grace_s
+        leader = self._leaders.waiting(membership.leader, due, allowance)
+        if leader is None:
+            return membership
+        self.pass_over(leader, f"no plan we accept came within {grace + allowance:.0f} s of one being due")
+        return membership.without(leader)
+
+    def pass_over(self, leader: str, why: str) -> None:
+        """Leave ``leader`` out of our view of the members for its back-off (``LeaderWatch.pass_over``): the
+        next-lowest peer leads. ``why``: for the log line."""
+        if leader == self.peer_id or leader in self._leaders.excluded():
+            return
+        backoff = self._leaders.pass_over(leader)
+        logger.warning("passing over the leader %s: %s; the next-lowest peer leads (it may lead again in %.0f s)",
+                       leader, why, backoff)  # fmt: skip
+        self.events.write("passed_over", peer=leader, backoff_s=backoff, reason=why)
+
+    def first_trainers(self, order: list[str]) -> list[str]:
+        """The peers the run's first plan makes trainers, whose links must be measured before it is made: with
+        ``stages = "auto"``, until the stage count is chosen, every member (any of them may train)."""
+        stages = self._stages.next_plan(None)
+        return list(order) if stages is None else trainers_and_spares(order, self.config.train, stages)[0]
+
+    def _first_plan_due(self, membership: Membership) -> bool:
+        """Whether the run's first plan is due (a follower's view of the leader's own decision). Once due it
+        stays due while the trigger holds: rows read later may show gaps again (a DHT read that misses a
+        record; followers that passed a leader over measure it no more), and a gap must not restart the
+        clock on a leader that has not planned; that once held a lagging follower two minutes on a silent
+        leader (``links_timeout_s``) while the others trained without it."""
+        cfg = self.config
+        waited = time.monotonic() - self._started
+        if plan_trigger(self._view().seen, cfg.membership, waited) is None:
+            self._links_wait.reset()
+            self._first_due = False
+            return False
+        if self._first_due:
+            return True
+        try:
+            gaps = link_gaps(self.first_trainers(cluster_order(membership.peers)), self.dht.read_links())
+        except (ValueError, ProtocolError):
+            return False
+        waited_s = self._links_wait.waited_s()
+        self._first_due = not gaps or waited_s >= cfg.membership.links_timeout_s
+        return self._first_due
+
+    def _replan_settled(self, view: AgentView, membership: Membership) -> float | None:
+        """When we first saw every live trainer of the epoch we followed halted (or done), with nothing left for
+        its leader to judge (no bulk evidence) and members enough for the run's plan: from then on
+        the leader's re-plan is its search and its publishing alone (``replan.ReplanWatch`` waits for nothing
+        more). None while that is not so: the leader may wait for halts (``churn.halt_timeout_s``), evidence
+        (``verify.evidence_timeout_s``) or peers, and gets the whole allowance."""
+        plan = view.following
+        settled = halts_settled(plan, membership.ids, view.progress, self.config.train.steps)
+        if settled:
+            try:
+                trainers_and_spares(cluster_order(membership.peers), at_stages(self.config.train, plan.stages))
+            except ValueError:
+                settled = False  # too few members for a plan: the leader waits for peers, as we would
+        key = (plan.leader, plan.epoch)
+        if not settled:
+            self._settled.pop(key, None)
+            return None
+        return self._settled.setdefault(key, time.monotonic())
+
+    def _replan_search_s(self, view: AgentView) -> float:
+        """What a re-plan's search may take: twice our own of the run's plans (the first plan's, or our check of
+        the one followed), plus a second to publish; ``plan.time_budget_s`` at most."""
+        own = 0.0
+        if self._own_search is not None and self._own_search[1].done() and self._own_search[1].exception() is None:
+            own = float((self._own_search[1].result().get("search") or {}).get("seconds") or 0.0)
+        return min(self.config.plan.time_budget_s, 2.0 * max(own, view.check_s) + 1.0)
+
+    def _search_allowance(self, membership: Membership) -> float:
+        """What the leader may spend on its search, beyond the grace, for the first plan of ``membership``:
+        twice what our own search of the same records took, plus a second to publish. Our search runs once
+        per membership, in the planner thread the leader would use (heartbeats and polling go on); while it
+        runs, or where it cannot run, the whole ``plan.time_budget_s``. A silent leader is thus passed over
+        seconds after the plan fell due, not a minute: the search on a small run takes milliseconds."""
+        cfg = self.config
+        key = membership.ids
+        if self._own_search is None or self._own_search[0] != key:
+            stages = self._stages.next_plan(None)
+            try:
+                if stages is None:  # stages = "auto": the leader chooses the stage count first, as we do here
+                    rows = self.dht.read_links()
+                    self._own_search = (key, self._planner.submit(self._own_first_plan, membership, rows))
+                else:
+                    train = at_stages(cfg.train, stages)
+                    trainers, _ = trainers_and_spares(cluster_order(membership.peers), train)
+                    cluster = build_cluster(trainers, membership.peers, self.dht.read_links(), cfg.emulation)
+                    workload = self._pricing.plan_workload(trainers, membership, train)
+                    self._own_search = (key, self._planner.submit(make_plan, cluster, workload, stages, cfg.plan))
+            except (ValueError, ProtocolError):
+                return cfg.plan.time_budget_s
+        future = self._own_search[1]
+        if not future.done() or future.exception() is not None:
+            return cfg.plan.time_budget_s
+        seconds = (future.result().get("search") or {}).get("seconds") or 0.0
+        return min(cfg.plan.time_budget_s, 2.0 * seconds + 1.0)
+
+    def _own_first_plan(self, membership: Membership, rows) -> dict[str, Any]:
+        """Run in the planner thread: the stage count chosen for ``membership`` and the plan at it, as the leader
+        of an auto run's first plan makes them; the ``seconds`` of its ``search`` are the whole time both took."""
+        cfg, started = self.config, time.perf_counter()
+        order = cluster_order(membership.peers)
+        choice = choose_run_stages(order, membership.peers, rows, cfg.train, cfg.plan, **self._pricing.measured_costs(membership))
+        best = choice.best
+        if best is None:
+            raise ValueError("no stage count fits the devices' memory")
+        train = at_stages(cfg.train, best.num_stages)
+        trainers, _ = trainers_and_spares(order, train)
+        cluster = build_cluster(trainers, membership.peers, rows, cfg.emulation)
+        plan = make_plan(cluster, self._pricing.plan_workload(trainers, membership, train), best.num_stages, cfg.plan)
+        return {**plan, "search": {"seconds": time.perf_counter() - started}}
