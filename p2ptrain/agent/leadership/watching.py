@@ -71,17 +71,9 @@ class Watching:
     def __init__(self, config: AgentConfig, dht: SwarmDHT, events: EventLog, peer_id: str, leaders: LeaderWatch, *,
                  view: Callable[[], AgentView], started: float, stages: RunStages,
                  planner: concurrent.futures.Executor, pricing: PlanPricing, links_wait: LinksWait):  # fmt: skip
-        self.config = config
-        self.dht = dht
-        self.events = events
-        self.peer_id = peer_id
-        self._leaders = leaders
-        self._view = view
-        self._started = started
-        self._stages = stages
-        self._planner = planner
-        self._pricing = pricing
-        self._links_wait = links_wait
+        self.config, self.dht, self.events, self.peer_id = config, dht, events, peer_id
+        self._leaders, self._view, self._started, self._stages = leaders, view, started, stages
+        self._planner, self._pricing, self._links_wait = planner, pricing, links_wait
         self._first_due = False  # the first plan fell due (``_first_plan_due``)
         self._own_search: tuple[tuple[str, ...], concurrent.futures.Future] | None = None  # ``_search_allowance``
         self._settled: dict[tuple[str, int], float] = {}  # (leader, epoch) -> when its re-plan's halts were all in
