@@ -28,13 +28,27 @@ States, driven by one loop in the calling (main) thread, every ``membership.poll
    until the next re-plan point, then the trainers stop at the plan's start step and hand over their
    stages' states. Checkpoints (``[checkpoint]``) are written by replica 0 of each stage every K steps.
 6. **liveness and warm copies**: a heartbeat thread (``liveness.LivenessMonitor``) pings the members; a dead
-   trainer, or one that failed its epoch, aborts our epoch's pending calls at once, and dead peers leave
+   trainer, or one that failed its epoch, aborts our epoch's pending calls at once (``epoch_watch``), and dead peers leave
    our view of the live members until they answer again. Every plan names a backup peer per stage that
    keeps a warm copy of it (``churn.warm_copies``); every agent keeps its copies on its own disk (``state_store``),
    which ``checkpoint.resume`` restarts a whole swarm from.
 
 SIGTERM/SIGINT (the ``StopSignal``) interrupt any state: a blocked step is cut short by shutting the
 transport down, and the DHT process and p2pd are stopped in order, so nothing is left running.
+
+Threads and the fields they share. The *poller* is the main thread while no epoch trains and the step-boundary
+thread (``churn.boundary.BoundaryWatch``) while one does: the boundary thread is started after the main thread's
+last poll and stopped before its next, so the poller's fields (the membership, the plans read, the standing,
+the leader's side) have one writer at a time. The others:
+
+| field | written by | read by |
+|---|---|---|
+| ``_following`` | main (``_follow``: one reference, set before the epoch starts) | liveness, poller |
+| ``_done_now``, ``_went_on`` | main (``_should_halt`` at a step boundary, ``_follow``) | poller |
+| ``_poll_s`` (a deque) | main (``_should_halt``) | poller (the leader's pricing copies it whole) |
+| ``_peer_record`` | main (before the prober starts), prober (``_on_access``) | prober |
+| ``_epochs`` (``epoch_watch.EpochWatch``) | main, liveness, poller: under its own lock | all three |
+| ``transport.status`` | main (``_follow``), poller (``_taking_up``) | the transport's heartbeat answers |
 """
 
 from __future__ import annotations
@@ -44,7 +58,6 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import logging
-import math
 import os
 import threading
 import time
@@ -55,19 +68,15 @@ from typing import Any
 
 from p2ptrain.agent.churn.boundary import INTERVAL_S, BoundaryWatch, overshot
 from p2ptrain.agent.churn.liveness import (
-    NO_SHOW_INTERVALS,
     NO_SHOW_TIMEOUTS,
     LivenessMonitor,
-    StallWatch,
-    epoch_failure,
     no_show_window_s,
-    no_shows,
-    taking_up,
 )
 from p2ptrain.agent.churn.stage_state import StateKeeper
 from p2ptrain.agent.churn.state_store import StateStore
 from p2ptrain.agent.config import AgentConfig
 from p2ptrain.agent.epoch import EpochContext, EpochOutcome, Heartbeat, run_epoch
+from p2ptrain.agent.epoch_watch import EpochWatch
 from p2ptrain.agent.events import EventLog
 from p2ptrain.agent.leadership import settings
 from p2ptrain.agent.leadership.claims import bounded, record_problem
@@ -78,9 +87,10 @@ from p2ptrain.agent.leadership.membership import Membership, MembershipTracker
 from p2ptrain.agent.leadership.plan_check import CulpableWatch, LeaderWatch, PlanGate, trainers_of
 from p2ptrain.agent.leadership.run_stages import RunStages, stages_on_disk
 from p2ptrain.agent.leadership.standing import followed_instead
-from p2ptrain.agent.links import LinkProber, line_to_publish
+from p2ptrain.agent.links import LinkProber
 from p2ptrain.agent.profile import profile_device
 from p2ptrain.agent.senders import min_rates, sender_budgets
+from p2ptrain.agent.shaping import LinkShaping
 from p2ptrain.agent.tag_senders import TagSenders
 from p2ptrain.errors import AgentError, ProtocolError
 from p2ptrain.lifecycle import StopSignal, shutdown_in_order
@@ -88,10 +98,8 @@ from p2ptrain.model.data import data_identity
 from p2ptrain.net.dht.node import SwarmDHT
 from p2ptrain.net.dht.records import ComputeMeasurement, PeerRecord, PlanRecord, ProgressRecord
 from p2ptrain.net.nat.forward import setup_forwarding
-from p2ptrain.net.transport.emulation import EmulationConfig, LinkEmulator, scaled_bandwidth, scaled_link
 from p2ptrain.net.transport.endpoint import Transport
 from p2ptrain.net.transport.status import FAIL, IDLE, TAKE, TRAIN, PeerStatus
-from p2ptrain.planning import Cluster, load_cluster
 from p2ptrain.runtime.calibration import calibrate, expected_rows
 from p2ptrain.runtime.compute_speed import compute_slowdown
 from p2ptrain.runtime.reference import resolve_device, torch_settings
@@ -122,18 +130,13 @@ class Agent:
         self.transport: Transport | None = None
         self.prober: LinkProber | None = None
         self._peer_record: PeerRecord | None = None  # as last published (a measured access link replaces it)
-        self.emulator = LinkEmulator()
-        self.network: Cluster | None = load_cluster(config.emulation.cluster_file) if config.emulation.enabled else None
-        if self.network is not None and not config.emulation.device_index < self.network.num_devices:
-            raise ValueError(f"emulation.device_index={config.emulation.device_index} is not a device of "
-                             f"{config.emulation.cluster_file} ({self.network.num_devices} devices)")
+        self._shaping = LinkShaping(config)  # the emulated network's links, and the access line published
+        self.emulator, self.network = self._shaping.emulator, self._shaping.network
         # playing a device of a mixed cluster: compute as many times slower as its card is than the fastest
         # (and the whole emulated world compute_scale times slower still)
         self.compute_slowdown = (compute_slowdown(self.network, config.emulation.device_index,
                                                   config.emulation.compute_scale)
                                  if self.network is not None else 1.0)
-        if self.network is not None:
-            self._shape_access()
         self.data_id = data_identity(config.train.data)  # in our peer record: the run's agents must agree
         self.stages = RunStages(config.train)  # the run's S: the config's, or (auto) pinned once known
         self._leading: Leader | None = None  # the leader's side (``leadership.leader``), from the loop's start
@@ -147,7 +150,6 @@ class Agent:
         self._max_epoch_seen = -1  # over every verified plan: a new leader numbers above it
         self._plans_logged: Any = None
         self._dialled: set[str] = set()
-        self._shaped: set[str] = set()
         self._tracker: MembershipTracker | None = None
         self._membership = Membership({})
         self._seen = Membership({})  # the live view before passed-over leaders are left out
@@ -172,18 +174,7 @@ class Agent:
         self.keeper = StateKeeper(config.churn.keep_states + int(config.verify.enabled))
         self.store: StateStore | None = None
         self.liveness: LivenessMonitor | None = None
-        self._aborted = -1  # the last epoch the heartbeats aborted
-        self._training: int | None = None  # the epoch being trained (None between epochs)
-        self._training_since = 0.0  # when this agent took it up
-        self._no_show_after_s = float("inf")  # how long a trainer of it may stay away after we took it up
-        self._taking_after_s = float("inf")  # how long one that says it takes it up (checks the plan) may take
-        self._on_way: dict[str, float] = {}
-        self._observing = -1  # the epoch whose no-shows the heartbeats look for (the last one we took up)
-        self._stalls: StallWatch | None = None  # its trainers that say they train it and never send  # when we last saw each trainer train an older epoch (``_stayed_away``)
-        # the trainers of the epoch being trained this agent itself saw stay away past their time (the
-        # leader's own finding: ``leading.AgentView.no_shows``)
-        self._no_shows: tuple[int, tuple[str, ...]] = (-1, ())
-        self._unjudged: tuple[int, tuple[str, ...]] = (-1, ())  # those away from it whose time still runs
+        self._epochs: EpochWatch | None = None  # the heartbeats' watch of the epoch followed (from the join)
         self._last_wait_note = ""
         self._finished = threading.Event()
         self.heartbeat: Heartbeat | None = None
@@ -219,6 +210,7 @@ class Agent:
                 self.dht.peer_listeners.append(routes.update)  # peers behind NAT: tensors go through a relay
                 self.transport.mailbox.admit_sender = self.dht.is_admitted  # closed runs: tensors from members only
                 self.transport.mailbox.senders = {}  # nobody sends tensors before we know the run (``_admit_senders``)
+                self._epochs = EpochWatch(self.peer_id, cfg.liveness, self.transport.abort_epoch)
                 self.store = StateStore(self.keeper, self._local_dir(), cfg.train.model, cfg.train.seed,
                                         shape=cfg.train.shape)
                 if cfg.checkpoint.resume:
@@ -228,7 +220,7 @@ class Agent:
                 self._publish_peer_record(profile, compute)
                 self.prober = LinkProber(self.transport, self.dht, cfg.links, on_publish=self._on_links,
                                          on_access=self._on_access)  # fmt: skip
-                self.prober.measure_access = self._measures_access()
+                self.prober.measure_access = self._shaping.measures_access()
                 self.prober.start()
                 self.heartbeat = Heartbeat(self.dht)
                 return self._loop(device)
@@ -297,67 +289,8 @@ class Agent:
         self.dht.publish_progress(ProgressRecord(0, 0, None, 0.0, halted=True, holds=tuple(found[-32:])))
 
     def _on_heartbeats(self) -> None:
-        """After every heartbeat round (the liveness thread): abort the epoch being trained if one of its
-        trainers is dead or failed it, or if this agent itself was silent long enough to be counted dead."""
-        silent_s = self.liveness.take_silence()
-        plan = self._following
-        if plan is None or plan.epoch != self._observing:
-            return
-        answered, statuses = self.liveness.answered(), self.liveness.statuses()
-        # who stayed away from the epoch we took up, also once it halted (on someone else's finding): the leader
-        # re-plans on what its own heartbeats saw (``leading.AgentView.no_shows``)
-        absent = self._stayed_away(plan, statuses, answered)
-        stalls, stalled = self._stalls, []
-        if stalls is not None and stalls.epoch == plan.epoch:  # and who trains it in name only
-            stalled = stalls.observe(statuses, answered)
-            running = set(stalls.unjudged()) - set(stalled) | set(self._unjudged[1])
-            self._unjudged = (plan.epoch, tuple(sorted(running)))
-        absent = sorted(set(absent) | set(stalled))
-        if absent and silent_s <= self.config.liveness.timeout_s:
-            seen = set(self._no_shows[1]) if self._no_shows[0] == plan.epoch else set()
-            self._no_shows = (plan.epoch, tuple(sorted(seen | set(absent))))
-        if plan.epoch <= self._aborted or plan.epoch != self._training:
-            return
-        dead, timeout_s = self.liveness.dead(), self.config.liveness.timeout_s
-        reason = epoch_failure(plan, self.peer_id, dead, statuses)
-        if reason is None and silent_s > timeout_s:
-            reason = f"this agent was silent for {silent_s:.0f} s (stopped or cut off): its peers re-planned without it"
-        if reason is None and absent:
-            waited_s = time.monotonic() - self._training_since
-            reason = (f"peer(s) {', '.join(absent)} answer heartbeats but have not taken up epoch {plan.epoch} "
-                      f"{waited_s:.1f} s after this agent did")
-            if stalled:
-                reason += (f" (say they train it, but wait on nobody and sent nothing: {', '.join(stalled)}; the "
-                           f"others' first messages allow {stalls.pace_s():.1f} s)")
-        else:
-            absent = []
-        if reason is not None:
-            self._aborted = plan.epoch
-            logger.warning("epoch %d: %s; halting it", plan.epoch, reason)
-            # a trainer found dead, or that never took up the epoch, is where the blames of the cascade end
-            # (not after our own silence)
-            gone = sorted(set(dead) & set(trainers_of(plan)) - {self.peer_id}) or absent
-            culprit = gone[0] if gone and silent_s <= timeout_s else None
-            self.transport.abort_epoch(plan.epoch, reason, culprit=culprit)
-
-    def _stayed_away(self, plan: PlanRecord, statuses, answered: dict[str, float]) -> list[str]:
-        """The trainers of ``plan`` whose answer to our heartbeat says they neither train its epoch nor are on
-        their way to it, past their time: one that does not even say it takes it up gets the control plane's
-        pace (``liveness.no_show_window_s``), one that says it checks the plan (``take``) the longer allowance.
-        Counted from when we took the epoch up until the answer came (``answered``: a stale answer, our own
-        pings starved, proves nothing), or, for a trainer we last saw train an older epoch toward this one's
-        start (a join re-plan point), from then: it still has to publish its halt and read the plan."""
-        for peer, status in statuses.items():
-            if status.state == TRAIN and status.epoch < plan.epoch:
-                self._on_way[peer] = answered.get(peer, time.monotonic())
-
-        def away_s(peer: str) -> float:
-            return answered.get(peer, -math.inf) - max(self._training_since, self._on_way.get(peer, -math.inf))
-
-        away = {p: self._no_show_after_s for p in no_shows(plan, self.peer_id, statuses)}  # busy ones: longer
-        away.update({p: self._taking_after_s for p in taking_up(plan, self.peer_id, statuses)})
-        self._unjudged = (plan.epoch, tuple(sorted(p for p, allowed_s in away.items() if away_s(p) <= allowed_s)))
-        return sorted(p for p, allowed_s in away.items() if away_s(p) > allowed_s)
+        """After every heartbeat round (the liveness thread): ``EpochWatch.on_round`` on the epoch followed."""
+        self._epochs.on_round(self._following, self.liveness)
 
     def _calibrate(self, device) -> ComputeMeasurement | None:
         """For the simulated objective: time the run's model on this device (``runtime.calibration``)."""
@@ -378,7 +311,7 @@ class Agent:
             device_name=profile.device_name, memory_gb=profile.memory_gb, tflops=profile.tflops,
             maddrs=tuple(self.dht.get_visible_maddrs()[:16]), region=region,
             emulated_device=emulation.device_index, compute=compute, data=self.data_id,
-            settings=settings.identity(self.config.train, self.config.verify), **self._access_gbps(),
+            settings=settings.identity(self.config.train, self.config.verify), **self._shaping.line(self.prober.access if self.prober is not None else {}),
         )  # fmt: skip
         self.dht.publish_peer(record)
         self._peer_record = record
@@ -478,14 +411,12 @@ class Agent:
             if self._membership.leader == self.peer_id:
                 self._leading.lead(self._membership)
         plan = self._next_plan()
-        training, done = self._training, self._went_on
-        if plan is not None and training is not None and training > self._aborted and overshot(
-                plan.start_step, training, plan.epoch, done):  # fmt: skip
-            self._aborted = training
+        training, done = self._epochs.training, self._went_on
+        if plan is not None and training is not None and overshot(plan.start_step, training, plan.epoch, done) and \
+                self._epochs.abort_first(training, f"a newer plan (epoch {plan.epoch}) starts after step "
+                                                   f"{plan.start_step}", failure=False):  # fmt: skip
             logger.info("epoch %d: the plan of epoch %d starts after step %d, which this agent passed before it saw "
                         "the plan; cutting the step in flight short", training, plan.epoch, plan.start_step)
-            self.transport.abort_epoch(training, f"a newer plan (epoch {plan.epoch}) starts after step {plan.start_step}",
-                                       failure=False)
         return plan
 
     def _poll_membership(self, tracker: MembershipTracker, previous: Membership) -> Membership:
@@ -504,7 +435,7 @@ class Agent:
         for peer, record in membership.peers.items():
             if peer == self.peer_id:
                 continue
-            self._shape_link(peer, record)
+            self._shaping.shape_link(peer, record)
             if peer not in self._dialled:
                 try:
                     self.transport.connect(peer, record.maddrs, self.config.links.connect_timeout_s)
@@ -567,29 +498,11 @@ class Agent:
             targets |= {plan.peer_at(i, stage) for i in range(plan.replicas)}
         return (targets & set(others)) | {p for p in others if p not in (plan.membership if plan else ())}
 
-    def _access_gbps(self) -> dict[str, float]:
-        """The access link to publish (``PeerRecord.uplink_gbps``/``downlink_gbps``; ``links.line_to_publish``):
-        what ``[links]`` declares, else an emulated device's own (in the emulated frame its links are measured
-        in), else what the prober measured."""
-        links = self.config.links
-        declared = {"uplink_gbps": links.uplink_mbps, "downlink_gbps": links.downlink_mbps}
-        emulated = None
-        if self.network is not None:
-            up, down = self.emulator.access()  # bytes/s
-            emulated = {"uplink_gbps": up, "downlink_gbps": down}
-        return line_to_publish(declared, emulated, self.prober.access if self.prober is not None else {})
-
-    def _measures_access(self) -> bool:
-        """Whether the prober measures our line: asked to, and neither declared both ways nor emulated."""
-        links = self.config.links
-        declared = links.uplink_mbps is not None and links.downlink_mbps is not None
-        return links.measure_access and not declared and self.network is None
-
     def _on_access(self, measured: dict) -> None:
         """The prober measured our line anew (``measured``, also its ``access``): publish it in our peer record
         where nothing declared wins."""
         record = self._peer_record
-        line = self._access_gbps()
+        line = self._shaping.line(self.prober.access if self.prober is not None else {})
         if record is None or line == {k: getattr(record, k) for k in line}:
             return
         record = dataclasses.replace(record, **line)
@@ -600,34 +513,6 @@ class Agent:
             return
         self._peer_record = record
         self.events.write("access", **line)
-
-    def _shape_access(self) -> None:
-        """Emulate our device's access link (a home's uplink and downlink, shared by all our flows), if the
-        network gives it one."""
-        me = self.config.emulation.device_index
-        emulation = EmulationConfig(self.config.emulation.time_scale, self.config.emulation.size_factor)
-        up, down = (None if v is None or not math.isfinite(v[me]) else scaled_bandwidth(float(v[me]), emulation)
-                    for v in (self.network.uplink_gbps, self.network.downlink_gbps))  # fmt: skip
-        if up is not None or down is not None:
-            self.emulator.set_access(up, down)
-            logger.info("access link emulated: uplink %s, downlink %s", *(
-                f"{v * 8 / 1e6:.3f} Mbit/s" if v is not None else "unlimited" for v in (up, down)))
-
-    def _shape_link(self, peer: str, record: PeerRecord) -> None:
-        """Emulate the link to ``peer`` as the network's link from our device to the one it plays."""
-        if self.network is None or peer in self._shaped:
-            return
-        me, other = self.config.emulation.device_index, record.emulated_device
-        self._shaped.add(peer)
-        if other is None or other == me or other >= self.network.num_devices:
-            logger.warning("peer %s plays device %s: not a device of the emulated network other than ours (%d); "
-                           "its link is not shaped", peer, other, me)
-            return
-        emulation = EmulationConfig(self.config.emulation.time_scale, self.config.emulation.size_factor)
-        link = scaled_link(self.network.latency_ms[me, other], self.network.bandwidth_gbps[me, other], emulation)
-        self.emulator.set_link(peer, link.latency_s, link.bandwidth_bytes_per_s)
-        logger.info("link to peer %s (device %d) emulated: %.2f ms, %.3f Mbit/s", peer, other,
-                    link.latency_s * 1e3, link.bandwidth_bytes_per_s * 8 / 1e6)
 
     def _on_links(self, row) -> None:
         try:  # the other ends' own rows: the direction their messages to us travel
@@ -765,7 +650,7 @@ class Agent:
         if newest is not None and newest.epoch > plan.epoch and newest.leader == leader:
             return  # it planned the next epoch already: it does its job
         statuses = self.liveness.statuses() if self.liveness is not None else {}
-        failed = self._halted_epoch == plan.epoch or self._aborted == plan.epoch or any(
+        failed = self._halted_epoch == plan.epoch or self._epochs.aborted == plan.epoch or any(
             s.state == FAIL and s.epoch == plan.epoch for s in statuses.values())  # fmt: skip
         if not failed:
             return
@@ -805,12 +690,9 @@ class Agent:
         statuses = self.liveness.statuses() if self.liveness is not None else {}
         following = self._following
         check_s = self._gate.check_s(following) if following is not None and self._gate is not None else 0.0
-        def of_followed(epoch_peers: tuple[int, tuple[str, ...]]) -> tuple[str, ...]:
-            return epoch_peers[1] if following is not None and epoch_peers[0] == following.epoch else ()
-
+        no_shows_, unjudged = self._epochs.seen(following.epoch) if following is not None else ((), ())
         return AgentView(self._seen, following, self._newest_seen, self._done_now, self._max_epoch_seen,
-                         statuses, self._progress_seen, check_s, of_followed(self._no_shows),
-                         of_followed(self._unjudged))  # fmt: skip
+                         statuses, self._progress_seen, check_s, no_shows_, unjudged)  # fmt: skip
 
     def _note_waiting(self, note: str) -> None:
         if note != self._last_wait_note:
@@ -848,14 +730,9 @@ class Agent:
         # A trainer may take the epoch up this long after us (``liveness.no_shows``): two liveness timeouts, and
         # twice the search the plan cost us (followers check a plan by planning its records themselves)
         effort_s = self._leading.published_search_s if plan.leader == self.peer_id else self._gate.check_s(plan)
-        self._taking_after_s = NO_SHOW_TIMEOUTS * cfg.liveness.timeout_s + 2.0 * effort_s
-        self._no_show_after_s = no_show_window_s(cfg.liveness.interval_s, self._leaders.grace_s, cfg.membership.poll_s,
-                                                 self._taking_after_s)  # fmt: skip
-        self._on_way = {}
-        self._training_since = time.monotonic()  # before ``_training``: the heartbeats' thread reads them
-        self._observing = plan.epoch  # the no-shows of its epoch, until we follow another (``_on_heartbeats``)
-        self._stalls = StallWatch(plan, self.peer_id, self._training_since, NO_SHOW_INTERVALS * cfg.liveness.interval_s)
-        self._training = plan.epoch
+        taking_after_s = NO_SHOW_TIMEOUTS * cfg.liveness.timeout_s + 2.0 * effort_s
+        self._epochs.begin(plan, taking_after_s, no_show_window_s(cfg.liveness.interval_s, self._leaders.grace_s,
+                                                                  cfg.membership.poll_s, taking_after_s))  # fmt: skip
         peers = dict(self._membership.peers)
         self._boundary = BoundaryWatch(self._boundary_check, min(cfg.membership.poll_s, INTERVAL_S)).start()
         try:
@@ -871,7 +748,7 @@ class Agent:
             self._run_moved_at = time.monotonic()  # the idle clock starts when our epoch ends
             self._boundary.stop()  # the agent's loop polls again from here, alone
             self._boundary = None
-            self._training = None
+            self._epochs.end()
             self._done_now = self._went_on = None
             if not self.stop.is_set():
                 self.prober.resume()

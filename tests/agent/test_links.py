@@ -23,6 +23,7 @@ from agent_helpers import run_swarm
 from p2ptrain.agent.agent import Agent
 from p2ptrain.agent.config import AgentConfig, LinksConfig
 from p2ptrain.agent.links import LinkProber, line_to_publish
+from p2ptrain.agent.shaping import LinkShaping
 from p2ptrain.net.dht.records import LinkMeasurement, LinksRecord, PeerRecord
 from p2ptrain.net.transport.access_probe import AccessConfig, Direction
 from p2ptrain.net.transport.endpoint import Transport, TransportConfig
@@ -185,12 +186,10 @@ class Events:
 
 
 def agent_stand_in(links: LinksConfig, measured: dict) -> SimpleNamespace:
-    """What ``Agent._on_access`` touches: its config, network, emulator, prober, DHT, events, last record."""
-    agent = SimpleNamespace(config=AgentConfig(initial_peers=(BOOTSTRAP,), links=links),
-                            network=None, emulator=None, prober=SimpleNamespace(access=measured), dht=PeerBoard(),
-                            events=Events(), _peer_record=PeerRecord(device_name="cpu", memory_gb=8.0, tflops=1.0))
-    agent._access_gbps = lambda: Agent._access_gbps(agent)
-    return agent
+    """What ``Agent._on_access`` touches: its link shaping, prober, DHT, events, last record."""
+    config = AgentConfig(initial_peers=(BOOTSTRAP,), links=links)
+    return SimpleNamespace(_shaping=LinkShaping(config), prober=SimpleNamespace(access=measured), dht=PeerBoard(),
+                           events=Events(), _peer_record=PeerRecord(device_name="cpu", memory_gb=8.0, tflops=1.0))
 
 
 def test_an_agent_publishes_its_measured_line_in_its_peer_record_where_nothing_declared_wins():
@@ -202,11 +201,11 @@ def test_an_agent_publishes_its_measured_line_in_its_peer_record_where_nothing_d
     Agent._on_access(agent, measured)  # nothing new: nothing published
     assert len(agent.dht.records) == 1
     declared = agent_stand_in(LinksConfig(uplink_mbps=20.0, downlink_mbps=50.0), measured)
-    assert not Agent._measures_access(declared)  # both declared: the prober does not measure
+    assert not declared._shaping.measures_access()  # both declared: the prober does not measure
     Agent._on_access(declared, measured)
     assert declared.dht.records[-1].uplink_gbps == pytest.approx(0.02)  # the declared line, not the measured
-    assert Agent._measures_access(agent_stand_in(LinksConfig(uplink_mbps=20.0), measured))
-    assert not Agent._measures_access(agent_stand_in(LinksConfig(measure_access=False), measured))
+    assert agent_stand_in(LinksConfig(uplink_mbps=20.0), measured)._shaping.measures_access()
+    assert not agent_stand_in(LinksConfig(measure_access=False), measured)._shaping.measures_access()
 
 
 MBIT = 1e6 / 8  # bytes/s in a Mbit/s
