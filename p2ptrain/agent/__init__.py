@@ -9,6 +9,7 @@
 - ``epoch``: ``run_epoch``: train one plan epoch through ``runtime.session.StageTrainer``, heartbeats.
 - ``epoch_watch``: ``EpochWatch``, what the heartbeats watch of the epoch followed: no-shows, aborts.
 - ``shaping``: ``LinkShaping``, the emulated network's links and the access line a peer record says.
+- ``membership_reader``: ``MembershipReader``, who is live at each poll: claims bounded, the dead left out.
 - ``senders``, ``tag_senders``: who may send this agent tensors, how much each may buffer, which tag from whom.
 - ``events``: the agent's JSON-lines event file (what the swarm and the monitor read).
 - ``leadership/``: who leads and what a plan is (election, standing, membership, the plan maker, the

@@ -79,7 +79,6 @@ from p2ptrain.agent.epoch import EpochContext, EpochOutcome, Heartbeat, run_epoc
 from p2ptrain.agent.epoch_watch import EpochWatch
 from p2ptrain.agent.events import EventLog
 from p2ptrain.agent.leadership import settings
-from p2ptrain.agent.leadership.claims import bounded, record_problem
 from p2ptrain.agent.leadership.disputes import EvidenceInbox
 from p2ptrain.agent.leadership.election import finished_without, latest_plan
 from p2ptrain.agent.leadership.leader import AgentView, Leader
@@ -88,6 +87,7 @@ from p2ptrain.agent.leadership.plan_check import CulpableWatch, LeaderWatch, Pla
 from p2ptrain.agent.leadership.run_stages import RunStages, stages_on_disk
 from p2ptrain.agent.leadership.standing import followed_instead
 from p2ptrain.agent.links import LinkProber
+from p2ptrain.agent.membership_reader import MembershipReader
 from p2ptrain.agent.profile import profile_device
 from p2ptrain.agent.senders import min_rates, sender_budgets
 from p2ptrain.agent.shaping import LinkShaping
@@ -149,8 +149,8 @@ class Agent:
         self._plans_read: tuple[PlanRecord, ...] = ()  # the plan records of the last read, one per signer
         self._max_epoch_seen = -1  # over every verified plan: a new leader numbers above it
         self._plans_logged: Any = None
-        self._dialled: set[str] = set()
         self._tracker: MembershipTracker | None = None
+        self._reader: MembershipReader | None = None  # the poll's read of who is live (from the loop's start)
         self._membership = Membership({})
         self._seen = Membership({})  # the live view before passed-over leaders are left out
         self._leaders = LeaderWatch(config.membership.leader_grace_s, config.membership.leader_backoff_s,
@@ -169,7 +169,6 @@ class Agent:
         self._done_now: int | None = None  # steps done in the epoch being trained
         self._went_on: int | None = None  # steps done at the last boundary that went on to the next step
         self._boundary: BoundaryWatch[PlanRecord] | None = None  # the step-boundary check while an epoch trains
-        self._claims_noted: set[tuple[str, str]] = set()  # (peer, what was said): each said once
         # with the recompute check one more: a step is checked in the next one's shadow (``verify.recompute_check``)
         self.keeper = StateKeeper(config.churn.keep_states + int(config.verify.enabled))
         self.store: StateStore | None = None
@@ -325,6 +324,8 @@ class Agent:
     def _loop(self, device) -> AgentResult:
         cfg = self.config
         self._tracker = MembershipTracker(self.peer_id, data=self.data_id, settings=settings.identity(cfg.train, cfg.verify))
+        self._reader = MembershipReader(cfg, self.peer_id, self._tracker, self.dht, self.transport, self.prober,
+                                        self.liveness, self._leaders, self._shaping, self.events)  # fmt: skip
         self._gate = PlanGate(self.peer_id, cfg.train, cfg.plan, cfg.emulation, self._leaders, cfg.dht.peer_ttl_s,
                               self.dht.read_links,
                               lambda cluster, trainers, peers, train: self._leading.plan_workload(
@@ -381,7 +382,10 @@ class Agent:
         return AgentResult(self.peer_id, False, 0, self.stop.reason)
 
     def _poll(self) -> None:
-        self._membership = self._poll_membership(self._tracker, self._membership)
+        read = self._reader.read(self._following)
+        if read is not None:
+            self._seen, self._membership = read
+            self._admit_senders(self._membership)
         self._last_poll = time.monotonic()
 
     def _should_halt(self, done: int | None) -> bool:
@@ -419,60 +423,6 @@ class Agent:
                         "the plan; cutting the step in flight short", training, plan.epoch, plan.start_step)
         return plan
 
-    def _poll_membership(self, tracker: MembershipTracker, previous: Membership) -> Membership:
-        try:
-            membership = self._checked_claims(tracker.update(self.dht.read_peers()))
-        except ProtocolError as e:
-            logger.warning("reading the peer records failed: %s; keeping the last view", e)
-            return previous
-        if self.liveness is not None:
-            self.liveness.watch(self._watch_targets(membership))
-            dead = self.liveness.dead()
-            membership = Membership({p: r for p, r in membership.peers.items() if p not in dead or p == self.peer_id})
-        membership = Membership(membership.peers, self._leaders.standing)  # who leads: ``leadership.standing``
-        self._seen = membership
-        membership = membership.without(*(self._leaders.excluded() - {self.peer_id}))
-        for peer, record in membership.peers.items():
-            if peer == self.peer_id:
-                continue
-            self._shaping.shape_link(peer, record)
-            if peer not in self._dialled:
-                try:
-                    self.transport.connect(peer, record.maddrs, self.config.links.connect_timeout_s)
-                    self._dialled.add(peer)
-                except Exception as e:  # the daemon raises its own error types for an unreachable peer
-                    logger.warning("cannot dial peer %s at %s: %s; retrying", peer, " ".join(record.maddrs), e)
-        settle_s = self.config.links.settle_s
-        self.prober.set_peers(
-            p for p in membership.ids
-            if p != self.peer_id and p in self._dialled and tracker.known_for_s(p) >= settle_s
-        )  # fmt: skip
-        self._admit_senders(membership)
-        return membership
-
-    def _checked_claims(self, membership: Membership) -> Membership:
-        """The members whose claims a real device could make, their tflops bounded by their calibration
-        (``leadership.claims``: a pure function of each record, so every agent's view agrees)."""
-        shape, peak = self.config.train.shape, self.config.claims.peak_over_calibrated
-        peers = {}
-        for peer, record in membership.peers.items():
-            problem = record_problem(record, shape)
-            if problem is not None:
-                self._note_claim(peer, f"ignoring peer {peer}: {problem}", "claim_refused", reason=problem)
-                continue
-            peers[peer] = bounded(record, shape, peak)
-            if peers[peer].tflops < record.tflops:
-                self._note_claim(peer, f"peer {peer} claims {record.tflops:g} TFLOP/s, {peak:g}x beyond what its "
-                                 f"calibration shows: planned with {peers[peer].tflops:.3g}", "claim_bounded",
-                                 claimed=record.tflops, bound=peers[peer].tflops)  # fmt: skip
-        return Membership(peers)
-
-    def _note_claim(self, peer: str, line: str, event: str, **fields: Any) -> None:
-        if (peer, event) not in self._claims_noted:
-            self._claims_noted.add((peer, event))
-            logger.warning("%s", line)
-            self.events.write(event, peer=peer, **fields)
-
     def _admit_senders(self, membership: Membership, *plans: PlanRecord) -> None:
         """Who may send us tensors, and how much each may hold (``agent.senders``): the members of the plans
         we train or may train next, then other live peers; nobody else. Which tag each sends: ``agent.tag_senders``."""
@@ -481,22 +431,6 @@ class Agent:
         mailbox.sends_tag = TagSenders.of(self.peer_id, candidates)  # and each tag only from the peer sending it
         mailbox.senders = sender_budgets(candidates, membership.ids, self.peer_id, self.config.train,
                                          self.config.transport.step_window)  # fmt: skip
-
-    def _watch_targets(self, membership: Membership) -> set[str]:
-        """Whom to ping: every member in a small run; beyond ``watch_all_up_to``, the peers of our pipeline
-        and replica group, the leader and the next in line (who watch everyone)."""
-        others = [p for p in membership.ids if p != self.peer_id]
-        leader = membership.leader
-        first_two = {p for p in (leader, membership.without(leader).leader) if p is not None} if leader else set()
-        if len(others) <= self.config.liveness.watch_all_up_to or self.peer_id in first_two:
-            return set(others)
-        targets = first_two - {self.peer_id}
-        plan = self._following
-        if plan is not None and plan.position_of(self.peer_id) is not None:
-            row, stage = plan.position_of(self.peer_id)
-            targets |= {plan.peer_at(row, j) for j in (stage - 1, stage + 1) if 0 <= j < plan.stages}
-            targets |= {plan.peer_at(i, stage) for i in range(plan.replicas)}
-        return (targets & set(others)) | {p for p in others if p not in (plan.membership if plan else ())}
 
     def _on_access(self, measured: dict) -> None:
         """The prober measured our line anew (``measured``, also its ``access``): publish it in our peer record

@@ -1,0 +1,121 @@
+"""Who is live, read every poll: the verified peer records, their claims bounded, the dead left out.
+
+    reader = MembershipReader(config, peer_id, tracker, dht, transport, prober, liveness, leaders, shaping, events)
+    seen, membership = reader.read(following)  # None where the records could not be read
+
+Each read takes the run's peer records (``leadership.membership.MembershipTracker``: compatible data and
+settings), keeps the peers whose claims a real device could make, their TFLOP/s bounded by their calibration
+(``leadership.claims``: a pure function of each record, so every agent's view agrees), leaves out the peers
+the heartbeats found dead, orders them by standing (``leadership.standing``; ``seen``) and leaves out the
+leaders passed over (``membership``). New peers are dialled by address and their links shaped when
+emulating (``shaping.LinkShaping``); the ones known for ``links.settle_s`` go to the link prober. It tells
+the heartbeats whom to ping: every member in a small run, beyond ``liveness.watch_all_up_to`` the peers of our
+pipeline and replica group, the leader and the next in line (who watch everyone).
+
+Used by the poller alone (the agent's main thread, or its step-boundary thread while an epoch trains: one at
+a time; ``agent`` says how), so its fields need no lock.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from p2ptrain.agent.churn.liveness import LivenessMonitor
+from p2ptrain.agent.config import AgentConfig
+from p2ptrain.agent.events import EventLog
+from p2ptrain.agent.leadership.claims import bounded, record_problem
+from p2ptrain.agent.leadership.membership import Membership, MembershipTracker
+from p2ptrain.agent.leadership.plan_check import LeaderWatch
+from p2ptrain.agent.links import LinkProber
+from p2ptrain.agent.shaping import LinkShaping
+from p2ptrain.errors import ProtocolError
+from p2ptrain.net.dht.node import SwarmDHT
+from p2ptrain.net.dht.records import PlanRecord
+from p2ptrain.net.transport.endpoint import Transport
+
+logger = logging.getLogger(__name__)
+
+
+class MembershipReader:
+    """An agent's reads of who is live (module docstring); ``liveness`` None where heartbeats are off."""
+
+    def __init__(self, config: AgentConfig, peer_id: str, tracker: MembershipTracker, dht: SwarmDHT,
+                 transport: Transport, prober: LinkProber, liveness: LivenessMonitor | None, leaders: LeaderWatch,
+                 shaping: LinkShaping, events: EventLog):  # fmt: skip
+        self.config, self.peer_id, self.dht, self.transport, self.events = config, peer_id, dht, transport, events
+        self._tracker, self.prober, self.liveness, self._leaders = tracker, prober, liveness, leaders
+        self._shaping = shaping
+        self._dialled: set[str] = set()
+        self._claims_noted: set[tuple[str, str]] = set()  # (peer, what was said): each said once
+
+    def read(self, following: PlanRecord | None) -> tuple[Membership, Membership] | None:
+        """The live members, with the passed-over leaders and without (None if the records could not be read:
+        the last view stands); the new ones dialled and shaped, the settled ones handed to the prober.
+        ``following``: the plan this agent follows (whom the heartbeats watch)."""
+        tracker = self._tracker
+        try:
+            membership = self._checked_claims(tracker.update(self.dht.read_peers()))
+        except ProtocolError as e:
+            logger.warning("reading the peer records failed: %s; keeping the last view", e)
+            return None
+        if self.liveness is not None:
+            self.liveness.watch(self._watch_targets(membership, following))
+            dead = self.liveness.dead()
+            membership = Membership({p: r for p, r in membership.peers.items() if p not in dead or p == self.peer_id})
+        seen = Membership(membership.peers, self._leaders.standing)  # who leads: ``leadership.standing``
+        membership = seen.without(*(self._leaders.excluded() - {self.peer_id}))
+        for peer, record in membership.peers.items():
+            if peer == self.peer_id:
+                continue
+            self._shaping.shape_link(peer, record)
+            if peer not in self._dialled:
+                try:
+                    self.transport.connect(peer, record.maddrs, self.config.links.connect_timeout_s)
+                    self._dialled.add(peer)
+                except Exception as e:  # the daemon raises its own error types for an unreachable peer
+                    logger.warning("cannot dial peer %s at %s: %s; retrying", peer, " ".join(record.maddrs), e)
+        settle_s = self.config.links.settle_s
+        self.prober.set_peers(
+            p for p in membership.ids
+            if p != self.peer_id and p in self._dialled and tracker.known_for_s(p) >= settle_s
+        )  # fmt: skip
+        return seen, membership
+
+    def _checked_claims(self, membership: Membership) -> Membership:
+        """The members whose claims a real device could make, their tflops bounded by their calibration
+        (``leadership.claims``: a pure function of each record, so every agent's view agrees)."""
+        shape, peak = self.config.train.shape, self.config.claims.peak_over_calibrated
+        peers = {}
+        for peer, record in membership.peers.items():
+            problem = record_problem(record, shape)
+            if problem is not None:
+                self._note_claim(peer, f"ignoring peer {peer}: {problem}", "claim_refused", reason=problem)
+                continue
+            peers[peer] = bounded(record, shape, peak)
+            if peers[peer].tflops < record.tflops:
+                self._note_claim(peer, f"peer {peer} claims {record.tflops:g} TFLOP/s, {peak:g}x beyond what its "
+                                 f"calibration shows: planned with {peers[peer].tflops:.3g}", "claim_bounded",
+                                 claimed=record.tflops, bound=peers[peer].tflops)  # fmt: skip
+        return Membership(peers)
+
+    def _note_claim(self, peer: str, line: str, event: str, **fields: Any) -> None:
+        if (peer, event) not in self._claims_noted:
+            self._claims_noted.add((peer, event))
+            logger.warning("%s", line)
+            self.events.write(event, peer=peer, **fields)
+
+    def _watch_targets(self, membership: Membership, plan: PlanRecord | None) -> set[str]:
+        """Whom to ping: every member in a small run; beyond ``watch_all_up_to``, the peers of our pipeline
+        and replica group, the leader and the next in line (who watch everyone)."""
+        others = [p for p in membership.ids if p != self.peer_id]
+        leader = membership.leader
+        first_two = {p for p in (leader, membership.without(leader).leader) if p is not None} if leader else set()
+        if len(others) <= self.config.liveness.watch_all_up_to or self.peer_id in first_two:
+            return set(others)
+        targets = first_two - {self.peer_id}
+        if plan is not None and plan.position_of(self.peer_id) is not None:
+            row, stage = plan.position_of(self.peer_id)
+            targets |= {plan.peer_at(row, j) for j in (stage - 1, stage + 1) if 0 <= j < plan.stages}
+            targets |= {plan.peer_at(i, stage) for i in range(plan.replicas)}
+        return (targets & set(others)) | {p for p in others if p not in (plan.membership if plan else ())}
