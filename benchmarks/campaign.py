@@ -136,14 +136,14 @@ def member_cells(mode: str) -> list[Cell]:
     if mode in PIPELINE_MODES:
         placements.append(("leader-neighbour", 4, (2,)))
     placements += [("warm-copy holder", 4, (2,)), ("spare", 5, (1,) if stage0 else (3,)),
-                   ("colluding", 6, (1, 2) if stage0 else (4, 5))]  # fmt: skip
+                   ("colluding", 6, (1, 2) if stage0 else (4, 5))]
     merged: dict[tuple, list[str]] = {}
     for name, agents, rogues in placements:
         replicas = 3 if agents == 6 else 2
         if all(_sends_corrupt(mode, r // replicas) for r in rogues):
             merged.setdefault((agents, rogues), []).append(name)
     return [Cell(mode, "+".join(names), "member", agents, rogues,
-                 tuple(_shape(mode, 3 if agents == 6 else 2).items()))  # fmt: skip
+                 tuple(_shape(mode, 3 if agents == 6 else 2).items()))
             for (agents, rogues), names in merged.items()]
 
 
@@ -154,7 +154,7 @@ def all_cells() -> list[Cell]:
             # silent at the re-plan a killed trainer makes (30 steps: the kill lands while the run trains)
             Cell("silent_replan", "lowest-ID leader, a trainer killed at step 2", "leader", 5, (0,), kill_at=2,
                  steps=30),
-            *(Cell(mode, "member", "swallower", 5, (1,)) for mode in SWALLOW_MODES)]  # fmt: skip
+            *(Cell(mode, "member", "swallower", 5, (1,)) for mode in SWALLOW_MODES)]
 
 
 def run_once(cell: Cell, seed: int, keys: Path, attacked: bool) -> dict:
@@ -170,7 +170,7 @@ def run_once(cell: Cell, seed: int, keys: Path, attacked: bool) -> dict:
     if cell.family != "leader":  # the open run keeps every default, as rogue.py's ``_open_run``
         settings["call_timeout_s"] = CALL_TIMEOUT_S
     config = SwarmConfig(agents=len(slots), stages=STAGES, steps=cell.steps, scenario=None, workdir=str(workdir),
-                         run="campaign", seed=seed, **settings)  # fmt: skip
+                         run="campaign", seed=seed, **settings)
     script = [sys.executable, str(ROGUES / SCRIPTS[cell.family]), cell.mode]
     commands = {r: script for r in cell.rogues} if attacked else {}
     overrides = {"membership": {"expect": 4}} if cell.family == "leader" else {}
@@ -180,11 +180,11 @@ def run_once(cell: Cell, seed: int, keys: Path, attacked: bool) -> dict:
         with contextlib.redirect_stdout(sys.stderr):  # run_agents prints failed agents' log tails
             agents, codes, train = run_agents(workdir, config, commands, overrides, DEADLINE_S,
                                               on_start=_killer(cell.kill_at, set(commands), killed)
-                                              if cell.kill_at else None)  # fmt: skip
+                                              if cell.kill_at else None)
     except Exception as error:  # a failed start or a logging error: the row says so, the campaign goes on
         return {"workdir": str(workdir), "error": f"{type(error).__name__}: {error}", "finished": False,
                 "reference": False, "rogue_quarantined": False, "honest_passed_over": [], "honest_quarantined": [],
-                "stranded": len(slots) - len(commands), "plans": 0, "seconds": None}  # fmt: skip
+                "stranded": len(slots) - len(commands), "plans": 0, "seconds": None}
     codes = {name: code for name, code in codes.items() if int(name.rsplit("-", 1)[1]) not in killed}
     return {"workdir": str(workdir), "killed": killed, **measure(agents, codes, train, set(commands), started, killed)}
 
@@ -199,7 +199,7 @@ def _killer(step: int, rogues: set[int], killed: list[int]):
             while time.monotonic() < deadline and not killed:
                 for a in agents[1:]:
                     if a.index not in rogues and any(e["event"] == "step" and e["step"] >= step
-                                                     for e in events(a.events.path)):  # fmt: skip
+                                                     for e in events(a.events.path)):
                         killed.append(a.index)
                         group.signal(a.name, signal.SIGKILL)
                         return
@@ -218,7 +218,7 @@ def measure(agents: list, codes: dict, train, rogues: set[int], started: float, 
     logs = {a.index: events(a.events.path) for a in honest}
     log = [e for mine in logs.values() for e in mine]
     done = {k: max(e["time"] for e in mine if e["event"] == "done") for k, mine in logs.items()
-            if any(e["event"] == "done" for e in mine)}  # fmt: skip
+            if any(e["event"] == "done" for e in mine)}
     finished_at = max(done.values()) if len(done) == len(honest) else time.time()
     plans = {e["epoch"]: e for e in log if e["event"] == "plan"}
     quarantined = sorted({index.get(e["peer"], e["peer"]) for e in log if e["event"] == "quarantined"}, key=str)
@@ -229,7 +229,7 @@ def measure(agents: list, codes: dict, train, rogues: set[int], started: float, 
             "rogue_quarantined": bool(rogues) and rogues <= set(quarantined), "quarantined": quarantined,
             "passed_over": passed, "honest_quarantined": [k for k in quarantined if k not in rogues and k not in killed],
             "honest_passed_over": [k for k in passed if k not in rogues],  # the killed one is a fault we made
-            "first_plan": _layout(plans[min(plans)], index) if plans else None}  # fmt: skip
+            "first_plan": _layout(plans[min(plans)], index) if plans else None}
 
 
 def _layout(event: dict, index: dict) -> dict:
@@ -238,7 +238,7 @@ def _layout(event: dict, index: dict) -> dict:
     groups = [[index.get(devices[row[j]], devices[row[j]]) for row in plan["pipelines"]] for j in range(plan["stages"])]
     keepers = (plan.get("warm_copies") or {}).get("peers") or []
     return {"stages": groups, "spares": [index.get(p, p) for p in event["spares"]],
-            "warm_copies": [index.get(p, p) if p is not None else None for p in keepers]}  # fmt: skip
+            "warm_copies": [index.get(p, p) if p is not None else None for p in keepers]}
 
 
 def run_seed(cell: Cell, seed: int) -> dict:
@@ -255,7 +255,7 @@ def run_seed(cell: Cell, seed: int) -> dict:
             "agents": cell.agents, "rogues": list(cell.rogues), "settings": dict(cell.settings), "seed": seed,
             "clean": clean, "attacked": attacked,
             "extra_s": attacked["seconds"] - clean["seconds"] if timed else None,
-            "limit_s": max(LIMIT_FLOOR_S, clean["seconds"] / 2) if clean["seconds"] is not None else LIMIT_FLOOR_S}  # fmt: skip
+            "limit_s": max(LIMIT_FLOOR_S, clean["seconds"] / 2) if clean["seconds"] is not None else LIMIT_FLOOR_S}
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -276,7 +276,7 @@ def failures(row: dict) -> list[str]:
               (not a["reference"], "reference"), (row["family"] != "leader" and not a["rogue_quarantined"],
               "rogue free"), (bool(a["honest_passed_over"]), "honest passed over"),
               (bool(_honest_quarantined(a)), "honest quarantined"), (a["stranded"] > 0, "stranded"),
-              (row["extra_s"] is None or row["extra_s"] > row["limit_s"], "over limit")]  # fmt: skip
+              (row["extra_s"] is None or row["extra_s"] > row["limit_s"], "over limit")]
     why += [what for failed, what in checks if failed]
     return why
 
@@ -297,7 +297,7 @@ def summarise(rows: list[dict]) -> dict:
             "clean_s": statistics.mean(cleans) if cleans else None,
             "extra_mean_s": statistics.mean(extras) if extras else None, "extra_max_s": max(extras, default=None),
             "limit_s": max(LIMIT_FLOOR_S, statistics.mean(cleans) / 2) if cleans else LIMIT_FLOOR_S,
-            "passed": not why, "why": why}  # fmt: skip
+            "passed": not why, "why": why}
 
 
 def table(summaries: list[dict]) -> list[str]:
@@ -308,7 +308,7 @@ def table(summaries: list[dict]) -> list[str]:
 
     lines = [f"{'cell':<54} {'runs':>4} {'finished':>8} {'reference':>9} {'rogue q':>7} {'honest p/o':>10} "
              f"{'honest q':>8} {'stranded':>8} {'plans':>5} {'clean s':>7} {'extra s mean/max':>16} "
-             f"{'limit s':>7}  result"]  # fmt: skip
+             f"{'limit s':>7}  result"]
     for s in summaries:
         runs = s["runs"]
         plans = "-".join(map(str, (s["plans"][0], s["plans"][-1]) if len(s["plans"]) > 1 else s["plans"]))
@@ -317,7 +317,7 @@ def table(summaries: list[dict]) -> list[str]:
         lines.append(f"{s['cell']:<54} {runs:>4} {s['finished']:>4}/{runs:<3} {s['reference']:>5}/{runs:<3} "
                      f"{s['rogue_quarantined']:>3}/{runs:<3} {s['honest_passed_over']:>6}/{runs:<3} "
                      f"{s['honest_quarantined']:>4}/{runs:<3} {s['stranded']:>8} {plans:>5} "
-                     f"{seconds(s['clean_s']):>7} {extra:>16} {s['limit_s']:>7.1f}  {result}")  # fmt: skip
+                     f"{seconds(s['clean_s']):>7} {extra:>16} {s['limit_s']:>7.1f}  {result}")
     return lines
 
 
@@ -336,7 +336,7 @@ def main(seeds: int, quick: bool, only: tuple[str, ...], resume: bool, as_json: 
     if list_only:
         for c in cells:
             click.echo(f"{c.name:<54} {c.seeds(seeds, quick):>2} seeds  {c.agents} agents, rogues {list(c.rogues)}, "
-                       f"{dict(c.settings)}")  # fmt: skip
+                       f"{dict(c.settings)}")
         return
     # SIGTERM unwinds like Ctrl-C: the running swarm's process group stops its agents, their DHT processes and
     # daemons (without this they outlived the campaign); the seed in flight is not written, --resume redoes it
@@ -357,7 +357,7 @@ def main(seeds: int, quick: bool, only: tuple[str, ...], resume: bool, as_json: 
         rows[(cell.name, seed)] = row
         click.echo(f"[{n}/{len(todo)}] {cell.name} seed {seed}: clean {row['clean']['seconds'] or 0:.1f} s, "
                    f"attacked {row['attacked']['seconds'] or 0:.1f} s ({time.monotonic() - began:.0f} s in all)"
-                   f"{'' if not failures(row) else ': ' + ', '.join(failures(row))}", err=True)  # fmt: skip
+                   f"{'' if not failures(row) else ': ' + ', '.join(failures(row))}", err=True)
     summaries = []
     for cell in cells:
         mine = [rows[(cell.name, s)] for s in range(cell.seeds(seeds, quick)) if (cell.name, s) in rows]

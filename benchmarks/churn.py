@@ -71,11 +71,11 @@ def main(only: str | None, as_json: bool) -> None:
             failures.append({"agent": index, "as": failure["as"], "step": failure["step"], "next_step_s": next_s,
                              "in_steps": next_s / step_s if next_s is not None else None})
         replans = [{**r, "in_steps": r["recovery_s"] / step_s if r["recovery_s"] is not None else None}
-                   for r in summary["replans"]]  # fmt: skip
+                   for r in summary["replans"]]
         results.append({"scenario": scenario, "settings": label, "ok": result.ok, "median_step_time_s": step_s,
                         "failures": failures,
                         "restarted_from_zero": any(r["start_step"] == 0 for r in replans), "replans": replans,
-                        "workdir": result.workdir})  # fmt: skip
+                        "workdir": result.workdir})
     if as_json:
         click.echo(json.dumps(results))
         return
@@ -94,7 +94,7 @@ def main(only: str | None, as_json: bool) -> None:
             copies = r.get("warm_copies") or {}
             recovery = f"{r['recovery_s']:10.1f}" if r.get("recovery_s") is not None else f"{'—':>10}"
             copy = (f"{copies['every_steps']}, {copies['copy_s']:.3f}, {copies['per_step_s']:.4f}"
-                    if copies.get("every_steps") else "off")  # fmt: skip
+                    if copies.get("every_steps") else "off")
             click.echo(f"{run['scenario']:<10} {run['settings']:<25} {r['epoch']:>5} {r['kind']:<8} {r['start_step']:>4} "
                        f"{r['steps_redone']:>6} {recovery}  {copy:<30}  {r['reason'][:70]}")
     click.echo("next step: seconds from the kill (or the cut) to the next completed step; from: the step the new "

@@ -107,7 +107,7 @@ def main(sizes: str, repeats: int) -> None:
     seal, open_ = _aead_rate()
     print(f"AES-GCM on one core, 4 MiB records: seal {seal:.0f} MB/s, open {open_:.0f} MB/s", flush=True)
     config = {"max_message_bytes": max(sizes_mib) * MIB, "max_buffered_bytes": 4 * max(sizes_mib) * MIB,
-              "call_timeout_s": 60.0}  # fmt: skip
+              "call_timeout_s": 60.0}
     pairs = {}
     for name, direct in (("libp2p", False), ("direct", True)):
         receiver = Transport(RUN, TransportConfig(direct=direct, **config))
@@ -116,7 +116,7 @@ def main(sizes: str, repeats: int) -> None:
         pairs[name] = (sender, receiver)
     index = 0
     print(f"{'MiB':>4} {'tcp MB/s':>9} {'libp2p':>8} {'direct':>8} {'libp2p/tcp':>11} {'direct/tcp':>11} "
-          f"{'direct/libp2p':>14}")  # fmt: skip
+          f"{'direct/libp2p':>14}")
     try:
         for size in sizes_mib:
             tensor = torch.randn(size * MIB // 4)
@@ -135,7 +135,7 @@ def main(sizes: str, repeats: int) -> None:
             rate = {name: size * MIB / statistics.median(ts) / 1e6 for name, ts in times.items()}
             print(f"{size:>4} {rate['tcp']:>9.0f} {rate['libp2p']:>8.0f} {rate['direct']:>8.0f} "
                   f"{rate['libp2p'] / rate['tcp']:>10.2f}x {rate['direct'] / rate['tcp']:>10.2f}x "
-                  f"{rate['direct'] / rate['libp2p']:>13.2f}x", flush=True)  # fmt: skip
+                  f"{rate['direct'] / rate['libp2p']:>13.2f}x", flush=True)
         direct_channels = [c.is_direct for c in pairs["direct"][0]._channels._pools.get(str(pairs["direct"][1].peer_id), [])]
         print(f"direct channels used: {direct_channels}")
     finally:

@@ -117,7 +117,7 @@ def command(model, steps, replicas, batch_size, micro_batches, hs, outers, seeds
              TrainConfig(**{**base.__dict__, "sync": "diloco", "diloco": DiLoCoConfig(
                  inner_steps=h, outer_lr=lr, outer_momentum=m, overlap=tau is not None, overlap_steps=tau or 0,
                  fragments=f)}))
-            for h, (lr, m) in grid for tau in modes for f in fragment_list]  # fmt: skip
+            for h, (lr, m) in grid for tau in modes for f in fragment_list]
         runs = {(name, seed): TrainConfig(**{**cfg.__dict__, "seed": seed}) for name, cfg in settings
                 for seed in seed_list}
         results: dict[tuple[str, int], tuple[list[tuple[int, float]], float]] = {}

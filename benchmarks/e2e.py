@@ -58,7 +58,7 @@ def main() -> None:
             config = E2EConfig(scenario=name, agents=args.agents, stages=args.stages, steps=args.steps,
                                micro_batches=args.micro_batches, seed=args.seed, compute_scale=args.compute_scale,
                                settings=tuple(s.strip() for s in args.settings.split(",") if s.strip()),
-                               workdir=str(Path(args.workdir) / name) if args.workdir else None)  # fmt: skip
+                               workdir=str(Path(args.workdir) / name) if args.workdir else None)
             reports.append(run_e2e(config, stop))
             write_results(reports, Path(args.out), "e2e")  # after every network: a stopped run keeps what it did
     if args.json:

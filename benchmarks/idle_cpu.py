@@ -51,9 +51,9 @@ def main() -> None:
         maddrs = announce.read_text().split()
         for agent in agents:
             agent.config_path.write_text(_agent_toml(config, train, "idle", maddrs, agent, root, None, time_scale,
-                                                     size_factor))  # fmt: skip
+                                                     size_factor))
             group.start(agent.name, [sys.executable, "-m", "p2ptrain", "agent", "--config", str(agent.config_path)],
-                        log_path=agent.log_path, fork=True)  # fmt: skip
+                        log_path=agent.log_path, fork=True)
         print(f"settling {args.settle:.0f} s (links measured), then measuring {args.window:.0f} s ...", flush=True)
         time.sleep(args.settle)
         procs = {}

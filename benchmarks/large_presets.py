@@ -21,7 +21,7 @@ PRESETS = ("gpt3-xl", "llama-1b")
 def run(preset: str, steps: int, batch_size: int, device: str) -> dict:
     command = [sys.executable, "-m", "p2ptrain", "train", "--model", preset, "--steps", str(steps),
                "--batch-size", str(batch_size), "--micro-batches", "1", "--precision", "bf16",
-               "--activation-checkpointing", "--device", device, "--json"]  # fmt: skip
+               "--activation-checkpointing", "--device", device, "--json"]
     print("$", " ".join(command[1:]), flush=True)
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:

@@ -88,7 +88,7 @@ def _tally(workdir: Path, honest: set[str], leader_events: Path | None) -> dict:
     quarantined = [e["peer"] for e in events(leader_events) if e["event"] == "quarantined"] if leader_events else []
     return {"plans": len(plans), "quarantined": len(quarantined),
             "honest_refused": sum(1 for p in refused if p in honest),
-            "rogue_refused_lines": sum(1 for p in refused if p not in honest)}  # fmt: skip
+            "rogue_refused_lines": sum(1 for p in refused if p not in honest)}
 
 
 def _swarm(flood: bool) -> dict:
@@ -97,11 +97,11 @@ def _swarm(flood: bool) -> dict:
     started = time.monotonic()
     swarm = subprocess.Popen([sys.executable, "-m", "p2ptrain", "swarm", "--json", "--workdir", str(workdir), "--run",
                               run, "--scenario", "none", "--agents", "4", "--stages", "2", "--steps", "6"],
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     rogue = None
     if flood:
         rogue = subprocess.Popen([sys.executable, str(ROGUES / "rogue_sender.py"), run, *bootstrap_maddrs(workdir)],
-                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     out, _ = swarm.communicate(timeout=1200)
     took = time.monotonic() - started
     if rogue is not None:
@@ -112,7 +112,7 @@ def _swarm(flood: bool) -> dict:
     leader = summary.get("leader")
     return {"ok": swarm.returncode == 0 and summary.get("finished", False), "seconds": took,
             "workdir": str(workdir), **_tally(workdir, honest, workdir / f"agent-{leader}.events.jsonl"
-                                              if leader is not None else None)}  # fmt: skip
+                                              if leader is not None else None)}
 
 
 def _open_run(mode: str | None, steps: int) -> dict:
@@ -122,7 +122,7 @@ def _open_run(mode: str | None, steps: int) -> dict:
     sorted_identities(workdir, 5)
     agents_n = 5 if mode else 4
     config = SwarmConfig(agents=agents_n, stages=2, steps=steps, scenario=None, workdir=str(workdir),
-                         run="rogue-bench-leader")  # fmt: skip
+                         run="rogue-bench-leader")
     if not mode:  # the same honest identities, without the rogue's
         for k in range(4):
             (workdir / f"agent-{k + 1}.id").rename(workdir / f"honest-{k}.id")
@@ -135,24 +135,24 @@ def _open_run(mode: str | None, steps: int) -> dict:
     done = [e["time"] for a in honest for e in events(a.events.path) if e["event"] == "done"]
     took = (max(done) if len(done) == len(honest) else time.time()) - started
     leader_events = next((a.events.path for a in honest if any(e["event"] == "plan" for e in events(a.events.path))),
-                         None)  # fmt: skip
+                         None)
     passed = [e for a in honest for e in events(a.events.path) if e["event"] == "passed_over"]
     return {"ok": all(c == 0 for c in codes.values()), "seconds": took, "workdir": str(workdir),
-            "passed_over": len(passed), **_tally(workdir, {a.peer_id for a in honest}, leader_events)}  # fmt: skip
+            "passed_over": len(passed), **_tally(workdir, {a.peer_id for a in honest}, leader_events)}
 
 
 def _members(mode: str | None) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="p2ptrain-bench-rogue-"))
     sorted_identities(workdir, 5)
     config = SwarmConfig(agents=5, stages=2, steps=6, scenario=None, workdir=str(workdir), run="rogue-bench-member",
-                         call_timeout_s=15.0)  # fmt: skip
+                         call_timeout_s=15.0)
     commands = {1: [sys.executable, str(ROGUES / "rogue_member.py"), mode]} if mode else {}
     started = time.monotonic()
     agents, codes, _ = run_agents(workdir, config, commands, {}, 900)
     took = time.monotonic() - started
     honest = {a.peer_id for a in agents if a.index not in commands}
     return {"ok": all(c == 0 for c in codes.values()), "seconds": took, "workdir": str(workdir),
-            **_tally(workdir, honest, agents[0].events.path)}  # fmt: skip
+            **_tally(workdir, honest, agents[0].events.path)}
 
 
 def matches_reference(agents: list, train) -> bool:
@@ -170,7 +170,7 @@ def _corrupt(mode: str | None, pipeline: bool = False) -> dict:
     sorted_identities(workdir, 4)
     shape = {"micro_batches": 8, "strategy": "megatron"} if pipeline else {}
     config = SwarmConfig(agents=4, stages=2, steps=6, scenario=None, workdir=str(workdir), run="rogue-bench-corrupt",
-                         call_timeout_s=15.0, **shape)  # fmt: skip
+                         call_timeout_s=15.0, **shape)
     rogue = PIPELINE_CASES[mode][0] if mode in PIPELINE_CASES else 1  # never the leader (agent 0)
     commands = {rogue: [sys.executable, str(ROGUES / "corrupt_member.py"), mode]} if mode else {}
     started = time.time()  # the events' clock: until the last honest agent was done, not the teardown after
@@ -195,7 +195,7 @@ def _corrupt(mode: str | None, pipeline: bool = False) -> dict:
             "redone_per_replan": redone,
             "restarts": [p["start_step"] for p in sorted(plans, key=lambda p: p["epoch"])[1:]],
             "refused": [step for _, step in refused], "reference": matches_reference(honest, train),
-            **_tally(workdir, {a.peer_id for a in honest}, agents[0].events.path)}  # fmt: skip
+            **_tally(workdir, {a.peer_id for a in honest}, agents[0].events.path)}
 
 
 @click.command()
@@ -227,7 +227,7 @@ def main(as_json: bool, only: tuple[str, ...], leader_steps: tuple[int, ...], cl
     for steps in leader_steps:
         for mode in LEADER_MODES:
             scenarios.append((f"lowest-ID {mode} {steps}", lambda n=steps: clean(f"open {n}", lambda _: _open_run(None, n)),
-                              lambda m=mode, n=steps: _open_run(m, n)))  # fmt: skip
+                              lambda m=mode, n=steps: _open_run(m, n)))
     for scenario, clean_run, attacked in scenarios:
         if only and not any(o in scenario for o in only):
             continue

@@ -62,7 +62,7 @@ from p2ptrain.runtime.wire_quality import codec_errors, compare_wires, delta_cod
 @click.option("--bucket-elements", type=click.IntRange(min=1), default=1 << 18, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 def command(model, steps, stages, replicas, micro_batches, batch_size, schedule, wires, seeds, sync, inner_steps,
-            plan_path, scenario, time_scale, size_factor, rounds, settings, bucket_elements, as_json):  # fmt: skip
+            plan_path, scenario, time_scale, size_factor, rounds, settings, bucket_elements, as_json):
     seed_list = [int(s) for s in seeds.split(",") if s.strip()]
     cfg = TrainConfig(model=model, steps=steps, stages=stages, replicas=replicas, micro_batches=micro_batches,
                       global_batch_size=batch_size, schedule=schedule, seed=seed_list[0], num_threads=1,

@@ -57,7 +57,7 @@ def gpt2_config(shape: ModelShape, eos_id: int | None) -> dict:
         "tie_word_embeddings": False, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
         "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
         "use_cache": True, "initializer_range": 0.02, "torch_dtype": "float32", **special,
-    }  # fmt: skip
+    }
 
 
 def llama_config(shape: ModelShape, eos_id: int | None) -> dict:
@@ -75,7 +75,7 @@ def llama_config(shape: ModelShape, eos_id: int | None) -> dict:
         "rope_parameters": {"rope_type": "default", "rope_theta": shape.rope_theta},
         "tie_word_embeddings": False, "attention_bias": False, "attention_dropout": 0.0, "mlp_bias": False,
         "pretraining_tp": 1, "use_cache": True, "initializer_range": 0.02, "torch_dtype": "float32", **special,
-    }  # fmt: skip
+    }
 
 
 def hf_config(shape: ModelShape, eos_id: int | None) -> dict:

@@ -11,7 +11,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 PAGES = sorted([REPO / "README.md", *(p for folder in ("docs", "agent", "bootstrap", "benchmarks")
-                                      for p in (REPO / folder).glob("*.md"))])  # fmt: skip
+                                      for p in (REPO / folder).glob("*.md"))])
 LINK = re.compile(r"!?\[(?:[^\]\[]|\[[^\]]*\])*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 FENCE = re.compile(r"^\s*(```|~~~)")
 
@@ -77,6 +77,6 @@ def test_every_relative_link_resolves(page: Path):
 def test_anchors_are_spelled_as_github_does(tmp_path: Path):
     page = tmp_path / "page.md"
     page.write_text("# Slow links: wire formats, 1F1B, overlap\n## The runtime's settings (issue 13)\n"
-                    "## Notes\n## Notes\n```\n# not a heading\n```\n### `code` and [a link](x.md)\n")  # fmt: skip
+                    "## Notes\n## Notes\n```\n# not a heading\n```\n### `code` and [a link](x.md)\n")
     assert anchors(page) == {"slow-links-wire-formats-1f1b-overlap", "the-runtimes-settings-issue-13", "notes",
-                             "notes-1", "code-and-a-link"}  # fmt: skip
+                             "notes-1", "code-and-a-link"}

@@ -133,7 +133,7 @@ def resolves(name: str) -> bool:
             if module.endswith(suffix) and module_path_resolves(module, parts[lead:]):
                 return True
     return any(attributes_resolve(getattr(importlib.import_module(m), parts[0]), parts[1:])
-               for m in defined_names().get(parts[0], []))  # fmt: skip
+               for m in defined_names().get(parts[0], []))
 
 
 def dotted_names(path: Path) -> set[str]:
@@ -154,7 +154,7 @@ def test_the_check_finds_a_stale_name_and_accepts_the_forms_it_documents():
     assert not resolves("agent.boundary")  # a module that moved to agent.churn.boundary
     assert not resolves("Standing.no_such_attribute") and not resolves("train.no_such_key")
     for good in ("leadership.standing", "transport.endpoint.Transport", "Standing.disputed",
-                 "train.diloco.inner_steps", "p2ptrain.net.transport.endpoint.Transport", "PlanRecord.start_step"):  # fmt: skip
+                 "train.diloco.inner_steps", "p2ptrain.net.transport.endpoint.Transport", "PlanRecord.start_step"):
         assert resolves(good), good
     assert {m.group(1) for m in DOTTED.finditer("see ``agent.boundary`` and `leadership.standing()`, not `x`")} == {
-        "agent.boundary", "leadership.standing"}  # fmt: skip
+        "agent.boundary", "leadership.standing"}

@@ -154,10 +154,10 @@ class Agent:
         self._membership = Membership({})
         self._seen = Membership({})  # the live view before passed-over leaders are left out
         self._leaders = LeaderWatch(config.membership.leader_grace_s, config.membership.leader_backoff_s,
-                                    poll_s=config.membership.poll_s)  # fmt: skip
+                                    poll_s=config.membership.poll_s)
         self._gate: PlanGate | None = None
         self._culpable = CulpableWatch(config.membership.poll_s, run=config.run,
-                                      false_alarm=config.verify.false_alarm)  # fmt: skip
+                                      false_alarm=config.verify.false_alarm)
         self._halted_epoch = -1  # the last epoch this agent halted on a failure
         # the progress records read for the standing (``_observe_standing``): the read in flight, when it began
         self._standing_reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="p2ptrain-standing")
@@ -205,7 +205,7 @@ class Agent:
                 self.transport = Transport(cfg.run, cfg.transport, dht=self.dht.hivemind_dht, emulator=self.emulator)
                 routes = self.transport.run_coroutine(setup_forwarding(
                     self.transport.p2p, cfg.dht.relay, cfg.dht.initial_peers, cfg.transport.call_timeout_s),
-                    cfg.dht.startup_timeout_s)  # fmt: skip
+                    cfg.dht.startup_timeout_s)
                 self.dht.peer_listeners.append(routes.update)  # peers behind NAT: tensors go through a relay
                 self.transport.mailbox.admit_sender = self.dht.is_admitted  # closed runs: tensors from members only
                 self.transport.mailbox.senders = {}  # nobody sends tensors before we know the run (``_admit_senders``)
@@ -218,7 +218,7 @@ class Agent:
                     self.liveness = LivenessMonitor(self.transport, cfg.liveness, on_round=self._on_heartbeats).start()
                 self._publish_peer_record(profile, compute)
                 self.prober = LinkProber(self.transport, self.dht, cfg.links, on_publish=self._on_links,
-                                         on_access=self._on_access)  # fmt: skip
+                                         on_access=self._on_access)
                 self.prober.measure_access = self._shaping.measures_access()
                 self.prober.start()
                 self.heartbeat = Heartbeat(self.dht)
@@ -257,7 +257,7 @@ class Agent:
             ("stop the transport", lambda: self.transport and self.transport.shutdown()),
             ("stop the link prober", lambda: self.prober and self.prober.stop(timeout_s)),
             ("stop the DHT peer", lambda: self.dht and self.dht.shutdown()),
-        ])  # fmt: skip
+        ])
 
     @property
     def peer_id(self) -> str:
@@ -311,7 +311,7 @@ class Agent:
             maddrs=tuple(self.dht.get_visible_maddrs()[:16]), region=region,
             emulated_device=emulation.device_index, compute=compute, data=self.data_id,
             settings=settings.identity(self.config.train, self.config.verify), **self._shaping.line(self.prober.access if self.prober is not None else {}),
-        )  # fmt: skip
+        )
         self.dht.publish_peer(record)
         self._peer_record = record
         logger.info("joined run %r as peer %s%s", self.config.run, self.peer_id,
@@ -325,7 +325,7 @@ class Agent:
         cfg = self.config
         self._tracker = MembershipTracker(self.peer_id, data=self.data_id, settings=settings.identity(cfg.train, cfg.verify))
         self._reader = MembershipReader(cfg, self.peer_id, self._tracker, self.dht, self.transport, self.prober,
-                                        self.liveness, self._leaders, self._shaping, self.events)  # fmt: skip
+                                        self.liveness, self._leaders, self._shaping, self.events)
         self._gate = PlanGate(self.peer_id, cfg.train, cfg.plan, cfg.emulation, self._leaders, cfg.dht.peer_ttl_s,
                               self.dht.read_links,
                               lambda cluster, trainers, peers, train: self._leading.plan_workload(
@@ -333,13 +333,13 @@ class Agent:
                               lambda plan, reason: self.events.write("plan_refused", epoch=plan.epoch,
                                                                      signer=plan.leader, reason=reason),
                               self._pass_over,
-                              needed=cfg.membership.expect or cfg.membership.min_peers, stages=self.stages)  # fmt: skip
+                              needed=cfg.membership.expect or cfg.membership.min_peers, stages=self.stages)
         self._started = time.monotonic()
         self._inbox = EvidenceInbox(self.peer_id, self.transport, self.dht.keys.run_id)
         self._leading = self._leading_class(cfg, self.dht, self.events, self.peer_id, self._leaders, view=self._view,
                                             note_waiting=self._note_waiting, boundary_s=self._poll_s,
                                             started=self._started, stages=self.stages,
-                                            fetch_evidence=self._inbox.fetch)  # fmt: skip
+                                            fetch_evidence=self._inbox.fetch)
         while not self.stop.is_set():
             self._poll()
             plan = self._next_plan()
@@ -357,14 +357,14 @@ class Agent:
                 continue
             if (finished := self._finished_without_me()) is not None:
                 logger.info("the run finished without this agent (not a member of the last plan, epoch %d by %s)",
-                            finished.epoch, finished.leader)  # fmt: skip
+                            finished.epoch, finished.leader)
                 self.events.write("done", epoch=finished.epoch, steps=0, stage=None, params_sha256=None)
                 return AgentResult(self.peer_id, True, 0)
             idle_s = time.monotonic() - self._run_moved_at
             if self._following is not None and idle_s > cfg.membership.idle_timeout_s:
                 raise AgentError(f"the run made no progress this agent can see for {idle_s:.0f} s while it trained "
                                  f"nothing (idle_timeout_s={cfg.membership.idle_timeout_s:.0f}); it stops here, and "
-                                 "a restarted agent joins the run again")  # fmt: skip
+                                 "a restarted agent joins the run again")
             membership = self._membership
             if membership.leader == self.peer_id:
                 self._leading.lead(membership)
@@ -403,7 +403,7 @@ class Agent:
         if plan is None and done is None:  # a spare left out of a newer plan stops waiting on the old one's end
             newest, following = self._newest_seen, self._following
             return (newest is not None and following is not None and newest.epoch > following.epoch
-                    and self.peer_id not in newest.membership)  # fmt: skip
+                    and self.peer_id not in newest.membership)
         halt = plan is not None and (done is None or plan.start_step <= done)
         self._went_on = None if halt else done  # the step after ``done`` is in flight (``_boundary_check``)
         return halt
@@ -418,7 +418,7 @@ class Agent:
         training, done = self._epochs.training, self._went_on
         if plan is not None and training is not None and overshot(plan.start_step, training, plan.epoch, done) and \
                 self._epochs.abort_first(training, f"a newer plan (epoch {plan.epoch}) starts after step "
-                                                   f"{plan.start_step}", failure=False):  # fmt: skip
+                                                   f"{plan.start_step}", failure=False):
             logger.info("epoch %d: the plan of epoch %d starts after step %d, which this agent passed before it saw "
                         "the plan; cutting the step in flight short", training, plan.epoch, plan.start_step)
         return plan
@@ -430,7 +430,7 @@ class Agent:
         mailbox = self.transport.mailbox
         mailbox.sends_tag = TagSenders.of(self.peer_id, candidates)  # and each tag only from the peer sending it
         mailbox.senders = sender_budgets(candidates, membership.ids, self.peer_id, self.config.train,
-                                         self.config.transport.step_window)  # fmt: skip
+                                         self.config.transport.step_window)
 
     def _on_access(self, measured: dict) -> None:
         """The prober measured our line anew (``measured``, also its ``access``): publish it in our peer record
@@ -482,25 +482,25 @@ class Agent:
         # leave out live peers: the quarantined, or joiners after it)
         newest = self._newest_seen
         first = self._following is None and (newest is None or self._gate.refused(newest) or
-                                             (plan is not None and newest.epoch >= plan.epoch))  # fmt: skip
+                                             (plan is not None and newest.epoch >= plan.epoch))
         if plan is not None:
             with self._taking_up(plan):
                 if not self._gate.accept(plan, self._membership.peers, self._tracker.known_for_s, first=first):
                     plan = None
         theirs = plans.get(self._membership.leader) if live else None
         if (plan is None and theirs is not None and self._following is None and self.peer_id not in theirs.membership
-                and self._gate.left_out(theirs, live, self._tracker.known_for_s, self._untrained)):  # fmt: skip
+                and self._gate.left_out(theirs, live, self._tracker.known_for_s, self._untrained)):
             return None  # the run's first plan left us out, and others an honest leader would have planned
         # a plan by a peer that is not live (a rogue, a leader long dead), or one we refused, is never the
         # one being trained
         if self._newest_seen is not None and self._gate.refused(self._newest_seen):
             self._newest_seen = None
         newest = max((p for s, p in plans.items() if s in live and not self._gate.refused(p)), key=lambda p: p.epoch,
-                     default=None)  # fmt: skip
+                     default=None)
         if newest is not None and (self._newest_seen is None or newest.epoch > self._newest_seen.epoch):
             self._newest_seen = newest
         self._newest_any = max((p for p in plans.values() if not self._gate.refused(p)), key=lambda p: p.epoch,
-                               default=None)  # fmt: skip
+                               default=None)
         return plan
 
     @contextlib.contextmanager
@@ -554,12 +554,12 @@ class Agent:
         if self._membership.leader != self.peer_id or (following is not None and following.leader != self.peer_id):
             return  # not leading, or training another's plan with the run (a joiner that earned standing)
         plan = followed_instead(self.peer_id, (self._following, self._leading.published), plans,
-                                self._membership.ids, progress, self._leaders.standing)  # fmt: skip
+                                self._membership.ids, progress, self._leaders.standing)
         if plan is not None:
             backoff = self._leaders.pass_over(self.peer_id)
             logger.warning("the run's trainers train epoch %d of %s's plan, not ours: this agent was passed over as "
                            "leader; it steps aside for %.0f s and follows the run's leader", plan.epoch, plan.leader,
-                           backoff)  # fmt: skip
+                           backoff)
             self.events.write("stepped_aside", epoch=plan.epoch, leader=plan.leader, backoff_s=backoff)
 
     def _follow_the_run(self, plans: dict[str, PlanRecord], progress: dict[str, ProgressRecord]) -> None:
@@ -570,10 +570,10 @@ class Agent:
         if leader is None or leader == self.peer_id or (following is not None and following.leader != leader):
             return  # we train another's plan with the run (our leader's turn is the next re-plan)
         plan = followed_instead(leader, (plans.get(leader), following), plans, self._membership.ids, progress,
-                                self._leaders.standing)  # fmt: skip
+                                self._leaders.standing)
         if plan is not None and plan.leader != self.peer_id:
             self._pass_over(leader, f"the run's trainers train epoch {plan.epoch} of {plan.leader}'s plan, and "
-                                    "nobody trains its own")  # fmt: skip
+                                    "nobody trains its own")
 
     def _check_culpable_leader(self) -> None:
         """Once the epoch we follow failed (we halted it, or a heartbeat says a trainer did), pass its leader
@@ -585,7 +585,7 @@ class Agent:
             return  # it planned the next epoch already: it does its job
         statuses = self.liveness.statuses() if self.liveness is not None else {}
         failed = self._halted_epoch == plan.epoch or self._epochs.aborted == plan.epoch or any(
-            s.state == FAIL and s.epoch == plan.epoch for s in statuses.values())  # fmt: skip
+            s.state == FAIL and s.epoch == plan.epoch for s in statuses.values())
         if not failed:
             return
         try:
@@ -615,7 +615,7 @@ class Agent:
         try:
             return finished_without((self._newest_seen, self._newest_any, *self._plans_read), self.peer_id, followed,
                                     self.dht.read_progress, self.config.train.steps,
-                                    self._following.leader if self._following is not None else None)  # fmt: skip
+                                    self._following.leader if self._following is not None else None)
         except ProtocolError:
             return None
 
@@ -626,7 +626,7 @@ class Agent:
         check_s = self._gate.check_s(following) if following is not None and self._gate is not None else 0.0
         no_shows_, unjudged = self._epochs.seen(following.epoch) if following is not None else ((), ())
         return AgentView(self._seen, following, self._newest_seen, self._done_now, self._max_epoch_seen,
-                         statuses, self._progress_seen, check_s, no_shows_, unjudged)  # fmt: skip
+                         statuses, self._progress_seen, check_s, no_shows_, unjudged)
 
     def _note_waiting(self, note: str) -> None:
         if note != self._last_wait_note:
@@ -640,7 +640,7 @@ class Agent:
         self._following = plan
         # what heartbeats answer from now on (``run_epoch`` says it again): before any setup that may wait
         self.transport.status = PeerStatus(TRAIN if self.peer_id in trainers_of(plan) else IDLE, plan.epoch,
-                                           plan.start_step)  # fmt: skip
+                                           plan.start_step)
         if plan.start_step > 0:  # it restarts from states of its stage count: that is the run's
             self.stages.pin(plan.stages, f"epoch {plan.epoch}, which restarts from step {plan.start_step}'s states")
         self._followed.append(plan)  # the plans whose progress earns standing (``leadership.standing``)
@@ -660,13 +660,13 @@ class Agent:
             finish_timeout_s=cfg.membership.finish_timeout_s, should_halt=self._should_halt,
             compute_slowdown=self.compute_slowdown, link_bandwidth=self._measured_bandwidth(), time_scale=scale,
             verify=cfg.verify, on_evidence=self._inbox.keep, peak=self._peak,
-        )  # fmt: skip
+        )
         # A trainer may take the epoch up this long after us (``liveness.no_shows``): two liveness timeouts, and
         # twice the search the plan cost us (followers check a plan by planning its records themselves)
         effort_s = self._leading.published_search_s if plan.leader == self.peer_id else self._gate.check_s(plan)
         taking_after_s = NO_SHOW_TIMEOUTS * cfg.liveness.timeout_s + 2.0 * effort_s
         self._epochs.begin(plan, taking_after_s, no_show_window_s(cfg.liveness.interval_s, self._leaders.grace_s,
-                                                                  cfg.membership.poll_s, taking_after_s))  # fmt: skip
+                                                                  cfg.membership.poll_s, taking_after_s))
         peers = dict(self._membership.peers)
         self._boundary = BoundaryWatch(self._boundary_check, min(cfg.membership.poll_s, INTERVAL_S)).start()
         try:

@@ -184,7 +184,7 @@ def run_epoch(plan: PlanRecord, ctx: EpochContext, peers: dict[str, PeerRecord])
     ctx.set_status(TRAIN if ctx.me in topology.peers else IDLE, plan.epoch, plan.start_step)
     step_s = plan.cost_s * ctx.time_scale
     sender = BackupSender(ctx.transport, run, plan.epoch, ctx.state_timeout_s,
-                          lambda peer: copy_part_numel(ctx.link_bandwidth(peer), step_s), cfg.diloco_on)  # fmt: skip
+                          lambda peer: copy_part_numel(ctx.link_bandwidth(peer), step_s), cfg.diloco_on)
     receiver = _start_backup_receiver(plan, topology, cfg, ctx)
     try:
         return _run_epoch(plan, topology, cfg, ctx, peers, sender)
@@ -195,7 +195,7 @@ def run_epoch(plan: PlanRecord, ctx: EpochContext, peers: dict[str, PeerRecord])
 
 
 def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: EpochContext,
-               peers: dict[str, PeerRecord], sender: BackupSender) -> EpochOutcome:  # fmt: skip
+               peers: dict[str, PeerRecord], sender: BackupSender) -> EpochOutcome:
     try:
         sends = _serve_state(plan, topology, cfg, ctx, peers, sender)
     except HALTING_ERRORS as e:
@@ -206,7 +206,7 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
     logger.info(
         "epoch %d: stage %d of pipeline %d (%d stages × %d replicas, leader %s, from step %d, predicted %.3f s/step)",
         plan.epoch, role.stage, role.replica, plan.stages, plan.replicas, plan.leader, plan.start_step, plan.cost_s,
-    )  # fmt: skip
+    )
     ctx.events.write("role", epoch=plan.epoch, stage=role.stage, replica=role.replica, stages=plan.stages,
                      replicas=plan.replicas, leader=plan.leader, cost_s=plan.cost_s, start_step=plan.start_step)
     done = plan.start_step
@@ -253,14 +253,14 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
             _report_step(plan, topology, role, cfg, ctx, step, result, _StepCosts(
                 compute_s=compute_s, compute_cpu_s=compute_cpu_s, between_s=between_s,
                 checked_s=checked_s if verifier is not None else None,
-                sent_bytes=ctx.transport.sent_bytes - sent_before))  # fmt: skip
+                sent_bytes=ctx.transport.sent_bytes - sent_before))
     except HALTING_ERRORS as e:
         if ctx.stop.is_set():
             return EpochOutcome(False, done, tuple(losses))
         return _halt(plan, ctx, done, _own_finding(e, findings), _unverified(recomputer))
     if verifier is not None:
         logger.info("epoch %d: every member's sums of stage %d held in the %d step(s) checked", plan.epoch,
-                    role.stage, verifier.checked_steps)  # fmt: skip
+                    role.stage, verifier.checked_steps)
     if recomputer is not None:
         logger.info("epoch %d: every one of the %d micro-batch(es) of stage %d's members recomputed here held "
                     "(the recompute check took %.3f s beside the next steps, and the steps waited %.3f s for it)",
@@ -292,7 +292,7 @@ def _report_step(plan: PlanRecord, topology: Topology, role: Role, cfg: TrainCon
                        num_devices=len(topology.peers))  # the run's, with every trainer at our peak
     record = ProgressRecord(plan.epoch, done, result.loss, result.step_time_s, compute_s=costs.compute_s,
                             leader=plan.leader, sent_bytes=costs.sent_bytes, sync_every=sync_every,
-                            mfu=_speed(speed)["mfu"])  # fmt: skip
+                            mfu=_speed(speed)["mfu"])
     (ctx.heartbeat.flush if done == cfg.steps else ctx.heartbeat.beat)(record)  # the last: others wait for it
     ctx.events.write("step", epoch=plan.epoch, step=done, loss=result.loss, step_time_s=result.step_time_s,
                      stage=role.stage, replica=role.replica, compute_s=round(costs.compute_s, 6),
@@ -339,7 +339,7 @@ def _complete_held(ctx: EpochContext, trainer: StageTrainer, done: int) -> None:
 
 
 def _serve_state(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: EpochContext,
-                 peers: dict[str, PeerRecord], sender: BackupSender) -> list[concurrent.futures.Future]:  # fmt: skip
+                 peers: dict[str, PeerRecord], sender: BackupSender) -> list[concurrent.futures.Future]:
     """Send the states this agent is the plan's source of to the stages' other trainers and, as a warm
     copy, to the stage's backup peer (before this agent takes up its own role, which replaces what it
     keeps)."""
@@ -367,7 +367,7 @@ def _serve_state(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Ep
 
 
 def _start_backup_receiver(plan: PlanRecord, topology: Topology, cfg: TrainConfig,
-                           ctx: EpochContext) -> BackupReceiver | None:  # fmt: skip
+                           ctx: EpochContext) -> BackupReceiver | None:
     """Receive the warm copies this agent keeps in this epoch: from each such stage's source (its start
     state), then from the stage's replica 0 (every ``backup_every`` steps)."""
     senders: dict[int, list[tuple[str, int]]] = {}
@@ -393,7 +393,7 @@ def _start_backup_receiver(plan: PlanRecord, topology: Topology, cfg: TrainConfi
 
 
 def _copy(plan: PlanRecord, ctx: EpochContext, stage: int, replica: int, done: int, module: torch.nn.Module,
-          sender: BackupSender) -> None:  # fmt: skip
+          sender: BackupSender) -> None:
     """At a warm-copy step: our own state to our disk, and replica 0's to the stage's backup peer. With
     DiLoCo only a round's end is one (the states of a round's inside are not restarted from)."""
     every = plan.backup_every
@@ -408,7 +408,7 @@ def _copy(plan: PlanRecord, ctx: EpochContext, stage: int, replica: int, done: i
 
 
 def _install_verifier(plan: PlanRecord, topology: Topology, role: Role, cfg: TrainConfig, trainer: StageTrainer,
-                      ctx: EpochContext, findings: list[Finding]) -> tuple[SumChecker | None, RecomputeChecker | None]:  # fmt: skip
+                      ctx: EpochContext, findings: list[Finding]) -> tuple[SumChecker | None, RecomputeChecker | None]:
     """The sum check of our stage's all-reduce and the recompute check of our group's micro-batches, every step
     (a run that syncs every step, with replicas; fp16 stages are not recomputed: their loss scale is their own;
     a one-stage plan has no pipeline messages to recompute: the whole-step check would be its). A DiLoCo run
@@ -424,12 +424,12 @@ def _install_verifier(plan: PlanRecord, topology: Topology, role: Role, cfg: Tra
         findings.append(finding)
         ctx.events.write("verify_failed", epoch=finding.epoch, step=finding.step, peer=finding.member,
                          check=finding.check, ratio=finding.ratio if finding.ratio < float("inf") else None,
-                         reason=finding.reason, evidence=finding.evidence is not None)  # fmt: skip
+                         reason=finding.reason, evidence=finding.evidence is not None)
 
     reducer = trainer.executor.reducer
     verifier = SumChecker(ctx.dht.signing_key, ctx.dht.keys.run_id, role.stage, topology.group(role.stage),
                              reducer.feedback.codec, rows=ctx.verify.sketch_rows, false_alarm=ctx.verify.false_alarm,
-                             running=ctx.verify.running, on_finding=on_finding, device=ctx.device)  # fmt: skip
+                             running=ctx.verify.running, on_finding=on_finding, device=ctx.device)
     if cfg.precision == "fp16" or plan.stages == 1 or cfg.diloco_on:  # no pipeline messages to recompute
         reducer.verifier = verifier
         return verifier, None
@@ -437,7 +437,7 @@ def _install_verifier(plan: PlanRecord, topology: Topology, role: Role, cfg: Tra
     recomputer = RecomputeChecker(ctx.dht.signing_key, ctx.dht.keys.run_id, plan.epoch, role, topology, trainer.module,
                                executor.data, executor.wire, executor.num_micro_batches, executor.hidden_size,
                                cfg.precision, ctx.verify.rate, on_finding=on_finding, probation=plan.on_probation,
-                               last_step=cfg.steps - 1, verifiers=ctx.verify.verifiers)  # fmt: skip  # each step checked in the next one's shadow
+                               last_step=cfg.steps - 1, verifiers=ctx.verify.verifiers)  # each step checked in the next one's shadow
     trainer.link_wrapper = recomputer.wrap
 
     def check_step(records, rank, n, exchange) -> None:
@@ -550,12 +550,12 @@ def _own_finding(error: BaseException, findings: list[Finding]) -> BaseException
         return error
     ours = refusal(findings)
     logger.warning("halting on our finding against %s (%s check of step %d), not on %s: %s", ours.peer,
-                   ours.finding.check, ours.finding.step, type(error).__name__, error)  # fmt: skip
+                   ours.finding.check, ours.finding.step, type(error).__name__, error)
     return ours
 
 
 def _halt(plan: PlanRecord, ctx: EpochContext, done: int, error: BaseException | None,
-          unverified: int | None = None) -> EpochOutcome:  # fmt: skip
+          unverified: int | None = None) -> EpochOutcome:
     """Stop this epoch: say in a heartbeat which states we keep (of this epoch, or of an earlier one when
     this epoch failed before we took up our stage), and wait for the next plan. Only checked states: none
     after a step whose check failed (``error``'s finding) or has not ended (``unverified``, the recompute
@@ -564,7 +564,7 @@ def _halt(plan: PlanRecord, ctx: EpochContext, done: int, error: BaseException |
     held = keeper.latest_step is not None and keeper.num_stages == plan.stages
     step, kept = (keeper.latest_step, keeper.kept) if held else (done, 0)
     caps = [c for c in (unverified, error.finding.step if isinstance(error, VerificationFailed) else None)
-            if c is not None]  # fmt: skip
+            if c is not None]
     if held and caps and step > min(caps):  # the state after step s is the state before step s + 1
         kept, step = max(0, kept - (step - min(caps))), min(caps)
     why = f"{type(error).__name__}: {error}" if error is not None else "a newer plan"
@@ -583,13 +583,13 @@ def _halt(plan: PlanRecord, ctx: EpochContext, done: int, error: BaseException |
                 _send_evidence(plan, ctx, error.finding.step, error.finding.bulk)
         else:  # a stage of very many buckets: the blame goes as our word (``docs/verification.md``)
             logger.warning("the evidence against %s (%d bytes) does not fit a heartbeat; blaming it without",
-                           blame, len(error.finding.evidence))  # fmt: skip
+                           blame, len(error.finding.evidence))
     ctx.heartbeat.flush(ProgressRecord(plan.epoch, step, None, 0.0, halted=True, kept=kept,
                                        stage=keeper.stage if held else None, holds=holds, blame=blame,
                                        leader=plan.leader, evidence=evidence,
                                        refused=isinstance(error, VerificationFailed) and blame is not None,
                                        also=error.also[:MAX_ALSO] if isinstance(error, VerificationFailed)
-                                       and blame is not None else ()))  # fmt: skip
+                                       and blame is not None else ()))
     return EpochOutcome(False, done, halted=True)
 
 
@@ -656,11 +656,11 @@ def _publish_spare_holdings(plan: PlanRecord, ctx: EpochContext) -> None:
     ctx.heartbeat.flush(ProgressRecord(plan.epoch, keeper.latest_step if own else plan.start_step, None, 0.0,
                                        halted=True, kept=keeper.kept if own else 0,
                                        stage=keeper.stage if own else None, holds=holds,
-                                       leader=plan.leader))  # fmt: skip
+                                       leader=plan.leader))
 
 
 def _idle_as_spare(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: EpochContext,
-                   sends: list[concurrent.futures.Future]) -> EpochOutcome:  # fmt: skip
+                   sends: list[concurrent.futures.Future]) -> EpochOutcome:
     logger.info("epoch %d: spare (the plan uses %d of %d members); waiting for the trainers to finish",
                 plan.epoch, len(topology.peers), len(plan.membership))
     ctx.events.write("role", epoch=plan.epoch, stage=None, replica=None, stages=plan.stages, replicas=plan.replicas,

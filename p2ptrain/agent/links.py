@@ -177,7 +177,7 @@ class LinkProber:
         """Whether the line may be measured: asked to, every peer measured well enough, enough of them."""
         peers = self._peers
         return (self.measure_access and len(peers) >= self.config.access.min_peers
-                and all(self._enough(p) and self.table.get(p) is not None for p in peers))  # fmt: skip
+                and all(self._enough(p) and self.table.get(p) is not None for p in peers))
 
     def _access_due(self) -> bool:
         """Whether the line is due to be measured (module docstring)."""
@@ -204,7 +204,7 @@ class LinkProber:
                 if self._stopped:
                     return False
             logger.warning("measuring our access link failed (%s: %s); retrying in %.0f s", type(e).__name__, e,
-                           ACCESS_RETRY_S, exc_info=logger.isEnabledFor(logging.DEBUG))  # fmt: skip
+                           ACCESS_RETRY_S, exc_info=logger.isEnabledFor(logging.DEBUG))
             self._access_next_s = time.monotonic() + ACCESS_RETRY_S
             return True
         finally:
@@ -221,7 +221,7 @@ class LinkProber:
         if known != self.access:
             self.access = known
             logger.info("our access link as measured: %s", ", ".join(f"{d.value} {v * 8 / 1e6:.2f} Mbit/s"
-                                                                     for d, v in known.items()))  # fmt: skip
+                                                                     for d, v in known.items()))
             if self._on_access is not None:
                 self._on_access(dict(known))
         return True

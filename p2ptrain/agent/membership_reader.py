@@ -42,7 +42,7 @@ class MembershipReader:
 
     def __init__(self, config: AgentConfig, peer_id: str, tracker: MembershipTracker, dht: SwarmDHT,
                  transport: Transport, prober: LinkProber, liveness: LivenessMonitor | None, leaders: LeaderWatch,
-                 shaping: LinkShaping, events: EventLog):  # fmt: skip
+                 shaping: LinkShaping, events: EventLog):
         self.config, self.peer_id, self.dht, self.transport, self.events = config, peer_id, dht, transport, events
         self._tracker, self.prober, self.liveness, self._leaders = tracker, prober, liveness, leaders
         self._shaping = shaping
@@ -79,7 +79,7 @@ class MembershipReader:
         self.prober.set_peers(
             p for p in membership.ids
             if p != self.peer_id and p in self._dialled and tracker.known_for_s(p) >= settle_s
-        )  # fmt: skip
+        )
         return seen, membership
 
     def _checked_claims(self, membership: Membership) -> Membership:
@@ -96,7 +96,7 @@ class MembershipReader:
             if peers[peer].tflops < record.tflops:
                 self._note_claim(peer, f"peer {peer} claims {record.tflops:g} TFLOP/s, {peak:g}x beyond what its "
                                  f"calibration shows: planned with {peers[peer].tflops:.3g}", "claim_bounded",
-                                 claimed=record.tflops, bound=peers[peer].tflops)  # fmt: skip
+                                 claimed=record.tflops, bound=peers[peer].tflops)
         return Membership(peers)
 
     def _note_claim(self, peer: str, line: str, event: str, **fields: Any) -> None:

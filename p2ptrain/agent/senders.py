@@ -40,7 +40,7 @@ def member_bytes(train: TrainConfig, replicas: int, step_window: int) -> int:
 
 
 def sender_budgets(plans: Iterable[PlanRecord | None], live: Iterable[str], me: str, train: TrainConfig,
-                   step_window: int, floor_bytes: int = FLOOR_BYTES) -> dict[str, SenderBudget]:  # fmt: skip
+                   step_window: int, floor_bytes: int = FLOOR_BYTES) -> dict[str, SenderBudget]:
     budgets = {p: SenderBudget(floor_bytes) for p in live if p != me}
     for plan in plans:
         if plan is None:
@@ -53,7 +53,7 @@ def sender_budgets(plans: Iterable[PlanRecord | None], live: Iterable[str], me: 
 
 
 def min_rates(row: Mapping[str, LinkMeasurement], toward_us: Mapping[str, LinkMeasurement] | None = None,
-              fraction: float = SLOW_FRACTION) -> dict[str, float]:  # fmt: skip
+              fraction: float = SLOW_FRACTION) -> dict[str, float]:
     """Per peer, the slowest acceptable arrival rate (bytes/s): ``fraction`` of the link's measured bandwidth.
     ``row``: our measurements toward each peer; ``toward_us``: each peer's own measurement toward us (its
     links row), which is the direction its messages travel. The slower of the two counts: a home's uplink

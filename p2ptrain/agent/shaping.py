@@ -65,7 +65,7 @@ class LinkShaping:
         me = self.config.emulation.device_index
         emulation = EmulationConfig(self.config.emulation.time_scale, self.config.emulation.size_factor)
         up, down = (None if v is None or not math.isfinite(v[me]) else scaled_bandwidth(float(v[me]), emulation)
-                    for v in (self.network.uplink_gbps, self.network.downlink_gbps))  # fmt: skip
+                    for v in (self.network.uplink_gbps, self.network.downlink_gbps))
         if up is not None or down is not None:
             self.emulator.set_access(up, down)
             logger.info("access link emulated: uplink %s, downlink %s", *(

@@ -235,7 +235,7 @@ def measure(settings: tuple[str, ...] = SETTINGS, micro_batches: int = 8) -> dic
         "best": {"setting": best_ww.setting, "worldwide_s": best_ww.worldwide_s,
                  "ratio_same_setting": best_ww.ratio, "datacenter_best_setting": best_dc.setting,
                  "ratio_to_best_datacenter": best_ww.worldwide_s / best_dc.datacenter_s},
-    }  # fmt: skip
+    }
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -281,7 +281,7 @@ def format_report(report: dict[str, Any]) -> str:
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 def command(settings: str, micro_batches: int, networks: str | None, stage_counts: str, sync_everys: str,
             sync_overlap: bool, overlap_steps: int, fragments: int, access_link: bool, memory_gb: float,
-            as_json: bool) -> None:  # fmt: skip
+            as_json: bool) -> None:
     chosen = tuple(s.strip() for s in settings.split(",") if s.strip())
     for s in chosen:
         _parse(s)
@@ -293,7 +293,7 @@ def command(settings: str, micro_batches: int, networks: str | None, stage_count
         report = measure_networks(names, _integers(stage_counts, "--stages"), chosen,
                                   _integers(sync_everys, "--sync-every"), micro_batches, access=access_link,
                                   sync_overlap=sync_overlap, memory_gb=memory_gb,
-                                  overlap_steps=overlap_steps, fragments=fragments)  # fmt: skip
+                                  overlap_steps=overlap_steps, fragments=fragments)
         click.echo(json.dumps(report) if as_json else format_networks(report))
         return
     report = measure(chosen, micro_batches)

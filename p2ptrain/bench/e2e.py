@@ -234,7 +234,7 @@ def emulation_factors(config: E2EConfig) -> dict[str, Any]:
         megatron_s = objective.evaluate(megatron_assignment(config.agents, config.stages)).cost_s
         time_scale = TARGET_STEP_S / megatron_s * compute_scale
     return {"train": train, "network": network, "size_factor": size_factor, "time_scale": time_scale,
-            "compute_scale": compute_scale, "megatron_communication_s": megatron_s}  # fmt: skip
+            "compute_scale": compute_scale, "megatron_communication_s": megatron_s}
 
 
 def _swarm_config(config: E2EConfig, strategy: str, time_scale: float, compute_scale: float,
@@ -251,7 +251,7 @@ def _swarm_config(config: E2EConfig, strategy: str, time_scale: float, compute_s
                        schedule=schedule, overlap=overlap, compute_scale=compute_scale, call_timeout_s=CALL_TIMEOUT_S,
                        plan_budget_s=PLAN_BUDGET_S, startup_timeout_s=STARTUP_TIMEOUT_S, sync="diloco" if h > 1 else "every-step", verify=verified(setting),
                        verify_rate=verify_rate(setting),
-                       diloco=DiLoCoConfig(inner_steps=h, overlap=streamed(setting)))  # fmt: skip
+                       diloco=DiLoCoConfig(inner_steps=h, overlap=streamed(setting)))
 
 
 def run_e2e(config: E2EConfig, stop) -> dict[str, Any]:
@@ -262,7 +262,7 @@ def run_e2e(config: E2EConfig, stop) -> dict[str, Any]:
     train, time_scale, compute_scale = factors["train"], factors["time_scale"], factors["compute_scale"]
     logger.info("%s: %d agents, %s, batch %d in %d micro-batches; size factor %.4g, time scale %.4g, compute "
                 "scale %g", config.scenario, config.agents, train.model, train.global_batch_size,
-                train.micro_batches, factors["size_factor"], time_scale, compute_scale)  # fmt: skip
+                train.micro_batches, factors["size_factor"], time_scale, compute_scale)
     plans: dict[str, Any] = {}
     models: dict[str, Any] = {}
     settings: dict[str, Any] = {}
@@ -302,7 +302,7 @@ def run_e2e(config: E2EConfig, stop) -> dict[str, Any]:
         "size_factor": factors["size_factor"], "time_scale": time_scale, "compute_scale": compute_scale,
         "seed": config.seed,
         "plans": plans, "speedups": speedups(plans, models), "settings": settings, "settings_plan": config.settings_plan,
-    }  # fmt: skip
+    }
 
 
 def step_completions(agents) -> list[float]:
@@ -378,14 +378,14 @@ def repriced(summary: dict[str, Any], shown: dict[int, float], time_scale: float
     devices = tuple(dataclasses.replace(d, tflops=v) for d, v in zip(cluster.devices, scaled, strict=True))
     objective = make_objective("simulated", dataclasses.replace(cluster, devices=devices),
                                dataclasses.replace(at, step=dataclasses.replace(profile, reference_tflops=reference)),
-                               stages)  # fmt: skip
+                               stages)
     return {"step_s": objective.evaluate(np.array(plan["pipelines"])).cost_s * time_scale,
             "compute_calibrated_s": {k: calibrated[k] for k in sorted(calibrated)},
-            "compute_shown_s": {k: shown[k] for k in sorted(calibrated)}}  # fmt: skip
+            "compute_shown_s": {k: shown[k] for k in sorted(calibrated)}}
 
 
 def plan_row(summary: dict[str, Any], completions: list[float], time_scale: float,
-             shown: dict[int, float] | None = None, rounds: int = 1) -> dict[str, Any]:  # fmt: skip
+             shown: dict[int, float] | None = None, rounds: int = 1) -> dict[str, Any]:
     """One plan's measured and predicted step times, from its swarm's summary and step completion times;
     with ``shown`` (``shown_compute``) also the prediction repriced with the compute shown in training.
     DiLoCo (``rounds`` H > 1): one step in H ends a round with the pseudo-gradients' all-reduce, which the
@@ -408,7 +408,7 @@ def plan_row(summary: dict[str, Any], completions: list[float], time_scale: floa
         "objective": plan["objective"], "pipelines": plan["pipelines"], "layers": layers, "step_time_s": times,
         "agent_step_time_s": summary["step_time_s"], "step_profile": summary["workload"].get("step"),
         "loss_first": summary["losses"][0], "loss_last": summary["losses"][-1],
-    }  # fmt: skip
+    }
 
 
 def round_period(completions: list[float], rounds: int) -> float:
@@ -473,9 +473,9 @@ def speedups(plans: dict[str, Any], models: dict[str, Any]) -> dict[str, dict[st
         objective = models[name]
         if isinstance(objective, _AtLayers):  # each plan at its own layer split
             return (objective.evaluate(np.array(plans[base]["pipelines"]), plans[base].get("layers")).cost_s
-                    / objective.evaluate(np.array(ours["pipelines"]), ours.get("layers")).cost_s)  # fmt: skip
+                    / objective.evaluate(np.array(ours["pipelines"]), ours.get("layers")).cost_s)
         return (objective.evaluate(np.array(plans[base]["pipelines"])).cost_s
-                / objective.evaluate(np.array(ours["pipelines"])).cost_s)  # fmt: skip
+                / objective.evaluate(np.array(ours["pipelines"])).cost_s)
 
     return {
         f"over_{base}": {
@@ -492,7 +492,7 @@ def speedups(plans: dict[str, Any], models: dict[str, Any]) -> dict[str, dict[st
 def format_reports(reports: list[dict[str, Any]]) -> str:
     """The table of one or more networks' reports."""
     head = (f"{'network':<11} {'scale':>7} {'plan':<18} {'measured s':>10} {'predicted s':>11} {'error':>7} "
-            f"{'paper s':>8} {'dtfm s':>7}  {'speedup: measured':>17} {'predicted':>9} {'dtfm':>6}")  # fmt: skip
+            f"{'paper s':>8} {'dtfm s':>7}  {'speedup: measured':>17} {'predicted':>9} {'dtfm':>6}")
     lines = [head, "-" * len(head)]
     for r in reports:
         for k, name in enumerate(p for p in PLANS if p in r["plans"]):
@@ -502,7 +502,7 @@ def format_reports(reports: list[dict[str, Any]]) -> str:
             net = r["scenario"] if k == 0 else ""
             lines.append(f"{net:<11} {scale} {name:<18} {p['measured_step_s']:10.3f} {p['predicted_step_s']:11.3f} "
                          f"{100 * p['error']:+6.1f}% {p['predicted_paper_s']:8.2f} {p['dtfm_step_s']:7.3f}  "
-                         f"{ratio}".rstrip())  # fmt: skip
+                         f"{ratio}".rstrip())
     first = reports[0]
     lines.append(
         f"{first['agents']} agents, {first['stages']} stages × {first['replicas']} replicas, {first['model']}, "
@@ -524,13 +524,13 @@ def format_settings(report: dict[str, Any]) -> str:
     names = list(rows)
     base = rows[names[0]]
     head = (f"{'setting':<22} {'measured s':>10} {'predicted s':>11} {'error':>7} {'shown s':>8} {'error':>7} "
-            f"{'speedup: measured':>17} {'predicted':>9} {'loss':>7}  plan")  # fmt: skip
+            f"{'speedup: measured':>17} {'predicted':>9} {'loss':>7}  plan")
     lines = [head, "-" * len(head)]
     for name in names:
         r = rows[name]
         same = "same" if r["pipelines"] == base["pipelines"] and r.get("layers") == base.get("layers") else "other"
         shown = (f"{r['repriced_step_s']:8.3f} {100 * r['repriced_error']:+6.1f}%" if r.get("repriced_step_s")
-                 else f"{'-':>8} {'-':>7}")  # fmt: skip
+                 else f"{'-':>8} {'-':>7}")
         lines.append(f"{name:<22} {r['measured_step_s']:10.3f} {r['predicted_step_s']:11.3f} {100 * r['error']:+6.1f}% "
                      f"{shown} {base['measured_step_s'] / r['measured_step_s']:16.2f}× "
                      f"{base['predicted_step_s'] / r['predicted_step_s']:8.2f}× {r['loss_last']:7.4f}  {same}")
@@ -554,13 +554,13 @@ def write_results(reports: list[dict[str, Any]], out_dir: Path, stem: str) -> li
     with paths[1].open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["network", "plan", "measured_step_s", "predicted_step_s", "error", "dtfm_step_s",
-                         "predicted_paper_s", "time_scale", "size_factor"])  # fmt: skip
+                         "predicted_paper_s", "time_scale", "size_factor"])
         for r in reports:
             for name in r["plans"]:
                 p = r["plans"][name]
                 writer.writerow([r["scenario"], name, f"{p['measured_step_s']:.4f}", f"{p['predicted_step_s']:.4f}",
                                  f"{p['error']:.4f}", f"{p['dtfm_step_s']:.4f}", f"{p['predicted_paper_s']:.4f}",
-                                 f"{r['time_scale']:.6g}", f"{r['size_factor']:.6g}"])  # fmt: skip
+                                 f"{r['time_scale']:.6g}", f"{r['size_factor']:.6g}"])
     try:
         from p2ptrain.bench.e2e_chart import draw
     except ModuleNotFoundError as e:  # matplotlib is in the "bench" extra
@@ -605,7 +605,7 @@ def write_results(reports: list[dict[str, Any]], out_dir: Path, stem: str) -> li
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON document on stdout.")
 def command(scenario: str, agents: int, stages: int, steps: int, time_scale: float | None, micro_batches: int,
             model: str, compute_scale: float | None, plans: str, seed: int, out_dir: str, workdir: str | None,
-            settings: str, settings_plan: str, as_json: bool) -> None:  # fmt: skip
+            settings: str, settings_plan: str, as_json: bool) -> None:
     """One emulated network end to end: scheduled plan, Megatron's order, random; measured beside predicted."""
     from p2ptrain.lifecycle import StopSignal
 
@@ -615,7 +615,7 @@ def command(scenario: str, agents: int, stages: int, steps: int, time_scale: flo
                        micro_batches=micro_batches, model=model, compute_scale=compute_scale, seed=seed, workdir=workdir,
                        plans=tuple(p.strip() for p in plans.split(",") if p.strip()),
                        settings=tuple(s.strip() for s in settings.split(",") if s.strip()),
-                       settings_plan=settings_plan)  # fmt: skip
+                       settings_plan=settings_plan)
     _progress_logging()
     with StopSignal() as stop:
         report = run_e2e(config, stop)

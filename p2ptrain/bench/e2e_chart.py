@@ -25,7 +25,7 @@ def draw(reports: list[dict[str, Any]], path: Path) -> Path:
         for plan, row in report["plans"].items():
             top = max(top, row["measured_step_s"], row["predicted_step_s"])
             left.scatter(row["measured_step_s"], row["predicted_step_s"], marker=MARKERS.get(plan, "x"),
-                         color=colours[k % len(colours)], label=f"{report['scenario']}, {plan}")  # fmt: skip
+                         color=colours[k % len(colours)], label=f"{report['scenario']}, {plan}")
     top *= 1.1
     left.plot([0, top], [0, top], color="black", linewidth=0.8)
     left.fill_between([0, top], [0, top * (1 - TOLERANCE)], [0, top * (1 + TOLERANCE)], color="grey", alpha=0.15)
@@ -35,13 +35,13 @@ def draw(reports: list[dict[str, Any]], path: Path) -> Path:
 
     names = [r["scenario"] for r in reports]
     series = [("over_megatron", "measured"), ("over_megatron", "predicted"), ("over_random", "measured"),
-              ("over_random", "predicted")]  # fmt: skip
+              ("over_random", "predicted")]
     width = 0.8 / len(series)
     for i, (base, kind) in enumerate(series):
         values = [r["speedups"].get(base, {}).get(kind, float("nan")) for r in reports]  # nan: not run
         xs = [x + (i - (len(series) - 1) / 2) * width for x in range(len(reports))]
         right.bar(xs, values, width, label=f"{base.replace('_', ' ')}, {kind}",
-                  color=colours[(i // 2) % len(colours)], alpha=1.0 if kind == "measured" else 0.45)  # fmt: skip
+                  color=colours[(i // 2) % len(colours)], alpha=1.0 if kind == "measured" else 0.45)
     right.axhline(1.0, color="black", linewidth=0.8)
     right.set_xticks(range(len(reports)), names)
     right.set(ylabel="speedup of the scheduled plan (×)", title="scheduled plan: measured and predicted speedups")

@@ -78,7 +78,7 @@ def command(config_path: str | None, initial_peers: tuple[str, ...], run_id: str
             device: str | None, threads: int | None, strategy: str | None, identity: str | None,
             host_maddrs: tuple[str, ...], announce_maddrs: tuple[str, ...], reachability: str | None,
             relays: tuple[str, ...], join_token: str | None, region: str | None,
-            events_file: str | None, init_from: str | None, sync: str | None, **optimizer: object) -> None:  # fmt: skip
+            events_file: str | None, init_from: str | None, sync: str | None, **optimizer: object) -> None:
     """Join a run through --initial-peers, profile, elect a leader, plan and train."""
     from p2ptrain.config import config_from_dict, read_toml
 
@@ -101,7 +101,7 @@ def command(config_path: str | None, initial_peers: tuple[str, ...], run_id: str
         ("train", "sync"): sync,
         **{("train", "optimizer", name): value for name, value in optimizer_flags(optimizer).items()},
         **{("train", "diloco", name): value for name, value in diloco_flags(optimizer).items()},
-    }  # fmt: skip
+    }
     for path, value in flags.items():
         if value is not None:
             table = data

@@ -46,7 +46,7 @@ from p2ptrain.errors import ProtocolError
 def command(initial_peers: tuple[str, ...], run_id: str | None, port: int | None, host: str | None,
             poll_s: float | None, tokens_per_step: int | None, time_scale: float | None,
             size_factor: float | None, announce_file: str | None, server_mode: bool, tensorboard_dir: str | None,
-            config_path: str | None) -> None:  # fmt: skip
+            config_path: str | None) -> None:
     """Serve a live web page, a JSON API and Prometheus metrics of a run."""
     from p2ptrain.errors import ConfigError
     from p2ptrain.lifecycle import StopSignal
@@ -60,7 +60,7 @@ def command(initial_peers: tuple[str, ...], run_id: str | None, port: int | None
         raise ConfigError("say which run to watch: --run NAME (or run = ... in --config)")
     flags = {"run": run_id, "host": host, "port": port, "poll_s": poll_s, "tokens_per_step": tokens_per_step,
              "time_scale": time_scale, "size_factor": size_factor, "announce_file": announce_file,
-             "tensorboard_dir": tensorboard_dir}  # fmt: skip
+             "tensorboard_dir": tensorboard_dir}
     dht = config.dht
     if initial_peers:
         dht = dataclasses.replace(dht, initial_peers=_split(initial_peers))

@@ -118,7 +118,7 @@ def command(ctx: click.Context, agents: int, stages: int | str, steps: int, scen
             batch_size: int | None, micro_batches: int, wire: str, schedule: str, overlap: bool, seed: int, data: str | None, precision: str, eval_every: int, device: str, workdir: str | None, run_id: str | None,
             as_json: bool, kills: tuple, partitions: tuple, joins: tuple, checkpoint_every: int, resume: bool, call_timeout: float,
             peer_ttl: float, liveness: bool, verify: bool, warm_copies: bool, monitor_port: int | None,
-            init_from: str | None, sync: str | None, **optimizer: object) -> None:  # fmt: skip
+            init_from: str | None, sync: str | None, **optimizer: object) -> None:
     """Start a bootstrap and N agents on this machine, train, and summarise."""
     from p2ptrain.lifecycle import StopSignal
     from p2ptrain.model.optim import OptimizerConfig
@@ -139,7 +139,7 @@ def command(ctx: click.Context, agents: int, stages: int | str, steps: int, scen
         liveness=liveness, verify=verify, warm_copies=warm_copies, monitor_port=monitor_port,
         optimizer=OptimizerConfig(**optimizer_flags(optimizer)), init_from=init_from,
         sync=sync or "every-step", diloco=DiLoCoConfig(**diloco_flags(optimizer)),
-    )  # fmt: skip
+    )
     display = SwarmDisplay(sys.stderr)
     with StopSignal() as stop:
         try:

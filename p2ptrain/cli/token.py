@@ -21,7 +21,7 @@ import click
 @click.option("--peer", "peer_id", help="The peer ID the token admits.")
 @click.option("--valid-days", type=click.FloatRange(min=0, min_open=True), help="Expire after this many days.")
 def command(key_path: str, show_id: bool, run_id: str | None, peer_id: str | None,
-            valid_days: float | None) -> None:  # fmt: skip
+            valid_days: float | None) -> None:
     """Print the organiser's ID, or a join token admitting one peer to one run."""
     from p2ptrain.net.dht.admission import make_token
     from p2ptrain.net.identity import load_or_create_identity

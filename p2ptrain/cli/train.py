@@ -198,7 +198,7 @@ def command(
     elif cluster_path is not None or scenario is not None:
         raise ValueError("--cluster and --scenario go with --plan (which device each worker plays)")
     optimizer = optimizer_flags(dict(lr=lr, lr_schedule=lr_schedule, warmup_steps=warmup_steps, min_lr=min_lr,
-                                     clip=clip))  # fmt: skip
+                                     clip=clip))
     # one tree, validated once: the preset's recipe fills what the file and the flags leave out of [optimizer]
     diloco = diloco_flags(dict(inner_steps=inner_steps, outer_lr=outer_lr, outer_momentum=outer_momentum,
                                outer_overlap=outer_overlap, outer_overlap_steps=outer_overlap_steps,

@@ -28,7 +28,7 @@ SCHEDULE_KINDS: tuple[str, ...] = ("constant", "cosine", "linear", "wsd")
 
 
 def lr_at(step: int, total_steps: int, lr: float, kind: str = "constant", warmup_steps: int = 0,
-          min_lr: float = 0.0, decay_fraction: float = 0.2) -> float:  # fmt: skip
+          min_lr: float = 0.0, decay_fraction: float = 0.2) -> float:
     """The learning rate of update ``step`` (0-based) of a run of ``total_steps`` updates."""
     if step < warmup_steps:
         return lr * (step + 1) / warmup_steps

@@ -47,10 +47,10 @@ class OptimizerConfig:
         if self.lr_schedule is not None and self.lr_schedule not in SCHEDULE_KINDS:
             raise ValueError(f"optimizer.lr_schedule={self.lr_schedule!r} is not one of {', '.join(SCHEDULE_KINDS)}")
         if self.warmup_steps is not None and (isinstance(self.warmup_steps, bool) or not isinstance(
-                self.warmup_steps, int) or self.warmup_steps < 0):  # fmt: skip
+                self.warmup_steps, int) or self.warmup_steps < 0):
             raise ValueError(f"optimizer.warmup_steps must be a non-negative integer, got {self.warmup_steps!r}")
         if self.warmup_floor_steps is not None and (isinstance(self.warmup_floor_steps, bool) or not isinstance(
-                self.warmup_floor_steps, int) or self.warmup_floor_steps < 0):  # fmt: skip
+                self.warmup_floor_steps, int) or self.warmup_floor_steps < 0):
             raise ValueError(f"optimizer.warmup_floor_steps must be a non-negative integer, got {self.warmup_floor_steps!r}")
         if self.lr is not None and not self.lr > 0:
             raise ValueError(f"optimizer.lr must be positive, got {self.lr}")
@@ -80,7 +80,7 @@ class OptimizerConfig:
     @property
     def resolved(self) -> bool:
         return all(getattr(self, f.name) is not None for f in dataclasses.fields(self)
-                   if f.name not in ("warmup_steps", "min_lr"))  # fmt: skip
+                   if f.name not in ("warmup_steps", "min_lr"))
 
     def warmup_for(self, total_steps: int) -> int:
         """The warm-up's updates in a run of ``total_steps``."""
@@ -99,7 +99,7 @@ class OptimizerConfig:
     def lr_at(self, step: int, total_steps: int) -> float:
         """The learning rate of update ``step`` (0-based) of a run of ``total_steps``."""
         return lr_at(step, total_steps, self.lr, self.lr_schedule, self.warmup_for(total_steps), self.floor,
-                     self.decay_fraction)  # fmt: skip
+                     self.decay_fraction)
 
     def _check_resolved(self) -> None:
         if not self.resolved:

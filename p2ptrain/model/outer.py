@@ -193,7 +193,7 @@ class OuterOptimizer:
 
     def pseudo_gradients(self, params: Sequence[torch.nn.Parameter] | None = None,
                          start: Sequence[torch.Tensor] | None = None,
-                         part: Sequence[int] | None = None) -> list[torch.Tensor]:  # fmt: skip
+                         part: Sequence[int] | None = None) -> list[torch.Tensor]:
         """The round's start (``start``, else this stage's ``start``, else the anchor) minus ``params`` (default:
         this stage's own), float32, where the anchor lives."""
         own = params is None
@@ -235,7 +235,7 @@ class OuterOptimizer:
 
     @torch.no_grad()
     def correct(self, params: Sequence[torch.nn.Parameter], start: Sequence[torch.Tensor],
-                part: Sequence[int] | None = None) -> None:  # fmt: skip
+                part: Sequence[int] | None = None) -> None:
         """``overlap``: the mean is in and the anchor moved; ``params`` (a replica that started its round from
         ``start``, its guess) move by the anchor minus that start: as if the round had started from the anchor."""
         for i, s in zip(self._part(part), start, strict=True):
@@ -260,7 +260,7 @@ class OuterOptimizer:
 
     @torch.no_grad()
     def reset(self, params: Sequence[torch.nn.Parameter], values: Sequence[torch.Tensor] | None = None,
-              part: Sequence[int] | None = None) -> None:  # fmt: skip
+              part: Sequence[int] | None = None) -> None:
         """Set ``params`` (this stage's, or a simulated replica's; those of ``part``) to ``values`` (default: the
         anchor)."""
         idx = self._part(part)

@@ -259,7 +259,7 @@ def prepare_dataset(cfg: PrepareConfig, on_progress: Progress | None = None,
             content_sha256=writer.hash.hexdigest(), shards=tuple(writer.shards),
             splits={"train": (0, split), "val": (split, writer.num_tokens)}, source=str(source.path),
             documents=documents,
-        )  # fmt: skip
+        )
         (tmp / MANIFEST_FILE).write_text(manifest.to_json())
         if out.exists():
             shutil.rmtree(out)

@@ -77,7 +77,7 @@ class Manifest:
             "shards": [{"file": s.file, "num_tokens": s.num_tokens} for s in self.shards],
             "splits": {k: list(v) for k, v in self.splits.items()}, "source": self.source,
             "documents": self.documents,
-        }, indent=1)  # fmt: skip
+        }, indent=1)
 
     @classmethod
     def from_json(cls, text: str, where: str) -> Manifest:

@@ -52,22 +52,22 @@ class RunCollector:
                 yield gauge
         for key, name, help_ in (("replans", "p2ptrain_replans", "Re-plans seen (plan epochs after the first)"),
                                  ("joins", "p2ptrain_joins", "Peers that joined while the monitor watched"),
-                                 ("leaves", "p2ptrain_leaves", "Peers whose records expired")):  # fmt: skip
+                                 ("leaves", "p2ptrain_leaves", "Peers whose records expired")):
             counter = CounterMetricFamily(name, help_, labels=["run"])
             counter.add_metric([run], summary[key])
             yield counter
         step = GaugeMetricFamily("p2ptrain_peer_step", "Step of each peer's latest heartbeat", labels=["run", "peer"])
         age = GaugeMetricFamily("p2ptrain_peer_heartbeat_age_seconds", "Seconds since each peer's heartbeat moved",
-                                labels=["run", "peer"])  # fmt: skip
+                                labels=["run", "peer"])
         sent = GaugeMetricFamily("p2ptrain_peer_sent_bytes_per_step", "Bytes each peer sent in its latest step",
-                                 labels=["run", "peer"])  # fmt: skip
+                                 labels=["run", "peer"])
         used = GaugeMetricFamily("p2ptrain_peer_compute_utilisation_ratio",
-                                 "Share of its latest step each peer computed", labels=["run", "peer"])  # fmt: skip
+                                 "Share of its latest step each peer computed", labels=["run", "peer"])
         mfu = GaugeMetricFamily("p2ptrain_peer_mfu_ratio", "The run's model FLOPs utilisation as each peer saw its "
-                                "latest step", labels=["run", "peer"])  # fmt: skip
+                                "latest step", labels=["run", "peer"])
         for peer in state["peers"]:
             for gauge, key in ((step, "step"), (age, "heartbeat_age_s"), (sent, "sent_bytes"), (used, "utilisation"),
-                               (mfu, "mfu")):  # fmt: skip
+                               (mfu, "mfu")):
                 if peer[key] is not None:
                     gauge.add_metric([run, peer["peer_id"]], peer[key])
         yield from (step, age, sent, used, mfu)

@@ -96,7 +96,7 @@ class MonitorConfig:
         emulated = self.time_scale is not None or self.size_factor is not None
         return ViewConfig(run=self.run, tokens_per_step=self.tokens_per_step, time_scale=self.time_scale or 1.0,
                           size_factor=self.size_factor or 1.0, emulated=emulated,
-                          silent_after_s=self.silent_after_s)  # fmt: skip
+                          silent_after_s=self.silent_after_s)
 
 
 def read_snapshot(dht: SwarmDHT) -> Snapshot:
@@ -147,7 +147,7 @@ class MonitorApp:
                 self.errors += 1
                 (logger.debug if failing else logger.warning)(
                     "reading the run's records failed (%s: %s); retrying every %g s, the page shows what was read",
-                    type(e).__name__, e, self.config.poll_s)  # fmt: skip
+                    type(e).__name__, e, self.config.poll_s)
                 failing = True
             while not stop.is_set() and time.monotonic() - started < self.config.poll_s:
                 await asyncio.sleep(min(0.1, self.config.poll_s))
@@ -186,7 +186,7 @@ class MonitorApp:
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(text=dumps_safe({"ok": True, "polls": self.view.polls, "errors": self.errors}),
-                            content_type="application/json")  # fmt: skip
+                            content_type="application/json")
 
 
 @web.middleware

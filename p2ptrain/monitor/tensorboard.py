@@ -16,7 +16,7 @@ from p2ptrain.errors import ConfigError
 
 FLUSH_S = 5  # tensorboardX writes from a queue in its own thread and flushes its file this often
 SERIES = {"loss": "train/loss", "step_time_s": "train/step_time_s", "predicted_step_s": "train/predicted_step_s",
-          "tokens_per_s": "train/tokens_per_s"}  # fmt: skip
+          "tokens_per_s": "train/tokens_per_s"}
 
 
 class TensorBoardLog:

@@ -136,7 +136,7 @@ class RunView:
             peer.beat_at = now
             if record.halted and record.evidence and record.blame is not None:  # a check of its work failed
                 self._event(now, "verify_failed", record.blame, f"failed a check of its work in epoch {record.epoch}: "
-                            f"blamed with evidence by {peer_id}", epoch=record.epoch)  # fmt: skip
+                            f"blamed with evidence by {peer_id}", epoch=record.epoch)
         peer.progress = record
         if record.step == 0 or record.halted:
             return
@@ -163,7 +163,7 @@ class RunView:
         why = f" ({plan.reason})" if plan.reason else ""
         text = (f"plan epoch {plan.epoch}{why}: {plan.stages} stages × {plan.replicas} pipelines, "
                 f"{len(plan.membership)} members, from step {plan.start_step}, "
-                f"predicted {self._predicted_s(plan.cost_s):.3f} s/step")  # fmt: skip
+                f"predicted {self._predicted_s(plan.cost_s):.3f} s/step")
         self._event(now, "plan", plan.leader, text, epoch=plan.epoch, step=plan.start_step)
 
     def _event(self, now: float, kind: str, peer: str | None, text: str, **extra: Any) -> None:
@@ -213,7 +213,7 @@ class RunView:
             "plan": self._plan_state(),
             "series": series,
             "events": list(self._events), "events_total": self._events_total,
-        }  # fmt: skip
+        }
 
     def _peer_order(self) -> list[str]:
         """Plan members in plan order (pipeline by pipeline), then the others by peer ID."""
@@ -250,7 +250,7 @@ class RunView:
             "sent_bytes": progress.sent_bytes if progress else None,
             "utilisation": _utilisation(progress) if progress else None,
             "mfu": progress.mfu if progress and not progress.halted else None,
-        }  # fmt: skip
+        }
         if record is not None:
             out.update({
                 "device_name": record.device_name, "region": record.region, "memory_gb": record.memory_gb,
@@ -258,13 +258,13 @@ class RunView:
                 "address": "relayed" if any(is_circuit(m) for m in record.maddrs) else "direct",
                 "maddrs": list(record.maddrs), "version": record.p2ptrain_version,
                 "protocol": record.protocol_version, "emulated_device": record.emulated_device,
-            })  # fmt: skip
+            })
         return out
 
     def _training_beats(self) -> list[ProgressRecord]:
         """Live peers' latest heartbeats that report a step trained (not halted), of the newest epoch among them."""
         beats = [p.progress for p in self._peers.values() if p.left_at is None and p.record is not None
-                 and p.progress is not None and not p.progress.halted and p.progress.step > 0]  # fmt: skip
+                 and p.progress is not None and not p.progress.halted and p.progress.step > 0]
         newest = max((b.epoch for b in beats), default=None)
         return [b for b in beats if b.epoch == newest]
 
@@ -284,7 +284,7 @@ class RunView:
             "sent_bytes_per_step": sum(sent) if sent else None,
             "utilisation": statistics.fmean(used) if used else None,
             "mfu": statistics.fmean(mfus) if mfus else None,
-        }  # fmt: skip
+        }
 
     def _role(self, peer_id: str) -> dict[str, Any]:
         plan = self._plan
@@ -304,7 +304,7 @@ class RunView:
             measured = row.resolve(order) if row is not None else {}
             latency.append([None if (m := measured.get(p)) is None else m.latency_ms / cfg.time_scale for p in order])
             bandwidth.append([None if (m := measured.get(p)) is None else m.bandwidth_gbps * cfg.time_scale
-                              / cfg.size_factor for p in order])  # fmt: skip
+                              / cfg.size_factor for p in order])
         units = "the emulated network's (as the leader plans)" if cfg.emulated else "measured"
         return {"peers": order, "latency_ms": latency, "bandwidth_gbps": bandwidth, "units": units}
 
@@ -320,7 +320,7 @@ class RunView:
             "objective": plan.objective, "cost_s": plan.cost_s, "data_parallel_s": plan.data_parallel_s,
             "pipeline_s": plan.pipeline_s, "predicted_step_s": self._predicted_s(plan.cost_s),
             "baselines": dict(plan.baselines), "start_step": plan.start_step, "reason": plan.reason,
-        }  # fmt: skip
+        }
 
     def _series(self) -> dict[str, list[list[float]]]:
         loss, step_time, tokens, predicted = [], [], [], []

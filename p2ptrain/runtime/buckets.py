@@ -69,7 +69,7 @@ class _Round:
     """The buckets of one step: which are ready, which started, their pending results."""
 
     def __init__(self, owner: BucketedAllReduce, rank: int, group_size: int,
-                 exchange_for: Callable[[int], GroupExchange]):  # fmt: skip
+                 exchange_for: Callable[[int], GroupExchange]):
         self.owner, self.rank, self.group_size, self.exchange_for = owner, rank, group_size, exchange_for
         self.pending = [len(b) for b in owner.buckets]
         self.ready: set[int] = set()
@@ -155,7 +155,7 @@ class BucketedAllReduce:
     def reduce_bucket(self, b: int, round_: _Round) -> torch.Tensor:
         grads = [self.params[i].grad for i in self.buckets[b]]
         flat = flatten([g.detach().cpu() if g is not None else torch.zeros(self.params[i].shape)
-                        for g, i in zip(grads, self.buckets[b], strict=True)])  # fmt: skip
+                        for g, i in zip(grads, self.buckets[b], strict=True)])
         record = round_.records[b] if round_.records is not None else None
         return sharded_all_reduce(flat, round_.rank, round_.group_size, round_.exchange_for(b), self.feedback, key=b,
                                   record=record)
@@ -173,7 +173,7 @@ class BucketedAllReduce:
             exact = ErrorFeedback(Codec("fp32"))
             exchange = round_.exchange_for(len(self.buckets))
             loss_future = self.pool.submit(sharded_all_reduce, loss_sum.reshape(1).to(torch.float32),
-                                           round_.rank, round_.group_size, exchange, exact)  # fmt: skip
+                                           round_.rank, round_.group_size, exchange, exact)
         try:
             extra = [loss_future] if loss_future is not None else []
             totals = wait_all([*round_.futures, *extra])  # each bounded by the exchange's call deadlines
@@ -186,7 +186,7 @@ class BucketedAllReduce:
         with torch.no_grad():
             for bucket, total in zip(self.buckets, totals, strict=True):
                 slots = [self.params[i].grad if self.params[i].grad is not None else self.params[i].new_zeros(
-                    self.params[i].shape) for i in bucket]  # fmt: skip
+                    self.params[i].shape) for i in bucket]
                 unflatten_into(total.to(slots[0].device), slots)
                 for i, g in zip(bucket, slots, strict=True):
                     self.params[i].grad = g
@@ -194,7 +194,7 @@ class BucketedAllReduce:
 
     def sum_tensors(self, tensors: Sequence[torch.Tensor], rank: int, group_size: int,
                     exchange_for: Callable[[int], GroupExchange], part: Sequence[int] | None = None,
-                    fragment: int = 0, checked: bool = False) -> list[torch.Tensor]:  # fmt: skip
+                    fragment: int = 0, checked: bool = False) -> list[torch.Tensor]:
         """The group's sums of ``tensors`` (one per parameter, e.g. DiLoCo's pseudo-gradients; with ``part``,
         one per parameter of ``part``, indices into the parameters: a fragment's), in this reducer's buckets
         (each cut to ``part``'s parameters) with its error feedback (kept per ``fragment`` when ``part`` is
@@ -211,7 +211,7 @@ class BucketedAllReduce:
                                     rank, group_size, exchange_for(b), self.feedback,
                                     key=b if part is None else (fragment, b),
                                     record=records[i] if records is not None else None)
-                   for i, (b, members) in enumerate(cut)]  # fmt: skip
+                   for i, (b, members) in enumerate(cut)]
         totals = wait_all(futures)
         if records is not None:
             self.verifier(records, rank, group_size, exchange_for(len(self.buckets)))

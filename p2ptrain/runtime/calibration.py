@@ -105,14 +105,14 @@ def calibrate(train: TrainConfig, rows: int, device: torch.device, repeats: int 
         update_s_per_mparam=plain.update_s / plain.parameters * 1e6,
         message_s=_message_s(rows, shape, repeats),
         codec_s_per_melement=_codec_s_per_melement(train, rows, repeats),
-    )  # fmt: skip
+    )
     logger.info("calibrated %s at %d rows in %.2f s: block %.2f/%.2f ms, embeddings +%.2f/%.2f ms, head "
                 "+%.2f/%.2f ms, update %.2f ms per Mparam, %.2f ms per message, %s codecs %s ms per M elements "
                 "(encode/decode)", train.model, rows,
                 time.perf_counter() - started, *(1e3 * v for v in measurement.layer_s),
                 *(1e3 * v for v in measurement.embed_s), *(1e3 * v for v in measurement.head_s),
                 1e3 * measurement.update_s_per_mparam, 1e3 * measurement.message_s, train.wire,
-                ", ".join(f"{1e3 * e:.2f}/{1e3 * d:.2f}" for e, d in measurement.codec_s_per_melement))  # fmt: skip
+                ", ".join(f"{1e3 * e:.2f}/{1e3 * d:.2f}" for e, d in measurement.codec_s_per_melement))
     return measurement
 
 
@@ -199,10 +199,10 @@ def _codec_s_per_melement(train: TrainConfig, rows: int, repeats: int) -> tuple[
     shard = (max(1, train.bucket_elements // 2),)
     generator = torch.Generator().manual_seed(train.seed)
     kinds = ((wire.activation, activation, None), (wire.activation_grad, activation, None),
-             (wire.gradient, shard, ErrorFeedback(wire.gradient)))  # fmt: skip
+             (wire.gradient, shard, ErrorFeedback(wire.gradient)))
     return tuple((0.0, 0.0) if codec.exact else _codec_s(codec, torch.randn(size, generator=generator), feedback,
                                                            repeats)
-                 for codec, size, feedback in kinds)  # fmt: skip
+                 for codec, size, feedback in kinds)
 
 
 def _codec_s(codec: Codec, tensor: torch.Tensor, feedback: ErrorFeedback | None, repeats: int
@@ -285,7 +285,7 @@ def step_profile(
     profile = StepProfile(micro_batches=m, forward_s=tuple(forward), backward_s=tuple(backward),
                           update_s=tuple(p * per_param for p in params), gradient_gb=tuple(grads),
                           message_s=message_s, boundary_s=boundary_s, **extra,
-                          **codec_costs(measurements, size_factor))  # fmt: skip
+                          **codec_costs(measurements, size_factor))
     return profile.scaled(1.0 / time_scale)
 
 
@@ -296,7 +296,7 @@ def codec_costs(measurements: Sequence[ComputeMeasurement], size_factor: float =
     GB hold GB · size_factor / 4 real float32 elements, in the network's seconds."""
     elements_per_gb = GB * size_factor / FP32_BYTES
     per_gb = [[statistics.median(c.codec_s_per_melement[kind][end] for c in measurements) * 1e-6 * elements_per_gb
-               / time_scale if measurements else 0.0 for kind in range(3)] for end in range(2)]  # fmt: skip
+               / time_scale if measurements else 0.0 for kind in range(3)] for end in range(2)]
     return {"encode_s_per_gb": tuple(per_gb[0]), "decode_s_per_gb": tuple(per_gb[1])}
 
 
@@ -327,7 +327,7 @@ def verify_volumes(verify: VerifyConfig | None, train: TrainConfig, num_stages: 
     shape = train.shape
     buckets = max(len(plan_buckets([p.numel() for p in build_stage(shape, j, num_stages, seed=0, device="meta")
                                     .parameters() if p.requires_grad], train.bucket_elements))
-                  for j in range(num_stages))  # fmt: skip
+                  for j in range(num_stages))
     sizes = (commit_bytes(buckets, num_replicas),
              sketch_bytes(buckets, num_replicas, verify.sketch_rows, verify.running))
     # each member's challenged micro-batches go to min(verifiers, D - 1) replicas: as many reveals and recomputes
@@ -412,7 +412,7 @@ def layered_workload(
              | ({} if steps is None else {"steps": steps}))
     step = StepProfile(micro_batches=m, message_s=statistics.median(c.message_s for c in measurements) / time_scale,
                        boundary_s=boundary_s / time_scale, reference_tflops=measured_speed(fastest), **extra,
-                       **codec_costs(measurements, size_factor, time_scale))  # fmt: skip
+                       **codec_costs(measurements, size_factor, time_scale))
     return LayeredWorkload(workload.activation_gb, workload.gradient_gb, workload.source, step=step, costs=costs,
                            wire="fp32")
 

@@ -43,7 +43,7 @@ _STEP_DIR = re.compile(r"step-(\d{8})")
 
 
 def state_tensors(module: torch.nn.Module, optimizer: torch.optim.Optimizer, *, outer: OuterOptimizer | None = None,
-                  non_blocking: bool = False) -> dict[str, torch.Tensor]:  # fmt: skip
+                  non_blocking: bool = False) -> dict[str, torch.Tensor]:
     """Parameters and AdamW moments of ``module``, by full-model name, as CPU tensors (copies); with
     ``outer`` (DiLoCo) also its outer momentum. Taken at a round's end, the parameters are the outer
     optimizer's anchor too, so parameters, inner moments and outer momentum are the whole state.
@@ -250,7 +250,7 @@ def saved_stages(root: str | Path, num_stages: int, model: str) -> list[tuple[in
     copies: ``churn.state_store.StateStore``)."""
     root = Path(root)
     return [(stage, step) for step in _steps(root) for stage in range(num_stages)
-            if _manifest(step_dir(root, step), stage, num_stages, model) is not None]  # fmt: skip
+            if _manifest(step_dir(root, step), stage, num_stages, model) is not None]
 
 
 def load_saved_stage(root: str | Path, step: int, stage: int, num_stages: int, model: str) -> dict[str, torch.Tensor]:

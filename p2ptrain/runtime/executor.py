@@ -341,7 +341,7 @@ class StageExecutor:
 
     def _group_mean(self, deltas: list[torch.Tensor], role: Role, topology: Topology, link: StepLink,
                     offset: int, fragment: int = 0, part: list[int] | None = None,
-                    checked: bool = False) -> list[torch.Tensor]:  # fmt: skip
+                    checked: bool = False) -> list[torch.Tensor]:
         """The mean of ``deltas`` (of ``part``'s parameters, one fragment's) over the stage's replica group;
         bucket b's messages tagged ``offset + b``; ``checked``: its sums checked by the reducer's verifier."""
         if role.num_replicas == 1:
@@ -349,7 +349,7 @@ class StageExecutor:
         group = topology.group(role.stage)
         sums = self.reducer.sum_tensors(deltas, role.replica, role.num_replicas,
                                         lambda b: _GroupOverLink(link, group, offset + b), part, fragment,
-                                        checked=checked)  # fmt: skip
+                                        checked=checked)
         return [s / role.num_replicas for s in sums]
 
     def _clip(self, role: Role, topology: Topology, state: _StepState) -> None:
@@ -378,7 +378,7 @@ class _StepState:
     """What one step holds between its forwards and backwards."""
 
     def __init__(self, role: Role, prev_peer: str | None, next_peer: str | None, link: StepLink,
-                 act_shape: tuple[int, int, int]):  # fmt: skip
+                 act_shape: tuple[int, int, int]):
         self.role, self.prev_peer, self.next_peer, self.link, self.act_shape = role, prev_peer, next_peer, link, act_shape
         self.inputs: dict[int, torch.Tensor | None] = {}
         self.outputs: dict[int, torch.Tensor] = {}  # forward done, backward not yet

@@ -106,7 +106,7 @@ class ForkServer:
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         try:
             self._popen = subprocess.Popen([sys.executable, "-m", __name__, *self.preload], stdin=subprocess.PIPE,
-                                           stdout=subprocess.PIPE, stderr=log, start_new_session=True)  # fmt: skip
+                                           stdout=subprocess.PIPE, stderr=log, start_new_session=True)
         finally:
             if log is not subprocess.DEVNULL:
                 log.close()
@@ -119,7 +119,7 @@ class ForkServer:
         return self._popen.pid if self._popen is not None else None
 
     def spawn(self, argv: Sequence[str], *, stdout_path: Path | None = None, stderr_path: Path | None = None,
-              env: Mapping[str, str] | None = None, cwd: Path | None = None) -> ForkedProcess:  # fmt: skip
+              env: Mapping[str, str] | None = None, cwd: Path | None = None) -> ForkedProcess:
         """Fork a process running ``argv`` (``can_run``); stdout goes to ``stdout_path`` (truncated), stderr to
         ``stderr_path`` (appended; stdout too unless given). Waits for the server's imports the first time."""
         if not self.can_run(argv):
@@ -127,7 +127,7 @@ class ForkServer:
         request = {"argv": list(argv), "cwd": str(cwd or os.getcwd()),
                    "env": dict(env if env is not None else os.environ),
                    "stdout": str(stdout_path) if stdout_path else None,
-                   "stderr": str(stderr_path) if stderr_path else None}  # fmt: skip
+                   "stderr": str(stderr_path) if stderr_path else None}
         with self._lock:
             assert self._popen is not None and self._popen.stdin is not None, "start() the fork server first"
             try:

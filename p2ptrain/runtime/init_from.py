@@ -82,7 +82,7 @@ def open_init_source(path: str) -> InitSource:
         except (KeyError, OSError) as e:
             raise ValueError(f"init_from {path}: {e}") from None
         source = InitSource(str(folder), "huggingface", reader.shape, reader.digest[:16], tuple(reader.notes()),
-                            reader.tokenizer_file, reader)  # fmt: skip
+                            reader.tokenizer_file, reader)
     else:
         from p2ptrain.runtime.gather import gather_checkpoint
 
@@ -97,7 +97,7 @@ def open_init_source(path: str) -> InitSource:
             digest.update(gathered.state[name].contiguous().numpy().tobytes())
         source = InitSource(str(folder), "p2ptrain", gathered.shape, digest.hexdigest()[:16],
                             (f"the weights of step {gathered.step} (preset {gathered.model}); the optimizer starts fresh",),
-                            None, gathered.state)  # fmt: skip
+                            None, gathered.state)
     for note in source.notes:
         logger.info("init_from %s: %s", path, note)
     return source
@@ -125,7 +125,7 @@ def run_shape(source: InitSource, preset: ModelShape, activation: str | None, mo
         logger.info("init_from %s: the checkpoint's shape is not preset %s's (%s; %.1f M parameters): the run trains "
                     "it with %s's optimizer recipe%s", source.path, model or "?", ", ".join(differ),
                     parameter_count(shape) / 1e6, model or "the preset",
-                    "" if nearest == model else f" (the nearest preset by size: {nearest})")  # fmt: skip
+                    "" if nearest == model else f" (the nearest preset by size: {nearest})")
     return shape
 
 

@@ -30,7 +30,7 @@ class PlanFile:
         return {f"{s}/{r}": self.pipelines[r][s] for r in range(self.replicas) for s in range(self.stages)}
 
     def links(self, latency_ms, bandwidth_gbps, emulation: EmulationConfig, uplink_gbps=None,
-              downlink_gbps=None) -> LinkMatrices:  # fmt: skip
+              downlink_gbps=None) -> LinkMatrices:
         """The emulated network of a cluster of exactly this plan's devices (and their access links)."""
         if len(latency_ms) != self.stages * self.replicas:
             raise ValueError(

@@ -237,7 +237,7 @@ def train_reference(cfg: TrainConfig, on_step: Callable[[StepReport], None] | No
         logger.info("training %s (%d parameters) on %s: %d steps of %d sequences × %d tokens, %d replica(s) × %d "
                     "micro-batch(es)%s", cfg.model, model.num_parameters(), device, cfg.steps, cfg.global_batch_size,
                     cfg.shape.seq_len, cfg.replicas, cfg.micro_batches,
-                    f", DiLoCo rounds of {cfg.diloco.inner_steps}" if diloco else "")  # fmt: skip
+                    f", DiLoCo rounds of {cfg.diloco.inner_steps}" if diloco else "")
         for step in range(cfg.steps if stop_after is None else min(stop_after, cfg.steps)):
             while pending and pending[0].start_step == step:
                 for f in sorted(in_flight):  # ``overlap``: the restarted state is the one its means complete
@@ -282,7 +282,7 @@ def train_reference(cfg: TrainConfig, on_step: Callable[[StepReport], None] | No
 
 
 def _outer_rounds(cfg: TrainConfig, step: int, outer: OuterOptimizer, parts: list[list[int]], models: list[GPT],
-                  codec, feedbacks: list[list], starts: dict, in_flight: dict, correct_at: dict) -> None:  # fmt: skip
+                  codec, feedbacks: list[list], starts: dict, in_flight: dict, correct_at: dict) -> None:
     """DiLoCo after update ``step``, as ``StageExecutor._outer_rounds`` does it on every stage: each fragment's
     mean in flight that is due corrects every replica, then each fragment whose round ends takes its outer step
     (``overlap``: each replica starts the next round from its own guess)."""

@@ -59,7 +59,7 @@ def step_wire_bytes(cfg: TrainConfig) -> dict[str, int]:
 
 
 def compare_wires(cfg: TrainConfig, wires: Sequence[str] = ("fp32", "bf16", "int8", "int4"),
-                  last_k: int = 10, workdir: str | None = None) -> dict:  # fmt: skip
+                  last_k: int = 10, workdir: str | None = None) -> dict:
     """Train ``cfg`` once per wire (distributed: ``cfg.stages`` × ``cfg.replicas`` workers); the final loss,
     the mean of the last ``last_k`` losses, each relative to fp32's, and the wire bytes per step."""
     from p2ptrain.runtime.worker_launcher import train_distributed
@@ -129,7 +129,7 @@ def codec_errors(cfg: TrainConfig, codecs: Sequence[str], steps: int = 10) -> di
 
 
 def compare_step_times(cfg: TrainConfig, settings: Sequence[tuple[str, str, bool]], links: LinkMatrices | None,
-                       rounds: int = 2, skip_steps: int = 2) -> list[dict]:  # fmt: skip
+                       rounds: int = 2, skip_steps: int = 2) -> list[dict]:
     """Median step time of ``cfg`` under each (wire, schedule, overlap) setting; the settings run one after
     another, ``rounds`` times over (so a machine's slow minute touches each alike); the first ``skip_steps``
     steps of each run (connections warming up) are left out. Rows in the order of ``settings``."""

@@ -66,11 +66,11 @@ AGENT_MODULES = ("p2ptrain.cli", "p2ptrain.cli.agent", "p2ptrain.agent.agent", "
 # Probing on loopback (no emulation): links are fast and alike; small transfers keep the CPU free, and their
 # real jitter is large against them, so samples agree loosely and at most one more transfer is spent on it.
 LOOPBACK_PROBE = ProbeConfig(pings=5, transfers=2, max_transfers=3, agreement=0.25, max_transfer_bytes=4 << 20,
-                             rtt_multiple=3.0, min_transfer_s=0.02, max_transfer_s=0.5, deadline_s=30.0)  # fmt: skip
+                             rtt_multiple=3.0, min_transfer_s=0.02, max_transfer_s=0.5, deadline_s=30.0)
 # Probing an emulated network: transfers long against the round trip; the fastest three must agree (an
 # undisturbed sample is exact, net.probe), so a busy machine costs more transfers, up to ten.
 EMULATED_PROBE = ProbeConfig(pings=8, transfers=3, max_transfers=10, agreement=0.02, rtt_multiple=4.0,
-                             min_transfer_s=0.15, max_transfer_s=1.5, deadline_s=60.0)  # fmt: skip
+                             min_transfer_s=0.15, max_transfer_s=1.5, deadline_s=60.0)
 
 
 def matched_batch_size(train: TrainConfig, stages: int, replicas: int) -> int:
@@ -95,7 +95,7 @@ def plan_swarm(config: SwarmConfig) -> tuple[TrainConfig, Cluster | None, float,
                         overlap=config.overlap, precision=config.precision, eval_every=config.eval_every,
                         data=str(Path(config.data).resolve()) if config.data else None,
                         optimizer=config.optimizer, sync=config.sync, diloco=config.diloco,
-                        init_from=str(Path(config.init_from).resolve()) if config.init_from else None)  # fmt: skip
+                        init_from=str(Path(config.init_from).resolve()) if config.init_from else None)
     network = None
     if config.scenario is not None:
         network = scenario(config.scenario, config.agents)
@@ -134,7 +134,7 @@ def run_swarm(
         cluster_path.write_text(json.dumps(network.to_dict()))
     agents = _prepare_agents(root, range(config.agents))
     state = SwarmState(config=config, train=train, run=run, workdir=str(root), network=network,
-                       time_scale=time_scale, size_factor=size_factor, agents=agents)  # fmt: skip
+                       time_scale=time_scale, size_factor=size_factor, agents=agents)
     with ProcessGroup(grace_s=15.0) as group:
         try:
             # Agents (and the monitor) are forked from a server that imports their modules once, while the
@@ -143,7 +143,7 @@ def run_swarm(
             maddrs = _start_bootstrap(group, root, run, config.startup_timeout_s, stop)
             if config.monitor_port is not None:
                 url = _start_monitor(group, root, run, maddrs, config, train, network is not None,
-                                     (time_scale, size_factor), stop)  # fmt: skip
+                                     (time_scale, size_factor), stop)
                 if on_monitor is not None:
                     on_monitor(url)
             def launch(new: list[AgentProcess]) -> None:
@@ -187,7 +187,7 @@ def _start_bootstrap(group: ProcessGroup, root: Path, run: str, timeout_s: float
     announce.unlink(missing_ok=True)
     child = group.start("bootstrap", [sys.executable, "-m", "p2ptrain", "bootstrap", "--host-maddrs", LOOPBACK,
                                       "--announce-file", str(announce), "--run-id", run],
-                        log_path=root / "bootstrap.log", stdout_path=root / "bootstrap.out")  # fmt: skip
+                        log_path=root / "bootstrap.log", stdout_path=root / "bootstrap.out")
     return _wait_announced(announce, child, "bootstrap", root / "bootstrap.log", timeout_s, stop).split()
 
 
@@ -207,13 +207,13 @@ def _wait_announced(announce: Path, child, name: str, log: Path, timeout_s: floa
 
 
 def _start_monitor(group: ProcessGroup, root: Path, run: str, maddrs: list[str], config: SwarmConfig,
-                   train: TrainConfig, emulated: bool, factors: tuple[float, float], stop: StopSignal) -> str:  # fmt: skip
+                   train: TrainConfig, emulated: bool, factors: tuple[float, float], stop: StopSignal) -> str:
     """Start ``p2ptrain monitor`` on the swarm's DHT; its page's URL, once it answers."""
     announce = root / "monitor.url"
     announce.unlink(missing_ok=True)
     command = [sys.executable, "-m", "p2ptrain", "monitor", "--initial-peers", " ".join(maddrs), "--run", run,
                "--port", str(config.monitor_port), "--poll", "1", "--announce-file", str(announce),
-               "--tokens-per-step", str(train.global_batch_size * train.shape.seq_len)]  # fmt: skip
+               "--tokens-per-step", str(train.global_batch_size * train.shape.seq_len)]
     if emulated:
         command += ["--time-scale", repr(factors[0]), "--size-factor", repr(factors[1])]
     child = group.start("monitor", command, log_path=root / "monitor.log", stdout_path=root / "monitor.out", fork=True)
@@ -227,10 +227,10 @@ def _write_status(root: Path, run: str, group: ProcessGroup, agents: list[AgentP
                       "maddrs_file": str(root / "bootstrap.maddrs")},
         "agents": [{"index": a.index, "pid": a.pid, "peer_id": a.peer_id, "log": str(a.log_path),
                     "events": str(a.events.path), "config": str(a.config_path)} for a in agents],
-    }  # fmt: skip
+    }
     if "monitor" in group.children:
         status["monitor"] = {"pid": group.children["monitor"].pid, "log": str(root / "monitor.log"),
-                             "url": _read_or_none(root / "monitor.url")}  # fmt: skip
+                             "url": _read_or_none(root / "monitor.url")}
     write_atomically(root / "swarm.json", json.dumps(status, indent=1) + "\n")
 
 
@@ -245,7 +245,7 @@ class FaultInjector:
     """``--kill`` and ``--join``: act on the swarm when the agents' events say a step was reached."""
 
     def __init__(self, config: SwarmConfig, group: ProcessGroup, state: SwarmState, root: Path,
-                 launch: Callable[[list[AgentProcess]], None]):  # fmt: skip
+                 launch: Callable[[list[AgentProcess]], None]):
         self.group, self.state, self.root, self.launch = group, state, root, launch
         self.kills = sorted(config.kills, key=lambda k: k[1])
         self.joins = sorted(config.joins, key=lambda j: j[1])
@@ -295,7 +295,7 @@ class FaultInjector:
 
 
 def _follow(config: SwarmConfig, group: ProcessGroup, state: SwarmState, stop: StopSignal,
-            on_update: Callable[[SwarmState], None] | None, faults: FaultInjector) -> str | None:  # fmt: skip
+            on_update: Callable[[SwarmState], None] | None, faults: FaultInjector) -> str | None:
     """Watch the agents until all exited; the reason for failing, or None."""
     deadline = time.monotonic() + config.startup_timeout_s
     steps_seen = 0
@@ -350,7 +350,7 @@ def _probe(config: SwarmConfig, network: Cluster | None, time_scale: float, size
         return LOOPBACK_PROBE
     off = ~np.eye(network.num_devices, dtype=bool)
     lines = [network.bandwidth_gbps[off].min()] + [float(v.min()) for v in (network.uplink_gbps, network.downlink_gbps)
-                                                   if v is not None]  # fmt: skip
+                                                   if v is not None]
     slowest = scaled_bandwidth(float(min(lines)), EmulationConfig(time_scale, size_factor))  # emulated bytes/s
     first = int(min(EMULATED_PROBE.first_transfer_bytes, max(4 << 10, slowest * EMULATED_PROBE.min_transfer_s)))
     return dataclasses.replace(EMULATED_PROBE, first_transfer_bytes=first)
@@ -358,7 +358,7 @@ def _probe(config: SwarmConfig, network: Cluster | None, time_scale: float, size
 
 def _agent_toml(config: SwarmConfig, train: TrainConfig, run: str, maddrs: list[str], agent: AgentProcess,
                 root: Path, cluster_path: Path | None, time_scale: float, size_factor: float,
-                probe: ProbeConfig | None = None) -> str:  # fmt: skip
+                probe: ProbeConfig | None = None) -> str:
     probe = probe or config.probe or (EMULATED_PROBE if cluster_path else LOOPBACK_PROBE)
     tables: dict[str, Any] = {
         "run": run, "initial_peers": maddrs, "events_file": str(agent.events.path),
@@ -378,7 +378,7 @@ def _agent_toml(config: SwarmConfig, train: TrainConfig, run: str, maddrs: list[
         "verify": {"enabled": config.verify} | ({"rate": config.verify_rate} if config.verify_rate is not None else {}),
         "checkpoint": {"every_steps": config.checkpoint_every, "resume": config.resume,
                        "local_dir": str(root / f"agent-{agent.index}.state")},
-    }  # fmt: skip
+    }
     if config.checkpoint_every or config.shared_checkpoints:
         tables["checkpoint"]["dir"] = str(root / "checkpoints")
     if not config.warm_copies:

@@ -124,7 +124,7 @@ class SwarmState:
                 "recovery_s": (min(steps) - failure) if failure is not None and steps else None,
                 "steps_redone": max(0, max(before, default=0) - start),
                 "warm_copies": event["plan"].get("warm_copies"),
-            })  # fmt: skip
+            })
         return out
 
 
@@ -155,7 +155,7 @@ def summarize(state: SwarmState) -> dict[str, Any]:
         "losses": losses, "step_time_s": step_times,
         "median_step_time_s": statistics.median(step_times) if step_times else None,
         "config": state.train.to_dict(),
-    }  # fmt: skip
+    }
     leader = state.leader_plan()
     if leader is not None and state.train.stages_auto:  # the stage count the leader chose for the run
         summary["stages"], summary["replicas"] = leader[1]["plan"]["stages"], leader[1]["plan"]["replicas"]
@@ -241,7 +241,7 @@ def _plan_by_agent(state: SwarmState, leader: int, event: dict[str, Any]) -> dic
         "predicted_emulated_s": plan["cost_s"] * state.time_scale if state.network is not None else None,
         "settings": event.get("settings"), "workload": event["workload"], "measured": measured,
         "spares": [state.index_of(p) for p in event["spares"]],
-    }  # fmt: skip
+    }
 
 
 class SwarmDisplay:

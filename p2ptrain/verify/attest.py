@@ -25,9 +25,9 @@ _HEADER_LENGTH = struct.Struct("<I")
 
 
 def statement_header(kind: str, run: str, epoch: int, step: int, stage: int, member: str, rank: int, n: int,
-            numels: Sequence[int], rows: int, seed: int | None, steps: int = 0) -> bytes:  # fmt: skip
+            numels: Sequence[int], rows: int, seed: int | None, steps: int = 0) -> bytes:
     fields = {"kind": kind, "run": run, "epoch": epoch, "step": step, "stage": stage, "member": member,
-              "rank": rank, "n": n, "numels": list(numels), "rows": rows, "seed": seed, "steps": steps}  # fmt: skip
+              "rank": rank, "n": n, "numels": list(numels), "rows": rows, "seed": seed, "steps": steps}
     text = json.dumps(fields, sort_keys=True).encode()
     size = header_bytes(len(numels))
     assert len(text) <= size - _HEADER_LENGTH.size, "a shard of more than 10^12 elements"
@@ -123,7 +123,7 @@ def parse_sketch_body(body: bytes) -> SketchStatement:
 
 def _attestation(row: torch.Tensor, n: int, rows: int) -> Attestation:
     added = tuple(Contribution(row[rows + 2 + j * (rows + 1): rows + 2 + j * (rows + 1) + rows].clone(),
-                               float(row[rows + 2 + j * (rows + 1) + rows])) for j in range(n))  # fmt: skip
+                               float(row[rows + 2 + j * (rows + 1) + rows])) for j in range(n))
     if float(row[rows]) < 0 or float(row[rows + 1]) < 0:
         raise ValueError("a sketch statement with a negative norm")
     return Attestation(row[:rows].clone(), float(row[rows]), float(row[rows + 1]), added)
@@ -136,14 +136,14 @@ THIRD_PARTY_MARGIN = 1e-9
 
 
 def judge_statement(parsed: SketchStatement, false_alarm: float = FALSE_ALARM,
-                    margin: float = 0.0) -> tuple[int, float] | None:  # fmt: skip
+                    margin: float = 0.0) -> tuple[int, float] | None:
     """The first bucket whose attested numbers do not add up (ratio statistic / tolerance above ``1 − margin``),
     with its ratio; None if every bucket's do."""
     windows = [(parsed.buckets, 1), (parsed.running, parsed.header.get("steps", 0))]
     for attestations, steps in windows:
         for b, (att, numel) in enumerate(zip(attestations, parsed.header["numels"], strict=False)):
             result = judge_sum(att.total, att.total_norm, att.slack_norm, int(numel), att.added, steps=steps,
-                               false_alarm=false_alarm)  # fmt: skip
+                               false_alarm=false_alarm)
             if result.ratio > 1 - margin:
                 return b, result.ratio
     return None

@@ -111,7 +111,7 @@ def judge_recompute(header: DisputeHeader, bulk: bytes, accused: str, view: RunV
             unpacked.commitment, accused,
             commitment_header(view.run, view.epoch, header.step, header.stage, header.replica, accused, M),
             commitment_bytes(header.stage, S, M),
-        )  # fmt: skip
+        )
     except ValueError as e:
         return Verdict(False, f"its evidence is refused: {e}")
     committed = dict(zip(entries(header.stage, S, M), digests, strict=True))
@@ -123,7 +123,7 @@ def judge_recompute(header: DisputeHeader, bulk: bytes, accused: str, view: RunV
         tag = pipe_tag(view.run, view.epoch, header.step, topology, header.replica, header.stage, entry)
         if message is None or message_digest(message, tag) != digest:
             return Verdict(False, f"its {entry[1]} of micro-batch {entry[2]} ({entry[0]}) is not the one the accused "
-                                  "committed to")  # fmt: skip
+                                  "committed to")
         revealed[entry[:2]] = message
     module = view.build(header.stage)
     own = list(module.named_parameters())
@@ -137,17 +137,17 @@ def judge_recompute(header: DisputeHeader, bulk: bytes, accused: str, view: RunV
     rows = micro_batches(shard_of(view.data.global_batch(header.step), header.replica, D), M)[header.micro_batch]
     try:
         checks = check_micro_batch(module, header.stage, S, view.wire, view.precision, rows, revealed,
-                                   view.hidden_size, view.data.tokens_per_batch)  # fmt: skip
+                                   view.hidden_size, view.data.tokens_per_batch)
     except ValueError as e:  # it committed to a message no honest encoder makes
         return Verdict(True, f"a message it committed to is refused: {e}", math.inf)
     what, worst = max(checks, key=lambda c: c[1].ratio)
     ratio = worst.ratio
     if ratio > 1.0:
         return Verdict(True, f"the {what} it sent for micro-batch {header.micro_batch} of step {header.step} is "
-                             f"{ratio:.3g}× the allowance off what its input gives", ratio)  # fmt: skip
+                             f"{ratio:.3g}× the allowance off what its input gives", ratio)
     if ratio < LIAR_BELOW:
         return Verdict(False, f"redone, its work holds: the {what} it sent for micro-batch {header.micro_batch} of "
-                              f"step {header.step} is {ratio:.3g}× the allowance", ratio)  # fmt: skip
+                              f"step {header.step} is {ratio:.3g}× the allowance", ratio)
     return Verdict(None, f"redone, its {what} is {ratio:.3g}× the allowance: neither proven wrong nor clearly right",
                    ratio)
 
@@ -165,7 +165,7 @@ def max_shard_bulk_bytes(params: int, tensors: int, n: int) -> int:
 
 
 def judge_shard(header: ShardHeader, bulk: bytes, accused: str, run: str, group: tuple[str, ...],
-                codec: Codec) -> Verdict:  # fmt: skip
+                codec: Codec) -> Verdict:
     """Whether ``bulk`` (announced by ``header``) proves that owner ``accused`` of ``group`` (the stage's replicas in
     rank order) signed a sketch statement misdescribing a message it accepted: its own reduced shard (``claim``)
     or the finder's contribution to it (``attest``). The bulk holds every member's signed commitment of the step,
@@ -174,7 +174,7 @@ def judge_shard(header: ShardHeader, bulk: bytes, accused: str, run: str, group:
     that message, or it would not have attested); then the sketch and norm it signed are re-made here."""
     if accused not in group or header.member != accused or header.finder not in group or header.finder == accused:
         return Verdict(False, f"its header names {header.member} and finder {header.finder}, not the accused "
-                              f"{accused} and another member of stage {header.stage}'s group")  # fmt: skip
+                              f"{accused} and another member of stage {header.stage}'s group")
     if len(bulk) != header.bulk_bytes or not hmac.compare_digest(hashlib.sha256(bulk).hexdigest(), header.bulk_sha256):
         return Verdict(False, "the bulk sent is not the one its header announced")
     n, k, f, b = len(group), group.index(accused), group.index(header.finder), header.bucket
@@ -188,11 +188,11 @@ def judge_shard(header: ShardHeader, bulk: bytes, accused: str, run: str, group:
     except ValueError as e:
         return Verdict(False, f"its evidence is refused: {e}")
     seed = challenge_seed(f"{run}/{header.epoch}/{header.stage}", header.step,
-                          [d for member in digests for bucket in member for d in bucket])  # fmt: skip
+                          [d for member in digests for bucket in member for d in bucket])
     said = sketched.header
     expected = {"run": run, "epoch": header.epoch, "step": header.step, "stage": header.stage, "member": accused,
                 "rank": k, "n": n, "rows": rows, "seed": seed,
-                "numels": [end - start for start, end in (shard_bounds(total, n)[k] for total in numels)]}  # fmt: skip
+                "numels": [end - start for start, end in (shard_bounds(total, n)[k] for total in numels)]}
     wrong = {key: said.get(key) for key, value in expected.items() if said.get(key) != value}
     if wrong or b >= len(numels):
         return Verdict(False, f"the accused's statement is not of the step those commitments make: {wrong}")
@@ -205,7 +205,7 @@ def judge_shard(header: ShardHeader, bulk: bytes, accused: str, run: str, group:
         digest = digests[f][b][k if k < f else k - 1]
     if message_digest(message, tag) != digest:
         return Verdict(False, f"the message it sent is not the one {'the accused' if header.check == 'claim' else 'it'} "
-                              "committed to")  # fmt: skip
+                              "committed to")
     try:
         if (tuple(message.shape), message.dtype) != codec.wire_spec((numel,)):
             raise ValueError(f"a {message.dtype} message of shape {tuple(message.shape)} for {numel} elements")
@@ -216,33 +216,33 @@ def judge_shard(header: ShardHeader, bulk: bytes, accused: str, run: str, group:
     norm = float(vector.detach().to("cpu", dtype=torch.float64).norm())
     att = sketched.buckets[b]
     signed, signed_norm = (att.total, att.total_norm) if header.check == "claim" else \
-        (att.added[f].sketch, att.added[f].norm)  # fmt: skip
+        (att.added[f].sketch, att.added[f].norm)
     ratio = max(sketch_ratio(signed, made, max(signed_norm, norm), numel), norm_ratio(signed_norm, norm, numel))
     what = f"its reduced shard of bucket {b}" if header.check == "claim" else f"{header.finder}'s contribution to bucket {b}"
     if ratio > SHARD_HOLDS_ABOVE:
         return Verdict(True, f"it signed a sketch of {what} at step {header.step} {ratio:.3g}× the rounding allowance "
-                             "off the message it accepted", ratio)  # fmt: skip
+                             "off the message it accepted", ratio)
     if ratio <= 1:
         return Verdict(False, f"re-made, its sketch of {what} at step {header.step} is the message's", ratio)
     return Verdict(None, f"its sketch of {what} is {ratio:.3g}× the rounding allowance off: neither proven wrong nor "
-                         "clearly right", ratio)  # fmt: skip
+                         "clearly right", ratio)
 
 
 def _commitments(blobs: list[bytes], run: str, header: ShardHeader,
-                 group: tuple[str, ...]) -> tuple[list[list[list[bytes]]], list[int], int]:  # fmt: skip
+                 group: tuple[str, ...]) -> tuple[list[list[list[bytes]]], list[int], int]:
     """Every member's signed digests (per bucket, as ``verify.sum_check`` lays them out), the buckets' sizes and the
     sketch rows, from their commitments of ``header``'s step; ValueError (one line) for any refused."""
     n = len(group)
     first = body_header(statement.open_signed(blobs[0], group[0]))
     numels, rows = first["numels"], first["rows"]
     if not (isinstance(numels, list) and numels and all(isinstance(x, int) and x > 0 for x in numels)
-            and isinstance(rows, int)):  # fmt: skip
+            and isinstance(rows, int)):
         raise ValueError("a commitment whose bucket sizes or rows are malformed")
     out = []
     for j, blob in enumerate(blobs):
         body = statement.open_signed(blob, group[j])
         want = statement_header("commit", run, header.epoch, header.step, header.stage, group[j], j, n, numels, rows,
-                                None)  # fmt: skip
+                                None)
         if body[: len(want)] != want or len(body) != commit_bytes(len(numels), n):
             raise ValueError(f"member {j}'s commitment is for another run, epoch, step, stage or bucket layout")
         raw = body[len(want):]

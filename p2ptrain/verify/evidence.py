@@ -41,7 +41,7 @@ _LENGTH = struct.Struct("<Q")
 _MAX_INDEX_BYTES = 1 << 20  # a bulk's index (JSON): names, dtypes, shapes
 # what a bulk may carry: parameters (fp32 or bf16 masters), messages as the wire codecs make them
 DTYPES = {str(d).removeprefix("torch."): d for d in (torch.float32, torch.bfloat16, torch.float16, torch.float64,
-                                                    torch.uint8, torch.int8)}  # fmt: skip
+                                                    torch.uint8, torch.int8)}
 MAX_HEADER_BYTES = 1024
 
 
@@ -79,7 +79,7 @@ class DisputeHeader:
     def from_bytes(cls, blob: bytes) -> DisputeHeader:
         """The header of ``blob``; ValueError (one line) for anything else."""
         fields = _header_fields(blob, MAGIC, cls, ("epoch", "step", "stage", "replica", "micro_batch", "bulk_bytes"),
-                                ("member",), "a dispute header")  # fmt: skip
+                                ("member",), "a dispute header")
         ratio = fields["ratio"]
         if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, int | float)):
             raise ValueError("a dispute header whose ratio is not a number")
@@ -116,7 +116,7 @@ class ShardHeader:
     def from_bytes(cls, blob: bytes) -> ShardHeader:
         """The header of ``blob``; ValueError (one line) for anything else."""
         fields = _header_fields(blob, SHARD_MAGIC, cls, ("epoch", "step", "stage", "bucket", "bulk_bytes"),
-                                ("member", "finder", "check"), "a shard dispute header")  # fmt: skip
+                                ("member", "finder", "check"), "a shard dispute header")
         if fields["check"] not in SHARD_CHECKS:
             raise ValueError(f"a shard dispute header of check {fields['check']!r} (known: {', '.join(SHARD_CHECKS)})")
         return cls(**fields)
@@ -129,7 +129,7 @@ def _header_bytes(magic: bytes, fields: dict) -> bytes:
 
 
 def _header_fields(blob: bytes, magic: bytes, cls: type, ints: tuple[str, ...], strings: tuple[str, ...],
-                   what: str) -> dict:  # fmt: skip
+                   what: str) -> dict:
     """The fields of a header ``blob`` of ``cls`` after ``magic``, its integers and strings checked; ValueError."""
     if bytes(blob[: len(magic)]) != magic or len(blob) > MAX_HEADER_BYTES:
         raise ValueError(f"not {what}")
@@ -142,7 +142,7 @@ def _header_fields(blob: bytes, magic: bytes, cls: type, ints: tuple[str, ...], 
     if any(isinstance(fields[k], bool) or not isinstance(fields[k], int) or fields[k] < 0 for k in ints):
         raise ValueError(f"{what} whose indices are not non-negative integers")
     if any(not isinstance(fields[k], str) for k in strings) or not isinstance(fields["bulk_sha256"], str) \
-            or len(fields["bulk_sha256"]) != 64:  # fmt: skip
+            or len(fields["bulk_sha256"]) != 64:
         raise ValueError(f"{what} whose member or SHA-256 is malformed")
     return fields
 
@@ -212,7 +212,7 @@ def unpack(blob: bytes) -> Bulk:
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
         raise ValueError(f"a bulk whose index is malformed: {e}") from None
     if not (isinstance(commitment_n, int) and isinstance(messages_n, int) and isinstance(specs, list)) \
-            or not 0 <= messages_n <= len(specs):  # fmt: skip
+            or not 0 <= messages_n <= len(specs):
         raise ValueError("a bulk whose index is malformed")
     offset = _LENGTH.size + n
     commitment = bytes(view[offset: offset + commitment_n])
@@ -231,7 +231,7 @@ def unpack(blob: bytes) -> Bulk:
         if offset + size > len(view):
             raise ValueError(f"a bulk whose tensor {name!r} ({size} bytes) runs past its end")
         raw = torch.frombuffer(bytearray(view[offset: offset + size]), dtype=torch.uint8) if size else \
-            torch.empty(0, dtype=torch.uint8)  # fmt: skip
+            torch.empty(0, dtype=torch.uint8)
         tensors.append((name, raw.view(dtype).reshape(shape)))
         offset += size
     if offset != len(view):
@@ -239,7 +239,7 @@ def unpack(blob: bytes) -> Bulk:
     messages = {}
     for name, tensor in tensors[:messages_n]:
         if not (isinstance(name, list) and len(name) == 3 and all(isinstance(x, str) for x in name[:2])
-                and isinstance(name[2], int)):  # fmt: skip
+                and isinstance(name[2], int)):
             raise ValueError(f"a bulk message's name {name!r} is not an entry")
         messages[(name[0], name[1], name[2])] = tensor
     params = []

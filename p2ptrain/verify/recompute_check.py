@@ -125,7 +125,7 @@ def _toward_next(entry: tuple[str, str, int]) -> bool:
 
 
 def pipe_tag(run: str, epoch: int, step: int, topology: Topology, replica: int, stage: int,
-             entry: tuple[str, str, int]) -> str:  # fmt: skip
+             entry: tuple[str, str, int]) -> str:
     """The digest tag of a pipeline message of the member (stage, replica), the same at both ends: its sender
     and receiver by peer ID."""
     direction, kind, m = entry
@@ -136,10 +136,10 @@ def pipe_tag(run: str, epoch: int, step: int, topology: Topology, replica: int, 
 
 
 def commitment_header(run: str, epoch: int, step: int, stage: int, replica: int, member: str,
-                      num_micro_batches: int) -> bytes:  # fmt: skip
+                      num_micro_batches: int) -> bytes:
     """The first ``HEADER_BYTES`` of a member's commitment: what it is for (its length, then JSON, padded)."""
     fields = {"kind": "pipe_commit", "run": run, "epoch": epoch, "step": step, "stage": stage, "replica": replica,
-              "member": member, "micro_batches": num_micro_batches}  # fmt: skip
+              "member": member, "micro_batches": num_micro_batches}
     text = json.dumps(fields, sort_keys=True).encode()
     assert len(text) <= HEADER_BYTES - _HEADER.size, "a run ID too long for a pipeline commitment"
     return _HEADER.pack(HEADER_BYTES) + text.ljust(HEADER_BYTES - _HEADER.size)
@@ -161,7 +161,7 @@ def open_commitment(blob: bytes, signer: str, header: bytes, body_bytes: int) ->
 
 def check_micro_batch(module: torch.nn.Module, stage: int, num_stages: int, wire: WireFormat, precision: str,
                       rows: torch.Tensor, revealed: dict[tuple[str, str], torch.Tensor], hidden_size: int,
-                      loss_tokens: int) -> list[tuple[str, RecomputeCheck]]:  # fmt: skip
+                      loss_tokens: int) -> list[tuple[str, RecomputeCheck]]:
     """Redo micro-batch ``rows`` (its tokens, ``[rows, T + 1]``) of ``stage`` on ``module`` from the member's
     revealed messages (``(direction, kind)``: the input it received, the output gradient it received) and
     compare what it sent (its activation, its input gradient) with ours: each check by name. ValueError (one
@@ -172,11 +172,11 @@ def check_micro_batch(module: torch.nn.Module, stage: int, num_stages: int, wire
     x = inputs if first else wire.activation.decode(revealed[(RECEIVED, ACT)], shape)
     grad_output = None if last else wire.activation_grad.decode(revealed[(RECEIVED, GRAD)], shape)
     own = recompute(module, x, grad_output=grad_output, targets=targets if last else None,
-                    loss_tokens=loss_tokens if last else None, param_grads=False)  # fmt: skip
+                    loss_tokens=loss_tokens if last else None, param_grads=False)
     checks = []
     if not last:
         checks.append(("activation", check_message(wire.activation, revealed[(SENT, ACT)], own.output,
-                                                   allowance(precision, "activation"))))  # fmt: skip
+                                                   allowance(precision, "activation"))))
     if not first:
         checks.append(("activation gradient", check_message(wire.activation_grad, revealed[(SENT, GRAD)],
                                                             own.input_grad, allowance(precision, "input_grad"))))
@@ -196,7 +196,7 @@ class RecordingLink:
         return self.link.send(peer, kind, micro_batch, part, tensor)
 
     def recv(self, peer: str, kind: str, micro_batch: int, part: int, shape: tuple[int, ...],
-             dtype: torch.dtype) -> torch.Tensor:  # fmt: skip
+             dtype: torch.dtype) -> torch.Tensor:
         tensor = self.link.recv(peer, kind, micro_batch, part, shape, dtype)
         if kind in (ACT, GRAD):
             self.messages[(RECEIVED, str(kind), micro_batch)] = tensor
@@ -258,7 +258,7 @@ class RecomputeChecker:
                  data: TrainData, wire: WireFormat, num_micro_batches: int, hidden_size: int, precision: str,
                  rate: float, on_finding: Callable[[Finding], None] | None = None,
                  probation: frozenset[str] = frozenset(), last_step: int | None = None,
-                 verifiers: int = 2):  # fmt: skip
+                 verifiers: int = 2):
         if role.num_stages < 2:
             raise ValueError("the recompute check needs a pipeline of at least 2 stages (one sends no messages)")
         self.key, self.run, self.epoch, self.role, self.topology = key, run, epoch, role, topology
@@ -270,7 +270,7 @@ class RecomputeChecker:
         # each member's challenge rate: the run's, or on probation (the plan's) ``PROBATION_FACTOR`` times it
         self.rates = [min(1.0, rate * PROBATION_FACTOR) if peer in probation else rate for peer in self.group]
         self.neighbours = {s: topology.pipelines[role.replica][s] for s in (role.stage - 1, role.stage + 1)
-                           if 0 <= s < role.num_stages}  # fmt: skip
+                           if 0 <= s < role.num_stages}
         self.step = 0
         self._batch: tuple[int, torch.Tensor | None] = (-1, None)
         self.link: RecordingLink | None = None
@@ -348,7 +348,7 @@ class RecomputeChecker:
         sends: list[Future] = []
         for peer in [p for p in self.group if p != self.me] + list(self.neighbours.values()):
             sends.append(link.send(peer, MessageKind.PIPE_COMMIT, 0, checked.lane,
-                                   statement.to_message(blob, body_bytes)))  # fmt: skip
+                                   statement.to_message(blob, body_bytes)))
         findings: list[Finding] = []
         # 2. what our neighbours committed to of the messages we exchanged with them
         for stage, peer in self.neighbours.items():
@@ -364,7 +364,7 @@ class RecomputeChecker:
                 own = (RECEIVED if direction == SENT else SENT, kind, m)
                 if message_digest(checked.messages[own], self._tag(step, role.replica, stage, entry)) != digest:
                     findings.append(self._finding(step, peer, "pipeline", f"it committed to another {kind} of micro-batch "
-                                                                    f"{m} than the one it {direction} with us"))  # fmt: skip
+                                                                    f"{m} than the one it {direction} with us"))
                     break
         # 3. the seed, from the group's commitments
         committed, blobs, same = {role.replica: digests}, {}, {}
@@ -380,24 +380,24 @@ class RecomputeChecker:
                     self.params_differ.add(peer)
                     logger.warning("verification: peer %s computed step %d with parameters whose digest is not ours "
                                    "(another device type's update?): its failed recomputes are our word, without "
-                                   "evidence", peer, step)  # fmt: skip
+                                   "evidence", peer, step)
         if len(committed) < n:
             fail(findings, self.on_finding)  # no seed without every member's commitment
         seed = challenge_seed(f"{self.run}/{self.epoch}/{role.stage}/recompute", step,
-                              [d for k in range(n) for d in committed[k]])  # fmt: skip
+                              [d for k in range(n) for d in committed[k]])
         # 4. reveal ours to our verifiers
         for verifier in verifiers_of(seed, role.stage, role.replica, n, self.verifiers):
             for m in Challenge(seed, self.rates[role.replica]).micro_batches(role.stage, role.replica,
-                                                                            self.num_micro_batches):  # fmt: skip
+                                                                            self.num_micro_batches):
                 for part, entry in enumerate(e for e in mine if e[2] == m):
                     sends.append(link.send(self.group[verifier], MessageKind.REVEAL, m, _part(checked, part),
-                                           checked.messages[entry]))  # fmt: skip
+                                           checked.messages[entry]))
         # 5. recompute the members we verify
         for k in range(n):
             if k != role.replica and role.replica in verifiers_of(seed, role.stage, k, n, self.verifiers):
                 for m in Challenge(seed, self.rates[k]).micro_batches(role.stage, k, self.num_micro_batches):
                     finding = self._verify(checked, link, k, m, dict(zip(mine, committed[k], strict=True)),
-                                           blobs[k] if same[k] else None)  # fmt: skip
+                                           blobs[k] if same[k] else None)
                     if finding is not None:
                         findings.append(finding)
                         break
@@ -418,12 +418,12 @@ class RecomputeChecker:
             message = link.recv(peer, MessageKind.REVEAL, m, _part(checked, part), shape, dtype)
             if message_digest(message, self._tag(step, k, role.stage, entry)) != committed[entry]:
                 return self._finding(step, peer, "reveal", f"its revealed {entry[1]} of micro-batch {m} ({entry[0]}) is not "
-                                                     "the message it committed to")  # fmt: skip
+                                                     "the message it committed to")
             revealed[entry] = message
         try:
             checks = check_micro_batch(checked.module, role.stage, role.num_stages, self.wire, self.precision,
                                        self._micro_batch(step, k, m), {e[:2]: t for e, t in revealed.items()},
-                                       self.hidden_size, self.data.tokens_per_batch)  # fmt: skip
+                                       self.hidden_size, self.data.tokens_per_batch)
         except ValueError as e:  # a message that does not decode, or that no honest encoder makes
             reason, ratio = f"its messages of micro-batch {m} are refused: {e}", math.inf
         else:
@@ -432,7 +432,7 @@ class RecomputeChecker:
                 return None
             what, result = failed[0]
             reason = (f"the {what} it sent for micro-batch {m} is not what its input gives ({result.ratio:.3g}× the "
-                      f"allowance, worst row {result.row})")  # fmt: skip
+                      f"allowance, worst row {result.row})")
             ratio = result.ratio
         finding = self._finding(step, peer, "recompute", reason, ratio)
         if blob is None:
@@ -459,7 +459,7 @@ class RecomputeChecker:
 
     def _header(self, step: int, stage: int, replica: int) -> bytes:
         return commitment_header(self.run, self.epoch, step, stage, replica, self.topology.pipelines[replica][stage],
-                                 self.num_micro_batches)  # fmt: skip
+                                 self.num_micro_batches)
 
     def _body_bytes(self, stage: int) -> int:
         return commitment_bytes(stage, self.role.num_stages, self.num_micro_batches)

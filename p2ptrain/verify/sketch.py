@@ -100,7 +100,7 @@ def derive_seed(seed: int, *labels: int | str) -> int:
 
 
 def sketch(x: torch.Tensor, seed: int, rows: int = SKETCH_ROWS, offset: int = 0,
-           device: torch.device | str | None = None) -> torch.Tensor:  # fmt: skip
+           device: torch.device | str | None = None) -> torch.Tensor:
     """``S·x``, float64 ``[rows]`` on the CPU, for the sign matrix of ``seed`` (columns ``offset`` … ``offset +
     len(x) − 1``), computed where ``device`` says: an accelerator (``_sketch_on``: the same signs, float64 sums of
     at most ``CHUNK`` terms, then one per chunk, so within the same ``sketch_rounding``) or, by default, the CPU.
@@ -110,7 +110,7 @@ def sketch(x: torch.Tensor, seed: int, rows: int = SKETCH_ROWS, offset: int = 0,
 
 
 def sketch_many(xs: Sequence[torch.Tensor], seed: int, rows: int = SKETCH_ROWS, offset: int = 0,
-                device: torch.device | str | None = None) -> list[torch.Tensor]:  # fmt: skip
+                device: torch.device | str | None = None) -> list[torch.Tensor]:
     """``[sketch(x, seed, rows, offset, device) for x in xs]`` for vectors of one length (bit for bit on the CPU;
     on an accelerator within the same ``sketch_rounding``): the sign
     matrix is made once for all of them (its words are half of a CPU sketch's time; on an accelerator, one set
@@ -133,7 +133,7 @@ def sketch_many(xs: Sequence[torch.Tensor], seed: int, rows: int = SKETCH_ROWS, 
     # as they are (bincount sums its weights in float64 whatever their float type: the same sums without a
     # float64 copy of every vector); half-precision types have no numpy twin and widen to float32, exactly
     values = [x.detach().to("cpu", x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32).numpy()
-              for x in xs]  # fmt: skip
+              for x in xs]
     planes = -(-rows // 8)
     out = np.zeros((len(values), planes, 8))
     for start in range(0, values[0].size, CHUNK):

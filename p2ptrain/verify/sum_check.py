@@ -120,7 +120,7 @@ class SumChecker:
     def __init__(self, key: RSAPrivateKey, run: str, stage: int, group: Sequence[str], codec: Codec, *,
                  rows: int = SKETCH_ROWS, false_alarm: float = FALSE_ALARM, running: bool = True,
                  on_finding: Callable[[Finding], None] | None = None,
-                 device: torch.device | str | None = None):  # fmt: skip
+                 device: torch.device | str | None = None):
         self.key, self.run, self.stage, self.group, self.codec = key, run, stage, tuple(group), codec
         # where the sketches are made and the running sums kept: the trainer's accelerator, if it has one (on
         # a GPU the CPU's sketches of a stage's gradient cost more than its step, ``benchmarks/README.md``)
@@ -155,7 +155,7 @@ class SumChecker:
         # 1. commit
         digests = self._digests(records, rank, n)
         body = statement_header("commit", self.run, self.epoch, self.step, self.stage, me, rank, n, numels, self.rows,
-                       None) + b"".join(d for bucket in digests for d in bucket)  # fmt: skip
+                       None) + b"".join(d for bucket in digests for d in bucket)
         blob = statement.sign(self.key, body)
         self._commits = {rank: blob}
         commit_size = commit_bytes(len(records), n)
@@ -178,13 +178,13 @@ class SumChecker:
             self._fail(findings)
         # 2. the seed, from every member's digests
         seed = challenge_seed(f"{self.run}/{self.epoch}/{self.stage}", self.step,
-                              [d for j in range(n) for bucket in committed[j] for d in bucket])  # fmt: skip
+                              [d for j in range(n) for bucket in committed[j] for d in bucket])
         # 3. attest our own shards (and their running sums)
         steps = self._add_running(records, rank, n) if self.running else 0
         floats = [self._attest(record, b, rank, n, seed) for b, record in enumerate(records)]
         values = torch.cat(floats).numpy().tobytes()
         body = statement_header("sketch", self.run, self.epoch, self.step, self.stage, me, rank, n, owned, self.rows,
-                       seed, steps) + values  # fmt: skip
+                       seed, steps) + values
         blob = statement.sign(self.key, body)
         sketch_size = len(body)  # the same for every member: the layout depends on the bucket count only
         assert sketch_size == sketch_bytes(len(records), n, self.rows, self.running)  # what the planner prices
@@ -219,7 +219,7 @@ class SumChecker:
         return out
 
     def _check_received(self, records: list[ReduceRecord], rank: int, n: int,
-                        committed: dict[int, list[list[bytes]]]) -> list[Finding]:  # fmt: skip
+                        committed: dict[int, list[list[bytes]]]) -> list[Finding]:
         """Check (a), before this member attests anything: every message it received in the step's all-reduce
         (each other member's reduce shard to us, and its reduced shard) is the one its sender committed to. So
         an honest member never signs a statement about a message that contradicts its sender's commitment, and
@@ -232,21 +232,21 @@ class SumChecker:
             for b, record in enumerate(records):
                 digests = committed[j][b]  # j's reduce shards to every other owner in rank order, then its own
                 if j in record.received and message_digest(record.received[j], self._tag("reduce", b, rank, j)) \
-                        != digests[rank if rank < j else rank - 1]:  # fmt: skip
+                        != digests[rank if rank < j else rank - 1]:
                     wrong.append(f"its reduce shard of bucket {b} to us")
                 if message_digest(record.gathered[j], self._tag("gather", b, j, j)) != digests[-1]:
                     wrong.append(f"its reduced shard of bucket {b}")
             if wrong:
                 more = f" (and {len(wrong) - 1} more of its messages)" if len(wrong) > 1 else ""
                 findings.append(self._finding(j, "commit", math.inf, f"{wrong[0]} is not the message it committed "
-                                                                     f"to{more}"))  # fmt: skip
+                                                                     f"to{more}"))
         return findings
 
     def _open_commit(self, message: torch.Tensor, j: int, n: int, numels: list[int]) -> list[list[bytes]]:
         blob = statement.from_message(message)
         body = statement.open_signed(blob, self.group[j])
         want = statement_header("commit", self.run, self.epoch, self.step, self.stage, self.group[j], j, n, numels,
-                       self.rows, None)  # fmt: skip
+                       self.rows, None)
         if body[: len(want)] != want:
             raise ValueError(f"it is for another run, epoch, step, stage or bucket layout: {said(body)}")
         raw = body[len(want):]
@@ -268,14 +268,14 @@ class SumChecker:
         """Add this step's shards to the running sums; returns the steps they hold."""
         for b, record in enumerate(records):
             own_d, added = self._owned.setdefault(b, (RunningSum(record.sizes[rank], self.device),
-                                                      [RunningSum(record.sizes[rank], self.device) for _ in range(n)]))  # fmt: skip
+                                                      [RunningSum(record.sizes[rank], self.device) for _ in range(n)]))
             own_d.add(self.codec.decode(record.gathered[rank], (record.sizes[rank],)))
             for j in range(n):
                 added[j].add(record.added[j])
             for k in range(n):
                 if k != rank:
                     seen_d, sent = self._seen.setdefault((b, k), (RunningSum(record.sizes[k], self.device),
-                                                                  RunningSum(record.sizes[k], self.device)))  # fmt: skip
+                                                                  RunningSum(record.sizes[k], self.device)))
                     seen_d.add(self.codec.decode(record.gathered[k], (record.sizes[k],)))
                     sent.add(self._decoded_sent(record, k))
         return self._owned[0][0].steps
@@ -302,7 +302,7 @@ class SumChecker:
         return torch.cat([p.reshape(-1) for p in parts])
 
     def _check_owner(self, records: list[ReduceRecord], k: int, rank: int, n: int, seed: int, steps: int,
-                     committed: list[list[bytes]], message: torch.Tensor) -> list[Finding]:  # fmt: skip
+                     committed: list[list[bytes]], message: torch.Tensor) -> list[Finding]:
         owner = self.group[k]
         try:
             blob = statement.from_message(message)
@@ -312,7 +312,7 @@ class SumChecker:
             return [self._finding(k, "statement", math.inf, f"its sketch statement is refused: {e}")]
         expected = {"kind": "sketch", "run": self.run, "epoch": self.epoch, "step": self.step, "stage": self.stage,
                     "member": owner, "rank": k, "n": n, "rows": self.rows, "seed": seed, "steps": steps,
-                    "numels": [record.sizes[k] for record in records]}  # fmt: skip
+                    "numels": [record.sizes[k] for record in records]}
         wrong = {key: parsed.header.get(key) for key, value in expected.items() if parsed.header.get(key) != value}
         if wrong or len(parsed.buckets) != len(records):
             return [self._finding(k, "statement", math.inf, f"its sketch statement is for something else: {wrong}")]
@@ -321,7 +321,7 @@ class SumChecker:
             try:
                 sketches: list[torch.Tensor] = []  # the bucket's, made at once once its message is the committed one
                 finding = self._check_bucket(record, att, b, k, rank, seed, committed, blob, sketches,
-                                             bool(parsed.running))  # fmt: skip
+                                             bool(parsed.running))
                 if finding is None and parsed.running:
                     finding = self._check_running(parsed.running[b], b, k, rank, seed, steps, record, blob, sketches)
             except ValueError as e:  # a reduced message no honest encoder makes (``bounds.error_bound``)
@@ -332,7 +332,7 @@ class SumChecker:
 
     def _check_bucket(self, record: ReduceRecord, att: Attestation, b: int, k: int, rank: int, seed: int,
                       committed: list[list[bytes]], blob: bytes, sketches: list[torch.Tensor],
-                      running: bool) -> Finding | None:  # fmt: skip
+                      running: bool) -> Finding | None:
         """Checks (a) to (d) of owner k's shard of bucket b (see the module); ``blob``: its signed statement.
         Fills ``sketches`` with the shard's (with ``running``, the running sums' too, for ``_check_running``)."""
         gathered = record.gathered[k]  # (a) is the message k committed to: ``_check_received``
@@ -349,25 +349,25 @@ class SumChecker:
         total_norm = float(_norm(total))
         if not (_close(att.total, sketches[0], total_norm, numel) and _near(att.total_norm, total_norm, numel)):
             return self._proven(k, rank, b, "claim", gathered, blob, f"its sketch or norm of bucket {b}'s reduced "
-                                                                       "shard is not that of the shard it sent")  # fmt: skip
+                                                                       "shard is not that of the shard it sent")
         if not _near(att.slack_norm, self._slack_norm(gathered, numel, b, k), numel):
             return self._finding(k, "claim", math.inf, f"its slack of bucket {b}'s reduced shard is not that of the "
-                                                        "shard it sent")  # fmt: skip
+                                                        "shard it sent")
         # (c) its entry for what we sent it
         own = att.added[rank]
         if not (_close(own.sketch, sketches[1], own.norm, numel)
                 and _near(own.norm, float(_norm(mine)), numel)):
             return self._proven(k, rank, b, "attest", record.sent[k], blob, f"it attests another contribution of "
-                                                                             f"ours to bucket {b} than the one we sent")  # fmt: skip
+                                                                             f"ours to bucket {b} than the one we sent")
         # (d) the sum
         result = judge_sum(att.total, att.total_norm, att.slack_norm, numel, att.added, false_alarm=self.false_alarm)
         if not result.passed:
             return self._finding(k, "sum", result.ratio, f"its reduced shard of bucket {b} is not the sum of what "
-                                 f"it added ({result.ratio:.3g}× the tolerance)", blob)  # fmt: skip
+                                 f"it added ({result.ratio:.3g}× the tolerance)", blob)
         return None
 
     def _check_running(self, att: Attestation, b: int, k: int, rank: int, seed: int, steps: int,
-                       record: ReduceRecord, blob: bytes, sketches: list[torch.Tensor]) -> Finding | None:  # fmt: skip
+                       record: ReduceRecord, blob: bytes, sketches: list[torch.Tensor]) -> Finding | None:
         """Checks (b) to (d) of owner k's running sums of bucket b since the epoch began (``sketches``: those
         ``_check_bucket`` made, the running sums' last)."""
         seen_d, sent = self._seen[(b, k)]
@@ -377,28 +377,28 @@ class SumChecker:
         if not (_close(att.total, sketches[2], scale, numel)
                 and _near(att.total_norm, seen_d.norm, numel * steps) and _near(att.slack_norm, current, numel)):
             return self._finding(k, "claim", math.inf, f"its running sum of bucket {b}'s reduced shards is not the "
-                                                        "sum of the shards it sent")  # fmt: skip
+                                                        "sum of the shards it sent")
         own = att.added[rank]
         if not (_close(own.sketch, sketches[3], scale, numel)
                 and _near(own.norm, sent.norm, numel * steps)):
             return self._finding(k, "attest", math.inf, f"it attests another running sum of our contributions to "
-                                                         f"bucket {b} than the one we sent")  # fmt: skip
+                                                         f"bucket {b} than the one we sent")
         result = judge_sum(att.total, att.total_norm, att.slack_norm, numel, att.added, steps=steps,
-                           false_alarm=self.false_alarm)  # fmt: skip
+                           false_alarm=self.false_alarm)
         if not result.passed:
             return self._finding(k, "running", result.ratio, f"its reduced shards of bucket {b} since the epoch "
                                  f"began are not the sum of what it added ({result.ratio:.3g}× the tolerance, "
-                                 f"{steps} steps)", blob)  # fmt: skip
+                                 f"{steps} steps)", blob)
         return None
 
     def _proven(self, k: int, rank: int, b: int, check: str, message: torch.Tensor, blob: bytes,
-                reason: str) -> Finding:  # fmt: skip
+                reason: str) -> Finding:
         """A finding of check ``claim`` or ``attest`` against owner k with the evidence a third party re-checks:
         the step's commitments, k's statement (``blob``) and the disputed ``message`` (``dispute.judge_shard``)."""
         statements = b"".join(self._commits[j] for j in range(len(self.group))) + statement.trimmed(blob)
         bulk = pack(Bulk(statements, {("shard", check, b): message}, []))
         header = ShardHeader(self.epoch, self.step, self.stage, b, self.group[k], self.group[rank], check, len(bulk),
-                             hashlib.sha256(bulk).hexdigest())  # fmt: skip
+                             hashlib.sha256(bulk).hexdigest())
         return Finding(self.group[k], self.epoch, self.step, check, math.inf, reason, header.to_bytes(), bulk)
 
     def _finding(self, k: int, check: str, ratio: float, reason: str, evidence: bytes | None = None) -> Finding:
@@ -414,7 +414,7 @@ def fail(findings: list[Finding], on_finding: Callable[[Finding], None] | None) 
     the first with evidence, else the first."""
     for finding in findings:
         logger.warning("verification: peer %s failed the %s check of epoch %d step %d: %s", finding.member,
-                       finding.check, finding.epoch, finding.step, finding.reason)  # fmt: skip
+                       finding.check, finding.epoch, finding.step, finding.reason)
         if on_finding is not None:
             on_finding(finding)
     raise refusal(findings)

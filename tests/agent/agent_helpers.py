@@ -21,7 +21,7 @@ def swarm_command(workdir: Path, *args: str) -> list[str]:
 def run_swarm(workdir: Path, *args: str, timeout_s: float = 240) -> tuple[int, dict | None, str]:
     """Run ``p2ptrain swarm --json`` to the end: (exit code, the JSON summary or None, stderr)."""
     proc = subprocess.Popen(swarm_command(workdir, "--json", *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
+                            text=True)
     try:
         stdout, stderr = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -163,18 +163,18 @@ def run_agents(workdir: Path, config, commands: dict, overrides: dict, timeout_s
         announce = workdir / "bootstrap.maddrs"
         group.start("bootstrap", [sys.executable, "-m", "p2ptrain", "bootstrap", "--host-maddrs",
                                   "/ip4/127.0.0.1/tcp/0", "--announce-file", str(announce), "--run-id", config.run],
-                    log_path=workdir / "bootstrap.log")  # fmt: skip
+                    log_path=workdir / "bootstrap.log")
         wait_for(announce.exists, 90, "the bootstrap's address line")
         maddrs = announce.read_text().split()
         for agent in agents:
             tables = tomllib.loads(_agent_toml(config, train, config.run, maddrs, agent, workdir, cluster_path,
-                                               time_scale, size_factor))  # fmt: skip
+                                               time_scale, size_factor))
             for changes in (overrides, (agent_overrides or {}).get(agent.index, {})):
                 for table, values in changes.items():
                     tables.setdefault(table, {}).update(values)
             agent.config_path.write_text(to_toml(tables))
             argv = [*commands.get(agent.index, [sys.executable, "-m", "p2ptrain", "agent", "--config"]),
-                    str(agent.config_path)]  # fmt: skip
+                    str(agent.config_path)]
             group.start(agent.name, argv, log_path=agent.log_path, fork=True)
         if on_start is not None:
             on_start(group, agents)
@@ -215,7 +215,7 @@ def background_swarm(workdir: Path, *args: str):
     every process it started) and waited for on the way out."""
     with open(workdir / "swarm.stderr", "w") as stderr:
         swarm = subprocess.Popen(swarm_command(workdir, "--json", *args), stdout=subprocess.PIPE, stderr=stderr,
-                                 text=True)  # fmt: skip
+                                 text=True)
         try:
             yield swarm
         finally:

@@ -130,7 +130,7 @@ PIPELINE_MODES = {"act_noise": (MessageKind.ACTIVATION,), "grad_noise": (Message
                   "skip": (MessageKind.ACTIVATION, MessageKind.ACTIVATION_GRAD),
                   "clean_commit": (MessageKind.ACTIVATION, MessageKind.ACTIVATION_GRAD),
                   "clean_reveal": (MessageKind.ACTIVATION, MessageKind.ACTIVATION_GRAD),
-                  "guess": (MessageKind.ACTIVATION,)}  # fmt: skip
+                  "guess": (MessageKind.ACTIVATION,)}
 
 
 def noise(tensor: torch.Tensor, m: int) -> torch.Tensor:

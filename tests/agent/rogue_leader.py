@@ -59,7 +59,7 @@ class WorstPlanning(Leader):
         objective = make_objective(self.config.plan.objective, planning.cluster, planning.workload, plan["stages"])
         shape = (plan["replicas"], plan["stages"])
         worst = max(itertools.permutations(range(planning.cluster.num_devices)),
-                    key=lambda p: objective.evaluate(np.array(p).reshape(shape)).cost_s)  # fmt: skip
+                    key=lambda p: objective.evaluate(np.array(p).reshape(shape)).cost_s)
         pipelines = [list(row) for row in np.array(worst).reshape(shape).tolist()]
         done: concurrent.futures.Future = concurrent.futures.Future()
         done.set_result({**plan, "pipelines": pipelines})  # the honest cost_s stays: it lies about its plan
@@ -72,7 +72,7 @@ class WorstPlanner(Agent):
 
 class LeavesOutLeading(Leader):
     def _start_planning(self, membership, trainers, spares, rows, trigger, replan, start_step, sources,
-                        step_s=0.0) -> None:  # fmt: skip
+                        step_s=0.0) -> None:
         if replan is None:  # the run's first plan: itself and the next two peers, two live honest agents left out
             membership = Membership({p: membership.peers[p] for p in membership.ids[:3]})
             trainers, spares = trainers_and_spares(cluster_order(membership.peers), self.config.train)
@@ -85,7 +85,7 @@ class LeavesOut(Agent):
 
 class IdleStageLeading(Leader):
     def _start_planning(self, membership, trainers, spares, rows, trigger, replan, start_step, sources,
-                        step_s=0.0) -> None:  # fmt: skip
+                        step_s=0.0) -> None:
         if self.peer_id in spares:  # a spare by the cluster order: it makes itself a trainer
             k = spares.index(self.peer_id)
             trainers, spares = [*trainers[:-1], self.peer_id], [*spares[:k], trainers[-1], *spares[k + 1:]]
@@ -120,7 +120,7 @@ class SilentReplan(Agent):
 class Int4Leading(Leader):
     def __init__(self, config, *args, **kwargs):
         super().__init__(dataclasses.replace(config, train=dataclasses.replace(config.train, wire="int4")), *args,
-                         **kwargs)  # fmt: skip
+                         **kwargs)
 
 
 class Int4(Agent):
@@ -129,7 +129,7 @@ class Int4(Agent):
 
 MODES = {"bad": WorstPlanner, "silent": SilentLeader, "leaves_out": LeavesOut, "idle_stage": IdleStage,
          "other_data": OtherData, "int4": Int4, "late_silent": LateSilent,
-         "silent_replan": SilentReplan}  # fmt: skip
+         "silent_replan": SilentReplan}
 
 
 def main(mode: str, config_path: str) -> None:

@@ -82,7 +82,7 @@ class ComputeBoaster(Agent):
         c = super()._calibrate(device)
         return dataclasses.replace(c, layer_s=tuple(t / BOAST for t in c.layer_s),
                                    embed_s=tuple(t / BOAST for t in c.embed_s), head_s=tuple(t / BOAST for t in c.head_s),
-                                   update_s_per_mparam=c.update_s_per_mparam / BOAST)  # fmt: skip
+                                   update_s_per_mparam=c.update_s_per_mparam / BOAST)
 
 
 def main(mode: str, config_path: str) -> None:

@@ -41,7 +41,7 @@ def test_the_leader_that_finds_a_member_corrupting_after_its_commitment_is_never
     rogue_index = 1
     sorted_identities(tmp_path, 4)
     config = SwarmConfig(agents=4, stages=2, steps=6, scenario=None, workdir=str(tmp_path), run="leader-finds",
-                         call_timeout_s=15.0, strategy="megatron")  # fmt: skip
+                         call_timeout_s=15.0, strategy="megatron")
     commands = {rogue_index: [sys.executable, str(HERE / "corrupt_member.py"), mode]}
     agents, codes, train = run_agents(tmp_path, config, commands, {}, 300)
     assert all(code == 0 for code in codes.values()), codes  # no honest agent left waiting
@@ -72,25 +72,25 @@ def test_a_leader_passed_over_sees_the_run_finish_without_it_and_exits(tmp_path)
     was killed: the finished plan was not newer than its own)."""
     sorted_identities(tmp_path, 5)
     config = SwarmConfig(agents=5, stages=2, steps=6, scenario=None, workdir=str(tmp_path), run="late-leader",
-                         call_timeout_s=15.0)  # fmt: skip
+                         call_timeout_s=15.0)
 
     def open_gate_once_another_planned(group, agents) -> None:
         def stepped_aside(agent) -> bool:  # it passed agent 0 over, or took a role in another leader's plan
             return any(e["event"] == "passed_over" or (e["event"] == "role" and e["leader"] != agents[0].peer_id)
-                       for e in events(agent.events.path))  # fmt: skip
+                       for e in events(agent.events.path))
 
         def watch() -> None:
             # every other agent left agent 0 first: one still in its grace would follow the late plan (under load)
             wait_for(lambda: any(e["event"] == "plan" for e in events(agents[1].events.path))
                      and all(stepped_aside(a) for a in agents[1:]), 240,
-                     "agent 1's first plan, and every other agent leaving agent 0")  # fmt: skip
+                     "agent 1's first plan, and every other agent leaving agent 0")
             Path(str(agents[0].config_path) + ".go").touch()
 
         threading.Thread(target=watch, daemon=True).start()
 
     commands = {0: [sys.executable, str(HERE / "late_leader.py")]}
     agents, codes, train = run_agents(tmp_path, config, commands, {"membership": {"expect": 4}}, 300,
-                                      on_start=open_gate_once_another_planned, awaited=(0,))  # fmt: skip
+                                      on_start=open_gate_once_another_planned, awaited=(0,))
     assert all(code == 0 for code in codes.values()), codes  # agent 0 too: it was not left waiting
     late, others = agents[0], agents[1:]
     passed = [e for a in others for e in events(a.events.path) if e["event"] == "passed_over"]
@@ -109,7 +109,7 @@ def test_a_leader_silent_at_a_replan_is_passed_over_once_every_trainer_halted(tm
     in a local swarm), pass it over, and the next peer re-plans; the run finishes with the single-process losses."""
     sorted_identities(tmp_path, 5)
     config = SwarmConfig(agents=5, stages=2, steps=30, scenario=None, workdir=str(tmp_path), run="silent-replan",
-                         call_timeout_s=15.0)  # fmt: skip
+                         call_timeout_s=15.0)
     killed: list[int] = []
 
     def kill_a_trainer_after_step_2(group, agents) -> None:

@@ -67,7 +67,7 @@ def test_with_default_settings_a_killed_replica_and_leader_cost_seconds_and_no_r
     code, summary, stderr = run_swarm(
         tmp_path, "--agents", "6", "--stages", "3", "--steps", "10", "--kill", "4@3", "--kill", "leader@6",
         timeout_s=580,
-    )  # fmt: skip
+    )
     assert code == 0, stderr[-3000:]
     assert summary["finished"] and summary["killed"]["4"]["as"] == "4"
     assert_reference_losses(summary)
@@ -99,7 +99,7 @@ def test_a_partitioned_agent_is_detected_replanned_around_and_does_not_corrupt_t
     code, summary, stderr = run_swarm(
         tmp_path, "--agents", "4", "--stages", "2", "--steps", "12", "--scenario", "none",
         "--partition", f"{cut}@3:20", timeout_s=400,
-    )  # fmt: skip
+    )
     assert code == 0, stderr[-3000:]  # every agent exits 0, the one that was cut off too
     assert summary["finished"] and summary["killed"][str(cut)]["as"] == "partitioned"
     assert_reference_losses(summary)
@@ -122,7 +122,7 @@ def test_losing_every_replica_of_a_stage_falls_back_to_the_last_checkpoint(tmp_p
     code, summary, stderr = run_swarm(
         tmp_path, "--agents", "4", "--stages", "2", "--steps", "7", "--checkpoint-every", "2",
         "--kill", f"{stage_1[0]}@6", "--kill", f"{stage_1[1]}@6", "--no-warm-copies", *FAST, timeout_s=280,
-    )  # fmt: skip
+    )
     assert code == 0, stderr[-3000:]
     assert summary["finished"] and summary["plan"]["pipelines"][0][1] in stage_1
     (replan,) = summary["replans"]
@@ -143,11 +143,11 @@ def test_joiners_take_roles_with_their_replicas_parameters(tmp_path):
     # (a joiner's own start, seconds of imports and a DHT, raced the run's steps: 240 of them were needed)
     sorted_identities(tmp_path, 4)  # the joiners sort highest: the leader stays
     config = SwarmConfig(agents=4, stages=2, steps=80, scenario=None, workdir=str(tmp_path), run="joiners",
-                         strategy="megatron", call_timeout_s=8.0, peer_ttl_s=6.0)  # fmt: skip
+                         strategy="megatron", call_timeout_s=8.0, peer_ttl_s=6.0)
     gated = [sys.executable, str(HERE / "gated_agent.py")]
 
     agents, codes, train = run_agents(tmp_path, config, {2: gated, 3: gated}, {"membership": {"expect": 2}}, 300,
-                                      on_start=join_once_planned(2, 3))  # fmt: skip
+                                      on_start=join_once_planned(2, 3))
     assert all(code == 0 for code in codes.values()), codes
     assert_reference(agents, train)
     # the joiners may be admitted one by one (a re-plan each); on a busy machine a call may also miss its
@@ -171,7 +171,7 @@ def test_the_swarm_starts_its_joiners_once_their_step_is_done(tmp_path):
 
     config = SwarmConfig(agents=2, stages=2, steps=10, scenario=None, joins=((2, 3),))
     state = SwarmState(config, plan_swarm(config)[0], "demo", str(tmp_path), None, 1.0, 1.0,
-                       _prepare_agents(tmp_path, range(2)))  # fmt: skip
+                       _prepare_agents(tmp_path, range(2)))
     launched = []
     faults = FaultInjector(config, None, state, tmp_path, launched.extend)
     for step in (2, 3):

@@ -147,19 +147,19 @@ def test_a_refused_step_is_rolled_back_everywhere_and_its_culprit_is_no_source()
     assert replan.restart.step == 4 and replan.restart.sources == (A, B)
     unrefused = dict(trainers, **{A: halted(4)})
     assert ReplanWatch(ChurnConfig()).check(PLAN, [A, B, C, D, E], unrefused, steps=10, checkpoints=[],
-                                            now=0.0).restart.step == 5  # fmt: skip
+                                            now=0.0).restart.step == 5
 
 
 def test_a_step_refused_in_the_next_ones_shadow_is_rolled_back_from_three_kept_states():
     # the recompute check of step 4 ends at step 5's hook (``verify.recompute_check``): its finder A applied 4 and
     # reports only the state before it (``epoch._halt``); B, C and D applied 5 too and keep 4, 5 and 6
     trainers = {A: ProgressRecord(1, 4, None, 0.0, halted=True, kept=2, blame=C, refused=True),
-                B: halted(6, kept=3), C: halted(6, kept=3), D: halted(6, kept=3)}  # fmt: skip
+                B: halted(6, kept=3), C: halted(6, kept=3), D: halted(6, kept=3)}
     replan = ReplanWatch(ChurnConfig()).check(PLAN, [A, B, C, D, E], trainers, steps=10, checkpoints=[5, 6], now=0.0)
     assert replan.restart.step == 4 and replan.restart.sources == (A, B)
     # nor is a checkpoint after the refused step (without the cap, 6 from the checkpoint for every stage)
     capped = ReplanWatch(ChurnConfig()).check(PLAN, [A, B, E], {A: trainers[A], B: trainers[B]}, steps=10,
-                                            checkpoints=[2, 6], now=0.0)  # fmt: skip
+                                            checkpoints=[2, 6], now=0.0)
     assert capped.restart.step == 4 and capped.restart.sources == (A, B)
     assert refused_cap(trainers) == 4 and refused_cap({B: halted(6)}) is None
 

@@ -37,7 +37,7 @@ def test_claims_beyond_any_device_are_refused_and_peaks_bounded_by_the_calibrati
     shown = calibrated_tflops(FAST, SHAPE)
     tokens = FAST.rows * FAST.seq_len
     assert shown == pytest.approx(3 * layer_model(SHAPE, micro_batch_tokens=tokens, micro_batches=1)
-                                  .forward_flops.block / 0.06 / 1e12)  # fmt: skip
+                                  .forward_flops.block / 0.06 / 1e12)
     assert record_problem(record(), SHAPE) is None
     absurd = dataclasses.replace(FAST, layer_s=(1e-15, 1e-15))
     assert "beyond any device" in record_problem(record(compute=absurd), SHAPE)
@@ -50,7 +50,7 @@ def test_claims_beyond_any_device_are_refused_and_peaks_bounded_by_the_calibrati
 
 def plan(**extra) -> PlanRecord:
     return PlanRecord(epoch=2, membership=tuple(PEERS), stages=2, replicas=2, pipelines=((0, 1), (2, 3)), cost_s=1.0,
-                      **extra)  # fmt: skip
+                      **extra)
 
 
 def test_the_predicted_compute_of_a_stage_follows_its_blocks_and_the_plan_split():
@@ -59,7 +59,7 @@ def test_the_predicted_compute_of_a_stage_follows_its_blocks_and_the_plan_split(
     grow = rows * SHAPE.seq_len / (FAST.rows * FAST.seq_len)
     params = layer_model(SHAPE, micro_batch_tokens=1, micro_batches=1).parameters
     want = (TRAIN.micro_batches * (4 * 0.06 + 0.015) * grow
-            + FAST.update_s_per_mparam * params.stage(4, True, False) / 1e6)  # fmt: skip
+            + FAST.update_s_per_mparam * params.stage(4, True, False) / 1e6)
     assert predicted_compute_s(FAST, TRAIN, even, 0) == pytest.approx(want)
     assert predicted_compute_s(FAST, TRAIN, uneven, 1) > predicted_compute_s(FAST, TRAIN, even, 1)
 
@@ -76,7 +76,7 @@ def test_a_peer_far_slower_than_its_claim_is_planned_at_the_speed_it_showed_and_
     slow, noisy, brief = PEERS[1], PEERS[3], PEERS[0]  # 10x, 3x (tolerated), and one step seen only
     for step in (1, 2, 3, 4):
         watch.observe(p, {slow: progress(2, step, 10 * predicted), noisy: progress(2, step, 3 * predicted),
-                          PEERS[2]: progress(2, step, 0.0)})  # fmt: skip
+                          PEERS[2]: progress(2, step, 0.0)})
     watch.observe(p, {brief: progress(2, 5, 50.0), slow: progress(2, 5, 0.0, halted=True)})
     [judged] = watch.judge(p, records, TRAIN)
     assert (judged.peer, judged.epoch) == (slow, 2) and judged.factor == pytest.approx(10.0)

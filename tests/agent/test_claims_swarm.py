@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 def test_a_boasting_calibration_is_replaced_by_the_speed_shown_in_training(tmp_path):
     sorted_identities(tmp_path, 5)
     config = SwarmConfig(agents=5, stages=2, steps=70, scenario=None, workdir=str(tmp_path), run="claims",
-                         objective="simulated", call_timeout_s=30.0)  # fmt: skip
+                         objective="simulated", call_timeout_s=30.0)
 
     # agent-1 says its device is 1000x faster than it measured; agent-4 (highest ID: a spare) joins later; a
     # tolerance of 100x keeps honest agents on this busy machine from being re-priced (CI saw the leader

@@ -75,9 +75,9 @@ def test_swarm_writes_agent_configs_that_parse_back(tmp_path):
     config = SwarmConfig(agents=4, stages=2, steps=3, compute_scale=2.0)
     train, network, time_scale, size_factor = plan_swarm(config)
     agent = AgentProcess(2, "peer", "agent-2", tmp_path / "agent-2.toml", tmp_path / "agent-2.log",
-                         EventReader(tmp_path / "agent-2.events.jsonl"))  # fmt: skip
+                         EventReader(tmp_path / "agent-2.events.jsonl"))
     text = _agent_toml(config, train, "run1", [BOOTSTRAP], agent, tmp_path, tmp_path / "cluster.json",
-                       time_scale, size_factor)  # fmt: skip
+                       time_scale, size_factor)
     parsed = config_from_dict(AgentConfig, tomllib.loads(text))
     assert parsed.emulation.device_index == 2 and parsed.emulation.time_scale == time_scale
     assert parsed.emulation.compute_scale == 2.0
@@ -123,7 +123,7 @@ def test_device_profile_is_measured_once_then_cached_per_device_and_version(tmp_
 def test_a_diloco_agent_accepts_messages_a_round_ahead():
     # pipelines of a round drift apart by up to H - 1 steps before its end joins them (``churn.restart``)
     config = config_from_dict(AgentConfig, {"initial_peers": [BOOTSTRAP], "train": {"sync": "diloco", "diloco": {
-        "inner_steps": 7}}})  # fmt: skip
+        "inner_steps": 7}}})
     assert config.transport.step_window == 7 and config.train.rounds.length == 7
     every_step = config_from_dict(AgentConfig, {"initial_peers": [BOOTSTRAP]})
     assert every_step.transport.step_window == 2 and every_step.train.rounds.length == 1

@@ -24,7 +24,7 @@ VICTIM = 3  # stage 1's second replica in Megatron's placement (agent 4 is the s
 def test_over_the_direct_plane_a_run_through_a_killed_trainer_gives_the_single_process_losses(tmp_path):
     sorted_identities(tmp_path, 5)
     config = SwarmConfig(agents=5, stages=2, steps=8, scenario=None, workdir=str(tmp_path), run="direct-plane",
-                         call_timeout_s=15.0, strategy="megatron")  # fmt: skip
+                         call_timeout_s=15.0, strategy="megatron")
     killed: list[int] = []
 
     def on_start(group, agents) -> None:

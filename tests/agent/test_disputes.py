@@ -28,7 +28,7 @@ CONFIG = SimpleNamespace(train=TrainConfig(stages=2, replicas=2, global_batch_si
 
 def record(**header) -> ProgressRecord:
     fields = dict(epoch=2, step=3, stage=1, replica=0, member=PEERS[1], micro_batch=5, ratio=4.0, bulk_bytes=1000,
-                  bulk_sha256="0" * 64) | header  # fmt: skip
+                  bulk_sha256="0" * 64) | header
     return ProgressRecord(2, 3, None, 0.0, halted=True, blame=PEERS[1], evidence=DisputeHeader(**fields).to_bytes())
 
 

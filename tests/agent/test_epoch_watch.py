@@ -20,7 +20,7 @@ A, B, C, D = PEERS
 
 def plan_of(epoch: int) -> PlanRecord:
     return PlanRecord(epoch=epoch, membership=tuple(PEERS), stages=2, replicas=2, pipelines=((0, 1), (2, 3)),
-                      cost_s=1.0)  # fmt: skip
+                      cost_s=1.0)
 
 
 class Heartbeats:

@@ -35,7 +35,7 @@ def rows_from(latency_ms, bandwidth_gbps, peers=PEERS, skip=()) -> dict[str, Lin
         a: LinksRecord.from_peers({b: LinkMeasurement(latency_ms[i][j], bandwidth_gbps[i][j])
                                    for j, b in enumerate(peers) if b != a and (a, b) not in skip})
         for i, a in enumerate(peers)
-    }  # fmt: skip
+    }
 
 
 def test_cluster_order_follows_emulated_devices_when_every_peer_plays_one():
@@ -82,7 +82,7 @@ def test_the_access_links_peers_publish_are_the_clusters_in_the_networks_units()
     lat = [[0, 10, 20, 30], [10, 0, 5, 5], [20, 5, 0, 5], [30, 5, 5, 0]]
     bw = [[1] * 4] * 4
     peers = {p: dataclasses.replace(record(k), uplink_gbps=0.05 if k < 2 else None, downlink_gbps=0.1 if k else None)
-             for k, p in enumerate(PEERS)}  # fmt: skip
+             for k, p in enumerate(PEERS)}
     assert all(PeerRecord.decode(r.encode()) == r for r in peers.values())  # the fields travel, absent or not
     cluster = build_cluster(PEERS, peers, rows_from(lat, bw), EmulationSettings())
     assert cluster.uplink_gbps.tolist() == [0.05, 0.05, float("inf"), float("inf")]

@@ -49,7 +49,7 @@ def test_the_prober_publishes_a_peer_once_measured_and_a_disagreeing_one_after_a
     rng = random.Random(3)
     fast, slow = sorted(base58.b58encode(b"\x12\x20" + rng.randbytes(32)).decode() for _ in range(2))
     measured = {fast: [LinkEstimate(10.0, 1.0, 20)],  # agreed at once
-                slow: [LinkEstimate(50.0, 0.1, 20, agreed=False), LinkEstimate(55.0, 0.09, 20, agreed=False)]}  # fmt: skip
+                slow: [LinkEstimate(50.0, 0.1, 20, agreed=False), LinkEstimate(55.0, 0.09, 20, agreed=False)]}
     calls: dict[str, int] = {}
 
     def measure_link(transport, peer, config, stop):
@@ -60,7 +60,7 @@ def test_the_prober_publishes_a_peer_once_measured_and_a_disagreeing_one_after_a
     rows: queue.Queue = queue.Queue()
     board = Board()
     prober = LinkProber(None, board, LinksConfig(min_rounds=1, round_pause_s=0.05, measure_access=False),
-                        on_publish=rows.put, rng=random.Random(0)).start()  # fmt: skip
+                        on_publish=rows.put, rng=random.Random(0)).start()
     try:
         prober.set_peers([fast, slow])
         assert rows.get(timeout=10) == {fast: LinkMeasurement(10.0, 1.0)}  # the disagreeing one waits a try
@@ -88,7 +88,7 @@ def test_a_measurement_beyond_what_a_record_can_say_is_published_at_its_bound(mo
                         lambda transport, p, config, stop: LinkEstimate(0.01, 1695.47, 20))
     rows: queue.Queue = queue.Queue()
     prober = LinkProber(None, Board(), LinksConfig(min_rounds=1, round_pause_s=0.05), on_publish=rows.put,
-                        rng=random.Random(0)).start()  # fmt: skip
+                        rng=random.Random(0)).start()
     try:
         prober.set_peers([peer])
         assert rows.get(timeout=10) == {peer: LinkMeasurement(0.01, 1000.0)}
@@ -99,11 +99,11 @@ def test_a_measurement_beyond_what_a_record_can_say_is_published_at_its_bound(mo
 def links(summary: dict) -> tuple[np.ndarray, np.ndarray]:
     """The leader's measured latency and bandwidth matrices, in the network's units."""
     return (np.array(summary["measured"]["latency_ms"], dtype=float),
-            np.array(summary["measured"]["bandwidth_gbps"], dtype=float))  # fmt: skip
+            np.array(summary["measured"]["bandwidth_gbps"], dtype=float))
 
 
 def assert_every_link_measured_and_none_faster_than_emulated(latency: np.ndarray, bandwidth: np.ndarray,
-                                                             true_latency_ms: np.ndarray) -> None:  # fmt: skip
+                                                             true_latency_ms: np.ndarray) -> None:
     """Every link measured; none shorter than its emulated latency (a probe's one-way delay is its emulated
     arrival, or later when the machine is busy: never earlier), whatever the load."""
     off = ~np.eye(len(latency), dtype=bool)
@@ -120,9 +120,9 @@ def test_agents_measure_every_emulated_link_and_a_slower_one_slower(tmp_path):
     bandwidth_gbps = [[1, 0.020, 0.200], [0.020, 1, 0.050], [0.200, 0.050, 1]]
     cluster = tmp_path / "three.json"
     cluster.write_text(json.dumps({"devices": [{"name": f"d{i}"} for i in range(3)], "latency_ms": latency_ms,
-                                   "bandwidth_gbps": bandwidth_gbps}))  # fmt: skip
+                                   "bandwidth_gbps": bandwidth_gbps}))
     code, summary, stderr = run_swarm(tmp_path / "swarm", "--agents", "3", "--stages", "3", "--steps", "1",
-                                      "--cluster", str(cluster), "--batch-size", "4")  # fmt: skip
+                                      "--cluster", str(cluster), "--batch-size", "4")
     assert code == 0, stderr[-3000:]
     assert summary["emulation"] == {"time_scale": 1.0, "size_factor": 1.0, "compute_scale": 1.0}
     latency, bandwidth = links(summary)  # the leader's cluster: both directions combined, in the file's units
@@ -134,7 +134,7 @@ def test_agents_measure_every_emulated_link_and_a_slower_one_slower(tmp_path):
 @pytest.mark.timeout(300)
 def test_leader_plans_the_worldwide_swarm_it_measured(tmp_path):
     code, summary, stderr = run_swarm(tmp_path, "--agents", "8", "--stages", "2", "--steps", "1",
-                                      "--scenario", "worldwide")  # fmt: skip
+                                      "--scenario", "worldwide")
     assert code == 0, stderr[-3000:]
     truth = scenario("worldwide", 8)
     latency, bandwidth = links(summary)  # converted back from the emulated links (time scale, size factor)
@@ -147,7 +147,7 @@ def test_leader_plans_the_worldwide_swarm_it_measured(tmp_path):
     # the leader planned with the links it measured, and found that network's best plan
     diagonal = np.eye(8, dtype=bool)
     measured = Cluster(truth.devices, np.where(diagonal, truth.latency_ms, latency),
-                       np.where(diagonal, truth.bandwidth_gbps, bandwidth))  # fmt: skip
+                       np.where(diagonal, truth.bandwidth_gbps, bandwidth))
     workload = Workload(**summary["workload"])  # this run's volumes over the size factor, as the leader used
     leader_plan_s = make_objective("dtfm", measured, workload, 2).evaluate(np.array(summary["plan"]["pipelines"])).cost_s
     assert leader_plan_s == pytest.approx(summary["predicted_cost_s"], rel=1e-6)

@@ -38,11 +38,11 @@ RUN_SETTINGS = {"wire": "fp32", "schedule": "gpipe", "overlap": True, "bucket_el
 def test_a_rogue_sorting_lowest_cannot_take_an_open_run(tmp_path, mode):
     sorted_identities(tmp_path, 5)  # agent-0 sorts lowest: the rogue
     config = SwarmConfig(agents=5, stages=2, steps=6, scenario=None, workdir=str(tmp_path), run=f"rogue-{mode}",
-                         call_timeout_s=15.0)  # fmt: skip
+                         call_timeout_s=15.0)
     agents, codes, train = run_agents(
         tmp_path, config, {0: [sys.executable, str(HERE / "rogue_leader.py"), mode]},
         {"membership": {"expect": 4, "leader_grace_s": 10.0, "plan_timeout_s": 360.0}, "plan": {"time_budget_s": 3.0}},
-        420)  # fmt: skip
+        420)
     rogue, honest = agents[0], agents[1:]
     assert all(code == 0 for code in codes.values()), codes  # nobody exited on the rogue's word
     assert_reference(honest, train)
@@ -61,7 +61,7 @@ def test_a_rogue_sorting_lowest_cannot_take_an_open_run(tmp_path, mode):
             assert [e["peer"] for e in passed] == [rogue.peer_id], (agent.name, passed)
     reasons = {e["reason"] for a in honest for e in events(a.events.path) if e["event"] == "passed_over"}
     expected = {"silent": "no plan we accept came within", "leaves_out": "its plan epoch 0 was refused",
-                "idle_stage": "failed at its own stage", "int4": "its plan epoch 0 was refused"}  # fmt: skip
+                "idle_stage": "failed at its own stage", "int4": "its plan epoch 0 was refused"}
     if mode in expected:
         assert reasons and all(expected[mode] in r for r in reasons), reasons
     plans = [e for a in honest for e in events(a.events.path) if e["event"] == "plan"]  # by the honest leaders
@@ -82,13 +82,13 @@ def test_a_fresh_key_that_sorts_lowest_cannot_lead_a_run_that_trains(tmp_path):
     # re-plan waited out the grace and the search budget on it)
     sorted_identities(tmp_path, 5)
     config = SwarmConfig(agents=5, stages=2, steps=60, scenario=None, workdir=str(tmp_path), run="rogue-late",
-                         call_timeout_s=8.0, peer_ttl_s=6.0)  # fmt: skip
+                         call_timeout_s=8.0, peer_ttl_s=6.0)
 
     def open_gate(group, agents) -> None:
         def wait_and_open() -> None:
             deadline = time.monotonic() + 240
             while time.monotonic() < deadline and not any(
-                    e["event"] == "step" and e["step"] >= 3 for e in events(agents[1].events.path)):  # fmt: skip
+                    e["event"] == "step" and e["step"] >= 3 for e in events(agents[1].events.path)):
                 time.sleep(0.2)
             Path(f"{agents[0].config_path}.go").touch()
 
@@ -96,7 +96,7 @@ def test_a_fresh_key_that_sorts_lowest_cannot_lead_a_run_that_trains(tmp_path):
 
     agents, codes, train = run_agents(
         tmp_path, config, {0: [sys.executable, str(HERE / "rogue_leader.py"), "late_silent"]},
-        {"membership": {"expect": 4}}, 300, on_start=open_gate)  # fmt: skip
+        {"membership": {"expect": 4}}, 300, on_start=open_gate)
     rogue, honest = agents[0], agents[1:]
     assert all(code == 0 for code in codes.values()), codes
     assert_reference(honest, train)

@@ -53,7 +53,7 @@ def measured_world():
     records = {p: PeerRecord(device_name=f"dev{k}", memory_gb=16.0, tflops=10.0) for k, p in enumerate(peers)}
     rows = {a: LinksRecord.from_peers({b: LinkMeasurement(float(net.latency_ms[i, j]), float(net.bandwidth_gbps[i, j]))
                                        for j, b in enumerate(peers) if j != i})
-            for i, a in enumerate(peers)}  # fmt: skip
+            for i, a in enumerate(peers)}
     return peers, records, rows
 
 
@@ -61,7 +61,7 @@ def plan_record(peers: list[str], trainers: list[str], order: tuple[int, ...]) -
     """A 2-stage plan of ``trainers`` (in ``order``) with every other peer a spare."""
     devices = trainers + [p for p in peers if p not in trainers]
     plan = {"stages": 2, "replicas": len(trainers) // 2, "pipelines": np.array(order).reshape(-1, 2).tolist(),
-            "cost_s": 1.0}  # fmt: skip
+            "cost_s": 1.0}
     return PlanRecord.from_plan_json(0, devices, plan)
 
 
@@ -83,21 +83,21 @@ def test_the_best_plan_passes_and_the_worst_is_refused_with_both_costs(world):
     assert costs[worst] > 1.1 * costs[best]  # the network makes the order matter
 
     good = cost_check(plan_record(peers, trainers, best), records, rows, TRAIN, PlanConfig(), NO_EMULATION,
-                      workload_for, 0.1)  # fmt: skip
+                      workload_for, 0.1)
     assert good.problem is None
     assert good.theirs_s == pytest.approx(costs[best]) and good.ours_s <= costs[best] + 1e-9
 
     bad = cost_check(plan_record(peers, trainers, worst), records, rows, TRAIN, PlanConfig(), NO_EMULATION,
-                     workload_for, 0.1)  # fmt: skip
+                     workload_for, 0.1)
     assert bad.theirs_s == pytest.approx(costs[worst])
     assert bad.problem is not None and "our own plan of the same records predicts" in bad.problem
     # the tolerance is the line: the same plan passes when allowed to be that much slower
     lenient = cost_check(plan_record(peers, trainers, worst), records, rows, TRAIN, PlanConfig(), NO_EMULATION,
-                         workload_for, costs[worst] / bad.ours_s - 1 + 1e-6)  # fmt: skip
+                         workload_for, costs[worst] / bad.ours_s - 1 + 1e-6)
     assert lenient.problem is None
     # ... and so is the slack: a difference of a few milliseconds (noise on short steps) is no reason
     slack = cost_check(plan_record(peers, trainers, worst), records, rows, TRAIN, PlanConfig(), NO_EMULATION,
-                       workload_for, 0.0, costs[worst] - bad.ours_s + 1e-6)  # fmt: skip
+                       workload_for, 0.0, costs[worst] - bad.ours_s + 1e-6)
     assert slack.problem is None
 
 
@@ -105,9 +105,9 @@ def test_a_plan_that_trains_the_wrong_peers_or_stages_is_refused(world):
     peers, records, rows = world
     with pytest.raises(ValueError, match="the run's settings train 4 of 5"):
         cost_check(plan_record(peers, peers[:2], (0, 1)), records, rows, TRAIN, PlanConfig(), NO_EMULATION,
-                   workload_for, 0.1)  # fmt: skip
+                   workload_for, 0.1)
     one_stage = PlanRecord(epoch=0, membership=tuple(peers), stages=1, replicas=4, pipelines=((0,), (1,), (2,), (3,)),
-                           cost_s=1.0)  # fmt: skip
+                           cost_s=1.0)
     with pytest.raises(ValueError, match="it has 1 stages; the run trains 2"):
         cost_check(one_stage, records, rows, TRAIN, PlanConfig(), NO_EMULATION, workload_for, 0.1)
 
@@ -116,11 +116,11 @@ def test_a_plan_from_a_slow_trainer_choice_is_scored_on_its_own_trainers(world):
     """A leader that trains the spare (Seoul) instead of a better-placed peer is scored on what it chose."""
     peers, records, rows = world
     ours = make_plan(build_cluster(peers[:4], records, rows, NO_EMULATION), workload_for(None, peers[:4]), 2,
-                     PlanConfig())["cost_s"]  # fmt: skip
+                     PlanConfig())["cost_s"]
     theirs = [peers[0], peers[1], peers[2], peers[4]]
     best, _, costs = scored(peers, records, rows, theirs)
     check = cost_check(plan_record(peers, theirs, best), records, rows, TRAIN, PlanConfig(), NO_EMULATION,
-                       workload_for, 0.1)  # fmt: skip
+                       workload_for, 0.1)
     assert check.theirs_s == pytest.approx(costs[best]) and check.ours_s == pytest.approx(ours)
 
 
@@ -234,7 +234,7 @@ def test_only_the_leaders_own_newer_plan_stops_its_clock():
     def plan(epoch: int, signer: str) -> PlanRecord:
         # the signer is the plan's first member (``PlanRecord.leader``: each plan is signed by the leader it names)
         return PlanRecord(epoch=epoch, membership=(signer, d), stages=1, replicas=2, pipelines=((0,), (1,)),
-                          cost_s=1.0)  # fmt: skip
+                          cost_s=1.0)
 
     live = [b, c, d]
     assert not newer_plan_excuses(None, -1, b, live)
@@ -254,7 +254,7 @@ def test_gate_waits_for_unseen_members_then_refuses_once_and_skips_our_own(world
                     settle_s=5.0,
                     read_rows=lambda: rows, workload_for=workload_for,
                     on_refusal=lambda plan, reason: refusals.append(reason),
-                    pass_over=lambda leader, why: passed.append(leader))  # fmt: skip
+                    pass_over=lambda leader, why: passed.append(leader))
     best, worst, _ = scored(peers, records, rows, peers[:4])
     live = {p: records[p] for p in peers[:4]}  # the spare peers[4] not seen yet
     known = {p: 60.0 for p in peers}.__getitem__
@@ -277,7 +277,7 @@ def test_gate_waits_for_unseen_members_then_refuses_once_and_skips_our_own(world
     assert passed == [plan.leader] * 3  # logged once; passed over each time it is met as the leader again
 
     off = PlanGate(me, TRAIN, PlanConfig(verify=False), NO_EMULATION, LeaderWatch(10.0, 60.0, clock=clock), 5.0,
-                   lambda: rows, workload_for)  # fmt: skip
+                   lambda: rows, workload_for)
     assert off.accept(bad, records, known, first=True)  # checks off: the leader's word is taken
 
 
@@ -286,7 +286,7 @@ def test_gate_takes_our_own_plan_unchecked(world):
     _, worst, _ = scored(peers, records, rows, peers[:4])
     bad = plan_record(peers, peers[:4], worst)
     gate = PlanGate(bad.leader, TRAIN, PlanConfig(), NO_EMULATION, LeaderWatch(10.0, 60.0), 5.0,
-                    lambda: pytest.fail("our own plan is not checked"), workload_for)  # fmt: skip
+                    lambda: pytest.fail("our own plan is not checked"), workload_for)
     assert gate.accept(bad, records, lambda p: 60.0, first=True)
 
 
@@ -303,7 +303,7 @@ def test_the_runs_first_plan_may_not_leave_out_peers_an_honest_leader_would_plan
     clock, passed, refusals = Clock(), [], []
     gate = PlanGate(peers[4], TRAIN, PlanConfig(), NO_EMULATION, LeaderWatch(10.0, 60.0, clock=clock), 5.0,
                     lambda: rows, workload_for, lambda plan, reason: refusals.append(reason),
-                    lambda leader, why: passed.append(leader), needed=4)  # fmt: skip
+                    lambda leader, why: passed.append(leader), needed=4)
     known = {p: 60.0 for p in peers}.__getitem__
     assert not gate.left_out(two, peers, known, untrained=lambda: False)  # a run that trained: we wait as joiners do
     assert not passed and not gate.left_out(dataclasses.replace(two, start_step=3), peers, known, lambda: True)
@@ -373,11 +373,11 @@ def test_a_member_another_member_refused_cannot_get_the_leader_passed_over():
     accusing = ProgressRecord(0, 2, None, 0.0, halted=True, blame=peers[0], refused=True)
     assert culpable_leader(plan, {peers[0]: both, peers[1]: accusing, peers[2]: accusing}, 60.0) is None
     assert culpable_leader(plan, {peers[0]: dataclasses.replace(both, also=()), peers[1]: accusing,
-                                  peers[2]: accusing}, 60.0) is not None  # fmt: skip
+                                  peers[2]: accusing}, 60.0) is not None
     # an honest third trainer's blame of the leader is no one's contested word
     third = ProgressRecord(0, 2, None, 0.0, halted=True, blame=peers[0])
     assert culpable_leader(plan, {peers[2]: finder, peers[3]: call, peers[1]: third, peers[0]: leader}, 60.0) \
-        is not None  # fmt: skip
+        is not None
 
 
 def test_the_blames_of_a_member_proven_by_evidence_are_void():
@@ -419,7 +419,7 @@ def test_a_blame_with_evidence_is_judged_before_it_passes_a_leader_over():
     plan = plan_record(peers, peers[:4], (0, 1, 2, 3))  # led by peers[0]
     run = "judged"
     forged = ProgressRecord(0, 3, None, 0.0, halted=True, blame=peers[0],
-                            evidence=_statement(ids[0].private_key, peers[0], run, adds_up=True))  # fmt: skip
+                            evidence=_statement(ids[0].private_key, peers[0], run, adds_up=True))
     leader_halted = ProgressRecord(0, 3, None, 0.0, halted=True)  # blaming nobody: the root of any blame
     # without judging, one blame ends at a leader that halted: passed over; judged, a liar's blame is nothing
     assert culpable_leader(plan, {peers[1]: forged, peers[0]: leader_halted}, 60.0) is not None
@@ -449,6 +449,6 @@ def test_a_failed_recomputes_blame_of_the_leader_is_no_blame_to_followers_and_of
     assert culpable_leader(plan, {peers[1]: word, peers[0]: leader_halted}, 60.0, run="r") is not None
     # of another member: its finder's word, as any blame (an edge in blame_roots, here away from the leader)
     other = dataclasses.replace(blame, blame=peers[2], evidence=DisputeHeader(0, 3, 0, 1, peers[2], 2, 9.9, 1000,
-                                                                              "0" * 64).to_bytes())  # fmt: skip
+                                                                              "0" * 64).to_bytes())
     assert culpable_leader(plan, {peers[1]: other, peers[0]: ProgressRecord(0, 3, None, 0.0, halted=True,
                                                                             blame=peers[1])}, 60.0, run="r") is None

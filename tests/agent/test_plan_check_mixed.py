@@ -20,7 +20,7 @@ from p2ptrain.runtime.config import TrainConfig
 
 TRAIN = TrainConfig(model="tiny", steps=2, global_batch_size=8, micro_batches=2, stages=2)
 FAST = ComputeMeasurement(rows=2, seq_len=64, layer_s=(0.02, 0.04), embed_s=(0.005, 0.01), head_s=(0.01, 0.02),
-                          update_s_per_mparam=0.02, message_s=0.0003)  # fmt: skip
+                          update_s_per_mparam=0.02, message_s=0.0003)
 SLOW = dataclasses.replace(FAST, layer_s=(0.16, 0.32), embed_s=(0.04, 0.08), head_s=(0.08, 0.16))  # 8x slower
 SIMULATED = PlanConfig(objective="simulated", time_budget_s=30.0)
 
@@ -30,10 +30,10 @@ def test_a_layered_plan_is_checked_at_its_own_split_with_measured_speeds():
     net = scenario("worldwide", 4)
     speeds = [FAST, SLOW, FAST, SLOW]
     records = {p: PeerRecord(device_name=f"dev{k}", memory_gb=16.0, tflops=10.0, compute=speeds[k])
-               for k, p in enumerate(peers)}  # fmt: skip
+               for k, p in enumerate(peers)}
     rows = {a: LinksRecord.from_peers({b: LinkMeasurement(float(net.latency_ms[i, j]), float(net.bandwidth_gbps[i, j]))
                                        for j, b in enumerate(peers) if j != i})
-            for i, a in enumerate(peers)}  # fmt: skip
+            for i, a in enumerate(peers)}
     cluster = build_cluster(peers, records, rows, EmulationSettings())
     assert [d.tflops for d in cluster.devices] == [measured_speed(c) for c in speeds]  # own speeds, not declared
 

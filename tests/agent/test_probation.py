@@ -92,7 +92,7 @@ def test_a_follower_that_knows_who_is_fresh_accepts_the_leaders_plan_with_compan
     published = PlanRecord.from_plan_json(0, peers, {**company, "stages": 2, "replicas": 2})
     on_probation = {trainers[i] for i in fresh}
     ruled = cost_check(published, records, rows, TRAIN, config, NO_EMULATION, workload_for, 0.0, 0.0,
-                       proven=lambda p: p not in on_probation)  # fmt: skip
+                       proven=lambda p: p not in on_probation)
     assert ruled.ours_s == company["cost_s"] and ruled.problem is None
     unruled = cost_check(published, records, rows, TRAIN, config, NO_EMULATION, workload_for, 0.0, 0.0)
     assert unruled.ours_s == best["cost_s"] and unruled.problem is not None
@@ -108,10 +108,10 @@ def test_a_follower_checks_a_plan_kept_apart_against_its_own_plan_kept_apart_ali
     assert meetings(apart["pipelines"], pairs) == 0 and apart["cost_s"] > best["cost_s"]
     published = PlanRecord.from_plan_json(0, peers, {**apart, "stages": 2, "replicas": 2})
     published = dataclasses.replace(published, apart=(tuple(sorted(published.membership.index(trainers[d])
-                                                                    for d in pairs[0])),))  # fmt: skip
+                                                                    for d in pairs[0])),))
     assert published.kept_apart == {frozenset(trainers[d] for d in pairs[0])}
     checked = cost_check(published, records, rows, TRAIN, config, NO_EMULATION, workload_for, 0.0, 0.0)
     assert checked.ours_s == apart["cost_s"] and checked.problem is None
     unruled = cost_check(dataclasses.replace(published, apart=()), records, rows, TRAIN, config, NO_EMULATION,
-                         workload_for, 0.0, 0.0)  # fmt: skip
+                         workload_for, 0.0, 0.0)
     assert unruled.ours_s == best["cost_s"] and unruled.problem is not None  # not saying the pairs: refused

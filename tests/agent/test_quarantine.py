@@ -115,7 +115,7 @@ def test_two_members_that_refuse_each_other_without_evidence_are_a_dispute_count
     # the watch hands both sides of the dispute to the leader
     watch = ReplanWatch(ChurnConfig(halt_timeout_s=5))
     replan = watch.check(PLAN, [A, B, C, D, E], {A: refusing[A], B: refusing[B], C: halted(4), D: halted(4),
-                                                 E: halted(4)}, steps=10, checkpoints=[], now=6.0)  # fmt: skip
+                                                 E: halted(4)}, steps=10, checkpoints=[], now=6.0)
     assert replan.blamed == (A, B) and replan.disputes == ((A, B),)
 
     clock = Clock()
@@ -260,7 +260,7 @@ def test_a_blamed_trainer_whose_heartbeat_says_it_halted_is_waited_for_like_any_
     progress = {A: halted(4, blame=B), C: halted(4), D: halted(4), E: halted(4)}
     live = [A, B, C, D, E]
     for status, left_out_after in [(PeerStatus(FAIL, 1, 4), 120.0), (PeerStatus(TRAIN, 1, 4), BLAMED_HALT_S),
-                                   (PeerStatus(FAIL, 0, 4), BLAMED_HALT_S)]:  # fmt: skip
+                                   (PeerStatus(FAIL, 0, 4), BLAMED_HALT_S)]:
         watch = ReplanWatch(ChurnConfig(halt_timeout_s=120))
         assert watch.check(PLAN, live, progress, 10, [], now=0.0, statuses={B: status}) is None
         assert watch.check(PLAN, live, progress, 10, [], now=left_out_after - 1, statuses={B: status}) is None
@@ -271,7 +271,7 @@ def test_a_blamed_trainer_whose_heartbeat_says_it_halted_is_waited_for_like_any_
     watch = ReplanWatch(ChurnConfig(halt_timeout_s=120))
     assert watch.check(PLAN, live, progress, 10, [], now=0.0, statuses={B: PeerStatus(FAIL, 1, 4)}) is None
     replan = watch.check(PLAN, live, {**progress, B: halted(4)}, 10, [], now=BLAMED_HALT_S + 5,
-                         statuses={B: PeerStatus(FAIL, 1, 4)})  # fmt: skip
+                         statuses={B: PeerStatus(FAIL, 1, 4)})
     assert replan.kind == FAILURE and replan.culprits == () and B in replan.members and replan.blamed == (B,)
 
 
@@ -330,13 +330,13 @@ def test_blame_rides_in_the_progress_record_and_must_name_a_peer():
 def _cluster(rows):
     peers = {p: PeerRecord(device_name="d", memory_gb=16.0, tflops=10.0) for p in (A, B, C)}
     return build_cluster([A, B, C], peers, {p: LinksRecord.from_peers(r) for p, r in rows.items()},
-                         EmulationSettings())  # fmt: skip
+                         EmulationSettings())
 
 
 def test_a_links_row_is_a_claim_the_other_end_checks(caplog):
     m = LinkMeasurement
     honest = {A: {B: m(20.0, 0.1), C: m(30.0, 0.2)}, B: {A: m(22.0, 0.3), C: m(25.0, 0.1)},
-              C: {A: m(31.0, 0.2), B: m(25.0, 0.1)}}  # fmt: skip
+              C: {A: m(31.0, 0.2), B: m(25.0, 0.1)}}
     cluster = _cluster(honest)
     # honest asymmetry (0.1 vs 0.3 Gbit/s) is averaged as before: transfer times, not rates
     assert cluster.bandwidth_gbps[0, 1] == pytest.approx(2 / (1 / 0.1 + 1 / 0.3))

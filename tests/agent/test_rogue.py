@@ -46,7 +46,7 @@ def impossible_peer_record() -> bytes:
     return msgpack.packb({
         "v": 1, "kind": "peers", "device_name": "rogue", "memory_gb": 1e12, "tflops": math.nan, "maddrs": [],
         "region": "", "p2ptrain_version": __version__, "protocol_version": AGENT_PROTOCOL_VERSION,
-    }, use_bin_type=True)  # fmt: skip
+    }, use_bin_type=True)
 
 
 def impossible_links_row(peers: list[str]) -> bytes:
@@ -55,7 +55,7 @@ def impossible_links_row(peers: list[str]) -> bytes:
         "v": 1, "kind": "links", "tags": b"".join(peer_tag(p) for p in peers),
         "latency_ms": struct.pack(f"<{len(peers)}f", *[1.0] * len(peers)),
         "bandwidth_gbps": struct.pack(f"<{len(peers)}f", *bandwidth),
-    }, use_bin_type=True)  # fmt: skip
+    }, use_bin_type=True)
 
 
 class Rogue:

@@ -39,9 +39,9 @@ def test_a_non_member_flooding_and_trickling_tensors_is_refused_and_training_goe
     # it) runs beside the agents' own, not after it, so it is attacking before they train
     with open(tmp_path / "rogue.log", "w") as log:
         rogue = subprocess.Popen([sys.executable, str(HERE / "rogue_sender.py"), RUN, f"@{tmp_path}"],
-                                 stdout=subprocess.PIPE, stderr=log, text=True)  # fmt: skip
+                                 stdout=subprocess.PIPE, stderr=log, text=True)
         with background_swarm(tmp_path, "--run", RUN, "--scenario", "none", "--agents", "4", "--stages", "2",
-                              "--steps", "60") as swarm:  # fmt: skip
+                              "--steps", "60") as swarm:
             try:
                 out, _ = swarm.communicate(timeout=360)
             finally:

@@ -53,7 +53,7 @@ def world(memory_gb: float = 16.0, regions: bool = False):
         return LinkMeasurement(1.0 if regions else 0.5, 1.0 if regions else 10.0)
 
     rows = {a: LinksRecord.from_peers({b: link(i, j) for j, b in enumerate(PEERS) if j != i})
-            for i, a in enumerate(PEERS)}  # fmt: skip
+            for i, a in enumerate(PEERS)}
     return records, rows
 
 
@@ -62,7 +62,7 @@ def plan_of(stages: int, members: tuple[str, ...] = tuple(PEERS)) -> PlanRecord:
     replicas = len(members) // stages
     pipelines = np.arange(stages * replicas).reshape(replicas, stages).tolist()
     return PlanRecord.from_plan_json(0, list(members), {"stages": stages, "replicas": replicas,
-                                                        "pipelines": pipelines, "cost_s": 1.0})  # fmt: skip
+                                                        "pipelines": pipelines, "cost_s": 1.0})
 
 
 def test_the_candidates_are_the_stage_counts_the_members_can_train_within_the_bounds():
@@ -83,7 +83,7 @@ def test_the_leader_chooses_two_stages_where_two_regions_make_them_fastest():
     assert steps[1] > 2 * steps[2]  # one stage all-reduces the whole model between the regions
     # the same world but bounded: the leader keeps to the run's bounds
     bounded = choose_run_stages(PEERS, records, rows, dataclasses.replace(AUTO, min_stages=3),
-                                PlanConfig(time_budget_s=5.0))  # fmt: skip
+                                PlanConfig(time_budget_s=5.0))
     assert [o.num_stages for o in bounded.options] == [3, 4] and bounded.best.num_stages in (3, 4)
 
 
@@ -129,7 +129,7 @@ def test_a_follower_refuses_an_auto_plan_out_of_bounds_or_too_big_for_its_memory
     def gate(train: TrainConfig, verify: bool = True) -> PlanGate:
         return PlanGate(me, train, PlanConfig(verify=verify, verify_tolerance=10.0), EmulationSettings(),
                         LeaderWatch(10.0, 60.0), 0.0, lambda: rows, workload_for,
-                        lambda plan, reason: refusals.append(reason))  # fmt: skip
+                        lambda plan, reason: refusals.append(reason))
 
     known = lambda p: 60.0  # noqa: E731
     bounded = gate(dataclasses.replace(AUTO, max_stages=2))
@@ -149,7 +149,7 @@ def test_a_follower_refuses_an_auto_plan_out_of_bounds_or_too_big_for_its_memory
 
     pinned = RunStages(AUTO)
     follower = PlanGate(me, AUTO, PlanConfig(verify=False), EmulationSettings(), LeaderWatch(10.0, 60.0), 0.0,
-                        lambda: rows, workload_for, lambda plan, reason: refusals.append(reason), stages=pinned)  # fmt: skip
+                        lambda: rows, workload_for, lambda plan, reason: refusals.append(reason), stages=pinned)
     assert follower.accept(plan_of(4), records, known, first=True)
     pinned.pin(4, "epoch 0, the first plan this agent trained")
     assert follower.accept(dataclasses.replace(plan_of(4), epoch=1), records, known, first=False)
@@ -165,7 +165,7 @@ def test_cost_check_scores_an_auto_plan_at_its_own_stage_count():
 
     for s in (2, 4):
         check = cost_check(plan_of(s), records, rows, at_stages(AUTO, s), PlanConfig(), EmulationSettings(),
-                           workload_for, 0.1)  # fmt: skip
+                           workload_for, 0.1)
         assert check.theirs_s > 0 and check.ours_s > 0
     assert at_stages(AUTO, 2).stages == 2 and at_stages(FIXED, 2) is FIXED
 
@@ -221,9 +221,9 @@ def test_stages_auto_on_the_command_line_and_in_the_swarms_agent_configs(tmp_pat
     train, network, time_scale, size_factor = plan_swarm(config)
     assert train.stages_auto and train.replicas == 1 and train.global_batch_size % (4 * 2) == 0  # matched as S = 1
     agent = AgentProcess(0, "peer", "agent-0", tmp_path / "agent-0.toml", tmp_path / "agent-0.log",
-                         EventReader(tmp_path / "agent-0.events.jsonl"))  # fmt: skip
+                         EventReader(tmp_path / "agent-0.events.jsonl"))
     text = _agent_toml(config, train, "run1", [BOOTSTRAP], agent, tmp_path, tmp_path / "cluster.json",
-                       time_scale, size_factor)  # fmt: skip
+                       time_scale, size_factor)
     parsed = config_from_dict(AgentConfig, tomllib.loads(text))
     assert parsed.train.stages_auto and parsed.train.stage_bounds == (1, 8)
     with pytest.raises(ConfigError, match='may be "auto"'):

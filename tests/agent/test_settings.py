@@ -27,7 +27,7 @@ PEERS = sorted(generate_identity().peer_id for _ in range(4))
 
 def plan(**extra) -> PlanRecord:
     return PlanRecord(epoch=1, membership=tuple(PEERS), stages=2, replicas=2, pipelines=((0, 1), (2, 3)),
-                      cost_s=1.0, **extra)  # fmt: skip
+                      cost_s=1.0, **extra)
 
 
 def test_a_leaders_settings_round_trip_and_a_plan_may_not_change_the_runs():
@@ -75,7 +75,7 @@ def test_the_training_digest_names_what_every_stage_computes():
 
 @pytest.mark.parametrize("field, value", [("wire", "fp 32"), ("wire", 7), ("wire", None), ("schedule", "x" * 40),
                                           ("overlap", 1), ("overlap", "yes"), ("bucket_elements", -1),
-                                          ("bucket_elements", 1.5)])  # fmt: skip
+                                          ("bucket_elements", 1.5)])
 def test_garbled_settings_are_refused_on_decoding(field, value):
     fields = msgpack.unpackb(plan(wire="bf16", overlap=True, bucket_elements=64).encode())
     fields[field] = value
@@ -89,7 +89,7 @@ def test_a_plan_with_settings_unknown_or_other_than_the_runs_is_refused_even_unv
     refusals = []
     gate = PlanGate(PEERS[2], TRAIN, PlanConfig(verify=False), EmulationSettings(), LeaderWatch(10.0, 60.0), 0.0,
                     lambda: rows, lambda cluster, trainers, peers, train: run_workload(train, 2, 2),
-                    lambda record, reason: refusals.append(reason))  # fmt: skip
+                    lambda record, reason: refusals.append(reason))
     future = plan(wire="fp8")  # a newer leader's format
     assert not gate.accept(future, records, lambda p: 60.0, first=True) and gate.refused(future)
     assert refusals == [f"it asks for wire format 'fp8', which this agent does not know ({', '.join(WIRE_FORMATS)})"]
@@ -112,7 +112,7 @@ def test_the_plan_check_prices_both_plans_with_the_runs_settings():
 
     run = dataclasses.replace(TRAIN, wire="bf16", schedule="1f1b", overlap=False)
     cost_check(plan(wire="bf16", schedule="1f1b", overlap=False), records, rows, run, PlanConfig(),
-               EmulationSettings(), workload_for, 0.1)  # fmt: skip
+               EmulationSettings(), workload_for, 0.1)
     assert seen == [("bf16", "1f1b", False)] * 2  # the leader's plan and our own alternative alike
     with pytest.raises(ValueError, match="departs from the run's settings"):
         cost_check(plan(wire="int4"), records, rows, run, PlanConfig(), EmulationSettings(), workload_for, 0.1)
@@ -129,22 +129,22 @@ def test_a_run_trains_with_its_pinned_settings_and_an_agent_with_others_refuses_
     run = {"wire": "bf16", "schedule": "1f1b", "bucket_elements": 4096}
     defaults = {"wire": "fp32", "schedule": "gpipe", "bucket_elements": 1 << 18}
     agents, codes, train = run_agents(tmp_path, config, {}, {"train": run, "membership": {"expect": 3}}, 420,
-                                      agent_overrides={3: {"train": defaults}})  # fmt: skip
+                                      agent_overrides={3: {"train": defaults}})
     assert [codes[a.name] for a in agents] == [0, 0, 0, 1], codes
     errors = [line for line in agents[3].log_path.read_text().splitlines() if line.startswith("Error:")]
     assert len(errors) == 1 and ("live peers agree that this run trains with wire bf16, schedule 1f1b, "
                                  "bucket_elements 4096 but this agent's settings are wire fp32, schedule gpipe, "
-                                 "bucket_elements 262144") in errors[0], errors  # fmt: skip
+                                 "bucket_elements 262144") in errors[0], errors
     plans = [e for e in events(agents[0].events.path) if e["event"] == "plan"]
     assert plans and all(p["settings"] == {"wire": "bf16", "schedule": "1f1b", "overlap": True,
-                                           "bucket_elements": 4096} for p in plans)  # fmt: skip
+                                           "bucket_elements": 4096} for p in plans)
     assert all(agents[3].peer_id not in p["devices"] + p["spares"] for p in plans)
     for agent in agents[:3]:
         assert not [e for e in events(agent.events.path) if e["event"] == "plan_refused"]
         assert "ignoring peer " + agents[3].peer_id in agent.log_path.read_text()
     agents = agents[:3]
     got = {e["step"]: e["loss"] for a in agents for e in events(a.events.path)
-           if e["event"] == "step" and e["loss"] is not None}  # fmt: skip
+           if e["event"] == "step" and e["loss"] is not None}
     reference = train_reference(train).losses  # fp32: the bf16 run stays close, and is not it
     assert sorted(got) == list(range(1, len(reference) + 1))
     assert all(abs(got[k] - want) <= 0.02 * abs(want) for k, want in enumerate(reference, start=1)), (got, reference)

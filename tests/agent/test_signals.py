@@ -58,7 +58,7 @@ def test_sigterm_to_the_swarm_while_agents_start_leaves_nothing_behind(tmp_path)
     try:
         status = wait_for(lambda: read_status(tmp_path), 120, "the swarm's status file")
         wait_for(lambda: all(any(e["event"] == "started" for e in events(a["events"])) for a in status["agents"]),
-                 120, "every agent joining")  # fmt: skip
+                 120, "every agent joining")
         tree = process_tree(swarm.pid)
         assert sum(p.name() == "p2pd" for p in tree) == 5  # the bootstrap's and one per agent
         swarm.send_signal(signal.SIGTERM)

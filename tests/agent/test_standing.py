@@ -26,7 +26,7 @@ def plan_of(signer: str, trainers: list[str], epoch: int, start: int = 0, spares
     index = {p: k for k, p in enumerate(membership)}
     pipelines = tuple((index[trainers[i]], index[trainers[i + 1]]) for i in range(0, len(trainers), 2))
     return PlanRecord(epoch=epoch, membership=membership, stages=2, replicas=len(pipelines), pipelines=pipelines,
-                      cost_s=1.0, start_step=start, leader_at=index[signer])  # fmt: skip
+                      cost_s=1.0, start_step=start, leader_at=index[signer])
 
 
 def step(signer: str, epoch: int, done: int) -> ProgressRecord:
@@ -153,14 +153,14 @@ def test_a_leader_whose_run_trains_another_signers_plan_sees_it_was_passed_over(
     ours_moving = {**training, **{p: step(lead, 1, 4) for p in (a, b, c)}}
     assert followed_instead(lead, [ours], {lead: ours, a: theirs}, live, ours_moving, standing) is None
     assert followed_instead(lead, [ours], {lead: ours, a: theirs}, live, {p: step(a, 1, 2) for p in live},
-                            standing) is None  # fmt: skip
+                            standing) is None
     assert followed_instead(lead, [ours], {lead: ours, a: theirs}, live - {a}, training, standing) is None
     # a plan trained only by keys with no history in this run counts for nothing
     strangers = sorted(generate_identity().peer_id for _ in range(4))
     cabal = plan_of(strangers[0], strangers, epoch=5)
     cabal_training = {**training, **{p: step(strangers[0], 5, 3) for p in strangers}}
     assert followed_instead(lead, [ours], {lead: ours, strangers[0]: cabal}, live | set(strangers), cabal_training,
-                            standing) is None  # fmt: skip
+                            standing) is None
 
 
 def test_members_of_an_open_dispute_wait_to_lead_while_a_calm_peer_in_standing_is_live(ids):

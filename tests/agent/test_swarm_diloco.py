@@ -26,7 +26,7 @@ def replans_of(plan_events: list[dict]) -> list[Replan]:
             rows = []
             for stage, source in enumerate(event["sources"]):
                 held = [i for i, row in enumerate(previous["plan"]["pipelines"])
-                        if previous["devices"][row[stage]] == source]  # fmt: skip
+                        if previous["devices"][row[stage]] == source]
                 assert held, f"stage {stage}'s source {source} trained no replica of it in epoch {previous['epoch']}"
                 rows.append(held[0])
             out.append(Replan(event["start_step"], plan["replicas"], tuple(rows), plan["stages"],
@@ -53,7 +53,7 @@ def test_a_diloco_swarm_survives_a_kill_mid_round_by_redoing_the_round_as_its_re
     code, summary, stderr = run_swarm(
         tmp_path, "--agents", "5", "--stages", "2", "--steps", "10", "--sync", "diloco", "--inner-steps", "3",
         "--kill", "2@5", *FAST, timeout_s=360,
-    )  # fmt: skip
+    )
     assert code == 0, stderr[-3000:]
     assert summary["finished"] and summary["config"]["sync"] == "diloco"
     plans = [e for e in events(tmp_path / "agent-0.events.jsonl") if e["event"] == "plan"]
@@ -71,7 +71,7 @@ def test_a_diloco_swarm_survives_a_kill_mid_round_by_redoing_the_round_as_its_re
 
 @pytest.mark.timeout(400)
 def test_an_overlapped_fragmented_diloco_swarm_restarts_from_the_last_complete_round_as_its_reference_does(
-        tmp_path):  # fmt: skip
+        tmp_path):
     """``--outer-overlap --outer-overlap-steps 2 --outer-fragments 2``, rounds of 4: the odd blocks' fragment
     synchronises 2 steps after the even blocks', each fragment's all-reduce running beside its next 2 steps, so
     a round's end (of fragment 0, every 4 steps) is a state to restart from only once its mean is in, and it
@@ -82,7 +82,7 @@ def test_an_overlapped_fragmented_diloco_swarm_restarts_from_the_last_complete_r
         tmp_path, "--agents", "5", "--stages", "2", "--steps", "14", "--sync", "diloco", "--inner-steps", "4",
         "--outer-overlap", "--outer-overlap-steps", "2", "--outer-fragments", "2", "--outer-lr", "0.7",
         "--outer-momentum", "0.9", "--kill", "2@9", *FAST, timeout_s=360,
-    )  # fmt: skip
+    )
     assert code == 0, stderr[-3000:]
     assert summary["finished"] and summary["config"]["diloco"]["overlap"]
     assert summary["config"]["diloco"]["overlap_steps"] == 2 and summary["config"]["diloco"]["fragments"] == 2

@@ -16,7 +16,7 @@ def summary(search: dict) -> dict:
     plan = {"cost_s": 0.0125, "baselines": {"megatron": {"cost_s": 0.0125}}, "search": search, "pipelines": [[0, 1]]}
     return {"run": "demo", "agents": 2, "network": None, "model": "tiny", "config": {"global_batch_size": 8},
             "stages": 2, "replicas": 1, "plan": plan, "epoch": 0, "leader": 0, "strategy": "megatron",
-            "losses": [], "workdir": "/tmp/demo"}  # fmt: skip
+            "losses": [], "workdir": "/tmp/demo"}
 
 
 def test_a_plan_in_a_fixed_order_is_summarised_without_a_search_time():

@@ -22,7 +22,7 @@ FAST = ("--scenario", "none", "--plan", "megatron", "--call-timeout", "8", "--pe
 def test_a_swarm_trains_the_stage_count_its_leader_chose_with_the_reference_losses(tmp_path):
     sorted_identities(tmp_path, 4)  # agent k holds the k-th lowest peer ID: agent 0 leads
     code, summary, stderr = run_swarm(tmp_path, "--agents", "4", "--stages", "auto", "--steps", "4", *FAST,
-                                      timeout_s=200)  # fmt: skip
+                                      timeout_s=200)
     assert code == 0, stderr[-3000:]
     assert summary["finished"]
     log = [events(tmp_path / f"agent-{k}.events.jsonl") for k in range(4)]

@@ -53,9 +53,9 @@ def swarm_with_rogue(tmp_path, mode: str, run: str, overrides: dict):
     honest agent finished."""
     sorted_identities(tmp_path, 5)
     config = SwarmConfig(agents=5, stages=2, steps=6, scenario=None, workdir=str(tmp_path), run=run,
-                         call_timeout_s=15.0)  # fmt: skip
+                         call_timeout_s=15.0)
     agents, codes, train = run_agents(tmp_path, config, {1: [sys.executable, str(HERE / "rogue_member.py"), mode]},
-                                      overrides, 420)  # fmt: skip
+                                      overrides, 420)
     assert all(code == 0 for code in codes.values()), codes
     return agents, train, events(agents[0].events.path)
 
@@ -105,7 +105,7 @@ def test_a_peer_with_a_transient_failure_rejoins_after_its_back_off(tmp_path):
     # steps in its role: as long as the mechanism takes, on a quiet machine or a busy one; the freeze outlasts
     # the re-plan around it (~8 s under load) with margin, and the peer is live again before its back-off ends
     config = SwarmConfig(agents=4, stages=2, steps=100_000, scenario=None, workdir=str(tmp_path), run="transient",
-                         call_timeout_s=15.0)  # fmt: skip
+                         call_timeout_s=15.0)
     cut = 3  # the highest ID: never the leader
     frozen = {}
 
@@ -128,7 +128,7 @@ def test_a_peer_with_a_transient_failure_rejoins_after_its_back_off(tmp_path):
         threading.Thread(target=run, daemon=True).start()
 
     agents, codes, train = run_agents(tmp_path, config, {}, {"churn": {"quarantine_s": QUARANTINE_S}}, 420,
-                                      on_start=freeze_once_training_then_stop_once_back)  # fmt: skip
+                                      on_start=freeze_once_training_then_stop_once_back)
     assert all(code == 0 for code in codes.values()), codes
     leader, peer = agents[0], agents[cut].peer_id
     assert len(trained_after_rejoining(leader, agents[cut])) >= 2  # stopped for that, not by the deadline
@@ -147,5 +147,5 @@ def test_a_peer_with_a_transient_failure_rejoins_after_its_back_off(tmp_path):
 def trained_after_rejoining(leader, agent) -> list[dict]:
     """The steps ``agent`` trained in an epoch that took it back (a join re-plan naming it)."""
     joins = {e["epoch"] for e in events(leader.events.path)
-             if e["event"] == "plan" and e.get("replan") == "join" and agent.peer_id in e["devices"]}  # fmt: skip
+             if e["event"] == "plan" and e.get("replan") == "join" and agent.peer_id in e["devices"]}
     return [e for e in events(agent.events.path) if e["event"] == "step" and e["epoch"] in joins]

@@ -33,7 +33,7 @@ ROGUE = 1  # the second-lowest peer ID: a trainer, never the leader
 def swarm(tmp_path, run: str, steps: int, mode: str | None, rogue: int = ROGUE, **settings):
     sorted_identities(tmp_path, 4)
     config = SwarmConfig(agents=4, stages=2, steps=steps, scenario=None, workdir=str(tmp_path), run=run,
-                         call_timeout_s=15.0, **settings)  # fmt: skip
+                         call_timeout_s=15.0, **settings)
     commands = {rogue: [sys.executable, str(HERE / "corrupt_member.py"), mode]} if mode else {}
     agents, codes, train = run_agents(tmp_path, config, commands, {}, 300)
     assert all(code == 0 for code in codes.values()), codes
@@ -192,7 +192,7 @@ def test_a_member_that_sends_other_pipeline_messages_than_it_commits_to_goes_and
     docs/trust.md.)"""
     index, receiver_index = 3, 1  # megatron: pipelines [0, 2] and [1, 3]
     agents, train = swarm(tmp_path, "corrupt-clean-commit", 6, "clean_commit", index, strategy="megatron",
-                          micro_batches=8)  # fmt: skip
+                          micro_batches=8)
     rogue, receiver, leader = agents[index].peer_id, agents[receiver_index].peer_id, agents[0]
     honest = [a for a in agents if a.index != index]
     found = all_events(honest, "verify_failed")
@@ -227,7 +227,7 @@ def test_in_a_diloco_run_a_member_that_scales_the_pseudo_gradients_it_sums_is_ca
 
     rogue = 2
     agents, train = swarm(tmp_path, "corrupt-diloco", 8, "scale", rogue, strategy="megatron", sync="diloco",
-                          diloco=DiLoCoConfig(inner_steps=2))  # fmt: skip
+                          diloco=DiLoCoConfig(inner_steps=2))
     culprit, leader = agents[rogue].peer_id, agents[0]
     honest = [a for a in agents if a.index != rogue]
     found = all_events(honest, "verify_failed")

@@ -39,7 +39,7 @@ def test_the_volunteer_path_of_the_agent_readme_runs_as_written(tmp_path):
         bootstrap = subprocess.Popen(
             [sys.executable, "-m", "p2ptrain", "bootstrap", "--host-maddrs", "/ip4/127.0.0.1/tcp/0",
              "--announce-file", str(announce)], stdout=subprocess.DEVNULL, stderr=log, start_new_session=True,
-        )  # fmt: skip
+        )
     volunteers: list[subprocess.Popen] = []
     try:
         wait_for(announce.exists, 60, "the bootstrap's address line")

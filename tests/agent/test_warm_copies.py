@@ -203,7 +203,7 @@ def test_a_copy_avoids_the_link_that_carries_the_sources_training_messages():
     bandwidth[0, 1] = bandwidth[1, 0] = 10.0  # the pipeline's own link is the fastest
     cluster = Cluster(tuple(Device(name=f"d{k}") for k in range(4)), np.full((4, 4), 10.0), bandwidth)
     copies = warm_copies({"stages": 2, "pipelines": [[0, 1], [2, 3]]}, ["a", "b", "c", "d"], [], cluster, 100e6,
-                         1.0, ChurnConfig(), EmulationSettings())  # fmt: skip
+                         1.0, ChurnConfig(), EmulationSettings())
     assert copies["peers"] == ["d", "c"]
 
 
@@ -318,7 +318,7 @@ def test_a_copy_is_sent_verified_and_kept(tmp_path, caplog):
             forged = list((8).to_bytes(8, "little") + bytes(32) + (0).to_bytes(8, "little"))
             with caplog.at_level(logging.WARNING, logger="p2ptrain.agent.churn.warm_copies"):
                 b.send(str(a.peer_id), Tag("copytest", 2, 1, MessageKind.BACKUP, 1, 0), torch.tensor(forged, dtype=torch.uint8),
-                       30.0)  # fmt: skip
+                       30.0)
                 deadline = time.monotonic() + 30.0
                 while "announces parts of 0 elements; refused" not in caplog.text and time.monotonic() < deadline:
                     time.sleep(0.1)
@@ -338,7 +338,7 @@ def test_the_leader_prices_a_copy_with_a_round_trip_per_part():
 
     def copy_s(latency_ms: float, step_s: float) -> float:
         cluster = Cluster(tuple(Device(name=f"d{k}") for k in range(3)), np.full((3, 3), latency_ms),
-                          np.full((3, 3), 0.1))  # 12.5 MB/s  # fmt: skip
+                          np.full((3, 3), 0.1))  # 12.5 MB/s
         plan = {"stages": 2, "pipelines": [[0, 1]]}
         return warm_copies(plan, ["a", "b"], ["c"], cluster, 100e6, step_s, ChurnConfig(), EmulationSettings())["copy_s"]
 

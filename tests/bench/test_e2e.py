@@ -25,7 +25,7 @@ def test_e2e_reports_measured_and_predicted_step_times_for_each_plan(tmp_path, m
          "2", "--steps", "2", "--plans", "scheduled,megatron", "--out", str(out), "--workdir",
          str(tmp_path / "swarms"), "--json"],
         capture_output=True, text=True, timeout=220,
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     assert report["scenario"] == "worldwide" and (report["agents"], report["stages"], report["replicas"]) == (4, 2, 2)

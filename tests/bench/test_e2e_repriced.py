@@ -24,12 +24,12 @@ def summary() -> dict:
         "plan": {"pipelines": [[0, 1], [2, 3]], "cost_s": 1.0},
         "measured": {"latency_ms": net.latency_ms.tolist(), "bandwidth_gbps": net.bandwidth_gbps.tolist()},
         "workload": {"activation_gb": 0.02, "gradient_gb": 0.05, "step": dataclasses.asdict(PROFILE)},
-    }))  # fmt: skip
+    }))
 
 
 def test_compute_shown_as_calibrated_gives_the_leaders_prediction_and_slower_compute_a_longer_step():
     per_stage = [(2 * (f + b) + u) * SCALE for f, b, u in zip(PROFILE.forward_s, PROFILE.backward_s,
-                                                                 PROFILE.update_s, strict=True)]  # fmt: skip
+                                                                 PROFILE.update_s, strict=True)]
     calibrated = {k: per_stage[k % 2] for k in range(4)}  # agents 0, 2 hold stage 0; 1, 3 stage 1
     leader = leader_objectives(summary())["simulated"].evaluate(np.array([[0, 1], [2, 3]])).cost_s * SCALE
     same = repriced(summary(), calibrated, SCALE)

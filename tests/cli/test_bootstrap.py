@@ -22,7 +22,7 @@ from p2ptrain.net.identity import generate_identity, load_identity
 pytestmark = pytest.mark.integration
 
 LOOPBACK = DHTConfig(host_maddrs=("/ip4/127.0.0.1/tcp/0",), request_timeout_s=5.0, startup_timeout_s=20.0,
-                     shutdown_timeout_s=5.0)  # fmt: skip
+                     shutdown_timeout_s=5.0)
 
 
 def read_line(proc: subprocess.Popen, timeout_s: float) -> str:
@@ -43,7 +43,7 @@ def start_bootstrap(tmp_path: Path, *args: str) -> subprocess.Popen:
         return subprocess.Popen(
             [sys.executable, "-m", "p2ptrain", "bootstrap", "--host-maddrs", "/ip4/127.0.0.1/tcp/0", *args],
             stdout=subprocess.PIPE, stderr=stderr, text=True,
-        )  # fmt: skip
+        )
     finally:
         stderr.close()
 

@@ -99,7 +99,7 @@ def test_bad_checkpoints_are_refused_in_one_line(tmp_path):
     """One real process (what a user sees on stderr), the other refusals in this one."""
     (tmp_path / "empty").mkdir()
     done = subprocess.run([sys.executable, "-m", "p2ptrain", "export", str(tmp_path / "empty"), str(tmp_path / "out")],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+                          capture_output=True, text=True, timeout=120)
     errors = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
     assert done.returncode == 2 and len(errors) == 1 and "Traceback" not in done.stderr, done.stderr
     for args in (["export", str(tmp_path / "missing"), str(tmp_path / "out")],

@@ -42,14 +42,14 @@ def hf_folder(tmp_path, family: str, s=None):
     if family == "gpt2":
         s = s or model_shape("tiny")
         config = transformers.GPT2Config(vocab_size=s.vocab_size, n_positions=s.seq_len, n_embd=s.hidden_size,
-                                         n_layer=s.num_layers, n_head=s.num_heads)  # fmt: skip
+                                         n_layer=s.num_layers, n_head=s.num_heads)
         model = transformers.GPT2LMHeadModel(config)
     else:
         s = s or model_shape("llama-tiny")
         config = transformers.LlamaConfig(vocab_size=s.vocab_size, hidden_size=s.hidden_size,
                                           intermediate_size=s.ffn_hidden_size, num_hidden_layers=s.num_layers,
                                           num_attention_heads=s.num_heads, num_key_value_heads=s.num_kv_heads,
-                                          max_position_embeddings=s.seq_len, tie_word_embeddings=True)  # fmt: skip
+                                          max_position_embeddings=s.seq_len, tie_word_embeddings=True)
         model = transformers.LlamaForCausalLM(config)
     folder = tmp_path / f"hf-{family}"
     model.save_pretrained(folder)
@@ -89,7 +89,7 @@ def test_a_run_starts_at_transformers_loss_and_its_export_loads_back(tmp_path, f
 # shapes no preset has: 6 blocks 384 wide (heads of 64), 64 positions, the built-in data's 256 byte tokens
 CUSTOM = {"gpt2": ModelShape(num_layers=6, hidden_size=384, num_heads=6, seq_len=64, vocab_size=256),
           "llama": ModelShape(num_layers=6, hidden_size=384, num_heads=6, seq_len=64, vocab_size=256, family="llama",
-                              num_kv_heads=2, ffn_hidden_size=1024)}  # fmt: skip
+                              num_kv_heads=2, ffn_hidden_size=1024)}
 
 
 @pytest.mark.timeout(300)
@@ -104,7 +104,7 @@ def test_a_shape_no_preset_has_trains_alone_and_in_two_by_two_workers_and_export
     assert single["losses"][0] == pytest.approx(first_loss(hf, preset), abs=1e-5)
     split = subprocess.run([sys.executable, "-m", "p2ptrain", "-q", "train", "--model", preset, "--init-from",
                             str(folder), *FLAGS, "--stages", "2", "--replicas", "2"],
-                           capture_output=True, text=True, timeout=240)  # fmt: skip
+                           capture_output=True, text=True, timeout=240)
     assert split.returncode == 0, split.stderr[-3000:]
     split = json.loads(split.stdout)
     assert split["replicas_identical"] is True

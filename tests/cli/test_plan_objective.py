@@ -15,7 +15,7 @@ def _plan(*args: str):
 
 def test_simulated_objective_plans_and_reports_itself():
     result = _plan("--scenario", "worldwide", "--devices", "8", "--stages", "4", "--objective", "simulated",
-                   "--micro-batches", "2", "--json")  # fmt: skip
+                   "--micro-batches", "2", "--json")
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
     assert doc["objective"] == "simulated"

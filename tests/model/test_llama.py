@@ -39,7 +39,7 @@ def test_shape_fields_resolve_to_the_familys_defaults():
     ({"family": "llama", "num_heads": 64}, "even head size"),
     ({"family": "llama", "rope_theta": 0.0}, "rope_theta"),
     ({"norm_eps": -1.0}, "norm_eps"),
-])  # fmt: skip
+])
 def test_shapes_we_do_not_build_are_refused_in_one_line(fields, message):
     with pytest.raises(ValueError, match=message) as error:
         ModelShape(**{"num_layers": 2, "hidden_size": 64, "num_heads": 4, "seq_len": 8, **fields})
@@ -96,7 +96,7 @@ def test_stages_start_at_the_full_models_slice_and_chain_to_its_logits():
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="no CUDA device here: SDPA's own GQA path runs on an accelerator"))])  # fmt: skip
+    not torch.cuda.is_available(), reason="no CUDA device here: SDPA's own GQA path runs on an accelerator"))])
 def test_grouped_query_attention_is_attention_with_each_kv_head_repeated_for_consecutive_query_heads(device):
     """kv head j serves query heads 2j and 2j+1: a model with 4 kv heads holding each of the 2 twice, in
     that order, computes the same logits (on the CPU k and v are repeated; on CUDA SDPA's GQA path runs)."""

@@ -22,7 +22,7 @@ def test_warmup_then_cosine_linear_and_wsd_follow_the_documented_formula():
     assert lr_at(w, n, lr, "cosine", w, floor) == pytest.approx(lr)  # the peak right after the warm-up
     mid = w + (n - w) / 2
     assert lr_at(int(mid), n, lr, "cosine", w, floor) == pytest.approx(floor + (lr - floor) * (1 + math.cos(
-        math.pi * (int(mid) - w) / (n - w))) / 2)  # fmt: skip
+        math.pi * (int(mid) - w) / (n - w))) / 2)
     assert lr_at(n, n, lr, "cosine", w, floor) == pytest.approx(floor)  # the floor one past the last update
     cosine = [lr_at(s, n, lr, "cosine", w, floor) for s in range(w, n)]
     assert all(a > b for a, b in zip(cosine, cosine[1:], strict=False))
@@ -43,7 +43,7 @@ def test_warmup_then_cosine_linear_and_wsd_follow_the_documented_formula():
     (dict(warmup_steps=-1), "optimizer.warmup_steps must be a non-negative integer"),
     (dict(warmup_floor_steps=-1), "optimizer.warmup_floor_steps must be a non-negative integer"),
     (dict(decay_fraction=0.0), "optimizer.decay_fraction=0.0 must be in (0, 1]"),
-])  # fmt: skip
+])
 def test_bad_schedule_settings_are_refused_in_one_line(changes, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
         OptimizerConfig(**changes)

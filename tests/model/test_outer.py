@@ -79,7 +79,7 @@ def test_fragments_are_strided_blocks_with_the_embeddings_first_and_the_head_las
     (dict(outer_momentum=1.0), "diloco.outer_momentum must be in [0, 1)"),
     (dict(fragments=0), "diloco.fragments must be a positive integer"),
     (dict(inner_steps=4, fragments=5), "diloco.fragments (5) must be at most inner_steps (4)"),
-])  # fmt: skip
+])
 def test_bad_settings_are_refused(changes, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         DiLoCoConfig(**changes)

@@ -74,7 +74,7 @@ class Page:
         """The whole page as a PNG."""
         height = int(await self.evaluate("document.documentElement.scrollHeight"))
         await self.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1,
-                        mobile=False)  # fmt: skip
+                        mobile=False)
         data = await self.call("Page.captureScreenshot", timeout_s=60.0, format="png")
         path.write_bytes(base64.b64decode(data["data"]))
 
@@ -101,11 +101,11 @@ class Chromium:
         log = open(self.profile.parent / "chromium.log", "wb")  # noqa: SIM115 - closed with the process
         flags = ["--headless=new", "--disable-gpu", "--no-first-run", "--no-default-browser-check",
                  "--disable-dev-shm-usage", "--disable-extensions", "--remote-debugging-port=0",
-                 f"--user-data-dir={self.profile}", "--window-size=1400,1000"]  # fmt: skip
+                 f"--user-data-dir={self.profile}", "--window-size=1400,1000"]
         if os.geteuid() == 0:
             flags.append("--no-sandbox")  # Chromium refuses to run as root with its sandbox
         self.proc = subprocess.Popen([CHROMIUM, *flags, "about:blank"], stdout=log, stderr=log,
-                                     start_new_session=True)  # fmt: skip
+                                     start_new_session=True)
         log.close()
         port_file = self.profile / "DevToolsActivePort"
         deadline = time.monotonic() + self.startup_timeout_s
@@ -146,6 +146,6 @@ class Chromium:
                 await page.call("Runtime.enable")
                 await page.call("Page.enable")
                 await page.call("Emulation.setDeviceMetricsOverride", width=1400, height=1000, deviceScaleFactor=1,
-                                mobile=False)  # fmt: skip
+                                mobile=False)
                 await page.call("Page.navigate", url=url)
                 return await check(page)

@@ -17,7 +17,7 @@ def start_monitor(workdir: Path, maddrs: str, run: str, *args: str) -> tuple[sub
     with open(workdir / "test-monitor.log", "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "p2ptrain", "-v", "monitor", "--initial-peers", maddrs,
                                  "--run", run, "--port", "0", "--poll", "0.5", "--announce-file", str(announce),
-                                 *args], stdout=subprocess.DEVNULL, stderr=log)  # fmt: skip
+                                 *args], stdout=subprocess.DEVNULL, stderr=log)
     try:
         wait_for(lambda: announce.exists() or proc.poll() is not None, 120, "the monitor's URL")
         assert proc.poll() is None, (workdir / "test-monitor.log").read_text()[-3000:]

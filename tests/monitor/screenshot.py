@@ -25,7 +25,7 @@ def main(out: Path, swarm_args: list[str]) -> int:
     steps = int(swarm_args[swarm_args.index("--steps") + 1])
     workdir = Path(tempfile.mkdtemp(prefix="p2ptrain-screenshot-"))
     swarm = subprocess.Popen([sys.executable, "-m", "p2ptrain", "swarm", "--workdir", str(workdir), "--monitor",
-                              *swarm_args], stdout=subprocess.DEVNULL)  # fmt: skip
+                              *swarm_args], stdout=subprocess.DEVNULL)
     try:
         url = None
         deadline = time.monotonic() + 1800

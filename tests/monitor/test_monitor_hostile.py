@@ -40,11 +40,11 @@ def hostile_monitor(tmp_path_factory):
         with SwarmDHT(RUN, DHTConfig(initial_peers=tuple(maddrs), host_maddrs=LOOPBACK)) as writer:
             me = writer.peer_id
             writer.publish_peer(PeerRecord(device_name=NAME, memory_gb=16.0, tflops=50.0, region=REGION,
-                                           maddrs=tuple(writer.get_visible_maddrs()[:4])))  # fmt: skip
+                                           maddrs=tuple(writer.get_visible_maddrs()[:4])))
             other = generate_identity().peer_id
             writer.publish_links(LinksRecord.from_peers({other: LinkMeasurement(12.0, 1.0)}))
             writer.publish_plan(PlanRecord(epoch=0, membership=(me,), stages=1, replicas=1, pipelines=((0,),),
-                                           cost_s=2.0, reason=REASON, baselines=(("megatron", 3.0),)))  # fmt: skip
+                                           cost_s=2.0, reason=REASON, baselines=(("megatron", 3.0),)))
             writer.publish_progress(ProgressRecord(0, 3, 2.5, 0.2), refresh=True)
             proc, url = start_monitor(workdir, " ".join(maddrs), RUN)
             try:
@@ -86,7 +86,7 @@ def test_hostile_text_renders_as_text_in_chromium(hostile_monitor, tmp_path):
         await page.wait_for("document.querySelectorAll('#peers tbody tr').length === 1 && "
                             "document.querySelectorAll('#plan td.cell').length === 1 && "
                             "document.querySelectorAll('#loss-chart circle.point').length === 1", 120,
-                            "the page drawing the hostile peer, its plan and its loss")  # fmt: skip
+                            "the page drawing the hostile peer, its plan and its loss")
         await page.screenshot(tmp_path / "hostile.png")
         return await page.evaluate("""({
             pwned: window.__pwned === undefined ? null : window.__pwned,
@@ -96,7 +96,7 @@ def test_hostile_text_renders_as_text_in_chromium(hostile_monitor, tmp_path):
             region: document.querySelector('#peers td.region').textContent,
             title: document.getElementById('plan-title').textContent,
             events: document.getElementById('events').textContent,
-        })""")  # fmt: skip
+        })""")
 
     with Chromium(tmp_path) as chrome:
         found = asyncio.run(chrome.visit(url, check))

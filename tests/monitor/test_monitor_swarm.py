@@ -36,7 +36,7 @@ def watched_swarm(tmp_path_factory):
     with open(out, "wb") as stdout, open(err, "wb") as stderr:
         swarm = subprocess.Popen(swarm_command(workdir, "--json", "--agents", "2", "--stages", "2", "--steps",
                                                str(STEPS), "--scenario", "none", "--run", RUN, "--monitor"),
-                                 stdout=stdout, stderr=stderr)  # fmt: skip
+                                 stdout=stdout, stderr=stderr)
     monitor = None
     try:
         maddrs = workdir / "bootstrap.maddrs"
@@ -44,7 +44,7 @@ def watched_swarm(tmp_path_factory):
         monitor, url = start_monitor(workdir, maddrs.read_text().strip(), RUN)
         # while the swarm runs, keep what its own monitor answers
         status = wait_for(lambda: (s := read_status(workdir)) and "monitor" in s and s or swarm.poll() is not None,
-                          120, "the swarm's monitor in swarm.json")  # fmt: skip
+                          120, "the swarm's monitor in swarm.json")
         live = []
         deadline = time.monotonic() + 300
         while swarm.poll() is None and time.monotonic() < deadline:
@@ -56,7 +56,7 @@ def watched_swarm(tmp_path_factory):
         code = swarm.wait(60)
         summary = json.loads(out.read_text()) if out.read_text().strip() else None
         yield {"url": url, "code": code, "summary": summary, "stderr": err.read_text(), "status": status,
-               "live": live, "workdir": workdir}  # fmt: skip
+               "live": live, "workdir": workdir}
     finally:
         if monitor is not None:
             stop_process(monitor)
@@ -154,7 +154,7 @@ def test_page_of_a_real_swarm_in_chromium(watched_swarm, tmp_path):
             const links = document.querySelectorAll('#latency-map rect.link').length;
             return rows.length === 2 && cells.length === 2 && points === {points} && links === 2
                 && {{rows, cells, points, links, events: document.querySelectorAll('#events li').length}};
-        }})()""", 120, "the page listing the peers, drawing the plan, the loss points and the links")  # fmt: skip
+        }})()""", 120, "the page listing the peers, drawing the plan, the loss points and the links")
         await page.screenshot(tmp_path / "swarm.png")
         found["elsewhere"] = await page.evaluate(
             "performance.getEntriesByType('resource').map(r => r.name).filter(n => !n.startsWith(location.origin))")

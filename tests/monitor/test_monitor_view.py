@@ -25,7 +25,7 @@ def peer(i: int, **fields) -> PeerRecord:
 def plan(epoch: int, members: list[str], pipelines, **fields) -> PlanRecord:
     stages = len(pipelines[0])
     return PlanRecord(epoch=epoch, membership=tuple(sorted(members)), stages=stages, replicas=len(pipelines),
-                      pipelines=pipelines, cost_s=10.0, **fields)  # fmt: skip
+                      pipelines=pipelines, cost_s=10.0, **fields)
 
 
 def test_roles_liveness_series_and_events_follow_the_records():
@@ -34,7 +34,7 @@ def test_roles_liveness_series_and_events_follow_the_records():
     peers = {p: peer(i) for i, p in enumerate(PEERS[:4])}
     view.update(Snapshot(100.0, peers, plans={PEERS[0]: first}))
     progress = {PEERS[1]: ProgressRecord(0, 1, 5.0, 0.5), PEERS[3]: ProgressRecord(0, 1, 5.0, 0.3),
-                PEERS[0]: ProgressRecord(0, 1, None, 0.4)}  # fmt: skip
+                PEERS[0]: ProgressRecord(0, 1, None, 0.4)}
     view.update(Snapshot(101.0, peers, plans={PEERS[0]: first}, progress=progress))
     # a fifth peer joins; the leader's record expires and the next-lowest peer re-plans from step 1
     peers2 = {p: peer(i) for i, p in enumerate(PEERS) if i != 0}
@@ -56,12 +56,12 @@ def test_roles_liveness_series_and_events_follow_the_records():
     # a peer that halted in epoch 1 waits for a plan; one that halted in epoch 0 has had its role in epoch 1 since
     view.update(Snapshot(109.0, peers2, plans={PEERS[1]: second},
                          progress={PEERS[2]: ProgressRecord(1, 2, None, 0.0, halted=True),
-                                   PEERS[4]: ProgressRecord(0, 1, None, 0.0, halted=True)}))  # fmt: skip
+                                   PEERS[4]: ProgressRecord(0, 1, None, 0.0, halted=True)}))
     liveness = {p["peer_id"]: p["liveness"] for p in view.state(109.0)["peers"]}
     assert (liveness[PEERS[2]], liveness[PEERS[4]]) == ("halted", "training")
     spare_plan = plan(2, PEERS[1:], ((0, 1),))  # PEERS[3] and PEERS[4] idle as spares, and say halted
     view.update(Snapshot(110.0, peers2, plans={PEERS[1]: spare_plan},
-                         progress={PEERS[4]: ProgressRecord(2, 2, None, 0.0, halted=True)}))  # fmt: skip
+                         progress={PEERS[4]: ProgressRecord(2, 2, None, 0.0, halted=True)}))
     liveness = {p["peer_id"]: p["liveness"] for p in view.state(110.0)["peers"]}
     assert (liveness[PEERS[3]], liveness[PEERS[4]]) == ("spare", "spare")
     assert state["plan"]["pipelines"] == [[PEERS[1], PEERS[2]], [PEERS[3], PEERS[4]]]
@@ -107,7 +107,7 @@ def test_relayed_peers_and_metrics():
     relay = f"/ip4/203.0.113.7/tcp/31337/p2p/{PEERS[4]}/p2p-circuit/p2p/{PEERS[0]}"
     view = RunView(ViewConfig(run="demo"))
     view.update(Snapshot(1.0, {PEERS[0]: peer(0, maddrs=(relay,)), PEERS[1]: peer(1)},
-                         progress={PEERS[0]: ProgressRecord(0, 2, 4.5, 0.25)}))  # fmt: skip
+                         progress={PEERS[0]: ProgressRecord(0, 2, 4.5, 0.25)}))
     state = view.state(3.0)
     assert [p["address"] for p in state["peers"]] == ["relayed", "direct"]
     from prometheus_client import generate_latest
@@ -135,7 +135,7 @@ def test_tensorboard_gets_each_step_once_and_the_events(tmp_path):
     log = TensorBoardLog(str(tmp_path))
     for t, (step, loss) in enumerate([(1, 5.0), (1, 5.0), (2, 4.5), (3, 4.25)]):
         view.update(Snapshot(float(t), peers, plans={PEERS[0]: plan(0, PEERS[:2], ((0, 1),))},
-                             progress={PEERS[1]: ProgressRecord(0, step, loss, 0.5)}))  # fmt: skip
+                             progress={PEERS[1]: ProgressRecord(0, step, loss, 0.5)}))
         log.write(view.state())
         log.write(view.state())  # nothing new: nothing written twice
     log.close(view.state())  # writes step 3 (until now it waited for a later step) and drains the writer
@@ -184,7 +184,7 @@ def test_sync_mode_rounds_traffic_and_utilisation_come_from_the_training_heartbe
         PEERS[2]: ProgressRecord(1, 5, None, 2.0, sent_bytes=0, sync_every=4),  # compute not measured
         PEERS[3]: ProgressRecord(1, 6, None, 0.0, halted=True, mfu=0.9),  # a halt says nothing of the run's sync
         PEERS[4]: ProgressRecord(0, 9, 3.0, 1.0, compute_s=1.0, sent_bytes=9, sync_every=2),  # an older epoch's
-    }  # fmt: skip
+    }
     view.update(Snapshot(2.0, peers, plans=plans, progress=progress))
     state = view.state()
     summary = state["summary"]

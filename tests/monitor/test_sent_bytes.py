@@ -20,7 +20,7 @@ CONFIG = TransportConfig(call_timeout_s=5.0)
 def test_the_transport_counts_the_payload_bytes_receivers_accepted():
     with Transport(RUN, CONFIG) as a, Transport(RUN, CONFIG, initial_peers=a.visible_maddrs) as b:
         values = [torch.randn(3, 100), torch.arange(7, dtype=torch.int64), torch.ones(5, dtype=torch.bfloat16),
-                  torch.empty(0)]  # fmt: skip
+                  torch.empty(0)]
         tags = [Tag(RUN, 0, 0, MessageKind.ACTIVATION, micro_batch=i) for i in range(len(values))]
         assert (a.sent_bytes, b.sent_bytes) == (0, 0)
         b.send(a.peer_id, tags[0], values[0])

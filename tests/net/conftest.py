@@ -25,7 +25,7 @@ def make_transport() -> Iterator[Callable[..., Transport]]:
     made: list[Transport] = []
 
     def make(config: TransportConfig | None = None, cls: type[Transport] = Transport, join: Transport | None = None,
-             emulator: LinkEmulator | None = None):  # fmt: skip
+             emulator: LinkEmulator | None = None):
         transport = cls(RUN, config, initial_peers=join.visible_maddrs if join is not None else (), emulator=emulator)
         made.append(transport)
         return transport

@@ -46,7 +46,7 @@ def test_paths_slower_than_the_line_but_together_faster_give_the_line():
     # a FIFO line that one flow left early carried a bit less than a path alone: the line did carry that path
     two = [10 * MBIT] * 2
     assert estimate_access(two, flows(two), together(2, sum(flows(two)) / (9 * MBIT)), CONFIG).capacity_bytes_per_s == (
-        pytest.approx(10 * MBIT))  # fmt: skip
+        pytest.approx(10 * MBIT))
 
 
 def test_without_a_shared_bottleneck_or_enough_peers_the_line_is_unknown():
@@ -91,7 +91,7 @@ def test_a_path_whose_flow_went_faster_at_once_than_alone_is_measured_again():
 
 def test_bad_access_configs_are_refused():
     for bad in ({"min_peers": 1}, {"max_peers": 1}, {"tries": 0}, {"flow_s": 3.0}, {"shared_share": 1.0},
-                {"max_transfer_bytes": 1 << 30}, {"first_transfer_bytes": 0}, {"deadline_s": 0.0}):  # fmt: skip
+                {"max_transfer_bytes": 1 << 30}, {"first_transfer_bytes": 0}, {"deadline_s": 0.0}):
         with pytest.raises(ValueError):
             AccessConfig(**bad)
 
@@ -146,7 +146,7 @@ def test_a_home_line_is_measured_through_the_emulator_and_a_peer_without_one_pub
     assert up.capacity_bytes_per_s == pytest.approx(up_mbit * MBIT, rel=0.25), up
     assert down.capacity_bytes_per_s == pytest.approx(down_mbit * MBIT, rel=0.25), down
     print(f"measured uplink {up.gbps * 1e3:.2f} Mbit/s (emulated {up_mbit}), downlink {down.gbps * 1e3:.2f} Mbit/s "
-          f"(emulated {down_mbit})")  # fmt: skip
+          f"(emulated {down_mbit})")
     plain = others[0]
     paths = {str(home.peer_id): up_mbit * MBIT, **{str(o.peer_id): 100 * MBIT for o in others[1:]}}
     found = measure_access(plain, paths)

@@ -57,7 +57,7 @@ def test_open_runs_admit_everyone():
     ("volunteer", "other organiser", False),
     ("volunteer", "expired", False),
     ("volunteer", "garbage", False),
-])  # fmt: skip
+])
 def test_closed_runs_admit_listed_peers_and_holders_of_their_own_valid_token(who, token, admitted):
     identity = {"listed": LISTED, "organiser": ORGANISER, "volunteer": VOLUNTEER, "stranger": STRANGER}[who]
     other = generate_identity()
@@ -66,7 +66,7 @@ def test_closed_runs_admit_listed_peers_and_holders_of_their_own_valid_token(who
         "other run": token_for(VOLUNTEER, run="other"), "garbage": b"\x93\x01\x02\x03",
         "other organiser": parse_token_text(make_token(other.private_key, "demo", VOLUNTEER.peer_id).to_text()),
         "expired": token_for(VOLUNTEER, valid_s=60.0, now=get_dht_time() - 86400.0),
-    }[token]  # fmt: skip
+    }[token]
     refusal = AdmissionPolicy("demo", CLOSED).refusal(identity.peer_id, raw)
     assert (refusal is None) == admitted, refusal
 
@@ -83,7 +83,7 @@ def test_a_tampered_token_is_not_a_token():
 def dht_record(identity, value: bytes) -> DHTRecord:
     return DHTRecord(key=DHTID.generate(source="demo.progress").to_bytes(),
                      subkey=MSGPackSerializer.dumps(identity.owner_mark), value=MSGPackSerializer.dumps(value),
-                     expiration_time=get_dht_time() + 60)  # fmt: skip
+                     expiration_time=get_dht_time() + 60)
 
 
 def test_dht_nodes_of_a_closed_run_refuse_entries_of_peers_it_does_not_admit(caplog):
@@ -102,7 +102,7 @@ def test_readers_skip_records_of_peers_not_admitted_and_decode_the_others_with_t
         identity.owner_mark: ValueWithExpiration(value, get_dht_time() + 60)
         for identity, value in ((LISTED, VALUE), (VOLUNTEER, attach_token(VALUE, token_for(VOLUNTEER))),
                                 (STRANGER, VALUE))
-    }  # fmt: skip
+    }
     verified = verify_entries(RecordKind.PROGRESS, entries, policy=AdmissionPolicy("demo", CLOSED))
     assert set(verified) == {LISTED.peer_id, VOLUNTEER.peer_id}
     assert verified[VOLUNTEER.peer_id].record == ProgressRecord(1, 2, 3.0, 0.5)

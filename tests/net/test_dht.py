@@ -29,7 +29,7 @@ pytestmark = pytest.mark.integration
 
 RUN = "testrun"
 LOOPBACK = DHTConfig(host_maddrs=("/ip4/127.0.0.1/tcp/0",), request_timeout_s=5.0, startup_timeout_s=20.0,
-                     shutdown_timeout_s=5.0)  # fmt: skip
+                     shutdown_timeout_s=5.0)
 
 
 def wait_until(condition: Callable[[], object], timeout_s: float = 10.0, what: str = "condition") -> object:
@@ -163,7 +163,7 @@ def test_a_rogue_plan_claiming_the_leader_is_ignored_with_a_log_line(swarm, capl
     # a self-consistent plan by a peer that is not the lowest: verified as its own, refused by election
     caplog.clear()
     publish_and_see(rogue, follower, PlanRecord(epoch=9, membership=(rogue.peer_id,), stages=1, replicas=1,
-                                                pipelines=((0,),), cost_s=0.1))  # fmt: skip
+                                                pipelines=((0,),), cost_s=0.1))
     plans = follower.read_plans()
     assert set(plans) == {leader.peer_id, rogue.peer_id}
     assert select_plan(plans, live) == plan
@@ -174,9 +174,9 @@ def test_a_rogue_plan_claiming_the_leader_is_ignored_with_a_log_line(swarm, capl
 def test_impossible_records_are_ignored_with_a_log_line(swarm, caplog):
     leader, follower, rogue = swarm
     absurd = msgpack.packb({"v": 1, "kind": "peers", "device_name": "gpu", "memory_gb": 1e12, "tflops": 5.0,
-                            "p2ptrain_version": "0.1.0", "protocol_version": 1})  # fmt: skip
+                            "p2ptrain_version": "0.1.0", "protocol_version": 1})
     nan_row = msgpack.packb({"v": 1, "kind": "links", "tags": b"\x01" * 8,
-                             "latency_ms": b"\x00\x00\x80\x3f", "bandwidth_gbps": b"\x00\x00\xc0\x7f"})  # fmt: skip
+                             "latency_ms": b"\x00\x00\x80\x3f", "bandwidth_gbps": b"\x00\x00\xc0\x7f"})
     rogue.store_raw(RecordKind.PEER, absurd)
     rogue.store_raw(RecordKind.LINKS, nan_row)
     caplog.set_level(logging.WARNING, logger="p2ptrain.net.dht.validators")

@@ -47,7 +47,7 @@ def test_tensors_travel_the_direct_plane_bit_for_bit():
         gen = torch.Generator().manual_seed(0)
         tensors = [torch.randn(3, 5, generator=gen), torch.randn(9 * MIB // 4, generator=gen),  # pieces of 4 MiB
                    torch.randn(1000, generator=gen).to(torch.bfloat16), torch.randint(0, 255, (77,), dtype=torch.uint8),
-                   torch.empty(0)]  # fmt: skip
+                   torch.empty(0)]
         for m, tensor in enumerate(tensors):
             _round_trip(sender, receiver, tensor, m)
         assert receiver.direct.accepted >= 1 and receiver.direct.refused == 0
@@ -90,9 +90,9 @@ def test_connections_that_cannot_prove_their_session_are_refused_and_logged(capl
         answer = json.loads(receiver._call(_answer(plane, "QmPeerX", public), 10))
         session = bytes.fromhex(answer["session"])
         secret = direct.session_secret(private, bytes.fromhex(answer["public"]), session, "QmPeerX",
-                                       str(receiver.peer_id))  # fmt: skip
+                                       str(receiver.peer_id))
         wrong = direct.session_secret(X25519PrivateKey.generate(), bytes.fromhex(answer["public"]), session,
-                                      "QmPeerX", str(receiver.peer_id))  # fmt: skip
+                                      "QmPeerX", str(receiver.peer_id))
         with caplog.at_level(logging.WARNING, logger="p2ptrain.net.transport.direct"):
             assert _connect(port, b"GET / HTTP/1.1\r\n\r\n" + bytes(40)) == b""  # not ours
             assert _connect(port, direct.MAGIC + os.urandom(32) + bytes(64)) == b""  # an unknown session

@@ -154,7 +154,7 @@ def test_a_service_loop_reports_hivemind_daemon_connection_ends_in_one_line(capl
         del task
         gc.collect()  # asyncio reports an unretrieved task exception when the task is collected
         loop.call_exception_handler({"message": "Unhandled exception in client_connected_cb",
-                                     "exception": DispatchFailure("p2ptrain::tensor.rpc_probe")})  # fmt: skip
+                                     "exception": DispatchFailure("p2ptrain::tensor.rpc_probe")})
 
     try:
         with caplog.at_level(logging.DEBUG):
@@ -164,6 +164,6 @@ def test_a_service_loop_reports_hivemind_daemon_connection_ends_in_one_line(capl
     assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
     lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "p2ptrain.lifecycle"]
     assert (logging.WARNING, "the connection to this peer's libp2p daemon closed "
-            "(ConnectionResetError(104, 'Connection reset by peer'))") in lines  # fmt: skip
+            "(ConnectionResetError(104, 'Connection reset by peer'))") in lines
     assert (logging.DEBUG, "a stream for protocol p2ptrain::tensor.rpc_probe came after its handler was removed") \
-        in lines  # fmt: skip
+        in lines

@@ -80,7 +80,7 @@ def test_arrival_deadline_from_the_measured_link_with_a_floor():
     assert rates[MEMBER] == pytest.approx(1e6)  # a tenth of it
     # the member's own row says its uplink toward us is 8 Mbit/s: its messages travel that way
     rates = min_rates({MEMBER: LinkMeasurement(10.0, 0.08), OTHER: LinkMeasurement(10.0, 0.08)},
-                      {MEMBER: LinkMeasurement(10.0, 0.008)})  # fmt: skip
+                      {MEMBER: LinkMeasurement(10.0, 0.008)})
     assert rates[MEMBER] == pytest.approx(1e5) and rates[OTHER] == pytest.approx(1e6)
 
 
@@ -88,7 +88,7 @@ def test_budgets_from_plans_and_live_peers():
     train = TrainConfig(model="tiny", steps=2, global_batch_size=8, micro_batches=2, stages=2)
     me, a, b, c, joiner = sorted(generate_identity().peer_id for _ in range(5))
     current = PlanRecord(epoch=0, membership=(me, a, b, c), stages=2, replicas=2, pipelines=((0, 1), (2, 3)),
-                         cost_s=1.0)  # fmt: skip
+                         cost_s=1.0)
     budgets = sender_budgets([current, None], [me, a, b, c, joiner], me, train, step_window=2)
     assert me not in budgets
     room = member_bytes(train, 2, 2)
@@ -103,7 +103,7 @@ def test_budgets_from_plans_and_live_peers():
     assert room == 2 * (12 * params + 3 * (2 * 2 * activation + 4 * params))
     # a dead member of a newer plan keeps its reserved room while that plan may still be trained
     newer = PlanRecord(epoch=1, membership=(me, a, b, joiner), stages=2, replicas=2, pipelines=((0, 1), (2, 3)),
-                       cost_s=1.0)  # fmt: skip
+                       cost_s=1.0)
     budgets = sender_budgets([current, newer], [me, a, b], me, train, step_window=2)
     assert budgets[joiner].reserved and budgets[c].reserved
 

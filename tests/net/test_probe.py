@@ -51,7 +51,7 @@ def round_trips(monkeypatch) -> list[tuple[str, int, RoundTrip]]:
 @pytest.mark.integration
 @pytest.mark.timeout(60)
 def test_probes_cross_the_emulated_links_and_the_replier_reports_their_stamps(make_transport, monkeypatch,
-                                                                               round_trips):  # fmt: skip
+                                                                               round_trips):
     """Measuring a link and one ten times slower through real transports. Asserted on what the emulator
     computed and the replier reported, which load does not change: every probe crossed the link as a message
     of its size and its reply the way back; the replier got each probe's arrival stamp as the prober computed
@@ -148,7 +148,7 @@ class ModelSession:
     ``offset_s`` ahead of ours; ``reports`` False: a replier that does not report arrivals."""
 
     def __init__(self, latency_s: float, bandwidth_bytes_per_s: float, late, offset_s: float = 0.0,
-                 reports: bool = True):  # fmt: skip
+                 reports: bool = True):
         self.peer = "model"
         self.transport = SimpleNamespace(config=SimpleNamespace(call_timeout_s=5.0))
         self.latency_s, self.bandwidth_bytes_per_s, self.late = latency_s, bandwidth_bytes_per_s, late
@@ -247,7 +247,7 @@ def test_link_table_keeps_a_disagreeing_measurement_out_of_an_agreed_average():
 
 def test_bad_probe_configs_are_refused():
     for kwargs in [dict(pings=0), dict(transfers=1), dict(max_transfers=2), dict(agreement=0.0),
-                   dict(first_transfer_bytes=0), dict(min_transfer_s=3.0, max_transfer_s=2.0)]:  # fmt: skip
+                   dict(first_transfer_bytes=0), dict(min_transfer_s=3.0, max_transfer_s=2.0)]:
         with pytest.raises(ValueError):
             ProbeConfig(**kwargs)
     with pytest.raises(ValueError):

@@ -45,14 +45,14 @@ PEERS = fake_peer_ids(6)
 
 def peer_record(**overrides):
     fields = dict(device_name="NVIDIA H100 80GB", memory_gb=80.0, tflops=712.5, region="Oregon",
-                  maddrs=(f"/ip4/203.0.113.7/tcp/31337/p2p/{PEERS[0]}",))  # fmt: skip
+                  maddrs=(f"/ip4/203.0.113.7/tcp/31337/p2p/{PEERS[0]}",))
     fields.update(overrides)
     return PeerRecord(**fields)
 
 
 def plan_record(**overrides):
     fields = dict(epoch=3, membership=tuple(PEERS), stages=3, replicas=2, pipelines=((0, 1, 2), (3, 4, 5)),
-                  cost_s=49.2, data_parallel_s=22.7, pipeline_s=26.5)  # fmt: skip
+                  cost_s=49.2, data_parallel_s=22.7, pipeline_s=26.5)
     fields.update(overrides)
     return PlanRecord(**fields)
 
@@ -87,7 +87,7 @@ def wire_of(record, **changes) -> bytes:
      ProgressRecord(1, 2, 3.0, 0.5, sent_bytes=123_456_789, sync_every=50),
      ProgressRecord(1, 2, 3.0, 0.5, mfu=0.42)],
     ids=lambda r: type(r).__name__,
-)  # fmt: skip
+)
 def test_round_trip(record):
     assert decode_record(record.kind, record.encode()) == record
 
@@ -133,7 +133,7 @@ def test_bad_peer_records_are_refused(changes, message):
 
 def _links_wire(tags: bytes, latency: list[float], bandwidth: list[float]) -> bytes:
     return wire(RecordKind.LINKS, tags=tags, latency_ms=records.f.pack_float32(latency),
-                bandwidth_gbps=records.f.pack_float32(bandwidth))  # fmt: skip
+                bandwidth_gbps=records.f.pack_float32(bandwidth))
 
 
 TAGS = b"".join(peer_tag(p) for p in PEERS[:2])
@@ -244,7 +244,7 @@ def test_a_halted_record_names_every_peer_its_checks_refused():
                              (dict(also=("not a peer",)), "also: "), (dict(also=tuple(peers) * 6), "also")):
         with pytest.raises(RecordError, match=message):
             ProgressRecord(**{**dict(epoch=1, step=2, loss=None, step_time_s=0.0, halted=True, blame=peers[0],
-                                     refused=True), **changes})  # fmt: skip
+                                     refused=True), **changes})
 
 
 def test_a_heartbeat_without_traffic_or_sync_fields_reads_as_every_step_unmeasured():
@@ -333,9 +333,9 @@ def signed_entry(record) -> DHTRecord:
         key=DHTID.generate(source=RunKeys(SIGNED_RUN).of(record.kind)).to_bytes(),
         subkey=MSGPackSerializer.dumps(SIGNER.owner_mark), value=MSGPackSerializer.dumps(record.encode()),
         expiration_time=get_dht_time() + 600,
-    )  # fmt: skip
+    )
     signing = CompositeValidator([SignatureValidator(SIGNER.private_key, [SIGNED_RUN]),
-                                  SwarmRecordValidator([SIGNED_RUN])])  # fmt: skip
+                                  SwarmRecordValidator([SIGNED_RUN])])
     return dataclasses.replace(entry, value=signing.sign_value(entry))
 
 
@@ -364,7 +364,7 @@ def read_entry(kind: RecordKind, entry: DHTRecord):
                        sync_every=8),
     ],
     ids=lambda r: type(r).__name__,
-)  # fmt: skip
+)
 def test_random_corruptions_of_a_signed_record_are_refused_or_read_as_the_original(record):
     """Records are signed: a corrupted entry is refused, or (a byte rewritten with its own value) read as the
     record that was signed. One that reads as a different record names the fields that changed."""
@@ -379,7 +379,7 @@ def test_random_corruptions_of_a_signed_record_are_refused_or_read_as_the_origin
         elif got != record:
             changed = [f.name for f in dataclasses.fields(record) if getattr(got, f.name) != getattr(record, f.name)]
             pytest.fail(f"rewriting bytes {positions} of a signed {record.kind.value} entry changed {changed} "
-                        f"and the reader accepted it: {got}")  # fmt: skip
+                        f"and the reader accepted it: {got}")
     assert refused >= 250  # all but the rewrites that put a byte's own value back
 
 
@@ -391,7 +391,7 @@ def test_largest_links_row_and_plan_fit_the_cap():
     plan = PlanRecord.from_plan_json(
         7, peers, {"stages": 8, "replicas": MAX_PLAN_PEERS // 8, "cost_s": 1.0,
                    "pipelines": [[i * 8 + j for j in range(8)] for i in range(MAX_PLAN_PEERS // 8)]},
-    )  # fmt: skip
+    )
     for record in (row, plan):
         data = record.encode()
         assert len(data) <= MAX_RECORD_BYTES
@@ -419,7 +419,7 @@ def test_links_row_resolves_tags_against_known_peers():
 def test_plan_from_planner_json_maps_device_indices_to_sorted_members():
     devices = [PEERS[3], PEERS[0], PEERS[5], PEERS[1]]  # cluster order, not sorted
     plan = PlanRecord.from_plan_json(1, devices, {"stages": 2, "replicas": 2, "cost_s": 5.0,
-                                                  "pipelines": [[0, 1], [2, 3]], "baselines": {}})  # fmt: skip
+                                                  "pipelines": [[0, 1], [2, 3]], "baselines": {}})
     assert plan.membership == (PEERS[0], PEERS[1], PEERS[3], PEERS[5])
     assert plan.leader == PEERS[0]
     assert plan.peer_at(0, 0) == PEERS[3] and plan.peer_at(1, 1) == PEERS[1]
@@ -447,13 +447,13 @@ def test_spare_members_are_allowed():
 def test_peer_ids_of_real_identities_are_well_formed_plan_members():
     ids = sorted(generate_identity().peer_id for _ in range(2))
     assert decode_record(RecordKind.PLAN, plan_record(membership=tuple(ids), stages=1, replicas=2,
-                                                      pipelines=((0,), (1,))).encode()).membership == tuple(ids)  # fmt: skip
+                                                      pipelines=((0,), (1,))).encode()).membership == tuple(ids)
 
 
 def test_run_keys_are_spelled_in_one_place():
     keys = RunKeys("demo-1")
     assert [keys.peers, keys.links, keys.plan, keys.progress] == ["demo-1.peers", "demo-1.links", "demo-1.plan",
-                                                                   "demo-1.progress"]  # fmt: skip
+                                                                   "demo-1.progress"]
     for bad in ("", "a.b", "-x", "x" * 65, "sp ace"):
         with pytest.raises(ValueError, match="invalid run ID"):
             check_run_id(bad)

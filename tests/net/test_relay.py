@@ -19,7 +19,7 @@ def test_a_private_peer_reserves_on_the_public_initial_peers_without_background_
     config = RelayConfig(reachability="private")
     assert config.relays_for(BOOT) == BOOT[:1]
     assert config.p2p_kwargs(BOOT) == {"use_relay": True, "force_reachability": "private", "auto_nat": False, "use_auto_relay": True,
-                                       "trusted_relays": [BOOT[0]]}  # fmt: skip
+                                       "trusted_relays": [BOOT[0]]}
     assert config.p2pd_extra_args(BOOT)["relayDiscovery"] is False
 
 

@@ -33,7 +33,7 @@ def dht_record(identity, key: str, value: object, subkey: object = None, ttl_s: 
     return DHTRecord(
         key=DHTID.generate(source=key).to_bytes(), subkey=MSGPackSerializer.dumps(subkey),
         value=MSGPackSerializer.dumps(value), expiration_time=get_dht_time() + ttl_s,
-    )  # fmt: skip
+    )
 
 
 def validators_of(identity) -> CompositeValidator:
@@ -74,7 +74,7 @@ def test_a_signed_entry_is_admitted_by_other_nodes():
                                           subkey=ALICE.owner_mark + b"x")), "owner mark with a suffix"),
     ],
     ids=lambda x: x if isinstance(x, str) else "",
-)  # fmt: skip
+)
 def test_bad_entries_are_refused_at_admission(make, why):
     assert not validators_of(BOB).validate(make()), why
 
@@ -90,7 +90,7 @@ def entries(*items):
 def plan_for(members, **overrides):
     members = sorted_membership(members)
     fields = dict(epoch=1, membership=members, stages=1, replicas=len(members),
-                  pipelines=tuple((i,) for i in range(len(members))), cost_s=1.0)  # fmt: skip
+                  pipelines=tuple((i,) for i in range(len(members))), cost_s=1.0)
     fields.update(overrides)
     return PlanRecord(**fields)
 
@@ -111,7 +111,7 @@ def test_verify_keys_records_by_the_peer_their_owner_key_gives(caplog):
         (ROGUE.owner_mark, PeerRecord("cpu", 8.0, 0.1, maddrs=(f"/ip4/1.2.3.4/tcp/5/p2p/{ALICE.peer_id}",)).encode(),
          "advertises an address of another peer"),
     ],
-)  # fmt: skip
+)
 def test_verify_ignores_bad_entries_with_a_log_line(caplog, subkey, value, logged):
     caplog.set_level(logging.WARNING, logger="p2ptrain.net.dht.validators")
     good = (ALICE.owner_mark, PeerRecord("gpu", 80.0, 700.0).encode())
@@ -125,7 +125,7 @@ def test_a_plan_signed_by_anyone_but_the_leader_it_names_is_ignored(caplog):
     members = [ALICE.peer_id, BOB.peer_id]
     forged = plan_for(members)  # names LOW as leader, but ROGUE's key signs it
     got = verify_entries(RecordKind.PLAN, entries((ROGUE.owner_mark, forged.encode()),
-                                                  (LOW.owner_mark, plan_for(members, epoch=2).encode())))  # fmt: skip
+                                                  (LOW.owner_mark, plan_for(members, epoch=2).encode())))
     assert list(got) == [LOW.peer_id] and got[LOW.peer_id].record.epoch == 2
     assert f"plan record signed by {ROGUE.peer_id} names {LOW.peer_id} as leader" in caplog.text
 
@@ -175,6 +175,6 @@ def test_a_plan_names_its_signer_which_need_not_be_its_lowest_member(caplog):
     plan = plan_for(members, leader_at=1)
     assert plan.leader == signer.peer_id and PlanRecord.decode(plan.encode()) == plan
     got = verify_entries(RecordKind.PLAN, entries((signer.owner_mark, plan.encode()),
-                                                  (other.owner_mark, plan.encode())))  # fmt: skip
+                                                  (other.owner_mark, plan.encode())))
     assert list(got) == [signer.peer_id]  # the lowest member cannot pass it off as its own
     assert f"plan record signed by {other.peer_id} names {signer.peer_id} as leader" in caplog.text

@@ -111,7 +111,7 @@ def _random_instance(rng, *, uplinks, downlinks, stages=None, replicas=None, sch
         boundary_s=float(rng.uniform(0, 0.1)), reference_tflops=1.5,
         schedule=schedule or str(rng.choice(["gpipe", "1f1b"])),
         bucket_gb=float(rng.choice([0.0, 0.05, 0.2])) if overlap is None else overlap, clip=bool(rng.integers(0, 2)),
-    )  # fmt: skip
+    )
     objective = make_objective("simulated", cluster, StepWorkload(float(rng.uniform(0.05, 1)), 0.5, step=profile),
                                stages)
     return objective, rng.permutation(n).reshape(replicas, stages)
@@ -202,7 +202,7 @@ def test_streaming_diloco_is_paced_by_the_busiest_queue():
     tau_one = _objective(lines, 1, gradient_gb=0.3, forward_s=(0.05,), sync_every=4, sync_overlap=True, overlap_steps=1)
     assert tau_one.streamed_floor_s(sigma) == pytest.approx(0.4)
     fragmented = _objective(lines, 1, gradient_gb=0.3, forward_s=(0.05,), sync_every=4, sync_overlap=True,
-                            overlap_steps=1, fragments=4)  # fmt: skip
+                            overlap_steps=1, fragments=4)
     assert fragmented.streamed_floor_s(sigma) == pytest.approx(0.1)
     assert StepProfile(sync_every=4, sync_overlap=True, overlap_steps=2, fragments=4).streamed_steps == 4
 

@@ -39,7 +39,7 @@ def test_micro_batches_pipeline_through_compute_and_links():
     # forward: F0 0.01 | link 0.05 + α 0.01 | F1 0.02, two micro-batches: 0.08 + 0.01 + 1 × 0.05 = 0.14;
     # backward: B1 0.04 | link 0.05 + α | B0 0.03: 0.12 + 0.01 + 0.05 = 0.18; the step: 0.32 (flow shop)
     obj = _objective(_uniform(2, 10.0, 8.0), stages=2, activation_gb=0.1, micro_batches=2,
-                     forward_s=(0.01, 0.02), backward_s=(0.03, 0.04))  # fmt: skip
+                     forward_s=(0.01, 0.02), backward_s=(0.03, 0.04))
     assert obj.evaluate(np.array([[0, 1]])).cost_s == pytest.approx(0.32)
 
 
@@ -58,7 +58,7 @@ def test_the_gather_queues_behind_the_reduce_shard_on_the_same_link():
     # 0.61, 1→0 at 1.11; gather 1→0 waits for its link (busy until 1.1) and arrives 1.21; gather 0→1 leaves
     # at 1.11 and arrives 1.22: both end at 1.22, and every step repeats it
     obj = _objective(_uniform(2, 10.0, 8.0, tflops=[2.0, 1.0]), stages=1, gradient_gb=0.2,
-                     forward_s=(0.5,), reference_tflops=2.0)  # fmt: skip
+                     forward_s=(0.5,), reference_tflops=2.0)
     sim = obj.simulate(np.array([[0], [1]]), steps=3)
     assert sim.step_s == pytest.approx((1.22, 1.22, 1.22))
 
@@ -113,7 +113,7 @@ def _random_instance(rng, symmetric):
         backward_s=tuple(rng.uniform(0, 0.5, stages)), update_s=tuple(rng.uniform(0, 0.1, stages)),
         gradient_gb=tuple(rng.uniform(0.1, 1, stages)), message_s=float(rng.uniform(0, 0.01)),
         boundary_s=float(rng.uniform(0, 0.1)), reference_tflops=1.5,
-    )  # fmt: skip
+    )
     workload = StepWorkload(float(rng.uniform(0.05, 1)), 0.5, step=profile)
     return cluster, workload, stages, rng.permutation(n).reshape(replicas, stages)
 
@@ -194,7 +194,7 @@ def test_the_planner_puts_slow_all_reduce_groups_late_in_the_pipeline():
 def test_planned_worldwide_beats_the_baselines_and_is_a_valid_assignment():
     cluster = scenario("worldwide", 16)
     workload = StepWorkload(0.47, 0.65, step=StepProfile(micro_batches=4, forward_s=(0.1,) * 4,
-                                                          backward_s=(0.2,) * 4))  # fmt: skip
+                                                          backward_s=(0.2,) * 4))
     plan = schedule(cluster, workload, 4, objective="simulated", seed=0)
     check_assignment(np.array(plan.pipelines), 4, 4, 16)
     assert plan.cost.cost_s < plan.baselines["megatron"].cost_s

@@ -153,7 +153,7 @@ def test_steps_that_alternate_long_and_short_are_predicted_at_their_period():
     bandwidth = [[0.0, 0.79, 1.1, 0.523], [0.79, 0.0, 1.12, 0.524], [1.1, 1.12, 0.0, 0.694], [0.523, 0.524, 0.694, 0.0]]
     tflops = [1.709e-07, 1.483e-07, 1.641e-07, 1.591e-07]
     cluster = Cluster(tuple(Device(f"d{k}", tflops=t) for k, t in enumerate(tflops)), np.array(latency, float),
-                      np.array(bandwidth))  # fmt: skip
+                      np.array(bandwidth))
     profile = StepProfile(micro_batches=2, forward_s=(0.01286, 0.0221), backward_s=(0.02385, 0.04183),
                           update_s=(0.004616, 0.007216), gradient_gb=(0.516, 0.8067), message_s=0.0004238,
                           reference_tflops=1.709e-07, steps=8, wire="int8", schedule="1f1b", bucket_gb=0.7937)

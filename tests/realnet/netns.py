@@ -72,7 +72,7 @@ def unavailable_reason() -> str | None:
             _run("ip", "-n", probe, "link", "add", "v0", "type", "veth", "peer", "name", "v1")
             _run("ip", "netns", "exec", probe, "iptables", "-t", "nat", "-L", "-n")
             _run("ip", "netns", "exec", probe, "tc", "qdisc", "add", "dev", "v0", "root", "tbf", "rate", "8mbit",
-                 "burst", "16kb", "latency", "50ms")  # fmt: skip
+                 "burst", "16kb", "latency", "50ms")
         finally:
             _run("ip", "netns", "del", probe, check=False)
     except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
@@ -146,10 +146,10 @@ class Network:
         ipt = ("iptables", "-w", "5")
         self._ns_run(router, *ipt, "-t", "nat", "-A", "POSTROUTING", "-o", "wan0", "-j", "MASQUERADE")
         self._ns_run(router, *ipt, "-A", "FORWARD", "-i", "wan0", "-m", "conntrack", "--ctstate",
-                     "ESTABLISHED,RELATED", "-j", "ACCEPT")  # fmt: skip
+                     "ESTABLISHED,RELATED", "-j", "ACCEPT")
         self._ns_run(router, *ipt, "-A", "FORWARD", "-i", "wan0", "-j", "DROP")
         self._ns_run(router, *ipt, "-A", "INPUT", "-i", "wan0", "-m", "conntrack", "--ctstate",
-                     "ESTABLISHED,RELATED", "-j", "ACCEPT")  # fmt: skip
+                     "ESTABLISHED,RELATED", "-j", "ACCEPT")
         self._ns_run(router, *ipt, "-A", "INPUT", "-i", "wan0", "-j", "DROP")
         if uplink_mbit is not None:
             shape(router, "wan0", uplink_mbit)
@@ -169,7 +169,7 @@ class Network:
 
     def run(self, host: Host, argv: Sequence[str], timeout_s: float = COMMAND_TIMEOUT_S) -> subprocess.CompletedProcess:
         return subprocess.run(["ip", "netns", "exec", host.name, *argv], capture_output=True, text=True,
-                              timeout=timeout_s)  # fmt: skip
+                              timeout=timeout_s)
 
     # ---- teardown ---------------------------------------------------------------------------------------
 
@@ -207,7 +207,7 @@ def shape(ns: str, device: str, rate_mbit: float) -> None:
     rate_kbit = int(rate_mbit * 1000)
     burst_bytes = max(4096, int(rate_mbit * 1e6 / 8 / 250))  # 4 ms at line rate: small against a transfer
     _run("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", device, "root", "tbf", "rate",
-         f"{rate_kbit}kbit", "burst", str(burst_bytes), "latency", "100ms")  # fmt: skip
+         f"{rate_kbit}kbit", "burst", str(burst_bytes), "latency", "100ms")
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:

@@ -21,7 +21,7 @@ def start_bootstrap(net: Network, host: Host, workdir: Path, *args: str) -> str:
     with open(workdir / "bootstrap.log", "wb") as log:
         net.popen(host, [sys.executable, "-m", "p2ptrain", "-v", "bootstrap", "--host-maddrs",
                          f"/ip4/0.0.0.0/tcp/{BOOTSTRAP_PORT}", "--announce-file", str(announce), *args],
-                  stdout=subprocess.DEVNULL, stderr=log)  # fmt: skip
+                  stdout=subprocess.DEVNULL, stderr=log)
     wait_for(announce.exists, 90, "the bootstrap's address line")
     return announce.read_text().strip()
 
@@ -30,7 +30,7 @@ def start_agent(net: Network, host: Host, workdir: Path, name: str, *args: str) 
     with open(workdir / f"{name}.log", "wb") as log:
         return net.popen(host, [sys.executable, "-m", "p2ptrain", "agent", "--events-file",
                                 str(workdir / f"{name}.events"), *args],
-                         stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+                         stdout=log, stderr=subprocess.STDOUT)
 
 
 def wait_all(procs: dict[str, subprocess.Popen], timeout_s: float, workdir: Path) -> None:
@@ -75,5 +75,5 @@ def start_home_volunteers(net: Network, homes: list[Host], script: str, workdir:
         env.pop("XDG_CACHE_HOME", None)  # the README's default cache dir, inside the volunteer's home
         with open(workdir / f"volunteer{k}.log", "wb") as log:
             procs[f"volunteer{k}"] = net.popen(host, ["bash", "-euo", "pipefail", "-c", script], cwd=REPO, env=env,
-                                               stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+                                               stdout=log, stderr=subprocess.STDOUT)
     return procs

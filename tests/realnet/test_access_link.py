@@ -107,7 +107,7 @@ def tc_flows(network, home, peers, home_mode: str) -> list[float]:
     seconds after the home started them (monotonic clocks agree across network namespaces)."""
     peer_mode = "recv" if home_mode == "send" else "send"
     procs = [network.popen(peer, [sys.executable, "-c", FLOWS, "peer", peer_mode, str(FLOW_BYTES)],
-                           stdout=subprocess.PIPE, text=True) for peer in peers]  # fmt: skip
+                           stdout=subprocess.PIPE, text=True) for peer in peers]
     ports = [int(proc.stdout.readline()) for proc in procs]
     addresses = [f"{peer.address}:{port}" for peer, port in zip(peers, ports, strict=True)]
     home_argv = [sys.executable, "-c", FLOWS, "home", home_mode, str(FLOW_BYTES), *addresses]
@@ -147,7 +147,7 @@ def emulated_flows(senders: list[Transport], receivers: list[Transport]) -> list
     message = torch.zeros(FLOW_BYTES // 4)
     sent_s = time.monotonic()
     sendings = [sender.send_async(receiver.peer_id, tag, message)
-                for sender, receiver in zip(senders, receivers, strict=True)]  # fmt: skip
+                for sender, receiver in zip(senders, receivers, strict=True)]
     for sending in sendings:
         sending.result(timeout=60)
     return sorted(done.result(timeout=60) - sent_s for done in times)

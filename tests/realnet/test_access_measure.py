@@ -58,7 +58,7 @@ def measure_home(network, home, publics) -> dict:
     """``home``'s pair probes and line measurement over ``publics``: ``{"uplink": [gbps or None, reason],
     "downlink": [...], "paths_mbit": [...]}``."""
     procs = [network.popen(host, [sys.executable, "-c", PEER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                           text=True) for host in publics]  # fmt: skip
+                           text=True) for host in publics]
     try:
         peers = []
         for host, proc in zip(publics, procs, strict=True):
@@ -80,7 +80,7 @@ def test_a_home_measures_the_uplink_and_downlink_tc_shapes(network):
     measured = measure_home(network, home, [network.public(f"pub{k}") for k in (1, 2, 3)])
     up_gbps, down_gbps = measured["uplink"][0], measured["downlink"][0]
     print(f"tc uplink {UPLINK_MBIT:g} Mbit/s measured {up_gbps and up_gbps * 1e3}, downlink {DOWNLINK_MBIT:g} "
-          f"measured {down_gbps and down_gbps * 1e3} (paths alone {measured['paths_mbit']})")  # fmt: skip
+          f"measured {down_gbps and down_gbps * 1e3} (paths alone {measured['paths_mbit']})")
     assert up_gbps is not None and up_gbps * 1e3 == pytest.approx(UPLINK_MBIT, rel=TOLERANCE), measured
     assert down_gbps is not None and down_gbps * 1e3 == pytest.approx(DOWNLINK_MBIT, rel=TOLERANCE), measured
 
@@ -92,7 +92,7 @@ def test_a_downlink_faster_than_the_peers_lines_together_is_unknown(network):
     home = network.home("home", uplink_mbit=UPLINK_MBIT, downlink_mbit=100.0)
     measured = measure_home(network, home, [network.public(f"pub{k}", uplink_mbit=10.0) for k in (1, 2, 3)])
     print(f"tc uplink {UPLINK_MBIT:g} Mbit/s measured {measured['uplink']}, downlink 100 behind 3 x 10: "
-          f"{measured['downlink']}")  # fmt: skip
+          f"{measured['downlink']}")
     assert measured["downlink"][0] is None, measured
     assert measured["uplink"][0] is not None and measured["uplink"][0] * 1e3 == pytest.approx(UPLINK_MBIT,
                                                                                               rel=TOLERANCE)

@@ -24,7 +24,7 @@ def agent_args(line: str, config: str, identity: str, *extra: str) -> list[str]:
     return ["--config", config, "--initial-peers", line, "--run", "demo", "--stages", "2", "--expect", "2",
             "--steps", str(TRAIN["steps"]), "--batch-size", str(TRAIN["global_batch_size"]),
             "--micro-batches", str(TRAIN["micro_batches"]), "--device", "cpu", "--threads", "1",
-            "--host-maddrs", "/ip4/0.0.0.0/tcp/0", "--reachability", "public", "--identity", identity, *extra]  # fmt: skip
+            "--host-maddrs", "/ip4/0.0.0.0/tcp/0", "--reachability", "public", "--identity", identity, *extra]
 
 
 @pytest.mark.timeout(480)

@@ -40,7 +40,7 @@ def agent_args(line: str, config: str, reachability: str) -> list[str]:
     return ["--config", config, "--initial-peers", line, "--run", "demo", "--stages", "1", "--expect", "3",
             "--steps", str(TRAIN["steps"]), "--batch-size", str(TRAIN["global_batch_size"]),
             "--micro-batches", str(TRAIN["micro_batches"]), "--device", "cpu", "--threads", "1",
-            "--host-maddrs", "/ip4/0.0.0.0/tcp/0", "--reachability", reachability]  # fmt: skip
+            "--host-maddrs", "/ip4/0.0.0.0/tcp/0", "--reachability", reachability]
 
 
 @pytest.mark.timeout(600)

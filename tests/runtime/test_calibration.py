@@ -16,7 +16,7 @@ from p2ptrain.runtime.reference import torch_settings
 
 TRAIN = TrainConfig(model="tiny", global_batch_size=40, micro_batches=2, stages=4, replicas=2)
 MEASURED = ComputeMeasurement(rows=10, seq_len=64, layer_s=(0.002, 0.004), embed_s=(0.001, 0.003),
-                              head_s=(0.0005, 0.001), update_s_per_mparam=0.02, message_s=0.0003)  # fmt: skip
+                              head_s=(0.0005, 0.001), update_s_per_mparam=0.02, message_s=0.0003)
 
 
 def test_calibrate_times_the_model_on_this_device():

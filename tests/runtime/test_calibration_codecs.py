@@ -19,7 +19,7 @@ TRAIN = TrainConfig(model="tiny", global_batch_size=40, micro_batches=2, stages=
 CODECS = ((0.02, 0.004), (0.004, 0.003), (0.017, 0.002))  # seconds per million elements: int2's kinds
 MEASURED = ComputeMeasurement(rows=10, seq_len=64, layer_s=(0.002, 0.004), embed_s=(0.001, 0.003),
                               head_s=(0.0005, 0.001), update_s_per_mparam=0.02, message_s=0.0003,
-                              codec_s_per_melement=CODECS)  # fmt: skip
+                              codec_s_per_melement=CODECS)
 
 
 def test_calibration_times_the_run_wire_codecs_and_fp32_is_free():

@@ -16,9 +16,9 @@ from p2ptrain.runtime.config import TrainConfig
 
 TRAIN = TrainConfig(model="tiny", global_batch_size=40, micro_batches=2, stages=4, replicas=2)
 FAST = ComputeMeasurement(rows=10, seq_len=64, layer_s=(0.002, 0.004), embed_s=(0.001, 0.003),
-                          head_s=(0.0005, 0.001), update_s_per_mparam=0.02, message_s=0.0003)  # fmt: skip
+                          head_s=(0.0005, 0.001), update_s_per_mparam=0.02, message_s=0.0003)
 SLOW = ComputeMeasurement(rows=10, seq_len=64, layer_s=(0.006, 0.012), embed_s=(0.003, 0.009),
-                          head_s=(0.0015, 0.003), update_s_per_mparam=0.06, message_s=0.0005)  # fmt: skip
+                          head_s=(0.0015, 0.003), update_s_per_mparam=0.06, message_s=0.0005)
 
 
 class FakeClock:

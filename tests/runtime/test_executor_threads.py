@@ -264,7 +264,7 @@ def test_before_update_runs_once_a_step_before_the_optimizer_changes_anything():
     topology = Topology.from_rows([["p0"]])
     module = build_stage(cfg.shape, 0, 1, cfg.seed)
     executor = StageExecutor(module, build_optimizer(module, cfg.optimizer), build_data(cfg), cfg.micro_batches,
-                             cfg.shape.hidden_size)  # fmt: skip
+                             cfg.shape.hidden_size)
     seen = []
     executor.before_update = lambda: seen.append(params_of(executor))
     for step in range(cfg.steps):

@@ -39,7 +39,7 @@ def test_a_forked_script_runs_as_its_own_process_with_our_environment_files_and_
     server = ForkServer(["torch"], log_path=tmp_path / "server.log").start()
     try:
         children = [server.spawn([sys.executable, str(script), str(code)], cwd=work, stdout_path=tmp_path / f"out{code}",
-                                 stderr_path=tmp_path / f"err{code}") for code in (0, 3)]  # fmt: skip
+                                 stderr_path=tmp_path / f"err{code}") for code in (0, 3)]
         assert [c.wait(timeout=60) for c in children] == [0, 3]
         outs = [json.loads((tmp_path / f"out{code}").read_text()) for code in (0, 3)]
         for code, out in zip((0, 3), outs, strict=True):
@@ -73,7 +73,7 @@ def test_a_group_forks_python_children_and_starts_other_commands_as_before(tmp_p
     with ProcessGroup(grace_s=5.0) as group:
         group.use_fork_server(["json"], log_path=tmp_path / "server.log")
         forked = group.start("forked", [sys.executable, "-m", "json.tool", "--help"], log_path=tmp_path / "f.log",
-                             fork=True)  # fmt: skip
+                             fork=True)
         plain = group.start("plain", ["sh", "-c", "exit 4"], log_path=tmp_path / "p.log", fork=True)
         assert forked.popen.wait(timeout=60) == 0 and "json.tool" in (tmp_path / "f.log").read_text()
         assert plain.popen.wait(timeout=60) == 4 and isinstance(plain.popen, subprocess.Popen)
@@ -117,7 +117,7 @@ def test_a_child_killed_holding_hivemind_locks_does_not_hang_its_siblings(tmp_pa
     server = ForkServer(["hivemind.utils.mpfuture"], log_path=tmp_path / "server.log").start()
     try:
         holder = server.spawn([sys.executable, str(tmp_path / "holder.py")], stdout_path=tmp_path / "holder.out",
-                              stderr_path=tmp_path / "holder.err")  # fmt: skip
+                              stderr_path=tmp_path / "holder.err")
         deadline = time.monotonic() + 60
         while "holding" not in (tmp_path / "holder.out").read_text():
             assert holder.poll() is None, (tmp_path / "holder.err").read_text()
@@ -126,7 +126,7 @@ def test_a_child_killed_holding_hivemind_locks_does_not_hang_its_siblings(tmp_pa
         os.killpg(holder.pid, signal.SIGKILL)  # dies holding them, as ``p2ptrain swarm --kill`` kills an agent
         assert holder.wait(timeout=30) == -signal.SIGKILL
         taker = server.spawn([sys.executable, str(tmp_path / "taker.py")], stdout_path=tmp_path / "taker.out",
-                             stderr_path=tmp_path / "taker.err")  # fmt: skip
+                             stderr_path=tmp_path / "taker.err")
         assert taker.wait(timeout=40) == 0, (tmp_path / "taker.err").read_text()
         assert (tmp_path / "taker.out").read_text() == "42\n"
     finally:

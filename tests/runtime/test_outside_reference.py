@@ -28,7 +28,7 @@ from p2ptrain.runtime.worker_launcher import train_distributed
 STEPS = 22
 LR, WARMUP, FLOOR, CLIP, WD, BETAS, EPS = 3e-3, 5, 3e-4, 0.4, 0.1, (0.9, 0.95), 1e-8
 OPTIMIZER = OptimizerConfig(lr=LR, lr_schedule="cosine", warmup_steps=WARMUP, min_lr=FLOOR, clip=CLIP,
-                            weight_decay=WD, beta1=BETAS[0], beta2=BETAS[1], eps=EPS)  # fmt: skip
+                            weight_decay=WD, beta1=BETAS[0], beta2=BETAS[1], eps=EPS)
 
 
 def scheduled_lr(step: int) -> float:
@@ -48,13 +48,13 @@ def hf_model(cfg: TrainConfig) -> torch.nn.Module:
             vocab_size=shape.vocab_size, hidden_size=shape.hidden_size, intermediate_size=shape.ffn_hidden_size,
             num_hidden_layers=shape.num_layers, num_attention_heads=shape.num_heads,
             num_key_value_heads=shape.num_kv_heads, max_position_embeddings=shape.seq_len,
-            rms_norm_eps=shape.norm_eps, tie_word_embeddings=False)  # fmt: skip
+            rms_norm_eps=shape.norm_eps, tie_word_embeddings=False)
         model = transformers.LlamaForCausalLM(config)
     else:
         config = transformers.GPT2Config(
             vocab_size=shape.vocab_size, n_positions=shape.seq_len, n_embd=shape.hidden_size,
             n_layer=shape.num_layers, n_head=shape.num_heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-            tie_word_embeddings=False)  # fmt: skip
+            tie_word_embeddings=False)
         assert config.activation_function == "gelu_new"  # GPT-2's default, which our gpt2-style run takes
         model = transformers.GPT2LMHeadModel(config)
     missing, unexpected = model.load_state_dict(to_hf_state(reference_state(cfg, 0), shape), strict=False)

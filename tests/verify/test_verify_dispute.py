@@ -26,7 +26,7 @@ def view(topology, cfg=CFG) -> dispute.RunView:
         return build_stage(cfg.shape, stage, cfg.stages, cfg.seed, precision=cfg.precision)
 
     return dispute.RunView(RUN, 0, topology, cfg.micro_batches, cfg.precision, wire_format(cfg.wire),
-                           build_data(cfg), cfg.shape.hidden_size, build)  # fmt: skip
+                           build_data(cfg), cfg.shape.hidden_size, build)
 
 
 def findings(errors):
@@ -70,7 +70,7 @@ def test_evidence_against_an_honest_member_does_not_hold(lie):
     topology, found = lie
     for finding in found:
         verdict = dispute.judge_recompute(DisputeHeader.from_bytes(finding.evidence), finding.bulk, finding.member,
-                                          view(topology))  # fmt: skip
+                                          view(topology))
         assert verdict.holds is False and verdict.ratio < dispute.LIAR_BELOW, verdict
         assert "its work holds" in verdict.reason
 
@@ -79,7 +79,7 @@ def _doctored(finding, change):
     """The finding's bulk changed by ``change`` (a function of the unpacked bulk), with a header that announces it."""
     bulk = pack(change(unpack(finding.bulk)))
     header = dataclasses.replace(DisputeHeader.from_bytes(finding.evidence), bulk_bytes=len(bulk),
-                                 bulk_sha256=hashlib.sha256(bulk).hexdigest())  # fmt: skip
+                                 bulk_sha256=hashlib.sha256(bulk).hexdigest())
     return header, bulk
 
 
@@ -103,7 +103,7 @@ def _other_commitment(b: Bulk) -> Bulk:
     (_scaled_message, "not the one the accused committed to"),
     (_scaled_params, "not the ones the accused committed to computing with"),
     (_other_commitment, "evidence is refused"),
-])  # fmt: skip
+])
 def test_doctored_evidence_does_not_hold(lie, change, why):
     topology, found = lie
     finding = found[0]
@@ -139,7 +139,7 @@ def test_a_ratio_between_the_liars_bound_and_the_allowance_is_the_finders_word(l
     finding = found[0]
     monkeypatch.setattr(dispute, "check_micro_batch", lambda *a: [("activation", RecomputeCheck(0.7, 0.2, 3))])
     verdict = dispute.judge_recompute(DisputeHeader.from_bytes(finding.evidence), finding.bulk, finding.member,
-                                      view(topology))  # fmt: skip
+                                      view(topology))
     assert verdict.holds is None and verdict.ratio == 0.7
 
 

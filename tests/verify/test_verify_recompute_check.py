@@ -90,7 +90,7 @@ def run_swarm(corrupt: Corrupt | None = None, cfg: TrainConfig = CFG, probation:
               shadow: bool = False, nudged: tuple[int, int] | None = None):
     rows = [[IDENTITIES[r * cfg.stages + s].peer_id for s in range(cfg.stages)] for r in range(cfg.replicas)]
     keys = {IDENTITIES[r * cfg.stages + s].peer_id: IDENTITIES[r * cfg.stages + s].private_key
-            for s in range(cfg.stages) for r in range(cfg.replicas)}  # fmt: skip
+            for s in range(cfg.stages) for r in range(cfg.replicas)}
     topology = Topology.from_rows(rows)
     data = build_data(cfg)
     if corrupt is not None:
@@ -105,10 +105,10 @@ def run_swarm(corrupt: Corrupt | None = None, cfg: TrainConfig = CFG, probation:
                 first[0] = torch.nextafter(first[0], torch.tensor(float("inf")))
         executor = StageExecutor(module, build_optimizer(module, cfg.optimizer), data, cfg.micro_batches,
                                  cfg.shape.hidden_size, learning_rate=lambda s: cfg.optimizer.lr_at(s, cfg.steps),
-                                 total_steps=cfg.steps, wire=cfg.wire, schedule=cfg.schedule)  # fmt: skip
+                                 total_steps=cfg.steps, wire=cfg.wire, schedule=cfg.schedule)
         checker = RecomputeChecker(keys[peer], RUN, 0, role, topology, module, data, executor.wire, cfg.micro_batches,
                                 cfg.shape.hidden_size, cfg.precision, 1 / 8, probation=probation,
-                                last_step=cfg.steps - 1 if shadow else None)  # fmt: skip
+                                last_step=cfg.steps - 1 if shadow else None)
         executor.reducer.verifier = lambda records, rank, n, exchange, c=checker: c.check_step()
         members[peer] = (executor, checker)
     losses, errors, lock = [], {}, threading.Lock()
@@ -148,7 +148,7 @@ def run_swarm(corrupt: Corrupt | None = None, cfg: TrainConfig = CFG, probation:
 
 def test_the_order_of_commitments_and_the_rotation_of_verifiers():
     assert entries(0, 3, 2) == [("sent", "activation", 0), ("received", "activation_grad", 0),
-                                ("sent", "activation", 1), ("received", "activation_grad", 1)]  # fmt: skip
+                                ("sent", "activation", 1), ("received", "activation_grad", 1)]
     assert len(entries(1, 3, 2)) == 8 and len(entries(2, 3, 2)) == 4
     for seed in range(50):
         chosen = [verifier_of(seed, 0, k, 4) for k in range(4)]
@@ -168,11 +168,11 @@ def test_the_order_of_commitments_and_the_rotation_of_verifiers():
 @pytest.mark.parametrize("wire, precision, schedule, stages", [
     ("fp32", "fp32", "gpipe", 3), ("int8", "fp32", "1f1b", 3), ("int2", "fp32", "gpipe", 3), ("bf16", "bf16", "gpipe", 3),
     ("fp32", "fp32", "1f1b", 2),  # 3 replicas: verifiers rotate
-])  # fmt: skip
+])
 def test_honest_steps_pass_every_recompute(wire, precision, schedule, stages):
     replicas = len(IDENTITIES) // stages
     cfg = dataclasses.replace(CFG, wire=wire, precision=precision, schedule=schedule, stages=stages,
-                              replicas=replicas, global_batch_size=8 * replicas, steps=2 if stages == 3 else 3)  # fmt: skip
+                              replicas=replicas, global_batch_size=8 * replicas, steps=2 if stages == 3 else 3)
     _, losses, errors, members = run_swarm(cfg=cfg)
     assert not errors, errors
     if wire == "fp32" and precision == "fp32":  # and give the reference losses

@@ -184,4 +184,4 @@ def test_a_sketch_is_the_same_bits_as_every_earlier_version_made():
     x = torch.sin(torch.arange(200_000, dtype=torch.float32))
     got = sketch(x, 2026, rows=4, offset=70_000).tolist()
     assert got == [float.fromhex(h) for h in ("-0x1.2f12274984780p+7", "0x1.735c5b627b140p+8",
-                                              "-0x1.dcb3f48360180p+7", "-0x1.6b1c30d26bf80p+7")]  # fmt: skip
+                                              "-0x1.dcb3f48360180p+7", "-0x1.6b1c30d26bf80p+7")]

@@ -77,7 +77,7 @@ class Scaling(ErrorFeedback):
 
 
 def run_steps(codec_name, steps, feedbacks=None, tamper=None, numels=(1000, 517), seed=0, running=True,
-              drift=None):  # fmt: skip
+              drift=None):
     """Every member's steps; returns per member the list of per-step outcomes (None: passed, else the error).
     ``drift``: each member's gradients are a fixed direction plus this much noise (a training run's gradients
     share a direction from step to step), else fresh every step."""
@@ -131,14 +131,14 @@ def test_a_small_bias_every_step_is_caught_by_the_running_sums_only(codec):
     feedbacks = [ErrorFeedback(Codec(codec)) for _ in GROUP]
     feedbacks[1] = Scaling(Codec(codec), 1.02, start=0)
     alone = run_steps(codec, 6, [ErrorFeedback(Codec(codec)) for _ in GROUP[:1]] + feedbacks[1:2] +
-                      [ErrorFeedback(Codec(codec))], running=False, drift=0.1)  # fmt: skip
+                      [ErrorFeedback(Codec(codec))], running=False, drift=0.1)
     assert all(o is None for member in alone for o in member), "a per-step check saw it after all"
     feedbacks[1] = Scaling(Codec(codec), 1.02, start=0)  # fresh residuals
     outcomes = run_steps(codec, 30, feedbacks, drift=0.1)
     caught = [member[-1] for r, member in enumerate(outcomes) if r != 1]
     assert all(isinstance(e, VerificationFailed) and e.finding.check == "running" for e in caught), caught
     assert all(e.finding.member == GROUP[1] and judge_evidence(e.finding.evidence, GROUP[1], RUN) is None
-               for e in caught)  # fmt: skip
+               for e in caught)
     assert len(outcomes[0]) <= {"int8": 4, "int4": 30}[codec], len(outcomes[0])
 
 
@@ -179,7 +179,7 @@ def test_an_honest_statement_is_no_evidence():
 
 @pytest.mark.parametrize("kind,how,check", [
     ("sketch", "garble", "statement"), ("commit", "garble", "statement"), ("commit", "resign", "statement"),
-])  # fmt: skip
+])
 def test_bad_statements_are_refused_and_blame_their_sender(kind, how, check):
     def garble(message):
         out = message.clone()
@@ -301,7 +301,7 @@ def _run_cheat(cheat):
     if cheat is HidingOwner:
         feedbacks[1] = Scaling(codec, 8.0, start=0)
     verifiers = [(cheat if r == 1 else SumChecker)(IDENTITIES[r].private_key, RUN, 0, GROUP, codec)
-                 for r in range(n)]  # fmt: skip
+                 for r in range(n)]
     queues = Queues()
     flats = [torch.randn(300, generator=torch.Generator().manual_seed(r)) for r in range(n)]
 
@@ -320,7 +320,7 @@ def _run_cheat(cheat):
 
 
 @pytest.mark.parametrize("cheat,check,who", [(HidingOwner, "claim", (0, 2)), (Misreporting, "attest", (0,)),
-                                             (Censoring, "attest", (0,))])  # fmt: skip
+                                             (Censoring, "attest", (0,))])
 def test_an_owner_whose_statement_misdescribes_what_it_sent_or_received_is_proven_wrong(cheat, check, who):
     """Checks (b) and (c) come with the evidence a third party re-checks (``dispute.judge_shard``): the step's
     signed commitments, the owner's statement and the disputed message."""
@@ -366,7 +366,7 @@ def test_shard_evidence_that_does_not_hold_clears_the_accused():
     assert verdict(check="claim").holds is False  # its own reduced shard is what it signed
     statements = statement.split(unpacked.commitment)
     swapped = pack(Bulk(b"".join([statements[1], statements[0], *statements[2:]]),
-                        unpacked.messages, []))  # fmt: skip
+                        unpacked.messages, []))
     assert verdict(swapped).holds is False and "refused" in verdict(swapped).reason
     garbled = bytearray(finding.bulk)
     garbled[len(garbled) // 2] ^= 0x08

@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable
 
 class Quarantine:
     def __init__(self, base_s: float, max_s: float, clock: Callable[[], float] = time.monotonic, *,
-                 blame_epochs: int = 2, blame_window_s: float = 900.0):  # fmt: skip
+                 blame_epochs: int = 2, blame_window_s: float = 900.0):
         self.base_s = base_s
         self.max_s = max_s
         self.clock = clock
@@ -123,7 +123,7 @@ class Quarantine:
         epochs = self._disputes.setdefault(frozenset((peer, other)), {})
         epochs.setdefault(epoch, now)
         count = max(len(self.counterparts(peer)) + len(self._blamed_epochs(peer)),
-                    len(self._recent(epochs, self._forgotten.get(peer, -math.inf))))  # fmt: skip
+                    len(self._recent(epochs, self._forgotten.get(peer, -math.inf))))
         if count >= self.blame_epochs:
             self._forget(peer)
         return count
@@ -139,7 +139,7 @@ class Quarantine:
         since, now = self._forgotten.get(peer, -math.inf), self.clock()
         proven = {q for q, t in self._proven.items() if now - t <= self.blame_window_s}
         return {q for pair, epochs in self._disputes.items() if peer in pair and self._recent(epochs, since)
-                for q in pair - {peer} if q not in proven}  # fmt: skip
+                for q in pair - {peer} if q not in proven}
 
     def suspects(self) -> set[str]:
         """Peers blamed, in a dispute or quarantined within ``blame_window_s``: the spares, where a plan has some
@@ -162,4 +162,4 @@ class Quarantine:
         leader's plans keep each apart."""
         now = self.clock()
         return ({pair for pair, epochs in self._disputes.items() if self._recent(epochs, -math.inf)}
-                | {pair for pair, t in self._inherited.items() if now - t <= self.blame_window_s})  # fmt: skip
+                | {pair for pair, t in self._inherited.items() if now - t <= self.blame_window_s})

@@ -82,7 +82,7 @@ class ReplanWatch:
         self, plan: PlanRecord, live: Iterable[str], progress: Mapping[str, ProgressRecord], steps: int,
         checkpoints: Iterable[int], now: float, done: int | None = None,
         statuses: Mapping[str, PeerStatus] | None = None, absent: Collection[str] = (),
-    ) -> Replan | None:  # fmt: skip
+    ) -> Replan | None:
         """``statuses``: the leader's last heartbeat answer from each peer (``LivenessMonitor.statuses``);
         ``absent``: trainers the leader's own heartbeats saw stay away from the epoch past their time (they
         never took it up: nothing of theirs to wait for)."""
@@ -124,7 +124,7 @@ class ReplanWatch:
     def _failure(self, plan: PlanRecord, live: set[str], trainers: set[str], dead: list[str],
                  halted: Mapping[str, ProgressRecord], finished: Mapping[str, ProgressRecord],
                  checkpoints: Iterable[int], now: float, said: set[str],
-                 absent: set[str] = frozenset()) -> Replan | None:  # fmt: skip
+                 absent: set[str] = frozenset()) -> Replan | None:
         """Trainers that finished every step before the failure wait for their peers' last heartbeats and
         take up the next plan from there: they count as holders of their last steps, not as waited for.
         ``said``: peers whose heartbeat answer says they halted this epoch (their records may be late)."""
@@ -144,7 +144,7 @@ class ReplanWatch:
         full = self._failure_since + self.churn.halt_timeout_s
         short_s = min(self.churn.halt_timeout_s, BLAMED_HALT_S)
         deadlines = [now if p in absent else min(full, self._blamed_since[p] + short_s) if p in blamed else full
-                     for p in waiting]  # fmt: skip
+                     for p in waiting]
         if waiting and now < max(deadlines):
             self.note = f"re-planning epoch {plan.epoch}: waiting for {len(waiting)} trainer(s) to halt"
             return None
@@ -176,7 +176,7 @@ class ReplanWatch:
         edges = {p: r.blame for p, r in halted.items() if r.blame in plan.membership and r.blame != p}
         accused = tuple(sorted(blame_roots(edges, refusals_of(halted)) - set(culprits)))
         return Replan(FAILURE, tuple(sorted(live - waiting)), why, restart, culprits, accused,
-                      disputes_of(halted, set(accused)))  # fmt: skip
+                      disputes_of(halted, set(accused)))
 
 
 def disputes_of(halted: Mapping[str, ProgressRecord], among: Collection[str]) -> tuple[tuple[str, str], ...]:
@@ -185,7 +185,7 @@ def disputes_of(halted: Mapping[str, ProgressRecord], among: Collection[str]) ->
     which. Each pair sorted; evidence is judged apart (``Judge.judge_evidence``)."""
     names = {p: {r.blame, *r.also} for p, r in halted.items() if r.refused and r.blame is not None and not r.evidence}
     return tuple(sorted({tuple(sorted((p, q))) for p, named in names.items() for q in named
-                         if p in among and q in among and p in names.get(q, ())}))  # fmt: skip
+                         if p in among and q in among and p in names.get(q, ())}))
 
 
 def refusals_of(halted: Mapping[str, ProgressRecord]) -> set[str]:
@@ -194,7 +194,7 @@ def refusals_of(halted: Mapping[str, ProgressRecord]) -> set[str]:
 
 
 def refused_states(holdings: Mapping[str, list[Holding]],
-                   halted: Mapping[str, ProgressRecord]) -> dict[str, list[Holding]]:  # fmt: skip
+                   halted: Mapping[str, ProgressRecord]) -> dict[str, list[Holding]]:
     """``holdings`` without what a refused step may have tainted (``ProgressRecord.refused``): a peer whose work
     failed a check holds no source, and nobody's state after the earliest refused step is one (a stage that
     computed on a corrupt message passed its own checks and applied it; verification.md)."""
@@ -203,7 +203,7 @@ def refused_states(holdings: Mapping[str, list[Holding]],
         return dict(holdings)
     cap, culprits = refused_cap(halted), {p for r in refused for p in (r.blame, *r.also)}
     return {p: [replace(h, last=min(h.last, cap)) for h in hs if h.first <= cap]
-            for p, hs in holdings.items() if p not in culprits}  # fmt: skip
+            for p, hs in holdings.items() if p not in culprits}
 
 
 def refused_cap(halted: Mapping[str, ProgressRecord]) -> int | None:

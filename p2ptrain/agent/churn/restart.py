@@ -82,7 +82,7 @@ class Restart:
 
 
 def restart_point(num_stages: int, holdings: Mapping[str, Holding | Collection[Holding]],
-                  checkpoints: Iterable[int] = (), rounds: Rounds = EVERY_STEP) -> Restart:  # fmt: skip
+                  checkpoints: Iterable[int] = (), rounds: Rounds = EVERY_STEP) -> Restart:
     """The largest committed step every stage can start from: a live holder (a trainer's kept state before
     a warm copy, then the lowest peer ID), else a complete checkpoint of that step, else the seed at 0."""
     held = [(p, h) for p, hs in holdings.items() for h in ([hs] if isinstance(hs, Holding) else hs)]
@@ -109,7 +109,7 @@ def restart_point(num_stages: int, holdings: Mapping[str, Holding | Collection[H
 
 
 def holding_of(plan: PlanRecord, peer: str, step: int, kept: int, stage: int | None = None,
-               rounds: Rounds = EVERY_STEP) -> Holding | None:  # fmt: skip
+               rounds: Rounds = EVERY_STEP) -> Holding | None:
     """What ``peer`` keeps after halting in ``plan``'s epoch: ``kept`` committed states up to ``step`` of
     ``stage`` (None: of its stage in ``plan``, from the epoch's start on)."""
     if kept < 1:

@@ -65,7 +65,7 @@ class StateKeeper:
         self._held = None
 
     def hold(self, step: int, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
-             outer: OuterOptimizer) -> None:  # fmt: skip
+             outer: OuterOptimizer) -> None:
         """DiLoCo ``overlap``: copy the state after ``step``, a round's end whose mean is still in flight; it is
         not kept (not restarted from) until ``complete`` sets the parameters and outer momentum that mean gives
         (the inner moments are this copy's)."""
@@ -87,7 +87,7 @@ class StateKeeper:
         return step
 
     def record(self, step: int, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
-               outer: OuterOptimizer | None = None) -> None:  # fmt: skip
+               outer: OuterOptimizer | None = None) -> None:
         """Keep the state after ``step`` (with DiLoCo: a round's end, its outer momentum with it)."""
         device = next((p.device for p in module.parameters()), torch.device("cpu"))
         if device.type != "cuda":
@@ -157,7 +157,7 @@ class StateKeeper:
 
 
 def _sources(module: torch.nn.Module, optimizer: torch.optim.Optimizer,
-             outer: OuterOptimizer | None) -> list[torch.Tensor]:  # fmt: skip
+             outer: OuterOptimizer | None) -> list[torch.Tensor]:
     """The device tensors a state copy reads: parameters, their optimizer state, the outer momentum."""
     out = []
     for param in module.parameters():
@@ -167,7 +167,7 @@ def _sources(module: torch.nn.Module, optimizer: torch.optim.Optimizer,
 
 
 def state_shapes(module: torch.nn.Module, with_optimizer: bool,
-                 with_outer: bool = False) -> list[tuple[str, tuple[int, ...]]]:  # fmt: skip
+                 with_outer: bool = False) -> list[tuple[str, tuple[int, ...]]]:
     """``state_names`` with each tensor's shape; ``with_outer``: DiLoCo's outer momentum too."""
     params = dict(module.named_parameters())
     out = []
@@ -190,7 +190,7 @@ def state_parts(numel: int) -> list[tuple[int, int]]:
 def send_state(
     transport: Transport, peer: str, run: str, epoch: int, step: int, tensors: dict[str, torch.Tensor],
     module: torch.nn.Module, timeout_s: float, stage: int = 0, with_outer: bool = False,
-) -> list[Future]:  # fmt: skip
+) -> list[Future]:
     """Send ``tensors`` (a state of stage ``stage``, which ``module`` is) to ``peer``; futures of the sends.
     The stage goes in the tags' micro-batch field: one peer may send several stages to the same receiver.
 

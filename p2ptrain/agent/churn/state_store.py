@@ -38,7 +38,7 @@ Key = tuple[int, int]  # (stage, num_stages)
 
 class StateStore:
     def __init__(self, keeper: StateKeeper, disk_dir: str | Path | None, model: str, seed: int,
-                 keep_copies: int = 2, keep_on_disk: int = 2, shape: ModelShape | None = None):  # fmt: skip
+                 keep_copies: int = 2, keep_on_disk: int = 2, shape: ModelShape | None = None):
         self.keeper = keeper
         self.shape = shape  # written in the manifests: the run's model shape
         self.disk_dir = Path(disk_dir) if disk_dir else None

@@ -82,7 +82,7 @@ class BackupSender:
     the next one to it is due makes the next one skip (the receiver keeps the newest it got)."""
 
     def __init__(self, transport: Transport, run: str, epoch: int, timeout_s: float,
-                 part_numel: Callable[[str], int] = lambda peer: PART_NUMEL, with_outer: bool = False):  # fmt: skip
+                 part_numel: Callable[[str], int] = lambda peer: PART_NUMEL, with_outer: bool = False):
         """``part_numel(peer)``: the elements per part of a copy to ``peer`` (``copy_part_numel``);
         ``with_outer``: states of a DiLoCo run (round ends, with the outer momentum)."""
         self.transport, self.run, self.epoch, self.timeout_s = transport, run, epoch, timeout_s
@@ -141,7 +141,7 @@ class BackupReceiver:
     def __init__(self, transport: Transport, store: StateStore, run: str, epoch: int, num_stages: int,
                  senders: dict[int, list[tuple[str, int]]], module_of: Callable[[int], torch.nn.Module],
                  on_copy: Callable[[int, int], None] | None = None, poll_s: float = 0.5,
-                 with_outer: bool = False):  # fmt: skip
+                 with_outer: bool = False):
         self.transport, self.store, self.run, self.epoch = transport, store, run, epoch
         self.with_outer = with_outer  # a DiLoCo run's states carry the outer momentum
         self.num_stages, self.senders, self.module_of = num_stages, senders, module_of
@@ -149,7 +149,7 @@ class BackupReceiver:
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._receive_stage, args=(stage, chain), daemon=True,
                                           name=f"p2ptrain-backup-recv-{stage}")
-                         for stage, chain in senders.items()]  # fmt: skip
+                         for stage, chain in senders.items()]
 
     def start(self) -> BackupReceiver:
         for thread in self._threads:
@@ -168,7 +168,7 @@ class BackupReceiver:
             seq = first_seq
             while not self._stop.is_set():
                 header = self._wait(Tag(self.run, self.epoch, seq, MessageKind.BACKUP, stage, 0), sender,
-                                    (BackupHeader.SIZE_BYTES,), torch.uint8)  # fmt: skip
+                                    (BackupHeader.SIZE_BYTES,), torch.uint8)
                 if header is None:
                     return
                 self._take(stage, sender, seq, header, module)
@@ -196,12 +196,12 @@ class BackupReceiver:
         numel = sum(int(torch.Size(s).numel()) for _, s in shapes)
         if not 1 <= part_numel <= PART_NUMEL or -(-numel // part_numel) > MAX_COPY_PARTS:
             logger.warning("copy of stage %d after step %d from peer %s announces parts of %d elements; refused",
-                           stage, step, sender, part_numel)  # fmt: skip
+                           stage, step, sender, part_numel)
             return
         pieces = []
         for part, (start, end) in enumerate(copy_parts(numel, part_numel), start=1):
             piece = self._wait(Tag(self.run, self.epoch, seq, MessageKind.BACKUP, stage, part), sender, (end - start,),
-                               torch.float32)  # fmt: skip
+                               torch.float32)
             if piece is None:
                 return
             pieces.append(piece)

@@ -82,7 +82,7 @@ def slowed(record: PeerRecord, factor: float) -> PeerRecord:
         c = dataclasses.replace(c, layer_s=tuple(t * factor for t in c.layer_s),
                                 embed_s=tuple(t * factor for t in c.embed_s),
                                 head_s=tuple(t * factor for t in c.head_s),
-                                update_s_per_mparam=c.update_s_per_mparam * factor)  # fmt: skip
+                                update_s_per_mparam=c.update_s_per_mparam * factor)
     return dataclasses.replace(record, tflops=record.tflops / factor, compute=c)
 
 

@@ -76,7 +76,7 @@ class EvidenceInbox:
         for part, (start, end) in enumerate(evidence_parts(nbytes)):
             tag = Tag(self.run_id, epoch, step, MessageKind.EVIDENCE, 0, part)
             pieces.append(self.transport.recv(tag, blamer, (end - start,), torch.uint8,
-                                              max(0.1, deadline - time.monotonic())).numpy().tobytes())  # fmt: skip
+                                              max(0.1, deadline - time.monotonic())).numpy().tobytes())
         return b"".join(pieces)
 
 # (blamer, epoch, step, bytes, timeout s) -> the bulk it sent us; ProtocolError where it did not arrive
@@ -124,7 +124,7 @@ class Disputes:
             what = f"micro-batch {header.micro_batch}"
         if header.bulk_bytes > cap:
             return Verdict(False, f"it announces {header.bulk_bytes} bytes of evidence, more than stage "
-                                  f"{header.stage}'s can take ({cap})")  # fmt: skip
+                                  f"{header.stage}'s can take ({cap})")
         if self.fetch is None:
             return Verdict(None, "this leader cannot receive evidence")
         timeout_s = self.config.verify.evidence_timeout_s + header.bulk_bytes / BYTES_PER_S
@@ -136,7 +136,7 @@ class Disputes:
             return Verdict(None, f"its evidence did not arrive: {e}")
         if shard:
             return judge_shard(header, bulk, record.blame, self.run, view.topology.group(header.stage),
-                               view.wire.gradient)  # fmt: skip
+                               view.wire.gradient)
         return judge_recompute(header, bulk, record.blame, view)
 
     def close(self) -> None:
@@ -152,4 +152,4 @@ def run_view(config: AgentConfig, run: str, plan: PlanRecord) -> RunView:
         return build_stage(cfg.shape, stage, cfg.stages, cfg.seed, "cpu", layers=cfg.layers, precision=cfg.precision)
 
     return RunView(run, plan.epoch, topology, cfg.micro_batches, cfg.precision, wire_format(cfg.wire), build_data(cfg),
-                   cfg.shape.hidden_size, build)  # fmt: skip
+                   cfg.shape.hidden_size, build)

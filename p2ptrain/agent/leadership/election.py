@@ -65,7 +65,7 @@ def select_plan(plans: Mapping[str, PlanRecord], live_peers: Iterable[str]) -> P
                 "leader %s's plan epoch %d is for membership %s (%d peers), live membership is %s (%d peers): "
                 "waiting for a new plan", signer, plan.epoch, membership_digest(plan.membership),
                 len(plan.membership), membership_digest(members), len(members),
-            )  # fmt: skip
+            )
         else:
             chosen = plan
     return chosen
@@ -100,7 +100,7 @@ def latest_plan(
 def finished_without(
     plans: Iterable[PlanRecord | None], me: str, followed: int, progress: Callable[[], Mapping[str, ProgressRecord]],
     steps: int, followed_leader: str | None = None,
-) -> PlanRecord | None:  # fmt: skip
+) -> PlanRecord | None:
     """The first of ``plans`` newer than the plan ``me`` followed last (``followed``: its epoch, -1: none;
     ``followed_leader``: its signer) that leaves ``me`` out and is done: each of its trainers says in its own
     progress record (``progress()``, read only if a plan leaves ``me`` out) that it trained step ``steps`` in
@@ -119,6 +119,6 @@ def finished_without(
         records = progress() if records is None else records
         trainers = {plan.peer_at(i, j) for i in range(plan.replicas) for j in range(plan.stages)}
         if all(p in records and records[p].epoch == plan.epoch and records[p].step >= steps
-               and records[p].leader in (None, plan.leader) for p in trainers):  # fmt: skip
+               and records[p].leader in (None, plan.leader) for p in trainers):
             return plan
     return None

@@ -43,14 +43,14 @@ class Judge:
     the compute each trainer showed."""
 
     def __init__(self, config: AgentConfig, events: EventLog, peer_id: str, run_id: str,
-                 fetch_evidence: Fetch | None = None):  # fmt: skip
+                 fetch_evidence: Fetch | None = None):
         self.config = config
         self.events = events
         self.peer_id = peer_id
         self.run_id = run_id
         self.quarantine = Quarantine(config.churn.quarantine_s, config.churn.quarantine_max_s,
                                      blame_epochs=config.churn.quarantine_blames,
-                                     blame_window_s=config.churn.blame_window_s)  # fmt: skip
+                                     blame_window_s=config.churn.blame_window_s)
         self._judged: set[tuple[str, int]] = set()  # (blamer, epoch) whose evidence was judged
         self._disputes = Disputes(config, run_id, fetch_evidence)  # failed recomputes' evidence, judged
         self._cleared: set[tuple[str, int]] = set()  # (peer, epoch) blamed with evidence that did not hold
@@ -73,7 +73,7 @@ class Judge:
         for peer in replan.culprits:
             if peer != self.peer_id and (backoff := self.quarantine.add(peer, current.epoch)) is not None:
                 logger.warning("quarantining peer %s for %.0f s: it failed epoch %d (%s)", peer, backoff,
-                               current.epoch, replan.reason)  # fmt: skip
+                               current.epoch, replan.reason)
                 self.events.write("quarantined", peer=peer, epoch=current.epoch, seconds=backoff, reason=replan.reason)
 
     def _quarantined(self, peer: str, epoch: int, backoff: float, reason: str) -> None:
@@ -104,9 +104,9 @@ class Judge:
                 self._judged.add((blamer, record.epoch))
                 if verdict.holds is None:
                     logger.warning("evidence from %s against %s is undecided (%s): its word, as any blame", blamer,
-                                   accused, verdict.reason)  # fmt: skip
+                                   accused, verdict.reason)
                     self.events.write("evidence", epoch=record.epoch, blamer=blamer, accused=accused, holds=None,
-                                      reason=verdict.reason, check=check)  # fmt: skip
+                                      reason=verdict.reason, check=check)
                     continue
                 why = None if verdict.holds else verdict.reason
                 proven = (f"its work failed the recompute check of epoch {record.epoch}: redone from its own signed "
@@ -127,9 +127,9 @@ class Judge:
                 reason = f"it blamed {accused} for epoch {record.epoch} with evidence that does not hold: {why}"
                 self._cleared.add((accused, record.epoch))
             logger.warning("evidence from %s against %s %s", blamer, accused, "holds" if why is None else
-                           f"does not hold ({why})")  # fmt: skip
+                           f"does not hold ({why})")
             self.events.write("evidence", epoch=record.epoch, blamer=blamer, accused=accused, holds=why is None,
-                              reason=why or "", check=check)  # fmt: skip
+                              reason=why or "", check=check)
             if culprit == self.peer_id:
                 continue
             backoff = self.quarantine.add(culprit, record.epoch, proven=True)
@@ -138,7 +138,7 @@ class Judge:
         return "; ".join(judging) or None
 
     def own_finding(self, current: PlanRecord, progress: Mapping[str, ProgressRecord],
-                     absent: Collection[str] = ()) -> None:  # fmt: skip
+                     absent: Collection[str] = ()) -> None:
         """A member whose work failed a check of this leader's own (our halted record refused it), or that our
         own heartbeats saw stay away from the epoch past its time (``absent``: it never took up its stage, and
         halting with the others afterwards changes nothing): quarantined at once. Our own finding is no one's
@@ -178,7 +178,7 @@ class Judge:
             if count < churn.quarantine_blames:
                 logger.info("peer %s was blamed for epoch %d's failed calls (%d of %d epochs within %.0f s before "
                             "it is quarantined)", peer, current.epoch, count, churn.quarantine_blames,
-                            churn.blame_window_s)  # fmt: skip
+                            churn.blame_window_s)
                 self.events.write("blamed", peer=peer, epoch=current.epoch, count=count)
                 continue
             backoff = self.quarantine.add(peer, current.epoch)
@@ -198,7 +198,7 @@ class Judge:
         if count < churn.quarantine_blames:
             logger.info("peer %s and %s refused each other in epoch %d without evidence: kept apart from now on "
                         "(%s disputed with %d of the %d distinct peers before it is quarantined)", peer, other,
-                        current.epoch, peer, count, churn.quarantine_blames)  # fmt: skip
+                        current.epoch, peer, count, churn.quarantine_blames)
             self.events.write("blamed", peer=peer, epoch=current.epoch, count=count, dispute=other)
             return
         backoff = self.quarantine.add(peer, current.epoch)
@@ -225,9 +225,9 @@ class Judge:
 
 
 def without_cleared(progress: Mapping[str, ProgressRecord],
-                    cleared: Collection[tuple[str, int]]) -> dict[str, ProgressRecord]:  # fmt: skip
+                    cleared: Collection[tuple[str, int]]) -> dict[str, ProgressRecord]:
     """``progress`` with each refusal whose evidence did not hold (``cleared``: (accused, epoch)) no refusal: it
     rolls nothing back (its accused's states stay sources), nor do the others its writer refused in that step
     (``also`` stands only with ``refused``, and a proven liar's word is spent)."""
     return {p: dataclasses.replace(r, refused=False, also=()) if r.refused and (r.blame, r.epoch) in cleared else r
-            for p, r in progress.items()}  # fmt: skip
+            for p, r in progress.items()}

@@ -145,7 +145,7 @@ class Leader:
 
     def __init__(self, config: AgentConfig, dht: SwarmDHT, events: EventLog, peer_id: str, leaders: LeaderWatch, *,
                  view: Callable[[], AgentView], note_waiting: Callable[[str], None], boundary_s: Sequence[float],
-                 started: float, stages: RunStages | None = None, fetch_evidence: Fetch | None = None):  # fmt: skip
+                 started: float, stages: RunStages | None = None, fetch_evidence: Fetch | None = None):
         self.config = config
         self.dht = dht
         self.events = events
@@ -165,7 +165,7 @@ class Leader:
         self.pricing = PlanPricing(config, lambda: self._view().current, boundary_s)
         self._watching = Watching(config, dht, events, peer_id, leaders, view=view, started=started,
                                   stages=self._stages, planner=self._planner, pricing=self.pricing,
-                                  links_wait=self._links_wait)  # fmt: skip
+                                  links_wait=self._links_wait)
         # stages = "auto", the run's first plan: the stage count being chosen for these members (and whether the
         # choice was said), and the one chosen
         self._choice: tuple[tuple[str, ...], concurrent.futures.Future] | None = None
@@ -257,7 +257,7 @@ class Leader:
                 return found
         if self._choice is None or self._choice[0] != membership.ids:
             future = self._planner.submit(choose_run_stages, cluster_order(membership.peers), membership.peers, rows,
-                                          cfg.train, cfg.plan, **self.pricing.measured_costs(membership))  # fmt: skip
+                                          cfg.train, cfg.plan, **self.pricing.measured_costs(membership))
             self._choice, self._choice_said = (membership.ids, future), False
         future = self._choice[1]
         if not future.done():
@@ -270,7 +270,7 @@ class Leader:
             return None
         best = choice.best
         options = "; ".join(f"{o.num_stages}: {o.step_s:.4g} s" if o.step_s is not None else
-                            f"{o.num_stages}: {o.skipped}" for o in choice.options)  # fmt: skip
+                            f"{o.num_stages}: {o.skipped}" for o in choice.options)
         if best is None:
             self._note_waiting(f"leading; no stage count fits the devices' memory ({options}); waiting for peers")
             return None
@@ -280,7 +280,7 @@ class Leader:
                         options)
             self.events.write("stages_chosen", stages=best.num_stages, peers=len(membership),
                               options=[{"stages": o.num_stages, "step_s": o.step_s, "skipped": o.skipped}
-                                       for o in choice.options])  # fmt: skip
+                                       for o in choice.options])
         return best.num_stages
 
     def _first_start(self, trigger: str, membership: Membership, stages: int) -> tuple[int, tuple[str, ...], str]:
@@ -301,7 +301,7 @@ class Leader:
         if restart.step == 0:
             logger.warning("resume: no step has a copy of all %d stages of %s on the live agents' disks%s; "
                            "starting at step 0", train.stages, train.model,
-                           f" or in {ckpt.dir}" if ckpt.dir else "")  # fmt: skip
+                           f" or in {ckpt.dir}" if ckpt.dir else "")
             return 0, (), trigger
         where = "the checkpoint" if restart.from_checkpoint else "the agents' own copies"
         return restart.step, restart.sources, f"{trigger}; resumed from {where} of step {restart.step}"
@@ -340,7 +340,7 @@ class Leader:
             # a trainer that never took the epoch up, whose time runs: our own finding, within seconds, decides
             # whether it is left out now (not waited for, quarantined), not the wait for its halt
             self._note_waiting(f"leading; re-planning epoch {current.epoch}: judging whether "
-                               f"{', '.join(view.unjudged)} took it up")  # fmt: skip
+                               f"{', '.join(view.unjudged)} took it up")
             return
         self.judge.quarantine_culprits(current, replan)
         self.judge.own_finding(current, progress, absent)
@@ -350,7 +350,7 @@ class Leader:
         # re-planned yet (too few peers) is a member again, as a joiner would be
         held = self.quarantine.held() - set(replan.restart.sources if replan.restart else ())
         peers = {p: membership.peers[p] for p in (*replan.members, *replan.culprits)
-                 if p in membership.peers and p not in held}  # fmt: skip
+                 if p in membership.peers and p not in held}
         try:
             # suspects (blamed, disputed or back from a quarantine lately) are the spares where some must be: a
             # member refused on a word may be the rogue, and a stage it trains alone is checked by nobody
@@ -395,7 +395,7 @@ class Leader:
 
     def _start_planning(self, membership: Membership, trainers: list[str], spares: list[str], rows, trigger: str,
                         replan: Replan | None, start_step: int, sources: tuple[str, ...],
-                        step_s: float = 0.0) -> None:  # fmt: skip
+                        step_s: float = 0.0) -> None:
         slowdowns = self.judge.judge_compute(self._view().current, membership)
         membership = Membership(with_slowdowns(membership.peers, slowdowns))
         cluster = build_cluster(trainers, membership.peers, rows, self.config.emulation)
@@ -437,7 +437,7 @@ class Leader:
             self.quarantine.inherit(inherited)
         apart = self.quarantine.apart()  # the pairs kept apart: the plan's, and so its record's
         pairs = [(planning.devices.index(a), planning.devices.index(b)) for a, b in map(sorted, apart)
-                 if a in planning.devices and b in planning.devices]  # fmt: skip
+                 if a in planning.devices and b in planning.devices]
         if pairs:  # members that refused each other without evidence never exchange a message again
             plan = kept_apart(plan, planning.cluster, planning.workload, pairs, self.config.plan, probation)
         record = PlanRecord.from_plan_json(planning.epoch, planning.devices + planning.spares, plan)
@@ -456,7 +456,7 @@ class Leader:
         strays = [p for p in sources if p not in (CHECKPOINT, INIT) and p not in record.membership]
         if strays:  # a source left between the check and the plan: check again
             logger.warning("not publishing epoch %d: the restart's source(s) %s are no longer members; re-planning",
-                           planning.epoch, ", ".join(strays))  # fmt: skip
+                           planning.epoch, ", ".join(strays))
             self._watch.reset()
             return
         copies = self._warm_copies(planning, plan)
@@ -476,7 +476,7 @@ class Leader:
                                      apart=tuple(sorted(tuple(sorted(index[p] for p in pair))
                                                         for pair in apart
                                                         if all(p in index for p in pair))),
-                                     **settings.plan_fields(self.config.train))  # fmt: skip
+                                     **settings.plan_fields(self.config.train))
         plan = {**plan, "warm_copies": copies}
         self.dht.publish_plan(record)
         self._published = record
@@ -539,7 +539,7 @@ def _announce(events: EventLog, train: TrainConfig, planning: _Planning, plan: d
     method = search.get("method", "?")
     # a fixed order (strategy megatron or random) has no search time
     how = (f"planned in {search['seconds']:.2f} s by the {method} search" if search.get("seconds") is not None
-           else f"placed in the {method} order")  # fmt: skip
+           else f"placed in the {method} order")
     logger.info("published plan epoch %d: predicted %.3f s/step (%s); pipelines %s; %s%s", planning.epoch,
                 plan["cost_s"], baselines, plan["pipelines"], how,
                 f" ({search['fallback']}'s order: the search did not beat it)" if search.get("fallback") else "")
@@ -553,4 +553,4 @@ def _announce(events: EventLog, train: TrainConfig, planning: _Planning, plan: d
                      if isinstance(planning.workload, StepWorkload) else {}),
                   **({"layer_costs": dataclasses.asdict(planning.workload.costs)}
                      if isinstance(planning.workload, LayeredWorkload) else {})},
-    )  # fmt: skip
+    )

@@ -88,7 +88,7 @@ class MembershipTracker:
                     logger.warning(
                         "ignoring peer %s: it speaks protocol %d (p2ptrain %s), we speak %d; upgrade one of us",
                         peer_id, record.protocol_version, record.p2ptrain_version, AGENT_PROTOCOL_VERSION,
-                    )  # fmt: skip
+                    )
                 continue
             if (record.data, record.settings) != (self.data, self.settings):
                 if (peer_id, record.data, record.settings) not in self._noted:
@@ -135,7 +135,7 @@ class MembershipTracker:
             parts.append(f"this run trains data {data or '(unsaid)'} but this agent's is {self.data or '(unsaid)'}")
         if settings != self.settings:
             parts.append(f"this run trains with {described(settings, self.settings)} but this agent's settings "
-                         f"are {described(self.settings, settings)}")  # fmt: skip
+                         f"are {described(self.settings, settings)}")
         return "; ".join(parts)
 
     def known_for_s(self, peer_id: str) -> float:

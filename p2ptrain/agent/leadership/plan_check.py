@@ -65,7 +65,7 @@ WorkloadFor = Callable[[Cluster, list[str], Mapping[str, PeerRecord], TrainConfi
 
 
 def membership_problem(plan: PlanRecord, live: Collection[str], settled: Collection[str], first: bool,
-                       needed: int = 1) -> str | None:  # fmt: skip
+                       needed: int = 1) -> str | None:
     """Why ``plan`` does not plan the membership we see (None: it does).
 
     ``live``: the peers we see live (dead and passed-over peers already left out); ``settled``: those of
@@ -164,7 +164,7 @@ ourselves."""
 
 
 def culpable_leader(plan: PlanRecord, progress: Mapping[str, ProgressRecord], blamed_for_s: float,
-                    run: str | None = None, false_alarm: float = FALSE_ALARM) -> str | None:  # fmt: skip
+                    run: str | None = None, false_alarm: float = FALSE_ALARM) -> str | None:
     """Why the leader of ``plan`` failed its own epoch (None: nothing says so yet): the halted trainers' blames
     (``ProgressRecord.blame``) end at it (``replan.blame_roots``): its stage took tensors and answered nothing,
     or a check of a member's found its work wrong. Until it halted itself (saying whom it waited on, if anyone)
@@ -188,14 +188,14 @@ def culpable_leader(plan: PlanRecord, progress: Mapping[str, ProgressRecord], bl
     void: set[str] = set()  # peers whose blames do not count
     if run is not None:
         judged = {p: _judge(r.evidence, r.blame, run, false_alarm) for p, r in halted.items()
-                  if r.evidence and r.blame and not is_bulk_evidence(r.evidence)}  # fmt: skip
+                  if r.evidence and r.blame and not is_bulk_evidence(r.evidence)}
         if any(why is None and halted[p].blame == plan.leader for p, why in judged.items()):
             return f"epoch {plan.epoch}, which it planned: its own work failed a check (proven by its signed statement)"
         void = {halted[p].blame for p, why in judged.items() if why is None}  # proven culprits
         # nor is bulk evidence against the leader (its bulk goes to the leader, which judges it): a liar's
         # must not pass an honest leader over, and nothing the leader did is kept meanwhile (the step is refused)
         halted = {p: r for p, r in halted.items() if judged.get(p) is None
-                  and not (r.evidence and is_bulk_evidence(r.evidence) and r.blame == plan.leader)}  # fmt: skip
+                  and not (r.evidence and is_bulk_evidence(r.evidence) and r.blame == plan.leader)}
     own = halted.get(plan.leader)
     if own is not None and own.refused and own.blame is not None:
         void |= {own.blame, *own.also}  # caught by the leader's own check: its word against the leader's does not count
@@ -222,7 +222,7 @@ class CulpableWatch:
     ``interval_s``; with ``run``, blames with evidence are judged."""
 
     def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic, run: str | None = None,
-                 false_alarm: float = FALSE_ALARM):  # fmt: skip
+                 false_alarm: float = FALSE_ALARM):
         self.run, self.false_alarm = run, false_alarm
         self.interval_s = interval_s
         self.clock = clock
@@ -251,7 +251,7 @@ def halts_settled(plan: PlanRecord, live: Collection[str], progress: Mapping[str
     trainers = [p for p in dict.fromkeys(trainers_of(plan)) if p in live]
     records = [progress.get(p) for p in trainers]
     if not trainers or not all(r is not None and r.epoch == plan.epoch and (r.halted or r.step >= steps)
-                               for r in records):  # fmt: skip
+                               for r in records):
         return False
     return not any(r.evidence and is_bulk_evidence(r.evidence) for r in records)
 
@@ -284,7 +284,7 @@ class LeaderWatch:
     may lead (``leadership.standing``), where a passed-over leader owes the epochs of its back-off."""
 
     def __init__(self, grace_s: float, backoff_s: float, max_backoff_s: float = 86400.0,
-                 clock: Callable[[], float] = time.monotonic, poll_s: float | None = None):  # fmt: skip
+                 clock: Callable[[], float] = time.monotonic, poll_s: float | None = None):
         # the grace: ``grace_s`` at most; with ``poll_s``, paced by the control plane (``observe_read``)
         self.max_grace_s, self.poll_s = grace_s, poll_s
         self._reads_s: collections.deque[float] = collections.deque(maxlen=READS_KEPT)
@@ -370,7 +370,7 @@ class PlanGate:
                  workload_for: WorkloadFor,
                  on_refusal: Callable[[PlanRecord, str], None] = lambda plan, reason: None,
                  pass_over: Callable[[str, str], None] = lambda leader, why: None, needed: int = 1,
-                 stages: RunStages | None = None):  # fmt: skip
+                 stages: RunStages | None = None):
         self.me, self.train, self.plan, self.emulation = me, train, plan, emulation
         self.stages = stages or RunStages(train)  # the run's S (the agent's, shared with its leader's side)
         self.leaders = leaders
@@ -392,7 +392,7 @@ class PlanGate:
         return self._costs.get(key) is not None or key in self._refused_keys
 
     def accept(self, plan: PlanRecord, live: Mapping[str, PeerRecord], known_for: Callable[[str], float],
-               first: bool) -> bool:  # fmt: skip
+               first: bool) -> bool:
         """Whether to follow ``plan`` (signed by the leader we see) now. Our own plans pass unchecked."""
         if plan.leader == self.me:
             return True
@@ -431,7 +431,7 @@ class PlanGate:
         return self._check_s.get(plan.encode(), 0.0)
 
     def left_out(self, plan: PlanRecord, live: Collection[str], known_for: Callable[[str], float],
-                 untrained: Callable[[], bool]) -> bool:  # fmt: skip
+                 untrained: Callable[[], bool]) -> bool:
         """Whether to refuse the leader's ``plan``, which leaves this agent out (and pass the leader over): it is
         the run's first (it starts at step 0, and ``untrained()``: nobody trained a step yet) and leaves out peers an
         honest leader would have planned (``first_plan_problem``). A later plan may leave us out: we wait for
@@ -469,7 +469,7 @@ class PlanGate:
             train = at_stages(self.train, plan.stages) if self.stages.auto else self.train
             check = cost_check(plan, live, rows, train, self.plan, self.emulation, self.workload_for,
                                self.plan.verify_tolerance, self.plan.verify_slack_s,
-                               self.leaders.standing.proven)  # fmt: skip
+                               self.leaders.standing.proven)
         except ValueError as e:
             self._costs[key] = str(e)
             return self._costs[key]

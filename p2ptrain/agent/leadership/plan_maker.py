@@ -83,7 +83,7 @@ def replicas_for(num_members: int, train: TrainConfig, num_stages: int | None = 
 
 
 def trainers_and_spares(order: Sequence[str], train: TrainConfig,
-                        num_stages: int | None = None) -> tuple[list[str], list[str]]:  # fmt: skip
+                        num_stages: int | None = None) -> tuple[list[str], list[str]]:
     stages = train.stages if num_stages is None else num_stages
     replicas = replicas_for(len(order), train, stages)
     if replicas == 0:
@@ -150,7 +150,7 @@ def build_cluster(
     if disputed:
         logger.warning("%d link(s) measured very differently by their two ends (more than %gx apart), planned with "
                        "the worse figure: %s", len(disputed), LINK_DISAGREEMENT,
-                       ", ".join(f"{a}-{b}" for a, b in disputed[:4]))  # fmt: skip
+                       ", ".join(f"{a}-{b}" for a, b in disputed[:4]))
     checked = off.copy()
     for i, j in unknown + one_sided:
         checked[i, j] = checked[j, i] = False
@@ -215,7 +215,7 @@ def run_workload(train: TrainConfig, num_stages: int, num_replicas: int, size_fa
         shape, num_stages=num_stages, num_replicas=num_replicas,
         batch_tokens=train.global_batch_size * shape.seq_len,
         activation_bytes=FP32_BYTES, gradient_bytes=FP32_BYTES,
-    )  # fmt: skip
+    )
     source = f"{train.model}, batch {train.global_batch_size}"
     if size_factor != 1.0:
         source += f", over size factor {size_factor:.4g}"
@@ -259,7 +259,7 @@ def make_plan(cluster: Cluster, workload: Workload, num_stages: int, config: Pla
 
 
 def with_company(plan: dict[str, Any], cluster: Cluster, workload: Workload, probation: Collection[int],
-                 config: PlanConfig) -> dict[str, Any]:  # fmt: skip
+                 config: PlanConfig) -> dict[str, Any]:
     """``plan`` with no stage trained by peers on probation alone (``probation``: indices into ``cluster``'s
     devices, peers that have shown no work yet, ``leadership.standing``): for each such stage, the cheapest swap
     (by ``PlanConfig.objective``) of one of its peers with a proven peer of another stage that keeps a proven peer
@@ -320,7 +320,7 @@ def meetings(pipelines: Sequence[Sequence[int]], pairs: Collection[tuple[int, in
 
 
 def kept_apart(plan: dict[str, Any], cluster: Cluster, workload: Workload, pairs: Collection[tuple[int, int]],
-               config: PlanConfig, probation: Collection[int] = ()) -> dict[str, Any]:  # fmt: skip
+               config: PlanConfig, probation: Collection[int] = ()) -> dict[str, Any]:
     """``plan`` with no pair of ``pairs`` (device indices: members that refused each other without evidence,
     ``churn.quarantine``) exchanging a message (``meetings``), where swaps of two devices can get there: one
     swap at a time, each the cheapest (by ``PlanConfig.objective``) of those that leave the fewest pairs meeting,
@@ -373,7 +373,7 @@ def kept_apart(plan: dict[str, Any], cluster: Cluster, workload: Workload, pairs
         meeting, cost, pipelines = best
     if meeting[0]:
         logger.warning("%d pair(s) of members that refused each other still meet in this plan: too few devices to "
-                       "place them apart", meeting[0])  # fmt: skip
+                       "place them apart", meeting[0])
     if cost is None:
         return plan
     return {**plan, "pipelines": pipelines, "cost_s": float(cost.cost_s), "data_parallel_s": float(cost.data_parallel_s),
@@ -391,7 +391,7 @@ TRAINER_COPY_WEIGHT = 2.0  # a trainer's link also carries training traffic
 
 
 def choose_backups(groups: Sequence[Sequence[int]], candidates: Sequence[int], spares: Sequence[int],
-                   copy_s: np.ndarray, busy: Sequence[Collection[int]] = ()) -> list[int | None]:  # fmt: skip
+                   copy_s: np.ndarray, busy: Sequence[Collection[int]] = ()) -> list[int | None]:
     """Per stage j, the device keeping its copy: not in ``groups[j]`` (the stage's devices, replica 0
     first); spares before trainers at equal cost; ``copy_s[a, b]`` the time of one copy from a to b. None
     when no device is outside the stage's group. ``busy[j]``: the devices to which replica 0's link carries
@@ -447,7 +447,7 @@ def stage_state_bytes(train: TrainConfig, num_stages: int) -> float:
 
 def warm_copies(plan: Mapping[str, Any], devices: Sequence[str], spares: Sequence[str], cluster: Cluster,
                 state_bytes: float, step_s: float, churn: ChurnConfig,
-                emulation: EmulationSettings, train_rounds: int = 1) -> dict[str, Any]:  # fmt: skip
+                emulation: EmulationSettings, train_rounds: int = 1) -> dict[str, Any]:
     """Who keeps each stage's warm copy and how often (``churn.warm_copies``), for ``plan`` over ``devices``.
 
     ``cluster`` holds every member, trainers (``devices``, in the plan's device order) first, then

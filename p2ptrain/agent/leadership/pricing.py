@@ -44,7 +44,7 @@ class PlanPricing:
         return self.split_workload(trainers, membership, train)[0]
 
     def split_workload(self, trainers: list[str], membership: Membership,
-                        train: TrainConfig) -> tuple[Workload, Layers | None]:  # fmt: skip
+                        train: TrainConfig) -> tuple[Workload, Layers | None]:
         """``plan_workload``, and the layer split a re-plan keeps (None: the planner chooses). Stage states
         are kept and handed over per stage, so once the run trains with a split its re-plans keep it (a new
         split would ask a source for blocks it does not hold); the leader and the followers that check its
@@ -60,7 +60,7 @@ class PlanPricing:
         return workload.at(layers), layers
 
     def _step_workload(self, workload: Workload, trainers: list[str], membership: Membership, stages: int,
-                       train: TrainConfig) -> Workload:  # fmt: skip
+                       train: TrainConfig) -> Workload:
         """The workload with the trainers' calibrated step profile, in the (emulated) network's units."""
         emulation = self.config.emulation
         measured = [r.compute for p in trainers if (r := membership.peers.get(p)) is not None and r.compute]
@@ -72,11 +72,11 @@ class PlanPricing:
             return layered_workload(measured, workload, train, len(trainers) // stages,
                                     boundary_s=boundary_s, time_scale=emulation.time_scale if emulation.enabled else 1.0,
                                     size_factor=emulation.size_factor if emulation.enabled else 1.0,
-                                    verify=self.config.verify)  # fmt: skip
+                                    verify=self.config.verify)
         profile = step_profile(measured, train, stages, len(trainers) // stages, boundary_s=boundary_s,
                                time_scale=emulation.time_scale if emulation.enabled else 1.0,
                                size_factor=emulation.size_factor if emulation.enabled else 1.0,
-                               verify=self.config.verify)  # fmt: skip
+                               verify=self.config.verify)
         return step_workload(workload, profile)
 
     def measured_costs(self, membership: Membership) -> dict[str, float]:

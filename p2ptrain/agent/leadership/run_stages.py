@@ -109,7 +109,7 @@ def activation_bytes(train: TrainConfig) -> int:
 
 def choose_run_stages(order: Sequence[str], peers: Mapping[str, PeerRecord], rows: Mapping[str, LinksRecord],
                       train: TrainConfig, plan: PlanConfig, *, message_s: float = 0.0, boundary_s: float = 0.0,
-                      clock: Callable[[], float] = time.perf_counter) -> StageChoice:  # fmt: skip
+                      clock: Callable[[], float] = time.perf_counter) -> StageChoice:
     """Every candidate S (``stage_candidates``) planned over its trainers (the first S × D of ``order``), in
     increasing order; ``best`` is the run's S (module docstring). ``message_s``, ``boundary_s``: the
     transport's cost of one message and the pause between two steps, seconds. ValueError if there is no
@@ -124,7 +124,7 @@ def choose_run_stages(order: Sequence[str], peers: Mapping[str, PeerRecord], row
     full = dataclasses.replace(full, devices=tuple(dataclasses.replace(d, tflops=peers[p].tflops)
                                                    for d, p in zip(full.devices, order, strict=True)))
     settings = StepProfile(micro_batches=train.micro_batches, message_s=message_s, boundary_s=boundary_s,
-                           **run_settings(train))  # fmt: skip
+                           **run_settings(train))
     shape = train.shape
     options = []
     for s in candidates:
@@ -134,7 +134,7 @@ def choose_run_stages(order: Sequence[str], peers: Mapping[str, PeerRecord], row
                                micro_batches=train.micro_batches, recompute=train.activation_checkpointing,
                                activation_bytes=activation_bytes(train), candidates=(s,), seed=plan.seed,
                                time_budget_s=plan.time_budget_s / len(candidates), clock=clock,
-                               source=f"{train.model}, batch {train.global_batch_size}")  # fmt: skip
+                               source=f"{train.model}, batch {train.global_batch_size}")
         options.extend(choice.options)
     return StageChoice(tuple(options))
 

@@ -51,14 +51,14 @@ def identity(train: TrainConfig, verify: VerifyConfig | None = None) -> str:
     auto = [f"stages=auto_{low}_{high}"] if train.stages_auto else []
     checks = [] if verify is None or verify == VerifyConfig() else [f"verify={verify.identity()}"]
     return ",".join([*(f"{name}={_text(getattr(train, name))}" for name in NAMES), *auto, *checks,
-                     f"training={training_digest(train)}"])  # fmt: skip
+                     f"training={training_digest(train)}"])
 
 
 def training_digest(train: TrainConfig) -> str:
     """12 hex digits naming what every stage computes: shape, seed, optimizer, steps, initial weights."""
     what = {"shape": dataclasses.asdict(train.shape), "seed": train.seed, "steps": train.steps,
             "optimizer": dataclasses.asdict(train.optimizer), "precision": train.precision,
-            "init": train.init_digest, "sync": train.sync, "diloco": dataclasses.asdict(train.diloco)}  # fmt: skip
+            "init": train.init_digest, "sync": train.sync, "diloco": dataclasses.asdict(train.diloco)}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -91,7 +91,7 @@ def problem(plan: PlanRecord, train: TrainConfig) -> str | None:
     if plan.schedule and plan.schedule not in SCHEDULES:
         return f"it asks for schedule {plan.schedule!r}, which this agent does not know ({', '.join(SCHEDULES)})"
     departs = [f"{name} {_text(value)} (the run's: {_text(getattr(train, name))})" for name, value in _named(plan).items()
-               if value is not None and value != getattr(train, name)]  # fmt: skip
+               if value is not None and value != getattr(train, name)]
     if departs:
         return f"it departs from the run's settings, which a plan may not change: {', '.join(departs)}"
     return None
@@ -99,7 +99,7 @@ def problem(plan: PlanRecord, train: TrainConfig) -> str | None:
 
 def _named(plan: PlanRecord) -> dict[str, object]:
     return {"wire": plan.wire or None, "schedule": plan.schedule or None, "overlap": plan.overlap,
-            "bucket_elements": plan.bucket_elements or None}  # fmt: skip
+            "bucket_elements": plan.bucket_elements or None}
 
 
 def _text(value: object) -> str:

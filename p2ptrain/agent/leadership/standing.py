@@ -47,7 +47,7 @@ def moved(plan: PlanRecord, progress: Mapping[str, ProgressRecord]) -> list[str]
     signer (``ProgressRecord.leader``: a copy of the plan signed by someone else is vouched for by nobody)."""
     trainers = {plan.peer_at(i, j) for i in range(plan.replicas) for j in range(plan.stages)}
     return sorted(p for p in trainers if (r := progress.get(p)) is not None and r.epoch == plan.epoch
-                  and r.leader == plan.leader and r.step > plan.start_step)  # fmt: skip
+                  and r.leader == plan.leader and r.step > plan.start_step)
 
 
 def made_progress(plan: PlanRecord, progress: Mapping[str, ProgressRecord]) -> bool:
@@ -70,7 +70,7 @@ class Standing:
     history: bool = False  # an epoch of the run made progress (as far as we have read)
 
     def observe(self, plans: Iterable[PlanRecord | None], progress: Mapping[str, ProgressRecord],
-                followed: Iterable[PlanRecord | None] = ()) -> None:  # fmt: skip
+                followed: Iterable[PlanRecord | None] = ()) -> None:
         """Read ``plans`` (any signers; None skipped) and the plans we ``followed`` against the progress records.
 
         What counts: the plans we followed, and plans signed by a peer in standing. Any other plan (a group of
@@ -168,7 +168,7 @@ def disputants(plan: PlanRecord) -> frozenset[str]:
 
 
 def followed_instead(me: str, ours: Iterable[PlanRecord | None], plans: Mapping[str, PlanRecord], live: Collection[str],
-                     progress: Mapping[str, ProgressRecord], standing: Standing) -> PlanRecord | None:  # fmt: skip
+                     progress: Mapping[str, ProgressRecord], standing: Standing) -> PlanRecord | None:
     """The plan the run's own trainers train instead of ours (``ours``: the plans ``me`` signed and follows or
     published), or None: nobody trains ours (``made_progress``, whatever the epochs' numbers: a peer that took
     over numbered its plans from what it saw) while another live signer's plan is trained by trainers

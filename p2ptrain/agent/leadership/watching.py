@@ -70,7 +70,7 @@ class Watching:
 
     def __init__(self, config: AgentConfig, dht: SwarmDHT, events: EventLog, peer_id: str, leaders: LeaderWatch, *,
                  view: Callable[[], AgentView], started: float, stages: RunStages,
-                 planner: concurrent.futures.Executor, pricing: PlanPricing, links_wait: LinksWait):  # fmt: skip
+                 planner: concurrent.futures.Executor, pricing: PlanPricing, links_wait: LinksWait):
         self.config, self.dht, self.events, self.peer_id = config, dht, events, peer_id
         self._leaders, self._view, self._started, self._stages = leaders, view, started, stages
         self._planner, self._pricing, self._links_wait = planner, pricing, links_wait
@@ -113,7 +113,7 @@ class Watching:
             return
         backoff = self._leaders.pass_over(leader)
         logger.warning("passing over the leader %s: %s; the next-lowest peer leads (it may lead again in %.0f s)",
-                       leader, why, backoff)  # fmt: skip
+                       leader, why, backoff)
         self.events.write("passed_over", peer=leader, backoff_s=backoff, reason=why)
 
     def first_trainers(self, order: list[str]) -> list[str]:

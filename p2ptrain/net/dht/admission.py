@@ -73,14 +73,14 @@ class JoinToken:
 
     def encode(self) -> bytes:
         return msgpack.packb([self.run, peer_id_to_bytes(self.peer_id), self.expires_at, self.organiser_key,
-                              self.signature], use_bin_type=True)  # fmt: skip
+                              self.signature], use_bin_type=True)
 
     def to_text(self) -> str:
         return TOKEN_PREFIX + base64.urlsafe_b64encode(self.encode()).decode().rstrip("=")
 
 
 def make_token(organiser: RSAPrivateKey, run: str, peer_id: str, valid_s: float | None = None,
-               now: float | None = None) -> JoinToken:  # fmt: skip
+               now: float | None = None) -> JoinToken:
     """A token admitting ``peer_id`` to ``run``, signed with the organiser's key (for ``valid_s``, or forever)."""
     check_run_id(run)
     check_peer_id(peer_id)

@@ -113,7 +113,7 @@ class DHTConfig:
         return {
             RecordKind.PEER: self.peer_ttl_s, RecordKind.LINKS: self.links_ttl_s,
             RecordKind.PLAN: self.plan_ttl_s, RecordKind.PROGRESS: self.progress_ttl_s,
-        }[kind]  # fmt: skip
+        }[kind]
 
 
 class SwarmDHT:
@@ -172,7 +172,7 @@ class SwarmDHT:
                 announce_maddrs=list(cfg.announce_maddrs) or None, identity_path=key_file.path,
                 check_if_identity_free=bool(path) and cfg.relay.reachability != "private", client_mode=cfg.client_mode,
                 startup_timeout=cfg.startup_timeout_s, ensure_bootstrap_success=False,
-            )  # fmt: skip
+            )
             self._dht.run_in_background(await_ready=True, timeout=cfg.startup_timeout_s)
             peer_id, routing_table_size = self._call(_node_status, "startup check")
         except concurrent.futures.TimeoutError:
@@ -210,7 +210,7 @@ class SwarmDHT:
 
     @classmethod
     def join(cls, run_id: str | None, config: DHTConfig, stopped: Callable[[], bool] = lambda: False,
-             pause_s: float = JOIN_PAUSE_S, **kwargs: Any) -> SwarmDHT:  # fmt: skip
+             pause_s: float = JOIN_PAUSE_S, **kwargs: Any) -> SwarmDHT:
         """A started node (``start``), tried again while none of the initial peers can be reached, until
         ``DHTConfig.startup_timeout_s`` from now: a volunteer whose bootstrap is not up yet, or whose home network
         blinked, joins once it can (under load one of two home volunteers found its NAT path closed for a
@@ -226,7 +226,7 @@ class SwarmDHT:
                 if left <= pause_s or stopped():
                     raise
                 logger.warning("try %d to join the swarm failed (%s); trying again in %.0f s (%.0f s left)", tries,
-                               e, pause_s, left)  # fmt: skip
+                               e, pause_s, left)
                 time.sleep(pause_s)
 
     def _record_validators(self, identity: Identity) -> list[RecordValidatorBase]:
@@ -246,7 +246,7 @@ class SwarmDHT:
             ("stop refresher", lambda: self._refresher.stop(timeout_s)),
             ("stop DHT process", self._stop_dht_process),
             ("reap p2pd", self._reap_p2pd),
-        ])  # fmt: skip
+        ])
         logger.info("DHT peer %s shut down", self.peer_id if self._identity else "(not started)")
 
     def __enter__(self) -> SwarmDHT:

@@ -24,7 +24,7 @@ from p2ptrain.net.dht.record_base import (
     SOURCE_INIT,
     RecordEnvelope,
     set_field,
-)  # fmt: skip
+)
 from p2ptrain.net.identity import PEER_ID_BYTES, check_peer_id, peer_id_from_bytes, peer_id_to_bytes
 
 
@@ -265,7 +265,7 @@ class PlanRecord(RecordEnvelope):
             pipeline_s=plan.get("pipeline_s", 0.0), objective=plan.get("objective", "dtfm"),
             baselines=tuple((name, b["cost_s"]) for name, b in list(plan.get("baselines", {}).items())[:MAX_BASELINES]),
             layers=tuple(b - a for a, b in plan.get("layers") or ()),
-        )  # fmt: skip
+        )
 
     def _fields(self) -> dict[str, Any]:
         return {
@@ -286,7 +286,7 @@ class PlanRecord(RecordEnvelope):
             **({"leader_at": self.leader_at} if self.leader_at else {}),
             **({"probation": f.pack_uint16(self.probation)} if self.probation else {}),
             **({"apart": f.pack_uint16([i for pair in self.apart for i in pair])} if self.apart else {}),
-        }  # fmt: skip
+        }
 
     @classmethod
     def _from_fields(cls, m: Mapping[str, Any]) -> PlanRecord:
@@ -317,7 +317,7 @@ class PlanRecord(RecordEnvelope):
                                                max_items=MAX_PLAN_PEERS)),
             apart=_pairs(f.unpack_uint16(f.binary("apart", m.get("apart", b""), item_size=2,
                                                   max_items=2 * MAX_PLAN_PEERS))),
-        )  # fmt: skip
+        )
 
 
 def _pairs(flat: Sequence[int]) -> tuple[tuple[int, int], ...]:

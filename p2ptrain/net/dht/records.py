@@ -69,7 +69,7 @@ from p2ptrain.net.dht.record_base import (
     peer_from_bytes,
     peer_tag,
     set_field,
-)  # fmt: skip
+)
 from p2ptrain.net.identity import check_peer_id, peer_id_to_bytes
 
 __all__ = [
@@ -77,7 +77,7 @@ __all__ = [
     "RecordError", "RecordTooLarge", "ComputeMeasurement", "SOURCE_CHECKPOINT", "SOURCE_INIT", "NO_BACKUP",
     "PeerRecord", "LinkMeasurement", "LinksRecord", "PlanRecord", "ProgressRecord", "Record", "decode_record",
     "peer_tag", "AGENT_PROTOCOL_VERSION",
-]  # fmt: skip
+]
 
 
 
@@ -142,7 +142,7 @@ class ComputeMeasurement:
         return {"rows": self.rows, "seq_len": self.seq_len, "layer_s": list(self.layer_s),
                 "embed_s": list(self.embed_s), "head_s": list(self.head_s),
                 "update_s_per_mparam": self.update_s_per_mparam, "message_s": self.message_s,
-                "codec_s_per_melement": [list(pair) for pair in self.codec_s_per_melement]}  # fmt: skip
+                "codec_s_per_melement": [list(pair) for pair in self.codec_s_per_melement]}
 
     @classmethod
     def from_wire(cls, m: Any) -> ComputeMeasurement:
@@ -210,7 +210,7 @@ class PeerRecord(RecordEnvelope):
             "device_name": self.device_name, "memory_gb": self.memory_gb, "tflops": self.tflops,
             "maddrs": list(self.maddrs), "region": self.region,
             "p2ptrain_version": self.p2ptrain_version, "protocol_version": self.protocol_version,
-        }  # fmt: skip
+        }
         if self.emulated_device is not None:  # optional field: absent unless emulating
             fields["emulated_device"] = self.emulated_device
         if self.compute is not None:  # optional field: absent unless the agent calibrated
@@ -234,7 +234,7 @@ class PeerRecord(RecordEnvelope):
             compute=ComputeMeasurement.from_wire(m["compute"]) if "compute" in m else None,
             data=m.get("data", ""), settings=m.get("settings", ""),
             uplink_gbps=m.get("uplink_gbps"), downlink_gbps=m.get("downlink_gbps"),
-        )  # fmt: skip
+        )
 
 
 @dataclass(frozen=True)

@@ -134,7 +134,7 @@ class RelayConfig:
                 relayDataLimit=self.relay_data_limit_bytes, relayTimeLimit=f"{self.relay_time_limit_s:.0f}s",
                 relayMaxCircuits=self.max_circuits, relayMaxReservations=self.max_reservations,
                 relayBufferSize=self.buffer_bytes,
-            )  # fmt: skip
+            )
         if self.relays_for(initial_peers):
             args["relayDiscovery"] = False  # reserve on the given relays at once (see the module docstring)
         return args

@@ -137,22 +137,22 @@ def estimate_access(
     # each flow's own pace at once against its pace alone, in the least disturbed try: a line they share slows
     # every flow; a moment's disturbance, one of them (which the slowest flow's D alone would take for a line)
     each = max(statistics.fmean(a / max(d, MIN_SERIAL_S) for a, d in zip(alone, delays, strict=True))
-               for delays in flows_s)  # fmt: skip
+               for delays in flows_s)
     flows = len(singles_bytes_per_s)
     if share > config.shared_share or each > config.shared_share:
         return AccessEstimate(None, f"no shared bottleneck: {flows} flows at once carried {share:.0%} of their "
-                                    f"rates alone, each flow {each:.0%} of its own")  # fmt: skip
+                                    f"rates alone, each flow {each:.0%} of its own")
     if aggregate < config.disturbed_share * fastest:
         return AccessEstimate(None, f"disturbed: the flows at once carried {aggregate / fastest:.0%} of the "
-                                    "fastest path alone")  # fmt: skip
+                                    "fastest path alone")
     return AccessEstimate(max(aggregate, fastest), f"{flows} flows at once carried {share:.0%} of their rates alone")
 
 
 def understated_singles(singles_bytes_per_s: Sequence[float], sizes_bytes: Sequence[int],
-                        flows_s: Sequence[Sequence[float]]) -> list[int]:  # fmt: skip
+                        flows_s: Sequence[Sequence[float]]) -> list[int]:
     """The paths whose flow went ``UNDERSTATED`` times faster at once (in some try) than their single said."""
     return [i for i, b in enumerate(singles_bytes_per_s)
-            if max(sizes_bytes[i] / max(delays[i], MIN_SERIAL_S) for delays in flows_s) > UNDERSTATED * b]  # fmt: skip
+            if max(sizes_bytes[i] / max(delays[i], MIN_SERIAL_S) for delays in flows_s) > UNDERSTATED * b]
 
 
 class _Stopped(Exception):
@@ -195,7 +195,7 @@ class _Run:
     """One measurement's sessions, budgets and deadline."""
 
     def __init__(self, sessions: Sequence[ProbeSession], config: AccessConfig, deadline_s: float,
-                 stop: Callable[[], bool], transport_config) -> None:  # fmt: skip
+                 stop: Callable[[], bool], transport_config) -> None:
         self.sessions, self.config, self.deadline_s, self.stop = sessions, config, deadline_s, stop
         self.call_timeout_s = transport_config.call_timeout_s
         self.max_pull_bytes = transport_config.max_probe_reply_bytes
@@ -221,9 +221,9 @@ class _Run:
         kept = [i for i, b in enumerate(singles) if b * flow_s <= cap]  # the others: faster than the budget measures
         if len(kept) < config.min_peers:
             estimate = AccessEstimate(None, f"{len(singles) - len(kept)} of {len(singles)} paths faster than "
-                                            f"{cap / flow_s * 8 / 1e6:.0f} Mbit/s, the budget's")  # fmt: skip
+                                            f"{cap / flow_s * 8 / 1e6:.0f} Mbit/s, the budget's")
             logger.info("%s: unknown (paths alone %s Mbit/s): %s", direction.value,
-                        "/".join(f"{b * 8 / 1e6:.1f}" for b in singles), estimate.reason)  # fmt: skip
+                        "/".join(f"{b * 8 / 1e6:.1f}" for b in singles), estimate.reason)
             return estimate
         singles = [singles[i] for i in kept]
         sessions, floors = [self.sessions[i] for i in kept], [floors[i] for i in kept]
@@ -232,7 +232,7 @@ class _Run:
         if understated := understated_singles(singles, sizes, flows_s):  # a flow went faster at once than its path alone: a disturbed single (a busy CPU), whose
             # small flow would hide a line the others share; measured again, and the flows at once after it
             logger.info("%s: path(s) %s alone measured slower than at once; measuring them again", direction.value,
-                        ", ".join(str(i) for i in understated))  # fmt: skip
+                        ", ".join(str(i) for i in understated))
             for i in understated:
                 singles[i] = max(singles[i], await self._single(sessions[i], direction, floors[i], flow_s))
             sizes = self._sizes(singles, flow_s, direction)
@@ -241,14 +241,14 @@ class _Run:
         logger.info("%s: %s (paths alone %s Mbit/s, at once %s Mbit/s, flows of %.2f s): %s", direction.value,
                     "unknown" if estimate.gbps is None else f"{estimate.gbps * 1e3:.2f} Mbit/s",
                     "/".join(f"{b * 8 / 1e6:.1f}" for b in singles),
-                    "/".join(f"{sum(sizes) / max(d) * 8 / 1e6:.1f}" for d in flows_s), flow_s, estimate.reason)  # fmt: skip
+                    "/".join(f"{sum(sizes) / max(d) * 8 / 1e6:.1f}" for d in flows_s), flow_s, estimate.reason)
         return estimate
 
     async def _at_once(self, sessions: Sequence[ProbeSession], direction: Direction, sizes: Sequence[int],
-                       floors: Sequence[float]) -> list[list[float]]:  # fmt: skip
+                       floors: Sequence[float]) -> list[list[float]]:
         """``tries`` rounds of every flow at once (module docstring, step 3): each flow's delay, per round."""
         return [await _all([self._timed(s, direction, n, f) for s, n, f in zip(sessions, sizes, floors, strict=True)])
-                for _ in range(self.config.tries)]  # fmt: skip
+                for _ in range(self.config.tries)]
 
     def _cap(self, direction: Direction) -> int:
         """The most one flow carries: a push, ``max_transfer_bytes``; a pull, also the peer's reply limit (ours)."""
@@ -288,7 +288,7 @@ class _Run:
         left_s = min(self.deadline_s - time.monotonic(), self.call_timeout_s)
         if left_s <= 0:
             raise PeerTimeoutError(f"the access probe did not finish within {self.config.deadline_s:.1f} s",
-                                   peer=session.peer)  # fmt: skip
+                                   peer=session.peer)
         return await session.roundtrip(request_bytes, reply_bytes, timeout_s=left_s)
 
 

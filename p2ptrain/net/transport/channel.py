@@ -172,7 +172,7 @@ class Channels:
     """A pool of at most ``per_peer`` channels per peer; idle ones closed after ``idle_s``."""
 
     def __init__(self, p2p: P2P, handle_name: str, pacer: Pacer, chunk_bytes: int, *, per_peer: int, idle_s: float,
-                 direct=None):  # fmt: skip
+                 direct=None):
         self._p2p = p2p
         self._direct = direct
         self._handle_name = handle_name

@@ -92,7 +92,7 @@ def session_secret(private: X25519PrivateKey, peer_public: bytes, session: bytes
 def connection_keys(secret: bytes, nonce: bytes) -> tuple[AESGCM, AESGCM]:
     """The keys of one connection: (dialer → listener, listener → dialer)."""
     return (AESGCM(_hkdf(secret, nonce, b"p2ptrain direct dialer")),
-            AESGCM(_hkdf(secret, nonce, b"p2ptrain direct listener")))  # fmt: skip
+            AESGCM(_hkdf(secret, nonce, b"p2ptrain direct listener")))
 
 
 class SealedWriter:
@@ -226,7 +226,7 @@ class DirectPlane:
     method runs on the transport's event loop."""
 
     def __init__(self, local_id: str, serve: Serve, hello: Hello, *, bind_host: str = "127.0.0.1", port: int = 0,
-                 hosts: tuple[str, ...] = ("127.0.0.1",), clock: Callable[[], float] = time.monotonic):  # fmt: skip
+                 hosts: tuple[str, ...] = ("127.0.0.1",), clock: Callable[[], float] = time.monotonic):
         self.local_id, self._serve, self._hello = local_id, serve, hello
         self.bind_host, self.port, self.hosts, self.clock = bind_host, port, tuple(hosts), clock
         self._server: asyncio.AbstractServer | None = None
@@ -245,7 +245,7 @@ class DirectPlane:
         self._server = await asyncio.start_server(self._accept, self.bind_host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
         logger.info("direct data plane listening on %s:%d (announced as %s)", self.bind_host, self.port,
-                    ", ".join(self.hosts))  # fmt: skip
+                    ", ".join(self.hosts))
 
     async def close(self) -> None:
         """Stop listening, end every connection and forget every session (senders fall back to libp2p)."""
@@ -285,7 +285,7 @@ class DirectPlane:
         secret = session_secret(private, public, session, peer, self.local_id)
         self._sessions[session] = _Session(peer, secret, now + SESSION_TTL_S)
         return json.dumps({"public": _raw(private.public_key()).hex(), "session": session.hex(), "port": self.port,
-                           "hosts": list(self.hosts), "ttl_s": SESSION_TTL_S}).encode()  # fmt: skip
+                           "hosts": list(self.hosts), "ttl_s": SESSION_TTL_S}).encode()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -381,7 +381,7 @@ class DirectPlane:
         hosts = tuple(str(h) for h in answer["hosts"])
         port = answer["port"]
         if len(session) != SESSION_BYTES or not isinstance(port, int) or not 0 < port < 65536 or not hosts \
-                or len(hosts) > 16 or not all(_is_address(h) for h in hosts):  # fmt: skip
+                or len(hosts) > 16 or not all(_is_address(h) for h in hosts):
             raise ValueError("a malformed answer")
         secret = session_secret(private, bytes.fromhex(answer["public"]), session, self.local_id, peer)
         ttl_s = min(float(answer.get("ttl_s", SESSION_TTL_S)), SESSION_TTL_S)

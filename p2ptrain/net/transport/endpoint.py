@@ -74,7 +74,7 @@ LOOPBACK_MADDRS = ("/ip4/127.0.0.1/tcp/0",)
 STUCK_SHARE = 0.5
 STUCK_MIN_S = 2.0
 STUCK_KINDS = frozenset({MessageKind.ACTIVATION, MessageKind.ACTIVATION_GRAD, MessageKind.REDUCE_SHARD,
-                         MessageKind.GATHER_SHARD, MessageKind.GRAD_NORM})  # fmt: skip
+                         MessageKind.GATHER_SHARD, MessageKind.GRAD_NORM})
 
 
 @dataclasses.dataclass
@@ -192,7 +192,7 @@ class Transport:
         if self.config.direct:
             bind, hosts = plane_hosts([str(m) for m in await self._p2p.get_visible_maddrs()])
             self.direct = DirectPlane(self.peer_id.to_base58(), self._servicer.serve_push, self._hello,
-                                      bind_host=bind, port=self.config.direct_port, hosts=hosts)  # fmt: skip
+                                      bind_host=bind, port=self.config.direct_port, hosts=hosts)
             await self.direct.start()
             self._servicer.direct = self.direct
         await self._servicer.add_p2p_handlers(self._p2p, namespace=NAMESPACE)
@@ -203,7 +203,7 @@ class Transport:
     async def _hello(self, peer: str, request: bytes) -> bytes:
         """``peer``'s answer to our direct-plane agreement, over libp2p (``direct.py``)."""
         reply = await asyncio.wait_for(self.stub(peer).rpc_direct(runtime_pb2.ExpertRequest(uid=self.run, metadata=request)),
-                                       self.config.call_timeout_s)  # fmt: skip
+                                       self.config.call_timeout_s)
         return reply.metadata
 
     @property
@@ -394,7 +394,7 @@ class Transport:
         return self._call(coroutine, timeout_s)
 
     def _submit(self, coroutine: Coroutine[Any, Any, T],
-                call: tuple[int, str, float, bool] | None = None) -> concurrent.futures.Future[T]:  # fmt: skip
+                call: tuple[int, str, float, bool] | None = None) -> concurrent.futures.Future[T]:
         """Run ``coroutine`` on the loop; ``call``: (epoch, peer, deadline s, a training kind) of a send or
         receive, which ``abort_epoch`` cuts short."""
         if self._closed:
@@ -403,7 +403,7 @@ class Transport:
         return asyncio.run_coroutine_threadsafe(self._tracked(coroutine, call), self._loop)
 
     async def _tracked(self, coroutine: Coroutine[Any, Any, T],
-                       call: tuple[int, str, float, bool] | None = None) -> T:  # fmt: skip
+                       call: tuple[int, str, float, bool] | None = None) -> T:
         task = asyncio.current_task()
         epoch = call[0] if call is not None else None
         if epoch is not None and epoch <= self._aborted_epoch:
@@ -451,7 +451,7 @@ class Transport:
         pending = [c for t, c in self._calls.items() if c.epoch == status.epoch and not t.done()]
         oldest = min(pending, key=lambda c: c.started, default=None)
         return dataclasses.replace(status, sent=self._sent_training.get(status.epoch, 0),
-                                   waits=oldest.peer if oldest is not None else "")  # fmt: skip
+                                   waits=oldest.peer if oldest is not None else "")
 
     def ping_all(self, peers: Sequence[str], timeout_s: float) -> dict[str, PeerStatus | ProtocolError]:
         """Ping every peer at once; per peer its status, or the error (no answer within ``timeout_s``, a
@@ -500,7 +500,7 @@ class Transport:
         now = self._loop.time()
         cut = {task: call for task, call in self._calls.items() if call.epoch <= epoch and not task.done()}
         stuck = [(now - c.started) / c.deadline_s if c.training and now - c.started >= STUCK_MIN_S else 0.0
-                 for c in cut.values()] if failure else []  # fmt: skip
+                 for c in cut.values()] if failure else []
         worst = max(range(len(stuck)), key=stuck.__getitem__, default=None)
         self._abort_stuck = (culprit, None) if culprit is not None else None
         if culprit is None and worst is not None and stuck[worst] >= STUCK_SHARE:

@@ -170,7 +170,7 @@ class Mailbox:
         budget = senders.get(sender)
         if budget is None:
             raise MessageRejected(f"peer {sender} is neither a member of this run's plans nor a live peer",
-                                  peer=sender, code=Refusal.NOT_SENDER)  # fmt: skip
+                                  peer=sender, code=Refusal.NOT_SENDER)
         return budget
 
     def _hold(self, sender: str, nbytes: int, shared: bool) -> None:

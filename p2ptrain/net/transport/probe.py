@@ -163,7 +163,7 @@ async def _measure(session: ProbeSession, config: ProbeConfig, stop: Callable[[]
     logger.info("link to peer %s: %.2f ms, %.4f Gbit/s (%d round trips, %d transfers of %d bytes%s, %s, %.2f s)",
                 peer, estimate.latency_ms, estimate.bandwidth_gbps, estimate.samples, len(transfers), size,
                 "" if agreed else " that disagreed", "one-way" if one_way else "round trips",
-                time.monotonic() - begin_s)  # fmt: skip
+                time.monotonic() - begin_s)
     return estimate
 
 
@@ -181,7 +181,7 @@ def _agree(transfers: Sequence[RoundTrip], pings: Sequence[RoundTrip], config: P
     fast_pings = sorted(_delay(p, samples) for p in pings)[:2]
     tolerance_s = config.agreement * max(fast_transfers[0] - fast_pings[0], MIN_SERIAL_S)
     return (len(fast_transfers) == config.transfers and fast_transfers[-1] - fast_transfers[0] <= tolerance_s
-            and fast_pings[1] - fast_pings[0] <= tolerance_s)  # fmt: skip
+            and fast_pings[1] - fast_pings[0] <= tolerance_s)
 
 
 class LinkTable:

@@ -52,7 +52,7 @@ class PeerStatus:
 
     def encode(self) -> bytes:
         return json.dumps({"state": self.state, "epoch": self.epoch, "step": self.step, "sent": self.sent,
-                           "waits": self.waits}).encode()  # fmt: skip
+                           "waits": self.waits}).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> PeerStatus:

@@ -101,7 +101,7 @@ def simulate_steps(obj: SimulatedObjective, sigma: np.ndarray, steps: int, all_r
                                                run.lat_g, overlap=False)
             else:
                 done = np.stack([run.access.all_reduce(j, last_start[:, j], run.bwd[:, j], updated[:, j],
-                                                       round_end=True)[0] for j in range(s)])  # fmt: skip
+                                                       round_end=True)[0] for j in range(s)])
             end = np.maximum(done.T, sent)
         crit = np.unravel_index(int(np.argmax(end)), end.shape)  # the device that ends the step last
         pipeline_s = float(busy[crit] - start[crit])
@@ -143,14 +143,14 @@ class _Run:
         d, s = obj.num_replicas, obj.num_stages
         a, b = sigma[:, :-1], sigma[:, 1:]  # pipeline i's hop h: a[i, h] → b[i, h]
         hop = (obj.delay_s[a, b], obj.activation_gb * obj.send_s_per_gb[a, b],
-               obj.delay_s[b, a], obj.activation_grad_gb * obj.send_s_per_gb[b, a])  # fmt: skip
+               obj.delay_s[b, a], obj.activation_grad_gb * obj.send_s_per_gb[b, a])
         cols = sigma.T  # cols[j, i]: stage j's member of pipeline i
         src, dst = cols[:, :, None], cols[:, None, :]
         shard_gb = obj.gradient_gb[:, None] * obj.bucket_share / d  # [j, k]: one bucket's shard
         slow = obj.slowdown[sigma]
         grow = slow * obj.recompute_factor  # the recompute check's share of each pass (steps 1–2)
         last_backward = {j: max(k for k, (kind, jj, _) in enumerate(obj.order) if kind == BACKWARD and jj == j)
-                         for j in range(s)}  # fmt: skip
+                         for j in range(s)}
         free_f = np.full((d, s - 1), -np.inf)  # when each link is free again (FIFO), kept across steps
         free_b = np.full((d, s - 1), -np.inf)
         free_g = np.full((s, d, d), -np.inf)

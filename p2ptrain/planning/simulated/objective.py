@@ -66,7 +66,7 @@ class SimulatedObjective:
             self.send_s_per_gb = np.maximum(self.s_per_gb, self.up_s_per_gb[:, None] * off)
         # a message alone on its path: the pair, the sender's uplink and the receiver's downlink
         self._alone_s_per_gb = (np.maximum(self.send_s_per_gb, self.down_s_per_gb[None, :] * off) if self.access
-                                else self.s_per_gb)  # fmt: skip
+                                else self.s_per_gb)
 
     def _volumes(self, workload: Workload) -> None:
         """What each message carries on the wire, the all-reduce's buckets and the schedule's order."""
@@ -141,7 +141,7 @@ class SimulatedObjective:
         self._clip_s = float(self.delay_s.max()) if profile.clip and s > 1 else 0.0
         # the sum check's rounds (every step only): each a message from every other member, behind each other
         self._verify_s = sum(float((self.delay_s + gb * (d - 1) * alone).max()) for gb in profile.verify_gb
-                             if gb > 0 and d > 1)  # fmt: skip
+                             if gb > 0 and d > 1)
         links = hop[off]
         self._tau = MATCHING_SOFTNESS * (float(np.median(links)) if links.size else 1.0) or 1.0
 
