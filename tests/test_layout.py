@@ -175,3 +175,15 @@ def test_each_package_says_what_its_modules_own():
         if unnamed:
             missing[init.parent.relative_to(PACKAGE.parent).as_posix()] = unnamed
     assert not missing, missing
+
+
+MAX_MODULE_DOC_LINES = 60  # a screen: what the module does now; derivations and history live in docs/ and git
+
+
+def test_each_module_docstring_fits_a_screen():
+    long = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        if doc.count("\n") + 1 > MAX_MODULE_DOC_LINES:
+            long[path.relative_to(PACKAGE.parent).as_posix()] = doc.count("\n") + 1
+    assert not long, f"module docstrings over {MAX_MODULE_DOC_LINES} lines: {long}"

@@ -37,32 +37,7 @@ A quantised message is one flat ``uint8`` tensor: the float32 scales first, then
 ``topk``, the positions); its size follows from the tensor's shape alone (``message_bytes(name, shape)``;
 ``wire_bytes(name, n)`` for n elements). ``fp32`` and ``bf16`` messages keep the tensor's shape.
 
-Why these, measured with the real runtime (``wire_quality.compare_wires``, ``benchmarks/wire.py``; ``tiny``, 2
-stages × 2 replicas, 200 steps, 1F1B, the mean loss of the last 10 steps against fp32's on the same seed,
-seeds 0 and 1; benchmarks/README.md, "Wire codecs below int4"): int4 activation gradients, which ``int4``
-avoids because 4-bit gradients through the pipeline once lost too much, cost 0.01 % more than ``int4``'s
-+0.37 %, so ``int4_all`` sends 1.44× fewer pipeline bytes than ``int4`` for nothing measurable. ``int2`` costs
-+3.2 % (spread over seeds 0.02 %) for 1.86× fewer pipeline bytes than ``int4`` (2.43× fewer than ``int8``) and
-1.8× fewer all-reduce bytes: its 2-bit activations alone cost +2.5 %, its 2-bit gradients alone +1.5 % (seed
-1); 2-bit activation gradients as well cost +6 % (seed 0) and are not offered. DiLoCo's pseudo-gradients (1
-stage × 4 replicas, H = 10): int8 and int4 cost nothing measurable, int2 +1.0 % (so ``int2`` is the 2-bit
-pseudo-gradient codec). ``topk`` pseudo-gradients with error feedback, SparseLoCo's idea, cost +17 % (+6.5 %
-with plain averaging, outer lr 1 and no momentum): an element waits up to 32 rounds to be sent and this run
-has 20; SparseLoCo's rounds number thousands, and it lets error feedback stand in for the outer momentum,
-which ``ErrorFeedback`` cannot (it keeps no decay). Every-step gradients in ``topk`` cost +21 %. ``lowrank``
-activations cost +9 %: the residual stream of a young model is far from low-rank (rank 4 of 64 leaves 0.82 of
-it at the initial parameters, 0.04 after 60 steps). Neither is in a wire; both stay measurable by
-``wire_quality.codec_errors``.
-
-Activations and their gradients are quantised as they are, without error feedback. AQ-SGD's delta coding
-(send the change against the value last sent for the same sample, both ends keeping that reference) pays
-when a sample comes back: in fine-tuning, epoch after epoch. Here every step draws fresh sequences, so the
-reference of a micro-batch slot is another sequence's activation; measured on ``tiny`` (stage 0's output,
-parameters fixed, ``wire_quality.delta_coding_error``) the change quantises with 0.95× the error of the value
-itself — 5 % less error for a reference per slot and boundary on both ends (the very activation memory 1F1B
-saves) that must also survive re-plans. Data-parallel gradients are the same quantity step after step, so
-they get error feedback (``ErrorFeedback``): what a member's encoding dropped is added to its next step's
-gradient (and, for the shard a member sums, what the all-gather's encoding dropped to its next sum).
+Why these codecs, and not top-k, low-rank or delta coding, measured: docs/wire.md, "Why these codecs".
 
 What a cost model needs to know about a run's settings (``TrainConfig`` keys; flags of ``p2ptrain train``,
 ``swarm`` and ``agent``):
@@ -82,8 +57,7 @@ What a cost model needs to know about a run's settings (``TrainConfig`` keys; fl
 
 Decoding is deterministic and every shard is summed in float32 by one member in replica order, then sent
 encoded to all and decoded by all (its owner included): replicas apply bit-identical updates whatever the
-wire. The codecs are pure torch functions. hivemind's compression is not used: its codecs produce protobuf
-messages, and its blockwise 8-bit codec needs bitsandbytes; torch's own dtypes serve fp32 and bf16.
+wire. The codecs are pure torch functions (not hivemind's: docs/wire.md says why).
 """
 
 from __future__ import annotations
