@@ -4,7 +4,8 @@
 - ``session``: one stage in training: module, optimizer and data built from a ``TrainConfig``.
 - ``executor``: one stage of one pipeline for one step: a pipeline ``schedule``, then the group's
   all-reduce (``allreduce``, in ``buckets`` overlapped with backward); ``link``: the executor's view of the
-  transport; ``topology``: who holds what in an epoch; ``wire``: how tensors travel (codecs);
+  transport (and of a replica group); ``outer_rounds``: DiLoCo's rounds of a stage replica (the executor's, at
+  rounds' ends); ``topology``: who holds what in an epoch; ``wire``: how tensors travel (codecs);
   ``wire_quality``: what a lossy wire costs, side by side.
 - ``reference``: single-process training, the reference every plan reproduces.
 - ``checkpoint``: a stage's state by full-model name, on disk; ``gather``: the full model from a checkpoint's

@@ -33,11 +33,9 @@ from __future__ import annotations
 
 import logging
 import time
-import weakref
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
@@ -46,33 +44,18 @@ from p2ptrain.model.clip import clip_coefficient, scale_gradients, squared_norm,
 from p2ptrain.model.data import TrainData, inputs_and_targets, micro_batches, shard_of
 from p2ptrain.model.loss import micro_batch_loss
 from p2ptrain.model.lr_schedule import set_lr
-from p2ptrain.model.outer import DiLoCoConfig, OuterOptimizer, fragment_parts
+from p2ptrain.model.outer import DiLoCoConfig
 from p2ptrain.net.transport.messages import MessageKind
 from p2ptrain.runtime.buckets import BucketedAllReduce
 from p2ptrain.runtime.compute_speed import NO_PACING, ComputePacer
+from p2ptrain.runtime.link import GroupOverLink, StepLink
 from p2ptrain.runtime.memory import ActivationMeter
+from p2ptrain.runtime.outer_rounds import OuterRounds
 from p2ptrain.runtime.schedule import FORWARD, schedule_ops
 from p2ptrain.runtime.topology import Role, Topology
 from p2ptrain.runtime.wire import WireError, wire_format
 
 logger = logging.getLogger(__name__)
-
-
-class StepLink(Protocol):
-    """Messages of one step to and from named peers. ``send`` may read ``tensor`` until its future is done: the
-    executor and the all-reduce hand over tensors they never change (encoded messages, detached outputs and
-    input gradients, freshly flattened buckets) and wait for every send before a step ends."""
-
-    def send(self, peer: str, kind: str, micro_batch: int, part: int, tensor: torch.Tensor) -> Future: ...
-
-    def recv(
-        self, peer: str, kind: str, micro_batch: int, part: int, shape: tuple[int, ...], dtype: torch.dtype
-    ) -> torch.Tensor: ...
-
-    def for_step(self, step: int) -> StepLink:
-        """The same peers' messages of another step (DiLoCo's overlapped all-reduce is tagged with the step
-        that applies it)."""
-        ...
 
 
 DEFAULT_BUCKET_ELEMENTS = 1 << 18  # gradient elements per all-reduce bucket: 1 MiB of fp32
@@ -96,20 +79,6 @@ class StepWaits:
     recv_s: float = 0.0
     reduce_s: float = 0.0
     send_s: float = 0.0
-
-
-class _GroupOverLink:
-    """Adapts a StepLink to the all-reduce's rank addressing inside stage ``stage``'s group; ``bucket`` goes in
-    the micro-batch field of the tags."""
-
-    def __init__(self, link: StepLink, group: tuple[str, ...], bucket: int = 0):
-        self.link, self.group, self.bucket = link, group, bucket
-
-    def send(self, to_rank: int, kind: str, part: int, tensor: torch.Tensor) -> Future:
-        return self.link.send(self.group[to_rank], kind, self.bucket, part, tensor)
-
-    def recv(self, from_rank: int, kind: str, part: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        return self.link.recv(self.group[from_rank], kind, self.bucket, part, shape, dtype)
 
 
 class StageExecutor:
@@ -151,15 +120,9 @@ class StageExecutor:
         self.meter = ActivationMeter(self.params)
         self.before_update: Callable[[], None] | None = None  # called before the optimizer changes anything
         # DiLoCo (``model.outer``): no all-reduce per step; every round's end, the group averages pseudo-gradients
-        self.diloco, self.total_steps = diloco, total_steps
-        self.outer = OuterOptimizer(self.params, diloco) if diloco is not None else None
-        self.parts = _fragments(module, self.params, diloco)  # each fragment's parameter indices (``model.outer``)
-        # DiLoCo's ``overlap``, per fragment: its last round's all-reduce, running; the step after whose update
-        # its mean corrects us; the state (steps done) that mean completes
-        self._in_flight: dict[int, Future] = {}
-        self._outer_thread: ThreadPoolExecutor | None = None
-        self._correct_at: dict[int, int] = {}
-        self._round_end: dict[int, int] = {}
+        self.rounds = OuterRounds(module, self.params, self.reducer, diloco, total_steps) if diloco is not None else None
+        self.outer = self.rounds.outer if self.rounds is not None else None  # the outer optimizer's state
+        self.parts = self.rounds.parts if self.rounds is not None else []  # each fragment's parameter indices
 
     def run_step(self, step: int, role: Role, topology: Topology, link: StepLink) -> StepOutcome:
         micro = self._micro_batches(step, role)
@@ -175,7 +138,7 @@ class StageExecutor:
         self.meter.reset(self.params)
         group = topology.group(role.stage)
         if every_step:
-            self.reducer.begin(role.replica, role.num_replicas, lambda b: _GroupOverLink(link, group, b))
+            self.reducer.begin(role.replica, role.num_replicas, lambda b: GroupOverLink(link, group, b))
         backwards_left = len(micro)
         try:
             for op, m in schedule_ops(self.schedule, role.num_stages, role.stage, len(micro)):
@@ -249,7 +212,7 @@ class StageExecutor:
     def _all_reduce_and_step(self, role: Role, topology: Topology, state: _StepState) -> float | None:
         loss_sum = state.loss_sum
         loss = float(loss_sum) if role.is_last else None
-        if role.num_replicas > 1 and self.outer is None:
+        if role.num_replicas > 1 and self.rounds is None:
             started = time.perf_counter()
             loss = self.reducer.finish(loss_sum if role.is_last else None)
             state.reduce_s = time.perf_counter() - started
@@ -265,92 +228,20 @@ class StageExecutor:
             if self.before_update is not None:
                 self.before_update()  # e.g. a copy of the last state still reading the parameters
             self.optimizer.step()
-        if self.outer is not None:
+        if self.rounds is not None:
             started = time.perf_counter()
-            self._outer_rounds(role, topology, state.link, state.step)
+            self.rounds.after_update(role, topology, state.link, state.step)
             state.reduce_s += time.perf_counter() - started
         return loss  # DiLoCo: this pipeline's own loss (the run's is the mean over the pipelines)
 
-    def _outer_rounds(self, role: Role, topology: Topology, link: StepLink, step: int) -> None:
-        """After update ``step``: every fragment whose mean in flight is due corrects this replica, then every
-        fragment whose round ends takes its outer step."""
-        ends = [f for f in range(len(self.parts)) if self.diloco.fragment_ends(f, step, self.total_steps)]
-        for f in sorted(self._in_flight):
-            if f in ends or step == self._correct_at[f]:
-                self._correct(f)
-        for f in ends:
-            if self.parts[f]:  # a stage may hold none of a fragment
-                self._outer_step(f, role, topology, link, step)
-
     def mean_pending(self, done: int) -> bool:
-        """Whether a mean of a round that ended at or before state ``done`` (steps done) is still in flight."""
-        return any(end <= done for end in self._round_end.values())
-
-    def _outer_step(self, fragment: int, role: Role, topology: Topology, link: StepLink, step: int) -> None:
-        """Fragment ``fragment``'s round end: the group's mean pseudo-gradient (the sharded all-reduce, in the
-        run's gradient wire format with its error feedback), then the outer optimizer; replicas end
-        bit-identical. With ``overlap`` (``model.outer``): the all-reduce runs in the background for the next
-        ``tau`` steps (``_correct`` then applies it), and this replica starts the fragment's next round from the
-        outer step of its own pseudo-gradient; the run's last round waits for its own mean."""
-        part, outer = self.parts[fragment], self.outer
-        deltas = outer.pseudo_gradients(part=part)
-        stride, count = len(self.reducer.buckets) + 1, len(self.parts)  # message tags: fragment f's sums use
-        if not self.diloco.overlap or step + 1 == self.total_steps:  # f·stride + b, in flight (count + f)·stride + b
-            # checked before the outer step (the reducer's verifier, ``verify.sum_check``): plain DiLoCo only, whose
-            # round ends are the only all-reduces and happen on this thread; overlapped or fragmented rounds are not
-            checked = len(self.parts) == 1 and not self.diloco.overlap
-            outer.step(self._group_mean(deltas, role, topology, link, fragment * stride, fragment, part, checked), part)
-            return
-        correct_at = min(step + self.diloco.tau, step + self.diloco.inner_steps, self.total_steps - 1)
-        self._correct_at[fragment], self._round_end[fragment] = correct_at, step + 1
-        if role.num_replicas == 1:
-            self._in_flight[fragment] = Future()
-            self._in_flight[fragment].set_result(deltas)
-        else:  # tagged with the step that applies it, past the synchronous rounds' numbers
-            if self._outer_thread is None:
-                self._outer_thread = ThreadPoolExecutor(1, thread_name_prefix="p2ptrain-outer")
-                weakref.finalize(self, self._outer_thread.shutdown, wait=False)
-            self._in_flight[fragment] = self._outer_thread.submit(
-                self._group_mean, deltas, role, topology, link.for_step(correct_at), (count + fragment) * stride,
-                fragment, part)
-        starts = outer.tentative(deltas, part)
-        for i, start in zip(part, starts, strict=True):
-            outer.start[i] = start
-        outer.reset(self.params, starts, part)
-
-    def _correct(self, fragment: int) -> None:
-        """``overlap``: the fragment's last mean is in (``settle_outer``); move this replica by the anchor minus
-        the start it guessed, as if its round had started from the anchor."""
-        self.settle_outer(fragment)
-        part, outer = self.parts[fragment], self.outer
-        starts = [outer.start[i] for i in part]
-        if part and all(s is not None for s in starts):
-            outer.correct(self.params, starts, part)  # type: ignore[arg-type]
-            for i in part:
-                outer.start[i] = None
+        """Whether a DiLoCo mean of a round that ended at or before state ``done`` is still in flight."""
+        return self.rounds is not None and self.rounds.mean_pending(done)
 
     def settle_outer(self, fragment: int | None = None) -> None:
-        """Wait for the all-reduce in flight (``overlap``) of ``fragment`` (default: every fragment's) and move
-        the anchor and momentum by its mean: the state of that round's end is then complete (an epoch that
-        stops there hands it on)."""
-        for f in sorted(self._in_flight) if fragment is None else [fragment]:
-            future = self._in_flight.pop(f, None)
-            if future is not None:
-                self.outer.advance(wait_all([future])[0], self.parts[f])
-                del self._correct_at[f], self._round_end[f]
-
-    def _group_mean(self, deltas: list[torch.Tensor], role: Role, topology: Topology, link: StepLink,
-                    offset: int, fragment: int = 0, part: list[int] | None = None,
-                    checked: bool = False) -> list[torch.Tensor]:
-        """The mean of ``deltas`` (of ``part``'s parameters, one fragment's) over the stage's replica group;
-        bucket b's messages tagged ``offset + b``; ``checked``: its sums checked by the reducer's verifier."""
-        if role.num_replicas == 1:
-            return deltas
-        group = topology.group(role.stage)
-        sums = self.reducer.sum_tensors(deltas, role.replica, role.num_replicas,
-                                        lambda b: _GroupOverLink(link, group, offset + b), part, fragment,
-                                        checked=checked)
-        return [s / role.num_replicas for s in sums]
+        """Wait for DiLoCo's all-reduces in flight (``OuterRounds.settle``)."""
+        if self.rounds is not None:
+            self.rounds.settle(fragment)
 
     def _clip(self, role: Role, topology: Topology, state: _StepState) -> None:
         """Scale the gradients by the global-norm coefficient, the stages' squared norms exchanged."""
@@ -396,14 +287,3 @@ class _StepState:
             return self.link.recv(peer, kind, m, 0, shape, dtype)
         finally:
             self.recv_s += time.perf_counter() - started
-
-
-def _fragments(module: torch.nn.Module, params: list[torch.nn.Parameter], diloco: DiLoCoConfig | None) -> list[list[int]]:
-    """The indices into ``params`` of each of DiLoCo's fragments (``model.outer.fragment_parts``); no DiLoCo:
-    none."""
-    if diloco is None:
-        return []
-    if diloco.fragments == 1:
-        return [list(range(len(params)))]
-    names = {p: n for n, p in module.named_parameters()}
-    return fragment_parts([names[p] for p in params], diloco.fragments, module.shape.num_layers)

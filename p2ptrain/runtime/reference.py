@@ -283,7 +283,7 @@ def train_reference(cfg: TrainConfig, on_step: Callable[[StepReport], None] | No
 
 def _outer_rounds(cfg: TrainConfig, step: int, outer: OuterOptimizer, parts: list[list[int]], models: list[GPT],
                   codec, feedbacks: list[list], starts: dict, in_flight: dict, correct_at: dict) -> None:
-    """DiLoCo after update ``step``, as ``StageExecutor._outer_rounds`` does it on every stage: each fragment's
+    """DiLoCo after update ``step``, as ``OuterRounds.after_update`` does it on every stage: each fragment's
     mean in flight that is due corrects every replica, then each fragment whose round ends takes its outer step
     (``overlap``: each replica starts the next round from its own guess)."""
     ends = [f for f, part in enumerate(parts) if part and cfg.diloco.fragment_ends(f, step, cfg.steps)]

@@ -76,7 +76,7 @@ def simulate_steps(obj: SimulatedObjective, sigma: np.ndarray, steps: int, all_r
                    round_end: bool = False) -> SimulatedSteps:
     """``steps`` steps of ``sigma``; ``all_reduce``: with the groups' all-reduce, during and after the last
     backward pass as every-step sync runs it, or with ``round_end`` as a DiLoCo round's end runs it
-    (``executor.StageExecutor._outer_step``): after the clip's exchange and the update, every bucket at once."""
+    (``outer_rounds.OuterRounds._outer_step``): after the clip's exchange and the update, every bucket at once."""
     run = _Run.of(obj, sigma, all_reduce and not round_end)
     d, s = obj.num_replicas, obj.num_stages
     start = np.zeros((d, s))
