@@ -30,13 +30,20 @@ import click
 from p2ptrain.cli.optimizer_options import (
     INIT_FROM_HELP,
     RECIPES_HELP,
+    SYNC_NAMES,
     diloco_flags,
     optimizer_flags,
     optimizer_options,
     sync_options,
 )
+from p2ptrain.cli.optimizer_options import NAMES as OPTIMIZER_NAMES
 from p2ptrain.planning.model_shapes import MODEL_PRESETS
 from p2ptrain.runtime.wire import WIRE_FORMATS
+
+# the flags whose keyword is not their TrainConfig key (the others are the key itself), and the ones that go
+# to [optimizer] and [train.diloco] (``optimizer_options``) rather than to TrainConfig's top level
+TRAIN_KEYS = {"batch_size": "global_batch_size", "threads": "num_threads", "checkpointing": "activation_checkpointing"}
+NOT_TRAIN_KEYS = set(OPTIMIZER_NAMES) | set(SYNC_NAMES)
 
 
 @click.command(
@@ -117,74 +124,16 @@ from p2ptrain.runtime.wire import WIRE_FORMATS
     help="With --stages/--replicas: keep worker specs, logs and progress files here.  [default: a temporary dir]",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
-def command(
-    config_path: str | None,
-    model: str | None,
-    steps: int | None,
-    batch_size: int | None,
-    micro_batches: int | None,
-    seq_len: int | None,
-    lr: float | None,
-    lr_schedule: str | None,
-    warmup_steps: int | None,
-    min_lr: float | None,
-    clip: float | None,
-    init_from: str | None,
-    sync: str | None,
-    inner_steps: int | None,
-    outer_lr: float | None,
-    outer_momentum: float | None,
-    outer_overlap: bool | None,
-    outer_overlap_steps: int | None,
-    outer_fragments: int | None,
-    simulate_replicas: int | None,
-    seed: int | None,
-    data: str | None,
-    device: str | None,
-    threads: int | None,
-    precision: str | None,
-    checkpointing: bool | None,
-    eval_every: int | None,
-    save_dir: str | None,
-    wire: str | None,
-    schedule: str | None,
-    overlap: bool | None,
-    stages: int | None,
-    replicas: int | None,
-    plan_path: str | None,
-    cluster_path: str | None,
-    scenario: str | None,
-    time_scale: float,
-    size_factor: float,
-    workdir: str | None,
-    as_json: bool,
-) -> None:
+def command(config_path: str | None, plan_path: str | None, cluster_path: str | None, scenario: str | None,
+            time_scale: float, size_factor: float, workdir: str | None, save_dir: str | None,
+            simulate_replicas: int | None, as_json: bool, **flags: object) -> None:
     from p2ptrain.config import config_from_dict, read_toml
     from p2ptrain.runtime.config import TrainConfig
 
     tree = read_toml(config_path) if config_path else {}
-    flags = {
-        "model": model,
-        "steps": steps,
-        "global_batch_size": batch_size,
-        "micro_batches": micro_batches,
-        "seq_len": seq_len,
-        "seed": seed,
-        "data": data,
-        "device": device,
-        "num_threads": threads,
-        "precision": precision,
-        "activation_checkpointing": checkpointing,
-        "eval_every": eval_every,
-        "wire": wire,
-        "schedule": schedule,
-        "overlap": overlap,
-        "stages": stages,
-        "replicas": replicas,
-        "init_from": init_from,
-        "sync": sync,
-    }
-    overrides = {name: value for name, value in flags.items() if value is not None}
+    overrides = {TRAIN_KEYS.get(name, name): value for name, value in flags.items()
+                 if value is not None and name not in NOT_TRAIN_KEYS}
+    stages, replicas = flags["stages"], flags["replicas"]
     links = None
     if plan_path is not None:
         from p2ptrain.runtime.plan_file import load_plan_file
@@ -197,12 +146,8 @@ def command(
         links = _emulated_links(plan, cluster_path, scenario, time_scale, size_factor)
     elif cluster_path is not None or scenario is not None:
         raise ValueError("--cluster and --scenario go with --plan (which device each worker plays)")
-    optimizer = optimizer_flags(dict(lr=lr, lr_schedule=lr_schedule, warmup_steps=warmup_steps, min_lr=min_lr,
-                                     clip=clip))
     # one tree, validated once: the preset's recipe fills what the file and the flags leave out of [optimizer]
-    diloco = diloco_flags(dict(inner_steps=inner_steps, outer_lr=outer_lr, outer_momentum=outer_momentum,
-                               outer_overlap=outer_overlap, outer_overlap_steps=outer_overlap_steps,
-                               outer_fragments=outer_fragments))
+    optimizer, diloco = optimizer_flags(flags), diloco_flags(flags)
     if simulate_replicas is not None:
         if replicas is not None or stages is not None or plan_path is not None:
             raise ValueError("--simulate-replicas trains in one process: leave out --stages, --replicas and --plan")
