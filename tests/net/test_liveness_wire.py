@@ -129,7 +129,7 @@ def epochs_in_flight(transport: Transport) -> list[int]:
     """The epochs of the sends and receives ``transport`` has in flight, read on its loop (what an abort fails)."""
 
     async def read() -> list[int]:
-        return sorted(call.epoch for call in transport._calls.values())
+        return sorted(call.epoch for call in transport._calls.in_flight.values())
 
     return transport.run_coroutine(read(), timeout_s=10.0)
 

@@ -1,7 +1,7 @@
 """p2ptrain.net.transport: tensors over libp2p (and plain TCP where peers reach each other).
 
 - ``endpoint``: ``Transport``: one event loop on a thread of its own, a synchronous facade, a deadline on
-  every call.
+  every call; ``calls``: its sends and receives in flight by epoch, and an epoch's abort.
 - ``messages``: a message's kind, tag and header, refusals; ``frames`` and ``streamio``: its bytes on a
   stream, with few copies.
 - ``servicer``: the ``rpc_*`` endpoints; ``channel``: the sending streams of ``rpc_push``; ``mailbox``:

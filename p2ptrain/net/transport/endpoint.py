@@ -44,15 +44,16 @@ from hivemind.p2p import P2P, PeerID
 from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError
 from hivemind.proto import runtime_pb2
 
-from p2ptrain.errors import MessageRejected, PeerFailed, PeerTimeoutError, ProtocolError, StreamClosed
+from p2ptrain.errors import MessageRejected, PeerTimeoutError, ProtocolError, StreamClosed
 from p2ptrain.lifecycle import service_loop
 from p2ptrain.net import p2p_fixes
 from p2ptrain.net.nat.relay import multiaddr_bytes
+from p2ptrain.net.transport.calls import Calls, call_of
 from p2ptrain.net.transport.channel import Channels
 from p2ptrain.net.transport.direct import DirectPlane, plane_hosts
 from p2ptrain.net.transport.emulation import LinkEmulator
 from p2ptrain.net.transport.mailbox import Mailbox
-from p2ptrain.net.transport.messages import UNABORTED_KINDS, Header, MessageKind, Refusal, Tag, dtype_name
+from p2ptrain.net.transport.messages import Header, MessageKind, Refusal, Tag, dtype_name
 from p2ptrain.net.transport.pacing import Pacer
 from p2ptrain.net.transport.probe_session import ProbeSession
 from p2ptrain.net.transport.servicer import NAMESPACE, TensorServicer, parse_reply
@@ -66,29 +67,6 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 PeerLike = PeerID | str
 LOOPBACK_MADDRS = ("/ip4/127.0.0.1/tcp/0",)
-# A training call (``STUCK_KINDS``) cut short by ``abort_epoch`` after waiting this share of its deadline, and
-# at least STUCK_MIN_S, was stuck on its peer (``PeerFailed.stuck_on``): an honest peer's answer never takes
-# that long (deadlines are sized for the slowest link and step, ``agent.config``), and a failure elsewhere is
-# noticed within a heartbeat round. State hand-overs and warm copies wait under short polling deadlines and
-# on background senders: they say nothing of who stalled the epoch.
-STUCK_SHARE = 0.5
-STUCK_MIN_S = 2.0
-STUCK_KINDS = frozenset({MessageKind.ACTIVATION, MessageKind.ACTIVATION_GRAD, MessageKind.REDUCE_SHARD,
-                         MessageKind.GATHER_SHARD, MessageKind.GRAD_NORM})
-
-
-@dataclasses.dataclass
-class _Call:
-    """A send or receive in flight: the epoch it belongs to, the peer it waits on, since when (loop time),
-    and its whole deadline (a send's includes its emulated transfer time)."""
-
-    epoch: int
-    peer: str
-    started: float
-    deadline_s: float
-    training: bool = True  # a kind that can be stuck on its peer (``STUCK_KINDS``)
-
-
 @dataclasses.dataclass(frozen=True)
 class TransportConfig:
     """Limits and deadlines of the tensor transport (every timeout in seconds, every size in bytes)."""
@@ -158,13 +136,8 @@ class Transport:
         self._p2p: P2P | None = None
         self._owns_daemon = dht is None
         self._closed = False
-        self._tasks: set[asyncio.Task] = set()  # calls in flight, cancelled first at shutdown
-        self._calls: dict[asyncio.Task, _Call] = {}  # each send and receive of an epoch in flight
-        self._aborted_epoch, self._abort_reason = -1, ""  # calls of epochs up to this one fail at once
-        self._abort_stuck: tuple[str, float | None] | None = None  # (peer, waited s) the abort blames
-        self._aborted_tasks: set[asyncio.Task] = set()
+        self._calls = Calls()  # every task in flight; the sends and receives by epoch, and their abort
         self._sent_bytes = 0  # written by the loop thread only, so no lock: other threads only read it
-        self._sent_training: dict[int, int] = {}  # epoch -> its training messages receivers accepted (loop thread)
         self._close_lock = threading.Lock()
         self._loop = service_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="p2ptrain-transport", daemon=True)
@@ -187,7 +160,7 @@ class Transport:
                                            max_reply_bytes=self.config.max_probe_reply_bytes,
                                            stream_idle_s=self.config.stream_idle_s,
                                            buffers=BufferPool(self.config.buffer_pool_bytes))
-        self._servicer.status_now = self._status_now
+        self._servicer.status_now = self._calls.status_now  # a ping's answer says where its epoch stands
         self.direct = None
         if self.config.direct:
             bind, hosts = plane_hosts([str(m) for m in await self._p2p.get_visible_maddrs()])
@@ -260,7 +233,7 @@ class Transport:
             numpy.copyto(copied, data)  # numpy's copy: torch's would run on its intra-op threads, which spin
         payload = memoryview(data if copied is None else copied)
         timeout_s = timeout_s or self.config.call_timeout_s
-        return self._submit(self._send(str(peer), header, payload, timeout_s, copied), call=_call_of(tag, peer, timeout_s))
+        return self._submit(self._send(str(peer), header, payload, timeout_s, copied), call=call_of(tag, peer, timeout_s))
 
     async def _send(self, peer: str, header: Header, payload: memoryview, timeout_s: float,
                     copied: numpy.ndarray | None = None) -> None:
@@ -270,7 +243,7 @@ class Transport:
             header = dataclasses.replace(header, arrival=self.pacer.stamp(reservation.arrive_s))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + emulated_s + timeout_s
-        call = self._calls.get(asyncio.current_task())
+        call = self._calls.current()
         if call is not None:
             call.deadline_s += emulated_s  # the link's modelled time is no wait on the peer
         for attempt in itertools.count():
@@ -292,8 +265,7 @@ class Transport:
             reply = parse_reply(response)
             if reply.error is None:
                 self._sent_bytes += len(payload)  # every byte went out (a refusal may have cut the message short)
-                if call is not None and call.training:
-                    self._sent_training[call.epoch] = self._sent_training.get(call.epoch, 0) + 1
+                self._calls.count_sent(call)
             if reply.error is None and attempt == 0 and copied is not None:
                 self._send_buffers.give_back(copied)  # every byte was read: no stream holds a view of it
             if reply.error is None or (attempt > 0 and reply.code in (Refusal.DUPLICATE, Refusal.STALE)):
@@ -363,7 +335,7 @@ class Transport:
     ) -> concurrent.futures.Future[torch.Tensor]:
         timeout_s = timeout_s or self.config.call_timeout_s
         return self._submit(self._recv(tag, str(sender), tuple(shape), dtype_name(dtype), timeout_s),
-                            call=_call_of(tag, sender, timeout_s))
+                            call=call_of(tag, sender, timeout_s))
 
     async def _recv(self, tag: Tag, sender: str, shape: tuple[int, ...], dtype: str, timeout_s: float) -> torch.Tensor:
         future = self.mailbox.receive(tag, sender, shape, dtype)
@@ -402,35 +374,8 @@ class Transport:
             raise RuntimeError("the transport is shut down")
         return asyncio.run_coroutine_threadsafe(self._tracked(coroutine, call), self._loop)
 
-    async def _tracked(self, coroutine: Coroutine[Any, Any, T],
-                       call: tuple[int, str, float, bool] | None = None) -> T:
-        task = asyncio.current_task()
-        epoch = call[0] if call is not None else None
-        if epoch is not None and epoch <= self._aborted_epoch:
-            coroutine.close()
-            raise self._aborted(epoch)
-        self._tasks.add(task)
-        if call is not None:
-            self._calls[task] = _Call(epoch, call[1], self._loop.time(), call[2], call[3])
-        try:
-            return await coroutine
-        except asyncio.CancelledError:
-            if task in self._aborted_tasks:
-                raise self._aborted(epoch) from None
-            raise
-        finally:
-            self._tasks.discard(task)
-            self._calls.pop(task, None)
-            self._aborted_tasks.discard(task)
-
-    def _aborted(self, epoch: int) -> PeerFailed:
-        if self._abort_stuck is None:
-            return PeerFailed(f"epoch {epoch} was aborted: {self._abort_reason}")
-        peer, waited_s = self._abort_stuck
-        if waited_s is None:  # the failure's own culprit, named by the caller
-            return PeerFailed(f"epoch {epoch} was aborted: {self._abort_reason}", stuck_on=peer)
-        return PeerFailed(f"epoch {epoch} was aborted: {self._abort_reason}; a call had waited {waited_s:.1f} s "
-                          f"on peer {peer}", stuck_on=peer, stuck_s=waited_s)
+    async def _tracked(self, coroutine: Coroutine[Any, Any, T], call: tuple[int, str, float, bool] | None) -> T:
+        return await self._calls.tracked(coroutine, call, self._loop.time())
 
     # --- liveness ------------------------------------------------------------------------------------------
 
@@ -442,16 +387,6 @@ class Transport:
     def status(self, status: PeerStatus) -> None:
         """What this peer answers to pings from now on (``transport.status``)."""
         self._servicer.status = status
-
-    def _status_now(self, status: PeerStatus) -> PeerStatus:
-        """``status`` with where its epoch stands (the loop's thread: a ping's answer): the training messages of
-        the epoch receivers accepted, and the peer the oldest call of the epoch still in flight waits on."""
-        for epoch in [e for e in self._sent_training if e < status.epoch - 1]:
-            del self._sent_training[epoch]
-        pending = [c for t, c in self._calls.items() if c.epoch == status.epoch and not t.done()]
-        oldest = min(pending, key=lambda c: c.started, default=None)
-        return dataclasses.replace(status, sent=self._sent_training.get(status.epoch, 0),
-                                   waits=oldest.peer if oldest is not None else "")
 
     def ping_all(self, peers: Sequence[str], timeout_s: float) -> dict[str, PeerStatus | ProtocolError]:
         """Ping every peer at once; per peer its status, or the error (no answer within ``timeout_s``, a
@@ -482,7 +417,7 @@ class Transport:
         a peer of that epoch failed, so waiting for the data deadlines would only delay the re-plan. A no-op once
         the transport is shut down (its shutdown failed every call already).
 
-        On a ``failure``, the cut call that had waited the largest share (``STUCK_SHARE`` or more) of its
+        On a ``failure``, the cut call that had waited the largest share (``calls.STUCK_SHARE`` or more) of its
         deadline names its peer in every PeerFailed (``stuck_on``): the failure's cascade went through it.
         Not so for an epoch cut at a newer plan's start (``failure=False``): its peers stop there too. A
         ``culprit`` the caller knows (a trainer its heartbeats found dead) is named instead."""
@@ -495,23 +430,7 @@ class Transport:
                 raise
 
     def _abort(self, epoch: int, reason: str, failure: bool, culprit: str | None = None) -> None:
-        if epoch <= self._aborted_epoch:
-            return
-        now = self._loop.time()
-        cut = {task: call for task, call in self._calls.items() if call.epoch <= epoch and not task.done()}
-        stuck = [(now - c.started) / c.deadline_s if c.training and now - c.started >= STUCK_MIN_S else 0.0
-                 for c in cut.values()] if failure else []
-        worst = max(range(len(stuck)), key=stuck.__getitem__, default=None)
-        self._abort_stuck = (culprit, None) if culprit is not None else None
-        if culprit is None and worst is not None and stuck[worst] >= STUCK_SHARE:
-            call = list(cut.values())[worst]
-            self._abort_stuck = (call.peer, now - call.started)
-            logger.info("epoch %d aborted while a call had waited %.1f s of its %.1f s on peer %s", epoch,
-                        now - call.started, call.deadline_s, call.peer)
-        self._aborted_epoch, self._abort_reason = epoch, reason
-        for task in cut:
-            self._aborted_tasks.add(task)
-            task.cancel()
+        self._calls.abort(epoch, reason, failure, culprit, self._loop.time())
 
     def _call(self, coroutine: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
         future = self._submit(coroutine)
@@ -558,7 +477,7 @@ class Transport:
         if getattr(self, "direct", None) is not None:
             await self.direct.close()
         await asyncio.sleep(0)  # let pending receives take that error before they are cancelled
-        await _cancel_all(self._tasks - {asyncio.current_task()}, step_s)
+        await _cancel_all(self._calls.tasks - {asyncio.current_task()}, step_s)
         servicer = getattr(self, "_servicer", None)
         if servicer is not None and not self._owns_daemon:  # the DHT's daemon lives on: stop routing to us
             await _attempt("remove the rpc handlers", servicer.remove_p2p_handlers(self._p2p, namespace=NAMESPACE), step_s)
@@ -572,12 +491,6 @@ class Transport:
 
     def __exit__(self, *exc_info) -> None:
         self.shutdown()
-
-
-
-def _call_of(tag: Tag, peer: PeerLike, timeout_s: float) -> tuple[int, str, float, bool] | None:
-    """What ``abort_epoch`` knows of a send or receive of ``tag`` (None: it is not cut short)."""
-    return None if tag.kind in UNABORTED_KINDS else (tag.epoch, str(peer), timeout_s, tag.kind in STUCK_KINDS)
 
 
 def tensor_data(tensor: torch.Tensor) -> numpy.ndarray:
