@@ -12,6 +12,7 @@ from p2ptrain.net.transport.access_probe import (
     Direction,
     estimate_access,
     measure_access,
+    per_flow_limit,
     understated_singles,
 )
 from p2ptrain.net.transport.endpoint import Transport, TransportConfig
@@ -77,6 +78,22 @@ def test_one_flow_slowed_for_a_moment_is_no_shared_line():
     # a line they do share slows every flow alike: still found, however one try went
     line = estimate_access(singles, flows(singles), [[1.0, 1.02, 1.05], [0.98, 1.1, 1.0]], CONFIG)
     assert line.capacity_bytes_per_s == pytest.approx(sum(flows(singles)) / 1.05)
+
+
+def test_two_flows_a_line_serves_in_turn_are_a_shared_line():
+    # a home's 11 Mbit/s uplink to two peers (a CI run): at once the line served one flow at its own pace and the
+    # other after it, 72 % of their paces on the mean; two flows cannot tell that from one held back, so their
+    # aggregate, half of their rates alone, decides
+    singles = [11.4 * MBIT, 11.2 * MBIT]
+    sizes = flows(singles)
+    line = estimate_access(singles, sizes, [[0.53, 1.01], [0.6, 1.02]], CONFIG)
+    assert line.capacity_bytes_per_s == pytest.approx(11.4 * MBIT), line.reason
+    # from three flows on, one held back is told apart (``test_one_flow_slowed_for_a_moment_is_no_shared_line``),
+    # while three a line serves in turn (0.5, 1.0 and 1.5 s: 61 % on the mean) are still a shared line
+    three = [10 * MBIT] * 3
+    assert estimate_access(three, flows(three), [[0.5, 1.0, 1.5]], CONFIG).capacity_bytes_per_s == (
+        pytest.approx(sum(flows(three)) / 1.5))
+    assert per_flow_limit(2, 0.7) == 1.0 and per_flow_limit(3, 0.7) == pytest.approx((11 / 18 + 2 / 3) / 2)
 
 
 def test_a_path_whose_flow_went_faster_at_once_than_alone_is_measured_again():

@@ -20,9 +20,10 @@ several run at once. For each direction, over the k fastest peers by their pair 
 4. ``estimate_access`` (pure): without a shared bottleneck the flows end when the slowest alone would,
    D ≈ D₀ = max_i n_i / b_i, and A ≈ Σ n_i / D₀ (Σ b_i when every flow takes T): the line carries at least
    that, but how much more is not measured, so the answer is *unknown*. When A is at most ``shared_share`` ×
-   Σ n_i / D₀, and each flow too kept at most that share of its own pace alone (the mean over the flows of
-   (n_i / b_i) / delay_i, in the try where it is highest: a line they share slows every flow, while a
-   moment's disturbance of one flow — another process on a busy CPU — slows that one and, through D, A), the
+   Σ n_i / D₀, and with three flows or more each flow too kept little of its own pace alone (the mean over
+   the flows of (n_i / b_i) / delay_i, in the try where it is highest, at most ``per_flow_limit``: a line they
+   share slows every flow, while a moment's disturbance of one flow — another process on a busy CPU — slows
+   that one and, through D, A; two flows cannot tell the two apart), the
    flows queued in something they share: not the peers' lines (each carries one flow, and its
    single b_i already had it) but ours; the line carried A with the flows keeping it busy, and each b_i
    alone, so its capacity is max(A, max b_i). Fewer than ``min_peers`` peers, or an A below
@@ -139,13 +140,25 @@ def estimate_access(
     each = max(statistics.fmean(a / max(d, MIN_SERIAL_S) for a, d in zip(alone, delays, strict=True))
                for delays in flows_s)
     flows = len(singles_bytes_per_s)
-    if share > config.shared_share or each > config.shared_share:
+    if share > config.shared_share or each > per_flow_limit(flows, config.shared_share):
         return AccessEstimate(None, f"no shared bottleneck: {flows} flows at once carried {share:.0%} of their "
                                     f"rates alone, each flow {each:.0%} of its own")
     if aggregate < config.disturbed_share * fastest:
         return AccessEstimate(None, f"disturbed: the flows at once carried {aggregate / fastest:.0%} of the "
                                     "fastest path alone")
     return AccessEstimate(max(aggregate, fastest), f"{flows} flows at once carried {share:.0%} of their rates alone")
+
+
+def per_flow_limit(flows: int, shared_share: float) -> float:
+    """The most each flow may keep of its own pace alone, on the mean, for ``flows`` flows to have shared a line:
+    the midpoint of what a shared line leaves them when it serves them first come, first served (the first at
+    its pace, the second at half, …: H_k / k on the mean, less when it interleaves them) and what one flow held
+    back leaves the others ((k − 1) / k at least), and ``shared_share`` at most. Two flows cannot tell the two
+    apart (one held back to half its pace is a line serving them in turn): their aggregate alone decides."""
+    if flows < 3:
+        return 1.0
+    served_in_turn = sum(1 / i for i in range(1, flows + 1)) / flows
+    return min(shared_share, (served_in_turn + (flows - 1) / flows) / 2)
 
 
 def understated_singles(singles_bytes_per_s: Sequence[float], sizes_bytes: Sequence[int],
