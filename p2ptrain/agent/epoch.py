@@ -40,6 +40,7 @@ import concurrent.futures
 import dataclasses
 import gc
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,6 +61,7 @@ from p2ptrain.net.dht.records import (
     MAX_ALSO,
     MAX_EVIDENCE_BYTES,
     MAX_HOLDS,
+    MAX_MFU,
     PeerRecord,
     PlanRecord,
     ProgressRecord,
@@ -292,7 +294,7 @@ def _report_step(plan: PlanRecord, topology: Topology, role: Role, cfg: TrainCon
                        num_devices=len(topology.peers))  # the run's, with every trainer at our peak
     record = ProgressRecord(plan.epoch, done, result.loss, result.step_time_s, compute_s=costs.compute_s,
                             leader=plan.leader, sent_bytes=costs.sent_bytes, sync_every=sync_every,
-                            mfu=_speed(speed)["mfu"])
+                            mfu=record_mfu(_speed(speed)["mfu"]))
     (ctx.heartbeat.flush if done == cfg.steps else ctx.heartbeat.beat)(record)  # the last: others wait for it
     ctx.events.write("step", epoch=plan.epoch, step=done, loss=result.loss, step_time_s=result.step_time_s,
                      stage=role.stage, replica=role.replica, compute_s=round(costs.compute_s, 6),
@@ -528,6 +530,12 @@ def _waits(waits: StepWaits | None) -> dict[str, float]:
         return {}
     return {"recv_wait_s": round(waits.recv_s, 6), "reduce_wait_s": round(waits.reduce_s, 6),
             "send_wait_s": round(waits.send_s, 6)}
+
+
+def record_mfu(mfu: float | None) -> float | None:
+    """The MFU a progress record may carry: past ``MAX_MFU`` (a device peak measured far too low, as a profile
+    taken on a loaded machine is) it says nothing, and the record leaves it out rather than refuse itself."""
+    return mfu if mfu is not None and math.isfinite(mfu) and 0.0 <= mfu <= MAX_MFU else None
 
 
 def _speed(speed: Throughput) -> dict[str, float | None]:

@@ -4,6 +4,7 @@ churn fields of the records, and the state a trainer keeps and sends (over a rea
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from types import SimpleNamespace
 
@@ -439,3 +440,14 @@ def test_an_overlapped_round_end_is_kept_once_its_mean_gives_the_anchor():
         assert torch.equal(kept["param/" + name], anchor) and not torch.equal(kept["param/" + name],
                                                                            dict(module.named_parameters())[name])
     assert all(torch.equal(kept[n], t) for n, t in moments.items())
+
+
+def test_a_progress_record_leaves_out_an_mfu_no_device_reaches():
+    # a volunteer whose profile measured its peak on a loaded machine saw 10.34 (1,034 %): its own progress record
+    # refused the value and the agent exited (a CI run); the record now leaves it out, the step event keeps it
+    from p2ptrain.agent.epoch import record_mfu
+
+    assert record_mfu(0.42) == 0.42 and record_mfu(None) is None
+    for wrong in (10.34, -0.1, math.inf, math.nan):
+        assert record_mfu(wrong) is None
+    assert ProgressRecord(0, 3, 4.2, 0.5, mfu=record_mfu(10.34)).mfu is None
