@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 
+import networkx as nx
 import numpy as np
 import pytest
 from test_churn_units import PLAN, A, B, C, D, E
 from test_plan_check import measured_world, workload_for
 
+from p2ptrain.agent.churn.cover import cover_size, essential
 from p2ptrain.agent.churn.quarantine import Quarantine
 from p2ptrain.agent.churn.replan import BLAMED_HALT_S, FAILURE, ReplanWatch, blame_roots, disputes_of
 from p2ptrain.agent.config import ChurnConfig, EmulationSettings, PlanConfig
@@ -125,24 +127,70 @@ def test_two_members_that_refuse_each_other_without_evidence_are_a_dispute_count
     clock.now = 10.0
     assert q.dispute(C, A, 2) == 1  # the rogue A, kept apart from B, disputes with C: C's first ...
     assert q.dispute(A, C, 2) == 2  # ... A's second counterpart: the caller quarantines A, not B nor C
-    assert q.counterparts(B) == {A} and q.counterparts(A) == set()  # A's disputes forgotten once it went
-    assert q.apart() == {frozenset((A, B)), frozenset((A, C))}
-    assert q.suspects() == {B, C}  # A's disputes were forgotten when it went (the caller quarantines it: ``add``)
+    assert not q.explained(A) and q.explained(B) and q.explained(C)  # B - A - C: A explains both
     q.add(A, 2)
+    assert q.counterparts(B) == {A} and q.counterparts(A) == set()  # A's disputes forgotten once it went
+    assert q.apart() == {frozenset((A, B)), frozenset((A, C))} and q.live_disputes() == []  # A explained them
     assert q.suspects() == {A, B, C}
     # a pair that could not be kept apart and disputed again: both reach the count, as blames by epoch do
     assert q.dispute(D, E, 3) == 1 and q.dispute(D, E, 4) == 2 and q.dispute(E, D, 4) == 2
+    assert not q.explained(D) and not q.explained(E)
     clock.now = 400.0
     assert q.apart() == set() and q.dispute(B, C, 5) == 1  # past the window: forgotten
     # two colluders each dispute with one honest peer; one of them is caught on a proof: one count left
     q1, q2 = (Quarantine(60.0, 600.0, clock=clock, blame_epochs=2, blame_window_s=300.0) for _ in range(2))
     assert q1.dispute(E, A, 9) == 1 and q1.dispute(E, B, 10) == 2  # (the caller would quarantine E here ...)
+    assert not q1.explained(E)
     assert q2.dispute(E, A, 9) == 1
     q2.add(A, 10, proven=True)  # ... but A's refusal by the leader's own check came first
     assert q2.dispute(E, B, 10) == 1 and q2.counterparts(E) == {B}
     # a peer blamed at the root of one failure, then in a dispute: two counts (and the reverse)
     assert q.blame(B, 6) == 2
     assert q.blame(C, 7) == 2 and q.blame(C, 8) == 1  # its count started over
+
+
+def test_an_honest_peer_that_two_colluders_disputed_with_in_turn_is_explained_by_them():
+    """The campaign's ``clean_commit @ colluding``: rogues 1 and 2 dispute with their receivers 4 and 5 (epoch
+    0), then, re-paired, with 3 and 4 (epoch 1). 4 has two counterparts as each rogue has; counted by counterpart
+    alone it went with them. The path 3 - 1 - 4 - 2 - 5 has one smallest set of liars, {1, 2}."""
+    clock = Clock()
+    q = Quarantine(60.0, 600.0, clock=clock, blame_epochs=2, blame_window_s=300.0)
+    p = {i: f"peer-{i}" for i in range(6)}
+    q.disputed([(p[1], p[4]), (p[2], p[5])], 0)
+    for a, b in ((p[1], p[4]), (p[4], p[1]), (p[2], p[5]), (p[5], p[2])):
+        assert q.dispute(a, b, 0) == 1
+    clock.now = 5.0
+    q.disputed([(p[1], p[3]), (p[2], p[4])], 1)  # every dispute of the epoch before any is counted
+    judged = {}
+    for a, b in ((p[4], p[2]), (p[1], p[3]), (p[3], p[1]), (p[2], p[4])):  # the honest 4 first: order is moot
+        count = q.dispute(a, b, 1)
+        judged[a] = count >= 2 and not q.explained(a)
+        if judged[a]:
+            q.add(a, 1)
+    assert judged == {p[4]: False, p[1]: True, p[3]: False, p[2]: True}
+    assert q.held() == {p[1], p[2]} and q.live_disputes() == []
+    # a square (each rogue disputed with both honest peers): two smallest sets, nobody is needed yet ...
+    q2 = Quarantine(60.0, 600.0, clock=clock, blame_epochs=2, blame_window_s=300.0)
+    q2.disputed([(p[1], p[4]), (p[1], p[5]), (p[2], p[4]), (p[2], p[5])], 0)
+    assert all(q2.dispute(a, b, 0) == 2 and q2.explained(a) for a, b in ((p[1], p[4]), (p[4], p[1])))
+    # ... until a rogue, kept apart from both, disputes with a fresh peer
+    q2.disputed([(p[1], p[0])], 1)
+    assert not q2.explained(p[1]) and q2.explained(p[4]) and q2.explained(p[5])
+    assert not q2.explained(p[2])  # {1, 2} is the one smallest set now
+
+
+def test_the_peers_every_smallest_set_of_liars_needs():
+    path = [(3, 1), (1, 4), (4, 2), (2, 5)]
+    assert [v for v in range(6) if essential(path, v)] == [1, 2]
+    assert cover_size(nx.Graph(path)) == 2
+    star = [(0, 1), (0, 2), (0, 3)]
+    assert [v for v in range(4) if essential(star, v)] == [0]
+    assert not essential([(0, 1)], 0) and not essential([(0, 1)], 1)  # word against word: either
+    triangle = [(0, 1), (1, 2), (0, 2), (2, 3)]  # not bipartite (rogues disputing with each other): branched
+    assert cover_size(nx.Graph(triangle)) == 2 and essential(triangle, 2) and not essential(triangle, 3)
+    odd = [(i, (i + 1) % 5) for i in range(5)]  # a five-cycle: 3, by branching; nobody in every smallest set
+    assert cover_size(nx.Graph(odd)) == 3 and not any(essential(odd, v) for v in range(5))
+    assert not essential(path, 9)  # on no edge: nothing to explain
 
 
 def test_members_that_refused_each_other_are_placed_where_they_exchange_no_message():

@@ -30,11 +30,13 @@ HERE = Path(__file__).resolve().parent
 ROGUE = 1  # the second-lowest peer ID: a trainer, never the leader
 
 
-def swarm(tmp_path, run: str, steps: int, mode: str | None, rogue: int = ROGUE, **settings):
-    sorted_identities(tmp_path, 4)
-    config = SwarmConfig(agents=4, stages=2, steps=steps, scenario=None, workdir=str(tmp_path), run=run,
+def swarm(tmp_path, run: str, steps: int, mode: str | None, rogue: int | tuple[int, ...] = ROGUE, agents: int = 4,
+          **settings):
+    sorted_identities(tmp_path, agents)
+    config = SwarmConfig(agents=agents, stages=2, steps=steps, scenario=None, workdir=str(tmp_path), run=run,
                          call_timeout_s=15.0, **settings)
-    commands = {rogue: [sys.executable, str(HERE / "corrupt_member.py"), mode]} if mode else {}
+    rogues = (rogue,) if isinstance(rogue, int) else rogue
+    commands = {r: [sys.executable, str(HERE / "corrupt_member.py"), mode] for r in rogues} if mode else {}
     agents, codes, train = run_agents(tmp_path, config, commands, {}, 300)
     assert all(code == 0 for code in codes.values()), codes
     return agents, train
@@ -209,6 +211,26 @@ def test_a_member_that_sends_other_pipeline_messages_than_it_commits_to_goes_and
     if rogue in where and receiver in where:
         (i, j), (i2, j2) = where[rogue], where[receiver]
         assert i != i2 and j != j2, after  # neither pipeline neighbours nor replicas of one stage
+    assert_reference(honest, train)
+
+
+@pytest.mark.timeout(420)
+def test_two_colluders_that_dispute_with_whoever_they_meet_go_and_no_honest_peer_goes_with_them(tmp_path):
+    """Agents 1 and 2 (stage 0 of 2 × 3, megatron) both send noisy activations and commit to clean ones. Each
+    disputes with its receiver in epoch 0; kept apart from them, each meets a new receiver in epoch 1, and one
+    honest receiver is the new counterpart of the *other* rogue: two counterparts, as each rogue has (the
+    campaign's ``clean_commit @ colluding``: counted by counterpart alone, that honest peer was quarantined
+    with the rogues in 3 seeds of 3). The disputes are explained by the two rogues alone (``churn.cover``):
+    both go, nobody else does, and the run ends on the single-process losses."""
+    rogues = (1, 2)
+    agents, train = swarm(tmp_path, "corrupt-colluding", 6, "clean_commit", rogues, agents=6, strategy="megatron",
+                          micro_batches=8, batch_size=24)
+    bad = {agents[r].peer_id for r in rogues}
+    honest = [a for a in agents if a.index not in rogues]
+    log = events(agents[0].events.path)
+    disputes = [e for e in log if e["event"] == "blamed" and e.get("dispute")]
+    assert {e["peer"] for e in disputes} > bad, disputes  # honest peers were in disputes too
+    assert {e["peer"] for e in log if e["event"] == "quarantined"} == bad, log
     assert_reference(honest, train)
 
 

@@ -21,8 +21,12 @@ which. ``dispute`` tallies each one's distinct counterparts within ``blame_windo
 every disputed pair apart in its plans (``apart``; ``plan_maker.kept_apart``): a rogue that disputes with
 whoever it meets meets someone new and reaches ``blame_epochs`` counterparts, while each honest peer it
 disputed with has one. (Counted by epoch, a pair planned together again failed twice, and the honest one was
-quarantined with the rogue.) Colluders can frame a peer this way only by each disputing with it: ``blame_epochs``
-of them.
+quarantined with the rogue.) A count is not enough where rogues collude: two of them that disputed with H4 and H5,
+then, re-paired, with H3 and H4, give H4 two counterparts as each has. So a peer that reached the count on
+disputes alone goes only if it is in every smallest set of liars that puts one at an end of every live dispute
+(``explained``; ``churn.cover``): H3 – R1 – H4 – R2 – H5 is explained by {R1, R2} alone. A quarantine explains
+the disputes before it (``live_disputes``). Colluders can frame a peer this way only by each disputing with it
+and with nobody else: ``blame_epochs`` of them.
 
 A leader that cannot re-plan yet (too few peers) reads the same failure again at every poll: each failed
 epoch costs a peer one strike and one blame, however often it is read.
@@ -33,6 +37,8 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable
+
+from p2ptrain.agent.churn.cover import essential
 
 
 class Quarantine:
@@ -61,6 +67,7 @@ class Quarantine:
         if (peer, epoch, "failed") in self._charged:
             return None
         self._charged.add((peer, epoch, "failed"))
+        self._forget(peer)
         now = self.clock()
         strikes, last = self._strikes.get(peer, (0, now))
         if now - last > self.max_s:
@@ -112,21 +119,51 @@ class Quarantine:
     def dispute(self, peer: str, other: str, epoch: int) -> int | None:
         """Count that ``peer`` and ``other`` refused each other without evidence in epoch ``epoch``; returns how
         far ``peer`` is toward quarantine, or None when this epoch's dispute of ``peer`` was counted already: the
-        distinct peers it disputed with within ``blame_window_s`` plus the epochs it was blamed for (``blame``), or, for a pair that disputed again although
-        kept apart was not possible (too few peers to place otherwise), the epochs that pair disputed in (both
-        then go, as before). The caller quarantines it (``add``) once that reaches ``blame_epochs``; its disputes
+        distinct peers it disputed with within ``blame_window_s`` plus the epochs it was blamed for (``blame``), or,
+        for a pair that disputed again although kept apart was not possible (too few peers to place otherwise), the
+        epochs that pair disputed in (both then go, as before). The caller quarantines it (``add``) once that
+        reaches ``blame_epochs`` and other peers' disputes do not explain its own (``explained``); its disputes
         are then forgotten (the pairs stay apart, ``apart``)."""
         if (peer, epoch, "blamed") in self._charged:
             return None
         self._charged.add((peer, epoch, "blamed"))
+        self.disputed([(peer, other)], epoch)
+        return max(len(self.counterparts(peer)) + len(self._blamed_epochs(peer)), self._repeats(peer))
+
+    def disputed(self, pairs: Iterable[tuple[str, str]], epoch: int) -> None:
+        """Record that each of ``pairs`` refused each other in epoch ``epoch`` (counting nobody yet): every dispute
+        of an epoch is recorded before any of them is counted, so that ``explained`` sees them all."""
         now = self.clock()
-        epochs = self._disputes.setdefault(frozenset((peer, other)), {})
-        epochs.setdefault(epoch, now)
-        count = max(len(self.counterparts(peer)) + len(self._blamed_epochs(peer)),
-                    len(self._recent(epochs, self._forgotten.get(peer, -math.inf))))
-        if count >= self.blame_epochs:
-            self._forget(peer)
-        return count
+        for pair in pairs:
+            self._disputes.setdefault(frozenset(pair), {}).setdefault(epoch, now)
+
+    def _repeats(self, peer: str) -> int:
+        """The most epochs ``peer`` disputed in with one counterpart since it was last quarantined."""
+        since = self._forgotten.get(peer, -math.inf)
+        return max((len(self._recent(epochs, since)) for pair, epochs in self._disputes.items() if peer in pair),
+                   default=0)
+
+    def explained(self, peer: str) -> bool:
+        """Whether the disputes ``peer`` counts are explained without it (``churn.cover``): some smallest set of
+        liars that puts one at an end of every live dispute (``live_disputes``) leaves ``peer`` out. Never when
+        it was also blamed by epoch, or disputed with one counterpart in ``blame_epochs`` epochs (a pair that
+        could not be kept apart: both go)."""
+        if self._blamed_epochs(peer) or self._repeats(peer) >= self.blame_epochs:
+            return False
+        return not essential(self.live_disputes(), peer)
+
+    def live_disputes(self) -> list[tuple[str, str]]:
+        """The disputed pairs within ``blame_window_s`` that no quarantine explained yet: a dispute after both
+        were last quarantined, with neither quarantined on a proof since."""
+        now = self.clock()
+        proven = {q for q, t in self._proven.items() if now - t <= self.blame_window_s}
+        live = []
+        for pair, epochs in self._disputes.items():
+            a, b = sorted(pair)
+            since = max(self._forgotten.get(a, -math.inf), self._forgotten.get(b, -math.inf))
+            if a not in proven and b not in proven and self._recent(epochs, since):
+                live.append((a, b))
+        return live
 
     def _recent(self, epochs: dict[int, float], since: float) -> dict[int, float]:
         now = self.clock()

@@ -166,6 +166,7 @@ class Judge:
         epochs within ``churn.blame_window_s`` (``churn.quarantine``), else counted."""
         churn = self.config.churn
         counterpart = {p: q for pair in replan.disputes for p, q in (pair, pair[::-1])}
+        self.quarantine.disputed(replan.disputes, current.epoch)  # all of them before any is counted
         for peer in replan.blamed:
             if peer == self.peer_id or (peer, current.epoch) in self._cleared:
                 continue
@@ -190,10 +191,17 @@ class Judge:
 
     def _count_dispute(self, current: PlanRecord, peer: str, other: str) -> None:
         """``peer`` and ``other`` refused each other without evidence in this epoch (``Quarantine.dispute``):
-        ``peer`` is quarantined once it disputed with ``churn.quarantine_blames`` distinct peers, else counted."""
+        ``peer`` is quarantined once it disputed with ``churn.quarantine_blames`` distinct peers and no smallest
+        set of liars that explains every dispute leaves it out (``Quarantine.explained``), else counted."""
         churn = self.config.churn
         count = self.quarantine.dispute(peer, other, current.epoch)
         if count is None:
+            return
+        if count >= churn.quarantine_blames and self.quarantine.explained(peer):
+            logger.warning("peer %s disputed with %d distinct peers without evidence, but other peers' disputes explain "
+                           "its own (it is in no smallest set of liars that explains every dispute): kept apart, not "
+                           "quarantined", peer, count)
+            self.events.write("blamed", peer=peer, epoch=current.epoch, count=count, dispute=other, explained=True)
             return
         if count < churn.quarantine_blames:
             logger.info("peer %s and %s refused each other in epoch %d without evidence: kept apart from now on "
