@@ -72,7 +72,7 @@ from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.wire import Codec, ErrorFeedback, wire_format
 from p2ptrain.verify import statement
 from p2ptrain.verify.attest import commit_bytes, sketch_bytes
-from p2ptrain.verify.config import VerifyConfig
+from p2ptrain.verify.config import VerifyConfig, runs_sums
 
 logger = logging.getLogger(__name__)
 
@@ -329,7 +329,7 @@ def verify_volumes(verify: VerifyConfig | None, train: TrainConfig, num_stages: 
                                     .parameters() if p.requires_grad], train.bucket_elements))
                   for j in range(num_stages))
     sizes = (commit_bytes(buckets, num_replicas),
-             sketch_bytes(buckets, num_replicas, verify.sketch_rows, verify.running))
+             sketch_bytes(buckets, num_replicas, verify.sketch_rows, runs_sums(verify.running, wire_format(train.wire).gradient.name)))
     # each member's challenged micro-batches go to min(verifiers, D - 1) replicas: as many reveals and recomputes
     rate = min(1.0, float(verify.rate) * min(verify.verifiers, num_replicas - 1))
     recompute = {"recompute_rate": rate} if num_stages >= 2 and train.precision != "fp16" else {}

@@ -50,3 +50,12 @@ class VerifyConfig:
         rate = f"{self.rate:.6f}".rstrip("0").rstrip(".")
         extra = "" if self.verifiers == VerifyConfig.verifiers else f"_v{self.verifiers}"
         return f"{self.sketch_rows}_{bits}_{rate}_{int(self.running)}{extra}"
+
+
+def runs_sums(running: bool, codec: str) -> bool:
+    """Whether the running sums are checked (``[verify] running``) under the gradient codec ``codec``: not under
+    fp32, whose messages are exact. There an owner has no slack and no residual to carry, so the step's check
+    bounds only float32 additions, and a bias repeated every step grows against a running tolerance as fast as
+    that tolerance grows (each step adds its own additions' bound): the running sums would catch nothing the
+    step's check misses, at twice its sketches."""
+    return running and codec != "fp32"

@@ -65,6 +65,7 @@ import torch
 SKETCH_ROWS = 32  # rows k: 256 bytes per sketch; one 64-bit word per element serves up to 64
 MAX_ROWS = 64
 CHUNK = 1 << 16  # elements per chunk of the sign matrix
+TEMP_BYTES = 1 << 28  # an accelerator's sketch: the most its signs and signed copies of one vector take at once
 FALSE_ALARM = 2.0**-40  # the probability an honest check fails, at most, whatever the data
 _U64 = 2.0**-53  # float64's unit roundoff
 _U32 = 2.0**-24
@@ -130,8 +131,9 @@ def sketch_many(xs: Sequence[torch.Tensor], seed: int, rows: int = SKETCH_ROWS, 
         return []
     if device is not None and torch.device(device).type != "cpu":
         return _sketch_on(xs, seed, rows, offset, torch.device(device))
-    # as they are (bincount sums its weights in float64 whatever their float type: the same sums without a
-    # float64 copy of every vector); half-precision types have no numpy twin and widen to float32, exactly
+    # as they are, each chunk widened to float64 once (bincount sums its weights in float64 whatever their type,
+    # but widens float32 weights at every call: 4 times a chunk, 2.8x the time of the whole sketch); half-precision
+    # types have no numpy twin and widen to float32 first, exactly
     values = [x.detach().to("cpu", x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32).numpy()
               for x in xs]
     planes = -(-rows // 8)
@@ -140,33 +142,38 @@ def sketch_many(xs: Sequence[torch.Tensor], seed: int, rows: int = SKETCH_ROWS, 
         count = min(CHUNK, values[0].size - start)
         words = _words(seed, offset + start, count).view(np.uint8).reshape(count, 8)
         columns = np.ascontiguousarray(words[:, :planes].T)  # byte p of each word: the signs of rows 8p … 8p + 7
-        for plane in range(planes):
-            for i, v in enumerate(values):
-                out[i, plane] += np.bincount(columns[plane], weights=v[start: start + count], minlength=256) @ _SIGNS
+        for i, v in enumerate(values):
+            weights = np.asarray(v[start: start + count], dtype=np.float64)
+            for plane in range(planes):
+                out[i, plane] += np.bincount(columns[plane], weights=weights, minlength=256) @ _SIGNS
     if not np.isfinite(out).all():  # a NaN or an infinity anywhere in a vector reaches its sketch's sums
         raise ValueError("sketch of a vector with NaN or infinite values")
     return [torch.from_numpy(o.reshape(-1)[:rows].copy()) for o in out]
 
 
 def _sketch_on(xs: Sequence[torch.Tensor], seed: int, rows: int, offset: int, device: torch.device) -> list[torch.Tensor]:
-    """``sketch_many`` on an accelerator: the words of a chunk (``_words_torch``, the same bits as ``_words``),
-    every row's signs at once, each row summed per chunk of ``CHUNK`` elements, then over the chunks, in float64
-    (a few kernels a chunk and vector: a shard of a bucket is one or two chunks); one wait for them all."""
+    """``sketch_many`` on an accelerator: the words of every chunk at once (``_words_torch``, the same bits as
+    ``_words``), then, for as many rows at a time as ``TEMP_BYTES`` allows, their signs and each vector's
+    float64 sums per chunk of ``CHUNK`` elements, then over the chunks (the CPU's order of sums, so within the
+    same ``sketch_rounding``): a few kernels per group of rows and vector, none per chunk (a loop over the
+    chunks of a `gpt2` stage's shards launched tens of thousands of kernels a step: 9.6 s of a 12.2 s step on an
+    H200); one wait for them all. Each vector's sums are the same operations whatever the others: the same bits
+    alone or together."""
     numel = xs[0].numel()
     chunks = -(-numel // CHUNK)
-    padded = torch.zeros(len(xs), chunks * CHUNK, dtype=torch.float64, device=device)  # zeros add nothing, exactly
+    padded = torch.zeros(len(xs), chunks, CHUNK, dtype=torch.float64, device=device)  # zeros add nothing, exactly
     for i, x in enumerate(xs):
-        padded[i, :numel] = x.detach().to(device, torch.float64)
-    words = _words_torch(seed, offset, chunks * CHUNK, device).view(chunks, CHUNK)
-    shifts = torch.arange(rows, dtype=torch.int64, device=device).view(rows, 1)
-    sums = torch.empty(len(xs), rows, chunks, dtype=torch.float64, device=device)
-    blocks = padded.view(len(xs), chunks, CHUNK)
-    for c in range(chunks):
-        negative = ((words[c] >> shifts) & 1).bool()  # [rows, CHUNK]: bit i of each word, row i's sign
+        padded[i].view(-1)[:numel] = x.detach().to(device, torch.float64)
+    words = _words_torch(seed, offset, chunks * CHUNK, device).view(1, chunks, CHUNK)
+    group = max(1, min(rows, TEMP_BYTES // (9 * chunks * CHUNK)))  # a bool and a float64 per element and row
+    out = torch.empty(len(xs), rows, dtype=torch.float64, device=device)
+    for first in range(0, rows, group):
+        shifts = torch.arange(first, min(rows, first + group), dtype=torch.int64, device=device).view(-1, 1, 1)
+        negative = ((words >> shifts) & 1).bool()  # [group, chunks, CHUNK]: bit i of each word, row i's sign
         for i in range(len(xs)):
-            block = blocks[i, c]
-            sums[i, :, c] = torch.where(negative, -block, block).sum(dim=1)
-    out = sums.sum(dim=2).cpu()  # the one wait for the device
+            block = padded[i]
+            out[i, first: first + group] = torch.where(negative, -block, block).sum(dim=2).sum(dim=1)
+    out = out.cpu()  # the one wait for the device
     if not bool(torch.isfinite(out).all()):  # float64 sums of float32 values overflow nowhere: x was not finite
         raise ValueError("sketch of a vector with NaN or infinite values")
     return [row.clone() for row in out]

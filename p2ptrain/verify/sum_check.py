@@ -69,6 +69,7 @@ from p2ptrain.verify.attest import (
 )
 from p2ptrain.verify.bounds import error_bound
 from p2ptrain.verify.commit import message_digest
+from p2ptrain.verify.config import runs_sums
 from p2ptrain.verify.evidence import Bulk, ShardHeader, pack
 from p2ptrain.verify.sketch import (
     FALSE_ALARM,
@@ -130,7 +131,7 @@ class SumChecker:
         self._previous: dict[tuple[int, int], torch.Tensor] = {}  # (bucket, owner) -> last message's bound
         # the running sums since the epoch began (its executor's residuals started at zero): as owner, per
         # bucket D and what we added per replica; as member, per (bucket, owner) its D and what we sent it
-        self.running = running
+        self.running = runs_sums(running, codec.name)
         self._owned: dict[int, tuple[RunningSum, list[RunningSum]]] = {}
         self._seen: dict[tuple[int, int], tuple[RunningSum, RunningSum]] = {}
         self._commits: dict[int, bytes] = {}  # rank -> its signed commitment of the step (trimmed): evidence's

@@ -18,9 +18,12 @@ import torch
 
 from p2ptrain.net.identity import generate_identity
 from p2ptrain.runtime.allreduce import ReduceRecord, sharded_all_reduce
+from p2ptrain.runtime.calibration import verify_volumes
+from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.wire import Codec, ErrorFeedback
 from p2ptrain.verify import statement
 from p2ptrain.verify.attest import judge_evidence
+from p2ptrain.verify.config import VerifyConfig, runs_sums
 from p2ptrain.verify.dispute import judge_shard
 from p2ptrain.verify.evidence import Bulk, ShardHeader, pack, unpack
 from p2ptrain.verify.sum_check import SumChecker, VerificationFailed
@@ -140,6 +143,25 @@ def test_a_small_bias_every_step_is_caught_by_the_running_sums_only(codec):
     assert all(e.finding.member == GROUP[1] and judge_evidence(e.finding.evidence, GROUP[1], RUN) is None
                for e in caught)
     assert len(outcomes[0]) <= {"int8": 4, "int4": 30}[codec], len(outcomes[0])
+
+
+def test_under_fp32_the_steps_check_alone_catches_a_bias_so_no_running_sums_are_kept():
+    """fp32 messages are exact: no slack, no residual. ×1.0001 on every sum is caught in its first step by the
+    step's check, where the running sums (twice the sketches) would add nothing; the planner prices the
+    statement without them."""
+    assert not runs_sums(True, "fp32") and runs_sums(True, "bf16") and not runs_sums(False, "int8")
+    checker = SumChecker(IDENTITIES[0].private_key, RUN, 0, GROUP, Codec("fp32"), running=True)
+    assert not checker.running
+    feedbacks = [ErrorFeedback(Codec("fp32")) for _ in GROUP]
+    feedbacks[1] = Scaling(Codec("fp32"), 1.0001, start=0)
+    outcomes = run_steps("fp32", 4, feedbacks, drift=0.1)
+    caught = [member[-1] for r, member in enumerate(outcomes) if r != 1]
+    assert len(outcomes[0]) == 1 and all(isinstance(e, VerificationFailed) and e.finding.check == "sum"
+                                         for e in caught), caught
+    train = TrainConfig(model="tiny", wire="fp32")
+    sizes = verify_volumes(VerifyConfig(), train, 2, 2)["verify_gb"]
+    lossy = verify_volumes(VerifyConfig(), dataclasses.replace(train, wire="bf16"), 2, 2)["verify_gb"]
+    assert sizes[0] == lossy[0] and sizes[1] < lossy[1]  # the same commitments; a sketch statement half as long
 
 
 @pytest.mark.parametrize("codec,factor", [("fp32", 8.0), ("fp32", -1.0), ("int8", 8.0), ("int8", -1.0)])
