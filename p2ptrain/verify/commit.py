@@ -39,7 +39,7 @@ def message_digest(message: torch.Tensor, tag: str) -> bytes:
     h = hashlib.sha256(_DOMAIN)
     header = f"{tag}\0{str(message.dtype).removeprefix('torch.')}\0{','.join(map(str, message.shape))}\0"
     h.update(struct.pack("<I", len(header)) + header.encode())
-    h.update(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
+    h.update(flat.view(torch.uint8).numpy() if flat.numel() else b"")  # the tensor's own bytes, not a copy
     return h.digest()
 
 

@@ -56,7 +56,7 @@ import torch
 from p2ptrain.model.gpt import GPT
 from p2ptrain.model.loss import micro_batch_loss
 from p2ptrain.runtime.wire import Codec
-from p2ptrain.verify.bounds import error_bound
+from p2ptrain.verify.bounds import all_finite, error_bound
 
 SAFETY = 3.0  # the allowance over the largest honest deviation measured
 
@@ -153,7 +153,7 @@ def _check_inputs(module: GPT, inputs: torch.Tensor, grad_output: torch.Tensor |
         if inputs.dim() != 3 or inputs.shape[2] != shape.hidden_size or not inputs.dtype.is_floating_point:
             raise ValueError(f"a later stage takes an activation [rows, T, {shape.hidden_size}], got "
                              f"{tuple(inputs.shape)} {inputs.dtype}")
-        if not bool(torch.isfinite(inputs).all()):
+        if not all_finite(inputs):
             raise ValueError("the input activation holds NaN or infinite values")
         rows, seq = inputs.shape[:2]
     if module.has_head:
@@ -162,7 +162,7 @@ def _check_inputs(module: GPT, inputs: torch.Tensor, grad_output: torch.Tensor |
     elif grad_output is None or tuple(grad_output.shape) != (rows, seq, shape.hidden_size):
         raise ValueError(f"a stage before the last needs the output gradient [{rows}, {seq}, {shape.hidden_size}], "
                          f"got {None if grad_output is None else tuple(grad_output.shape)}")
-    elif not bool(torch.isfinite(grad_output).all()):
+    elif not all_finite(grad_output):
         raise ValueError("the output gradient holds NaN or infinite values")
 
 
@@ -189,7 +189,7 @@ def compare_rows(sent: torch.Tensor, own: torch.Tensor, bound: torch.Tensor | No
     if tuple(sent.shape) != tuple(own.shape) or (bound is not None and tuple(bound.shape) != tuple(own.shape)):
         raise ValueError(f"compared tensors differ in shape: sent {tuple(sent.shape)}, own {tuple(own.shape)}"
                          + ("" if bound is None else f", bound {tuple(bound.shape)}"))
-    if not bool(torch.isfinite(sent).all()):
+    if not all_finite(sent):
         return RecomputeCheck(math.inf, math.inf, 0)  # a NaN where a value was due: caught
     if own.numel() == 0:
         return RecomputeCheck(0.0, 0.0, 0)
@@ -231,7 +231,7 @@ def check_sketch(sent: torch.Tensor, own: torch.Tensor, allowance: Allowance) ->
     (a whole step) compare by their summed sketches; the allowance is measured in sketch space."""
     if sent.dim() != 1 or tuple(sent.shape) != tuple(own.shape):
         raise ValueError(f"sketches differ in shape: sent {tuple(sent.shape)}, own {tuple(own.shape)}")
-    if not bool(torch.isfinite(sent).all()):
+    if not all_finite(sent):
         return RecomputeCheck(0.0, math.inf, 0)
     deviation = torch.linalg.vector_norm(sent.double() - own.double()).reshape(1)
     allowed = torch.tensor([allowance.whole * float(torch.linalg.vector_norm(own.double()))])

@@ -78,6 +78,7 @@ from p2ptrain.verify.sketch import (
     challenge_seed,
     derive_seed,
     judge_sum,
+    norm64,
     sketch_many,
     sketch_rounding,
 )
@@ -202,7 +203,8 @@ class SumChecker:
             self._fail(findings)
         for b, record in enumerate(records):  # the bounds of this step's messages: next step's residuals
             for k in range(n):
-                self._previous[(b, k)] = error_bound(self.codec, record.gathered[k], (record.sizes[k],))
+                if self.codec.name != "fp32":  # exact: no residual
+                    self._previous[(b, k)] = error_bound(self.codec, record.gathered[k], (record.sizes[k],))
         self.checked_steps += 1
         wait_all(sends)
 
@@ -259,7 +261,9 @@ class SumChecker:
         return self.codec.decode(record.sent[k], (record.sizes[k],))
 
     def _slack_norm(self, message: torch.Tensor, numel: int, b: int, k: int) -> float:
-        slack = error_bound(self.codec, message, (numel,))
+        slack = error_bound(self.codec, message, (numel,))  # refuses a message no honest encoder makes
+        if self.codec.name == "fp32":  # exact: no slack, no residual
+            return 0.0
         previous = self._previous.get((b, k))
         if previous is not None and previous.shape == slack.shape:
             slack = slack + previous
@@ -433,7 +437,7 @@ def _scalar(x: float) -> torch.Tensor:
 
 
 def _norm(x: torch.Tensor) -> torch.Tensor:
-    return torch.linalg.vector_norm(x.detach().to(torch.float64)).reshape(1)
+    return torch.tensor([norm64(x)], dtype=torch.float64)
 
 
 def message_tag(run: str, epoch: int, step: int, stage: int, kind: str, b: int, shard: int, sender: int) -> str:

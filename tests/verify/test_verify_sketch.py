@@ -185,3 +185,24 @@ def test_a_sketch_is_the_same_bits_as_every_earlier_version_made():
     got = sketch(x, 2026, rows=4, offset=70_000).tolist()
     assert got == [float.fromhex(h) for h in ("-0x1.2f12274984780p+7", "0x1.735c5b627b140p+8",
                                               "-0x1.dcb3f48360180p+7", "-0x1.6b1c30d26bf80p+7")]
+
+
+def test_finite_and_float64_norms_without_a_copy_per_element():
+    """``all_finite`` (the smallest and largest value finite) says what ``isfinite(x).all()`` says, whatever the
+    float type; ``norm64`` is the float64 norm within what two machines' norms may differ by."""
+    from p2ptrain.verify.bounds import all_finite
+    from p2ptrain.verify.sketch import norm64
+    from p2ptrain.verify.sum_check import norm_ratio
+
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        x = torch.randn(1000).to(dtype)
+        assert all_finite(x) and all_finite(x[:0])
+        for bad in (float("nan"), float("inf"), float("-inf")):
+            y = x.clone()
+            y[417] = bad
+            assert not all_finite(y) and not all_finite(y.reshape(10, 100))
+        want = float(torch.linalg.vector_norm(x.to(torch.float64)))
+        assert norm_ratio(norm64(x), want, x.numel()) <= 1
+    big = torch.full((1 << 20,), 3e38)  # float32's square overflows; float64's does not
+    assert math.isclose(norm64(big), float(big[0]) * 1024, rel_tol=1e-12)
+    assert norm64(torch.zeros(0)) == 0.0
