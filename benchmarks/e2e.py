@@ -20,15 +20,8 @@ import logging
 import sys
 from pathlib import Path
 
-from p2ptrain.bench.e2e import (
-    DEFAULT_OUT,
-    DEFAULT_SETTING,
-    E2EConfig,
-    format_reports,
-    format_settings,
-    run_e2e,
-    write_results,
-)
+from p2ptrain.bench.e2e import DEFAULT_OUT, DEFAULT_SETTING, E2EConfig, run_e2e
+from p2ptrain.bench.e2e_report import format_reports, format_settings, write_results
 from p2ptrain.lifecycle import StopSignal
 from p2ptrain.planning import SCENARIOS
 

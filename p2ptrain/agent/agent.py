@@ -48,14 +48,14 @@ the leader's side) have one writer at a time. The others:
 | ``_poll_s`` (a deque) | main (``_should_halt``) | poller (the leader's pricing copies it whole) |
 | ``_peer_record`` | main (before the prober starts), prober (``_on_access``) | prober |
 | ``_epochs`` (``epoch_watch.EpochWatch``) | main, liveness, poller: under its own lock | all three |
+| ``_run`` (``leadership.following.Following``: the plans and progress read) | poller; ``followed``, ``halted_epoch``: main | poller, main |
+| ``_membership``, ``_seen`` | poller (``_poll``, ``Following.pass_over``, the leader's watch) | poller, main |
 | ``transport.status`` | main (``_follow``), poller (``_taking_up``) | the transport's heartbeat answers |
 """
 
 from __future__ import annotations
 
 import collections
-import concurrent.futures
-import contextlib
 import dataclasses
 import logging
 import os
@@ -64,7 +64,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from p2ptrain.agent.churn.boundary import INTERVAL_S, BoundaryWatch, overshot
 from p2ptrain.agent.churn.liveness import (
@@ -80,12 +79,11 @@ from p2ptrain.agent.epoch_watch import EpochWatch
 from p2ptrain.agent.events import EventLog
 from p2ptrain.agent.leadership import settings
 from p2ptrain.agent.leadership.disputes import EvidenceInbox
-from p2ptrain.agent.leadership.election import finished_without, latest_plan
+from p2ptrain.agent.leadership.following import Following
 from p2ptrain.agent.leadership.leader import AgentView, Leader
 from p2ptrain.agent.leadership.membership import Membership, MembershipTracker
-from p2ptrain.agent.leadership.plan_check import CulpableWatch, LeaderWatch, PlanGate, trainers_of
+from p2ptrain.agent.leadership.plan_check import LeaderWatch, PlanGate, trainers_of
 from p2ptrain.agent.leadership.run_stages import RunStages, stages_on_disk
-from p2ptrain.agent.leadership.standing import followed_instead
 from p2ptrain.agent.links import LinkProber
 from p2ptrain.agent.membership_reader import MembershipReader
 from p2ptrain.agent.profile import profile_device
@@ -99,7 +97,7 @@ from p2ptrain.net.dht.node import SwarmDHT
 from p2ptrain.net.dht.records import ComputeMeasurement, PeerRecord, PlanRecord, ProgressRecord
 from p2ptrain.net.nat.forward import setup_forwarding
 from p2ptrain.net.transport.endpoint import Transport
-from p2ptrain.net.transport.status import FAIL, IDLE, TAKE, TRAIN, PeerStatus
+from p2ptrain.net.transport.status import IDLE, TRAIN, PeerStatus
 from p2ptrain.runtime.calibration import calibrate, expected_rows
 from p2ptrain.runtime.compute_speed import compute_slowdown
 from p2ptrain.runtime.reference import resolve_device, torch_settings
@@ -107,8 +105,6 @@ from p2ptrain.runtime.throughput import peak_tflops
 
 logger = logging.getLogger(__name__)
 
-STANDING_READ_S = 2.0  # how often the progress records are read for who may lead (``leadership.standing``)
-FOLLOWED_KEPT = 4  # followed plans read against the progress records (a peer's record holds its newest epoch)
 
 
 @dataclass(frozen=True)
@@ -143,12 +139,7 @@ class Agent:
         self._peak: tuple[float | None, str] = (None, "unknown")  # this device's peak TFLOP/s (MFU), and its source
         self._following: PlanRecord | None = None  # the last plan this agent followed
         self._inbox: EvidenceInbox | None = None  # bulk evidence for this agent as leader (from ``_loop``)
-        self._newest_seen: PlanRecord | None = None  # the highest-epoch plan read from a live signer
-        # ... from any signer (a finished run's leader leaves; ``_finished_without_me``)
-        self._newest_any: PlanRecord | None = None
-        self._plans_read: tuple[PlanRecord, ...] = ()  # the plan records of the last read, one per signer
-        self._max_epoch_seen = -1  # over every verified plan: a new leader numbers above it
-        self._plans_logged: Any = None
+        self._run: Following | None = None  # what the run's records say to the poller (from ``_loop``)
         self._tracker: MembershipTracker | None = None
         self._reader: MembershipReader | None = None  # the poll's read of who is live (from the loop's start)
         self._membership = Membership({})
@@ -156,14 +147,6 @@ class Agent:
         self._leaders = LeaderWatch(config.membership.leader_grace_s, config.membership.leader_backoff_s,
                                     poll_s=config.membership.poll_s)
         self._gate: PlanGate | None = None
-        self._culpable = CulpableWatch(config.membership.poll_s, run=config.run,
-                                      false_alarm=config.verify.false_alarm)
-        self._halted_epoch = -1  # the last epoch this agent halted on a failure
-        # the progress records read for the standing (``_observe_standing``): the read in flight, when it began
-        self._standing_reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="p2ptrain-standing")
-        self._standing_read: concurrent.futures.Future | None = None
-        self._standing_last = -float("inf")
-        self._followed: list[PlanRecord] = []  # the last plans this agent followed
         self._last_poll = 0.0
         self._started = time.monotonic()
         self._done_now: int | None = None  # steps done in the epoch being trained
@@ -178,11 +161,6 @@ class Agent:
         self._finished = threading.Event()
         self.heartbeat: Heartbeat | None = None
         self._poll_s: collections.deque[float] = collections.deque(maxlen=64)  # a step boundary's cost to training
-        # the furthest (epoch, step) any progress record said, and when it last moved or our last epoch ended:
-        # an agent that does not train waits at most ``idle_timeout_s`` on a run that does not move
-        self._run_furthest: tuple[int, int] = (-1, -1)
-        self._progress_seen: dict[str, ProgressRecord] = {}  # the last progress records read (``_observe_standing``)
-        self._run_moved_at = time.monotonic()
 
     # ---- lifetime ---------------------------------------------------------------------------------------
 
@@ -252,7 +230,7 @@ class Agent:
             ("finish writing state copies", lambda: self.store and self.store.close(timeout_s)),
             ("tell the link prober to stop", lambda: self.prober and self.prober.stop(timeout_s=0)),
             ("stop the planner", lambda: self._leading and self._leading.close()),
-            ("stop the standing reader", lambda: self._standing_reader.shutdown(wait=False, cancel_futures=True)),
+            ("stop the standing reader", lambda: self._run and self._run.close()),
             ("stop heartbeats", lambda: self.heartbeat and self.heartbeat.close()),
             ("stop the transport", lambda: self.transport and self.transport.shutdown()),
             ("stop the link prober", lambda: self.prober and self.prober.stop(timeout_s)),
@@ -326,13 +304,14 @@ class Agent:
         self._tracker = MembershipTracker(self.peer_id, data=self.data_id, settings=settings.identity(cfg.train, cfg.verify))
         self._reader = MembershipReader(cfg, self.peer_id, self._tracker, self.dht, self.transport, self.prober,
                                         self.liveness, self._leaders, self._shaping, self.events)
+        self._run = run = Following(self)
         self._gate = PlanGate(self.peer_id, cfg.train, cfg.plan, cfg.emulation, self._leaders, cfg.dht.peer_ttl_s,
                               self.dht.read_links,
                               lambda cluster, trainers, peers, train: self._leading.plan_workload(
                                   trainers, Membership(dict(peers)), train),
                               lambda plan, reason: self.events.write("plan_refused", epoch=plan.epoch,
                                                                      signer=plan.leader, reason=reason),
-                              self._pass_over,
+                              run.pass_over,
                               needed=cfg.membership.expect or cfg.membership.min_peers, stages=self.stages)
         self._started = time.monotonic()
         self._inbox = EvidenceInbox(self.peer_id, self.transport, self.dht.keys.run_id)
@@ -342,7 +321,7 @@ class Agent:
                                             fetch_evidence=self._inbox.fetch)
         while not self.stop.is_set():
             self._poll()
-            plan = self._next_plan()
+            plan = run.next_plan()
             if plan is not None:
                 outcome = self._follow(plan, device)
                 if outcome.finished:
@@ -355,12 +334,12 @@ class Agent:
                 if self.stop.is_set():
                     break
                 continue
-            if (finished := self._finished_without_me()) is not None:
+            if (finished := run.finished_without_me()) is not None:
                 logger.info("the run finished without this agent (not a member of the last plan, epoch %d by %s)",
                             finished.epoch, finished.leader)
                 self.events.write("done", epoch=finished.epoch, steps=0, stage=None, params_sha256=None)
                 return AgentResult(self.peer_id, True, 0)
-            idle_s = time.monotonic() - self._run_moved_at
+            idle_s = time.monotonic() - run.run_moved_at
             if self._following is not None and idle_s > cfg.membership.idle_timeout_s:
                 raise AgentError(f"the run made no progress this agent can see for {idle_s:.0f} s while it trained "
                                  f"nothing (idle_timeout_s={cfg.membership.idle_timeout_s:.0f}); it stops here, and "
@@ -401,7 +380,7 @@ class Agent:
         if done is not None:  # what a boundary costs the training thread (the simulated objective adds it)
             self._poll_s.append(time.perf_counter() - started)
         if plan is None and done is None:  # a spare left out of a newer plan stops waiting on the old one's end
-            newest, following = self._newest_seen, self._following
+            newest, following = self._run.newest_seen, self._following
             return (newest is not None and following is not None and newest.epoch > following.epoch
                     and self.peer_id not in newest.membership)
         halt = plan is not None and (done is None or plan.start_step <= done)
@@ -414,7 +393,7 @@ class Agent:
             self._poll()
             if self._membership.leader == self.peer_id:
                 self._leading.lead(self._membership)
-        plan = self._next_plan()
+        plan = self._run.next_plan()
         training, done = self._epochs.training, self._went_on
         if plan is not None and training is not None and overshot(plan.start_step, training, plan.epoch, done) and \
                 self._epochs.abort_first(training, f"a newer plan (epoch {plan.epoch}) starts after step "
@@ -426,7 +405,7 @@ class Agent:
     def _admit_senders(self, membership: Membership, *plans: PlanRecord) -> None:
         """Who may send us tensors, and how much each may hold (``agent.senders``): the members of the plans
         we train or may train next, then other live peers; nobody else. Which tag each sends: ``agent.tag_senders``."""
-        candidates = (self._following, self._newest_seen, *plans)
+        candidates = (self._following, self._run.newest_seen, *plans)
         mailbox = self.transport.mailbox
         mailbox.sends_tag = TagSenders.of(self.peer_id, candidates)  # and each tag only from the peer sending it
         mailbox.senders = sender_budgets(candidates, membership.ids, self.peer_id, self.config.train,
@@ -457,176 +436,15 @@ class Agent:
         self.transport.mailbox.min_rates = min_rates(row, toward_us)
         self.events.write("links", measured=len(row), row={p: [m.latency_ms, m.bandwidth_gbps] for p, m in row.items()})
 
-    def _next_plan(self) -> PlanRecord | None:
-        """The plan to follow next (``election.latest_plan``), or None."""
-        self._check_culpable_leader()
-        started = time.monotonic()
-        try:
-            plans = self.dht.read_plans()
-        except ProtocolError as e:
-            logger.warning("reading the plan records failed: %s", e)
-            return None
-        self._leaders.observe_read(time.monotonic() - started)  # the control plane's pace: a leader's grace
-        refusal = self._tracker.refusal()  # several live peers agree on other data or settings than ours
-        if refusal is not None:
-            raise AgentError(refusal)
-        live = self._membership.ids
-        self._max_epoch_seen = max([self._max_epoch_seen, *(p.epoch for p in plans.values())])
-        key = (frozenset(plans.items()), live)
-        log, self._plans_logged = key != self._plans_logged, key  # say what is ignored once per change
-        after = self._following.epoch if self._following is not None else -1
-        self._plans_read = tuple(plans.values())
-        self._observe_standing(plans)
-        plan = latest_plan(plans, live, self.peer_id, after, log=log, leader=self._membership.leader) if live else None
-        # the run's first epoch for us: nothing followed, no earlier plan seen (a joiner's first plan may
-        # leave out live peers: the quarantined, or joiners after it)
-        newest = self._newest_seen
-        first = self._following is None and (newest is None or self._gate.refused(newest) or
-                                             (plan is not None and newest.epoch >= plan.epoch))
-        if plan is not None:
-            with self._taking_up(plan):
-                if not self._gate.accept(plan, self._membership.peers, self._tracker.known_for_s, first=first):
-                    plan = None
-        theirs = plans.get(self._membership.leader) if live else None
-        if (plan is None and theirs is not None and self._following is None and self.peer_id not in theirs.membership
-                and self._gate.left_out(theirs, live, self._tracker.known_for_s, self._untrained)):
-            return None  # the run's first plan left us out, and others an honest leader would have planned
-        # a plan by a peer that is not live (a rogue, a leader long dead), or one we refused, is never the
-        # one being trained
-        if self._newest_seen is not None and self._gate.refused(self._newest_seen):
-            self._newest_seen = None
-        newest = max((p for s, p in plans.items() if s in live and not self._gate.refused(p)), key=lambda p: p.epoch,
-                     default=None)
-        if newest is not None and (self._newest_seen is None or newest.epoch > self._newest_seen.epoch):
-            self._newest_seen = newest
-        self._newest_any = max((p for p in plans.values() if not self._gate.refused(p)), key=lambda p: p.epoch,
-                               default=None)
-        return plan
-
-    @contextlib.contextmanager
-    def _taking_up(self, plan: PlanRecord):
-        """While we check ``plan`` (a search of its records: seconds on a slow CPU), heartbeats say we take its
-        epoch up (``take``), so its trainers give us the check's time (``liveness.taking_up``); after, what
-        they said before: ``_follow`` then says ``train``."""
-        before = self.transport.status
-        if self.peer_id in trainers_of(plan) and before.epoch <= plan.epoch:
-            self.transport.status = PeerStatus(TAKE, plan.epoch, plan.start_step)
-        try:
-            yield
-        finally:
-            self.transport.status = before
-
-    def _observe_standing(self, plans: dict[str, PlanRecord]) -> None:
-        """Who has shown training work (``leadership.standing``): the plans read, and the ones we followed,
-        against the progress records, read every ``STANDING_READ_S`` on a thread of their own (a DHT read can
-        hang for its whole deadline while a peer is frozen; the loop must not wait on it)."""
-        pending = self._standing_read
-        if pending is not None and pending.done():
-            self._standing_read = None
-            try:
-                progress = pending.result()
-            except Exception as e:  # noqa: BLE001 - a failed read is retried, never a verdict
-                logger.debug("reading the progress records for the standing failed: %s", e)
-            else:
-                self._leaders.standing.observe((*plans.values(), self._newest_seen), progress, followed=self._followed)
-                self._note_run_progress(progress)
-                self._progress_seen = progress
-                self._step_aside(plans, progress)
-                self._follow_the_run(plans, progress)
-        now = time.monotonic()
-        if self._standing_read is None and now - self._standing_last >= STANDING_READ_S:
-            self._standing_last = now
-            self._standing_read = self._standing_reader.submit(self.dht.read_progress)
-
-    def _note_run_progress(self, progress: dict[str, ProgressRecord]) -> None:
-        """Move the idle clock (``membership.idle_timeout_s``) when any record says the run got further."""
-        furthest = max(((r.epoch, r.step) for r in progress.values()), default=(-1, -1))
-        if furthest > self._run_furthest:
-            self._run_furthest, self._run_moved_at = furthest, time.monotonic()
-
-    def _step_aside(self, plans: dict[str, PlanRecord], progress: dict[str, ProgressRecord]) -> None:
-        """While we lead in our own view: if the run's own trainers train another live peer's plan and nobody
-        trains ours (``standing.followed_instead``), the run passed us over (its followers judged us culpable or
-        silent, rightly or not). We step aside as a passed-over leader does (out of standing for the epochs owed, a
-        back-off): the peer the run follows leads in our view too, and we join its run at a re-plan point, or
-        see it finish without us (``_finished_without_me``), instead of waiting alone on a plan nobody trains."""
-        following = self._following
-        if self._membership.leader != self.peer_id or (following is not None and following.leader != self.peer_id):
-            return  # not leading, or training another's plan with the run (a joiner that earned standing)
-        plan = followed_instead(self.peer_id, (self._following, self._leading.published), plans,
-                                self._membership.ids, progress, self._leaders.standing)
-        if plan is not None:
-            backoff = self._leaders.pass_over(self.peer_id)
-            logger.warning("the run's trainers train epoch %d of %s's plan, not ours: this agent was passed over as "
-                           "leader; it steps aside for %.0f s and follows the run's leader", plan.epoch, plan.leader,
-                           backoff)
-            self.events.write("stepped_aside", epoch=plan.epoch, leader=plan.leader, backoff_s=backoff)
-
-    def _follow_the_run(self, plans: dict[str, PlanRecord], progress: dict[str, ProgressRecord]) -> None:
-        """While another peer leads in our view: if the run's own trainers train a third live peer's plan while
-        nobody trains our leader's (``standing.followed_instead``), the run passed our leader over (a spare, or an
-        agent that was waiting, did not see it fall silent or fail): we pass it over too and follow the run."""
-        leader, following = self._membership.leader, self._following
-        if leader is None or leader == self.peer_id or (following is not None and following.leader != leader):
-            return  # we train another's plan with the run (our leader's turn is the next re-plan)
-        plan = followed_instead(leader, (plans.get(leader), following), plans, self._membership.ids, progress,
-                                self._leaders.standing)
-        if plan is not None and plan.leader != self.peer_id:
-            self._pass_over(leader, f"the run's trainers train epoch {plan.epoch} of {plan.leader}'s plan, and "
-                                    "nobody trains its own")
-
-    def _check_culpable_leader(self) -> None:
-        """Once the epoch we follow failed (we halted it, or a heartbeat says a trainer did), pass its leader
-        over at once if the failure was its own stage's (``plan_check.culpable_leader``)."""
-        plan, leader, newest = self._following, self._membership.leader, self._newest_seen
-        if plan is None or leader is None or plan.leader != leader or leader == self.peer_id:
-            return
-        if newest is not None and newest.epoch > plan.epoch and newest.leader == leader:
-            return  # it planned the next epoch already: it does its job
-        statuses = self.liveness.statuses() if self.liveness is not None else {}
-        failed = self._halted_epoch == plan.epoch or self._epochs.aborted == plan.epoch or any(
-            s.state == FAIL and s.epoch == plan.epoch for s in statuses.values())
-        if not failed:
-            return
-        try:
-            why = self._culpable.check(plan, self.dht.read_progress)
-        except ProtocolError:
-            return
-        if why is not None:
-            self._pass_over(leader, why)
-
-    def _pass_over(self, leader: str, why: str) -> None:
-        """Pass ``leader`` over (``Leader.pass_over``) and leave it out of the view this poll goes on with: the
-        next in line may lead in the same poll, and must not plan it."""
-        self._leading.pass_over(leader, why)
-        self._membership = self._membership.without(leader)
-
-    def _untrained(self) -> bool:
-        """Whether no peer says it trained a step of this run yet (its progress records)."""
-        try:
-            return all(r.step == 0 for r in self.dht.read_progress().values())
-        except ProtocolError:
-            return False
-
-    def _finished_without_me(self) -> PlanRecord | None:
-        """The newest plan, if it left us out (we came back after being cut off) and its trainers finished
-        the run (``election.finished_without``), from a live signer or not."""
-        followed = self._following.epoch if self._following is not None else -1
-        try:
-            return finished_without((self._newest_seen, self._newest_any, *self._plans_read), self.peer_id, followed,
-                                    self.dht.read_progress, self.config.train.steps,
-                                    self._following.leader if self._following is not None else None)
-        except ProtocolError:
-            return None
-
     def _view(self) -> AgentView:
         """What the leader's side reads of this agent (``leading.AgentView``), as it is now."""
         statuses = self.liveness.statuses() if self.liveness is not None else {}
         following = self._following
         check_s = self._gate.check_s(following) if following is not None and self._gate is not None else 0.0
         no_shows_, unjudged = self._epochs.seen(following.epoch) if following is not None else ((), ())
-        return AgentView(self._seen, following, self._newest_seen, self._done_now, self._max_epoch_seen,
-                         statuses, self._progress_seen, check_s, no_shows_, unjudged)
+        run = self._run
+        return AgentView(self._seen, following, run.newest_seen, self._done_now, run.max_epoch_seen, statuses,
+                         run.progress_seen, check_s, no_shows_, unjudged)
 
     def _note_waiting(self, note: str) -> None:
         if note != self._last_wait_note:
@@ -643,8 +461,7 @@ class Agent:
                                            plan.start_step)
         if plan.start_step > 0:  # it restarts from states of its stage count: that is the run's
             self.stages.pin(plan.stages, f"epoch {plan.epoch}, which restarts from step {plan.start_step}'s states")
-        self._followed.append(plan)  # the plans whose progress earns standing (``leadership.standing``)
-        del self._followed[:-FOLLOWED_KEPT]
+        self._run.follow(plan)
         self._admit_senders(self._membership, plan)
         self._done_now = self._went_on = None
         self.prober.pause(timeout_s=min(cfg.links.probe.deadline_s, cfg.links.pause_wait_s))  # nor queue behind a probe
@@ -672,14 +489,14 @@ class Agent:
         try:
             outcome = run_epoch(plan, context, peers)
             if outcome.halted:
-                self._halted_epoch = plan.epoch
+                self._run.halted_epoch = plan.epoch
             return outcome
         except Exception:
             if self.stop.is_set():  # the stop watcher shut the transport down under a running step
                 return EpochOutcome(False, 0)
             raise
         finally:
-            self._run_moved_at = time.monotonic()  # the idle clock starts when our epoch ends
+            self._run.run_moved_at = time.monotonic()  # the idle clock starts when our epoch ends
             self._boundary.stop()  # the agent's loop polls again from here, alone
             self._boundary = None
             self._epochs.end()

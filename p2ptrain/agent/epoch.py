@@ -47,15 +47,24 @@ from dataclasses import dataclass
 
 import torch
 
-from p2ptrain.agent.churn.restart import CHECKPOINT, INIT, source_of
-from p2ptrain.agent.churn.stage_state import StateKeeper, recv_state, send_retrying, send_state
+from p2ptrain.agent.churn.epoch_states import (
+    StateUnavailable,
+    checkpoint_step,
+    complete_held,
+    connect_peer,
+    keep,
+    serve_states,
+    start_backup_receiver,
+    take_state,
+    warm_copy,
+)
+from p2ptrain.agent.churn.stage_state import StateKeeper, send_retrying
 from p2ptrain.agent.churn.state_store import StateStore
-from p2ptrain.agent.churn.warm_copies import BackupReceiver, BackupSender, copy_part_numel
+from p2ptrain.agent.churn.warm_copies import BackupSender, copy_part_numel
 from p2ptrain.agent.config import CheckpointConfig
 from p2ptrain.agent.events import EventLog
 from p2ptrain.errors import MessageRejected, PeerFailed, PeerTimeoutError, ProtocolError, StreamClosed
 from p2ptrain.lifecycle import StopSignal
-from p2ptrain.model.stage import build_stage
 from p2ptrain.net.dht.node import SwarmDHT
 from p2ptrain.net.dht.records import (
     MAX_ALSO,
@@ -69,13 +78,6 @@ from p2ptrain.net.dht.records import (
 from p2ptrain.net.transport.endpoint import Transport
 from p2ptrain.net.transport.messages import MessageKind, Tag
 from p2ptrain.net.transport.status import FAIL, HALT, IDLE, TRAIN, PeerStatus
-from p2ptrain.runtime.checkpoint import (
-    load_stage,
-    load_state_tensors,
-    outer_tensors,
-    save_stage,
-    state_tensors,
-)
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.executor import StepWaits
 from p2ptrain.runtime.session import StageTrainer, StepResult
@@ -95,10 +97,6 @@ class EpochOutcome:
     steps_done: int
     losses: tuple[float, ...] = ()
     halted: bool = False  # ended early for a re-plan (a failed call, or a newer plan)
-
-
-class StateUnavailable(RuntimeError):
-    """This agent is a plan's source of a state it does not keep (the plan was made on stale heartbeats)."""
 
 
 @dataclass
@@ -187,7 +185,7 @@ def run_epoch(plan: PlanRecord, ctx: EpochContext, peers: dict[str, PeerRecord])
     step_s = plan.cost_s * ctx.time_scale
     sender = BackupSender(ctx.transport, run, plan.epoch, ctx.state_timeout_s,
                           lambda peer: copy_part_numel(ctx.link_bandwidth(peer), step_s), cfg.diloco_on)
-    receiver = _start_backup_receiver(plan, topology, cfg, ctx)
+    receiver = start_backup_receiver(plan, topology, cfg, ctx)
     try:
         return _run_epoch(plan, topology, cfg, ctx, peers, sender)
     finally:
@@ -199,7 +197,7 @@ def run_epoch(plan: PlanRecord, ctx: EpochContext, peers: dict[str, PeerRecord])
 def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: EpochContext,
                peers: dict[str, PeerRecord], sender: BackupSender) -> EpochOutcome:
     try:
-        sends = _serve_state(plan, topology, cfg, ctx, peers, sender)
+        sends = serve_states(plan, topology, cfg, ctx, peers, sender)
     except HALTING_ERRORS as e:
         return _halt(plan, ctx, plan.start_step, e)
     if ctx.me not in topology.peers:
@@ -216,11 +214,11 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
     findings: list[Finding] = []  # our checks' findings of this epoch, as they are made
     try:
         for peer in sorted(topology.neighbours(role)):
-            _connect(ctx, peers, peer)
+            connect_peer(ctx, peers, peer)
         trainer = StageTrainer(cfg, role, ctx.device, ctx.compute_slowdown)
         trainer.executor.before_update = ctx.keeper.fence  # the kept state's copy may still be reading
         verifier, recomputer = _install_verifier(plan, topology, role, cfg, trainer, ctx, findings)
-        _take_state(plan, role.stage, trainer, ctx)
+        take_state(plan, role.stage, trainer, ctx)
         _wait_sends(sends, ctx.state_timeout_s)
         settle_heap()
         last_end = None
@@ -228,7 +226,7 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
             if ctx.stop.is_set():
                 return EpochOutcome(False, done, tuple(losses))
             if ctx.should_halt(done):
-                _complete_held(ctx, trainer, done)
+                complete_held(ctx, trainer, done)
                 return _halt(plan, ctx, done, None, _unverified(recomputer))
             busy_s, busy_cpu_s = trainer.executor.pacer.busy_s, trainer.executor.pacer.busy_cpu_s
             sent_before = ctx.transport.sent_bytes  # what the step sends: its calls, its checkpoint's and copies'
@@ -245,13 +243,13 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
             compute_cpu_s = trainer.executor.pacer.busy_cpu_s - busy_cpu_s  # its CPU time: less, where it waited
             last_end = time.perf_counter()
             done = step + 1
-            kept = _keep(ctx, cfg, trainer, done)  # with DiLoCo: at rounds' ends
+            kept = keep(ctx, cfg, trainer, done)  # with DiLoCo: at rounds' ends
             ctx.set_status(TRAIN, plan.epoch, done)
             if result.loss is not None:
                 losses.append(result.loss)
             if kept is not None:
-                _checkpoint(ctx, cfg, role.stage, role.replica, kept)
-                _copy(plan, ctx, role.stage, role.replica, kept, trainer.module, sender)
+                checkpoint_step(ctx, cfg, role.stage, role.replica, kept)
+                warm_copy(plan, ctx, role.stage, role.replica, kept, trainer.module, sender)
             _report_step(plan, topology, role, cfg, ctx, step, result, _StepCosts(
                 compute_s=compute_s, compute_cpu_s=compute_cpu_s, between_s=between_s,
                 checked_s=checked_s if verifier is not None else None,
@@ -306,109 +304,6 @@ def _report_step(plan: PlanRecord, topology: Topology, role: Role, cfg: TrainCon
                 "" if result.loss is None else f" loss {result.loss:.4f}", result.step_time_s, speed.tokens_per_s)
 
 
-def _keep(ctx: EpochContext, cfg: TrainConfig, trainer: StageTrainer, done: int) -> int | None:
-    """Keep the committed state after ``done`` (the states re-plans restart from); the step of the state kept
-    now, if any. With DiLoCo's ``overlap`` a round's end is complete only with its mean, which comes in
-    ``tau`` steps later: it is held until then (``StateKeeper.hold``) and kept then, with the anchor and
-    momentum that mean gave; the run's last step is complete at once (it applies every mean). With fragments
-    (``DiLoCoConfig.fragments``) a state is fragment 0's round end and holds every fragment's anchor: the others'
-    rounds restart from theirs."""
-    executor = trainer.executor
-    fragments = cfg.diloco_on and cfg.diloco.fragments > 1
-    if not cfg.diloco_on or not cfg.diloco.overlap or done == cfg.steps:
-        if not cfg.committed(done):
-            return None
-        if fragments and done < cfg.steps:  # the other fragments are mid-round: the state holds their anchors
-            ctx.keeper.hold(done, trainer.module, trainer.optimizer, executor.outer)
-            return ctx.keeper.complete(outer_tensors(trainer.module, executor.outer))
-        ctx.keeper.record(done, trainer.module, trainer.optimizer, executor.outer)
-        return done
-    kept = None
-    held = ctx.keeper.held_step
-    if held is not None and not executor.mean_pending(held):  # its means are in
-        kept = ctx.keeper.complete(outer_tensors(trainer.module, executor.outer))
-    if cfg.committed(done):
-        ctx.keeper.hold(done, trainer.module, trainer.optimizer, executor.outer)
-    return kept
-
-
-def _complete_held(ctx: EpochContext, trainer: StageTrainer, done: int) -> None:
-    """An epoch that stops at a round's end (a new plan starts there) completes its held state: it waits for
-    that round's all-reduce (within its calls' deadlines) and keeps the state with its mean."""
-    if ctx.keeper.held_step == done:
-        trainer.executor.settle_outer()
-        ctx.keeper.complete(outer_tensors(trainer.module, trainer.executor.outer))
-
-
-def _serve_state(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: EpochContext,
-                 peers: dict[str, PeerRecord], sender: BackupSender) -> list[concurrent.futures.Future]:
-    """Send the states this agent is the plan's source of to the stages' other trainers and, as a warm
-    copy, to the stage's backup peer (before this agent takes up its own role, which replaces what it
-    keeps)."""
-    sends: list[concurrent.futures.Future] = []
-    for stage in range(plan.stages):
-        if source_of(plan, stage) != ctx.me:
-            continue
-        tensors = ctx.store.get(stage, plan.stages, plan.start_step)
-        if tensors is None:
-            raise StateUnavailable(f"the plan of epoch {plan.epoch} has this agent send stage {stage}'s state "
-                                   f"after step {plan.start_step}, which it does not keep")
-        module = build_stage(cfg.shape, stage, cfg.stages, cfg.seed, torch.device("cpu"), cfg.layers)  # names, shapes
-        for replica in range(plan.replicas):
-            peer = topology.holder(stage, replica)
-            if peer != ctx.me:
-                _connect(ctx, peers, peer)
-                sends += send_state(ctx.transport, peer, ctx.dht.keys.run_id, plan.epoch, plan.start_step, tensors,
-                                    module, ctx.state_timeout_s, stage, cfg.diloco_on)
-                logger.info("epoch %d: sending stage %d's state after step %d to peer %s", plan.epoch, stage,
-                            plan.start_step, peer)
-        backup = plan.backup_of(stage)
-        if backup is not None and backup != ctx.me:
-            sender.send(backup, stage, plan.start_step, tensors, module)
-    return sends
-
-
-def _start_backup_receiver(plan: PlanRecord, topology: Topology, cfg: TrainConfig,
-                           ctx: EpochContext) -> BackupReceiver | None:
-    """Receive the warm copies this agent keeps in this epoch: from each such stage's source (its start
-    state), then from the stage's replica 0 (every ``backup_every`` steps)."""
-    senders: dict[int, list[tuple[str, int]]] = {}
-    for stage in range(plan.stages):
-        if plan.backup_of(stage) != ctx.me:
-            continue
-        source, first = source_of(plan, stage), topology.holder(stage, 0)
-        chain = []
-        if source not in (INIT, CHECKPOINT, ctx.me):
-            chain.append((source, 0))
-        if not chain or source != first:
-            chain.append((first, 0))
-        senders[stage] = chain
-    if not senders:
-        return None
-    ctx.transport.set_window(ctx.dht.keys.run_id, plan.epoch, plan.start_step)
-
-    def module_of(stage: int) -> torch.nn.Module:
-        return build_stage(cfg.shape, stage, cfg.stages, cfg.seed, torch.device("cpu"), cfg.layers)
-
-    return BackupReceiver(ctx.transport, ctx.store, ctx.dht.keys.run_id, plan.epoch, plan.stages, senders,
-                          module_of, on_copy=ctx.on_copy, poll_s=ctx.poll_s, with_outer=cfg.diloco_on).start()
-
-
-def _copy(plan: PlanRecord, ctx: EpochContext, stage: int, replica: int, done: int, module: torch.nn.Module,
-          sender: BackupSender) -> None:
-    """At a warm-copy step: our own state to our disk, and replica 0's to the stage's backup peer. With
-    DiLoCo only a round's end is one (the states of a round's inside are not restarted from)."""
-    every = plan.backup_every
-    if not every or done % every:
-        return
-    tensors = ctx.keeper.get(stage, plan.stages, done)
-    assert tensors is not None  # just recorded
-    ctx.store.save_own(stage, plan.stages, done, tensors)
-    backup = plan.backup_of(stage)
-    if replica == 0 and backup is not None:
-        sender.send(backup, stage, done, tensors, module)
-
-
 def _install_verifier(plan: PlanRecord, topology: Topology, role: Role, cfg: TrainConfig, trainer: StageTrainer,
                       ctx: EpochContext, findings: list[Finding]) -> tuple[SumChecker | None, RecomputeChecker | None]:
     """The sum check of our stage's all-reduce and the recompute check of our group's micro-batches, every step
@@ -450,65 +345,9 @@ def _install_verifier(plan: PlanRecord, topology: Topology, role: Role, cfg: Tra
     return verifier, recomputer
 
 
-def _connect(ctx: EpochContext, peers: dict[str, PeerRecord], peer: str) -> None:
-    """Dial a peer of the plan at its recorded addresses; without a record in our view (it lapsed for a
-    moment on a busy DHT) we keep the connection the membership poll opened, and a dead peer fails the
-    epoch through its calls."""
-    if peer not in peers or not peers[peer].maddrs:
-        logger.info("epoch: no address of peer %s in our view; using the connection we have", peer)
-        return
-    try:
-        ctx.transport.connect(peer, peers[peer].maddrs, ctx.call_timeout_s)
-    except ProtocolError:
-        raise  # a deadline: the epoch halts
-    except Exception as e:  # the daemon raises its own types for a peer it cannot dial
-        logger.warning("epoch: cannot dial peer %s (%s); its calls will tell", peer, e)
-
-
 def _wait_sends(sends: list[concurrent.futures.Future], timeout_s: float) -> None:
     for future in sends:
         future.result(timeout=timeout_s + 5.0)
-
-
-def _take_state(plan: PlanRecord, stage: int, trainer: StageTrainer, ctx: EpochContext) -> None:
-    """Load stage ``stage``'s state after ``PlanRecord.start_step`` from the plan's source of it."""
-    step, source = plan.start_step, source_of(plan, stage)
-    started = time.monotonic()
-    if source == INIT:
-        tensors = None  # the trainer was just built from the seed
-    elif source == CHECKPOINT:
-        try:
-            tensors = load_stage(ctx.checkpoint.dir or "", step, stage, plan.stages, ctx.train.model)
-        except (ValueError, OSError) as e:
-            raise StateUnavailable(f"epoch {plan.epoch} starts stage {stage} from a checkpoint: {e}") from e
-    elif source == ctx.me:
-        tensors = ctx.store.get(stage, plan.stages, step)
-        assert tensors is not None  # _serve_state checked it
-    else:
-        ctx.transport.set_window(ctx.dht.keys.run_id, plan.epoch, step)
-        tensors = recv_state(ctx.transport, source, ctx.dht.keys.run_id, plan.epoch, step, trainer.module,
-                             ctx.state_timeout_s, stage, trainer.cfg.diloco_on)
-    outer = trainer.executor.outer  # DiLoCo: the state is a round's end, whose parameters are the anchor
-    if tensors is not None:
-        load_state_tensors(trainer.module, trainer.optimizer, tensors, outer)
-    tensors = tensors if tensors is not None else state_tensors(trainer.module, trainer.optimizer, outer=outer)
-    ctx.keeper.reset(stage, plan.stages, step, tensors)
-    if step > 0:
-        ctx.store.save_own(stage, plan.stages, step, tensors)  # a warm-copy step: the backups get it too
-    where = {INIT: "the seed", CHECKPOINT: "the checkpoint", ctx.me: "this agent"}.get(source, f"peer {source}")
-    took_s = time.monotonic() - started
-    logger.info("epoch %d: stage %d's state after step %d from %s (%.2f s)", plan.epoch, stage, step, where, took_s)
-    ctx.events.write("state", epoch=plan.epoch, stage=stage, step=step, source=source, seconds=took_s)
-
-
-def _checkpoint(ctx: EpochContext, cfg: TrainConfig, stage: int, replica: int, done: int) -> None:
-    every = ctx.checkpoint.every_steps
-    if not every or replica != 0 or done % every:  # a kept state: with DiLoCo, at rounds' ends only
-        return
-    tensors = ctx.keeper.get(stage, cfg.stages, done)
-    assert tensors is not None
-    save_stage(ctx.checkpoint.dir, done, stage, cfg.stages, cfg.model, cfg.seed, tensors, cfg.shape)
-    ctx.events.write("checkpoint", step=done, stage=stage)
 
 
 def settle_heap() -> None:

@@ -7,6 +7,7 @@
 - ``quarantine``: a peer that failed an epoch stays out of the next plans for a while (pure).
 - ``cover``: who explains a set of disputes: the peers in every smallest vertex cover of their graph (pure).
 - ``stage_state``: the states a trainer keeps across epochs, and their transfer between agents.
+- ``epoch_states``: an epoch's stage states: taken at its start, kept, copied and checkpointed at its steps, served.
 - ``state_store``: every stage state an agent can serve: a distributed checkpoint without a shared disk.
 - ``warm_copies``: copies of every stage on another peer: who keeps them, how often, their transfer.
 """

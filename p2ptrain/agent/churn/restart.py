@@ -33,8 +33,8 @@ replay (``reference.train_reference``'s ``replans``). Joiners enter at a round's
 
 With ``[train.diloco] overlap`` a round's all-reduce finishes during the next round, so the state of a
 round's end (the anchor and momentum its mean gives, with the inner moments of that end) is complete one
-round later (``epoch._keep``: ``StateKeeper.hold`` then ``complete``), or when an epoch that stops there has
-waited for it (``epoch._complete_held``); trainers keep only complete states, so a failure redoes up to two
+round later (``epoch_states.keep``: ``StateKeeper.hold`` then ``complete``), or when an epoch that stops there has
+waited for it (``epoch_states.complete_held``); trainers keep only complete states, so a failure redoes up to two
 rounds, and every replica restarts from the anchor (not from its own guess), as the reference replays it.
 """
 

@@ -12,6 +12,8 @@
 - ``pricing``: ``PlanPricing``, the workload a plan is priced with, the leader's and the followers' alike.
 - ``disputes``: the leader's judgement of disputes with bulk evidence, beside its loop.
 - ``plan_check``: a follower's checks of a plan, and passing over a leader that publishes none it accepts.
+- ``following``: ``Following``, an agent's plan tracking: the plan to follow next, the records read last, when
+  to pass its leader over or step aside, whether the run finished without it.
 - ``claims``: a device's compute claims, bounded by its calibration and replaced by what it shows.
 - ``settings``: the run settings every agent pins and every plan carries.
 - ``run_stages``: the run's stage count, fixed by the config or chosen by the leader (``stages = "auto"``).

@@ -105,7 +105,7 @@ class Standing:
         it under its signer, and each of those trained an epoch we trust (a group of fresh keys signing a plan
         among themselves never counts once we have a history; before, what a joiner learns provisionally). An
         agent that leads in its own view and sees this, while nobody trains its own plan, was passed over by the
-        run (``Agent._step_aside``)."""
+        run (``Following._step_aside``)."""
         book = self._worked or self._provisional  # before any own history, what a joiner would trust
         known = [p for p in moved(plan, progress) if p in book]
         return 2 * len(known) > plan.stages * plan.replicas
