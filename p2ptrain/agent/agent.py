@@ -93,7 +93,7 @@ from p2ptrain.agent.tag_senders import TagSenders
 from p2ptrain.errors import AgentError, ProtocolError
 from p2ptrain.lifecycle import StopSignal, shutdown_in_order
 from p2ptrain.model.data import data_identity
-from p2ptrain.net.dht.node import SwarmDHT
+from p2ptrain.net.dht.node import SwarmDHT, retrying
 from p2ptrain.net.dht.records import ComputeMeasurement, PeerRecord, PlanRecord, ProgressRecord
 from p2ptrain.net.nat.forward import setup_forwarding
 from p2ptrain.net.transport.endpoint import Transport
@@ -263,7 +263,9 @@ class Agent:
         found = self.store.scan_disk(stages) if stages is not None else []
         logger.info("resume: %d verified state copies on this agent's disk%s", len(found),
                     f" (newest step {max(s for _, s in found)})" if found else "")
-        self.dht.publish_progress(ProgressRecord(0, 0, None, 0.0, halted=True, holds=tuple(found[-32:])))
+        record = ProgressRecord(0, 0, None, 0.0, halted=True, holds=tuple(found[-32:]))
+        retrying("storing the copies this agent holds", lambda: self.dht.publish_progress(record),
+                 self.config.dht.start_retry_s, self.stop.wait)
 
     def _on_heartbeats(self) -> None:
         """After every heartbeat round (the liveness thread): ``EpochWatch.on_round`` on the epoch followed."""
@@ -290,7 +292,8 @@ class Agent:
             emulated_device=emulation.device_index, compute=compute, data=self.data_id,
             settings=settings.identity(self.config.train, self.config.verify), **self._shaping.line(self.prober.access if self.prober is not None else {}),
         )
-        self.dht.publish_peer(record)
+        retrying("storing our peer record", lambda: self.dht.publish_peer(record), self.config.dht.start_retry_s,
+                 self.stop.wait)  # a busy DHT at a crowd's start: tried again, not the agent's end
         self._peer_record = record
         logger.info("joined run %r as peer %s%s", self.config.run, self.peer_id,
                     f" (playing device {emulation.device_index}, {region})" if self.network is not None else "")

@@ -151,8 +151,11 @@ def run_swarm(
                     toml = _agent_toml(config, train, run, maddrs, agent, root, cluster_path, time_scale, size_factor,
                                        _probe(config, network, time_scale, size_factor))
                     agent.config_path.write_text(toml)
-                    child = group.start(agent.name, [sys.executable, "-m", "p2ptrain", "agent", "--config",
-                                                     str(agent.config_path)], log_path=agent.log_path, fork=True)
+                    argv = [sys.executable, "-m", "p2ptrain", "agent", "--config", str(agent.config_path)]
+                    if agent.index in config.fail_start:  # fault injection: a start that fails
+                        argv = [sys.executable, "-c", f"raise SystemExit('agent {agent.index}: Error: a start that "
+                                                      "fails (SwarmConfig.fail_start)')"]
+                    child = group.start(agent.name, argv, log_path=agent.log_path, fork=True)
                     agent.pid = child.pid
                 _write_status(root, run, group, state.agents)
 
@@ -165,7 +168,7 @@ def run_swarm(
             group.stop_all()  # agents stop before the bootstrap: every agent's own shutdown reaps its p2pd
     summary = summarize(state)
     ok = error is None and summary["finished"] and all(
-        group.children[a.name].poll() == 0 for a in state.agents if not state.is_killed(a.index)
+        group.children[a.name].poll() == 0 for a in state.agents if not state.is_out(a.index)
     )
     if error is None and not ok:
         error = "an agent did not finish; see its log in " + str(root)
@@ -308,7 +311,10 @@ def _follow(config: SwarmConfig, group: ProcessGroup, state: SwarmState, stop: S
         if steps_now > steps_seen:
             steps_seen, deadline = steps_now, time.monotonic() + config.step_timeout_s
         running = [a for a in state.agents if group.children[a.name].poll() is None]
-        failed = [a for a in state.agents if group.children[a.name].poll() not in (None, 0) and not state.is_killed(a.index)]
+        failed = [a for a in state.agents if group.children[a.name].poll() not in (None, 0) and not state.is_out(a.index)]
+        if failed and (why := _failed_start(config, group, state, failed)) is not None:
+            return why
+        failed = [a for a in failed if a.index not in state.failed_start]
         if failed:
             agent = failed[0]
             return f"agent {agent.index} exited with code {group.children[agent.name].poll()}: " + _last_error(agent)
@@ -329,6 +335,24 @@ def _follow(config: SwarmConfig, group: ProcessGroup, state: SwarmState, stop: S
             phase = "step" if state.all_have_roles() else "plan"
             return f"no progress within the {phase} deadline; see the agents' logs in {state.workdir}"
         stop.wait(0.2)
+
+
+def _failed_start(config: SwarmConfig, group: ProcessGroup, state: SwarmState,
+                  failed: list[AgentProcess]) -> str | None:
+    """Agents of ``failed`` that exited before they joined the run (no ``started`` event) while it has no plan
+    yet: noted in ``SwarmState.failed_start`` and logged, and the run goes on without them (the leader plans
+    without them at the swarm's join deadline); the reason to stop when too few are left to train the stages."""
+    for agent in failed:
+        if agent.events.last("started") is None and state.leader_plan() is None:
+            why = f"exited with code {group.children[agent.name].poll()}: {_last_error(agent)}"
+            state.failed_start[agent.index] = why
+            logger.warning("agent %d failed to start (%s); the run goes on without it", agent.index, why)
+    left = len(state.agents) - len(state.failed_start)
+    needed = config.stages if isinstance(config.stages, int) else 1
+    if state.failed_start and left < needed:
+        return (f"{len(state.failed_start)} agent(s) failed to start, and {left} cannot train {needed} stages; the "
+                f"first: agent {min(state.failed_start)} {state.failed_start[min(state.failed_start)]}")
+    return None
 
 
 def _last_error(agent: AgentProcess) -> str:
@@ -364,6 +388,8 @@ def _agent_toml(config: SwarmConfig, train: TrainConfig, run: str, maddrs: list[
         "run": run, "initial_peers": maddrs, "events_file": str(agent.events.path),
         "train": {k: v for k, v in asdict(train).items() if v is not None and k != "replicas"},
         "membership": {"expect": config.agents, "poll_s": 0.5, "plan_timeout_s": config.startup_timeout_s,
+                       "join_deadline_s": config.join_deadline_s or config.startup_timeout_s / 2,
+                       "min_peers": config.stages if isinstance(config.stages, int) else 1,
                        "links_timeout_s": config.startup_timeout_s / 2, "finish_timeout_s": config.call_timeout_s},
         "plan": {"strategy": config.strategy, "seed": config.seed, "objective": config.objective,
                  "time_budget_s": config.plan_budget_s},

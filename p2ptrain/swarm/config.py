@@ -46,6 +46,9 @@ class SwarmConfig:
     workdir: str | None = None  # default: a new temporary directory (kept: it holds the logs)
     run: str | None = None  # default: swarm-<random>
     startup_timeout_s: float = 240.0  # from launch until every agent has its role
+    # the leader plans without the agents not live this long after its start (one that failed to start: the
+    # swarm reports it and goes on); None: half of startup_timeout_s
+    join_deadline_s: float | None = None
     step_timeout_s: float = 180.0  # longest wait for the next step
     call_timeout_s: float = 60.0
     plan_budget_s: float = 60.0  # PlanConfig.time_budget_s: the leader's search, and what followers allow it
@@ -56,6 +59,7 @@ class SwarmConfig:
     # that step runs, SIGCONT it that many seconds later
     partitions: tuple[tuple[str, int, float], ...] = ()
     joins: tuple[tuple[int, int], ...] = ()  # (count, step): start this many more agents when that step is done
+    fail_start: tuple[int, ...] = ()  # these agents' processes exit at once with an error (a broken install)
     checkpoint_every: int = 0  # every K steps each stage's replica 0 saves a checkpoint in <workdir>/checkpoints
     shared_checkpoints: bool = False  # resume and re-plans also read <workdir>/checkpoints (with checkpoint_every)
     resume: bool = False  # the first plan starts from the agents' own copies (<workdir>/agent-K.state)

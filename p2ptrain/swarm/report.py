@@ -35,10 +35,15 @@ class SwarmState:
     started: float = field(default_factory=time.monotonic)
     killed: dict[int, dict[str, Any]] = field(default_factory=dict)  # agent index -> {step, time, as}; partitions too
     joins: list[dict[str, Any]] = field(default_factory=list)
+    failed_start: dict[int, str] = field(default_factory=dict)  # agent index -> why it exited before it joined
 
     def is_killed(self, index: int) -> bool:
         """Killed for good (a partitioned agent comes back and must finish like the others)."""
         return index in self.killed and self.killed[index]["as"] != "partitioned"
+
+    def is_out(self, index: int) -> bool:
+        """Not part of the run's end: killed for good, or failed to start."""
+        return self.is_killed(index) or index in self.failed_start
 
     def index_of(self, peer_id: str) -> int | None:
         return next((a.index for a in self.agents if a.peer_id == peer_id), None)
@@ -47,7 +52,7 @@ class SwarmState:
         return {a.index: r for a in self.agents if (r := a.events.last("role")) is not None}
 
     def all_have_roles(self) -> bool:
-        return len(self.roles()) == len(self.agents)
+        return all(a.index in self.roles() for a in self.agents if a.index not in self.failed_start)
 
     def plans(self) -> list[tuple[int, dict[str, Any]]]:
         """Every plan event (agent index, event), by epoch: leaders change when one fails."""
@@ -141,7 +146,7 @@ def _run_loss(events: list[dict[str, Any]]) -> float | None:
 def summarize(state: SwarmState) -> dict[str, Any]:
     config = state.config
     losses, step_times = state.losses(), state.step_times()
-    done = [a.events.last("done") for a in state.agents if not state.is_killed(a.index)]
+    done = [a.events.last("done") for a in state.agents if not state.is_out(a.index)]
     summary: dict[str, Any] = {
         "run": state.run, "workdir": state.workdir, "agents": len(state.agents), "stages": config.stages,
         "replicas": state.train.replicas, "steps": config.steps, "model": state.train.model,
@@ -152,6 +157,7 @@ def summarize(state: SwarmState) -> dict[str, Any]:
         "finished": all(d is not None for d in done) and len(losses) == config.steps - state.start_step(),
         "start_step": state.start_step(), "replans": state.replans(),
         "killed": {str(k): v for k, v in state.killed.items()}, "joins": state.joins,
+        "failed_to_start": {str(k): v for k, v in state.failed_start.items()},
         "losses": losses, "step_time_s": step_times,
         "median_step_time_s": statistics.median(step_times) if step_times else None,
         "config": state.train.to_dict(),
@@ -305,6 +311,8 @@ def format_summary(summary: dict[str, Any], regions: list[str | None] | None = N
         where += ")"
     lines.append(f"swarm {summary['run']}: {summary['agents']} agents {where}; {summary['model']}, batch "
                  f"{summary['config']['global_batch_size']}, {summary['stages']} stages × {summary['replicas']} replicas")
+    for index, why in summary.get("failed_to_start", {}).items():
+        lines.append(f"agent {index} failed to start ({why}); the run went on without it")
     plan = summary.get("plan")
     if plan is not None:
         emulated = summary.get("predicted_emulated_s")

@@ -75,16 +75,20 @@ def test_expected_rows_follow_the_replicas_the_batch_splits_into():
 
 def test_the_sum_checks_messages_are_priced_at_their_sizes_on_the_wire():
     """Two stages of tiny hold one bucket each: a group of two sends a 4700-byte commit and a 6236-byte sketch
-    statement (as the emulated e2e run's transport counted them), in the network's GB; no check, no volume."""
+    statement (as the emulated e2e run's transport counted them, with the running sums a lossy gradient codec
+    checks), 5436 bytes under fp32 (no running sums: 100 float64s fewer), in the network's GB; no check, no
+    volume."""
     from p2ptrain.model.outer import DiLoCoConfig
     from p2ptrain.planning.workload import GB
     from p2ptrain.runtime.calibration import verify_volumes
     from p2ptrain.verify.config import VerifyConfig
 
-    train = TrainConfig(model="tiny", stages=2, replicas=2, global_batch_size=16, micro_batches=2)
+    train = TrainConfig(model="tiny", stages=2, replicas=2, global_batch_size=16, micro_batches=2, wire="bf16")
     assert verify_volumes(VerifyConfig(), train, 2, 2, size_factor=0.5) == {
         "verify_gb": pytest.approx((4700 / GB / 0.5, 6236 / GB / 0.5)), "recompute_rate": 1 / 8}
     assert step_profile([], train, 2, 2, verify=VerifyConfig()).verify_gb == pytest.approx((4700 / GB, 6236 / GB))
+    exact = TrainConfig(model="tiny", stages=2, replicas=2, global_batch_size=16, micro_batches=2, wire="fp32")
+    assert verify_volumes(VerifyConfig(), exact, 2, 2)["verify_gb"] == pytest.approx((4700 / GB, 5436 / GB))
     diloco = TrainConfig(model="tiny", stages=2, replicas=2, global_batch_size=16, micro_batches=2, sync="diloco",
                          diloco=DiLoCoConfig(inner_steps=5))
     for args in ((VerifyConfig(enabled=False), train, 2, 2), (VerifyConfig(), train, 2, 1),

@@ -92,13 +92,16 @@ class DHTConfig:
     request_timeout_s: float = 10.0
     startup_timeout_s: float = 60.0
     shutdown_timeout_s: float = 10.0
+    # an agent's first stores (its peer record, the copies it holds) tried again this long on a busy DHT
+    # (``retrying``): 32 agents starting on 2 cores saw a store time out at 105 s, and the agent exited
+    start_retry_s: float = 300.0
 
     def __post_init__(self) -> None:
         for name in ("peer_ttl_s", "links_ttl_s", "plan_ttl_s", "progress_ttl_s"):
             value = getattr(self, name)
             if not 0 < value <= MAX_TTL_S:
                 raise ConfigError(f"{name}={value} must be in (0, {MAX_TTL_S:.0f}]")
-        for name in ("request_timeout_s", "startup_timeout_s", "shutdown_timeout_s"):
+        for name in ("request_timeout_s", "startup_timeout_s", "shutdown_timeout_s", "start_retry_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name}={getattr(self, name)} must be positive")
         if not 0 < self.refresh_fraction < 1:
@@ -461,6 +464,29 @@ class SwarmDHT:
             raise PeerTimeoutError(
                 f"DHT {what} did not finish within request_timeout_s={self.config.request_timeout_s}"
             ) from None
+
+
+def retrying(what: str, call: Callable[[], Any], within_s: float, wait: Callable[[float], bool] | None = None,
+             first_pause_s: float = 1.0, max_pause_s: float = 16.0) -> Any:
+    """``call()``, tried again after a ``ProtocolError`` (a DHT busy with a crowd joining: a store that did not
+    finish within ``request_timeout_s``) after pauses of 1, 2, 4, … 16 s while ``within_s`` from now allows, each
+    failure logged with what comes next; the last error once the time is up. ``wait(s)``: sleep ``s`` seconds,
+    True when stopped (a signal ends the tries at once: None; the caller's loop then stops)."""
+    wait = wait or (lambda s: bool(time.sleep(s)))
+    deadline, pause, tries = time.monotonic() + within_s, first_pause_s, 0
+    while True:
+        tries += 1
+        try:
+            return call()
+        except ProtocolError as e:
+            left = deadline - time.monotonic()
+            if left <= pause:
+                logger.error("%s failed %d time(s) within %.0f s; giving up: %s", what, tries, within_s, e)
+                raise
+            logger.warning("%s failed (%s); trying again in %.0f s (%.0f s left)", what, e, pause, left)
+            if wait(pause):
+                return None
+            pause = min(max_pause_s, 2 * pause)
 
 
 async def _node_status(_dht: hivemind.DHT, node: Any) -> tuple[str, int]:

@@ -1,0 +1,55 @@
+"""An agent as shipped whose first peer-record stores time out for real (for the tests; not a test module).
+
+    python slow_store.py CONFIG    its first two stores of its peer record time out
+
+A DHT loaded by a crowd starting at once answers a store later than ``[dht] request_timeout_s`` (32 agents on 2
+cores: a store timed out at 105 s, and the agent exited). Here the agent's own DHT node waits 0.1 ms for the
+first two stores of its peer record, so the real call to the real DHT process times out (``SwarmDHT._result``:
+``PeerTimeoutError``) whatever the machine; everything else is the agent as shipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+from p2ptrain.agent.agent import Agent
+from p2ptrain.agent.config import AgentConfig
+from p2ptrain.cli import configure_logging
+from p2ptrain.config import config_from_dict, read_toml
+from p2ptrain.lifecycle import StopSignal
+
+TIMED_OUT = 2
+
+
+class SlowStore(Agent):
+    def _publish_peer_record(self, profile, compute=None) -> None:
+        dht, publish, tries = self.dht, self.dht.publish_peer, []
+
+        def first_stores_time_out(record):
+            tries.append(record)
+            real = dht.config
+            if len(tries) <= TIMED_OUT:
+                dht.config = dataclasses.replace(real, request_timeout_s=1e-4)
+            try:
+                return publish(record)
+            finally:
+                dht.config = real
+
+        dht.publish_peer = first_stores_time_out
+        try:
+            super()._publish_peer_record(profile, compute)
+        finally:
+            dht.publish_peer = publish
+
+
+def main(config_path: str) -> None:
+    configure_logging(1)
+    config = config_from_dict(AgentConfig, read_toml(config_path))
+    with StopSignal() as stop:
+        result = SlowStore(config, stop).run()
+    sys.exit(0 if result.finished else 1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
