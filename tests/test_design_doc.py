@@ -256,7 +256,7 @@ def config_expectations() -> list[Expect]:
 
 def message_expectations() -> list[Expect]:
     from p2ptrain.net.transport.messages import BackupHeader, Header, MessageKind, Refusal, Stamp, Tag
-    from p2ptrain.net.transport.servicer import make_reply
+    from p2ptrain.net.transport.replies import make_reply
     from p2ptrain.net.transport.status import STATES, PeerStatus
 
     out = [Expect("message", f"message kind {kind.value!r} (MessageKind.{kind.name})", "Message kinds",

@@ -28,7 +28,7 @@ from p2ptrain.lifecycle import StopSignal
 from p2ptrain.net.dht.node import DHTConfig, SwarmDHT
 from p2ptrain.net.transport.endpoint import Transport, TransportConfig
 from p2ptrain.net.transport.messages import Header, Tag
-from p2ptrain.net.transport.servicer import first_reply, parse_reply
+from p2ptrain.net.transport.replies import first_reply, parse_reply
 
 TRICKLES_PER_AGENT = 4
 FLOOD_PER_SECOND = 8

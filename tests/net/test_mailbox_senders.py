@@ -118,7 +118,8 @@ def test_a_trickled_message_is_cut_off_and_its_room_released():
 
     from p2ptrain.net.transport.emulation import LinkEmulator
     from p2ptrain.net.transport.pacing import Pacer
-    from p2ptrain.net.transport.servicer import Pieces, TensorServicer, parse_reply
+    from p2ptrain.net.transport.replies import parse_reply
+    from p2ptrain.net.transport.servicer import Pieces, TensorServicer
 
     idle_s = 3.0
     box = mailbox(max_message_bytes=1 << 20, max_buffered_bytes=1 << 21)

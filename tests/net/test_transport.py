@@ -20,7 +20,8 @@ from net_recorders import RecordingEmulator
 from p2ptrain.errors import MessageRejected, PeerFailed, PeerTimeoutError
 from p2ptrain.net.transport.endpoint import Transport, TransportConfig
 from p2ptrain.net.transport.messages import Header, MessageKind, Tag
-from p2ptrain.net.transport.servicer import Pieces, TensorServicer, is_ok, parse_reply
+from p2ptrain.net.transport.replies import is_ok, parse_reply
+from p2ptrain.net.transport.servicer import Pieces, TensorServicer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

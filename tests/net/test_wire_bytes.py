@@ -19,7 +19,8 @@ from p2ptrain.errors import MessageRejected
 from p2ptrain.net.dht.records import PeerRecord
 from p2ptrain.net.transport.frames import request_frame_head
 from p2ptrain.net.transport.messages import BackupHeader, Header, MessageKind, Refusal, Stamp, Tag
-from p2ptrain.net.transport.servicer import make_reply, parse_reply, refusal
+from p2ptrain.net.transport.replies import make_reply, parse_reply
+from p2ptrain.net.transport.servicer import refusal
 from p2ptrain.runtime.wire import Codec
 
 KINDS = ["activation", "activation_grad", "reduce_shard", "gather_shard", "grad_norm", "probe", "state", "backup",

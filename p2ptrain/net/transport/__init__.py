@@ -4,7 +4,7 @@
   every call; ``calls``: its sends and receives in flight by epoch, and an epoch's abort.
 - ``messages``: a message's kind, tag and header, refusals; ``frames`` and ``streamio``: its bytes on a
   stream, with few copies.
-- ``servicer``: the ``rpc_*`` endpoints; ``channel``: the sending streams of ``rpc_push``; ``mailbox``:
+- ``servicer``: the ``rpc_*`` endpoints; ``replies``: a call's reply, made, read and awaited; ``channel``: the sending streams of ``rpc_push``; ``mailbox``:
   what a receiver accepts and buffers; ``direct``: the direct data plane over sealed TCP.
 - ``status``: what a ping answers (the liveness payload, pure).
 - ``emulation`` and ``pacing``: emulated links and access lines, and keeping emulated time.

@@ -56,7 +56,8 @@ from p2ptrain.net.transport.mailbox import Mailbox
 from p2ptrain.net.transport.messages import Header, MessageKind, Refusal, Tag, dtype_name
 from p2ptrain.net.transport.pacing import Pacer
 from p2ptrain.net.transport.probe_session import ProbeSession
-from p2ptrain.net.transport.servicer import NAMESPACE, TensorServicer, parse_reply
+from p2ptrain.net.transport.replies import parse_reply
+from p2ptrain.net.transport.servicer import NAMESPACE, TensorServicer
 from p2ptrain.net.transport.status import PeerStatus
 from p2ptrain.net.transport.streamio import BufferPool, within
 

@@ -71,7 +71,7 @@ UNABORTED_KINDS = frozenset({MessageKind.EVIDENCE})
 
 class Refusal(StrEnum):
     """Why a receiver refused a message, in a word a sender can act on: a refusal reply's ``code`` on the wire
-    (``servicer.make_reply``) and ``MessageRejected.code``."""
+    (``replies.make_reply``) and ``MessageRejected.code``."""
 
     REFUSED = "refused"  # anything else: malformed, or not what the receiver expects (run, shape, size, ...)
     DUPLICATE = "duplicate"  # the receiver already holds this message from this sender

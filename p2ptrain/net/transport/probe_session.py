@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 from p2ptrain.errors import MessageRejected, PeerTimeoutError, ProtocolError
 from p2ptrain.net.transport.messages import Header, MessageKind, Tag
 from p2ptrain.net.transport.pacing import clock_domain
-from p2ptrain.net.transport.servicer import Reply, next_reply, paced_requests, parse_reply
+from p2ptrain.net.transport.replies import Reply, next_reply, parse_reply
+from p2ptrain.net.transport.servicer import paced_requests
 
 if TYPE_CHECKING:
     from p2ptrain.net.transport.endpoint import Transport

@@ -27,21 +27,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 import typing
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy
 from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase
 from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
-from hivemind.p2p.p2p_daemon_bindings.utils import P2PHandlerError
 from hivemind.proto import runtime_pb2
 
-from p2ptrain.errors import MessageRejected, ProtocolError, StreamClosed
+from p2ptrain.errors import MessageRejected
 from p2ptrain.net.transport.emulation import LinkEmulator, Reservation
 from p2ptrain.net.transport.frames import (
     Allocate,
@@ -62,6 +59,7 @@ from p2ptrain.net.transport.messages import (
     tensor_from_bytes,
 )
 from p2ptrain.net.transport.pacing import TAIL_LEAD_S, Pacer
+from p2ptrain.net.transport.replies import MAX_ERROR_CHARS, make_reply
 from p2ptrain.net.transport.status import PeerStatus
 from p2ptrain.net.transport.streamio import BufferPool, DirectReader, within
 
@@ -75,7 +73,6 @@ TAIL_BYTES = 4096
 # (libp2p messages cap at 4 MiB).
 REPLY_PIECE_BYTES = 1 << 20
 _ZEROS = bytes(REPLY_PIECE_BYTES)
-MAX_ERROR_CHARS = 500
 
 
 class Malformed(ValueError):
@@ -503,23 +500,6 @@ async def paced_requests(
                                         tensors=[runtime_pb2.Tensor(buffer=data.tobytes())])
 
 
-def make_reply(
-    error: str | None = None, payload: bytes = b"", arrival: Stamp | None = None, code: Refusal = Refusal.REFUSED,
-    received: Stamp | None = None,
-) -> runtime_pb2.ExpertResponse:
-    metadata = {"ok": True} if error is None else {"error": error[:MAX_ERROR_CHARS], "code": code}
-    if arrival is not None:
-        metadata["at"] = arrival.to_json()
-    if received is not None:
-        metadata["rx"] = received.to_json()
-    tensors = [runtime_pb2.Tensor(buffer=payload)] if payload else []
-    return runtime_pb2.ExpertResponse(metadata=json.dumps(metadata).encode(), tensors=tensors)
-
-
-def is_ok(response: runtime_pb2.ExpertResponse) -> bool:
-    return parse_reply(response).error is None
-
-
 REFUSAL_LOG_EVERY_S = 30.0
 _refusals_logged: dict[tuple[str, str], tuple[float, int]] = {}  # (sender, code) -> (last logged, unlogged since)
 
@@ -540,46 +520,3 @@ def refusal(sender: str, error: Exception) -> runtime_pb2.ExpertResponse:
     else:
         _refusals_logged[(sender, code)] = (last, unlogged + 1)
     return make_reply(error=reason, code=code)
-
-
-@dataclass(frozen=True)
-class Reply:
-    error: str | None
-    payload: bytes = b""
-    arrival: Stamp | None = None
-    code: Refusal = Refusal.REFUSED  # why, when refused
-    received: Stamp | None = None  # a probe reply's: when the probe arrived, on the replier's clock
-
-
-def parse_reply(response: runtime_pb2.ExpertResponse) -> Reply:
-    """A reply's error (None when ok), payload and arrival stamp; a malformed reply reads as an error."""
-    try:
-        metadata = json.loads(response.metadata)
-        if not isinstance(metadata, dict) or (metadata.get("ok") is not True and "error" not in metadata):
-            return Reply("the reply is neither ok nor an error")
-        if metadata.get("ok") is not True:
-            return Reply(str(metadata["error"])[:MAX_ERROR_CHARS], code=Refusal.from_wire(metadata.get("code")))
-        arrival = Stamp.from_json(metadata["at"]) if "at" in metadata else None
-        received = Stamp.from_json(metadata["rx"]) if "rx" in metadata else None
-    except (UnicodeDecodeError, ValueError):  # JSONDecodeError is a ValueError, as is a bad stamp
-        return Reply("the reply is malformed")
-    return Reply(None, response.tensors[0].buffer if response.tensors else b"", arrival, received=received)
-
-
-async def first_reply(responses: AsyncIterator[runtime_pb2.ExpertResponse], peer: str) -> runtime_pb2.ExpertResponse:
-    """The first response of a call's stream, then the stream closed (which also stops its writer)."""
-    try:
-        return await next_reply(responses, peer)
-    finally:
-        await responses.aclose()
-
-
-async def next_reply(responses: AsyncIterator[runtime_pb2.ExpertResponse], peer: str) -> runtime_pb2.ExpertResponse:
-    try:
-        return await responses.__anext__()
-    except StopAsyncIteration:
-        raise StreamClosed("the connection closed before a reply", peer=peer) from None
-    except (ConnectionError, asyncio.IncompleteReadError) as e:  # the peer's daemon went away mid-call
-        raise StreamClosed(f"the connection broke before a reply: {e!r}", peer=peer) from None
-    except P2PHandlerError as e:
-        raise ProtocolError(f"the call failed on the receiver: {e}", peer=peer) from None
