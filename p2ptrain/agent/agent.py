@@ -92,6 +92,7 @@ from p2ptrain.agent.shaping import LinkShaping
 from p2ptrain.agent.tag_senders import TagSenders
 from p2ptrain.errors import AgentError, ProtocolError
 from p2ptrain.lifecycle import StopSignal, shutdown_in_order
+from p2ptrain.model.compiled import check_compile
 from p2ptrain.model.data import data_identity
 from p2ptrain.net.dht.node import SwarmDHT, retrying
 from p2ptrain.net.dht.records import ComputeMeasurement, PeerRecord, PlanRecord, ProgressRecord
@@ -167,6 +168,8 @@ class Agent:
     def run(self) -> AgentResult:
         cfg = self.config
         device = resolve_device(cfg.train.device)
+        if cfg.train.compile:
+            check_compile(device)  # a ConfigError in one line before the agent joins the run
         with torch_settings(cfg.train.num_threads, cfg.train.deterministic):
             profile = profile_device(device, cache_dir=_path(cfg.profile.cache_dir), refresh=cfg.profile.refresh,
                                      measure_s=cfg.profile.measure_s)

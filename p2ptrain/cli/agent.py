@@ -53,6 +53,9 @@ from p2ptrain.runtime.wire import WIRE_FORMATS
 @click.option("--data", "data_path", help="Training data: text, or a prepared dataset; every agent of a run needs the same.")
 @click.option("--precision", type=click.Choice(["fp32", "bf16", "fp16"]),
               help="Compute precision (autocast; fp32 is exact).  [default: fp32]")
+@click.option("--compile/--no-compile", "compile_blocks", default=None,
+              help="torch.compile each transformer block (not bit for bit eager; every agent of a run must "
+                   "agree).  [default: off]")
 @click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), help="Where to train.  [default: auto]")
 @click.option("--threads", type=click.IntRange(min=1), help="CPU threads for torch.  [default: torch's]")
 @click.option("--plan", "strategy", type=click.Choice(list(STRATEGIES)),
@@ -75,7 +78,8 @@ def command(config_path: str | None, initial_peers: tuple[str, ...], run_id: str
             expect: int | None, join_deadline_s: float | None, min_peers: int | None, model: str | None,
             steps: int | None, batch_size: int | None, micro_batches: int | None, wire: str | None,
             schedule: str | None, seed: int | None, data_path: str | None, precision: str | None,
-            device: str | None, threads: int | None, strategy: str | None, identity: str | None,
+            compile_blocks: bool | None, device: str | None, threads: int | None, strategy: str | None,
+            identity: str | None,
             host_maddrs: tuple[str, ...], announce_maddrs: tuple[str, ...], reachability: str | None,
             relays: tuple[str, ...], join_token: str | None, region: str | None,
             events_file: str | None, init_from: str | None, sync: str | None, **optimizer: object) -> None:
@@ -89,7 +93,7 @@ def command(config_path: str | None, initial_peers: tuple[str, ...], run_id: str
         ("train", "steps"): steps, ("train", "global_batch_size"): batch_size,
         ("train", "micro_batches"): micro_batches, ("train", "wire"): wire, ("train", "schedule"): schedule,
         ("train", "seed"): seed, ("train", "device"): device, ("train", "data"): data_path,
-        ("train", "precision"): precision,
+        ("train", "precision"): precision, ("train", "compile"): compile_blocks,
         ("train", "num_threads"): threads, ("membership", "expect"): expect,
         ("membership", "join_deadline_s"): join_deadline_s, ("membership", "min_peers"): min_peers,
         ("plan", "strategy"): strategy, ("dht", "identity_path"): identity,

@@ -78,6 +78,8 @@ from p2ptrain.runtime.wire import WIRE_FORMATS
               "[default: the built-in corpus]")
 @click.option("--precision", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32", show_default=True,
               help="Compute precision (autocast; fp32 is exact).")
+@click.option("--compile/--no-compile", "compile_blocks", default=False, show_default=True,
+              help="torch.compile each transformer block (not bit for bit eager; seconds to compile).")
 @click.option("--eval-every", type=click.IntRange(min=0), default=0, show_default=True,
               help="Validation loss of the checkpoints every K steps (a prepared dataset; checkpoints every K "
               "steps unless --checkpoint-every says otherwise).")
@@ -115,7 +117,7 @@ from p2ptrain.runtime.wire import WIRE_FORMATS
 @click.pass_context
 def command(ctx: click.Context, agents: int, stages: int | str, steps: int, scenario: str, cluster_file: str | None,
             time_scale: float | None, size_factor: float | None, compute_scale: float, strategy: str, objective: str, model: str,
-            batch_size: int | None, micro_batches: int, wire: str, schedule: str, overlap: bool, seed: int, data: str | None, precision: str, eval_every: int, device: str, workdir: str | None, run_id: str | None,
+            batch_size: int | None, micro_batches: int, wire: str, schedule: str, overlap: bool, seed: int, data: str | None, precision: str, compile_blocks: bool, eval_every: int, device: str, workdir: str | None, run_id: str | None,
             as_json: bool, kills: tuple, partitions: tuple, joins: tuple, checkpoint_every: int, resume: bool, call_timeout: float,
             peer_ttl: float, liveness: bool, verify: bool, warm_copies: bool, monitor_port: int | None,
             init_from: str | None, sync: str | None, **optimizer: object) -> None:
@@ -133,7 +135,7 @@ def command(ctx: click.Context, agents: int, stages: int | str, steps: int, scen
         cluster_file=cluster_file, time_scale=time_scale, size_factor=size_factor, compute_scale=compute_scale,
         strategy=strategy,
         objective=objective, model=model,
-        batch_size=batch_size, micro_batches=micro_batches, wire=wire, schedule=schedule, overlap=overlap, seed=seed, data=data, precision=precision, eval_every=eval_every, device=device, workdir=workdir, run=run_id,
+        batch_size=batch_size, micro_batches=micro_batches, wire=wire, schedule=schedule, overlap=overlap, seed=seed, data=data, precision=precision, compile=compile_blocks, eval_every=eval_every, device=device, workdir=workdir, run=run_id,
         kills=tuple((a, int(s)) for a, s in kills), partitions=partitions, joins=tuple((int(n), int(s)) for n, s in joins),
         checkpoint_every=checkpoint_every or eval_every, resume=resume, call_timeout_s=call_timeout, peer_ttl_s=peer_ttl,
         liveness=liveness, verify=verify, warm_copies=warm_copies, monitor_port=monitor_port,

@@ -72,6 +72,9 @@ NOT_TRAIN_KEYS = set(OPTIMIZER_NAMES) | set(SYNC_NAMES)
               help="Compute precision (autocast; fp32 master weights; fp32 is exact).  [default: fp32]")
 @click.option("--activation-checkpointing/--no-activation-checkpointing", "checkpointing", default=None,
               help="Recompute block activations in backward (less memory).  [default: off]")
+@click.option("--compile/--no-compile", default=None,
+              help="torch.compile each transformer block (not bit for bit eager; seconds to compile).  "
+                   "[default: off]")
 @click.option("--eval-every", type=click.IntRange(min=0),
               help="Validation loss every this many steps and at the end (a prepared dataset).  [default: 0]")
 @click.option("--save", "save_dir", type=click.Path(file_okay=False),

@@ -11,7 +11,8 @@
   ``tokenizer``: byte-level and BPE tokenizers; ``prepare`` and ``prepared``: ``p2ptrain data prepare``'s
   memory-mapped token shards and their manifest.
 - ``hyperparams``: each preset's optimizer recipe; ``clip``: gradient clipping by the global norm, alike on
-  one process and a pipeline; ``precision``: mixed precision inside a stage; ``outer``: DiLoCo's outer step.
+  one process and a pipeline; ``precision``: mixed precision inside a stage; ``outer``: DiLoCo's outer step;
+  ``compiled``: ``torch.compile`` of a stage's blocks (``[train] compile``) and ``check_compile``.
 - ``hf_checkpoint``: Hugging Face checkpoint folders, their names for our parameters both ways.
 
 Importing this package imports nothing heavy; the submodules import torch.

@@ -22,7 +22,7 @@ because they sit on different stages; tying them would need an extra gradient ex
 
 ``precision`` (bf16, fp16) runs the module's compute under autocast, fp32 parameters kept, and hands
 fp32 hidden states on (``p2ptrain.model.precision``); ``checkpointing`` recomputes each block's activations
-in the backward pass instead of keeping them.
+in the backward pass instead of keeping them; ``compile`` runs each block compiled (``p2ptrain.model.compiled``).
 
 The block follows ``shape.family`` (``p2ptrain.planning.model_shapes``), under the same parameter names:
 
@@ -49,6 +49,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from p2ptrain.model.compiled import compile_blocks
 from p2ptrain.model.init import init_parameters
 from p2ptrain.model.precision import LossScaler, autocast, scale_gradient
 from p2ptrain.planning.model_shapes import ModelShape
@@ -164,11 +165,13 @@ class GPT(nn.Module):
         device: torch.device | str = "cpu",
         precision: str = "fp32",
         checkpointing: bool = False,
+        compile: bool = False,
     ) -> None:
         super().__init__()
         autocast(precision, torch.device(device))  # a ValueError for an unknown precision
         self.precision = precision
         self.checkpointing = checkpointing
+        self.compiled = compile
         self.loss_scaler = LossScaler() if precision == "fp16" else None  # read by build_optimizer
         layers = range(shape.num_layers) if layers is None else layers
         if layers.step != 1 or len(layers) == 0 or layers.start < 0 or layers.stop > shape.num_layers:
@@ -191,6 +194,13 @@ class GPT(nn.Module):
         if torch.device(device).type != "meta":  # on "meta" the model stays shapes only (planning, counts)
             self.to_empty(device=device)
             init_parameters(self, seed, shape.num_layers)
+        if compile:
+            compile_blocks(self.blocks)  # lazily: nothing compiles before the first forward
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        if getattr(self, "compiled", False):  # torch drops a copied block's compiled forward: this copy's blocks compile again
+            compile_blocks(self.blocks)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         scaler = self.loss_scaler if torch.is_grad_enabled() else None

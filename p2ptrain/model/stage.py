@@ -42,15 +42,18 @@ def build_stage(
     layers: Layers | None = None,
     precision: str = "fp32",
     checkpointing: bool = False,
+    compile: bool = False,
 ) -> GPT:
     """Stage ``stage_index`` of ``num_stages`` (blocks ``layers[stage_index]``, or the even split),
     initialised from ``seed`` exactly like the full model's slice.
 
     Forward: stage 0 takes token ids ``[B, T]``; later stages take hidden ``[B, T, hidden_size]``; the last
     returns logits ``[B, T, vocab_size]``, the others hidden. With ``num_stages == 1`` it is the full model.
+    ``compile``: its blocks run compiled (``p2ptrain.model.compiled``).
     """
     blocks = stage_layer_range(shape.num_layers, stage_index, num_stages, layers)
-    return GPT(shape, blocks, seed=seed, device=device, precision=precision, checkpointing=checkpointing)
+    return GPT(shape, blocks, seed=seed, device=device, precision=precision, checkpointing=checkpointing,
+               compile=compile)
 
 
 def stage_state_dict(

@@ -13,7 +13,7 @@ micro-batches would: for each replica's shard, for each micro-batch, forward, ``
 (``p2ptrain.model.loss``), backward; gradients accumulate in ``.grad``; then one AdamW step. The distributed
 runtime does the same work spread over stages, and sums the replicas' gradients with an all-reduce.
 
-``cfg.precision`` and ``cfg.activation_checkpointing`` act inside the model (``p2ptrain.model.gpt``).
+``cfg.precision``, ``cfg.activation_checkpointing`` and ``cfg.compile`` act inside the model (``p2ptrain.model.gpt``).
 With ``cfg.eval_every`` K > 0, the validation loss (``evaluate``: the mean token cross-entropy over the
 data's fixed validation batches) is measured after every K-th step and after the last; it is not part of
 the steps' times.
@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from p2ptrain.model.clip import clip_gradients
+from p2ptrain.model.compiled import check_compile
 from p2ptrain.model.data import (
     TrainData,
     inputs_and_targets,
@@ -209,6 +210,8 @@ def train_reference(cfg: TrainConfig, on_step: Callable[[StepReport], None] | No
     run's schedule, when given); ``on_step`` sees each step as it finishes. ``replans`` (DiLoCo only): the
     re-plans of a distributed run to replay, in step order."""
     device = resolve_device(cfg.device)
+    if cfg.compile:
+        check_compile(device)  # torch cannot compile here: one line now, not a traceback in the first step
     data = build_data(cfg)
     validation = build_validation(cfg) if cfg.eval_every else []
     losses: list[float] = []
@@ -220,7 +223,8 @@ def train_reference(cfg: TrainConfig, on_step: Callable[[StepReport], None] | No
     with torch_settings(cfg.num_threads, cfg.deterministic):
         # every-step: one model sums every replica's shard; DiLoCo: one model per replica, each on its shard
         models = [GPT(cfg.shape, seed=cfg.seed, device=device, precision=cfg.precision,
-                      checkpointing=cfg.activation_checkpointing) for _ in range(cfg.replicas if diloco else 1)]
+                      checkpointing=cfg.activation_checkpointing, compile=cfg.compile)
+                  for _ in range(cfg.replicas if diloco else 1)]
         for model in models:
             load_initial(model, cfg)  # init_from's weights, if the run starts from a checkpoint
         optimizers = [build_optimizer(model, cfg.optimizer) for model in models]

@@ -55,7 +55,8 @@ class StageTrainer:
         self.cfg = cfg
         self.role = role
         self.module = build_stage(cfg.shape, role.stage, cfg.stages, cfg.seed, device, layers=cfg.layers,
-                                  precision=cfg.precision, checkpointing=cfg.activation_checkpointing)
+                                  precision=cfg.precision, checkpointing=cfg.activation_checkpointing,
+                                  compile=cfg.compile)
         load_initial(self.module, cfg)  # init_from's slice of this stage, if the run starts from a checkpoint
         self.optimizer = build_optimizer(self.module, cfg.optimizer)
         self.executor = StageExecutor(

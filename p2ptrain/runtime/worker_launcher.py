@@ -23,9 +23,10 @@ from pathlib import Path
 
 import hivemind
 
+from p2ptrain.model.compiled import check_compile
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.procgroup import ChildFailed, ProcessGroup, tail
-from p2ptrain.runtime.reference import StepReport
+from p2ptrain.runtime.reference import StepReport, resolve_device
 from p2ptrain.runtime.worker import LOOPBACK, LinkMatrices, WorkerSpec
 
 logger = logging.getLogger(__name__)
@@ -95,6 +96,8 @@ def train_distributed(
     on_step: Callable[[StepReport], None] | None = None,
 ) -> DistributedResult:
     """Train ``cfg`` on ``cfg.stages`` × ``cfg.replicas`` worker processes (Megatron's rank order)."""
+    if cfg.compile:  # torch cannot compile here: one line before any worker starts
+        check_compile(resolve_device(cfg.device))
     launch = launch or LaunchConfig()
     own_workdir = workdir is None
     root = Path(tempfile.mkdtemp(prefix="p2ptrain-train-") if own_workdir else workdir)

@@ -92,7 +92,8 @@ def plan_swarm(config: SwarmConfig) -> tuple[TrainConfig, Cluster | None, float,
     train = TrainConfig(model=config.model, steps=config.steps, global_batch_size=config.batch_size or 16,
                         micro_batches=config.micro_batches, seed=config.seed, device=config.device, num_threads=1,
                         stages=config.stages, wire=config.wire, schedule=config.schedule,
-                        overlap=config.overlap, precision=config.precision, eval_every=config.eval_every,
+                        overlap=config.overlap, precision=config.precision, compile=config.compile,
+                        eval_every=config.eval_every,
                         data=str(Path(config.data).resolve()) if config.data else None,
                         optimizer=config.optimizer, sync=config.sync, diloco=config.diloco,
                         init_from=str(Path(config.init_from).resolve()) if config.init_from else None)
@@ -125,6 +126,11 @@ def run_swarm(
     monitor starts before the agents (so it sees the run from its start) and ``on_monitor(url)`` is called
     once its page answers; it stops with the swarm."""
     train, network, time_scale, size_factor = plan_swarm(config)
+    if train.compile:  # torch cannot compile here: one line before any agent starts
+        from p2ptrain.model.compiled import check_compile
+        from p2ptrain.runtime.reference import resolve_device
+
+        check_compile(resolve_device(train.device))
     root = Path(config.workdir or tempfile.mkdtemp(prefix="p2ptrain-swarm-"))
     root.mkdir(parents=True, exist_ok=True)
     run = config.run or f"swarm-{uuid.uuid4().hex[:6]}"

@@ -42,6 +42,7 @@ class SwarmConfig:
     device: str = "cpu"
     data: str | None = None  # TrainConfig.data: text, or a prepared dataset (p2ptrain data prepare); None: built-in
     precision: str = "fp32"  # TrainConfig.precision: fp32 (exact), bf16 or fp16
+    compile: bool = False  # TrainConfig.compile: each block through torch.compile
     eval_every: int = 0  # TrainConfig.eval_every: the summary evaluates the checkpoints of every K steps
     workdir: str | None = None  # default: a new temporary directory (kept: it holds the logs)
     run: str | None = None  # default: swarm-<random>

@@ -22,7 +22,8 @@ of a replica group of stage j, over the step's link:
    sent for it;
 5. **recomputes**, as the verifier of a member: the revealed messages must match their digests (check
    ``reveal``); then ``recompute.recompute`` redoes the micro-batch on its own parameters (bit-identical to the
-   member's: the step's update is not applied yet) from the member's input (its tokens on stage 0, which every
+   member's: the step's update is not applied yet), on its own stage module, so compiled like the member's
+   where the run compiles (``[train] compile``), from the member's input (its tokens on stage 0, which every
    peer derives; else the activation it received) and the output gradient it received, and ``check_message``
    compares what the member sent with what it should have, under ``recompute.allowance`` (check
    ``recompute``).
@@ -278,7 +279,8 @@ class RecomputeChecker:
         self.seconds = 0.0  # spent in ``check_step`` (the step waited): the check's, or waiting for the shadow's
         self.shadow_seconds = 0.0  # spent checking in the shadow of the next step
         self.last_step = last_step
-        # the shadow mode's copy of the parameters a step computed with (one more copy of the stage's parameters)
+        # the shadow mode's copy of the parameters a step computed with (one more copy of the stage's parameters);
+        # a compiled stage's copy compiles its blocks again (``model.compiled``): it recomputes as the member did
         self._shadow = copy.deepcopy(module) if last_step is not None else None
         self._pending: _Checked | None = None  # a step whose check waits for the next step's link
         self._running: Future | None = None  # ... that check, running

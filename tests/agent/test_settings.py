@@ -51,7 +51,8 @@ def test_the_settings_line_of_a_peer_record():
     assert PeerRecord.decode(record.encode()).settings == line
     assert PeerRecord.decode(PeerRecord("dev", 16.0, 10.0).encode()).settings == ""  # optional on the wire
     assert settings.described(line) == (f"wire fp32, schedule gpipe, overlap 1, bucket_elements 262144, training "
-                                        f"{digest} (model shape, seed, steps, optimizer, precision, initial weights)")
+                                        f"{digest} (model shape, seed, steps, optimizer, precision, compile, initial "
+                                        "weights)")
     other = settings.identity(dataclasses.replace(TRAIN, wire="bf16"))
     assert settings.described(other, line) == "wire bf16"  # only what differs
     for garbled in ("wire=fp32;rm -rf", "wire", "x" * 300, "Wire=FP32"):
@@ -60,8 +61,8 @@ def test_the_settings_line_of_a_peer_record():
 
 
 def test_the_training_digest_names_what_every_stage_computes():
-    """Optimizer, schedule length, seed, shape (activation included) and precision each change it; the run's
-    stages, replicas and split (a plan's business) do not."""
+    """Optimizer, schedule length, seed, shape (activation included), precision and compile each change it; the
+    run's stages, replicas and split (a plan's business) do not."""
     digest = settings.training_digest(TRAIN)
     assert len(digest) == 12 and int(digest, 16) >= 0
     same = dataclasses.replace(TRAIN, stages=1, replicas=2, layers=None, global_batch_size=8)
@@ -69,8 +70,15 @@ def test_the_training_digest_names_what_every_stage_computes():
     others = [dataclasses.replace(TRAIN, optimizer=dataclasses.replace(TRAIN.optimizer, clip=0.5)),
               dataclasses.replace(TRAIN, optimizer=dataclasses.replace(TRAIN.optimizer, lr=1e-3)),
               dataclasses.replace(TRAIN, steps=3), dataclasses.replace(TRAIN, seed=1),
-              dataclasses.replace(TRAIN, activation="gelu_new"), dataclasses.replace(TRAIN, precision="bf16")]
+              dataclasses.replace(TRAIN, activation="gelu_new"), dataclasses.replace(TRAIN, precision="bf16"),
+              dataclasses.replace(TRAIN, compile=True)]
     assert len({settings.training_digest(o) for o in others} | {digest}) == len(others) + 1
+
+
+def test_an_eager_run_keeps_the_digest_it_had_before_compile_joined():
+    """``compile`` joins the digest only when on: agents of an eager run agree with agents that predate it."""
+    assert settings.training_digest(TRAIN) == "2f302c1741f6"  # as computed before compile existed
+    assert settings.training_digest(TrainConfig()) == "ce9b29f399e8"
 
 
 @pytest.mark.parametrize("field, value", [("wire", "fp 32"), ("wire", 7), ("wire", None), ("schedule", "x" * 40),

@@ -9,6 +9,7 @@ ones is named by its verifier (``reveal``)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import queue
 import threading
 from concurrent.futures import Future
@@ -16,6 +17,7 @@ from concurrent.futures import Future
 import pytest
 import torch
 
+from p2ptrain.model.compiled import is_compiled
 from p2ptrain.model.optim import build_optimizer
 from p2ptrain.model.stage import build_stage
 from p2ptrain.net.identity import generate_identity
@@ -98,7 +100,7 @@ def run_swarm(corrupt: Corrupt | None = None, cfg: TrainConfig = CFG, probation:
     members = {}
     for peer in topology.peers:
         role = topology.role_of(peer)
-        module = build_stage(cfg.shape, role.stage, cfg.stages, cfg.seed, precision=cfg.precision)
+        module = build_stage(cfg.shape, role.stage, cfg.stages, cfg.seed, precision=cfg.precision, compile=cfg.compile)
         if (role.stage, role.replica) == nudged:  # one element one float32 step away: another device's rounding
             with torch.no_grad():
                 first = next(module.parameters()).view(-1)
@@ -243,6 +245,27 @@ def test_in_the_shadow_honest_steps_pass_and_train_bit_for_bit_as_checked_in_pla
     assert sum(c.recomputed for c in checkers) == cfg.steps * cfg.stages * cfg.replicas  # 8 × 1/8 each
     assert all(c.unverified is None and c._running is None and c._pending is None for c in checkers)
     assert all(c.shadow_seconds > 0 for c in checkers)  # steps 0 and 1 were checked beside the next
+
+
+@pytest.mark.skipif(not os.environ.get("P2PTRAIN_TEST_COMPILE"),
+                    reason="compiling on a CPU takes seconds with a warm inductor cache and tens of seconds with a "
+                           "cold one: set P2PTRAIN_TEST_COMPILE=1 to run it")
+@pytest.mark.timeout(300)
+def test_compiled_members_are_recomputed_compiled_and_pass():
+    """``[train] compile``: a verifier redoes a member's micro-batch on its own compiled blocks, and in the shadow
+    on a copy that compiles again (not eagerly): honest compiled steps pass, and train as the eager run does."""
+    import torch._inductor.config as inductor
+
+    cfg = dataclasses.replace(CFG, steps=3, compile=True)
+    with inductor.patch(compile_threads=1):  # no compile worker processes outliving the test
+        _, losses, errors, members = run_swarm(cfg=cfg, shadow=True)
+    assert not errors, errors
+    checkers = [c for _, c in members.values()]
+    assert all(is_compiled(b) for c in checkers for b in (*c.module.blocks.values(), *c._shadow.blocks.values()))
+    assert sum(c.recomputed for c in checkers) == cfg.steps * cfg.stages * cfg.replicas  # 8 × 1/8 each
+    _, eager, errors, _ = run_swarm(cfg=dataclasses.replace(cfg, compile=False), shadow=True)
+    assert not errors, errors
+    assert losses == pytest.approx(eager, rel=1e-4)  # compiled kernels reorder fp32 sums (``model.compiled``)
 
 
 def _named(topology, errors, check):

@@ -16,8 +16,9 @@ leader that does not say) trains with ours.
 
 What each stage computes must agree too, or the run is silently not one run: the model's shape (its family
 and activation included), the seed the parameters and batches are drawn from, the optimizer (learning rate,
-schedule, clipping; the schedule depends on the run's steps) and the weights it starts from (``init_from``'s
-digest). They travel as one digest, ``training=<12 hex>`` (``training_digest``), in the same line: a peer
+schedule, clipping; the schedule depends on the run's steps), the precision, whether the blocks run compiled
+(``compile``: compiled kernels round otherwise than eager ones, so compiled and eager replicas would drift
+apart) and the weights it starts from (``init_from``'s digest). They travel as one digest, ``training=<12 hex>`` (``training_digest``), in the same line: a peer
 that trains otherwise is not a member of the run.
 """
 
@@ -55,10 +56,13 @@ def identity(train: TrainConfig, verify: VerifyConfig | None = None) -> str:
 
 
 def training_digest(train: TrainConfig) -> str:
-    """12 hex digits naming what every stage computes: shape, seed, optimizer, steps, initial weights."""
+    """12 hex digits naming what every stage computes: shape, seed, optimizer, steps, precision, compile, initial
+    weights. ``compile`` joins only when on, so the digests of eager runs stay what they were."""
     what = {"shape": dataclasses.asdict(train.shape), "seed": train.seed, "steps": train.steps,
             "optimizer": dataclasses.asdict(train.optimizer), "precision": train.precision,
             "init": train.init_digest, "sync": train.sync, "diloco": dataclasses.asdict(train.diloco)}
+    if train.compile:
+        what["compile"] = True
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -77,7 +81,7 @@ def described(identity_line: str, other: str | None = None) -> str:
 def _person(part: str) -> str:
     name, _, value = part.partition("=")
     if name == "training":  # what the digest covers, so a person knows where to look
-        return f"training {value} (model shape, seed, steps, optimizer, precision, initial weights)"
+        return f"training {value} (model shape, seed, steps, optimizer, precision, compile, initial weights)"
     if name == "stages" and value.startswith("auto_") and value.count("_") == 2:
         low, high = value.split("_")[1:]
         return f'stages "auto" ({low} to {high})'
