@@ -3,11 +3,12 @@
     python benchmarks/data_plane.py [--sizes 16,64] [--repeats 7]
 
 For each size, interleaved rounds (the machine's load swings within seconds), the median MB/s (10^6 bytes/s)
-of one float32 tensor moved and acknowledged:
+of one float32 tensor moved and acknowledged, the sender in this process and the receiver in another, as two
+agents are:
 
-- ``tcp``: a plaintext TCP socket pair on loopback in Python (blocking sockets, a thread each end, the receiver
-  reading into one preallocated buffer, a 1-byte answer): what the machine moves without any protocol;
-- ``libp2p``: two transports (``transport.direct`` off), ``send`` until accepted, then ``recv``;
+- ``tcp``: a plaintext TCP socket pair on loopback in Python (blocking sockets, the receiver reading into one
+  preallocated buffer, a 1-byte answer): what the machine moves without any protocol;
+- ``libp2p``: two transports (``transport.direct`` off), ``send`` until accepted (the receiver's ``recv`` follows);
 - ``direct``: the same with ``transport.direct`` on (sealed with AES-GCM, ``net/transport/direct.py``);
 
 and what the encryption costs on its own: AES-GCM sealing and opening a 4 MiB record (the direct plane's
@@ -16,11 +17,11 @@ pieces) on one core. Ratios are against ``tcp`` of the same round.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import socket
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -37,51 +38,80 @@ MIB = 1 << 20
 RUN = "dataplane"
 
 
-class TcpPair:
-    """A plaintext TCP socket pair on loopback, the receiver a thread reading into one buffer."""
-
-    def __init__(self, nbytes: int):
-        self.nbytes = nbytes
-        listener = socket.create_server(("127.0.0.1", 0))
-        self.sender = socket.create_connection(listener.getsockname())
-        self.receiver, _ = listener.accept()
-        listener.close()
-        self.buffer = memoryview(bytearray(nbytes))
-        self.go, self.stop = threading.Semaphore(0), False
-        self.thread = threading.Thread(target=self._receive, daemon=True)
-        self.thread.start()
-
-    def _receive(self) -> None:
-        while True:
-            self.go.acquire()
-            if self.stop:
-                return
+def _tcp_receiver(port: int, nbytes: int, rounds: int) -> None:
+    """The other process's end of the plaintext pair: ``rounds`` times, ``nbytes`` into one buffer, then b"k"."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        buffer = memoryview(bytearray(nbytes))
+        for _ in range(rounds):
             got = 0
-            while got < self.nbytes:
-                got += self.receiver.recv_into(self.buffer[got:], self.nbytes - got)
-            self.receiver.sendall(b"k")
+            while got < nbytes:
+                got += sock.recv_into(buffer[got:], nbytes - got)
+            sock.sendall(b"k")
+
+
+class TcpPair:
+    """A plaintext TCP socket pair on loopback, the receiver another process."""
+
+    def __init__(self, nbytes: int, rounds: int):
+        listener = socket.create_server(("127.0.0.1", 0))
+        self.process = multiprocessing.get_context("spawn").Process(
+            target=_tcp_receiver, args=(listener.getsockname()[1], nbytes, rounds), daemon=True)
+        self.process.start()
+        listener.settimeout(60)
+        self.sender, _ = listener.accept()
+        listener.close()
 
     def round(self, payload: memoryview) -> float:
-        self.go.release()
         started = time.perf_counter()
         self.sender.sendall(payload)
         assert self.sender.recv(1) == b"k"
         return time.perf_counter() - started
 
     def close(self) -> None:
-        self.stop = True
-        self.go.release()
         self.sender.close()
-        self.receiver.close()
+        self.process.join(30)
 
 
-def _transport_round(sender: Transport, receiver: Transport, tensor: torch.Tensor, index: int) -> float:
-    tag = Tag(RUN, 0, 0, MessageKind.BENCH, micro_batch=index)
-    started = time.perf_counter()
-    sender.send(receiver.peer_id, tag, tensor)
-    elapsed = time.perf_counter() - started
-    receiver.recv(tag, sender.peer_id, shape=tuple(tensor.shape), dtype=tensor.dtype)
-    return elapsed
+def _transport_receiver(direct: bool, config: dict, orders, answers) -> None:
+    """The other process's transport: it says where it listens, then receives what ``orders`` announce."""
+    receiver = Transport(RUN, TransportConfig(direct=direct, **config))
+    answers.put((str(receiver.peer_id), receiver.visible_maddrs))
+    try:
+        while (order := orders.get()) is not None:
+            sender, index, numel = order
+            tag = Tag(RUN, 0, 0, MessageKind.BENCH, micro_batch=index)
+            receiver.recv(tag, sender, shape=(numel,), dtype=torch.float32)
+            answers.put(index)
+    finally:
+        receiver.shutdown()
+
+
+class TransportPair:
+    """Our transport in this process sending to one in another process (``direct`` on or off)."""
+
+    def __init__(self, direct: bool, config: dict):
+        context = multiprocessing.get_context("spawn")
+        self.orders, self.answers = context.Queue(), context.Queue()
+        self.process = context.Process(target=_transport_receiver, args=(direct, config, self.orders, self.answers),
+                                       daemon=True)
+        self.process.start()
+        self.peer, maddrs = self.answers.get(timeout=120)
+        self.sender = Transport(RUN, TransportConfig(direct=direct, **config), initial_peers=maddrs)
+        self.sender.connect(self.peer, maddrs)
+
+    def round(self, tensor: torch.Tensor, index: int) -> float:
+        self.orders.put((str(self.sender.peer_id), index, tensor.numel()))
+        tag = Tag(RUN, 0, 0, MessageKind.BENCH, micro_batch=index)
+        started = time.perf_counter()
+        self.sender.send(self.peer, tag, tensor)
+        elapsed = time.perf_counter() - started
+        assert self.answers.get(timeout=120) == index
+        return elapsed
+
+    def close(self) -> None:
+        self.orders.put(None)
+        self.sender.shutdown()
+        self.process.join(60)
 
 
 def _aead_rate() -> tuple[float, float]:
@@ -108,12 +138,7 @@ def main(sizes: str, repeats: int) -> None:
     print(f"AES-GCM on one core, 4 MiB records: seal {seal:.0f} MB/s, open {open_:.0f} MB/s", flush=True)
     config = {"max_message_bytes": max(sizes_mib) * MIB, "max_buffered_bytes": 4 * max(sizes_mib) * MIB,
               "call_timeout_s": 60.0}
-    pairs = {}
-    for name, direct in (("libp2p", False), ("direct", True)):
-        receiver = Transport(RUN, TransportConfig(direct=direct, **config))
-        sender = Transport(RUN, TransportConfig(direct=direct, **config), initial_peers=receiver.visible_maddrs)
-        sender.connect(receiver.peer_id, receiver.visible_maddrs)
-        pairs[name] = (sender, receiver)
+    pairs = {name: TransportPair(direct, config) for name, direct in (("libp2p", False), ("direct", True))}
     index = 0
     print(f"{'MiB':>4} {'tcp MB/s':>9} {'libp2p':>8} {'direct':>8} {'libp2p/tcp':>11} {'direct/tcp':>11} "
           f"{'direct/libp2p':>14}")
@@ -121,13 +146,13 @@ def main(sizes: str, repeats: int) -> None:
         for size in sizes_mib:
             tensor = torch.randn(size * MIB // 4)
             payload = memoryview(tensor.numpy()).cast("B")
-            tcp = TcpPair(size * MIB)
+            tcp = TcpPair(size * MIB, repeats + 1)
             times: dict[str, list[float]] = {"tcp": [], "libp2p": [], "direct": []}
             for round_ in range(repeats + 1):  # the first round warms up (connections, page faults)
                 t = {"tcp": tcp.round(payload)}
-                for name, (sender, receiver) in pairs.items():
+                for name, pair in pairs.items():
                     index += 1
-                    t[name] = _transport_round(sender, receiver, tensor, index)
+                    t[name] = pair.round(tensor, index)
                 if round_:
                     for name, seconds in t.items():
                         times[name].append(seconds)
@@ -136,12 +161,11 @@ def main(sizes: str, repeats: int) -> None:
             print(f"{size:>4} {rate['tcp']:>9.0f} {rate['libp2p']:>8.0f} {rate['direct']:>8.0f} "
                   f"{rate['libp2p'] / rate['tcp']:>10.2f}x {rate['direct'] / rate['tcp']:>10.2f}x "
                   f"{rate['direct'] / rate['libp2p']:>13.2f}x", flush=True)
-        direct_channels = [c.is_direct for c in pairs["direct"][0]._channels._pools.get(str(pairs["direct"][1].peer_id), [])]
-        print(f"direct channels used: {direct_channels}")
+        direct = pairs["direct"].sender
+        print(f"direct channels used: {[c.is_direct for c in direct._channels._pools.get(pairs['direct'].peer, [])]}")
     finally:
-        for sender, receiver in pairs.values():
-            sender.shutdown()
-            receiver.shutdown()
+        for pair in pairs.values():
+            pair.close()
 
 
 if __name__ == "__main__":

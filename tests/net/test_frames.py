@@ -187,9 +187,15 @@ def test_a_lent_buffer_comes_back_only_when_the_tensor_over_it_is_gone():
     del tensor
     gc.collect()
     assert pool.take(16).ctypes.data == address
+    assert pool._idle_bytes == 0
     pool.give_back(numpy.empty(48, dtype=numpy.uint8))
-    pool.give_back(numpy.empty(32, dtype=numpy.uint8))  # past max_bytes: dropped
-    assert pool.take(48).size == 48 and pool._idle_bytes == 0
+    kept = numpy.empty(32, dtype=numpy.uint8)
+    pool.give_back(kept)  # past max_bytes: the other size makes room (the messages' size changed)
+    assert pool._idle_bytes == 32 and pool.take(32) is kept and pool._idle_bytes == 0
+    for _ in range(3):  # the third finds the room full of its own size: dropped
+        pool.give_back(numpy.empty(32, dtype=numpy.uint8))
+    pool.give_back(numpy.empty(0, dtype=numpy.uint8))  # nothing to keep
+    assert pool._idle_bytes == 64 and set(pool._idle) == {32}
 
 
 def test_within_bounds_a_wait_and_does_not_start_what_is_already_late():

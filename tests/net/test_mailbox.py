@@ -13,6 +13,7 @@ from p2ptrain.errors import MessageRejected
 from p2ptrain.net.transport.mailbox import Mailbox
 from p2ptrain.net.transport.messages import (
     Header,
+    Refusal,
     Stamp,
     Tag,
     dtype_name,
@@ -179,3 +180,15 @@ def test_a_pending_receive_does_not_turn_away_other_senders_of_the_tag():
 
     from_a, from_b = asyncio.run(scenario())
     assert torch.equal(from_a, torch.full((4,), 1.0)) and torch.equal(from_b, torch.full((4,), 2.0))
+
+
+def test_a_copy_that_arrives_while_the_first_is_still_arriving_is_told_so():
+    """A resend that raced the end of the stream carrying its first copy: refused with ``ARRIVING`` (its sender
+    sends again shortly), and taken once the first copy's room is released."""
+    box = mailbox()
+    first = box.admit(A, header())
+    with pytest.raises(MessageRejected) as refused:
+        box.admit(A, header())
+    assert refused.value.code is Refusal.ARRIVING
+    box.abandon(first)
+    arrive(box, A, header())

@@ -52,6 +52,7 @@ class Channel:
         self._p2p = p2p
         self._direct = direct  # our direct data plane (``direct.DirectPlane``): tried before libp2p
         self.is_direct = False
+        self.opened = False  # a stream or connection was opened (``is_direct`` says which)
         self._handle_name = handle_name
         self._pacer = pacer
         self._chunk_bytes = chunk_bytes
@@ -114,9 +115,9 @@ class Channel:
 
     async def _open(self) -> None:
         try:
-            pair = await self._direct.open(self.peer) if self._direct is not None else None
-            if pair is not None:  # a proven direct connection: the same framing, sealed (``direct.py``)
-                self._reader, self._writer = pair
+            connection = await self._direct.open(self.peer) if self._direct is not None else None
+            if connection is not None:  # a proven direct connection: the same framing, sealed (``direct.py``)
+                self._reader, self._writer = connection.reader, connection.writer
                 self.is_direct = True
             else:
                 _, self._reader, self._writer = await self._p2p.call_binary_stream_handler(
@@ -124,6 +125,7 @@ class Channel:
         except BaseException:
             self.close("it could not be opened")
             raise
+        self.opened = True
         self._reader_task = asyncio.create_task(self._read_replies(), name=f"p2ptrain-channel-{self.peer[-8:]}")
 
     async def _read_replies(self) -> None:
@@ -192,6 +194,10 @@ class Channels:
             channel.close("idle")
             pool.remove(channel)
         self._pools[peer] = pool
+        if self._direct is not None and peer in self._direct.reachable:  # reached directly since they opened
+            for channel in [c for c in pool if c.pending == 0 and c.opened and not c.is_direct]:
+                channel.close("the peer is reachable directly now")
+                pool.remove(channel)
         idle = [c for c in pool if c.pending == 0]
         if idle:
             return idle[0]

@@ -16,12 +16,12 @@ listener looks the session up, checks the proof, answers with a proof of its own
 connection as an ``rpc_push`` stream of the session's peer (``TensorServicer.serve_push``): the same framing,
 mailbox, step windows, size limits, sender checks, deadlines and link emulation as a libp2p stream. A
 connection with an unknown session or a proof that does not open is refused and logged (rate-limited); before
-that, a connection has ``HANDSHAKE_S`` to prove itself, at most ``MAX_PENDING`` wait at once and
-``MAX_CONNECTIONS`` are open in all.
+that, a connection has ``HANDSHAKE_S`` in all to prove itself, at most ``MAX_PENDING`` wait at once and
+``MAX_CONNECTIONS`` are open in all. Handshakes and proven connections run on threads of their own (a listener
+thread accepts; ``sealed.py`` moves the bytes), never on the event loop.
 
-**Records.** ``[4-byte length][ciphertext + 16-byte tag]``, at most ``MAX_RECORD_BYTES`` of plaintext: each write
-of a stream is one record (a piece's head, its data), so the receiver decrypts a piece's data straight into the
-buffer its tensor will use (``SealedReader.readinto``): the kernel's copy and the decryption, no other.
+**Records.** ``sealed.py``: ``[4-byte length][ciphertext + 16-byte tag]``, sealed in records of 256 KiB that open
+straight into the buffer a piece's tensor will use: the kernel's copy and AES-GCM, no other.
 
 **Never required.** A peer that cannot be reached directly (behind NAT, a firewall, no answer within
 ``CONNECT_S``) is sent to over libp2p as before, and tried directly again after ``NO_DIRECT_S``; a connection that
@@ -37,7 +37,8 @@ import ipaddress
 import json
 import logging
 import os
-import struct
+import socket
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -47,18 +48,22 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from p2ptrain.net.transport.streamio import DirectReader
+from p2ptrain.net.transport.sealed import (
+    Refused,
+    SealedConnection,
+    SealedReader,
+    SealedWriter,
+    read_record,
+    recv_exactly,
+    seal_record,
+)
 
 logger = logging.getLogger(__name__)
 
 MAGIC = b"p2pdir/1"
 SESSION_BYTES = 16
 NONCE_BYTES = 16
-TAG_BYTES = 16
-MAX_RECORD_BYTES = 8 << 20  # a record's plaintext (a piece's data is at most 4 MiB)
 DIRECT_CHUNK_BYTES = 4 << 20  # a piece's data on a direct connection (libp2p's cap a message at 4 MiB in all)
-WRITE_BUFFER_BYTES = 16 << 20  # a direct connection's send buffer before ``drain`` waits
-_LENGTH = struct.Struct(">I")
 HANDSHAKE_S = 5.0  # a connection's time to prove it belongs to a session
 CONNECT_S = 2.0  # a dialer's wait for TCP and the listener's proof, per host
 MAX_PENDING = 64  # connections not yet proven, at once
@@ -69,10 +74,6 @@ MAX_SESSIONS = 4096
 NO_DIRECT_S = 60.0  # a peer we could not reach directly is sent to over libp2p this long
 _REFUSAL_LOG_S = 10.0  # refused connections are logged at most this often
 _PROOF = b"p2ptrain direct proof"
-
-
-class Refused(ConnectionError):
-    """A direct connection that does not follow the agreement (unknown session, a proof that does not open)."""
 
 
 def _hkdf(secret: bytes, salt: bytes, info: bytes) -> bytes:
@@ -93,108 +94,6 @@ def connection_keys(secret: bytes, nonce: bytes) -> tuple[AESGCM, AESGCM]:
     """The keys of one connection: (dialer → listener, listener → dialer)."""
     return (AESGCM(_hkdf(secret, nonce, b"p2ptrain direct dialer")),
             AESGCM(_hkdf(secret, nonce, b"p2ptrain direct listener")))
-
-
-class SealedWriter:
-    """A StreamWriter's face over a TCP writer: every ``write`` goes out as one sealed record."""
-
-    def __init__(self, writer: asyncio.StreamWriter, key: AESGCM, counter: int = 0):
-        self._writer, self._key, self._counter = writer, key, counter
-        self.transport = writer.transport
-        self.transport.set_write_buffer_limits(high=WRITE_BUFFER_BYTES)  # a piece in flight while the next seals
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        view = memoryview(data).cast("B")
-        for start in range(0, max(len(view), 1), MAX_RECORD_BYTES):
-            part = view[start: start + MAX_RECORD_BYTES]
-            self._counter += 1
-            sealed = self._key.encrypt(_nonce(self._counter), part, None)
-            head = _LENGTH.pack(len(sealed))
-            if len(sealed) < 4096:  # one write: a small record is not worth a packet of its own
-                self._writer.write(head + sealed)
-            else:
-                self._writer.write(head)
-                self._writer.write(sealed)
-
-    async def drain(self) -> None:
-        await self._writer.drain()
-
-    def close(self) -> None:
-        self._writer.close()
-
-    def is_closing(self) -> bool:
-        return self._writer.is_closing()
-
-    async def wait_closed(self) -> None:
-        with contextlib.suppress(Exception):
-            await self._writer.wait_closed()
-
-
-class SealedReader:
-    """A DirectReader's face (``readexactly``, ``readinto``) over the records of a TCP stream: a record that
-    fits the rest of a ``readinto`` is decrypted straight into it. A record that does not open (tampered,
-    replayed, another key) raises ``Refused``; the stream ending raises IncompleteReadError, as a StreamReader."""
-
-    def __init__(self, inner: DirectReader | asyncio.StreamReader, key: AESGCM, counter: int = 0):
-        self._inner, self._key, self._counter = inner, key, counter
-        self._plain = bytearray()
-        self._sealed = bytearray()  # the last record's ciphertext, reused
-
-    async def _record_length(self) -> int:
-        (n,) = _LENGTH.unpack(await self._inner.readexactly(_LENGTH.size))
-        if not TAG_BYTES <= n <= MAX_RECORD_BYTES + TAG_BYTES:
-            raise Refused(f"a record of {n} bytes")
-        return n - TAG_BYTES
-
-    async def _open_into(self, n: int, out: memoryview | None) -> bytes | None:
-        """Read the next record (``n`` bytes of plaintext) and decrypt it into ``out``, or return it."""
-        if len(self._sealed) < n + TAG_BYTES:
-            self._sealed = bytearray(n + TAG_BYTES)
-        sealed = memoryview(self._sealed)[: n + TAG_BYTES]
-        await _read_into(self._inner, sealed)
-        self._counter += 1
-        try:
-            if out is not None:
-                self._key.decrypt_into(_nonce(self._counter), sealed, None, out)
-                return None
-            return self._key.decrypt(_nonce(self._counter), sealed, None)
-        except Exception as e:  # cryptography's InvalidTag: not sealed with this connection's key and counter
-            raise Refused(f"a record that does not open ({type(e).__name__})") from None
-
-    async def readexactly(self, n: int) -> bytes:
-        while len(self._plain) < n:
-            self._plain += await self._open_into(await self._record_length(), None)
-        data = bytes(self._plain[:n])
-        del self._plain[:n]
-        return data
-
-    async def readinto(self, view: memoryview) -> None:
-        view = view.cast("B") if view.format != "B" else view
-        n = min(len(self._plain), len(view))
-        view[:n] = self._plain[:n]
-        del self._plain[:n]
-        while n < len(view):
-            size = await self._record_length()
-            if size <= len(view) - n:
-                await self._open_into(size, view[n: n + size])
-                n += size
-            else:
-                self._plain += await self._open_into(size, None)
-                take = len(view) - n
-                view[n:] = self._plain[:take]
-                del self._plain[:take]
-                n += take
-
-
-async def _read_into(reader: DirectReader | asyncio.StreamReader, view: memoryview) -> None:
-    if isinstance(reader, DirectReader):
-        await reader.readinto(view)
-    else:
-        view[:] = await reader.readexactly(len(view))
-
-
-def _nonce(counter: int) -> bytes:
-    return counter.to_bytes(12, "big")
 
 
 @dataclass
@@ -218,48 +117,58 @@ class _Route:
 # (peer, request bytes) -> the peer's answer (its ``rpc_direct``); raises on failure
 Hello = Callable[[str, bytes], Awaitable[bytes]]
 # (peer, reader, writer): serve one proven connection as an rpc_push stream of that peer
-Serve = Callable[[str, "SealedReader", "SealedWriter"], Awaitable[None]]
+Serve = Callable[[str, SealedReader, SealedWriter], Awaitable[None]]
 
 
 class DirectPlane:
-    """One peer's direct data plane: a TCP listener and the dialer's routes; see the module docstring. Every
-    method runs on the transport's event loop."""
+    """One peer's direct data plane: a TCP listener and the dialer's routes; see the module docstring. Its
+    methods run on the transport's event loop; the listener and the handshakes on threads of their own."""
 
     def __init__(self, local_id: str, serve: Serve, hello: Hello, *, bind_host: str = "127.0.0.1", port: int = 0,
                  hosts: tuple[str, ...] = ("127.0.0.1",), clock: Callable[[], float] = time.monotonic):
         self.local_id, self._serve, self._hello = local_id, serve, hello
         self.bind_host, self.port, self.hosts, self.clock = bind_host, port, tuple(hosts), clock
-        self._server: asyncio.AbstractServer | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._listener: socket.socket | None = None
+        self._closing = False
         self._sessions: dict[bytes, _Session] = {}
         self._routes: dict[str, _Route] = {}
         self._unreachable: dict[str, float] = {}  # peer -> until when it is sent to over libp2p
         self._dialing: dict[str, asyncio.Lock] = {}
+        self._probing: set[str] = set()
+        self.reachable: set[str] = set()  # peers a direct connection reached: their channels open directly
+        self._lock = threading.Lock()  # the counts below, kept by the listener's threads
         self._pending = 0
-        self._open: set[asyncio.Task] = set()
-        self._connections: set[asyncio.StreamWriter] = set()  # proven, being served
+        self._connections: set[SealedConnection] = set()  # open, ours or the peers' (``drop`` cuts them)
         self._last_refusal_log = -float("inf")
         self.refused = 0  # connections refused (for tests and the log)
         self.accepted = 0
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._accept, self.bind_host, self.port)
-        self.port = self._server.sockets[0].getsockname()[1]
+        self._loop = asyncio.get_running_loop()
+        family = socket.AF_INET6 if ":" in self.bind_host else socket.AF_INET
+        self._listener = socket.create_server((self.bind_host, self.port), family=family, backlog=MAX_PENDING)
+        self.port = self._listener.getsockname()[1]
+        threading.Thread(target=self._accept_loop, name=f"p2ptrain-direct-listen-{self.port}", daemon=True).start()
         logger.info("direct data plane listening on %s:%d (announced as %s)", self.bind_host, self.port,
                     ", ".join(self.hosts))
 
     async def close(self) -> None:
         """Stop listening, end every connection and forget every session (senders fall back to libp2p)."""
-        if self._server is not None:
-            self._server.close()
+        self._closing = True
+        if self._listener is not None:
+            with contextlib.suppress(OSError):
+                self._listener.shutdown(socket.SHUT_RDWR)  # wakes the listener thread's accept
+            self._listener.close()
         self.drop()
-        for task in list(self._open):
-            task.cancel()
         self._sessions.clear()
 
     def drop(self) -> None:
-        """Cut every direct connection we serve at once (their senders send again on a fresh stream)."""
-        for writer in list(self._connections):
-            writer.transport.abort()
+        """Cut every direct connection at once (their senders send again on a fresh stream)."""
+        with self._lock:
+            connections = list(self._connections)
+        for connection in connections:
+            connection.abort()
 
     # --- the listener ------------------------------------------------------------------------------------------
 
@@ -287,69 +196,127 @@ class DirectPlane:
         return json.dumps({"public": _raw(private.public_key()).hex(), "session": session.hex(), "port": self.port,
                            "hosts": list(self.hosts), "ttl_s": SESSION_TTL_S}).encode()
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        if self._pending >= MAX_PENDING or len(self._open) >= MAX_CONNECTIONS:
-            self._refuse(writer, "too many direct connections")
-            return
-        self._pending += 1
-        proven = False
-        try:
+    def _accept_loop(self) -> None:
+        """The listener thread: each connection is proven on a thread of its own, within the caps."""
+        while not self._closing:
             try:
-                peer, sealed_reader, sealed_writer = await asyncio.wait_for(self._prove(reader, writer), HANDSHAKE_S)
-            except (Refused, asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError, OSError) as e:
-                self._refuse(writer, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
-                return
-            proven = True
-            self._pending -= 1
-            self._open.add(task)
-            self._connections.add(writer)
-            logger.debug("direct connection from peer %s proven", peer)
-            await self._serve(peer, sealed_reader, sealed_writer)
-        finally:
-            if not proven:
-                self._pending -= 1
-            self._open.discard(task)
-            self._connections.discard(writer)
-            writer.close()
+                sock, address = self._listener.accept()
+            except OSError:
+                if self._closing:
+                    return
+                time.sleep(0.05)  # out of descriptors, say: try again shortly
+                continue
+            with self._lock:
+                busy = self._pending >= MAX_PENDING or len(self._connections) + self._pending >= MAX_CONNECTIONS
+                self._pending += not busy
+            if busy:
+                self._refuse(sock, address, "too many direct connections")
+                continue
+            threading.Thread(target=self._handshake, args=(sock, address), daemon=True,
+                             name=f"p2ptrain-direct-in-{address[1]}").start()
 
-    async def _prove(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
-        opening = await reader.readexactly(len(MAGIC) + SESSION_BYTES + NONCE_BYTES)
+    def _handshake(self, sock: socket.socket, address) -> None:
+        try:
+            peer, outbound, inbound = self._prove(sock, time.monotonic() + HANDSHAKE_S)
+        except (OSError, ValueError) as e:  # Refused, a timeout, the dialer went away
+            with self._lock:
+                self._pending -= 1
+            self._refuse(sock, address, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
+            return
+        connection = SealedConnection(sock, outbound, inbound, self._loop, f"in-{peer[-8:]}")
+        with self._lock:
+            self._pending -= 1
+            self._connections.add(connection)
+        try:
+            self._loop.call_soon_threadsafe(self._serve_connection, peer, connection)
+        except RuntimeError:  # the loop has closed
+            self._forget(connection)
+
+    def _prove(self, sock: socket.socket, deadline: float):
+        opening = recv_exactly(sock, len(MAGIC) + SESSION_BYTES + NONCE_BYTES, deadline)
         if opening[: len(MAGIC)] != MAGIC:
             raise Refused("not a p2ptrain direct connection")
-        session_id = opening[len(MAGIC): len(MAGIC) + SESSION_BYTES]
-        nonce = opening[len(MAGIC) + SESSION_BYTES:]
-        session = self._sessions.get(session_id)
+        session = self._sessions.get(opening[len(MAGIC): len(MAGIC) + SESSION_BYTES])
         if session is None or session.expires <= self.clock():
             raise Refused("an unknown or expired session")
-        inbound, outbound = connection_keys(session.secret, nonce)
-        direct = await DirectReader.take_over(reader, writer)
-        sealed_reader = SealedReader(direct, inbound)
-        proof = await sealed_reader.readexactly(len(_PROOF) + len(opening))
-        if not hmac.compare_digest(proof, _PROOF + opening):
+        inbound, outbound = connection_keys(session.secret, opening[-NONCE_BYTES:])
+        if not hmac.compare_digest(read_record(sock, inbound, 1, len(_PROOF) + len(opening), deadline),
+                                   _PROOF + opening):
             raise Refused("a proof for another connection")
-        self.accepted += 1  # before our proof goes out: the dialer may count on it as soon as it has it
-        sealed_writer = SealedWriter(writer, outbound)
-        sealed_writer.write(_PROOF + opening)
-        await sealed_writer.drain()
-        return session.peer, sealed_reader, sealed_writer
+        with self._lock:
+            self.accepted += 1  # before our proof goes out: the dialer may count on it as soon as it has it
+        _time_left(sock, deadline)
+        sock.sendall(seal_record(outbound, 1, _PROOF + opening))
+        return session.peer, outbound, inbound
 
-    def _refuse(self, writer: asyncio.StreamWriter, why: str) -> None:
-        self.refused += 1
-        now = self.clock()
-        if now - self._last_refusal_log >= _REFUSAL_LOG_S:
-            self._last_refusal_log = now
-            peer = writer.get_extra_info("peername")
-            logger.warning("refused a direct connection from %s: %s (%d refused so far)", peer, why, self.refused)
-        writer.close()
+    def _serve_connection(self, peer: str, connection: SealedConnection) -> None:
+        if self._closing:
+            self._forget(connection)
+            return
+        self._loop.create_task(self._served(peer, connection), name=f"p2ptrain-direct-{peer[-8:]}")
+
+    async def _served(self, peer: str, connection: SealedConnection) -> None:
+        try:
+            await self._serve(peer, connection.reader, connection.writer)
+        finally:
+            self._forget(connection)
+
+    def _forget(self, connection: SealedConnection) -> None:
+        connection.close()
+        with self._lock:
+            self._connections.discard(connection)
+
+    def _refuse(self, sock: socket.socket, address, why: str) -> None:
+        with self._lock:
+            self.refused += 1
+            now = self.clock()
+            log = now - self._last_refusal_log >= _REFUSAL_LOG_S
+            if log:
+                self._last_refusal_log = now
+        if log:
+            logger.warning("refused a direct connection from %s: %s (%d refused so far)", address, why, self.refused)
+        with contextlib.suppress(OSError):
+            sock.setblocking(False)
+            sock.recv(1 << 16)  # what it sent already: closed unread, it would be reset rather than ended
+        with contextlib.suppress(OSError):
+            sock.close()
 
     # --- the dialer --------------------------------------------------------------------------------------------
 
-    async def open(self, peer: str) -> tuple[SealedReader, SealedWriter] | None:
-        """A proven direct connection to ``peer``, or None: it cannot be reached directly (sent to over libp2p
-        meanwhile). Never raises for the peer's sake."""
+    async def open(self, peer: str) -> SealedConnection | None:
+        """A proven direct connection to ``peer``, or None: send over libp2p. A peer not yet known to be reachable
+        is tried in the background (``probe``) while this message goes over libp2p, so a peer behind NAT costs
+        no sender a dial's wait; once reached, its channels open directly (``channel.Channels.pick``). Never
+        raises for the peer's sake."""
         if self._unreachable.get(peer, -float("inf")) > self.clock():
             return None
+        if peer not in self.reachable:
+            self.probe(peer)
+            return None
+        connection = await self._connect(peer)
+        if connection is None:
+            self.reachable.discard(peer)
+        return connection
+
+    def probe(self, peer: str) -> None:
+        """Find out in the background whether ``peer`` can be reached directly (at most one try at a time)."""
+        if peer in self.reachable or peer in self._probing or self._closing \
+                or self._unreachable.get(peer, -float("inf")) > self.clock():
+            return
+        self._probing.add(peer)
+        self._loop.create_task(self._probe(peer), name=f"p2ptrain-direct-probe-{peer[-8:]}")
+
+    async def _probe(self, peer: str) -> None:
+        try:
+            connection = await self._connect(peer)
+        finally:
+            self._probing.discard(peer)
+        if connection is not None:
+            self.reachable.add(peer)
+            logger.debug("peer %s is reachable directly", peer)
+            connection.close()
+
+    async def _connect(self, peer: str) -> SealedConnection | None:
         lock = self._dialing.setdefault(peer, asyncio.Lock())
         async with lock:  # one agreement per peer at a time
             try:
@@ -358,9 +325,17 @@ class DirectPlane:
                 return self._give_up(peer, f"no agreement: {type(e).__name__}: {e}")
         for host in route.hosts:
             try:
-                return await asyncio.wait_for(self._dial(host, route), CONNECT_S)
-            except (Refused, asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError, OSError) as e:
+                connection = await _in_thread(self._dial, host, route, f"out-{peer[-8:]}")
+            except (OSError, ValueError) as e:  # Refused, a timeout, nobody listening
                 logger.debug("direct connection to peer %s at %s:%d failed: %r", peer, host, route.port, e)
+                continue
+            if self._closing:
+                connection.abort()
+                return None
+            with self._lock:
+                self._connections.add(connection)
+            connection.on_end(self._forget)
+            return connection
         self._routes.pop(peer, None)  # its session may have ended: agree afresh next time
         return self._give_up(peer, f"none of {', '.join(route.hosts)} answered on port {route.port}")
 
@@ -389,22 +364,61 @@ class DirectPlane:
         self._routes[peer] = route
         return route
 
-    async def _dial(self, host: str, route: _Route) -> tuple[SealedReader, SealedWriter]:
-        reader, writer = await asyncio.open_connection(host, route.port)
+    def _dial(self, host: str, route: _Route, name: str) -> SealedConnection:
+        """On a thread of its own: TCP to ``host``, our proof, the listener's, within ``CONNECT_S``."""
+        deadline = time.monotonic() + CONNECT_S
+        sock = socket.create_connection((host, route.port), timeout=CONNECT_S)
         try:
             opening = MAGIC + route.session + os.urandom(NONCE_BYTES)
             outbound, inbound = connection_keys(route.secret, opening[-NONCE_BYTES:])
-            sealed_writer = SealedWriter(writer, outbound)
-            writer.write(opening)
-            sealed_writer.write(_PROOF + opening)
-            await sealed_writer.drain()
-            sealed_reader = SealedReader(await DirectReader.take_over(reader, writer), inbound)
-            if not hmac.compare_digest(await sealed_reader.readexactly(len(_PROOF) + len(opening)), _PROOF + opening):
+            _time_left(sock, deadline)
+            sock.sendall(opening + seal_record(outbound, 1, _PROOF + opening))
+            if not hmac.compare_digest(read_record(sock, inbound, 1, len(_PROOF) + len(opening), deadline),
+                                       _PROOF + opening):
                 raise Refused("the listener's proof is for another connection")
         except BaseException:
-            writer.close()
+            sock.close()
             raise
-        return sealed_reader, sealed_writer
+        return SealedConnection(sock, outbound, inbound, self._loop, name)
+
+
+def _time_left(sock: socket.socket, deadline: float) -> None:
+    """Bound the socket's next operation by what is left of ``deadline``; TimeoutError once it has passed."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("the handshake's deadline passed")
+    sock.settimeout(left)
+
+
+async def _in_thread(function, *args) -> SealedConnection:
+    """``function(*args)`` on a thread of its own (a dial blocks for up to ``CONNECT_S``); a connection it makes
+    after its caller was cancelled is cut."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def run() -> None:
+        try:
+            result, error = function(*args), None
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            result, error = None, e
+        try:
+            loop.call_soon_threadsafe(_hand_over, future, result, error)
+        except RuntimeError:  # the loop has closed
+            if result is not None:
+                result.abort()
+
+    threading.Thread(target=run, name="p2ptrain-direct-dial", daemon=True).start()
+    return await future
+
+
+def _hand_over(future: asyncio.Future, result, error: BaseException | None) -> None:
+    if future.cancelled():
+        if result is not None:
+            result.abort()
+    elif error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
 
 
 def _is_address(host: str) -> bool:

@@ -271,6 +271,9 @@ class Transport:
                 self._send_buffers.give_back(copied)  # every byte was read: no stream holds a view of it
             if reply.error is None or (attempt > 0 and reply.code in (Refusal.DUPLICATE, Refusal.STALE)):
                 break
+            if attempt > 0 and reply.code is Refusal.ARRIVING and deadline - loop.time() > self.config.dial_retry_s:
+                await asyncio.sleep(self.config.dial_retry_s)  # our copy on the broken stream is not released yet
+                continue
             raise MessageRejected(f"the receiver refused {header.tag}: {reply.error}", peer=peer, code=reply.code)
         logger.debug("sent %s (%d bytes) to peer %s", header.tag, len(payload), peer)
 
@@ -303,6 +306,8 @@ class Transport:
         except (asyncio.TimeoutError, TimeoutError):
             raise PeerTimeoutError(f"could not connect within {timeout_s:.1f} s to {' '.join(map(str, addresses))}",
                                    peer=str(peer)) from None
+        if self.direct is not None:  # whether it can be reached directly, found out before its first message
+            self._loop.call_soon_threadsafe(self.direct.probe, str(peer))
 
     def stub(self, peer: PeerLike) -> Any:
         """The rpc stub of ``peer``'s transport (for protocol code such as ProbeSession)."""

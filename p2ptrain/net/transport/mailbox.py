@@ -142,7 +142,8 @@ class Mailbox:
             raise MessageRejected(why, peer=sender, code=Refusal.NOT_SENDER)
         problem = self._problem(key, header)
         if problem is None and key in self._in_flight:
-            problem = f"duplicate message for {header.tag} while its first copy is still arriving"
+            raise MessageRejected(f"duplicate message for {header.tag} while its first copy is still arriving",
+                                  peer=sender, code=Refusal.ARRIVING)
         if problem is None and header.nbytes > self.max_message_bytes:
             problem = f"message of {header.nbytes} bytes exceeds the limit of {self.max_message_bytes}"
         if problem is None and budget is not None and self.held_by.get(sender, 0) + header.nbytes > budget.nbytes:

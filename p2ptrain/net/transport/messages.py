@@ -80,6 +80,9 @@ class Refusal(StrEnum):
     # not have it send that tag (``agent.tag_senders``)
     NOT_SENDER = "not_sender"
     TOO_SLOW = "too_slow"  # the payload arrived far slower than the link allows and was cut off
+    # an earlier copy from this sender is still arriving (a resend raced the end of the stream that carried it):
+    # worth sending again shortly
+    ARRIVING = "arriving"
 
     @classmethod
     def from_wire(cls, code: object) -> Refusal:

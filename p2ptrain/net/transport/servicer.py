@@ -480,9 +480,13 @@ async def paced_pieces(
     header: Header, payload: bytes, reservation: Reservation | None, chunk_bytes: int, pacer: Pacer
 ) -> AsyncIterator[tuple[bytes, memoryview]]:
     """(metadata, bytes) of each piece of one message, paced by the emulated link so that the last one leaves
-    at its arrival time; the metadata is the header on the first piece and empty after."""
+    at its arrival time; the metadata is the header on the first piece and empty after. A message of several
+    pieces sends its header alone first: the receiver then has the message's buffer before any of its bytes
+    arrive, and every piece lands in place (``read_payload``), none read elsewhere and copied."""
     view = memoryview(payload)
     bounds = piece_bounds(len(payload), chunk_bytes, TAIL_BYTES if reservation is not None else 0)
+    if len(bounds) > 1:
+        bounds.insert(0, (0, 0))
     lead_s = TAIL_LEAD_S if header.arrival is not None else 0.0  # the receiver holds it until the stamp
     for index, (lo, hi) in enumerate(bounds):
         if reservation is not None:  # a piece leaves when its first byte would arrive; the tail, when its last

@@ -189,11 +189,21 @@ class BufferPool:
         return numpy.empty(size, dtype=numpy.uint8)
 
     def give_back(self, buffer: numpy.ndarray) -> None:
-        """Keep ``buffer`` for a later ``take``; the caller must hold no view of it any more."""
+        """Keep ``buffer`` for a later ``take``; the caller must hold no view of it any more. Where it does not
+        fit, idle buffers of other sizes make room, the sizes given back longest ago first: a run's messages
+        change size (a larger batch, another stage), and the sizes in use now are the ones worth keeping."""
+        size = buffer.size
+        if not 0 < size <= self.max_bytes:
+            return
         with self._lock:
-            if self._idle_bytes + buffer.size <= self.max_bytes:
-                self._idle.setdefault(buffer.size, []).append(buffer)
-                self._idle_bytes += buffer.size
+            while self._idle_bytes + size > self.max_bytes:
+                other = next((s for s in self._idle if s != size), None)
+                if other is None:
+                    return  # the room is full of buffers of this size already
+                self._idle_bytes -= other * len(self._idle.pop(other))
+            self._idle.setdefault(size, []).append(buffer)
+            self._idle[size] = self._idle.pop(size)  # the most recent size last: evicted last
+            self._idle_bytes += size
 
     def lend(self, size: int) -> numpy.ndarray:
         """A buffer like ``take``'s that returns to the pool when it is garbage (a tensor made over it with
