@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 RUN = "directtest"
 MIB = 1 << 20
 DIRECT = TransportConfig(call_timeout_s=10.0, max_message_bytes=96 * MIB, max_buffered_bytes=256 * MIB, direct=True)
-PLAIN = TransportConfig(call_timeout_s=10.0, max_message_bytes=96 * MIB, max_buffered_bytes=256 * MIB)
+PLAIN = TransportConfig(call_timeout_s=10.0, max_message_bytes=96 * MIB, max_buffered_bytes=256 * MIB, direct=False)
 
 
 def _pair(sender_config=DIRECT, receiver_config=DIRECT):

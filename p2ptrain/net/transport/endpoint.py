@@ -85,7 +85,7 @@ class TransportConfig:
     max_probe_reply_bytes: int = 32 << 20  # the access probe pulls this much at most from a peer (access_probe.py)
     step_window: int = 2  # messages up to this many steps ahead of the receiver's window are accepted
     epoch_window: int = 1  # ... and up to this many epochs ahead
-    direct: bool = False  # tensors over direct TCP connections, sealed, where peers reach each other (direct.py)
+    direct: bool = True  # tensors over direct TCP connections, sealed, where peers reach each other (direct.py)
     direct_port: int = 0  # the direct plane's TCP port (0: any free one)
 
     def __post_init__(self):
