@@ -8,9 +8,11 @@ Each pair runs ``p2ptrain swarm`` with ``--no-verify`` and then with the checks 
 sum check every step, the recompute check at its rate), alternating so that a busy machine weighs on both
 alike. A step's time is the slowest trainer's (``step_time_s`` of its step events), the first step left out;
 the run's is the median over steps. Printed per pair and over all of them: the step off and on, their
-ratio, and where the checks' time went, from the step events: ``verify_s`` (the sum check's work in the step's
-hook: its sketches, commitments and rounds) as a share of the step, and the recompute check's own
-report (micro-batches recomputed, seconds beside the next steps, seconds the steps waited for it).
+ratio, and where the checks' time went, from the step events: ``verify_s`` (the checks' time in the step's
+hook: the sum check's sketches, commitments and rounds, with its waits for the group's slowest member, and the
+wait for the recompute check of the step before) and ``sum_check_cpu_s`` (the sum check's own CPU time there,
+none of its waits), each as a share of the step, and the recompute check's own report (micro-batches
+recomputed, seconds beside the next steps, seconds the steps waited for it).
 """
 
 from __future__ import annotations
@@ -49,9 +51,12 @@ def run_swarm(workdir: Path, verify: bool, options: list[str], timeout_s: float)
     step_s = [max(e["step_time_s"] for e in steps[s]) for s in measured]
     verify_share = [max((e.get("verify_s") or 0.0) / e["step_time_s"] for e in steps[s] if e["step_time_s"] > 0)
                     for s in measured]
+    cpu_share = [max((e.get("sum_check_cpu_s") or 0.0) / e["step_time_s"] for e in steps[s] if e["step_time_s"] > 0)
+                 for s in measured]
     recomputed = [m.groups() for path in workdir.glob("agent-*.log") for m in RECOMPUTE.finditer(path.read_text())]
     return {"step_s": statistics.median(step_s), "steps": len(step_s), "wall_s": time.monotonic() - started,
             "verify_share": statistics.median(verify_share) if verify else 0.0,
+            "sum_check_cpu_share": statistics.median(cpu_share) if verify else 0.0,
             "recomputed": sum(int(n) for n, _, _ in recomputed),
             "recompute_shadow_s": sum(float(s) for _, s, _ in recomputed),
             "recompute_waited_s": sum(float(w) for _, _, w in recomputed)}
@@ -89,6 +94,7 @@ def main(agents: int, stages: int, model: str, steps: int, pairs: int, device: s
     checked = [r for r in runs if r["verify"]]
     summary = {"options": options, "runs": runs, "step_off_s": off, "step_on_s": on, "ratio": on / off,
                "sum_check_share": statistics.median(r["verify_share"] for r in checked),
+               "sum_check_cpu_share": statistics.median(r["sum_check_cpu_share"] for r in checked),
                "recomputed": sum(r["recomputed"] for r in checked),
                "recompute_waited_s": sum(r["recompute_waited_s"] for r in checked)}
     if as_json:
@@ -97,7 +103,7 @@ def main(agents: int, stages: int, model: str, steps: int, pairs: int, device: s
     for pair in range(pairs):
         a, b = (next(r for r in runs if r["pair"] == pair and r["verify"] == v) for v in (False, True))
         click.echo(f"pair {pair + 1}: off {a['step_s']:.3f} s, on {b['step_s']:.3f} s ({b['step_s'] / a['step_s']:.2f}x); "
-                   f"sum check {b['verify_share']:.1%} of a step; {b['recomputed']} micro-batches recomputed, "
+                   f"the hook {b['verify_share']:.1%} of a step, the sum check's CPU {b['sum_check_cpu_share']:.1%}; {b['recomputed']} micro-batches recomputed, "
                    f"{b['recompute_shadow_s']:.2f} s beside the steps, {b['recompute_waited_s']:.2f} s waited for")
     click.echo(f"checks on / off: {on:.3f} / {off:.3f} s = {on / off:.2f}x (medians of {pairs} pair(s)); the sum "
                f"check's own share of a step {summary['sum_check_share']:.1%}")

@@ -237,8 +237,10 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
                 if checks is not None:
                     checks.begin_step(plan.epoch, step)
                     checked_s -= checks.seconds
+            summed_cpu_s = verifier.cpu_seconds if verifier is not None else 0.0
             result = trainer.step(ctx.transport, ctx.dht.keys.run_id, plan.epoch, step, topology, ctx.call_timeout_s)
             checked_s += sum(checks.seconds for checks in (verifier, recomputer) if checks is not None)
+            summed_cpu_s = verifier.cpu_seconds - summed_cpu_s if verifier is not None else None
             compute_s = trainer.executor.pacer.busy_s - busy_s  # our own compute, none of the waits (``claims``)
             compute_cpu_s = trainer.executor.pacer.busy_cpu_s - busy_cpu_s  # its CPU time: less, where it waited
             last_end = time.perf_counter()
@@ -252,7 +254,7 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
                 warm_copy(plan, ctx, role.stage, role.replica, kept, trainer.module, sender)
             _report_step(plan, topology, role, cfg, ctx, step, result, _StepCosts(
                 compute_s=compute_s, compute_cpu_s=compute_cpu_s, between_s=between_s,
-                checked_s=checked_s if verifier is not None else None,
+                checked_s=checked_s if verifier is not None else None, sum_check_cpu_s=summed_cpu_s,
                 sent_bytes=ctx.transport.sent_bytes - sent_before))
     except HALTING_ERRORS as e:
         if ctx.stop.is_set():
@@ -274,13 +276,14 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
 @dataclass(frozen=True)
 class _StepCosts:
     """What a step cost this agent beside its time: its own compute (wall and CPU), the time since the last step
-    ended (that step's aftermath), the checks' time in its hook (None without the sum check), its bytes sent
-    (its calls, its checkpoint's and copies')."""
+    ended (that step's aftermath), the checks' time in its hook and the sum check's CPU time in it (None without
+    the sum check), its bytes sent (its calls, its checkpoint's and copies')."""
 
     compute_s: float
     compute_cpu_s: float
     between_s: float
     checked_s: float | None
+    sum_check_cpu_s: float | None
     sent_bytes: int
 
 
@@ -299,7 +302,8 @@ def _report_step(plan: PlanRecord, topology: Topology, role: Role, cfg: TrainCon
                      compute_cpu_s=round(costs.compute_cpu_s, 6), between_s=round(costs.between_s, 6),
                      **_waits(result.waits), **_speed(speed), sent_bytes=costs.sent_bytes,
                      round=step // sync_every if sync_every > 1 else None,  # DiLoCo: the step's round
-                     verify_s=round(costs.checked_s, 6) if costs.checked_s is not None else None)
+                     verify_s=round(costs.checked_s, 6) if costs.checked_s is not None else None,
+                     sum_check_cpu_s=round(costs.sum_check_cpu_s, 6) if costs.sum_check_cpu_s is not None else None)
     logger.info("epoch %d step %d/%d%s (%.3f s, %.0f tokens/s)", plan.epoch, done, cfg.steps,
                 "" if result.loss is None else f" loss {result.loss:.4f}", result.step_time_s, speed.tokens_per_s)
 

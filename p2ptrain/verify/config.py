@@ -42,7 +42,7 @@ class VerifyConfig:
 
     def identity(self) -> str:
         """The setting as said in a settings line (``[a-z0-9_.]``, at most 24 characters): ``off``, or
-        ``<rows>_<-log2 false_alarm>_<rate>_<running>``, e.g. ``32_40_0.125_1`` (the default), then ``_v<verifiers>``
+        ``<rows>_<-log2 false_alarm>_<rate>_<running>``, e.g. ``64_40_0.125_1`` (the default), then ``_v<verifiers>``
         where that is not the default's."""
         if not self.enabled:
             return "off"

@@ -24,7 +24,6 @@ message (``Bulk.messages``, keyed ``("shard", check, bucket)``).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import struct
@@ -32,6 +31,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 import torch
+from blake3 import blake3
 
 from p2ptrain.verify.commit import message_digest
 
@@ -46,9 +46,9 @@ MAX_HEADER_BYTES = 1024
 
 
 def param_digest(named: Iterable[tuple[str, torch.Tensor]]) -> bytes:
-    """SHA-256 (32 bytes) of a stage's parameters, in the order given (a module's ``named_parameters``): each
+    """BLAKE3 (32 bytes) of a stage's parameters, in the order given (a module's ``named_parameters``): each
     one's ``message_digest`` under its name (dtype, shape and bytes), chained."""
-    h = hashlib.sha256(b"p2ptrain.verify.params\0")
+    h = blake3(b"p2ptrain.verify.params\0")
     for name, tensor in named:
         h.update(message_digest(tensor, f"param/{name}"))
     return h.digest()

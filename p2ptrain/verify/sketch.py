@@ -1,14 +1,16 @@
 """Linear sketches of flat vectors, and the check of a summed shard against its contributors' sketches.
 
-**The sketch.** ``sketch(x, seed, rows)`` is ``S·x`` for a ``rows × n`` matrix of random signs (Rademacher
-±1): ``S[i, j]`` is bit ``i`` of ``H(seed, j)``, with ``H`` splitmix64's output function applied to the
-counter ``j + 1`` (uint64 arithmetic in numpy, where it is defined to wrap), so one 64-bit word per element
-serves up to 64 rows, any part of ``S`` can be made without the rest (``offset``), and every device, thread
-count and library version makes the same matrix. ``S`` is never materialised: chunks of ``CHUNK`` elements
-are grouped by each byte of their words (``numpy.bincount`` with float64 weights, summing in order) and
-each byte value's 8 signs applied to its group's sum. The arithmetic is float64, so ``S·(a + b) = S·a + S·b``
-to within ``sketch_rounding``: sums of ``CHUNK + 256 + chunks`` terms, each rounding at most 2^-53 of
-``‖x‖₁ ≤ √n ‖x‖₂``.
+**The sketch.** ``sketch(x, seed, rows)`` is ``S·x`` for a ``rows × n`` matrix of signs with a product
+structure: element ``j`` sits at row ``p = j // Q`` and column ``c = j % Q`` of a matrix ``X`` (``Q`` the
+smallest power of two at least ``√n``, ``layout_width``: about square), and ``S[i, j] = a_i(p)·b_i(c)``, with ``b_i(c)`` bit ``i`` of ``H(seed, c + 1)`` and
+``a_i(p)`` bit ``i`` of ``H(seed, Q + p + 1)`` (``H`` splitmix64's output function of the counter; uint64
+arithmetic, defined to wrap), so row ``i`` of ``S`` is ``u_i ⊗ w_i`` and ``(S·x)_i = u_iᵀ X w_i``. That is one
+float64 matrix product ``X·B`` (``B`` the ``Q × k`` column signs) and a signed sum over rows: a pass over ``x``
+at the speed of a matrix product, where signs drawn per element (one word and four ``bincount``s an element,
+until session 36) cost 8 times more on a CPU. Any part of ``S`` can be made without the rest (``offset``); every
+device and library makes the same signs. The sums are float64 in whatever order the library's product takes, so
+two machines' sketches of one vector agree within ``sketch_rounding`` (sums of ``Q`` terms, then of the rows,
+each rounding at most 2^-53 of ``‖x‖₁ ≤ √n ‖x‖₂``), not bit for bit.
 
 **The check** (``check_sum``). The sharded all-reduce (``p2ptrain.runtime.allreduce``) sums shard ``k`` on
 its owner: the owner adds the contributions ``c_r`` (the decoded messages of the others, its own shard raw)
@@ -25,24 +27,30 @@ challenge seed is known it publishes ``Contribution(sketch(c_r), ‖c_r‖₂)``
 
 So ``‖v‖₂ ≤ V = ‖slack‖₂ + γ_{n−1} Σ_r ‖c_r‖₂`` (triangle inequality). Deterministic bounds on a row of
 ``S·v`` (Cauchy–Schwarz ``√n·‖v‖₂``, Hölder ``‖v‖₁``) grow with √n and would hide any corruption of a large
-shard; what makes the check sharp is that the signs are unknown when ``v`` is fixed. A Rademacher row gives
-``E exp(θ⟨s, v⟩) ≤ exp(θ²‖v‖²/2)`` (Hoeffding's lemma), hence ``E exp(λ⟨s, v⟩²) ≤ E exp(λ‖v‖² g²)`` for a
-standard normal ``g`` (write ``exp(λy²) = E_g exp(√(2λ) g y)``): ``‖S·v‖²`` is dominated in its moment
-generating function by ``‖v‖² χ²_k``, and the Chernoff bound that gives Laurent–Massart's tail applies:
+shard; what makes the check sharp is that the signs are unknown when ``v`` is fixed. For one row, with ``V_m``
+the matrix of ``v``: given ``w``, ``⟨u, V_m w⟩`` is a Rademacher sum, so ``E_u exp(θ⟨s, v⟩) ≤ exp(θ²‖V_m w‖²/2)``
+(Hoeffding's lemma); writing ``exp(λ‖y‖²) = E_g exp(√(2λ) gᵀy)`` for a standard normal vector ``g`` and applying
+Hoeffding again over ``w``, ``E exp(θ²‖V_m w‖²/2) ≤ E_g exp(θ² gᵀ V_m V_mᵀ g / 2) = Π_l (1 − θ²σ_l²)^{-1/2} ≤ (1
+− θ²‖v‖²)^{-1/2}`` (``σ_l`` the singular values, ``Σ σ_l² = ‖v‖²``). So ``E exp(θ|⟨s, v⟩|) ≤ 2 (1 −
+θ²‖v‖²)^{-1/2}`` for ``θ‖v‖ < 1``: the tail of a product of two normals, the worst case a ``v`` of rank one. The
+rows draw independent bits, so for the statistic ``Σ_i |(S·v)_i| / k`` the Chernoff bound gives
 
-    P( ‖S·v‖² ≥ ‖v‖² · (k + 2√(k·t) + 2t) ) ≤ e^−t.
+    P( Σ_i |(S·v)_i| ≥ k·f·‖v‖ ) ≤ e^−t,   f = min_θ (k ln 2 + (k/2) ln(1/(1 − θ²)) + t) / (θ k)
 
-With ``t = ln(1/false_alarm)`` the statistic ``‖Δ‖₂/√k`` exceeds ``√((k + 2√(kt) + 2t)/k) · V`` plus the
-sketches' own float64 rounding with probability at most ``false_alarm`` (2^-40 by default), for every honest
-owner, whatever its data: that sum is the ``tolerance``. A statistic above it blames the owner, or the
+(``threshold_factor``; 2.58 at k = 32 and ``t = ln(1/false_alarm)``, ``false_alarm`` = 2^-40 by default). The
+statistic exceeds ``f·V`` plus the sketches' own float64 rounding with probability at most ``false_alarm``, for
+every honest owner, whatever its data: that sum is the ``tolerance``. A statistic above it blames the owner, or the
 contributor whose sketch is wrong (the owner holds every message it summed and checks their sketches exactly;
 a committed message, revealed, settles it: ``commit``).
 
-A corruption ``d`` of the reduced shard adds ``S·d``; for ``d`` spread over many elements ``‖S·d‖²`` is close to
-``‖d‖² χ²_k``, so it is caught with probability at least ``P(χ²_k > k (τ + τ_v)² / ‖d‖²)``, ``τ_v ≤ τ`` the honest
-part's share (``detection_probability``). Corruptions inside the codec's own error are invisible by any check
-of the sum: per step, an owner may move each element by up to ``slack_j`` (the previous-residual term is its
-word). ``RunningSum`` removes that term: checking the sums since the epoch began (``Σ_u D_u`` against each
+A corruption ``d`` of the reduced shard adds ``S·d``; spread over many rows and columns of the layout (its matrix
+far from rank one) each ``(S·d)_i`` is close to ``‖d‖ g_i`` for a standard normal ``g_i``, so it is caught with
+probability about ``P(Σ_i |g_i| > k (τ + τ_v) / ‖d‖)``, ``τ_v ≤ τ`` the honest part's share
+(``detection_probability``): half the time at ``‖d‖ ≈ 1.25 (τ + τ_v)``. A corruption of rank one (an outer
+product over the layout) is caught less readily (``E|gh| = 0.64`` against ``E|g| = 0.80``); one of a single
+element, of size δ, always once ``δ > τ + τ_v``. Corruptions inside the codec's own error are invisible by any
+check of the sum: per step, an owner may move each element by up to ``slack_j`` (the previous-residual term is
+its word). ``RunningSum`` removes that term: checking the sums since the epoch began (``Σ_u D_u`` against each
 contributor's ``Σ_u c_{r,u}``), error feedback telescopes, ``Σ_u D_u − Σ_u s_u = −e_t``, and only the present
 message's bound and the accumulated float32 roundings remain, so a bias repeated every step grows against a
 fixed tolerance (the cost: a float64 running copy of the shards a member contributes to and checks).
@@ -53,6 +61,7 @@ any corruption in its null space.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import struct
@@ -62,15 +71,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-SKETCH_ROWS = 32  # rows k: 256 bytes per sketch; one 64-bit word per element serves up to 64
+SKETCH_ROWS = 64  # rows k: 512 bytes per sketch; one 64-bit word per row or column serves up to 64
 MAX_ROWS = 64
-CHUNK = 1 << 16  # elements per chunk of the sign matrix
-TEMP_BYTES = 1 << 28  # an accelerator's sketch: the most its signs and signed copies of one vector take at once
+MIN_WIDTH = 16  # the narrowest layout: a vector of n elements is laid out in rows of layout_width(n) ≥ this
+BLOCK_ELEMENTS = 1 << 18  # a CPU's sketch: elements per matrix product (2 MiB of float64, in cache)
+TEMP_BYTES = 1 << 28  # an accelerator's sketch: the float64 copy of a vector's block, at most
 FALSE_ALARM = 2.0**-40  # the probability an honest check fails, at most, whatever the data
 _U64 = 2.0**-53  # float64's unit roundoff
 _U32 = 2.0**-24
 _GAMMA, _MIX1, _MIX2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
-_SIGNS = np.array([[1.0 - 2.0 * ((value >> bit) & 1) for bit in range(8)] for value in range(256)])  # [256, 8]
 
 
 def challenge_seed(run_id: str, step: int, digests: Iterable[bytes], salts: Iterable[bytes] = ()) -> int:
@@ -100,109 +109,103 @@ def derive_seed(seed: int, *labels: int | str) -> int:
     return int.from_bytes(hashlib.sha256(struct.pack("<Q", seed) + text).digest()[:8], "little")
 
 
+def layout_width(numel: int) -> int:
+    """``Q`` for a vector of ``numel`` elements: the smallest power of two at least ``√numel`` (and
+    ``MIN_WIDTH``), so the layout is about square (its rank, which makes a spread corruption's sketch close to
+    normal, as large as it can be; the rounding's ``Q + numel/Q`` terms as few)."""
+    if numel < 0:
+        raise ValueError(f"a vector has a non-negative number of elements, got {numel}")
+    ceiling_root = math.isqrt(max(numel - 1, 0)) + 1  # ⌈√numel⌉ (1 for none)
+    return max(MIN_WIDTH, 1 << (ceiling_root - 1).bit_length())
+
+
 def sketch(x: torch.Tensor, seed: int, rows: int = SKETCH_ROWS, offset: int = 0,
-           device: torch.device | str | None = None) -> torch.Tensor:
+           device: torch.device | str | None = None, *, width: int | None = None) -> torch.Tensor:
     """``S·x``, float64 ``[rows]`` on the CPU, for the sign matrix of ``seed`` (columns ``offset`` … ``offset +
-    len(x) − 1``), computed where ``device`` says: an accelerator (``_sketch_on``: the same signs, float64 sums of
-    at most ``CHUNK`` terms, then one per chunk, so within the same ``sketch_rounding``) or, by default, the CPU.
+    len(x) − 1``) in rows of ``width`` (by default ``layout_width(offset + len(x))``; parts of a vector sketched
+    at their offsets add up to its sketch under the whole's width), computed where ``device`` says (by default the
+    CPU; an accelerator makes the same signs and sums within the same ``sketch_rounding``).
 
     ``x``: a 1-D finite float tensor on any device. ValueError (one line) otherwise."""
-    return sketch_many([x], seed, rows, offset, device)[0]
+    return sketch_many([x], seed, rows, offset, device, width=width)[0]
 
 
 def sketch_many(xs: Sequence[torch.Tensor], seed: int, rows: int = SKETCH_ROWS, offset: int = 0,
-                device: torch.device | str | None = None) -> list[torch.Tensor]:
-    """``[sketch(x, seed, rows, offset, device) for x in xs]`` for vectors of one length (bit for bit on the CPU;
-    on an accelerator within the same ``sketch_rounding``): the sign
-    matrix is made once for all of them (its words are half of a CPU sketch's time; on an accelerator, one set
-    of kernels for the signs and one wait for every sketch). A check sketches several vectors of a shard with
-    one seed: the reduced shard, each contribution and their running sums."""
+                device: torch.device | str | None = None, *, width: int | None = None) -> list[torch.Tensor]:
+    """``[sketch(x, seed, rows, offset, device, width=width) for x in xs]`` for vectors of one length, each the same
+    bits alone or together: the signs are made once for all of them. A check sketches several vectors of a shard
+    with one seed: the reduced shard, each contribution and their running sums."""
+    return sketches_and_norms(xs, seed, rows, offset, device, width=width)[0]
+
+
+def sketches_and_norms(xs: Sequence[torch.Tensor], seed: int, rows: int = SKETCH_ROWS, offset: int = 0,
+                       device: torch.device | str | None = None, *,
+                       width: int | None = None) -> tuple[list[torch.Tensor], list[float]]:
+    """``sketch_many``, and each vector's ℓ2 norm summed in float64 from the same float64 copy (``norm64``'s within
+    ``sum_check.norm_ratio``): one pass over each vector for both.
+
+    Element ``j`` (``offset`` counted) sits at row ``j // Q``, column ``j % Q`` of a matrix ``X``; block by
+    block of ``BLOCK_ELEMENTS`` (``TEMP_BYTES`` on an accelerator), widened to float64 exactly, ``Y = X·B`` (one
+    float64 matrix product: ``B[c, i]`` the column signs) and ``Σ_p A[p, i]·Y[p, i]`` (``A`` the row signs) is
+    added to entry ``i``, the block's squares to the norm."""
     _check_seed(seed)
-    if not isinstance(rows, int) or not 1 <= rows <= MAX_ROWS:
+    if not isinstance(rows, int) or isinstance(rows, bool) or not 1 <= rows <= MAX_ROWS:
         raise ValueError(f"a sketch has 1 to {MAX_ROWS} rows, got {rows!r}")
     for x in xs:
         if not isinstance(x, torch.Tensor) or x.dim() != 1 or not x.dtype.is_floating_point:
             raise ValueError(f"sketch takes a 1-D float tensor, got {_describe(x)}")
     if len({x.numel() for x in xs}) > 1:
         raise ValueError(f"sketch_many takes vectors of one length, got {sorted({x.numel() for x in xs})}")
-    if offset < 0:
-        raise ValueError(f"offset must be non-negative, got {offset}")
+    if not isinstance(offset, int) or offset < 0:
+        raise ValueError(f"offset must be a non-negative integer, got {offset!r}")
     if not xs:
-        return []
-    if device is not None and torch.device(device).type != "cpu":
-        return _sketch_on(xs, seed, rows, offset, torch.device(device))
-    # as they are, each chunk widened to float64 once (bincount sums its weights in float64 whatever their type,
-    # but widens float32 weights at every call: 4 times a chunk, 2.8x the time of the whole sketch); half-precision
-    # types have no numpy twin and widen to float32 first, exactly
-    values = [x.detach().to("cpu", x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32).numpy()
-              for x in xs]
-    planes = -(-rows // 8)
-    out = np.zeros((len(values), planes, 8))
-    for start in range(0, values[0].size, CHUNK):
-        count = min(CHUNK, values[0].size - start)
-        words = _words(seed, offset + start, count).view(np.uint8).reshape(count, 8)
-        columns = np.ascontiguousarray(words[:, :planes].T)  # byte p of each word: the signs of rows 8p … 8p + 7
-        for i, v in enumerate(values):
-            weights = np.asarray(v[start: start + count], dtype=np.float64)
-            for plane in range(planes):
-                out[i, plane] += np.bincount(columns[plane], weights=weights, minlength=256) @ _SIGNS
-    if not np.isfinite(out).all():  # a NaN or an infinity anywhere in a vector reaches its sketch's sums
-        raise ValueError("sketch of a vector with NaN or infinite values")
-    return [torch.from_numpy(o.reshape(-1)[:rows].copy()) for o in out]
-
-
-def _sketch_on(xs: Sequence[torch.Tensor], seed: int, rows: int, offset: int, device: torch.device) -> list[torch.Tensor]:
-    """``sketch_many`` on an accelerator: the words of every chunk at once (``_words_torch``, the same bits as
-    ``_words``), then, for as many rows at a time as ``TEMP_BYTES`` allows, their signs and each vector's
-    float64 sums per chunk of ``CHUNK`` elements, then over the chunks (the CPU's order of sums, so within the
-    same ``sketch_rounding``): a few kernels per group of rows and vector, none per chunk (a loop over the
-    chunks of a `gpt2` stage's shards launched tens of thousands of kernels a step: 9.6 s of a 12.2 s step on an
-    H200); one wait for them all. Each vector's sums are the same operations whatever the others: the same bits
-    alone or together."""
+        return [], []
+    where = torch.device(device) if device is not None else torch.device("cpu")
     numel = xs[0].numel()
-    chunks = -(-numel // CHUNK)
-    padded = torch.zeros(len(xs), chunks, CHUNK, dtype=torch.float64, device=device)  # zeros add nothing, exactly
-    for i, x in enumerate(xs):
-        padded[i].view(-1)[:numel] = x.detach().to(device, torch.float64)
-    words = _words_torch(seed, offset, chunks * CHUNK, device).view(1, chunks, CHUNK)
-    group = max(1, min(rows, TEMP_BYTES // (9 * chunks * CHUNK)))  # a bool and a float64 per element and row
-    out = torch.empty(len(xs), rows, dtype=torch.float64, device=device)
-    for first in range(0, rows, group):
-        shifts = torch.arange(first, min(rows, first + group), dtype=torch.int64, device=device).view(-1, 1, 1)
-        negative = ((words >> shifts) & 1).bool()  # [group, chunks, CHUNK]: bit i of each word, row i's sign
-        for i in range(len(xs)):
-            block = padded[i]
-            out[i, first: first + group] = torch.where(negative, -block, block).sum(dim=2).sum(dim=1)
-    out = out.cpu()  # the one wait for the device
-    if not bool(torch.isfinite(out).all()):  # float64 sums of float32 values overflow nowhere: x was not finite
+    q = layout_width(offset + numel) if width is None else width
+    if not isinstance(q, int) or isinstance(q, bool) or q < 1:
+        raise ValueError(f"a layout's width is a positive integer, got {q!r}")
+    first, lead = divmod(offset, q)  # the first row, and the columns before x's first element in it
+    total_rows = -(-(lead + numel) // q)
+    out = torch.zeros(len(xs), rows + 1, dtype=torch.float64, device=where)  # the sketch, then the sum of squares
+    if total_rows:
+        column_signs = _signs(seed, 0, q, rows, where)  # counters 1 … Q
+        row_signs = _signs(seed, q + first, total_rows, rows, where)  # counters Q + 1 + row
+        block = max(1, (BLOCK_ELEMENTS if where.type == "cpu" else TEMP_BYTES // 8) // q)
+        buffer = torch.empty(min(block, total_rows) * q, dtype=torch.float64, device=where)
+        sources = [x.detach() for x in xs]
+        for top in range(0, total_rows, block):
+            bottom = min(total_rows, top + block)
+            low, high = top * q - lead, bottom * q - lead  # x's positions the block covers
+            inside_low, inside_high = max(low, 0), min(high, numel)
+            window = buffer[: (bottom - top) * q]
+            for i, x in enumerate(sources):
+                if low < 0 or high > numel:
+                    window.zero_()  # zeros add nothing, exactly
+                window[inside_low - low: inside_high - low].copy_(x[inside_low:inside_high])  # float64: exact
+                products = window.view(bottom - top, q) @ column_signs  # [block rows, rows]
+                out[i, :rows] += (products * row_signs[top:bottom]).sum(dim=0)
+                out[i, rows] += window.dot(window)
+    out = out.cpu()  # on an accelerator, the one wait
+    if not bool(torch.isfinite(out[:, :rows]).all()):  # a NaN or an infinity anywhere in a vector reaches its sums
         raise ValueError("sketch of a vector with NaN or infinite values")
-    return [row.clone() for row in out]
+    return [o[:rows].clone() for o in out], [math.sqrt(float(o[rows])) for o in out]
 
 
-def _signed(value: int) -> int:
-    """A uint64 constant as the int64 of the same bits."""
-    return value - (1 << 64) if value >= 1 << 63 else value
+def _signs(seed: int, start: int, count: int, rows: int, device: torch.device) -> torch.Tensor:
+    """``[count, rows]`` float64 on ``device``: ``1 − 2·(bit i of H(seed, start + 1 + m))`` at ``[m, i]``."""
+    words = _words(seed, start, count).view(np.uint8).reshape(count, 8)  # little-endian: byte b holds bits 8b …
+    bits = np.unpackbits(words, axis=1, count=rows, bitorder="little")  # [count, rows]: column i is bit i
+    return torch.from_numpy(1.0 - 2.0 * bits.astype(np.float64)).to(device)
 
 
-def _words_torch(seed: int, start: int, count: int, device: torch.device) -> torch.Tensor:
-    """``_words`` in int64 tensors (two's complement: products and sums wrap as uint64's do; a logical right
-    shift is the arithmetic one with the sign's copies masked off): the same 64 bits per element."""
-
-    def shifted(z: torch.Tensor, bits: int) -> torch.Tensor:
-        return (z >> bits) & ((1 << (64 - bits)) - 1)
-
-    z = torch.arange(start + 1, start + count + 1, dtype=torch.int64, device=device) * _signed(int(_GAMMA))
-    z = z + _signed(seed)
-    z = z ^ shifted(z, 30)
-    z = z * _signed(int(_MIX1))
-    z = z ^ shifted(z, 27)
-    z = z * _signed(int(_MIX2))
-    return z ^ shifted(z, 31)
-
-
-def sketch_rounding(numel: int) -> float:
-    """``ρ / ‖x‖₂``: how far float64 rounding may move each entry of ``sketch(x)`` of ``numel`` elements."""
-    terms = CHUNK + 256 + -(-numel // CHUNK)
+def sketch_rounding(numel: int, width: int | None = None) -> float:
+    """``ρ / ‖x‖₂``: how far float64 rounding may move each entry of ``sketch(x)`` of ``numel`` elements in rows
+    of ``width`` (by default ``layout_width(numel)``), at any offset: each product's sums of ``Q`` terms, then the
+    sum over at most ``numel / Q + 2`` rows, in whatever order the library sums them (Higham's bound holds for
+    every order), of ``‖x‖₁ ≤ √n‖x‖₂``."""
+    q = layout_width(numel) if width is None else width
+    terms = q + -(-numel // q) + 2
     return _gamma(terms, _U64) * math.sqrt(max(numel, 1))
 
 
@@ -273,7 +276,7 @@ class RunningSum:
 
 @dataclass(frozen=True)
 class SumCheck:
-    """``statistic = ‖S·total − Σ_r sketch_r‖₂ / √k``; the check fails when it exceeds ``tolerance``."""
+    """``statistic = Σ_i |(S·total − Σ_r sketch_r)_i| / k``; the check fails when it exceeds ``tolerance``."""
 
     statistic: float
     tolerance: float
@@ -287,13 +290,18 @@ class SumCheck:
         return self.statistic <= self.tolerance
 
 
+@functools.lru_cache(maxsize=64)
 def threshold_factor(rows: int, false_alarm: float = FALSE_ALARM) -> float:
-    """``√((k + 2√(k t) + 2t) / k)``, ``t = ln(1/false_alarm)``: ``‖S·v‖/√k`` stays below it times ``‖v‖₂``
-    with probability at least ``1 − false_alarm`` (see the module)."""
+    """``min over θ in (0, 1) of (k ln 2 + (k/2) ln(1/(1 − θ²)) + t) / (θ k)``, ``t = ln(1/false_alarm)``: the mean
+    of ``|(S·v)_i|`` over the k rows stays below it times ``‖v‖₂`` with probability at least ``1 − false_alarm``
+    (the Chernoff bound of the module, at the best θ of a fixed grid: the same number on every machine)."""
     if not 0 < false_alarm < 1:
         raise ValueError(f"false_alarm must lie in (0, 1), got {false_alarm}")
+    if not isinstance(rows, int) or rows < 1:
+        raise ValueError(f"rows must be a positive integer, got {rows!r}")
     t = math.log(1 / false_alarm)
-    return math.sqrt((rows + 2 * math.sqrt(rows * t) + 2 * t) / rows)
+    return min((rows * math.log(2) - rows / 2 * math.log1p(-theta * theta) + t) / (theta * rows)
+               for theta in (i / 4096 for i in range(1, 4096)))
 
 
 def check_sum(
@@ -357,7 +365,7 @@ def judge_sum(
     if numel < 1 or steps < 1:
         raise ValueError(f"numel and steps must be at least 1, got {numel}, {steps}")
     expected = torch.stack([c.sketch for c in contributions]).sum(dim=0)
-    statistic = float(torch.linalg.vector_norm(observed - expected)) / math.sqrt(rows)
+    statistic = float((observed - expected).abs().sum()) / rows
     norms = sum(c.norm for c in contributions)
     own = total_norm
     float32_sums = _gamma(len(contributions) - 1, _U32) * norms  # the owner's additions, every step
@@ -370,14 +378,31 @@ def judge_sum(
 
 def detection_probability(corruption_norm: float, tolerance: float, rows: int = SKETCH_ROWS,
                           honest: float = 0.0) -> float:
-    """The probability that a corruption of ℓ2 norm ``corruption_norm``, spread over many elements, pushes the
-    statistic above ``tolerance`` when the honest part contributes at most ``honest`` to it:
-    ``P(χ²_k > k (tolerance + honest)² / ‖d‖²)`` (``‖S·d‖² ≈ ‖d‖² χ²_k`` for signs that are ±1 at random)."""
+    """The probability that a corruption of ℓ2 norm ``corruption_norm``, spread over many rows and columns of the
+    sketch's layout, pushes the statistic above ``tolerance`` when the honest part contributes at most ``honest``
+    to it: ``P(Σ_i |g_i| > k (tolerance + honest) / ‖d‖)`` for k independent standard normals (each ``(S·d)_i``
+    is then close to ``‖d‖ g_i``), from the distribution of their sum made on a fine grid."""
     if corruption_norm <= 0:
         return 0.0
-    from scipy.stats import chi2  # here: importing scipy.stats costs every agent process about a second
+    positions, survival = _half_normal_sum_survival(rows)
+    return float(np.interp(rows * (tolerance + honest) / corruption_norm, positions, survival, left=1.0, right=0.0))
 
-    return float(chi2.sf(rows * ((tolerance + honest) / corruption_norm) ** 2, rows))
+
+@functools.lru_cache(maxsize=8)
+def _half_normal_sum_survival(k: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(s, P(|g_1| + … + |g_k| > s))`` on a grid of 1/256, for independent standard normals: the k-fold
+    convolution of the half-normal's masses on cells of 1/256, by FFT, each cell's mass at its middle."""
+    from scipy.special import ndtr  # the normal's CDF (scipy.special imports in milliseconds)
+
+    step = 1 / 256
+    cells = int(9 / step)  # |g| beyond 9: 2e-19
+    masses = 2 * np.diff(ndtr(np.arange(cells + 1) * step))
+    size = 1 << (k * cells).bit_length()
+    total = np.clip(np.fft.irfft(np.fft.rfft(masses, size) ** k, size)[: k * cells], 0.0, None)
+    # the sum of the k cells' indices i: the variables' sum lies within k steps above i·step, k/2 on average
+    positions = np.arange(total.size) * step + k * step / 2
+    survival = np.clip(1.0 - np.cumsum(total), 0.0, 1.0)
+    return positions, survival
 
 
 def _gamma(n: int, unit: float) -> float:

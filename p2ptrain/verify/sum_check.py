@@ -78,9 +78,8 @@ from p2ptrain.verify.sketch import (
     challenge_seed,
     derive_seed,
     judge_sum,
-    norm64,
-    sketch_many,
     sketch_rounding,
+    sketches_and_norms,
 )
 
 logger = logging.getLogger(__name__)
@@ -138,16 +137,18 @@ class SumChecker:
         self._commits: dict[int, bytes] = {}  # rank -> its signed commitment of the step (trimmed): evidence's
         self.checked_steps = 0
         self.seconds = 0.0  # spent in the step's hook: the rounds, sketches and judgements
+        self.cpu_seconds = 0.0  # of which this thread's CPU time: the work, none of the waits for the others
 
     def begin_step(self, epoch: int, step: int) -> None:
         self.epoch, self.step = epoch, step
 
     def __call__(self, records: list[ReduceRecord], rank: int, n: int, exchange: GroupExchange) -> None:
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         try:
             self._check(records, rank, n, exchange)
         finally:
             self.seconds += time.perf_counter() - started
+            self.cpu_seconds += time.thread_time() - cpu
 
     def _check(self, records: list[ReduceRecord], rank: int, n: int, exchange: GroupExchange) -> None:
         me = self.group[rank]
@@ -295,10 +296,11 @@ class SumChecker:
         if self.running:
             own_d, added = self._owned[b]
             vectors += [own_d.total, *(added[j].total for j in range(n))]
-        sketches = iter(sketch_many(vectors, shard_seed, self.rows, device=self.device))  # one sign matrix for all
-        parts = [next(sketches), _norm(total), slack]
+        made, norms = sketches_and_norms(vectors, shard_seed, self.rows, device=self.device)  # one pass for all
+        sketches = iter(made)
+        parts = [next(sketches), _scalar(norms[0]), slack]
         for j in range(n):
-            parts += [next(sketches), _norm(record.added[j])]
+            parts += [next(sketches), _scalar(norms[1 + j])]
         if self.running:  # over the epoch the residuals telescope: only the present message's bound remains
             current = float(torch.linalg.vector_norm(error_bound(self.codec, message, (numel,))))
             parts += [next(sketches), _scalar(own_d.norm), _scalar(current)]
@@ -349,9 +351,10 @@ class SumChecker:
         if running:
             seen_d, sent = self._seen[(b, k)]
             vectors += [seen_d.total, sent.total]
-        sketches += sketch_many(vectors, shard_seed, self.rows, device=self.device)  # one sign matrix for all
+        made, norms = sketches_and_norms(vectors, shard_seed, self.rows, device=self.device)  # one pass for all
+        sketches += made
         # (b) its claims about D
-        total_norm = float(_norm(total))
+        total_norm = norms[0]
         if not (_close(att.total, sketches[0], total_norm, numel) and _near(att.total_norm, total_norm, numel)):
             return self._proven(k, rank, b, "claim", gathered, blob, f"its sketch or norm of bucket {b}'s reduced "
                                                                        "shard is not that of the shard it sent")
@@ -361,7 +364,7 @@ class SumChecker:
         # (c) its entry for what we sent it
         own = att.added[rank]
         if not (_close(own.sketch, sketches[1], own.norm, numel)
-                and _near(own.norm, float(_norm(mine)), numel)):
+                and _near(own.norm, norms[1], numel)):
             return self._proven(k, rank, b, "attest", record.sent[k], blob, f"it attests another contribution of "
                                                                              f"ours to bucket {b} than the one we sent")
         # (d) the sum
@@ -434,10 +437,6 @@ def refusal(findings: list[Finding]) -> VerificationFailed:
 
 def _scalar(x: float) -> torch.Tensor:
     return torch.tensor([x], dtype=torch.float64)
-
-
-def _norm(x: torch.Tensor) -> torch.Tensor:
-    return torch.tensor([norm64(x)], dtype=torch.float64)
 
 
 def message_tag(run: str, epoch: int, step: int, stage: int, kind: str, b: int, shard: int, sender: int) -> str:

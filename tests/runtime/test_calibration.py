@@ -74,10 +74,10 @@ def test_expected_rows_follow_the_replicas_the_batch_splits_into():
 
 
 def test_the_sum_checks_messages_are_priced_at_their_sizes_on_the_wire():
-    """Two stages of tiny hold one bucket each: a group of two sends a 4700-byte commit and a 6236-byte sketch
-    statement (as the emulated e2e run's transport counted them, with the running sums a lossy gradient codec
-    checks), 5436 bytes under fp32 (no running sums: 100 float64s fewer), in the network's GB; no check, no
-    volume."""
+    """Two stages of tiny hold one bucket each: a group of two sends a 4700-byte commit and a 7772-byte sketch
+    statement (64 rows; with the running sums a lossy gradient codec checks; 6236 bytes at 32 rows, as the
+    emulated e2e run's transport counted them in session 30), 6204 bytes under fp32 (no running sums: 196
+    float64s fewer), in the network's GB; no check, no volume."""
     from p2ptrain.model.outer import DiLoCoConfig
     from p2ptrain.planning.workload import GB
     from p2ptrain.runtime.calibration import verify_volumes
@@ -85,10 +85,10 @@ def test_the_sum_checks_messages_are_priced_at_their_sizes_on_the_wire():
 
     train = TrainConfig(model="tiny", stages=2, replicas=2, global_batch_size=16, micro_batches=2, wire="bf16")
     assert verify_volumes(VerifyConfig(), train, 2, 2, size_factor=0.5) == {
-        "verify_gb": pytest.approx((4700 / GB / 0.5, 6236 / GB / 0.5)), "recompute_rate": 1 / 8}
-    assert step_profile([], train, 2, 2, verify=VerifyConfig()).verify_gb == pytest.approx((4700 / GB, 6236 / GB))
+        "verify_gb": pytest.approx((4700 / GB / 0.5, 7772 / GB / 0.5)), "recompute_rate": 1 / 8}
+    assert step_profile([], train, 2, 2, verify=VerifyConfig()).verify_gb == pytest.approx((4700 / GB, 7772 / GB))
     exact = TrainConfig(model="tiny", stages=2, replicas=2, global_batch_size=16, micro_batches=2, wire="fp32")
-    assert verify_volumes(VerifyConfig(), exact, 2, 2)["verify_gb"] == pytest.approx((4700 / GB, 5436 / GB))
+    assert verify_volumes(VerifyConfig(), exact, 2, 2)["verify_gb"] == pytest.approx((4700 / GB, 6204 / GB))
     diloco = TrainConfig(model="tiny", stages=2, replicas=2, global_batch_size=16, micro_batches=2, sync="diloco",
                          diloco=DiLoCoConfig(inner_steps=5))
     for args in ((VerifyConfig(enabled=False), train, 2, 2), (VerifyConfig(), train, 2, 1),
@@ -113,7 +113,7 @@ def test_the_recompute_checks_rate_is_priced_where_the_runtime_installs_it():
     # each member recomputed by ``verifiers`` (2) replicas, at most the D − 1 others: twice the work and reveals
     assert verify_volumes(VerifyConfig(), train(replicas=3, global_batch_size=24), 2, 3)["recompute_rate"] == 2 / 8
     assert verify_volumes(VerifyConfig(verifiers=1), train(replicas=3, global_batch_size=24), 2, 3)["recompute_rate"] == 1 / 8
-    assert VerifyConfig().identity() == "32_40_0.125_1" and VerifyConfig(verifiers=3).identity() == "32_40_0.125_1_v3"
+    assert VerifyConfig().identity() == "64_40_0.125_1" and VerifyConfig(verifiers=3).identity() == "64_40_0.125_1_v3"
     for bad in (0, 9, 1.5, True):
         with pytest.raises(ConfigError, match="verify.verifiers"):
             VerifyConfig(verifiers=bad)

@@ -86,7 +86,9 @@ __all__ = [
 # out of its membership (``agent.leadership.membership``). Bump it when agents of the old and the new code
 # cannot train together. Not the records' schema version (``SCHEMA_VERSION``, a record's "v"), nor a message
 # header's (``net.transport.messages.MESSAGE_HEADER_VERSION``).
-AGENT_PROTOCOL_VERSION = 2  # 2: a pipeline commitment signs the parameters' digest; evidence messages
+# 2: a pipeline commitment signs the parameters' digest; evidence messages. 3: the sum check's sketches have a
+# product structure (64 rows, an ℓ1 statistic) and messages' digests are BLAKE3 (``verify.sketch``, ``verify.commit``)
+AGENT_PROTOCOL_VERSION = 3
 
 MAX_COMPUTE_S = 3600.0  # one micro-batch through one block: an hour is past any sane device
 MAX_STEP_BYTES = 1 << 50  # what a peer sends in one step: a PiB takes hours at 1 Tbit/s
