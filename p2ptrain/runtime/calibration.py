@@ -16,7 +16,9 @@ and backward of the run's model for one micro-batch of ``rows`` sequences:
   float32 elements (``_codec_s_per_melement``): activations and their gradients on a micro-batch's
   activation, data-parallel gradients on one shard of an all-reduce bucket in a group of two
   (``bucket_elements`` / 2), encoded through error feedback as the all-reduce does (encode, decode,
-  residual). fp32's is 0: its tensor to bytes and back is the message cost's already.
+  residual). fp32's is 0: its tensor to bytes and back is the message cost's already;
+- what the sum check's own work takes (``_check_s_per_melement``), per million elements of one vector: its
+  sketch with its norm, on this device, and the digest of its message in the run's gradient codec.
 
 Each timing is the fastest of ``repeats`` runs after a warm-up, a few milliseconds apart: the least
 disturbed sample, as the link prober takes the fastest transfer. That is the device's speed, not the
@@ -72,7 +74,9 @@ from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.wire import Codec, ErrorFeedback, wire_format
 from p2ptrain.verify import statement
 from p2ptrain.verify.attest import commit_bytes, sketch_bytes
+from p2ptrain.verify.commit import message_digest
 from p2ptrain.verify.config import VerifyConfig, runs_sums
+from p2ptrain.verify.sketch import SKETCH_ROWS, sketches_and_norms
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +109,7 @@ def calibrate(train: TrainConfig, rows: int, device: torch.device, repeats: int 
         update_s_per_mparam=plain.update_s / plain.parameters * 1e6,
         message_s=_message_s(rows, shape, repeats),
         codec_s_per_melement=_codec_s_per_melement(train, rows, repeats),
+        check_s_per_melement=_check_s_per_melement(train, device, repeats),
     )
     logger.info("calibrated %s at %d rows in %.2f s: block %.2f/%.2f ms, embeddings +%.2f/%.2f ms, head "
                 "+%.2f/%.2f ms, update %.2f ms per Mparam, %.2f ms per message, %s codecs %s ms per M elements "
@@ -205,6 +210,18 @@ def _codec_s_per_melement(train: TrainConfig, rows: int, repeats: int) -> tuple[
                  for codec, size, feedback in kinds)
 
 
+def _check_s_per_melement(train: TrainConfig, device: torch.device, repeats: int) -> tuple[float, float]:
+    """(sketch, digest) seconds per million elements of the sum check's work (``verify.sum_check``) on one shard
+    of an all-reduce bucket in a group of two: its sketch (``SKETCH_ROWS`` rows) with its norm on ``device``, and
+    the digest of its message in the run's gradient codec."""
+    shard = max(1, train.bucket_elements // 2)
+    vector = torch.randn(shard, generator=torch.Generator().manual_seed(train.seed)).to(device)
+    message = wire_format(train.wire).gradient.encode(vector).cpu()
+    per_melement = 1e6 / shard
+    return (_fastest_s(lambda: sketches_and_norms([vector], 1, SKETCH_ROWS, device=device), repeats) * per_melement,
+            _fastest_s(lambda: message_digest(message, "calibration"), repeats) * per_melement)
+
+
 def _codec_s(codec: Codec, tensor: torch.Tensor, feedback: ErrorFeedback | None, repeats: int
              ) -> tuple[float, float]:
     """(encode, decode) seconds per million elements of ``codec`` on ``tensor``; encoded through ``feedback``
@@ -282,11 +299,29 @@ def step_profile(
         ends = [embed] * (j == 0) + [head] * (j == num_stages - 1)
         forward.append(blocks * layer[0] + sum(e[0] for e in ends))
         backward.append(blocks * layer[1] + sum(e[1] for e in ends))
+    checking = {"verify_compute_s": check_seconds(measurements, verify, train, params, num_replicas)} \
+        if "verify_gb" in extra else {}
     profile = StepProfile(micro_batches=m, forward_s=tuple(forward), backward_s=tuple(backward),
                           update_s=tuple(p * per_param for p in params), gradient_gb=tuple(grads),
-                          message_s=message_s, boundary_s=boundary_s, **extra,
+                          message_s=message_s, boundary_s=boundary_s, **extra, **checking,
                           **codec_costs(measurements, size_factor))
     return profile.scaled(1.0 / time_scale)
+
+
+def check_seconds(measurements: Sequence[ComputeMeasurement], verify: VerifyConfig, train: TrainConfig,
+                  params: Sequence[int], num_replicas: int) -> tuple[float, ...]:
+    """The sum check's own work per member and step, per stage of ``params`` parameters, in real seconds
+    (``verify.sum_check``): in a group of D, each member sketches (with their norms) its own shard's sum and
+    the D contributions to it, and for each of the D − 1 other owners their sum and its own contribution:
+    (3D − 1)/D vectors of a stage's size, twice that with the running sums; and digests the D − 1 reduce shards
+    it sent, its own sum, and the D − 1 shards and sums it received: (3D − 2)/D. At the members' median
+    ``check_s_per_melement`` (0 from agents that predate it), the sketches scaled from the calibrated rows
+    (``SKETCH_ROWS``) to the run's."""
+    d = num_replicas
+    sketch_s = statistics.median(c.check_s_per_melement[0] for c in measurements) * verify.sketch_rows / SKETCH_ROWS
+    digest_s = statistics.median(c.check_s_per_melement[1] for c in measurements)
+    sketched = (3 * d - 1) / d * (2 if runs_sums(verify.running, wire_format(train.wire).gradient.name) else 1)
+    return tuple((sketch_s * sketched + digest_s * (3 * d - 2) / d) * p / 1e6 for p in params)
 
 
 def codec_costs(measurements: Sequence[ComputeMeasurement], size_factor: float = 1.0, time_scale: float = 1.0

@@ -107,7 +107,8 @@ class ComputeMeasurement:
     parameters, and the transport's local cost of one message; and what the run's wire codecs take, per
     million float32 elements, to encode and to decode (``codec_s_per_melement``: activations, their
     gradients, data-parallel gradients, whose encode is error feedback's; all 0 for fp32, and in a record
-    of an agent that predates the field)."""
+    of an agent that predates the field); and the sum check's own work, per million elements of one vector
+    (``check_s_per_melement``: its sketch with its norm, the digest of its message; 0 in an older record)."""
 
     rows: int
     seq_len: int
@@ -117,6 +118,7 @@ class ComputeMeasurement:
     update_s_per_mparam: float
     message_s: float
     codec_s_per_melement: tuple[tuple[float, float], ...] = NO_CODEC_S  # (encode, decode) of each kind
+    check_s_per_melement: tuple[float, float] = (0.0, 0.0)  # (sketch with norm, digest)
 
     def __post_init__(self) -> None:
         set_field(self, "rows", f.integer("compute.rows", self.rows, 1, MAX_ROWS))
@@ -139,12 +141,18 @@ class ComputeMeasurement:
                 raise RecordError(f"{name} must hold (encode, decode) pairs")
             pairs.append(tuple(f.number(name, v, 0.0, MAX_COMPUTE_S) for v in pair))
         set_field(self, "codec_s_per_melement", tuple(pairs))
+        pair = f.sequence("compute.check_s_per_melement", self.check_s_per_melement, 2)
+        if len(pair) != 2:
+            raise RecordError("compute.check_s_per_melement must be (sketch, digest)")
+        set_field(self, "check_s_per_melement",
+                  tuple(f.number("compute.check_s_per_melement", v, 0.0, MAX_COMPUTE_S) for v in pair))
 
     def to_wire(self) -> dict[str, Any]:
         return {"rows": self.rows, "seq_len": self.seq_len, "layer_s": list(self.layer_s),
                 "embed_s": list(self.embed_s), "head_s": list(self.head_s),
                 "update_s_per_mparam": self.update_s_per_mparam, "message_s": self.message_s,
-                "codec_s_per_melement": [list(pair) for pair in self.codec_s_per_melement]}
+                "codec_s_per_melement": [list(pair) for pair in self.codec_s_per_melement],
+                "check_s_per_melement": list(self.check_s_per_melement)}
 
     @classmethod
     def from_wire(cls, m: Any) -> ComputeMeasurement:
@@ -153,7 +161,8 @@ class ComputeMeasurement:
         try:
             return cls(rows=m["rows"], seq_len=m["seq_len"], layer_s=m["layer_s"], embed_s=m["embed_s"],
                        head_s=m["head_s"], update_s_per_mparam=m["update_s_per_mparam"], message_s=m["message_s"],
-                       codec_s_per_melement=m.get("codec_s_per_melement", NO_CODEC_S))  # absent: an older agent's
+                       codec_s_per_melement=m.get("codec_s_per_melement", NO_CODEC_S),  # absent: an older agent's
+                       check_s_per_melement=m.get("check_s_per_melement", (0.0, 0.0)))
         except KeyError as e:
             raise RecordError(f"compute: missing field {e.args[0]}") from None
 

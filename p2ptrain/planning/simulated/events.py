@@ -210,11 +210,14 @@ def _pipeline(obj: SimulatedObjective, run: _Run, start: np.ndarray
 
 def _after_all_reduce(obj: SimulatedObjective, run: _Run, reduced: np.ndarray) -> np.ndarray:
     """From when each device's gradients are reduced ([pipeline, stage]) to when it may update: the sum check's
-    two rounds (step 3), each waiting for the other members', and the clip's norms (step 4)."""
+    two rounds (step 3), each waiting for the other members', its own work between them (sketches, norms,
+    digests), and the clip's norms (step 4)."""
     s, sigma, access = obj.num_stages, run.sigma, run.access
     if run.in_step:
-        for gb in obj.profile.verify_gb:
+        for phase, gb in enumerate(obj.profile.verify_gb):
             reduced = _group_exchange(obj, sigma, reduced, gb, access)
+            if phase == 0:
+                reduced = reduced + obj.verify_compute_s[None, :]
     if obj.profile.clip and s > 1:  # every other stage's norm (the diagonal's delay is 0: its own)
         delay = obj.delay_s[sigma[:, :, None], sigma[:, None, :]]
         if access is None:

@@ -45,6 +45,8 @@ class SimulatedObjective:
         self.forward_s = profile.per_stage("forward_s", num_stages, 0.0)
         self.backward_s = profile.per_stage("backward_s", num_stages, 0.0)
         self.update_s = profile.per_stage("update_s", num_stages, 0.0)
+        # the sum check's own work between its rounds (every-step sync only, as its messages)
+        self.verify_compute_s = profile.per_stage("verify_compute_s", num_stages, 0.0) * (profile.sync_every == 1)
         self.slowdown = _slowdown(cluster, profile.reference_tflops)
         self._closed_form()
 
@@ -142,6 +144,8 @@ class SimulatedObjective:
         # the sum check's rounds (every step only): each a message from every other member, behind each other
         self._verify_s = sum(float((self.delay_s + gb * (d - 1) * alone).max()) for gb in profile.verify_gb
                              if gb > 0 and d > 1)
+        if d > 1:  # and its own work between them, the slowest stage's
+            self._verify_s += float(self.verify_compute_s.max())
         links = hop[off]
         self._tau = MATCHING_SOFTNESS * (float(np.median(links)) if links.size else 1.0) or 1.0
 

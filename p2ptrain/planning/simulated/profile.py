@@ -45,7 +45,9 @@ class StepProfile:
     rate``) expected challenged micro-batches per member and step over M, in [0, 1]: each member reveals their
     pipeline messages to its verifier at the next step's start and recomputes as many of another member's
     during it (docs/simulated.md, steps 1–2); 0 where no check runs. Priced only on plans the runtime installs
-    the check on: two or more stages and replicas, every-step sync.
+    the check on: two or more stages and replicas, every-step sync. ``verify_compute_s``: the sum check's own
+    work per member and step, per stage (its sketches, norms and digests, between its two rounds:
+    ``runtime.calibration.check_seconds``); () where no check runs.
     """
 
     micro_batches: int = 1
@@ -70,13 +72,14 @@ class StepProfile:
     decode_s_per_gb: tuple[float, float, float] = (0.0, 0.0, 0.0)
     verify_gb: tuple[float, float] = (0.0, 0.0)  # the sum check's commit and sketch messages (step 3); 0: none
     recompute_rate: float = 0.0  # the recompute check's challenged micro-batches per member, over M (steps 1–2)
+    verify_compute_s: tuple[float, ...] = ()  # the sum check's own work per member and step, per stage (step 3)
 
     def __post_init__(self) -> None:
         if isinstance(self.micro_batches, bool) or not isinstance(self.micro_batches, int) or self.micro_batches < 1:
             raise ValueError(f"step profile: micro_batches must be a positive integer, got {self.micro_batches!r}")
         if not isinstance(self.steps, int) or self.steps < 2:
             raise ValueError(f"step profile: steps must be an integer of at least 2, got {self.steps!r}")
-        for name in ("forward_s", "backward_s", "update_s", "gradient_gb"):
+        for name in ("forward_s", "backward_s", "update_s", "gradient_gb", "verify_compute_s"):
             values = tuple(float(v) for v in getattr(self, name))
             if any(not math.isfinite(v) or v < 0 for v in values):
                 raise ValueError(f"step profile: {name} must hold non-negative numbers, got {values}")
@@ -147,6 +150,7 @@ class StepProfile:
             boundary_s=self.boundary_s * factor,
             encode_s_per_gb=tuple(v * factor for v in self.encode_s_per_gb),
             decode_s_per_gb=tuple(v * factor for v in self.decode_s_per_gb),
+            verify_compute_s=tuple(v * factor for v in self.verify_compute_s),
         )
 
 
