@@ -38,15 +38,20 @@ MIB = 1 << 20
 RUN = "dataplane"
 
 
+def receive_rounds(sock: socket.socket, nbytes: int, rounds: int) -> None:
+    """A plaintext pair's receiving end: ``rounds`` times, ``nbytes`` into one buffer, then b"k"."""
+    buffer = memoryview(bytearray(nbytes))
+    for _ in range(rounds):
+        got = 0
+        while got < nbytes:
+            got += sock.recv_into(buffer[got:], nbytes - got)
+        sock.sendall(b"k")
+
+
 def _tcp_receiver(port: int, nbytes: int, rounds: int) -> None:
-    """The other process's end of the plaintext pair: ``rounds`` times, ``nbytes`` into one buffer, then b"k"."""
+    """The other process's end of the plaintext pair."""
     with socket.create_connection(("127.0.0.1", port)) as sock:
-        buffer = memoryview(bytearray(nbytes))
-        for _ in range(rounds):
-            got = 0
-            while got < nbytes:
-                got += sock.recv_into(buffer[got:], nbytes - got)
-            sock.sendall(b"k")
+        receive_rounds(sock, nbytes, rounds)
 
 
 class TcpPair:
