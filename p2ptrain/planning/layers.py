@@ -177,6 +177,7 @@ class LayerCosts:
     gradient_gb: Parts
     memory_gb: Parts
     stage_memory_gb: float = 0.0
+    verify_s: Parts | None = None  # the sum check's own work a step (``StepProfile.verify_compute_s``); None: none
 
     def per_stage(self, parts: Parts, layers: Layers) -> tuple[float, ...]:
         last = len(layers) - 1
@@ -187,10 +188,12 @@ class LayerCosts:
         return tuple(m + self.stage_memory_gb for m in self.per_stage(self.memory_gb, layers))
 
     def profile(self, base: StepProfile, layers: Layers) -> StepProfile:
-        """``base`` with the per-stage compute, update and gradients of the split ``layers``."""
+        """``base`` with the per-stage compute, update, gradients and sum check of the split ``layers``."""
+        checks = {} if self.verify_s is None else {"verify_compute_s": self.per_stage(self.verify_s, layers)}
         return dataclasses.replace(
             base, forward_s=self.per_stage(self.forward_s, layers), backward_s=self.per_stage(self.backward_s, layers),
-            update_s=self.per_stage(self.update_s, layers), gradient_gb=self.per_stage(self.gradient_gb, layers))
+            update_s=self.per_stage(self.update_s, layers), gradient_gb=self.per_stage(self.gradient_gb, layers),
+            **checks)
 
 
 @dataclass(frozen=True)

@@ -311,17 +311,25 @@ def step_profile(
 def check_seconds(measurements: Sequence[ComputeMeasurement], verify: VerifyConfig, train: TrainConfig,
                   params: Sequence[int], num_replicas: int) -> tuple[float, ...]:
     """The sum check's own work per member and step, per stage of ``params`` parameters, in real seconds
-    (``verify.sum_check``): in a group of D, each member sketches (with their norms) its own shard's sum and
-    the D contributions to it, and for each of the D − 1 other owners their sum and its own contribution:
-    (3D − 1)/D vectors of a stage's size, twice that with the running sums; and digests the D − 1 reduce shards
-    it sent, its own sum, and the D − 1 shards and sums it received: (3D − 2)/D. At the members' median
+    (``check_s_per_parameter``)."""
+    rate = check_s_per_parameter(measurements, verify, train, num_replicas)
+    return tuple(rate * p for p in params)
+
+
+def check_s_per_parameter(measurements: Sequence[ComputeMeasurement], verify: VerifyConfig, train: TrainConfig,
+                          num_replicas: int) -> float:
+    """The sum check's own work per member and step (``verify.sum_check``), real seconds per parameter of the
+    member's stage: in a group of D, each member sketches (with their norms) its own shard's sum and the D
+    contributions to it, and for each of the D − 1 other owners their sum and its own contribution: (3D − 1)/D
+    vectors of a stage's size, twice that with the running sums; and digests the D − 1 reduce shards it sent, its
+    own sum, and the D − 1 shards and sums it received: (3D − 2)/D. At the members' median
     ``check_s_per_melement`` (0 from agents that predate it), the sketches scaled from the calibrated rows
     (``SKETCH_ROWS``) to the run's."""
     d = num_replicas
     sketch_s = statistics.median(c.check_s_per_melement[0] for c in measurements) * verify.sketch_rows / SKETCH_ROWS
     digest_s = statistics.median(c.check_s_per_melement[1] for c in measurements)
     sketched = (3 * d - 1) / d * (2 if runs_sums(verify.running, wire_format(train.wire).gradient.name) else 1)
-    return tuple((sketch_s * sketched + digest_s * (3 * d - 2) / d) * p / 1e6 for p in params)
+    return (sketch_s * sketched + digest_s * (3 * d - 2) / d) / 1e6
 
 
 def codec_costs(measurements: Sequence[ComputeMeasurement], size_factor: float = 1.0, time_scale: float = 1.0
@@ -445,6 +453,9 @@ def layered_workload(
              | verify_volumes(verify, train, train.stages if train.stages != "auto" else 1, num_replicas,
                               size_factor)  # the plan's S ("auto" is chosen before a plan is priced)
              | ({} if steps is None else {"steps": steps}))
+    if "verify_gb" in extra:  # the sum check's own work, per parameter of a stage (not grown: per parameter)
+        costs = dataclasses.replace(costs, verify_s=model.parameters.scaled(
+            check_s_per_parameter(measurements, verify, train, num_replicas) / time_scale))
     step = StepProfile(micro_batches=m, message_s=statistics.median(c.message_s for c in measurements) / time_scale,
                        boundary_s=boundary_s / time_scale, reference_tflops=measured_speed(fastest), **extra,
                        **codec_costs(measurements, size_factor, time_scale))

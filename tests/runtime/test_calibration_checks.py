@@ -93,3 +93,18 @@ def test_the_objective_adds_each_stages_check_before_its_update():
     bare = make_objective("simulated", Cluster((Device("a"), Device("b")), np.zeros((2, 2)), np.ones((2, 2))),
                           StepWorkload(0.0, 0.0, step=StepProfile(forward_s=(0.1, 0.1))), 2)
     assert one.simulate(np.array([[0, 1]])).predicted_s == pytest.approx(bare.simulate(np.array([[0, 1]])).predicted_s)
+
+
+def test_the_layered_workload_prices_each_stages_check_at_its_split():
+    """With every trainer's calibration (the leader's usual case) the workload is priced per layer: each stage's
+    check from the parameters its split holds, as ``step_profile``'s at an even split."""
+    from p2ptrain.planning import Workload
+    from p2ptrain.planning.layers import even_layers
+    from p2ptrain.runtime.calibration import layered_workload
+
+    layered = layered_workload([MEASURED] * 4, Workload(0.001, 0.01), TRAIN, 2, verify=VerifyConfig())
+    even = layered.costs.profile(layered.step, even_layers(TRAIN.shape.num_layers, 2))
+    params = stage_parameters(TRAIN.shape, 2)
+    assert even.verify_compute_s == pytest.approx(check_seconds([MEASURED], VerifyConfig(), TRAIN, params, 2))
+    unchecked = layered_workload([MEASURED] * 4, Workload(0.001, 0.01), TRAIN, 2, verify=VerifyConfig(enabled=False))
+    assert unchecked.costs.profile(unchecked.step, even_layers(TRAIN.shape.num_layers, 2)).verify_compute_s == ()
