@@ -121,6 +121,12 @@ def recompute(
     device, dtype = first.device, first.dtype  # float32; float64 for a reference computation
     params = [p for p in module.parameters() if p.requires_grad]
     x = inputs.to(device)
+    if not param_grads and module.has_embeddings:  # stage 0 sends its activation only: the forward, no graph
+        with torch.no_grad():
+            out = module(x)
+            if module.has_head:
+                out = micro_batch_loss(out, targets.to(device), loss_tokens)
+        return Recomputed(out, None, ())
     if not module.has_embeddings:
         x = x.detach().to(dtype).requires_grad_(True)
     with torch.enable_grad():

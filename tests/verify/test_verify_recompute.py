@@ -61,6 +61,18 @@ def test_recompute_does_what_the_executor_does(pipeline):
         module.zero_grad(set_to_none=True)
 
 
+def test_without_parameter_gradients_stage_0_redoes_its_forward_alone_and_the_same_bits(pipeline):
+    """The recompute check's call (``param_grads=False``): stage 0 sends only its activation, so only its forward is
+    redone, without autograd's graph, and its output is the executor's, bit for bit; a later stage still redoes
+    its input's gradient."""
+    stages, inputs, targets, x1, x2, g1, g2 = pipeline
+    got = recompute(stages[0], inputs, grad_output=g1, param_grads=False)
+    assert got.input_grad is None and got.param_grads == () and not got.output.requires_grad
+    assert torch.equal(got.output, stages[0](inputs).detach())
+    later = recompute(stages[1], x1, grad_output=g2, param_grads=False)
+    assert later.param_grads == () and torch.equal(later.input_grad, recompute(stages[1], x1, grad_output=g2).input_grad)
+
+
 @pytest.mark.parametrize("codec", ["fp32", "int8", "int2"])
 def test_honest_recomputations_pass(pipeline, codec):
     """Row by row against whole, and a bf16 member against an fp32 verifier under the bf16 allowance."""

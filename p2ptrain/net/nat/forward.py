@@ -1,9 +1,10 @@
 """Reaching a peer behind NAT through a public peer that forwards its streams (``p2ptrain/forward``).
 
-Why not libp2p's circuit relays alone: the p2pd that hivemind 1.1.12 ships resets every relayed connection
-after 128 KiB in either direction, whatever ``-relayDataLimit`` says (measured in network namespaces: the
-relay logs "relayed 131072 bytes" and closes, for limits of 0, 300 kB, 1 MiB and 1 TiB alike). That is
-enough for the DHT's small messages and for a ping, not for one activation. So tensors, probes and
+Why not libp2p's circuit relays alone: the p2pd that hivemind 1.1.12 ships resets relayed connections after
+128 KiB in either direction, whatever ``-relayDataLimit`` says (measured in network namespaces: the relay logs
+"relayed 131072 bytes" and closes; every circuit in session 17, for limits of 0, 300 kB, 1 MiB and 1 TiB alike;
+8 of 32 fresh circuits in session 36's ``benchmarks/relay.py``, the others carrying up to 590 MB), and the two
+peers then lose each other. That is enough for the DHT's small messages and for a ping, not for training. So tensors, probes and
 heartbeats to a peer behind NAT go through a forwarding stream that we run ourselves:
 
     A ──stream "fwd"──▶ R (public: the bootstrap, or a public agent) ──stream "fwd-in"──▶ B (behind NAT)
