@@ -16,6 +16,9 @@
 # 8. verified work on the GPU: the floating-point deviations the recompute check's allowance is made of, on
 #    trained states (benchmarks/verify_noise.py --measure, to 1,000 steps), and a swarm of four whose members
 #    recompute one of each other's 8 micro-batches a step in bf16 (every check on; nobody may be blamed).
+# 9. issue 46's goals, each as a ratio beside its baseline (benchmarks/gpu_goals.py: `gpt2` in one process and
+#    compiled, its 4-agent swarm with the checks off and on, `llama-1b` compiled; not yet run on a GPU):
+#    ONLY=goals runs it alone.
 # Each part has its own deadline and its log goes to OUTDIR (default ./cuda-check; WORK: where the rest
 # goes); a part that fails is reported and the next one still runs; the exit status is 1 if any failed.
 # DEVICE=cpu runs the same parts on the CPU (a dry run of the script).
@@ -70,4 +73,9 @@ fi
 [ -d "$WORK/swarm-verify" ] && grep -h "recompute check took" "$WORK"/swarm-verify/agent-*.log
 [ "$DEVICE" = cuda ] && part keeper 120 python3 benchmarks/keeper_copy.py
 [ "$DEVICE" = cuda ] && part presets 300 python3 benchmarks/large_presets.py
+if [ "$DEVICE" = cuda ]; then
+    part goals 590 python3 benchmarks/gpu_goals.py --out "$WORK/goals"
+else  # a dry run: the same parts on a model the CPU trains in seconds
+    part goals 590 python3 benchmarks/gpu_goals.py --device "$DEVICE" --model tiny --large "" --steps 4 --out "$WORK/goals"
+fi
 exit $status

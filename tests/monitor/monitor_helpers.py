@@ -10,21 +10,48 @@ from pathlib import Path
 
 from agent_helpers import wait_for
 
+# ``p2ptrain monitor`` that imports the package first (seconds on a loaded machine) and only then waits for a
+# bootstrap's address file (written atomically) to join through it
+_AWAITING = """
+import pathlib, sys, time
+from p2ptrain.cli import main
+path, deadline = pathlib.Path(sys.argv[1]), time.monotonic() + 120
+while not path.exists() and time.monotonic() < deadline:
+    time.sleep(0.05)
+if not path.exists():
+    sys.exit(f"no bootstrap address in {path} within 120 s")
+sys.argv = ["p2ptrain", "-v", "monitor", "--initial-peers", path.read_text().strip(), *sys.argv[2:]]
+main()
+"""
 
-def start_monitor(workdir: Path, maddrs: str, run: str, *args: str) -> tuple[subprocess.Popen, str]:
-    """``p2ptrain monitor`` on any free port, joined through ``maddrs``; (process, its page's URL)."""
+
+def start_monitor(workdir: Path, maddrs: str | Path, run: str, *args: str, wait: bool = True
+                  ) -> tuple[subprocess.Popen, str | None]:
+    """``p2ptrain monitor`` on any free port, joined through ``maddrs``; (process, its page's URL). ``maddrs`` a
+    path: the bootstrap's address file, which the monitor awaits after its imports, so that a monitor started
+    before a swarm reads it from its start however slowly the machine imports; without ``wait``, the URL is
+    None (``monitor_url`` waits for it)."""
     announce = workdir / "test-monitor.url"
+    flags = ["--run", run, "--port", "0", "--poll", "0.5", "--announce-file", str(announce), *args]
+    command = ([sys.executable, "-c", _AWAITING, str(maddrs), *flags] if isinstance(maddrs, Path) else
+               [sys.executable, "-m", "p2ptrain", "-v", "monitor", "--initial-peers", maddrs, *flags])
     with open(workdir / "test-monitor.log", "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "p2ptrain", "-v", "monitor", "--initial-peers", maddrs,
-                                 "--run", run, "--port", "0", "--poll", "0.5", "--announce-file", str(announce),
-                                 *args], stdout=subprocess.DEVNULL, stderr=log)
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log)
+    if not wait:
+        return proc, None
+    return proc, monitor_url(workdir, proc)
+
+
+def monitor_url(workdir: Path, proc: subprocess.Popen) -> str:
+    """The URL ``start_monitor``'s monitor announces, once it serves (120 s at most); stops it on failure."""
+    announce = workdir / "test-monitor.url"
     try:
         wait_for(lambda: announce.exists() or proc.poll() is not None, 120, "the monitor's URL")
         assert proc.poll() is None, (workdir / "test-monitor.log").read_text()[-3000:]
     except BaseException:
         stop_process(proc)
         raise
-    return proc, announce.read_text().strip()
+    return announce.read_text().strip()
 
 
 def stop_process(proc: subprocess.Popen, timeout_s: float = 60) -> int | None:

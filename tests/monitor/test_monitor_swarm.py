@@ -18,12 +18,13 @@ import psutil
 import pytest
 from agent_helpers import read_status, swarm_command, wait_for
 from browser import CHROMIUM, CHROMIUM_MISSING, Chromium
-from monitor_helpers import get, get_state, start_monitor, stop_process
+from monitor_helpers import get, get_state, monitor_url, start_monitor, stop_process
 
 from p2ptrain.config import config_from_dict
 from p2ptrain.runtime.config import TrainConfig
 
-pytestmark = pytest.mark.integration
+# one swarm for the whole module (its tests on one worker), which the test's monitor reads from its start
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("monitor-swarm")]
 
 RUN = "watched"
 STEPS = 12
@@ -33,15 +34,17 @@ STEPS = 12
 def watched_swarm(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("swarm")
     out, err = workdir / "swarm.out", workdir / "swarm.err"
-    with open(out, "wb") as stdout, open(err, "wb") as stderr:
-        swarm = subprocess.Popen(swarm_command(workdir, "--json", "--agents", "2", "--stages", "2", "--steps",
-                                               str(STEPS), "--scenario", "none", "--run", RUN, "--monitor"),
-                                 stdout=stdout, stderr=stderr)
-    monitor = None
+    # the test's monitor first: it imports, then awaits the swarm's bootstrap and joins as soon as it serves.
+    # Started after the bootstrap, its imports took 12 s on a loaded machine, and the swarm had trained and
+    # gone before it read anything (CI, 2026-11-30)
+    monitor, _ = start_monitor(workdir, workdir / "bootstrap.maddrs", RUN, wait=False)
+    swarm = None
     try:
-        maddrs = workdir / "bootstrap.maddrs"
-        wait_for(lambda: maddrs.exists() or swarm.poll() is not None, 120, "the swarm's bootstrap")
-        monitor, url = start_monitor(workdir, maddrs.read_text().strip(), RUN)
+        with open(out, "wb") as stdout, open(err, "wb") as stderr:
+            swarm = subprocess.Popen(swarm_command(workdir, "--json", "--agents", "2", "--stages", "2", "--steps",
+                                                   str(STEPS), "--scenario", "none", "--run", RUN, "--monitor"),
+                                     stdout=stdout, stderr=stderr)
+        url = monitor_url(workdir, monitor)
         # while the swarm runs, keep what its own monitor answers
         status = wait_for(lambda: (s := read_status(workdir)) and "monitor" in s and s or swarm.poll() is not None,
                           120, "the swarm's monitor in swarm.json")
@@ -58,9 +61,9 @@ def watched_swarm(tmp_path_factory):
         yield {"url": url, "code": code, "summary": summary, "stderr": err.read_text(), "status": status,
                "live": live, "workdir": workdir}
     finally:
-        if monitor is not None:
-            stop_process(monitor)
-        stop_process(swarm, 90)  # SIGTERM: the swarm stops every process it started
+        stop_process(monitor)
+        if swarm is not None:
+            stop_process(swarm, 90)  # SIGTERM: the swarm stops every process it started
 
 
 def agent_ids(summary: dict) -> list[str]:
