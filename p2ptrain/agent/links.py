@@ -17,8 +17,9 @@ compete with everything else, and on one machine the probes of a waiting swarm t
 Once every current peer's link is measured well enough, and at least ``links.access.min_peers`` are, the prober
 measures this agent's own line (``net.transport.access_probe``: several flows at once against each alone)
 over the fastest of them, unless told not to (``measure_access``: the agent turns it off when the line is
-declared or emulated). Again after ``links.access.refresh_s``, 30 s after a failure, or sooner when more peers
-came than the last measurement had (up to ``links.access.max_peers``). The first one goes before the row that
+declared or emulated). Again after ``links.access.refresh_s``; after ``links.access.retry_s`` when it failed, or
+when a direction not yet known came out disturbed (a busy moment; at most ``retries`` times in a row); or sooner
+when more peers came than the last measurement had (up to ``links.access.max_peers``). The first one goes before the row that
 covers every peer is published: the leader plans once every row covers the others, and should know our line
 by then. A direction it finds replaces the one
 known; an unknown one leaves it (it only says that this measurement could not tell). ``on_access`` gets the
@@ -49,7 +50,6 @@ from p2ptrain.net.transport.probe import LinkTable, measure_link
 logger = logging.getLogger(__name__)
 
 MIN_BANDWIDTH_GBPS = 1e-6  # 1 kbit/s: the least we publish (a record's bandwidth must be positive)
-ACCESS_RETRY_S = 30.0  # after a failed access measurement (a peer left mid-way), try again this much later
 
 
 class LinkProber:
@@ -73,6 +73,7 @@ class LinkProber:
         self.access: dict[Direction, float] = {}  # our line's capacities as measured, bytes/s (absent: unknown)
         self._access_next_s = float("-inf")  # when the line is due to be measured again (monotonic)
         self._access_peers = 0  # peers the last measurement had
+        self._access_retries = 0  # measurements in a row that left a direction not yet known disturbed
         self.access_measurements = 0  # measurements of our line that ended (a direction found or not)
         self._rng = rng or random.Random()
         self._peers: tuple[str, ...] = ()
@@ -204,8 +205,8 @@ class LinkProber:
                 if self._stopped:
                     return False
             logger.warning("measuring our access link failed (%s: %s); retrying in %.0f s", type(e).__name__, e,
-                           ACCESS_RETRY_S, exc_info=logger.isEnabledFor(logging.DEBUG))
-            self._access_next_s = time.monotonic() + ACCESS_RETRY_S
+                           self.config.access.retry_s, exc_info=logger.isEnabledFor(logging.DEBUG))
+            self._access_next_s = time.monotonic() + self.config.access.retry_s
             return True
         finally:
             with self._wake:
@@ -213,11 +214,19 @@ class LinkProber:
                 self._wake.notify_all()
         if found is None:  # paused or stopped midway: due again once resumed
             return True
-        self._access_next_s = time.monotonic() + self.config.access.refresh_s
         self._access_peers = min(len(paths), self.config.access.max_peers)
         self.access_measurements += 1
         known = dict(self.access)
         known.update({d: e.capacity_bytes_per_s for d, e in found.items() if e.capacity_bytes_per_s is not None})
+        disturbed = [d.value for d, e in found.items() if e.disturbed and d not in known]
+        if disturbed and self._access_retries < self.config.access.retries:  # a busy moment: not 10 minutes unknown
+            self._access_retries += 1
+            self._access_next_s = time.monotonic() + self.config.access.retry_s
+            logger.info("our %s came out disturbed; measuring again in %.0f s (%d of %d)", " and ".join(disturbed),
+                        self.config.access.retry_s, self._access_retries, self.config.access.retries)
+        else:
+            self._access_retries = 0
+            self._access_next_s = time.monotonic() + self.config.access.refresh_s
         if known != self.access:
             self.access = known
             logger.info("our access link as measured: %s", ", ".join(f"{d.value} {v * 8 / 1e6:.2f} Mbit/s"

@@ -88,6 +88,8 @@ class AccessConfig:
     disturbed_share: float = 0.5  # A under this share of the fastest single: disturbed, unknown
     deadline_s: float = 60.0  # both directions
     refresh_s: float = 600.0  # measured again after this long (the pair probes' refresh_s is shorter)
+    retry_s: float = 30.0  # ... or after this long when it failed, or a direction not yet known came out disturbed
+    retries: int = 3  # disturbed directions measured again at most this many times in a row, then at refresh_s
 
     def __post_init__(self):
         if not 2 <= self.min_peers <= self.max_peers:
@@ -102,14 +104,18 @@ class AccessConfig:
             raise ValueError("shared_share and disturbed_share must be shares in (0, 1)")
         if not self.deadline_s > 0 or self.refresh_s < 0:
             raise ValueError("deadline_s must be positive and refresh_s >= 0")
+        if not self.retry_s > 0 or self.retries < 0:
+            raise ValueError("retry_s must be positive and retries >= 0")
 
 
 @dataclass(frozen=True)
 class AccessEstimate:
-    """One direction of the line: its capacity (bytes/s), or None (unknown) with the reason."""
+    """One direction of the line: its capacity (bytes/s), or None (unknown) with the reason; ``disturbed``: unknown
+    because this measurement went wrong (a busy moment, a peer that failed it), not because of what it found."""
 
     capacity_bytes_per_s: float | None
     reason: str
+    disturbed: bool = False
 
     @property
     def gbps(self) -> float | None:
@@ -145,7 +151,7 @@ def estimate_access(
                                     f"rates alone, each flow {each:.0%} of its own")
     if aggregate < config.disturbed_share * fastest:
         return AccessEstimate(None, f"disturbed: the flows at once carried {aggregate / fastest:.0%} of the "
-                                    "fastest path alone")
+                                    "fastest path alone", disturbed=True)
     return AccessEstimate(max(aggregate, fastest), f"{flows} flows at once carried {share:.0%} of their rates alone")
 
 
@@ -219,7 +225,7 @@ class _Run:
             return await self.direction(direction)
         except ProtocolError as e:
             logger.warning("measuring our %s failed: %s; unknown until the next measurement", direction.value, e)
-            return AccessEstimate(None, f"failed: {e}")
+            return AccessEstimate(None, f"failed: {e}", disturbed=True)
 
     async def direction(self, direction: Direction) -> AccessEstimate:
         config = self.config
