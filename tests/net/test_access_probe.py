@@ -54,11 +54,12 @@ def test_without_a_shared_bottleneck_or_enough_peers_the_line_is_unknown():
     singles = [10 * MBIT] * 4
     no_bottleneck = estimate_access(singles, flows(singles), together(4, 0.55), CONFIG)  # 91 % of their rates alone
     assert no_bottleneck.capacity_bytes_per_s is None and "no shared bottleneck" in no_bottleneck.reason
+    assert not no_bottleneck.disturbed  # what the measurement found: measured again at refresh_s, not sooner
     one_peer = estimate_access([16 * MBIT], flows([16 * MBIT]), together(1, 0.5), CONFIG)  # one flow cannot tell line from path
     assert one_peer.capacity_bytes_per_s is None and one_peer.gbps is None
     assert estimate_access(singles, flows(singles), [], CONFIG).capacity_bytes_per_s is None
     disturbed = estimate_access([16 * MBIT] * 4, flows([16 * MBIT] * 4), together(4, 6.0, 7.0), CONFIG)  # slower than one path
-    assert disturbed.capacity_bytes_per_s is None and "disturbed" in disturbed.reason
+    assert disturbed.capacity_bytes_per_s is None and "disturbed" in disturbed.reason and disturbed.disturbed
 
 
 def test_flows_cut_short_by_the_budget_are_judged_by_when_the_slowest_alone_would_end():
@@ -74,7 +75,7 @@ def test_one_flow_slowed_for_a_moment_is_no_shared_line():
     # where the line was reported at 20 Mbit/s); each flow's own pace says it was one flow, not the line
     singles = [10 * MBIT] * 3
     slowed = estimate_access(singles, flows(singles), [[0.5, 0.51, 0.735], [0.74, 0.5, 0.5]], CONFIG)
-    assert slowed.capacity_bytes_per_s is None and "no shared bottleneck" in slowed.reason, slowed.reason
+    assert slowed.capacity_bytes_per_s is None and slowed.disturbed, slowed.reason  # measured again soon
     # a line they do share slows every flow alike: still found, however one try went
     line = estimate_access(singles, flows(singles), [[1.0, 1.02, 1.05], [0.98, 1.1, 1.0]], CONFIG)
     assert line.capacity_bytes_per_s == pytest.approx(sum(flows(singles)) / 1.05)

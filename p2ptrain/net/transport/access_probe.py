@@ -23,7 +23,7 @@ several run at once. For each direction, over the k fastest peers by their pair 
    Σ n_i / D₀, and with three flows or more each flow too kept little of its own pace alone (the mean over
    the flows of (n_i / b_i) / delay_i, in the try where it is highest, at most ``per_flow_limit``: a line they
    share slows every flow, while a moment's disturbance of one flow — another process on a busy CPU — slows
-   that one and, through D, A; two flows cannot tell the two apart), the
+   that one and, through D, A: *disturbed*, unknown; two flows cannot tell the two apart), the
    flows queued in something they share: not the peers' lines (each carries one flow, and its
    single b_i already had it) but ours; the line carried A with the flows keeping it busy, and each b_i
    alone, so its capacity is max(A, max b_i). Fewer than ``min_peers`` peers, or an A below
@@ -146,9 +146,12 @@ def estimate_access(
     each = max(statistics.fmean(a / max(d, MIN_SERIAL_S) for a, d in zip(alone, delays, strict=True))
                for delays in flows_s)
     flows = len(singles_bytes_per_s)
-    if share > config.shared_share or each > per_flow_limit(flows, config.shared_share):
+    if share > config.shared_share:
         return AccessEstimate(None, f"no shared bottleneck: {flows} flows at once carried {share:.0%} of their "
                                     f"rates alone, each flow {each:.0%} of its own")
+    if each > per_flow_limit(flows, config.shared_share):  # the slowest flow held back, the others at their pace
+        return AccessEstimate(None, f"disturbed: {flows} flows at once carried {share:.0%} of their rates alone, "
+                                    f"but each flow {each:.0%} of its own", disturbed=True)
     if aggregate < config.disturbed_share * fastest:
         return AccessEstimate(None, f"disturbed: the flows at once carried {aggregate / fastest:.0%} of the "
                                     "fastest path alone", disturbed=True)
