@@ -5,7 +5,9 @@ how to build any of them from nested mappings, so that a TOML file maps one-to-o
 
     cfg = config_from_dict(AgentConfig, tomllib.load(f))
 
-Every timeout is a field whose name carries its unit (``*_s``).
+Every timeout is a field whose name carries its unit (``*_s``). A key that a command-line flag sets says
+what the flag says next to its field (``option``: help, bounds, choices); ``p2ptrain.cli.config_options``
+makes the flags and docs/design.md's option tables from it.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ import sys
 import types
 import typing
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from p2ptrain.errors import ConfigError
 
@@ -26,6 +29,49 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 T = TypeVar("T")
+
+HELP = "p2ptrain.help"  # the field metadata key of a ``KeyHelp``
+
+
+@dataclass(frozen=True)
+class KeyHelp:
+    """What a key says where a command-line flag sets it, and in docs/design.md's option tables: ``help``,
+    the bounds of a number, the choices of a string, whether it names a file or a folder, and its default in
+    words (``default_text``) where the value alone would mislead (None: the value, if any)."""
+
+    help: str
+    min: float | None = None
+    max: float | None = None
+    min_open: bool = False
+    max_open: bool = False
+    choices: tuple[str, ...] | None = None
+    path: Literal["file", "dir"] | None = None
+    default_text: str | None = None
+
+
+def option(default: Any, help: str, **kwargs: Any) -> Any:
+    """A dataclass field with ``default`` whose flag says ``help`` (and ``KeyHelp``'s other fields, by keyword),
+    e.g. ``steps: int = option(10, "Optimizer steps.", min=1)``."""
+    if kwargs.get("choices") is not None:
+        kwargs["choices"] = tuple(kwargs["choices"])
+    return dataclasses.field(default=default, metadata={HELP: KeyHelp(help, **kwargs)})
+
+
+def option_like(cls: type, name: str, default: Any, **changes: Any) -> Any:
+    """A field that means what key ``name`` of dataclass ``cls`` means (its ``KeyHelp``, with ``changes``), with
+    its own ``default``."""
+    found = key_help(cls, name)
+    if found is None:
+        raise TypeError(f"{cls.__name__}.{name} has no option() to be like")
+    return dataclasses.field(default=default, metadata={HELP: dataclasses.replace(found, **changes)})
+
+
+def key_help(cls: type, name: str) -> KeyHelp | None:
+    """The ``KeyHelp`` of key ``name`` of dataclass ``cls`` (None: it has none)."""
+    for f in dataclasses.fields(cls):
+        if f.name == name:
+            return f.metadata.get(HELP)
+    raise KeyError(f"{cls.__name__} has no key {name!r}")
 
 
 def config_from_dict(cls: type[T], data: Mapping[str, Any], where: str = "") -> T:

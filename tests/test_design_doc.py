@@ -17,7 +17,9 @@ a line of that section must match (a table row, usually). What is enumerated:
 * every command, subcommand, option and argument of the ``p2ptrain`` click group;
 * every event an agent writes (``….events.write("kind", field=…)``, directly or through a helper that takes
   the kind as a parameter) and each of its fields;
-* every key of the plan document (``p2ptrain plan --json``) and of the cluster file.
+* every key of the plan document (``p2ptrain plan --json``) and of the cluster file;
+* the option tables of ``p2ptrain train``, ``swarm`` and ``agent``, which must equal the ones rendered from
+  their flags (``p2ptrain.cli.doc_tables``; ``python -m p2ptrain.cli.doc_tables --write`` rewrites them).
 
 A failure names what is missing and says to document it in docs/design.md. The tests at the end feed a copy
 of the page with one item of each kind removed and check that the item is reported, so the check can fail.
@@ -509,3 +511,28 @@ def test_a_missing_section_is_reported():
 def test_a_section_ends_at_the_next_heading_of_its_level():
     doc = "## A\n| `a` |\n### A.1\n| `b` |\n## B\n| `c` |\n"
     assert missing(doc, [Expect("x", "b", "A", row("b")), Expect("x", "c", "A", row("c"))]) == ["c: not in the section 'A'"]
+
+
+# --- the option tables made from the flags --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["train", "swarm", "agent"])
+def test_the_option_tables_are_the_ones_rendered_from_the_flags(command):
+    from p2ptrain.cli.doc_tables import render, table_on_page
+
+    assert table_on_page(read_doc(), command) == render(command), (
+        f"docs/design.md's option table of p2ptrain {command} differs from its flags (their help lives next to "
+        "their config keys): run python -m p2ptrain.cli.doc_tables --write")
+
+
+def test_a_stale_option_table_is_reported_and_rewritten(tmp_path):
+    from p2ptrain.cli import doc_tables
+
+    page = read_doc()
+    row = "| `--steps` | `steps` | `10` | Optimizer steps. |"
+    assert row in page
+    path = tmp_path / "design.md"
+    path.write_text(page.replace(row, row.replace("`10`", "`11`")))
+    assert doc_tables.main(["--doc", str(path)]) == 1
+    assert doc_tables.main(["--doc", str(path), "--write"]) == 0
+    assert path.read_text() == page

@@ -27,6 +27,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Literal
 
+from p2ptrain.config import option
 from p2ptrain.errors import ConfigError
 from p2ptrain.net.dht.keys import check_run_id
 from p2ptrain.net.dht.node import DHTConfig
@@ -52,9 +53,10 @@ class MembershipConfig:
     they stay in the run without a stage and leave when the trainers are done.
     """
 
-    expect: int | None = None  # plan as soon as this many peers are live
-    join_deadline_s: float | None = None  # ... or this long after start, with at least min_peers live
-    min_peers: int = 1
+    expect: int | None = option(None, "Plan once this many peers are live.", min=1)
+    join_deadline_s: float | None = option(  # ... or this long after start, with at least min_peers live
+        None, "... or this many seconds after start, with at least --min-peers live.", min=0, min_open=True)
+    min_peers: int = option(1, "Fewest peers to plan with at the join deadline.", min=1)
     links_timeout_s: float = 120.0  # leader: wait this long for complete link rows, then plan with what it has
     plan_timeout_s: float = 900.0  # follower: give up if no plan for the live membership comes within this
     poll_s: float = 1.0  # how often to read the run's records while waiting
@@ -87,7 +89,7 @@ class MembershipConfig:
 class PlanConfig:
     """How the leader assigns stages: the scheduler, or a baseline for comparison."""
 
-    strategy: Strategy = "scheduled"
+    strategy: Strategy = option("scheduled", "The leader's strategy (baselines for comparison).")
     seed: int = 0  # the scheduler's and the random baseline's seed
     time_budget_s: float = 60.0  # the scheduler's search budget
     # what plans are scored by: the paper's communication cost, or the runtime's simulated step time (every
@@ -324,10 +326,12 @@ class ProfileConfig:
 
 @dataclass(frozen=True)
 class AgentConfig:
-    run: str = "demo"
-    initial_peers: tuple[str, ...] = ()  # e.g. the bootstrap's line (full multiaddrs with /p2p/)
-    region: str = ""  # free text shown in plans (e.g. "Frankfurt"); an emulated device's region wins
-    events_file: str | None = None  # append one JSON line per event (the local swarm reads it)
+    run: str = option("demo", "Run name shared by every agent of the run.")
+    initial_peers: tuple[str, ...] = option((), "The bootstrap's address line (full multiaddrs with /p2p/).")
+    # free text shown in plans (e.g. "Frankfurt"); an emulated device's region wins
+    region: str = option("", "Where this device is (free text shown in plans).")
+    # append one JSON line per event (the local swarm reads it)
+    events_file: str | None = option(None, "Append one JSON line per event here.", path="file")
     train: TrainConfig = field(default_factory=TrainConfig)
     membership: MembershipConfig = field(default_factory=lambda: MembershipConfig(expect=1))
     plan: PlanConfig = field(default_factory=PlanConfig)

@@ -4,8 +4,10 @@ Each subcommand lives in its own module ``p2ptrain/cli/<name>.py`` exposing ``co
 modules are imported only when their command runs, so ``p2ptrain plan`` never imports torch or hivemind.
 Commands only parse flags, build a config and call one library function: ``plan``, ``data``, ``train``,
 ``bootstrap``, ``agent``, ``token``, ``swarm``, ``export``, ``generate``, ``monitor`` and ``bench``, each the
-command of its name; ``optimizer_options`` (the optimizer and synchronisation flags three commands share) and
-``stage_count`` (the ``--stages S|auto`` type) are shared parts.
+command of its name; ``config_options`` (the flags of ``train``, ``swarm`` and ``agent``, made from the config
+keys they set: one ``OptionTable`` per command), ``optimizer_options`` (the optimizer and synchronisation flags
+those three share) and ``stage_count`` (the ``--stages S|auto`` type) are shared parts; ``doc_tables`` renders
+the three commands' option tables into docs/design.md (``python -m p2ptrain.cli.doc_tables --write``).
 
 Bad user input (a ``ValueError`` from the library, or a click usage error) ends with one line on stderr
 and exit code 2, never a traceback.

@@ -27,23 +27,38 @@ import os
 
 import click
 
-from p2ptrain.cli.optimizer_options import (
-    INIT_FROM_HELP,
-    RECIPES_HELP,
-    SYNC_NAMES,
-    diloco_flags,
-    optimizer_flags,
-    optimizer_options,
-    sync_options,
-)
-from p2ptrain.cli.optimizer_options import NAMES as OPTIMIZER_NAMES
-from p2ptrain.planning.model_shapes import MODEL_PRESETS
-from p2ptrain.runtime.wire import WIRE_FORMATS
+from p2ptrain.cli.config_options import Flag, OptionTable, merge
+from p2ptrain.cli.optimizer_options import RECIPES_HELP, optimizer_flags, sync_flags
+from p2ptrain.runtime.config import TrainConfig
 
-# the flags whose keyword is not their TrainConfig key (the others are the key itself), and the ones that go
-# to [optimizer] and [train.diloco] (``optimizer_options``) rather than to TrainConfig's top level
-TRAIN_KEYS = {"batch_size": "global_batch_size", "threads": "num_threads", "checkpointing": "activation_checkpointing"}
-NOT_TRAIN_KEYS = set(OPTIMIZER_NAMES) | set(SYNC_NAMES)
+OPTIONS = OptionTable(TrainConfig, [
+    Flag("--config", param="config_path", type=click.Path(dir_okay=False), help="TOML file of TrainConfig keys."),
+    "model", "steps", Flag("--batch-size", "global_batch_size"), "micro_batches", "seq_len",
+    *optimizer_flags(),
+    "init_from", "seed", "data", "device", Flag("--threads", "num_threads"), "precision", "activation_checkpointing",
+    "compile", "eval_every",
+    Flag("--save", param="save_dir", type=click.Path(file_okay=False),
+         help="Single-process: write the trained model as a checkpoint here (for export, generate)."),
+    "wire", "schedule", "overlap",
+    Flag(None, "stages", type=click.IntRange(min=1), help="Pipeline stages (distributed runtime)."),
+    "replicas",
+    *sync_flags(),
+    Flag("--simulate-replicas", type=click.IntRange(min=1),
+         help="Train in this one process as D replicas would (the reference of --replicas D; with --sync diloco, D "
+              "models trained one after another)."),
+    Flag("--plan", param="plan_path", type=click.Path(dir_okay=False),
+         help="A plan JSON (p2ptrain plan --json): its stages, replicas and which device holds what."),
+    Flag("--cluster", param="cluster_path", type=click.Path(dir_okay=False),
+         help="With --plan: emulate this cluster file's links between the workers."),
+    Flag("--scenario", help="With --plan: emulate this paper network's links (scaled to the plan's devices)."),
+    Flag("--time-scale", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+         help="Emulation: the network's seconds x this (alpha' = alpha x scale, beta' = beta x size factor / scale)."),
+    Flag("--size-factor", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+         help="Emulation: this run's bytes per message over the network's (see docs/design.md)."),
+    Flag("--workdir", type=click.Path(file_okay=False), default_text="a temporary dir",
+         help="With --stages/--replicas: keep worker specs, logs and progress files here."),
+    Flag("--json", param="as_json", is_flag=True, help="Print one JSON document on stdout."),
+])
 
 
 @click.command(
@@ -52,91 +67,15 @@ NOT_TRAIN_KEYS = set(OPTIMIZER_NAMES) | set(SYNC_NAMES)
     "reference every plan must reproduce. Flags override --config, which overrides the defaults.",
     epilog=RECIPES_HELP,
 )
-@click.option(
-    "--config", "config_path", type=click.Path(dir_okay=False), help="TOML file of TrainConfig keys."
-)
-@click.option("--model", type=click.Choice(list(MODEL_PRESETS)), help="Model preset.  [default: tiny]")
-@click.option("--steps", type=click.IntRange(min=1), help="Optimizer steps.  [default: 10]")
-@click.option("--batch-size", type=click.IntRange(min=1), help="Global batch, in sequences.  [default: 16]")
-@click.option("--micro-batches", type=click.IntRange(min=1), help="Micro-batches per replica.  [default: 2]")
-@click.option("--seq-len", type=click.IntRange(min=1), help="Tokens per sequence.  [default: the preset's]")
-@optimizer_options
-@click.option("--init-from", type=click.Path(file_okay=False), help=INIT_FROM_HELP)
-@click.option("--seed", type=click.IntRange(min=0), help="Seed of parameters and batches.  [default: 0]")
-@click.option(
-    "--data", type=str, help="A UTF-8 text file or a folder of .txt files.  [default: built-in corpus]"
-)
-@click.option("--device", type=click.Choice(["cpu", "cuda", "auto"]), help="Where to train.  [default: auto]")
-@click.option("--threads", type=click.IntRange(min=1), help="CPU threads for torch.  [default: torch's]")
-@click.option("--precision", type=click.Choice(["fp32", "bf16", "fp16"]),
-              help="Compute precision (autocast; fp32 master weights; fp32 is exact).  [default: fp32]")
-@click.option("--activation-checkpointing/--no-activation-checkpointing", "checkpointing", default=None,
-              help="Recompute block activations in backward (less memory).  [default: off]")
-@click.option("--compile/--no-compile", default=None,
-              help="torch.compile each transformer block (not bit for bit eager; seconds to compile).  "
-                   "[default: off]")
-@click.option("--eval-every", type=click.IntRange(min=0),
-              help="Validation loss every this many steps and at the end (a prepared dataset).  [default: 0]")
-@click.option("--save", "save_dir", type=click.Path(file_okay=False),
-              help="Single-process: write the trained model as a checkpoint here (for export, generate).")
-@click.option("--wire", type=click.Choice(list(WIRE_FORMATS)),
-              help="How tensors travel between workers (fp32 is exact).  [default: fp32]")
-@click.option("--schedule", type=click.Choice(["gpipe", "1f1b"]), help="Pipeline schedule.  [default: gpipe]")
-@click.option("--overlap/--no-overlap", default=None,
-              help="All-reduce gradient buckets during the last backward.  [default: overlap]")
-@click.option(
-    "--stages", type=click.IntRange(min=1), help="Pipeline stages (distributed runtime).  [default: 1]"
-)
-@click.option(
-    "--replicas", type=click.IntRange(min=1), help="Replicas per stage (distributed runtime).  [default: 1]"
-)
-@sync_options
-@click.option("--simulate-replicas", type=click.IntRange(min=1),
-              help="Train in this one process as D replicas would (the reference of --replicas D; with --sync "
-                   "diloco, D models trained one after another).")
-@click.option(
-    "--plan",
-    "plan_path",
-    type=click.Path(dir_okay=False),
-    help="A plan JSON (p2ptrain plan --json): its stages, replicas and which device holds what.",
-)
-@click.option(
-    "--cluster",
-    "cluster_path",
-    type=click.Path(dir_okay=False),
-    help="With --plan: emulate this cluster file's links between the workers.",
-)
-@click.option("--scenario", help="With --plan: emulate this paper network's links (scaled to the plan's devices).")
-@click.option(
-    "--time-scale",
-    type=click.FloatRange(min=0, min_open=True),
-    default=1.0,
-    show_default=True,
-    help="Emulation: the network's seconds x this (alpha' = alpha x scale, beta' = beta x size factor / scale).",
-)
-@click.option(
-    "--size-factor",
-    type=click.FloatRange(min=0, min_open=True),
-    default=1.0,
-    show_default=True,
-    help="Emulation: this run's bytes per message over the network's (see docs/design.md).",
-)
-@click.option(
-    "--workdir",
-    type=click.Path(file_okay=False),
-    help="With --stages/--replicas: keep worker specs, logs and progress files here.  [default: a temporary dir]",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+@OPTIONS.add
 def command(config_path: str | None, plan_path: str | None, cluster_path: str | None, scenario: str | None,
             time_scale: float, size_factor: float, workdir: str | None, save_dir: str | None,
-            simulate_replicas: int | None, as_json: bool, **flags: object) -> None:
+            simulate_replicas: int | None, as_json: bool, **params: object) -> None:
     from p2ptrain.config import config_from_dict, read_toml
-    from p2ptrain.runtime.config import TrainConfig
 
     tree = read_toml(config_path) if config_path else {}
-    overrides = {TRAIN_KEYS.get(name, name): value for name, value in flags.items()
-                 if value is not None and name not in NOT_TRAIN_KEYS}
-    stages, replicas = flags["stages"], flags["replicas"]
+    flags = OPTIONS.tree(params)  # the keys the flags set
+    stages, replicas = params["stages"], params["replicas"]
     links = None
     if plan_path is not None:
         from p2ptrain.runtime.plan_file import load_plan_file
@@ -145,19 +84,16 @@ def command(config_path: str | None, plan_path: str | None, cluster_path: str | 
         for name, value in (("stages", stages), ("replicas", replicas)):
             if value is not None and value != getattr(plan, name):
                 raise ValueError(f"--{name} {value} disagrees with the plan's {getattr(plan, name)} {name}")
-        overrides.update(stages=plan.stages, replicas=plan.replicas, layers=plan.layers)
+        flags.update(stages=plan.stages, replicas=plan.replicas, layers=plan.layers)
         links = _emulated_links(plan, cluster_path, scenario, time_scale, size_factor)
     elif cluster_path is not None or scenario is not None:
         raise ValueError("--cluster and --scenario go with --plan (which device each worker plays)")
-    # one tree, validated once: the preset's recipe fills what the file and the flags leave out of [optimizer]
-    optimizer, diloco = optimizer_flags(flags), diloco_flags(flags)
     if simulate_replicas is not None:
         if replicas is not None or stages is not None or plan_path is not None:
             raise ValueError("--simulate-replicas trains in one process: leave out --stages, --replicas and --plan")
-        overrides["replicas"] = simulate_replicas
-    tree = {**tree, **overrides, "optimizer": {**tree.get("optimizer", {}), **optimizer},
-            "diloco": {**tree.get("diloco", {}), **diloco}}
-    cfg = config_from_dict(TrainConfig, tree)  # a ConfigError is one line, exit 2
+        flags["replicas"] = simulate_replicas
+    # one tree, validated once: the preset's recipe fills what the file and the flags leave out of [optimizer]
+    cfg = config_from_dict(TrainConfig, merge(tree, flags))  # a ConfigError is one line, exit 2
     if cfg.stages_auto:
         raise ValueError('stages = "auto" is for agents (the run\'s leader chooses); p2ptrain train needs a number '
                          "of stages (--stages)")

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from p2ptrain.config import option
 from p2ptrain.model.hyperparams import SHORT_RUN_WARMUP, recipe
 from p2ptrain.model.lr_schedule import SCHEDULE_KINDS, lr_at
 from p2ptrain.model.precision import ScaledAdamW
@@ -29,19 +30,28 @@ class OptimizerConfig:
     """AdamW hyper-parameters (TOML table ``[optimizer]``). A key left out (None) is the model preset's recipe
     (``model.hyperparams``), filled in when the run's ``TrainConfig`` is made (``for_model``)."""
 
-    lr: float | None = None  # the peak learning rate
+    lr: float | None = option(None, "Peak AdamW learning rate.", min=0, min_open=True,
+                              default_text="the preset's")  # the peak learning rate
     beta1: float | None = None
     beta2: float | None = None
     eps: float | None = None
     weight_decay: float | None = None  # on matrices and embeddings; biases and norm gains never decay
-    lr_schedule: str | None = None  # constant, cosine, linear or wsd (``p2ptrain.model.lr_schedule``)
-    warmup_steps: int | None = None  # linear warm-up over this many first updates (None: warmup_fraction of the run)
+    lr_schedule: str | None = option(  # constant, cosine, linear or wsd (``p2ptrain.model.lr_schedule``)
+        None, "Learning-rate schedule after the warm-up (p2ptrain.model.lr_schedule).", choices=SCHEDULE_KINDS,
+        default_text="the preset's, cosine")
+    # linear warm-up over this many first updates (None: warmup_fraction of the run)
+    warmup_steps: int | None = option(None, "Linear warm-up updates.", min=0,
+                                      default_text="the preset's share of the run")
     warmup_fraction: float | None = None  # the warm-up as a share of the run's steps, when warmup_steps is None
     warmup_floor_steps: int | None = None  # ... and at least this many updates, or SHORT_RUN_WARMUP of a shorter run
-    min_lr: float | None = None  # the floor the decaying schedules reach at the run's end (None: min_lr_ratio · lr)
+    # the floor the decaying schedules reach at the run's end (None: min_lr_ratio · lr)
+    min_lr: float | None = option(None, "The floor cosine, linear and wsd decay to.", min=0,
+                                  default_text="a tenth of the peak")
     min_lr_ratio: float | None = None  # the floor as a share of lr, when min_lr is None
     decay_fraction: float | None = None  # wsd: the share of the run's steps over which it decays
-    clip: float | None = None  # clip the gradients to this global 2-norm before each update (0: no clipping)
+    # clip the gradients to this global 2-norm before each update (0: no clipping)
+    clip: float | None = option(None, "Clip the gradients' global norm over all stages to this (0: off).", min=0,
+                                default_text="1.0")
 
     def __post_init__(self) -> None:
         if self.lr_schedule is not None and self.lr_schedule not in SCHEDULE_KINDS:

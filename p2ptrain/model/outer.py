@@ -65,6 +65,8 @@ from dataclasses import dataclass
 
 import torch
 
+from p2ptrain.config import option
+
 SYNC_MODES = ("every-step", "diloco")
 
 
@@ -77,19 +79,23 @@ class DiLoCoConfig:
     # replicas' plain average (outer lr 1, no momentum) beats DiLoCo's 0.7 / 0.9 (+2.3 % against +4.5 % with
     # momentum 0.5, one seed; at H 25 every choice measured +3.7 … +4.9 %). DiLoCo's own, for H in the hundreds
     # at scale: inner_steps 500, outer_lr 0.7, outer_momentum 0.9.
-    inner_steps: int = 5  # H: inner updates per round
-    outer_lr: float = 1.0
-    outer_momentum: float = 0.0
+    inner_steps: int = option(5, "DiLoCo: inner steps per round (H).", min=1)  # H: inner updates per round
+    outer_lr: float = option(1.0, "DiLoCo: the outer Nesterov step's learning rate.", min=0, min_open=True)
+    outer_momentum: float = option(0.0, "DiLoCo: the outer momentum.", min=0, max=1, max_open=True)
     nesterov: bool = True
     # the round's all-reduce overlapped with the next round (Streaming DiLoCo's overlap, DiLoCoX's one-step delay):
     # round r's mean pseudo-gradient is applied at round r + 1's end ("Delayed outer step" above)
-    overlap: bool = False
+    overlap: bool = option(False, "DiLoCo: run each round's all-reduce beside the next round, each replica starting "
+                                  "it from its own outer step (p2ptrain.model.outer).")
     # with ``overlap``: how many steps of the next round the all-reduce has before its mean corrects the replicas
     # (Streaming DiLoCo's τ); 0: the whole round (H)
-    overlap_steps: int = 0
+    overlap_steps: int = option(0, "DiLoCo with --outer-overlap: the steps of the next round the all-reduce runs "
+                                   "beside before its mean corrects the replicas (0: the whole round).", min=0)
     # Streaming DiLoCo's fragments: the parameters split into this many (block i in fragment i mod F), each with
     # rounds of H staggered by H / F steps, so a round's all-reduce carries 1/F of the parameters ("Fragments")
-    fragments: int = 1
+    fragments: int = option(1, "DiLoCo: split the parameters into this many fragments (block i in i mod F) whose "
+                               "rounds are staggered by H / F steps, each all-reduce carrying 1/F of them (Streaming "
+                               "DiLoCo).", min=1)
 
     def __post_init__(self) -> None:
         if isinstance(self.inner_steps, bool) or not isinstance(self.inner_steps, int) or self.inner_steps < 1:

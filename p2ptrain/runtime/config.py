@@ -48,11 +48,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
+from p2ptrain.config import option
 from p2ptrain.model.data import check_split, data_vocab_size
 from p2ptrain.model.optim import OptimizerConfig
 from p2ptrain.model.outer import EVERY_STEP, SYNC_MODES, DiLoCoConfig, Rounds
 from p2ptrain.model.stage import stage_layer_range
-from p2ptrain.planning.model_shapes import ModelShape, model_shape
+from p2ptrain.planning.model_shapes import MODEL_PRESETS, ModelShape, model_shape
 from p2ptrain.planning.split import check_layers
 from p2ptrain.runtime.schedule import SCHEDULES, ScheduleName
 from p2ptrain.runtime.wire import WIRE_FORMATS, WireName
@@ -67,35 +68,52 @@ AUTO_STAGES = "auto"  # ``TrainConfig.stages``: the leader chooses S (agents onl
 class TrainConfig:
     """What to train, on what data, for how long, and how each step's global batch is split."""
 
-    model: str = "tiny"  # preset name in p2ptrain.planning.model_shapes.MODEL_PRESETS
-    steps: int = 10  # optimizer updates
-    global_batch_size: int = 16  # sequences per step, over all replicas
-    micro_batches: int = 2  # per replica per step (M)
-    seq_len: int | None = None  # tokens per sequence; None: the preset's
-    seed: int = 0  # parameters are drawn from (seed, name); batches from (seed, step)
-    data: str | None = None  # a UTF-8 text file, a folder of .txt, or a prepared dataset; None: the built-in corpus
+    model: str = option("tiny", "Model preset.", choices=MODEL_PRESETS)  # a name of planning.model_shapes.MODEL_PRESETS
+    steps: int = option(10, "Optimizer steps.", min=1)  # optimizer updates
+    global_batch_size: int = option(16, "Global batch, in sequences.", min=1)  # over all replicas
+    micro_batches: int = option(2, "Micro-batches per replica.", min=1)  # per replica per step (M)
+    seq_len: int | None = option(None, "Tokens per sequence.", min=1, default_text="the preset's")
+    # parameters are drawn from (seed, name); batches from (seed, step)
+    seed: int = option(0, "Seed of parameters and batches.", min=0)
+    # a UTF-8 text file, a folder of .txt, or a prepared dataset; None: the built-in corpus
+    data: str | None = option(None, "A UTF-8 text file or a folder of .txt files.", default_text="built-in corpus")
     vocab_size: int | None = None  # None: a prepared dataset's tokenizer's, else the preset's
-    device: Device = "auto"  # "auto": cuda if available, else cpu
-    num_threads: int | None = None  # torch intra-op CPU threads; None: torch's default
+    device: Device = option("auto", "Where to train.")  # "auto": cuda if available, else cpu
+    # torch intra-op CPU threads; None: torch's default
+    num_threads: int | None = option(None, "CPU threads for torch.", min=1, default_text="torch's")
     deterministic: bool = True  # torch.use_deterministic_algorithms while training (warn-only)
-    stages: int | Literal["auto"] = 1  # pipeline stages (S); 1 with replicas 1: plain single-process training
+    # pipeline stages (S); 1 with replicas 1: plain single-process training
+    stages: int | Literal["auto"] = option(
+        1, "Pipeline stages; auto: the leader of the run's first plan chooses (within [train] min_stages .. "
+        "max_stages), every later plan keeps it.")
     min_stages: int = 1  # with stages = "auto": the fewest stages the leader may choose
     max_stages: int | None = None  # ... and the most; None: the model's blocks
-    replicas: int = 1  # data-parallel replicas per stage (D)
+    # data-parallel replicas per stage (D)
+    replicas: int = option(1, "Replicas per stage (distributed runtime).", min=1)
     layers: tuple[tuple[int, int], ...] | None = None  # the plan's split: stage j holds blocks [a, b); None: even
-    precision: Precision = "fp32"  # fp32 (exact), bf16 or fp16 (autocast; fp16 with loss scaling)
-    activation_checkpointing: bool = False  # recompute block activations in backward (saves memory)
-    compile: bool = False  # torch.compile each block (p2ptrain.model.compiled); not bit for bit eager's
-    eval_every: int = 0  # validation loss every this many steps and after the last (0: never)
+    # fp32 (exact), bf16 or fp16 (autocast; fp16 with loss scaling)
+    precision: Precision = option("fp32", "Compute precision (autocast; fp32 master weights; fp32 is exact).")
+    activation_checkpointing: bool = option(False, "Recompute block activations in backward (less memory).")
+    # torch.compile each block (p2ptrain.model.compiled); not bit for bit eager's
+    compile: bool = option(False, "torch.compile each transformer block (not bit for bit eager; seconds to compile).")
+    # validation loss every this many steps and after the last (0: never)
+    eval_every: int = option(0, "Validation loss every this many steps and at the end (a prepared dataset).", min=0)
     eval_batches: int = 4  # validation batches of global_batch_size sequences each
-    wire: WireName = "fp32"  # how tensors travel between workers (p2ptrain.runtime.wire); fp32 is exact
-    schedule: ScheduleName = "gpipe"  # pipeline schedule: gpipe or 1f1b (p2ptrain.runtime.schedule)
-    overlap: bool = True  # start each gradient bucket's all-reduce during the last backward (exact either way)
+    # how tensors travel between workers (p2ptrain.runtime.wire); fp32 is exact
+    wire: WireName = option("fp32", "How tensors travel between workers (fp32 is exact).")
+    schedule: ScheduleName = option("gpipe", "Pipeline schedule.")  # gpipe or 1f1b (p2ptrain.runtime.schedule)
+    # start each gradient bucket's all-reduce during the last backward (exact either way)
+    overlap: bool = option(True, "All-reduce gradient buckets during the last backward.")
     bucket_elements: int = 1 << 18  # gradient elements per all-reduce bucket (1 MiB of fp32)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)  # unsaid keys: the preset's recipe
-    sync: SyncMode = "every-step"  # data-parallel sync: every step, or DiLoCo rounds ([diloco], model.outer)
+    # data-parallel sync: every step, or DiLoCo rounds ([diloco], model.outer)
+    sync: SyncMode = option("every-step", "Data-parallel synchronisation: every step, or DiLoCo rounds "
+                            "(p2ptrain.model.outer).")
     diloco: DiLoCoConfig = field(default_factory=DiLoCoConfig)  # the outer loop, with sync = "diloco"
-    init_from: str | None = None  # start from these weights: a Hugging Face folder or a p2ptrain checkpoint
+    init_from: str | None = option(  # start from these weights: a Hugging Face folder or a p2ptrain checkpoint
+        None, "Start from these weights: a Hugging Face folder (GPT2LMHeadModel or LlamaForCausalLM safetensors and "
+        "config.json) or a p2ptrain checkpoint of any shape of the preset's family (the preset gives the recipe).",
+        path="dir", default_text="drawn from --seed")
     activation: str | None = None  # None: the preset's, or init_from's (gpt: gelu or gelu_new)
 
     def __post_init__(self) -> None:
