@@ -197,10 +197,12 @@ async def _security_headers(request: web.Request, handler: Callable[..., Any]) -
 
 
 def serve_monitor(config: MonitorConfig, stop: StopSignal, on_ready: Callable[[str], None]) -> None:
-    """Join the run's DHT, serve the page until ``stop`` is set; ``on_ready(url)`` once it answers."""
+    """Join the run's DHT (tried again while none of the initial peers answers, within the DHT's
+    ``startup_timeout_s``, as an agent does: ``SwarmDHT.join``), serve the page until ``stop`` is set;
+    ``on_ready(url)`` once it answers."""
     from p2ptrain.net.dht.bootstrap import write_atomically
 
-    with SwarmDHT(config.run, config.dht) as dht:
+    with SwarmDHT.join(config.run, config.dht, stopped=stop.is_set) as dht:
         logger.info("monitor peer %s reading run %r", dht.peer_id, config.run)
         app = MonitorApp(config, lambda: read_snapshot(dht))
         announce = Path(config.announce_file) if config.announce_file else None
