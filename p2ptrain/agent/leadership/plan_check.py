@@ -130,7 +130,8 @@ def cost_check(plan: PlanRecord, peers: Mapping[str, PeerRecord], rows: Mapping[
     train with; a plan that departs from them is refused); ``workload_for(cluster, trainers, peers, train)`` gives the workload both
     are scored with. ``train.stages`` is the run's S (``run_stages.at_stages``: the plan's, for an auto run
     whose gate accepted its S). With ``proven`` (who has shown work, ``Standing.proven``) our own plan keeps the
-peers on probation company (``plan_maker.with_company``); and the pairs the plan keeps apart (``PlanRecord.apart``,
+peers on probation company (``plan_maker.with_company``), scored as the dearer of our view of who is on probation
+and the plan's (``PlanRecord.probation``); and the pairs the plan keeps apart (``PlanRecord.apart``,
 disputes the leader counted) apart alike (``plan_maker.kept_apart``): a leader can inflate a plan's cost with
 pairs it names, no more than a swap per pair. Raises ValueError where we cannot plan these members
 ourselves."""
@@ -152,14 +153,21 @@ ourselves."""
                          f"{len(plan.membership)} members")
     own = build_cluster(ours, peers, rows, emulation)
     own_workload = workload_for(own, ours, peers, train)
-    own_plan = make_plan(own, own_workload, plan.stages, config)
-    fresh = [i for i, p in enumerate(ours) if not proven(p)] if proven is not None else []
-    if fresh:  # our plan keeps peers on probation company, as the leader's must
-        own_plan = with_company(own_plan, own, own_workload, fresh, config)
+    base = make_plan(own, own_workload, plan.stages, config)
     pairs = [(ours.index(a), ours.index(b)) for a, b in map(sorted, plan.kept_apart) if a in ours and b in ours]
-    if pairs:  # the pairs the leader keeps apart (disputes it counted): our plan alike, or theirs costs more
-        own_plan = kept_apart(own_plan, own, own_workload, pairs, config, fresh)
-    ours_s = own_plan["cost_s"]
+    ours_s = 0.0
+    # who is on probation, as we read it and as the leader did (``PlanRecord.probation``): the two views differ
+    # for a while after an epoch's first steps (the progress records are read every few seconds), and keeping a
+    # peer company may make a plan cheaper as well as dearer; scored with the dearer of the two, an honest leader
+    # that read the records a moment before us is not refused (the cost check never enforced the company itself:
+    # a plan without it is no dearer)
+    views = {tuple(i for i, p in enumerate(ours) if proven is not None and not proven(p)),
+             tuple(sorted(ours.index(p) for p in plan.on_probation if p in ours))}
+    for fresh in sorted(views):
+        own_plan = with_company(base, own, own_workload, fresh, config)  # the base plan where nobody is fresh
+        if pairs:  # the pairs the leader keeps apart (disputes it counted): our plan alike, or theirs costs more
+            own_plan = kept_apart(own_plan, own, own_workload, pairs, config, fresh)
+        ours_s = max(ours_s, own_plan["cost_s"])
     return CostCheck(float(theirs_s), float(ours_s), tolerance, slack_s)
 
 
