@@ -61,7 +61,8 @@ DEFAULT_TIME_SCALE = 0.05  # a scenario's seconds -> emulated seconds
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 # What an agent process imports (``runtime.forkserver``): the command line and the agent, torch and hivemind,
 # and the parts of torch that deterministic mode and the optimizer load on first use.
-AGENT_MODULES = ("p2ptrain.cli", "p2ptrain.cli.agent", "p2ptrain.agent.agent", "torch._dynamo", "torch._inductor.config")
+AGENT_MODULES = ("p2ptrain.cli", "p2ptrain.cli.agent", "p2ptrain.cli.bootstrap", "p2ptrain.agent.agent", "torch._dynamo",
+                 "torch._inductor.config")
 
 # Probing on loopback (no emulation): links are fast and alike; small transfers keep the CPU free, and their
 # real jitter is large against them, so samples agree loosely and at most one more transfer is spent on it.
@@ -143,8 +144,9 @@ def run_swarm(
                        time_scale=time_scale, size_factor=size_factor, agents=agents)
     with ProcessGroup(grace_s=15.0) as group:
         try:
-            # Agents (and the monitor) are forked from a server that imports their modules once, while the
-            # bootstrap starts: each would otherwise take seconds of CPU to import torch and hivemind.
+            # The bootstrap, the agents and the monitor are forked from a server that imports their modules
+            # once: each would otherwise take seconds of CPU to import torch and hivemind (on 2 busy cores, the
+            # bootstrap's own imports cost as much as the wait for the server's).
             group.use_fork_server(AGENT_MODULES, log_path=root / "forkserver.log")
             maddrs = _start_bootstrap(group, root, run, config.startup_timeout_s, stop)
             if config.monitor_port is not None:
@@ -196,7 +198,7 @@ def _start_bootstrap(group: ProcessGroup, root: Path, run: str, timeout_s: float
     announce.unlink(missing_ok=True)
     child = group.start("bootstrap", [sys.executable, "-m", "p2ptrain", "bootstrap", "--host-maddrs", LOOPBACK,
                                       "--announce-file", str(announce), "--run-id", run],
-                        log_path=root / "bootstrap.log", stdout_path=root / "bootstrap.out")
+                        log_path=root / "bootstrap.log", stdout_path=root / "bootstrap.out", fork=True)
     return _wait_announced(announce, child, "bootstrap", root / "bootstrap.log", timeout_s, stop).split()
 
 
@@ -402,7 +404,7 @@ def _agent_toml(config: SwarmConfig, train: TrainConfig, run: str, maddrs: list[
         # agents on one machine share its loopback, no home's line: an emulated device publishes its network's
         "links": {"settle_s": 1.5 if cluster_path else 0.0, "round_pause_s": 0.5, "measure_access": False,
                   "min_rounds": 1, "probe": asdict(probe)},
-        "dht": {"host_maddrs": [LOOPBACK], "identity_path": str(root / f"agent-{agent.index}.id"),
+        "dht": {"host_maddrs": [LOOPBACK], "identity_path": str(root / f"agent-{agent.index}.id"), "check_identity": False,
                 "peer_ttl_s": config.peer_ttl_s},
         "transport": {"call_timeout_s": config.call_timeout_s},
         "churn": {"halt_timeout_s": max(config.call_timeout_s, config.peer_ttl_s) * 2},

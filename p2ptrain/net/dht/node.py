@@ -81,6 +81,9 @@ class DHTConfig:
     host_maddrs: tuple[str, ...] = ("/ip4/0.0.0.0/tcp/0",)
     announce_maddrs: tuple[str, ...] = ()  # public addresses, when behind NAT / port forwarding
     identity_path: str | None = None  # stable peer ID; created if missing; None: a new identity per start
+    # with identity_path: ask the initial peers first whether another process runs with it (hivemind's check: a
+    # second p2pd that dials them, a few tenths of a second of CPU); off where the identity is known to be ours
+    check_identity: bool = True
     client_mode: bool = False  # True: do not serve DHT requests (peers behind NAT that nobody can dial)
     relay: RelayConfig = field(default_factory=RelayConfig)  # circuit relays: serve them, or be reached through them
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)  # closed runs: who may take part
@@ -173,7 +176,7 @@ class SwarmDHT:
                 initial_peers=list(cfg.initial_peers) or None, start=False, record_validators=validators,
                 shutdown_timeout=cfg.shutdown_timeout_s, host_maddrs=list(cfg.host_maddrs),
                 announce_maddrs=list(cfg.announce_maddrs) or None, identity_path=key_file.path,
-                check_if_identity_free=bool(path) and cfg.relay.reachability != "private", client_mode=cfg.client_mode,
+                check_if_identity_free=bool(path) and cfg.check_identity and cfg.relay.reachability != "private", client_mode=cfg.client_mode,
                 startup_timeout=cfg.startup_timeout_s, ensure_bootstrap_success=False,
             )
             self._dht.run_in_background(await_ready=True, timeout=cfg.startup_timeout_s)
