@@ -3,7 +3,7 @@
 One JSON object per line, appended and flushed as it happens (``{"event": "step", "time": ..., ...}``);
 a reader only takes complete lines, so it may poll while the agent writes. Kinds an agent writes:
 ``started``, ``profile``, ``links``, ``plan`` (the leader: cluster, workload, plan document), ``role``,
-``step``, ``done``, ``stopped``, ``error``.
+``step``, ``done``, ``stopped``, ``error``, ``dht_traffic`` (``TrafficReport``).
 
 A ``step`` event says where the step went: ``step_time_s`` (the trainer's step, end to end), ``compute_s``
 (its forwards, backwards and update, ``ProgressRecord.compute_s``) and ``compute_cpu_s`` (the training
@@ -18,8 +18,11 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+END_EVENTS = ("done", "stopped")  # an agent's last event
 
 
 class EventLog:
@@ -28,13 +31,41 @@ class EventLog:
     def __init__(self, path: str | Path | None):
         self.path = Path(path) if path else None
         self._lock = threading.Lock()
+        self._end_hooks: list[Callable[[], None]] = []
+
+    def before_end(self, hook: Callable[[], None]) -> None:
+        """Call ``hook`` before each ``done`` or ``stopped`` event is written (``TrafficReport``'s last totals)."""
+        self._end_hooks.append(hook)
 
     def write(self, event: str, **fields: Any) -> None:
         if self.path is None:
             return
+        if event in END_EVENTS:
+            for hook in self._end_hooks:
+                hook()
         line = json.dumps({"event": event, "time": time.time(), **fields}, separators=(",", ":")) + "\n"
         with self._lock, self.path.open("a") as f:
             f.write(line)
+
+
+class TrafficReport:
+    """Writes what this agent's DHT calls cost so far (``net.dht.counters.DHTCounters``: per record kind, stores
+    and reads with their bytes, failures and seconds) as a ``dht_traffic`` event, every ``every_s`` when
+    ``maybe`` is called (each membership poll) and before the agent's last event (``EventLog.before_end``)."""
+
+    def __init__(self, events: EventLog, counters: Any, every_s: float = 60.0):
+        self.events, self.counters, self.every_s = events, counters, every_s
+        self._started = self._last = time.monotonic()
+        events.before_end(self.final)
+
+    def maybe(self) -> None:
+        if time.monotonic() - self._last >= self.every_s:
+            self.final()
+
+    def final(self) -> None:
+        self._last = time.monotonic()
+        self.events.write("dht_traffic", uptime_s=round(self._last - self._started, 3),
+                          kinds=self.counters.snapshot())
 
 
 class EventReader:

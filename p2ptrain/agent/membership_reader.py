@@ -23,7 +23,7 @@ from typing import Any
 
 from p2ptrain.agent.churn.liveness import LivenessMonitor
 from p2ptrain.agent.config import AgentConfig
-from p2ptrain.agent.events import EventLog
+from p2ptrain.agent.events import EventLog, TrafficReport
 from p2ptrain.agent.leadership.claims import bounded, record_problem
 from p2ptrain.agent.leadership.membership import Membership, MembershipTracker
 from p2ptrain.agent.leadership.plan_check import LeaderWatch
@@ -48,12 +48,14 @@ class MembershipReader:
         self._shaping = shaping
         self._dialled: set[str] = set()
         self._claims_noted: set[tuple[str, str]] = set()  # (peer, what was said): each said once
+        self._traffic = TrafficReport(events, dht.counters)  # the ``dht_traffic`` events
 
     def read(self, following: PlanRecord | None) -> tuple[Membership, Membership] | None:
         """The live members, with the passed-over leaders and without (None if the records could not be read:
         the last view stands); the new ones dialled and shaped, the settled ones handed to the prober.
         ``following``: the plan this agent follows (whom the heartbeats watch)."""
         tracker = self._tracker
+        self._traffic.maybe()
         try:
             membership = self._checked_claims(tracker.update(self.dht.read_peers()))
         except ProtocolError as e:

@@ -167,10 +167,30 @@ def summarize(state: SwarmState) -> dict[str, Any]:
         summary["stages"], summary["replicas"] = leader[1]["plan"]["stages"], leader[1]["plan"]["replicas"]
     summary.update(_throughput(state, step_times, summary["stages"], summary["replicas"]))
     summary["val_losses"] = _validation(state)
+    summary["dht_traffic"] = _dht_traffic(state)
     if leader is not None:
         index, event = leader
         summary.update(_plan_by_agent(state, index, event))
     return summary
+
+
+def _dht_traffic(state: SwarmState) -> dict[str, dict[str, float]]:
+    """Each agent's DHT calls over its run (its last ``dht_traffic`` event): stores and reads a minute, the bytes
+    of both a minute, and the calls that failed."""
+    out = {}
+    for agent in state.agents:
+        event = agent.events.last("dht_traffic")
+        if event is None or event["uptime_s"] <= 0:
+            continue
+        minutes = event["uptime_s"] / 60.0
+        rows = event["kinds"].values()
+        out[str(agent.index)] = {
+            "stores_per_min": round(sum(r["stores"] for r in rows) / minutes, 1),
+            "reads_per_min": round(sum(r["reads"] for r in rows) / minutes, 1),
+            "bytes_per_min": round(sum(r["store_bytes"] + r["read_bytes"] for r in rows) / minutes),
+            "failures": sum(r["store_failures"] + r["read_failures"] for r in rows),
+        }
+    return out
 
 
 def _throughput(state: SwarmState, step_times: list[float], stages: int | str, replicas: int) -> dict[str, Any]:
@@ -349,5 +369,11 @@ def format_summary(summary: dict[str, Any], regions: list[str | None] | None = N
         took = f", {r['recovery_s']:.1f} s from the failure to its first step" if r["recovery_s"] is not None else ""
         redone = f", {r['steps_redone']} step(s) redone" if r.get("steps_redone") else ""
         lines.append(f"re-planned epoch {r['epoch']} at step {r['start_step']}: {r['reason']}{took}{redone}")
+    if traffic := summary.get("dht_traffic"):
+        rows = traffic.values()
+        lines.append(f"DHT per agent: {max(r['stores_per_min'] for r in rows):.0f} stores and "
+                     f"{max(r['reads_per_min'] for r in rows):.0f} reads a minute, "
+                     f"{max(r['bytes_per_min'] for r in rows) / 1e3:.0f} kB a minute at most; "
+                     f"{sum(r['failures'] for r in rows)} failed")
     lines.append(f"logs and status: {summary['workdir']}")
     return "\n".join(lines)

@@ -36,6 +36,10 @@ def test_a_swarm_trains_the_stage_count_its_leader_chose_with_the_reference_loss
     roles = [e for k in range(4) for e in log[k] if e["event"] == "role"]
     assert roles and all(e["stages"] == stages for e in roles)
     assert summary["stages"] == stages and summary["replicas"] == plans[0]["plan"]["replicas"]
+    # what each agent's DHT calls cost (its last ``dht_traffic`` event): every agent stored and read records
+    assert sorted(summary["dht_traffic"]) == ["0", "1", "2", "3"], summary["dht_traffic"]
+    assert all(t["stores_per_min"] > 0 and t["reads_per_min"] > 0 and t["bytes_per_min"] > 0
+               for t in summary["dht_traffic"].values()), summary["dht_traffic"]
     print(f"the leader chose {stages} stages × {summary['replicas']} replicas:", chosen[0]["options"])
 
     run = config_from_dict(TrainConfig, summary["config"])

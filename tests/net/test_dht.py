@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import os
@@ -313,3 +314,40 @@ def test_an_unreachable_initial_peer_fails_with_a_clear_error():
     nobody = f"/ip4/127.0.0.1/tcp/9/p2p/{generate_identity().peer_id}"
     with pytest.raises(ProtocolError, match="initial peers"):
         SwarmDHT(RUN, dataclasses.replace(LOOPBACK, initial_peers=(nobody,))).start()
+
+
+@pytest.mark.timeout(90)
+def test_each_store_and_read_is_counted_with_its_bytes_and_a_failed_one_as_failed(tmp_path):
+    """``DHTCounters``: a record stored once counts one store of its encoded bytes; a peer that reads it counts
+    one read of the entries' bytes; a read once the DHT process is gone counts a failure; and the agent's
+    ``dht_traffic`` event carries the totals (``TrafficReport``)."""
+    from p2ptrain.agent.events import EventLog, TrafficReport
+
+    writer = SwarmDHT(RUN, LOOPBACK).start()
+    reader = None
+    try:
+        reader = SwarmDHT(RUN, dataclasses.replace(LOOPBACK, initial_peers=tuple(writer.get_visible_maddrs()))).start()
+        record = profile_of(writer)
+        writer.publish(record, refresh=False)
+        assert writer.counters.snapshot() == {"peers": {"stores": 1, "store_bytes": len(record.encode()),
+                                                        "store_failures": 0, "reads": 0, "read_bytes": 0,
+                                                        "read_failures": 0, "seconds": pytest.approx(0.0, abs=5.0)}}
+        wait_until(lambda: writer.peer_id in reader.read(RecordKind.PEER), what="the writer's peer record")
+        counted = reader.counters.snapshot()["peers"]
+        assert counted["reads"] >= 1 and counted["read_failures"] == 0 and counted["stores"] == 0
+        reads_before = counted["reads"]
+        reader.read(RecordKind.PEER)  # the record is there: its bytes, once more
+        counted = reader.counters.snapshot()["peers"]
+        assert counted["reads"] == reads_before + 1 and counted["read_bytes"] >= len(record.encode())
+        log = EventLog(tmp_path / "events.jsonl")
+        TrafficReport(log, reader.counters, every_s=3600.0).final()
+        event = json.loads((tmp_path / "events.jsonl").read_text())
+        assert event["event"] == "dht_traffic" and event["kinds"] == reader.counters.snapshot()
+        reader.shutdown()
+        with pytest.raises(ProtocolError):
+            reader.read(RecordKind.PEER)
+        assert reader.counters.snapshot()["peers"]["read_failures"] == 1
+    finally:
+        if reader is not None:
+            reader.shutdown()
+        writer.shutdown()

@@ -8,5 +8,6 @@
 - ``admission``: open runs, and closed ones (listed peers or holders of a join token).
 - ``refresh``: keeps this peer's own records alive until replaced or withdrawn.
 - ``node``: ``SwarmDHT``, the synchronous facade over ``hivemind.DHT``: verified reads, deadlines, shutdown.
+- ``counters``: what this peer's DHT calls cost, by record kind (``DHTCounters``, the ``dht_traffic`` event).
 - ``bootstrap``: the DHT-only bootstrap peer (``p2ptrain bootstrap``).
 """

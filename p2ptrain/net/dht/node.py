@@ -47,6 +47,7 @@ from p2ptrain.errors import ConfigError, PeerTimeoutError, ProtocolError
 from p2ptrain.lifecycle import find_processes, shutdown_in_order, terminate_stray_process
 from p2ptrain.net import p2p_fixes
 from p2ptrain.net.dht.admission import AdmissionConfig, AdmissionPolicy, attach_token
+from p2ptrain.net.dht.counters import DHTCounters, entry_bytes
 from p2ptrain.net.dht.keys import RecordKind, RunKeys
 from p2ptrain.net.dht.records import LinksRecord, PeerRecord, PlanRecord, ProgressRecord, Record
 from p2ptrain.net.dht.refresh import Refresher
@@ -153,6 +154,7 @@ class SwarmDHT:
         self._log = RateLimitedLog(logging.getLogger("p2ptrain.net.dht.validators"))
         self._atexit_hook: Callable[[], None] | None = None
         self._closed = False
+        self.counters = DHTCounters()
 
     # ---- lifecycle -------------------------------------------------------------------------------------
 
@@ -379,11 +381,18 @@ class SwarmDHT:
             value = attach_token(value, self._token)
         key = self._key(kind)
         expiration_time = get_dht_time() + self.config.ttl_s(kind)
-        with self._pipe_lock:
-            future = self.hivemind_dht.store(
-                key, value, expiration_time, subkey=self._identity.owner_mark, return_future=True
-            )
-        ok = bool(self._result(future, f"store of {key}"))
+        started = time.monotonic()
+        ok = False
+        try:
+            self._check_running(f"store of {key}")
+            with self._pipe_lock:
+                future = self.hivemind_dht.store(
+                    key, value, expiration_time, subkey=self._identity.owner_mark, return_future=True
+                )
+            ok = bool(self._result(future, f"store of {key}"))
+        finally:
+            self.counters.add(kind, stores=1, store_bytes=len(value), store_failures=not ok,
+                              seconds=time.monotonic() - started)
         if not ok:
             self._log.warning(
                 (key, "store"),
@@ -398,9 +407,16 @@ class SwarmDHT:
     def read(self, kind: RecordKind) -> dict[str, Verified[Record]]:
         """Every verified, unexpired record of ``kind``, by writer's peer ID (invalid ones are logged)."""
         key = self._key(kind)
-        with self._pipe_lock:
-            future = self.hivemind_dht.get(key, latest=True, return_future=True)
-        found = self._result(future, f"get of {key}")
+        started, found, failed = time.monotonic(), None, True
+        try:
+            self._check_running(f"get of {key}")
+            with self._pipe_lock:
+                future = self.hivemind_dht.get(key, latest=True, return_future=True)
+            found = self._result(future, f"get of {key}")
+            failed = False
+        finally:
+            self.counters.add(kind, reads=1, read_bytes=entry_bytes(found), read_failures=failed,
+                              seconds=time.monotonic() - started)
         if found is None:
             return {}
         if not isinstance(found.value, dict):
@@ -451,7 +467,13 @@ class SwarmDHT:
             raise RuntimeError("this SwarmDHT has no run (a DHT-only peer publishes and reads no records)")
         return self.keys.of(kind)
 
+    def _check_running(self, what: str) -> None:
+        """ProtocolError once shut down (the DHT process's pipe is closed: a call would raise OSError)."""
+        if self._closed or self._dht is None or not self._dht.is_alive():
+            raise ProtocolError(f"DHT {what}: the DHT process is not running")
+
     def _call(self, coroutine: Callable[..., Any], what: str) -> Any:
+        self._check_running(what)
         with self._pipe_lock:
             future = self.hivemind_dht.run_coroutine(coroutine, return_future=True)
         return self._result(future, what)
