@@ -127,6 +127,11 @@ class LinksConfig:
     refresh_s: float = 120.0  # a link measured well enough is measured again after this long (probes cost bandwidth)
     settle_s: float = 2.0  # after first seeing a peer, wait this long before probing it (see links.py)
     connect_timeout_s: float = 10.0
+    # whom to measure (``leadership.probe_set``, ``planning.estimated``): about ``partners`` peers of the run,
+    # about ``near_partners`` of each place we share (our host, our region), and our neighbours in the plan; the
+    # other links are estimated. A run of at most ``partners + 1`` peers measures every link.
+    partners: int = 8
+    near_partners: int = 8
     pause_wait_s: float = 3.0  # training waits at most this long for a measurement in progress (a dead peer's ends late)
     # this device's access link as its owner knows it (a home line's speed test), Mbit/s: published in the
     # peer record, so the leader plans with one uplink and one downlink shared by all its flows; None:
@@ -148,6 +153,8 @@ class LinksConfig:
         for name in ("round_pause_s", "settle_s", "refresh_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"links.{name} must be >= 0")
+        if self.partners < 2 or self.near_partners < 0:
+            raise ConfigError("links.partners must be >= 2 and links.near_partners >= 0")
         if not self.connect_timeout_s > 0 or self.pause_wait_s < 0:
             raise ConfigError("links.connect_timeout_s must be positive and links.pause_wait_s >= 0")
 

@@ -8,7 +8,8 @@ settings), keeps the peers whose claims a real device could make, their TFLOP/s 
 (``leadership.claims``: a pure function of each record, so every agent's view agrees), leaves out the peers
 the heartbeats found dead, orders them by standing (``leadership.standing``; ``seen``) and leaves out the
 leaders passed over (``membership``). New peers are dialled by address and their links shaped when
-emulating (``shaping.LinkShaping``); the ones known for ``links.settle_s`` go to the link prober. It tells
+emulating (``shaping.LinkShaping``); our partners among them (``leadership.probe_set``: the probe graph's, our
+neighbours in the plan we follow) known for ``links.settle_s`` go to the link prober. It tells
 the heartbeats whom to ping: every member in a small run, beyond ``liveness.watch_all_up_to`` the peers of our
 pipeline and replica group, the leader and the next in line (who watch everyone).
 
@@ -24,6 +25,7 @@ from typing import Any
 from p2ptrain.agent.churn.liveness import LivenessMonitor
 from p2ptrain.agent.config import AgentConfig
 from p2ptrain.agent.events import EventLog, TrafficReport
+from p2ptrain.agent.leadership import probe_set
 from p2ptrain.agent.leadership.claims import bounded, record_problem
 from p2ptrain.agent.leadership.membership import Membership, MembershipTracker
 from p2ptrain.agent.leadership.plan_check import LeaderWatch
@@ -77,10 +79,9 @@ class MembershipReader:
                     self._dialled.add(peer)
                 except Exception as e:  # the daemon raises its own error types for an unreachable peer
                     logger.warning("cannot dial peer %s at %s: %s; retrying", peer, " ".join(record.maddrs), e)
-        settle_s = self.config.links.settle_s
+        partners = probe_set.partners(self.peer_id, membership.peers, self.config, following)
         self.prober.set_peers(
-            p for p in membership.ids
-            if p != self.peer_id and p in self._dialled and tracker.known_for_s(p) >= settle_s
+            p for p in partners if p in self._dialled and tracker.known_for_s(p) >= self.config.links.settle_s
         )
         return seen, membership
 

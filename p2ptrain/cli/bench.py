@@ -13,6 +13,8 @@ import click
 BENCHMARKS = {
     "planner": "The scheduler on the paper's five networks and at 1024 devices, against Megatron, random and GCMA; "
                "then on the same networks as measured (perturbed links), beside GCMA run live.",
+    "links": "Links measured in O(k) per peer: the planner on estimated links against the planner on the full "
+             "matrix, on the paper's five networks and homes (perturbed) at 64 and 256 devices.",
     "runtime": "Training step time of the pipeline + data-parallel runtime.",
     "e2e": "End to end: a local swarm on an emulated network; scheduled, Megatron's and a random plan, measured "
            "beside the simulated objective's predictions.",

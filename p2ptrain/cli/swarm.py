@@ -42,7 +42,7 @@ OPTIONS = OptionTable(SwarmConfig, [
     Flag("--join", "joins", type=click.STRING, multiple=True, metavar="N@STEP",
          callback=lambda c, p, v: _at_pairs(v, "--join"), convert=lambda v: tuple((int(n), int(s)) for n, s in v)),
     "checkpoint_every", Flag("--resume", "resume"), "liveness", "verify", "warm_copies",
-    Flag("--call-timeout", "call_timeout_s"), Flag("--peer-ttl", "peer_ttl_s"),
+    Flag("--call-timeout", "call_timeout_s"), Flag("--peer-ttl", "peer_ttl_s"), "link_partners",
     Flag("--monitor", "monitor_port", is_flag=False, flag_value=0, default=None, metavar="[PORT]"),
 ], click_defaults=True)
 

@@ -306,7 +306,11 @@ class RunView:
             bandwidth.append([None if (m := measured.get(p)) is None else m.bandwidth_gbps * cfg.time_scale
                               / cfg.size_factor for p in order])
         units = "the emulated network's (as the leader plans)" if cfg.emulated else "measured"
-        return {"peers": order, "latency_ms": latency, "bandwidth_gbps": bandwidth, "units": units}
+        # per peer, its links measured by either end, and the others: estimated by the planner (``planning.estimated``)
+        measured = [sum(1 for j in range(len(order)) if j != i and (latency[i][j] is not None or latency[j][i] is not None))
+                    for i in range(len(order))]
+        return {"peers": order, "latency_ms": latency, "bandwidth_gbps": bandwidth, "units": units,
+                "measured": measured, "estimated": [len(order) - 1 - m for m in measured]}
 
     def _plan_state(self) -> dict[str, Any] | None:
         plan = self._plan

@@ -8,7 +8,8 @@ numpy, scipy and networkx only; no torch, hivemind, asyncio, clock or global RNG
     plan.to_json()  # or an Infeasible with the reason
 
 - ``cluster``: the devices and every pair's delay and bandwidth; ``measured``: regions recovered from noisy
-  links, and noisy twins; ``canonical``: a device order independent of the listing; ``scenarios``: the
+  links, and noisy twins; ``estimated``: whom each peer measures, and the other links estimated;
+  ``canonical``: a device order independent of the listing; ``scenarios``: the
   paper's five networks.
 - ``workload``: the bytes crossing a stage boundary and all-reduced per stage; ``layers``: the workload per
   layer; ``model_shapes``: the presets' dimensions; ``split``: layer splits.

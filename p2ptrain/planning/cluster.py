@@ -54,6 +54,12 @@ class Cluster:
     bandwidth_gbps: np.ndarray = field(repr=False)
     uplink_gbps: np.ndarray | None = field(default=None, repr=False)
     downlink_gbps: np.ndarray | None = field(default=None, repr=False)
+    # Groups of devices alike to all the others (regions, instances), where something knew them better than
+    # the matrices show (``estimated``: links estimated from a few measured ones are alike by construction);
+    # None: recovered from the matrices (``measured.link_clusters``). In memory only, not in the file.
+    groups: np.ndarray | None = field(default=None, repr=False)
+    # N×N, True where a link was estimated rather than measured (``estimated``); None: every link is as given
+    estimated: np.ndarray | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         n = len(self.devices)
@@ -71,6 +77,18 @@ class Cluster:
         _check_values(self.bandwidth_gbps, off, "bandwidth_gbps", allow_zero=False)
         for key in _ACCESS_KEYS:
             object.__setattr__(self, key, _capacities(getattr(self, key), key, n))
+        if self.groups is not None:
+            groups = np.asarray(self.groups, dtype=np.intp)
+            if groups.shape != (n,) or (groups < 0).any():
+                raise ValueError(f"cluster: groups must be {n} labels >= 0")
+            groups.setflags(write=False)
+            object.__setattr__(self, "groups", groups)
+        if self.estimated is not None:
+            estimated = np.asarray(self.estimated, dtype=bool)
+            if estimated.shape != (n, n):
+                raise ValueError(f"cluster: estimated must be {n}x{n}")
+            estimated.setflags(write=False)
+            object.__setattr__(self, "estimated", estimated)
 
     @property
     def num_devices(self) -> int:
@@ -104,6 +122,8 @@ class Cluster:
             bandwidth_gbps=self.bandwidth_gbps[np.ix_(idx, idx)],
             uplink_gbps=None if self.uplink_gbps is None else self.uplink_gbps[idx],
             downlink_gbps=None if self.downlink_gbps is None else self.downlink_gbps[idx],
+            groups=None if self.groups is None else self.groups[idx],
+            estimated=None if self.estimated is None else self.estimated[np.ix_(idx, idx)],
         )
 
 

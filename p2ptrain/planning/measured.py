@@ -38,8 +38,12 @@ _LATENCY_FLOOR = 1e-3  # of the median positive latency: zero-delay links stay c
 
 
 def link_clusters(cluster: Cluster) -> np.ndarray:
-    """Cluster labels 0, 1, … of the devices, numbered in order of each cluster's first device."""
+    """Cluster labels 0, 1, … of the devices, numbered in order of each cluster's first device: the
+    cluster's own ``groups`` where it has them (links estimated from a few measurements, ``estimated``)."""
     n = cluster.num_devices
+    if cluster.groups is not None:
+        numbers: dict[int, int] = {}
+        return np.array([numbers.setdefault(int(g), len(numbers)) for g in cluster.groups], dtype=np.intp)
     if n < 3:
         return np.arange(n)
     lat, bw = cluster.latency_ms, cluster.bandwidth_gbps

@@ -403,7 +403,7 @@ def _agent_toml(config: SwarmConfig, train: TrainConfig, run: str, maddrs: list[
                  "time_budget_s": config.plan_budget_s},
         # agents on one machine share its loopback, no home's line: an emulated device publishes its network's
         "links": {"settle_s": 1.5 if cluster_path else 0.0, "round_pause_s": 0.5, "measure_access": False,
-                  "min_rounds": 1, "probe": asdict(probe)},
+                  "min_rounds": 1, "probe": asdict(probe), "partners": config.link_partners},
         "dht": {"host_maddrs": [LOOPBACK], "identity_path": str(root / f"agent-{agent.index}.id"), "check_identity": False,
                 "peer_ttl_s": config.peer_ttl_s},
         "transport": {"call_timeout_s": config.call_timeout_s},

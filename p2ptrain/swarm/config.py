@@ -83,6 +83,9 @@ class SwarmConfig:
     # a peer record's lifetime (refreshed every half); heartbeats notice the dead sooner
     peer_ttl_s: float = option(30.0, "Lifetime of an agent's peer record (heartbeats notice a silent agent sooner).",
                                min=0, min_open=True)
+    # each agent's ``[links] partners`` (None: the agents' default): the peers it measures, the others estimated
+    link_partners: int | None = option(None, "Peers each agent measures (links.partners; the other links are "
+                                       "estimated from them); default: the agents' own.", min=2)
     # (agent index or "leader", step): SIGKILL it while that step runs
     kills: tuple[tuple[str, int], ...] = option(
         (), "SIGKILL agent AGENT (an index, or 'leader') while step STEP is in flight; repeatable.")
@@ -139,6 +142,8 @@ class SwarmConfig:
             raise ConfigError(f"--monitor {self.monitor_port}: the port must be in 0..65535")
         if self.checkpoint_every < 0 or not self.peer_ttl_s > 0:
             raise ConfigError("--checkpoint-every must be >= 0 and the peer TTL positive")
+        if self.link_partners is not None and self.link_partners < 2:
+            raise ConfigError(f"--link-partners must be >= 2, got {self.link_partners}")
 
     def _check(self) -> None:
         fixed = self.stages != "auto"

@@ -3,7 +3,8 @@
 The summary (``summarize``) is what ``p2ptrain swarm --json`` prints: ``losses`` and ``step_time_s`` per
 step as ``p2ptrain train --json`` has them, ``plan`` (the plan document of docs/design.md with devices named by
 agent index), the predicted cost, the measured median step time, the emulation factors, the peer ID of
-each agent and, from the leader's cluster, the measured link matrices in the network's units.
+each agent and, from the leader's cluster, the link matrices in the network's units (``estimated_links``: the
+pairs of agents whose links the leader estimated rather than measured, ``planning.estimated``).
 """
 
 from __future__ import annotations
@@ -249,6 +250,9 @@ def _plan_by_agent(state: SwarmState, leader: int, event: dict[str, Any]) -> dic
                 if a is not None and b is not None:
                     matrix[a][b] = cluster[key][i][j]
         measured[key] = matrix
+    # the pairs the leader estimated rather than measured (``planning.estimated``), by agent index
+    estimated = [sorted((to_agent[i], to_agent[j])) for i, j in event.get("estimated", ())
+                 if to_agent[i] is not None and to_agent[j] is not None]
     speeds: list[float | None] = [None] * n  # each agent's speed as the leader planned with it (mixed devices)
     for i, a in enumerate(to_agent):
         if a is not None and i < len(cluster["devices"]):
@@ -267,6 +271,7 @@ def _plan_by_agent(state: SwarmState, leader: int, event: dict[str, Any]) -> dic
         "predicted_emulated_s": plan["cost_s"] * state.time_scale if state.network is not None else None,
         "settings": event.get("settings"), "workload": event["workload"], "measured": measured,
         "spares": [state.index_of(p) for p in event["spares"]],
+        "estimated_links": estimated,
     }
 
 
@@ -343,6 +348,10 @@ def format_summary(summary: dict[str, Any], regions: list[str | None] | None = N
         if baselines:
             lines.append("  baselines: " + ", ".join(f"{k} {v['cost_s']:.3f} s" for k, v in baselines.items()))
         search = plan.get("search") or {}
+        devices = sum(len(row) for row in plan["pipelines"])
+        if summary.get("estimated_links"):
+            lines.append(f"  links: {devices * (devices - 1) // 2 - len(summary['estimated_links'])} measured, "
+                         f"{len(summary['estimated_links'])} estimated from them")
         if search.get("seconds") is not None:  # a fixed order (megatron, random) has no search time
             lines.append(f"  planned in {search['seconds']:.2f} s ({search.get('method', '?')} search"
                          + (f"; {search['fallback']}'s order: the search did not beat it" if search.get("fallback") else "")

@@ -62,6 +62,9 @@ def test_link_gaps_name_the_directed_links_not_yet_measured():
     del rows[PEERS[3]]
     gaps = link_gaps(PEERS, rows)
     assert (PEERS[0], PEERS[1]) in gaps and {(PEERS[3], b) for b in PEERS[:3]} <= set(gaps) and len(gaps) == 4
+    # only the pairs of the probe graph are waited for (``probe_set``): the other links are estimated
+    partners = {PEERS[0]: {PEERS[2]}, PEERS[3]: {PEERS[0]}}
+    assert link_gaps(PEERS, rows, partners) == [(PEERS[3], PEERS[0])]
 
 
 def test_cluster_symmetrises_and_converts_emulated_measurements_back():
@@ -101,12 +104,44 @@ def test_the_access_links_peers_publish_are_the_clusters_in_the_networks_units()
             dataclasses.replace(record(0), uplink_gbps=bad)
 
 
-def test_a_link_nobody_measured_gets_the_worst_measured_one():
-    lat = [[0, 10, 20, 30], [10, 0, 5, 5], [20, 5, 0, 5], [30, 5, 5, 0]]
-    bw = [[1, 2, 0.5, 1], [2, 1, 1, 1], [0.5, 1, 1, 1], [1, 1, 1, 1]]
-    skip = {(PEERS[0], PEERS[3]), (PEERS[3], PEERS[0])}
-    cluster = build_cluster(PEERS, {p: record() for p in PEERS}, rows_from(lat, bw, skip=skip), EmulationSettings())
-    assert cluster.latency_ms[0, 3] == pytest.approx(20.0) and cluster.bandwidth_gbps[0, 3] == pytest.approx(0.5)
+def two_sites(peers, liar=None, claim=(4.1, 4.9)):
+    """Two sites of len(peers) // 2: 1 ms and 10 Gbit/s inside, 40 ms and 0.5 Gbit/s across; ``liar``'s own
+    row claims ``claim`` (ms, Gbit/s) to everyone."""
+    half = len(peers) // 2
+    lat = [[0.0 if i == j else 1.0 if (i < half) == (j < half) else 40.0 for j in range(len(peers))]
+           for i in range(len(peers))]
+    bw = [[0.0 if i == j else 10.0 if (i < half) == (j < half) else 0.5 for j in range(len(peers))]
+          for i in range(len(peers))]
+    if liar is not None:
+        lat[liar] = [0.0 if j == liar else claim[0] for j in range(len(peers))]
+        bw[liar] = [claim[1]] * len(peers)
+    return lat, bw
+
+
+def test_a_link_nobody_measured_is_estimated_from_its_groups_and_never_taken_for_a_measured_one():
+    peers = sorted(generate_identity().peer_id for _ in range(8))
+    records = {p: record() for p in peers}
+    unmeasured = [(0, 5), (1, 2), (6, 2)]  # across, inside, across
+    skip = {(peers[i], peers[j]) for a, b in unmeasured for i, j in ((a, b), (b, a))}
+    lat, bw = two_sites(peers)
+    cluster = build_cluster(peers, records, rows_from(lat, bw, peers, skip), EmulationSettings())
+    assert cluster.groups.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]  # the sites, found from the links measured
+    assert np.array_equal(cluster.latency_ms, np.array(lat)) and np.array_equal(cluster.bandwidth_gbps, np.array(bw))
+    full = build_cluster(peers, records, rows_from(lat, bw, peers), EmulationSettings())
+    assert full.groups is None  # nothing estimated: the search finds the structure itself
+    # a liar claiming fast links to everyone (under the 10x at which a link is disputed) moves the links its
+    # own row names (the mean of both ends'), not the estimate of the links nobody measured, not the sites
+    lat, bw = two_sites(peers, liar=7)
+    lied = build_cluster(peers, records, rows_from(lat, bw, peers, skip), EmulationSettings())
+    assert lied.groups.tolist() == [0, 0, 0, 0, 1, 1, 1, 2]  # its claims set it apart (the worse of both ends)
+    for a, b in unmeasured:
+        assert lied.latency_ms[a, b] == cluster.latency_ms[a, b] and lied.bandwidth_gbps[a, b] == cluster.bandwidth_gbps[a, b]
+    assert lied.latency_ms[7, 0] == pytest.approx((40.0 + 4.1) / 2)  # measured by both: the mean, as before
+    # a link one end measured is never better than the best both ends measured; estimated ones are not
+    # "measured by both" for that rule (the rule would otherwise let an estimate clamp a measured link)
+    one_sided = rows_from(*two_sites(peers), peers, skip | {(peers[3], peers[4])})
+    clamp = build_cluster(peers, records, one_sided, EmulationSettings())
+    assert clamp.latency_ms[3, 4] == 40.0 and clamp.bandwidth_gbps[3, 4] == 0.5
 
 
 def test_run_workload_is_this_runs_bytes_over_the_size_factor():

@@ -18,18 +18,21 @@ from types import SimpleNamespace
 import base58
 import numpy as np
 import pytest
-from agent_helpers import run_swarm
+from agent_helpers import events, run_swarm
 
 from p2ptrain.agent.agent import Agent
 from p2ptrain.agent.config import AgentConfig, LinksConfig
 from p2ptrain.agent.links import LinkProber, line_to_publish
 from p2ptrain.agent.shaping import LinkShaping
+from p2ptrain.config import config_from_dict
 from p2ptrain.net.dht.records import LinkMeasurement, LinksRecord, PeerRecord
 from p2ptrain.net.transport.access_probe import AccessConfig, AccessEstimate, Direction
 from p2ptrain.net.transport.endpoint import Transport, TransportConfig
 from p2ptrain.net.transport.probe import LinkEstimate, ProbeConfig
 from p2ptrain.planning import Workload, make_objective, scenario, schedule
 from p2ptrain.planning.cluster import Cluster
+from p2ptrain.runtime.config import TrainConfig
+from p2ptrain.runtime.reference import train_reference
 
 FLOAT32_REL = 1e-6  # a links record carries its figures as float32
 
@@ -191,6 +194,40 @@ def test_leader_plans_the_worldwide_swarm_it_measured(tmp_path):
     leader_plan_s = make_objective("dtfm", measured, workload, 2).evaluate(np.array(summary["plan"]["pipelines"])).cost_s
     assert leader_plan_s == pytest.approx(summary["predicted_cost_s"], rel=1e-6)
     assert leader_plan_s <= 1.02 * schedule(measured, workload, 2).cost.cost_s, summary["plan"]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_agents_that_measure_a_few_partners_plan_on_estimated_links_and_train_exactly(tmp_path):
+    # six agents of the world-wide network, each measuring about two partners (``links.partners``): the leader
+    # plans once every trainer measured its partners, on estimates for the rest, and the run trains exactly
+    code, summary, stderr = run_swarm(tmp_path, "--agents", "6", "--stages", "2", "--steps", "2",
+                                      "--link-partners", "2", timeout_s=280)
+    assert code == 0, stderr[-3000:]
+    assert summary["finished"]
+    index = {peer: int(k) for k, peer in summary["peers"].items()}
+    rows = {}
+    for k in range(6):  # each agent's last published row: whom it measured
+        published = [e for e in events(tmp_path / f"agent-{k}.events.jsonl") if e["event"] == "links"]
+        assert published, f"agent {k} published no links row"
+        rows[k] = {index[p] for p in published[-1]["row"]}
+    assert all(rows.values()) and sum(map(len, rows.values())) < 6 * 5, rows  # a few partners each, not everyone
+    assert all(k in rows[j] for k, r in rows.items() for j in r), rows  # both ends measure a pair
+    measured = {tuple(sorted((a, b))) for a, r in rows.items() for b in r}
+    estimated = {tuple(pair) for pair in summary["estimated_links"]}
+    # the leader's estimated pairs are exactly those nobody measured (read from its last rows, the same)
+    assert estimated and estimated == {(a, b) for a in range(6) for b in range(a + 1, 6)} - measured, (estimated, measured)
+    latency, bandwidth = links(summary)
+    truth = scenario("worldwide", 6)
+    for a, b in measured:  # a measured link never shorter than emulated; an estimated one is a measured one's
+        assert latency[a, b] >= truth.latency_ms[a, b] * (1 - FLOAT32_REL), (a, b, latency)
+    measured_values = {round(float(latency[a, b]), 6) for a, b in measured}
+    assert all(round(float(latency[a, b]), 6) <= max(measured_values) for a, b in estimated)
+    run = config_from_dict(TrainConfig, summary["config"])
+    reference = train_reference(dataclasses.replace(run, replicas=summary["replicas"])).losses
+    assert len(summary["losses"]) == len(reference)
+    for got, expected in zip(summary["losses"], reference, strict=True):
+        assert abs(got - expected) <= 1e-4 * abs(expected), (summary["losses"], reference)
 
 
 def test_the_line_published_is_the_declared_else_the_emulated_device_s_else_the_measured():

@@ -92,6 +92,11 @@ def test_links_are_shown_in_the_emulated_networks_units():
     assert matrix["peers"] == PEERS[:2]
     assert matrix["latency_ms"][0][1] == pytest.approx(100.0) and matrix["latency_ms"][1][0] is None
     assert matrix["bandwidth_gbps"][0][1] == pytest.approx(2.5)
+    # per peer, the links measured by either end and the ones the planner estimates
+    three = {p: peer(i) for i, p in enumerate(PEERS[:3])}
+    view.update(Snapshot(2.0, three, links=links))
+    matrix = view.state()["links"]
+    assert matrix["measured"] == [1, 1, 0] and matrix["estimated"] == [1, 1, 2]
 
 
 def test_the_current_plan_is_the_lowest_live_peers():

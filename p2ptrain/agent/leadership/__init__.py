@@ -4,6 +4,7 @@
 - ``standing``: who may lead once the run has a history (pure).
 - ``membership``: the live peers, from the verified peer records, and when to plan.
 - ``plan_maker``: records to cluster to plan record, and the warm-copy keepers (pure; followers rerun it).
+- ``probe_set``: whom each peer measures (the probe graph; the links the first plan waits for).
 - ``leader``: ``Leader``, the leader's side: when a plan is due, the planner off the loop, the plan published.
 - ``judgement``: ``Judge``, the leader's judgement of a failure: evidence re-checked, blames counted, who is
   quarantined, the compute each trainer showed.

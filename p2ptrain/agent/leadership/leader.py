@@ -40,6 +40,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from p2ptrain.agent.churn.replan import FAILURE, JOIN, Replan, ReplanWatch
 from p2ptrain.agent.churn.restart import (
     CHECKPOINT,
@@ -51,7 +53,7 @@ from p2ptrain.agent.churn.restart import (
 )
 from p2ptrain.agent.config import AgentConfig
 from p2ptrain.agent.events import EventLog
-from p2ptrain.agent.leadership import settings
+from p2ptrain.agent.leadership import probe_set, settings
 from p2ptrain.agent.leadership.claims import with_slowdowns
 from p2ptrain.agent.leadership.disputes import Fetch
 from p2ptrain.agent.leadership.judgement import Judge
@@ -230,10 +232,9 @@ class Leader:
         except ProtocolError as e:
             logger.warning("reading the links rows failed: %s", e)
             return
-        gaps, waited_s = link_gaps(trainers, rows), self._links_wait.waited_s()
+        gaps, waited_s = link_gaps(trainers, rows, probe_set.graph(membership.peers, self.config)), self._links_wait.waited_s()
         if gaps and waited_s < self.config.membership.links_timeout_s:
-            self._note_waiting(f"leading; {trigger}; waiting for {len(gaps)} of {len(trainers) * (len(trainers) - 1)} "
-                               "link measurements")
+            self._note_waiting(f"leading; {trigger}; waiting for {len(gaps)} link measurements of its trainers")
             return
         stages = self._stages.next_plan(None)
         if stages is None:
@@ -369,7 +370,7 @@ class Leader:
             rows = self.dht.read_links()
         except ProtocolError:
             rows = {}
-        if replan.kind == JOIN and self._joiners_unmeasured(trainers, rows, replan.reason):
+        if replan.kind == JOIN and self._joiners_unmeasured(trainers, rows, replan.reason, Membership(peers)):
             return
         restart = replan.restart
         times = [r.step_time_s for r in progress.values() if r.epoch == current.epoch and r.step_time_s > 0]
@@ -377,19 +378,18 @@ class Leader:
                              restart.step if restart else 0, restart.sources if restart else (),
                              statistics.median(times) if times else 0.0)
 
-    def _joiners_unmeasured(self, trainers: list[str], rows, reason: str) -> bool:
+    def _joiners_unmeasured(self, trainers: list[str], rows, reason: str, membership: Membership) -> bool:
         """Whether a join re-plan waits for links: until one end at least measured every link between its
         trainers (trainers do not probe while they train; a joiner, idle, measures its own row within seconds),
         or ``links_timeout_s``. Planned blind, a joiner's unmeasured links price every plan alike, and followers
         who read the rows a moment later refuse it (their own plan is cheaper on what they read)."""
-        directed = set(link_gaps(trainers, rows))
+        directed = set(link_gaps(trainers, rows, probe_set.graph(membership.peers, self.config)))
         gaps = [(a, b) for a, b in directed if a < b and (b, a) in directed]  # neither end measured it
         now = time.monotonic()
         if self._join_links_since is None:
             self._join_links_since = now
         if gaps and now - self._join_links_since < self.config.membership.links_timeout_s:
-            self._note_waiting(f"leading; {reason}; waiting for {len(gaps)} of "
-                               f"{len(trainers) * (len(trainers) - 1) // 2} links to be measured")
+            self._note_waiting(f"leading; {reason}; waiting for {len(gaps)} links of its trainers to be measured")
             return True
         return False
 
@@ -545,7 +545,8 @@ def _announce(events: EventLog, train: TrainConfig, planning: _Planning, plan: d
                 f" ({search['fallback']}'s order: the search did not beat it)" if search.get("fallback") else "")
     events.write(
         "plan", epoch=planning.epoch, plan=plan, devices=planning.devices, spares=planning.spares,
-        trigger=planning.trigger, cluster=planning.cluster.to_dict(), start_step=start_step,
+        trigger=planning.trigger, cluster=planning.cluster.to_dict(), estimated=_estimated_pairs(planning.cluster),
+        start_step=start_step,
         sources=list(sources), replan=planning.replan.kind if planning.replan else None,
         slowdowns=planning.slowdowns, settings=settings.plan_fields(train),
         workload={"activation_gb": planning.workload.activation_gb, "gradient_gb": planning.workload.gradient_gb,
@@ -554,3 +555,10 @@ def _announce(events: EventLog, train: TrainConfig, planning: _Planning, plan: d
                   **({"layer_costs": dataclasses.asdict(planning.workload.costs)}
                      if isinstance(planning.workload, LayeredWorkload) else {})},
     )
+
+
+def _estimated_pairs(cluster: Cluster) -> list[list[int]]:
+    """The device pairs (i < j) whose links the plan's cluster estimated (``planning.estimated``)."""
+    if cluster.estimated is None:
+        return []
+    return [[int(i), int(j)] for i, j in zip(*np.nonzero(np.triu(cluster.estimated, 1)), strict=True)]

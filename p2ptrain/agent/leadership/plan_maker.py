@@ -9,7 +9,10 @@
    directions and its β their harmonic mean (transfer times average, not rates). A row is its writer's
    claim: where the two ends' figures are more than ``LINK_DISAGREEMENT`` (10x) apart the worse one counts
    (logged), and a link only one end measured is never better than the best link both ends measured.
-   A pair nobody measured gets the worst measured link (a conservative guess, logged). When
+   A pair nobody measured (each peer measures its partners in the probe graph, ``probe_set``) is estimated
+   from the measured ones (``planning.estimated``: the median of the measured links between the two ends'
+   groups of devices alike, groups found from the links both ends measured; logged), and the cluster
+   carries those groups for the search (``Cluster.groups``). When
    emulating, measured values become the emulated network's own units: α = α'/time_scale,
    β = β'·time_scale/size_factor, so the plan's cost compares with one computed from the true matrices.
 3. ``run_workload``: c_PP and c_DP of this run (fp32 activations and gradients of the configured model and
@@ -53,6 +56,7 @@ from p2ptrain.planning import (
     schedule,
     workload_from_model,
 )
+from p2ptrain.planning.estimated import estimate_links, twin_groups
 from p2ptrain.planning.joint import LayeredWorkload
 from p2ptrain.planning.plan import Infeasible
 from p2ptrain.planning.split import even_layers
@@ -95,12 +99,15 @@ def trainers_and_spares(order: Sequence[str], train: TrainConfig,
     return list(order[:used]), list(order[used:])
 
 
-def link_gaps(members: Sequence[str], rows: Mapping[str, LinksRecord]) -> list[tuple[str, str]]:
-    """Directed pairs (a, b) whose link a's row does not cover yet."""
+def link_gaps(members: Sequence[str], rows: Mapping[str, LinksRecord],
+              partners: Mapping[str, Collection[str]] | None = None) -> list[tuple[str, str]]:
+    """Directed pairs (a, b) whose link a's row does not cover yet: of every pair, or, with ``partners`` (the
+    probe graph, ``probe_set.graph``), of the pairs a measures."""
     gaps = []
     for a in members:
         covered = rows[a].resolve(members) if a in rows else {}
-        gaps.extend((a, b) for b in members if b != a and b not in covered)
+        wanted = partners.get(a, ()) if partners is not None else members
+        gaps.extend((a, b) for b in members if b != a and b in wanted and b not in covered)
     return gaps
 
 
@@ -128,13 +135,13 @@ def build_cluster(
 ) -> Cluster:
     """The cluster of ``order``'s peers (device i = ``order[i]``), in the (emulated) network's units."""
     n = len(order)
-    measured = {a: (rows[a].resolve(order) if a in rows else {}) for a in order}
+    measured_by = {a: (rows[a].resolve(order) if a in rows else {}) for a in order}
     latency, bandwidth = np.zeros((n, n)), np.zeros((n, n))
     unknown, one_sided, disputed = [], [], []
     for i, a in enumerate(order):
         for j, b in enumerate(order):
             if i < j:
-                both = [m for m in (measured[a].get(b), measured[b].get(a)) if m is not None]
+                both = [m for m in (measured_by[a].get(b), measured_by[b].get(a)) if m is not None]
                 if len(both) == 2 and _disagree(*both):
                     disputed.append((a, b))  # a row's claim is checked by the other end's measurement
                     latency[i, j] = latency[j, i] = max(m.latency_ms for m in both)
@@ -159,17 +166,16 @@ def build_cluster(
         for i, j in one_sided:
             latency[i, j] = latency[j, i] = max(latency[i, j], float(latency[checked].min()))
             bandwidth[i, j] = bandwidth[j, i] = min(bandwidth[i, j], float(bandwidth[checked].max()))
-    if unknown:
-        known = off.copy()
+    groups = estimated = None
+    if unknown:  # the links nobody measured: estimated from the measured ones (``planning.estimated``)
+        measured = off.copy()
         for i, j in unknown:
-            known[i, j] = known[j, i] = False
-        worst_latency = float(latency[known].max()) if known.any() else 0.0
-        worst_bandwidth = float(bandwidth[known].min()) if known.any() else 1.0
-        for i, j in unknown:
-            latency[i, j] = latency[j, i] = worst_latency
-            bandwidth[i, j] = bandwidth[j, i] = worst_bandwidth
-        logger.warning("%d links were never measured; planning with the worst measured link for them "
-                       "(%.1f ms, %.4g Gbit/s)", len(unknown), worst_latency, worst_bandwidth)
+            measured[i, j] = measured[j, i] = False
+        estimate = estimate_links(latency, bandwidth, measured, groups=_twin_groups(order, measured_by))
+        latency, bandwidth, groups = estimate.latency_ms, estimate.bandwidth_gbps, estimate.groups
+        estimated = off & ~measured
+        logger.info("%d of %d links estimated from the %d measured (%d groups of devices alike)", len(unknown),
+                    n * (n - 1) // 2, n * (n - 1) // 2 - len(unknown), int(groups.max()) + 1 if groups is not None else 0)
     if emulation.enabled:
         latency[off] /= emulation.time_scale
         bandwidth[off] *= emulation.time_scale / emulation.size_factor
@@ -186,7 +192,23 @@ def build_cluster(
     if access:
         _paths_behind_lines(bandwidth, access.get("uplink_gbps"), access.get("downlink_gbps"))
     # mixed devices: every trainer's own calibration is its speed (``runtime.calibration``), when all have one
-    return with_measured_speeds(Cluster(devices, latency, bandwidth, **access), [peers[p].compute for p in order])
+    cluster = Cluster(devices, latency, bandwidth, groups=groups, estimated=estimated, **access)
+    return with_measured_speeds(cluster, [peers[p].compute for p in order])
+
+
+def _twin_groups(order: Sequence[str], measured_by: Mapping[str, Mapping[str, LinkMeasurement]]) -> np.ndarray:
+    """The groups of devices alike (``estimated.twin_groups``) from the links both ends measured, each at the
+    worse of its two figures: a row's own claims never make a peer look alike to an honest one."""
+    n = len(order)
+    latency, bandwidth, both = np.zeros((n, n)), np.zeros((n, n)), np.zeros((n, n), dtype=bool)
+    for i, a in enumerate(order):
+        for j, b in enumerate(order):
+            ab, ba = measured_by[a].get(b), measured_by[b].get(a)
+            if i != j and ab is not None and ba is not None:
+                both[i, j] = True
+                latency[i, j] = max(ab.latency_ms, ba.latency_ms)
+                bandwidth[i, j] = min(ab.bandwidth_gbps, ba.bandwidth_gbps)
+    return twin_groups(latency, bandwidth, both)
 
 
 LINK_DISAGREEMENT = 10.0  # beyond this ratio of the two ends' figures a link is disputed: the worse counts

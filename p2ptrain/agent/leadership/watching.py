@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from p2ptrain.agent.config import AgentConfig
 from p2ptrain.agent.events import EventLog
+from p2ptrain.agent.leadership import probe_set
 from p2ptrain.agent.leadership.membership import Membership, plan_trigger
 from p2ptrain.agent.leadership.plan_check import LeaderWatch, halts_settled, newer_plan_excuses
 from p2ptrain.agent.leadership.plan_maker import (
@@ -137,7 +138,8 @@ class Watching:
         if self._first_due:
             return True
         try:
-            gaps = link_gaps(self.first_trainers(cluster_order(membership.peers)), self.dht.read_links())
+            gaps = link_gaps(self.first_trainers(cluster_order(membership.peers)), self.dht.read_links(),
+                             probe_set.graph(membership.peers, cfg))
         except (ValueError, ProtocolError):
             return False
         waited_s = self._links_wait.waited_s()

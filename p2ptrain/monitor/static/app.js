@@ -248,7 +248,10 @@ function heatmap(id, state, matrix, unit, lowIsGood) {
 }
 
 function renderLinks(state) {
-  replace("links-units", `(${state.links.units}; row sends to column)`);
+  const estimated = (state.links.estimated || []).reduce((a, b) => a + b, 0) / 2;
+  const pairs = state.links.peers.length * (state.links.peers.length - 1) / 2;
+  const share = estimated && pairs ? `; ${pairs - estimated} of ${pairs} pairs measured, the rest estimated by the planner` : "";
+  replace("links-units", `(${state.links.units}; row sends to column${share})`);
   heatmap("latency-map", state, state.links.latency_ms, "ms", true);
   heatmap("bandwidth-map", state, state.links.bandwidth_gbps, "Gbps", false);
 }
