@@ -117,8 +117,9 @@ class PlanConfig:
 
 @dataclass(frozen=True)
 class LinksConfig:
-    """The link prober: rounds over every live peer, each link measured ``min_rounds`` times before it is
-    published, smoothed (EWMA) across rounds."""
+    """The link prober: rounds over this agent's partners (``partners``, ``near_partners``: the probe graph of
+    ``leadership.probe_set``), each link measured ``min_rounds`` times before it is published, smoothed (EWMA)
+    across rounds."""
 
     probe: ProbeConfig = field(default_factory=ProbeConfig)
     min_rounds: int = 1

@@ -1,6 +1,8 @@
-"""The link prober: a background thread measuring α and β to every peer, publishing this agent's row.
+"""The link prober: a background thread measuring α and β to this agent's partners, publishing its row.
 
-In rounds: each round measures the link to every peer it was given (``set_peers``), in a random order
+Its peers are given (``set_peers``): the membership reader hands it this agent's partners in the run's
+probe graph and its neighbours in the plan it follows (``leadership.probe_set``); the planner estimates the
+other links (``planning.estimated``). In rounds: each round measures the link to every peer given, in a random order
 (so that two agents rarely probe each other at the same moment, which would queue each one's replies
 behind the other's bulk transfers), with ``transport.probe.measure_link`` over the transport, so link emulation
 applies. Estimates are smoothed across rounds (``LinkTable``, an EWMA); a peer enters the published row

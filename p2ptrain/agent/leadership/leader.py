@@ -68,6 +68,7 @@ from p2ptrain.agent.leadership.plan_maker import (
     make_plan,
     stage_state_bytes,
     trainers_and_spares,
+    unmeasured_links,
     warm_copies,
     with_company,
 )
@@ -232,8 +233,10 @@ class Leader:
         except ProtocolError as e:
             logger.warning("reading the links rows failed: %s", e)
             return
-        gaps, waited_s = link_gaps(trainers, rows, probe_set.graph(membership.peers, self.config)), self._links_wait.waited_s()
-        if gaps and waited_s < self.config.membership.links_timeout_s:
+        # both ends of each pair (a link one end measured is clamped to the best both did: the first plan would
+        # not see a fast instance or region that only one end has measured yet)
+        gaps = link_gaps(trainers, rows, probe_set.graph(membership.peers, self.config))
+        if gaps and self._links_wait.waited_s() < self.config.membership.links_timeout_s:
             self._note_waiting(f"leading; {trigger}; waiting for {len(gaps)} link measurements of its trainers")
             return
         stages = self._stages.next_plan(None)
@@ -383,8 +386,7 @@ class Leader:
         trainers (trainers do not probe while they train; a joiner, idle, measures its own row within seconds),
         or ``links_timeout_s``. Planned blind, a joiner's unmeasured links price every plan alike, and followers
         who read the rows a moment later refuse it (their own plan is cheaper on what they read)."""
-        directed = set(link_gaps(trainers, rows, probe_set.graph(membership.peers, self.config)))
-        gaps = [(a, b) for a, b in directed if a < b and (b, a) in directed]  # neither end measured it
+        gaps = unmeasured_links(trainers, rows, probe_set.graph(membership.peers, self.config))
         now = time.monotonic()
         if self._join_links_since is None:
             self._join_links_since = now

@@ -111,6 +111,14 @@ def link_gaps(members: Sequence[str], rows: Mapping[str, LinksRecord],
     return gaps
 
 
+def unmeasured_links(members: Sequence[str], rows: Mapping[str, LinksRecord],
+                     partners: Mapping[str, Collection[str]] | None = None) -> list[tuple[str, str]]:
+    """Pairs (a < b) of the probe graph (``partners``; None: every pair) that neither end's row covers yet:
+    what a plan waits for (one end's figure is enough to plan with; the other's checks it when it comes)."""
+    directed = set(link_gaps(members, rows, partners))
+    return sorted((a, b) for a, b in directed if a < b and (b, a) in directed)
+
+
 def _paths_behind_lines(bandwidth: np.ndarray, uplink: Sequence[float | None] | None,
                         downlink: Sequence[float | None] | None) -> None:
     """Where both ends of a pair published their lines, the path between them is taken as no slower than
