@@ -50,11 +50,13 @@ class EventLog:
 
 class TrafficReport:
     """Writes what this agent's DHT calls cost so far (``net.dht.counters.DHTCounters``: per record kind, stores
-    and reads with their bytes, failures and seconds) as a ``dht_traffic`` event, every ``every_s`` when
-    ``maybe`` is called (each membership poll) and before the agent's last event (``EventLog.before_end``)."""
+    and reads with their bytes, failures and seconds) and its control traffic on the transport
+    (``net.transport.counters.ControlCounters``: pings and probes) as a ``dht_traffic`` event, every
+    ``every_s`` when ``maybe`` is called (each membership poll) and before the agent's last event
+    (``EventLog.before_end``)."""
 
-    def __init__(self, events: EventLog, counters: Any, every_s: float = 60.0):
-        self.events, self.counters, self.every_s = events, counters, every_s
+    def __init__(self, events: EventLog, counters: Any, control: Any, every_s: float = 60.0):
+        self.events, self.counters, self.control, self.every_s = events, counters, control, every_s
         self._started = self._last = time.monotonic()
         events.before_end(self.final)
 
@@ -65,7 +67,7 @@ class TrafficReport:
     def final(self) -> None:
         self._last = time.monotonic()
         self.events.write("dht_traffic", uptime_s=round(self._last - self._started, 3),
-                          kinds=self.counters.snapshot())
+                          kinds=self.counters.snapshot(), control=self.control.snapshot())
 
 
 class EventReader:

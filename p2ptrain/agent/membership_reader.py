@@ -50,7 +50,7 @@ class MembershipReader:
         self._shaping = shaping
         self._dialled: set[str] = set()
         self._claims_noted: set[tuple[str, str]] = set()  # (peer, what was said): each said once
-        self._traffic = TrafficReport(events, dht.counters)  # the ``dht_traffic`` events
+        self._traffic = TrafficReport(events, dht.counters, transport.counters)  # the ``dht_traffic`` events
 
     def read(self, following: PlanRecord | None) -> tuple[Membership, Membership] | None:
         """The live members, with the passed-over leaders and without (None if the records could not be read:

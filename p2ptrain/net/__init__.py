@@ -8,9 +8,10 @@
 - ``transport/``: tensors over libp2p — ``messages`` (message kinds, tags and headers, tensors as bytes),
   ``frames`` / ``streamio`` (bytes on a stream), ``servicer`` (the ``rpc_*`` endpoints), ``channel`` (the
   sending streams), ``mailbox`` (what a receiver accepts), ``emulation`` / ``pacing`` (emulated links),
-  ``probe`` / ``probe_session`` (measuring links), ``status`` (the heartbeat payload), ``endpoint``
+  ``probe`` / ``probe_session`` (measuring links), ``counters`` (its control traffic), ``status`` (the heartbeat payload), ``endpoint``
   (``Transport``: one event loop, a synchronous facade, a deadline on every call).
 - ``nat/``: ``relay`` (circuit relays and relayed addresses), ``forward`` (streams forwarded by a public peer).
+- ``counters``: counts of an agent's calls by kind (the DHT's, the transport's control traffic).
 - ``p2p_fixes``: a fix to hivemind's daemon client (a reply to a call given up on no longer ends every unary
   call of the process), applied before any client starts.
 

@@ -33,8 +33,10 @@ others (a region, a multi-GPU instance), the link between two devices mostly a m
    links among many measured ones do not move it).
 3. **Fallback.** Where no link between A and B was measured, the latency is the shortest two-hop path
    through a third group (an upper bound in any network where routing is no worse than relaying), and
-   the bandwidth the lowest measured link of A or B to anyone (a cautious guess: the planner then avoids
-   it, and a plan that uses it has it measured before the next re-plan).
+   the bandwidth the lower of A's and B's typical links to other groups (the median of each group's
+   measured links across: what its uplink or instance's network allows; a plan that uses the pair has it
+   measured before the next re-plan). (The lowest measured link of either group would price a spot
+   network's unmeasured instance pairs at the noise's low end, 10 % under the typical link.)
 
 Estimates come from the signed rows alone and are deterministic (no random numbers, no clock), so every
 follower derives the same matrix for its plan check; the mask says which entries were measured, and an
@@ -194,18 +196,19 @@ def estimate_links(latency: np.ndarray, bandwidth: np.ndarray, measured: np.ndar
 def _fill_group_gaps(group_lat: np.ndarray, group_bw: np.ndarray, labels: np.ndarray, lat: np.ndarray,
                      bw: np.ndarray, measured: np.ndarray) -> None:
     """Group pairs with no measured link (in place): latency by the shortest two-hop path through a third
-    group, bandwidth the lowest measured link of either group (module docstring)."""
+    group, bandwidth the lower of the two groups' typical links to other groups (module docstring)."""
     k = len(group_lat)
     worst_lat = float(lat[measured].max())
-    lowest = np.full(k, np.inf)
+    across = measured & (labels[:, None] != labels[None, :])
+    typical = np.full(k, np.nan)  # each group's median measured link to other groups
     for g in range(k):
-        sel = measured[labels == g]
+        sel = across[labels == g]
         if sel.any():
-            lowest[g] = float(bw[labels == g][sel].min())
-    lowest[~np.isfinite(lowest)] = float(bw[measured].min())
+            typical[g] = float(np.median(bw[labels == g][sel]))
+    typical[np.isnan(typical)] = float(np.median(bw[across])) if across.any() else float(bw[measured].min())
     known = ~np.isnan(group_lat)
     relay = np.where(known, group_lat, np.inf)
     two_hop = (relay[:, :, None] + relay[None, :, :]).min(axis=1)
     for g, h in zip(*np.nonzero(~known), strict=False):
         group_lat[g, h] = min(float(two_hop[g, h]), worst_lat) if np.isfinite(two_hop[g, h]) else worst_lat
-        group_bw[g, h] = min(lowest[g], lowest[h])
+        group_bw[g, h] = min(typical[g], typical[h])

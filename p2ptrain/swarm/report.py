@@ -177,7 +177,8 @@ def summarize(state: SwarmState) -> dict[str, Any]:
 
 def _dht_traffic(state: SwarmState) -> dict[str, dict[str, float]]:
     """Each agent's DHT calls over its run (its last ``dht_traffic`` event): stores and reads a minute, the bytes
-    of both a minute, and the calls that failed."""
+    of both a minute, and the calls that failed; and its control traffic on the transport: pings and probe
+    round trips a minute, and their bytes."""
     out = {}
     for agent in state.agents:
         event = agent.events.last("dht_traffic")
@@ -191,6 +192,11 @@ def _dht_traffic(state: SwarmState) -> dict[str, dict[str, float]]:
             "bytes_per_min": round(sum(r["store_bytes"] + r["read_bytes"] for r in rows) / minutes),
             "failures": sum(r["store_failures"] + r["read_failures"] for r in rows),
         }
+        control = event.get("control") or {}  # the transport's control traffic: heartbeat pings, link probes
+        for kind in ("ping", "probe"):
+            row = control.get(kind, {})
+            out[str(agent.index)][f"{kind}s_per_min"] = round(row.get("calls", 0) / minutes, 1)
+            out[str(agent.index)][f"{kind}_bytes_per_min"] = round(row.get("bytes", 0) / minutes)
     return out
 
 
@@ -384,5 +390,9 @@ def format_summary(summary: dict[str, Any], regions: list[str | None] | None = N
                      f"{max(r['reads_per_min'] for r in rows):.0f} reads a minute, "
                      f"{max(r['bytes_per_min'] for r in rows) / 1e3:.0f} kB a minute at most; "
                      f"{sum(r['failures'] for r in rows)} failed")
+        lines.append(f"control traffic per agent: {max(r.get('pings_per_min', 0) for r in rows):.0f} pings "
+                     f"({max(r.get('ping_bytes_per_min', 0) for r in rows) / 1e3:.1f} kB) and "
+                     f"{max(r.get('probes_per_min', 0) for r in rows):.0f} probe round trips "
+                     f"({max(r.get('probe_bytes_per_min', 0) for r in rows) / 1e6:.1f} MB) a minute at most")
     lines.append(f"logs and status: {summary['workdir']}")
     return "\n".join(lines)

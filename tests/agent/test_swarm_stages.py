@@ -40,6 +40,9 @@ def test_a_swarm_trains_the_stage_count_its_leader_chose_with_the_reference_loss
     assert sorted(summary["dht_traffic"]) == ["0", "1", "2", "3"], summary["dht_traffic"]
     assert all(t["stores_per_min"] > 0 and t["reads_per_min"] > 0 and t["bytes_per_min"] > 0
                for t in summary["dht_traffic"].values()), summary["dht_traffic"]
+    # and its control traffic on the transport: every agent probed its partners' links
+    assert all(t["probes_per_min"] > 0 and t["probe_bytes_per_min"] > 0
+               for t in summary["dht_traffic"].values()), summary["dht_traffic"]
     print(f"the leader chose {stages} stages × {summary['replicas']} replicas:", chosen[0]["options"])
 
     run = config_from_dict(TrainConfig, summary["config"])

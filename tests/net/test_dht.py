@@ -322,6 +322,7 @@ def test_each_store_and_read_is_counted_with_its_bytes_and_a_failed_one_as_faile
     one read of the entries' bytes; a read once the DHT process is gone counts a failure; and the agent's
     ``dht_traffic`` event carries the totals (``TrafficReport``)."""
     from p2ptrain.agent.events import EventLog, TrafficReport
+    from p2ptrain.net.transport.counters import PING, ControlCounters
 
     writer = SwarmDHT(RUN, LOOPBACK).start()
     reader = None
@@ -340,9 +341,12 @@ def test_each_store_and_read_is_counted_with_its_bytes_and_a_failed_one_as_faile
         counted = reader.counters.snapshot()["peers"]
         assert counted["reads"] == reads_before + 1 and counted["read_bytes"] >= len(record.encode())
         log = EventLog(tmp_path / "events.jsonl")
-        TrafficReport(log, reader.counters, every_s=3600.0).final()
+        control = ControlCounters()
+        control.add(PING, calls=2, bytes=40, failures=1, seconds=0.5)
+        TrafficReport(log, reader.counters, control, every_s=3600.0).final()
         event = json.loads((tmp_path / "events.jsonl").read_text())
         assert event["event"] == "dht_traffic" and event["kinds"] == reader.counters.snapshot()
+        assert event["control"] == {"ping": {"calls": 2, "bytes": 40, "failures": 1, "seconds": 0.5}}
         reader.shutdown()
         with pytest.raises(ProtocolError):
             reader.read(RecordKind.PEER)

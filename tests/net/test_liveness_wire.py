@@ -67,7 +67,19 @@ def test_a_ping_of_another_run_is_refused(pair):
     a, _ = pair
     with Transport("otherrun", CONFIG, initial_peers=a.visible_maddrs) as other:
         result = other.ping_all([str(a.peer_id)], timeout_s=10.0)[str(a.peer_id)]
+        assert other.counters.snapshot()["ping"]["failures"] == 1  # counted in its control traffic, as failed
     assert isinstance(result, ProtocolError) and "bad ping answer" in str(result)
+
+
+def test_each_ping_is_counted_with_its_bytes():
+    with Transport(RUN, CONFIG) as a, Transport(RUN, CONFIG, initial_peers=a.visible_maddrs) as b:
+        a.status = PeerStatus(TRAIN, 3, 17)
+        for _ in range(3):
+            assert b.ping_all([str(a.peer_id)], timeout_s=10.0)[str(a.peer_id)] == PeerStatus(TRAIN, 3, 17)
+        counted = b.counters.snapshot()["ping"]
+        assert counted["calls"] == 3 and counted["failures"] == 0
+        assert counted["bytes"] == 3 * (len(RUN) + 2 + len(PeerStatus(TRAIN, 3, 17).encode()))
+        assert "ping" not in a.counters.snapshot()  # answering is not sending
 
 
 def test_a_status_is_validated_both_ways():

@@ -85,6 +85,10 @@ def test_probes_cross_the_emulated_links_and_the_replier_reports_their_stamps(ma
         estimates[peer] = estimate
     assert estimates[slow].latency_ms > estimates[fast].latency_ms
     assert estimates[slow].bandwidth_gbps < estimates[fast].bandwidth_gbps
+    # every round trip is counted in the prober's control traffic, with its bytes both ways
+    counted = prober.counters.snapshot()["probe"]
+    assert counted["calls"] == len(round_trips) and counted["failures"] == 0
+    assert counted["bytes"] == sum(b.size_bytes for peer in (fast, slow) for b in prober.emulator.to(peer.peer_id))
 
 
 @pytest.mark.integration
@@ -97,6 +101,7 @@ def test_probing_a_silent_peer_ends_at_the_deadline(make_transport, deaf_transpo
         measure_link(prober, silent.peer_id, ProbeConfig(deadline_s=2.0))
     assert info.value.peer == str(silent.peer_id)
     assert time.monotonic() - start_s < 10  # no hang
+    assert prober.counters.snapshot().get("probe", {}).get("failures", 0) <= 1  # a stream never opened: no round trip
 
 
 class LatePacer(RecordingPacer):

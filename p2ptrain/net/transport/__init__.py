@@ -7,7 +7,8 @@
 - ``servicer``: the ``rpc_*`` endpoints; ``replies``: a call's reply, made, read and awaited; ``channel``: the sending streams of ``rpc_push``; ``mailbox``:
   what a receiver accepts and buffers; ``direct``: the direct data plane over sealed TCP; ``sealed``: a direct
   connection's bytes, sealed, moved by threads of its own.
-- ``status``: what a ping answers (the liveness payload, pure).
+- ``status``: what a ping answers (the liveness payload, pure); ``counters``: the control traffic (pings, probes)
+  this peer sent, by kind.
 - ``emulation`` and ``pacing``: emulated links and access lines, and keeping emulated time.
 - ``probe`` and ``probe_session``: a link's latency and bandwidth, measured over the transport's own rpc;
   ``access_probe``: this peer's own line, from flows to several peers at once.

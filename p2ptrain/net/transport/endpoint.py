@@ -50,6 +50,7 @@ from p2ptrain.net import p2p_fixes
 from p2ptrain.net.nat.relay import multiaddr_bytes
 from p2ptrain.net.transport.calls import Calls, call_of
 from p2ptrain.net.transport.channel import Channels
+from p2ptrain.net.transport.counters import PING, ControlCounters
 from p2ptrain.net.transport.direct import DirectPlane, plane_hosts
 from p2ptrain.net.transport.emulation import LinkEmulator
 from p2ptrain.net.transport.mailbox import Mailbox
@@ -129,6 +130,7 @@ class Transport:
         if self.emulator.clock is not time.monotonic:
             raise ValueError("a transport's link emulator must use time.monotonic (arrival stamps cross processes)")
         self.pacer = Pacer()
+        self.counters = ControlCounters()  # pings and probes sent (``counters``)
         self._send_buffers = BufferPool(config.buffer_pool_bytes)  # send_async's copies
         self.mailbox = Mailbox(run, max_message_bytes=config.max_message_bytes,
                                max_buffered_bytes=config.max_buffered_bytes,
@@ -407,6 +409,14 @@ class Transport:
 
     async def _ping(self, peer: str, timeout_s: float) -> PeerStatus | ProtocolError:
         request = runtime_pb2.ExpertRequest(uid=self.run)
+        start_s = time.monotonic()
+        result = await self._pinged(peer, request, timeout_s)
+        sent = request.ByteSize() + (len(result.encode()) if isinstance(result, PeerStatus) else 0)
+        self.counters.add(PING, calls=1, bytes=sent, failures=isinstance(result, ProtocolError),
+                          seconds=time.monotonic() - start_s)
+        return result
+
+    async def _pinged(self, peer: str, request: runtime_pb2.ExpertRequest, timeout_s: float) -> PeerStatus | ProtocolError:
         try:
             reply = await asyncio.wait_for(self.stub(peer).rpc_ping(request), timeout_s)
         except asyncio.TimeoutError:

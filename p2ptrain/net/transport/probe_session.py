@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from p2ptrain.errors import MessageRejected, PeerTimeoutError, ProtocolError
+from p2ptrain.net.transport.counters import PROBE
 from p2ptrain.net.transport.messages import Header, MessageKind, Tag
 from p2ptrain.net.transport.pacing import clock_domain
 from p2ptrain.net.transport.replies import Reply, next_reply, parse_reply
@@ -79,6 +80,17 @@ class ProbeSession:
                 yield piece
 
     async def roundtrip(self, request_bytes: int, reply_bytes: int = 0, timeout_s: float | None = None) -> RoundTrip:
+        """``_roundtrip``, counted in the transport's control traffic (``counters.PROBE``)."""
+        start_s, failed = time.perf_counter(), True
+        try:
+            found = await self._roundtrip(request_bytes, reply_bytes, timeout_s)
+            failed = False
+            return found
+        finally:
+            self.transport.counters.add(PROBE, calls=1, bytes=request_bytes + reply_bytes, failures=failed,
+                                        seconds=time.perf_counter() - start_s)
+
+    async def _roundtrip(self, request_bytes: int, reply_bytes: int = 0, timeout_s: float | None = None) -> RoundTrip:
         """Send ``request_bytes``, get the peer's ``reply_bytes`` back (in pieces when large: a pull); the times of
         both ways (``RoundTrip``).
 
