@@ -15,6 +15,8 @@ BENCHMARKS = {
                "then on the same networks as measured (perturbed links), beside GCMA run live.",
     "links": "Links measured in O(k) per peer: the planner on estimated links against the planner on the full "
              "matrix, on the paper's five networks and homes (perturbed) at 64 and 256 devices.",
+    "control_plane": "The control plane's cost per peer: each agent's DHT and control traffic a minute, measured in a "
+                     "local swarm and modelled at 64, 256 and 1,000 peers.",
     "runtime": "Training step time of the pipeline + data-parallel runtime.",
     "e2e": "End to end: a local swarm on an emulated network; scheduled, Megatron's and a random plan, measured "
            "beside the simulated objective's predictions.",

@@ -1,0 +1,42 @@
+"""``p2ptrain bench links`` and ``p2ptrain bench control_plane``: their plumbing on small inputs (the figures
+themselves are benchmark output, never asserted)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from p2ptrain.bench.control_plane import Measured, measured_row, model, ping_targets
+from p2ptrain.bench.links import command, run_network
+
+
+def test_a_run_small_enough_to_measure_every_pair_plans_as_on_the_full_matrix():
+    # 9 devices: the probe graph (links.partners = 8) is every pair, so nothing is estimated and the plan is
+    # the full-matrix plan itself
+    row = run_network("worldwide", 8, 0.1, rounds=1, seed=0)
+    assert row["rounds"][0]["measured_pairs"] == row["pairs"] == 28
+    assert row["rounds"][0]["plan_s"] == pytest.approx(row["full_s"])
+
+
+def test_the_links_bench_refuses_an_unknown_network():
+    result = CliRunner().invoke(command, ["--networks", "moon", "--devices", "8"])
+    assert result.exit_code != 0 and "unknown network(s) moon" in result.output
+
+
+def test_the_control_plane_model_at_the_measured_size_is_what_was_measured():
+    m = Measured(agents=8, stages=2, replicas=4, partners=7, reads={"peers": 60, "links": 10, "plan": 60, "progress": 30},
+                 stores={"peers": 2, "links": 1, "plan": 0, "progress": 10},
+                 read_bytes={"peers": 3000, "links": 1500, "plan": 600, "progress": 1400},
+                 store_bytes={"peers": 375, "links": 190, "plan": 0, "progress": 180},
+                 pings=420, ping_bytes=40, probes=30, probe_bytes=2e5)
+    same, measured = model(m, 8), measured_row(m)
+    for key in ("reads_per_min", "stores_per_min", "read_kb_per_min", "store_kb_per_min", "pings_per_min",
+                "probes_per_min", "largest_read_kb"):
+        assert same[key] == pytest.approx(measured[key]), key
+    big = model(m, 1000)
+    assert big["by_kind_read_kb"]["peers"] == pytest.approx(3000 * 1000 / 8 / 1e3)  # a record per peer
+    assert "peers" in big["over_limit"] and big["probes_per_min"] == m.probes  # probes bounded by the partners
+    assert ping_targets(1000, 2, 500) == 4 + 500 and ping_targets(20, 2, 10) == 19
+    json.dumps(big)  # what --json prints
