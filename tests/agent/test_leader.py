@@ -191,3 +191,20 @@ def test_membership_tracks_joins_leaves_and_incompatible_peers():
     view = tracker.update({PEERS[1]: record(), PEERS[2]: record(), PEERS[3]: old})
     assert view.ids == (PEERS[1], PEERS[2]) and view.leader == PEERS[1]  # the old leader left, 3 speaks another protocol
     assert tracker.known_for_s(PEERS[1]) == 5.0 and tracker.known_for_s(PEERS[2]) == 0.0
+
+
+def test_a_peers_labels_are_its_region_and_host_and_an_emulated_device_s_site(tmp_path):
+    from p2ptrain.agent.leadership import probe_set
+
+    on = lambda *maddrs, **kw: dataclasses.replace(record(**kw), maddrs=maddrs)  # noqa: E731
+    peers = {"a": on("/ip4/10.0.0.5/tcp/4001", "/ip4/127.0.0.1/tcp/4001", region="eu"),
+             "b": on("/ip4/10.0.0.5/tcp/4002"),
+             "c": on("/ip4/127.0.0.1/tcp/4003", f"/ip4/1.2.3.4/tcp/1/p2p/{PEERS[0]}/p2p-circuit")}
+    assert probe_set.labels(peers, EmulationSettings()) == {
+        "a": ("region:eu", "host:10.0.0.5"), "b": ("host:10.0.0.5",), "c": ()}  # loopback and circuits: no host
+    network = scenario("datacenter", 16)  # two instances of eight
+    path = tmp_path / "dc.json"
+    path.write_text(__import__("json").dumps(network.to_dict()))
+    emulated = EmulationSettings(cluster_file=str(path), device_index=0)
+    sites = probe_set.labels({f"p{k}": record(k, network.devices[k].region) for k in (0, 7, 8)}, emulated)
+    assert sites["p0"][-1] == sites["p7"][-1] != sites["p8"][-1]  # the same instance, another one
