@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from p2ptrain.agent.config import LivenessConfig
 from p2ptrain.agent.events import EventReader
 from p2ptrain.agent.leadership.plan_maker import run_workload
 from p2ptrain.errors import ConfigError
@@ -408,7 +409,7 @@ def _agent_toml(config: SwarmConfig, train: TrainConfig, run: str, maddrs: list[
                 "peer_ttl_s": config.peer_ttl_s},
         "transport": {"call_timeout_s": config.call_timeout_s},
         "churn": {"halt_timeout_s": max(config.call_timeout_s, config.peer_ttl_s) * 2},
-        "liveness": {"enabled": config.liveness},
+        "liveness": {"enabled": config.liveness, **_shared_cores_liveness(config.agents)},
         "verify": {"enabled": config.verify} | ({"rate": config.verify_rate} if config.verify_rate is not None else {}),
         "checkpoint": {"every_steps": config.checkpoint_every, "resume": config.resume,
                        "local_dir": str(root / f"agent-{agent.index}.state")},
@@ -422,6 +423,21 @@ def _agent_toml(config: SwarmConfig, train: TrainConfig, run: str, maddrs: list[
                                "time_scale": time_scale, "size_factor": size_factor,
                                "compute_scale": config.compute_scale}
     return to_toml(tables)
+
+
+AGENTS_PER_LIVENESS_TIMEOUT = 8  # beyond this many agents on one machine, heartbeats wait longer (below)
+
+
+def _shared_cores_liveness(agents: int) -> dict[str, float]:
+    """Heartbeat deadlines for ``agents`` processes sharing this machine's cores: the defaults up to
+    ``AGENTS_PER_LIVENESS_TIMEOUT``, then that many times longer per as many more. Sixteen agents on two cores
+    checking a plan at once (each a search of its own) answered pings late enough to be judged dead with the
+    defaults (2 s a ping, 6 s silent), and the run's first epoch halted; a starved process is not a dead peer."""
+    factor = -(-agents // AGENTS_PER_LIVENESS_TIMEOUT)
+    if factor <= 1:
+        return {}
+    defaults = LivenessConfig()
+    return {"ping_timeout_s": defaults.ping_timeout_s * factor, "timeout_s": defaults.timeout_s * factor}
 
 
 def to_toml(tables: dict[str, Any]) -> str:

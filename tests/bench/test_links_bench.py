@@ -40,3 +40,14 @@ def test_the_control_plane_model_at_the_measured_size_is_what_was_measured():
     assert "peers" in big["over_limit"] and big["probes_per_min"] == m.probes  # probes bounded by the partners
     assert ping_targets(1000, 2, 500) == 4 + 500 and ping_targets(20, 2, 10) == 19
     json.dumps(big)  # what --json prints
+
+
+def test_a_local_swarm_of_many_agents_gives_heartbeats_longer_deadlines():
+    from p2ptrain.agent.config import LivenessConfig
+    from p2ptrain.swarm.agent_launcher import _shared_cores_liveness
+
+    assert _shared_cores_liveness(8) == {}  # up to eight: the defaults
+    defaults = LivenessConfig()
+    assert _shared_cores_liveness(16) == {"ping_timeout_s": 2 * defaults.ping_timeout_s, "timeout_s": 2 * defaults.timeout_s}
+    assert _shared_cores_liveness(64)["timeout_s"] == 8 * defaults.timeout_s
+    LivenessConfig(**_shared_cores_liveness(64))  # a valid configuration
