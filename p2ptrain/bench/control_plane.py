@@ -105,7 +105,7 @@ def measure(workdir: Path) -> Measured:
 
 
 def ping_targets(n: int, stages: int, replicas: int, watch_all_up_to: int = 32) -> float:
-    """Peers a follower pings (``membership_reader._watch_targets``)."""
+    """Peers a follower pings (``MembershipReader._watch_targets``)."""
     if n - 1 <= watch_all_up_to:
         return float(n - 1)
     return float(min(n - 1, 2 + 2 + replicas))  # the leader and the next, its pipeline neighbours, its group
