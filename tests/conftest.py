@@ -1,4 +1,5 @@
-"""Shared fixtures: a deadline on every test (pytest-timeout, pyproject) and no process left behind."""
+"""Shared fixtures: a deadline on every test (pytest-timeout, pyproject), no process left behind, and one fork
+server per test worker that every launcher of the session uses (``runtime.forkserver.start_shared``)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,38 @@ def _name(p: psutil.Process) -> str:
         return p.name()
     except psutil.Error:
         return ""
+
+
+# What the session's launchers preload (the swarm's agents, ``train``'s workers, the swarm command itself): a
+# launcher whose own list the shared server's covers forks from it and imports nothing.
+SHARED_PRELOAD = ("p2ptrain.cli", "p2ptrain.cli.agent", "p2ptrain.cli.bootstrap", "p2ptrain.cli.swarm",
+                  "p2ptrain.agent.agent", "p2ptrain.runtime.worker", "torch._dynamo", "torch._inductor.config")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_fork_server(tmp_path_factory):
+    """One fork server for the worker's session: each swarm, ``train`` and swarm command a test starts forks
+    its processes from it instead of starting a server that imports torch and hivemind again (about 6 s of CPU
+    each). Tests of a launcher's own server or of a process tree say so (``ForkServer(share=False)``, the
+    variable removed from the environment)."""
+    from p2ptrain.runtime.forkserver import SHARED_ENV, start_shared, stop_shared
+    from p2ptrain.runtime.worker_launcher import WORKER_MODULES
+    from p2ptrain.swarm.agent_launcher import AGENT_MODULES
+
+    assert set(AGENT_MODULES) | set(WORKER_MODULES) <= set(SHARED_PRELOAD), "the shared preload is out of date"
+    root = tmp_path_factory.getbasetemp()
+    path = root / "forks.sock"
+    server = start_shared(SHARED_PRELOAD, path, log_path=root / "forks.log")
+    previous = os.environ.get(SHARED_ENV)
+    os.environ[SHARED_ENV] = str(path)
+    try:
+        yield path
+    finally:
+        if previous is None:
+            os.environ.pop(SHARED_ENV, None)
+        else:
+            os.environ[SHARED_ENV] = previous
+        stop_shared(server)
 
 
 @pytest.fixture(autouse=True)

@@ -25,16 +25,26 @@ to the server's stdin and reads ``{"pid": N}`` (or ``{"error": "..."}``) from it
 ``{"exited": N, "code": C}`` when that child ends (``C`` as Popen's ``returncode``: negative for a signal).
 The server ends once told to (``{"exit": true}``) or once its stdin ends, when every child it started has
 exited.
+
+A process that starts many launchers (a test session, a benchmark campaign) can share one server
+(``start_shared``): it also listens on a Unix socket only its user can open, named to the launchers by
+``P2PTRAIN_FORK_SERVER``. A launcher that connects first reads a hello (the server's pid, interpreter, network
+namespace, ``PYTHONPATH`` and preloaded modules) and uses the server only if it fits (``unfit``: a child forked
+in another network namespace would not be on the launcher's network); otherwise it starts its own. On a
+connection the protocol is the same, each child's exit goes to the connection that asked for it, and
+``{"exit": true}`` ends the connection, not the server.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import logging
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -44,6 +54,8 @@ from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger(__name__)
+
+SHARED_ENV = "P2PTRAIN_FORK_SERVER"  # the Unix socket of a shared server (``start_shared``), for launchers to use
 
 
 # ---- the launcher's side ----------------------------------------------------------------------------------
@@ -84,16 +96,28 @@ class ForkedProcess:
 
 
 class ForkServer:
-    """Starts ``python -m p2ptrain.runtime.forkserver PRELOAD...`` and spawns processes through it."""
+    """Starts ``python -m p2ptrain.runtime.forkserver PRELOAD...`` and spawns processes through it; or, with
+    ``share`` and a shared server named by ``P2PTRAIN_FORK_SERVER`` (``start_shared``) that fits, spawns
+    through that one instead (``attached``)."""
 
-    def __init__(self, preload: Sequence[str], log_path: Path | None = None, ready_timeout_s: float = 180.0):
-        self.preload, self.log_path, self.ready_timeout_s = tuple(preload), log_path, ready_timeout_s
+    def __init__(self, preload: Sequence[str], log_path: Path | None = None, ready_timeout_s: float = 180.0,
+                 share: bool = True):
+        self.preload, self.log_path, self.ready_timeout_s, self.share = tuple(preload), log_path, ready_timeout_s, share
         self._popen: subprocess.Popen | None = None
+        self._connection: socket.socket | None = None  # to a shared server
+        self._requests: Any = None  # where requests go: the server's stdin, or the connection
+        self._server_pid: int | None = None
+        self._ended = False  # the server's replies ended
         self._lock = threading.Lock()  # one request at a time
         self._changed = threading.Condition()
         self._replies: list[dict[str, Any]] = []
         self._codes: dict[int, int] = {}
         self._reader: threading.Thread | None = None
+
+    @property
+    def attached(self) -> bool:
+        """Whether this spawns through a shared server (which it neither started nor ends)."""
+        return self._connection is not None
 
     @staticmethod
     def can_run(argv: Sequence[str]) -> bool:
@@ -103,6 +127,9 @@ class ForkServer:
         return (argv[1] == "-m" and len(argv) > 2) or (not argv[1].startswith("-") and argv[1].endswith(".py"))
 
     def start(self) -> ForkServer:
+        path = os.environ.get(SHARED_ENV) if self.share else None
+        if path and self._attach(path):
+            return self
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         try:
             self._popen = subprocess.Popen([sys.executable, "-m", __name__, *self.preload], stdin=subprocess.PIPE,
@@ -110,13 +137,47 @@ class ForkServer:
         finally:
             if log is not subprocess.DEVNULL:
                 log.close()
-        self._reader = threading.Thread(target=self._read, name="p2ptrain-forkserver-reader", daemon=True)
-        self._reader.start()
+        self._requests, self._server_pid = self._popen.stdin, self._popen.pid
+        self._start_reader(self._popen.stdout)
         return self
+
+    @classmethod
+    def shared(cls, preload: Sequence[str], log_path: Path | None = None) -> ForkServer | None:
+        """The shared server named by ``P2PTRAIN_FORK_SERVER``, attached, if there is one that fits; else None."""
+        server, path = cls(preload, log_path), os.environ.get(SHARED_ENV)
+        return server if path and server._attach(path) else None
+
+    def _attach(self, path: str) -> bool:
+        """Use the shared server at ``path`` if it answers and fits (``unfit``); False (logged) otherwise."""
+        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            connection.settimeout(self.ready_timeout_s)  # its hello comes once its imports are done
+            connection.connect(path)
+            replies = connection.makefile("rb")
+            hello = json.loads(replies.readline() or b"{}").get("hello")
+            why = unfit(hello, self.preload)
+        except (OSError, ValueError, AttributeError) as e:
+            why = f"it does not answer ({type(e).__name__}: {e})"
+        if why:
+            logger.info("not using the shared fork server at %s: %s; starting one of our own", path, why)
+            connection.close()
+            return False
+        connection.settimeout(None)
+        self._connection, self._requests, self._server_pid = connection, connection.makefile("wb"), hello["pid"]
+        self._start_reader(replies)
+        if self.log_path is not None:
+            with open(self.log_path, "a") as log:
+                log.write(f"forked by the shared fork server (pid {hello['pid']}, {path})\n")
+        return True
+
+    def _start_reader(self, replies) -> None:
+        self._reader = threading.Thread(target=self._read, args=(replies,), name="p2ptrain-forkserver-reader",
+                                        daemon=True)
+        self._reader.start()
 
     @property
     def pid(self) -> int | None:
-        return self._popen.pid if self._popen is not None else None
+        return self._server_pid
 
     def spawn(self, argv: Sequence[str], *, stdout_path: Path | None = None, stderr_path: Path | None = None,
               env: Mapping[str, str] | None = None, cwd: Path | None = None) -> ForkedProcess:
@@ -129,10 +190,10 @@ class ForkServer:
                    "stdout": str(stdout_path) if stdout_path else None,
                    "stderr": str(stderr_path) if stderr_path else None}
         with self._lock:
-            assert self._popen is not None and self._popen.stdin is not None, "start() the fork server first"
+            assert self._requests is not None, "start() the fork server first"
             try:
-                self._popen.stdin.write(json.dumps(request).encode() + b"\n")
-                self._popen.stdin.flush()
+                self._requests.write(json.dumps(request).encode() + b"\n")
+                self._requests.flush()
             except OSError as e:
                 raise RuntimeError(f"the fork server is gone ({e}){self._log_hint()}") from None
             reply = self._next_reply(self.ready_timeout_s)
@@ -142,30 +203,34 @@ class ForkServer:
 
     def close(self, timeout_s: float = 10.0) -> None:
         """End the server: it is told to, waits for its children (stop them first), then exits. (Told, not
-        just left with a closed stdin: a process this one forked since, such as a DHT, holds the pipe open.)"""
-        if self._popen is None:
+        just left with a closed stdin: a process this one forked since, such as a DHT, holds the pipe open.)
+        A shared server is only told that this launcher is done; it goes on for the others."""
+        if self._requests is None:
             return
         try:
-            if self._popen.stdin is not None and not self._popen.stdin.closed:
+            if not self._requests.closed:
                 with self._lock:
-                    self._popen.stdin.write(b'{"exit": true}\n')
-                    self._popen.stdin.close()
+                    self._requests.write(b'{"exit": true}\n')
+                    self._requests.close()
         except OSError:
             pass
-        try:
-            self._popen.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            logger.warning("the fork server (pid %d) did not end within %.0f s; killing it", self._popen.pid, timeout_s)
-            self._popen.kill()
-            self._popen.wait(timeout=timeout_s)
+        if self._connection is not None:
+            self._connection.close()
+        elif self._popen is not None:
+            try:
+                self._popen.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                logger.warning("the fork server (pid %d) did not end within %.0f s; killing it", self._popen.pid,
+                               timeout_s)
+                self._popen.kill()
+                self._popen.wait(timeout=timeout_s)
         if self._reader is not None:
             self._reader.join(timeout_s)
 
     # the reader thread: replies in order, exit codes by pid
 
-    def _read(self) -> None:
-        assert self._popen is not None and self._popen.stdout is not None
-        for line in self._popen.stdout:
+    def _read(self, replies) -> None:
+        for line in replies:
             try:
                 message = json.loads(line)
             except ValueError:
@@ -177,7 +242,8 @@ class ForkServer:
                 else:
                     self._replies.append(message)
                 self._changed.notify_all()
-        with self._changed:  # the server ended: nothing more will come
+        with self._changed:  # the server ended (or our connection): nothing more will come
+            self._ended = True
             self._changed.notify_all()
 
     def _next_reply(self, timeout_s: float) -> dict[str, Any]:
@@ -185,7 +251,8 @@ class ForkServer:
         with self._changed:
             while not self._replies:
                 if not self._alive():
-                    raise RuntimeError(f"the fork server exited with code {self._popen.poll()}{self._log_hint()}")
+                    code = self._popen.poll() if self._popen is not None else "unknown"
+                    raise RuntimeError(f"the fork server exited with code {code}{self._log_hint()}")
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"the fork server did not answer within {timeout_s:.0f} s{self._log_hint()}")
                 self._changed.wait(0.5)
@@ -207,10 +274,68 @@ class ForkServer:
                 self._changed.wait(min(0.5, timeout_s) if timeout_s is not None else 0.5)
 
     def _alive(self) -> bool:
+        if self._connection is not None:
+            return not self._ended
         return self._popen is not None and self._popen.poll() is None
 
     def _log_hint(self) -> str:
         return f"; see {self.log_path}" if self.log_path else ""
+
+
+def unfit(hello: dict[str, Any] | None, preload: Sequence[str]) -> str | None:
+    """Why a shared server that said ``hello`` cannot fork what a launcher preloading ``preload`` starts (None:
+    it can): another interpreter, another network namespace (its children would not be on our network),
+    another ``PYTHONPATH``, or a module we would preload that it did not."""
+    if not isinstance(hello, dict):
+        return "it did not say hello"
+    missing = sorted(set(preload) - set(hello.get("preload", ())))
+    theirs = {"executable": hello.get("executable"), "network namespace": hello.get("netns"),
+              "PYTHONPATH": hello.get("pythonpath")}
+    ours = {"executable": sys.executable, "network namespace": _namespace("net"),
+            "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    differ = [what for what in ours if theirs[what] != ours[what]]
+    if differ:
+        return f"its {differ[0]} is {theirs[differ[0]]!r}, ours {ours[differ[0]]!r}"
+    if not isinstance(hello.get("pid"), int):
+        return "it did not say its pid"
+    return f"it did not preload {', '.join(missing)}" if missing else None
+
+
+def start_shared(preload: Sequence[str], path: Path, log_path: Path | None = None,
+                 bind_timeout_s: float = 60.0) -> subprocess.Popen:
+    """Start a fork server that also serves every launcher that connects to the Unix socket ``path`` (only its
+    owner's user can): for a process that starts many launchers (a test session, a benchmark campaign), which
+    then import nothing twice. Set ``P2PTRAIN_FORK_SERVER`` to ``path`` in their environment; the server
+    binds the socket at once and answers once its imports are done. It ends with ``stop_shared`` (or when
+    this process exits), once every child it forked has exited."""
+    log = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
+    try:
+        server = subprocess.Popen([sys.executable, "-m", __name__, "--listen", str(path), *preload],
+                                  stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+    finally:
+        if log is not subprocess.DEVNULL:
+            log.close()
+    deadline = time.monotonic() + bind_timeout_s
+    while not Path(path).exists():  # bound before its imports: a moment after the interpreter starts
+        if server.poll() is not None or time.monotonic() > deadline:
+            stop_shared(server)
+            raise RuntimeError(f"the shared fork server did not bind {path} within {bind_timeout_s:.0f} s"
+                               + (f"; see {log_path}" if log_path else ""))
+        time.sleep(0.02)
+    return server
+
+
+def stop_shared(server: subprocess.Popen, timeout_s: float = 30.0) -> None:
+    """End a server of ``start_shared``: its stdin closes, it stops serving and exits once its children did."""
+    if server.stdin is not None:
+        with contextlib.suppress(OSError):
+            server.stdin.close()
+    try:
+        server.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        logger.warning("the shared fork server (pid %d) did not end within %.0f s; killing it", server.pid, timeout_s)
+        server.kill()
+        server.wait(timeout=timeout_s)
 
 
 def _exists(pid: int) -> bool:
@@ -223,28 +348,116 @@ def _exists(pid: int) -> bool:
 
 # ---- the server's side ------------------------------------------------------------------------------------
 
+MAX_REQUEST_BYTES = 4 << 20  # a request line (command, environment, paths), at most
+_SERVER_FDS: set[int] = set()  # the listener's and the connections' descriptors, which a child closes
 
-def serve(preload: Sequence[str]) -> None:
+
+def serve(preload: Sequence[str], listen: str | None = None) -> None:
+    """Import ``preload``, then fork what the owner (stdin/stdout) asks for; with ``listen``, also what any
+    launcher connected to the Unix socket at that path asks for (``shared``), until the owner's stdin ends."""
+    listener = _listen(listen) if listen else None  # bound before the imports: a launcher may connect meanwhile
     for name in preload:
         importlib.import_module(name)
     torch = sys.modules.get("torch")
     if threading.active_count() != 1 or (torch is not None and torch.cuda.is_initialized()):
         raise SystemExit("fork server: the preloaded modules started a thread or CUDA; forking would not be safe")
-    children: set[int] = set()
-    pending, open_input = b"", True
-    while open_input or children:
-        ready, _, _ = select.select([0] if open_input else [], [], [], 0.1)
-        if ready:
-            chunk = os.read(0, 1 << 16)
-            open_input = bool(chunk)
-            pending += chunk
-            while b"\n" in pending and open_input:
-                line, pending = pending.split(b"\n", 1)
-                open_input = _handle(line, children)
+    owner = _Channel(0, 1)
+    if listener is not None:
+        owner.send({"listening": listen})
+    hello = {"hello": {"pid": os.getpid(), "executable": sys.executable, "netns": _namespace("net"),
+                       "preload": list(preload), "pythonpath": os.environ.get("PYTHONPATH", "")}}
+    launchers: dict[int, _Channel] = {}  # connected ones, by file descriptor
+    children: dict[int, _Channel] = {}  # pid -> whom to tell when it exits
+    _SERVER_FDS.clear()
+    _SERVER_FDS.update([listener.fileno()] if listener is not None else [])
+    while owner.open or children:
+        if not owner.open and listener is not None:  # the owner is gone: no new launcher, no new child
+            listener = _close_listener(listener, listen)
+        waiting = [owner.rfd] if owner.open else []
+        waiting += [*launchers, *([listener.fileno()] if listener is not None else [])]
+        for fd in select.select(waiting, [], [], 0.1)[0]:
+            if listener is not None and fd == listener.fileno():
+                connection, _ = listener.accept()
+                launchers[connection.fileno()] = channel = _Channel(connection.fileno(), connection.fileno(), connection)
+                _SERVER_FDS.add(connection.fileno())
+                channel.send(hello)
+            else:
+                channel = owner if fd == owner.rfd and owner.open else launchers[fd]
+                channel.receive(children)
+                if not channel.open and channel is not owner:
+                    _SERVER_FDS.discard(fd)
+                    launchers.pop(fd).close()
         _reap(children)
+    if listener is not None:
+        _close_listener(listener, listen)
 
 
-def _handle(line: bytes, children: set[int]) -> bool:
+class _Channel:
+    """One launcher's requests (``rfd``) and replies (``wfd``): the owner's pipes, or a connection."""
+
+    def __init__(self, rfd: int, wfd: int, connection: socket.socket | None = None):
+        self.rfd, self.wfd, self.connection = rfd, wfd, connection
+        self.pending, self.open = b"", True
+
+    def receive(self, children: dict[int, _Channel]) -> None:
+        try:
+            chunk = os.read(self.rfd, 1 << 16)
+        except OSError:
+            chunk = b""
+        self.open = bool(chunk)
+        self.pending += chunk
+        while b"\n" in self.pending and self.open:
+            line, self.pending = self.pending.split(b"\n", 1)
+            self.open = _handle(line, self, children)
+        if len(self.pending) > MAX_REQUEST_BYTES:  # a request this long is no request of ours
+            self.send({"error": f"a request of more than {MAX_REQUEST_BYTES} bytes"})
+            self.open = False
+
+    def send(self, message: dict[str, Any]) -> None:
+        if self.wfd < 0:
+            return
+        try:
+            data = json.dumps(message).encode() + b"\n"
+            while data:
+                data = data[os.write(self.wfd, data):]
+        except OSError:  # the launcher is gone: its children are stopped by their process groups, not by us
+            self.wfd = -1
+
+    def close(self) -> None:
+        self.open, self.wfd = False, -1
+        if self.connection is not None:
+            self.connection.close()
+
+
+def _listen(path: str) -> socket.socket:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_mask = os.umask(0o177)  # the socket is its owner's alone: whoever connects runs code as the server
+    try:
+        listener.bind(path)
+    finally:
+        os.umask(old_mask)
+    listener.listen(64)
+    return listener
+
+
+def _close_listener(listener: socket.socket, path: str | None) -> None:
+    listener.close()
+    if path:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def _namespace(kind: str) -> str:
+    """This process's ``kind`` namespace (``net:[4026531840]``): a child forked here lives in the server's."""
+    try:
+        return os.readlink(f"/proc/self/ns/{kind}")
+    except OSError:
+        return ""
+
+
+def _handle(line: bytes, channel: _Channel, children: dict[int, _Channel]) -> bool:
     """Serve one request; False once told to end."""
     try:
         request = json.loads(line)
@@ -256,12 +469,15 @@ def _handle(line: bytes, children: set[int]) -> bool:
         out = open(request["stdout"], "wb") if request["stdout"] else None  # noqa: SIM115 - the child's
         err = open(request["stderr"], "ab") if request["stderr"] else None  # noqa: SIM115
     except (ValueError, KeyError, TypeError, AttributeError, OSError) as e:
-        _send({"error": f"{type(e).__name__}: {e}"})
+        channel.send({"error": f"{type(e).__name__}: {e}"})
         return True
     started_r, started_w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns into the server's loop
         os.close(started_r)
+        for fd in _SERVER_FDS:  # the listener and the launchers' connections are the server's, not the child's
+            with contextlib.suppress(OSError):
+                os.close(fd)
         _become(request, out, err)
         os.close(started_w)  # its session exists: a signal to its group from now on reaches it
         _run(argv)
@@ -272,8 +488,8 @@ def _handle(line: bytes, children: set[int]) -> bool:
     for f in (out, err):
         if f is not None:
             f.close()
-    children.add(pid)
-    _send({"pid": pid})
+    children[pid] = channel
+    channel.send({"pid": pid})
     return True
 
 
@@ -333,7 +549,7 @@ def _run(argv: Sequence[str]) -> None:
         runpy.run_path(script, run_name="__main__")
 
 
-def _reap(children: set[int]) -> None:
+def _reap(children: dict[int, _Channel]) -> None:
     while children:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -342,17 +558,14 @@ def _reap(children: set[int]) -> None:
             return
         if pid == 0:
             return
-        children.discard(pid)
+        channel = children.pop(pid, None)
         code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-        _send({"exited": pid, "code": code})
-
-
-def _send(message: dict[str, Any]) -> None:
-    try:
-        os.write(1, json.dumps(message).encode() + b"\n")
-    except OSError:  # the launcher is gone: its children are stopped by their process groups, not by us
-        pass
+        if channel is not None:
+            channel.send({"exited": pid, "code": code})
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1:])
+    if sys.argv[1:2] == ["--listen"]:
+        serve(sys.argv[3:], listen=sys.argv[2])
+    else:
+        serve(sys.argv[1:])

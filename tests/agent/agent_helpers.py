@@ -19,24 +19,49 @@ def swarm_command(workdir: Path, *args: str) -> list[str]:
 
 
 def run_swarm(workdir: Path, *args: str, timeout_s: float = 240) -> tuple[int, dict | None, str]:
-    """Run ``p2ptrain swarm --json`` to the end: (exit code, the JSON summary or None, stderr)."""
-    proc = subprocess.Popen(swarm_command(workdir, "--json", *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.terminate()  # SIGTERM: the swarm stops every process it started (SIGKILL would orphan them)
+    """Run ``p2ptrain swarm --json`` to the end: (exit code, the JSON summary or None, stderr). The command is
+    forked from the session's shared fork server where there is one (``conftest.shared_fork_server``: it
+    imports nothing), started as a new interpreter otherwise; either way it is the real command."""
+    from p2ptrain.runtime.forkserver import ForkServer
+
+    argv = swarm_command(workdir, "--json", *args)
+    server = ForkServer.shared(("p2ptrain.cli", "p2ptrain.cli.swarm"))
+    if server is None:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
-            proc.communicate(timeout=60)
+            stdout, stderr = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-        raise
+            _stop(proc, proc.communicate)
+            raise
+    else:
+        workdir.mkdir(parents=True, exist_ok=True)
+        out, err = workdir / "swarm.out", workdir / "swarm.err"
+        err.unlink(missing_ok=True)
+        try:
+            proc = server.spawn(argv, stdout_path=out, stderr_path=err)
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                _stop(proc, proc.wait)
+                raise
+        finally:
+            server.close()
+        stdout, stderr = out.read_text(), err.read_text()
     summary = json.loads(stdout) if stdout.strip() else None
     if proc.returncode != 0:
         print(log_tails(workdir))  # pytest shows it beside the failure: CI keeps no workdir to read afterwards
     assert_no_logging_errors(workdir)
     return proc.returncode, summary, stderr
+
+
+def _stop(proc, wait) -> None:
+    """SIGTERM (the swarm stops every process it started; SIGKILL would orphan them), then SIGKILL after 60 s."""
+    proc.terminate()
+    try:
+        wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        wait(timeout=60)
 
 
 def log_tails(workdir: Path, lines: int = 12, width: int = 240) -> str:
@@ -163,7 +188,7 @@ def run_agents(workdir: Path, config, commands: dict, overrides: dict, timeout_s
         announce = workdir / "bootstrap.maddrs"
         group.start("bootstrap", [sys.executable, "-m", "p2ptrain", "bootstrap", "--host-maddrs",
                                   "/ip4/127.0.0.1/tcp/0", "--announce-file", str(announce), "--run-id", config.run],
-                    log_path=workdir / "bootstrap.log")
+                    log_path=workdir / "bootstrap.log", fork=True)
         wait_for(announce.exists, 90, "the bootstrap's address line")
         maddrs = announce.read_text().split()
         for agent in agents:

@@ -10,13 +10,17 @@ import subprocess
 import pytest
 from agent_helpers import assert_all_gone, events, process_tree, read_status, swarm_command, wait_for
 
+from p2ptrain.runtime.forkserver import SHARED_ENV
+
 pytestmark = pytest.mark.integration
 
 
 def start_swarm(workdir, *args: str) -> subprocess.Popen:
+    """The swarm as a user starts it: its processes forked from a server of its own, so in its process tree."""
     log = open(workdir / "swarm.stderr", "w")  # noqa: SIM115 - the child holds its own copy
+    env = {k: v for k, v in os.environ.items() if k != SHARED_ENV}
     try:
-        return subprocess.Popen(swarm_command(workdir, *args), stdout=subprocess.DEVNULL, stderr=log)
+        return subprocess.Popen(swarm_command(workdir, *args), stdout=subprocess.DEVNULL, stderr=log, env=env)
     finally:
         log.close()
 

@@ -6,6 +6,7 @@ import json
 import multiprocessing
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -13,7 +14,15 @@ import time
 
 import pytest
 
-from p2ptrain.runtime.forkserver import ForkedProcess, ForkServer
+from p2ptrain.runtime.forkserver import (
+    MAX_REQUEST_BYTES,
+    SHARED_ENV,
+    ForkedProcess,
+    ForkServer,
+    start_shared,
+    stop_shared,
+    unfit,
+)
 from p2ptrain.runtime.procgroup import ProcessGroup
 
 SCRIPT = textwrap.dedent(
@@ -36,7 +45,7 @@ def test_a_forked_script_runs_as_its_own_process_with_our_environment_files_and_
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.setenv("FORKED_TEST", "as set when spawned")  # after the server started: the call's env counts
-    server = ForkServer(["torch"], log_path=tmp_path / "server.log").start()
+    server = ForkServer(["torch"], log_path=tmp_path / "server.log", share=False).start()
     try:
         children = [server.spawn([sys.executable, str(script), str(code)], cwd=work, stdout_path=tmp_path / f"out{code}",
                                  stderr_path=tmp_path / f"err{code}") for code in (0, 3)]
@@ -69,7 +78,8 @@ def test_a_forked_script_runs_as_its_own_process_with_our_environment_files_and_
 
 
 @pytest.mark.timeout(120)
-def test_a_group_forks_python_children_and_starts_other_commands_as_before(tmp_path):
+def test_a_group_forks_python_children_and_starts_other_commands_as_before(tmp_path, monkeypatch):
+    monkeypatch.delenv(SHARED_ENV, raising=False)  # a server of the group's own
     with ProcessGroup(grace_s=5.0) as group:
         group.use_fork_server(["json"], log_path=tmp_path / "server.log")
         forked = group.start("forked", [sys.executable, "-m", "json.tool", "--help"], log_path=tmp_path / "f.log",
@@ -114,7 +124,7 @@ def test_a_child_killed_holding_hivemind_locks_does_not_hang_its_siblings(tmp_pa
     # an agent SIGKILLed while it held one hung the DHT of every other agent of a local swarm
     (tmp_path / "holder.py").write_text(HOLDER)
     (tmp_path / "taker.py").write_text(TAKER)
-    server = ForkServer(["hivemind.utils.mpfuture"], log_path=tmp_path / "server.log").start()
+    server = ForkServer(["hivemind.utils.mpfuture"], log_path=tmp_path / "server.log", share=False).start()
     try:
         holder = server.spawn([sys.executable, str(tmp_path / "holder.py")], stdout_path=tmp_path / "holder.out",
                               stderr_path=tmp_path / "holder.err")
@@ -131,3 +141,56 @@ def test_a_child_killed_holding_hivemind_locks_does_not_hang_its_siblings(tmp_pa
         assert (tmp_path / "taker.out").read_text() == "42\n"
     finally:
         server.close(timeout_s=30)
+
+
+@pytest.mark.timeout(120)
+def test_launchers_share_one_server_that_fits_and_each_hears_of_its_own_children(tmp_path, monkeypatch):
+    path = tmp_path / "forks.sock"
+    shared = start_shared(["json"], path, log_path=tmp_path / "shared.log")
+    try:
+        monkeypatch.setenv(SHARED_ENV, str(path))
+        first, second = (ForkServer(["json"], log_path=tmp_path / f"launcher{k}.log").start() for k in (1, 2))
+        assert first.attached and second.attached and first.pid == second.pid == shared.pid
+        assert oct(path.stat().st_mode & 0o777) == "0o600"  # its owner's alone: whoever connects runs code
+        assert "forked by the shared fork server" in (tmp_path / "launcher1.log").read_text()
+        sleeper = first.spawn([sys.executable, "-m", "http.server", "0"], stderr_path=tmp_path / "http.log")
+        quick = second.spawn([sys.executable, "-m", "json.tool", "--help"], stdout_path=tmp_path / "quick.out")
+        assert quick.wait(timeout=60) == 0 and "json.tool" in (tmp_path / "quick.out").read_text()
+        assert sleeper.poll() is None  # its exit would come to the first launcher, which has heard nothing
+        second.close()  # one launcher done: the server goes on for the others
+        os.killpg(sleeper.pid, signal.SIGTERM)
+        assert sleeper.wait(timeout=30) == -signal.SIGTERM
+
+        # a line that is no request, and one far too long, are refused; the server serves the next launcher
+        with socket.socket(socket.AF_UNIX) as rogue:
+            rogue.connect(str(path))
+            replies = rogue.makefile("rb")
+            assert b"hello" in replies.readline()
+            rogue.sendall(b"not json\n")
+            assert b"error" in replies.readline()
+            rogue.sendall(b"x" * (MAX_REQUEST_BYTES + 1))  # all read before it refuses: its reply is not reset
+            assert b"more than" in replies.readline() and replies.readline() == b""
+        # a launcher that would preload what the server did not starts its own
+        own = ForkServer(["json", "csv"]).start()
+        assert not own.attached and own.pid != shared.pid
+        own.close()
+        third = ForkServer(["json"]).start()
+        assert third.attached and third.spawn([sys.executable, "-m", "json.tool", "--help"]).wait(timeout=60) == 0
+        third.close()
+        first.close()
+    finally:
+        stop_shared(shared)
+    assert shared.returncode == 0 and not path.exists()
+
+
+def test_a_shared_server_of_another_network_interpreter_or_path_does_not_fit():
+    from p2ptrain.runtime.forkserver import _namespace
+
+    hello = {"pid": 7, "executable": sys.executable, "netns": _namespace("net"), "preload": ["json", "csv"],
+             "pythonpath": os.environ.get("PYTHONPATH", "")}
+    assert unfit(hello, ["json"]) is None
+    assert "did not preload csv" in unfit({**hello, "preload": ["json"]}, ["json", "csv"])
+    assert "network namespace" in unfit({**hello, "netns": "net:[1]"}, ["json"])  # its children: not on our network
+    assert "executable" in unfit({**hello, "executable": "/other/python"}, ["json"])
+    assert "PYTHONPATH" in unfit({**hello, "pythonpath": "/elsewhere"}, ["json"])
+    assert unfit(None, []) == "it did not say hello" and "pid" in unfit({**hello, "pid": "7"}, [])
