@@ -77,6 +77,19 @@ def shared_fork_server(tmp_path_factory):
         stop_shared(server)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def shared_references(tmp_path_factory):
+    """A folder the session's workers share for single-process reference losses (``agent_helpers.reference_losses``:
+    each configuration's computed once)."""
+    root = tmp_path_factory.getbasetemp()
+    shared = root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root  # the workers' basetemps' parent
+    folder = shared / "references"
+    folder.mkdir(exist_ok=True)
+    os.environ["P2PTRAIN_TEST_REFERENCES"] = str(folder)
+    yield folder
+    os.environ.pop("P2PTRAIN_TEST_REFERENCES", None)
+
+
 @pytest.fixture(autouse=True)
 def no_orphans():
     """Every child process a test starts (workers, DHT processes, p2pd daemons) is gone when it ends.

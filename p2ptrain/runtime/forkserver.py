@@ -349,7 +349,7 @@ def _exists(pid: int) -> bool:
 # ---- the server's side ------------------------------------------------------------------------------------
 
 MAX_REQUEST_BYTES = 4 << 20  # a request line (command, environment, paths), at most
-_SERVER_FDS: set[int] = set()  # the listener's and the connections' descriptors, which a child closes
+_SERVER_SOCKETS: dict[int, socket.socket] = {}  # the listener and the connections, by descriptor: not a child's
 
 
 def serve(preload: Sequence[str], listen: str | None = None) -> None:
@@ -368,8 +368,8 @@ def serve(preload: Sequence[str], listen: str | None = None) -> None:
                        "preload": list(preload), "pythonpath": os.environ.get("PYTHONPATH", "")}}
     launchers: dict[int, _Channel] = {}  # connected ones, by file descriptor
     children: dict[int, _Channel] = {}  # pid -> whom to tell when it exits
-    _SERVER_FDS.clear()
-    _SERVER_FDS.update([listener.fileno()] if listener is not None else [])
+    _SERVER_SOCKETS.clear()
+    _SERVER_SOCKETS.update({listener.fileno(): listener} if listener is not None else {})
     while owner.open or children:
         if not owner.open and listener is not None:  # the owner is gone: no new launcher, no new child
             listener = _close_listener(listener, listen)
@@ -379,13 +379,13 @@ def serve(preload: Sequence[str], listen: str | None = None) -> None:
             if listener is not None and fd == listener.fileno():
                 connection, _ = listener.accept()
                 launchers[connection.fileno()] = channel = _Channel(connection.fileno(), connection.fileno(), connection)
-                _SERVER_FDS.add(connection.fileno())
+                _SERVER_SOCKETS[connection.fileno()] = connection
                 channel.send(hello)
             else:
                 channel = owner if fd == owner.rfd and owner.open else launchers[fd]
                 channel.receive(children)
                 if not channel.open and channel is not owner:
-                    _SERVER_FDS.discard(fd)
+                    _SERVER_SOCKETS.pop(fd, None)
                     launchers.pop(fd).close()
         _reap(children)
     if listener is not None:
@@ -443,6 +443,7 @@ def _listen(path: str) -> socket.socket:
 
 
 def _close_listener(listener: socket.socket, path: str | None) -> None:
+    _SERVER_SOCKETS.pop(listener.fileno(), None)
     listener.close()
     if path:
         with contextlib.suppress(FileNotFoundError):
@@ -475,9 +476,9 @@ def _handle(line: bytes, channel: _Channel, children: dict[int, _Channel]) -> bo
     pid = os.fork()
     if pid == 0:  # the child: never returns into the server's loop
         os.close(started_r)
-        for fd in _SERVER_FDS:  # the listener and the launchers' connections are the server's, not the child's
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        for server_socket in _SERVER_SOCKETS.values():  # the server's, not the child's: closed and let go of, so
+            with contextlib.suppress(OSError):  # that collecting the objects at its exit closes no descriptor of its
+                os.close(server_socket.detach())  # own that took the number meanwhile
         _become(request, out, err)
         os.close(started_w)  # its session exists: a signal to its group from now on reaches it
         _run(argv)

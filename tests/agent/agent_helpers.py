@@ -247,3 +247,32 @@ def background_swarm(workdir: Path, *args: str):
             if swarm.poll() is None:
                 swarm.terminate()
                 swarm.wait(60)
+
+
+REFERENCES_ENV = "P2PTRAIN_TEST_REFERENCES"  # a folder the session's workers share (conftest.shared_references)
+
+
+def reference_losses(train, stop_after: int | None = None) -> list[float]:
+    """``train_reference(train, stop_after=...).losses``, computed once per test session: the run is
+    deterministic, so every test that checks a swarm against the same settings (the whole configuration is
+    the key, with torch's version) reads the losses the first one computed. Without the session's folder, as
+    computed now."""
+    import dataclasses
+    import hashlib
+    import os
+
+    import torch
+
+    from p2ptrain.runtime.reference import train_reference
+
+    folder = os.environ.get(REFERENCES_ENV)
+    text = json.dumps([dataclasses.asdict(train), stop_after, torch.__version__], sort_keys=True, default=repr)
+    path = Path(folder) / f"{hashlib.sha256(text.encode()).hexdigest()}.json" if folder else None
+    if path is not None and path.exists():
+        return json.loads(path.read_text())
+    losses = list(train_reference(train, stop_after=stop_after).losses)
+    if path is not None:
+        partial = path.with_suffix(f".{os.getpid()}.part")
+        partial.write_text(json.dumps(losses))
+        os.replace(partial, path)  # whole or not there: another worker reads it only complete
+    return losses

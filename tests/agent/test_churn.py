@@ -21,6 +21,7 @@ from agent_helpers import (
     is_alive,
     join_once_planned,
     read_status,
+    reference_losses,
     run_agents,
     run_swarm,
     sorted_identities,
@@ -31,7 +32,6 @@ from p2ptrain.config import config_from_dict
 from p2ptrain.net.identity import load_or_create_identity
 from p2ptrain.runtime.checkpoint import saved_stages
 from p2ptrain.runtime.config import TrainConfig
-from p2ptrain.runtime.reference import train_reference
 from p2ptrain.swarm.agent_launcher import SwarmConfig
 
 pytestmark = pytest.mark.integration
@@ -42,7 +42,7 @@ FAST = ("--scenario", "none", "--plan", "megatron", "--call-timeout", "8", "--pe
 
 
 def assert_reference_losses(summary: dict) -> None:
-    reference = train_reference(config_from_dict(TrainConfig, summary["config"])).losses
+    reference = reference_losses(config_from_dict(TrainConfig, summary["config"]))
     want = reference[summary["start_step"]:]
     assert len(summary["losses"]) == len(want), (summary["losses"], reference)
     for got, expected in zip(summary["losses"], want, strict=True):

@@ -15,9 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
-from agent_helpers import events, run_agents, sorted_identities
+from agent_helpers import events, reference_losses, run_agents, sorted_identities
 
-from p2ptrain.runtime.reference import train_reference
 from p2ptrain.swarm.agent_launcher import SwarmConfig
 
 pytestmark = pytest.mark.integration
@@ -41,7 +40,7 @@ def assert_reference(agents, train, stopped: bool = False) -> None:
     step, and the steps it trained are checked."""
     got = losses_of(agents)
     # stopped: the first steps of the run's own schedule (its rates depend on the run's length)
-    reference = train_reference(train, stop_after=max(got) if stopped else None).losses
+    reference = reference_losses(train, stop_after=max(got) if stopped else None)
     assert sorted(got) == list(range(1, len(reference) + 1)), sorted(got)
     for step, want in enumerate(reference, start=1):
         assert abs(got[step] - want) <= 1e-4 * abs(want), (step, got[step], want)

@@ -15,7 +15,9 @@ from agent_helpers import wait_for
 _AWAITING = """
 import pathlib, sys, time
 from p2ptrain.cli import main
+import p2ptrain.cli.monitor, p2ptrain.monitor.server  # all the command imports, before it may be awaited
 path, deadline = pathlib.Path(sys.argv[1]), time.monotonic() + 120
+path.with_name("test-monitor.imported").touch()  # ready: whoever waits for it may start the swarm now
 while not path.exists() and time.monotonic() < deadline:
     time.sleep(0.05)
 if not path.exists():
@@ -29,8 +31,9 @@ def start_monitor(workdir: Path, maddrs: str | Path, run: str, *args: str, wait:
                   ) -> tuple[subprocess.Popen, str | None]:
     """``p2ptrain monitor`` on any free port, joined through ``maddrs``; (process, its page's URL). ``maddrs`` a
     path: the bootstrap's address file, which the monitor awaits after its imports, so that a monitor started
-    before a swarm reads it from its start however slowly the machine imports; without ``wait``, the URL is
-    None (``monitor_url`` waits for it)."""
+    before a swarm reads it from its start however slowly the machine imports (it touches
+    ``test-monitor.imported`` beside the address file once it awaits it: start the swarm then); without
+    ``wait``, the URL is None (``monitor_url`` waits for it)."""
     announce = workdir / "test-monitor.url"
     flags = ["--run", run, "--port", "0", "--poll", "0.5", "--announce-file", str(announce), *args]
     command = ([sys.executable, "-c", _AWAITING, str(maddrs), *flags] if isinstance(maddrs, Path) else

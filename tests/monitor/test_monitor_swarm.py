@@ -40,6 +40,10 @@ def watched_swarm(tmp_path_factory):
     monitor, _ = start_monitor(workdir, workdir / "bootstrap.maddrs", RUN, wait=False)
     swarm = None
     try:
+        # and the swarm once the monitor awaits it: forked from the session's fork server, the swarm's agents
+        # import nothing, and 12 steps were over before a monitor still importing could join (CI, 2026-11-30)
+        wait_for(lambda: (workdir / "test-monitor.imported").exists() or monitor.poll() is not None, 120,
+                 "the test's monitor's imports")
         with open(out, "wb") as stdout, open(err, "wb") as stderr:
             swarm = subprocess.Popen(swarm_command(workdir, "--json", "--agents", "2", "--stages", "2", "--steps",
                                                    str(STEPS), "--scenario", "none", "--run", RUN, "--monitor"),

@@ -153,6 +153,12 @@ def test_launchers_share_one_server_that_fits_and_each_hears_of_its_own_children
         assert first.attached and second.attached and first.pid == second.pid == shared.pid
         assert oct(path.stat().st_mode & 0o777) == "0o600"  # its owner's alone: whoever connects runs code
         assert "forked by the shared fork server" in (tmp_path / "launcher1.log").read_text()
+        # a child holds none of the server's sockets (the listener, the launchers' connections): objects still
+        # owning their numbers would close whatever of the child's took them, when collected at its exit
+        (tmp_path / "sockets.py").write_text("import gc, socket\nprint(sum(isinstance(o, socket.socket) and "
+                                             "o.fileno() != -1 for o in gc.get_objects()))\n")
+        counted = first.spawn([sys.executable, str(tmp_path / "sockets.py")], stdout_path=tmp_path / "sockets.out")
+        assert counted.wait(timeout=60) == 0 and (tmp_path / "sockets.out").read_text() == "0\n"
         sleeper = first.spawn([sys.executable, "-m", "http.server", "0"], stderr_path=tmp_path / "http.log")
         quick = second.spawn([sys.executable, "-m", "json.tool", "--help"], stdout_path=tmp_path / "quick.out")
         assert quick.wait(timeout=60) == 0 and "json.tool" in (tmp_path / "quick.out").read_text()
