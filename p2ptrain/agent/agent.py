@@ -74,7 +74,7 @@ from p2ptrain.agent.churn.liveness import (
 from p2ptrain.agent.churn.stage_state import StateKeeper
 from p2ptrain.agent.churn.state_store import StateStore
 from p2ptrain.agent.config import AgentConfig
-from p2ptrain.agent.epoch import EpochContext, EpochOutcome, Heartbeat, run_epoch
+from p2ptrain.agent.epoch import EpochContext, EpochOutcome, Heartbeat, freeze_heap, run_epoch
 from p2ptrain.agent.epoch_watch import EpochWatch
 from p2ptrain.agent.events import EventLog
 from p2ptrain.agent.leadership import settings
@@ -171,6 +171,7 @@ class Agent:
         if cfg.train.compile:
             check_compile(device)  # a ConfigError in one line before the agent joins the run
         with torch_settings(cfg.train.num_threads, cfg.train.deterministic):
+            freeze_heap()  # the libraries, imported by now
             profile = profile_device(device, cache_dir=_path(cfg.profile.cache_dir), refresh=cfg.profile.refresh,
                                      measure_s=cfg.profile.measure_s)
             self.events.write("profile", device_name=profile.device_name, tflops=profile.tflops,

@@ -354,17 +354,22 @@ def _wait_sends(sends: list[concurrent.futures.Future], timeout_s: float) -> Non
         future.result(timeout=timeout_s + 5.0)
 
 
-def settle_heap() -> None:
+def freeze_heap() -> None:
     """Collect the garbage once, then freeze what survives (``gc.freeze``): the libraries an agent runs on
     (torch, hivemind, their modules and caches) are some 300,000 objects that every full collection would
-    scan again. On the training thread such a collection took 0.2-0.3 s, every few steps, in the middle of a
-    forward or backward pass (the e2e benchmark's int8 steps of 1.13 s took 1.46 s then). The cost is one
-    collection when an epoch starts, before its first step. What the last epoch froze is unfrozen first:
-    its trainer (module, optimizer, the all-reduce's hooks) holds reference cycles that a frozen heap would
-    never free."""
-    gc.unfreeze()
+    scan again; on the training thread such a collection took 0.2-0.3 s every few steps, in the middle of a
+    forward or backward pass (the e2e benchmark's int8 steps of 1.13 s took 1.46 s then). Called once, when
+    the agent starts; a fork server froze its own heap before it forked (``runtime.forkserver``), so then the
+    collection scans only what the agent made since."""
     gc.collect()
     gc.freeze()
+
+
+def settle_heap() -> None:
+    """An epoch starts on a collected heap: what the epoch before left in reference cycles (its trainer: the
+    module, the optimizer, the all-reduce's hooks hold their owners) is freed before the first step, not by a
+    collection in the middle of one. Only what the agent made since ``freeze_heap`` is scanned."""
+    gc.collect()
 
 
 def _waits(waits: StepWaits | None) -> dict[str, float]:

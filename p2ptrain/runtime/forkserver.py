@@ -38,6 +38,7 @@ connection the protocol is the same, each child's exit goes to the connection th
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import json
 import logging
@@ -361,6 +362,8 @@ def serve(preload: Sequence[str], listen: str | None = None) -> None:
     torch = sys.modules.get("torch")
     if threading.active_count() != 1 or (torch is not None and torch.cuda.is_initialized()):
         raise SystemExit("fork server: the preloaded modules started a thread or CUDA; forking would not be safe")
+    gc.collect()  # and freeze what is left: a child's collections never scan the imports (nor touch, and so copy,
+    gc.freeze()  # their pages)
     owner = _Channel(0, 1)
     if listener is not None:
         owner.send({"listening": listen})
