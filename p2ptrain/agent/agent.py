@@ -199,8 +199,7 @@ class Agent:
                 if cfg.liveness.enabled:
                     self.liveness = LivenessMonitor(self.transport, cfg.liveness, on_round=self._on_heartbeats).start()
                 self._publish_peer_record(profile, compute)
-                self.prober = LinkProber(self.transport, self.dht, cfg.links, on_publish=self._on_links,
-                                         on_access=self._on_access)
+                self.prober = LinkProber(self.transport, self.dht, cfg.links, on_publish=self._on_links, on_access=self._on_access)
                 self.prober.measure_access = self._shaping.measures_access()
                 self.prober.start()
                 self.heartbeat = Heartbeat(self.dht)
