@@ -266,7 +266,7 @@ class FaultInjector:
 
     def tick(self) -> None:
         done = self.state.steps_done()
-        while self.kills and done >= self.kills[0][1] - 1 and (done or self.state.all_have_roles()):
+        while self.kills and self._reached(self.kills[0], done) and (done or self.state.all_have_roles()):
             agent, step = self.kills.pop(0)
             self._kill(agent, step)
         while self.partitions and done >= self.partitions[0][1] - 1 and (done or self.state.all_have_roles()):
@@ -290,6 +290,18 @@ class FaultInjector:
             self.launch(new)
             logger.info("started %d joining agent(s) after step %d: %s", count, step, [a.index for a in new])
             self.state.joins.append({"step": step, "agents": [a.index for a in new], "time": time.time()})
+
+    def _reached(self, kill: tuple[str, int], done: int) -> bool:
+        """Whether ``kill``'s agent has its step in flight: its own steps in the epoch it trains (DiLoCo's replicas
+        train their rounds apart, steps from each other), else (a spare, not started) the run's."""
+        agent, step = kill
+        index = self.state.current_leader() if agent == "leader" else int(agent)
+        role = self.state.agents[index].events.last("role") if index is not None and index < len(self.state.agents) \
+            else None
+        if role is None or role.get("stage") is None:
+            return done >= step - 1
+        own = [e["step"] for e in self.state.agents[index].events.all("step") if e["epoch"] == role["epoch"]]
+        return max(own, default=role.get("start_step", 0)) >= step - 1
 
     def _kill(self, agent: str, step: int) -> None:
         index = self.state.current_leader() if agent == "leader" else int(agent)

@@ -88,7 +88,7 @@ class SwarmConfig:
                                        "estimated from them); default: the agents' own.", min=2)
     # (agent index or "leader", step): SIGKILL it while that step runs
     kills: tuple[tuple[str, int], ...] = option(
-        (), "SIGKILL agent AGENT (an index, or 'leader') while step STEP is in flight; repeatable.")
+        (), "SIGKILL agent AGENT (an index, or 'leader') while its step STEP is in flight; repeatable.")
     # (agent index, step, seconds): SIGSTOP its process group (agent, DHT, p2pd: cut off, not dead) while
     # that step runs, SIGCONT it that many seconds later
     partitions: tuple[tuple[str, int, float], ...] = option(
