@@ -12,7 +12,8 @@
   stages; ``init_from``: starting from existing weights.
 - ``worker_launcher`` and ``worker``: ``p2ptrain train --stages S --replicas D``, S × D processes on loopback;
   ``plan_file``: a fixed plan for it; ``procgroup``: child processes that never outlive their parent;
-  ``forkserver``: forking children from one process that imported torch and hivemind once.
+  ``forkserver``: forking children from one process that imported torch and hivemind once; ``quick_exit``:
+  how those children end (what others see of an exit, without the interpreter's teardown).
 - ``calibration``, ``compute_speed``, ``memory``, ``throughput``: what a device measures of itself, emulated
   compute speed, activation memory, tokens/s and MFU.
 """
