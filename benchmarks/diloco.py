@@ -120,21 +120,8 @@ def command(model, steps, replicas, batch_size, micro_batches, hs, outers, seeds
             for h, (lr, m) in grid for tau in modes for f in fragment_list]
         runs = {(name, seed): TrainConfig(**{**cfg.__dict__, "seed": seed}) for name, cfg in settings
                 for seed in seed_list}
-        results: dict[tuple[str, int], tuple[list[tuple[int, float]], float]] = {}
         started = time.perf_counter()
-        if jobs == 1:
-            for key, cfg in runs.items():
-                results[key] = _run(cfg)
-                click.echo(f"  {key[0]} seed {key[1]}: {results[key][0][-1][1]:.4f}", err=True)
-        else:
-            with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-                futures = {pool.submit(_run, cfg): key for key, cfg in runs.items()}
-                for future in as_completed(futures):
-                    key = futures[future]
-                    results[key] = future.result()
-                    click.echo(f"  {key[0]} seed {key[1]}: {results[key][0][-1][1]:.4f} "
-                               f"({results[key][1] * 1e3:.0f} ms/step, {time.perf_counter() - started:.0f} s)",
-                               err=True)
+        results = run_all(runs, jobs)
         rows = []
         for name, cfg in settings:
             curves = [results[(name, seed)][0] for seed in seed_list]
@@ -161,9 +148,37 @@ def command(model, steps, replicas, batch_size, micro_batches, hs, outers, seeds
         click.echo(f"{row['setting']:<22} {row['mean']:>8.4f} ± {row['spread']:.4f} {row['vs_every_step']:>13.3f}x "
                    f"{row['rounds']:>13}")
     if eval_every:
-        click.echo("mean validation loss by step: " + "; ".join(
-            f"{row['setting']}: " + " ".join(f"{step}:{loss:.3f}" for step, loss in row["curve"]) for row in rows))
+        click.echo(curve_line(rows))
     sys.stdout.flush()
+
+
+def run_all(runs: dict[tuple[str, int], TrainConfig], jobs: int) -> dict[tuple[str, int], tuple[list, float]]:
+    """Every (setting, seed) run's validation curve and seconds per step, ``jobs`` at once in processes of their
+    own (one: in this process), each said on stderr as it ends."""
+    results, started = {}, time.perf_counter()
+
+    def said(key):
+        curve, step_s = results[key]
+        click.echo(f"  {key[0]} seed {key[1]}: {curve[-1][1]:.4f} ({step_s * 1e3:.0f} ms/step, "
+                   f"{time.perf_counter() - started:.0f} s)", err=True)
+
+    if jobs == 1:
+        for key, cfg in runs.items():
+            results[key] = _run(cfg)
+            said(key)
+        return results
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(_run, cfg): key for key, cfg in runs.items()}
+        for future in as_completed(futures):
+            results[futures[future]] = future.result()
+            said(futures[future])
+    return results
+
+
+def curve_line(rows: list[dict]) -> str:
+    """The rows' mean validation curves on one line."""
+    return "mean validation loss by step: " + "; ".join(
+        f"{row['setting']}: " + " ".join(f"{step}:{loss:.3f}" for step, loss in row["curve"]) for row in rows)
 
 
 if __name__ == "__main__":

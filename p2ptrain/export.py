@@ -41,6 +41,7 @@ from safetensors.torch import save_file
 from p2ptrain.model.gpt import GPT
 from p2ptrain.model.hf_checkpoint import architecture_of, to_hf_state
 from p2ptrain.model.prepared import PreparedDataset
+from p2ptrain.model.subspace import absorb
 from p2ptrain.model.tokenizer import TOKENIZER_FILE, ByteTokenizer, Tokenizer
 from p2ptrain.planning.model_shapes import ModelShape
 from p2ptrain.runtime.gather import Gathered, build_model, gather_checkpoint  # noqa: F401 - export's API
@@ -91,6 +92,9 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, data: str | None 
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise ValueError(f"output folder {out} is not empty (pass --overwrite to replace what it holds)")
     gathered = gather_checkpoint(checkpoint)
+    if gathered.shape.subspace:  # the constraint absorbed into ordinary weights (model.subspace)
+        state, shape = absorb(gathered.state, gathered.shape)
+        gathered = dataclasses.replace(gathered, state=state, shape=shape)
     dataset = PreparedDataset(data) if data is not None else None
     if dataset is not None and dataset.vocab_size > gathered.shape.vocab_size:
         raise ValueError(f"dataset {data}'s tokenizer has {dataset.vocab_size} tokens, the model only "

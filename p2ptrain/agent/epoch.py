@@ -336,7 +336,7 @@ def _install_verifier(plan: PlanRecord, topology: Topology, role: Role, cfg: Tra
         return verifier, None
     executor = trainer.executor
     recomputer = RecomputeChecker(ctx.dht.signing_key, ctx.dht.keys.run_id, plan.epoch, role, topology, trainer.module,
-                               executor.data, executor.wire, executor.num_micro_batches, executor.hidden_size,
+                               executor.data, executor.wire, executor.num_micro_batches, executor.boundary_width,
                                cfg.precision, ctx.verify.rate, on_finding=on_finding, probation=plan.on_probation,
                                last_step=cfg.steps - 1, verifiers=ctx.verify.verifiers)  # each step checked in the next one's shadow
     trainer.link_wrapper = recomputer.wrap

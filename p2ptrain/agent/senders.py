@@ -34,7 +34,7 @@ def member_bytes(train: TrainConfig, replicas: int, step_window: int) -> int:
     shape = train.shape
     params = parameter_count(shape)
     rows = max(1, train.global_batch_size // max(1, replicas * train.micro_batches))
-    activation = rows * shape.seq_len * shape.hidden_size * FP32_BYTES
+    activation = rows * shape.seq_len * shape.boundary_width * FP32_BYTES
     per_step = 2 * train.micro_batches * activation + params * FP32_BYTES
     return int(2 * (STATE_TENSORS_PER_PARAMETER * FP32_BYTES * params + (step_window + 1) * per_step))
 

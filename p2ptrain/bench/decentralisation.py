@@ -28,13 +28,18 @@ homes with their access links (``--access-link``, the default: each home's uplin
 flows; ``--no-access-link``: every pair a path of its own, as before the model had them). ``--sync-overlap``
 prices every H > 1 as Streaming DiLoCo (the round's all-reduce streamed during the next round's steps,
 ``StepProfile.sync_overlap``). Each (network, stages, setting) is laid out once (refined at every-step sync)
-and priced at every H. Wire formats: any of ``planning.wire_model.WIRE_BYTES``.
+and priced at every H. Wire formats: any of ``planning.wire_model.WIRE_BYTES``. A setting may end in ``/kK``:
+GPT-3 XL with its residual stream in a subspace of rank K (``model.subspace``: a stage boundary carries K values a
+token instead of 2048, both ways; its two output projections are K wide, so it computes less too). The table
+then gives each network's best per stage count over the data center's best at that count, with a boundary's
+bytes a token beside bf16's (2 · 2048).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,8 +48,10 @@ import numpy as np
 
 from p2ptrain.planning import ALL_SCENARIOS, make_objective, scenario
 from p2ptrain.planning.layers import model_workload
-from p2ptrain.planning.model_shapes import model_shape
+from p2ptrain.planning.model_shapes import ModelShape, model_shape
+from p2ptrain.planning.plan import Plan
 from p2ptrain.planning.scenarios import homes
+from p2ptrain.planning.scheduler import schedule
 from p2ptrain.planning.simulated import StepProfile
 from p2ptrain.planning.split import even_layers
 from p2ptrain.planning.stage_count import fits_memory, stage_workload
@@ -91,7 +98,7 @@ def step_time_s(network: str, setting: str, micro_batches: int, stages: int = ST
     ``sync_every`` > 1: DiLoCo rounds of that many steps (one all-reduce a round)."""
     wire, schedule, overlap = _parse(setting)
     cluster = network_cluster(network)
-    base = model_workload(model_shape("gpt3-xl"), cluster, num_stages=stages, batch_tokens=BATCH_TOKENS,
+    base = model_workload(_shape(setting), cluster, num_stages=stages, batch_tokens=BATCH_TOKENS,
                           micro_batches=micro_batches, activation_bytes=FP32_BYTES, gradient_bytes=FP32_BYTES)
     bucket_gb = BUCKET_ELEMENTS * FP32_BYTES / GB if overlap else 0.0
     step = dataclasses.replace(base.step, wire=wire, schedule=schedule, bucket_gb=bucket_gb,
@@ -134,9 +141,11 @@ def memory_fit(stages: int, schedule: str, sync_every: int, micro_batches: int, 
 def measure_networks(networks: tuple[str, ...], stage_counts: tuple[int, ...], settings: tuple[str, ...],
                      sync_everys: tuple[int, ...], micro_batches: int = 8, *, access: bool = True,
                      sync_overlap: bool = False, memory_gb: float = V100_MEMORY_GB,
-                     overlap_steps: int = 0, fragments: int = 1) -> dict[str, Any]:
+                     overlap_steps: int = 0, fragments: int = 1, search_s: float | None = None) -> dict[str, Any]:
     """Every (network, stages, setting, H) that fits memory: its step time and compute utilisation; per network
-    the best, over the data center's best; and what was skipped (module docstring)."""
+    the best, over the data center's best; and what was skipped (module docstring). ``search_s``: each one laid
+    out by the planner's search (``planning.scheduler.schedule``, the simulated objective at its own H) within
+    that many seconds, instead of the refined rank order."""
     fits = {(s, schedule, h): memory_fit(s, schedule, h, micro_batches, memory_gb) for s in stage_counts
             for schedule in dict.fromkeys(_parse(st)[1] for st in settings) for h in sync_everys}
     skipped = [{"stages": s, "schedule": schedule, "sync_every": h, "need_gb": fit.need_gb}
@@ -158,33 +167,61 @@ def measure_networks(networks: tuple[str, ...], stage_counts: tuple[int, ...], s
                     streamed = sync_overlap and h > 1
                     priced = _objective(cluster, st, micro_batches, s, h, recompute, streamed, overlap_steps,
                                         min(fragments, h))
+                    if search_s is not None:
+                        layout = _searched(cluster, _workload(cluster, st, micro_batches, s, h, recompute, streamed,
+                                                              overlap_steps, min(fragments, h)), s, search_s)
                     step = priced.evaluate(layout).cost_s
                     compute = priced.compute_s(layout)
                     rows.append({"network": n, "stages": s, "setting": st, "sync_every": h, "streamed": streamed,
                                  "recompute": recompute, "step_s": step, "compute_s": compute,
-                                 "compute_utilisation": compute / step})
+                                 "compute_utilisation": compute / step,
+                                 "boundary_bytes_per_token": boundary_bytes_per_token(st)})
     best = {n: min((r for r in rows if r["network"] == n), key=lambda r: r["step_s"])
             for n in networks if any(r["network"] == n for r in rows)}
     reference = best.get("datacenter")
     for r in best.values():
         r["vs_datacenter_best"] = r["step_s"] / reference["step_s"] if reference else None
+    by_stages = []  # each network's best at each stage count, over the data center's best at that count
+    for s in stage_counts:
+        at = {n: min((r for r in rows if (r["network"], r["stages"]) == (n, s)), key=lambda r: r["step_s"])
+              for n in networks if any((r["network"], r["stages"]) == (n, s) for r in rows)}
+        dc = at.get("datacenter")
+        by_stages += [{**r, "vs_datacenter_same_stages": r["step_s"] / dc["step_s"] if dc else None}
+                      for r in at.values()]
     return {"model": MODEL, "devices": DEVICES, "batch_tokens": BATCH_TOKENS, "micro_batches": micro_batches,
             "memory_gb": memory_gb, "access_links": access, "sync_overlap": sync_overlap,
             "overlap_steps": overlap_steps, "fragments": fragments, "rows": rows,
-            "skipped": skipped, "best": best}
+            "skipped": skipped, "best": best, "best_by_stages": by_stages,
+            "bf16_boundary_bytes_per_token": 2.0 * model_shape(MODEL).hidden_size}
 
 
 def _objective(cluster, setting: str, micro_batches: int, stages: int, sync_every: int, recompute: bool,
                sync_overlap: bool = False, overlap_steps: int = 0, fragments: int = 1):
+    workload = _workload(cluster, setting, micro_batches, stages, sync_every, recompute, sync_overlap, overlap_steps,
+                         fragments)
+    return make_objective("simulated", cluster, workload, stages)
+
+
+def _workload(cluster, setting: str, micro_batches: int, stages: int, sync_every: int, recompute: bool,
+              sync_overlap: bool, overlap_steps: int, fragments: int):
     wire, schedule, overlap = _parse(setting)
     bucket_gb = BUCKET_ELEMENTS * FP32_BYTES / GB if overlap else 0.0
     settings = StepProfile(wire=wire, schedule=schedule, bucket_gb=bucket_gb, volume_bytes=(FP32_BYTES,) * 3,
                            sync_every=sync_every, sync_overlap=sync_overlap,
                            overlap_steps=overlap_steps, fragments=fragments)  # float32 volumes: the wire scales
-    workload = stage_workload(cluster, model_shape(MODEL), stages, batch_tokens=BATCH_TOKENS,
+    workload = stage_workload(cluster, _shape(setting), stages, batch_tokens=BATCH_TOKENS,
                               micro_batches=micro_batches, settings=settings, recompute=recompute,
                               activation_bytes=FP32_BYTES)
-    return make_objective("simulated", cluster, workload.at(even_layers(model_shape(MODEL).num_layers, stages)), stages)
+    return workload.at(even_layers(model_shape(MODEL).num_layers, stages))
+
+
+def _searched(cluster, workload, stages: int, budget_s: float) -> np.ndarray:
+    """The layout the planner's search finds for ``workload`` within ``budget_s``."""
+    plan = schedule(cluster, workload, stages, objective="simulated", time_budget_s=budget_s,
+                    clock=time.perf_counter)
+    if not isinstance(plan, Plan):
+        raise ValueError(f"the planner found no plan: {plan}")
+    return np.array(plan.pipelines)
 
 
 def format_networks(report: dict[str, Any]) -> str:
@@ -202,6 +239,16 @@ def format_networks(report: dict[str, Any]) -> str:
     for f in report["skipped"]:
         lines.append(f"skipped: {f['stages']} stages, {f['schedule']}, H {f['sync_every']}: a stage needs "
                      f"{f['need_gb']:.1f} GB even with recomputation ({report['memory_gb']:g} GB a device)")
+    lines.append("best per network and stage count (a stage boundary's bytes a token forward / back, and bf16's "
+                 f"{report['bf16_boundary_bytes_per_token']:g} over them):")
+    for r in report["best_by_stages"]:
+        ratio = "" if r["vs_datacenter_same_stages"] is None else \
+            f"  {r['vs_datacenter_same_stages']:.2f}x the data center's at {r['stages']} stages"
+        forward, back = r["boundary_bytes_per_token"]
+        bf16 = report["bf16_boundary_bytes_per_token"]
+        lines.append(f"  {r['network']:<12} {r['stages']:>2} stages {r['step_s']:8.2f} s  ({r['setting']}, H "
+                     f"{r['sync_every']}; {forward:.0f} / {back:.0f} B a token, {bf16 / forward:.0f}x / "
+                     f"{bf16 / back:.0f}x){ratio}")
     lines.append("best per network:")
     for n, r in report["best"].items():
         ratio = "" if r["vs_datacenter_best"] is None else f"  {r['vs_datacenter_best']:.2f}x the data center's best"
@@ -212,14 +259,35 @@ def format_networks(report: dict[str, Any]) -> str:
 
 
 def _parse(setting: str) -> tuple[str, str, bool]:
-    """``WIRE/SCHEDULE/overlap|no-overlap`` (any wire format the planner knows, ``WIRE_BYTES``); one-line
-    ValueError otherwise."""
+    """``WIRE/SCHEDULE/overlap|no-overlap[/kK]`` (any wire format the planner knows, ``WIRE_BYTES``; ``kK``: the
+    model's residual stream in a subspace of rank K, ``model.subspace``); one-line ValueError otherwise."""
     parts = setting.strip().split("/")
-    if len(parts) != 3 or parts[0] not in WIRE_BYTES or parts[1] not in SCHEDULES or \
-            parts[2] not in ("overlap", "no-overlap"):
-        raise ValueError(f"--settings: {setting!r} is not WIRE/SCHEDULE/overlap|no-overlap (wire one of "
-                         f"{', '.join(WIRE_BYTES)}, schedule one of {', '.join(SCHEDULES)})")
+    if len(parts) not in (3, 4) or parts[0] not in WIRE_BYTES or parts[1] not in SCHEDULES or \
+            parts[2] not in ("overlap", "no-overlap") or (len(parts) == 4 and _rank(parts[3]) is None):
+        raise ValueError(f"--settings: {setting!r} is not WIRE/SCHEDULE/overlap|no-overlap[/kK] (wire one of "
+                         f"{', '.join(WIRE_BYTES)}, schedule one of {', '.join(SCHEDULES)}, K a subspace rank below "
+                         f"{model_shape(MODEL).hidden_size})")
     return parts[0], parts[1], parts[2] == "overlap"
+
+
+def _rank(text: str) -> int | None:
+    rank = text[1:]
+    ok = text.startswith("k") and rank.isdigit() and 0 < int(rank) < model_shape(MODEL).hidden_size
+    return int(rank) if ok else None
+
+
+def _shape(setting: str) -> ModelShape:
+    """GPT-3 XL, in the setting's subspace if it names one."""
+    parts = setting.strip().split("/")
+    return dataclasses.replace(model_shape(MODEL), subspace=_rank(parts[3]) or 0 if len(parts) == 4 else 0)
+
+
+def boundary_bytes_per_token(setting: str) -> tuple[float, float]:
+    """(forward, backward) bytes one token sends across a stage boundary with ``setting``: the wire's bytes per
+    value (activations, activation gradients) times the boundary's width; bf16's are 2·d both ways."""
+    wire, _, _ = _parse(setting)
+    width = _shape(setting).boundary_width
+    return WIRE_BYTES[wire][0] * width, WIRE_BYTES[wire][1] * width
 
 
 def measure(settings: tuple[str, ...] = SETTINGS, micro_batches: int = 8) -> dict[str, Any]:
@@ -278,10 +346,13 @@ def format_report(report: dict[str, Any]) -> str:
                    "flows), or every pair a path of its own.")
 @click.option("--memory-gb", type=click.FloatRange(min=0, min_open=True), default=V100_MEMORY_GB, show_default=True,
               help="With --networks: a device's memory; stage counts whose stages do not fit are skipped.")
+@click.option("--search", "search_s", type=click.FloatRange(min=0, min_open=True),
+              help="With --networks: lay each row out by the planner's search within this many seconds (the "
+                   "simulated objective at the row's own H), not by refining the rank order.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 def command(settings: str, micro_batches: int, networks: str | None, stage_counts: str, sync_everys: str,
             sync_overlap: bool, overlap_steps: int, fragments: int, access_link: bool, memory_gb: float,
-            as_json: bool) -> None:
+            search_s: float | None, as_json: bool) -> None:
     chosen = tuple(s.strip() for s in settings.split(",") if s.strip())
     for s in chosen:
         _parse(s)
@@ -293,7 +364,7 @@ def command(settings: str, micro_batches: int, networks: str | None, stage_count
         report = measure_networks(names, _integers(stage_counts, "--stages"), chosen,
                                   _integers(sync_everys, "--sync-every"), micro_batches, access=access_link,
                                   sync_overlap=sync_overlap, memory_gb=memory_gb,
-                                  overlap_steps=overlap_steps, fragments=fragments)
+                                  overlap_steps=overlap_steps, fragments=fragments, search_s=search_s)
         click.echo(json.dumps(report) if as_json else format_networks(report))
         return
     report = measure(chosen, micro_batches)

@@ -30,7 +30,8 @@ OPTIONS = OptionTable(AgentConfig, [
     Flag("--config", param="config_path", type=click.Path(dir_okay=False), help="TOML config (flags override it)."),
     Flag(None, "initial_peers", convert=_maddrs), "run", "train.stages",
     "membership.expect", "membership.join_deadline_s", "membership.min_peers",
-    "train.model", "train.steps", Flag("--batch-size", "train.global_batch_size"), "train.micro_batches",
+    "train.model", Flag(None, "train.subspace", help="Residual stream in a fixed subspace of this rank: stage boundaries "
+                        "carry this many values a token (0: off; every agent of a run must agree)."), "train.steps", Flag("--batch-size", "train.global_batch_size"), "train.micro_batches",
     Flag(None, "train.wire", help="How tensors travel between agents (fp32 is exact; every agent of a run must agree)."),
     "train.schedule", "train.seed",
     Flag(None, "train.data", help="Training data: text, or a prepared dataset; every agent of a run needs the same."),

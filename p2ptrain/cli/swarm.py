@@ -30,7 +30,7 @@ from p2ptrain.swarm.config import SwarmConfig
 OPTIONS = OptionTable(SwarmConfig, [
     "agents", "stages", "steps", Flag(None, "scenario", type=click.Choice([*NAMED_SCENARIOS, "none"])),
     Flag("--cluster", "cluster_file"), "time_scale", "size_factor", "compute_scale", Flag("--plan", "strategy"),
-    "objective", "model",
+    "objective", "model", "subspace",
     *optimizer_flags(), *sync_flags(),
     "init_from", "batch_size", "micro_batches", "wire", "schedule", "overlap", "seed", "data", "precision", "compile",
     "eval_every", "device", "workdir", "run",

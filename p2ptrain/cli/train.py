@@ -33,7 +33,7 @@ from p2ptrain.runtime.config import TrainConfig
 
 OPTIONS = OptionTable(TrainConfig, [
     Flag("--config", param="config_path", type=click.Path(dir_okay=False), help="TOML file of TrainConfig keys."),
-    "model", "steps", Flag("--batch-size", "global_batch_size"), "micro_batches", "seq_len",
+    "model", "subspace", "steps", Flag("--batch-size", "global_batch_size"), "micro_batches", "seq_len",
     *optimizer_flags(),
     "init_from", "seed", "data", "device", Flag("--threads", "num_threads"), "precision", "activation_checkpointing",
     "compile", "eval_every",
@@ -227,8 +227,7 @@ def _evaluate_final(cfg, folder: str, keep: bool) -> float:
     state = {}
     for stage in range(cfg.stages):
         state.update(torch.load(Path(folder) / f"worker-{stage}-0.state.pt"))
-    model = GPT(cfg.shape, device="meta")
-    model.to_empty(device="cpu")
+    model = GPT(cfg.shape, device="meta").materialize("cpu")
     model.load_state_dict(state)
     loss = evaluate(model.eval(), build_validation(cfg))
     if not keep:

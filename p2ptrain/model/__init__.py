@@ -2,6 +2,8 @@
 
 - ``gpt``: ``GPT(shape, layers=None, *, seed, device)``, the full model or one contiguous range of blocks.
 - ``init``: each parameter drawn from ``(seed, its name)``, so stages and the full model agree.
+- ``subspace``: the residual stream in a fixed k-dimensional subspace (``[train] subspace``), so a stage boundary
+  carries k values a token both ways, exactly; ``absorb`` turns it into ordinary weights for the export.
 - ``stage``: ``stage_layer_range``, ``build_stage``, ``stage_state_dict``.
 - ``loss``: ``micro_batch_loss``, the one loss every trainer uses.
 - ``optim``: ``OptimizerConfig``, ``build_optimizer`` (AdamW).

@@ -44,6 +44,9 @@ model's slice, and nothing touches the global RNG.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -52,6 +55,7 @@ from torch.utils.checkpoint import checkpoint
 from p2ptrain.model.compiled import compile_blocks
 from p2ptrain.model.init import init_parameters
 from p2ptrain.model.precision import LossScaler, autocast, scale_gradient
+from p2ptrain.model.subspace import Subspace
 from p2ptrain.planning.model_shapes import ModelShape
 
 Rotary = tuple[torch.Tensor, torch.Tensor]  # cos and sin, [T, head_size] each
@@ -79,7 +83,7 @@ class CausalSelfAttention(nn.Module):
         bias = shape.family == "gpt"
         self.num_heads, self.num_kv_heads, self.head_size = shape.num_heads, shape.num_kv_heads, shape.head_size
         self.qkv = nn.Linear(shape.hidden_size, shape.hidden_size + 2 * shape.kv_size, bias=bias)
-        self.proj = nn.Linear(shape.hidden_size, shape.hidden_size, bias=bias)
+        self.proj = nn.Linear(shape.hidden_size, shape.boundary_width, bias=bias)  # k with a subspace
 
     def forward(self, x: torch.Tensor, rope: Rotary | None) -> torch.Tensor:
         batch, seq, width = x.shape
@@ -108,7 +112,7 @@ class MLP(nn.Module):
         super().__init__()
         self.approximate = "tanh" if shape.activation == "gelu_new" else "none"
         self.fc = nn.Linear(shape.hidden_size, shape.ffn_hidden_size)
-        self.proj = nn.Linear(shape.ffn_hidden_size, shape.hidden_size)
+        self.proj = nn.Linear(shape.ffn_hidden_size, shape.boundary_width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(F.gelu(self.fc(x), approximate=self.approximate))
@@ -121,7 +125,7 @@ class SwiGLU(nn.Module):
         super().__init__()
         self.gate = nn.Linear(shape.hidden_size, shape.ffn_hidden_size, bias=False)
         self.up = nn.Linear(shape.hidden_size, shape.ffn_hidden_size, bias=False)
-        self.proj = nn.Linear(shape.ffn_hidden_size, shape.hidden_size, bias=False)
+        self.proj = nn.Linear(shape.ffn_hidden_size, shape.boundary_width, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(F.silu(self.gate(x)) * self.up(x))
@@ -144,7 +148,10 @@ class Block(nn.Module):
         self.ln2 = norm(shape)
         self.mlp = SwiGLU(shape) if shape.family == "llama" else MLP(shape)
 
-    def forward(self, x: torch.Tensor, rope: Rotary | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: Rotary | None = None, lift: Callable | None = None) -> torch.Tensor:
+        if lift is not None:  # x holds the subspace's coefficients; the norms read the stream they lift to
+            x = x + self.attn(self.ln1(lift(x)), rope)
+            return x + self.mlp(self.ln2(lift(x)))
         x = x + self.attn(self.ln1(x), rope)
         return x + self.mlp(self.ln2(x))
 
@@ -183,10 +190,11 @@ class GPT(nn.Module):
         self.has_embeddings = layers.start == 0
         self.has_head = layers.stop == shape.num_layers
         with torch.device("meta"):  # no memory and no global RNG yet; init_parameters fills them below
-            if self.has_embeddings:
-                self.tok_emb = nn.Embedding(shape.vocab_size, shape.hidden_size)
+            if self.has_embeddings:  # with a subspace, the learned parts (model.subspace)
+                self.tok_emb = nn.Embedding(shape.vocab_size, shape.boundary_width)
                 if shape.family == "gpt":  # llama's positions are rotary, in the attention
-                    self.pos_emb = nn.Embedding(shape.seq_len, shape.hidden_size)
+                    self.pos_emb = nn.Embedding(shape.seq_len, shape.boundary_width)
+            self.subspace = Subspace(shape) if shape.subspace else None
             self.blocks = nn.ModuleDict({str(i): Block(shape) for i in layers})
             if self.has_head:
                 self.ln_f = norm(shape)
@@ -194,6 +202,8 @@ class GPT(nn.Module):
         if torch.device(device).type != "meta":  # on "meta" the model stays shapes only (planning, counts)
             self.to_empty(device=device)
             init_parameters(self, seed, shape.num_layers)
+            if self.subspace is not None:
+                self.subspace.fill(shape)
         if compile:
             compile_blocks(self.blocks)  # lazily: nothing compiles before the first forward
 
@@ -202,7 +212,9 @@ class GPT(nn.Module):
         if getattr(self, "compiled", False):  # torch drops a copied block's compiled forward: this copy's blocks compile again
             compile_blocks(self.blocks)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """``x`` as the module docstring's table says; ``tokens``, the micro-batch's token ids ``[B, T]``, is what a
+        stage without the embeddings of a subspace model also needs (``model.subspace``), ignored otherwise."""
         scaler = self.loss_scaler if torch.is_grad_enabled() else None
         if scaler is not None and not self.has_embeddings:
             x = scale_gradient(x, 1.0 / scaler.scale)  # the gradient we send back is the true one
@@ -212,6 +224,7 @@ class GPT(nn.Module):
         rope = None
         if self.shape.family == "llama":
             rope = rotary_tables(seq, self.shape.head_size, self.shape.rope_theta, x.device)
+        lift = self._lift(x, tokens) if self.subspace is not None else None
         with autocast(self.precision, x.device):
             if self.has_embeddings:
                 x = self.tok_emb(x)
@@ -219,15 +232,32 @@ class GPT(nn.Module):
                     x = x + self.pos_emb(torch.arange(seq, device=x.device))
             for block in self.blocks.values():
                 if self.checkpointing and torch.is_grad_enabled():
-                    x = checkpoint(block, x, rope, use_reentrant=False)
+                    x = checkpoint(block, x, rope, lift, use_reentrant=False)
                 else:
-                    x = block(x, rope)
+                    x = block(x, rope, lift)
             if self.has_head:
-                x = self.head(self.ln_f(x))
+                x = self.head(self.ln_f(x if lift is None else lift(x)))
         x = x.float()  # hidden states travel, and logits reach the loss, in fp32 whatever the precision
         if scaler is not None:
             x = scale_gradient(x, scaler.scale)  # our parameters' gradients come out scale times larger
         return x
+
+    def materialize(self, device: torch.device | str) -> GPT:
+        """This model, built on ``meta``, made real on ``device`` with uninitialised parameters (load a state dict
+        next) and a subspace's fixed parts drawn (they are in no state dict)."""
+        self.to_empty(device=device)
+        if self.subspace is not None:
+            self.subspace.fill(self.shape)
+        return self
+
+    def _lift(self, x: torch.Tensor, tokens: torch.Tensor | None) -> Callable:
+        if self.has_embeddings:
+            tokens = x
+        elif tokens is None:
+            raise ValueError("a stage of a subspace model without the embeddings takes the token ids beside its input")
+        if tokens.shape != x.shape[:2]:
+            raise ValueError(f"token ids {tuple(tokens.shape)} do not match the input {tuple(x.shape)}")
+        return functools.partial(self.subspace.lift, x0=self.subspace.base(tokens.to(x.device)))
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -252,7 +252,7 @@ def model_workload(
         gradient_gb=model.parameters.scaled(gradient_bytes / GB), memory_gb=model.memory_bytes.scaled(1 / GB),
         stage_memory_gb=model.stage_extra_bytes / GB)
     return LayeredWorkload(
-        activation_gb=shard_tokens * shape.hidden_size * activation_bytes / GB,
+        activation_gb=shard_tokens * shape.boundary_width * activation_bytes / GB,
         gradient_gb=parameter_gb(costs, num_stages), source=source,
         step=StepProfile(micro_batches=micro_batches, reference_tflops=reference), costs=costs,
         wire={2: "fp16", 4: "fp32"}.get(activation_bytes, f"{activation_bytes}-byte"))

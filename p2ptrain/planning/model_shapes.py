@@ -15,6 +15,10 @@ Fields left at their zero defaults are resolved on construction: ``activation`` 
 (``gelu``, ``silu``), ``num_kv_heads`` to ``num_heads``, ``ffn_hidden_size`` to 4h for ``gpt`` and to
 LLaMA's rule for ``llama``: 2/3 of 4h (SwiGLU has three matrices instead of two, so this keeps the MLP's
 parameters at 8h²), rounded up to a multiple of 64.
+
+``subspace`` k > 0 constrains the residual stream to a fixed k-dimensional subspace beside fixed token (and
+position) embeddings (``p2ptrain.model.subspace``): a stage boundary then carries k values a token instead of
+``hidden_size``, both ways (``boundary_width``). 0, the default, is the unconstrained model.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ class ModelShape:
     ffn_hidden_size: int = 0  # 0: gpt 4h, llama llama_ffn_hidden_size(h)
     rope_theta: float = 10000.0  # llama: the rotary base
     norm_eps: float = 1e-5  # LayerNorm's / RMSNorm's epsilon
+    subspace: int = 0  # k > 0: the residual stream in a fixed k-dimensional subspace (module docstring)
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_heads", "seq_len", "vocab_size"):
@@ -77,6 +82,10 @@ class ModelShape:
             raise ValueError(f"model shape: ffn_hidden_size must be positive, got {self.ffn_hidden_size}")
         if self.family == "llama" and self.head_size % 2:
             raise ValueError(f"model shape: rotary positions need an even head size, got {self.head_size}")
+        if isinstance(self.subspace, bool) or not isinstance(self.subspace, int) or not (
+                0 <= self.subspace < self.hidden_size):
+            raise ValueError(f"model shape: subspace must be 0 (off) or a rank below hidden_size {self.hidden_size}, "
+                             f"got {self.subspace!r}")
         for name in ("rope_theta", "norm_eps"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
@@ -86,6 +95,11 @@ class ModelShape:
     def head_size(self) -> int:
         """Width of one attention head."""
         return self.hidden_size // self.num_heads
+
+    @property
+    def boundary_width(self) -> int:
+        """Values a token carries across a stage boundary (forward and back): ``subspace`` or ``hidden_size``."""
+        return self.subspace or self.hidden_size
 
     @property
     def kv_size(self) -> int:

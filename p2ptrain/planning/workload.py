@@ -4,7 +4,8 @@ Derivation, for a GPT cut into S stages of equal layer counts and a global batch
 D_dp data shards:
 
 - c_PP, the activations one shard sends across one stage boundary: every token of the shard leaves the
-  stage as one hidden vector, so c_PP = (B / D_dp) · hidden_size · activation_bytes. The same volume comes
+  stage as one hidden vector, so c_PP = (B / D_dp) · boundary_width · activation_bytes (``hidden_size``, or a
+  subspace's k: ``model.subspace``). The same volume comes
   back as activation gradients in the backward pass; the cost model counts that (its factor 2).
 - c_DP, one stage's gradients: the stage's parameters times gradient_bytes. As in the paper, the model's
   parameters are spread evenly over the stages (params / S), ignoring that stage 0 also holds the
@@ -56,10 +57,13 @@ PAPER_BATCH_TOKENS = 1_000_000  # the paper's global batch: about 10⁶ tokens a
 
 
 def block_matmul_parameters(shape: ModelShape) -> int:
-    """The weights of one block's matrix products (its multiply-adds per token): h·(h + 2kv) + h·h plus
-    2·h·f (gpt) or 3·h·f (llama)."""
-    h, kv, f = shape.hidden_size, shape.kv_size, shape.ffn_hidden_size
-    return h * (h + 2 * kv) + h * h + (3 if shape.family == "llama" else 2) * h * f
+    """The weights of one block's matrix products (its multiply-adds per token): h·(h + 2kv) + h·w plus
+    h·f + f·w (gpt) or 2·h·f + f·w (llama), w the width the two projections write (``boundary_width``: h, or a
+    subspace's k, whose block also lifts its k coefficients to h twice: 2·k·h more multiply-adds, no weights
+    of its own but counted here as the work they are)."""
+    h, kv, f, w = shape.hidden_size, shape.kv_size, shape.ffn_hidden_size, shape.boundary_width
+    lifts = 2 * shape.subspace * h
+    return h * (h + 2 * kv) + h * w + (2 if shape.family == "llama" else 1) * h * f + f * w + lifts
 
 
 def block_parameters(shape: ModelShape) -> int:
@@ -70,16 +74,17 @@ def block_parameters(shape: ModelShape) -> int:
     (gain only, 2h). gpt's biases: h + 2kv on qkv, h on the output, f + h on the MLP. So gpt with kv = h and
     f = 4h: 12h² + 13h.
     """
-    h, kv, f = shape.hidden_size, shape.kv_size, shape.ffn_hidden_size
-    matmuls = block_matmul_parameters(shape)
+    h, kv, f, w = shape.hidden_size, shape.kv_size, shape.ffn_hidden_size, shape.boundary_width
+    matmuls = block_matmul_parameters(shape) - 2 * shape.subspace * h  # the lifts' work is no weight
     if shape.family == "llama":
         return matmuls + 2 * h
-    return matmuls + (h + 2 * kv) + h + f + h + 4 * h
+    return matmuls + (h + 2 * kv) + w + f + w + 4 * h
 
 
 def embedding_parameters(shape: ModelShape) -> int:
-    """Stage 0's lookups: token embeddings V·h, plus gpt's learned positions T·h (llama's are rotary)."""
-    h = shape.hidden_size
+    """Stage 0's lookups: token embeddings V·h, plus gpt's learned positions T·h (llama's are rotary); with a
+    subspace the learned parts are k wide (the fixed ones are no parameters)."""
+    h = shape.boundary_width
     return shape.vocab_size * h + (shape.seq_len * h if shape.family == "gpt" else 0)
 
 
@@ -125,7 +130,7 @@ def workload_from_model(
         raise ValueError(f"workload: {num_stages} stages but the model has only {shape.num_layers} layers")
     tokens_per_shard = batch_tokens / num_replicas
     return Workload(
-        activation_gb=tokens_per_shard * shape.hidden_size * activation_bytes / GB,
+        activation_gb=tokens_per_shard * shape.boundary_width * activation_bytes / GB,
         gradient_gb=parameter_count(shape) / num_stages * gradient_bytes / GB,
         source=source,
     )

@@ -7,7 +7,8 @@
   transport (and of a replica group); ``outer_rounds``: DiLoCo's rounds of a stage replica (the executor's, at
   rounds' ends); ``topology``: who holds what in an epoch; ``wire``: how tensors travel (codecs);
   ``wire_quality``: what a lossy wire costs, side by side.
-- ``reference``: single-process training, the reference every plan reproduces.
+- ``reference``: single-process training, the reference every plan reproduces; ``stage_boundaries``: a lossy
+  wire's round trips where a run's stages cut the model, inside that one process.
 - ``checkpoint``: a stage's state by full-model name, on disk; ``gather``: the full model from a checkpoint's
   stages; ``init_from``: starting from existing weights.
 - ``worker_launcher`` and ``worker``: ``p2ptrain train --stages S --replicas D``, S × D processes on loopback;

@@ -135,13 +135,13 @@ def _time_block(train: TrainConfig, block: int, rows: int, device: torch.device,
     params = [p for p in module.parameters() if p.requires_grad]
     generator = torch.Generator().manual_seed(train.seed)
     tokens = torch.randint(0, shape.vocab_size, (rows, shape.seq_len), generator=generator).to(device)
-    hidden = torch.randn(rows, shape.seq_len, shape.hidden_size, generator=generator).to(device)
+    hidden = torch.randn(rows, shape.seq_len, shape.boundary_width, generator=generator).to(device)
     forward, backward, update = [], [], []
     for _ in range(repeats + 1):  # the first round warms up (allocations, kernels)
         x = tokens if module.has_embeddings else hidden.clone().requires_grad_(True)
         start = _now(device)
         with pacer.compute():
-            out = module(x)
+            out = module(x, tokens)
             if module.has_head:
                 out = micro_batch_loss(out, tokens, train.global_batch_size * shape.seq_len)
             _now(device)
@@ -171,7 +171,7 @@ def _now(device: torch.device) -> float:
 
 def _message_s(rows: int, shape: ModelShape, repeats: int) -> float:
     """The local cost of one activation message: bytes and header both ways, and two thread hand-offs."""
-    tensor = torch.randn(rows, shape.seq_len, shape.hidden_size)
+    tensor = torch.randn(rows, shape.seq_len, shape.boundary_width)
     tag = Tag("calibration", 0, 0, MessageKind.ACTIVATION)
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="p2ptrain-calibration", daemon=True)
@@ -200,7 +200,7 @@ def _message_s(rows: int, shape: ModelShape, repeats: int) -> float:
 def _codec_s_per_melement(train: TrainConfig, rows: int, repeats: int) -> tuple[tuple[float, float], ...]:
     """(encode, decode) seconds per million elements of the run's codec of each kind (module docstring)."""
     shape, wire = train.shape, wire_format(train.wire)
-    activation = (rows, shape.seq_len, shape.hidden_size)
+    activation = (rows, shape.seq_len, shape.boundary_width)
     shard = (max(1, train.bucket_elements // 2),)
     generator = torch.Generator().manual_seed(train.seed)
     kinds = ((wire.activation, activation, None), (wire.activation_grad, activation, None),

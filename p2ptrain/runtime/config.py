@@ -115,6 +115,10 @@ class TrainConfig:
         "config.json) or a p2ptrain checkpoint of any shape of the preset's family (the preset gives the recipe).",
         path="dir", default_text="drawn from --seed")
     activation: str | None = None  # None: the preset's, or init_from's (gpt: gelu or gelu_new)
+    # k > 0: the residual stream in a fixed k-dimensional subspace, so stage boundaries carry k values a token
+    # instead of hidden_size, exactly (p2ptrain.model.subspace); 0: the unconstrained model
+    subspace: int = option(0, "Residual stream in a fixed subspace of this rank: stage boundaries carry this many "
+                           "values a token instead of the hidden size, exactly (0: off).", min=0)
 
     def __post_init__(self) -> None:
         shape = model_shape(self.model)  # ValueError naming the presets
@@ -153,6 +157,11 @@ class TrainConfig:
             raise ValueError(f"vocab_size {self.vocab_size} cannot hold the {tokens} token ids of the data's tokenizer")
         if self.activation is not None:
             dataclasses.replace(shape, activation=self.activation)  # a ValueError naming the family's activations
+        if self.subspace:
+            dataclasses.replace(shape, subspace=self.subspace)  # a ValueError at or past the hidden size
+            if self.init_from is not None:
+                raise ValueError("subspace: weights to start from (init_from) are not in a subspace; train them "
+                                 "without one (subspace = 0)")
         if self.init_from is not None:
             from p2ptrain.runtime.init_from import check_data, open_init_source
 
@@ -208,6 +217,8 @@ class TrainConfig:
             return run_shape(open_init_source(self.init_from), shape, self.activation, self.model)
         if self.activation is not None:
             shape = dataclasses.replace(shape, activation=self.activation)
+        if self.subspace:
+            shape = dataclasses.replace(shape, subspace=self.subspace)  # a ValueError past the hidden size
         return shape
 
     @property

@@ -90,7 +90,7 @@ class StageExecutor:
         optimizer: torch.optim.Optimizer,
         data: TrainData,
         num_micro_batches: int,
-        hidden_size: int,
+        boundary_width: int,
         pacer: ComputePacer = NO_PACING,
         wire: str = "fp32",
         schedule: str = "gpipe",
@@ -109,7 +109,7 @@ class StageExecutor:
         self.optimizer = optimizer
         self.data = data
         self.num_micro_batches = num_micro_batches
-        self.hidden_size = hidden_size
+        self.boundary_width = boundary_width  # values a token carries across a stage boundary
         self.wire = wire_format(wire)
         schedule_ops(schedule, 1, 0, 1)  # ValueError for an unknown name
         self.schedule = schedule
@@ -127,7 +127,7 @@ class StageExecutor:
     def run_step(self, step: int, role: Role, topology: Topology, link: StepLink) -> StepOutcome:
         micro = self._micro_batches(step, role)
         rows, seq_len = micro[0].shape[0], micro[0].shape[1] - 1
-        state = _StepState(role, topology.prev_peer(role), topology.next_peer(role), link, (rows, seq_len, self.hidden_size))
+        state = _StepState(role, topology.prev_peer(role), topology.next_peer(role), link, (rows, seq_len, self.boundary_width))
         # the loss's denominator: the global batch's tokens, or with DiLoCo the pipeline's own shard's
         state.tokens = self.data.tokens_per_batch // (role.num_replicas if self.outer is not None else 1)
         state.step = step
@@ -177,7 +177,7 @@ class StageExecutor:
             x.requires_grad_(True)
             state.inputs[m] = x
         with self.pacer.compute(), self.meter.saving():
-            out = self.module(x)
+            out = self.module(x, inputs_m.to(self.device))  # the token ids: a subspace model lifts with them
             if role.is_last:
                 out = micro_batch_loss(out, targets.to(self.device), state.tokens)
         if not role.is_last:

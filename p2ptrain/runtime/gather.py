@@ -87,7 +87,7 @@ def _shape_of(model: str, state: dict[str, torch.Tensor], saved: dict | None = N
         raise ValueError("the checkpoint lacks the embeddings or the head: not every stage was gathered")
     vocab, hidden = state["tok_emb.weight"].shape
     layers = len({k.split(".")[1] for k in state if k.startswith("blocks.")})
-    if (hidden, layers) != (preset.hidden_size, preset.num_layers):
+    if (hidden, layers) != (preset.boundary_width, preset.num_layers):
         raise ValueError(f"the checkpoint's model ({layers} layers of width {hidden}) is not preset {model}")
     shape = dataclasses.replace(preset, vocab_size=int(vocab))
     if "pos_emb.weight" in state:
@@ -102,7 +102,6 @@ def _shape_of(model: str, state: dict[str, torch.Tensor], saved: dict | None = N
 
 def build_model(gathered: Gathered) -> GPT:
     """Our GPT holding the gathered parameters (CPU, fp32, eval mode)."""
-    model = GPT(gathered.shape, device="meta")
-    model.to_empty(device="cpu")
+    model = GPT(gathered.shape, device="meta").materialize("cpu")
     model.load_state_dict(gathered.state, strict=True)
     return model.eval()

@@ -2,8 +2,7 @@
 
 Run it as ``p2ptrain train`` (no parallel flags), or from Python::
 
-    from p2ptrain.runtime.allreduce import flatten, unflatten_into
-from p2ptrain.runtime.config import TrainConfig
+    from p2ptrain.runtime.config import TrainConfig
     from p2ptrain.runtime.reference import train_reference
     result = train_reference(TrainConfig(steps=20))
     print(result.losses)
@@ -14,6 +13,8 @@ micro-batches would: for each replica's shard, for each micro-batch, forward, ``
 runtime does the same work spread over stages, and sums the replicas' gradients with an all-reduce.
 
 ``cfg.precision``, ``cfg.activation_checkpointing`` and ``cfg.compile`` act inside the model (``p2ptrain.model.gpt``).
+With ``cfg.stages`` S > 1 and a lossy wire between stages, the run's codecs round-trip the activations and their
+gradients where its stages cut the model (``runtime.stage_boundaries``), as its workers' messages do.
 With ``cfg.eval_every`` K > 0, the validation loss (``evaluate``: the mean token cross-entropy over the
 data's fixed validation batches) is measured after every K-th step and after the last; it is not part of
 the steps' times.
@@ -51,6 +52,7 @@ from p2ptrain.model.stage import build_stage
 from p2ptrain.runtime.allreduce import flatten, unflatten_into
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.runtime.init_from import load_initial
+from p2ptrain.runtime.stage_boundaries import insert_boundaries
 from p2ptrain.runtime.wire import ErrorFeedback, wire_format
 
 logger = logging.getLogger(__name__)
@@ -227,6 +229,7 @@ def train_reference(cfg: TrainConfig, on_step: Callable[[StepReport], None] | No
                   for _ in range(cfg.replicas if diloco else 1)]
         for model in models:
             load_initial(model, cfg)  # init_from's weights, if the run starts from a checkpoint
+            insert_boundaries(model, cfg)  # a lossy wire's round trips where the run's stages cut the model
         optimizers = [build_optimizer(model, cfg.optimizer) for model in models]
         outer = OuterOptimizer(list(models[0].parameters()), cfg.diloco) if diloco else None
         parts = (fragment_parts([n for n, _ in models[0].named_parameters()], cfg.diloco.fragments,
@@ -340,6 +343,8 @@ def _replay(replan: Replan, models: list[GPT], optimizers: list, cfg: TrainConfi
         names = build_stage(cfg.shape, j, replan.stages, seed=0, device="meta", layers=replan.layers).state_dict()
         stage_of.update(dict.fromkeys(names, j))
     new_models = [models[0]] + [copy.deepcopy(models[0]) for _ in range(replan.replicas - 1)]
+    for model in new_models:  # the re-plan's cuts
+        insert_boundaries(model, dataclasses.replace(cfg, stages=replan.stages, layers=replan.layers))
     new_optimizers = [build_optimizer(m, cfg.optimizer) for m in new_models]
     old_params = [dict(m.named_parameters()) for m in models]
     for model, optimizer in zip(new_models, new_optimizers, strict=True):

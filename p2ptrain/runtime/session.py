@@ -60,7 +60,7 @@ class StageTrainer:
         load_initial(self.module, cfg)  # init_from's slice of this stage, if the run starts from a checkpoint
         self.optimizer = build_optimizer(self.module, cfg.optimizer)
         self.executor = StageExecutor(
-            self.module, self.optimizer, build_data(cfg), cfg.micro_batches, cfg.shape.hidden_size,
+            self.module, self.optimizer, build_data(cfg), cfg.micro_batches, cfg.shape.boundary_width,
             pacer=ComputePacer(compute_slowdown, cpu_clock=torch.device(device).type == "cpu"),
             wire=cfg.wire, schedule=cfg.schedule, overlap=cfg.overlap, bucket_elements=cfg.bucket_elements,
             learning_rate=lambda step: cfg.optimizer.lr_at(step, cfg.steps), clip=cfg.optimizer.clip,

@@ -43,7 +43,7 @@ def step_wire_bytes(cfg: TrainConfig) -> dict[str, int]:
     with DiLoCo (``sync = "diloco"``) the all-reduce of a round's pseudo-gradients spread over its H steps."""
     fmt = wire_format(cfg.wire)
     shape = cfg.shape
-    act_shape = (cfg.micro_batch_size, shape.seq_len, shape.hidden_size)
+    act_shape = (cfg.micro_batch_size, shape.seq_len, shape.boundary_width)
     boundaries = (cfg.stages - 1) * cfg.replicas * cfg.micro_batches
     n = cfg.replicas
     per_stage = parameter_count(shape) / cfg.stages

@@ -91,7 +91,7 @@ def plan_swarm(config: SwarmConfig) -> tuple[TrainConfig, Cluster | None, float,
     auto = config.stages == AUTO_STAGES
     matched_stages = 1 if auto else config.stages
     replicas = config.agents // matched_stages
-    train = TrainConfig(model=config.model, steps=config.steps, global_batch_size=config.batch_size or 16,
+    train = TrainConfig(model=config.model, subspace=config.subspace, steps=config.steps, global_batch_size=config.batch_size or 16,
                         micro_batches=config.micro_batches, seed=config.seed, device=config.device, num_threads=1,
                         stages=config.stages, wire=config.wire, schedule=config.schedule,
                         overlap=config.overlap, precision=config.precision, compile=config.compile,

@@ -50,6 +50,7 @@ class SwarmConfig:
     objective: ObjectiveName = option(
         "dtfm", "What the leader scores plans by: the paper's communication cost, or the simulated step time.")
     model: str = option_like(TrainConfig, "model", "tiny")
+    subspace: int = option_like(TrainConfig, "subspace", 0)  # TrainConfig.subspace: the residual stream's rank
     # None: matched to the paper's c_PP/c_DP when emulating a scenario, else 16
     batch_size: int | None = option(None, "Global batch.", min=1, default_text="matched to the paper's c_PP/c_DP "
                                     "when emulating a scenario, else 16")

@@ -81,7 +81,7 @@ class RunView:
     precision: str
     wire: WireFormat
     data: TrainData
-    hidden_size: int
+    boundary_width: int
     build: Callable[[int], torch.nn.Module]  # a fresh module of that stage (the run's shape, layers, precision)
 
 
@@ -90,7 +90,7 @@ def max_bulk_bytes(view: RunView, stage: int, micro_batch_rows: int) -> int:
     (no wire format sends more), the index and commitment. A header announcing more is refused unread."""
     module = view.build(stage)
     params = sum(p.numel() * p.element_size() for p in module.parameters())
-    message = micro_batch_rows * view.data.seq_len * view.hidden_size * 4
+    message = micro_batch_rows * view.data.seq_len * view.boundary_width * 4
     return params + 4 * message + _SLACK_BYTES
 
 
@@ -137,7 +137,7 @@ def judge_recompute(header: DisputeHeader, bulk: bytes, accused: str, view: RunV
     rows = micro_batches(shard_of(view.data.global_batch(header.step), header.replica, D), M)[header.micro_batch]
     try:
         checks = check_micro_batch(module, header.stage, S, view.wire, view.precision, rows, revealed,
-                                   view.hidden_size, view.data.tokens_per_batch)
+                                   view.boundary_width, view.data.tokens_per_batch)
     except ValueError as e:  # it committed to a message no honest encoder makes
         return Verdict(True, f"a message it committed to is refused: {e}", math.inf)
     what, worst = max(checks, key=lambda c: c[1].ratio)

@@ -101,6 +101,7 @@ def recompute(
     module: GPT,
     inputs: torch.Tensor,
     *,
+    tokens: torch.Tensor | None = None,
     grad_output: torch.Tensor | None = None,
     targets: torch.Tensor | None = None,
     loss_tokens: int | None = None,
@@ -108,7 +109,9 @@ def recompute(
 ) -> Recomputed:
     """Forward and backward of one micro-batch of ``module`` (a stage of ``model.stage.build_stage``).
 
-    ``inputs``: token ids ``[rows, T]`` on stage 0, else the decoded activation ``[rows, T, d]``;
+    ``inputs``: token ids ``[rows, T]`` on stage 0, else the decoded activation ``[rows, T, w]`` (w the shape's
+    ``boundary_width``); ``tokens``: the micro-batch's token ids, which a later stage of a subspace model lifts
+    its input with (``model.subspace``);
     ``grad_output``: the decoded gradient of the output (every stage but the last); ``targets`` and
     ``loss_tokens`` (the loss's denominator: the global batch's tokens) on the last stage. Without
     ``param_grads`` only what a member sends is redone (``param_grads`` empty): the input's gradient, none on
@@ -121,16 +124,17 @@ def recompute(
     device, dtype = first.device, first.dtype  # float32; float64 for a reference computation
     params = [p for p in module.parameters() if p.requires_grad]
     x = inputs.to(device)
+    tok = None if tokens is None else tokens.to(device)  # a subspace model's later stages lift with them
     if not param_grads and module.has_embeddings:  # stage 0 sends its activation only: the forward, no graph
         with torch.no_grad():
-            out = module(x)
+            out = module(x, tok)
             if module.has_head:
                 out = micro_batch_loss(out, targets.to(device), loss_tokens)
         return Recomputed(out, None, ())
     if not module.has_embeddings:
         x = x.detach().to(dtype).requires_grad_(True)
     with torch.enable_grad():
-        out = module(x)
+        out = module(x, tok)
         if module.has_head:
             out = micro_batch_loss(out, targets.to(device), loss_tokens)
             seeds = None
@@ -156,8 +160,8 @@ def _check_inputs(module: GPT, inputs: torch.Tensor, grad_output: torch.Tensor |
             raise ValueError(f"stage 0 takes token ids [rows, T], got {tuple(inputs.shape)} {inputs.dtype}")
         rows, seq = inputs.shape
     else:
-        if inputs.dim() != 3 or inputs.shape[2] != shape.hidden_size or not inputs.dtype.is_floating_point:
-            raise ValueError(f"a later stage takes an activation [rows, T, {shape.hidden_size}], got "
+        if inputs.dim() != 3 or inputs.shape[2] != shape.boundary_width or not inputs.dtype.is_floating_point:
+            raise ValueError(f"a later stage takes an activation [rows, T, {shape.boundary_width}], got "
                              f"{tuple(inputs.shape)} {inputs.dtype}")
         if not all_finite(inputs):
             raise ValueError("the input activation holds NaN or infinite values")
@@ -165,8 +169,8 @@ def _check_inputs(module: GPT, inputs: torch.Tensor, grad_output: torch.Tensor |
     if module.has_head:
         if targets is None or tuple(targets.shape) != (rows, seq) or loss_tokens is None or loss_tokens < targets.numel():
             raise ValueError(f"the last stage needs targets [{rows}, {seq}] and the global batch's token count")
-    elif grad_output is None or tuple(grad_output.shape) != (rows, seq, shape.hidden_size):
-        raise ValueError(f"a stage before the last needs the output gradient [{rows}, {seq}, {shape.hidden_size}], "
+    elif grad_output is None or tuple(grad_output.shape) != (rows, seq, shape.boundary_width):
+        raise ValueError(f"a stage before the last needs the output gradient [{rows}, {seq}, {shape.boundary_width}], "
                          f"got {None if grad_output is None else tuple(grad_output.shape)}")
     elif not all_finite(grad_output):
         raise ValueError("the output gradient holds NaN or infinite values")

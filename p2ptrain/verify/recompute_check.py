@@ -161,7 +161,7 @@ def open_commitment(blob: bytes, signer: str, header: bytes, body_bytes: int) ->
 
 
 def check_micro_batch(module: torch.nn.Module, stage: int, num_stages: int, wire: WireFormat, precision: str,
-                      rows: torch.Tensor, revealed: dict[tuple[str, str], torch.Tensor], hidden_size: int,
+                      rows: torch.Tensor, revealed: dict[tuple[str, str], torch.Tensor], boundary_width: int,
                       loss_tokens: int) -> list[tuple[str, RecomputeCheck]]:
     """Redo micro-batch ``rows`` (its tokens, ``[rows, T + 1]``) of ``stage`` on ``module`` from the member's
     revealed messages (``(direction, kind)``: the input it received, the output gradient it received) and
@@ -169,10 +169,10 @@ def check_micro_batch(module: torch.nn.Module, stage: int, num_stages: int, wire
     line) for a message that does not decode, or that no honest encoder makes."""
     first, last = stage == 0, stage == num_stages - 1
     inputs, targets = inputs_and_targets(rows)
-    shape = (rows.shape[0], rows.shape[1] - 1, hidden_size)
+    shape = (rows.shape[0], rows.shape[1] - 1, boundary_width)
     x = inputs if first else wire.activation.decode(revealed[(RECEIVED, ACT)], shape)
     grad_output = None if last else wire.activation_grad.decode(revealed[(RECEIVED, GRAD)], shape)
-    own = recompute(module, x, grad_output=grad_output, targets=targets if last else None,
+    own = recompute(module, x, tokens=inputs, grad_output=grad_output, targets=targets if last else None,
                     loss_tokens=loss_tokens if last else None, param_grads=False)
     checks = []
     if not last:
@@ -256,14 +256,14 @@ class RecomputeChecker:
     checked in its own hook."""
 
     def __init__(self, key: RSAPrivateKey, run: str, epoch: int, role: Role, topology: Topology, module: torch.nn.Module,
-                 data: TrainData, wire: WireFormat, num_micro_batches: int, hidden_size: int, precision: str,
+                 data: TrainData, wire: WireFormat, num_micro_batches: int, boundary_width: int, precision: str,
                  rate: float, on_finding: Callable[[Finding], None] | None = None,
                  probation: frozenset[str] = frozenset(), last_step: int | None = None,
                  verifiers: int = 2):
         if role.num_stages < 2:
             raise ValueError("the recompute check needs a pipeline of at least 2 stages (one sends no messages)")
         self.key, self.run, self.epoch, self.role, self.topology = key, run, epoch, role, topology
-        self.module, self.data, self.wire, self.hidden_size = module, data, wire, hidden_size
+        self.module, self.data, self.wire, self.boundary_width = module, data, wire, boundary_width
         self.num_micro_batches, self.precision, self.rate, self.on_finding = num_micro_batches, precision, rate, on_finding
         self.group = topology.group(role.stage)
         self.me = self.group[role.replica]
@@ -425,7 +425,7 @@ class RecomputeChecker:
         try:
             checks = check_micro_batch(checked.module, role.stage, role.num_stages, self.wire, self.precision,
                                        self._micro_batch(step, k, m), {e[:2]: t for e, t in revealed.items()},
-                                       self.hidden_size, self.data.tokens_per_batch)
+                                       self.boundary_width, self.data.tokens_per_batch)
         except ValueError as e:  # a message that does not decode, or that no honest encoder makes
             reason, ratio = f"its messages of micro-batch {m} are refused: {e}", math.inf
         else:
@@ -454,7 +454,7 @@ class RecomputeChecker:
 
     def _act_shape(self, step: int, k: int) -> tuple[int, int, int]:
         rows, width = self._micro_batch(step, k, 0).shape
-        return rows, width - 1, self.hidden_size
+        return rows, width - 1, self.boundary_width
 
     def _tag(self, step: int, replica: int, stage: int, entry: tuple[str, str, int]) -> str:
         return pipe_tag(self.run, self.epoch, step, self.topology, replica, stage, entry)

@@ -29,8 +29,9 @@ UNEVEN_3 = ((0, 1), (1, 2), (2, 8))
 @pytest.mark.parametrize("settings", [
     # pure data parallelism, the buckets' all-reduce started after backward
     dict(stages=1, replicas=4, overlap=False),
-    # 2 × 2 on an uneven split, GPipe, many small buckets all-reduced during the last backward
-    dict(stages=2, replicas=2, layers=UNEVEN_2, bucket_elements=20_000),
+    # 2 × 2 on an uneven split, GPipe, many small buckets all-reduced during the last backward, a model whose
+    # residual stream lies in a subspace (model.subspace: 8 values a token cross the boundary both ways)
+    dict(stages=2, replicas=2, layers=UNEVEN_2, bucket_elements=20_000, subspace=8),
     # a pipeline with a middle stage, one layer on each of the first two, clipped by the global norm (three
     # stages exchange their squared norms over the transport)
     dict(stages=3, replicas=1, layers=UNEVEN_3, optimizer=OptimizerConfig(clip=0.5)),

@@ -82,7 +82,7 @@ def train_in_threads(cfg: TrainConfig, link=MemoryLink):
         role = topology.role_of(peer)
         module = build_stage(cfg.shape, role.stage, cfg.stages, cfg.seed)
         executors[peer] = StageExecutor(module, build_optimizer(module, cfg.optimizer), data, cfg.micro_batches,
-                                        cfg.shape.hidden_size, wire=cfg.wire, schedule=cfg.schedule,
+                                        cfg.shape.boundary_width, wire=cfg.wire, schedule=cfg.schedule,
                                         overlap=cfg.overlap, bucket_elements=cfg.bucket_elements,
                                         learning_rate=lambda s: cfg.optimizer.lr_at(s, cfg.steps),
                                         clip=cfg.optimizer.clip, total_steps=cfg.steps,
@@ -184,6 +184,21 @@ def test_compressed_wire_keeps_replicas_bit_identical(wire):
     for got, want in zip(losses, reference.losses, strict=True):
         assert abs(got - want) <= 0.02 * want  # three steps: close to the exact run, not equal
     assert losses != reference.losses or wire == "bf16"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("settings", [dict(wire="int8"), dict(wire="int2", subspace=8)], ids=["int8", "int2-subspace"])
+def test_the_reference_with_the_runs_stages_rounds_the_boundaries_as_the_pipeline_does(settings):
+    """One pipeline of 2 stages with a lossy wire between them: the single-process reference of the same stages
+    (``runtime.stage_boundaries``) gives its losses; the one-stage reference, which sends nothing, does not."""
+    torch.set_num_threads(1)
+    cfg = dataclasses.replace(BASE, replicas=1, schedule="1f1b", **settings)
+    losses, _, _, _ = train_in_threads(cfg)
+    bounded = train_reference(cfg).losses
+    plain = train_reference(dataclasses.replace(cfg, stages=1)).losses
+    assert losses == pytest.approx(bounded, rel=1e-6, abs=0)
+    assert max(abs(a - b) for a, b in zip(losses, plain, strict=True)) > 100 * max(
+        abs(a - b) for a, b in zip(losses, bounded, strict=True))
 
 
 @pytest.mark.timeout(120)

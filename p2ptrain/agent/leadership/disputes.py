@@ -152,4 +152,4 @@ def run_view(config: AgentConfig, run: str, plan: PlanRecord) -> RunView:
         return build_stage(cfg.shape, stage, cfg.stages, cfg.seed, "cpu", layers=cfg.layers, precision=cfg.precision)
 
     return RunView(run, plan.epoch, topology, cfg.micro_batches, cfg.precision, wire_format(cfg.wire), build_data(cfg),
-                   cfg.shape.hidden_size, build)
+                   cfg.shape.boundary_width, build)

@@ -18,7 +18,8 @@ What each stage computes must agree too, or the run is silently not one run: the
 and activation included), the seed the parameters and batches are drawn from, the optimizer (learning rate,
 schedule, clipping; the schedule depends on the run's steps), the precision, whether the blocks run compiled
 (``compile``: compiled kernels round otherwise than eager ones, so compiled and eager replicas would drift
-apart) and the weights it starts from (``init_from``'s digest). They travel as one digest, ``training=<12 hex>`` (``training_digest``), in the same line: a peer
+apart), the subspace the residual stream lies in (``subspace``, part of the shape: what a stage boundary
+carries) and the weights it starts from (``init_from``'s digest). They travel as one digest, ``training=<12 hex>`` (``training_digest``), in the same line: a peer
 that trains otherwise is not a member of the run.
 """
 
@@ -58,7 +59,10 @@ def identity(train: TrainConfig, verify: VerifyConfig | None = None) -> str:
 def training_digest(train: TrainConfig) -> str:
     """12 hex digits naming what every stage computes: shape, seed, optimizer, steps, precision, compile, initial
     weights. ``compile`` joins only when on, so the digests of eager runs stay what they were."""
-    what = {"shape": dataclasses.asdict(train.shape), "seed": train.seed, "steps": train.steps,
+    shape = dataclasses.asdict(train.shape)
+    if not shape["subspace"]:  # joins only when on, like compile
+        del shape["subspace"]
+    what = {"shape": shape, "seed": train.seed, "steps": train.steps,
             "optimizer": dataclasses.asdict(train.optimizer), "precision": train.precision,
             "init": train.init_digest, "sync": train.sync, "diloco": dataclasses.asdict(train.diloco)}
     if train.compile:
