@@ -109,12 +109,12 @@ STARTUP_TIMEOUT_S = 2 * PLAN_BUDGET_S + 120.0
 DEFAULT_OUT = "benchmarks/results"
 DEFAULT_SETTING = "fp32/gpipe/overlap"
 WIRES, SCHEDULES = WIRE_FORMATS, ("gpipe", "1f1b")
-SETTING_FORM = "WIRE/SCHEDULE/overlap|no-overlap[/diloco-H|/streamed-H][/no-verify|/verify-RATE]"
+SETTING_FORM = "WIRE/SCHEDULE/overlap|no-overlap[/kK][/diloco-H|/streamed-H][/no-verify|/verify-RATE]"
 
 
 def parse_setting(setting: str) -> tuple[str, str, bool]:
-    """``WIRE/SCHEDULE/overlap|no-overlap[/diloco-H|/streamed-H][/no-verify|/verify-RATE]`` as (wire, schedule,
-    overlap) (``sync_every``: H; ``streamed``: DiLoCo's rounds overlapped; ``verified``: the members' work checked,
+    """``WIRE/SCHEDULE/overlap|no-overlap[/kK][/diloco-H|/streamed-H][/no-verify|/verify-RATE]`` as (wire,
+    schedule, overlap) (``subspace``: K, the model's residual stream in a subspace of that rank; ``sync_every``: H; ``streamed``: DiLoCo's rounds overlapped; ``verified``: the members' work checked,
     as by default, or not: what the checks cost; ``verify_rate``: at another ``[verify] rate``); ValueError (one
     line) otherwise."""
     parts = _without_verify(setting)
@@ -126,6 +126,17 @@ def parse_setting(setting: str) -> tuple[str, str, bool]:
         raise ValueError(f"--settings: {setting!r} is not {SETTING_FORM} (wire one of {', '.join(WIRES)}, schedule "
                          f"one of {', '.join(SCHEDULES)}, H a positive integer)")
     return parts[0], parts[1], parts[2] == "overlap"
+
+
+def subspace(setting: str) -> int:
+    """A setting's subspace rank K (``/kK``, ``model.subspace``); 0 without one."""
+    parse_setting(setting)
+    parts = setting.strip().split("/")
+    return int(parts[3][1:]) if len(parts) > 3 and _is_rank(parts[3]) else 0
+
+
+def _is_rank(part: str) -> bool:
+    return part.startswith("k") and part[1:].isdigit() and int(part[1:]) > 0
 
 
 def sync_every(setting: str) -> int:
@@ -162,7 +173,10 @@ def _rate(part: str) -> float | None:
 
 
 def _without_verify(setting: str) -> list[str]:
+    """The setting's parts without its verification part nor its subspace part."""
     parts = setting.strip().split("/")
+    if len(parts) > 3 and _is_rank(parts[3]):
+        parts = parts[:3] + parts[4:]
     return parts[:-1] if len(parts) > 3 and (parts[-1] == "no-verify" or parts[-1].startswith("verify-")) else parts
 
 
@@ -247,7 +261,7 @@ def _swarm_config(config: E2EConfig, strategy: str, time_scale: float, compute_s
     return SwarmConfig(agents=config.agents, stages=config.stages, steps=config.steps, scenario=config.scenario,
                        time_scale=time_scale, strategy=strategy, objective="simulated", model=config.model,
                        micro_batches=config.micro_batches, seed=config.seed, workdir=workdir, wire=wire,
-                       schedule=schedule, overlap=overlap, compute_scale=compute_scale, call_timeout_s=CALL_TIMEOUT_S,
+                       schedule=schedule, overlap=overlap, subspace=subspace(setting), compute_scale=compute_scale, call_timeout_s=CALL_TIMEOUT_S,
                        plan_budget_s=PLAN_BUDGET_S, startup_timeout_s=STARTUP_TIMEOUT_S, sync="diloco" if h > 1 else "every-step", verify=verified(setting),
                        verify_rate=verify_rate(setting),
                        diloco=DiLoCoConfig(inner_steps=h, overlap=streamed(setting)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from p2ptrain.bench.e2e import E2EConfig, parse_setting, round_period, sync_every
+from p2ptrain.bench.e2e import E2EConfig, _swarm_config, parse_setting, round_period, subspace, sync_every
 
 
 def test_a_setting_may_ask_for_diloco_rounds():
@@ -14,6 +14,18 @@ def test_a_setting_may_ask_for_diloco_rounds():
     for bad in ("int4/1f1b/overlap/diloco-0", "int4/1f1b/overlap/diloco", "int4/1f1b/overlap/h4", "fp8/1f1b/overlap"):
         with pytest.raises(ValueError, match="is not WIRE/SCHEDULE"):
             sync_every(bad)
+
+
+def test_a_setting_may_train_a_subspace_model():
+    setting = "int8/gpipe/overlap/k8/diloco-4/no-verify"
+    assert parse_setting(setting) == ("int8", "gpipe", True) and subspace(setting) == 8 and sync_every(setting) == 4
+    assert subspace("int8/gpipe/overlap") == 0
+    config = E2EConfig(scenario="homes", steps=8, settings=("int4/gpipe/overlap", "int8/gpipe/overlap/k8"))
+    swarms = [_swarm_config(config, "scheduled", 1.0, 1.0, setting=s) for s in config.settings]
+    assert [s.subspace for s in swarms] == [0, 8]
+    for bad in ("int8/gpipe/overlap/k0", "int8/gpipe/overlap/kx", "int8/gpipe/overlap/diloco-4/k8"):
+        with pytest.raises(ValueError, match="is not WIRE/SCHEDULE"):
+            subspace(bad)
 
 
 def test_a_diloco_setting_needs_two_whole_rounds():
