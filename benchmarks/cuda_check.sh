@@ -19,6 +19,10 @@
 # 9. issue 46's goals, each as a ratio beside its baseline (benchmarks/gpu_goals.py: `gpt2` in one process and
 #    compiled, its 4-agent swarm with the checks off and on, `llama-1b` compiled; not yet run on a GPU):
 #    ONLY=goals runs it alone.
+# 10. a stage boundary of k values a token in quality (issue 49): `gpt2` (d = 768) cut into 4 stages, 300 steps on
+#    the Python standard library's source, uncompressed beside subspaces of d/32 (GPT-3 XL's k = 64 in
+#    proportion) and d/8, and d/32 with int8 coefficients (benchmarks/boundary_quality.py, four runs at once on
+#    the GPU): ONLY=subspace runs it alone.
 # Each part has its own deadline and its log goes to OUTDIR (default ./cuda-check; WORK: where the rest
 # goes); a part that fails is reported and the next one still runs; the exit status is 1 if any failed.
 # DEVICE=cpu runs the same parts on the CPU (a dry run of the script).
@@ -78,4 +82,16 @@ if [ "$DEVICE" = cuda ]; then
 else  # a dry run: the same parts on a model the CPU trains in seconds
     part goals 590 python3 benchmarks/gpu_goals.py --device "$DEVICE" --model tiny --large "" --steps 4 --out "$WORK/goals"
 fi
+if [ "$DEVICE" = cuda ]; then
+    SUBSPACE=(--model gpt2 --steps 300 --settings fp32,fp32/k24,fp32/k96,int8/k24)
+else  # a dry run
+    SUBSPACE=(--model tiny --steps 4 --settings fp32,fp32/k2,int8/k2)
+fi
+if [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" subspace "* ]]; then
+    STDLIB=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['stdlib'])")
+    find "$STDLIB" -name '*.py' -not -path '*/test*' -not -path '*/site-packages/*' | sort | xargs cat 2>/dev/null \
+        | head -c 24000000 > "$WORK/stdlib.txt"
+fi
+part subspace 420 python3 benchmarks/boundary_quality.py "${SUBSPACE[@]}" --stages 4 --seeds 0 --device "$DEVICE" \
+    --corpus "$WORK/stdlib.txt" --jobs 4 --eval-every 100
 exit $status
