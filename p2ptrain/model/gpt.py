@@ -17,6 +17,10 @@ head             (after the blocks)         logits ``[B, T, vocab]``
 no head          (after the blocks)         hidden ``[B, T, d]``
 ===============  =========================  =============================
 
+With a subspace (``shape.subspace`` k, ``p2ptrain.model.subspace``) "hidden" is the stream's k coefficients
+``[B, T, k]``, and a module without the embeddings also takes the micro-batch's token ids (``forward(x, tokens)``)
+to lift them.
+
 No dropout: training is exact (docs/design.md, "Exactness"). The LM head is not tied to the token embedding,
 because they sit on different stages; tying them would need an extra gradient exchange every step.
 
