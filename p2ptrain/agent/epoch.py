@@ -181,6 +181,9 @@ def run_epoch(plan: PlanRecord, ctx: EpochContext, peers: dict[str, PeerRecord])
     topology = topology_of(plan)
     cfg = dataclasses.replace(ctx.train, stages=plan.stages, replicas=plan.replicas, layers=plan.layer_ranges)
     run = ctx.dht.keys.run_id
+    # our mailbox takes this epoch's messages from now on: a peer whose state is its own starts at once, and an
+    # agent that missed the epochs between (cut off, then back) would otherwise refuse them as too far ahead
+    ctx.transport.set_window(run, plan.epoch, plan.start_step)
     ctx.set_status(TRAIN if ctx.me in topology.peers else IDLE, plan.epoch, plan.start_step)
     step_s = plan.cost_s * ctx.time_scale
     sender = BackupSender(ctx.transport, run, plan.epoch, ctx.state_timeout_s,
