@@ -94,8 +94,9 @@ from p2ptrain.errors import AgentError, ProtocolError
 from p2ptrain.lifecycle import StopSignal, shutdown_in_order
 from p2ptrain.model.compiled import check_compile
 from p2ptrain.model.data import data_identity
-from p2ptrain.net.dht.node import SwarmDHT, retrying
+from p2ptrain.net.dht.node import SwarmDHT
 from p2ptrain.net.dht.records import ComputeMeasurement, PeerRecord, PlanRecord, ProgressRecord
+from p2ptrain.net.dht.retry import retrying
 from p2ptrain.net.nat.forward import setup_forwarding
 from p2ptrain.net.transport.endpoint import Transport
 from p2ptrain.net.transport.status import IDLE, TRAIN, PeerStatus

@@ -14,7 +14,7 @@ from test_untrusted_members import assert_reference
 
 from p2ptrain.errors import PeerTimeoutError
 from p2ptrain.lifecycle import StopSignal
-from p2ptrain.net.dht.node import retrying
+from p2ptrain.net.dht.retry import retrying
 from p2ptrain.runtime.reference import train_reference
 from p2ptrain.swarm.agent_launcher import SwarmConfig, run_swarm
 

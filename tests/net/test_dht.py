@@ -172,6 +172,37 @@ def test_a_rogue_plan_claiming_the_leader_is_ignored_with_a_log_line(swarm, capl
 
 
 @pytest.mark.timeout(60)
+def test_a_plan_of_a_thousand_members_crosses_the_dht_in_parts_once_per_reader(swarm):
+    """A plan past one DHT value (36 bytes a member) is stored as a head and parts (``plan_store``); a follower
+    reads it whole, and then only the heads while it does not change."""
+    from tests.net.test_records import fake_peer_ids
+
+    leader, follower, _ = swarm
+    peers = sorted([leader.peer_id, *fake_peer_ids(999, seed=11)])
+    plan = PlanRecord(epoch=40, membership=tuple(peers), stages=8, replicas=125, cost_s=3.0,
+                      pipelines=tuple(tuple(i * 8 + j for j in range(8)) for i in range(125)),
+                      leader_at=peers.index(leader.peer_id))
+    assert len(plan.encode()) > 32 << 10
+    publish_and_see(leader, follower, plan)
+    before = follower.counters.snapshot()["plan"]
+    for _ in range(3):
+        assert follower.read_plans()[leader.peer_id] == plan
+    after = follower.counters.snapshot()["plan"]
+    assert after["reads"] - before["reads"] == 3  # the head key alone, each time
+    assert after["read_bytes"] - before["read_bytes"] < 3 * 1024
+
+
+@pytest.mark.timeout(60)
+def test_calls_over_16_kib_reach_the_dht_process_whole(swarm):
+    """A call over 16 KiB crosses the pipe into the DHT process in two writes; hivemind's loop could read it
+    half and then die (``net.dht.pipe_fix``). Stores of 20 KB values, back to back, and the DHT answers."""
+    _, follower, _ = swarm
+    for i in range(30):
+        follower.hivemind_dht.store(f"pipe-check-{i}", b"x" * 20_000, get_dht_time() + 30)
+    assert follower.hivemind_dht.is_alive() and follower.routing_table_size() >= 1
+
+
+@pytest.mark.timeout(60)
 def test_impossible_records_are_ignored_with_a_log_line(swarm, caplog):
     leader, follower, rogue = swarm
     absurd = msgpack.packb({"v": 1, "kind": "peers", "device_name": "gpu", "memory_gb": 1e12, "tflops": 5.0,

@@ -18,6 +18,7 @@ from p2ptrain.net.dht import record_base, records
 from p2ptrain.net.dht.keys import RecordKind, RunKeys, check_run_id
 from p2ptrain.net.dht.records import (
     MAX_LINK_PEERS,
+    MAX_PLAN_BYTES,
     MAX_PLAN_PEERS,
     MAX_RECORD_BYTES,
     LinkMeasurement,
@@ -392,10 +393,14 @@ def test_largest_links_row_and_plan_fit_the_cap():
         7, peers, {"stages": 8, "replicas": MAX_PLAN_PEERS // 8, "cost_s": 1.0,
                    "pipelines": [[i * 8 + j for j in range(8)] for i in range(MAX_PLAN_PEERS // 8)]},
     )
-    for record in (row, plan):
-        data = record.encode()
-        assert len(data) <= MAX_RECORD_BYTES
-        assert decode_record(record.kind, data) == record
+    data = row.encode()
+    assert len(data) <= MAX_RECORD_BYTES and decode_record(row.kind, data) == row
+    # the largest plan, every list full, fits its own cap (it is stored in parts of one DHT value each)
+    plan = dataclasses.replace(plan, probation=tuple(range(MAX_PLAN_PEERS)),
+                               slowdowns=tuple((i, 1.5) for i in range(MAX_PLAN_PEERS)),
+                               apart=tuple((i, i + 1) for i in range(0, MAX_PLAN_PEERS, 2)), reason="x" * 120)
+    data = plan.encode()
+    assert MAX_RECORD_BYTES < len(data) <= MAX_PLAN_BYTES and decode_record(plan.kind, data) == plan
     with pytest.raises(RecordError, match="at most 1024"):
         LinksRecord.from_peers(
             {p: LinkMeasurement(1.0, 1.0) for p in fake_peer_ids(MAX_LINK_PEERS + 1, seed=4)}
@@ -403,7 +408,7 @@ def test_largest_links_row_and_plan_fit_the_cap():
 
 
 def test_encode_refuses_a_record_over_the_cap(monkeypatch):
-    monkeypatch.setattr(record_base, "MAX_RECORD_BYTES", 100)  # the envelope's cap
+    monkeypatch.setattr(record_base.RecordEnvelope, "max_bytes", 100)  # the envelope's cap
     with pytest.raises(RecordTooLarge, match="over the 100-byte cap"):
         links_record().encode()
 

@@ -4,7 +4,8 @@ All keys are scoped by a run ID, so that several runs can share one DHT (and one
 
     {run}.peers      owner-signed subkey per peer: device profile, addresses, versions  (PeerRecord)
     {run}.links      owner-signed subkey per peer: its measured α/β to each other peer  (LinksRecord)
-    {run}.plan       owner-signed subkey per writer; only the leader's counts            (PlanRecord)
+    {run}.plan       owner-signed subkey per writer; only the leader's counts            (PlanHead)
+    {run}.plan.{i}   owner-signed subkey per writer: part i of its plan, i < 16          (PlanPart -> PlanRecord)
     {run}.progress   owner-signed subkey per peer: epoch, step, loss, step time         (ProgressRecord)
 
 The subkey of every entry is the writer's owner mark (``[owner:ssh-rsa ...]``, see ``identity.py``); a
@@ -17,6 +18,7 @@ import enum
 import re
 from dataclasses import dataclass
 
+PLAN_PARTS = 16  # a plan's parts: ``record_base.MAX_PLAN_BYTES`` / ``PART_BYTES``
 _RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
 
@@ -66,5 +68,13 @@ class RunKeys:
     def progress(self) -> str:
         return self.of(RecordKind.PROGRESS)
 
+    def plan_part(self, index: int) -> str:
+        """The key of part ``index`` of a plan (``plan_store``)."""
+        return f"{self.plan}.{index}"
+
     def all(self) -> dict[RecordKind, str]:
         return {kind: self.of(kind) for kind in RecordKind}
+
+    def every_key(self) -> list[str]:
+        """Every key of the run: the kinds' and the plan parts' (what admission checks)."""
+        return [*self.all().values(), *(self.plan_part(i) for i in range(PLAN_PARTS))]

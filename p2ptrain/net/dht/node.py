@@ -46,6 +46,7 @@ from hivemind.utils.multiaddr import Multiaddr
 from p2ptrain.errors import ConfigError, PeerTimeoutError, ProtocolError
 from p2ptrain.lifecycle import find_processes, shutdown_in_order, terminate_stray_process
 from p2ptrain.net import p2p_fixes
+from p2ptrain.net.dht import pipe_fix, plan_store
 from p2ptrain.net.dht.admission import AdmissionConfig, AdmissionPolicy, attach_token
 from p2ptrain.net.dht.counters import DHTCounters, entry_bytes
 from p2ptrain.net.dht.keys import RecordKind, RunKeys
@@ -152,6 +153,7 @@ class SwarmDHT:
             self._store, lambda kind: self.config.ttl_s(kind) * self.config.refresh_fraction
         )
         self._log = RateLimitedLog(logging.getLogger("p2ptrain.net.dht.validators"))
+        self._plans = plan_store.PlanReader(self._log)  # plans assembled from their parts, by digest
         self._atexit_hook: Callable[[], None] | None = None
         self._closed = False
         self.counters = DHTCounters()
@@ -377,10 +379,15 @@ class SwarmDHT:
         self._refresher.withdraw(kind)
 
     def _store(self, kind: RecordKind, record: Record) -> bool:
-        value = record.encode()
+        if kind is RecordKind.PLAN:  # its parts first, then the head that names them (``plan_store``)
+            head, parts = plan_store.split(record)  # type: ignore[arg-type]
+            stored = [self._store_value(kind, self.keys.plan_part(p.index), p.encode()) for p in parts]  # type: ignore[union-attr]
+            return self._store_value(kind, self._key(kind), head.encode()) and all(stored)
+        return self._store_value(kind, self._key(kind), record.encode())
+
+    def _store_value(self, kind: RecordKind, key: str, value: bytes) -> bool:
         if self._token is not None:  # a closed run: our records show our join token (admission.py)
             value = attach_token(value, self._token)
-        key = self._key(kind)
         expiration_time = get_dht_time() + self.config.ttl_s(kind)
         started = time.monotonic()
         ok = False
@@ -406,18 +413,10 @@ class SwarmDHT:
     # ---- read ------------------------------------------------------------------------------------------
 
     def read(self, kind: RecordKind) -> dict[str, Verified[Record]]:
-        """Every verified, unexpired record of ``kind``, by writer's peer ID (invalid ones are logged)."""
+        """Every verified, unexpired record of ``kind``, by writer's peer ID (invalid ones are logged); plans
+        from their heads and, for a plan not read before, its parts (``plan_store``)."""
         key = self._key(kind)
-        started, found, failed = time.monotonic(), None, True
-        try:
-            self._check_running(f"get of {key}")
-            with self._pipe_lock:
-                future = self.hivemind_dht.get(key, latest=True, return_future=True)
-            found = self._result(future, f"get of {key}")
-            failed = False
-        finally:
-            self.counters.add(kind, reads=1, read_bytes=entry_bytes(found), read_failures=failed,
-                              seconds=time.monotonic() - started)
+        (found,) = self._get(kind, [key])
         if found is None:
             return {}
         if not isinstance(found.value, dict):
@@ -427,12 +426,31 @@ class SwarmDHT:
             return {}
         now = get_dht_time()
         policy = self._policies.get(self.keys.run_id)
-        verified = {
-            p: v for p, v in verify_entries(kind, found.value, self._log, policy).items() if v.expiration_time > now
-        }
+        if kind is RecordKind.PLAN:
+            def parts(indices: Iterable[int]) -> dict[int, Any]:
+                got = self._get(kind, [self.keys.plan_part(i) for i in indices])
+                return {i: g.value for i, g in zip(indices, got, strict=True) if g is not None and isinstance(g.value, dict)}
+            verified: dict[str, Verified[Any]] = self._plans.read(found.value, parts, now, policy)
+        else:
+            verified = {p: v for p, v in verify_entries(kind, found.value, self._log, policy).items()
+                        if v.expiration_time > now}
         if policy is not None and policy.closed:
             self._admitted_by_token.update(verified)
         return verified
+
+    def _get(self, kind: RecordKind, keys: list[str]) -> list[Any]:
+        """What the DHT holds under each of ``keys`` (None where nothing), asked at once, each counted."""
+        started, failed, found = time.monotonic(), True, [None] * len(keys)
+        try:
+            self._check_running(f"get of {keys[0]}")
+            with self._pipe_lock:
+                futures = [self.hivemind_dht.get(key, latest=True, return_future=True) for key in keys]
+            found = [self._result(future, f"get of {key}") for key, future in zip(keys, futures, strict=True)]
+            failed = False
+        finally:
+            self.counters.add(kind, reads=len(keys), read_bytes=sum(entry_bytes(f) for f in found),
+                              read_failures=len(keys) if failed else 0, seconds=time.monotonic() - started)
+        return found
 
     def is_admitted(self, peer_id: str) -> bool:
         """May ``peer_id`` take part in our run: always in an open run; in a closed one, if it is listed or
@@ -492,29 +510,6 @@ class SwarmDHT:
             ) from None
 
 
-def retrying(what: str, call: Callable[[], Any], within_s: float, wait: Callable[[float], bool] | None = None,
-             first_pause_s: float = 1.0, max_pause_s: float = 16.0) -> Any:
-    """``call()``, tried again after a ``ProtocolError`` (a DHT busy with a crowd joining: a store that did not
-    finish within ``request_timeout_s``) after pauses of 1, 2, 4, … 16 s while ``within_s`` from now allows, each
-    failure logged with what comes next; the last error once the time is up. ``wait(s)``: sleep ``s`` seconds,
-    True when stopped (a signal ends the tries at once: None; the caller's loop then stops)."""
-    wait = wait or (lambda s: bool(time.sleep(s)))
-    deadline, pause, tries = time.monotonic() + within_s, first_pause_s, 0
-    while True:
-        tries += 1
-        try:
-            return call()
-        except ProtocolError as e:
-            left = deadline - time.monotonic()
-            if left <= pause:
-                logger.error("%s failed %d time(s) within %.0f s; giving up: %s", what, tries, within_s, e)
-                raise
-            logger.warning("%s failed (%s); trying again in %.0f s (%.0f s left)", what, e, pause, left)
-            if wait(pause):
-                return None
-            pause = min(max_pause_s, 2 * pause)
-
-
 async def _node_status(_dht: hivemind.DHT, node: Any) -> tuple[str, int]:
     return node.peer_id.to_base58(), len(node.protocol.routing_table.uid_to_peer_id)
 
@@ -570,6 +565,7 @@ class _RelayingDHT(hivemind.DHT):
             return make_args(*args, **{**kwargs, **flags})
 
         P2P._make_process_args = staticmethod(with_relay_flags)  # noqa: SLF001 - in this forked process only
+        pipe_fix.install(self)  # calls over 16 KiB arrive whole
         super().run()
 
 

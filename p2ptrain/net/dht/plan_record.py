@@ -1,4 +1,4 @@
-"""The leader's plan record (key ``{run}.plan``); the envelope and the bounds are ``record_base``'s, and
+"""The leader's plan record (key ``{run}.plan``, stored in parts: ``plan_store``); the envelope and the bounds are ``record_base``'s, and
 ``records`` exports it beside the other record types."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from p2ptrain.net.dht.record_base import (
     MAX_BUCKET_ELEMENTS,
     MAX_COST_S,
     MAX_COUNTER,
+    MAX_PLAN_BYTES,
     MAX_PLAN_PEERS,
     MAX_SLOWDOWN,
     NO_BACKUP,
@@ -99,6 +100,7 @@ class PlanRecord(RecordEnvelope):
     probation: tuple[int, ...] = ()
     apart: tuple[tuple[int, int], ...] = ()
     kind: ClassVar[RecordKind] = RecordKind.PLAN
+    max_bytes: ClassVar[int] = MAX_PLAN_BYTES  # stored in parts (``plan_store``)
 
     def __post_init__(self) -> None:
         self._check_slots()

@@ -12,13 +12,15 @@ import msgpack
 
 from p2ptrain.net.dht import fields as f
 from p2ptrain.net.dht.fields import RecordError, RecordTooLarge
-from p2ptrain.net.dht.keys import RecordKind
+from p2ptrain.net.dht.keys import PLAN_PARTS, RecordKind
 from p2ptrain.net.identity import PEER_ID_BYTES, peer_id_from_bytes, peer_id_to_bytes
 
 SCHEMA_VERSION = 1
 MAX_RECORD_BYTES = 24 * 1024
 MAX_LINK_PEERS = 1024
-MAX_PLAN_PEERS = 512
+MAX_PLAN_PEERS = 4096
+PART_BYTES = 16 * 1024  # a plan is stored in parts of at most this many bytes (``plan_store``)
+MAX_PLAN_BYTES = PLAN_PARTS * PART_BYTES  # an encoded plan: 36 bytes a member, and its grid and lists
 PEER_TAG_BYTES = 8
 SOURCE_CHECKPOINT = 0xFFFF  # PlanRecord.sources: the stage's state comes from the last complete checkpoint
 SOURCE_INIT = 0xFFFE  # ... from the seed (step 0)
@@ -59,6 +61,7 @@ class RecordEnvelope:
     """Shared envelope: ``encode`` to msgpack bytes under the cap, ``decode`` strictly."""
 
     kind: ClassVar[RecordKind]
+    max_bytes: ClassVar[int] = MAX_RECORD_BYTES  # one DHT value; a plan is stored in parts (``plan_store``)
 
     def _fields(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -71,15 +74,15 @@ class RecordEnvelope:
         data = msgpack.packb(
             {"v": SCHEMA_VERSION, "kind": self.kind.value, **self._fields()}, use_bin_type=True
         )
-        if len(data) > MAX_RECORD_BYTES:
+        if len(data) > self.max_bytes:
             raise RecordTooLarge(
-                f"{self.kind.value} record is {len(data)} bytes, over the {MAX_RECORD_BYTES}-byte cap of DHT values"
+                f"{self.kind.value} record is {len(data)} bytes, over the {self.max_bytes}-byte cap of its DHT values"
             )
         return data
 
     @classmethod
     def decode(cls, data: object) -> Any:
-        m = unpack_record(cls.kind, data)
+        m = unpack_map(cls.kind.value, data, cls.max_bytes)
         try:
             return cls._from_fields(m)
         except KeyError as e:
@@ -88,23 +91,24 @@ class RecordEnvelope:
             raise RecordError(f"{cls.kind.value} record: {e}") from None
 
 
-def unpack_record(kind: RecordKind, data: object) -> Mapping[str, Any]:
+def unpack_map(kind: str, data: object, cap: int = MAX_RECORD_BYTES) -> Mapping[str, Any]:
+    """The envelope's map of bytes read as a ``kind`` value (``v`` and ``kind`` checked); RecordError if not."""
     if not isinstance(data, bytes):
-        raise RecordError(f"{kind.value} record: value is {type(data).__name__}, not bytes")
-    if len(data) > MAX_RECORD_BYTES:
-        raise RecordTooLarge(f"{kind.value} record: {len(data)} bytes, over the {MAX_RECORD_BYTES}-byte cap")
+        raise RecordError(f"{kind} record: value is {type(data).__name__}, not bytes")
+    if len(data) > cap:
+        raise RecordTooLarge(f"{kind} record: {len(data)} bytes, over the {cap}-byte cap")
     try:
         m = msgpack.unpackb(data, raw=False, strict_map_key=True, ext_hook=_refuse_ext)
     except Exception as e:  # msgpack raises many unrelated types (ValueError, ExtraData, FormatError, ...)
-        raise RecordError(f"{kind.value} record: not a msgpack map ({type(e).__name__})") from None
+        raise RecordError(f"{kind} record: not a msgpack map ({type(e).__name__})") from None
     if not isinstance(m, dict):
-        raise RecordError(f"{kind.value} record: not a msgpack map")
+        raise RecordError(f"{kind} record: not a msgpack map")
     if m.get("v") != SCHEMA_VERSION or isinstance(m.get("v"), bool):
         raise RecordError(
-            f"{kind.value} record: schema version {m.get('v')!r} is not {SCHEMA_VERSION} (peer runs another p2ptrain)"
+            f"{kind} record: schema version {m.get('v')!r} is not {SCHEMA_VERSION} (peer runs another p2ptrain)"
         )
-    if m.get("kind") != kind.value:
-        raise RecordError(f"{kind.value} record: its kind field says {m.get('kind')!r}")
+    if m.get("kind") != kind:
+        raise RecordError(f"{kind} record: its kind field says {m.get('kind')!r}")
     return m
 
 

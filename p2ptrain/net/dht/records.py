@@ -18,8 +18,9 @@ Capacity (tested in ``tests/net/test_records.py``):
   up to ``MAX_LINK_PEERS`` = 1024 peers. Peers are named by tag (first 8 bytes of sha256 of the peer ID),
   not by index into a membership list: each agent measures the peers *it* sees, so rows written under
   different views stay readable; the reader resolves tags against the peer IDs it knows.
-* ``PlanRecord``: 36 bytes per member (34-byte peer ID + a uint16 slot), up to ``MAX_PLAN_PEERS`` = 512
-  members in one record; larger swarms would need the plan split under several subkeys (not implemented).
+* ``PlanRecord``: 36 bytes per member (34-byte peer ID + a uint16 slot), up to ``MAX_PLAN_PEERS`` = 4096
+  members and ``MAX_PLAN_BYTES`` (256 KiB) encoded; it is stored as a small head and parts of at most
+  16 KiB under keys of their own (``plan_store``), so no DHT value holds a whole large plan.
 * ``PeerRecord`` and ``ProgressRecord`` are fixed-size (well under 1 KiB).
 
 Who wrote a record is not a field: it is the peer ID derived from the entry's owner-signed subkey
@@ -53,6 +54,7 @@ from p2ptrain.net.dht.record_base import (
     MAX_LINK_PEERS,
     MAX_MADDRS,
     MAX_MEMORY_GB,
+    MAX_PLAN_BYTES,
     MAX_PLAN_PEERS,
     MAX_RECORD_BYTES,
     MAX_SLOWDOWN,
@@ -73,7 +75,7 @@ from p2ptrain.net.dht.record_base import (
 from p2ptrain.net.identity import check_peer_id, peer_id_to_bytes
 
 __all__ = [
-    "SCHEMA_VERSION", "MAX_RECORD_BYTES", "MAX_LINK_PEERS", "MAX_PLAN_PEERS", "MAX_HOLDS", "MAX_SLOWDOWN", "MAX_TFLOPS",
+    "SCHEMA_VERSION", "MAX_RECORD_BYTES", "MAX_LINK_PEERS", "MAX_PLAN_PEERS", "MAX_PLAN_BYTES", "MAX_HOLDS", "MAX_SLOWDOWN", "MAX_TFLOPS",
     "RecordError", "RecordTooLarge", "ComputeMeasurement", "SOURCE_CHECKPOINT", "SOURCE_INIT", "NO_BACKUP",
     "PeerRecord", "LinkMeasurement", "LinksRecord", "PlanRecord", "ProgressRecord", "Record", "decode_record",
     "peer_tag", "AGENT_PROTOCOL_VERSION",
@@ -87,8 +89,9 @@ __all__ = [
 # cannot train together. Not the records' schema version (``SCHEMA_VERSION``, a record's "v"), nor a message
 # header's (``net.transport.messages.MESSAGE_HEADER_VERSION``).
 # 2: a pipeline commitment signs the parameters' digest; evidence messages. 3: the sum check's sketches have a
-# product structure (64 rows, an ℓ1 statistic) and messages' digests are BLAKE3 (``verify.sketch``, ``verify.commit``)
-AGENT_PROTOCOL_VERSION = 3
+# product structure (64 rows, an ℓ1 statistic) and messages' digests are BLAKE3 (``verify.sketch``, ``verify.commit``).
+# 4: plans are stored as a head and parts (``plan_store``)
+AGENT_PROTOCOL_VERSION = 4
 
 MAX_COMPUTE_S = 3600.0  # one micro-batch through one block: an hour is past any sane device
 MAX_STEP_BYTES = 1 << 50  # what a peer sends in one step: a PiB takes hours at 1 Tbit/s

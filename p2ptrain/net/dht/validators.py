@@ -86,7 +86,7 @@ class RateLimitedLog:
 
 def run_key_ids(run_ids: Iterable[str]) -> dict[bytes, str]:
     """The DHT IDs (as a ``DHTRecord.key`` holds them) of the given runs' keys, mapped to the key names."""
-    return {DHTID.generate(source=key).to_bytes(): key for run in run_ids for key in RunKeys(run).all().values()}
+    return {DHTID.generate(source=key).to_bytes(): key for run in run_ids for key in RunKeys(run).every_key()}
 
 
 class SignatureValidator(RSASignatureValidator):
@@ -166,11 +166,7 @@ def verify_entries(
     for subkey, item in entries.items():
         peer_id = "?"
         try:
-            peer_id = peer_id_of_owner_mark(subkey)
-            raw = getattr(item, "value", item)
-            refusal = policy.refusal(peer_id, token_of(raw)) if policy is not None else None
-            if refusal is not None:
-                raise RecordError(refusal)
+            peer_id, raw = admitted_entry(subkey, item, policy)
             record = decode_record(kind, raw)
             check_binding(peer_id, record)
         except (RecordError, ValueError) as e:
@@ -180,6 +176,17 @@ def verify_entries(
             continue
         verified[peer_id] = Verified(peer_id, record, float(getattr(item, "expiration_time", 0.0)))
     return verified
+
+
+def admitted_entry(subkey: Any, item: Any, policy: AdmissionPolicy | None) -> tuple[str, Any]:
+    """The writer (by the entry's owner mark) and the raw value of one ``{subkey: entry}`` of a DHT get;
+    ValueError for a subkey that is no owner mark, RecordError for a writer a closed run does not admit."""
+    peer_id = peer_id_of_owner_mark(subkey)
+    raw = getattr(item, "value", item)
+    refusal = policy.refusal(peer_id, token_of(raw)) if policy is not None else None
+    if refusal is not None:
+        raise RecordError(refusal)
+    return peer_id, raw
 
 
 def check_binding(peer_id: str, record: Record) -> None:
