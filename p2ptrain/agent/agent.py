@@ -367,8 +367,8 @@ class Agent:
         self.events.write("stopped", reason=self.stop.reason)
         return AgentResult(self.peer_id, False, 0, self.stop.reason)
 
-    def _poll(self) -> None:
-        read = self._reader.read(self._following)
+    def _poll(self, force: bool = False) -> None:
+        read = self._reader.read(self._following, force)
         if read is not None:
             self._seen, self._membership = read
             self._admit_senders(self._membership)

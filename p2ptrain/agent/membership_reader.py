@@ -13,6 +13,14 @@ neighbours in the plan we follow) known for ``links.settle_s`` go to the link pr
 the heartbeats whom to ping: every member in a small run, beyond ``liveness.watch_all_up_to`` the peers of our
 pipeline and replica group, the leader and the next in line (who watch everyone).
 
+What a read costs grows with the run (a record a peer). In a run of n members beyond
+``membership.read_all_up_to`` (r), a follower of a plan that is neither the leader nor the next in line reads
+the peer records every n / r polls, at most every ``dht.peer_ttl_s`` (``spacing``; the poll in between works on
+the last records read, with the heartbeats' verdicts applied afresh), and at once when a plan newer than any
+it saw appears (``behind``: a plan is checked against a fresh view). The leader and the next in line, and an
+agent that follows no plan, read every poll. So a follower's bytes a minute stay those of a run of r peers
+until the lifetime cap (about 16 × 60 peers at the defaults).
+
 Used by the poller alone (the agent's main thread, or its step-boundary thread while an epoch trains: one at
 a time; ``agent`` says how), so its fields need no lock.
 """
@@ -20,6 +28,7 @@ a time; ``agent`` says how), so its fields need no lock.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from p2ptrain.agent.churn.liveness import LivenessMonitor
@@ -33,10 +42,12 @@ from p2ptrain.agent.links import LinkProber
 from p2ptrain.agent.shaping import LinkShaping
 from p2ptrain.errors import ProtocolError
 from p2ptrain.net.dht.node import SwarmDHT
-from p2ptrain.net.dht.records import PlanRecord
+from p2ptrain.net.dht.records import PeerRecord, PlanRecord
 from p2ptrain.net.transport.endpoint import Transport
 
 logger = logging.getLogger(__name__)
+
+READ_EARLY = 0.9  # a read is due this fraction into its period: a poll that comes a little early does not skip it
 
 
 class MembershipReader:
@@ -51,24 +62,35 @@ class MembershipReader:
         self._dialled: set[str] = set()
         self._claims_noted: set[tuple[str, str]] = set()  # (peer, what was said): each said once
         self._traffic = TrafficReport(events, dht.counters, transport.counters)  # the ``dht_traffic`` events
+        self._records: dict[str, PeerRecord] | None = None  # the last peer records read, and when
+        self._read_at = -float("inf")
+        self._first_two: set[str] = set()  # the leader and the next in line at the last read
+        self._newest_epoch = -1  # the newest plan ``behind`` was told of
 
-    def read(self, following: PlanRecord | None) -> tuple[Membership, Membership] | None:
+    def read(self, following: PlanRecord | None, force: bool = False) -> tuple[Membership, Membership] | None:
         """The live members, with the passed-over leaders and without (None if the records could not be read:
         the last view stands); the new ones dialled and shaped, the settled ones handed to the prober.
-        ``following``: the plan this agent follows (whom the heartbeats watch)."""
+        ``following``: the plan this agent follows (whom the heartbeats watch); the records are read if due
+        (``spacing``) or ``force``d, else the last ones read are used."""
         tracker = self._tracker
         self._traffic.maybe()
-        try:
-            membership = self._checked_claims(tracker.update(self.dht.read_peers()))
-        except ProtocolError as e:
-            logger.warning("reading the peer records failed: %s; keeping the last view", e)
-            return None
+        spacing = self.spacing(following)
+        period = min(self.config.membership.poll_s * spacing, self.config.dht.peer_ttl_s)
+        if force or spacing == 1.0 or self._records is None or time.monotonic() - self._read_at >= period * READ_EARLY:
+            try:
+                self._records, self._read_at = self.dht.read_peers(), time.monotonic()
+            except ProtocolError as e:
+                logger.warning("reading the peer records failed: %s; keeping the last view", e)
+                return None
+        membership = self._checked_claims(tracker.update(self._records))
         if self.liveness is not None:
             self.liveness.watch(self._watch_targets(membership, following))
             dead = self.liveness.dead()
             membership = Membership({p: r for p, r in membership.peers.items() if p not in dead or p == self.peer_id})
         seen = Membership(membership.peers, self._leaders.standing)  # who leads: ``leadership.standing``
         membership = seen.without(*(self._leaders.excluded() - {self.peer_id}))
+        leader = membership.leader
+        self._first_two = {p for p in (leader, membership.without(leader).leader) if p is not None} if leader else set()
         for peer, record in membership.peers.items():
             if peer == self.peer_id:
                 continue
@@ -84,6 +106,23 @@ class MembershipReader:
             p for p in partners if p in self._dialled and tracker.known_for_s(p) >= self.config.links.settle_s
         )
         return seen, membership
+
+    def spacing(self, following: PlanRecord | None) -> float:
+        """How many times its usual period a read of every peer's (or progress) record waits: n / r for a
+        follower of ``following`` in a run of n > r = ``membership.read_all_up_to`` members that is neither the
+        leader nor the next in line; 1 otherwise (module docstring)."""
+        n, r = len(self._records or ()), self.config.membership.read_all_up_to
+        if following is None or n <= r or self.peer_id in self._first_two:
+            return 1.0
+        return n / r
+
+    def behind(self, epoch: int) -> bool:
+        """Told the newest plan's epoch each time the plans are read: True the first time a plan is newer than
+        any before and the peer records were last read over a poll ago (the caller reads them now)."""
+        if epoch <= self._newest_epoch:
+            return False
+        self._newest_epoch = epoch
+        return time.monotonic() - self._read_at > self.config.membership.poll_s
 
     def _checked_claims(self, membership: Membership) -> Membership:
         """The members whose claims a real device could make, their tflops bounded by their calibration

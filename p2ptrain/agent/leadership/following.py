@@ -83,6 +83,8 @@ class Following:
             logger.warning("reading the plan records failed: %s", e)
             return None
         self.agent._leaders.observe_read(time.monotonic() - started)  # the control plane's pace: a leader's grace
+        if self.agent._reader.behind(max((p.epoch for p in plans.values()), default=-1)):
+            self.agent._poll(force=True)  # a newer plan: checked against the peer records as they are now
         refusal = self.agent._tracker.refusal()  # several live peers agree on other data or settings than ours
         if refusal is not None:
             raise AgentError(refusal)
@@ -150,7 +152,9 @@ class Following:
                 self._step_aside(plans, progress)
                 self._follow_the_run(plans, progress)
         now = time.monotonic()
-        if self._standing_read is None and now - self._standing_last >= STANDING_READ_S:
+        spacing = self.agent._reader.spacing(self.agent._following)  # a follower in a large run: less often
+        if self._standing_read is None and now - self._standing_last >= min(STANDING_READ_S * spacing,
+                                                                          self.config.dht.peer_ttl_s):
             self._standing_last = now
             self._standing_read = self._standing_reader.submit(self.dht.read_progress)
 

@@ -1,0 +1,80 @@
+"""How often an agent reads every peer record (``agent.membership_reader``): every poll in a small run, for the
+leader and the next in line, and while no plan is followed; a follower of a plan in a large run every n / r
+polls, and at once when a newer plan appears."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+from p2ptrain.agent.config import AgentConfig, MembershipConfig
+from p2ptrain.agent.events import EventLog
+from p2ptrain.agent.leadership.membership import MembershipTracker
+from p2ptrain.agent.leadership.plan_check import LeaderWatch
+from p2ptrain.agent.membership_reader import MembershipReader
+from p2ptrain.agent.shaping import LinkShaping
+from p2ptrain.net.dht.counters import DHTCounters
+from p2ptrain.net.dht.records import PeerRecord, PlanRecord
+from p2ptrain.net.transport.counters import ControlCounters
+from tests.agent.test_links import BOOTSTRAP
+from tests.net.test_records import fake_peer_ids
+
+POLL_S = 0.05
+PEERS = fake_peer_ids(41, seed=5)  # sorted: PEERS[0] leads, PEERS[1] is next in line
+
+
+class Board:
+    """The run's peer records; counts the reads."""
+
+    def __init__(self, peers):
+        self.records = {p: PeerRecord(device_name="cpu", memory_gb=8.0, tflops=1.0) for p in peers}
+        self.reads = 0
+        self.counters = DHTCounters()
+
+    def read_peers(self):
+        self.reads += 1
+        return dict(self.records)
+
+
+def reader_of(me: str, board: Board, read_all_up_to: int = 4) -> MembershipReader:
+    config = AgentConfig(initial_peers=(BOOTSTRAP,),
+                         membership=MembershipConfig(expect=len(PEERS), poll_s=POLL_S, read_all_up_to=read_all_up_to))
+    transport = SimpleNamespace(connect=lambda *a: None, counters=ControlCounters())
+    return MembershipReader(config, me, MembershipTracker(me), board, transport, SimpleNamespace(set_peers=lambda p: None),
+                            None, LeaderWatch(10.0, 300.0), LinkShaping(config), EventLog(None))
+
+
+PLAN = PlanRecord(epoch=2, membership=tuple(PEERS), stages=1, replicas=1, pipelines=((0,),), cost_s=1.0)
+
+
+def test_a_follower_of_a_plan_in_a_large_run_reads_every_peer_record_n_over_r_polls_apart():
+    board = Board(PEERS)
+    follower = reader_of(PEERS[-1], board)
+    assert follower.read(None) is not None and follower.read(None) is not None
+    assert board.reads == 2  # no plan followed: every poll
+    assert follower.spacing(PLAN) == len(PEERS) / 4
+    for _ in range(4):  # polls well within n / r polls: the last records, and the same view
+        seen, membership = follower.read(PLAN)
+        assert set(membership.ids) == set(PEERS)
+    assert board.reads == 2
+    time.sleep(POLL_S * len(PEERS) / 4)
+    follower.read(PLAN)
+    assert board.reads == 3
+    # a newer plan: read at once (once per epoch), then spaced again
+    time.sleep(2 * POLL_S)
+    assert follower.behind(3) and not follower.behind(3) and not follower.behind(2)
+    assert follower.read(PLAN, force=True) is not None and board.reads == 4
+    assert follower.read(PLAN) is not None and board.reads == 4
+
+
+def test_the_leader_the_next_in_line_and_small_runs_read_every_poll():
+    board = Board(PEERS)
+    for me in PEERS[:2]:
+        reader = reader_of(me, board)
+        reader.read(None)
+        assert reader.spacing(PLAN) == 1.0
+    small = Board(PEERS[:5])
+    reader = reader_of(PEERS[4], small, read_all_up_to=16)
+    for _ in range(3):
+        reader.read(PLAN)
+    assert small.reads == 3
