@@ -12,18 +12,23 @@ code fixes and scales what grows with the run (``Model.at``):
   rates are the agents' periods, ``membership.poll_s``, ``dht.*_ttl_s``, the standing reads), the median
   agent's; or, with ``--poll-s``, reads at the rates the periods ask for (an upper bound: on a loaded machine
   a poll comes late, and a swarm of 8 agents on 2 cores read about half as often as one of 4);
+- a follower of a plan in a run of n > r = ``membership.read_all_up_to`` peers reads the ``peers`` and
+  ``progress`` records n / r times less often, at least once a ``dht.peer_ttl_s`` (``agent.membership_reader``);
+  the leader (and the next in line) read them at the measured rate: the ``leader`` rows;
 - the bytes of a read grow with the records the kind holds: one per peer for ``peers``, ``links`` and
-  ``progress`` (a read returns every subkey), the members of a plan for ``plan`` (bytes per member as
-  measured); a store's bytes are one record (a links row grows with the partners, not the run: ``links.partners``);
+  ``progress`` (a read returns every subkey); a ``plan`` read returns the plan heads (``net.dht.plan_store``:
+  about 100 bytes a signer) and a plan's parts only once per epoch, so it stays as measured; a store's bytes are
+  one record (a links row grows with the partners, not the run: ``links.partners``);
 - pings a minute: every other member while the run has at most ``liveness.watch_all_up_to``, beyond that the
   peers of one's pipeline and stage group and the two first in standing (the leader and the next in line
   ping everyone);
 - probe round trips: a partner's link takes as many as measured, and the partners are bounded
   (``probe_set``), so they do not grow with the run.
 
-A read whose value is over ``DHT_VALUE_LIMIT`` (the ~64 KiB the DHT process's pipe carries) is flagged: past
-it the read hangs. Checked against a swarm by fitting at one size and comparing with a run at another
-(``--check``).
+A read whose value is over ``DHT_VALUE_LIMIT`` (4 MiB: a DHT reply is one unary libp2p message) is flagged.
+(The "~64 KiB" once believed the DHT's limit was a store of over 16 KiB into the DHT process, which could
+desync its pipe: ``net.dht.pipe_fix``; replies come back on another channel, and reads of 400 kB were seen
+to work.) Checked against a swarm by fitting at one size and comparing with a run at another (``--check``).
 """
 
 from __future__ import annotations
@@ -36,9 +41,12 @@ from typing import Any
 
 import click
 
+from p2ptrain.agent.config import MembershipConfig
 from p2ptrain.agent.leadership.following import STANDING_READ_S
+from p2ptrain.net.dht.node import DHTConfig
 
-DHT_VALUE_LIMIT = 64 << 10
+DHT_VALUE_LIMIT = 4 << 20
+SPACED = ("peers", "progress")  # what a follower of a plan in a large run reads less often
 KINDS = ("peers", "links", "plan", "progress")
 
 
@@ -121,13 +129,19 @@ def period_reads(m: Measured, poll_s: float | None) -> dict[str, float]:
     return {"peers": 60.0 / poll_s, "plan": 60.0 / poll_s, "progress": 60.0 / STANDING_READ_S, "links": m.reads["links"]}
 
 
-def model(m: Measured, n: int, poll_s: float | None = None) -> dict[str, Any]:
-    """Per agent a minute at ``n`` peers, scaled from ``m`` (module docstring)."""
+def model(m: Measured, n: int, poll_s: float | None = None, leader: bool = False) -> dict[str, Any]:
+    """Per agent a minute at ``n`` peers, scaled from ``m`` (module docstring): a follower of a plan, or the
+    ``leader``."""
     grow = n / m.agents
-    read_bytes = {k: m.read_bytes[k] * grow for k in KINDS}  # a record per peer (the plan: per member)
+    read_bytes = {k: m.read_bytes[k] * (grow if k != "plan" else 1.0) for k in KINDS}  # a record per peer
     reads = period_reads(m, poll_s)
+    membership, ttl_s = MembershipConfig(expect=1), DHTConfig().peer_ttl_s
+    if not leader and n > membership.read_all_up_to:
+        for k in SPACED:  # n / r times less often, at least once a record lifetime
+            reads[k] = max(reads[k] * membership.read_all_up_to / n, min(reads[k], 60.0 / ttl_s))
     replicas = max(1, n // max(m.stages, 1))
-    pings = m.pings * ping_targets(n, m.stages, replicas) / max(ping_targets(m.agents, m.stages, m.replicas), 1.0)
+    targets = float(n - 1) if leader else ping_targets(n, m.stages, replicas)
+    pings = m.pings * targets / max(ping_targets(m.agents, m.stages, m.replicas), 1.0)
     out = {
         "peers": n,
         "reads_per_min": sum(reads.values()), "stores_per_min": sum(m.stores.values()),
@@ -160,12 +174,13 @@ def format_rows(rows: list[tuple[str, dict[str, Any]]]) -> str:
             f"{'store kB/min':>12} {'pings/min':>9} {'probes/min':>10} {'probe MB/min':>12}")
     lines = [head, "-" * len(head)]
     for label, r in rows:
-        over = f"  over {DHT_VALUE_LIMIT >> 10} KiB: {', '.join(r['over_limit'])}" if r["over_limit"] else ""
+        over = f"  over {DHT_VALUE_LIMIT >> 20} MiB: {', '.join(r['over_limit'])}" if r["over_limit"] else ""
         lines.append(f"{label:<22} {r['peers']:>6} {r['reads_per_min']:9.0f} {r['read_kb_per_min']:11.0f} "
                      f"{r['largest_read_kb']:10.1f}kB {r['stores_per_min']:10.1f} {r['store_kb_per_min']:12.1f} "
                      f"{r['pings_per_min']:9.0f} {r['probes_per_min']:10.1f} {r['probe_mb_per_min']:12.2f}{over}")
     lines.append("per agent a minute, the median agent's rates over its run; reads return every subkey of a kind "
-                 "(peers, links, progress: one per peer), so their bytes grow with the run")
+                 "(peers, links, progress: one per peer), so their bytes grow with the run; a follower of a plan "
+                 "reads peers and progress n / read_all_up_to times less often (leader rows: every poll)")
     return "\n".join(lines)
 
 
@@ -185,7 +200,8 @@ def command(workdir: Path, sizes: str, check: Path | None, poll_s: float | None,
         other = measure(check)
         rows += [(f"model at {other.agents}", model(base, other.agents, poll_s)),
                  (f"measured ({check.name})", measured_row(other))]
-    rows += [(f"model at {n}", model(base, n, poll_s)) for n in (int(x) for x in sizes.split(",") if x.strip())]
+    for n in (int(x) for x in sizes.split(",") if x.strip()):
+        rows += [(f"model at {n}", model(base, n, poll_s)), (f"model at {n}, leader", model(base, n, poll_s, True))]
     click.echo(json.dumps([{"row": label, **r} for label, r in rows], indent=1) if as_json else format_rows(rows))
 
 

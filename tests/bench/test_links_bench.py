@@ -35,9 +35,17 @@ def test_the_control_plane_model_at_the_measured_size_is_what_was_measured():
     for key in ("reads_per_min", "stores_per_min", "read_kb_per_min", "store_kb_per_min", "pings_per_min",
                 "probes_per_min", "largest_read_kb"):
         assert same[key] == pytest.approx(measured[key]), key
-    big = model(m, 1000)
+    big, leader = model(m, 1000), model(m, 1000, leader=True)
     assert big["by_kind_read_kb"]["peers"] == pytest.approx(3000 * 1000 / 8 / 1e3)  # a record per peer
-    assert "peers" in big["over_limit"] and big["probes_per_min"] == m.probes  # probes bounded by the partners
+    assert big["by_kind_read_kb"]["plan"] == pytest.approx(0.6)  # the heads: the plan's parts once an epoch
+    assert big["probes_per_min"] == m.probes  # probes bounded by the partners
+    # a follower reads peers and progress 1000 / 16 times less often, but at least once a record lifetime (60 s)
+    assert big["read_kb_per_min"] == pytest.approx(
+        (1 * 3000 + 10 * 1500 + 1 * 1400) * 1000 / 8 / 1e3 + 60 * 0.6)
+    assert leader["read_kb_per_min"] == pytest.approx(
+        (60 * 3000 + 10 * 1500 + 30 * 1400) * 1000 / 8 / 1e3 + 60 * 0.6)
+    assert leader["pings_per_min"] == pytest.approx(420 * 999 / 7)
+    assert not big["over_limit"] and "peers" in model(m, 20_000)["over_limit"]  # one read past 4 MiB
     assert ping_targets(1000, 2, 500) == 4 + 500 and ping_targets(20, 2, 10) == 19
     json.dumps(big)  # what --json prints
 
