@@ -4,8 +4,11 @@ polls, and at once when a newer plan appears."""
 
 from __future__ import annotations
 
+import random
 import time
 from types import SimpleNamespace
+
+import base58
 
 from p2ptrain.agent.config import AgentConfig, MembershipConfig
 from p2ptrain.agent.events import EventLog
@@ -16,9 +19,15 @@ from p2ptrain.agent.shaping import LinkShaping
 from p2ptrain.net.dht.counters import DHTCounters
 from p2ptrain.net.dht.records import PeerRecord, PlanRecord
 from p2ptrain.net.transport.counters import ControlCounters
-from tests.agent.test_links import BOOTSTRAP
-from tests.net.test_records import fake_peer_ids
 
+
+def fake_peer_ids(n: int, seed: int = 0) -> list[str]:
+    """Well-formed peer IDs (sha2-256 multihashes of random digests), sorted."""
+    rng = random.Random(seed)
+    return sorted(base58.b58encode(b"\x12\x20" + rng.randbytes(32)).decode() for _ in range(n))
+
+
+BOOTSTRAP = "/ip4/127.0.0.1/tcp/31337/p2p/QmXeJB72XYYV2FhvJSzajoDCZH2viUzKbdPztJwNH16TXW"
 POLL_S = 0.05
 PEERS = fake_peer_ids(41, seed=5)  # sorted: PEERS[0] leads, PEERS[1] is next in line
 

@@ -31,6 +31,7 @@ from p2ptrain import __version__
 from p2ptrain.config import config_from_dict
 from p2ptrain.net.dht.keys import RunKeys
 from p2ptrain.net.dht.node import DHTConfig, SwarmDHT
+from p2ptrain.net.dht.plan_store import split
 from p2ptrain.net.dht.records import AGENT_PROTOCOL_VERSION, PeerRecord, PlanRecord, peer_tag
 from p2ptrain.net.identity import generate_identity
 from p2ptrain.runtime.config import TrainConfig
@@ -91,6 +92,12 @@ class Rogue:
         self.dht.shutdown()
 
 
+def plan_entries(keys: RunKeys, subkey: bytes, plan: PlanRecord) -> list[tuple[str, bytes, bytes]]:
+    """A plan's entries as its signer stores them (``net.dht.plan_store``): its head and its parts."""
+    head, parts = split(plan)
+    return [(keys.plan, subkey, head.encode()), *((keys.plan_part(p.index), subkey, p.encode()) for p in parts)]
+
+
 @pytest.mark.timeout(300)
 def test_rogue_records_are_ignored_and_the_swarm_trains_on_the_real_plan(tmp_path):
     keys = RunKeys(RUN)
@@ -113,7 +120,7 @@ def test_rogue_records_are_ignored_and_the_swarm_trains_on_the_real_plan(tmp_pat
             rogue_a.entries = [
                 (keys.peers, rogue_a.owner_mark, impossible_peer_record()),
                 (keys.links, rogue_a.owner_mark, impossible_links_row(agents)),
-                (keys.plan, rogue_a.owner_mark, self_led.encode()),
+                *plan_entries(keys, rogue_a.owner_mark, self_led),
             ]
             rogue_a.start()
 
@@ -126,8 +133,8 @@ def test_rogue_records_are_ignored_and_the_swarm_trains_on_the_real_plan(tmp_pat
                                   cost_s=0.0)
             tampered = PeerRecord(device_name="tampered", memory_gb=1.0, tflops=1.0)
             rogue_b.entries = [
-                (keys.plan, rogue_b.owner_mark, not_mine.encode()),
-                (keys.plan, b"unsigned", not_mine.encode()),
+                *plan_entries(keys, rogue_b.owner_mark, not_mine),
+                (keys.plan, b"unsigned", split(not_mine)[0].encode()),
                 (keys.peers, agent_ids[0].owner_mark, tampered.encode()),
             ]
             rogue_b.start()

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 
+import base58
 import msgpack
 import psutil
 import pytest
@@ -175,10 +176,8 @@ def test_a_rogue_plan_claiming_the_leader_is_ignored_with_a_log_line(swarm, capl
 def test_a_plan_of_a_thousand_members_crosses_the_dht_in_parts_once_per_reader(swarm):
     """A plan past one DHT value (36 bytes a member) is stored as a head and parts (``plan_store``); a follower
     reads it whole, and then only the heads while it does not change."""
-    from tests.net.test_records import fake_peer_ids
-
     leader, follower, _ = swarm
-    peers = sorted([leader.peer_id, *fake_peer_ids(999, seed=11)])
+    peers = sorted([leader.peer_id, *(base58.b58encode(b"\x12\x20" + os.urandom(32)).decode() for _ in range(999))])
     plan = PlanRecord(epoch=40, membership=tuple(peers), stages=8, replicas=125, cost_s=3.0,
                       pipelines=tuple(tuple(i * 8 + j for j in range(8)) for i in range(125)),
                       leader_at=peers.index(leader.peer_id))

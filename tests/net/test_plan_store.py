@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import random
 from types import SimpleNamespace
 
+import base58
 from hivemind.utils import get_dht_time
 
 from p2ptrain.net.dht.plan_store import PlanPart, PlanReader, split
@@ -14,7 +16,13 @@ from p2ptrain.net.dht.record_base import MAX_RECORD_BYTES, PART_BYTES
 from p2ptrain.net.dht.records import PlanRecord
 from p2ptrain.net.dht.validators import RateLimitedLog
 from p2ptrain.net.identity import generate_identity
-from tests.net.test_records import fake_peer_ids
+
+
+def fake_peer_ids(n: int, seed: int = 0) -> list[str]:
+    """Well-formed peer IDs (sha2-256 multihashes of random digests), sorted."""
+    rng = random.Random(seed)
+    return sorted(base58.b58encode(b"\x12\x20" + rng.randbytes(32)).decode() for _ in range(n))
+
 
 LEADER, OTHER = sorted((generate_identity() for _ in range(2)), key=lambda i: i.peer_id)
 
