@@ -66,6 +66,7 @@ class MembershipReader:
         self._read_at = -float("inf")
         self._first_two: set[str] = set()  # the leader and the next in line at the last read
         self._newest_epoch = -1  # the newest plan ``behind`` was told of
+        self.watched: set[str] | None = None  # whom the heartbeats ping (None: liveness off): ``PlanGate.left_out``
 
     def read(self, following: PlanRecord | None, force: bool = False) -> tuple[Membership, Membership] | None:
         """The live members, with the passed-over leaders and without (None if the records could not be read:
@@ -83,8 +84,10 @@ class MembershipReader:
                 logger.warning("reading the peer records failed: %s; keeping the last view", e)
                 return None
         membership = self._checked_claims(tracker.update(self._records))
+        partners = probe_set.partners(self.peer_id, membership.peers, self.config, following)
         if self.liveness is not None:
-            self.liveness.watch(self._watch_targets(membership, following))
+            self.watched = self._watch_targets(membership, following, partners)
+            self.liveness.watch(self.watched)
             dead = self.liveness.dead()
             membership = Membership({p: r for p, r in membership.peers.items() if p not in dead or p == self.peer_id})
         seen = Membership(membership.peers, self._leaders.standing)  # who leads: ``leadership.standing``
@@ -101,7 +104,6 @@ class MembershipReader:
                     self._dialled.add(peer)
                 except Exception as e:  # the daemon raises its own error types for an unreachable peer
                     logger.warning("cannot dial peer %s at %s: %s; retrying", peer, " ".join(record.maddrs), e)
-        partners = probe_set.partners(self.peer_id, membership.peers, self.config, following)
         self.prober.set_peers(
             p for p in partners if p in self._dialled and tracker.known_for_s(p) >= self.config.links.settle_s
         )
@@ -147,9 +149,11 @@ class MembershipReader:
             logger.warning("%s", line)
             self.events.write(event, peer=peer, **fields)
 
-    def _watch_targets(self, membership: Membership, plan: PlanRecord | None) -> set[str]:
+    def _watch_targets(self, membership: Membership, plan: PlanRecord | None, partners: set[str]) -> set[str]:
         """Whom to ping: every member in a small run; beyond ``watch_all_up_to``, the peers of our pipeline
-        and replica group, the leader and the next in line (who watch everyone)."""
+        and replica group, the leader and the next in line (who watch everyone), and of the peers no plan of
+        ours names (before the first plan: all but those two), our ``partners`` in the probe graph: a bounded
+        number, so that a run of n peers does not cost n² pings a period before its first plan."""
         others = [p for p in membership.ids if p != self.peer_id]
         leader = membership.leader
         first_two = {p for p in (leader, membership.without(leader).leader) if p is not None} if leader else set()
@@ -160,4 +164,4 @@ class MembershipReader:
             row, stage = plan.position_of(self.peer_id)
             targets |= {plan.peer_at(row, j) for j in (stage - 1, stage + 1) if 0 <= j < plan.stages}
             targets |= {plan.peer_at(i, stage) for i in range(plan.replicas)}
-        return (targets & set(others)) | {p for p in others if p not in (plan.membership if plan else ())}
+        return (targets & set(others)) | {p for p in others if p not in (plan.membership if plan else ()) and p in partners}

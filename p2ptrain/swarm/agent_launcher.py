@@ -444,12 +444,15 @@ def _shared_cores_liveness(agents: int) -> dict[str, float]:
     """Heartbeat deadlines for ``agents`` processes sharing this machine's cores: the defaults up to
     ``AGENTS_PER_LIVENESS_TIMEOUT``, then that many times longer per as many more. Sixteen agents on two cores
     checking a plan at once (each a search of its own) answered pings late enough to be judged dead with the
-    defaults (2 s a ping, 6 s silent), and the run's first epoch halted; a starved process is not a dead peer."""
+    defaults (2 s a ping, 6 s silent), and the run's first epoch halted; a starved process is not a dead peer.
+    They ping as many times less often: before its first plan a run of up to ``liveness.watch_all_up_to`` agents
+    pings every pair, and sixteen agents pinging fifteen others a second kept a core busy (pings, their p2pd hops)."""
     factor = -(-agents // AGENTS_PER_LIVENESS_TIMEOUT)
     if factor <= 1:
         return {}
     defaults = LivenessConfig()
-    return {"ping_timeout_s": defaults.ping_timeout_s * factor, "timeout_s": defaults.timeout_s * factor}
+    return {"interval_s": defaults.interval_s * factor, "ping_timeout_s": defaults.ping_timeout_s * factor,
+            "timeout_s": defaults.timeout_s * factor}
 
 
 def to_toml(tables: dict[str, Any]) -> str:

@@ -87,3 +87,28 @@ def test_the_leader_the_next_in_line_and_small_runs_read_every_poll():
     for _ in range(3):
         reader.read(PLAN)
     assert small.reads == 3
+
+
+def test_before_any_plan_a_large_run_pings_its_partners_and_the_first_two_and_judges_only_whom_it_pings():
+    from p2ptrain.agent.config import EmulationSettings, PlanConfig
+    from p2ptrain.agent.leadership.membership import Membership
+    from p2ptrain.agent.leadership.plan_check import PlanGate
+    from p2ptrain.runtime.config import TrainConfig
+
+    board = Board(PEERS)  # 41 peers: beyond liveness.watch_all_up_to (32)
+    me = PEERS[-1]
+    reader = reader_of(me, board)
+    view = Membership(dict(board.records))
+    partners = set(PEERS[10:18])
+    assert reader._watch_targets(view, None, partners) == {PEERS[0], PEERS[1], *partners}
+    assert reader._watch_targets(view, PLAN, partners) == {PEERS[0], PEERS[1]}  # stage 0 alone: no neighbours
+    assert reader_of(PEERS[0], board)._watch_targets(view, None, partners) == set(PEERS[1:])  # the leader: everyone
+    small = Membership({p: board.records[p] for p in PEERS[:8]})
+    assert reader._watch_targets(small, None, set()) == set(PEERS[:8]) - {me}
+
+    # a first plan that leaves out a settled live peer: refused by an agent that pings it, not by one that cannot tell
+    gate = PlanGate(me, TrainConfig(), PlanConfig(), EmulationSettings(), LeaderWatch(10.0, 300.0), 1.0,
+                    read_rows=dict, workload_for=None, needed=len(PEERS) - 2)
+    first = PlanRecord(epoch=0, membership=tuple(PEERS[:-2]), stages=1, replicas=1, pipelines=((0,),), cost_s=1.0)
+    assert not gate.left_out(first, PEERS, lambda p: 60.0, lambda: True, watched={PEERS[0], PEERS[1]})
+    assert gate.left_out(first, PEERS, lambda p: 60.0, lambda: True, watched={PEERS[-2]})

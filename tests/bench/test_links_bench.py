@@ -56,6 +56,7 @@ def test_a_local_swarm_of_many_agents_gives_heartbeats_longer_deadlines():
 
     assert _shared_cores_liveness(8) == {}  # up to eight: the defaults
     defaults = LivenessConfig()
-    assert _shared_cores_liveness(16) == {"ping_timeout_s": 2 * defaults.ping_timeout_s, "timeout_s": 2 * defaults.timeout_s}
+    assert _shared_cores_liveness(16) == {"interval_s": 2 * defaults.interval_s, "ping_timeout_s": 2 * defaults.ping_timeout_s,
+                                         "timeout_s": 2 * defaults.timeout_s}
     assert _shared_cores_liveness(64)["timeout_s"] == 8 * defaults.timeout_s
     LivenessConfig(**_shared_cores_liveness(64))  # a valid configuration

@@ -107,7 +107,8 @@ class Following:
                     plan = None
         theirs = plans.get(self.agent._membership.leader) if live else None
         if (plan is None and theirs is not None and self.agent._following is None and self.peer_id not in theirs.membership
-                and self.agent._gate.left_out(theirs, live, self.agent._tracker.known_for_s, self._untrained)):
+                and self.agent._gate.left_out(theirs, live, self.agent._tracker.known_for_s, self._untrained,
+                                               self.agent._reader.watched)):
             return None  # the run's first plan left us out, and others an honest leader would have planned
         # a plan by a peer that is not live (a rogue, a leader long dead), or one we refused, is never the
         # one being trained

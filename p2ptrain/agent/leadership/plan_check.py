@@ -439,14 +439,16 @@ class PlanGate:
         return self._check_s.get(plan.encode(), 0.0)
 
     def left_out(self, plan: PlanRecord, live: Collection[str], known_for: Callable[[str], float],
-                 untrained: Callable[[], bool]) -> bool:
+                 untrained: Callable[[], bool], watched: Collection[str] | None = None) -> bool:
         """Whether to refuse the leader's ``plan``, which leaves this agent out (and pass the leader over): it is
         the run's first (it starts at step 0, and ``untrained()``: nobody trained a step yet) and leaves out peers an
         honest leader would have planned (``first_plan_problem``). A later plan may leave us out: we wait for
-        its re-plan point like any joiner."""
+        its re-plan point like any joiner. ``watched``: the peers our heartbeats ping (None: every live one); a
+        peer we do not ping may be dead for all we know, so leaving it out is no fault we can see (its own
+        partners ping it, and judge that)."""
         if plan.leader == self.me or not self.plan.verify or plan.start_step != 0:
             return False
-        settled = [p for p in live if known_for(p) >= self.settle_s]
+        settled = [p for p in live if known_for(p) >= self.settle_s and (watched is None or p in watched)]
         problem = first_plan_problem(plan, live, settled, self.needed)
         if problem is not None and untrained():
             self._refuse(plan, plan.encode(), problem)
