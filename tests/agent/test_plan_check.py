@@ -452,3 +452,24 @@ def test_a_failed_recomputes_blame_of_the_leader_is_no_blame_to_followers_and_of
                                                                               "0" * 64).to_bytes())
     assert culpable_leader(plan, {peers[1]: other, peers[0]: ProgressRecord(0, 3, None, 0.0, halted=True,
                                                                             blame=peers[1])}, 60.0, run="r") is None
+
+
+def test_a_follower_searches_the_same_records_once(world, monkeypatch):
+    """Its own search of the first plan and its check of the leader's plan of the same records are one search
+    (``plan_maker._searched``); other records are searched afresh."""
+    from p2ptrain.agent.leadership import plan_maker
+
+    peers, records, rows = world
+    searches = []
+    real = plan_maker.schedule
+    monkeypatch.setattr(plan_maker, "schedule", lambda *a, **k: searches.append(1) or real(*a, **k))
+    monkeypatch.setattr(plan_maker, "_searched", type(plan_maker._searched)())
+    cluster = build_cluster(peers[:4], records, rows, NO_EMULATION)
+    first = make_plan(cluster, workload_for(None, peers[:4]), 2, PlanConfig())
+    again = make_plan(build_cluster(peers[:4], records, rows, NO_EMULATION), workload_for(None, peers[:4]), 2, PlanConfig())
+    assert again == first and len(searches) == 1
+    again["cost_s"] = -1.0  # a caller's copy: the kept search is untouched
+    assert make_plan(cluster, workload_for(None, peers[:4]), 2, PlanConfig())["cost_s"] == first["cost_s"]
+    other = build_cluster([peers[0], peers[1], peers[2], peers[4]], records, rows, NO_EMULATION)
+    make_plan(other, workload_for(None, peers[:4]), 2, PlanConfig())
+    assert len(searches) == 2
