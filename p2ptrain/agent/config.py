@@ -60,9 +60,9 @@ class MembershipConfig:
     links_timeout_s: float = 120.0  # leader: wait this long for complete link rows, then plan with what it has
     plan_timeout_s: float = 900.0  # follower: give up if no plan for the live membership comes within this
     poll_s: float = 1.0  # how often to read the run's records while waiting
-    # in a run of n members beyond this, a follower of a plan (not the leader nor the next in line) reads the
-    # peer and progress records every n / read_all_up_to polls (at most every dht.peer_ttl_s), and at once when
-    # a newer plan appears: its read bytes a minute stay those of a run this size (``membership_reader``)
+    # in a run of n members beyond this, an agent other than the leader and the next in line reads the peer and
+    # progress records every n / read_all_up_to polls (at most every dht.peer_ttl_s), and at once when a newer
+    # plan appears: its read bytes a minute stay those of a run this size (``membership_reader``)
     read_all_up_to: int = 16
     finish_timeout_s: float = 60.0  # after the last step: wait this long for the other trainers to finish too
     # once this agent followed a plan: stop (with a one-line reason) if it trains nothing and no progress record

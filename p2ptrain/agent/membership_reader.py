@@ -14,12 +14,12 @@ the heartbeats whom to ping: every member in a small run, beyond ``liveness.watc
 pipeline and replica group, the leader and the next in line (who watch everyone).
 
 What a read costs grows with the run (a record a peer). In a run of n members beyond
-``membership.read_all_up_to`` (r), a follower of a plan that is neither the leader nor the next in line reads
-the peer records every n / r polls, at most every ``dht.peer_ttl_s`` (``spacing``; the poll in between works on
-the last records read, with the heartbeats' verdicts applied afresh), and at once when a plan newer than any
-it saw appears (``behind``: a plan is checked against a fresh view). The leader and the next in line, and an
-agent that follows no plan, read every poll. So a follower's bytes a minute stay those of a run of r peers
-until the lifetime cap (about 16 × 60 peers at the defaults).
+``membership.read_all_up_to`` (r), an agent that is neither the leader nor the next in line reads the peer
+records every n / r polls, at most every ``dht.peer_ttl_s`` (``spacing``; the poll in between works on the last
+records read, with the heartbeats' verdicts applied afresh), and at once when a plan newer than any it saw
+appears (``behind``: a plan is checked against a fresh view). The leader and the next in line read every poll.
+So a follower's bytes a minute stay those of a run of r peers until the lifetime cap (about 16 × 60 peers at the
+defaults), and the few DHT nodes that hold the run's peer records are not asked n times a poll.
 
 Used by the poller alone (the agent's main thread, or its step-boundary thread while an epoch trains: one at
 a time; ``agent`` says how), so its fields need no lock.
@@ -110,11 +110,12 @@ class MembershipReader:
         return seen, membership
 
     def spacing(self, following: PlanRecord | None) -> float:
-        """How many times its usual period a read of every peer's (or progress) record waits: n / r for a
-        follower of ``following`` in a run of n > r = ``membership.read_all_up_to`` members that is neither the
-        leader nor the next in line; 1 otherwise (module docstring)."""
+        """How many times its usual period a read of every peer's (or progress) record waits: n / r for an
+        agent in a run of n > r = ``membership.read_all_up_to`` members that is neither the leader nor the next in
+        line (a new plan is checked against a fresh read: ``behind``); 1 otherwise (module docstring).
+        ``following``: the plan followed (None before the first)."""
         n, r = len(self._records or ()), self.config.membership.read_all_up_to
-        if following is None or n <= r or self.peer_id in self._first_two:
+        if n <= r or self.peer_id in self._first_two:
             return 1.0
         return n / r
 

@@ -408,7 +408,8 @@ def _agent_toml(config: SwarmConfig, train: TrainConfig, run: str, maddrs: list[
     tables: dict[str, Any] = {
         "run": run, "initial_peers": maddrs, "events_file": str(agent.events.path),
         "train": {k: v for k, v in asdict(train).items() if v is not None and k != "replicas"},
-        "membership": {"expect": config.agents, "poll_s": 0.5, "plan_timeout_s": config.startup_timeout_s,
+        "membership": {"expect": config.agents, "poll_s": 0.5 * _shared_cores_factor(config.agents),
+                       "plan_timeout_s": config.startup_timeout_s,
                        "join_deadline_s": config.join_deadline_s or config.startup_timeout_s / 2,
                        "min_peers": config.stages if isinstance(config.stages, int) else 1,
                        "links_timeout_s": config.startup_timeout_s / 2, "finish_timeout_s": config.call_timeout_s},
@@ -418,7 +419,7 @@ def _agent_toml(config: SwarmConfig, train: TrainConfig, run: str, maddrs: list[
         "links": {"settle_s": 1.5 if cluster_path else 0.0, "round_pause_s": 0.5, "measure_access": False,
                   "min_rounds": 1, "probe": asdict(probe), "partners": config.link_partners},
         "dht": {"host_maddrs": [LOOPBACK], "identity_path": str(root / f"agent-{agent.index}.id"), "check_identity": False,
-                "peer_ttl_s": config.peer_ttl_s},
+                "peer_ttl_s": config.peer_ttl_s * max(1.0, _shared_cores_factor(config.agents) / 2)},
         "transport": {"call_timeout_s": config.call_timeout_s},
         "churn": {"halt_timeout_s": max(config.call_timeout_s, config.peer_ttl_s) * 2},
         "liveness": {"enabled": config.liveness, **_shared_cores_liveness(config.agents)},
@@ -440,6 +441,14 @@ def _agent_toml(config: SwarmConfig, train: TrainConfig, run: str, maddrs: list[
 AGENTS_PER_LIVENESS_TIMEOUT = 8  # beyond this many agents on one machine, heartbeats wait longer (below)
 
 
+def _shared_cores_factor(agents: int) -> int:
+    """1 up to ``AGENTS_PER_LIVENESS_TIMEOUT`` agents on this machine, then one more per as many more: how many
+    times longer heartbeats wait and less often agents ping and poll. Beyond 16 agents a record also lives half
+    that many times longer: 32 agents polling and refreshing at the defaults kept the few DHT processes that hold
+    the run's records so busy that stores of peer records timed out and live agents' records expired."""
+    return -(-agents // AGENTS_PER_LIVENESS_TIMEOUT)
+
+
 def _shared_cores_liveness(agents: int) -> dict[str, float]:
     """Heartbeat deadlines for ``agents`` processes sharing this machine's cores: the defaults up to
     ``AGENTS_PER_LIVENESS_TIMEOUT``, then that many times longer per as many more. Sixteen agents on two cores
@@ -447,7 +456,7 @@ def _shared_cores_liveness(agents: int) -> dict[str, float]:
     defaults (2 s a ping, 6 s silent), and the run's first epoch halted; a starved process is not a dead peer.
     They ping as many times less often: before its first plan a run of up to ``liveness.watch_all_up_to`` agents
     pings every pair, and sixteen agents pinging fifteen others a second kept a core busy (pings, their p2pd hops)."""
-    factor = -(-agents // AGENTS_PER_LIVENESS_TIMEOUT)
+    factor = _shared_cores_factor(agents)
     if factor <= 1:
         return {}
     defaults = LivenessConfig()

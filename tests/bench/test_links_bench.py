@@ -52,8 +52,9 @@ def test_the_control_plane_model_at_the_measured_size_is_what_was_measured():
 
 def test_a_local_swarm_of_many_agents_gives_heartbeats_longer_deadlines():
     from p2ptrain.agent.config import LivenessConfig
-    from p2ptrain.swarm.agent_launcher import _shared_cores_liveness
+    from p2ptrain.swarm.agent_launcher import _shared_cores_factor, _shared_cores_liveness
 
+    assert [_shared_cores_factor(n) for n in (1, 8, 9, 16, 32, 64)] == [1, 1, 2, 2, 4, 8]
     assert _shared_cores_liveness(8) == {}  # up to eight: the defaults
     defaults = LivenessConfig()
     assert _shared_cores_liveness(16) == {"interval_s": 2 * defaults.interval_s, "ping_timeout_s": 2 * defaults.ping_timeout_s,
