@@ -321,7 +321,7 @@ class FaultInjector:
 def _follow(config: SwarmConfig, group: ProcessGroup, state: SwarmState, stop: StopSignal,
             on_update: Callable[[SwarmState], None] | None, faults: FaultInjector) -> str | None:
     """Watch the agents until all exited; the reason for failing, or None."""
-    deadline = time.monotonic() + config.startup_timeout_s
+    deadline = time.monotonic() + startup_deadline_s(config)
     steps_seen = 0
     while True:
         changed = any([bool(agent.events.poll()) for agent in state.agents])
@@ -409,10 +409,10 @@ def _agent_toml(config: SwarmConfig, train: TrainConfig, run: str, maddrs: list[
         "run": run, "initial_peers": maddrs, "events_file": str(agent.events.path),
         "train": {k: v for k, v in asdict(train).items() if v is not None and k != "replicas"},
         "membership": {"expect": config.agents, "poll_s": 0.5 * _shared_cores_factor(config.agents),
-                       "plan_timeout_s": config.startup_timeout_s,
-                       "join_deadline_s": config.join_deadline_s or config.startup_timeout_s / 2,
+                       "plan_timeout_s": startup_deadline_s(config),
+                       "join_deadline_s": config.join_deadline_s or startup_deadline_s(config) / 2,
                        "min_peers": config.stages if isinstance(config.stages, int) else 1,
-                       "links_timeout_s": config.startup_timeout_s / 2, "finish_timeout_s": config.call_timeout_s},
+                       "links_timeout_s": startup_deadline_s(config) / 2, "finish_timeout_s": config.call_timeout_s},
         "plan": {"strategy": config.strategy, "seed": config.seed, "objective": config.objective,
                  "time_budget_s": config.plan_budget_s},
         # agents on one machine share its loopback, no home's line: an emulated device publishes its network's
@@ -447,6 +447,12 @@ def _shared_cores_factor(agents: int) -> int:
     that many times longer: 32 agents polling and refreshing at the defaults kept the few DHT processes that hold
     the run's records so busy that stores of peer records timed out and live agents' records expired."""
     return -(-agents // AGENTS_PER_LIVENESS_TIMEOUT)
+
+
+def startup_deadline_s(config: SwarmConfig) -> float:
+    """From launch until every agent has its role: ``startup_timeout_s``, and beyond 16 agents half
+    ``_shared_cores_factor`` times that (32 agents on 2 cores measured their links for over two minutes)."""
+    return config.startup_timeout_s * max(1.0, _shared_cores_factor(config.agents) / 2)
 
 
 def _shared_cores_liveness(agents: int) -> dict[str, float]:

@@ -55,6 +55,9 @@ def test_a_local_swarm_of_many_agents_gives_heartbeats_longer_deadlines():
     from p2ptrain.swarm.agent_launcher import _shared_cores_factor, _shared_cores_liveness
 
     assert [_shared_cores_factor(n) for n in (1, 8, 9, 16, 32, 64)] == [1, 1, 2, 2, 4, 8]
+    from p2ptrain.swarm.agent_launcher import SwarmConfig, startup_deadline_s
+
+    assert [startup_deadline_s(SwarmConfig(agents=n)) for n in (4, 16, 32, 64)] == [240.0, 240.0, 480.0, 960.0]
     assert _shared_cores_liveness(8) == {}  # up to eight: the defaults
     defaults = LivenessConfig()
     assert _shared_cores_liveness(16) == {"interval_s": 2 * defaults.interval_s, "ping_timeout_s": 2 * defaults.ping_timeout_s,
