@@ -105,8 +105,8 @@ def main(agents: int, stages: int, model: str, steps: int, pairs: int, device: s
         click.echo(f"pair {pair + 1}: off {a['step_s']:.3f} s, on {b['step_s']:.3f} s ({b['step_s'] / a['step_s']:.2f}x); "
                    f"the hook {b['verify_share']:.1%} of a step, the sum check's CPU {b['sum_check_cpu_share']:.1%}; {b['recomputed']} micro-batches recomputed, "
                    f"{b['recompute_shadow_s']:.2f} s beside the steps, {b['recompute_waited_s']:.2f} s waited for")
-    click.echo(f"checks on / off: {on:.3f} / {off:.3f} s = {on / off:.2f}x (medians of {pairs} pair(s)); the sum "
-               f"check's own share of a step {summary['sum_check_share']:.1%}")
+    click.echo(f"checks on / off: {on:.3f} / {off:.3f} s = {on / off:.2f}x (medians of {pairs} pair(s)); the hook "
+               f"{summary['sum_check_share']:.1%} of a step, the sum check's own CPU {summary['sum_check_cpu_share']:.1%}")
 
 
 if __name__ == "__main__":

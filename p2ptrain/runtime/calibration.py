@@ -320,15 +320,16 @@ def check_s_per_parameter(measurements: Sequence[ComputeMeasurement], verify: Ve
                           num_replicas: int) -> float:
     """The sum check's own work per member and step (``verify.sum_check``), real seconds per parameter of the
     member's stage: in a group of D, each member sketches (with their norms) its own shard's sum and the D
-    contributions to it, and for each of the D − 1 other owners their sum and its own contribution: (3D − 1)/D
-    vectors of a stage's size, twice that with the running sums; and digests the D − 1 reduce shards it sent, its
+    contributions to it, and for each of the D − 1 other owners the difference of their sum and its own
+    contribution (``sketch.difference_sketch``, about one sketch's work): 2 vectors of a stage's size, twice that
+    with the running sums; and digests the D − 1 reduce shards it sent, its
     own sum, and the D − 1 shards and sums it received: (3D − 2)/D. At the members' median
     ``check_s_per_melement`` (0 from agents that predate it), the sketches scaled from the calibrated rows
     (``SKETCH_ROWS``) to the run's."""
     d = num_replicas
     sketch_s = statistics.median(c.check_s_per_melement[0] for c in measurements) * verify.sketch_rows / SKETCH_ROWS
     digest_s = statistics.median(c.check_s_per_melement[1] for c in measurements)
-    sketched = (3 * d - 1) / d * (2 if runs_sums(verify.running, wire_format(train.wire).gradient.name) else 1)
+    sketched = 2 * (2 if runs_sums(verify.running, wire_format(train.wire).gradient.name) else 1)
     return (sketch_s * sketched + digest_s * (3 * d - 2) / d) / 1e6
 
 

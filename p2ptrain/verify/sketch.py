@@ -65,6 +65,7 @@ import functools
 import hashlib
 import math
 import struct
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -162,34 +163,115 @@ def sketches_and_norms(xs: Sequence[torch.Tensor], seed: int, rows: int = SKETCH
         return [], []
     where = torch.device(device) if device is not None else torch.device("cpu")
     numel = xs[0].numel()
-    q = layout_width(offset + numel) if width is None else width
-    if not isinstance(q, int) or isinstance(q, bool) or q < 1:
-        raise ValueError(f"a layout's width is a positive integer, got {q!r}")
-    first, lead = divmod(offset, q)  # the first row, and the columns before x's first element in it
-    total_rows = -(-(lead + numel) // q)
     out = torch.zeros(len(xs), rows + 1, dtype=torch.float64, device=where)  # the sketch, then the sum of squares
-    if total_rows:
-        column_signs = _signs(seed, 0, q, rows, where)  # counters 1 … Q
-        row_signs = _signs(seed, q + first, total_rows, rows, where)  # counters Q + 1 + row
-        block = max(1, (BLOCK_ELEMENTS if where.type == "cpu" else TEMP_BYTES // 8) // q)
-        buffer = torch.empty(min(block, total_rows) * q, dtype=torch.float64, device=where)
+    layout = _Layout(numel, offset, width, seed, rows, where)
+    if layout.total_rows:
+        buffer = layout.buffer()
         sources = [x.detach() for x in xs]
-        for top in range(0, total_rows, block):
-            bottom = min(total_rows, top + block)
-            low, high = top * q - lead, bottom * q - lead  # x's positions the block covers
-            inside_low, inside_high = max(low, 0), min(high, numel)
-            window = buffer[: (bottom - top) * q]
+        for top, bottom, low, high in layout.blocks():
+            window = buffer[: (bottom - top) * layout.q]
             for i, x in enumerate(sources):
-                if low < 0 or high > numel:
-                    window.zero_()  # zeros add nothing, exactly
-                window[inside_low - low: inside_high - low].copy_(x[inside_low:inside_high])  # float64: exact
-                products = window.view(bottom - top, q) @ column_signs  # [block rows, rows]
-                out[i, :rows] += (products * row_signs[top:bottom]).sum(dim=0)
+                layout.fill(window, x, low, high)
+                out[i, :rows] += layout.sketch_rows(window, top, bottom)
                 out[i, rows] += window.dot(window)
     out = out.cpu()  # on an accelerator, the one wait
     if not bool(torch.isfinite(out[:, :rows]).all()):  # a NaN or an infinity anywhere in a vector reaches its sums
         raise ValueError("sketch of a vector with NaN or infinite values")
     return [o[:rows].clone() for o in out], [math.sqrt(float(o[rows])) for o in out]
+
+
+def difference_sketch(a: torch.Tensor, b: torch.Tensor, seed: int, rows: int = SKETCH_ROWS,
+                      device: torch.device | str | None = None) -> tuple[torch.Tensor, float, float, float]:
+    """``S·(a − b)`` (float64 ``[rows]`` on the CPU) with ``‖a‖₂``, ``‖b‖₂`` and ``‖a − b‖₂``, in one pass over the two
+    vectors of one length: block by block both are widened to float64, their squares summed and their difference
+    sketched, one matrix product where ``sketch(a) − sketch(b)`` takes two. What a member checks an owner's two
+    claims about a shard by at once (``sum_check``: the reduced shard and its own contribution to it).
+
+    ``S·(a − b)`` is within ``2 · sketch_rounding(n) · ‖a − b‖₂`` of the exact product: the sketch's own rounding,
+    and the float64 subtraction's (at most 2^-53 of each ``|a_j − b_j|``: ``2^-53 ‖a − b‖₁``, less than the first).
+    ValueError (one line) as ``sketch``."""
+    for x in (a, b):
+        if not isinstance(x, torch.Tensor) or x.dim() != 1 or not x.dtype.is_floating_point:
+            raise ValueError(f"sketch takes a 1-D float tensor, got {_describe(x)}")
+    if a.numel() != b.numel():
+        raise ValueError(f"difference_sketch takes vectors of one length, got {a.numel()} and {b.numel()}")
+    _check_seed(seed)
+    if not isinstance(rows, int) or isinstance(rows, bool) or not 1 <= rows <= MAX_ROWS:
+        raise ValueError(f"a sketch has 1 to {MAX_ROWS} rows, got {rows!r}")
+    where = torch.device(device) if device is not None else torch.device("cpu")
+    out = torch.zeros(rows + 3, dtype=torch.float64, device=where)  # the sketch, then the three sums of squares
+    layout = _Layout(a.numel(), 0, None, seed, rows, where)
+    if layout.total_rows:
+        first, second = layout.buffer(0), layout.buffer(1)
+        a, b = a.detach(), b.detach()
+        for top, bottom, low, high in layout.blocks():
+            size = (bottom - top) * layout.q
+            wa, wb = first[:size], second[:size]
+            layout.fill(wa, a, low, high)
+            layout.fill(wb, b, low, high)
+            out[rows] += wa.dot(wa)
+            out[rows + 1] += wb.dot(wb)
+            wa.sub_(wb)
+            out[rows + 2] += wa.dot(wa)
+            out[:rows] += layout.sketch_rows(wa, top, bottom)
+    out = out.cpu()
+    if not bool(torch.isfinite(out).all()):
+        raise ValueError("sketch of a vector with NaN or infinite values")
+    norms = [math.sqrt(float(v)) for v in out[rows:]]
+    return out[:rows].clone(), norms[0], norms[1], norms[2]
+
+
+_buffers = threading.local()  # each thread's float64 work buffers (``work_buffer``)
+
+
+def work_buffer(numel: int, which: int = 0, device: torch.device | str = "cpu") -> torch.Tensor:
+    """This thread's float64 work buffer ``which`` on ``device``, ``numel`` elements (contents undefined), kept for
+    its next use: a fresh one of a few MiB on a CPU is mapped and zeroed by the kernel page by page, which cost
+    more than the sketch's matrix product it served."""
+    kept = _buffers.__dict__.setdefault("kept", {})
+    key = (torch.device(device), which)
+    buffer = kept.get(key)
+    if buffer is None or buffer.numel() < numel:
+        buffer = kept[key] = torch.empty(max(numel, BLOCK_ELEMENTS), dtype=torch.float64, device=key[0])
+    return buffer[:numel]
+
+
+class _Layout:
+    """A vector of ``numel`` elements at ``offset`` in rows of ``width`` (``layout_width`` by default), its signs
+    under ``seed`` on ``where``, and the blocks a sketch takes it in (``sketches_and_norms``)."""
+
+    def __init__(self, numel: int, offset: int, width: int | None, seed: int, rows: int, where: torch.device):
+        q = layout_width(offset + numel) if width is None else width
+        if not isinstance(q, int) or isinstance(q, bool) or q < 1:
+            raise ValueError(f"a layout's width is a positive integer, got {q!r}")
+        self.q, self.numel, self.where = q, numel, where
+        first, self.lead = divmod(offset, q)  # the first row, and the columns before x's first element in it
+        self.total_rows = -(-(self.lead + numel) // q)
+        if self.total_rows:
+            self.column_signs = _signs(seed, 0, q, rows, where)  # counters 1 … Q
+            self.row_signs = _signs(seed, q + first, self.total_rows, rows, where)  # counters Q + 1 + row
+        self.block = max(1, (BLOCK_ELEMENTS if where.type == "cpu" else TEMP_BYTES // 8) // q)
+
+    def buffer(self, which: int = 0) -> torch.Tensor:
+        return work_buffer(min(self.block, self.total_rows) * self.q, which, self.where)
+
+    def blocks(self):
+        """``(top, bottom, low, high)`` per block: its rows, and the positions of the vector it covers."""
+        for top in range(0, self.total_rows, self.block):
+            bottom = min(self.total_rows, top + self.block)
+            yield top, bottom, top * self.q - self.lead, bottom * self.q - self.lead
+
+    def fill(self, window: torch.Tensor, x: torch.Tensor, low: int, high: int) -> None:
+        """``window`` (float64) := the block of ``x`` between positions ``low`` and ``high``, zeros outside ``x``."""
+        inside_low, inside_high = max(low, 0), min(high, self.numel)
+        if low < 0 or high > self.numel:
+            window.zero_()  # zeros add nothing, exactly
+        window[inside_low - low: inside_high - low].copy_(x[inside_low:inside_high])  # float64: exact
+
+    def sketch_rows(self, window: torch.Tensor, top: int, bottom: int) -> torch.Tensor:
+        """The block's part of the sketch: ``Σ_p A[p, i]·(X·B)[p, i]`` over its rows ``top`` … ``bottom − 1``."""
+        products = window.view(bottom - top, self.q) @ self.column_signs  # [block rows, rows]
+        return (products * self.row_signs[top:bottom]).sum(dim=0)
 
 
 def _signs(seed: int, start: int, count: int, rows: int, device: torch.device) -> torch.Tensor:
@@ -266,8 +348,10 @@ class RunningSum:
     def add(self, x: torch.Tensor) -> None:
         if x.dim() != 1 or x.numel() != self.total.numel():
             raise ValueError(f"running sum of {self.total.numel()} elements given {_describe(x)}")
-        self.total += x.detach().to("cpu")
-        self.norm += norm64(x)
+        wide = work_buffer(x.numel(), 2)
+        wide.copy_(x.detach())  # float64, exactly; a float32 added to float64 in place took twice as long
+        self.total += wide
+        self.norm += math.sqrt(float(wide.dot(wide)))
         self.steps += 1
 
     def contribution(self, seed: int, rows: int = SKETCH_ROWS) -> Contribution:

@@ -16,7 +16,8 @@ applied. Every member of the group then, over the step's link (kinds ``commit`` 
 4. **checks**, for every other owner k and bucket b: (a) k's reduced message is the one k committed to (the
    same to every member), and so is every reduce shard another member sent us (checked before step 3, so an
    honest member never attests a message that contradicts its sender's commitment); (b) k's claims about ``D`` are what this member computes from the ``D`` it holds;
-   (c) k's entry for this member's own contribution is the sketch of what it sent k; (d) the sum:
+   (c) k's entry for this member's own contribution is the sketch of what it sent k ((b) and (c) at once, by the
+   sketch of their difference, ``sketch.difference_sketch``, and apart only where that fails); (d) the sum:
    ``sketch.judge_sum`` of k's attested numbers. A failure of (d) is proven by k's signed statement alone
    (k's own numbers do not add up, beyond a tolerance an honest owner exceeds with probability
    ``false_alarm``): that statement is the evidence a finder sends the leader (``attest.judge_evidence``).
@@ -77,6 +78,7 @@ from p2ptrain.verify.sketch import (
     RunningSum,
     challenge_seed,
     derive_seed,
+    difference_sketch,
     judge_sum,
     sketch_rounding,
     sketches_and_norms,
@@ -135,6 +137,7 @@ class SumChecker:
         self._owned: dict[int, tuple[RunningSum, list[RunningSum]]] = {}
         self._seen: dict[tuple[int, int], tuple[RunningSum, RunningSum]] = {}
         self._commits: dict[int, bytes] = {}  # rank -> its signed commitment of the step (trimmed): evidence's
+        self._step: dict[tuple[str, int, int], torch.Tensor] = {}  # the step's decoded shards and bounds, made once
         self.checked_steps = 0
         self.seconds = 0.0  # spent in the step's hook: the rounds, sketches and judgements
         self.cpu_seconds = 0.0  # of which this thread's CPU time: the work, none of the waits for the others
@@ -147,6 +150,7 @@ class SumChecker:
         try:
             self._check(records, rank, n, exchange)
         finally:
+            self._step = {}
             self.seconds += time.perf_counter() - started
             self.cpu_seconds += time.thread_time() - cpu
 
@@ -205,7 +209,7 @@ class SumChecker:
         for b, record in enumerate(records):  # the bounds of this step's messages: next step's residuals
             for k in range(n):
                 if self.codec.name != "fp32":  # exact: no residual
-                    self._previous[(b, k)] = error_bound(self.codec, record.gathered[k], (record.sizes[k],))
+                    self._previous[(b, k)] = self._bound(record, b, k)
         self.checked_steps += 1
         wait_all(sends)
 
@@ -257,14 +261,27 @@ class SumChecker:
         self._commits[j] = statement.trimmed(blob)
         return [[raw[(b * n + i) * 32: (b * n + i + 1) * 32] for i in range(n)] for b in range(len(numels))]
 
-    def _decoded_sent(self, record: ReduceRecord, k: int) -> torch.Tensor:
-        """What owner k decoded from us (it adds exactly that)."""
-        return self.codec.decode(record.sent[k], (record.sizes[k],))
+    def _decoded(self, record: ReduceRecord, b: int, kind: str, k: int) -> torch.Tensor:
+        """Bucket b's shard k as its owner reduced it (``gathered``) or as we sent it to owner k (``sent``: what it
+        decoded from us, and added), decoded once a step."""
+        key = (kind, b, k)
+        if key not in self._step:
+            message = record.gathered[k] if kind == "gathered" else record.sent[k]
+            self._step[key] = self.codec.decode(message, (record.sizes[k],))
+        return self._step[key]
 
-    def _slack_norm(self, message: torch.Tensor, numel: int, b: int, k: int) -> float:
-        slack = error_bound(self.codec, message, (numel,))  # refuses a message no honest encoder makes
-        if self.codec.name == "fp32":  # exact: no slack, no residual
+    def _bound(self, record: ReduceRecord, b: int, k: int) -> torch.Tensor:
+        """``error_bound`` of owner k's reduced shard of bucket b, once a step: ValueError for a message no honest
+        encoder makes."""
+        key = ("bound", b, k)
+        if key not in self._step:
+            self._step[key] = error_bound(self.codec, record.gathered[k], (record.sizes[k],))
+        return self._step[key]
+
+    def _slack_norm(self, record: ReduceRecord, b: int, k: int) -> float:
+        if self.codec.name == "fp32":  # exact: no slack, no residual (a non-finite value: the sketch refuses it)
             return 0.0
+        slack = self._bound(record, b, k)
         previous = self._previous.get((b, k))
         if previous is not None and previous.shape == slack.shape:
             slack = slack + previous
@@ -273,25 +290,27 @@ class SumChecker:
     def _add_running(self, records: list[ReduceRecord], rank: int, n: int) -> int:
         """Add this step's shards to the running sums; returns the steps they hold."""
         for b, record in enumerate(records):
-            own_d, added = self._owned.setdefault(b, (RunningSum(record.sizes[rank], self.device),
-                                                      [RunningSum(record.sizes[rank], self.device) for _ in range(n)]))
-            own_d.add(self.codec.decode(record.gathered[rank], (record.sizes[rank],)))
+            if b not in self._owned:  # (not ``setdefault``: its default, made every step, is a float64 shard each)
+                self._owned[b] = (RunningSum(record.sizes[rank], self.device),
+                                  [RunningSum(record.sizes[rank], self.device) for _ in range(n)])
+            own_d, added = self._owned[b]
+            own_d.add(self._decoded(record, b, "gathered", rank))
             for j in range(n):
                 added[j].add(record.added[j])
             for k in range(n):
                 if k != rank:
-                    seen_d, sent = self._seen.setdefault((b, k), (RunningSum(record.sizes[k], self.device),
-                                                                  RunningSum(record.sizes[k], self.device)))
-                    seen_d.add(self.codec.decode(record.gathered[k], (record.sizes[k],)))
-                    sent.add(self._decoded_sent(record, k))
+                    if (b, k) not in self._seen:
+                        self._seen[(b, k)] = (RunningSum(record.sizes[k], self.device),
+                                              RunningSum(record.sizes[k], self.device))
+                    seen_d, sent = self._seen[(b, k)]
+                    seen_d.add(self._decoded(record, b, "gathered", k))
+                    sent.add(self._decoded(record, b, "sent", k))
         return self._owned[0][0].steps
 
     def _attest(self, record: ReduceRecord, b: int, rank: int, n: int, seed: int) -> torch.Tensor:
         shard_seed = derive_seed(seed, "reduce", self.stage, b, rank)
-        message = record.gathered[rank]
-        numel = record.sizes[rank]
-        total = self.codec.decode(message, (numel,))
-        slack = torch.tensor([self._slack_norm(message, numel, b, rank)], dtype=torch.float64)
+        total = self._decoded(record, b, "gathered", rank)
+        slack = torch.tensor([self._slack_norm(record, b, rank)], dtype=torch.float64)
         vectors = [total, *(record.added[j] for j in range(n))]
         if self.running:
             own_d, added = self._owned[b]
@@ -302,7 +321,7 @@ class SumChecker:
         for j in range(n):
             parts += [next(sketches), _scalar(norms[1 + j])]
         if self.running:  # over the epoch the residuals telescope: only the present message's bound remains
-            current = float(torch.linalg.vector_norm(error_bound(self.codec, message, (numel,))))
+            current = float(torch.linalg.vector_norm(self._bound(record, b, rank)))
             parts += [next(sketches), _scalar(own_d.norm), _scalar(current)]
             for j in range(n):
                 parts += [next(sketches), _scalar(added[j].norm)]
@@ -326,11 +345,9 @@ class SumChecker:
         findings = []
         for b, (record, att) in enumerate(zip(records, parsed.buckets, strict=True)):
             try:
-                sketches: list[torch.Tensor] = []  # the bucket's, made at once once its message is the committed one
-                finding = self._check_bucket(record, att, b, k, rank, seed, committed, blob, sketches,
-                                             bool(parsed.running))
+                finding = self._check_bucket(record, att, b, k, rank, seed, blob)
                 if finding is None and parsed.running:
-                    finding = self._check_running(parsed.running[b], b, k, rank, seed, steps, record, blob, sketches)
+                    finding = self._check_running(parsed.running[b], b, k, rank, seed, steps, record, blob)
             except ValueError as e:  # a reduced message no honest encoder makes (``bounds.error_bound``)
                 finding = self._finding(k, "claim", math.inf, f"its reduced shard of bucket {b} is refused: {e}")
             if finding is not None:
@@ -338,35 +355,27 @@ class SumChecker:
         return findings
 
     def _check_bucket(self, record: ReduceRecord, att: Attestation, b: int, k: int, rank: int, seed: int,
-                      committed: list[list[bytes]], blob: bytes, sketches: list[torch.Tensor],
-                      running: bool) -> Finding | None:
-        """Checks (a) to (d) of owner k's shard of bucket b (see the module); ``blob``: its signed statement.
-        Fills ``sketches`` with the shard's (with ``running``, the running sums' too, for ``_check_running``)."""
-        gathered = record.gathered[k]  # (a) is the message k committed to: ``_check_received``
+                      blob: bytes) -> Finding | None:
+        """Checks (b) to (d) of owner k's shard of bucket b (see the module; (a), that its message is the one k
+        committed to, is ``_check_received``'s); ``blob``: its signed statement.
+
+        (b) and (c) at once: ``S·(D − c)`` (``c`` what we sent it), one matrix product where the two sketches
+        took two, against its ``S·D − S·c``, with both norms. Only where that differs are the two sketches made
+        apart, to say which claim is wrong, with the evidence (``_misclaimed``)."""
         numel = record.sizes[k]
         shard_seed = derive_seed(seed, "reduce", self.stage, b, k)
-        total = self.codec.decode(gathered, (numel,))
-        mine = self._decoded_sent(record, k)
-        vectors = [total, mine]
-        if running:
-            seen_d, sent = self._seen[(b, k)]
-            vectors += [seen_d.total, sent.total]
-        made, norms = sketches_and_norms(vectors, shard_seed, self.rows, device=self.device)  # one pass for all
-        sketches += made
-        # (b) its claims about D
-        total_norm = norms[0]
-        if not (_close(att.total, sketches[0], total_norm, numel) and _near(att.total_norm, total_norm, numel)):
-            return self._proven(k, rank, b, "claim", gathered, blob, f"its sketch or norm of bucket {b}'s reduced "
-                                                                       "shard is not that of the shard it sent")
-        if not _near(att.slack_norm, self._slack_norm(gathered, numel, b, k), numel):
+        total = self._decoded(record, b, "gathered", k)
+        mine = self._decoded(record, b, "sent", k)
+        own = att.added[rank]
+        made, total_norm, mine_norm, apart = difference_sketch(total, mine, shard_seed, self.rows, self.device)
+        if not (_near(att.total_norm, total_norm, numel) and _near(own.norm, mine_norm, numel)
+                and _difference_close(att.total - own.sketch, made, total_norm + mine_norm + apart, numel)):
+            finding = self._misclaimed(record, att, b, k, rank, shard_seed, blob, total, mine)
+            if finding is not None:
+                return finding
+        if not _near(att.slack_norm, self._slack_norm(record, b, k), numel):
             return self._finding(k, "claim", math.inf, f"its slack of bucket {b}'s reduced shard is not that of the "
                                                         "shard it sent")
-        # (c) its entry for what we sent it
-        own = att.added[rank]
-        if not (_close(own.sketch, sketches[1], own.norm, numel)
-                and _near(own.norm, norms[1], numel)):
-            return self._proven(k, rank, b, "attest", record.sent[k], blob, f"it attests another contribution of "
-                                                                             f"ours to bucket {b} than the one we sent")
         # (d) the sum
         result = judge_sum(att.total, att.total_norm, att.slack_norm, numel, att.added, false_alarm=self.false_alarm)
         if not result.passed:
@@ -374,21 +383,47 @@ class SumChecker:
                                  f"it added ({result.ratio:.3g}× the tolerance)", blob)
         return None
 
+    def _misclaimed(self, record: ReduceRecord, att: Attestation, b: int, k: int, rank: int, shard_seed: int,
+                    blob: bytes, total: torch.Tensor, mine: torch.Tensor) -> Finding | None:
+        """Which of owner k's claims (b) about D and (c) about what we sent it is wrong, from the two sketches made
+        apart, with the evidence a third party re-checks; None if neither is (the two claims' difference was off
+        by a rounding both allowances cover)."""
+        (total_sketch, mine_sketch), (total_norm, mine_norm) = sketches_and_norms(
+            [total, mine], shard_seed, self.rows, device=self.device)
+        numel = record.sizes[k]
+        if not (_close(att.total, total_sketch, total_norm, numel) and _near(att.total_norm, total_norm, numel)):
+            return self._proven(k, rank, b, "claim", record.gathered[k], blob, f"its sketch or norm of bucket {b}'s "
+                                                                               "reduced shard is not that of the shard it sent")
+        own = att.added[rank]
+        if not (_close(own.sketch, mine_sketch, own.norm, numel) and _near(own.norm, mine_norm, numel)):
+            return self._proven(k, rank, b, "attest", record.sent[k], blob, f"it attests another contribution of "
+                                                                             f"ours to bucket {b} than the one we sent")
+        return None
+
     def _check_running(self, att: Attestation, b: int, k: int, rank: int, seed: int, steps: int,
-                       record: ReduceRecord, blob: bytes, sketches: list[torch.Tensor]) -> Finding | None:
-        """Checks (b) to (d) of owner k's running sums of bucket b since the epoch began (``sketches``: those
-        ``_check_bucket`` made, the running sums' last)."""
+                       record: ReduceRecord, blob: bytes) -> Finding | None:
+        """Checks (b) to (d) of owner k's running sums of bucket b since the epoch began, (b) and (c) at once as
+        ``_check_bucket``'s, apart only where they fail (no transferable evidence: the sums take every step's
+        messages)."""
         seen_d, sent = self._seen[(b, k)]
         numel = record.sizes[k]
-        current = float(torch.linalg.vector_norm(error_bound(self.codec, record.gathered[k], (numel,))))
-        scale = seen_d.norm + sent.norm
-        if not (_close(att.total, sketches[2], scale, numel)
-                and _near(att.total_norm, seen_d.norm, numel * steps) and _near(att.slack_norm, current, numel)):
+        shard_seed = derive_seed(seed, "reduce", self.stage, b, k)
+        current = float(torch.linalg.vector_norm(self._bound(record, b, k)))
+        scale = seen_d.norm + sent.norm  # at least the two running sums' norms
+        own = att.added[rank]
+        claims = _near(att.total_norm, seen_d.norm, numel * steps) and _near(att.slack_norm, current, numel)
+        ours = _near(own.norm, sent.norm, numel * steps)
+        if claims and ours:
+            made, _, _, apart = difference_sketch(seen_d.total, sent.total, shard_seed, self.rows, self.device)
+            if not _difference_close(att.total - own.sketch, made, scale + apart, numel):
+                (total_sketch, sent_sketch), _ = sketches_and_norms([seen_d.total, sent.total], shard_seed, self.rows,
+                                                                    device=self.device)
+                claims = _close(att.total, total_sketch, scale, numel)
+                ours = _close(own.sketch, sent_sketch, scale, numel)
+        if not claims:
             return self._finding(k, "claim", math.inf, f"its running sum of bucket {b}'s reduced shards is not the "
                                                         "sum of the shards it sent")
-        own = att.added[rank]
-        if not (_close(own.sketch, sketches[3], scale, numel)
-                and _near(own.norm, sent.norm, numel * steps)):
+        if not ours:
             return self._finding(k, "attest", math.inf, f"it attests another running sum of our contributions to "
                                                          f"bucket {b} than the one we sent")
         result = judge_sum(att.total, att.total_norm, att.slack_norm, numel, att.added, steps=steps,
@@ -455,6 +490,14 @@ def sketch_ratio(a: torch.Tensor, b: torch.Tensor, norm: float, numel: int) -> f
 def norm_ratio(a: float, b: float, numel: int) -> float:
     """How far apart two norms are against what rounding allows two float64 norms of one vector: at most 1."""
     return abs(a - b) / (4 * (numel + 2) * _U64 * max(abs(a), abs(b)) + 1e-300)
+
+
+def _difference_close(claimed: torch.Tensor, made: torch.Tensor, scale: float, numel: int) -> bool:
+    """Whether an owner's ``S·D − S·c`` (``claimed``) is our ``S·(D − c)`` (``made``) within what rounding allows
+    them: its two sketches each within ``sketch_rounding`` of exact (times ``‖D‖``, ``‖c‖``), ours and our
+    subtraction within twice that of ``‖D − c‖``, its subtraction within less than its sketches' own; ``scale``
+    at least ``‖D‖ + ‖c‖ + ‖D − c‖``."""
+    return float((claimed - made).abs().max()) <= 2 * sketch_rounding(numel) * scale + 1e-300
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, norm: float, numel: int) -> bool:

@@ -35,6 +35,36 @@ def test_a_sketch_is_linear_to_within_its_rounding():
     assert float((together - apart).abs().max()) <= slack
 
 
+def test_the_sketch_of_a_difference_is_the_difference_of_sketches_to_within_its_rounding():
+    """``difference_sketch``: ``S·(a − b)`` in one product, with the three norms, within its rounding of the two
+    sketches' difference (a member checks an owner's two claims about a shard by it, ``sum_check``); the
+    float32 values are taken exactly, a vector spanning many blocks included; garbled input is refused."""
+    from p2ptrain.verify import sketch as sketches
+    from p2ptrain.verify.sketch import difference_sketch, norm64
+    from p2ptrain.verify.sum_check import norm_ratio
+
+    n = 2 * sketches.BLOCK_ELEMENTS + 12_345
+    a, b = vector(n, 3), vector(n, 4) * 1e-3  # magnitudes far apart: the float64 subtraction rounds
+    seed = derive_seed(11, "reduce", 0, 2)
+    made, norm_a, norm_b, norm_d = difference_sketch(a, b, seed)
+    apart = sketch(a, seed) - sketch(b, seed)
+    exact = a.double() - b.double()
+    allowed = sketch_rounding(n) * (float(a.double().norm()) + float(b.double().norm()) + 2 * float(exact.norm()))
+    assert float((made - apart).abs().max()) <= allowed
+    assert float((made - sketch(exact, seed)).abs().max()) <= 3 * sketch_rounding(n) * float(exact.norm())
+    assert norm_ratio(norm_a, norm64(a), n) <= 1 and norm_ratio(norm_b, norm64(b), n) <= 1
+    assert norm_ratio(norm_d, float(exact.norm()), n) <= 1
+    # the same vector twice: exactly nothing
+    zero, *_ = difference_sketch(a, a, seed)
+    assert not bool(zero.any())
+    with pytest.raises(ValueError, match="one length"):
+        difference_sketch(a, a[:-1], seed)
+    with pytest.raises(ValueError, match="NaN"):
+        difference_sketch(torch.tensor([1.0, float("inf")]), torch.tensor([0.0, float("inf")]), seed)
+    with pytest.raises(ValueError, match="1-D float"):
+        difference_sketch(a, torch.zeros(n, dtype=torch.int64), seed)
+
+
 def test_a_sketch_is_the_same_on_every_call_and_for_every_dtype():
     x = vector(70_000)
     assert torch.equal(sketch(x, 5), sketch(x, 5))
