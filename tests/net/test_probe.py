@@ -93,6 +93,35 @@ def test_probes_cross_the_emulated_links_and_the_replier_reports_their_stamps(ma
 
 @pytest.mark.integration
 @pytest.mark.timeout(60)
+def test_a_probe_takes_the_path_the_peers_tensors_take(make_transport, monkeypatch):
+    """To a peer the direct data plane reaches, the probes cross a sealed TCP connection that the peer serves as a
+    probe stream (``TensorServicer.serve_direct``); to one without a direct plane, a libp2p stream: the link
+    measured is the one its tensors will cross. The same emulated link both times, measured alike."""
+    paths: list[tuple[str, bool]] = []
+    enter = ProbeSession.__aenter__
+
+    async def recorded(self):
+        session = await enter(self)
+        paths.append((self.peer, self.direct))
+        return session
+
+    monkeypatch.setattr(ProbeSession, "__aenter__", recorded)
+    prober = make_transport(CONFIG, emulator=RecordingEmulator())
+    direct = make_transport(CONFIG, join=prober)
+    plain = make_transport(TransportConfig(call_timeout_s=5.0, direct=False), join=prober)
+    accepted = direct.direct.accepted
+    for peer in (direct, plain):
+        shape(prober, peer, *FAST)
+        estimate = measure_link(prober, peer.peer_id, QUICK)
+        assert estimate.latency_ms >= FAST[0] * (1 - 1e-9) and 0 < estimate.bandwidth_gbps < math.inf
+        assert max(b.size_bytes for b in prober.emulator.to(peer.peer_id)) > 0  # its transfers crossed the link
+    assert set(paths) == {(str(direct.peer_id), True), (str(plain.peer_id), False)}
+    assert direct.direct.accepted > accepted  # the peer proved and served a connection of the prober's
+    assert prober.counters.snapshot()["probe"]["failures"] == 0
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
 def test_probing_a_silent_peer_ends_at_the_deadline(make_transport, deaf_transport_cls):
     silent = make_transport(TransportConfig(call_timeout_s=1.0), cls=deaf_transport_cls)
     prober = make_transport(TransportConfig(call_timeout_s=1.0), join=silent)

@@ -90,8 +90,9 @@ __all__ = [
 # header's (``net.transport.messages.MESSAGE_HEADER_VERSION``).
 # 2: a pipeline commitment signs the parameters' digest; evidence messages. 3: the sum check's sketches have a
 # product structure (64 rows, an ℓ1 statistic) and messages' digests are BLAKE3 (``verify.sketch``, ``verify.commit``).
-# 4: plans are stored as a head and parts (``plan_store``)
-AGENT_PROTOCOL_VERSION = 4
+# 4: plans are stored as a head and parts (``plan_store``). 5: a direct connection whose first message is a probe is
+# a probe stream (``TensorServicer.serve_direct``): link probes take the direct data plane where it reaches a peer.
+AGENT_PROTOCOL_VERSION = 5
 
 MAX_COMPUTE_S = 3600.0  # one micro-batch through one block: an hour is past any sane device
 MAX_STEP_BYTES = 1 << 50  # what a peer sends in one step: a PiB takes hours at 1 Tbit/s

@@ -13,7 +13,8 @@ peers whose libp2p streams carried the keys know it. A session lasts ``SESSION_T
 connection nonce, then a proof: a record sealed with its direction's key. Keys are per connection and
 direction (HKDF of the session secret and the nonce), nonces a counter, so no key and nonce pair repeats. The
 listener looks the session up, checks the proof, answers with a proof of its own, and from then on serves the
-connection as an ``rpc_push`` stream of the session's peer (``TensorServicer.serve_push``): the same framing,
+connection as an ``rpc_push`` stream of the session's peer, or an ``rpc_probe`` one where its first message is a
+probe (``TensorServicer.serve_direct``: a link prober measures the path tensors take): the same framing,
 mailbox, step windows, size limits, sender checks, deadlines and link emulation as a libp2p stream. A
 connection with an unknown session or a proof that does not open is refused and logged (rate-limited); before
 that, a connection has ``HANDSHAKE_S`` in all to prove itself, at most ``MAX_PENDING`` wait at once and
@@ -117,7 +118,7 @@ class _Route:
 
 # (peer, request bytes) -> the peer's answer (its ``rpc_direct``); raises on failure
 Hello = Callable[[str, bytes], Awaitable[bytes]]
-# (peer, reader, writer): serve one proven connection as an rpc_push stream of that peer
+# (peer, reader, writer): serve one proven connection of that peer (``TensorServicer.serve_direct``)
 Serve = Callable[[str, SealedReader, SealedWriter], Awaitable[None]]
 
 
@@ -293,6 +294,24 @@ class DirectPlane:
             return None
         if peer not in self.reachable:
             self.probe(peer)
+            return None
+        connection = await self._connect(peer)
+        if connection is None:
+            self.reachable.discard(peer)
+        return connection
+
+    async def for_probe(self, peer: str) -> SealedConnection | None:
+        """A direct connection to ``peer`` for a link prober (``probe_session``: it measures the path the peer's
+        tensors take), or None: measure over libp2p. Unlike ``open``, a try under way in the background (``probe``,
+        which the transport starts before a peer's first message) is waited for, at most ``CONNECT_S`` more, so a
+        peer's first measurement takes the path its tensors will. Never raises for the peer's sake."""
+        if self._unreachable.get(peer, -float("inf")) > self.clock():
+            return None
+        self.probe(peer)  # nothing where it is known reachable or a try is under way
+        deadline = time.monotonic() + CONNECT_S
+        while peer in self._probing and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        if peer not in self.reachable:
             return None
         connection = await self._connect(peer)
         if connection is None:

@@ -167,7 +167,7 @@ class Transport:
         self.direct = None
         if self.config.direct:
             bind, hosts = plane_hosts([str(m) for m in await self._p2p.get_visible_maddrs()])
-            self.direct = DirectPlane(self.peer_id.to_base58(), self._servicer.serve_push, self._hello,
+            self.direct = DirectPlane(self.peer_id.to_base58(), self._servicer.serve_direct, self._hello,
                                       bind_host=bind, port=self.config.direct_port, hosts=hosts)
             await self.direct.start()
             self._servicer.direct = self.direct

@@ -1,4 +1,5 @@
-"""Measuring a link's latency α and bandwidth β over the transport's own rpc, so emulation applies.
+"""Measuring a link's latency α and bandwidth β over the transport's own rpc, so emulation applies, on the path the
+peer's tensors take (``probe_session``: the direct data plane where it reaches the peer, else libp2p).
 
 Method (``measure_link``), on one probe stream to the peer. Each probe is timed two ways (``RoundTrip``):
 its round trip, and its one-way delay — the replier's arrival time of the request minus our send time.

@@ -18,12 +18,17 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from hivemind.p2p import P2P
+from hivemind.proto import runtime_pb2
+
 from p2ptrain.errors import MessageRejected, PeerTimeoutError, ProtocolError
 from p2ptrain.net.transport.counters import PROBE
+from p2ptrain.net.transport.direct import CONNECT_S, DIRECT_CHUNK_BYTES
+from p2ptrain.net.transport.frames import request_frame_head
 from p2ptrain.net.transport.messages import Header, MessageKind, Tag
 from p2ptrain.net.transport.pacing import clock_domain
 from p2ptrain.net.transport.replies import Reply, next_reply, parse_reply
-from p2ptrain.net.transport.servicer import paced_requests
+from p2ptrain.net.transport.servicer import paced_pieces, paced_requests
 
 if TYPE_CHECKING:
     from p2ptrain.net.transport.endpoint import Transport
@@ -51,17 +56,31 @@ class RoundTrip:
 
 
 class ProbeSession:
-    """Round trips of chosen request and reply sizes to ``peer``; one at a time."""
+    """Round trips of chosen request and reply sizes to ``peer``; one at a time. Over the path the peer's tensors
+    take: a direct connection where the transport's direct plane reaches the peer (``direct.DirectPlane.for_probe``,
+    served as ``rpc_probe`` by ``TensorServicer.serve_direct``), else a libp2p stream (``direct`` says which)."""
 
     def __init__(self, transport: Transport, peer: str):
         self.transport = transport
         self.peer = peer
+        self.direct = False
         self._queue: asyncio.Queue = asyncio.Queue()
         self._responses: Any = None
+        self._connection: Any = None  # the direct connection (``sealed.SealedConnection``), if one
+        self._writing: asyncio.Task | None = None
 
     async def __aenter__(self) -> ProbeSession:
-        stub = self.transport.stub(self.peer)
         timeout_s = self.transport.config.call_timeout_s
+        plane = getattr(self.transport, "direct", None)
+        if plane is not None:
+            self._connection = await asyncio.wait_for(plane.for_probe(self.peer), CONNECT_S + timeout_s)
+        if self._connection is not None:
+            self.direct = True
+            self._writing = asyncio.create_task(self._write_direct(self._connection.writer),
+                                                name=f"p2ptrain-probe-{self.peer[-8:]}")
+            self._responses = _direct_replies(self._connection.reader)
+            return self
+        stub = self.transport.stub(self.peer)
         try:
             self._responses = await asyncio.wait_for(
                 self.transport.open_stream(self.peer, lambda: stub.rpc_probe(self._requests())), timeout_s)
@@ -71,6 +90,12 @@ class ProbeSession:
 
     async def __aexit__(self, *exc_info) -> None:
         self._queue.put_nowait(None)
+        if self._connection is not None:
+            if self._writing is not None:
+                self._writing.cancel()
+            await self._responses.aclose()
+            self._connection.close()
+            return
         if self._responses is not None:
             await self._responses.aclose()
 
@@ -78,6 +103,20 @@ class ProbeSession:
         while (message := await self._queue.get()) is not None:
             async for piece in paced_requests(*message):
                 yield piece
+
+    async def _write_direct(self, writer) -> None:
+        """The probes, as pieces on the direct connection (``channel.Channel``'s framing); a failure to write
+        ends the connection, and the waiting round trip with it."""
+        try:
+            while (message := await self._queue.get()) is not None:
+                header, payload, reservation, _, pacer = message
+                uid = header.tag.key.encode()
+                async for metadata, data in paced_pieces(header, payload, reservation, DIRECT_CHUNK_BYTES, pacer):
+                    writer.write(request_frame_head(uid, metadata, len(data)))
+                    writer.write(data)
+                    await writer.drain()
+        except (ConnectionError, OSError):
+            self._connection.abort()
 
     async def roundtrip(self, request_bytes: int, reply_bytes: int = 0, timeout_s: float | None = None) -> RoundTrip:
         """``_roundtrip``, counted in the transport's control traffic (``counters.PROBE``)."""
@@ -143,3 +182,13 @@ class ProbeSession:
         if reply.error is not None:
             raise MessageRejected(f"the peer refused a probe: {reply.error}", peer=self.peer)
         return reply
+
+
+async def _direct_replies(reader):
+    """The replies on a direct connection (hivemind's framing of ``ExpertResponse``s), until it ends; an error
+    frame is the receiver's handler failing."""
+    while True:
+        response, error = await P2P.receive_protobuf(runtime_pb2.ExpertResponse, reader)
+        if error is not None:
+            raise ProtocolError(f"the probe failed on the receiver: {error.message}")
+        yield response

@@ -140,14 +140,32 @@ class TensorServicer(ServicerBase):
             return
         await self.serve_push(info.peer_id.to_base58(), source, writer)
 
-    async def serve_push(self, peer: str, source: typing.Any, writer: typing.Any) -> None:
+    async def serve_direct(self, peer: str, source: typing.Any, writer: typing.Any) -> None:
+        """A direct connection proven to be ``peer``'s (``direct.py``): a stream of ``rpc_probe`` where its first
+        message is a probe (a link prober measures the path its tensors take, ``probe_session``), else of
+        ``rpc_push``; served as ``serve_push``."""
+        await self.serve_push(peer, source, writer, probes=True)
+
+    async def serve_push(self, peer: str, source: typing.Any, writer: typing.Any, *, probes: bool = False) -> None:
         """A stream of ``rpc_push`` from ``peer`` (a libp2p stream, or a direct connection proven to be the peer's,
         ``direct.py``): its pieces in from ``source`` (``readexactly``, ``readinto``), its replies out through
-        ``writer`` (hivemind's framing), until either side ends."""
+        ``writer`` (hivemind's framing), until either side ends. With ``probes``, a stream whose first message is
+        a probe is one of ``rpc_probe``."""
         context = P2PContext(handle_name="rpc_push", local_id=self._local_id, remote_id=PeerID.from_base58(peer))
         try:
             pieces = Landed(read_pieces, source, Landing(self.buffers.lend))
-            async for reply in self.rpc_push(pieces, context):
+            handler = self.rpc_push
+            if probes:
+                try:
+                    first = await within(pieces.__anext__(), self.idle_timeout_s)
+                except StopAsyncIteration:
+                    return
+                except FrameError as e:
+                    raise Malformed(str(e)) from None
+                if first.metadata and _is_probe(first):
+                    handler = self.rpc_probe
+                pieces = Resumed(first, pieces)
+            async for reply in handler(pieces, context):
                 writer.write(message_frame(reply.SerializeToString()))
                 await within(writer.drain(), self.idle_timeout_s)
         except (ConnectionError, OSError, asyncio.TimeoutError) as e:  # the sender went away or stopped reading
@@ -346,6 +364,33 @@ class _Close:
 
 NEXT, CLOSE = _Next(), _Close()
 Rest = _Next | _Close | Header  # a Header: refused on it; skip the rest of that message first
+
+
+def _is_probe(first: Piece) -> bool:
+    """Whether the first piece of a stream opens a probe (a header that does not parse is ``rpc_push``'s to refuse)."""
+    try:
+        return decode_header(first).tag.kind == MessageKind.PROBE
+    except ValueError:  # Malformed too
+        return False
+
+
+class Resumed:
+    """Pieces of a stream whose first piece was read to see what the stream is (``serve_push``): that piece, then
+    the rest; the reader's ``landing`` kept."""
+
+    def __init__(self, first: Piece, rest: Landed):
+        self._first: Piece | None = first
+        self._rest = rest
+        self.landing = rest.landing
+
+    def __aiter__(self) -> Resumed:
+        return self
+
+    async def __anext__(self) -> Piece:
+        if self._first is not None:
+            first, self._first = self._first, None
+            return first
+        return await self._rest.__anext__()
 
 
 class Pieces:
