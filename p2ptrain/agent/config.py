@@ -280,8 +280,8 @@ class ClaimsConfig:
 @dataclass(frozen=True)
 class LivenessConfig:
     """Heartbeats separate from data (``churn.liveness``): every ``interval_s`` an agent pings the peers it
-    watches (every member up to ``watch_all_up_to`` members; beyond, its plan neighbours, the leader and the
-    next in line), each ping under ``ping_timeout_s``. A peer that has not answered for ``timeout_s`` is dead:
+    watches (every member up to ``watch_all_up_to`` members; beyond, its pipeline neighbours, O(log) of its
+    replica group, the leader and the next in line: ``membership_reader``), each ping under ``ping_timeout_s``. A peer that has not answered for ``timeout_s`` is dead:
     the epoch it trains in halts at once, and it leaves this agent's view of the live peers until it
     answers again. Tensor calls then need no short deadline: theirs is ``deadline_multiple`` × the plan's
     predicted step time, and at least ``transport.call_timeout_s``."""

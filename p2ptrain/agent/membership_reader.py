@@ -11,7 +11,8 @@ leaders passed over (``membership``). New peers are dialled by address and their
 emulating (``shaping.LinkShaping``); our partners among them (``leadership.probe_set``: the probe graph's, our
 neighbours in the plan we follow) known for ``links.settle_s`` go to the link prober. It tells
 the heartbeats whom to ping: every member in a small run, beyond ``liveness.watch_all_up_to`` the peers of our
-pipeline and replica group, the leader and the next in line (who watch everyone).
+pipeline neighbours, O(log) of our replica group (``group_fingers``), the leader and the next in line (who watch
+everyone).
 
 What a read costs grows with the run (a record a peer). In a run of n members beyond
 ``membership.read_all_up_to`` (r), an agent that is neither the leader nor the next in line reads the peer
@@ -151,8 +152,9 @@ class MembershipReader:
             self.events.write(event, peer=peer, **fields)
 
     def _watch_targets(self, membership: Membership, plan: PlanRecord | None, partners: set[str]) -> set[str]:
-        """Whom to ping: every member in a small run; beyond ``watch_all_up_to``, the peers of our pipeline
-        and replica group, the leader and the next in line (who watch everyone), and of the peers no plan of
+        """Whom to ping: every member in a small run; beyond ``watch_all_up_to``, our pipeline neighbours, our
+        replica group's fingers (``group_fingers``: O(log) of it, each member watched by as many), the leader
+        and the next in line (who watch everyone), and of the peers no plan of
         ours names (before the first plan: all but those two), our ``partners`` in the probe graph: a bounded
         number, so that a run of n peers does not cost n² pings a period before its first plan."""
         others = [p for p in membership.ids if p != self.peer_id]
@@ -164,5 +166,19 @@ class MembershipReader:
         if plan is not None and plan.position_of(self.peer_id) is not None:
             row, stage = plan.position_of(self.peer_id)
             targets |= {plan.peer_at(row, j) for j in (stage - 1, stage + 1) if 0 <= j < plan.stages}
-            targets |= {plan.peer_at(i, stage) for i in range(plan.replicas)}
+            targets |= {plan.peer_at(i, stage) for i in group_fingers(row, plan.replicas)}
         return (targets & set(others)) | {p for p in others if p not in (plan.membership if plan else ()) and p in partners}
+
+
+def group_fingers(row: int, replicas: int) -> set[int]:
+    """The rows of a replica group of ``replicas`` that the member at ``row`` pings beyond ``watch_all_up_to``:
+    those 1, 2, 4, … rows away on the group's ring, both ways, itself left out. At most 2⌈log2 R⌉ of a group of R
+    (all of one of up to 5), and each member is pinged by as many, so a silent member is seen by its ring
+    neighbours at once and by O(log R) members in all; the rest learn it from their halted heartbeats."""
+    if not 0 <= row < replicas:
+        raise ValueError(f"row {row} of a group of {replicas}")
+    rows, distance = set(), 1
+    while distance < replicas:
+        rows |= {(row + distance) % replicas, (row - distance) % replicas}
+        distance *= 2
+    return rows - {row}

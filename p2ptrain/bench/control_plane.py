@@ -20,8 +20,8 @@ code fixes and scales what grows with the run (``Model.at``):
   about 100 bytes a signer) and a plan's parts only once per epoch, so it stays as measured; a store's bytes are
   one record (a links row grows with the partners, not the run: ``links.partners``);
 - pings a minute: every other member while the run has at most ``liveness.watch_all_up_to``, beyond that the
-  peers of one's pipeline and stage group and the two first in standing (the leader and the next in line
-  ping everyone);
+  peers of one's pipeline, the ring fingers of one's stage group (``membership_reader.group_fingers``: O(log) of
+  it) and the two first in standing (the leader and the next in line ping everyone);
 - probe round trips: a partner's link takes as many as measured, and the partners are bounded
   (``probe_set``), so they do not grow with the run.
 
@@ -43,6 +43,7 @@ import click
 
 from p2ptrain.agent.config import MembershipConfig
 from p2ptrain.agent.leadership.following import STANDING_READ_S
+from p2ptrain.agent.membership_reader import group_fingers
 from p2ptrain.net.dht.node import DHTConfig
 
 DHT_VALUE_LIMIT = 4 << 20
@@ -116,7 +117,8 @@ def ping_targets(n: int, stages: int, replicas: int, watch_all_up_to: int = 32) 
     """Peers a follower pings (``MembershipReader._watch_targets``)."""
     if n - 1 <= watch_all_up_to:
         return float(n - 1)
-    return float(min(n - 1, 2 + 2 + replicas))  # the leader and the next, its pipeline neighbours, its group
+    # the leader and the next, its pipeline neighbours, its replica group's ring fingers
+    return float(min(n - 1, 2 + 2 + len(group_fingers(0, replicas))))
 
 
 def period_reads(m: Measured, poll_s: float | None) -> dict[str, float]:

@@ -14,7 +14,7 @@ from p2ptrain.agent.config import AgentConfig, MembershipConfig
 from p2ptrain.agent.events import EventLog
 from p2ptrain.agent.leadership.membership import MembershipTracker
 from p2ptrain.agent.leadership.plan_check import LeaderWatch
-from p2ptrain.agent.membership_reader import MembershipReader
+from p2ptrain.agent.membership_reader import MembershipReader, group_fingers
 from p2ptrain.agent.shaping import LinkShaping
 from p2ptrain.net.dht.counters import DHTCounters
 from p2ptrain.net.dht.records import PeerRecord, PlanRecord
@@ -104,6 +104,17 @@ def test_before_any_plan_a_large_run_pings_its_partners_and_the_first_two_and_ju
     assert reader_of(PEERS[0], board)._watch_targets(view, None, partners) == set(PEERS[1:])  # the leader: everyone
     small = Membership({p: board.records[p] for p in PEERS[:8]})
     assert reader._watch_targets(small, None, set()) == set(PEERS[:8]) - {me}
+    # in a plan: the pipeline neighbours and O(log) of the replica group, the same number watching each member
+    wide = PlanRecord(epoch=3, membership=tuple(PEERS[:40]), stages=2, replicas=20,
+                      pipelines=tuple((i, 20 + i) for i in range(20)), cost_s=1.0)
+    for row in (0, 7, 19):
+        me = wide.peer_at(row, 1)
+        fingers = {wide.peer_at((row + d) % 20, 1) for d in (1, 2, 4, 8, 16, -1, -2, -4, -8, -16)}
+        assert reader_of(me, board)._watch_targets(view, wide, set()) == {PEERS[0], PEERS[1], wide.peer_at(row, 0),
+                                                                          *fingers} - {me}
+    watched_by = [sum(wide.peer_at(r, 1) in reader_of(wide.peer_at(row, 1), board)._watch_targets(view, wide, set())
+                      for row in range(20)) for r in range(20)]
+    assert watched_by == [len(group_fingers(0, 20))] * 20  # 8 of the 19 others: each row watched alike
 
     # a first plan that leaves out a settled live peer: refused by an agent that pings it, not by one that cannot tell
     gate = PlanGate(me, TrainConfig(), PlanConfig(), EmulationSettings(), LeaderWatch(10.0, 300.0), 1.0,

@@ -46,7 +46,8 @@ def test_the_control_plane_model_at_the_measured_size_is_what_was_measured():
         (60 * 3000 + 10 * 1500 + 30 * 1400) * 1000 / 8 / 1e3 + 60 * 0.6)
     assert leader["pings_per_min"] == pytest.approx(420 * 999 / 7)
     assert not big["over_limit"] and "peers" in model(m, 20_000)["over_limit"]  # one read past 4 MiB
-    assert ping_targets(1000, 2, 500) == 4 + 500 and ping_targets(20, 2, 10) == 19
+    # the group: its ring fingers, 1, 2, 4, ..., 256 rows away both ways (2 x 9 = 18 of a group of 500)
+    assert ping_targets(1000, 2, 500) == 4 + 18 and ping_targets(20, 2, 10) == 19
     json.dumps(big)  # what --json prints
 
 
