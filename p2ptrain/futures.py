@@ -1,4 +1,4 @@
-"""Waiting on many of the transport's futures from a synchronous thread.
+"""Waiting on many of the transport's futures from a synchronous thread; work on a thread of its own as a future.
 
 ``wait_all(futures)`` is ``for f in futures: f.result()`` with one wake-up instead of one per future: each
 wake-up of the waiting thread takes the interpreter lock from the transport's event loop while it is still
@@ -9,7 +9,8 @@ failure is raised as soon as it happens, not after the futures before it in the 
 from __future__ import annotations
 
 import concurrent.futures
-from collections.abc import Collection, Sequence
+import threading
+from collections.abc import Callable, Collection, Sequence
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -28,3 +29,18 @@ def wait_all(futures: Sequence[concurrent.futures.Future[T]]) -> list[T]:
             return [future.result() for future in futures]
         # A future cancelled by its caller never counts as done for ``wait``: look again every RECHECK_S.
         _, pending = concurrent.futures.wait(pending, RECHECK_S, concurrent.futures.FIRST_EXCEPTION)
+
+
+def in_thread(work: Callable[[], T], name: str) -> concurrent.futures.Future[T]:
+    """``work()`` on a daemon thread of its own (named ``name``); its outcome, or its exception, in the future (a
+    check run in the next step's shadow: ``verify.recompute_check``, ``verify.sum_shadow``)."""
+    future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            future.set_result(work())
+        except BaseException as e:  # noqa: BLE001 - handed to whoever waits for the future
+            future.set_exception(e)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return future

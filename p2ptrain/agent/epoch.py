@@ -87,6 +87,7 @@ from p2ptrain.verify.config import VerifyConfig
 from p2ptrain.verify.evidence import parts as evidence_parts
 from p2ptrain.verify.recompute_check import RecomputeChecker
 from p2ptrain.verify.sum_check import Finding, SumChecker, VerificationFailed, refusal
+from p2ptrain.verify.sum_shadow import ShadowSums
 
 logger = logging.getLogger(__name__)
 
@@ -230,7 +231,7 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
                 return EpochOutcome(False, done, tuple(losses))
             if ctx.should_halt(done):
                 complete_held(ctx, trainer, done)
-                return _halt(plan, ctx, done, None, _unverified(recomputer))
+                return _halt(plan, ctx, done, None, _unverified(verifier, recomputer))
             busy_s, busy_cpu_s = trainer.executor.pacer.busy_s, trainer.executor.pacer.busy_cpu_s
             sent_before = ctx.transport.sent_bytes  # what the step sends: its calls, its checkpoint's and copies'
             started = time.perf_counter()
@@ -262,7 +263,7 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
     except HALTING_ERRORS as e:
         if ctx.stop.is_set():
             return EpochOutcome(False, done, tuple(losses))
-        return _halt(plan, ctx, done, _own_finding(e, findings), _unverified(recomputer))
+        return _halt(plan, ctx, done, _own_finding(e, findings), _unverified(verifier, recomputer))
     if verifier is not None:
         logger.info("epoch %d: every member's sums of stage %d held in the %d step(s) checked", plan.epoch,
                     role.stage, verifier.checked_steps)
@@ -312,10 +313,13 @@ def _report_step(plan: PlanRecord, topology: Topology, role: Role, cfg: TrainCon
 
 
 def _install_verifier(plan: PlanRecord, topology: Topology, role: Role, cfg: TrainConfig, trainer: StageTrainer,
-                      ctx: EpochContext, findings: list[Finding]) -> tuple[SumChecker | None, RecomputeChecker | None]:
+                      ctx: EpochContext, findings: list[Finding]
+                      ) -> tuple[SumChecker | ShadowSums | None, RecomputeChecker | None]:
     """The sum check of our stage's all-reduce and the recompute check of our group's micro-batches, every step
     (a run that syncs every step, with replicas; fp16 stages are not recomputed: their loss scale is their own;
-    a one-stage plan has no pipeline messages to recompute: the whole-step check would be its). A DiLoCo run
+    a one-stage plan has no pipeline messages to recompute: the whole-step check would be its). Where both run,
+    each step's are checked in the next step's shadow (``sum_shadow``, ``recompute_check``); the sum check alone
+    runs in the step's own hook. A DiLoCo run
     gets the sum check of each round's all-reduce of pseudo-gradients, before the outer step (plain rounds:
     not overlapped, one fragment); its replicas differ inside a round, so nothing is recomputed."""
     if ctx.verify is None or not ctx.verify.enabled or plan.replicas < 2:
@@ -342,14 +346,16 @@ def _install_verifier(plan: PlanRecord, topology: Topology, role: Role, cfg: Tra
                                executor.data, executor.wire, executor.num_micro_batches, executor.boundary_width,
                                cfg.precision, ctx.verify.rate, on_finding=on_finding, probation=plan.on_probation,
                                last_step=cfg.steps - 1, verifiers=ctx.verify.verifiers)  # each step checked in the next one's shadow
-    trainer.link_wrapper = recomputer.wrap
+    # the sums of each step checked in the next one's shadow too, over its link, apart from any step's own messages
+    shadow = ShadowSums(verifier, topology.group(role.stage), len(reducer.buckets) + 2, cfg.steps - 1)
+    trainer.link_wrapper = lambda link: recomputer.wrap(shadow.wrap(link))
 
     def check_step(records, rank, n, exchange) -> None:
-        verifier(records, rank, n, exchange)  # the sums first: the recompute check's reveals are larger
+        shadow(records, rank, n, exchange)  # the sums first: the recompute check's reveals are larger
         recomputer.check_step()
 
     reducer.verifier = check_step
-    return verifier, recomputer
+    return shadow, recomputer
 
 
 def _wait_sends(sends: list[concurrent.futures.Future], timeout_s: float) -> None:
@@ -395,8 +401,10 @@ def _speed(speed: Throughput) -> dict[str, float | None]:
             "mfu": None if speed.mfu is None else float(f"{speed.mfu:.4g}")}
 
 
-def _unverified(recomputer: RecomputeChecker | None) -> int | None:
-    return recomputer.unverified if recomputer is not None else None
+def _unverified(*checks) -> int | None:
+    """The earliest step applied whose check (in the next step's shadow) has not passed yet, if any."""
+    steps = [c.unverified for c in checks if getattr(c, "unverified", None) is not None]
+    return min(steps) if steps else None
 
 
 def _own_finding(error: BaseException, findings: list[Finding]) -> BaseException:

@@ -59,7 +59,6 @@ import json
 import logging
 import math
 import struct
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -68,7 +67,7 @@ from dataclasses import dataclass, replace
 import torch
 from hivemind.utils.crypto import RSAPrivateKey
 
-from p2ptrain.futures import wait_all
+from p2ptrain.futures import in_thread, wait_all
 from p2ptrain.model.data import TrainData, inputs_and_targets, micro_batches, shard_of
 from p2ptrain.net.transport.messages import MessageKind
 from p2ptrain.runtime.topology import Role, Topology
@@ -218,20 +217,6 @@ class _Checked:
     lane: int = 0  # 1: checked over the next step's link, beside that step's own check (tags apart: ``_part``)
 
 
-def _in_thread(work: Callable[[], None], name: str) -> Future:
-    """``work`` on a daemon thread of its own; its outcome (or exception) in the future."""
-    future: Future = Future()
-
-    def run() -> None:
-        try:
-            future.set_result(work())
-        except BaseException as e:  # noqa: BLE001 - handed to whoever joins the check
-            future.set_exception(e)
-
-    threading.Thread(target=run, name=name, daemon=True).start()
-    return future
-
-
 def _part(checked: _Checked, part: int) -> int:
     """A reveal's part: its place among a micro-batch's messages (at most 4), in its lane's own range."""
     return part + 4 * checked.lane
@@ -293,7 +278,7 @@ class RecomputeChecker:
         self.link = recording = RecordingLink(link)
         if self._pending is not None:  # the step before's check, over this step's link (its messages are this step's)
             checked, self._pending = self._pending, None
-            self._running = _in_thread(lambda: self._shadow_check(checked, recording), f"recompute-check-{checked.step}")
+            self._running = in_thread(lambda: self._shadow_check(checked, recording), f"recompute-check-{checked.step}")
         return recording
 
     def begin_step(self, epoch: int, step: int) -> None:

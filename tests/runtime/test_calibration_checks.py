@@ -49,16 +49,17 @@ def test_garbled_check_times_are_refused(garbled):
 
 def test_the_leader_prices_each_stages_check_from_its_parameters_and_the_group():
     params = stage_parameters(TRAIN.shape, 2)
-    # a group of 2: (3·2 − 1)/2 = 2.5 vectors sketched, (3·2 − 2)/2 = 2 digested, a stage's size each; fp32 keeps
-    # no running sums; 64 rows as calibrated
-    want = tuple((0.008 * 2.5 + 0.001 * 2) * p / 1e6 for p in params)
+    # a group of D sketches 2 vectors of a stage's size (its shard's sum and the D contributions, (D + 1)/D, and a
+    # difference per other owner, (D − 1)/D), digests (3·2 − 2)/2 = 2; fp32 keeps no running sums; 64 rows as
+    # calibrated
+    want = tuple((0.008 * 2 + 0.001 * 2) * p / 1e6 for p in params)
     assert check_seconds([MEASURED], VerifyConfig(), TRAIN, params, 2) == pytest.approx(want)
-    # a lossy codec's running sums double the sketches; 32 rows halve them; a group of 4 sketches 11/4
+    # a lossy codec's running sums double the sketches; 32 rows halve them; a group of 4 digests 10/4
     lossy = dataclasses.replace(TRAIN, wire="bf16")
     assert check_seconds([MEASURED], VerifyConfig(), lossy, params, 2) == pytest.approx(
-        tuple((0.008 * 5 + 0.001 * 2) * p / 1e6 for p in params))
+        tuple((0.008 * 4 + 0.001 * 2) * p / 1e6 for p in params))
     assert check_seconds([MEASURED], VerifyConfig(sketch_rows=32), TRAIN, params, 4) == pytest.approx(
-        tuple((0.004 * 11 / 4 + 0.001 * 10 / 4) * p / 1e6 for p in params))
+        tuple((0.004 * 2 + 0.001 * 10 / 4) * p / 1e6 for p in params))
     # in the step profile, in the network's seconds; nothing where no sum check runs
     profile = step_profile([MEASURED], TRAIN, 2, 2, time_scale=0.5, verify=VerifyConfig())
     assert profile.verify_compute_s == pytest.approx(tuple(2 * v for v in want))
@@ -66,12 +67,12 @@ def test_the_leader_prices_each_stages_check_from_its_parameters_and_the_group()
         assert step_profile([MEASURED], TRAIN, 2, replicas, verify=verify).verify_compute_s == ()
 
 
-def _objective(verify_compute_s=(), verify_gb=(0.0, 0.0)):
+def _objective(verify_compute_s=(), verify_gb=(0.0, 0.0), recompute_rate=0.0, latency_ms=0.0):
     n = 4
     off = 1 - np.eye(n)
-    cluster = Cluster(tuple(Device(f"d{i}") for i in range(n)), 0.0 * off, 1000.0 * off + np.eye(n))
+    cluster = Cluster(tuple(Device(f"d{i}") for i in range(n)), latency_ms * off, 1000.0 * off + np.eye(n))
     profile = StepProfile(micro_batches=4, forward_s=(0.1, 0.15), backward_s=(0.2, 0.3), verify_gb=verify_gb,
-                          verify_compute_s=verify_compute_s)
+                          verify_compute_s=verify_compute_s, recompute_rate=recompute_rate)
     return make_objective("simulated", cluster, StepWorkload(0.0, 0.0, step=profile), 2)
 
 
@@ -93,6 +94,26 @@ def test_the_objective_adds_each_stages_check_before_its_update():
     bare = make_objective("simulated", Cluster((Device("a"), Device("b")), np.zeros((2, 2)), np.ones((2, 2))),
                           StepWorkload(0.0, 0.0, step=StepProfile(forward_s=(0.1, 0.1))), 2)
     assert one.simulate(np.array([[0, 1]])).predicted_s == pytest.approx(bare.simulate(np.array([[0, 1]])).predicted_s)
+
+
+def test_where_the_recompute_check_runs_the_sum_check_is_priced_in_the_next_steps_shadow():
+    """``verify.sum_shadow``: where the recompute check runs (its rate priced), each step's sum check runs from the
+    next step's start and that step's update waits for it: off the period while it fits in the step, and what it
+    outlasts the step by on it; the closed form leaves it out."""
+    sigma = np.array([[0, 1], [2, 3]])
+    rate, rounds = 1 / 8, {"verify_gb": (1e-4, 1e-4), "latency_ms": 20.0}  # 20 ms a link: two rounds, 40 ms
+    plain = _objective(recompute_rate=rate, latency_ms=20.0)
+    shadowed = _objective(verify_compute_s=(0.05, 0.07), recompute_rate=rate, **rounds)
+    assert shadowed.sum_shadow and not _objective(verify_compute_s=(0.05, 0.07), **rounds).sum_shadow
+    assert shadowed.simulate(sigma).predicted_s == pytest.approx(plain.simulate(sigma).predicted_s, rel=1e-9)
+    # in the hook (no recompute check), the same check lengthens the step by its rounds and stage 0's work
+    hooked, bare = _objective(verify_compute_s=(0.05, 0.07), **rounds), _objective(latency_ms=20.0)
+    assert hooked.simulate(sigma).predicted_s > bare.simulate(sigma).predicted_s + 0.04 + 0.05 - 1e-9
+    # a check longer than the step: the step waits for what is left of it
+    long = _objective(verify_compute_s=(5.0, 5.0), recompute_rate=rate, **rounds)
+    assert long.simulate(sigma).predicted_s == pytest.approx(5.0 + 0.04 + 0.02 * 0, abs=0.1)
+    groups, hops = [plain.group_terms(sigma[:, j]).max() for j in range(2)], [0.0]
+    assert shadowed.combine(groups, hops).cost_s == pytest.approx(plain.combine(groups, hops).cost_s, rel=1e-9)
 
 
 def test_the_layered_workload_prices_each_stages_check_at_its_split():

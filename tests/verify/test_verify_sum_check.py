@@ -184,6 +184,85 @@ def test_an_owner_that_scales_its_sums_is_named_by_everyone_with_evidence(codec,
     assert outcomes[1][2] is None  # the owner's own checks of the others pass
 
 
+class MemoryStepLink:
+    """A step's link in memory (``runtime.link.StepLink``): a message waits in the receiver's queue for its step."""
+
+    def __init__(self, queues: Queues, me: str, step: int):
+        self.queues, self.me, self.step = queues, me, step
+
+    def send(self, peer, kind, micro_batch, part, tensor):
+        self.queues.q((self.step, self.me, peer, str(kind), micro_batch, part)).put(tensor)
+        done: Future = Future()
+        done.set_result(None)
+        return done
+
+    def recv(self, peer, kind, micro_batch, part, shape, dtype):
+        try:
+            return self.queues.q((self.step, peer, self.me, str(kind), micro_batch, part)).get(timeout=RECV_S)
+        except queue.Empty:
+            raise TimeoutError(f"nothing from {peer}") from None
+
+
+def run_shadowed_steps(codec_name, steps, feedbacks, numels=(1000, 517)):
+    """Every member's steps with the sum check in the next step's shadow (``ShadowSums``, as the agents run it):
+    per member the list of per-step outcomes of the step's hook (None, or the error it raised) and the step the
+    shadow held unverified then."""
+    from p2ptrain.runtime.link import GroupOverLink
+    from p2ptrain.verify.sum_shadow import ShadowSums
+
+    n, codec = len(GROUP), Codec(codec_name)
+    shadows = [ShadowSums(SumChecker(IDENTITIES[r].private_key, RUN, 0, GROUP, codec), GROUP, len(numels) + 2,
+                          steps - 1) for r in range(n)]
+    gen = torch.Generator().manual_seed(3)
+    queues = Queues()
+    outcomes = [[] for _ in range(n)]
+    for step in range(steps):
+        flats = [[torch.randn(m, generator=gen) for m in numels] for _ in range(n)]
+        for f in feedbacks:
+            if isinstance(f, Scaling):
+                f.step = step
+
+        def member(r, flats=flats, step=step):
+            link = MemoryStepLink(queues, GROUP[r], step)
+            shadows[r].begin_step(0, step)
+            shadows[r].wrap(link)  # the step before's check begins, over this step's link
+            records = [ReduceRecord() for _ in numels]
+            for b in range(len(numels)):
+                sharded_all_reduce(flats[r][b], r, n, GroupOverLink(link, GROUP, b), feedbacks[r], key=b,
+                                   record=records[b])
+            try:
+                shadows[r](records, r, n, GroupOverLink(link, GROUP, len(numels) + 1))
+            except (VerificationFailed, TimeoutError) as e:
+                return e, shadows[r].unverified
+            return None, shadows[r].unverified
+
+        with ThreadPoolExecutor(n) as pool:
+            for r, outcome in enumerate(pool.map(member, range(n))):
+                outcomes[r].append(outcome)
+        if any(error is not None for member_outcomes in outcomes for error, _ in member_outcomes[-1:]):
+            break
+    return outcomes, shadows
+
+
+def test_in_the_next_steps_shadow_the_sums_are_checked_one_step_late_and_a_failure_stops_the_step_after():
+    """``ShadowSums``: a step's hook sets its sums aside, their check runs during the next step over that step's
+    link, and the next step's hook raises its failure (naming the step checked) before that step is applied; the
+    step applied unchecked is ``unverified`` until its check passes; the last step is checked in its own hook."""
+    honest, shadows = run_shadowed_steps("int8", 4, [ErrorFeedback(Codec("int8")) for _ in GROUP])
+    assert all(outcome == (None, step if step < 3 else None) for member in honest for step, outcome in
+               enumerate(member)), honest
+    assert all(s.checked_steps == 4 and s.unverified is None for s in shadows)
+    feedbacks = [ErrorFeedback(Codec("fp32")) for _ in GROUP]
+    feedbacks[1] = Scaling(Codec("fp32"), 8.0, start=1)
+    outcomes, _ = run_shadowed_steps("fp32", 4, feedbacks)
+    for r in (0, 2):
+        assert [error for error, _ in outcomes[r][:2]] == [None, None]  # step 1's hook: its sums set aside
+        error, unverified = outcomes[r][2]  # step 2's hook: step 1's check failed
+        assert isinstance(error, VerificationFailed), outcomes[r]
+        assert (error.finding.member, error.finding.step, error.finding.check) == (GROUP[1], 1, "sum")
+        assert unverified == 1 and judge_evidence(error.finding.evidence, GROUP[1], RUN) is None
+
+
 def test_an_honest_statement_is_no_evidence():
     """What a liar would forward: an honest member's real statement proves nothing against it."""
     captured = {}

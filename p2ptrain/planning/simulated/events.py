@@ -82,7 +82,9 @@ def simulate_steps(obj: SimulatedObjective, sigma: np.ndarray, steps: int, all_r
     start = np.zeros((d, s))
     step_s: list[float] = []
     completed = pipeline_s = 0.0
+    shadow = run.in_step and obj.sum_shadow  # each step's sum check runs in the next one's shadow
     for _ in range(steps):
+        checked = _sum_check(obj, run, start) if shadow else None  # the step before's, from this step's start
         if run.in_step and obj.reveal_gb.any():  # the recompute check's reveals, ahead of the step's sends
             run.free_g = _reveal(obj, sigma, start, run.free_g, run.access)
         busy, sent, last_start, all_reduced = _pipeline(obj, run, start)
@@ -92,7 +94,9 @@ def simulate_steps(obj: SimulatedObjective, sigma: np.ndarray, steps: int, all_r
         if run.in_step and run.access is None:
             all_reduced, run.free_g = _all_reduce(obj, last_start.T, run.bwd.T, backward_done, run.free_g, run.ser_g,
                                                   run.lat_g)
-        reduced = _after_all_reduce(obj, run, all_reduced.T)
+        reduced = _after_all_reduce(obj, run, all_reduced.T, shadow)
+        if checked is not None:  # the step's hook waits for the step before's check
+            reduced = np.maximum(reduced, checked)
         end = np.maximum(reduced + run.upd, sent)
         if d > 1 and all_reduce and round_end:  # DiLoCo: the pseudo-gradients once the update is done
             updated = reduced + run.upd
@@ -208,16 +212,12 @@ def _pipeline(obj: SimulatedObjective, run: _Run, start: np.ndarray
     return busy, sent, last_start, all_reduced
 
 
-def _after_all_reduce(obj: SimulatedObjective, run: _Run, reduced: np.ndarray) -> np.ndarray:
-    """From when each device's gradients are reduced ([pipeline, stage]) to when it may update: the sum check's
-    two rounds (step 3), each waiting for the other members', its own work between them (sketches, norms,
-    digests), and the clip's norms (step 4)."""
+def _after_all_reduce(obj: SimulatedObjective, run: _Run, reduced: np.ndarray, shadow: bool = False) -> np.ndarray:
+    """From when each device's gradients are reduced ([pipeline, stage]) to when it may update: the sum check
+    (``_sum_check``; not in ``shadow`` mode, where it runs in the next step's), and the clip's norms (step 4)."""
     s, sigma, access = obj.num_stages, run.sigma, run.access
-    if run.in_step:
-        for phase, gb in enumerate(obj.profile.verify_gb):
-            reduced = _group_exchange(obj, sigma, reduced, gb, access)
-            if phase == 0:
-                reduced = reduced + obj.verify_compute_s[None, :]
+    if run.in_step and not shadow:
+        reduced = _sum_check(obj, run, reduced)
     if obj.profile.clip and s > 1:  # every other stage's norm (the diagonal's delay is 0: its own)
         delay = obj.delay_s[sigma[:, :, None], sigma[:, None, :]]
         if access is None:
@@ -225,6 +225,16 @@ def _after_all_reduce(obj: SimulatedObjective, run: _Run, reduced: np.ndarray) -
         others = np.where(np.eye(s, dtype=bool), -np.inf, delay)  # a norm leaves once its sender's uplink is free
         return np.maximum(reduced, (np.maximum(reduced, access.up_free)[:, :, None] + others).max(axis=1))
     return reduced
+
+
+def _sum_check(obj: SimulatedObjective, run: _Run, at: np.ndarray) -> np.ndarray:
+    """The sum check begun at ``at`` ([pipeline, stage]): its two rounds (step 3), each waiting for the other
+    members', its own work between them (sketches, norms, digests); when each member is done."""
+    for phase, gb in enumerate(obj.profile.verify_gb):
+        at = _group_exchange(obj, run.sigma, at, gb, run.access)
+        if phase == 0:
+            at = at + obj.verify_compute_s[None, :]
+    return at
 
 
 def _reveal(obj: SimulatedObjective, sigma: np.ndarray, start: np.ndarray, free_g: np.ndarray,

@@ -109,6 +109,9 @@ class SimulatedObjective:
         s, d, profile = self.num_stages, self.num_replicas, self.profile
         self._rho = profile.recompute_rate if d > 1 and s > 1 and profile.sync_every == 1 else 0.0
         self.recompute_factor = 1.0 + self._rho
+        # where the recompute check runs, the sum check of each step runs in the next one's shadow too
+        # (``verify.sum_shadow``): its rounds from that step's start, waited for before its update
+        self.sum_shadow = self._rho > 0
         neighbours = (np.arange(s) > 0).astype(float) + (np.arange(s) < s - 1)
         # in the simulated steps each member reveals its ⌈ρ·M⌉ micro-batches a step: a step waits for its slowest
         # pipeline, and with a few members one of them is challenged most steps (8 at ρ·M = 1/4: 90 % of steps),
@@ -146,6 +149,8 @@ class SimulatedObjective:
                              if gb > 0 and d > 1)
         if d > 1:  # and its own work between them, the slowest stage's
             self._verify_s += float(self.verify_compute_s.max())
+        if self.sum_shadow:  # in the next step's shadow: off the step's path unless it outlasts the step
+            self._verify_s = 0.0
         links = hop[off]
         self._tau = MATCHING_SOFTNESS * (float(np.median(links)) if links.size else 1.0) or 1.0
 
