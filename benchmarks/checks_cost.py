@@ -3,6 +3,7 @@
     python benchmarks/checks_cost.py                                # 4 agents, 2 x 2, small, 8 steps, 2 pairs
     python benchmarks/checks_cost.py --model tiny --pairs 1 --steps 6
     python benchmarks/checks_cost.py --device cuda --precision bf16 --wire bf16 --batch-size 32 --micro-batches 8
+    python benchmarks/checks_cost.py --model tiny --scenario worldwide     # emulated links: the rounds' latency
 
 Each pair runs ``p2ptrain swarm`` with ``--no-verify`` and then with the checks on (``[verify]`` defaults: the
 sum check every step, the recompute check at its rate), alternating so that a busy machine weighs on both
@@ -68,6 +69,7 @@ def run_swarm(workdir: Path, verify: bool, options: list[str], timeout_s: float)
 @click.option("--model", default="small", show_default=True)
 @click.option("--steps", default=8, show_default=True, type=click.IntRange(min=3))
 @click.option("--pairs", default=2, show_default=True, type=click.IntRange(min=1), help="Off/on runs, alternating.")
+@click.option("--scenario", default="none", show_default=True, help="The swarm's emulated network (none: loopback).")
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--precision", default="fp32", show_default=True)
 @click.option("--wire", default="fp32", show_default=True)
@@ -75,10 +77,10 @@ def run_swarm(workdir: Path, verify: bool, options: list[str], timeout_s: float)
 @click.option("--micro-batches", default=4, show_default=True, type=click.IntRange(min=1))
 @click.option("--timeout-s", default=900.0, show_default=True, type=click.FloatRange(min=1), help="Per swarm.")
 @click.option("--json", "as_json", is_flag=True, help="Print the measurements as one JSON document.")
-def main(agents: int, stages: int, model: str, steps: int, pairs: int, device: str, precision: str, wire: str,
-         batch_size: int, micro_batches: int, timeout_s: float, as_json: bool) -> None:
+def main(agents: int, stages: int, model: str, steps: int, pairs: int, scenario: str, device: str, precision: str,
+         wire: str, batch_size: int, micro_batches: int, timeout_s: float, as_json: bool) -> None:
     options = ["--agents", str(agents), "--stages", str(stages), "--model", model, "--steps", str(steps),
-               "--scenario", "none", "--device", device, "--precision", precision, "--wire", wire,
+               "--scenario", scenario, "--device", device, "--precision", precision, "--wire", wire,
                "--batch-size", str(batch_size), "--micro-batches", str(micro_batches)]
     runs: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="p2ptrain-checks-") as tmp:

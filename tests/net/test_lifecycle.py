@@ -157,7 +157,8 @@ def test_a_service_loop_reports_hivemind_daemon_connection_ends_in_one_line(capl
                                      "exception": DispatchFailure("p2ptrain::tensor.rpc_probe")})
 
     try:
-        with caplog.at_level(logging.DEBUG):
+        # the package's level too: a command run in this process before (``bench runtime``, ``swarm``) sets it
+        with caplog.at_level(logging.DEBUG), caplog.at_level(logging.DEBUG, logger="p2ptrain"):
             loop.run_until_complete(scenario())
     finally:
         loop.close()

@@ -135,9 +135,9 @@ def test_a_piece_frame_head_has_its_bytes():
         b'\x00\x00\x00\x00\x00\x00\x00\x003\n\x14run-1/2/3/backup/4/5\x1a\x07{"v":1}\x12\x12\n\x10'
 
 
-def test_a_peer_record_states_protocol_version_4_in_schema_1():
+def test_a_peer_record_states_protocol_version_5_in_schema_1():
     fields = msgpack.unpackb(PeerRecord(device_name="cpu", memory_gb=8.0, tflops=0.1).encode())
-    assert (fields["v"], fields["protocol_version"]) == (1, 4)
+    assert (fields["v"], fields["protocol_version"]) == (1, 5)
 
 
 def test_an_int2_message_is_its_steps_then_four_codes_a_byte():
