@@ -1,10 +1,8 @@
-"""Shared fixtures: a deadline on every test (pytest-timeout, pyproject), no process left behind, one fork
-server per test worker that every launcher of the session uses (``runtime.forkserver.start_shared``), and our
-loggers' levels as each test found them."""
+"""Shared fixtures: a deadline on every test (pytest-timeout, pyproject), no process left behind, and one fork
+server per test worker that every launcher of the session uses (``runtime.forkserver.start_shared``)."""
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import time
@@ -16,19 +14,6 @@ _WATCHED_NAMES = ("p2pd",)
 # torch starts one shared-memory manager per process on first use (hivemind's MPFuture shares torch memory);
 # it lives as long as the process that started it, so it is not something a test leaked.
 _PROCESS_LIFETIME_HELPERS = ("torch_shm_manager",)
-
-
-@pytest.fixture(autouse=True)
-def _our_log_levels():
-    """A command run in this process (``swarm``, ``bench runtime``, ``bench e2e``, through click's runner) sets our
-    loggers' levels for the rest of the process: each test gets them back as it found them, so a test that reads
-    our DEBUG or INFO lines does not depend on which tests ran before it on its worker."""
-    ours = [logging.getLogger(name) for name in list(logging.Logger.manager.loggerDict)
-            if name == "p2ptrain" or name.startswith("p2ptrain.")]
-    levels = [(logger, logger.level) for logger in ours]
-    yield
-    for logger, level in levels:
-        logger.setLevel(level)
 
 
 def pytest_collection_modifyitems(config, items):
