@@ -447,11 +447,11 @@ class Agent:
         """What the leader's side reads of this agent (``leading.AgentView``), as it is now."""
         statuses = self.liveness.statuses() if self.liveness is not None else {}
         following = self._following
-        check_s = self._gate.check_s(following) if following is not None and self._gate is not None else 0.0
+        check = self._gate.check_of(following) if following is not None and self._gate is not None else (0.0, False)
         no_shows_, unjudged = self._epochs.seen(following.epoch) if following is not None else ((), ())
         run = self._run
         return AgentView(self._seen, following, run.newest_seen, self._done_now, run.max_epoch_seen, statuses,
-                         run.progress_seen, check_s, no_shows_, unjudged)
+                         run.progress_seen, *check, no_shows_, unjudged)
 
     def _note_waiting(self, note: str) -> None:
         if note != self._last_wait_note:

@@ -108,6 +108,11 @@ class PlanConfig:
     # ... plus this much: where steps are short (loopback), link noise moves both plans' costs by more than
     # 10% and nobody gains from the difference
     verify_slack_s: float = 0.05
+    # a follower's own plan stops after this many of the search's evaluations times devices (0: never; 20,000
+    # evaluations at 64 devices, where the search has mostly converged, 5,000 at 256, 1,250 at 1,024): its check's
+    # work is bounded at any size (an evaluation's grows with the devices), and followers of the same records make
+    # the same one whatever their machines' speed
+    verify_device_evaluations: int = 1_280_000
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -116,6 +121,9 @@ class PlanConfig:
             raise ConfigError(f"plan.objective={self.objective!r} is not one of {', '.join(OBJECTIVE_NAMES)}")
         if self.seed < 0 or not self.time_budget_s > 0:
             raise ConfigError("plan.seed must be >= 0 and plan.time_budget_s positive")
+        if self.verify_device_evaluations < 0:
+            raise ConfigError(f"plan.verify_device_evaluations={self.verify_device_evaluations} must be >= 0 "
+                              "(0: never stopped)")
         if not self.verify_tolerance >= 0 or not self.verify_slack_s >= 0:
             raise ConfigError(f"plan.verify_tolerance={self.verify_tolerance} and plan.verify_slack_s="
                               f"{self.verify_slack_s} must be >= 0")

@@ -473,3 +473,45 @@ def test_a_follower_searches_the_same_records_once(world, monkeypatch):
     other = build_cluster([peers[0], peers[1], peers[2], peers[4]], records, rows, NO_EMULATION)
     make_plan(other, workload_for(None, peers[:4]), 2, PlanConfig())
     assert len(searches) == 2
+
+
+def test_a_followers_check_is_the_leaders_search_stopped_at_its_evaluations(monkeypatch):
+    """The check's search stops after ``plan.verify_device_evaluations`` over the devices (0: never), says so, and an
+    honest leader's plan of the full search passes it; a search stopped there gives the leader's all its budget."""
+    from p2ptrain.agent.leadership import plan_maker
+    from p2ptrain.agent.leadership.watching import search_allowance
+    from p2ptrain.planning.search import DEFAULT_SEARCH
+
+    peers = sorted(generate_identity().peer_id for _ in range(16))
+    net = scenario("worldwide", 16)
+    records = {p: PeerRecord(device_name=f"dev{k}", memory_gb=16.0, tflops=10.0) for k, p in enumerate(peers)}
+    rows = {a: LinksRecord.from_peers({b: LinkMeasurement(float(net.latency_ms[i, j]), float(net.bandwidth_gbps[i, j]))
+                                       for j, b in enumerate(peers) if j != i}) for i, a in enumerate(peers)}
+    train = dataclasses.replace(TRAIN, stages=4)
+
+    def workload(cluster, trainers, peers=None, train=None):
+        return run_workload(TRAIN, 4, len(trainers) // 4)
+
+    cluster = build_cluster(peers, records, rows, NO_EMULATION)
+    leader = make_plan(cluster, workload(cluster, peers), 4, PlanConfig())  # the leader searches in full
+    assert leader["search"]["stopped_by"] == "converged" and leader["search"]["evaluations"] > 600
+    assert "random" in leader["baselines"]
+    record = PlanRecord.from_plan_json(0, peers, leader)
+    configs = []
+    real = plan_maker.schedule
+    monkeypatch.setattr(plan_maker, "schedule", lambda *a, **k: configs.append(k) or real(*a, **k))
+    check = cost_check(record, records, rows, train, PlanConfig(verify_device_evaluations=16 * 200), NO_EMULATION,
+                       workload, 0.1)
+    assert configs[-1]["config"].max_evaluations == 200 and configs[-1]["random_samples"] == 0
+    assert check.stopped_short and check.problem is None and check.theirs_s <= check.ours_s * 1.1
+    default = cost_check(record, records, rows, train, PlanConfig(), NO_EMULATION, workload, 0.1)
+    assert configs[-1]["config"].max_evaluations == PlanConfig().verify_device_evaluations // 16
+    assert default.problem is None and not default.stopped_short  # a small run: the leader's search, converged
+    assert cost_check(record, records, rows, train, PlanConfig(verify_device_evaluations=0), NO_EMULATION, workload,
+                      0.1).problem is None
+    assert configs[-1]["config"] == DEFAULT_SEARCH
+
+    # a leader's search may take twice ours and a second, within the budget; all of it where ours stopped short
+    assert search_allowance(2.0, False, 60.0) == 5.0
+    assert search_allowance(40.0, False, 60.0) == 60.0
+    assert search_allowance(0.5, True, 60.0) == 60.0

@@ -101,6 +101,7 @@ class AgentView:
     statuses: Mapping[str, PeerStatus] = dataclasses.field(default_factory=dict)
     progress: Mapping[str, ProgressRecord] = dataclasses.field(default_factory=dict)  # the last read of the records
     check_s: float = 0.0  # our own check of the followed plan (a search of its records; 0: not checked)
+    check_short: bool = False  # that search reached its cap, where the leader's goes on (``plan_maker.stopped_short``)
     # the trainers of the followed plan that this agent saw stay away from its epoch past their time (its
     # heartbeat answers said so: ``churn.liveness.no_shows``); the leader's own finding
     no_shows: tuple[str, ...] = ()

@@ -12,7 +12,8 @@ the leader's word for a plan:
   run's bounds whose stage for this follower fits its device's memory, and once the run's S is pinned (the
   first plan the follower trained, or its own copies on disk) that one.
 * ``cost_problem``: the follower plans the same records itself (the scheduler is deterministic with the
-  run's seed and takes seconds), scores the leader's assignment and its own with the same objective on the
+  run's seed; stopped after ``plan.verify_device_evaluations`` over the devices, ``plan_maker.check_search``, so
+  that its work is bounded at any size), scores the leader's assignment and its own with the same objective on the
   same measured links, and refuses the leader's if it is more than ``tolerance`` (a fraction) plus
   ``slack_s`` slower. Both are scored on the follower's inputs, so links re-measured since the leader
   planned move both figures alike; the slack covers short steps (loopback), where link noise alone moves
@@ -46,6 +47,7 @@ from p2ptrain.agent.leadership.plan_maker import (
     cluster_order,
     kept_apart,
     make_plan,
+    stopped_short,
     trainers_and_spares,
     with_company,
 )
@@ -111,6 +113,7 @@ class CostCheck:
     ours_s: float
     tolerance: float
     slack_s: float = 0.0
+    stopped_short: bool = False  # our search reached the check's cap (``plan_maker.stopped_short``)
 
     @property
     def problem(self) -> str | None:
@@ -153,7 +156,7 @@ ourselves."""
                          f"{len(plan.membership)} members")
     own = build_cluster(ours, peers, rows, emulation)
     own_workload = workload_for(own, ours, peers, train)
-    base = make_plan(own, own_workload, plan.stages, config)
+    base = make_plan(own, own_workload, plan.stages, config, check=True)
     pairs = [(ours.index(a), ours.index(b)) for a, b in map(sorted, plan.kept_apart) if a in ours and b in ours]
     ours_s = 0.0
     # who is on probation, as we read it and as the leader did (``PlanRecord.probation``): the two views differ
@@ -168,7 +171,8 @@ ourselves."""
         if pairs:  # the pairs the leader keeps apart (disputes it counted): our plan alike, or theirs costs more
             own_plan = kept_apart(own_plan, own, own_workload, pairs, config, fresh)
         ours_s = max(ours_s, own_plan["cost_s"])
-    return CostCheck(float(theirs_s), float(ours_s), tolerance, slack_s)
+    return CostCheck(float(theirs_s), float(ours_s), tolerance, slack_s,
+                     stopped_short(base.get("search") or {}, config, len(ours)))
 
 
 def culpable_leader(plan: PlanRecord, progress: Mapping[str, ProgressRecord], blamed_for_s: float,
@@ -393,6 +397,7 @@ class PlanGate:
         self._refused_keys: set[bytes] = set()  # plans refused for what they plan (a later view may accept them)
         self._unseen_since: dict[bytes, float] = {}
         self._check_s: dict[bytes, float] = {}  # a plan's encoding -> seconds its cost check took (our own search)
+        self._check_short: dict[bytes, bool] = {}  # ... and whether that search reached its cap
 
     def refused(self, plan: PlanRecord) -> bool:
         """Whether ``plan`` stands refused (a refused plan never counts as the run's newest)."""
@@ -437,6 +442,11 @@ class PlanGate:
     def check_s(self, plan: PlanRecord) -> float:
         """How long our check of ``plan``'s cost took (our own search of its records; 0: not checked)."""
         return self._check_s.get(plan.encode(), 0.0)
+
+    def check_of(self, plan: PlanRecord) -> tuple[float, bool]:
+        """``check_s``, and whether that search reached its cap, where the leader's goes on
+        (``plan_maker.stopped_short``)."""
+        return self.check_s(plan), self._check_short.get(plan.encode(), False)
 
     def left_out(self, plan: PlanRecord, live: Collection[str], known_for: Callable[[str], float],
                  untrained: Callable[[], bool], watched: Collection[str] | None = None) -> bool:
@@ -486,6 +496,7 @@ class PlanGate:
         finally:
             self._check_s[key] = time.monotonic() - started
         self._costs[key] = check.problem
+        self._check_short[key] = check.stopped_short
         logger.info("plan epoch %d signed by %s checked: %.4g s per step, ours %.4g s", plan.epoch, plan.leader,
                     check.theirs_s, check.ours_s)
         return check.problem

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import dataclasses
 import hashlib
 import logging
 import math
@@ -61,9 +62,11 @@ from p2ptrain.planning import (
     schedule,
     workload_from_model,
 )
+from p2ptrain.planning.baselines import RANDOM_SAMPLES
 from p2ptrain.planning.estimated import estimate_links, twin_groups
 from p2ptrain.planning.joint import LayeredWorkload
 from p2ptrain.planning.plan import Infeasible
+from p2ptrain.planning.search import DEFAULT_SEARCH, SearchConfig
 from p2ptrain.planning.split import even_layers
 from p2ptrain.runtime.calibration import with_measured_speeds
 from p2ptrain.runtime.config import TrainConfig
@@ -266,19 +269,43 @@ _searched: collections.OrderedDict[bytes, dict[str, Any]] = collections.OrderedD
 _searched_lock = threading.Lock()
 
 
-def _search_key(cluster: Cluster, workload: Workload, num_stages: int, config: PlanConfig) -> bytes | None:
+def _search_key(cluster: Cluster, workload: Workload, num_stages: int, config: PlanConfig,
+                search: tuple[SearchConfig, bool]) -> bytes | None:
     try:
-        return hashlib.blake2b(pickle.dumps((cluster, workload, num_stages, config), protocol=5)).digest()
+        return hashlib.blake2b(pickle.dumps((cluster, workload, num_stages, config, search), protocol=5)).digest()
     except Exception:  # noqa: BLE001 - an input that does not pickle is searched afresh, never a failure
         return None
 
 
-def make_plan(cluster: Cluster, workload: Workload, num_stages: int, config: PlanConfig) -> dict[str, Any]:
+def check_search(config: PlanConfig, num_devices: int) -> SearchConfig:
+    """The search a follower makes to check a leader's plan of ``num_devices`` (and to time it, ``watching``): the
+    leader's, stopped after ``PlanConfig.verify_device_evaluations`` / ``num_devices`` evaluations (0: never), so
+    that every follower of the same records makes the same one whatever its machine's speed, in about the same
+    work at any size (an evaluation's work grows with the devices; ``make_plan`` with ``check=True`` also leaves
+    out the random baseline, which nothing checks)."""
+    if not config.verify_device_evaluations:
+        return DEFAULT_SEARCH
+    cap = max(1, config.verify_device_evaluations // max(1, num_devices))
+    return dataclasses.replace(DEFAULT_SEARCH, max_evaluations=min(DEFAULT_SEARCH.max_evaluations, cap))
+
+
+def stopped_short(search: Mapping[str, Any], config: PlanConfig, num_devices: int) -> bool:
+    """Whether a check's search (a plan's ``search``) reached ``check_search``'s cap, where the leader's goes on (the
+    exact solver is never stopped)."""
+    cap = check_search(config, num_devices).max_evaluations
+    return (bool(config.verify_device_evaluations) and search.get("method") != "exhaustive"
+            and int(search.get("evaluations") or 0) >= cap)
+
+
+def make_plan(cluster: Cluster, workload: Workload, num_stages: int, config: PlanConfig,
+              check: bool = False) -> dict[str, Any]:
     """The plan document (docs/design.md "Plan file") of ``PlanConfig.strategy`` over ``cluster``; ValueError if
-    none. A scheduled plan of inputs this process searched lately is that search's (``_searched``)."""
+    none. ``check``: a follower's own plan, to check or time the leader's (``check_search``). A scheduled plan of
+    inputs this process searched lately is that search's (``_searched``)."""
     n = cluster.num_devices
     if config.strategy == "scheduled":
-        key = _search_key(cluster, workload, num_stages, config)
+        search = check_search(config, n) if check else DEFAULT_SEARCH
+        key = _search_key(cluster, workload, num_stages, config, (search, check))
         with _searched_lock:
             found = _searched.get(key) if key is not None else None
         if found is not None:
@@ -286,7 +313,8 @@ def make_plan(cluster: Cluster, workload: Workload, num_stages: int, config: Pla
                         found["cost_s"])
             return copy.deepcopy(found)
         plan = schedule(cluster, workload, num_stages, seed=config.seed, objective=config.objective,
-                        time_budget_s=config.time_budget_s, clock=time.perf_counter)
+                        time_budget_s=config.time_budget_s, clock=time.perf_counter, config=search,
+                        random_samples=0 if check else RANDOM_SAMPLES)
         if isinstance(plan, Infeasible):
             raise ValueError(f"no plan: {plan.reason}")
         document = plan.to_json()

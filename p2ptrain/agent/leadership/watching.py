@@ -33,6 +33,7 @@ from p2ptrain.agent.leadership.plan_maker import (
     cluster_order,
     link_gaps,
     make_plan,
+    stopped_short,
     trainers_and_spares,
 )
 from p2ptrain.agent.leadership.pricing import PlanPricing
@@ -167,11 +168,12 @@ class Watching:
 
     def _replan_search_s(self, view: AgentView) -> float:
         """What a re-plan's search may take: twice our own of the run's plans (the first plan's, or our check of
-        the one followed), plus a second to publish; ``plan.time_budget_s`` at most."""
-        own = 0.0
+        the one followed), plus a second to publish; ``plan.time_budget_s`` at most, and all of it where ours
+        reached the check's cap (``search_allowance``)."""
+        budget_s, own = self.config.plan.time_budget_s, 0.0
         if self._own_search is not None and self._own_search[1].done() and self._own_search[1].exception() is None:
-            own = float((self._own_search[1].result().get("search") or {}).get("seconds") or 0.0)
-        return min(self.config.plan.time_budget_s, 2.0 * max(own, view.check_s) + 1.0)
+            own = self._own_allowance(self._own_search[1].result())
+        return max(own, search_allowance(view.check_s, view.check_short, budget_s))
 
     def _search_allowance(self, membership: Membership) -> float:
         """What the leader may spend on its search, beyond the grace, for the first plan of ``membership``:
@@ -192,14 +194,21 @@ class Watching:
                     trainers, _ = trainers_and_spares(cluster_order(membership.peers), train)
                     cluster = build_cluster(trainers, membership.peers, self.dht.read_links(), cfg.emulation)
                     workload = self._pricing.plan_workload(trainers, membership, train)
-                    self._own_search = (key, self._planner.submit(make_plan, cluster, workload, stages, cfg.plan))
+                    self._own_search = (key, self._planner.submit(make_plan, cluster, workload, stages, cfg.plan,
+                                                                  check=True))
             except (ValueError, ProtocolError):
                 return cfg.plan.time_budget_s
         future = self._own_search[1]
         if not future.done() or future.exception() is not None:
             return cfg.plan.time_budget_s
-        seconds = (future.result().get("search") or {}).get("seconds") or 0.0
-        return min(cfg.plan.time_budget_s, 2.0 * seconds + 1.0)
+        return self._own_allowance(future.result())
+
+    def _own_allowance(self, plan: dict[str, Any]) -> float:
+        """``search_allowance`` from our own search of the first plan (``plan``, its document)."""
+        search = plan.get("search") or {}
+        devices = sum(len(row) for row in plan.get("pipelines") or ())
+        return search_allowance(float(search.get("seconds") or 0.0), stopped_short(search, self.config.plan, devices),
+                                self.config.plan.time_budget_s)
 
     def _own_first_plan(self, membership: Membership, rows) -> dict[str, Any]:
         """Run in the planner thread: the stage count chosen for ``membership`` and the plan at it, as the leader
@@ -215,3 +224,10 @@ class Watching:
         cluster = build_cluster(trainers, membership.peers, rows, cfg.emulation)
         plan = make_plan(cluster, self._pricing.plan_workload(trainers, membership, train), best.num_stages, cfg.plan)
         return {**plan, "search": {"seconds": time.perf_counter() - started}}
+
+
+def search_allowance(seconds: float, short: bool, budget_s: float) -> float:
+    """What a leader's search may take, from our own of the same records (``seconds``): twice it plus a second to
+    publish, at most ``budget_s``; the whole budget where ours stopped ``short`` at the check's cap
+    (``plan_maker.stopped_short``), since the leader's goes on."""
+    return budget_s if short else min(budget_s, 2.0 * seconds + 1.0)
