@@ -18,12 +18,13 @@ handler restores the default action and re-raises the signal, so ``terminate()``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from types import FrameType
 
 from hivemind.p2p.p2p_daemon_bindings.utils import DispatchFailure
@@ -228,3 +229,18 @@ def _is_running(pid: int, expected_name: str) -> bool:
     except (OSError, IndexError):
         return False
     return expected_name.encode() in cmdline and state not in (b"Z", b"X")
+
+
+@contextlib.contextmanager
+def logger_levels(levels: dict[str, int]) -> Iterator[None]:
+    """Each named logger at its level inside the block, as it was after: a command quiets the library for its own
+    run (``click.Context.with_resource``), so that one run in-process (a test, another program) leaves logging as
+    it found it."""
+    before = {name: logging.getLogger(name).level for name in levels}
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
+    try:
+        yield
+    finally:
+        for name, level in before.items():
+            logging.getLogger(name).setLevel(level)

@@ -75,6 +75,7 @@ import click
 import numpy as np
 
 from p2ptrain.bench.e2e_report import PLANS, format_reports, format_settings, write_results
+from p2ptrain.lifecycle import logger_levels
 from p2ptrain.planning import (
     MIXED_SCENARIOS,
     Cluster,
@@ -562,8 +563,7 @@ def command(scenario: str, agents: int, stages: int, steps: int, time_scale: flo
 
 
 def _progress_logging() -> None:
-    """One line per swarm on stderr (the agents' own logs stay in their work dirs)."""
+    """One line per swarm on stderr (the agents' own logs stay in their work dirs), for this command's run."""
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    logging.getLogger("p2ptrain").setLevel(logging.WARNING)
-    logger.setLevel(logging.INFO)
+    click.get_current_context().with_resource(logger_levels({"p2ptrain": logging.WARNING, logger.name: logging.INFO}))

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import click
 
 from p2ptrain.bench.transport import Throughput, measure_throughput, throughput_table
+from p2ptrain.lifecycle import logger_levels
 from p2ptrain.runtime.config import TrainConfig
 
 
@@ -76,7 +77,7 @@ def command(model, steps, batch_size, micro_batches, stages, replicas, sizes, re
         sizes_mib = [int(s) for s in sizes.split(",")]
     except ValueError:
         raise click.BadParameter(f"{sizes!r} is not a comma-separated list of MiB", param_hint="--sizes") from None
-    logging.getLogger("p2ptrain").setLevel(logging.WARNING)
+    click.get_current_context().with_resource(logger_levels({"p2ptrain": logging.WARNING}))  # for this run
     cfg = TrainConfig(model=model, steps=steps, global_batch_size=batch_size, micro_batches=micro_batches,
                       stages=stages, replicas=replicas, num_threads=1)
     throughput, times = run(cfg, sizes_mib, repeats)

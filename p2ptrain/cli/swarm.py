@@ -52,12 +52,12 @@ OPTIONS = OptionTable(SwarmConfig, [
 @click.pass_context
 def command(ctx: click.Context, as_json: bool, **params: object) -> None:
     """Start a bootstrap and N agents on this machine, train, and summarise."""
-    from p2ptrain.lifecycle import StopSignal
+    from p2ptrain.lifecycle import StopSignal, logger_levels
     from p2ptrain.swarm.agent_launcher import run_swarm
     from p2ptrain.swarm.report import SwarmDisplay, format_summary
 
-    if not (ctx.parent.params.get("verbose") if ctx.parent else 0):
-        logging.getLogger("p2ptrain").setLevel(logging.WARNING)  # the progress line is the output
+    if not (ctx.parent.params.get("verbose") if ctx.parent else 0):  # the progress line is the output
+        ctx.with_resource(logger_levels({"p2ptrain": logging.WARNING}))
     tree = OPTIONS.tree(params)
     if tree["scenario"] == "none" or "cluster_file" in tree:
         tree["scenario"] = None

@@ -157,7 +157,7 @@ def test_a_service_loop_reports_hivemind_daemon_connection_ends_in_one_line(capl
                                      "exception": DispatchFailure("p2ptrain::tensor.rpc_probe")})
 
     try:
-        # the package's level too: a command run in this process before (``bench runtime``, ``swarm``) sets it
+        # the package's level too: it is whatever an earlier test of this process left it at
         with caplog.at_level(logging.DEBUG), caplog.at_level(logging.DEBUG, logger="p2ptrain"):
             loop.run_until_complete(scenario())
     finally:
