@@ -52,14 +52,16 @@ def test_a_call_that_times_out_is_tried_again_with_back_off_until_its_deadline(c
 def test_an_agent_whose_first_stores_time_out_joins_once_the_dht_answers(tmp_path):
     """Agent 2's first two stores of its peer record time out for real (``slow_store.py``): before, the
     ``PeerTimeoutError`` ended its process at start (a local swarm of 32 then stopped everyone); now it tries
-    again, joins, and the run trains every step with the single-process losses, agent 2 a member."""
+    again, joins, and the run trains every step with the single-process losses, agent 2 a member. And the leader's
+    first store of its plan times out (it ended the leader of a 32-agent swarm, session 43): it stores it again."""
     sorted_identities(tmp_path, 4)
     config = SwarmConfig(agents=4, stages=2, steps=4, scenario=None, workdir=str(tmp_path), run="slow-store")
-    agents, codes, train = run_agents(tmp_path, config, {2: [sys.executable, str(HERE / "slow_store.py")]}, {}, 300,
-                                      awaited=(2,))
+    slow = [sys.executable, str(HERE / "slow_store.py")]
+    agents, codes, train = run_agents(tmp_path, config, {2: slow, 0: [*slow, "plan"]}, {}, 300, awaited=(0, 2))
     assert all(code == 0 for code in codes.values()), codes
     log = agents[2].log_path.read_text()
     assert log.count("storing our peer record failed") == 2 and "trying again in 2 s" in log
+    assert agents[0].log_path.read_text().count("publishing plan epoch 0 failed") == 1
     plans = [e for e in events(agents[0].events.path) if e["event"] == "plan"]
     assert agents[2].peer_id in plans[0]["devices"]
     assert_reference(agents, train)

@@ -481,7 +481,9 @@ class Leader:
                                                         if all(p in index for p in pair))),
                                      **settings.plan_fields(self.config.train))
         plan = {**plan, "warm_copies": copies}
-        self.dht.publish_plan(record)
+        if not _stored(self.dht, record):
+            self._planning = planning  # its search is done: the next poll makes the same record and stores it
+            return
         self._published = record
         self.published_search_s = float((plan.get("search") or {}).get("seconds") or 0.0)
         self._next_epoch = planning.epoch + 1
@@ -532,6 +534,17 @@ class Leader:
                 return None  # a failure, not a join: the halted heartbeats will say where to restart
             sources.append(live[0])
         return join_start(seen, current.start_step, self.config.train.rounds), tuple(sources)
+
+
+def _stored(dht: SwarmDHT, record: PlanRecord) -> bool:
+    """Store ``record``; False where the DHT did not take it in time (a DHT too busy to answer, as with 32 agents
+    on two cores), logged: the leader publishes it again at its next poll, never ends for it."""
+    try:
+        dht.publish_plan(record)
+    except ProtocolError as e:
+        logger.warning("publishing plan epoch %d failed (%s); publishing it again at the next poll", record.epoch, e)
+        return False
+    return True
 
 
 def _announce(events: EventLog, train: TrainConfig, planning: _Planning, plan: dict[str, Any], start_step: int,
