@@ -314,12 +314,12 @@ class Agent:
         self._run = run = Following(self)
         self._gate = PlanGate(self.peer_id, cfg.train, cfg.plan, cfg.emulation, self._leaders, cfg.dht.peer_ttl_s,
                               self.dht.read_links,
-                              lambda cluster, trainers, peers, train: self._leading.plan_workload(
-                                  trainers, Membership(dict(peers)), train),
+                              lambda _, trainers, peers, train: self._leading.plan_workload(trainers, Membership(dict(peers)), train),
                               lambda plan, reason: self.events.write("plan_refused", epoch=plan.epoch,
                                                                      signer=plan.leader, reason=reason),
                               run.pass_over,
-                              needed=cfg.membership.expect or cfg.membership.min_peers, stages=self.stages)
+                              needed=cfg.membership.expect or cfg.membership.min_peers, stages=self.stages,
+                              rows_for=lambda plan: self._leading.rows_to_check(plan))
         self._started = time.monotonic()
         self._inbox = EvidenceInbox(self.peer_id, self.transport, self.dht.keys.run_id)
         self._leading = self._leading_class(cfg, self.dht, self.events, self.peer_id, self._leaders, view=self._view,

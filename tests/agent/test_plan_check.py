@@ -515,3 +515,52 @@ def test_a_followers_check_is_the_leaders_search_stopped_at_its_evaluations(monk
     assert search_allowance(2.0, False, 60.0) == 5.0
     assert search_allowance(40.0, False, 60.0) == 60.0
     assert search_allowance(0.5, True, 60.0) == 60.0
+
+
+def test_the_first_plan_is_checked_on_the_rows_read_when_it_fell_due(world):
+    """A plan's neighbours measure each other once it is out, and a busy run's followers check it minutes later:
+    scored on links the leader never saw, an honest first plan was refused (32 agents, session 43). So a follower
+    checks the first plan of the members its own search planned on the rows that search read
+    (``Watching.rows_to_check``); a re-plan, or a plan of other members, on the rows read afresh."""
+    from p2ptrain.agent.leadership.watching import Watching
+
+    peers, records, rows = world
+    _, worst, _ = scored(peers, records, rows, peers[:4])
+    plan = plan_record(peers, peers[:4], worst)  # the worst on ``rows``; on the rows as read before, no worse
+    before = {a: LinksRecord.from_peers({b: LinkMeasurement(10.0, 1.0) for b in peers if b != a}) for a in peers}
+
+    def gate(rows_for):
+        return PlanGate(peers[4], TRAIN, PlanConfig(verify_slack_s=0.0), NO_EMULATION, LeaderWatch(10.0, 60.0), 0.0,
+                        lambda: rows, workload_for, rows_for=rows_for)
+
+    watching = Watching.__new__(Watching)  # its rows as its own search of the first plan read them
+    watching._own_rows = (frozenset(peers), before)
+    assert watching.rows_to_check(plan) is before
+    assert gate(watching.rows_to_check).accept(plan, records, lambda p: 60.0, first=True)
+    assert not gate(lambda p: None).accept(plan, records, lambda p: 60.0, first=True)  # on the rows read now
+    assert watching.rows_to_check(dataclasses.replace(plan, start_step=3)) is None  # a re-plan: read afresh
+    watching._own_rows = (frozenset(peers[:4]), before)
+    assert watching.rows_to_check(plan) is None  # our search planned other members
+
+
+def test_a_check_that_reuses_our_search_costs_what_that_search_took(world, monkeypatch):
+    """The trainers' no-show window is twice a follower's check; one that reused the search it made when the plan
+    fell due (``plan_maker._searched``) took milliseconds, and its window (16 s) halted a 32-agent epoch whose
+    slower followers were still searching: the check costs what the search took."""
+    from p2ptrain.agent.leadership import plan_maker
+
+    monkeypatch.setattr(plan_maker, "_searched", type(plan_maker._searched)())
+    peers, records, rows = world
+    best, _, _ = scored(peers, records, rows, peers[:4])
+    plan = plan_record(peers, peers[:4], best)
+
+    def gate():
+        return PlanGate(peers[4], TRAIN, PlanConfig(), NO_EMULATION, LeaderWatch(10.0, 60.0), 0.0, lambda: rows,
+                        workload_for)
+
+    assert gate().accept(plan, records, lambda p: 60.0, first=True)
+    (searched,) = plan_maker._searched.values()
+    searched["search"]["seconds"] = 30.0  # as if that search had taken 30 s (a busy machine)
+    again = gate()
+    assert again.accept(plan, records, lambda p: 60.0, first=True)
+    assert again.check_s(plan) >= 30.0

@@ -36,6 +36,7 @@ import dataclasses
 import logging
 import statistics
 import time
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -170,11 +171,11 @@ class Leader:
         self._watching = Watching(config, dht, events, peer_id, leaders, view=view, started=started,
                                   stages=self._stages, planner=self._planner, pricing=self.pricing,
                                   links_wait=self._links_wait)
+        self.rows_to_check = self._watching.rows_to_check  # the links rows a follower checks the first plan on
         # stages = "auto", the run's first plan: the stage count being chosen for these members (and whether the
         # choice was said), and the one chosen
         self._choice: tuple[tuple[str, ...], concurrent.futures.Future] | None = None
-        self._choice_said = False
-        self._chosen: int | None = None
+        self._choice_said, self._chosen = False, typing.cast(int | None, None)
         self._watch = ReplanWatch(config.churn, config.train.rounds)
         self.judge = Judge(config, events, peer_id, dht.keys.run_id, fetch_evidence)  # evidence, blame, quarantine
         self.quarantine = self.judge.quarantine

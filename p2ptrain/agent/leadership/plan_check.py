@@ -14,7 +14,8 @@ the leader's word for a plan:
 * ``cost_problem``: the follower plans the same records itself (the scheduler is deterministic with the
   run's seed; stopped after ``plan.verify_device_evaluations`` over the devices, ``plan_maker.check_search``, so
   that its work is bounded at any size), scores the leader's assignment and its own with the same objective on the
-  same measured links, and refuses the leader's if it is more than ``tolerance`` (a fraction) plus
+  same measured links (the run's first plan: the rows its own search read when the plan fell due,
+  ``Watching.rows_to_check``), and refuses the leader's if it is more than ``tolerance`` (a fraction) plus
   ``slack_s`` slower. Both are scored on the follower's inputs, so links re-measured since the leader
   planned move both figures alike; the slack covers short steps (loopback), where link noise alone moves
   the two plans' costs by more than the tolerance.
@@ -114,6 +115,7 @@ class CostCheck:
     tolerance: float
     slack_s: float = 0.0
     stopped_short: bool = False  # our search reached the check's cap (``plan_maker.stopped_short``)
+    search_s: float = 0.0  # how long our search took, as its plan says (one this process made before included)
 
     @property
     def problem(self) -> str | None:
@@ -171,8 +173,9 @@ ourselves."""
         if pairs:  # the pairs the leader keeps apart (disputes it counted): our plan alike, or theirs costs more
             own_plan = kept_apart(own_plan, own, own_workload, pairs, config, fresh)
         ours_s = max(ours_s, own_plan["cost_s"])
-    return CostCheck(float(theirs_s), float(ours_s), tolerance, slack_s,
-                     stopped_short(base.get("search") or {}, config, len(ours)))
+    search = base.get("search") or {}
+    return CostCheck(float(theirs_s), float(ours_s), tolerance, slack_s, stopped_short(search, config, len(ours)),
+                     float(search.get("seconds") or 0.0))
 
 
 def culpable_leader(plan: PlanRecord, progress: Mapping[str, ProgressRecord], blamed_for_s: float,
@@ -382,12 +385,14 @@ class PlanGate:
                  workload_for: WorkloadFor,
                  on_refusal: Callable[[PlanRecord, str], None] = lambda plan, reason: None,
                  pass_over: Callable[[str, str], None] = lambda leader, why: None, needed: int = 1,
-                 stages: RunStages | None = None):
+                 stages: RunStages | None = None,
+                 rows_for: Callable[[PlanRecord], Mapping[str, LinksRecord] | None] = lambda plan: None):
         self.me, self.train, self.plan, self.emulation = me, train, plan, emulation
         self.stages = stages or RunStages(train)  # the run's S (the agent's, shared with its leader's side)
         self.leaders = leaders
         self.settle_s = settle_s
         self.read_rows = read_rows
+        self.rows_for = rows_for  # the rows to check a plan on, where not read afresh (``Watching.rows_to_check``)
         self.workload_for = workload_for
         self.on_refusal = on_refusal
         self.pass_over = pass_over
@@ -440,7 +445,8 @@ class PlanGate:
         return False
 
     def check_s(self, plan: PlanRecord) -> float:
-        """How long our check of ``plan``'s cost took (our own search of its records; 0: not checked)."""
+        """How long our check of ``plan``'s cost took: our own search of its records, also where we made it before
+        (0: not checked)."""
         return self._check_s.get(plan.encode(), 0.0)
 
     def check_of(self, plan: PlanRecord) -> tuple[float, bool]:
@@ -479,7 +485,8 @@ class PlanGate:
         if key in self._costs:
             return self._costs[key]
         try:
-            rows = self.read_rows()
+            rows = self.rows_for(plan)
+            rows = self.read_rows() if rows is None else rows
         except Exception as e:  # noqa: BLE001 - a failed read is retried at the next poll, not a verdict
             logger.warning("cannot read the links rows to check plan epoch %d: %s; retrying", plan.epoch, e)
             return None
@@ -497,6 +504,10 @@ class PlanGate:
             self._check_s[key] = time.monotonic() - started
         self._costs[key] = check.problem
         self._check_short[key] = check.stopped_short
+        # what the check cost us is our search's time, also where it was the one we made when the plan fell due
+        # (``plan_maker._searched``): the trainers' no-show window is twice it, and peers without that search at hand
+        # make it now (32 agents on two cores: 16 s was too short for them)
+        self._check_s[key] = max(self._check_s[key], check.search_s)
         logger.info("plan epoch %d signed by %s checked: %.4g s per step, ours %.4g s", plan.epoch, plan.leader,
                     check.theirs_s, check.ours_s)
         return check.problem

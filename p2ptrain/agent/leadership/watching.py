@@ -20,7 +20,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from p2ptrain.agent.config import AgentConfig
@@ -40,6 +40,7 @@ from p2ptrain.agent.leadership.pricing import PlanPricing
 from p2ptrain.agent.leadership.run_stages import RunStages, at_stages, choose_run_stages
 from p2ptrain.errors import ProtocolError
 from p2ptrain.net.dht.node import SwarmDHT
+from p2ptrain.net.dht.records import LinksRecord, PlanRecord
 
 if TYPE_CHECKING:
     from p2ptrain.agent.leadership.leader import AgentView
@@ -78,6 +79,7 @@ class Watching:
         self._planner, self._pricing, self._links_wait = planner, pricing, links_wait
         self._first_due = False  # the first plan fell due (``_first_plan_due``)
         self._own_search: tuple[tuple[str, ...], concurrent.futures.Future] | None = None  # ``_search_allowance``
+        self._own_rows: tuple[frozenset[str], Mapping[str, LinksRecord]] | None = None  # what that search read
         self._settled: dict[tuple[str, int], float] = {}  # (leader, epoch) -> when its re-plan's halts were all in
 
     def watch_leader(self, membership: Membership) -> Membership:
@@ -117,6 +119,16 @@ class Watching:
         logger.warning("passing over the leader %s: %s; the next-lowest peer leads (it may lead again in %.0f s)",
                        leader, why, backoff)
         self.events.write("passed_over", peer=leader, backoff_s=backoff, reason=why)
+
+    def rows_to_check(self, plan: PlanRecord) -> Mapping[str, LinksRecord] | None:
+        """The links rows to check the run's first ``plan`` on: those our own search of its members read when the plan
+        fell due (``_search_allowance``), about when the leader read them, not the rows at our check. A plan's
+        neighbours measure each other once it is out, and a busy run's followers check it minutes later: scored on
+        links the leader never saw, an honest plan was refused (32 agents, session 43). None: read them afresh (a
+        re-plan, or other members)."""
+        if plan.start_step != 0 or self._own_rows is None or self._own_rows[0] != frozenset(plan.membership):
+            return None
+        return self._own_rows[1]
 
     def first_trainers(self, order: list[str]) -> list[str]:
         """The peers the run's first plan makes trainers, whose links must be measured before it is made: with
@@ -186,13 +198,14 @@ class Watching:
         if self._own_search is None or self._own_search[0] != key:
             stages = self._stages.next_plan(None)
             try:
+                rows = self.dht.read_links()
+                self._own_rows = (frozenset(key), rows)
                 if stages is None:  # stages = "auto": the leader chooses the stage count first, as we do here
-                    rows = self.dht.read_links()
                     self._own_search = (key, self._planner.submit(self._own_first_plan, membership, rows))
                 else:
                     train = at_stages(cfg.train, stages)
                     trainers, _ = trainers_and_spares(cluster_order(membership.peers), train)
-                    cluster = build_cluster(trainers, membership.peers, self.dht.read_links(), cfg.emulation)
+                    cluster = build_cluster(trainers, membership.peers, rows, cfg.emulation)
                     workload = self._pricing.plan_workload(trainers, membership, train)
                     self._own_search = (key, self._planner.submit(make_plan, cluster, workload, stages, cfg.plan,
                                                                   check=True))
