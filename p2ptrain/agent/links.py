@@ -3,9 +3,11 @@
 Its peers are given (``set_peers``): the membership reader hands it this agent's partners in the run's
 probe graph and its neighbours in the plan it follows (``leadership.probe_set``); the planner estimates the
 other links (``planning.estimated``). In rounds: each round measures the link to every peer given, in a random order
-(so that two agents rarely probe each other at the same moment, which would queue each one's replies
-behind the other's bulk transfers), with ``transport.probe.measure_link`` over the transport, so link emulation
-applies. Estimates are smoothed across rounds (``LinkTable``, an EWMA); a peer enters the published row
+(so that two agents rarely probe each other at the same moment), with ``transport.probe.measure_link`` over
+the transport, so link emulation applies. An agent takes part in one measurement at a time, its own or one it
+serves (``net.transport.probe_gate``): a peer that is in another says ``busy``, and the round ends with a pause
+of 0.1-1 s (``BUSY_PAUSE_S``, random: two agents that start on each other at once part) instead of
+``round_pause_s``, after which that peer is measured again; the access measurement likewise. Estimates are smoothed across rounds (``LinkTable``, an EWMA); a peer enters the published row
 (``LinksRecord``, key ``{run}.links``) once it has been measured ``min_rounds`` times with samples that
 agreed (``LinkEstimate.agreed``), or, on a machine too busy for that, after one more measurement as a best
 guess (it is replaced once an agreed one comes). The row is
@@ -41,16 +43,20 @@ import time
 from collections.abc import Callable, Iterable
 
 from p2ptrain.agent.config import LinksConfig
-from p2ptrain.errors import ProtocolError
+from p2ptrain.errors import MessageRejected, ProtocolError
 from p2ptrain.net.dht.node import SwarmDHT
 from p2ptrain.net.dht.record_base import MAX_BANDWIDTH_GBPS, MAX_LATENCY_MS
 from p2ptrain.net.dht.records import LinkMeasurement, LinksRecord
 from p2ptrain.net.transport.access_probe import Direction, measure_access
 from p2ptrain.net.transport.endpoint import Transport
+from p2ptrain.net.transport.messages import Refusal
 from p2ptrain.net.transport.probe import LinkTable, measure_link
+from p2ptrain.net.transport.probe_gate import ProbeGate
 
 logger = logging.getLogger(__name__)
 
+BUSY_PAUSE_S = (0.1, 1.0)  # a round that met a peer in another measurement ends with a pause drawn from this
+GATE_WAIT_S = 0.5  # waiting for a probe we serve to end, we look at our pause this often
 MIN_BANDWIDTH_GBPS = 1e-6  # 1 kbit/s: the least we publish (a record's bandwidth must be positive)
 
 
@@ -75,9 +81,13 @@ class LinkProber:
         self.access: dict[Direction, float] = {}  # our line's capacities as measured, bytes/s (absent: unknown)
         self._access_next_s = float("-inf")  # when the line is due to be measured again (monotonic)
         self._access_peers = 0  # peers the last measurement had
+        self._access_busy_until_s = float("-inf")  # a peer in another measurement: not again before this
         self._access_retries = 0  # measurements in a row that left a direction not yet known disturbed
         self.access_measurements = 0  # measurements of our line that ended (a direction found or not)
         self._rng = rng or random.Random()
+        # one measurement through us at a time, ours or one we serve (``probe_gate``)
+        self._gate = transport.probe_gate if transport is not None else ProbeGate()
+        self._busy = False  # a peer this round said it was in another measurement
         self._peers: tuple[str, ...] = ()
         self._published: dict[str, LinkMeasurement] | None = None
         self._lock = threading.Lock()
@@ -143,6 +153,7 @@ class LinkProber:
                 if self._stopped:
                     return
                 peers = self._due()
+            self._busy = False
             self._rng.shuffle(peers)
             for peer in peers:
                 if not self._measure(peer):
@@ -154,8 +165,9 @@ class LinkProber:
                 self._publish()
             if self._access_due() and not self._measure_access():
                 return
+            pause_s = self._rng.uniform(*BUSY_PAUSE_S) if self._busy else self.config.round_pause_s
             with self._wake:
-                self._wake.wait_for(lambda: self._stopped, timeout=self.config.round_pause_s)
+                self._wake.wait_for(lambda: self._stopped, timeout=pause_s)
 
     def _due(self) -> list[str]:
         """The peers this round measures (module docstring); call with the lock held."""
@@ -172,8 +184,8 @@ class LinkProber:
         if self._paused or not self._peers:
             return None
         next_s = min(self._settled_at(p) or 0.0 for p in self._peers)
-        if self._access_ready():
-            next_s = min(next_s, self._access_next_s)
+        if (access_s := self._access_at()) is not None:
+            next_s = min(next_s, access_s)
         return max(0.0, next_s - time.monotonic())
 
     def _access_ready(self) -> bool:
@@ -182,12 +194,15 @@ class LinkProber:
         return (self.measure_access and len(peers) >= self.config.access.min_peers
                 and all(self._enough(p) and self.table.get(p) is not None for p in peers))
 
-    def _access_due(self) -> bool:
-        """Whether the line is due to be measured (module docstring)."""
+    def _access_at(self) -> float | None:
+        """When the line is due to be measured (monotonic; module docstring), None while it may not be."""
         if not self._access_ready():
-            return False
+            return None
         more = self._access_peers < self.config.access.max_peers and len(self._peers) > self._access_peers
-        return more or time.monotonic() >= self._access_next_s
+        return max(float("-inf") if more else self._access_next_s, self._access_busy_until_s)
+
+    def _access_due(self) -> bool:
+        return (access_s := self._access_at()) is not None and time.monotonic() >= access_s
 
     def _measure_access(self) -> bool:
         """Measure our line unless stopped or paused; False once stopped."""
@@ -200,9 +215,16 @@ class LinkProber:
             peers = self._peers
         estimates = self.table.snapshot()
         paths = {p: estimates[p].bandwidth_gbps * 1e9 / 8 for p in peers if p in estimates}
+        gated = False
         try:
+            if not (gated := self._take_gate()):
+                return True
             found = measure_access(self.transport, paths, self.config.access, stop=self._interrupted)
         except Exception as e:  # a peer that left, a timeout, the transport shutting down: never kill the thread
+            if _busy(e):  # a peer in another measurement: again shortly
+                logger.debug("measuring our access link: %s", e)
+                self._access_busy_until_s = time.monotonic() + self._rng.uniform(*BUSY_PAUSE_S)
+                return True
             with self._lock:
                 if self._stopped:
                     return False
@@ -211,9 +233,7 @@ class LinkProber:
             self._access_next_s = time.monotonic() + self.config.access.retry_s
             return True
         finally:
-            with self._wake:
-                self._measuring = False
-                self._wake.notify_all()
+            self._end_measuring(gated)
         if found is None:  # paused or stopped midway: due again once resumed
             return True
         self._access_peers = min(len(paths), self.config.access.max_peers)
@@ -245,9 +265,16 @@ class LinkProber:
             if self._paused or peer not in self._peers:
                 return True
             self._measuring = True
+        gated = False
         try:
+            if not (gated := self._take_gate()):
+                return True
             estimate = measure_link(self.transport, peer, self.config.probe, stop=self._interrupted)
         except Exception as e:  # a peer that left, a timeout, the transport shutting down: never kill the thread
+            if _busy(e):  # in another measurement: measured again after a short pause
+                logger.debug("measuring the link to peer %s: %s", peer, e)
+                self._busy = True
+                return True
             with self._lock:
                 if self._stopped:
                     return False
@@ -255,9 +282,7 @@ class LinkProber:
                            peer, type(e).__name__, e, exc_info=logger.isEnabledFor(logging.DEBUG))
             return True
         finally:
-            with self._wake:
-                self._measuring = False
-                self._wake.notify_all()
+            self._end_measuring(gated)
         if estimate is None:  # paused or stopped midway
             return True
         self.table.update(peer, estimate)
@@ -266,6 +291,20 @@ class LinkProber:
         if estimate.agreed:
             self.rounds[peer] = self.rounds.get(peer, 0) + 1
         return True
+
+    def _take_gate(self) -> bool:
+        """Wait for the probe gate (a probe we serve to end); False when paused or stopped first."""
+        while not self._interrupted():
+            if self._gate.acquire(GATE_WAIT_S):
+                return True
+        return False
+
+    def _end_measuring(self, gated: bool) -> None:
+        if gated:
+            self._gate.release()
+        with self._wake:
+            self._measuring = False
+            self._wake.notify_all()
 
     def _interrupted(self) -> bool:
         return self._paused or self._stopped  # read without the lock: a flag, re-read before every round trip
@@ -283,6 +322,11 @@ class LinkProber:
         logger.info("published links to %d peers", len(row))
         if self._on_publish is not None:
             self._on_publish(row)
+
+
+def _busy(error: Exception) -> bool:
+    """Whether a measurement failed for a peer in another one (``probe_gate``)."""
+    return isinstance(error, MessageRejected) and error.code == Refusal.BUSY
 
 
 def line_to_publish(

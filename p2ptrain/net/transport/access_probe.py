@@ -51,7 +51,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from p2ptrain.errors import PeerTimeoutError, ProtocolError
+from p2ptrain.errors import MessageRejected, PeerTimeoutError, ProtocolError
+from p2ptrain.net.transport.messages import Refusal
 
 if TYPE_CHECKING:
     from p2ptrain.net.transport.endpoint import Transport
@@ -227,6 +228,8 @@ class _Run:
         try:
             return await self.direction(direction)
         except ProtocolError as e:
+            if isinstance(e, MessageRejected) and e.code == Refusal.BUSY:  # a peer in another measurement
+                raise  # (``probe_gate``): the prober measures again shortly
             logger.warning("measuring our %s failed: %s; unknown until the next measurement", direction.value, e)
             return AccessEstimate(None, f"failed: {e}", disturbed=True)
 

@@ -56,6 +56,7 @@ from p2ptrain.net.transport.emulation import LinkEmulator
 from p2ptrain.net.transport.mailbox import Mailbox
 from p2ptrain.net.transport.messages import Header, MessageKind, Refusal, Tag, dtype_name
 from p2ptrain.net.transport.pacing import Pacer
+from p2ptrain.net.transport.probe_gate import ProbeGate
 from p2ptrain.net.transport.probe_session import ProbeSession
 from p2ptrain.net.transport.replies import parse_reply
 from p2ptrain.net.transport.servicer import NAMESPACE, TensorServicer
@@ -131,6 +132,7 @@ class Transport:
             raise ValueError("a transport's link emulator must use time.monotonic (arrival stamps cross processes)")
         self.pacer = Pacer()
         self.counters = ControlCounters()  # pings and probes sent (``counters``)
+        self.probe_gate = ProbeGate()  # one link measurement through us at a time, ours or one we serve
         self._send_buffers = BufferPool(config.buffer_pool_bytes)  # send_async's copies
         self.mailbox = Mailbox(run, max_message_bytes=config.max_message_bytes,
                                max_buffered_bytes=config.max_buffered_bytes,
@@ -164,6 +166,7 @@ class Transport:
                                            stream_idle_s=self.config.stream_idle_s,
                                            buffers=BufferPool(self.config.buffer_pool_bytes))
         self._servicer.status_now = self._calls.status_now  # a ping's answer says where its epoch stands
+        self._servicer.probe_gate = self.probe_gate
         self.direct = None
         if self.config.direct:
             bind, hosts = plane_hosts([str(m) for m in await self._p2p.get_visible_maddrs()])

@@ -83,6 +83,9 @@ class Refusal(StrEnum):
     # an earlier copy from this sender is still arriving (a resend raced the end of the stream that carried it):
     # worth sending again shortly
     ARRIVING = "arriving"
+    # a probe stream opened while the receiver takes part in another link measurement (``probe_gate``): measure
+    # it again shortly
+    BUSY = "busy"
 
     @classmethod
     def from_wire(cls, code: object) -> Refusal:

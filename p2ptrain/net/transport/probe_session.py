@@ -180,7 +180,7 @@ class ProbeSession:
     def _checked(self, response) -> Reply:
         reply = parse_reply(response)
         if reply.error is not None:
-            raise MessageRejected(f"the peer refused a probe: {reply.error}", peer=self.peer)
+            raise MessageRejected(f"the peer refused a probe: {reply.error}", peer=self.peer, code=reply.code)
         return reply
 
 

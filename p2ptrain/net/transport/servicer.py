@@ -59,6 +59,7 @@ from p2ptrain.net.transport.messages import (
     tensor_from_bytes,
 )
 from p2ptrain.net.transport.pacing import TAIL_LEAD_S, Pacer
+from p2ptrain.net.transport.probe_gate import ProbeGate
 from p2ptrain.net.transport.replies import MAX_ERROR_CHARS, make_reply
 from p2ptrain.net.transport.status import PeerStatus
 from p2ptrain.net.transport.streamio import BufferPool, DirectReader, within
@@ -98,6 +99,7 @@ class TensorServicer(ServicerBase):
         self.stream_idle_s = stream_idle_s  # ... and for the next message on a stream
         self.max_reply_bytes = max_reply_bytes
         self._pulled = PullBudget(PULL_BUDGET_REPLIES * max_reply_bytes, PULL_WINDOW_S, pacer.clock)
+        self.probe_gate = ProbeGate()  # one link measurement through us at a time (the transport's, once started)
         self.status = PeerStatus()  # what a ping answers (``transport.status``); the agent keeps it current
         # fills in where the epoch stands (``PeerStatus.sent``, ``waits``) as a ping is answered (the loop's thread)
         self.status_now: Callable[[PeerStatus], PeerStatus] = lambda status: status
@@ -252,30 +254,41 @@ class TensorServicer(ServicerBase):
     async def rpc_probe(
         self, requests: typing.AsyncIterator[runtime_pb2.ExpertRequest], context: P2PContext
     ) -> typing.AsyncIterator[runtime_pb2.ExpertResponse]:
+        """A stream of probes, served while this peer takes part in no other link measurement (``probe_gate``):
+        refused ``busy`` at its first message otherwise."""
         sender = context.remote_id.to_base58()
         pieces = Pieces(requests, self.idle_timeout_s)
-        while True:
-            try:
-                first = await pieces.next(allow_end=True)
-                if first is None:
+        token = None
+        try:
+            while True:
+                try:
+                    first = await pieces.next(allow_end=True)
+                    if first is None:
+                        return
+                    header = decode_header(first)
+                    if (problem := self._probe_problem(header)) is not None:
+                        raise MessageRejected(problem, peer=sender)
+                    if token is None and (token := self.probe_gate.try_serve()) is None:
+                        raise MessageRejected("measuring another link: probe again shortly", peer=sender,
+                                              code=Refusal.BUSY)
+                    if (problem := self._pulled.take(sender, header.reply_bytes)) is not None:
+                        raise MessageRejected(problem, peer=sender)
+                    through_s = self.emulator.downlink.reserve(header.nbytes)
+                    await read_payload(pieces, first, header, keep=False)
+                    read_s = self.pacer.clock()
+                    await self.hold(header, through_s)
+                except (Malformed, MessageRejected, asyncio.TimeoutError) as e:
+                    yield refusal(sender, e)
+                    await pieces.drain()
                     return
-                header = decode_header(first)
-                problem = self._probe_problem(header) or self._pulled.take(sender, header.reply_bytes)
-                if problem is not None:
-                    raise MessageRejected(problem, peer=sender)
-                through_s = self.emulator.downlink.reserve(header.nbytes)
-                await read_payload(pieces, first, header, keep=False)
-                read_s = self.pacer.clock()
-                await self.hold(header, through_s)
-            except (Malformed, MessageRejected, asyncio.TimeoutError) as e:
-                yield refusal(sender, e)
-                await pieces.drain()
-                return
-            # when the probe arrived, on our clock: the prober times the link one way with it (net.probe)
-            arrived_s = self.pacer.arrived_s(header.arrival, read_s)
-            received = self.pacer.stamp(arrived_s if through_s is None else max(arrived_s, through_s))
-            async for reply in self._probe_reply(sender, header.reply_bytes, received):
-                yield reply
+                # when the probe arrived, on our clock: the prober times the link one way with it (net.probe)
+                arrived_s = self.pacer.arrived_s(header.arrival, read_s)
+                received = self.pacer.stamp(arrived_s if through_s is None else max(arrived_s, through_s))
+                async for reply in self._probe_reply(sender, header.reply_bytes, received):
+                    yield reply
+        finally:
+            if token is not None:
+                self.probe_gate.served(token)
 
     async def _probe_reply(
         self, sender: str, reply_bytes: int, received: Stamp | None
@@ -556,6 +569,9 @@ _refusals_logged: dict[tuple[str, str], tuple[float, int]] = {}  # (sender, code
 def refusal(sender: str, error: Exception) -> runtime_pb2.ExpertResponse:
     reason = str(error) if not isinstance(error, MessageRejected) else str(error).removesuffix(f" (peer {sender})")
     code = Refusal(error.code) if isinstance(error, MessageRejected) else Refusal.REFUSED
+    if code == Refusal.BUSY:  # a probe at a moment we measure: routine
+        logger.debug("refused a probe from peer %s: %s", sender, reason)
+        return make_reply(error=reason, code=code)
     if code != Refusal.NOT_SENDER:
         logger.warning("refused a message from peer %s: %s", sender, reason)
         return make_reply(error=reason, code=code)
