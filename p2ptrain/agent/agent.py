@@ -441,7 +441,7 @@ class Agent:
             rows = {}
         toward_us = {p: m for p, r in rows.items() if (m := r.resolve([self.peer_id]).get(self.peer_id))}
         self.transport.mailbox.min_rates = min_rates(row, toward_us)
-        self.events.write("links", measured=len(row), row={p: [m.latency_ms, m.bandwidth_gbps] for p, m in row.items()})
+        self.events.write("links", **_links_event(row, self.prober.version))
 
     def _view(self) -> AgentView:
         """What the leader's side reads of this agent (``leading.AgentView``), as it is now."""
@@ -521,3 +521,9 @@ class Agent:
 
 def _path(value: str | None) -> Path | None:
     return Path(value).expanduser() if value else None
+
+
+def _links_event(row, version: int) -> dict:
+    """The ``links`` event's fields: our row as published, and its version."""
+    return {"measured": len(row), "row": {p: [m.latency_ms, m.bandwidth_gbps] for p, m in row.items()},
+            "version": version}

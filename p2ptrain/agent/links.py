@@ -11,7 +11,9 @@ of 0.1-1 s (``BUSY_PAUSE_S``, random: two agents that start on each other at onc
 (``LinksRecord``, key ``{run}.links``) once it has been measured ``min_rounds`` times with samples that
 agreed (``LinkEstimate.agreed``), or, on a machine too busy for that, after one more measurement as a best
 guess (it is replaced once an agreed one comes). The row is
-re-published whenever it changes. A failed measurement is logged and retried next round.
+re-published whenever it changes, under a higher version (``LinksRecord.version``) with the version each peer
+first appeared in (``since``: a plan names the version its leader planned with). A failed measurement is logged
+and retried next round.
 
 A round measures only the peers that are due: not yet measured well enough (``min_rounds`` agreed
 measurements, or one more than that as a best guess), or last measured ``refresh_s`` ago. A swarm whose
@@ -90,6 +92,8 @@ class LinkProber:
         self._busy = False  # a peer this round said it was in another measurement
         self._peers: tuple[str, ...] = ()
         self._published: dict[str, LinkMeasurement] | None = None
+        self.version = 0  # our last row's (``LinksRecord.version``)
+        self._since: dict[str, int] = {}  # the version of the row each peer of it first appeared in
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._paused = False
@@ -313,12 +317,14 @@ class LinkProber:
         row = self.row()
         if row == self._published:
             return
+        version = max(self.version + 1, int(time.time()))  # higher than our last, also across restarts
+        since = {p: self._since.get(p, version) for p in row}
         try:
-            self.dht.publish_links(LinksRecord.from_peers(row))
+            self.dht.publish_links(LinksRecord.from_peers(row, version, since))
         except ProtocolError as e:
             logger.warning("publishing our links row failed: %s; retrying after the next measurement", e)
             return
-        self._published = row
+        self._published, self.version, self._since = row, version, since
         logger.info("published links to %d peers", len(row))
         if self._on_publish is not None:
             self._on_publish(row)

@@ -25,7 +25,7 @@ from p2ptrain.agent.config import AgentConfig, LinksConfig
 from p2ptrain.agent.links import LinkProber, line_to_publish
 from p2ptrain.agent.shaping import LinkShaping
 from p2ptrain.config import config_from_dict
-from p2ptrain.net.dht.records import LinkMeasurement, LinksRecord, PeerRecord
+from p2ptrain.net.dht.records import LinkMeasurement, LinksRecord, PeerRecord, peer_tag
 from p2ptrain.net.transport.access_probe import AccessConfig, AccessEstimate, Direction
 from p2ptrain.net.transport.endpoint import Transport, TransportConfig
 from p2ptrain.net.transport.probe import LinkEstimate, ProbeConfig
@@ -81,6 +81,11 @@ def test_the_prober_publishes_a_peer_once_measured_and_a_disagreeing_one_after_a
     finally:
         prober.stop(timeout_s=10)
     assert board.rows[-1].resolve([fast]) == {fast: LinkMeasurement(10.0, 1.0)}
+    # every row a higher version (unix seconds, or one more than the last), each entry since its first row
+    versions = [row.version for row in board.rows]
+    assert all(a < b for a, b in zip(versions, versions[1:], strict=False)) and versions[0] >= int(time.time()) - 60
+    assert dict(board.rows[-1].since) == dict(board.rows[0].since) == {peer_tag(fast): versions[0]}
+    assert dict(board.rows[1].since)[peer_tag(slow)] == versions[1]
 
 
 def test_a_direction_not_yet_known_that_came_out_disturbed_is_measured_again_soon_then_at_refresh(monkeypatch):
@@ -214,6 +219,12 @@ def test_agents_that_measure_a_few_partners_plan_on_estimated_links_and_train_ex
     assert all(rows.values()) and sum(map(len, rows.values())) < 6 * 5, rows  # a few partners each, not everyone
     assert all(k in rows[j] for k, r in rows.items() for j in r), rows  # both ends measure a pair
     measured = {tuple(sorted((a, b))) for a, r in rows.items() for b in r}
+    # the first plan names the version of each member's row its leader planned with: one that member published
+    logs = {k: events(tmp_path / f"agent-{k}.events.jsonl") for k in range(6)}
+    plan = next(e for evs in logs.values() for e in evs if e["event"] == "plan")
+    assert set(plan["rows"]) == set(index), plan["rows"]
+    for peer, version in plan["rows"].items():
+        assert version in {e["version"] for e in logs[index[peer]] if e["event"] == "links"}, (peer, version)
     estimated = {tuple(pair) for pair in summary["estimated_links"]}
     # the leader's estimated pairs are exactly those nobody measured (read from its last rows, the same)
     assert estimated and estimated == {(a, b) for a in range(6) for b in range(a + 1, 6)} - measured, (estimated, measured)
@@ -310,7 +321,7 @@ def test_the_prober_measures_its_emulated_home_line_after_its_pairs_and_a_plain_
     of its own measures its pairs and publishes no line. The first measurement of the line goes before the
     row that covers every peer, which the leader waits for to plan."""
     # these transports' peer IDs are Ed25519 keys, which a links record does not take: keep the rows as they are
-    monkeypatch.setattr("p2ptrain.agent.links.LinksRecord", SimpleNamespace(from_peers=lambda row: row))
+    monkeypatch.setattr("p2ptrain.agent.links.LinksRecord", SimpleNamespace(from_peers=lambda row, *_: row))
     config = TransportConfig(call_timeout_s=20.0)
     transports: list[Transport] = []
     try:

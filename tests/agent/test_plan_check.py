@@ -21,6 +21,7 @@ from p2ptrain.agent.leadership.plan_check import (
     halts_settled,
     membership_problem,
     newer_plan_excuses,
+    rows_as_planned,
 )
 from p2ptrain.agent.leadership.plan_maker import build_cluster, make_plan, run_workload
 from p2ptrain.net.dht.records import LinkMeasurement, LinksRecord, PeerRecord, PlanRecord, ProgressRecord
@@ -564,3 +565,38 @@ def test_a_check_that_reuses_our_search_costs_what_that_search_took(world, monke
     again = gate()
     assert again.accept(plan, records, lambda p: 60.0, first=True)
     assert again.check_s(plan) >= 30.0
+
+
+def test_links_measured_after_the_plan_are_never_taken_for_measured_by_its_check(world):
+    """The leader planned on rows in which its plan's neighbours had not measured each other (those links it
+    estimated); they measure each other once the plan is out, and find those links slow. Checked on the rows as
+    they are by then, the honest plan looks far worse than the follower's own and is refused; the plan names
+    the version of each member's row its leader planned with (``PlanRecord.rows``), and the follower checks it
+    on the rows cut back to those versions (``rows_as_planned``): accepted. A member whose row the leader did
+    not have (version 0) is planned without its row, as the leader did."""
+    peers, records, _ = world
+    trainers = peers[:4]
+    plan = plan_record(peers, trainers, (0, 1, 2, 3))  # pipelines 0 → 1 and 2 → 3, replicas 0-2 and 1-3
+    neighbours = {frozenset(trainers[i] for i in pair) for pair in ((0, 1), (2, 3), (0, 2), (1, 3))}
+    slow = LinkMeasurement(80.0, 0.001)
+
+    def row(a: str) -> LinksRecord:
+        then = {b: LinkMeasurement(10.0, 1.0) for b in peers if b != a and frozenset((a, b)) not in neighbours}
+        later = {b: slow for b in peers if b != a and frozenset((a, b)) in neighbours}
+        return LinksRecord.from_peers({**then, **later}, 200, {**{b: 100 for b in then}, **{b: 200 for b in later}})
+
+    rows = {a: row(a) for a in peers}
+
+    def gate():
+        return PlanGate(peers[4], TRAIN, PlanConfig(verify_slack_s=0.0), NO_EMULATION, LeaderWatch(10.0, 60.0), 0.0,
+                        lambda: rows, workload_for)
+
+    assert not gate().accept(plan, records, lambda p: 60.0, first=True)  # on the rows as they are now
+    versioned = dataclasses.replace(plan, rows=tuple(100 for _ in plan.membership))
+    assert gate().accept(versioned, records, lambda p: 60.0, first=True)
+    cut = rows_as_planned(versioned, rows)
+    assert all(not set(cut[a].resolve(peers)) & {b for b in peers if frozenset((a, b)) in neighbours} for a in trainers)
+    assert cut[peers[0]].resolve(peers) == {b: LinkMeasurement(10.0, 1.0) for b in (trainers[3], peers[4])}
+    without = dataclasses.replace(plan, rows=(0,) + tuple(100 for _ in plan.membership[1:]))
+    assert plan.membership[0] not in rows_as_planned(without, rows)
+    assert rows_as_planned(plan, rows) == rows  # a leader that names no versions: the rows as read

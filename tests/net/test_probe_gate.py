@@ -97,7 +97,7 @@ def test_two_probers_of_one_peer_started_at_once_each_measure_its_downlink(make_
     faster. Served at once, each would see about half of it; refused ``busy`` while the other measures, the
     second measures after the first, the whole downlink."""
     # these transports' peer IDs are Ed25519 keys, which a links record does not take: keep the rows as they are
-    monkeypatch.setattr("p2ptrain.agent.links.LinksRecord", SimpleNamespace(from_peers=lambda row: row))
+    monkeypatch.setattr("p2ptrain.agent.links.LinksRecord", SimpleNamespace(from_peers=lambda row, *_: row))
     downlink_mbit = 8.0
     target = make_transport(CONFIG, emulator=LinkEmulator())
     target.emulator.set_access(downlink_bytes_per_s=downlink_mbit * 1e6 / 8)

@@ -386,9 +386,9 @@ def test_random_corruptions_of_a_signed_record_are_refused_or_read_as_the_origin
 
 def test_largest_links_row_and_plan_fit_the_cap():
     peers = fake_peer_ids(MAX_PLAN_PEERS, seed=2)
-    row = LinksRecord.from_peers(
-        {p: LinkMeasurement(123.4, 0.79) for p in fake_peer_ids(MAX_LINK_PEERS, seed=3)}
-    )
+    linked = fake_peer_ids(MAX_LINK_PEERS, seed=3)
+    row = LinksRecord.from_peers({p: LinkMeasurement(123.4, 0.79) for p in linked}, 2**32 - 1,
+                                 {p: 2**32 - 1 for p in linked})
     plan = PlanRecord.from_plan_json(
         7, peers, {"stages": 8, "replicas": MAX_PLAN_PEERS // 8, "cost_s": 1.0,
                    "pipelines": [[i * 8 + j for j in range(8)] for i in range(MAX_PLAN_PEERS // 8)]},
@@ -396,7 +396,7 @@ def test_largest_links_row_and_plan_fit_the_cap():
     data = row.encode()
     assert len(data) <= MAX_RECORD_BYTES and decode_record(row.kind, data) == row
     # the largest plan, every list full, fits its own cap (it is stored in parts of one DHT value each)
-    plan = dataclasses.replace(plan, probation=tuple(range(MAX_PLAN_PEERS)),
+    plan = dataclasses.replace(plan, probation=tuple(range(MAX_PLAN_PEERS)), rows=(2**32 - 1,) * MAX_PLAN_PEERS,
                                slowdowns=tuple((i, 1.5) for i in range(MAX_PLAN_PEERS)),
                                apart=tuple((i, i + 1) for i in range(0, MAX_PLAN_PEERS, 2)), reason="x" * 120)
     data = plan.encode()
@@ -462,3 +462,48 @@ def test_run_keys_are_spelled_in_one_place():
     for bad in ("", "a.b", "-x", "x" * 65, "sp ace"):
         with pytest.raises(ValueError, match="invalid run ID"):
             check_run_id(bad)
+
+
+def test_a_versioned_links_row_says_since_when_of_each_entry_and_is_cut_back_to_an_earlier_version():
+    first, later = PEERS[1:3], PEERS[3:5]
+    row = LinksRecord.from_peers({p: LinkMeasurement(10.0, 1.0) for p in first + later}, 1_800_000_200,
+                                 {**{p: 1_800_000_100 for p in first}, **{p: 1_800_000_200 for p in later}})
+    assert decode_record(RecordKind.LINKS, row.encode()) == row
+    then = row.as_of(1_800_000_150)
+    assert set(then.resolve(PEERS)) == set(first) and then.version == 1_800_000_150
+    assert row.as_of(1_800_000_200) is row and row.as_of(1_800_000_300) is row
+    assert row.as_of(0) is None  # the leader had no row of this writer
+    plain = links_record()  # a writer that names no version: as it is at any version
+    assert plain.version == 0 and plain.since == () and plain.as_of(0) is plain and plain.as_of(5) is plain
+    assert "version" not in msgpack.unpackb(plain.encode(), raw=False)
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (wire(RecordKind.LINKS, tags=TAGS, latency_ms=records.f.pack_float32([1.0, 2.0]),
+              bandwidth_gbps=records.f.pack_float32([1.0, 1.0]), version=5, since=records.f.pack_uint32([5])),
+         "different lengths"),
+        (wire(RecordKind.LINKS, tags=TAGS, latency_ms=records.f.pack_float32([1.0, 2.0]),
+              bandwidth_gbps=records.f.pack_float32([1.0, 1.0]), version=5, since=records.f.pack_uint32([5, 6])),
+         "since=6 is outside"),
+        (wire(RecordKind.LINKS, tags=TAGS, latency_ms=records.f.pack_float32([1.0, 2.0]),
+              bandwidth_gbps=records.f.pack_float32([1.0, 1.0]), version=5), "says since when"),
+        (wire(RecordKind.LINKS, tags=TAGS, latency_ms=records.f.pack_float32([1.0, 2.0]),
+              bandwidth_gbps=records.f.pack_float32([1.0, 1.0]), version=-1), "version=-1 is outside"),
+    ],
+)
+def test_bad_links_row_versions_are_refused(data, message):
+    with pytest.raises(RecordError, match=message):
+        decode_record(RecordKind.LINKS, data)
+
+
+def test_a_plan_names_one_links_row_version_per_member():
+    plan = plan_record()
+    versioned = dataclasses.replace(plan, rows=tuple(range(len(plan.membership))))
+    assert decode_record(RecordKind.PLAN, versioned.encode()) == versioned
+    assert "rows" not in msgpack.unpackb(plan.encode(), raw=False) and plan.rows == ()
+    with pytest.raises(RecordError, match="one links-row version per member"):
+        dataclasses.replace(plan, rows=(1,))
+    with pytest.raises(RecordError, match="is outside"):
+        dataclasses.replace(plan, rows=(2**32,) * len(plan.membership))

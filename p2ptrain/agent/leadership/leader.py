@@ -133,6 +133,17 @@ class _Planning:
     step_s: float = 0.0  # the measured step time (0: not measured yet)
     slowdowns: dict[str, float] = dataclasses.field(default_factory=dict)  # claims replaced (``leadership.claims``)
     layers: Layers | None = None  # the split a re-plan keeps (``PlanPricing.split_workload``)
+    rows: dict[str, int] = dataclasses.field(default_factory=dict)  # the links rows' versions planned with
+
+
+def _by_member(planning: _Planning, plan: dict, apart, index: dict[str, int]) -> dict:
+    """The plan record's fields that name members by index (``index``): the claims replaced, probation, the pairs
+    kept apart (``apart``) and the links rows' versions the leader planned with."""
+    return dict(slowdowns=tuple((index[p], f) for p, f in planning.slowdowns.items() if p in index),
+                probation=tuple(sorted(index[planning.devices[d]] for d in plan.get("probation", ()))),
+                apart=tuple(sorted(tuple(sorted(index[p] for p in pair)) for pair in apart
+                                   if all(p in index for p in pair))),
+                rows=tuple(planning.rows.get(p, 0) for p in sorted(index, key=index.get)))
 
 
 class Leader:
@@ -412,7 +423,8 @@ class Leader:
         epoch = max(self._next_epoch, self._view().max_epoch_seen + 1)
         future = self._planner.submit(make_plan, cluster, workload, stages, self.config.plan)
         self._planning = _Planning(epoch, membership.ids, trainers, spares, cluster, workload, trigger, future,
-                                   replan, start_step, sources, members, step_s, slowdowns, layers)
+                                   replan, start_step, sources, members, step_s, slowdowns, layers,
+                                   {p: row.version for p, row in rows.items()})
 
     def _plan_stages(self) -> int:
         """The S of the plan being made: the run's (``RunStages.next_plan``), for an auto run's first plan the
@@ -470,16 +482,10 @@ class Leader:
             self._watch.reset()
             return
         record = dataclasses.replace(record, start_step=start_step, reason=planning.trigger[:120],
-                                     leader_at=index[self.peer_id],
-                                     slowdowns=tuple((index[p], f) for p, f in planning.slowdowns.items() if p in index),
+                                     leader_at=index[self.peer_id], **_by_member(planning, plan, apart, index),
                                      sources=source_indices(sources, record.membership),
                                      backups=tuple(NO_BACKUP if p is None else index[p] for p in copies["peers"]),
                                      backup_every=copies["every_steps"],
-                                     probation=tuple(sorted(index[planning.devices[d]]
-                                                            for d in plan.get("probation", ()))),
-                                     apart=tuple(sorted(tuple(sorted(index[p] for p in pair))
-                                                        for pair in apart
-                                                        if all(p in index for p in pair))),
                                      **settings.plan_fields(self.config.train))
         plan = {**plan, "warm_copies": copies}
         if not _stored(self.dht, record):
@@ -565,7 +571,7 @@ def _announce(events: EventLog, train: TrainConfig, planning: _Planning, plan: d
         trigger=planning.trigger, cluster=planning.cluster.to_dict(), estimated=_estimated_pairs(planning.cluster),
         start_step=start_step,
         sources=list(sources), replan=planning.replan.kind if planning.replan else None,
-        slowdowns=planning.slowdowns, settings=settings.plan_fields(train),
+        slowdowns=planning.slowdowns, settings=settings.plan_fields(train), rows=planning.rows,
         workload={"activation_gb": planning.workload.activation_gb, "gradient_gb": planning.workload.gradient_gb,
                   **({"step": dataclasses.asdict(planning.workload.step)}
                      if isinstance(planning.workload, StepWorkload) else {}),

@@ -14,8 +14,9 @@ the leader's word for a plan:
 * ``cost_problem``: the follower plans the same records itself (the scheduler is deterministic with the
   run's seed; stopped after ``plan.verify_device_evaluations`` over the devices, ``plan_maker.check_search``, so
   that its work is bounded at any size), scores the leader's assignment and its own with the same objective on the
-  same measured links (the run's first plan: the rows its own search read when the plan fell due,
-  ``Watching.rows_to_check``), and refuses the leader's if it is more than ``tolerance`` (a fraction) plus
+  same measured links (the rows as they stood when the leader planned, ``PlanRecord.rows`` and
+  ``rows_as_planned``; from a leader that does not say, for the run's first plan, the rows its own search read
+  when the plan fell due, ``Watching.rows_to_check``), and refuses the leader's if it is more than ``tolerance`` (a fraction) plus
   ``slack_s`` slower. Both are scored on the follower's inputs, so links re-measured since the leader
   planned move both figures alike; the slack covers short steps (loopback), where link noise alone moves
   the two plans' costs by more than the tolerance.
@@ -124,6 +125,18 @@ class CostCheck:
         return (f"it predicts {self.theirs_s:.4g} s per step on the measured links; our own plan of the same "
                 f"records predicts {self.ours_s:.4g} s ({self.theirs_s / self.ours_s:.2f}x, more than "
                 f"{1 + self.tolerance:.2f}x and {self.slack_s:g} s)")
+
+
+def rows_as_planned(plan: PlanRecord, rows: Mapping[str, LinksRecord]) -> dict[str, LinksRecord]:
+    """The members' links ``rows`` as they stood when ``plan``'s leader planned (``PlanRecord.rows``, versions;
+    ``LinksRecord.as_of``): without the entries measured since, which it estimated, and without the rows it did
+    not have. A row older than the leader's is kept as it is (the leader saw more of it; what we lack we
+    estimate, as it would have). Rows of non-members are left out."""
+    kept = {}
+    for peer, version in zip(plan.membership, plan.rows or (), strict=False):
+        if peer in rows and (row := rows[peer].as_of(version)) is not None:
+            kept[peer] = row
+    return kept if plan.rows else dict(rows)
 
 
 def cost_check(plan: PlanRecord, peers: Mapping[str, PeerRecord], rows: Mapping[str, LinksRecord],
@@ -485,8 +498,11 @@ class PlanGate:
         if key in self._costs:
             return self._costs[key]
         try:
-            rows = self.rows_for(plan)
-            rows = self.read_rows() if rows is None else rows
+            own = self.rows_for(plan)  # the rows our own search read, where it was this plan's
+            if plan.rows:  # the versions the leader planned with: any later rows cut back to them
+                rows = rows_as_planned(plan, {**(own or {}), **self.read_rows()})
+            else:
+                rows = self.read_rows() if own is None else own
         except Exception as e:  # noqa: BLE001 - a failed read is retried at the next poll, not a verdict
             logger.warning("cannot read the links rows to check plan epoch %d: %s; retrying", plan.epoch, e)
             return None

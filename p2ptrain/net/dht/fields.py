@@ -94,3 +94,11 @@ def pack_uint16(values: Sequence[int]) -> bytes:
 
 def unpack_uint16(data: bytes) -> tuple[int, ...]:
     return struct.unpack(f"<{len(data) // 2}H", data)
+
+
+def pack_uint32(values: Sequence[int]) -> bytes:
+    return struct.pack(f"<{len(values)}I", *values)
+
+
+def unpack_uint32(data: bytes) -> tuple[int, ...]:
+    return struct.unpack(f"<{len(data) // 4}I", data)

@@ -19,6 +19,7 @@ from p2ptrain.net.dht.record_base import (
     MAX_COUNTER,
     MAX_PLAN_BYTES,
     MAX_PLAN_PEERS,
+    MAX_ROW_VERSION,
     MAX_SLOWDOWN,
     NO_BACKUP,
     SOURCE_CHECKPOINT,
@@ -68,6 +69,10 @@ class PlanRecord(RecordEnvelope):
     message (``plan_maker.kept_apart``), and followers check the plan's cost against their own plan kept apart
     alike. Empty: no pair.
 
+    Links rows (additive): ``rows[i]`` is the version (``LinksRecord.version``) of member i's links row the leader
+    planned with, 0 where it had none (or one that names no version); a follower checks the plan's cost on the
+    rows as they stood then (``LinksRecord.as_of``). Empty: the rows the follower reads.
+
     Run settings (additive): how the epoch's tensors travel, which the leader priced the plan with and every
     trainer of the epoch uses (``agent.settings``): ``wire`` (``runtime.wire``), ``schedule``
     (``runtime.schedule``), ``overlap`` and ``bucket_elements`` (``runtime.buckets``). Empty, None or 0: the
@@ -99,6 +104,7 @@ class PlanRecord(RecordEnvelope):
     leader_at: int = 0
     probation: tuple[int, ...] = ()
     apart: tuple[tuple[int, int], ...] = ()
+    rows: tuple[int, ...] = ()
     kind: ClassVar[RecordKind] = RecordKind.PLAN
     max_bytes: ClassVar[int] = MAX_PLAN_BYTES  # stored in parts (``plan_store``)
 
@@ -187,7 +193,8 @@ class PlanRecord(RecordEnvelope):
         set_field(self, "slowdowns", tuple(sorted(slowdowns)))
 
     def _check_settings(self) -> None:
-        """The run's settings the plan carries, the leader's index, probation and the pairs kept apart."""
+        """The run's settings the plan carries, the leader's index, probation, the pairs kept apart and the links
+        rows' versions."""
         members = self.membership
         for name in ("wire", "schedule"):
             value = getattr(self, name)
@@ -212,6 +219,10 @@ class PlanRecord(RecordEnvelope):
         if any(x >= y for x, y in zip(apart, apart[1:], strict=False)):
             raise RecordError("apart must list its pairs sorted, without repeats")
         set_field(self, "apart", tuple(apart))
+        rows = tuple(f.integer("rows[i]", v, 0, MAX_ROW_VERSION) for v in f.sequence("rows", self.rows, MAX_PLAN_PEERS))
+        if rows and len(rows) != len(members):
+            raise RecordError(f"rows must give one links-row version per member ({len(members)}), got {len(rows)}")
+        set_field(self, "rows", rows)
 
     @property
     def leader(self) -> str:
@@ -288,6 +299,7 @@ class PlanRecord(RecordEnvelope):
             **({"leader_at": self.leader_at} if self.leader_at else {}),
             **({"probation": f.pack_uint16(self.probation)} if self.probation else {}),
             **({"apart": f.pack_uint16([i for pair in self.apart for i in pair])} if self.apart else {}),
+            **({"rows": f.pack_uint32(self.rows)} if self.rows else {}),
         }
 
     @classmethod
@@ -319,6 +331,7 @@ class PlanRecord(RecordEnvelope):
                                                max_items=MAX_PLAN_PEERS)),
             apart=_pairs(f.unpack_uint16(f.binary("apart", m.get("apart", b""), item_size=2,
                                                   max_items=2 * MAX_PLAN_PEERS))),
+            rows=f.unpack_uint32(f.binary("rows", m.get("rows", b""), item_size=4, max_items=MAX_PLAN_PEERS)),
         )
 
 

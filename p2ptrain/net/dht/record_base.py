@@ -18,6 +18,7 @@ from p2ptrain.net.identity import PEER_ID_BYTES, peer_id_from_bytes, peer_id_to_
 SCHEMA_VERSION = 1
 MAX_RECORD_BYTES = 24 * 1024
 MAX_LINK_PEERS = 1024
+MAX_ROW_VERSION = 2**32 - 1  # a links row's version and a plan's (uint32 on the wire): unix seconds until 2106
 MAX_PLAN_PEERS = 4096
 PART_BYTES = 16 * 1024  # a plan is stored in parts of at most this many bytes (``plan_store``)
 MAX_PLAN_BYTES = PLAN_PARTS * PART_BYTES  # an encoded plan: 36 bytes a member, and its grid and lists

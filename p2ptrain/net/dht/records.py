@@ -57,6 +57,7 @@ from p2ptrain.net.dht.record_base import (
     MAX_PLAN_BYTES,
     MAX_PLAN_PEERS,
     MAX_RECORD_BYTES,
+    MAX_ROW_VERSION,
     MAX_SLOWDOWN,
     MAX_STEP_TIME_S,
     MAX_TFLOPS,
@@ -277,9 +278,18 @@ class LinksRecord(RecordEnvelope):
 
     Build it with ``LinksRecord.from_peers({peer_id: LinkMeasurement(...)})``; read it with
     ``record.resolve(known_peer_ids)``.
+
+    Versions (additive): ``version`` numbers the writer's rows, higher for every row it publishes (``max(last +
+    1, unix seconds)``, so also across its restarts; 0: a writer that does not say), and ``since`` pairs each
+    entry's tag with the version of the row it first appeared in (sorted by tag, every entry's, or empty with
+    ``version`` 0). A plan names the version of each member's row its leader planned with (``PlanRecord.rows``):
+    ``as_of`` cuts a later row back to the entries it had then, so that a follower checks the plan on the links
+    its leader saw measured, not on links measured since, which the leader estimated.
     """
 
     entries: tuple[tuple[bytes, LinkMeasurement], ...]  # (peer tag, measurement), sorted by tag
+    version: int = 0
+    since: tuple[tuple[bytes, int], ...] = ()  # (peer tag, version it first appeared in), sorted by tag
     kind: ClassVar[RecordKind] = RecordKind.LINKS
 
     def __post_init__(self) -> None:
@@ -292,21 +302,50 @@ class LinksRecord(RecordEnvelope):
         if len({tag for tag, _ in entries}) != len(entries):
             raise RecordError("a peer appears twice in the links row")
         set_field(self, "entries", entries)
+        version = f.integer("version", self.version, 0, MAX_ROW_VERSION)
+        set_field(self, "version", version)
+        pairs = f.sequence("since", self.since, MAX_LINK_PEERS)
+        if any(not isinstance(p, tuple | list) or len(p) != 2 for p in pairs):
+            raise RecordError("since holds (peer tag, version) pairs")
+        since = tuple(sorted(((t, f.integer("since", v, 1, version)) for t, v in pairs), key=lambda e: e[0]))
+        if (version or since) and [t for t, _ in since] != [t for t, _ in entries]:
+            raise RecordError("a versioned links row says since when for each of its entries, and only those")
+        set_field(self, "since", since)
 
     @classmethod
-    def from_peers(cls, measurements: Mapping[str, LinkMeasurement]) -> LinksRecord:
-        return cls(tuple((peer_tag(peer_id), m) for peer_id, m in measurements.items()))
+    def from_peers(cls, measurements: Mapping[str, LinkMeasurement], version: int = 0,
+                   since: Mapping[str, int] | None = None) -> LinksRecord:
+        """The row of ``measurements``; with ``version``, ``since`` gives each peer's first version."""
+        since = since or {}
+        return cls(tuple((peer_tag(p), m) for p, m in measurements.items()), version,
+                   tuple((peer_tag(p), since[p]) for p in measurements) if version else ())
 
     def resolve(self, peer_ids: Iterable[str]) -> dict[str, LinkMeasurement]:
         """The measurements to those of ``peer_ids`` this row covers, keyed by peer ID."""
         by_tag = dict(self.entries)
         return {p: by_tag[t] for p in peer_ids if (t := peer_tag(p)) in by_tag}
 
+    def as_of(self, version: int) -> LinksRecord | None:
+        """This row as it stood at ``version``, as far as ``since`` tells: without the entries first published
+        after it; None where the writer had published none by then (``version`` 0). A row that names no
+        version (a writer that does not say) is returned as it is. An entry's value is today's (a link
+        measured again since has moved by at most what its writer's smoothing allows)."""
+        if not self.version:
+            return self
+        if version <= 0:
+            return None
+        if version >= self.version:
+            return self
+        first = dict(self.since)
+        kept = tuple((t, m) for t, m in self.entries if first[t] <= version)
+        return LinksRecord(kept, version, tuple((t, first[t]) for t, _ in kept))
+
     def _fields(self) -> dict[str, Any]:
         return {
             "tags": b"".join(tag for tag, _ in self.entries),
             "latency_ms": f.pack_float32([m.latency_ms for _, m in self.entries]),
             "bandwidth_gbps": f.pack_float32([m.bandwidth_gbps for _, m in self.entries]),
+            **({"version": self.version, "since": f.pack_uint32([v for _, v in self.since])} if self.version else {}),
         }
 
     @classmethod
@@ -314,12 +353,14 @@ class LinksRecord(RecordEnvelope):
         tags = f.binary("tags", m["tags"], item_size=PEER_TAG_BYTES, max_items=MAX_LINK_PEERS)
         latency = f.binary("latency_ms", m["latency_ms"], item_size=4, max_items=MAX_LINK_PEERS)
         bandwidth = f.binary("bandwidth_gbps", m["bandwidth_gbps"], item_size=4, max_items=MAX_LINK_PEERS)
+        since = f.unpack_uint32(f.binary("since", m.get("since", b""), item_size=4, max_items=MAX_LINK_PEERS))
         n = len(tags) // PEER_TAG_BYTES
-        if len(latency) // 4 != n or len(bandwidth) // 4 != n:
-            raise RecordError("tags, latency_ms and bandwidth_gbps have different lengths")
+        if len(latency) // 4 != n or len(bandwidth) // 4 != n or (since and len(since) != n):
+            raise RecordError("tags, latency_ms, bandwidth_gbps and since have different lengths")
         values = zip(f.unpack_float32(latency), f.unpack_float32(bandwidth), strict=True)
         tag_list = [tags[i * PEER_TAG_BYTES : (i + 1) * PEER_TAG_BYTES] for i in range(n)]
-        return cls(tuple((tag, LinkMeasurement(a, b)) for tag, (a, b) in zip(tag_list, values, strict=True)))
+        return cls(tuple((tag, LinkMeasurement(a, b)) for tag, (a, b) in zip(tag_list, values, strict=True)),
+                   m.get("version", 0), tuple(zip(tag_list, since, strict=True)) if since else ())
 
 
 @dataclass(frozen=True)
