@@ -197,8 +197,9 @@ def test_the_reference_with_the_runs_stages_rounds_the_boundaries_as_the_pipelin
     bounded = train_reference(cfg).losses
     plain = train_reference(dataclasses.replace(cfg, stages=1)).losses
     assert losses == pytest.approx(bounded, rel=1e-6, abs=0)
-    assert max(abs(a - b) for a, b in zip(losses, plain, strict=True)) > 100 * max(
-        abs(a - b) for a, b in zip(losses, bounded, strict=True))
+    # the one-stage reference misses by ten times that tolerance and more (int8: 1.9e-5, int2: 1.7e-3); the bounded
+    # one meets it (3.5e-7 and 6.5e-8: the threads' float32 sums differ from one process's in the last bits)
+    assert max(abs(a - b) / abs(b) for a, b in zip(losses, plain, strict=True)) > 10 * 1e-6, (losses, plain)
 
 
 @pytest.mark.timeout(120)
