@@ -4,8 +4,9 @@ Its peers are given (``set_peers``): the membership reader hands it this agent's
 probe graph and its neighbours in the plan it follows (``leadership.probe_set``); the planner estimates the
 other links (``planning.estimated``). In rounds: each round measures the link to every peer given, in a random order
 (so that two agents rarely probe each other at the same moment), with ``transport.probe.measure_link`` over
-the transport, so link emulation applies. An agent takes part in one measurement at a time, its own or one it
-serves (``net.transport.probe_gate``): a peer that is in another says ``busy``, and the round ends with a pause
+the transport, so link emulation applies. A peer serves one probe at a time, none from the peer it measures,
+and none while it measures its own line (``net.transport.probe_gate``): a peer that cannot serve ours says
+``busy``, and the round ends with a pause
 of 0.1-1 s (``BUSY_PAUSE_S``, random: two agents that start on each other at once part) instead of
 ``round_pause_s``, after which that peer is measured again; the access measurement likewise. Estimates are smoothed across rounds (``LinkTable``, an EWMA); a peer enters the published row
 (``LinksRecord``, key ``{run}.links``) once it has been measured ``min_rounds`` times with samples that
@@ -53,7 +54,7 @@ from p2ptrain.net.transport.access_probe import Direction, measure_access
 from p2ptrain.net.transport.endpoint import Transport
 from p2ptrain.net.transport.messages import Refusal
 from p2ptrain.net.transport.probe import LinkTable, measure_link
-from p2ptrain.net.transport.probe_gate import ProbeGate
+from p2ptrain.net.transport.probe_gate import EVERY_PEER, ProbeGate
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ class LinkProber:
         self._access_retries = 0  # measurements in a row that left a direction not yet known disturbed
         self.access_measurements = 0  # measurements of our line that ended (a direction found or not)
         self._rng = rng or random.Random()
-        # one measurement through us at a time, ours or one we serve (``probe_gate``)
+        # which measurements run through us at once (``probe_gate``)
         self._gate = transport.probe_gate if transport is not None else ProbeGate()
         self._busy = False  # a peer this round said it was in another measurement
         self._peers: tuple[str, ...] = ()
@@ -221,7 +222,7 @@ class LinkProber:
         paths = {p: estimates[p].bandwidth_gbps * 1e9 / 8 for p in peers if p in estimates}
         gated = False
         try:
-            if not (gated := self._take_gate()):
+            if not (gated := self._take_gate(EVERY_PEER)):
                 return True
             found = measure_access(self.transport, paths, self.config.access, stop=self._interrupted)
         except Exception as e:  # a peer that left, a timeout, the transport shutting down: never kill the thread
@@ -271,7 +272,7 @@ class LinkProber:
             self._measuring = True
         gated = False
         try:
-            if not (gated := self._take_gate()):
+            if not (gated := self._take_gate(peer)):
                 return True
             estimate = measure_link(self.transport, peer, self.config.probe, stop=self._interrupted)
         except Exception as e:  # a peer that left, a timeout, the transport shutting down: never kill the thread
@@ -296,10 +297,11 @@ class LinkProber:
             self.rounds[peer] = self.rounds.get(peer, 0) + 1
         return True
 
-    def _take_gate(self) -> bool:
-        """Wait for the probe gate (a probe we serve to end); False when paused or stopped first."""
+    def _take_gate(self, peer: str) -> bool:
+        """Wait for the probe gate to measure ``peer`` (``EVERY_PEER``: our line): for a probe we serve from it to
+        end; False when paused or stopped first."""
         while not self._interrupted():
-            if self._gate.acquire(GATE_WAIT_S):
+            if self._gate.acquire(peer, GATE_WAIT_S):
                 return True
         return False
 

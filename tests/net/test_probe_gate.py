@@ -1,6 +1,7 @@
-"""One link measurement through a peer at a time (``probe_gate``): the gate's rules, a probe stream refused
-``busy`` by a peer that measures, and two probers of one peer whose downlink their probes share, started at
-once: each measures the downlink, where probes served at once would each have measured half of it."""
+"""Which link measurements run through a peer at once (``probe_gate``): the gate's rules, a probe stream refused
+``busy`` by the peer it would measure while that peer measures it, and two probers of one peer whose downlink
+their probes share, started at once: each measures the downlink, where probes served at once would each have
+measured a share of it."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from p2ptrain.net.transport.emulation import LinkEmulator
 from p2ptrain.net.transport.endpoint import TransportConfig
 from p2ptrain.net.transport.messages import Refusal
 from p2ptrain.net.transport.probe import ProbeConfig, measure_link
-from p2ptrain.net.transport.probe_gate import ProbeGate
+from p2ptrain.net.transport.probe_gate import EVERY_PEER, ProbeGate
 
 QUICK = ProbeConfig(pings=6, transfers=3, rtt_multiple=3.0, min_transfer_s=0.4, max_transfer_s=1.0, deadline_s=30.0)
 CONFIG = TransportConfig(call_timeout_s=5.0)
@@ -33,44 +34,61 @@ class Clock:
         return self.now
 
 
-def test_the_gate_serves_one_probe_or_our_measurement_and_a_waiting_measurement_is_not_starved():
+def test_a_peer_serves_one_probe_at_a_time_and_none_from_the_peer_it_measures():
     gate = ProbeGate()
-    token = gate.try_serve()
+    token = gate.try_serve("b")
     assert token is not None and gate.busy
-    assert gate.try_serve() is None  # a second probe while one is served: its downlink would carry both
-    assert not gate.acquire(0.05)  # ours waits for the one served
+    assert gate.try_serve("c") is None  # a second probe while one is served: our downlink would carry both
+    assert gate.acquire("c", 0.05)  # but we may measure a third peer meanwhile
+    assert gate.try_serve("c") is None  # ... and serve nothing from it
+    gate.release()
+    assert not gate.acquire("b", 0.05)  # our measurement of b waits for b's probe of us
     waited: queue.Queue = queue.Queue()
-    waiter = threading.Thread(target=lambda: waited.put(gate.acquire(10.0)))
+    waiter = threading.Thread(target=lambda: waited.put(gate.acquire("b", 10.0)))
     waiter.start()
     deadline = time.monotonic() + 10
     while not gate._waiting and time.monotonic() < deadline:
         time.sleep(0.01)
     gate.served(token)
-    assert gate.try_serve() is None  # the probe served ended, but ours waited for it: its turn, not a new probe's
+    assert gate.try_serve("b") is None  # b's probe ended, but ours waited for it: its turn, not b's next probe
     assert waited.get(timeout=10) is True
     waiter.join(10)
-    assert gate.try_serve() is None  # we measure: a probe of us is refused
-    gate.release()
-    assert not gate.busy and (token := gate.try_serve()) is not None
+    assert gate.try_serve("b") is None  # we measure b: b's probe of us would share the line both ways
+    token = gate.try_serve("c")
+    assert token is not None  # another peer's probe while we measure b: served
     gate.served(token)
+    gate.release()
+    assert not gate.busy
+
+
+def test_measuring_our_line_takes_the_whole_gate():
+    gate = ProbeGate()
+    token = gate.try_serve("b")
+    assert not gate.acquire(EVERY_PEER, 0.05)  # our line's flows wait for any probe we serve
+    gate.served(token)
+    assert gate.acquire(EVERY_PEER, 1.0)
+    assert gate.try_serve("b") is None and gate.try_serve("c") is None
+    gate.release()
+    assert gate.try_serve("c") is not None
 
 
 def test_a_probe_stream_served_past_its_deadline_no_longer_holds_the_gate():
     clock = Clock()
     gate = ProbeGate(max_serve_s=60.0, clock=clock)
-    assert gate.try_serve() is not None  # a peer that opens a probe stream and never ends it
-    assert gate.try_serve() is None and not gate.acquire(0.0)
+    assert gate.try_serve("b") is not None  # a peer that opens a probe stream and never ends it
+    assert gate.try_serve("c") is None and not gate.acquire("b", 0.0)
     clock.now += 61.0
-    assert gate.acquire(0.0)  # a minute later our own measurement goes ahead
+    assert gate.acquire("b", 0.0)  # a minute later our own measurement goes ahead
     gate.release()
+    assert gate.try_serve("c") is not None
 
 
 @pytest.mark.integration
 @pytest.mark.timeout(60)
-def test_a_peer_that_measures_refuses_a_probe_busy_and_serves_it_once_done(make_transport):
+def test_a_peer_that_measures_the_prober_refuses_its_probe_busy_and_serves_it_once_done(make_transport):
     a = make_transport(CONFIG)
     b = make_transport(CONFIG, join=a)
-    assert a.probe_gate.acquire(1.0)  # a measures someone
+    assert a.probe_gate.acquire(str(b.peer_id), 1.0)  # a measures b
     with pytest.raises(MessageRejected) as refused:
         measure_link(b, a.peer_id, QUICK)
     assert refused.value.code == Refusal.BUSY, refused.value

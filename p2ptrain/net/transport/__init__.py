@@ -11,6 +11,6 @@
   this peer sent, by kind.
 - ``emulation`` and ``pacing``: emulated links and access lines, and keeping emulated time.
 - ``probe`` and ``probe_session``: a link's latency and bandwidth, measured over the transport's own rpc;
-  ``access_probe``: this peer's own line, from flows to several peers at once; ``probe_gate``: one link
-  measurement through a peer at a time, its own or one it serves.
+  ``access_probe``: this peer's own line, from flows to several peers at once; ``probe_gate``: which link
+  measurements run through a peer at once.
 """

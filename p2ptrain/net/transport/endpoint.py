@@ -132,7 +132,7 @@ class Transport:
             raise ValueError("a transport's link emulator must use time.monotonic (arrival stamps cross processes)")
         self.pacer = Pacer()
         self.counters = ControlCounters()  # pings and probes sent (``counters``)
-        self.probe_gate = ProbeGate()  # one link measurement through us at a time, ours or one we serve
+        self.probe_gate = ProbeGate()  # the measurements through us at once: ours and one we serve
         self._send_buffers = BufferPool(config.buffer_pool_bytes)  # send_async's copies
         self.mailbox = Mailbox(run, max_message_bytes=config.max_message_bytes,
                                max_buffered_bytes=config.max_buffered_bytes,

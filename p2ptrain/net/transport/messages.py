@@ -83,8 +83,8 @@ class Refusal(StrEnum):
     # an earlier copy from this sender is still arriving (a resend raced the end of the stream that carried it):
     # worth sending again shortly
     ARRIVING = "arriving"
-    # a probe stream opened while the receiver takes part in another link measurement (``probe_gate``): measure
-    # it again shortly
+    # a probe stream opened while the receiver serves another, or measures the prober or its own line
+    # (``probe_gate``): measure it again shortly
     BUSY = "busy"
 
     @classmethod

@@ -99,7 +99,7 @@ class TensorServicer(ServicerBase):
         self.stream_idle_s = stream_idle_s  # ... and for the next message on a stream
         self.max_reply_bytes = max_reply_bytes
         self._pulled = PullBudget(PULL_BUDGET_REPLIES * max_reply_bytes, PULL_WINDOW_S, pacer.clock)
-        self.probe_gate = ProbeGate()  # one link measurement through us at a time (the transport's, once started)
+        self.probe_gate = ProbeGate()  # the measurements through us (the transport's, once started)
         self.status = PeerStatus()  # what a ping answers (``transport.status``); the agent keeps it current
         # fills in where the epoch stands (``PeerStatus.sent``, ``waits``) as a ping is answered (the loop's thread)
         self.status_now: Callable[[PeerStatus], PeerStatus] = lambda status: status
@@ -254,8 +254,8 @@ class TensorServicer(ServicerBase):
     async def rpc_probe(
         self, requests: typing.AsyncIterator[runtime_pb2.ExpertRequest], context: P2PContext
     ) -> typing.AsyncIterator[runtime_pb2.ExpertResponse]:
-        """A stream of probes, served while this peer takes part in no other link measurement (``probe_gate``):
-        refused ``busy`` at its first message otherwise."""
+        """A stream of probes, served unless this peer serves another, or measures the sender or its own line
+        (``probe_gate``): refused ``busy`` at its first message then."""
         sender = context.remote_id.to_base58()
         pieces = Pieces(requests, self.idle_timeout_s)
         token = None
@@ -268,8 +268,8 @@ class TensorServicer(ServicerBase):
                     header = decode_header(first)
                     if (problem := self._probe_problem(header)) is not None:
                         raise MessageRejected(problem, peer=sender)
-                    if token is None and (token := self.probe_gate.try_serve()) is None:
-                        raise MessageRejected("measuring another link: probe again shortly", peer=sender,
+                    if token is None and (token := self.probe_gate.try_serve(sender)) is None:
+                        raise MessageRejected("in another link measurement: probe again shortly", peer=sender,
                                               code=Refusal.BUSY)
                     if (problem := self._pulled.take(sender, header.reply_bytes)) is not None:
                         raise MessageRejected(problem, peer=sender)
