@@ -319,7 +319,7 @@ class Agent:
                                                                      signer=plan.leader, reason=reason),
                               run.pass_over,
                               needed=cfg.membership.expect or cfg.membership.min_peers, stages=self.stages,
-                              rows_for=lambda plan: self._leading.rows_to_check(plan))
+                              rows_for=lambda plan: self._leading.rows_to_check(plan), history=self.dht.rows_read)
         self._started = time.monotonic()
         self._inbox = EvidenceInbox(self.peer_id, self.transport, self.dht.keys.run_id)
         self._leading = self._leading_class(cfg, self.dht, self.events, self.peer_id, self._leaders, view=self._view,

@@ -600,3 +600,59 @@ def test_links_measured_after_the_plan_are_never_taken_for_measured_by_its_check
     without = dataclasses.replace(plan, rows=(0,) + tuple(100 for _ in plan.membership[1:]))
     assert plan.membership[0] not in rows_as_planned(without, rows)
     assert rows_as_planned(plan, rows) == rows  # a leader that names no versions: the rows as read
+
+
+def test_a_plan_is_checked_on_the_very_rows_its_leader_read_where_we_read_them_too(world):
+    """A link's value changes after the plan too (a best guess replaced by an agreed measurement, a link measured
+    again): cut back to the entries it had, a later row still holds today's values, and 15 followers of a
+    16-agent swarm refused an honest plan on them (1.23x). A follower keeps the versions it read
+    (``RowHistory``, every ``SwarmDHT.read_links``) and checks on the version its leader named."""
+    from p2ptrain.net.dht.row_history import RowHistory
+
+    peers, records, _ = world
+    trainers = peers[:4]
+    plan = plan_record(peers, trainers, (0, 1, 2, 3))
+    neighbours = {frozenset(trainers[i] for i in pair) for pair in ((0, 1), (2, 3), (0, 2), (1, 3))}
+
+    def row(a: str, version: int, slow: LinkMeasurement) -> LinksRecord:
+        values = {b: slow if frozenset((a, b)) in neighbours else LinkMeasurement(10.0, 1.0) for b in peers if b != a}
+        return LinksRecord.from_peers(values, version, dict.fromkeys(values, 100))
+
+    then = {a: row(a, 100, LinkMeasurement(10.0, 1.0)) for a in peers}
+    now = {a: row(a, 200, LinkMeasurement(80.0, 0.001)) for a in peers}  # the neighbours' links measured again
+    versioned = dataclasses.replace(plan, rows=tuple(100 for _ in plan.membership))
+    history = RowHistory()
+
+    def gate():
+        return PlanGate(peers[4], TRAIN, PlanConfig(verify_slack_s=0.0), NO_EMULATION, LeaderWatch(10.0, 60.0), 0.0,
+                        lambda: now, workload_for, history=history)
+
+    assert not gate().accept(versioned, records, lambda p: 60.0, first=True)  # today's values: refused
+    history.note(then)  # we read the rows the leader planned with, before they changed
+    history.note(now)
+    assert gate().accept(versioned, records, lambda p: 60.0, first=True)
+    assert rows_as_planned(versioned, now, history) == then
+
+
+def test_the_row_history_keeps_the_last_versions_of_each_writer_and_finds_the_one_planned_with():
+    from p2ptrain.net.dht.row_history import RowHistory
+
+    a, b = generate_identity().peer_id, generate_identity().peer_id
+    history = RowHistory(per_peer=3)
+
+    def row(version: int, first: dict[str, int]) -> LinksRecord:
+        return LinksRecord.from_peers({p: LinkMeasurement(float(version), 1.0) for p in first}, version, first)
+
+    rows = {v: row(v, {b: 10} if v < 30 else {b: 10, a: 30}) for v in (10, 20, 30, 40)}
+    for version in (10, 20, 30, 40):
+        history.note({a: rows[version]})
+    assert history.as_planned(a, 40, None) is rows[40] and history.as_planned(a, 20, None) is rows[20]
+    assert history.as_planned(a, 10, None) == rows[20].as_of(10)  # 10 no longer kept (3 a writer): 20's, cut back
+    assert history.as_planned(a, 25, None).resolve([a, b]) == {b: LinkMeasurement(30.0, 1.0)}  # 30's, cut back to 25
+    assert history.as_planned(a, 50, None) is rows[40]  # newer than any we read: the last (it lacks what came since)
+    assert history.as_planned(a, 0, rows[40]) is None  # the leader had no row of a
+    assert history.as_planned(b, 5, None) is None  # nothing read of b
+    latest = row(50, {b: 10})
+    assert history.as_planned(b, 45, latest) == latest.as_of(45)  # the latest row given, cut back
+    plain = LinksRecord.from_peers({b: LinkMeasurement(1.0, 1.0)})
+    assert history.as_planned(a, 0, plain) is plain  # a writer that names no version: as it is

@@ -56,6 +56,7 @@ from p2ptrain.agent.leadership.plan_maker import (
 from p2ptrain.agent.leadership.run_stages import RunStages, at_stages, memory_problem
 from p2ptrain.agent.leadership.standing import Standing
 from p2ptrain.net.dht.records import LinksRecord, PeerRecord, PlanRecord, ProgressRecord
+from p2ptrain.net.dht.row_history import RowHistory
 from p2ptrain.planning import Cluster, LayeredWorkload, Workload, even_layers, make_objective
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.verify.attest import judge_evidence
@@ -127,16 +128,21 @@ class CostCheck:
                 f"{1 + self.tolerance:.2f}x and {self.slack_s:g} s)")
 
 
-def rows_as_planned(plan: PlanRecord, rows: Mapping[str, LinksRecord]) -> dict[str, LinksRecord]:
-    """The members' links ``rows`` as they stood when ``plan``'s leader planned (``PlanRecord.rows``, versions;
-    ``LinksRecord.as_of``): without the entries measured since, which it estimated, and without the rows it did
-    not have. A row older than the leader's is kept as it is (the leader saw more of it; what we lack we
-    estimate, as it would have). Rows of non-members are left out."""
+def rows_as_planned(plan: PlanRecord, rows: Mapping[str, LinksRecord],
+                    history: RowHistory | None = None) -> dict[str, LinksRecord]:
+    """The members' links rows as they stood when ``plan``'s leader planned (``PlanRecord.rows``, versions): each
+    the very version where ``history`` holds it (the rows we read lately), else ``rows``' (the latest) or a
+    later one held, cut back to the entries it had then (``LinksRecord.as_of``), else an earlier one held
+    (``RowHistory.as_planned``); without the rows the leader did not have. Rows of non-members are left out. A plan
+    that names no versions: ``rows`` as they are."""
+    if not plan.rows:
+        return dict(rows)
+    history = history or RowHistory(0)
     kept = {}
-    for peer, version in zip(plan.membership, plan.rows or (), strict=False):
-        if peer in rows and (row := rows[peer].as_of(version)) is not None:
+    for peer, version in zip(plan.membership, plan.rows, strict=True):
+        if (row := history.as_planned(peer, version, rows.get(peer))) is not None:
             kept[peer] = row
-    return kept if plan.rows else dict(rows)
+    return kept
 
 
 def cost_check(plan: PlanRecord, peers: Mapping[str, PeerRecord], rows: Mapping[str, LinksRecord],
@@ -399,13 +405,15 @@ class PlanGate:
                  on_refusal: Callable[[PlanRecord, str], None] = lambda plan, reason: None,
                  pass_over: Callable[[str, str], None] = lambda leader, why: None, needed: int = 1,
                  stages: RunStages | None = None,
-                 rows_for: Callable[[PlanRecord], Mapping[str, LinksRecord] | None] = lambda plan: None):
+                 rows_for: Callable[[PlanRecord], Mapping[str, LinksRecord] | None] = lambda plan: None,
+                 history: RowHistory | None = None):
         self.me, self.train, self.plan, self.emulation = me, train, plan, emulation
         self.stages = stages or RunStages(train)  # the run's S (the agent's, shared with its leader's side)
         self.leaders = leaders
         self.settle_s = settle_s
         self.read_rows = read_rows
         self.rows_for = rows_for  # the rows to check a plan on, where not read afresh (``Watching.rows_to_check``)
+        self.history = history  # the rows read lately, by version (``SwarmDHT.rows_read``)
         self.workload_for = workload_for
         self.on_refusal = on_refusal
         self.pass_over = pass_over
@@ -500,7 +508,7 @@ class PlanGate:
         try:
             own = self.rows_for(plan)  # the rows our own search read, where it was this plan's
             if plan.rows:  # the versions the leader planned with: any later rows cut back to them
-                rows = rows_as_planned(plan, {**(own or {}), **self.read_rows()})
+                rows = rows_as_planned(plan, {**(own or {}), **self.read_rows()}, self.history)
             else:
                 rows = self.read_rows() if own is None else own
         except Exception as e:  # noqa: BLE001 - a failed read is retried at the next poll, not a verdict

@@ -12,5 +12,6 @@
 - ``pipe_fix``: the DHT process reads each call from its pipe whole (hivemind's loop could read half of one).
 - ``retry``: a DHT call tried again with back-off while a crowd joins (an agent's first stores).
 - ``counters``: what this peer's DHT calls cost, by record kind (``DHTCounters``, the ``dht_traffic`` event).
+- ``row_history``: the links rows this peer read lately, by version: a plan is checked on its leader's.
 - ``bootstrap``: the DHT-only bootstrap peer (``p2ptrain bootstrap``).
 """

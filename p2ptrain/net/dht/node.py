@@ -52,6 +52,7 @@ from p2ptrain.net.dht.counters import DHTCounters, entry_bytes
 from p2ptrain.net.dht.keys import RecordKind, RunKeys
 from p2ptrain.net.dht.records import LinksRecord, PeerRecord, PlanRecord, ProgressRecord, Record
 from p2ptrain.net.dht.refresh import Refresher
+from p2ptrain.net.dht.row_history import RowHistory
 from p2ptrain.net.dht.validators import (
     MAX_TTL_S,
     RateLimitedLog,
@@ -157,6 +158,7 @@ class SwarmDHT:
         self._atexit_hook: Callable[[], None] | None = None
         self._closed = False
         self.counters = DHTCounters()
+        self.rows_read = RowHistory()  # the links rows read lately, by version: a plan is checked on its leader's
 
     # ---- lifecycle -------------------------------------------------------------------------------------
 
@@ -470,7 +472,10 @@ class SwarmDHT:
         return peers  # type: ignore[return-value]
 
     def read_links(self) -> dict[str, LinksRecord]:
-        return {p: v.record for p, v in self.read(RecordKind.LINKS).items()}  # type: ignore[misc]
+        """The run's links rows by writer; each one read is also kept by version (``row_history``)."""
+        rows = {p: v.record for p, v in self.read(RecordKind.LINKS).items()}
+        self.rows_read.note(rows)  # type: ignore[arg-type]
+        return rows  # type: ignore[return-value]
 
     def read_plans(self) -> dict[str, PlanRecord]:
         """Plans by signer; each is signed by the leader it names (pick one with ``election.select_plan``)."""
