@@ -28,7 +28,7 @@ declared or emulated). Again after ``links.access.refresh_s``; after ``links.acc
 when a direction not yet known came out disturbed (a busy moment; at most ``retries`` times in a row); or sooner
 when more peers came than the last measurement had (up to ``links.access.max_peers``). The first one goes before the row that
 covers every peer is published: the leader plans once every row covers the others, and should know our line
-by then. A direction it finds replaces the one
+by then (a peer busy in another measurement: again after its pause, ``_first_access``). A direction it finds replaces the one
 known; an unknown one leaves it (it only says that this measurement could not tell). ``on_access`` gets the
 known capacities (bytes/s) whenever they change.
 
@@ -163,9 +163,7 @@ class LinkProber:
             for peer in peers:
                 if not self._measure(peer):
                     return
-                # the first time: before the row that completes ours, which the leader waits for to plan, so
-                # that its first plan has our line
-                if self.access_measurements == 0 and self._access_due() and not self._measure_access():
+                if self.access_measurements == 0 and self._access_due() and not self._first_access():
                     return
                 self._publish()
             if self._access_due() and not self._measure_access():
@@ -208,6 +206,20 @@ class LinkProber:
 
     def _access_due(self) -> bool:
         return (access_s := self._access_at()) is not None and time.monotonic() >= access_s
+
+    def _first_access(self) -> bool:
+        """Our line's first measurement, before the row that completes ours is published (the leader plans once
+        every row covers the others, and its first plan should have our line): while a peer is busy, again
+        after its pause, for up to ``access.deadline_s``. False once stopped."""
+        until_s = time.monotonic() + self.config.access.deadline_s
+        while self._measure_access():
+            busy_s = self._access_busy_until_s - time.monotonic()
+            if self.access_measurements or busy_s <= 0 or time.monotonic() + busy_s > until_s:
+                return True
+            with self._wake:
+                if self._wake.wait_for(lambda: self._stopped or self._paused, timeout=busy_s):
+                    return not self._stopped
+        return False
 
     def _measure_access(self) -> bool:
         """Measure our line unless stopped or paused; False once stopped."""

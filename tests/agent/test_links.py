@@ -25,9 +25,11 @@ from p2ptrain.agent.config import AgentConfig, LinksConfig
 from p2ptrain.agent.links import LinkProber, line_to_publish
 from p2ptrain.agent.shaping import LinkShaping
 from p2ptrain.config import config_from_dict
+from p2ptrain.errors import MessageRejected
 from p2ptrain.net.dht.records import LinkMeasurement, LinksRecord, PeerRecord, peer_tag
 from p2ptrain.net.transport.access_probe import AccessConfig, AccessEstimate, Direction
 from p2ptrain.net.transport.endpoint import Transport, TransportConfig
+from p2ptrain.net.transport.messages import Refusal
 from p2ptrain.net.transport.probe import LinkEstimate, ProbeConfig
 from p2ptrain.planning import Workload, make_objective, scenario, schedule
 from p2ptrain.planning.cluster import Cluster
@@ -360,3 +362,34 @@ def test_the_prober_measures_its_emulated_home_line_after_its_pairs_and_a_plain_
     finally:
         for transport in reversed(transports):
             transport.shutdown()
+
+
+def test_a_first_line_measurement_a_busy_peer_refused_goes_again_before_the_row_that_completes_ours(monkeypatch):
+    """A peer of ours in another measurement refuses the access probe ``busy`` (``probe_gate``): the prober
+    measures the line again after a short pause, and still before it publishes the row that covers every peer
+    (the leader's first plan should have our line)."""
+    rng = random.Random(11)
+    peers = sorted(base58.b58encode(b"\x12\x20" + rng.randbytes(32)).decode() for _ in range(2))
+    monkeypatch.setattr("p2ptrain.agent.links.measure_link", lambda transport, peer, config, stop: LinkEstimate(5.0, 0.1, 20))
+    tries: list[float] = []
+
+    def measure_access(transport, paths, config, stop):
+        tries.append(time.monotonic())
+        if len(tries) <= 2:
+            raise MessageRejected("in another link measurement: probe again shortly", code=Refusal.BUSY)
+        return {Direction.UP: AccessEstimate(2e6, "found"), Direction.DOWN: AccessEstimate(None, "unknown")}
+
+    monkeypatch.setattr("p2ptrain.agent.links.measure_access", measure_access)
+    order: list[str] = []
+    prober = LinkProber(None, Board(), LinksConfig(min_rounds=1, round_pause_s=0.05, access=AccessConfig()),
+                        on_access=lambda line: order.append("line"), on_publish=lambda row: order.append(f"row of {len(row)}"),
+                        rng=random.Random(0)).start()
+    try:
+        prober.set_peers(peers)
+        deadline = time.monotonic() + 15
+        while "row of 2" not in order and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        prober.stop(timeout_s=10)
+    assert len(tries) >= 3 and all(0.1 <= b - a < 2.0 for a, b in zip(tries, tries[1:3], strict=False)), tries
+    assert "line" in order and order.index("line") < order.index("row of 2"), order
