@@ -210,7 +210,7 @@ class LinkProber:
     def _first_access(self) -> bool:
         """Our line's first measurement, before the row that completes ours is published (the leader plans once
         every row covers the others, and its first plan should have our line): while a peer is busy, again
-        after its pause, for up to ``access.deadline_s``. False once stopped."""
+        after its pause, for up to ``links.access.deadline_s``. False once stopped."""
         until_s = time.monotonic() + self.config.access.deadline_s
         while self._measure_access():
             busy_s = self._access_busy_until_s - time.monotonic()
