@@ -174,6 +174,13 @@ def peer_id_of_owner_mark(subkey: object) -> str:
     """
     if not isinstance(subkey, bytes):
         raise ValueError(f"subkey is {type(subkey).__name__}, not an owner mark")
+    return _peer_id_of_mark(subkey)
+
+
+@functools.lru_cache(maxsize=4096)
+def _peer_id_of_mark(subkey: bytes) -> str:
+    """``peer_id_of_owner_mark`` of bytes, remembered: every read of a run's key returns every writer's mark, and
+    parsing its key took a DHT reader milliseconds each (a refused mark raises, and is not remembered)."""
     match = _OWNER_MARK_RE.fullmatch(subkey)
     if match is None:
         raise ValueError("subkey is not an owner mark [owner:ssh-rsa ...] (unsigned entry)")

@@ -457,29 +457,30 @@ def test_a_failed_recomputes_blame_of_the_leader_is_no_blame_to_followers_and_of
 
 def test_a_follower_searches_the_same_records_once(world, monkeypatch):
     """Its own search of the first plan and its check of the leader's plan of the same records are one search
-    (``plan_maker._searched``); other records are searched afresh."""
-    from p2ptrain.agent.leadership import plan_maker
+    (``searches._searched``); other records are searched afresh."""
+
+    from p2ptrain.agent.leadership import searches
 
     peers, records, rows = world
-    searches = []
-    real = plan_maker.schedule
-    monkeypatch.setattr(plan_maker, "schedule", lambda *a, **k: searches.append(1) or real(*a, **k))
-    monkeypatch.setattr(plan_maker, "_searched", type(plan_maker._searched)())
+    calls = []
+    real = searches.schedule
+    monkeypatch.setattr(searches, "schedule", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(searches, "_searched", type(searches._searched)())
     cluster = build_cluster(peers[:4], records, rows, NO_EMULATION)
     first = make_plan(cluster, workload_for(None, peers[:4]), 2, PlanConfig())
     again = make_plan(build_cluster(peers[:4], records, rows, NO_EMULATION), workload_for(None, peers[:4]), 2, PlanConfig())
-    assert again == first and len(searches) == 1
+    assert again == first and len(calls) == 1
     again["cost_s"] = -1.0  # a caller's copy: the kept search is untouched
     assert make_plan(cluster, workload_for(None, peers[:4]), 2, PlanConfig())["cost_s"] == first["cost_s"]
     other = build_cluster([peers[0], peers[1], peers[2], peers[4]], records, rows, NO_EMULATION)
     make_plan(other, workload_for(None, peers[:4]), 2, PlanConfig())
-    assert len(searches) == 2
+    assert len(calls) == 2
 
 
 def test_a_followers_check_is_the_leaders_search_stopped_at_its_evaluations(monkeypatch):
     """The check's search stops after ``plan.verify_device_evaluations`` over the devices (0: never), says so, and an
     honest leader's plan of the full search passes it; a search stopped there gives the leader's all its budget."""
-    from p2ptrain.agent.leadership import plan_maker
+    from p2ptrain.agent.leadership import searches
     from p2ptrain.agent.leadership.watching import search_allowance
     from p2ptrain.planning.search import DEFAULT_SEARCH
 
@@ -499,8 +500,8 @@ def test_a_followers_check_is_the_leaders_search_stopped_at_its_evaluations(monk
     assert "random" in leader["baselines"]
     record = PlanRecord.from_plan_json(0, peers, leader)
     configs = []
-    real = plan_maker.schedule
-    monkeypatch.setattr(plan_maker, "schedule", lambda *a, **k: configs.append(k) or real(*a, **k))
+    real = searches.schedule
+    monkeypatch.setattr(searches, "schedule", lambda *a, **k: configs.append(k) or real(*a, **k))
     check = cost_check(record, records, rows, train, PlanConfig(verify_device_evaluations=16 * 200), NO_EMULATION,
                        workload, 0.1)
     assert configs[-1]["config"].max_evaluations == 200 and configs[-1]["random_samples"] == 0
@@ -512,10 +513,11 @@ def test_a_followers_check_is_the_leaders_search_stopped_at_its_evaluations(monk
                       0.1).problem is None
     assert configs[-1]["config"] == DEFAULT_SEARCH
 
-    # a leader's search may take twice ours and a second, within the budget; all of it where ours stopped short
+    # a leader's search may take twice ours, within the budget (all of it where ours stopped short), then publish
     assert search_allowance(2.0, False, 60.0) == 5.0
-    assert search_allowance(40.0, False, 60.0) == 60.0
-    assert search_allowance(0.5, True, 60.0) == 60.0
+    assert search_allowance(40.0, False, 60.0) == 61.0
+    assert search_allowance(0.5, True, 60.0) == 61.0
+    assert search_allowance(40.0, False, 60.0, publish_s=21.0) == 81.0  # our own stores take 10 s lately
 
 
 def test_the_first_plan_is_checked_on_the_rows_read_when_it_fell_due(world):
@@ -544,13 +546,39 @@ def test_the_first_plan_is_checked_on_the_rows_read_when_it_fell_due(world):
     assert watching.rows_to_check(plan) is None  # our search planned other members
 
 
+def test_a_leaders_plan_is_never_worse_than_the_check_its_followers_make_however_loaded(monkeypatch):
+    """The check's search is bounded by evaluations, not time; the leader makes that very search first, whatever its
+    time budget (a loaded machine's leader, stopped by time, was refused by followers whose check went further),
+    then the full search in what is left of its budget where the check's stopped at its cap."""
+    from p2ptrain.agent.leadership import searches
+
+    monkeypatch.setattr(searches, "_searched", type(searches._searched)())
+    peers = sorted(generate_identity().peer_id for _ in range(16))
+    net = scenario("worldwide", 16)
+    records = {p: PeerRecord(device_name=f"dev{k}", memory_gb=16.0, tflops=10.0) for k, p in enumerate(peers)}
+    rows = {a: LinksRecord.from_peers({b: LinkMeasurement(float(net.latency_ms[i, j]), float(net.bandwidth_gbps[i, j]))
+                                       for j, b in enumerate(peers) if j != i}) for i, a in enumerate(peers)}
+    cluster = build_cluster(peers, records, rows, NO_EMULATION)
+    workload = run_workload(TRAIN, 4, 4)
+    starved = PlanConfig(time_budget_s=1e-6)  # before: one batch of moves, then "time budget"
+    check = make_plan(cluster, workload, 4, starved, check=True)
+    leader = make_plan(cluster, workload, 4, starved)
+    assert check["search"]["stopped_by"] == "converged" and leader["pipelines"] == check["pipelines"]
+    assert leader["cost_s"] == check["cost_s"] and "random" in leader["baselines"]
+    capped = PlanConfig(verify_device_evaluations=16 * 200)  # a large run's check stops at its cap: the leader goes on
+    check = make_plan(cluster, workload, 4, capped, check=True)
+    leader = make_plan(cluster, workload, 4, capped)
+    assert check["search"]["evaluations"] >= 200 and leader["search"]["evaluations"] > check["search"]["evaluations"]
+    assert leader["cost_s"] <= check["cost_s"]
+
+
 def test_a_check_that_reuses_our_search_costs_what_that_search_took(world, monkeypatch):
     """The trainers' no-show window is twice a follower's check; one that reused the search it made when the plan
-    fell due (``plan_maker._searched``) took milliseconds, and its window (16 s) halted a 32-agent epoch whose
+    fell due (``searches._searched``) took milliseconds, and its window (16 s) halted a 32-agent epoch whose
     slower followers were still searching: the check costs what the search took."""
-    from p2ptrain.agent.leadership import plan_maker
+    from p2ptrain.agent.leadership import searches
 
-    monkeypatch.setattr(plan_maker, "_searched", type(plan_maker._searched)())
+    monkeypatch.setattr(searches, "_searched", type(searches._searched)())
     peers, records, rows = world
     best, _, _ = scored(peers, records, rows, peers[:4])
     plan = plan_record(peers, peers[:4], best)
@@ -560,7 +588,7 @@ def test_a_check_that_reuses_our_search_costs_what_that_search_took(world, monke
                         workload_for)
 
     assert gate().accept(plan, records, lambda p: 60.0, first=True)
-    (searched,) = plan_maker._searched.values()
+    (searched,) = searches._searched.values()
     searched["search"]["seconds"] = 30.0  # as if that search had taken 30 s (a busy machine)
     again = gate()
     assert again.accept(plan, records, lambda p: 60.0, first=True)

@@ -21,7 +21,7 @@ from hivemind.dht.validation import DHTRecord, RecordValidatorBase
 from hivemind.utils import get_dht_time
 
 from p2ptrain.agent.leadership.election import select_plan
-from p2ptrain.errors import PeerTimeoutError, ProtocolError
+from p2ptrain.errors import ConfigError, PeerTimeoutError, ProtocolError
 from p2ptrain.net.dht.keys import RecordKind
 from p2ptrain.net.dht.node import DHTConfig, SwarmDHT
 from p2ptrain.net.dht.records import LinkMeasurement, LinksRecord, PeerRecord, PlanRecord, ProgressRecord
@@ -122,6 +122,20 @@ def test_a_signed_record_from_one_peer_is_readable_by_another(swarm):
         follower.peer_id: LinkMeasurement(0.2, 9.5)
     }
     assert follower.read_progress()[leader.peer_id] == heartbeat
+
+
+async def _node_options(_dht, node) -> tuple[int, int, float]:
+    return node.num_replicas, node.cache_nearest, node.cache_refresh_before_expiry
+
+
+@pytest.mark.timeout(60)
+def test_every_node_runs_our_options_and_a_beam_that_reaches_the_replicas(swarm):
+    """Each key on 5 nodes, no cached copies pushed after reads (``NODE_OPTIONS``); a beam below the replicas
+    could miss nodes that hold a key, and is refused."""
+    for peer in swarm:
+        assert peer.hivemind_dht.run_coroutine(_node_options) == (5, 0, 0)
+    with pytest.raises(ConfigError, match="beam_size=4 must be in"):
+        DHTConfig(beam_size=4)
 
 
 @pytest.mark.timeout(60)

@@ -15,7 +15,7 @@ from p2ptrain.agent.leadership.election import leader_of, select_plan, sorted_me
 from p2ptrain.errors import ConfigError
 from p2ptrain.net.dht.keys import RecordKind
 from p2ptrain.net.dht.records import MAX_RECORD_BYTES, PeerRecord, PlanRecord, ProgressRecord
-from p2ptrain.net.dht.validators import SwarmRecordValidator, verify_entries
+from p2ptrain.net.dht.validators import SignatureValidator, SwarmRecordValidator, verify_entries
 from p2ptrain.net.identity import (
     check_peer_id,
     generate_identity,
@@ -55,6 +55,23 @@ def tampered(record: DHTRecord) -> DHTRecord:
 
 def test_a_signed_entry_is_admitted_by_other_nodes():
     assert validators_of(BOB).validate(signed(ALICE, dht_record(ALICE, "demo.progress", VALUE)))
+
+
+def test_a_nodes_signature_verdicts_are_remembered_per_entry_and_never_lent_to_another(monkeypatch):
+    """A node checks an entry's signature once (``SignatureValidator``: every read brings each entry from each node
+    asked); a tampered copy, or the entry with another expiration, is checked afresh and refused."""
+    checks = []
+    real = RSASignatureValidator.validate
+    monkeypatch.setattr(RSASignatureValidator, "validate", lambda self, r: checks.append(r) or real(self, r))
+    node = SignatureValidator(BOB.private_key, ["demo"])
+    good = signed(ALICE, dht_record(ALICE, "demo.progress", VALUE))
+    assert node.validate(good) and node.validate(dataclasses.replace(good)) and len(checks) == 1
+    assert not node.validate(tampered(good)) and len(checks) == 2
+    assert not node.validate(dataclasses.replace(good, expiration_time=good.expiration_time + 1))
+    assert len(checks) == 3 and node.validate(good) and len(checks) == 3
+    # fields that would spell the same bytes run together: the lengths come first
+    joined = dataclasses.replace(good, key=good.key + good.subkey[:1], subkey=good.subkey[1:])
+    assert not node.validate(joined) and len(checks) == 4
 
 
 @pytest.mark.parametrize(

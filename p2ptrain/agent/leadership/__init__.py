@@ -12,6 +12,7 @@
   passing it over.
 - ``pricing``: ``PlanPricing``, the workload a plan is priced with, the leader's and the followers' alike.
 - ``disputes``: the leader's judgement of disputes with bulk evidence, beside its loop.
+- ``searches``: a plan's searches, remembered by their inputs; a follower's in one thread of lower priority.
 - ``plan_check``: a follower's checks of a plan, and passing over a leader that publishes none it accepts.
 - ``following``: ``Following``, an agent's plan tracking: the plan to follow next, the records read last, when
   to pass its leader over or step aside, whether the run finished without it.

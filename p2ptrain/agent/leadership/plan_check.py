@@ -529,7 +529,7 @@ class PlanGate:
         self._costs[key] = check.problem
         self._check_short[key] = check.stopped_short
         # what the check cost us is our search's time, also where it was the one we made when the plan fell due
-        # (``plan_maker._searched``): the trainers' no-show window is twice it, and peers without that search at hand
+        # (``searches._searched``): the trainers' no-show window is twice it, and peers without that search at hand
         # make it now (32 agents on two cores: 16 s was too short for them)
         self._check_s[key] = max(self._check_s[key], check.search_s)
         logger.info("plan epoch %d signed by %s checked: %.4g s per step, ours %.4g s", plan.epoch, plan.leader,

@@ -31,14 +31,9 @@ emulated network's device order), otherwise by peer ID.
 
 from __future__ import annotations
 
-import collections
-import copy
 import dataclasses
-import hashlib
 import logging
 import math
-import pickle
-import threading
 import time
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
@@ -47,6 +42,7 @@ import numpy as np
 
 from p2ptrain.agent.churn.warm_copies import copy_part_numel
 from p2ptrain.agent.config import ChurnConfig, EmulationSettings, PlanConfig
+from p2ptrain.agent.leadership import searches
 from p2ptrain.net.dht.records import LinkMeasurement, LinksRecord, PeerRecord
 from p2ptrain.planning import (
     Cluster,
@@ -62,7 +58,6 @@ from p2ptrain.planning import (
     schedule,
     workload_from_model,
 )
-from p2ptrain.planning.baselines import RANDOM_SAMPLES
 from p2ptrain.planning.estimated import estimate_links, twin_groups
 from p2ptrain.planning.joint import LayeredWorkload
 from p2ptrain.planning.plan import Infeasible
@@ -260,23 +255,6 @@ def run_workload(train: TrainConfig, num_stages: int, num_replicas: int, size_fa
     return Workload(own.activation_gb / size_factor, own.gradient_gb / size_factor, source=source)
 
 
-# The searches this process made lately, by their inputs: a follower searches the run's first plan itself (to
-# know what the leader's search takes, ``watching``) and then checks the leader's plan of the same records by
-# a search of its own (``plan_check.cost_check``): with sixteen agents on two cores those two searches each
-# were the first epoch's longest wait. Same inputs, same search: the second is the first's.
-KEPT_SEARCHES = 4
-_searched: collections.OrderedDict[bytes, dict[str, Any]] = collections.OrderedDict()
-_searched_lock = threading.Lock()
-
-
-def _search_key(cluster: Cluster, workload: Workload, num_stages: int, config: PlanConfig,
-                search: tuple[SearchConfig, bool]) -> bytes | None:
-    try:
-        return hashlib.blake2b(pickle.dumps((cluster, workload, num_stages, config, search), protocol=5)).digest()
-    except Exception:  # noqa: BLE001 - an input that does not pickle is searched afresh, never a failure
-        return None
-
-
 def check_search(config: PlanConfig, num_devices: int) -> SearchConfig:
     """The search a follower makes to check a leader's plan of ``num_devices`` (and to time it, ``watching``): the
     leader's, stopped after ``PlanConfig.verify_device_evaluations`` / ``num_devices`` evaluations (0: never), so
@@ -301,29 +279,30 @@ def make_plan(cluster: Cluster, workload: Workload, num_stages: int, config: Pla
               check: bool = False) -> dict[str, Any]:
     """The plan document (docs/design.md "Plan file") of ``PlanConfig.strategy`` over ``cluster``; ValueError if
     none. ``check``: a follower's own plan, to check or time the leader's (``check_search``). A scheduled plan of
-    inputs this process searched lately is that search's (``_searched``)."""
+    inputs this process searched lately is that search's; a follower's runs in the check thread, at a lower
+    priority than the rest of its agent (``searches``).
+
+    A scheduled plan is never worse than the follower's check of it finds: the check's search is bounded by
+    evaluations, not time, so that every follower of the same records finds the same plan on any machine under
+    any load; the leader makes that very search first, without the time budget, and then, where it stopped at the
+    check's cap (large runs), the full search in what is left of ``plan.time_budget_s``, and keeps the cheaper.
+    A leader stopped by its time budget before the check's search ends was refused by followers whose check went
+    further (a 32-agent swarm on two cores: 48.2 s a step against their 42.8 s)."""
     n = cluster.num_devices
     if config.strategy == "scheduled":
-        search = check_search(config, n) if check else DEFAULT_SEARCH
-        key = _search_key(cluster, workload, num_stages, config, (search, check))
-        with _searched_lock:
-            found = _searched.get(key) if key is not None else None
-        if found is not None:
-            logger.info("plan of these %d devices in %d stages as searched before: %.5g s/iteration", n, num_stages,
-                        found["cost_s"])
-            return copy.deepcopy(found)
-        plan = schedule(cluster, workload, num_stages, seed=config.seed, objective=config.objective,
-                        time_budget_s=config.time_budget_s, clock=time.perf_counter, config=search,
-                        random_samples=0 if check else RANDOM_SAMPLES)
-        if isinstance(plan, Infeasible):
-            raise ValueError(f"no plan: {plan.reason}")
-        document = plan.to_json()
-        if key is not None:
-            with _searched_lock:
-                _searched[key] = copy.deepcopy(document)
-                while len(_searched) > KEPT_SEARCHES:
-                    _searched.popitem(last=False)
-        return document
+        if check:
+            return searches.searched_plan(cluster, workload, num_stages, config, check_search(config, n), None, check=True)
+        started = time.perf_counter()
+        plan = searches.searched_plan(cluster, workload, num_stages, config, check_search(config, n), None)
+        left_s = config.time_budget_s - (time.perf_counter() - started)
+        if stopped_short(plan["search"], config, n) and left_s > 0:
+            full = searches.searched_plan(cluster, workload, num_stages, config, DEFAULT_SEARCH, left_s)
+            first = plan["search"]
+            if full["cost_s"] < plan["cost_s"]:
+                plan = full
+            plan["search"] = {**plan["search"], "evaluations": first["evaluations"] + full["search"]["evaluations"],
+                              "seconds": time.perf_counter() - started}
+        return plan
     if n % num_stages:
         raise ValueError(f"{n} devices cannot be split into {num_stages} stages")
     if isinstance(workload, LayeredWorkload):  # a baseline keeps the even split

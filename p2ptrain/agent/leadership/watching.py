@@ -9,9 +9,10 @@ The leader (``leader.Leader``) owns one and hands the agent's calls to it; it ru
 (the agent's loop, or the step-boundary thread while an epoch trains). The first plan falls due as the leader
 itself would decide (the plan trigger, then the trainers' links measured or ``links_timeout_s``: the clock of
 that wait, ``LinksWait``, is the one the leader's side uses, so an agent that comes to lead goes on from it);
-the leader may then take twice what our own search of the same records took, plus a second to publish. A
-re-plan is due once we are idle after an epoch; once every live trainer halted, what is left to it is its
-search and its publishing. A leader that publishes no plan we accept in time is passed over
+the leader may then take twice what our own search of the same records took (at most ``plan.time_budget_s``),
+plus its publishing (a second, and twice the slowest of our own recent DHT stores). A re-plan is due once we
+are idle after an epoch; once every live trainer halted, what is left to it is its search and its publishing.
+A leader that publishes no plan we accept in time is passed over
 (``plan_check.LeaderWatch``), and the next-lowest peer leads.
 """
 
@@ -46,6 +47,8 @@ if TYPE_CHECKING:
     from p2ptrain.agent.leadership.leader import AgentView
 
 logger = logging.getLogger(__name__)
+
+PUBLISH_S = 1.0  # a leader's publishing of its plan, beyond what our own stores take lately (``_publish_s``)
 
 
 class LinksWait:
@@ -96,7 +99,7 @@ class Watching:
             return membership
         if view.following is None:
             due = self._first_plan_due(membership)
-            allowance = self._search_allowance(membership) if due else cfg.plan.time_budget_s
+            allowance = self._search_allowance(membership) if due else cfg.plan.time_budget_s + self._publish_s()
         else:
             due, allowance = True, cfg.plan.time_budget_s + cfg.churn.halt_timeout_s + cfg.dht.peer_ttl_s
             settled = self._replan_settled(view, membership)
@@ -179,19 +182,19 @@ class Watching:
         return self._settled.setdefault(key, time.monotonic())
 
     def _replan_search_s(self, view: AgentView) -> float:
-        """What a re-plan's search may take: twice our own of the run's plans (the first plan's, or our check of
-        the one followed), plus a second to publish; ``plan.time_budget_s`` at most, and all of it where ours
-        reached the check's cap (``search_allowance``)."""
+        """What a re-plan's search and publishing may take: twice our own search of the run's plans (the first
+        plan's, or our check of the one followed), at most ``plan.time_budget_s``, and all of it where ours reached
+        the check's cap, then the publishing (``search_allowance``)."""
         budget_s, own = self.config.plan.time_budget_s, 0.0
         if self._own_search is not None and self._own_search[1].done() and self._own_search[1].exception() is None:
             own = self._own_allowance(self._own_search[1].result())
-        return max(own, search_allowance(view.check_s, view.check_short, budget_s))
+        return max(own, search_allowance(view.check_s, view.check_short, budget_s, self._publish_s()))
 
     def _search_allowance(self, membership: Membership) -> float:
         """What the leader may spend on its search, beyond the grace, for the first plan of ``membership``:
-        twice what our own search of the same records took, plus a second to publish. Our search runs once
-        per membership, in the planner thread the leader would use (heartbeats and polling go on); while it
-        runs, or where it cannot run, the whole ``plan.time_budget_s``. A silent leader is thus passed over
+        twice what our own search of the same records took, plus the publishing (``_publish_s``). Our search runs
+        once per membership, from the planner thread the leader would use, in the check thread (heartbeats and
+        polling go on); while it runs, or where it cannot run, the whole ``plan.time_budget_s`` and the publishing. A silent leader is thus passed over
         seconds after the plan fell due, not a minute: the search on a small run takes milliseconds."""
         cfg = self.config
         key = membership.ids
@@ -210,10 +213,10 @@ class Watching:
                     self._own_search = (key, self._planner.submit(make_plan, cluster, workload, stages, cfg.plan,
                                                                   check=True))
             except (ValueError, ProtocolError):
-                return cfg.plan.time_budget_s
+                return cfg.plan.time_budget_s + self._publish_s()
         future = self._own_search[1]
         if not future.done() or future.exception() is not None:
-            return cfg.plan.time_budget_s
+            return cfg.plan.time_budget_s + self._publish_s()
         return self._own_allowance(future.result())
 
     def _own_allowance(self, plan: dict[str, Any]) -> float:
@@ -221,7 +224,13 @@ class Watching:
         search = plan.get("search") or {}
         devices = sum(len(row) for row in plan.get("pipelines") or ())
         return search_allowance(float(search.get("seconds") or 0.0), stopped_short(search, self.config.plan, devices),
-                                self.config.plan.time_budget_s)
+                                self.config.plan.time_budget_s, self._publish_s())
+
+    def _publish_s(self) -> float:
+        """What the leader's publishing may take: a second, and twice the slowest of our own last DHT stores (a
+        plan's parts, then its head). 32 agents on two cores: a leader whose search ran its whole 60 s budget
+        stored its plan 18 s later, after its followers' allowance had run out, and was passed over."""
+        return PUBLISH_S + 2.0 * self.dht.slowest_store_s()
 
     def _own_first_plan(self, membership: Membership, rows) -> dict[str, Any]:
         """Run in the planner thread: the stage count chosen for ``membership`` and the plan at it, as the leader
@@ -239,8 +248,9 @@ class Watching:
         return {**plan, "search": {"seconds": time.perf_counter() - started}}
 
 
-def search_allowance(seconds: float, short: bool, budget_s: float) -> float:
-    """What a leader's search may take, from our own of the same records (``seconds``): twice it plus a second to
-    publish, at most ``budget_s``; the whole budget where ours stopped ``short`` at the check's cap
-    (``plan_maker.stopped_short``), since the leader's goes on."""
-    return budget_s if short else min(budget_s, 2.0 * seconds + 1.0)
+def search_allowance(seconds: float, short: bool, budget_s: float, publish_s: float = PUBLISH_S) -> float:
+    """What a leader's search and publishing may take, from our own search of the same records (``seconds``):
+    twice it, at most ``budget_s`` (the whole budget where ours stopped ``short`` at the check's cap,
+    ``plan_maker.stopped_short``, since the leader's goes on), and ``publish_s`` to publish the plan. The
+    publishing is never cut by the budget: a leader whose search ran its whole budget still stores its plan."""
+    return (budget_s if short else min(budget_s, 2.0 * seconds)) + publish_s

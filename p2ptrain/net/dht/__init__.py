@@ -9,6 +9,7 @@
 - ``admission``: open runs, and closed ones (listed peers or holders of a join token).
 - ``refresh``: keeps this peer's own records alive until replaced or withdrawn.
 - ``node``: ``SwarmDHT``, the synchronous facade over ``hivemind.DHT``: verified reads, deadlines, shutdown.
+- ``relaying``: the DHT process with p2pd's relay flags, and dials through circuit relays inside it.
 - ``pipe_fix``: the DHT process reads each call from its pipe whole (hivemind's loop could read half of one).
 - ``retry``: a DHT call tried again with back-off while a crowd joins (an agent's first stores).
 - ``counters``: what this peer's DHT calls cost, by record kind (``DHTCounters``, the ``dht_traffic`` event).

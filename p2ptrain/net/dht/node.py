@@ -27,6 +27,7 @@ cleanly. The synchronous facade agents use (thread-safe)::
 from __future__ import annotations
 
 import atexit
+import collections
 import concurrent.futures
 import functools
 import logging
@@ -46,12 +47,13 @@ from hivemind.utils.multiaddr import Multiaddr
 from p2ptrain.errors import ConfigError, PeerTimeoutError, ProtocolError
 from p2ptrain.lifecycle import find_processes, shutdown_in_order, terminate_stray_process
 from p2ptrain.net import p2p_fixes
-from p2ptrain.net.dht import pipe_fix, plan_store
+from p2ptrain.net.dht import plan_store
 from p2ptrain.net.dht.admission import AdmissionConfig, AdmissionPolicy, attach_token
 from p2ptrain.net.dht.counters import DHTCounters, entry_bytes
 from p2ptrain.net.dht.keys import RecordKind, RunKeys
 from p2ptrain.net.dht.records import LinksRecord, PeerRecord, PlanRecord, ProgressRecord, Record
 from p2ptrain.net.dht.refresh import Refresher
+from p2ptrain.net.dht.relaying import RelayingDHT, dial_circuits
 from p2ptrain.net.dht.row_history import RowHistory
 from p2ptrain.net.dht.validators import (
     MAX_TTL_S,
@@ -62,7 +64,7 @@ from p2ptrain.net.dht.validators import (
     verify_entries,
 )
 from p2ptrain.net.identity import Identity, TemporaryIdentityFile, generate_identity, load_or_create_identity
-from p2ptrain.net.nat.relay import RelayConfig, circuit_maddrs, is_circuit, multiaddr_bytes
+from p2ptrain.net.nat.relay import RelayConfig, circuit_maddrs, is_circuit
 
 p2p_fixes.apply()  # before any P2P client starts (the DHT's process, forked from ours, inherits it)
 
@@ -70,6 +72,12 @@ logger = logging.getLogger(__name__)
 
 _REACH_HINT = "check that they are running and that their address, port and firewall let this machine in"
 JOIN_PAUSE_S = 2.0  # between two tries to reach the initial peers (``join``)
+# hivemind's DHTNode, as every p2ptrain node runs it: each key on its 5 nearest nodes (hivemind's default), and
+# none of the caching that re-sends whole values: after each read hivemind stores the value found on the nearest
+# node that lacked it, and re-reads values it served from its cache before they expire. A run's keys are each
+# written by every peer and read with ``latest`` (all replicas merged), so those copies were a whole value sent
+# per read, and no read was answered from them
+NODE_OPTIONS: dict[str, Any] = {"num_replicas": 5, "cache_nearest": 0, "cache_refresh_before_expiry": 0}
 
 
 class BootstrapUnreachable(PeerTimeoutError):
@@ -101,6 +109,10 @@ class DHTConfig:
     # an agent's first stores (its peer record, the copies it holds) tried again this long on a busy DHT
     # (``retrying``): 32 agents starting on 2 cores saw a store time out at 105 s, and the agent exited
     start_retry_s: float = 300.0
+    # a read or a store visits this many of the nodes nearest its key (hivemind's beam; its default, 20, is every
+    # node of a run of 20: each read of a key the whole run writes then asks every node, and each answers with its
+    # copy of the whole value); the records live on the 5 nearest (``NODE_OPTIONS``)
+    beam_size: int = 8
 
     def __post_init__(self) -> None:
         for name in ("peer_ttl_s", "links_ttl_s", "plan_ttl_s", "progress_ttl_s"):
@@ -112,6 +124,9 @@ class DHTConfig:
                 raise ConfigError(f"{name}={getattr(self, name)} must be positive")
         if not 0 < self.refresh_fraction < 1:
             raise ConfigError(f"refresh_fraction={self.refresh_fraction} must be in (0, 1)")
+        if not NODE_OPTIONS["num_replicas"] <= self.beam_size <= 64:
+            raise ConfigError(f"beam_size={self.beam_size} must be in [{NODE_OPTIONS['num_replicas']}, 64]: "
+                              "a search must reach every node that holds a key")
         if not self.host_maddrs:
             raise ConfigError("host_maddrs is empty: give at least one address to listen on")
         for name in ("initial_peers", "host_maddrs", "announce_maddrs"):
@@ -159,6 +174,8 @@ class SwarmDHT:
         self._closed = False
         self.counters = DHTCounters()
         self.rows_read = RowHistory()  # the links rows read lately, by version: a plan is checked on its leader's
+        self._store_s: collections.deque[float] = collections.deque(maxlen=16)  # our last stores' seconds
+        self.node_options = dict(NODE_OPTIONS)  # hivemind's DHTNode options (``benchmarks/dht_load.py`` varies them)
 
     # ---- lifecycle -------------------------------------------------------------------------------------
 
@@ -177,14 +194,14 @@ class SwarmDHT:
             # hivemind's check that an identity is free starts a second daemon with it and connects it to
             # the initial peers: a relay then briefly knows two connections of one private peer and drops
             # circuits to it, so a private peer skips the check (its identity file is its own)
-            self._dht = _RelayingDHT(
+            self._dht = RelayingDHT(
                 cfg.relay.p2pd_extra_args(cfg.initial_peers), **cfg.relay.p2p_kwargs(cfg.initial_peers),
                 initial_peers=list(cfg.initial_peers) or None, start=False, record_validators=validators,
                 shutdown_timeout=cfg.shutdown_timeout_s, host_maddrs=list(cfg.host_maddrs),
                 announce_maddrs=list(cfg.announce_maddrs) or None, identity_path=key_file.path,
                 check_if_identity_free=bool(path) and cfg.check_identity and cfg.relay.reachability != "private", client_mode=cfg.client_mode,
                 nat_port_map=not _loopback_only(cfg.host_maddrs),  # UPnP for 127.0.0.1: 0.3 s of p2pd's CPU for nothing
-                startup_timeout=cfg.startup_timeout_s, ensure_bootstrap_success=False,
+                startup_timeout=cfg.startup_timeout_s, ensure_bootstrap_success=False, **self.node_options,
             )
             self._dht.run_in_background(await_ready=True, timeout=cfg.startup_timeout_s)
             peer_id, routing_table_size = self._call(_node_status, "startup check")
@@ -343,7 +360,7 @@ class SwarmDHT:
             timeout_s = self.config.request_timeout_s
             with self._pipe_lock:  # kept: a dropped future would cancel the dials
                 self._relay_dial_future = self.hivemind_dht.run_coroutine(
-                    functools.partial(_dial_circuits, targets=targets, timeout_s=timeout_s), return_future=True
+                    functools.partial(dial_circuits, targets=targets, timeout_s=timeout_s), return_future=True
                 )
 
     def routing_table_size(self) -> int:
@@ -383,34 +400,43 @@ class SwarmDHT:
     def _store(self, kind: RecordKind, record: Record) -> bool:
         if kind is RecordKind.PLAN:  # its parts first, then the head that names them (``plan_store``)
             head, parts = plan_store.split(record)  # type: ignore[arg-type]
-            stored = [self._store_value(kind, self.keys.plan_part(p.index), p.encode()) for p in parts]  # type: ignore[union-attr]
-            return self._store_value(kind, self._key(kind), head.encode()) and all(stored)
-        return self._store_value(kind, self._key(kind), record.encode())
+            # the parts at once: one after another, a 32-agent run's leader took 15 s to store its plan
+            stored = self._store_values(kind, [(self.keys.plan_part(p.index), p.encode()) for p in parts])  # type: ignore[union-attr]
+            return self._store_values(kind, [(self._key(kind), head.encode())])[0] and all(stored)
+        return self._store_values(kind, [(self._key(kind), record.encode())])[0]
 
-    def _store_value(self, kind: RecordKind, key: str, value: bytes) -> bool:
-        if self._token is not None:  # a closed run: our records show our join token (admission.py)
-            value = attach_token(value, self._token)
+    def _store_values(self, kind: RecordKind, values: list[tuple[str, bytes]]) -> list[bool]:
+        """Store each (key, value) under our subkey, all sent at once; whether each was stored (``publish``)."""
         expiration_time = get_dht_time() + self.config.ttl_s(kind)
+        if self._token is not None:  # a closed run: our records show our join token (admission.py)
+            values = [(key, attach_token(value, self._token)) for key, value in values]
         started = time.monotonic()
-        ok = False
+        results = [False] * len(values)
         try:
-            self._check_running(f"store of {key}")
+            self._check_running(f"store of {values[0][0]}")
             with self._pipe_lock:
-                future = self.hivemind_dht.store(
-                    key, value, expiration_time, subkey=self._identity.owner_mark, return_future=True
-                )
-            ok = bool(self._result(future, f"store of {key}"))
+                futures = [self.hivemind_dht.store(key, value, expiration_time, subkey=self._identity.owner_mark,
+                                                   return_future=True, beam_size=self.config.beam_size)
+                           for key, value in values]
+            for i, ((key, _), future) in enumerate(zip(values, futures, strict=True)):
+                results[i] = bool(self._result(future, f"store of {key}"))
         finally:
-            self.counters.add(kind, stores=1, store_bytes=len(value), store_failures=not ok,
-                              seconds=time.monotonic() - started)
-        if not ok:
-            self._log.warning(
-                (key, "store"),
-                "DHT store of our %s record got no acceptance from the last replica "
-                "to answer (or none answered); other replicas may hold it",
-                key,
-            )
-        return ok
+            self._store_s.append(time.monotonic() - started)
+            self.counters.add(kind, stores=len(values), store_bytes=sum(len(v) for _, v in values),
+                              store_failures=results.count(False), seconds=time.monotonic() - started)
+        for (key, _), ok in zip(values, results, strict=True):
+            if not ok:
+                self._log.warning(
+                    (key, "store"),
+                    "DHT store of our %s record got no acceptance from the last replica "
+                    "to answer (or none answered); other replicas may hold it",
+                    key,
+                )
+        return results
+
+    def slowest_store_s(self) -> float:
+        """The slowest of our last 16 stores, in seconds (0 before any): what a peer's publishing takes now."""
+        return max(self._store_s, default=0.0)
 
     # ---- read ------------------------------------------------------------------------------------------
 
@@ -446,7 +472,8 @@ class SwarmDHT:
         try:
             self._check_running(f"get of {keys[0]}")
             with self._pipe_lock:
-                futures = [self.hivemind_dht.get(key, latest=True, return_future=True) for key in keys]
+                futures = [self.hivemind_dht.get(key, latest=True, return_future=True, beam_size=self.config.beam_size)
+                           for key in keys]
             found = [self._result(future, f"get of {key}") for key, future in zip(keys, futures, strict=True)]
             failed = False
         finally:
@@ -521,57 +548,6 @@ async def _node_status(_dht: hivemind.DHT, node: Any) -> tuple[str, int]:
 
 async def _visible_maddrs(_dht: hivemind.DHT, node: Any, latest: bool) -> list[Any]:
     return await node.get_visible_maddrs(latest=latest)
-
-
-async def _dial_circuits(_dht: hivemind.DHT, node: Any, targets: dict[str, tuple[str, ...]], timeout_s: float) -> None:
-    """In the DHT process: connect to each target through its circuit addresses, unless connected already."""
-    import asyncio
-
-    from hivemind.p2p import PeerID
-
-    p2p = node.p2p
-    connected = {str(info.peer_id) for info in await p2p.list_peers()}
-    dials = [_dial_one(p2p, PeerID.from_base58(peer), maddrs, timeout_s)
-             for peer, maddrs in targets.items() if peer not in connected]
-    await asyncio.gather(*dials)
-
-
-async def _dial_one(p2p: Any, peer: Any, maddrs: tuple[str, ...], timeout_s: float) -> None:
-    import asyncio
-
-    try:
-        addresses = [multiaddr_bytes(m.rsplit("/p2p/", 1)[0]) for m in maddrs]
-        await asyncio.wait_for(p2p._client.connect(peer, addresses), timeout_s)  # noqa: SLF001 - no public dial
-        logger.info("connected to peer %s through a relay", peer)
-    except Exception as e:  # the daemon raises its own error types; a later read of the peers dials again
-        logger.info("could not reach peer %s through a relay yet: %s", peer, e)
-
-
-class _RelayingDHT(hivemind.DHT):
-    """A hivemind DHT whose p2pd gets the relay flags hivemind has no option for (``relay.py``).
-
-    They are added to p2pd's command line inside the DHT's own (forked) process, so nothing else in the
-    parent process changes.
-    """
-
-    def __init__(self, p2pd_args: dict[str, object], **kwargs: Any):
-        super().__init__(**kwargs)
-        self._p2pd_args = dict(p2pd_args)
-
-    def run(self) -> None:
-        from hivemind.p2p import P2P
-
-        make_args = P2P._make_process_args  # noqa: SLF001 - the one place hivemind builds p2pd's argv
-        extra = self._p2pd_args
-
-        def with_relay_flags(*args: Any, **kwargs: Any) -> list[str]:
-            # relayDiscovery=0 needs static relays; hivemind's identity check starts a daemon without them
-            flags = {k: v for k, v in extra.items() if k != "relayDiscovery" or kwargs.get("trustedRelays")}
-            return make_args(*args, **{**kwargs, **flags})
-
-        P2P._make_process_args = staticmethod(with_relay_flags)  # noqa: SLF001 - in this forked process only
-        pipe_fix.install(self)  # calls over 16 KiB arrive whole
-        super().run()
 
 
 def _shutdown_at_exit(ref: weakref.ReferenceType[SwarmDHT]) -> None:

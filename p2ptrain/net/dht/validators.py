@@ -23,7 +23,11 @@ written in the DHT process are not where an operator reads the agent's log.
 
 from __future__ import annotations
 
+import collections
+import hashlib
 import logging
+import struct
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -52,6 +56,7 @@ logger = logging.getLogger(__name__)
 
 MAX_TTL_S = 24 * 3600.0  # no entry under a run key may be stored to live longer than this
 _CLOCK_SLACK_S = 60.0  # tolerated clock skew between peers when checking expirations
+VERDICTS_KEPT = 4096  # signature checks remembered by a node (``SignatureValidator.validate``)
 
 R = TypeVar("R")
 
@@ -98,9 +103,25 @@ class SignatureValidator(RSASignatureValidator):
         super().__init__(private_key)
         self._keys = run_key_ids(run_ids)
         self._log = RateLimitedLog(logger)
+        self._verdicts: collections.OrderedDict[bytes, bool] = collections.OrderedDict()
+        self._lock = threading.Lock()
 
     def validate(self, record: DHTRecord) -> bool:
-        ok = super().validate(record)
+        """hivemind's check, remembered by the digest of all the entry's bytes (key, subkey, value, expiration:
+        what the signature covers): every read of a run's key gets a copy of each entry from each node it asks,
+        a dozen times over until the entry is replaced, and each check parsed the owner's key and verified an
+        RSA signature, milliseconds on a loaded machine (``benchmarks/dht_load.py``)."""
+        digest = hashlib.blake2b(digest_size=20)
+        for part in (record.key, record.subkey or b"", record.value, struct.pack("<d", record.expiration_time)):
+            digest.update(struct.pack("<Q", len(part)) + part)  # each part's length first: no two entries spell alike
+        with self._lock:
+            ok = self._verdicts.get(digest.digest())
+        if ok is None:
+            ok = super().validate(record)
+            with self._lock:
+                self._verdicts[digest.digest()] = ok
+                if len(self._verdicts) > VERDICTS_KEPT:
+                    self._verdicts.popitem(last=False)
         key = self._keys.get(record.key)
         if not ok and key is not None:
             self._log.warning((key, "signature"), "DHT refuses an entry under %s: its signature does not match "

@@ -1,0 +1,139 @@
+"""A plan's searches in an agent: remembered by their inputs, and a follower's run in one thread of lower priority.
+
+    document = searched_plan(cluster, workload, stages, plan_config, search, time_budget_s=None, check=True)
+
+A follower searches the plans it checks (``plan_maker.make_plan`` with ``check=True``): to time the leader's
+search (``watching``) and to price the leader's plan against its own (``plan_check.cost_check``). Same inputs,
+same search: the searches this process made lately are kept by their inputs (``KEPT_SEARCHES``), and the second
+is the first's (sixteen agents on two cores: those two searches each were the first epoch's longest wait).
+
+A follower's searches are the agent's least urgent work: its heartbeats, its DHT polls, the steps it trains,
+and, where agents share a machine, the leader's own search come first. They run in one thread (``run``) whose
+nice value is raised by ``CHECK_NICE`` on Linux (per thread there; elsewhere it runs at the agent's). Measured
+in a 32-agent local swarm on two cores, where 31 followers searched while their leader did: the leader's search
+of 32 devices took 60 s and its grace ran out before its plan was stored (``benchmarks/README.md``, "Links at
+scale"). A search waits for the one before it; a search of the key of one in flight is not run twice.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import copy
+import hashlib
+import logging
+import os
+import pickle
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from p2ptrain.planning import schedule
+from p2ptrain.planning.baselines import RANDOM_SAMPLES
+from p2ptrain.planning.plan import Infeasible
+
+if TYPE_CHECKING:
+    from p2ptrain.agent.config import PlanConfig
+    from p2ptrain.planning import Cluster, Workload
+    from p2ptrain.planning.search import SearchConfig
+
+logger = logging.getLogger(__name__)
+
+CHECK_NICE = 10  # the check thread's nice value above the agent's (CFS weight about 1/10 of a peer at 0)
+KEPT_SEARCHES = 4  # the searches remembered by their inputs
+
+_searched: collections.OrderedDict[bytes, dict[str, Any]] = collections.OrderedDict()
+_searched_lock = threading.Lock()
+
+_lock = threading.Lock()
+_queue: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = queue.SimpleQueue()
+_thread: threading.Thread | None = None
+_in_flight: dict[bytes, concurrent.futures.Future[Any]] = {}
+
+
+def _lower_priority() -> None:
+    """Raise the calling thread's nice value (Linux schedules threads on their own)."""
+    if sys.platform != "linux":
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + CHECK_NICE))
+    except OSError as e:  # a sandbox may refuse; the searches then run at the agent's priority
+        logger.info("could not lower the check thread's priority: %s", e)
+
+
+def _serve() -> None:
+    """The check thread (a daemon: a search under way never holds up the agent's exit)."""
+    _lower_priority()
+    while True:
+        search, future = _queue.get()
+        if not future.set_running_or_notify_cancel():
+            continue
+        try:
+            future.set_result(search())
+        except BaseException as e:  # noqa: BLE001 - handed to the caller, who raises it
+            future.set_exception(e)
+
+
+def run(key: bytes | None, search: Callable[[], Any]) -> Any:
+    """``search()``'s result, computed in the check thread (its exception raised here); with ``key``, a search of
+    the same key already running or queued is waited for instead of run again."""
+    global _thread
+    with _lock:
+        if _thread is None or not _thread.is_alive():  # started on first use (and anew in a forked child)
+            _thread = threading.Thread(target=_serve, name="p2ptrain-check", daemon=True)
+            _thread.start()
+        future = _in_flight.get(key) if key is not None else None
+        if future is None:
+            future = concurrent.futures.Future()
+            if key is not None:  # before the search is queued: a done future calls back at once
+                _in_flight[key] = future
+                future.add_done_callback(lambda done: _forget(key, done))
+            _queue.put((search, future))
+    return future.result()
+
+
+def _forget(key: bytes, done: concurrent.futures.Future[Any]) -> None:
+    with _lock:
+        if _in_flight.get(key) is done:
+            del _in_flight[key]
+
+
+def searched_plan(cluster: Cluster, workload: Workload, num_stages: int, config: PlanConfig, search: SearchConfig,
+                  time_budget_s: float | None, check: bool = False) -> dict[str, Any]:
+    """The scheduler's plan document for ``search`` under ``time_budget_s`` (None: bounded by evaluations only),
+    remembered by its inputs (``_searched``); a follower's (``check``) in the check thread, without the random
+    baseline (nothing checks it). ValueError where there is no plan."""
+    key = _search_key(cluster, workload, num_stages, config, (search, check, time_budget_s))
+    with _searched_lock:
+        found = _searched.get(key) if key is not None else None
+    if found is not None:
+        logger.info("plan of these %d devices in %d stages as searched before: %.5g s/iteration",
+                    cluster.num_devices, num_stages, found["cost_s"])
+        return copy.deepcopy(found)
+
+    def searched() -> Any:
+        return schedule(cluster, workload, num_stages, seed=config.seed, objective=config.objective,
+                        time_budget_s=time_budget_s, clock=time.perf_counter, config=search,
+                        random_samples=0 if check else RANDOM_SAMPLES)
+    plan = run(key, searched) if check else searched()
+    if isinstance(plan, Infeasible):
+        raise ValueError(f"no plan: {plan.reason}")
+    document = plan.to_json()
+    if key is not None:
+        with _searched_lock:
+            _searched[key] = copy.deepcopy(document)
+            while len(_searched) > KEPT_SEARCHES:
+                _searched.popitem(last=False)
+    return document
+
+
+def _search_key(cluster: Cluster, workload: Workload, num_stages: int, config: PlanConfig,
+                search: tuple[Any, ...]) -> bytes | None:
+    try:
+        return hashlib.blake2b(pickle.dumps((cluster, workload, num_stages, config, search), protocol=5)).digest()
+    except Exception:  # noqa: BLE001 - an input that does not pickle is searched afresh, never a failure
+        return None
