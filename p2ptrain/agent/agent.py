@@ -94,6 +94,7 @@ from p2ptrain.errors import AgentError, ProtocolError
 from p2ptrain.lifecycle import StopSignal, shutdown_in_order
 from p2ptrain.model.compiled import check_compile
 from p2ptrain.model.data import data_identity
+from p2ptrain.net.counters import traffic_per_minute
 from p2ptrain.net.dht.node import SwarmDHT
 from p2ptrain.net.dht.records import ComputeMeasurement, PeerRecord, PlanRecord, ProgressRecord
 from p2ptrain.net.dht.retry import retrying
@@ -203,7 +204,7 @@ class Agent:
                 self.prober = LinkProber(self.transport, self.dht, cfg.links, on_publish=self._on_links, on_access=self._on_access)
                 self.prober.measure_access = self._shaping.measures_access()
                 self.prober.start()
-                self.heartbeat = Heartbeat(self.dht)
+                self.heartbeat = Heartbeat(self.dht, lambda: traffic_per_minute(self.dht.counters, self.transport.counters))
                 return self._loop(device)
             except Exception as e:
                 self.events.write("error", error=f"{type(e).__name__}: {e}")
@@ -475,20 +476,20 @@ class Agent:
         # Heartbeats notice failures; the data deadline only has to allow the plan's slowest step.
         scale = cfg.emulation.time_scale if cfg.emulation.enabled else 1.0
         call_timeout_s = max(cfg.transport.call_timeout_s, cfg.liveness.deadline_multiple * plan.cost_s * scale)
+        # A trainer may take the epoch up this long after us (``liveness.no_shows``): two liveness timeouts, and
+        # twice the search the plan cost us (followers check a plan by planning its records themselves)
+        effort_s = self._leading.published_search_s if plan.leader == self.peer_id else self._gate.check_s(plan)
+        taking_after_s = NO_SHOW_TIMEOUTS * cfg.liveness.timeout_s + 2.0 * effort_s
         train = cfg.train  # the run's settings are pinned: the gate refused plans that depart from them
         context = EpochContext(
             me=self.peer_id, train=train, device=device, transport=self.transport, dht=self.dht,
             stop=self.stop, events=self.events, heartbeat=self.heartbeat, keeper=self.keeper, store=self.store,
-            checkpoint=cfg.checkpoint, call_timeout_s=call_timeout_s,
+            checkpoint=cfg.checkpoint, call_timeout_s=call_timeout_s, taking_after_s=taking_after_s,
             state_timeout_s=call_timeout_s + cfg.churn.halt_timeout_s, poll_s=cfg.membership.poll_s,
             finish_timeout_s=cfg.membership.finish_timeout_s, should_halt=self._should_halt,
             compute_slowdown=self.compute_slowdown, link_bandwidth=self._measured_bandwidth(), time_scale=scale,
             verify=cfg.verify, on_evidence=self._inbox.keep, peak=self._peak,
         )
-        # A trainer may take the epoch up this long after us (``liveness.no_shows``): two liveness timeouts, and
-        # twice the search the plan cost us (followers check a plan by planning its records themselves)
-        effort_s = self._leading.published_search_s if plan.leader == self.peer_id else self._gate.check_s(plan)
-        taking_after_s = NO_SHOW_TIMEOUTS * cfg.liveness.timeout_s + 2.0 * effort_s
         self._epochs.begin(plan, taking_after_s, no_show_window_s(cfg.liveness.interval_s, self._leaders.grace_s,
                                                                   cfg.membership.poll_s, taking_after_s))
         peers = dict(self._membership.peers)

@@ -116,6 +116,10 @@ class EpochContext:
     store: StateStore
     checkpoint: CheckpointConfig
     call_timeout_s: float
+    # how much later than us a trainer may take the epoch up, checking the plan (the heartbeats watch that,
+    # ``epoch_watch``): our first step's calls allow it on top of ``call_timeout_s``. 32 agents on two cores: a
+    # trainer's first activation came from a neighbour still checking the plan 60 s on, and the epoch failed
+    taking_after_s: float
     state_timeout_s: float  # the state hand-over: its sources may still be training up to the start step
     poll_s: float
     finish_timeout_s: float
@@ -148,10 +152,11 @@ def topology_of(plan: PlanRecord) -> Topology:
 
 class Heartbeat:
     """Publishes progress records off the training thread; at most one store in flight (a newer
-    heartbeat replaces one still waiting), ``flush`` publishes the last one for sure."""
+    heartbeat replaces one still waiting), ``flush`` publishes the last one for sure. With ``traffic``, each
+    record says the agent's control plane a minute (``ProgressRecord.traffic``)."""
 
-    def __init__(self, dht: SwarmDHT):
-        self.dht = dht
+    def __init__(self, dht: SwarmDHT, traffic: Callable[[], tuple[int, ...]] | None = None):
+        self.dht, self._traffic = dht, traffic  # our control plane a minute, said in every record (the monitor)
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="p2ptrain-heartbeat")
         self._pending: concurrent.futures.Future | None = None
 
@@ -167,6 +172,8 @@ class Heartbeat:
 
     def _publish(self, record: ProgressRecord) -> None:
         try:
+            if self._traffic is not None:
+                record = dataclasses.replace(record, traffic=self._traffic())
             self.dht.publish_progress(record)
         except ProtocolError as e:
             logger.warning("heartbeat not published: %s", e)
@@ -242,7 +249,8 @@ def _run_epoch(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: Epoc
                     checks.begin_step(plan.epoch, step)
                     checked_s -= checks.seconds
             summed_cpu_s = verifier.cpu_seconds if verifier is not None else 0.0
-            result = trainer.step(ctx.transport, ctx.dht.keys.run_id, plan.epoch, step, topology, ctx.call_timeout_s)
+            timeout_s = ctx.call_timeout_s + (ctx.taking_after_s if step == plan.start_step else 0.0)
+            result = trainer.step(ctx.transport, ctx.dht.keys.run_id, plan.epoch, step, topology, timeout_s)
             checked_s += sum(checks.seconds for checks in (verifier, recomputer) if checks is not None)
             summed_cpu_s = verifier.cpu_seconds - summed_cpu_s if verifier is not None else None
             compute_s = trainer.executor.pacer.busy_s - busy_s  # our own compute, none of the waits (``claims``)

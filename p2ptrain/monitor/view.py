@@ -15,7 +15,8 @@ planned, the newest plan by a live signer.
 Traffic and utilisation come from each live peer's latest training heartbeat (not halted, of the newest epoch
 among them): the bytes it sent in that step (``ProgressRecord.sent_bytes``) and its compute utilisation,
 its own compute over the step's time (``compute_s / step_time_s``; none where compute was not measured), and
-the run's MFU as it saw the step (``ProgressRecord.mfu``; the summary's is their mean).
+the run's MFU as it saw the step (``ProgressRecord.mfu``; the summary's is their mean). Each peer's control
+plane a minute is its latest heartbeat's (``ProgressRecord.traffic``: DHT calls, their kB, pings' and probes' kB).
 The run's sync mode is the steps between data-parallel syncs those heartbeats state (``sync_every``, H of
 DiLoCo's rounds; 1: every step), the most of them agreeing; its current round is the highest step seen // H.
 
@@ -31,7 +32,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from p2ptrain.net.dht.records import LinksRecord, PeerRecord, PlanRecord, ProgressRecord
+from p2ptrain.net.dht.records import TRAFFIC_FIELDS, LinksRecord, PeerRecord, PlanRecord, ProgressRecord
 from p2ptrain.net.nat.relay import is_circuit
 
 
@@ -250,6 +251,8 @@ class RunView:
             "sent_bytes": progress.sent_bytes if progress else None,
             "utilisation": _utilisation(progress) if progress else None,
             "mfu": progress.mfu if progress and not progress.halted else None,
+            # its control plane a minute (``ProgressRecord.traffic``): DHT calls, their kB, pings' and probes' kB
+            "traffic": dict(zip(TRAFFIC_FIELDS, progress.traffic, strict=True)) if progress and progress.traffic else None,
         }
         if record is not None:
             out.update({

@@ -278,7 +278,18 @@ def _plan_by_agent(state: SwarmState, leader: int, event: dict[str, Any]) -> dic
         "settings": event.get("settings"), "workload": event["workload"], "measured": measured,
         "spares": [state.index_of(p) for p in event["spares"]],
         "estimated_links": estimated,
+        "links_by_agent": _links_by_agent([a for a in to_agent if a is not None], estimated),
     }
+
+
+def _links_by_agent(agents: list[int], estimated: list[list[int]]) -> dict[str, list[int]]:
+    """Per planned agent, its links to the plan's other agents the leader planned with as measured (by either
+    end) and as estimated (``planning.estimated``): [measured, estimated]."""
+    guessed = {a: 0 for a in agents}
+    for pair in estimated:
+        for a in pair:
+            guessed[a] = guessed.get(a, 0) + 1
+    return {str(a): [len(agents) - 1 - guessed[a], guessed[a]] for a in sorted(agents)}
 
 
 class SwarmDisplay:
@@ -357,7 +368,8 @@ def format_summary(summary: dict[str, Any], regions: list[str | None] | None = N
         devices = sum(len(row) for row in plan["pipelines"])
         if summary.get("estimated_links"):
             lines.append(f"  links: {devices * (devices - 1) // 2 - len(summary['estimated_links'])} measured, "
-                         f"{len(summary['estimated_links'])} estimated from them")
+                         f"{len(summary['estimated_links'])} estimated from them; by agent, measured/estimated: "
+                         + ", ".join(f"{a} {m}/{e}" for a, (m, e) in summary.get("links_by_agent", {}).items()))
         if search.get("seconds") is not None:  # a fixed order (megatron, random) has no search time
             lines.append(f"  planned in {search['seconds']:.2f} s ({search.get('method', '?')} search"
                          + (f"; {search['fallback']}'s order: the search did not beat it" if search.get("fallback") else "")
@@ -394,5 +406,8 @@ def format_summary(summary: dict[str, Any], regions: list[str | None] | None = N
                      f"({max(r.get('ping_bytes_per_min', 0) for r in rows) / 1e3:.1f} kB) and "
                      f"{max(r.get('probes_per_min', 0) for r in rows):.0f} probe round trips "
                      f"({max(r.get('probe_bytes_per_min', 0) for r in rows) / 1e6:.1f} MB) a minute at most")
+        lines.append("  by agent, DHT calls · kB · pings and probes kB a minute: " + ", ".join(
+            f"{a} {r['stores_per_min'] + r['reads_per_min']:.0f} · {r['bytes_per_min'] / 1e3:.0f} · "
+            f"{(r.get('ping_bytes_per_min', 0) + r.get('probe_bytes_per_min', 0)) / 1e3:.0f}" for a, r in traffic.items()))
     lines.append(f"logs and status: {summary['workdir']}")
     return "\n".join(lines)

@@ -230,6 +230,9 @@ def test_agents_that_measure_a_few_partners_plan_on_estimated_links_and_train_ex
     estimated = {tuple(pair) for pair in summary["estimated_links"]}
     # the leader's estimated pairs are exactly those nobody measured (read from its last rows, the same)
     assert estimated and estimated == {(a, b) for a in range(6) for b in range(a + 1, 6)} - measured, (estimated, measured)
+    # the summary's per agent: measured and estimated links among the six, as the leader planned
+    assert summary["links_by_agent"] == {str(a): [sum(1 for p in measured if a in p), sum(1 for p in estimated if a in p)]
+                                         for a in range(6)}, summary["links_by_agent"]
     latency, bandwidth = links(summary)
     truth = scenario("worldwide", 6)
     for a, b in measured:  # a measured link never shorter than emulated; an estimated one is a measured one's

@@ -122,3 +122,17 @@ def test_before_any_plan_a_large_run_pings_its_partners_and_the_first_two_and_ju
     first = PlanRecord(epoch=0, membership=tuple(PEERS[:-2]), stages=1, replicas=1, pipelines=((0,),), cost_s=1.0)
     assert not gate.left_out(first, PEERS, lambda p: 60.0, lambda: True, watched={PEERS[0], PEERS[1]})
     assert gate.left_out(first, PEERS, lambda p: 60.0, lambda: True, watched={PEERS[-2]})
+
+
+def test_an_agents_control_plane_a_minute_is_its_dht_calls_their_kb_and_its_pings_and_probes_kb(monkeypatch):
+    """``ProgressRecord.traffic`` as the monitor shows it: totals since the counters started, a minute."""
+    from p2ptrain.net import counters as counters_module
+    from p2ptrain.net.dht.keys import RecordKind
+
+    dht, control = DHTCounters(), ControlCounters()
+    dht.add(RecordKind.PEER, stores=2, store_bytes=3_000, reads=10, read_bytes=40_000)
+    dht.add(RecordKind.LINKS, reads=8, read_bytes=20_000, read_failures=1)
+    control.add("ping", calls=100, bytes=9_000)
+    control.add("probe", calls=20, bytes=1_000_000)
+    monkeypatch.setattr(counters_module.time, "monotonic", lambda: dht.started + 120.0)  # two minutes on
+    assert counters_module.traffic_per_minute(dht, control) == (10, 32, 504)

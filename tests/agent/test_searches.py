@@ -53,3 +53,24 @@ def test_a_failed_search_raises_in_its_caller_and_the_thread_goes_on():
     with pytest.raises(ValueError, match="too few devices"):
         searches.run(b"failing", fails)
     assert searches.run(b"failing", lambda: 7) == 7
+
+
+def test_a_check_that_cannot_reuse_our_last_search_says_which_inputs_differ(monkeypatch, caplog):
+    """Same devices, other links: the follower's second search is a new one, and its log line names what differs."""
+    import dataclasses
+
+    from p2ptrain.agent.config import PlanConfig
+    from p2ptrain.agent.leadership.plan_maker import make_plan
+    from p2ptrain.planning import Workload
+    from p2ptrain.planning.scenarios import scenario
+
+    monkeypatch.setattr(searches, "_searched", type(searches._searched)())
+    monkeypatch.setattr(searches, "_last_parts", None)
+    cluster, workload = scenario("worldwide", 8), Workload(0.01, 0.1)
+    make_plan(cluster, workload, 2, PlanConfig(), check=True)
+    caplog.set_level("INFO", logger=searches.__name__)
+    make_plan(cluster, workload, 2, PlanConfig(), check=True)
+    assert "as searched before" in caplog.text and "anew" not in caplog.text
+    slower = dataclasses.replace(cluster, bandwidth_gbps=cluster.bandwidth_gbps * 0.5)
+    make_plan(slower, workload, 2, PlanConfig(), check=True)
+    assert "searching these 8 devices anew: their cluster.bandwidth_gbps differ" in caplog.text

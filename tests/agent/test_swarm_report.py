@@ -35,6 +35,19 @@ def test_an_emulated_swarm_names_its_factors_and_a_slow_motion_its_compute_scale
     assert "on worldwide (time scale 0.1, size factor 0.0013, compute scale 2)" in slow
 
 
+def test_each_agents_links_and_control_plane_are_summarised_by_agent():
+    """Measured and estimated links per agent, as the leader planned, and each agent's DHT and control traffic."""
+    text = format_summary({
+        **summary({"seconds": 1.5, "evaluations": 40, "method": "exhaustive"}),
+        "estimated_links": [[0, 1]], "links_by_agent": {"0": [0, 1], "1": [0, 1]},
+        "dht_traffic": {"0": {"stores_per_min": 12.0, "reads_per_min": 94.0, "bytes_per_min": 200_000, "failures": 0,
+                              "pings_per_min": 441.0, "ping_bytes_per_min": 40_400, "probes_per_min": 128.0,
+                              "probe_bytes_per_min": 11_600_000},
+                        "1": {"stores_per_min": 5.0, "reads_per_min": 26.0, "bytes_per_min": 108_000, "failures": 2}}})
+    assert "links: 0 measured, 1 estimated from them; by agent, measured/estimated: 0 0/1, 1 0/1" in text
+    assert "by agent, DHT calls · kB · pings and probes kB a minute: 0 106 · 200 · 11640, 1 31 · 108 · 0" in text
+
+
 def swarm_state(events_by_agent: list[list[dict]]) -> SwarmState:
     """A state whose agent k has read ``events_by_agent[k]`` (no files, no processes)."""
     agents = []

@@ -101,6 +101,9 @@ def test_api_shows_the_swarms_records(watched_swarm):
         assert peer["role"]["kind"] == "trainer"
         # both stages send in every step (activations one way, their gradients the other) and compute in it
         assert peer["sent_bytes"] > 0 and peer["utilisation"] > 0 and peer["mfu"] > 0, peer
+        # its control plane a minute: it read and stored records, and pinged its partner
+        assert peer["traffic"]["dht_calls"] > 0 and peer["traffic"]["dht_kb"] > 0, peer
+        assert peer["traffic"]["control_kb"] > 0, peer
     assert state["summary"]["sync"] in (None, "every-step")  # None once the agents' records have expired
     plan = state["plan"]
     replans = [r["epoch"] for r in summary["replans"]]  # a busy machine may halt an epoch: training goes on

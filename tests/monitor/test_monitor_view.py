@@ -184,7 +184,8 @@ def test_sync_mode_rounds_traffic_and_utilisation_come_from_the_training_heartbe
     summary = view.state()["summary"]
     assert (summary["sync"], summary["round"], summary["utilisation"], summary["sent_bytes_per_step"]) == (None,) * 4
     progress = {
-        PEERS[0]: ProgressRecord(1, 6, None, 2.0, compute_s=1.5, sent_bytes=4_000_000, sync_every=4, mfu=0.3),
+        PEERS[0]: ProgressRecord(1, 6, None, 2.0, compute_s=1.5, sent_bytes=4_000_000, sync_every=4, mfu=0.3,
+                                 traffic=(106, 234, 11_900)),
         PEERS[1]: ProgressRecord(1, 6, 3.5, 2.0, compute_s=0.5, sent_bytes=1_000_000, sync_every=4, mfu=0.2),
         PEERS[2]: ProgressRecord(1, 5, None, 2.0, sent_bytes=0, sync_every=4),  # compute not measured
         PEERS[3]: ProgressRecord(1, 6, None, 0.0, halted=True, mfu=0.9),  # a halt says nothing of the run's sync
@@ -201,6 +202,8 @@ def test_sync_mode_rounds_traffic_and_utilisation_come_from_the_training_heartbe
     by_id = {p["peer_id"]: p for p in state["peers"]}
     assert [(by_id[p]["sent_bytes"], by_id[p]["utilisation"], by_id[p]["mfu"]) for p in PEERS] == [
         (4_000_000, 0.75, 0.3), (1_000_000, 0.25, 0.2), (0, None, None), (None, None, None), (9, 1.0, None)]
+    assert by_id[PEERS[0]]["traffic"] == {"dht_calls": 106, "dht_kb": 234, "control_kb": 11_900}
+    assert by_id[PEERS[1]]["traffic"] is None  # a peer that does not say
     text = generate_latest(make_registry(RunCollector(lambda: state, lambda: 0))).decode()
     assert 'p2ptrain_sync_every_steps{run="demo"} 4.0' in text and 'p2ptrain_round{run="demo"} 2.0' in text
     assert 'p2ptrain_compute_utilisation_ratio{run="demo"} 0.5' in text

@@ -86,7 +86,8 @@ def wire_of(record, **changes) -> bytes:
      ProgressRecord(1, 2, 3.0, 0.5, compute_s=0.25),
      ProgressRecord(1, 2, 3.0, 0.5, sent_bytes=0),
      ProgressRecord(1, 2, 3.0, 0.5, sent_bytes=123_456_789, sync_every=50),
-     ProgressRecord(1, 2, 3.0, 0.5, mfu=0.42)],
+     ProgressRecord(1, 2, 3.0, 0.5, mfu=0.42),
+     ProgressRecord(1, 2, 3.0, 0.5, traffic=(106, 234, 11_900))],
     ids=lambda r: type(r).__name__,
 )
 def test_round_trip(record):
@@ -230,6 +231,11 @@ def test_bad_plan_records_are_refused(changes, message):
         (dict(mfu=11.0), "mfu=11 is outside"),
         (dict(mfu="most"), "mfu must be a number"),
         (dict(mfu=math.inf), "mfu=inf"),
+        (dict(traffic=[1, 2]), "traffic holds 3 figures: dht_calls, dht_kb, control_kb"),
+        (dict(traffic=[1, 2, 3, 4]), "traffic"),
+        (dict(traffic=[1, -2, 3]), "traffic=-2 is outside"),
+        (dict(traffic=[1, 2.5, 3]), "traffic must be an integer"),
+        (dict(traffic="lots"), "traffic"),
     ],
 )
 def test_bad_progress_records_are_refused(changes, message):

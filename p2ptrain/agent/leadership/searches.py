@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import copy
+import dataclasses
 import hashlib
 import logging
 import os
@@ -47,6 +48,7 @@ KEPT_SEARCHES = 4  # the searches remembered by their inputs
 
 _searched: collections.OrderedDict[bytes, dict[str, Any]] = collections.OrderedDict()
 _searched_lock = threading.Lock()
+_last_parts: tuple[Any, dict[str, bytes]] | None = None  # our last check's inputs (``_parts``)
 
 _lock = threading.Lock()
 _queue: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = queue.SimpleQueue()
@@ -108,12 +110,18 @@ def searched_plan(cluster: Cluster, workload: Workload, num_stages: int, config:
     remembered by its inputs (``_searched``); a follower's (``check``) in the check thread, without the random
     baseline (nothing checks it). ValueError where there is no plan."""
     key = _search_key(cluster, workload, num_stages, config, (search, check, time_budget_s))
+    global _last_parts
+    parts = _parts(cluster, workload, num_stages, config) if check else None
     with _searched_lock:
         found = _searched.get(key) if key is not None else None
+        last, _last_parts = _last_parts, (parts or _last_parts)
     if found is not None:
         logger.info("plan of these %d devices in %d stages as searched before: %.5g s/iteration",
                     cluster.num_devices, num_stages, found["cost_s"])
         return copy.deepcopy(found)
+    if parts is not None and last is not None and last[0] == parts[0]:  # the same devices as our last check, other inputs
+        logger.info("searching these %d devices anew: their %s differ from our last search's", cluster.num_devices,
+                    ", ".join(name for name in parts[1] if parts[1][name] != last[1].get(name)) or "inputs")
 
     def searched() -> Any:
         return schedule(cluster, workload, num_stages, seed=config.seed, objective=config.objective,
@@ -129,6 +137,20 @@ def searched_plan(cluster: Cluster, workload: Workload, num_stages: int, config:
             while len(_searched) > KEPT_SEARCHES:
                 _searched.popitem(last=False)
     return document
+
+
+def _parts(cluster: Cluster, workload: Workload, num_stages: int, config: PlanConfig) -> tuple[Any, dict[str, bytes]]:
+    """The devices of a search, and a digest of each of its other inputs by name: which of them differ where a
+    follower's check cannot reuse its search of when the plan fell due (logged, ``searched_plan``)."""
+    named = {f"cluster.{f.name}": getattr(cluster, f.name) for f in dataclasses.fields(cluster) if f.name != "devices"}
+    named.update({"devices": cluster.devices, "workload": workload, "stages": num_stages, "config": config})
+    digests = {}
+    for name, value in named.items():
+        try:
+            digests[name] = hashlib.blake2b(pickle.dumps(value, protocol=5), digest_size=8).digest()
+        except Exception:  # noqa: BLE001 - an input that does not pickle is told apart from nothing
+            digests[name] = b""
+    return tuple(d.name for d in cluster.devices), digests
 
 
 def _search_key(cluster: Cluster, workload: Workload, num_stages: int, config: PlanConfig,

@@ -210,6 +210,8 @@ function renderPeers(state) {
     el("td", {}, perStep(p.sent_bytes)),
     el("td", {}, percent(p.utilisation)),
     el("td", {}, percent(p.mfu)),
+    el("td", { title: "DHT calls, their kB, and heartbeat pings' and link probes' kB, a minute since the peer started" },
+      p.traffic ? `${p.traffic.dht_calls} · ${p.traffic.dht_kb} kB · ${p.traffic.control_kb} kB` : "—"),
     el("td", {}, p.heartbeat_age_s === null ? "—" : `${Math.round(p.heartbeat_age_s)} s ago`),
   ));
   document.querySelector("#peers tbody").replaceChildren(...rows);

@@ -101,6 +101,8 @@ MAX_ROWS = 1 << 20
 MAX_EVIDENCE_BYTES = 16 << 10  # a blame's evidence: a record stays under MAX_RECORD_BYTES
 MAX_ALSO = 16  # further refused peers a halted record names (``ProgressRecord.also``)
 MAX_MFU = 10.0  # a model FLOPs utilisation past any real device (a peak under-measured still fits)
+TRAFFIC_FIELDS = ("dht_calls", "dht_kb", "control_kb")  # ``ProgressRecord.traffic``: each a minute
+MAX_TRAFFIC = 1 << 40  # calls or kB a minute: beyond any link
 NO_CODEC_S = ((0.0, 0.0),) * 3  # a calibration without codec timings: fp32's, or an older agent's
 
 
@@ -390,6 +392,8 @@ class ProgressRecord(RecordEnvelope):
     that step (at most ``MAX_ALSO``; additive): refused as ``blame`` is, though the blame names one.
     ``mfu``: the run's model FLOPs utilisation as the writer saw step ``step`` (every trainer at the writer's
     device's peak, ``runtime.throughput``), None when not said (additive; for readers: the monitor).
+    ``traffic``: the writer's control plane a minute since it started, ``TRAFFIC_FIELDS`` (its DHT calls, their
+    kB, its pings' and probes' kB; ``net.counters.traffic_per_minute``), empty when not said (additive; the monitor).
     """
 
     epoch: int
@@ -409,6 +413,7 @@ class ProgressRecord(RecordEnvelope):
     refused: bool = False
     also: tuple[str, ...] = ()
     mfu: float | None = None
+    traffic: tuple[int, ...] = ()
     kind: ClassVar[RecordKind] = RecordKind.PROGRESS
 
     def __post_init__(self) -> None:
@@ -461,6 +466,10 @@ class ProgressRecord(RecordEnvelope):
         set_field(self, "also", tuple(dict.fromkeys(also)))
         if self.mfu is not None:
             set_field(self, "mfu", f.number("mfu", self.mfu, 0.0, MAX_MFU))
+        traffic = f.sequence("traffic", self.traffic, len(TRAFFIC_FIELDS))
+        if traffic and len(traffic) != len(TRAFFIC_FIELDS):
+            raise RecordError(f"traffic holds {len(TRAFFIC_FIELDS)} figures: {', '.join(TRAFFIC_FIELDS)}")
+        set_field(self, "traffic", tuple(f.integer("traffic", v, 0, MAX_TRAFFIC) for v in traffic))
 
     def _fields(self) -> dict[str, Any]:
         fields = {"epoch": self.epoch, "step": self.step, "loss": self.loss, "step_time_s": self.step_time_s,
@@ -485,6 +494,8 @@ class ProgressRecord(RecordEnvelope):
             fields["also"] = [peer_id_to_bytes(p) for p in self.also]
         if self.mfu is not None:  # optional field: absent unless the writer knows its device's peak
             fields["mfu"] = self.mfu
+        if self.traffic:  # optional field: absent unless the writer counts its control traffic
+            fields["traffic"] = list(self.traffic)
         return fields
 
     @classmethod
@@ -495,7 +506,8 @@ class ProgressRecord(RecordEnvelope):
                    compute_s=m.get("compute_s", 0.0), leader=peer_from_bytes("leader", m.get("leader")),
                    sent_bytes=m.get("sent_bytes"), sync_every=m.get("sync_every", 1),
                    evidence=m.get("evidence", b""), refused=m.get("refused", False),
-                   also=tuple(peer_from_bytes("also", p) for p in m.get("also", ())), mfu=m.get("mfu"))
+                   also=tuple(peer_from_bytes("also", p) for p in m.get("also", ())), mfu=m.get("mfu"),
+                   traffic=tuple(m.get("traffic", ())))
 
 
 Record = PeerRecord | LinksRecord | PlanRecord | ProgressRecord
