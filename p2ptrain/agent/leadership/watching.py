@@ -82,6 +82,7 @@ class Watching:
         self._planner, self._pricing, self._links_wait = planner, pricing, links_wait
         self._first_due = False  # the first plan fell due (``_first_plan_due``)
         self._own_search: tuple[tuple[str, ...], concurrent.futures.Future] | None = None  # ``_search_allowance``
+        self._own_started = 0.0  # when our own search of the first plan began
         self._own_rows: tuple[frozenset[str], Mapping[str, LinksRecord]] | None = None  # what that search read
         self._settled: dict[tuple[str, int], float] = {}  # (leader, epoch) -> when its re-plan's halts were all in
 
@@ -194,11 +195,15 @@ class Watching:
         """What the leader may spend on its search, beyond the grace, for the first plan of ``membership``:
         twice what our own search of the same records took, plus the publishing (``_publish_s``). Our search runs
         once per membership, from the planner thread the leader would use, in the check thread (heartbeats and
-        polling go on); while it runs, or where it cannot run, the whole ``plan.time_budget_s`` and the publishing. A silent leader is thus passed over
+        polling go on); where it cannot run, the whole ``plan.time_budget_s`` and the publishing; while it runs, at
+        least that and twice what it has taken so far: the leader's search is the same one (``make_plan``), and
+        ours, below its agent in priority, is the slower (32 agents on two cores: a leader whose search outlasted
+        the budget was passed over while its followers' searches still ran). A silent leader is thus passed over
         seconds after the plan fell due, not a minute: the search on a small run takes milliseconds."""
         cfg = self.config
         key = membership.ids
         if self._own_search is None or self._own_search[0] != key:
+            self._own_started = time.monotonic()
             stages = self._stages.next_plan(None)
             try:
                 rows = self.dht.read_links()
@@ -215,7 +220,9 @@ class Watching:
             except (ValueError, ProtocolError):
                 return cfg.plan.time_budget_s + self._publish_s()
         future = self._own_search[1]
-        if not future.done() or future.exception() is not None:
+        if not future.done():  # the leader's search is ours: never faulted while ours still runs
+            return max(cfg.plan.time_budget_s, 2.0 * (time.monotonic() - self._own_started)) + self._publish_s()
+        if future.exception() is not None:
             return cfg.plan.time_budget_s + self._publish_s()
         return self._own_allowance(future.result())
 
