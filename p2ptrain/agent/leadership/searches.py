@@ -8,11 +8,15 @@ same search: the searches this process made lately are kept by their inputs (``K
 is the first's (sixteen agents on two cores: those two searches each were the first epoch's longest wait).
 
 A follower's searches are the agent's least urgent work: its heartbeats, its DHT polls, the steps it trains,
-and, where agents share a machine, the leader's own search come first. They run in one thread (``run``) whose
-nice value is raised by ``CHECK_NICE`` on Linux (per thread there; elsewhere it runs at the agent's). Measured
-in a 32-agent local swarm on two cores, where 31 followers searched while their leader did: the leader's search
-of 32 devices took 60 s and its grace ran out before its plan was stored (``benchmarks/README.md``, "Links at
-scale"). A search waits for the one before it; a search of the key of one in flight is not run twice.
+and, where agents share a machine, the leader's own search come first. Beyond the exact solver's sizes
+(``planning.exhaustive.MAX_DEVICES``: those cost milliseconds, and run in the caller's thread) they run in one
+thread (``run``) whose nice value is raised by ``CHECK_NICE`` on Linux (per thread there; elsewhere it runs at the
+agent's). Measured in a 32-agent local swarm on two cores, where 31 followers searched while their leader did:
+at the agents' priority the leader's search of 32 devices ran into its 60 s budget and its grace ran out before
+its plan was stored; with the followers' searches at nice 10 it took 53 s, and every follower accepted its plan
+(``benchmarks/README.md``, "Links at scale"). Nice 19 starved a search 45× beside two busy processes, too slow on a
+machine shared with other work. A search waits for the one before it; a search of the key of one in flight is
+not run twice.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from p2ptrain.planning import schedule
 from p2ptrain.planning.baselines import RANDOM_SAMPLES
+from p2ptrain.planning.exhaustive import MAX_DEVICES as EXACT_MAX_DEVICES
 from p2ptrain.planning.plan import Infeasible
 
 if TYPE_CHECKING:
@@ -127,7 +132,8 @@ def searched_plan(cluster: Cluster, workload: Workload, num_stages: int, config:
         return schedule(cluster, workload, num_stages, seed=config.seed, objective=config.objective,
                         time_budget_s=time_budget_s, clock=time.perf_counter, config=search,
                         random_samples=0 if check else RANDOM_SAMPLES)
-    plan = run(key, searched) if check else searched()
+    # the exact solver's small runs (every CI swarm) cost milliseconds: they stay in the caller's thread
+    plan = run(key, searched) if check and cluster.num_devices > EXACT_MAX_DEVICES else searched()
     if isinstance(plan, Infeasible):
         raise ValueError(f"no plan: {plan.reason}")
     document = plan.to_json()
