@@ -318,7 +318,7 @@ class Agent:
                               lambda _, trainers, peers, train: self._leading.plan_workload(trainers, Membership(dict(peers)), train),
                               lambda plan, reason: self.events.write("plan_refused", epoch=plan.epoch,
                                                                      signer=plan.leader, reason=reason),
-                              run.pass_over,
+                              run.pass_over, run=cfg.run, vouchers=lambda: (run.progress_seen, run.progress_period_s()),
                               needed=cfg.membership.expect or cfg.membership.min_peers, stages=self.stages,
                               rows_for=lambda plan: self._leading.rows_to_check(plan), history=self.dht.rows_read)
         self._started = time.monotonic()
@@ -477,8 +477,8 @@ class Agent:
         scale = cfg.emulation.time_scale if cfg.emulation.enabled else 1.0
         call_timeout_s = max(cfg.transport.call_timeout_s, cfg.liveness.deadline_multiple * plan.cost_s * scale)
         # A trainer may take the epoch up this long after us (``liveness.no_shows``): two liveness timeouts, and
-        # twice the search the plan cost us (followers check a plan by planning its records themselves)
-        effort_s = self._leading.published_search_s if plan.leader == self.peer_id else self._gate.check_s(plan)
+        # twice the search the plan cost us and the reads of its checkers' word (``PlanGate.lag_s``)
+        effort_s = self._gate.lag_s(plan, self._leading.published_search_s if plan.leader == self.peer_id else None)
         taking_after_s = NO_SHOW_TIMEOUTS * cfg.liveness.timeout_s + 2.0 * effort_s
         train = cfg.train  # the run's settings are pinned: the gate refused plans that depart from them
         context = EpochContext(

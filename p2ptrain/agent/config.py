@@ -113,6 +113,10 @@ class PlanConfig:
     # work is bounded at any size (an evaluation's grows with the devices), and followers of the same records make
     # the same one whatever their machines' speed
     verify_device_evaluations: int = 1_280_000
+    # the members other than the leader that check each plan by a search of their own (``leadership.checkers``);
+    # the others follow once every checker says it trains the plan, and check it themselves after
+    # ``time_budget_s`` without that (0: every follower checks)
+    checkers: int = 4
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -121,6 +125,8 @@ class PlanConfig:
             raise ConfigError(f"plan.objective={self.objective!r} is not one of {', '.join(OBJECTIVE_NAMES)}")
         if self.seed < 0 or not self.time_budget_s > 0:
             raise ConfigError("plan.seed must be >= 0 and plan.time_budget_s positive")
+        if self.checkers < 0:
+            raise ConfigError(f"plan.checkers={self.checkers} must be >= 0 (0: every follower checks)")
         if self.verify_device_evaluations < 0:
             raise ConfigError(f"plan.verify_device_evaluations={self.verify_device_evaluations} must be >= 0 "
                               "(0: never stopped)")

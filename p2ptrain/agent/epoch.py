@@ -152,7 +152,8 @@ def topology_of(plan: PlanRecord) -> Topology:
 
 class Heartbeat:
     """Publishes progress records off the training thread; at most one store in flight (a newer
-    heartbeat replaces one still waiting), ``flush`` publishes the last one for sure. With ``traffic``, each
+    heartbeat replaces one still waiting), ``say`` publishes one after it for sure, ``flush`` publishes the last
+    one for sure and waits. With ``traffic``, each
     record says the agent's control plane a minute (``ProgressRecord.traffic``)."""
 
     def __init__(self, dht: SwarmDHT, traffic: Callable[[], tuple[int, ...]] | None = None):
@@ -163,6 +164,10 @@ class Heartbeat:
     def beat(self, record: ProgressRecord) -> None:
         if self._pending is not None and not self._pending.done():
             return  # the DHT is slow: skip this one rather than queue behind it
+        self._pending = self._pool.submit(self._publish, record)
+
+    def say(self, record: ProgressRecord) -> None:
+        """Publish ``record`` after any store in flight, waiting for neither: one that others wait for."""
         self._pending = self._pool.submit(self._publish, record)
 
     def flush(self, record: ProgressRecord) -> None:
@@ -193,6 +198,8 @@ def run_epoch(plan: PlanRecord, ctx: EpochContext, peers: dict[str, PeerRecord])
     # agent that missed the epochs between (cut off, then back) would otherwise refuse them as too far ahead
     ctx.transport.set_window(run, plan.epoch, plan.start_step)
     ctx.set_status(TRAIN if ctx.me in topology.peers else IDLE, plan.epoch, plan.start_step)
+    # we took the plan up: said at once, for the members that follow it on its checkers' word (``leadership.checkers``)
+    ctx.heartbeat.say(ProgressRecord(plan.epoch, plan.start_step, None, 0.0, leader=plan.leader, plan=plan.digest()))
     step_s = plan.cost_s * ctx.time_scale
     sender = BackupSender(ctx.transport, run, plan.epoch, ctx.state_timeout_s,
                           lambda peer: copy_part_numel(ctx.link_bandwidth(peer), step_s), cfg.diloco_on)
@@ -306,7 +313,7 @@ def _report_step(plan: PlanRecord, topology: Topology, role: Role, cfg: TrainCon
     speed = throughput(cfg.shape, cfg.global_batch_size * cfg.shape.seq_len, result.step_time_s, ctx.peak,
                        num_devices=len(topology.peers))  # the run's, with every trainer at our peak
     record = ProgressRecord(plan.epoch, done, result.loss, result.step_time_s, compute_s=costs.compute_s,
-                            leader=plan.leader, sent_bytes=costs.sent_bytes, sync_every=sync_every,
+                            leader=plan.leader, plan=plan.digest(), sent_bytes=costs.sent_bytes, sync_every=sync_every,
                             mfu=record_mfu(_speed(speed)["mfu"]))
     (ctx.heartbeat.flush if done == cfg.steps else ctx.heartbeat.beat)(record)  # the last: others wait for it
     ctx.events.write("step", epoch=plan.epoch, step=done, loss=result.loss, step_time_s=result.step_time_s,
@@ -461,7 +468,7 @@ def _halt(plan: PlanRecord, ctx: EpochContext, done: int, error: BaseException |
                            blame, len(error.finding.evidence))
     ctx.heartbeat.flush(ProgressRecord(plan.epoch, step, None, 0.0, halted=True, kept=kept,
                                        stage=keeper.stage if held else None, holds=holds, blame=blame,
-                                       leader=plan.leader, evidence=evidence,
+                                       leader=plan.leader, plan=plan.digest(), evidence=evidence,
                                        refused=isinstance(error, VerificationFailed) and blame is not None,
                                        also=error.also[:MAX_ALSO] if isinstance(error, VerificationFailed)
                                        and blame is not None else ()))
@@ -531,7 +538,7 @@ def _publish_spare_holdings(plan: PlanRecord, ctx: EpochContext) -> None:
     ctx.heartbeat.flush(ProgressRecord(plan.epoch, keeper.latest_step if own else plan.start_step, None, 0.0,
                                        halted=True, kept=keeper.kept if own else 0,
                                        stage=keeper.stage if own else None, holds=holds,
-                                       leader=plan.leader))
+                                       leader=plan.leader, plan=plan.digest()))
 
 
 def _idle_as_spare(plan: PlanRecord, topology: Topology, cfg: TrainConfig, ctx: EpochContext,

@@ -233,6 +233,10 @@ def test_agents_that_measure_a_few_partners_plan_on_estimated_links_and_train_ex
     # the summary's per agent: measured and estimated links among the six, as the leader planned
     assert summary["links_by_agent"] == {str(a): [sum(1 for p in measured if a in p), sum(1 for p in estimated if a in p)]
                                          for a in range(6)}, summary["links_by_agent"]
+    # one of the five followers is none of the plan's 4 checkers (``leadership.checkers``): it followed on their word
+    logs_text = [(tmp_path / f"agent-{k}.log").read_text() for k in range(6)]
+    vouched = [k for k, text in enumerate(logs_text) if "followed on the word of its 4 checkers" in text]
+    assert len(vouched) == 1 and "checked:" not in logs_text[vouched[0]], vouched
     latency, bandwidth = links(summary)
     truth = scenario("worldwide", 6)
     for a, b in measured:  # a measured link never shorter than emulated; an estimated one is a measured one's

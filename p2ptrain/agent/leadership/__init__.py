@@ -14,6 +14,7 @@
 - ``disputes``: the leader's judgement of disputes with bulk evidence, beside its loop.
 - ``searches``: a plan's searches, remembered by their inputs; a follower's in one thread of lower priority.
 - ``plan_check``: a follower's checks of a plan, and passing over a leader that publishes none it accepts.
+- ``checkers``: the members that check each plan by a search of their own; when the others follow on their word.
 - ``following``: ``Following``, an agent's plan tracking: the plan to follow next, the records read last, when
   to pass its leader over or step aside, whether the run finished without it.
 - ``claims``: a device's compute claims, bounded by its calibration and replaced by what it shows.

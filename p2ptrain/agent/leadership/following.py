@@ -63,6 +63,7 @@ class Following:
         # an agent that does not train waits at most ``idle_timeout_s`` on a run that does not move
         self._run_furthest: tuple[int, int] = (-1, -1)
         self.progress_seen: dict[str, ProgressRecord] = {}  # the last progress records read (``_observe_standing``)
+        self._before_taking: PeerStatus | None = None  # what we said before ``take``, while a plan's checkers' word is due
         self.run_moved_at = time.monotonic()
 
     def close(self) -> None:
@@ -124,16 +125,19 @@ class Following:
 
     @contextlib.contextmanager
     def _taking_up(self, plan: PlanRecord):
-        """While we check ``plan`` (a search of its records: seconds on a slow CPU), heartbeats say we take its
-        epoch up (``take``), so its trainers give us the check's time (``liveness.taking_up``); after, what
-        they said before: ``_follow`` then says ``train``."""
-        before = self.transport.status
+        """While we check ``plan`` (a search of its records: seconds on a slow CPU), or wait for its checkers' word
+        (``PlanGate.awaits_word``), heartbeats say we take its epoch up (``take``), so its trainers give us that
+        time (``liveness.taking_up``); after, what they said before: ``_follow`` then says ``train``."""
+        before = self._before_taking or self.transport.status
         if self.peer_id in trainers_of(plan) and before.epoch <= plan.epoch:
             self.transport.status = PeerStatus(TAKE, plan.epoch, plan.start_step)
         try:
             yield
         finally:
-            self.transport.status = before
+            waiting = self.agent._gate.awaits_word(plan)
+            self._before_taking = before if waiting else None
+            if not waiting:
+                self.transport.status = before
 
     def _observe_standing(self, plans: dict[str, PlanRecord]) -> None:
         """Who has shown training work (``leadership.standing``): the plans read, and the ones we followed,
@@ -153,11 +157,14 @@ class Following:
                 self._step_aside(plans, progress)
                 self._follow_the_run(plans, progress)
         now = time.monotonic()
-        spacing = self.agent._reader.spacing(self.agent._following)  # a follower in a large run: less often
-        if self._standing_read is None and now - self._standing_last >= min(STANDING_READ_S * spacing,
-                                                                          self.config.dht.peer_ttl_s):
+        if self._standing_read is None and now - self._standing_last >= self.progress_period_s():
             self._standing_last = now
             self._standing_read = self._standing_reader.submit(self.dht.read_progress)
+
+    def progress_period_s(self) -> float:
+        """How often the progress records are read (``_observe_standing``): a follower in a large run, less often."""
+        spacing = self.agent._reader.spacing(self.agent._following)
+        return min(STANDING_READ_S * spacing, self.config.dht.peer_ttl_s)
 
     def _note_run_progress(self, progress: dict[str, ProgressRecord]) -> None:
         """Move the idle clock (``membership.idle_timeout_s``) when any record says the run got further."""

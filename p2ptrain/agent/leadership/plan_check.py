@@ -19,7 +19,9 @@ the leader's word for a plan:
   when the plan fell due, ``Watching.rows_to_check``), and refuses the leader's if it is more than ``tolerance`` (a fraction) plus
   ``slack_s`` slower. Both are scored on the follower's inputs, so links re-measured since the leader
   planned move both figures alike; the slack covers short steps (loopback), where link noise alone moves
-  the two plans' costs by more than the tolerance.
+  the two plans' costs by more than the tolerance. Only the plan's checkers make that search
+  (``checkers``: ``plan.checkers`` members chosen by the run and the leader); the other members follow once every
+  checker's progress record names the plan, and check it themselves when that does not come in time.
 * ``LeaderWatch``: once a plan is *due* (from the follower's own view: the plan trigger fired and the
   links are measured, or an epoch it trained halted), the leader has ``grace_s`` (plus the search budget)
   to publish a plan that passes both checks; otherwise the follower passes it over: it leaves the
@@ -43,6 +45,7 @@ import numpy as np
 from p2ptrain.agent.churn.replan import BLAMED_HALT_S, blame_roots, refusals_of
 from p2ptrain.agent.config import EmulationSettings, PlanConfig
 from p2ptrain.agent.leadership import settings
+from p2ptrain.agent.leadership.checkers import checkers, vouched
 from p2ptrain.agent.leadership.claims import plan_slowdowns, with_slowdowns
 from p2ptrain.agent.leadership.plan_maker import (
     build_cluster,
@@ -406,8 +409,14 @@ class PlanGate:
                  pass_over: Callable[[str, str], None] = lambda leader, why: None, needed: int = 1,
                  stages: RunStages | None = None,
                  rows_for: Callable[[PlanRecord], Mapping[str, LinksRecord] | None] = lambda plan: None,
-                 history: RowHistory | None = None):
+                 history: RowHistory | None = None, run: str = "",
+                 vouchers: Callable[[], tuple[Mapping[str, ProgressRecord], float]] | None = None):
         self.me, self.train, self.plan, self.emulation = me, train, plan, emulation
+        self.run = run  # the run's name: whom each plan's checkers are (``checkers``)
+        # the progress records read last, and how often they are read (None: we check every plan ourselves)
+        self.vouchers = vouchers
+        self._vouch_since: dict[bytes, float] = {}  # a plan we leave to its checkers -> when we first saw it
+        self._own_check: set[bytes] = set()  # plans we check ourselves after all
         self.stages = stages or RunStages(train)  # the run's S (the agent's, shared with its leader's side)
         self.leaders = leaders
         self.settle_s = settle_s
@@ -455,7 +464,9 @@ class PlanGate:
             if self.leaders.clock() - since < self.settle_s:
                 return False
         if problem is None:
-            problem = self._cost_problem(plan, live, key)
+            if (vouched := self._vouched(plan, key)) is None:
+                return False  # its checkers have not all said they train it yet
+            problem = None if vouched else self._cost_problem(plan, live, key)
             if problem is None and key not in self._costs:
                 return False  # not yet checked (the links rows could not be read): retried at the next poll
         if problem is None:
@@ -464,6 +475,23 @@ class PlanGate:
             return True
         self._refuse(plan, key, problem)
         return False
+
+    def awaits_word(self, plan: PlanRecord) -> bool:
+        """Whether we wait for ``plan``'s checkers to say they train it (``_vouched``): we are taking it up."""
+        key = plan.encode()
+        return key in self._vouch_since and key not in self._costs and key not in self._own_check
+
+    def lag_s(self, plan: PlanRecord, own_s: float | None = None) -> float:
+        """How much later than us a trainer of ``plan`` may take it up, beyond the heartbeats' timeouts: what it cost
+        us (``own_s``, else ``check_s``: our search, or the wait for the checkers' word), and where members follow it on
+        its checkers' word, what they take to read it (two reads of the progress records apart, and the control
+        plane's pace, ``LeaderWatch.grace_s``: 16 agents, members that followed on the word took it up 8 s after a
+        checker, whose window was 8.7 s)."""
+        own = self.check_s(plan) if own_s is None else own_s
+        if self.vouchers is None or len(checkers(plan.membership, plan.leader, self.run, self.plan.checkers)) >= len(
+                plan.membership) - 1:
+            return own
+        return own + 2.0 * self.vouchers()[1] + self.leaders.grace_s
 
     def check_s(self, plan: PlanRecord) -> float:
         """How long our check of ``plan``'s cost took: our own search of its records, also where we made it before
@@ -501,6 +529,31 @@ class PlanGate:
             self.on_refusal(plan, problem)
         self._refused_keys.add(key)
         self.pass_over(plan.leader, f"its plan epoch {plan.epoch} was refused")
+
+    def _vouched(self, plan: PlanRecord, key: bytes) -> bool | None:
+        """Whether ``plan``'s checkers vouch for it (``checkers``): True once every one says it trains it; None
+        while we wait for that; False where we check it ourselves: we are a checker, none are chosen, we checked it
+        already, we waited ``plan.time_budget_s``, or a checker names another plan of its epoch and signer."""
+        if self.vouchers is None or key in self._costs or key in self._own_check:
+            return False
+        chosen = checkers(plan.membership, plan.leader, self.run, self.plan.checkers)
+        if self.me in chosen or not chosen:
+            return False
+        verdict = vouched(plan, self.vouchers()[0], chosen)
+        since = self._vouch_since.setdefault(key, self.leaders.clock())
+        if verdict:
+            self._costs[key], self._check_short[key] = None, True  # no search of ours: a leader gets the budget
+            self._check_s[key] = self.leaders.clock() - since  # what taking it up cost us: the wait for the word
+            logger.info("plan epoch %d signed by %s followed on the word of its %d checkers (%s)", plan.epoch,
+                        plan.leader, len(chosen), ", ".join(sorted(chosen)))
+            return True
+        if verdict is None and self.leaders.clock() - since < self.plan.time_budget_s:
+            return None
+        self._own_check.add(key)
+        logger.info("checking plan epoch %d signed by %s ourselves: %s", plan.epoch, plan.leader,
+                    "a checker names another plan" if verdict is False else
+                    f"its checkers did not all say they train it within {self.plan.time_budget_s:.0f} s")
+        return False
 
     def _cost_problem(self, plan: PlanRecord, live: Mapping[str, PeerRecord], key: bytes) -> str | None:
         if key in self._costs:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from p2ptrain.agent.config import AgentConfig
 from p2ptrain.agent.events import EventLog
 from p2ptrain.agent.leadership import probe_set
+from p2ptrain.agent.leadership.checkers import checkers
 from p2ptrain.agent.leadership.membership import Membership, plan_trigger
 from p2ptrain.agent.leadership.plan_check import LeaderWatch, halts_settled, newer_plan_excuses
 from p2ptrain.agent.leadership.plan_maker import (
@@ -199,9 +200,12 @@ class Watching:
         least that and twice what it has taken so far: the leader's search is the same one (``make_plan``), and
         ours, below its agent in priority, is the slower (32 agents on two cores: a leader whose search outlasted
         the budget was passed over while its followers' searches still ran). A silent leader is thus passed over
-        seconds after the plan fell due, not a minute: the search on a small run takes milliseconds."""
+        seconds after the plan fell due, not a minute: the search on a small run takes milliseconds. A member that
+        is not among the plan's checkers (``checkers``) makes no search: the budget and the publishing."""
         cfg = self.config
         key = membership.ids
+        if self.peer_id not in checkers(key, membership.leader, cfg.run, cfg.plan.checkers):
+            return cfg.plan.time_budget_s + self._publish_s()  # its checkers search; we follow on their word
         if self._own_search is None or self._own_search[0] != key:
             self._own_started = time.monotonic()
             stages = self._stages.next_plan(None)

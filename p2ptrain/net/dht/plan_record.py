@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from p2ptrain.net.dht.record_base import (
     MAX_ROW_VERSION,
     MAX_SLOWDOWN,
     NO_BACKUP,
+    PLAN_DIGEST_BYTES,
     SOURCE_CHECKPOINT,
     SOURCE_INIT,
     RecordEnvelope,
@@ -228,6 +230,11 @@ class PlanRecord(RecordEnvelope):
     def leader(self) -> str:
         """The member that signed the plan (``membership[leader_at]``)."""
         return self.membership[self.leader_at]
+
+    def digest(self) -> bytes:
+        """What names this very plan (``ProgressRecord.plan``): a digest of its encoding, which its signature
+        covers; two plans of one epoch and signer differ in it."""
+        return hashlib.blake2b(self.encode(), digest_size=PLAN_DIGEST_BYTES).digest()
 
     def position_of(self, peer_id: str) -> tuple[int, int] | None:
         """(pipeline, stage) held by ``peer_id``, or None for a spare or a non-member."""

@@ -23,6 +23,7 @@ MAX_PLAN_PEERS = 4096
 PART_BYTES = 16 * 1024  # a plan is stored in parts of at most this many bytes (``plan_store``)
 MAX_PLAN_BYTES = PLAN_PARTS * PART_BYTES  # an encoded plan: 36 bytes a member, and its grid and lists
 PEER_TAG_BYTES = 8
+PLAN_DIGEST_BYTES = 16  # a plan's digest (``PlanRecord.digest``), as a progress record names the plan it trains
 SOURCE_CHECKPOINT = 0xFFFF  # PlanRecord.sources: the stage's state comes from the last complete checkpoint
 SOURCE_INIT = 0xFFFE  # ... from the seed (step 0)
 NO_BACKUP = 0xFFFF  # PlanRecord.backups: nobody keeps a copy of this stage

@@ -63,6 +63,7 @@ from p2ptrain.net.dht.record_base import (
     MAX_TFLOPS,
     NO_BACKUP,
     PEER_TAG_BYTES,
+    PLAN_DIGEST_BYTES,
     SCHEMA_VERSION,
     SETTINGS_RE,
     SOURCE_CHECKPOINT,
@@ -394,6 +395,9 @@ class ProgressRecord(RecordEnvelope):
     device's peak, ``runtime.throughput``), None when not said (additive; for readers: the monitor).
     ``traffic``: the writer's control plane a minute since it started, ``TRAFFIC_FIELDS`` (its DHT calls, their
     kB, its pings' and probes' kB; ``net.counters.traffic_per_minute``), empty when not said (additive; the monitor).
+    ``plan``: the digest of the plan the writer trains (``PlanRecord.digest``: of epoch ``epoch``, signed by
+    ``leader``), said from the moment it accepted it (a record at the epoch's ``start_step``); empty when not said
+    (additive; the members that leave the plan's check to its checkers follow on it, ``leadership.checkers``).
     """
 
     epoch: int
@@ -414,6 +418,7 @@ class ProgressRecord(RecordEnvelope):
     also: tuple[str, ...] = ()
     mfu: float | None = None
     traffic: tuple[int, ...] = ()
+    plan: bytes = b""
     kind: ClassVar[RecordKind] = RecordKind.PROGRESS
 
     def __post_init__(self) -> None:
@@ -470,6 +475,10 @@ class ProgressRecord(RecordEnvelope):
         if traffic and len(traffic) != len(TRAFFIC_FIELDS):
             raise RecordError(f"traffic holds {len(TRAFFIC_FIELDS)} figures: {', '.join(TRAFFIC_FIELDS)}")
         set_field(self, "traffic", tuple(f.integer("traffic", v, 0, MAX_TRAFFIC) for v in traffic))
+        if not isinstance(self.plan, bytes) or len(self.plan) not in (0, PLAN_DIGEST_BYTES):
+            raise RecordError(f"plan must be a plan's digest of {PLAN_DIGEST_BYTES} bytes, or empty")
+        if self.plan and self.leader is None:
+            raise RecordError("plan names a plan's digest: only with its leader")
 
     def _fields(self) -> dict[str, Any]:
         fields = {"epoch": self.epoch, "step": self.step, "loss": self.loss, "step_time_s": self.step_time_s,
@@ -496,6 +505,8 @@ class ProgressRecord(RecordEnvelope):
             fields["mfu"] = self.mfu
         if self.traffic:  # optional field: absent unless the writer counts its control traffic
             fields["traffic"] = list(self.traffic)
+        if self.plan:  # optional field: absent unless the writer says which plan it trains
+            fields["plan"] = self.plan
         return fields
 
     @classmethod
@@ -507,7 +518,7 @@ class ProgressRecord(RecordEnvelope):
                    sent_bytes=m.get("sent_bytes"), sync_every=m.get("sync_every", 1),
                    evidence=m.get("evidence", b""), refused=m.get("refused", False),
                    also=tuple(peer_from_bytes("also", p) for p in m.get("also", ())), mfu=m.get("mfu"),
-                   traffic=tuple(m.get("traffic", ())))
+                   traffic=tuple(m.get("traffic", ())), plan=m.get("plan", b""))
 
 
 Record = PeerRecord | LinksRecord | PlanRecord | ProgressRecord

@@ -1,0 +1,182 @@
+"""Each plan's checkers (``agent.leadership.checkers``) and the members that follow it on their word
+(``plan_check.PlanGate``), without I/O: real records, a real search where a member checks for itself."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from p2ptrain.agent.config import EmulationSettings, PlanConfig
+from p2ptrain.agent.leadership.checkers import checkers, vouched
+from p2ptrain.agent.leadership.plan_check import LeaderWatch, PlanGate
+from p2ptrain.agent.leadership.plan_maker import (
+    build_cluster,
+    cluster_order,
+    make_plan,
+    run_workload,
+    trainers_and_spares,
+)
+from p2ptrain.net.dht.fields import RecordError
+from p2ptrain.net.dht.keys import RecordKind
+from p2ptrain.net.dht.records import (
+    LinkMeasurement,
+    LinksRecord,
+    PeerRecord,
+    PlanRecord,
+    ProgressRecord,
+    decode_record,
+)
+from p2ptrain.net.identity import generate_identity
+from p2ptrain.planning import make_objective
+from p2ptrain.planning.scenarios import scenario
+from p2ptrain.runtime.config import TrainConfig
+
+TRAIN = TrainConfig(model="tiny", steps=2, global_batch_size=8, micro_batches=2, stages=2)
+PEERS = 8
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(scope="module")
+def world():
+    """Eight peers (IDs sorted) playing world-wide devices, their records and links rows, and two plans of them:
+    the scheduler's and the worst of a few hundred random ones."""
+    peers = sorted(generate_identity().peer_id for _ in range(PEERS))
+    net = scenario("worldwide", PEERS)
+    records = {p: PeerRecord(device_name=f"dev{k}", memory_gb=16.0, tflops=10.0) for k, p in enumerate(peers)}
+    rows = {a: LinksRecord.from_peers({b: LinkMeasurement(float(net.latency_ms[i, j]), float(net.bandwidth_gbps[i, j]))
+                                       for j, b in enumerate(peers) if j != i})
+            for i, a in enumerate(peers)}
+    trainers, spares = trainers_and_spares(cluster_order(records), TRAIN)
+    cluster = build_cluster(trainers, records, rows, EmulationSettings())
+    workload = workload_for(cluster, trainers)
+    best = make_plan(cluster, workload, 2, PlanConfig())
+    objective = make_objective("dtfm", cluster, workload, 2)
+    rng = np.random.default_rng(0)
+    orders = [rng.permutation(len(trainers)).reshape(-1, 2) for _ in range(300)]
+    worst = max(orders, key=lambda o: objective.evaluate(o).cost_s)
+    plans = {"best": PlanRecord.from_plan_json(0, trainers + spares, best),
+             "worst": PlanRecord.from_plan_json(0, trainers + spares, {
+                 "stages": 2, "replicas": len(worst), "pipelines": worst.tolist(),
+                 "cost_s": objective.evaluate(worst).cost_s})}
+    return peers, records, rows, plans
+
+
+def workload_for(cluster, trainers, peers=None, train=None):
+    return run_workload(TRAIN, 2, len(trainers) // 2)
+
+
+def saying(plan: PlanRecord, digest: bytes | None = None, epoch: int | None = None) -> ProgressRecord:
+    """What a member that took ``plan`` up says (``epoch.run_epoch``)."""
+    return ProgressRecord(plan.epoch if epoch is None else epoch, plan.start_step, None, 0.0, leader=plan.leader,
+                          plan=plan.digest() if digest is None else digest)
+
+
+def test_the_checkers_are_fixed_by_the_run_and_the_leader_never_the_leader_and_all_in_a_small_run():
+    members = sorted(generate_identity().peer_id for _ in range(12))
+    leader = members[0]
+    chosen = checkers(members, leader, "run", 4)
+    assert len(chosen) == 4 and leader not in chosen and chosen <= set(members)
+    assert checkers(list(reversed(members)), leader, "run", 4) == chosen  # not the order they are listed in
+    others = [checkers(members, leader, f"run{k}", 4) for k in range(8)]
+    assert len(set(others)) > 1  # another run, other checkers (a hash, not the lowest IDs)
+    assert len({checkers(members, m, "run", 4) - {leader} for m in members[1:4]}) > 1  # another leader, others
+    assert checkers(members[:5], leader, "run", 4) == frozenset(members[1:5])  # at most count + 1 members: all
+    assert checkers(members, leader, "run", 0) == frozenset(members[1:])  # 0: every follower checks
+
+
+def test_a_plan_is_vouched_for_once_every_checker_names_it_and_not_when_one_names_another(world):
+    peers, _, _, plans = world
+    plan, other = plans["best"], plans["worst"]
+    chosen = checkers(peers, plan.leader, "run", 3)
+    progress = {c: saying(plan) for c in chosen}
+    assert vouched(plan, progress, chosen) is True
+    first, *_ = sorted(chosen)
+    assert vouched(plan, {**progress, first: ProgressRecord(0, 0, None, 0.0)}, chosen) is None  # has not said
+    assert vouched(plan, {c: r for c, r in progress.items() if c != first}, chosen) is None  # no record at all
+    assert vouched(plan, {**progress, first: saying(plan, epoch=1)}, chosen) is None  # another epoch's: not this one
+    assert vouched(plan, {**progress, first: saying(plan, digest=other.digest())}, chosen) is False  # shown another
+    assert plan.digest() != other.digest() and len(plan.digest()) == 16
+
+
+def test_a_progress_record_names_a_plan_by_its_digest_and_nothing_else(world):
+    _, _, _, plans = world
+    plan = plans["best"]
+    record = saying(plan)
+    assert decode_record(RecordKind.PROGRESS, record.encode()).plan == plan.digest()
+    assert decode_record(RecordKind.PROGRESS, ProgressRecord(0, 1, 1.0, 0.1).encode()).plan == b""  # additive
+    for bad in (dict(plan=b"\x01" * 5, leader=plan.leader), dict(plan=plan.digest()), dict(plan="digest", leader=plan.leader)):
+        with pytest.raises(RecordError):
+            ProgressRecord(0, 0, None, 0.0, **bad)
+
+
+def gate_of(me, rows, clock, progress, checks, budget_s=30.0, count=3):
+    def read_rows():
+        checks.append(me)  # our own check reads the rows: a search of ours
+        return rows
+
+    return PlanGate(me, TRAIN, PlanConfig(verify_slack_s=0.0, checkers=count, time_budget_s=budget_s),
+                    EmulationSettings(), LeaderWatch(10.0, 60.0, clock=clock), settle_s=5.0, read_rows=read_rows,
+                    workload_for=workload_for, run="run", vouchers=lambda: (progress, 2.0))
+
+
+def test_a_member_that_is_no_checker_follows_on_its_checkers_word_and_checks_itself_without_it(world):
+    peers, records, rows, plans = world
+    plan, bad = plans["best"], plans["worst"]
+    chosen = checkers(plan.membership, plan.leader, "run", 3)
+    me = next(p for p in peers if p not in chosen and p != plan.leader)
+    clock, progress, checks = Clock(), {}, []
+    known = {p: 60.0 for p in peers}.__getitem__
+    gate = gate_of(me, rows, clock, progress, checks)
+    assert not gate.accept(plan, records, known, first=True) and not checks  # waiting for its checkers' word
+    assert gate.awaits_word(plan)  # taking it up meanwhile (``Following._taking_up``)
+    progress.update({c: saying(plan) for c in sorted(chosen)[:2]})
+    clock.now += 10
+    assert not gate.accept(plan, records, known, first=True) and not checks  # two of three said so
+    progress[sorted(chosen)[2]] = saying(plan)
+    assert gate.accept(plan, records, known, first=True) and not checks  # all three: followed, no search of ours
+    # no search of ours timed the leader's: it gets the whole budget; a trainer may take the plan up as much later
+    # than us as we waited, two reads of the progress records and the control plane's pace
+    assert gate.check_of(plan) == (10.0, True) and not gate.awaits_word(plan)
+    assert gate.lag_s(plan) == 10.0 + 2 * 2.0 + gate.leaders.grace_s and gate.lag_s(plan, 1.5) == 1.5 + 4.0 + gate.leaders.grace_s
+
+    # the worst plan: its checkers do not say they train it; past the budget we check it, and refuse it
+    gate = gate_of(me, rows, clock, {}, checks)
+    assert not gate.accept(bad, records, known, first=True) and not checks
+    clock.now += 29
+    assert not gate.accept(bad, records, known, first=True) and not checks
+    clock.now += 1
+    assert not gate.accept(bad, records, known, first=True) and checks == [me] and gate.refused(bad)
+
+    # a checker names another plan of the epoch: the leader showed its checkers another one; we check at once
+    gate, checks[:] = gate_of(me, rows, clock, {c: saying(bad, digest=plan.digest()) for c in chosen}, checks), []
+    assert not gate.accept(bad, records, known, first=True) and checks == [me] and gate.refused(bad)
+
+
+def test_a_checker_and_a_run_without_checkers_check_every_plan_themselves(world):
+    peers, records, rows, plans = world
+    plan = plans["best"]
+    known = {p: 60.0 for p in peers}.__getitem__
+    chosen = checkers(plan.membership, plan.leader, "run", 3)
+    everyone = {c: saying(plan) for c in peers}
+    for me, count in ((sorted(chosen)[0], 3), (next(p for p in peers if p not in chosen and p != plan.leader), 0)):
+        checks: list[str] = []
+        gate = gate_of(me, rows, Clock(), everyone, checks, count=count)
+        assert gate.accept(plan, records, known, first=True) and checks == [me]  # its own search, though all vouch
+        assert gate.check_s(plan) > 0 and not gate.awaits_word(plan)
+        # nobody follows on the word where every follower checks: a trainer's lag is our own check alone
+        assert gate.lag_s(plan) == (gate.check_s(plan) if count == 0 else gate.check_s(plan) + 4.0 + gate.leaders.grace_s)
+
+
+def test_a_plan_config_refuses_a_negative_count_of_checkers():
+    from p2ptrain.errors import ConfigError
+    with pytest.raises(ConfigError, match="plan.checkers"):
+        dataclasses.replace(PlanConfig(), checkers=-1)
