@@ -1,4 +1,5 @@
-"""Helpers for the agent tests: the swarm as a real command, its status file, process trees."""
+"""Helpers for the agent tests: the swarm as a real command, its status file, process trees; a measured world of
+records for the plan checks."""
 
 from __future__ import annotations
 
@@ -276,3 +277,18 @@ def reference_losses(train, stop_after: int | None = None) -> list[float]:
         partial.write_text(json.dumps(losses))
         os.replace(partial, path)  # whole or not there: another worker reads it only complete
     return losses
+
+
+def measured_world(devices: int = 5):
+    """``devices`` peers (IDs sorted) playing the first world-wide devices: their records and links rows."""
+    from p2ptrain.net.dht.records import LinkMeasurement, LinksRecord, PeerRecord
+    from p2ptrain.net.identity import generate_identity
+    from p2ptrain.planning.scenarios import scenario
+
+    peers = sorted(generate_identity().peer_id for _ in range(devices))
+    net = scenario("worldwide", devices)
+    records = {p: PeerRecord(device_name=f"dev{k}", memory_gb=16.0, tflops=10.0) for k, p in enumerate(peers)}
+    rows = {a: LinksRecord.from_peers({b: LinkMeasurement(float(net.latency_ms[i, j]), float(net.bandwidth_gbps[i, j]))
+                                       for j, b in enumerate(peers) if j != i})
+            for i, a in enumerate(peers)}
+    return peers, records, rows

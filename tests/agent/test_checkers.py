@@ -7,6 +7,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from agent_helpers import measured_world
 
 from p2ptrain.agent.config import EmulationSettings, PlanConfig
 from p2ptrain.agent.leadership.checkers import checkers, vouched
@@ -21,16 +22,12 @@ from p2ptrain.agent.leadership.plan_maker import (
 from p2ptrain.net.dht.fields import RecordError
 from p2ptrain.net.dht.keys import RecordKind
 from p2ptrain.net.dht.records import (
-    LinkMeasurement,
-    LinksRecord,
-    PeerRecord,
     PlanRecord,
     ProgressRecord,
     decode_record,
 )
 from p2ptrain.net.identity import generate_identity
 from p2ptrain.planning import make_objective
-from p2ptrain.planning.scenarios import scenario
 from p2ptrain.runtime.config import TrainConfig
 
 TRAIN = TrainConfig(model="tiny", steps=2, global_batch_size=8, micro_batches=2, stages=2)
@@ -49,12 +46,7 @@ class Clock:
 def world():
     """Eight peers (IDs sorted) playing world-wide devices, their records and links rows, and two plans of them:
     the scheduler's and the worst of a few hundred random ones."""
-    peers = sorted(generate_identity().peer_id for _ in range(PEERS))
-    net = scenario("worldwide", PEERS)
-    records = {p: PeerRecord(device_name=f"dev{k}", memory_gb=16.0, tflops=10.0) for k, p in enumerate(peers)}
-    rows = {a: LinksRecord.from_peers({b: LinkMeasurement(float(net.latency_ms[i, j]), float(net.bandwidth_gbps[i, j]))
-                                       for j, b in enumerate(peers) if j != i})
-            for i, a in enumerate(peers)}
+    peers, records, rows = measured_world(PEERS)
     trainers, spares = trainers_and_spares(cluster_order(records), TRAIN)
     cluster = build_cluster(trainers, records, rows, EmulationSettings())
     workload = workload_for(cluster, trainers)

@@ -9,6 +9,7 @@ import logging
 
 import numpy as np
 import pytest
+from agent_helpers import measured_world
 
 from p2ptrain.agent.config import EmulationSettings, PlanConfig
 from p2ptrain.agent.leadership.plan_check import (
@@ -45,17 +46,6 @@ class Clock:
 @pytest.fixture(scope="module")
 def world():
     return measured_world()
-
-
-def measured_world():
-    """Five peers (IDs sorted) playing the first five world-wide devices: their records and links rows."""
-    peers = sorted(generate_identity().peer_id for _ in range(5))
-    net = scenario("worldwide", 5)
-    records = {p: PeerRecord(device_name=f"dev{k}", memory_gb=16.0, tflops=10.0) for k, p in enumerate(peers)}
-    rows = {a: LinksRecord.from_peers({b: LinkMeasurement(float(net.latency_ms[i, j]), float(net.bandwidth_gbps[i, j]))
-                                       for j, b in enumerate(peers) if j != i})
-            for i, a in enumerate(peers)}
-    return peers, records, rows
 
 
 def plan_record(peers: list[str], trainers: list[str], order: tuple[int, ...]) -> PlanRecord:
