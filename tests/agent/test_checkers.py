@@ -3,14 +3,18 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from agent_helpers import measured_world
 
-from p2ptrain.agent.config import EmulationSettings, PlanConfig
+from p2ptrain.agent.config import AgentConfig, EmulationSettings, MembershipConfig, PlanConfig
+from p2ptrain.agent.leadership import watching
 from p2ptrain.agent.leadership.checkers import checkers, vouched
+from p2ptrain.agent.leadership.membership import Membership
 from p2ptrain.agent.leadership.plan_check import LeaderWatch, PlanGate
 from p2ptrain.agent.leadership.plan_maker import (
     build_cluster,
@@ -19,6 +23,7 @@ from p2ptrain.agent.leadership.plan_maker import (
     run_workload,
     trainers_and_spares,
 )
+from p2ptrain.agent.leadership.run_stages import RunStages
 from p2ptrain.net.dht.fields import RecordError
 from p2ptrain.net.dht.keys import RecordKind
 from p2ptrain.net.dht.records import (
@@ -172,3 +177,46 @@ def test_a_plan_config_refuses_a_negative_count_of_checkers():
     from p2ptrain.errors import ConfigError
     with pytest.raises(ConfigError, match="plan.checkers"):
         dataclasses.replace(PlanConfig(), checkers=-1)
+
+
+class _Planner:
+    """The leader's planner thread as a watcher uses it: the searches submitted, none of them ending."""
+
+    def __init__(self) -> None:
+        self.submitted: list[tuple] = []
+
+    def submit(self, fn, *args, **kwargs) -> concurrent.futures.Future:
+        self.submitted.append((fn, args))
+        return concurrent.futures.Future()
+
+
+def test_a_member_that_is_no_checker_searches_only_once_the_leader_is_later_than_the_budget(world, monkeypatch):
+    peers, records, rows, _ = world
+    leader = min(peers)
+    config = AgentConfig(initial_peers=(f"/ip4/127.0.0.1/tcp/31337/p2p/{leader}",), run="run", train=TRAIN,
+                         membership=MembershipConfig(expect=len(peers)), plan=PlanConfig(checkers=3, time_budget_s=60.0))
+    chosen = checkers(peers, leader, "run", 3)
+    now = [1000.0]
+    monkeypatch.setattr(watching.time, "monotonic", lambda: now[0])
+    leaders = LeaderWatch(10.0, 60.0, clock=lambda: now[0])
+    dht = SimpleNamespace(read_links=lambda: rows, slowest_store_s=lambda: 0.0)
+    pricing = SimpleNamespace(plan_workload=lambda trainers, membership, train: workload_for(None, trainers))
+    membership = Membership(records)
+
+    def watcher(me: str) -> tuple[watching.Watching, _Planner]:
+        planner = _Planner()
+        return watching.Watching(config, dht, None, me, leaders, view=lambda: None, started=now[0],
+                                 stages=RunStages(TRAIN), planner=planner, pricing=pricing,
+                                 links_wait=watching.LinksWait()), planner
+
+    checker, searched = watcher(sorted(chosen)[0])
+    assert checker._search_allowance(membership) == 60.0 + watching.PUBLISH_S and len(searched.submitted) == 1
+    member, planner = watcher(next(p for p in peers if p not in chosen and p != leader))
+    assert leaders.waiting(leader, True, 60.0) is None  # the plan falls due now
+    for _ in range(2):  # a checker searches when the plan falls due; we do not (we follow on its checkers' word)
+        assert member._search_allowance(membership) == 60.0 + watching.PUBLISH_S and not planner.submitted
+        now[0] += 30.0
+    # the budget passed and no plan: the leader is late, and our own search times it (its checkers' did not end)
+    assert member._search_allowance(membership) == 60.0 + watching.PUBLISH_S and len(planner.submitted) == 1
+    now[0] += 50.0  # while it runs: the budget and twice its time so far, so the leader is never passed over for it
+    assert member._search_allowance(membership) == 60.0 + 2 * 50.0 + watching.PUBLISH_S and len(planner.submitted) == 1

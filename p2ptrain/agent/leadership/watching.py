@@ -84,6 +84,7 @@ class Watching:
         self._first_due = False  # the first plan fell due (``_first_plan_due``)
         self._own_search: tuple[tuple[str, ...], concurrent.futures.Future] | None = None  # ``_search_allowance``
         self._own_started = 0.0  # when our own search of the first plan began
+        self._own_late = 0.0  # how late after the plan fell due it began: a member that is no checker's (below)
         self._own_rows: tuple[frozenset[str], Mapping[str, LinksRecord]] | None = None  # what that search read
         self._settled: dict[tuple[str, int], float] = {}  # (leader, epoch) -> when its re-plan's halts were all in
 
@@ -201,12 +202,21 @@ class Watching:
         ours, below its agent in priority, is the slower (32 agents on two cores: a leader whose search outlasted
         the budget was passed over while its followers' searches still ran). A silent leader is thus passed over
         seconds after the plan fell due, not a minute: the search on a small run takes milliseconds. A member that
-        is not among the plan's checkers (``checkers``) makes no search: the budget and the publishing."""
+        is not among the plan's checkers (``checkers``) makes no search: the budget and the publishing; unless the
+        leader is later than the budget, when it makes the search after all and gives the leader the budget and twice
+        that search's time so far while it runs (32 agents on two cores: members that searched nothing passed over
+        a leader whose search of 32 devices, bounded by its evaluations, took longer than the budget)."""
         cfg = self.config
         key = membership.ids
-        if self.peer_id not in checkers(key, membership.leader, cfg.run, cfg.plan.checkers):
-            return cfg.plan.time_budget_s + self._publish_s()  # its checkers search; we follow on their word
-        if self._own_search is None or self._own_search[0] != key:
+        fresh = self._own_search is None or self._own_search[0] != key
+        if fresh and self.peer_id not in checkers(key, membership.leader, cfg.run, cfg.plan.checkers):
+            now = time.monotonic()
+            if now - self._leaders.due_since(membership.leader, now) < cfg.plan.time_budget_s:
+                return cfg.plan.time_budget_s + self._publish_s()  # its checkers search; we follow on their word
+            self._own_late = cfg.plan.time_budget_s  # the leader is late: our own search times it from now on
+        elif fresh:
+            self._own_late = 0.0
+        if fresh:
             self._own_started = time.monotonic()
             stages = self._stages.next_plan(None)
             try:
@@ -225,7 +235,8 @@ class Watching:
                 return cfg.plan.time_budget_s + self._publish_s()
         future = self._own_search[1]
         if not future.done():  # the leader's search is ours: never faulted while ours still runs
-            return max(cfg.plan.time_budget_s, 2.0 * (time.monotonic() - self._own_started)) + self._publish_s()
+            elapsed_s = time.monotonic() - self._own_started
+            return max(cfg.plan.time_budget_s, self._own_late + 2.0 * elapsed_s) + self._publish_s()
         if future.exception() is not None:
             return cfg.plan.time_budget_s + self._publish_s()
         return self._own_allowance(future.result())
