@@ -10,6 +10,7 @@ prober re-measured every link every round (before ``[links] refresh_s``), 0.23 c
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
@@ -74,6 +75,26 @@ def main() -> None:
     for (who, kind), share in sorted(cores.items()):
         print(f"{who:9s} {kind:5s} {share:5.2f} cores")
     print(f"total     {sum(cores.values()):5.2f} cores ({args.agents} agents waiting; logs in {root})")
+    print_reads(root)
+
+
+def print_reads(root: Path) -> None:
+    """The DHT reads an agent made a second, by record kind, between its first ``dht_traffic`` event (a minute
+    in) and its last (as it stopped): the agents' own counters."""
+    rates: dict[str, list[float]] = {}
+    for path in sorted(root.glob("agent-*.events.jsonl")):
+        traffic = [e for e in map(json.loads, path.read_text().splitlines()) if e.get("event") == "dht_traffic"]
+        if len(traffic) < 2 or traffic[-1]["uptime_s"] - traffic[0]["uptime_s"] < 5:
+            continue
+        first, last = traffic[0], traffic[-1]
+        span = last["uptime_s"] - first["uptime_s"]
+        for kind, counts in last["kinds"].items():
+            before = first["kinds"].get(kind, {}).get("reads", 0)
+            rates.setdefault(kind, []).append((counts["reads"] - before) / span)
+    if rates:
+        print("DHT reads an agent a second: " + ", ".join(
+            f"{kind} {sum(r) / len(r):.2f}" for kind, r in sorted(rates.items())) +
+            f" (total {sum(sum(r) / len(r) for r in rates.values()):.2f}; {len(next(iter(rates.values())))} agents)")
 
 
 if __name__ == "__main__":

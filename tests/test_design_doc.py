@@ -274,7 +274,7 @@ def message_expectations() -> list[Expect]:
     keys = dict.fromkeys(key for reply in replies for key in json.loads(reply.metadata))
     out += [Expect("message", f"reply metadata key {key!r}", "Replies", row(key)) for key in keys]
     out += [Expect("message", f"ping status key {key!r}", "Ping status", row(key))
-            for key in json.loads(PeerStatus().encode())]
+            for key in json.loads(PeerStatus(plan=0, peers=0).encode())]
     out += [Expect("message", f"ping state {state!r}", "Ping status", rf"`{state}`") for state in STATES]
     return out
 

@@ -22,6 +22,11 @@ appears (``behind``: a plan is checked against a fresh view). The leader and the
 So a follower's bytes a minute stay those of a run of r peers until the lifetime cap (about 16 × 60 peers at the
 defaults), and the few DHT nodes that hold the run's peer records are not asked n times a poll.
 
+Fewer still while nothing changes: every agent says in its heartbeat answers a digest of the records it read
+last (``PeerStatus.peers``), and a follower whose leader answers in time reads the records when the leader's digest
+is not its own (a join, a record expired or replaced: the leader read it within a poll), and otherwise every
+``PEERS_READ_S`` times the spacing (``_due``). An idle run of n agents then makes a few reads a second, not n.
+
 Used by the poller alone (the agent's main thread, or its step-boundary thread while an epoch trains: one at
 a time; ``agent`` says how), so its fields need no lock.
 """
@@ -45,9 +50,11 @@ from p2ptrain.errors import ProtocolError
 from p2ptrain.net.dht.node import SwarmDHT
 from p2ptrain.net.dht.records import PeerRecord, PlanRecord
 from p2ptrain.net.transport.endpoint import Transport
+from p2ptrain.net.transport.status import peers_digest
 
 logger = logging.getLogger(__name__)
 
+PEERS_READ_S = 5.0  # a follower whose leader read the records it read reads them again this often (× spacing)
 READ_EARLY = 0.9  # a read is due this fraction into its period: a poll that comes a little early does not skip it
 
 
@@ -66,6 +73,8 @@ class MembershipReader:
         self._records: dict[str, PeerRecord] | None = None  # the last peer records read, and when
         self._read_at = -float("inf")
         self._first_two: set[str] = set()  # the leader and the next in line at the last read
+        self._leader: str | None = None  # ... the leader, whose digest of the records (``PeerStatus.peers``) we follow
+        self._digest = -1  # the digest of the records we read last (``status.peers_digest``)
         self._newest_epoch = -1  # the newest plan ``behind`` was told of
         self.watched: set[str] | None = None  # whom the heartbeats ping (None: liveness off): ``PlanGate.left_out``
 
@@ -76,14 +85,14 @@ class MembershipReader:
         (``spacing``) or ``force``d, else the last ones read are used."""
         tracker = self._tracker
         self._traffic.maybe()
-        spacing = self.spacing(following)
-        period = min(self.config.membership.poll_s * spacing, self.config.dht.peer_ttl_s)
-        if force or spacing == 1.0 or self._records is None or time.monotonic() - self._read_at >= period * READ_EARLY:
+        if force or self._records is None or self._due(self.spacing(following)):
             try:
                 self._records, self._read_at = self.dht.read_peers(), time.monotonic()
             except ProtocolError as e:
                 logger.warning("reading the peer records failed: %s; keeping the last view", e)
                 return None
+            self._digest = peers_digest(self._records)
+            self.transport.announce_peers(self._digest)
         membership = self._checked_claims(tracker.update(self._records))
         partners = probe_set.partners(self.peer_id, membership.peers, self.config, following)
         if self.liveness is not None:
@@ -95,6 +104,7 @@ class MembershipReader:
         membership = seen.without(*(self._leaders.excluded() - {self.peer_id}))
         leader = membership.leader
         self._first_two = {p for p in (leader, membership.without(leader).leader) if p is not None} if leader else set()
+        self._leader = leader
         for peer, record in membership.peers.items():
             if peer == self.peer_id:
                 continue
@@ -109,6 +119,22 @@ class MembershipReader:
             p for p in partners if p in self._dialled and tracker.known_for_s(p) >= self.config.links.settle_s
         )
         return seen, membership
+
+    def _due(self, spacing: float) -> bool:
+        """Whether the peer records are read this poll (module docstring): every ``spacing`` polls by the leader,
+        the next in line and agents without heartbeats, or while the leader's answers are late; by the others when
+        the leader's digest of the records it read (``PeerStatus.peers``) is not that of ours, and at least every
+        ``PEERS_READ_S`` (times ``spacing``)."""
+        now, cfg = time.monotonic(), self.config
+        period = min(cfg.membership.poll_s * spacing, cfg.dht.peer_ttl_s)
+        usual = spacing == 1.0 or now - self._read_at >= period * READ_EARLY
+        if self.liveness is None or self._leader is None or self.peer_id in self._first_two:
+            return usual
+        status, answered = self.liveness.statuses().get(self._leader), self.liveness.answered().get(self._leader)
+        if status is None or answered is None or status.peers < 0 or \
+                now - answered > 2 * cfg.liveness.interval_s + cfg.liveness.ping_timeout_s:
+            return usual
+        return status.peers != self._digest or now - self._read_at >= min(PEERS_READ_S * spacing, cfg.dht.peer_ttl_s)
 
     def spacing(self, following: PlanRecord | None) -> float:
         """How many times its usual period a read of every peer's (or progress) record waits: n / r for an

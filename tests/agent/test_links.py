@@ -237,6 +237,15 @@ def test_agents_that_measure_a_few_partners_plan_on_estimated_links_and_train_ex
     logs_text = [(tmp_path / f"agent-{k}.log").read_text() for k in range(6)]
     vouched = [k for k, text in enumerate(logs_text) if "followed on the word of its 4 checkers" in text]
     assert len(vouched) == 1 and "checked:" not in logs_text[vouched[0]], vouched
+    # a follower reads the plan records when its leader's heartbeat answers announce a plan (``PeerStatus.plan``), and
+    # the peer records when the leader's digest of them is not its own (``PeerStatus.peers``): not every poll, as the
+    # leader does both (and the next in line the peer records)
+    leader, second = (index[p] for p in sorted(index)[:2])
+    assert any(e["event"] == "plan" for e in logs[leader])
+    reads = {k: {kind: counts["reads"] for kind, counts in [e for e in evs if e["event"] == "dht_traffic"][-1]["kinds"].items()}
+             for k, evs in logs.items()}
+    assert all(reads[k]["plan"] * 2 < reads[leader]["plan"] for k in reads if k != leader), reads
+    assert all(reads[k]["peers"] * 2 < reads[leader]["peers"] for k in reads if k not in (leader, second)), reads
     latency, bandwidth = links(summary)
     truth = scenario("worldwide", 6)
     for a, b in measured:  # a measured link never shorter than emulated; an estimated one is a measured one's

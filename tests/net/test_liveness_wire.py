@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -13,9 +15,10 @@ import pytest
 import torch
 
 from p2ptrain.errors import PeerFailed, PeerTimeoutError, ProtocolError
+from p2ptrain.net.dht.records import PeerRecord
 from p2ptrain.net.transport.endpoint import Transport, TransportConfig
 from p2ptrain.net.transport.messages import MessageKind, Tag
-from p2ptrain.net.transport.status import FAIL, TRAIN, PeerStatus
+from p2ptrain.net.transport.status import FAIL, TRAIN, PeerStatus, peers_digest
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -36,6 +39,10 @@ def test_a_ping_answers_with_the_peers_status(pair):
     assert result == PeerStatus(TRAIN, 3, 17)
     b.status = PeerStatus(FAIL, 3, 17)
     assert a.ping_all([str(b.peer_id)], timeout_s=10.0)[str(b.peer_id)].state == FAIL
+    b.announce_plan(5)  # a leader's plan stored: its answers say so, whatever its state
+    b.announce_plan(4)  # never lowered
+    b.announce_peers(77)
+    assert a.ping_all([str(b.peer_id)], timeout_s=10.0)[str(b.peer_id)] == PeerStatus(FAIL, 3, 17, plan=5, peers=77)
 
 
 def test_a_ping_answer_says_whom_the_epoch_waits_on_and_what_it_sent(pair):
@@ -85,7 +92,7 @@ def test_each_ping_is_counted_with_its_bytes():
 def test_a_status_is_validated_both_ways():
     with pytest.raises(ValueError, match="state"):
         PeerStatus("dancing", 0, 0)
-    for garbage in (b"", b"[1]", b'{"state": "train", "epoch": -1, "step": 0}', b"x" * 300,
+    for garbage in (b"", b"[1]", b'{"state": "train", "epoch": -1, "step": 0}', b"x" * 400,
                     b'{"state": "train", "epoch": true, "step": 0}', b'{"state": "idle", "epoch": 0, "step": 0, "sent": -1}',
                     b'{"state": "idle", "epoch": 0, "step": 0, "waits": 5}'):
         with pytest.raises(ValueError):
@@ -93,6 +100,25 @@ def test_a_status_is_validated_both_ways():
     assert PeerStatus.decode(PeerStatus(TRAIN, 2, 5).encode()) == PeerStatus(TRAIN, 2, 5)
     assert PeerStatus.decode(PeerStatus(TRAIN, 2, 5, 9, "QmX").encode()) == PeerStatus(TRAIN, 2, 5, 9, "QmX")
     assert PeerStatus.decode(b'{"state": "train", "epoch": 2, "step": 5}') == PeerStatus(TRAIN, 2, 5)  # older peers
+    assert PeerStatus.decode(PeerStatus(TRAIN, 2, 5, plan=4).encode()).plan == 4
+    assert b"plan" not in PeerStatus(TRAIN, 2, 5).encode()  # no plan published: the answer is what it was
+    for plan in (-2, True, 2**53 + 1, "3"):
+        with pytest.raises(ValueError, match="plan"):
+            PeerStatus.decode(b'{"state": "idle", "epoch": 0, "step": 0, "plan": %s}' % json.dumps(plan).encode())
+    assert PeerStatus.decode(PeerStatus(TRAIN, 2, 5, peers=2**32 - 1).encode()).peers == 2**32 - 1
+    with pytest.raises(ValueError, match="peers"):
+        PeerStatus.decode(b'{"state": "idle", "epoch": 0, "step": 0, "peers": 4294967296}')
+    longest = PeerStatus(TRAIN, 2**53, 2**53, 2**53, "Q" * 128, 2**53, 2**32 - 1)  # every field at its largest fits
+    assert PeerStatus.decode(longest.encode()) == longest
+
+
+def test_the_peers_digest_names_what_was_read():
+    a, b = (PeerRecord(device_name=f"dev{k}", memory_gb=8.0, tflops=1.0) for k in range(2))
+    digest = peers_digest({"QmA": a, "QmB": b})
+    assert digest == peers_digest({"QmB": b, "QmA": a}) and 0 <= digest < 2**32  # the order read does not count
+    assert digest != peers_digest({"QmA": a})  # a peer gone
+    assert digest != peers_digest({"QmA": a, "QmB": dataclasses.replace(b, memory_gb=16.0)})  # a record replaced
+    assert digest != peers_digest({"QmA": b, "QmB": a})
 
 
 def test_aborting_an_epoch_fails_its_pending_and_later_calls_at_once(pair):

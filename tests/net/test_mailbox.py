@@ -60,6 +60,16 @@ def test_window_bounds_run_epoch_and_step():
     box.admit(A, header(epoch=2, step=3))  # a re-plan's next epoch may restart at an earlier step
 
 
+def test_a_receiver_that_took_no_epoch_up_yet_takes_any_step_of_its_first():
+    # a run resumed at step 5: its sender's first activation may come before the receiver took epoch 0 up
+    box = mailbox()
+    box.admit(A, header(epoch=0, step=5))
+    box.admit(A, header(epoch=1, step=40))
+    assert "too far ahead" in rejected(box, A, header(epoch=2, step=0))
+    box.set_window(RUN, 0, 5)  # taken up: steps count again
+    assert "too far ahead" in rejected(box, A, header(epoch=0, step=8))
+
+
 def test_size_budget_and_duplicates():
     box = mailbox()
     assert "exceeds" in rejected(box, A, header(shape=(251,)))

@@ -8,9 +8,12 @@ later write wins, either way the idle clock restarts). It reads the agent's live
 the poller's), the plan it follows (``Agent._following``, the main thread's) and its parts (the plan gate, the
 leader's side, the heartbeats).
 
-- ``next_plan``: read the plan records; the highest epoch signed by the leader in our view that names us and
-  that the plan gate accepts (``election.latest_plan``, ``plan_check.PlanGate``); meanwhile what the run's
-  progress says of who may lead (``standing``), read on a thread of its own every ``STANDING_READ_S``.
+- ``next_plan``: read the plan records (``_plans_due``: every poll by the leader; by a follower when its leader's
+  heartbeat answers announce a plan newer than the one it read, ``PeerStatus.plan``, else every ``PLANS_READ_S``:
+  n followers of an idle run no longer read n plan records a second); the highest epoch signed by the leader in
+  our view that names us and that the plan gate accepts (``election.latest_plan``, ``plan_check.PlanGate``); meanwhile what the run's
+  progress says of who may lead (``standing``), read on a thread of its own every ``STANDING_READ_S`` once the run
+  has a plan.
 - ``pass_over``: leave a leader out of our view (``Leader.pass_over``); ``_step_aside``: our own plan is
   trained by nobody while the run trains another's: we were passed over; ``_follow_the_run``: the run
   passed our leader over; ``_check_culpable_leader``: the epoch we follow failed at its leader's own stage.
@@ -37,6 +40,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+PLANS_READ_S = 5.0  # a follower whose leader announces no newer plan reads the plan records this often (× spacing)
 STANDING_READ_S = 2.0  # how often the progress records are read for who may lead (``leadership.standing``)
 FOLLOWED_KEPT = 4  # followed plans read against the progress records (a peer's record holds its newest epoch)
 
@@ -65,6 +69,11 @@ class Following:
         self.progress_seen: dict[str, ProgressRecord] = {}  # the last progress records read (``_observe_standing``)
         self._before_taking: PeerStatus | None = None  # what we said before ``take``, while a plan's checkers' word is due
         self.run_moved_at = time.monotonic()
+        # the plan records read last, when, and who led in our view then (``_plans_due``); the plans we publish
+        # as leader are announced in our heartbeat answers from the moment they are stored
+        self._plans: dict[str, PlanRecord] = {}
+        self._plans_read_at, self._plans_leader = -float("inf"), None
+        agent.dht.plan_listeners.append(agent.transport.announce_plan)
 
     def close(self) -> None:
         self._standing_reader.shutdown(wait=False, cancel_futures=True)
@@ -78,12 +87,16 @@ class Following:
         """The plan to follow next (``election.latest_plan``), or None."""
         self._check_culpable_leader()
         started = time.monotonic()
-        try:
-            plans = self.dht.read_plans()
-        except ProtocolError as e:
-            logger.warning("reading the plan records failed: %s", e)
-            return None
-        self.agent._leaders.observe_read(time.monotonic() - started)  # the control plane's pace: a leader's grace
+        if self._plans_due(started):
+            try:
+                plans = self.dht.read_plans()
+            except ProtocolError as e:
+                logger.warning("reading the plan records failed: %s", e)
+                return None
+            self.agent._leaders.observe_read(time.monotonic() - started)  # the control plane's pace: a leader's grace
+            self._plans_read_at, self._plans_leader, self._plans = started, self.agent._membership.leader, plans
+        else:
+            plans = self._plans  # nothing new said: the last records read stand
         if self.agent._reader.behind(max((p.epoch for p in plans.values()), default=-1)):
             self.agent._poll(force=True)  # a newer plan: checked against the peer records as they are now
         refusal = self.agent._tracker.refusal()  # several live peers agree on other data or settings than ours
@@ -123,6 +136,23 @@ class Following:
                                default=None)
         return plan
 
+    def _plans_due(self, now: float) -> bool:
+        """Whether the plan records are read this poll (module docstring): by the leader and by agents without
+        heartbeats always; by the others after their leader changed, once its heartbeat answers say it published
+        a plan newer than the one of it we read (``PeerStatus.plan``), while its answers are late, and at least every
+        ``PLANS_READ_S`` times the reader's spacing (the plans of other signers: ``_follow_the_run``)."""
+        agent = self.agent
+        leader, liveness = agent._membership.leader, agent.liveness
+        if liveness is None or leader is None or leader == self.peer_id or leader != self._plans_leader:
+            return True
+        period = min(PLANS_READ_S * agent._reader.spacing(agent._following), self.config.dht.peer_ttl_s)
+        status, answered = liveness.statuses().get(leader), liveness.answered().get(leader)
+        late_s = 2 * self.config.liveness.interval_s + self.config.liveness.ping_timeout_s
+        if now - self._plans_read_at >= period or status is None or answered is None or now - answered > late_s:
+            return True
+        read = self._plans.get(leader)
+        return status.plan > (read.epoch if read is not None else -1)
+
     @contextlib.contextmanager
     def _taking_up(self, plan: PlanRecord):
         """While we check ``plan`` (a search of its records: seconds on a slow CPU), or wait for its checkers' word
@@ -156,8 +186,8 @@ class Following:
                 self.progress_seen = progress
                 self._step_aside(plans, progress)
                 self._follow_the_run(plans, progress)
-        now = time.monotonic()
-        if self._standing_read is None and now - self._standing_last >= self.progress_period_s():
+        now = time.monotonic()  # no plan in the run: no progress to read (an idle run's start costs less)
+        if plans and self._standing_read is None and now - self._standing_last >= self.progress_period_s():
             self._standing_last = now
             self._standing_read = self._standing_reader.submit(self.dht.read_progress)
 

@@ -161,6 +161,7 @@ class SwarmDHT:
         self._relay_dial_future: Any = None
         # told every peer record read (``forward.Routes.update``: who is behind NAT, through which relay)
         self.peer_listeners: list[Callable[[dict[str, tuple[str, ...]]], None]] = []
+        self.plan_listeners: list[Callable[[int], None]] = []  # told the epoch of each plan we publish
         self._identity: Identity | None = None
         self._dht: hivemind.DHT | None = None
         self._p2pd_marker: bytes | None = None
@@ -388,7 +389,11 @@ class SwarmDHT:
         return self.publish(record)
 
     def publish_plan(self, record: PlanRecord) -> bool:
-        return self.publish(record)
+        """``publish``; then the ``plan_listeners`` are told its epoch (the heartbeats announce it)."""
+        stored = self.publish(record)
+        for listener in self.plan_listeners:
+            listener(record.epoch)
+        return stored
 
     def publish_progress(self, record: ProgressRecord, *, refresh: bool = False) -> bool:
         return self.publish(record, refresh=refresh)

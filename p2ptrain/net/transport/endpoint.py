@@ -399,6 +399,15 @@ class Transport:
         """What this peer answers to pings from now on (``transport.status``)."""
         self._servicer.status = status
 
+    def announce_plan(self, epoch: int) -> None:
+        """Our ping answers say from now on that we published a plan of ``epoch`` (``PeerStatus.plan``; never lowered)."""
+        announced = self._servicer.announced
+        self._servicer.announced = {**announced, "plan": max(announced.get("plan", -1), epoch)}
+
+    def announce_peers(self, digest: int) -> None:
+        """Our ping answers say from now on the digest of the peer records we read last (``PeerStatus.peers``)."""
+        self._servicer.announced = {**self._servicer.announced, "peers": digest}
+
     def ping_all(self, peers: Sequence[str], timeout_s: float) -> dict[str, PeerStatus | ProtocolError]:
         """Ping every peer at once; per peer its status, or the error (no answer within ``timeout_s``, a
         refusal, a malformed answer)."""

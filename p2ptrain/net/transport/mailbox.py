@@ -11,7 +11,9 @@ Acceptance rules, for a receiver whose window is (run, epoch, step):
 - ``tag.run == run``;
 - ``epoch <= tag.epoch <= epoch + epoch_window`` and ``step <= tag.step <= step + step_window``
   (older is stale, further is too far ahead; steps count globally across epochs); kinds in
-  ``EPOCH_ONLY_KINDS`` (state backups, sent in the background) are judged by their epoch alone;
+  ``EPOCH_ONLY_KINDS`` (state backups, sent in the background) are judged by their epoch alone, and so is every
+  message before the receiver takes its first epoch up (``set_window``): a run resumed at step s starts its
+  epoch 0 there, and a peer that takes the plan up a moment later than its sender takes the first messages;
 - at most ``max_message_bytes`` per message and ``max_buffered_bytes`` held in total (in flight + unread);
 - with ``senders`` set (the agent sets it from its plans and its view of the members): only those peers,
   each within its own budget (in flight + unread from that sender), so that no sender, member or not, can
@@ -51,6 +53,7 @@ class Window:
     run: str
     epoch: int
     step: int
+    taken_up: bool = True  # False until the receiver takes its first epoch up (``set_window``)
 
 
 @dataclass(frozen=True)
@@ -80,7 +83,7 @@ class Mailbox:
     """Buffered and awaited tensor messages of one receiver, keyed by (tag, sender)."""
 
     def __init__(self, run: str, *, max_message_bytes: int, max_buffered_bytes: int, step_window: int, epoch_window: int):
-        self.window = Window(run, 0, 0)
+        self.window = Window(run, 0, 0, taken_up=False)
         self.max_message_bytes = max_message_bytes
         self.max_buffered_bytes = max_buffered_bytes
         self.step_window = step_window
@@ -122,7 +125,8 @@ class Mailbox:
         # are compared within one epoch only.
         if self._is_stale(tag):
             return f"stale: epoch {tag.epoch} step {tag.step} is behind the receiver's epoch {w.epoch} step {w.step}"
-        steps_ahead = tag.epoch == w.epoch and tag.step > w.step + self.step_window and tag.kind not in EPOCH_ONLY_KINDS
+        steps_ahead = (w.taken_up and tag.epoch == w.epoch and tag.step > w.step + self.step_window
+                       and tag.kind not in EPOCH_ONLY_KINDS)
         if tag.epoch > w.epoch + self.epoch_window or steps_ahead:
             return (f"too far ahead: epoch {tag.epoch} step {tag.step}, the receiver is at epoch {w.epoch} step "
                     f"{w.step} and accepts {self.epoch_window} epoch(s) and {self.step_window} step(s) ahead")

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 import typing
@@ -103,6 +104,8 @@ class TensorServicer(ServicerBase):
         self.status = PeerStatus()  # what a ping answers (``transport.status``); the agent keeps it current
         # fills in where the epoch stands (``PeerStatus.sent``, ``waits``) as a ping is answered (the loop's thread)
         self.status_now: Callable[[PeerStatus], PeerStatus] = lambda status: status
+        # what this peer read of the run, said in every answer (``PeerStatus.plan``, ``peers``; ``Transport.announce_plan``)
+        self.announced: dict[str, int] = {}
         self.direct: typing.Any = None  # this peer's direct data plane (``direct.DirectPlane``), if it has one
 
     @classmethod
@@ -249,7 +252,8 @@ class TensorServicer(ServicerBase):
         """A heartbeat: answer at once with our status (the run's name goes in ``uid``); no mailbox involved."""
         if request.uid != self.mailbox.window.run:
             return make_reply(error=f"run {request.uid[:100]!r} is not this peer's run")
-        return runtime_pb2.ExpertResponse(metadata=self.status_now(self.status).encode())
+        status = dataclasses.replace(self.status, **self.announced) if self.announced else self.status
+        return runtime_pb2.ExpertResponse(metadata=self.status_now(status).encode())
 
     async def rpc_probe(
         self, requests: typing.AsyncIterator[runtime_pb2.ExpertRequest], context: P2PContext

@@ -18,18 +18,37 @@ Two more fields say where a trainer's epoch stands inside a step, filled in by t
 peer its oldest call of that epoch still in flight waits on ("" when none: it computes, or idles). A trainer
 that says it trains, waits on nobody and has sent nothing while its peers' first messages went out long ago
 never takes its stage up (``churn.liveness.StallWatch``).
+
+Two more say what the peer read of the run, so that the others read the records only when they changed:
+``plan``, the epoch of the newest plan it published as leader (-1: none; left out of the answer then), and
+``peers``, a 32-bit digest of the peer records it read last (``peers_digest``; -1: none). A follower reads the
+plan records when its leader says an epoch newer than the one of it it read (``leadership.following``), and the
+peer records when its leader's digest is not its own (``agent.membership_reader``): a plan and a join reach the
+run through the heartbeats, not through n reads a second.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 IDLE, TAKE, TRAIN, FAIL, HALT = "idle", "take", "train", "fail", "halt"
 STATES = (IDLE, TAKE, TRAIN, FAIL, HALT)
-MAX_STATUS_BYTES = 256
+MAX_STATUS_BYTES = 320
 MAX_COUNTER = 2**53
 MAX_PEER_CHARS = 128
+MAX_DIGEST = 2**32 - 1
+
+
+def peers_digest(records: Mapping[str, object]) -> int:
+    """A 32-bit digest of peer records by peer ID (each with ``encode()``): equal for equal reads."""
+    h = hashlib.blake2b(digest_size=4)
+    for peer in sorted(records):
+        h.update(peer.encode())
+        h.update(records[peer].encode())  # type: ignore[attr-defined]
+    return int.from_bytes(h.digest(), "big")
 
 
 @dataclass(frozen=True)
@@ -39,6 +58,8 @@ class PeerStatus:
     step: int = 0
     sent: int = 0  # training messages of ``epoch`` accepted by their receivers
     waits: str = ""  # the peer our oldest call of ``epoch`` in flight waits on ("": none)
+    plan: int = -1  # the epoch of the newest plan this peer published (-1: none)
+    peers: int = -1  # a digest of the peer records it read last (``peers_digest``; -1: none)
 
     def __post_init__(self) -> None:
         if self.state not in STATES:
@@ -49,10 +70,15 @@ class PeerStatus:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNTER:
                 raise ValueError(f"status {name} must be an integer in 0..{MAX_COUNTER}, got {value!r}")
+        for name, high in (("plan", MAX_COUNTER), ("peers", MAX_DIGEST)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not -1 <= value <= high:
+                raise ValueError(f"status {name} must be an integer in -1..{high}, got {value!r}")
 
     def encode(self) -> bytes:
-        return json.dumps({"state": self.state, "epoch": self.epoch, "step": self.step, "sent": self.sent,
-                           "waits": self.waits}).encode()
+        fields = {"state": self.state, "epoch": self.epoch, "step": self.step, "sent": self.sent, "waits": self.waits}
+        fields.update((name, getattr(self, name)) for name in ("plan", "peers") if getattr(self, name) >= 0)
+        return json.dumps(fields, separators=(",", ":")).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> PeerStatus:
@@ -66,6 +92,7 @@ class PeerStatus:
         if not isinstance(m, dict):
             raise ValueError("status is not a JSON object")
         try:
-            return cls(m.get("state"), m.get("epoch"), m.get("step"), m.get("sent", 0), m.get("waits", ""))
+            return cls(m.get("state"), m.get("epoch"), m.get("step"), m.get("sent", 0), m.get("waits", ""),
+                       m.get("plan", -1), m.get("peers", -1))
         except TypeError:
             raise ValueError("status has the wrong fields") from None
