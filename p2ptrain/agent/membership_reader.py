@@ -92,7 +92,7 @@ class MembershipReader:
                 logger.warning("reading the peer records failed: %s; keeping the last view", e)
                 return None
             self._digest = peers_digest(self._records)
-            self.transport.announce_peers(self._digest)
+            self.transport.announced.peers = self._digest  # our ping answers say it (``PeerStatus.peers``)
         membership = self._checked_claims(tracker.update(self._records))
         partners = probe_set.partners(self.peer_id, membership.peers, self.config, following)
         if self.liveness is not None:

@@ -12,9 +12,11 @@ code fixes and scales what grows with the run (``Model.at``):
   rates are the agents' periods, ``membership.poll_s``, ``dht.*_ttl_s``, the standing reads), the median
   agent's; or, with ``--poll-s``, reads at the rates the periods ask for (an upper bound: on a loaded machine
   a poll comes late, and a swarm of 8 agents on 2 cores read about half as often as one of 4);
-- a follower of a plan in a run of n > r = ``membership.read_all_up_to`` peers reads the ``peers`` and
+- a follower reads the ``peers`` and ``plan`` records when its leader's heartbeat answers say they changed
+  (``PeerStatus.peers``, ``plan``) and every ``PEERS_READ_S`` / ``PLANS_READ_S`` besides (with ``--poll-s``: at
+  those periods, a run where nothing changes); the leader reads them every poll: the ``leader`` rows;
+- a follower in a run of n > r = ``membership.read_all_up_to`` peers reads the ``peers``, ``plan`` and
   ``progress`` records n / r times less often, at least once a ``dht.peer_ttl_s`` (``agent.membership_reader``);
-  the leader (and the next in line) read them at the measured rate: the ``leader`` rows;
 - the bytes of a read grow with the records the kind holds: one per peer for ``peers``, ``links`` and
   ``progress`` (a read returns every subkey); a ``plan`` read returns the plan heads (``net.dht.plan_store``:
   about 100 bytes a signer) and a plan's parts only once per epoch, so it stays as measured; a store's bytes are
@@ -42,12 +44,12 @@ from typing import Any
 import click
 
 from p2ptrain.agent.config import MembershipConfig
-from p2ptrain.agent.leadership.following import STANDING_READ_S
-from p2ptrain.agent.membership_reader import group_fingers
+from p2ptrain.agent.leadership.following import PLANS_READ_S, STANDING_READ_S
+from p2ptrain.agent.membership_reader import PEERS_READ_S, group_fingers
 from p2ptrain.net.dht.node import DHTConfig
 
 DHT_VALUE_LIMIT = 4 << 20
-SPACED = ("peers", "progress")  # what a follower of a plan in a large run reads less often
+SPACED = ("peers", "plan", "progress")  # what a follower in a large run reads less often
 KINDS = ("peers", "links", "plan", "progress")
 
 
@@ -121,14 +123,15 @@ def ping_targets(n: int, stages: int, replicas: int, watch_all_up_to: int = 32) 
     return float(min(n - 1, 2 + 2 + len(group_fingers(0, replicas))))
 
 
-def period_reads(m: Measured, poll_s: float | None) -> dict[str, float]:
-    """Reads a minute per kind: with ``poll_s``, what the agents' periods ask for (``peers`` and ``plan`` every
-    poll, ``progress`` every ``STANDING_READ_S``; ``links`` as measured: only while a plan waits for rows), an
-    upper bound of a loaded machine's (a poll that takes longer than its period comes late); without, as
-    measured."""
+def period_reads(m: Measured, poll_s: float | None, leader: bool = False) -> dict[str, float]:
+    """Reads a minute per kind: with ``poll_s``, what the agents' periods ask for (the leader's ``peers`` and
+    ``plan`` every poll, a follower's every ``PEERS_READ_S`` and ``PLANS_READ_S``; ``progress`` every
+    ``STANDING_READ_S``; ``links`` as measured: only while a plan waits for rows), an upper bound of a loaded
+    machine's (a poll that takes longer than its period comes late); without, as measured."""
     if poll_s is None:
         return dict(m.reads)
-    return {"peers": 60.0 / poll_s, "plan": 60.0 / poll_s, "progress": 60.0 / STANDING_READ_S, "links": m.reads["links"]}
+    peers_s, plan_s = (poll_s, poll_s) if leader else (PEERS_READ_S, PLANS_READ_S)
+    return {"peers": 60.0 / peers_s, "plan": 60.0 / plan_s, "progress": 60.0 / STANDING_READ_S, "links": m.reads["links"]}
 
 
 def model(m: Measured, n: int, poll_s: float | None = None, leader: bool = False) -> dict[str, Any]:
@@ -136,7 +139,7 @@ def model(m: Measured, n: int, poll_s: float | None = None, leader: bool = False
     ``leader``."""
     grow = n / m.agents
     read_bytes = {k: m.read_bytes[k] * (grow if k != "plan" else 1.0) for k in KINDS}  # a record per peer
-    reads = period_reads(m, poll_s)
+    reads = period_reads(m, poll_s, leader)
     membership, ttl_s = MembershipConfig(expect=1), DHTConfig().peer_ttl_s
     if not leader and n > membership.read_all_up_to:
         for k in SPACED:  # n / r times less often, at least once a record lifetime
@@ -181,8 +184,8 @@ def format_rows(rows: list[tuple[str, dict[str, Any]]]) -> str:
                      f"{r['largest_read_kb']:10.1f}kB {r['stores_per_min']:10.1f} {r['store_kb_per_min']:12.1f} "
                      f"{r['pings_per_min']:9.0f} {r['probes_per_min']:10.1f} {r['probe_mb_per_min']:12.2f}{over}")
     lines.append("per agent a minute, the median agent's rates over its run; reads return every subkey of a kind "
-                 "(peers, links, progress: one per peer), so their bytes grow with the run; a follower of a plan "
-                 "reads peers and progress n / read_all_up_to times less often (leader rows: every poll)")
+                 "(peers, links, progress: one per peer), so their bytes grow with the run; a follower reads peers, "
+                 "plan and progress n / read_all_up_to times less often (leader rows: every poll)")
     return "\n".join(lines)
 
 

@@ -19,6 +19,7 @@ from p2ptrain.agent.shaping import LinkShaping
 from p2ptrain.net.dht.counters import DHTCounters
 from p2ptrain.net.dht.records import PeerRecord, PlanRecord
 from p2ptrain.net.transport.counters import ControlCounters
+from p2ptrain.net.transport.status import Announced
 
 
 def fake_peer_ids(n: int, seed: int = 0) -> list[str]:
@@ -48,7 +49,7 @@ class Board:
 def reader_of(me: str, board: Board, read_all_up_to: int = 4) -> MembershipReader:
     config = AgentConfig(initial_peers=(BOOTSTRAP,),
                          membership=MembershipConfig(expect=len(PEERS), poll_s=POLL_S, read_all_up_to=read_all_up_to))
-    transport = SimpleNamespace(connect=lambda *a: None, counters=ControlCounters())
+    transport = SimpleNamespace(connect=lambda *a: None, counters=ControlCounters(), announced=Announced())
     return MembershipReader(config, me, MembershipTracker(me), board, transport, SimpleNamespace(set_peers=lambda p: None),
                             None, LeaderWatch(10.0, 300.0), LinkShaping(config), EventLog(None))
 
@@ -86,6 +87,59 @@ def test_the_leader_the_next_in_line_and_small_runs_read_every_poll():
     for _ in range(3):
         reader.read(PLAN)
     assert small.reads == 3
+
+
+class Heartbeats:
+    """What ``MembershipReader`` asks of the liveness monitor: whom to ping, who is dead, the last answers."""
+
+    def __init__(self):
+        self.said, self.at = {}, {}
+
+    def watch(self, peers):
+        pass
+
+    def dead(self):
+        return frozenset()
+
+    def statuses(self):
+        return dict(self.said)
+
+    def answered(self):
+        return dict(self.at)
+
+
+def test_a_follower_reads_the_peer_records_when_its_leaders_digest_is_not_its_own(monkeypatch):
+    from p2ptrain.agent import membership_reader
+    from p2ptrain.net.transport.status import PeerStatus, peers_digest
+
+    monkeypatch.setattr(membership_reader, "PEERS_READ_S", 20 * POLL_S)
+    board = Board(PEERS[:5])  # a small run: without the leader's word, every poll
+    follower, heartbeats = reader_of(PEERS[4], board, read_all_up_to=16), Heartbeats()
+    follower.liveness = heartbeats
+    follower.read(None)
+    assert board.reads == 1 and follower.transport.announced.peers == peers_digest(board.records)  # said in our answers
+    heartbeats.said[PEERS[0]], heartbeats.at[PEERS[0]] = PeerStatus(peers=peers_digest(board.records)), time.monotonic()
+    for _ in range(3):  # the leader read what we read: the last records stand
+        follower.read(None)
+    assert board.reads == 1
+    board.records[PEERS[5]] = PeerRecord(device_name="cpu", memory_gb=8.0, tflops=1.0)  # a join the leader read
+    heartbeats.said[PEERS[0]] = PeerStatus(peers=peers_digest(board.records))
+    _, membership = follower.read(None)
+    assert board.reads == 2 and PEERS[5] in membership.ids
+    follower.read(None)
+    assert board.reads == 2
+    time.sleep(20 * POLL_S)  # ... and every PEERS_READ_S besides
+    follower.read(None)
+    assert board.reads == 3
+    heartbeats.at[PEERS[0]] = time.monotonic() - 60.0  # the leader's answers are late: every poll again
+    follower.read(None)
+    follower.read(None)
+    assert board.reads == 5
+    leader = reader_of(PEERS[0], board, read_all_up_to=16)
+    leader.liveness = heartbeats
+    for _ in range(3):
+        leader.read(None)
+    assert board.reads == 8  # the leader reads every poll
 
 
 def test_before_any_plan_a_large_run_pings_its_partners_and_the_first_two_and_judges_only_whom_it_pings():

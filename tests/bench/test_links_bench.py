@@ -39,9 +39,12 @@ def test_the_control_plane_model_at_the_measured_size_is_what_was_measured():
     assert big["by_kind_read_kb"]["peers"] == pytest.approx(3000 * 1000 / 8 / 1e3)  # a record per peer
     assert big["by_kind_read_kb"]["plan"] == pytest.approx(0.6)  # the heads: the plan's parts once an epoch
     assert big["probes_per_min"] == m.probes  # probes bounded by the partners
-    # a follower reads peers and progress 1000 / 16 times less often, but at least once a record lifetime (60 s)
+    # a follower reads peers, plans and progress 1000 / 16 times less often, at least once a record lifetime (60 s)
     assert big["read_kb_per_min"] == pytest.approx(
-        (1 * 3000 + 10 * 1500 + 1 * 1400) * 1000 / 8 / 1e3 + 60 * 0.6)
+        (1 * 3000 + 10 * 1500 + 1 * 1400) * 1000 / 8 / 1e3 + 1 * 0.6)
+    # at the agents' periods: the leader every poll, a follower on the heartbeats' word and every 5 s besides
+    assert model(m, 8, poll_s=1.0)["reads_per_min"] == pytest.approx(12 + 12 + 30 + 10)
+    assert model(m, 8, poll_s=1.0, leader=True)["reads_per_min"] == pytest.approx(60 + 60 + 30 + 10)
     assert leader["read_kb_per_min"] == pytest.approx(
         (60 * 3000 + 10 * 1500 + 30 * 1400) * 1000 / 8 / 1e3 + 60 * 0.6)
     assert leader["pings_per_min"] == pytest.approx(420 * 999 / 7)

@@ -39,9 +39,7 @@ def test_a_ping_answers_with_the_peers_status(pair):
     assert result == PeerStatus(TRAIN, 3, 17)
     b.status = PeerStatus(FAIL, 3, 17)
     assert a.ping_all([str(b.peer_id)], timeout_s=10.0)[str(b.peer_id)].state == FAIL
-    b.announce_plan(5)  # a leader's plan stored: its answers say so, whatever its state
-    b.announce_plan(4)  # never lowered
-    b.announce_peers(77)
+    b.announced.plan, b.announced.peers = 5, 77  # a leader's plan stored, the records read: its answers say so
     assert a.ping_all([str(b.peer_id)], timeout_s=10.0)[str(b.peer_id)] == PeerStatus(FAIL, 3, 17, plan=5, peers=77)
 
 

@@ -73,7 +73,7 @@ class Following:
         # as leader are announced in our heartbeat answers from the moment they are stored
         self._plans: dict[str, PlanRecord] = {}
         self._plans_read_at, self._plans_leader = -float("inf"), None
-        agent.dht.plan_listeners.append(agent.transport.announce_plan)
+        agent.dht.plan_listeners.append(self._announce_plan)
 
     def close(self) -> None:
         self._standing_reader.shutdown(wait=False, cancel_futures=True)
@@ -135,6 +135,11 @@ class Following:
         self.newest_any = max((p for p in plans.values() if not self.agent._gate.refused(p)), key=lambda p: p.epoch,
                                default=None)
         return plan
+
+    def _announce_plan(self, epoch: int) -> None:
+        """Our ping answers say from now on that we published a plan of ``epoch`` (``PeerStatus.plan``)."""
+        announced = self.transport.announced
+        announced.plan = max(announced.plan, epoch)
 
     def _plans_due(self, now: float) -> bool:
         """Whether the plan records are read this poll (module docstring): by the leader and by agents without

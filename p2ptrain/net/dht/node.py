@@ -246,8 +246,7 @@ class SwarmDHT:
         ``DHTConfig.startup_timeout_s`` from now: a volunteer whose bootstrap is not up yet, or whose home network
         blinked, joins once it can (under load one of two home volunteers found its NAT path closed for a
         moment and exited). Each try logs why it failed; ``stopped`` ends the tries (a signal)."""
-        deadline = time.monotonic() + config.startup_timeout_s
-        tries = 0
+        deadline, tries = time.monotonic() + config.startup_timeout_s, 0
         while True:
             tries += 1
             try:
@@ -313,8 +312,7 @@ class SwarmDHT:
 
     @property
     def signing_key(self) -> RSAPrivateKey:
-        """This peer's identity key (its peer ID is the key's hash): it signs what the peer states
-        (``verify.statement``) as it signs its records."""
+        """This peer's identity key (its peer ID is its hash): it signs the peer's statements and records."""
         if self._identity is None:
             raise RuntimeError("the DHT is not started")
         return self._identity.private_key
@@ -329,10 +327,8 @@ class SwarmDHT:
     def get_visible_maddrs(self, latest: bool = False) -> list[str]:
         """Our full multiaddrs (ending in ``/p2p/<peer ID>``): circuit addresses through our relays first (a
         peer behind NAT is reachable only there), then the others, loopback last."""
-        maddrs = [
-            str(m)
-            for m in self._call(functools.partial(_visible_maddrs, latest=latest), "get_visible_maddrs")
-        ]
+        found = self._call(functools.partial(_visible_maddrs, latest=latest), "get_visible_maddrs")
+        maddrs = [str(m) for m in found]
         circuits = circuit_maddrs(self.config.relay.relays_for(self.config.initial_peers), self.peer_id)
         return circuits + sorted(maddrs, key=lambda m: m.startswith(("/ip4/127.", "/ip6/::1/")))
 
@@ -388,8 +384,7 @@ class SwarmDHT:
     def publish_links(self, record: LinksRecord) -> bool:
         return self.publish(record)
 
-    def publish_plan(self, record: PlanRecord) -> bool:
-        """``publish``; then the ``plan_listeners`` are told its epoch (the heartbeats announce it)."""
+    def publish_plan(self, record: PlanRecord) -> bool:  # the ``plan_listeners`` told its epoch (the heartbeats say it)
         stored = self.publish(record)
         for listener in self.plan_listeners:
             listener(record.epoch)

@@ -60,7 +60,7 @@ from p2ptrain.net.transport.probe_gate import ProbeGate
 from p2ptrain.net.transport.probe_session import ProbeSession
 from p2ptrain.net.transport.replies import parse_reply
 from p2ptrain.net.transport.servicer import NAMESPACE, TensorServicer
-from p2ptrain.net.transport.status import PeerStatus
+from p2ptrain.net.transport.status import Announced, PeerStatus
 from p2ptrain.net.transport.streamio import BufferPool, within
 
 p2p_fixes.apply()  # before any P2P client starts (the DHT's process, forked from ours, inherits it)
@@ -139,8 +139,8 @@ class Transport:
                                step_window=config.step_window, epoch_window=config.epoch_window)
         self.peer_id: PeerID | None = None
         self._p2p: P2P | None = None
-        self._owns_daemon = dht is None
-        self._closed = False
+        self._owns_daemon, self._closed = dht is None, False
+        self.announced = Announced()  # what our ping answers say we read of the run (``PeerStatus.plan``, ``peers``)
         self._calls = Calls()  # every task in flight; the sends and receives by epoch, and their abort
         self._sent_bytes = 0  # written by the loop thread only, so no lock: other threads only read it
         self._close_lock = threading.Lock()
@@ -166,7 +166,7 @@ class Transport:
                                            stream_idle_s=self.config.stream_idle_s,
                                            buffers=BufferPool(self.config.buffer_pool_bytes))
         self._servicer.status_now = self._calls.status_now  # a ping's answer says where its epoch stands
-        self._servicer.probe_gate = self.probe_gate
+        self._servicer.probe_gate, self._servicer.announced = self.probe_gate, self.announced
         self.direct = None
         if self.config.direct:
             bind, hosts = plane_hosts([str(m) for m in await self._p2p.get_visible_maddrs()])
@@ -398,15 +398,6 @@ class Transport:
     def status(self, status: PeerStatus) -> None:
         """What this peer answers to pings from now on (``transport.status``)."""
         self._servicer.status = status
-
-    def announce_plan(self, epoch: int) -> None:
-        """Our ping answers say from now on that we published a plan of ``epoch`` (``PeerStatus.plan``; never lowered)."""
-        announced = self._servicer.announced
-        self._servicer.announced = {**announced, "plan": max(announced.get("plan", -1), epoch)}
-
-    def announce_peers(self, digest: int) -> None:
-        """Our ping answers say from now on the digest of the peer records we read last (``PeerStatus.peers``)."""
-        self._servicer.announced = {**self._servicer.announced, "peers": digest}
 
     def ping_all(self, peers: Sequence[str], timeout_s: float) -> dict[str, PeerStatus | ProtocolError]:
         """Ping every peer at once; per peer its status, or the error (no answer within ``timeout_s``, a

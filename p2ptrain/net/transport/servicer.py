@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 import typing
@@ -62,7 +61,7 @@ from p2ptrain.net.transport.messages import (
 from p2ptrain.net.transport.pacing import TAIL_LEAD_S, Pacer
 from p2ptrain.net.transport.probe_gate import ProbeGate
 from p2ptrain.net.transport.replies import MAX_ERROR_CHARS, make_reply
-from p2ptrain.net.transport.status import PeerStatus
+from p2ptrain.net.transport.status import Announced, PeerStatus
 from p2ptrain.net.transport.streamio import BufferPool, DirectReader, within
 
 logger = logging.getLogger(__name__)
@@ -104,8 +103,7 @@ class TensorServicer(ServicerBase):
         self.status = PeerStatus()  # what a ping answers (``transport.status``); the agent keeps it current
         # fills in where the epoch stands (``PeerStatus.sent``, ``waits``) as a ping is answered (the loop's thread)
         self.status_now: Callable[[PeerStatus], PeerStatus] = lambda status: status
-        # what this peer read of the run, said in every answer (``PeerStatus.plan``, ``peers``; ``Transport.announce_plan``)
-        self.announced: dict[str, int] = {}
+        self.announced = Announced()  # what this peer read of the run, said in every answer (``Transport.announced``)
         self.direct: typing.Any = None  # this peer's direct data plane (``direct.DirectPlane``), if it has one
 
     @classmethod
@@ -252,8 +250,7 @@ class TensorServicer(ServicerBase):
         """A heartbeat: answer at once with our status (the run's name goes in ``uid``); no mailbox involved."""
         if request.uid != self.mailbox.window.run:
             return make_reply(error=f"run {request.uid[:100]!r} is not this peer's run")
-        status = dataclasses.replace(self.status, **self.announced) if self.announced else self.status
-        return runtime_pb2.ExpertResponse(metadata=self.status_now(status).encode())
+        return runtime_pb2.ExpertResponse(metadata=self.status_now(self.announced.on(self.status)).encode())
 
     async def rpc_probe(
         self, requests: typing.AsyncIterator[runtime_pb2.ExpertRequest], context: P2PContext

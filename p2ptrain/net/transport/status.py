@@ -29,6 +29,7 @@ run through the heartbeats, not through n reads a second.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping
@@ -40,6 +41,19 @@ MAX_STATUS_BYTES = 320
 MAX_COUNTER = 2**53
 MAX_PEER_CHARS = 128
 MAX_DIGEST = 2**32 - 1
+
+
+class Announced:
+    """What this peer says in its ping answers of what it read of the run (``PeerStatus.plan``, ``peers``):
+    written by the agent's threads (one attribute each), read by the transport's loop as it answers."""
+
+    def __init__(self) -> None:
+        self.plan = self.peers = -1
+
+    def on(self, status: PeerStatus) -> PeerStatus:
+        if self.plan < 0 and self.peers < 0:
+            return status
+        return dataclasses.replace(status, plan=self.plan, peers=self.peers)
 
 
 def peers_digest(records: Mapping[str, object]) -> int:
