@@ -58,6 +58,10 @@ class MembershipConfig:
         None, "... or this many seconds after start, with at least --min-peers live.", min=0, min_open=True)
     min_peers: int = option(1, "Fewest peers to plan with at the join deadline.", min=1)
     links_timeout_s: float = 120.0  # leader: wait this long for complete link rows, then plan with what it has
+    # in a run of more than LINKS_ALL_UP_TO trainers the first plan goes once at most this share of its trainers'
+    # partner links is unmeasured (estimated, as the links outside the probe graph): the last measurements of a
+    # loaded or large run come slowest (``plan_maker.links_enough``)
+    links_missing: float = 0.1
     plan_timeout_s: float = 900.0  # follower: give up if no plan for the live membership comes within this
     poll_s: float = 1.0  # how often to read the run's records while waiting
     # in a run of n members beyond this, an agent other than the leader and the next in line reads the peer and
@@ -81,6 +85,8 @@ class MembershipConfig:
             raise ConfigError(f"membership.expect={self.expect} must be at least 1")
         if self.min_peers < 1:
             raise ConfigError(f"membership.min_peers={self.min_peers} must be at least 1")
+        if not 0 <= self.links_missing < 1:
+            raise ConfigError(f"membership.links_missing={self.links_missing} must be in [0, 1)")
         if self.read_all_up_to < 1:
             raise ConfigError(f"membership.read_all_up_to={self.read_all_up_to} must be at least 1")
         for name in ("links_timeout_s", "plan_timeout_s", "poll_s", "finish_timeout_s", "idle_timeout_s",

@@ -10,9 +10,11 @@ import pytest
 from p2ptrain.agent.config import EmulationSettings, MembershipConfig, PlanConfig
 from p2ptrain.agent.leadership.membership import Membership, MembershipTracker, plan_trigger
 from p2ptrain.agent.leadership.plan_maker import (
+    LINKS_ALL_UP_TO,
     build_cluster,
     cluster_order,
     link_gaps,
+    links_enough,
     make_plan,
     replicas_for,
     run_workload,
@@ -65,6 +67,15 @@ def test_link_gaps_name_the_directed_links_not_yet_measured():
     # only the pairs of the probe graph are waited for (``probe_set``): the other links are estimated
     partners = {PEERS[0]: {PEERS[2]}, PEERS[3]: {PEERS[0]}}
     assert link_gaps(PEERS, rows, partners) == [(PEERS[3], PEERS[0])]
+
+
+def test_a_large_runs_first_plan_goes_without_its_last_tenth_of_partner_links():
+    trainers = [f"peer{i:02d}" for i in range(LINKS_ALL_UP_TO + 1)]
+    ring = {a: {trainers[(i + d) % len(trainers)] for d in (1, 2, -1, -2)} for i, a in enumerate(trainers)}
+    wanted = [(a, b) for a in trainers for b in sorted(ring[a])]  # 68 directed partner links
+    assert links_enough([], trainers, ring, 0.1) and not links_enough(wanted[:1], trainers[:-1], ring, 0.1)
+    assert links_enough(wanted[:6], trainers, ring, 0.1) and not links_enough(wanted[:7], trainers, ring, 0.1)
+    assert not links_enough(wanted[:1], trainers, ring, 0.0)  # 0: every link, as a small run
 
 
 def test_cluster_symmetrises_and_converts_emulated_measurements_back():

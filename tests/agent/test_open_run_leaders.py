@@ -41,8 +41,11 @@ def test_a_bad_plan_is_refused_and_leaders_that_give_none_are_passed_over(tmp_pa
     rogue = [sys.executable, str(HERE / "rogue_leader.py")]
     agents, codes, train = run_agents(
         tmp_path, config, {0: [*rogue, "bad"], 1: [*rogue, "silent"]},
-        {"membership": {"leader_grace_s": 10.0, "plan_timeout_s": 420.0}, "plan": {"time_budget_s": 5.0}}, 480,
-        agent_overrides={5: {"membership": {"leader_grace_s": 13.0}}})
+        # every follower checks (``plan.checkers`` 0): a member that is no checker waits for the checkers' word
+        # on the bad plan, a search's budget, before it checks and refuses it itself; the one whose grace is 3 s
+        # longer then comes to the third leader's first epoch past its no-show window (test_checkers.py has those)
+        {"membership": {"leader_grace_s": 10.0, "plan_timeout_s": 420.0}, "plan": {"time_budget_s": 5.0, "checkers": 0}},
+        480, agent_overrides={5: {"membership": {"leader_grace_s": 13.0}}})
     bad, silent, honest = agents[0], agents[1], agents[2:]
     assert [a.peer_id for a in agents] == sorted(a.peer_id for a in agents)
     assert all(code == 0 for code in codes.values()), codes

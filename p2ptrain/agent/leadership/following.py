@@ -8,9 +8,9 @@ later write wins, either way the idle clock restarts). It reads the agent's live
 the poller's), the plan it follows (``Agent._following``, the main thread's) and its parts (the plan gate, the
 leader's side, the heartbeats).
 
-- ``next_plan``: read the plan records (``_plans_due``: every poll by the leader; by a follower when its leader's
-  heartbeat answers announce a plan newer than the one it read, ``PeerStatus.plan``, else every ``PLANS_READ_S``:
-  n followers of an idle run no longer read n plan records a second); the highest epoch signed by the leader in
+- ``next_plan``: read the plan records (``_plans_due``: every poll by the leader; by a follower when a peer it
+  pings knows of a plan newer than any it read, ``PeerStatus.plan``, else every ``PLANS_READ_S``: n followers of
+  an idle run no longer read n plan records a second); the highest epoch signed by the leader in
   our view that names us and that the plan gate accepts (``election.latest_plan``, ``plan_check.PlanGate``); meanwhile what the run's
   progress says of who may lead (``standing``), read on a thread of its own every ``STANDING_READ_S`` once the run
   has a plan.
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+HEARD_READS = 3  # reads for a plan epoch the heartbeats told of that none read had (``_plans_due``)
 PLANS_READ_S = 5.0  # a follower whose leader announces no newer plan reads the plan records this often (× spacing)
 STANDING_READ_S = 2.0  # how often the progress records are read for who may lead (``leadership.standing``)
 FOLLOWED_KEPT = 4  # followed plans read against the progress records (a peer's record holds its newest epoch)
@@ -73,6 +74,7 @@ class Following:
         # as leader are announced in our heartbeat answers from the moment they are stored
         self._plans: dict[str, PlanRecord] = {}
         self._plans_read_at, self._plans_leader = -float("inf"), None
+        self._heard = (-1, 0)  # the newest plan epoch the heartbeats told of, and the reads made for it
         agent.dht.plan_listeners.append(self._announce_plan)
 
     def close(self) -> None:
@@ -104,6 +106,7 @@ class Following:
             raise AgentError(refusal)
         live = self.agent._membership.ids
         self.max_epoch_seen = max([self.max_epoch_seen, *(p.epoch for p in plans.values())])
+        self._announce_plan(self.max_epoch_seen)
         key = (frozenset(plans.items()), live)
         log, self._plans_logged = key != self._plans_logged, key  # say what is ignored once per change
         after = self.agent._following.epoch if self.agent._following is not None else -1
@@ -137,26 +140,32 @@ class Following:
         return plan
 
     def _announce_plan(self, epoch: int) -> None:
-        """Our ping answers say from now on that we published a plan of ``epoch`` (``PeerStatus.plan``)."""
+        """Our ping answers say from now on that a plan of ``epoch`` exists (``PeerStatus.plan``): we published
+        it, or read it."""
         announced = self.transport.announced
         announced.plan = max(announced.plan, epoch)
 
     def _plans_due(self, now: float) -> bool:
         """Whether the plan records are read this poll (module docstring): by the leader and by agents without
-        heartbeats always; by the others after their leader changed, once its heartbeat answers say it published
-        a plan newer than the one of it we read (``PeerStatus.plan``), while its answers are late, and at least every
-        ``PLANS_READ_S`` times the reader's spacing (the plans of other signers: ``_follow_the_run``)."""
+        heartbeats always; by the others after their leader changed, while its answers are late, at least every
+        ``PLANS_READ_S`` times the reader's spacing, and when a peer we ping knows of a plan newer than any we read
+        (``PeerStatus.plan``: its leader published it, or it read it; ``HEARD_READS`` reads for each such epoch,
+        which a record that expired since would otherwise cost every poll)."""
         agent = self.agent
         leader, liveness = agent._membership.leader, agent.liveness
         if liveness is None or leader is None or leader == self.peer_id or leader != self._plans_leader:
             return True
         period = min(PLANS_READ_S * agent._reader.spacing(agent._following), self.config.dht.peer_ttl_s)
-        status, answered = liveness.statuses().get(leader), liveness.answered().get(leader)
+        statuses, answered = liveness.statuses(), liveness.answered().get(leader)
         late_s = 2 * self.config.liveness.interval_s + self.config.liveness.ping_timeout_s
-        if now - self._plans_read_at >= period or status is None or answered is None or now - answered > late_s:
+        if now - self._plans_read_at >= period or leader not in statuses or answered is None or now - answered > late_s:
             return True
-        read = self._plans.get(leader)
-        return status.plan > (read.epoch if read is not None else -1)
+        heard = max(s.plan for s in statuses.values())
+        if heard <= self.max_epoch_seen:
+            return False
+        epoch, reads = self._heard if self._heard[0] == heard else (heard, 0)
+        self._heard = (epoch, reads + 1)
+        return reads < HEARD_READS
 
     @contextlib.contextmanager
     def _taking_up(self, plan: PlanRecord):

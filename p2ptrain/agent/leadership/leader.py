@@ -66,6 +66,7 @@ from p2ptrain.agent.leadership.plan_maker import (
     compute_estimate_s,
     kept_apart,
     link_gaps,
+    links_enough,
     make_plan,
     stage_state_bytes,
     trainers_and_spares,
@@ -248,8 +249,10 @@ class Leader:
             return
         # both ends of each pair (a link one end measured is clamped to the best both did: the first plan would
         # not see a fast instance or region that only one end has measured yet)
-        gaps = link_gaps(trainers, rows, probe_set.graph(membership.peers, self.config))
-        if gaps and self._links_wait.waited_s() < self.config.membership.links_timeout_s:
+        graph = probe_set.graph(membership.peers, self.config)
+        gaps = link_gaps(trainers, rows, graph)
+        if not links_enough(gaps, trainers, graph, self.config.membership.links_missing) and \
+                self._links_wait.waited_s() < self.config.membership.links_timeout_s:
             self._note_waiting(f"leading; {trigger}; waiting for {len(gaps)} link measurements of its trainers")
             return
         stages = self._stages.next_plan(None)

@@ -114,6 +114,23 @@ def link_gaps(members: Sequence[str], rows: Mapping[str, LinksRecord],
     return gaps
 
 
+LINKS_ALL_UP_TO = 16  # a first plan of at most this many trainers waits for every partner link (``links_enough``)
+
+
+def links_enough(gaps: Collection[tuple[str, str]], trainers: Sequence[str],
+                 partners: Mapping[str, Collection[str]], missing: float) -> bool:
+    """Whether the first plan may go with ``gaps`` (``link_gaps``) unmeasured: none, or in a run of more than
+    ``LINKS_ALL_UP_TO`` trainers at most ``missing`` (``membership.links_missing``) of the directed partner links
+    among the trainers. Leader and followers judge alike (``watching``: when the plan is due)."""
+    if not gaps:
+        return True
+    if len(trainers) <= LINKS_ALL_UP_TO:
+        return False
+    members = set(trainers)
+    wanted = sum(1 for a in trainers for b in partners.get(a, ()) if b in members and b != a)
+    return len(gaps) <= missing * wanted
+
+
 def unmeasured_links(members: Sequence[str], rows: Mapping[str, LinksRecord],
                      partners: Mapping[str, Collection[str]] | None = None) -> list[tuple[str, str]]:
     """Pairs (a < b) of the probe graph (``partners``; None: every pair) that neither end's row covers yet:

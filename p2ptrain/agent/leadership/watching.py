@@ -34,6 +34,7 @@ from p2ptrain.agent.leadership.plan_maker import (
     build_cluster,
     cluster_order,
     link_gaps,
+    links_enough,
     make_plan,
     stopped_short,
     trainers_and_spares,
@@ -157,12 +158,13 @@ class Watching:
         if self._first_due:
             return True
         try:
-            gaps = link_gaps(self.first_trainers(cluster_order(membership.peers)), self.dht.read_links(),
-                             probe_set.graph(membership.peers, cfg))
+            trainers, graph = self.first_trainers(cluster_order(membership.peers)), probe_set.graph(membership.peers, cfg)
+            gaps = link_gaps(trainers, self.dht.read_links(), graph)
         except (ValueError, ProtocolError):
             return False
         waited_s = self._links_wait.waited_s()
-        self._first_due = not gaps or waited_s >= cfg.membership.links_timeout_s
+        self._first_due = (links_enough(gaps, trainers, graph, cfg.membership.links_missing)
+                           or waited_s >= cfg.membership.links_timeout_s)
         return self._first_due
 
     def _replan_settled(self, view: AgentView, membership: Membership) -> float | None:

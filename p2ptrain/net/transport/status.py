@@ -20,11 +20,11 @@ that says it trains, waits on nobody and has sent nothing while its peers' first
 never takes its stage up (``churn.liveness.StallWatch``).
 
 Two more say what the peer read of the run, so that the others read the records only when they changed:
-``plan``, the epoch of the newest plan it published as leader (-1: none; left out of the answer then), and
-``peers``, a 32-bit digest of the peer records it read last (``peers_digest``; -1: none). A follower reads the
-plan records when its leader says an epoch newer than the one of it it read (``leadership.following``), and the
-peer records when its leader's digest is not its own (``agent.membership_reader``): a plan and a join reach the
-run through the heartbeats, not through n reads a second.
+``plan``, the epoch of the newest plan it knows of, published as leader or read (-1: none; left out of the answer
+then), and ``peers``, a 32-bit digest of the peer records it read last (``peers_digest``; -1: none). A follower
+reads the plan records when a peer it pings knows of a newer plan than it read (``leadership.following``), and
+the peer records when its leader's digest is not its own (``agent.membership_reader``): a plan and a join reach
+the run through the heartbeats, not through n reads a second.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class PeerStatus:
     step: int = 0
     sent: int = 0  # training messages of ``epoch`` accepted by their receivers
     waits: str = ""  # the peer our oldest call of ``epoch`` in flight waits on ("": none)
-    plan: int = -1  # the epoch of the newest plan this peer published (-1: none)
+    plan: int = -1  # the epoch of the newest plan this peer knows of (-1: none)
     peers: int = -1  # a digest of the peer records it read last (``peers_digest``; -1: none)
 
     def __post_init__(self) -> None:
