@@ -22,7 +22,9 @@ from p2ptrain.swarm.agent_launcher import SwarmConfig
 pytestmark = pytest.mark.integration
 
 HERE = Path(__file__).resolve().parent
-FREEZE_S, QUARANTINE_S = 14.0, 12.0  # the transient failure: a machine frozen this long, and its back-off
+# the transient failure: a machine frozen this long (detected dead after ``liveness.timeout_s`` = 6 s, re-planned
+# around within ~10 s on a loaded machine), and its back-off, which ends after it is back
+FREEZE_S, QUARANTINE_S = 20.0, 20.0
 
 
 def losses_of(agents) -> dict[int, float]:
@@ -130,8 +132,11 @@ def test_a_peer_with_a_transient_failure_rejoins_after_its_back_off(tmp_path):
                                       on_start=freeze_once_training_then_stop_once_back)
     assert all(code == 0 for code in codes.values()), codes
     leader, peer = agents[0], agents[cut].peer_id
-    assert len(trained_after_rejoining(leader, agents[cut])) >= 2  # stopped for that, not by the deadline
     plans = [e for e in events(leader.events.path) if e["event"] == "plan"]
+    story = [(e["epoch"], e.get("replan"), peer in e["devices"], e["trigger"]) for e in plans] + \
+        [("quarantined", e["peer"] == peer) for e in events(leader.events.path) if e["event"] == "quarantined"]
+    # stopped for that, not by the deadline (the leader's plans, whether each names the peer, say why not)
+    assert len(trained_after_rejoining(leader, agents[cut])) >= 2, story
     members = [set(p["devices"]) | set(p["spares"]) for p in plans]
     quarantined = [e for e in events(leader.events.path) if e["event"] == "quarantined"]
     assert [e["peer"] for e in quarantined] == [peer] and quarantined[0]["seconds"] == QUARANTINE_S
@@ -144,7 +149,8 @@ def test_a_peer_with_a_transient_failure_rejoins_after_its_back_off(tmp_path):
 
 
 def trained_after_rejoining(leader, agent) -> list[dict]:
-    """The steps ``agent`` trained in an epoch that took it back (a join re-plan naming it)."""
-    joins = {e["epoch"] for e in events(leader.events.path)
-             if e["event"] == "plan" and e.get("replan") == "join" and agent.peer_id in e["devices"]}
-    return [e for e in events(agent.events.path) if e["event"] == "step" and e["epoch"] in joins]
+    """The steps ``agent`` trained from the epoch that took it back on (the first join re-plan naming it; a
+    later epoch may be another re-plan's, when a call failed on the loaded machine)."""
+    joins = [e["epoch"] for e in events(leader.events.path)
+             if e["event"] == "plan" and e.get("replan") == "join" and agent.peer_id in e["devices"]]
+    return [e for e in events(agent.events.path) if e["event"] == "step" and joins and e["epoch"] >= min(joins)]
