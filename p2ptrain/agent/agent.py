@@ -313,14 +313,7 @@ class Agent:
         self._reader = MembershipReader(cfg, self.peer_id, self._tracker, self.dht, self.transport, self.prober,
                                         self.liveness, self._leaders, self._shaping, self.events)
         self._run = run = Following(self)
-        self._gate = PlanGate(self.peer_id, cfg.train, cfg.plan, cfg.emulation, self._leaders, cfg.dht.peer_ttl_s,
-                              self.dht.read_links,
-                              lambda _, trainers, peers, train: self._leading.plan_workload(trainers, Membership(dict(peers)), train),
-                              lambda plan, reason: self.events.write("plan_refused", epoch=plan.epoch,
-                                                                     signer=plan.leader, reason=reason),
-                              run.pass_over, run=cfg.run, vouchers=lambda: (run.progress_seen, run.progress_period_s()),
-                              needed=cfg.membership.expect or cfg.membership.min_peers, stages=self.stages,
-                              rows_for=lambda plan: self._leading.rows_to_check(plan), history=self.dht.rows_read)
+        self._gate = _plan_gate(self, run)
         self._started = time.monotonic()
         self._inbox = EvidenceInbox(self.peer_id, self.transport, self.dht.keys.run_id)
         self._leading = self._leading_class(cfg, self.dht, self.events, self.peer_id, self._leaders, view=self._view,
@@ -528,3 +521,25 @@ def _links_event(row, version: int) -> dict:
     """The ``links`` event's fields: our row as published, and its version."""
     return {"measured": len(row), "row": {p: [m.latency_ms, m.bandwidth_gbps] for p, m in row.items()},
             "version": version}
+
+
+def _plan_gate(agent: Agent, run: Following) -> PlanGate:
+    """The agent's checks of its leaders' plans (``plan_check.PlanGate``): a refusal is logged as an event and said
+    in our heartbeat answers (``PeerStatus.refused``); the checkers' refusals are read from theirs."""
+    cfg = agent.config
+
+    def refused(plan: PlanRecord, reason: str) -> None:
+        agent.events.write("plan_refused", epoch=plan.epoch, signer=plan.leader, reason=reason)
+        agent.transport.announced.refused = max(agent.transport.announced.refused, plan.epoch)
+
+    def refusals() -> dict[str, int]:
+        statuses = agent.liveness.statuses() if agent.liveness is not None else {}
+        return {peer: status.refused for peer, status in statuses.items()}
+
+    return PlanGate(agent.peer_id, cfg.train, cfg.plan, cfg.emulation, agent._leaders, cfg.dht.peer_ttl_s,
+                    agent.dht.read_links,
+                    lambda _, trainers, peers, train: agent._leading.plan_workload(trainers, Membership(dict(peers)), train),
+                    refused, run.pass_over, run=cfg.run, vouchers=lambda: (run.progress_seen, run.progress_period_s()),
+                    needed=cfg.membership.expect or cfg.membership.min_peers, stages=agent.stages,
+                    rows_for=lambda plan: agent._leading.rows_to_check(plan), history=agent.dht.rows_read,
+                    refusals=refusals)

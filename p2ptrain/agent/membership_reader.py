@@ -41,6 +41,7 @@ from p2ptrain.agent.churn.liveness import LivenessMonitor
 from p2ptrain.agent.config import AgentConfig
 from p2ptrain.agent.events import EventLog, TrafficReport
 from p2ptrain.agent.leadership import probe_set
+from p2ptrain.agent.leadership.checkers import checkers
 from p2ptrain.agent.leadership.claims import bounded, record_problem
 from p2ptrain.agent.leadership.membership import Membership, MembershipTracker
 from p2ptrain.agent.leadership.plan_check import LeaderWatch
@@ -180,7 +181,7 @@ class MembershipReader:
     def _watch_targets(self, membership: Membership, plan: PlanRecord | None, partners: set[str]) -> set[str]:
         """Whom to ping: every member in a small run; beyond ``watch_all_up_to``, our pipeline neighbours, our
         replica group's fingers (``group_fingers``: O(log) of it, each member watched by as many), the leader
-        and the next in line (who watch everyone), and of the peers no plan of
+        and the next in line (who watch everyone), the plan's checkers (``PeerStatus.refused``), and of the peers no plan of
         ours names (before the first plan: all but those two), our ``partners`` in the probe graph: a bounded
         number, so that a run of n peers does not cost n² pings a period before its first plan."""
         others = [p for p in membership.ids if p != self.peer_id]
@@ -193,6 +194,8 @@ class MembershipReader:
             row, stage = plan.position_of(self.peer_id)
             targets |= {plan.peer_at(row, j) for j in (stage - 1, stage + 1) if 0 <= j < plan.stages}
             targets |= {plan.peer_at(i, stage) for i in group_fingers(row, plan.replicas)}
+        if plan is not None and self.config.plan.checkers > 0:  # whose answers say they refused a plan of its leader
+            targets |= checkers(plan.membership, plan.leader, self.config.run, self.config.plan.checkers)
         return (targets & set(others)) | {p for p in others if p not in (plan.membership if plan else ()) and p in partners}
 
 

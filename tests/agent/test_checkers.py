@@ -115,14 +115,15 @@ def test_a_progress_record_names_a_plan_by_its_digest_and_nothing_else(world):
             ProgressRecord(0, 0, None, 0.0, **bad)
 
 
-def gate_of(me, rows, clock, progress, checks, budget_s=30.0, count=3):
+def gate_of(me, rows, clock, progress, checks, budget_s=30.0, count=3, refusals=None):
     def read_rows():
         checks.append(me)  # our own check reads the rows: a search of ours
         return rows
 
     return PlanGate(me, TRAIN, PlanConfig(verify_slack_s=0.0, checkers=count, time_budget_s=budget_s),
                     EmulationSettings(), LeaderWatch(10.0, 60.0, clock=clock), settle_s=5.0, read_rows=read_rows,
-                    workload_for=workload_for, run="run", vouchers=lambda: (progress, 2.0))
+                    workload_for=workload_for, run="run", vouchers=lambda: (progress, 2.0),
+                    refusals=lambda: refusals or {})
 
 
 def test_a_member_that_is_no_checker_follows_on_its_checkers_word_and_checks_itself_without_it(world):
@@ -156,6 +157,40 @@ def test_a_member_that_is_no_checker_follows_on_its_checkers_word_and_checks_its
     # a checker names another plan of the epoch: the leader showed its checkers another one; we check at once
     gate, checks[:] = gate_of(me, rows, clock, {c: saying(bad, digest=plan.digest()) for c in chosen}, checks), []
     assert not gate.accept(bad, records, known, first=True) and checks == [me] and gate.refused(bad)
+
+
+def test_a_checker_that_says_in_its_heartbeats_it_refused_the_plan_makes_the_others_check_it_at_once(world):
+    peers, records, rows, plans = world
+    bad = plans["worst"]
+    chosen = sorted(checkers(bad.membership, bad.leader, "run", 3))
+    me = next(p for p in peers if p not in chosen and p != bad.leader)
+    known = {p: 60.0 for p in peers}.__getitem__
+    refusals: dict[str, int] = {chosen[0]: bad.epoch - 1} if bad.epoch > 0 else {}
+    refusals[me] = bad.epoch  # our own word, or a non-checker's, is nobody's verdict
+    checks: list[str] = []
+    gate = gate_of(me, rows, Clock(), {}, checks, refusals=refusals)
+    assert not gate.accept(bad, records, known, first=True) and not checks  # no checker refused this epoch's
+    refusals[chosen[1]] = bad.epoch  # what its answer to our ping says (``PeerStatus.refused``)
+    assert not gate.accept(bad, records, known, first=True) and checks == [me] and gate.refused(bad)  # at once
+    # a good plan a checker refused (an honest disagreement) is checked by us, and followed on our own search
+    good, checks[:] = plans["best"], []
+    gate = gate_of(me, rows, Clock(), {}, checks, refusals={chosen[2]: good.epoch})
+    assert gate.accept(good, records, known, first=True) and checks == [me]
+
+
+def test_a_ping_answer_says_the_newest_plan_its_peer_refused_and_a_forged_one_is_refused():
+    from p2ptrain.net.transport.status import MAX_STATUS_BYTES, Announced, PeerStatus
+
+    announced = Announced()
+    assert b"refused" not in announced.on(PeerStatus()).encode()  # absent until a plan is refused
+    announced.refused = 7
+    status = announced.on(PeerStatus("take", 7))
+    assert PeerStatus.decode(status.encode()).refused == 7
+    longest = PeerStatus("train", 2**53, 2**53, 2**53, "Q" * 128, 2**53, 2**32 - 1, 2**53)
+    assert len(longest.encode()) <= MAX_STATUS_BYTES
+    for bad in (b'{"state":"idle","epoch":0,"step":0,"refused":-2}', b'{"state":"idle","epoch":0,"step":0,"refused":"7"}'):
+        with pytest.raises(ValueError, match="refused"):
+            PeerStatus.decode(bad)
 
 
 def test_a_checker_and_a_run_without_checkers_check_every_plan_themselves(world):

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 from agent_helpers import events, run_agents, sorted_identities
 
+from p2ptrain.agent.leadership.checkers import checkers
 from p2ptrain.runtime.procgroup import tail
 from p2ptrain.runtime.reference import train_reference
 from p2ptrain.swarm.agent_launcher import SwarmConfig
@@ -41,10 +42,9 @@ def test_a_bad_plan_is_refused_and_leaders_that_give_none_are_passed_over(tmp_pa
     rogue = [sys.executable, str(HERE / "rogue_leader.py")]
     agents, codes, train = run_agents(
         tmp_path, config, {0: [*rogue, "bad"], 1: [*rogue, "silent"]},
-        # every follower checks (``plan.checkers`` 0): a member that is no checker waits for the checkers' word
-        # on the bad plan, a search's budget, before it checks and refuses it itself; the one whose grace is 3 s
-        # longer then comes to the third leader's first epoch past its no-show window (test_checkers.py has those)
-        {"membership": {"leader_grace_s": 10.0, "plan_timeout_s": 420.0}, "plan": {"time_budget_s": 5.0, "checkers": 0}},
+        # four of the five followers check each plan (``plan.checkers``, the default); the fifth checks the bad plan
+        # itself as soon as a checker's ping answer says it refused it (``PeerStatus.refused``), not after the budget
+        {"membership": {"leader_grace_s": 10.0, "plan_timeout_s": 420.0}, "plan": {"time_budget_s": 5.0}},
         480, agent_overrides={5: {"membership": {"leader_grace_s": 13.0}}})
     bad, silent, honest = agents[0], agents[1], agents[2:]
     assert [a.peer_id for a in agents] == sorted(a.peer_id for a in agents)
@@ -65,6 +65,12 @@ def test_a_bad_plan_is_refused_and_leaders_that_give_none_are_passed_over(tmp_pa
         assert passed == [bad.peer_id, silent.peer_id], passed
         refused = [e for e in events(agent.events.path) if e["event"] == "plan_refused"]
         assert refused and all(e["signer"] == bad.peer_id for e in refused)
+
+    # the member that is no checker of the bad plan checked it on a checker's word that it refused it
+    chosen = checkers([a.peer_id for a in agents], bad.peer_id, RUN, 4)
+    for agent in (a for a in honest if a.peer_id not in chosen):
+        assert re.search(rf"checking plan epoch 0 signed by {bad.peer_id} ourselves: its checker \S+ says it refused",
+                         agent.log_path.read_text()), tail(agent.log_path, 40)
 
     # the honest agents trained under the lowest honest peer, without the rogues, to the reference losses
     leader = honest[0].peer_id

@@ -14,8 +14,9 @@ than its leader whose hash of (run, leader, member) is lowest. They depend on th
 A checker checks as every follower did. Any other member waits for every checker's progress record to say that
 it trains this very plan (its epoch, its signer and its digest, ``ProgressRecord.plan``: a member says so as
 it takes the plan up, ``epoch.run_epoch``), then follows it unchecked; one that has waited ``plan.time_budget_s``
-since it first saw the plan, or reads a checker naming another plan of that epoch and signer, checks the plan
-itself (``plan_check.PlanGate``). A bad plan thus passes a member unchecked only if every one of its checkers
+since it first saw the plan, reads a checker naming another plan of that epoch and signer, or pings a checker
+whose answer says it refused a plan of that epoch (``PeerStatus.refused``: at once, not a record read later),
+checks the plan itself (``plan_check.PlanGate``). A bad plan thus passes a member unchecked only if every one of its checkers
 colludes with its leader; a single honest checker that refuses it leaves the others to check it themselves.
 ``plan.checkers = 0`` makes every follower check, as a run of at most ``checkers + 1`` members always does.
 """

@@ -410,11 +410,13 @@ class PlanGate:
                  stages: RunStages | None = None,
                  rows_for: Callable[[PlanRecord], Mapping[str, LinksRecord] | None] = lambda plan: None,
                  history: RowHistory | None = None, run: str = "",
-                 vouchers: Callable[[], tuple[Mapping[str, ProgressRecord], float]] | None = None):
+                 vouchers: Callable[[], tuple[Mapping[str, ProgressRecord], float]] | None = None,
+                 refusals: Callable[[], Mapping[str, int]] = dict):
         self.me, self.train, self.plan, self.emulation = me, train, plan, emulation
         self.run = run  # the run's name: whom each plan's checkers are (``checkers``)
         # the progress records read last, and how often they are read (None: we check every plan ourselves)
         self.vouchers = vouchers
+        self.refusals = refusals  # the epoch of the newest plan each peer we ping says it refused (``PeerStatus``)
         self._vouch_since: dict[bytes, float] = {}  # a plan we leave to its checkers -> when we first saw it
         self._own_check: set[bytes] = set()  # plans we check ourselves after all
         self.stages = stages or RunStages(train)  # the run's S (the agent's, shared with its leader's side)
@@ -533,13 +535,17 @@ class PlanGate:
     def _vouched(self, plan: PlanRecord, key: bytes) -> bool | None:
         """Whether ``plan``'s checkers vouch for it (``checkers``): True once every one says it trains it; None
         while we wait for that; False where we check it ourselves: we are a checker, none are chosen, we checked it
-        already, we waited ``plan.time_budget_s``, or a checker names another plan of its epoch and signer."""
+        already, we waited ``plan.time_budget_s``, a checker names another plan of its epoch and signer, or a checker's
+        heartbeat answer says it refused a plan of its epoch (``PeerStatus.refused``)."""
         if self.vouchers is None or key in self._costs or key in self._own_check:
             return False
         chosen = checkers(plan.membership, plan.leader, self.run, self.plan.checkers)
         if self.me in chosen or not chosen:
             return False
         verdict = vouched(plan, self.vouchers()[0], chosen)
+        refusing = sorted(c for c in chosen if self.refusals().get(c, -1) >= plan.epoch) if verdict is None else []
+        if refusing:
+            verdict = False  # a checker's heartbeat says it refused a plan of this epoch: no wait for its word
         since = self._vouch_since.setdefault(key, self.leaders.clock())
         if verdict:
             self._costs[key], self._check_short[key] = None, True  # no search of ours: a leader gets the budget
@@ -551,6 +557,7 @@ class PlanGate:
             return None
         self._own_check.add(key)
         logger.info("checking plan epoch %d signed by %s ourselves: %s", plan.epoch, plan.leader,
+                    f"its checker {refusing[0]} says it refused a plan of epoch {plan.epoch}" if refusing else
                     "a checker names another plan" if verdict is False else
                     f"its checkers did not all say they train it within {self.plan.time_budget_s:.0f} s")
         return False

@@ -24,7 +24,9 @@ Two more say what the peer read of the run, so that the others read the records 
 then), and ``peers``, a 32-bit digest of the peer records it read last (``peers_digest``; -1: none). A follower
 reads the plan records when a peer it pings knows of a newer plan than it read (``leadership.following``), and
 the peer records when its leader's digest is not its own (``agent.membership_reader``): a plan and a join reach
-the run through the heartbeats, not through n reads a second.
+the run through the heartbeats, not through n reads a second. And ``refused``, the epoch of the newest plan the peer
+refused (-1: none; left out then): a member that waits for a plan's checkers' word (``leadership.checkers``) checks
+the plan itself as soon as a checker it pings says it refused a plan of that epoch, not after ``plan.time_budget_s``.
 """
 
 from __future__ import annotations
@@ -48,12 +50,12 @@ class Announced:
     written by the agent's threads (one attribute each), read by the transport's loop as it answers."""
 
     def __init__(self) -> None:
-        self.plan = self.peers = -1
+        self.plan = self.peers = self.refused = -1
 
     def on(self, status: PeerStatus) -> PeerStatus:
-        if self.plan < 0 and self.peers < 0:
+        if self.plan < 0 and self.peers < 0 and self.refused < 0:
             return status
-        return dataclasses.replace(status, plan=self.plan, peers=self.peers)
+        return dataclasses.replace(status, plan=self.plan, peers=self.peers, refused=self.refused)
 
 
 def peers_digest(records: Mapping[str, object]) -> int:
@@ -74,6 +76,7 @@ class PeerStatus:
     waits: str = ""  # the peer our oldest call of ``epoch`` in flight waits on ("": none)
     plan: int = -1  # the epoch of the newest plan this peer knows of (-1: none)
     peers: int = -1  # a digest of the peer records it read last (``peers_digest``; -1: none)
+    refused: int = -1  # the epoch of the newest plan this peer refused (-1: none)
 
     def __post_init__(self) -> None:
         if self.state not in STATES:
@@ -84,14 +87,14 @@ class PeerStatus:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNTER:
                 raise ValueError(f"status {name} must be an integer in 0..{MAX_COUNTER}, got {value!r}")
-        for name, high in (("plan", MAX_COUNTER), ("peers", MAX_DIGEST)):
+        for name, high in (("plan", MAX_COUNTER), ("peers", MAX_DIGEST), ("refused", MAX_COUNTER)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not -1 <= value <= high:
                 raise ValueError(f"status {name} must be an integer in -1..{high}, got {value!r}")
 
     def encode(self) -> bytes:
         fields = {"state": self.state, "epoch": self.epoch, "step": self.step, "sent": self.sent, "waits": self.waits}
-        fields.update((name, getattr(self, name)) for name in ("plan", "peers") if getattr(self, name) >= 0)
+        fields.update((name, getattr(self, name)) for name in ("plan", "peers", "refused") if getattr(self, name) >= 0)
         return json.dumps(fields, separators=(",", ":")).encode()
 
     @classmethod
@@ -107,6 +110,6 @@ class PeerStatus:
             raise ValueError("status is not a JSON object")
         try:
             return cls(m.get("state"), m.get("epoch"), m.get("step"), m.get("sent", 0), m.get("waits", ""),
-                       m.get("plan", -1), m.get("peers", -1))
+                       m.get("plan", -1), m.get("peers", -1), m.get("refused", -1))
         except TypeError:
             raise ValueError("status has the wrong fields") from None
