@@ -10,8 +10,9 @@ from types import SimpleNamespace
 
 import base58
 
-from p2ptrain.agent.config import AgentConfig, MembershipConfig
+from p2ptrain.agent.config import AgentConfig, MembershipConfig, PlanConfig
 from p2ptrain.agent.events import EventLog
+from p2ptrain.agent.leadership.checkers import checkers
 from p2ptrain.agent.leadership.membership import MembershipTracker
 from p2ptrain.agent.leadership.plan_check import LeaderWatch
 from p2ptrain.agent.membership_reader import MembershipReader, group_fingers
@@ -46,8 +47,8 @@ class Board:
         return dict(self.records)
 
 
-def reader_of(me: str, board: Board, read_all_up_to: int = 4) -> MembershipReader:
-    config = AgentConfig(initial_peers=(BOOTSTRAP,),
+def reader_of(me: str, board: Board, read_all_up_to: int = 4, checker_count: int = 0) -> MembershipReader:
+    config = AgentConfig(initial_peers=(BOOTSTRAP,), plan=PlanConfig(checkers=checker_count),
                          membership=MembershipConfig(expect=len(PEERS), poll_s=POLL_S, read_all_up_to=read_all_up_to))
     transport = SimpleNamespace(connect=lambda *a: None, counters=ControlCounters(), announced=Announced())
     return MembershipReader(config, me, MembershipTracker(me), board, transport, SimpleNamespace(set_peers=lambda p: None),
@@ -155,6 +156,10 @@ def test_before_any_plan_a_large_run_pings_its_partners_and_the_first_two_and_ju
     partners = set(PEERS[10:18])
     assert reader._watch_targets(view, None, partners) == {PEERS[0], PEERS[1], *partners}
     assert reader._watch_targets(view, PLAN, partners) == {PEERS[0], PEERS[1]}  # stage 0 alone: no neighbours
+    # with checkers (``plan.checkers``), also the plan's: their answers say whether they refused a plan of its leader
+    chosen = checkers(PLAN.membership, PLAN.leader, reader.config.run, 4)
+    assert len(chosen) == 4 and reader_of(me, board, checker_count=4)._watch_targets(view, PLAN, partners) == \
+        {PEERS[0], PEERS[1], *chosen} - {me}
     assert reader_of(PEERS[0], board)._watch_targets(view, None, partners) == set(PEERS[1:])  # the leader: everyone
     small = Membership({p: board.records[p] for p in PEERS[:8]})
     assert reader._watch_targets(small, None, set()) == set(PEERS[:8]) - {me}
