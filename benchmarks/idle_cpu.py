@@ -1,5 +1,6 @@
 """Idle cost of waiting agents: a bootstrap and N agents that expect one more peer (so they never plan), and
-the CPU each kind of process takes over a window once their links are measured.
+the CPU each kind of process takes over a window once their links are measured, and the memory (proportional
+set size: pages shared between processes, such as the fork server's, split among them) an agent's processes hold.
 
     python benchmarks/idle_cpu.py [--agents 4] [--settle 20] [--window 20]
 
@@ -72,10 +73,26 @@ def main() -> None:
             except psutil.Error:
                 continue
             cores[k[:2]] = cores.get(k[:2], 0.0) + used / args.window
+        memory = memory_by_kind(procs)
     for (who, kind), share in sorted(cores.items()):
-        print(f"{who:9s} {kind:5s} {share:5.2f} cores")
+        print(f"{who:9s} {kind:5s} {share:5.2f} cores  {memory.get((who, kind), 0.0) / 2**20:7.0f} MiB")
+    agents_mib = sum(v for (who, _), v in memory.items() if who == "agents") / 2**20
     print(f"total     {sum(cores.values()):5.2f} cores ({args.agents} agents waiting; logs in {root})")
+    print(f"memory an agent: {agents_mib / args.agents:.0f} MiB (main, DHT process and p2pd; proportional set size); "
+          f"{args.agents} agents {agents_mib / 1024:.2f} GiB of {psutil.virtual_memory().total / 2**30:.0f} GiB, "
+          f"64 agents alike {64 * agents_mib / args.agents / 1024:.1f} GiB")
     print_reads(root)
+
+
+def memory_by_kind(procs: dict) -> dict[tuple[str, str], float]:
+    """Bytes of proportional set size by (who, kind) over ``procs`` (as ``main`` collects them)."""
+    out: dict[tuple[str, str], float] = {}
+    for key, p in procs.items():
+        try:
+            out[key[:2]] = out.get(key[:2], 0.0) + p.memory_full_info().pss
+        except psutil.Error:
+            continue
+    return out
 
 
 def print_reads(root: Path) -> None:
