@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -60,7 +61,22 @@ def test_a_forked_child_still_dies_on_sigterm():
         assert running.wait(10), "the child never ran"
         child.terminate()  # SIGTERM: the inherited handler must not swallow it
         child.join(10)
-    assert child.exitcode == -signal.SIGTERM
+    state = "" if child.exitcode is not None else _signal_state(child.pid)  # what held it (CI saw one live, once)
+    if child.exitcode is None:
+        child.kill()
+        child.join(5)
+    assert child.exitcode == -signal.SIGTERM, state
+
+
+def _signal_state(pid: int) -> str:
+    """The kernel's view of a process that outlived its SIGTERM: its state and signal masks, and where it waits."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+        wchan = Path(f"/proc/{pid}/wchan").read_text()
+    except OSError as e:
+        return f"no /proc view of {pid}: {e}"
+    keep = ("State", "SigQ", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt", "Threads")
+    return "; ".join(line for line in status if line.split(":")[0] in keep) + f"; wchan {wchan}"
 
 
 def test_shutdown_steps_all_run_even_if_one_fails():
