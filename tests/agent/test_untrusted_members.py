@@ -121,7 +121,7 @@ def test_a_peer_with_a_transient_failure_rejoins_after_its_back_off(tmp_path):
             frozen["at"] = time.monotonic()
             time.sleep(FREEZE_S)
             os.killpg(pgid, signal.SIGCONT)
-            while time.monotonic() < deadline and len(trained_after_rejoining(agents[0], agents[cut])) < 2:
+            while time.monotonic() < deadline and len(trained_after_rejoining(agents, agents[cut])) < 2:
                 time.sleep(0.2)
             for agent in agents:
                 group.signal(agent.name, signal.SIGTERM)
@@ -132,25 +132,30 @@ def test_a_peer_with_a_transient_failure_rejoins_after_its_back_off(tmp_path):
                                       on_start=freeze_once_training_then_stop_once_back)
     assert all(code == 0 for code in codes.values()), codes
     leader, peer = agents[0], agents[cut].peer_id
-    plans = [e for e in events(leader.events.path) if e["event"] == "plan"]
-    story = [(e["epoch"], e.get("replan"), peer in e["devices"], e["trigger"]) for e in plans] + \
+    plans = published_plans(agents)
+    story = [(e["epoch"], f"agent-{e['by']}", e.get("replan"), peer in e["devices"], e["trigger"]) for e in plans] + \
         [("quarantined", e["peer"] == peer) for e in events(leader.events.path) if e["event"] == "quarantined"]
-    # stopped for that, not by the deadline (the leader's plans, whether each names the peer, say why not)
-    assert len(trained_after_rejoining(leader, agents[cut])) >= 2, story
+    # stopped for that, not by the deadline (the plans, who published each, whether each names the peer, say why not)
+    assert len(trained_after_rejoining(agents, agents[cut])) >= 2, story
     members = [set(p["devices"]) | set(p["spares"]) for p in plans]
     quarantined = [e for e in events(leader.events.path) if e["event"] == "quarantined"]
     assert [e["peer"] for e in quarantined] == [peer] and quarantined[0]["seconds"] == QUARANTINE_S
     left_out = next(k for k, m in enumerate(members) if peer not in m)
     back = next(k for k in range(left_out + 1, len(plans)) if peer in members[k])  # it rejoined ...
     assert plans[back]["replan"] == "join"
-    times = {e["epoch"]: e["time"] for e in events(leader.events.path) if e["event"] == "plan"}
-    assert times[plans[back]["epoch"]] - quarantined[0]["time"] >= QUARANTINE_S  # ... once its back-off ended
+    assert plans[back]["time"] - quarantined[0]["time"] >= QUARANTINE_S  # ... once its back-off ended
     assert_reference(agents, train, stopped=True)
 
 
-def trained_after_rejoining(leader, agent) -> list[dict]:
+def published_plans(agents) -> list[dict]:
+    """Every plan event of the run, by epoch, with the index of the agent that published it (``by``): the
+    lowest ID leads, but a leader too slow to answer on a loaded machine is passed over for a while."""
+    return sorted(({**e, "by": a.index} for a in agents for e in events(a.events.path) if e["event"] == "plan"),
+                  key=lambda e: e["epoch"])
+
+
+def trained_after_rejoining(agents, agent) -> list[dict]:
     """The steps ``agent`` trained from the epoch that took it back on (the first join re-plan naming it; a
     later epoch may be another re-plan's, when a call failed on the loaded machine)."""
-    joins = [e["epoch"] for e in events(leader.events.path)
-             if e["event"] == "plan" and e.get("replan") == "join" and agent.peer_id in e["devices"]]
+    joins = [e["epoch"] for e in published_plans(agents) if e.get("replan") == "join" and agent.peer_id in e["devices"]]
     return [e for e in events(agent.events.path) if e["event"] == "step" and joins and e["epoch"] >= min(joins)]

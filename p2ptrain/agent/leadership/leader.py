@@ -135,6 +135,7 @@ class _Planning:
     slowdowns: dict[str, float] = dataclasses.field(default_factory=dict)  # claims replaced (``leadership.claims``)
     layers: Layers | None = None  # the split a re-plan keeps (``PlanPricing.split_workload``)
     rows: dict[str, int] = dataclasses.field(default_factory=dict)  # the links rows' versions planned with
+    ready: tuple | None = None  # the record made, its store timed out (``Leader._publish_plan``)
 
 
 def _by_member(planning: _Planning, plan: dict, apart, index: dict[str, int]) -> dict:
@@ -440,7 +441,26 @@ class Leader:
     # ---- publishing -------------------------------------------------------------------------------------
 
     def _publish_plan(self, planning: _Planning) -> None:
+        """Store the plan ``planning`` found; where the store timed out, the same record at the next poll (it
+        may have landed, members follow it: one made anew, a join's start moved on, is a second plan of one epoch)."""
         self._planning = None
+        ready = planning.ready or self._plan_record(planning)
+        if ready is None:
+            return
+        record, plan, start_step, sources = ready
+        if not _stored(self.dht, record):
+            self._planning = dataclasses.replace(planning, ready=ready)
+            return
+        self._published = record
+        self.published_search_s = float((plan.get("search") or {}).get("seconds") or 0.0)
+        self._next_epoch = planning.epoch + 1
+        self._links_wait.reset()
+        self._join_links_since = None
+        self._watch.reset()
+        _announce(self.events, self.config.train, planning, plan, start_step, sources)
+
+    def _plan_record(self, planning: _Planning) -> tuple[PlanRecord, dict[str, Any], int, tuple[str, ...]] | None:
+        """The record of ``planning``'s plan (None: not published), the plan as announced, start and sources."""
         try:
             plan = planning.future.result()
         except ValueError as e:
@@ -478,7 +498,7 @@ class Leader:
                            planning.epoch, ", ".join(strays))
             self._watch.reset()
             return
-        copies = self._warm_copies(planning, plan)
+        copies = _warm_copies(self.config, planning, plan)
         index = {p: i for i, p in enumerate(record.membership)}
         if self.peer_id not in index:
             logger.warning("not publishing epoch %d: this leader is not one of its members", planning.epoch)
@@ -490,39 +510,7 @@ class Leader:
                                      backups=tuple(NO_BACKUP if p is None else index[p] for p in copies["peers"]),
                                      backup_every=copies["every_steps"],
                                      **settings.plan_fields(self.config.train))
-        plan = {**plan, "warm_copies": copies}
-        if not _stored(self.dht, record):
-            self._planning = planning  # its search is done: the next poll makes the same record and stores it
-            return
-        self._published = record
-        self.published_search_s = float((plan.get("search") or {}).get("seconds") or 0.0)
-        self._next_epoch = planning.epoch + 1
-        self._links_wait.reset()
-        self._join_links_since = None
-        self._watch.reset()
-        _announce(self.events, self.config.train, planning, plan, start_step, sources)
-
-    def _warm_copies(self, planning: _Planning, plan: dict[str, Any]) -> dict[str, Any]:
-        """Who keeps each stage's warm copy, and how often (``leader.warm_copies``); the step time is the
-        one measured in the last epoch, else the plan's prediction plus the slowest trainer's compute."""
-        cfg = self.config
-        scale = cfg.emulation.time_scale if cfg.emulation.enabled else 1.0
-        if isinstance(planning.workload, LayeredWorkload):  # mixed devices: the prediction includes compute
-            step_s = planning.step_s or plan["cost_s"] * scale
-        else:
-            step_s = planning.step_s or plan["cost_s"] * scale + compute_estimate_s(
-                cfg.train, plan["stages"], plan["replicas"], min(d.tflops for d in planning.cluster.devices))
-        churn = cfg.churn
-        # until a step was measured, copy within the first few steps (a copy's cost is a guess then) -- but not
-        # where homes' uplinks carry them: there a copy shares the line the pipeline's own traffic takes
-        if not planning.step_s and churn.backup_every == "auto" and not planning.cluster.has_access_links:
-            churn = dataclasses.replace(churn, backup_max_every=min(churn.backup_max_every, churn.backup_first_every))
-        copies = warm_copies(plan, planning.devices, planning.spares, planning.members or planning.cluster,
-                             stage_state_bytes(cfg.train, plan["stages"]), step_s, churn, cfg.emulation,
-                             cfg.train.rounds.length)
-        logger.info("warm copies every %d step(s) (one copy %.3f s, %.4f s per step) to %s", copies["every_steps"],
-                    copies["copy_s"], copies["per_step_s"], copies["peers"])
-        return copies
+        return record, {**plan, "warm_copies": copies}, start_step, tuple(sources)
 
     def _join_point(self, record: PlanRecord) -> tuple[int, tuple[str, ...]] | None:
         """A join re-plan's start (``restart.join_start``) and sources: each stage's lowest-replica trainer of
@@ -544,6 +532,28 @@ class Leader:
                 return None  # a failure, not a join: the halted heartbeats will say where to restart
             sources.append(live[0])
         return join_start(seen, current.start_step, self.config.train.rounds), tuple(sources)
+
+
+def _warm_copies(cfg: AgentConfig, planning: _Planning, plan: dict[str, Any]) -> dict[str, Any]:
+    """Who keeps each stage's warm copy, and how often (``leader.warm_copies``); the step time is the
+    one measured in the last epoch, else the plan's prediction plus the slowest trainer's compute."""
+    scale = cfg.emulation.time_scale if cfg.emulation.enabled else 1.0
+    if isinstance(planning.workload, LayeredWorkload):  # mixed devices: the prediction includes compute
+        step_s = planning.step_s or plan["cost_s"] * scale
+    else:
+        step_s = planning.step_s or plan["cost_s"] * scale + compute_estimate_s(
+            cfg.train, plan["stages"], plan["replicas"], min(d.tflops for d in planning.cluster.devices))
+    churn = cfg.churn
+    # until a step was measured, copy within the first few steps (a copy's cost is a guess then) -- but not
+    # where homes' uplinks carry them: there a copy shares the line the pipeline's own traffic takes
+    if not planning.step_s and churn.backup_every == "auto" and not planning.cluster.has_access_links:
+        churn = dataclasses.replace(churn, backup_max_every=min(churn.backup_max_every, churn.backup_first_every))
+    copies = warm_copies(plan, planning.devices, planning.spares, planning.members or planning.cluster,
+                         stage_state_bytes(cfg.train, plan["stages"]), step_s, churn, cfg.emulation,
+                         cfg.train.rounds.length)
+    logger.info("warm copies every %d step(s) (one copy %.3f s, %.4f s per step) to %s", copies["every_steps"],
+                copies["copy_s"], copies["per_step_s"], copies["peers"])
+    return copies
 
 
 def _stored(dht: SwarmDHT, record: PlanRecord) -> bool:
