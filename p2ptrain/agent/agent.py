@@ -319,7 +319,8 @@ class Agent:
         self._leading = self._leading_class(cfg, self.dht, self.events, self.peer_id, self._leaders, view=self._view,
                                             note_waiting=self._note_waiting, boundary_s=self._poll_s,
                                             started=self._started, stages=self.stages,
-                                            fetch_evidence=self._inbox.fetch)
+                                            fetch_evidence=self._inbox.fetch,
+                                            announced=self.transport.announced)
         while not self.stop.is_set():
             self._poll()
             plan = run.next_plan()

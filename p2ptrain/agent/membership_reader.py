@@ -181,7 +181,8 @@ class MembershipReader:
     def _watch_targets(self, membership: Membership, plan: PlanRecord | None, partners: set[str]) -> set[str]:
         """Whom to ping: every member in a small run; beyond ``watch_all_up_to``, our pipeline neighbours, our
         replica group's fingers (``group_fingers``: O(log) of it, each member watched by as many), the leader
-        and the next in line (who watch everyone), the plan's checkers (``PeerStatus.refused``), and of the peers no plan of
+        and the next in line (who watch everyone), the plan's checkers (before the first plan, those of its members:
+        ``PeerStatus.refused``, ``search``), and of the peers no plan of
         ours names (before the first plan: all but those two), our ``partners`` in the probe graph: a bounded
         number, so that a run of n peers does not cost n² pings a period before its first plan."""
         others = [p for p in membership.ids if p != self.peer_id]
@@ -194,8 +195,10 @@ class MembershipReader:
             row, stage = plan.position_of(self.peer_id)
             targets |= {plan.peer_at(row, j) for j in (stage - 1, stage + 1) if 0 <= j < plan.stages}
             targets |= {plan.peer_at(i, stage) for i in group_fingers(row, plan.replicas)}
-        if plan is not None and self.config.plan.checkers > 0:  # whose answers say they refused a plan of its leader
-            targets |= checkers(plan.membership, plan.leader, self.config.run, self.config.plan.checkers)
+        if self.config.plan.checkers > 0:  # whose answers say they refused a plan, or how long their search takes
+            targets |= (checkers(plan.membership, plan.leader, self.config.run, self.config.plan.checkers) if plan
+                        else checkers(membership.ids, leader, self.config.run, self.config.plan.checkers) if leader
+                        else set())
         return (targets & set(others)) | {p for p in others if p not in (plan.membership if plan else ()) and p in partners}
 
 

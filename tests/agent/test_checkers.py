@@ -32,6 +32,7 @@ from p2ptrain.net.dht.records import (
     decode_record,
 )
 from p2ptrain.net.identity import generate_identity
+from p2ptrain.net.transport.status import Announced, PeerStatus
 from p2ptrain.planning import make_objective
 from p2ptrain.runtime.config import TrainConfig
 
@@ -237,15 +238,18 @@ def test_a_member_that_is_no_checker_searches_only_once_the_leader_is_later_than
     dht = SimpleNamespace(read_links=lambda: rows, slowest_store_s=lambda: 0.0)
     pricing = SimpleNamespace(plan_workload=lambda trainers, membership, train: workload_for(None, trainers))
     membership = Membership(records)
+    statuses: dict[str, PeerStatus] = {}  # the answers to our pings: none from a checker here
 
-    def watcher(me: str) -> tuple[watching.Watching, _Planner]:
+    def watcher(me: str, announced: Announced | None = None) -> tuple[watching.Watching, _Planner]:
         planner = _Planner()
-        return watching.Watching(config, dht, None, me, leaders, view=lambda: None, started=now[0],
-                                 stages=RunStages(TRAIN), planner=planner, pricing=pricing,
-                                 links_wait=watching.LinksWait()), planner
+        return watching.Watching(config, dht, None, me, leaders, view=lambda: SimpleNamespace(statuses=statuses),
+                                 started=now[0], stages=RunStages(TRAIN), planner=planner, pricing=pricing,
+                                 links_wait=watching.LinksWait(), announced=announced), planner
 
-    checker, searched = watcher(sorted(chosen)[0])
+    said = Announced()
+    checker, searched = watcher(sorted(chosen)[0], said)
     assert checker._search_allowance(membership) == 60.0 + watching.PUBLISH_S and len(searched.submitted) == 1
+    assert said.search == 0  # its ping answers say how long its search has run
     member, planner = watcher(next(p for p in peers if p not in chosen and p != leader))
     assert leaders.waiting(leader, True, 60.0) is None  # the plan falls due now
     for _ in range(2):  # a checker searches when the plan falls due; we do not (we follow on its checkers' word)
@@ -255,3 +259,34 @@ def test_a_member_that_is_no_checker_searches_only_once_the_leader_is_later_than
     assert member._search_allowance(membership) == 60.0 + watching.PUBLISH_S and len(planner.submitted) == 1
     now[0] += 50.0  # while it runs: the budget and twice its time so far, so the leader is never passed over for it
     assert member._search_allowance(membership) == 60.0 + 2 * 50.0 + watching.PUBLISH_S and len(planner.submitted) == 1
+    assert checker._search_allowance(membership) == 2 * 110.0 + watching.PUBLISH_S and said.search == 110
+
+
+def test_a_member_that_is_no_checker_times_a_late_leader_by_what_its_checkers_say_they_search(world, monkeypatch):
+    """Where the checkers' ping answers say how long their searches of the first plan run (``PeerStatus.search``),
+    a member that is no checker gives a late leader twice that and makes no search of its own: 32 agents on two
+    cores had 27 such members search beside a late leader. One checker that claims a day cannot hold the run."""
+    peers, records, rows, _ = world
+    leader = min(peers)
+    config = AgentConfig(initial_peers=(f"/ip4/127.0.0.1/tcp/31337/p2p/{leader}",), run="run", train=TRAIN,
+                         membership=MembershipConfig(expect=len(peers)), plan=PlanConfig(checkers=3, time_budget_s=60.0))
+    chosen = sorted(checkers(peers, leader, "run", 3))
+    now = [1000.0]
+    monkeypatch.setattr(watching.time, "monotonic", lambda: now[0])
+    leaders = LeaderWatch(10.0, 60.0, clock=lambda: now[0])
+    statuses = {p: PeerStatus(search=s) for p, s in zip(chosen, (70, 90, 86_400), strict=True)}
+    statuses[next(p for p in peers if p not in chosen and p != leader)] = PeerStatus(search=5_000)  # no checker
+    planner = _Planner()
+    me = next(p for p in sorted(peers, reverse=True) if p not in chosen and p != leader)
+    member = watching.Watching(config, SimpleNamespace(read_links=lambda: rows, slowest_store_s=lambda: 0.0), None,
+                               me, leaders, view=lambda: SimpleNamespace(statuses=statuses), started=now[0],
+                               stages=RunStages(TRAIN), planner=planner,
+                               pricing=SimpleNamespace(), links_wait=watching.LinksWait())
+    membership = Membership(records)
+    assert leaders.waiting(leader, True, 60.0) is None  # the plan falls due now
+    assert member._search_allowance(membership) == 60.0 + watching.PUBLISH_S
+    now[0] += 61.0  # the leader is late: twice the lower median the checkers say (90 s), no search of ours
+    assert member._search_allowance(membership) == 2 * 90.0 + watching.PUBLISH_S and not planner.submitted
+    statuses.update({p: PeerStatus(search=10) for p in chosen[:2]})  # their searches took 10 s: the budget
+    assert member._search_allowance(membership) == 60.0 + watching.PUBLISH_S and not planner.submitted
+    assert watching.checkers_search_s({p: PeerStatus() for p in chosen}, chosen) is None  # none says: ours (above)

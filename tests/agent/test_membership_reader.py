@@ -160,6 +160,11 @@ def test_before_any_plan_a_large_run_pings_its_partners_and_the_first_two_and_ju
     chosen = checkers(PLAN.membership, PLAN.leader, reader.config.run, 4)
     assert len(chosen) == 4 and reader_of(me, board, checker_count=4)._watch_targets(view, PLAN, partners) == \
         {PEERS[0], PEERS[1], *chosen} - {me}
+    # before the first plan, the checkers of these members' first plan: their answers say how long they search it
+    first = checkers(view.ids, view.leader, reader.config.run, 4)
+    assert first - partners - {PEERS[0], PEERS[1], me}  # not pinged without it
+    assert reader_of(me, board, checker_count=4)._watch_targets(view, None, partners) == \
+        {PEERS[0], PEERS[1], *partners, *first} - {me}
     assert reader_of(PEERS[0], board)._watch_targets(view, None, partners) == set(PEERS[1:])  # the leader: everyone
     small = Membership({p: board.records[p] for p in PEERS[:8]})
     assert reader._watch_targets(small, None, set()) == set(PEERS[:8]) - {me}

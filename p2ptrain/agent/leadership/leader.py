@@ -80,7 +80,7 @@ from p2ptrain.agent.leadership.watching import LinksWait, Watching
 from p2ptrain.errors import AgentError, ProtocolError
 from p2ptrain.net.dht.node import SwarmDHT
 from p2ptrain.net.dht.records import NO_BACKUP, PlanRecord, ProgressRecord
-from p2ptrain.net.transport.status import PeerStatus
+from p2ptrain.net.transport.status import Announced, PeerStatus
 from p2ptrain.planning import Cluster, LayeredWorkload, Workload
 from p2ptrain.planning.simulated import StepWorkload
 from p2ptrain.planning.split import Layers
@@ -155,7 +155,8 @@ class Leader:
     its ``peer_id``, the ``leaders`` it passed over (shared with its plan gate), ``view`` (what it has seen
     of plans and peers, read at each use: the training thread moves ``done_now``), ``note_waiting`` (one
     log line per change), ``boundary_s`` (the step boundaries' costs, appended while it trains), when
-    its loop ``started`` and the run's ``stages`` (shared with its plan gate; its own by default). It keeps
+    its loop ``started``, the run's ``stages`` (shared with its plan gate; its own by default) and what its ping
+    answers say (``announced``: how long its own search of a first plan took, ``Watching``). It keeps
     the rest: the planner thread, the plan being computed and the last one published, the re-plan watch, its
     judge (``judge``: the quarantine, evidence and blames, the compute each trainer showed), its pricing of
     plans (``pricing``) and its watch of another leader (``Watching``, which shares the planner thread).
@@ -163,13 +164,10 @@ class Leader:
 
     def __init__(self, config: AgentConfig, dht: SwarmDHT, events: EventLog, peer_id: str, leaders: LeaderWatch, *,
                  view: Callable[[], AgentView], note_waiting: Callable[[str], None], boundary_s: Sequence[float],
-                 started: float, stages: RunStages | None = None, fetch_evidence: Fetch | None = None):
-        self.config = config
-        self.dht = dht
-        self.events = events
-        self.peer_id = peer_id
-        self._leaders = leaders
-        self._view = view
+                 started: float, stages: RunStages | None = None, fetch_evidence: Fetch | None = None,
+                 announced: Announced | None = None):
+        self.config, self.dht, self.events, self.peer_id = config, dht, events, peer_id
+        self._leaders, self._view = leaders, view
         self._note_waiting = note_waiting
         self._started = started
         self._planner = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="p2ptrain-planner")
@@ -183,7 +181,7 @@ class Leader:
         self.pricing = PlanPricing(config, lambda: self._view().current, boundary_s)
         self._watching = Watching(config, dht, events, peer_id, leaders, view=view, started=started,
                                   stages=self._stages, planner=self._planner, pricing=self.pricing,
-                                  links_wait=self._links_wait)
+                                  links_wait=self._links_wait, announced=announced)
         self.rows_to_check = self._watching.rows_to_check  # the links rows a follower checks the first plan on
         # stages = "auto", the run's first plan: the stage count being chosen for these members (and whether the
         # choice was said), and the one chosen

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import math
+import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 from p2ptrain.agent.config import AgentConfig
@@ -44,6 +46,7 @@ from p2ptrain.agent.leadership.run_stages import RunStages, at_stages, choose_ru
 from p2ptrain.errors import ProtocolError
 from p2ptrain.net.dht.node import SwarmDHT
 from p2ptrain.net.dht.records import LinksRecord, PlanRecord
+from p2ptrain.net.transport.status import MAX_SEARCH_S, Announced, PeerStatus
 
 if TYPE_CHECKING:
     from p2ptrain.agent.leadership.leader import AgentView
@@ -78,8 +81,10 @@ class Watching:
 
     def __init__(self, config: AgentConfig, dht: SwarmDHT, events: EventLog, peer_id: str, leaders: LeaderWatch, *,
                  view: Callable[[], AgentView], started: float, stages: RunStages,
-                 planner: concurrent.futures.Executor, pricing: PlanPricing, links_wait: LinksWait):
+                 planner: concurrent.futures.Executor, pricing: PlanPricing, links_wait: LinksWait,
+                 announced: Announced | None = None):
         self.config, self.dht, self.events, self.peer_id = config, dht, events, peer_id
+        self._announced = announced  # what our ping answers say (``PeerStatus.search``)
         self._leaders, self._view, self._started, self._stages = leaders, view, started, stages
         self._planner, self._pricing, self._links_wait = planner, pricing, links_wait
         self._first_due = False  # the first plan fell due (``_first_plan_due``)
@@ -204,18 +209,24 @@ class Watching:
         ours, below its agent in priority, is the slower (32 agents on two cores: a leader whose search outlasted
         the budget was passed over while its followers' searches still ran). A silent leader is thus passed over
         seconds after the plan fell due, not a minute: the search on a small run takes milliseconds. A member that
-        is not among the plan's checkers (``checkers``) makes no search: the budget and the publishing; unless the
-        leader is later than the budget, when it makes the search after all and gives the leader the budget and twice
-        that search's time so far while it runs (32 agents on two cores: members that searched nothing passed over
-        a leader whose search of 32 devices, bounded by its evaluations, took longer than the budget)."""
+        is not among the plan's checkers (``checkers``) makes no search: the budget and the publishing; once the
+        leader is later than the budget, twice what its checkers say their searches have run or took
+        (``checkers_search_s``; 32 agents on two cores: members that searched nothing passed over a leader whose
+        search of 32 devices, bounded by its evaluations, took longer than the budget), and where none of them says,
+        its own search after all, giving the leader the budget and twice that search's time so far while it runs.
+        Our own search's time is said in our ping answers (``PeerStatus.search``)."""
         cfg = self.config
         key = membership.ids
         fresh = self._own_search is None or self._own_search[0] != key
-        if fresh and self.peer_id not in checkers(key, membership.leader, cfg.run, cfg.plan.checkers):
+        chosen = checkers(key, membership.leader, cfg.run, cfg.plan.checkers)
+        if fresh and self.peer_id not in chosen:
             now = time.monotonic()
             if now - self._leaders.due_since(membership.leader, now) < cfg.plan.time_budget_s:
                 return cfg.plan.time_budget_s + self._publish_s()  # its checkers search; we follow on their word
-            self._own_late = cfg.plan.time_budget_s  # the leader is late: our own search times it from now on
+            said = checkers_search_s(self._view().statuses, chosen)
+            if said is not None:  # the leader is late: as long as its checkers' searches take, none of our own
+                return max(cfg.plan.time_budget_s, 2.0 * said) + self._publish_s()
+            self._own_late = cfg.plan.time_budget_s  # nobody says: our own search times it from now on
         elif fresh:
             self._own_late = 0.0
         if fresh:
@@ -238,10 +249,17 @@ class Watching:
         future = self._own_search[1]
         if not future.done():  # the leader's search is ours: never faulted while ours still runs
             elapsed_s = time.monotonic() - self._own_started
+            self._say_search(elapsed_s)
             return max(cfg.plan.time_budget_s, self._own_late + 2.0 * elapsed_s) + self._publish_s()
         if future.exception() is not None:
             return cfg.plan.time_budget_s + self._publish_s()
+        self._say_search(float((future.result().get("search") or {}).get("seconds") or 0.0))
         return self._own_allowance(future.result())
+
+    def _say_search(self, seconds: float) -> None:
+        """Our ping answers say how long our search of the first plan has run, or took (``PeerStatus.search``)."""
+        if self._announced is not None:
+            self._announced.search = min(MAX_SEARCH_S, math.ceil(seconds))
 
     def _own_allowance(self, plan: dict[str, Any]) -> float:
         """``search_allowance`` from our own search of the first plan (``plan``, its document)."""
@@ -270,6 +288,14 @@ class Watching:
         cluster = build_cluster(trainers, membership.peers, rows, cfg.emulation)
         plan = make_plan(cluster, self._pricing.plan_workload(trainers, membership, train), best.num_stages, cfg.plan)
         return {**plan, "search": {"seconds": time.perf_counter() - started}}
+
+
+def checkers_search_s(statuses: Mapping[str, PeerStatus], chosen: Collection[str]) -> float | None:
+    """How long the plan's checkers (``chosen``) say, in their ping answers, their own searches of the first plan
+    have run or took (``PeerStatus.search``): the lower median of those that say it (one checker that claims a
+    day cannot hold the run on a silent leader), None where none does."""
+    said = [status.search for peer, status in statuses.items() if peer in chosen and status.search >= 0]
+    return float(statistics.median_low(said)) if said else None
 
 
 def search_allowance(seconds: float, short: bool, budget_s: float, publish_s: float = PUBLISH_S) -> float:

@@ -27,6 +27,9 @@ the peer records when its leader's digest is not its own (``agent.membership_rea
 the run through the heartbeats, not through n reads a second. And ``refused``, the epoch of the newest plan the peer
 refused (-1: none; left out then): a member that waits for a plan's checkers' word (``leadership.checkers``) checks
 the plan itself as soon as a checker it pings says it refused a plan of that epoch, not after ``plan.time_budget_s``.
+And ``search``, the whole seconds the peer's own search of the run's first plan has run so far, or took (-1: it made
+none; left out then; at most ``MAX_SEARCH_S``): a member that is no checker gives a leader late with its first plan as
+long as its checkers say their searches of the same records take (``leadership.watching``), instead of searching too.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ MAX_STATUS_BYTES = 320
 MAX_COUNTER = 2**53
 MAX_PEER_CHARS = 128
 MAX_DIGEST = 2**32 - 1
+MAX_SEARCH_S = 86_400  # a day: no search of a plan is longer
 
 
 class Announced:
@@ -50,12 +54,12 @@ class Announced:
     written by the agent's threads (one attribute each), read by the transport's loop as it answers."""
 
     def __init__(self) -> None:
-        self.plan = self.peers = self.refused = -1
+        self.plan = self.peers = self.refused = self.search = -1
 
     def on(self, status: PeerStatus) -> PeerStatus:
-        if self.plan < 0 and self.peers < 0 and self.refused < 0:
+        if self.plan < 0 and self.peers < 0 and self.refused < 0 and self.search < 0:
             return status
-        return dataclasses.replace(status, plan=self.plan, peers=self.peers, refused=self.refused)
+        return dataclasses.replace(status, plan=self.plan, peers=self.peers, refused=self.refused, search=self.search)
 
 
 def peers_digest(records: Mapping[str, object]) -> int:
@@ -77,6 +81,7 @@ class PeerStatus:
     plan: int = -1  # the epoch of the newest plan this peer knows of (-1: none)
     peers: int = -1  # a digest of the peer records it read last (``peers_digest``; -1: none)
     refused: int = -1  # the epoch of the newest plan this peer refused (-1: none)
+    search: int = -1  # seconds its own search of the run's first plan has run, or took (-1: none)
 
     def __post_init__(self) -> None:
         if self.state not in STATES:
@@ -87,14 +92,15 @@ class PeerStatus:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNTER:
                 raise ValueError(f"status {name} must be an integer in 0..{MAX_COUNTER}, got {value!r}")
-        for name, high in (("plan", MAX_COUNTER), ("peers", MAX_DIGEST), ("refused", MAX_COUNTER)):
+        for name, high in (("plan", MAX_COUNTER), ("peers", MAX_DIGEST), ("refused", MAX_COUNTER), ("search", MAX_SEARCH_S)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not -1 <= value <= high:
                 raise ValueError(f"status {name} must be an integer in -1..{high}, got {value!r}")
 
     def encode(self) -> bytes:
         fields = {"state": self.state, "epoch": self.epoch, "step": self.step, "sent": self.sent, "waits": self.waits}
-        fields.update((name, getattr(self, name)) for name in ("plan", "peers", "refused") if getattr(self, name) >= 0)
+        fields.update((name, getattr(self, name)) for name in ("plan", "peers", "refused", "search")
+                      if getattr(self, name) >= 0)
         return json.dumps(fields, separators=(",", ":")).encode()
 
     @classmethod
@@ -110,6 +116,6 @@ class PeerStatus:
             raise ValueError("status is not a JSON object")
         try:
             return cls(m.get("state"), m.get("epoch"), m.get("step"), m.get("sent", 0), m.get("waits", ""),
-                       m.get("plan", -1), m.get("peers", -1), m.get("refused", -1))
+                       m.get("plan", -1), m.get("peers", -1), m.get("refused", -1), m.get("search", -1))
         except TypeError:
             raise ValueError("status has the wrong fields") from None
