@@ -93,6 +93,7 @@ class Watching:
         self._own_late = 0.0  # how late after the plan fell due it began: a member that is no checker's (below)
         self._own_rows: tuple[frozenset[str], Mapping[str, LinksRecord]] | None = None  # what that search read
         self._settled: dict[tuple[str, int], float] = {}  # (leader, epoch) -> when its re-plan's halts were all in
+        self._timed_by: tuple[str, ...] | None = None  # the members whose late leader we timed by its checkers' word
 
     def watch_leader(self, membership: Membership) -> Membership:
         """Pass over a leader that has not published a plan we accept in time (``plan_check.LeaderWatch``);
@@ -225,6 +226,10 @@ class Watching:
                 return cfg.plan.time_budget_s + self._publish_s()  # its checkers search; we follow on their word
             said = checkers_search_s(self._view().statuses, chosen)
             if said is not None:  # the leader is late: as long as its checkers' searches take, none of our own
+                if self._timed_by != key:
+                    self._timed_by = key
+                    logger.info("the leader %s is late with the first plan: giving it twice what its checkers say "
+                                "their searches take (%.0f s so far), without a search of ours", membership.leader, said)
                 return max(cfg.plan.time_budget_s, 2.0 * said) + self._publish_s()
             self._own_late = cfg.plan.time_budget_s  # nobody says: our own search times it from now on
         elif fresh:
