@@ -61,7 +61,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -526,16 +526,16 @@ def _links_event(row, version: int) -> dict:
 
 def _plan_gate(agent: Agent, run: Following) -> PlanGate:
     """The agent's checks of its leaders' plans (``plan_check.PlanGate``): a refusal is logged as an event and said
-    in our heartbeat answers (``PeerStatus.refused``); the checkers' refusals are read from theirs."""
+    in our heartbeat answers (``PeerStatus.refused``); the checkers' refusals, and whether they still check, are read
+    from theirs."""
     cfg = agent.config
 
     def refused(plan: PlanRecord, reason: str) -> None:
         agent.events.write("plan_refused", epoch=plan.epoch, signer=plan.leader, reason=reason)
         agent.transport.announced.refused = max(agent.transport.announced.refused, plan.epoch)
 
-    def refusals() -> dict[str, int]:
-        statuses = agent.liveness.statuses() if agent.liveness is not None else {}
-        return {peer: status.refused for peer, status in statuses.items()}
+    def statuses() -> Mapping[str, PeerStatus]:
+        return agent.liveness.statuses() if agent.liveness is not None else {}
 
     return PlanGate(agent.peer_id, cfg.train, cfg.plan, cfg.emulation, agent._leaders, cfg.dht.peer_ttl_s,
                     agent.dht.read_links,
@@ -543,4 +543,4 @@ def _plan_gate(agent: Agent, run: Following) -> PlanGate:
                     refused, run.pass_over, run=cfg.run, vouchers=lambda: (run.progress_seen, run.progress_period_s()),
                     needed=cfg.membership.expect or cfg.membership.min_peers, stages=agent.stages,
                     rows_for=lambda plan: agent._leading.rows_to_check(plan), history=agent.dht.rows_read,
-                    refusals=refusals)
+                    statuses=statuses)

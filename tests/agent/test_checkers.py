@@ -15,7 +15,7 @@ from p2ptrain.agent.config import AgentConfig, EmulationSettings, MembershipConf
 from p2ptrain.agent.leadership import watching
 from p2ptrain.agent.leadership.checkers import checkers, vouched
 from p2ptrain.agent.leadership.membership import Membership
-from p2ptrain.agent.leadership.plan_check import LeaderWatch, PlanGate
+from p2ptrain.agent.leadership.plan_check import CHECKING_WAIT, LeaderWatch, PlanGate
 from p2ptrain.agent.leadership.plan_maker import (
     build_cluster,
     cluster_order,
@@ -32,7 +32,7 @@ from p2ptrain.net.dht.records import (
     decode_record,
 )
 from p2ptrain.net.identity import generate_identity
-from p2ptrain.net.transport.status import Announced, PeerStatus
+from p2ptrain.net.transport.status import TAKE, Announced, PeerStatus
 from p2ptrain.planning import make_objective
 from p2ptrain.runtime.config import TrainConfig
 
@@ -116,7 +116,7 @@ def test_a_progress_record_names_a_plan_by_its_digest_and_nothing_else(world):
             ProgressRecord(0, 0, None, 0.0, **bad)
 
 
-def gate_of(me, rows, clock, progress, checks, budget_s=30.0, count=3, refusals=None):
+def gate_of(me, rows, clock, progress, checks, budget_s=30.0, count=3, refusals=None, statuses=None):
     def read_rows():
         checks.append(me)  # our own check reads the rows: a search of ours
         return rows
@@ -124,7 +124,7 @@ def gate_of(me, rows, clock, progress, checks, budget_s=30.0, count=3, refusals=
     return PlanGate(me, TRAIN, PlanConfig(verify_slack_s=0.0, checkers=count, time_budget_s=budget_s),
                     EmulationSettings(), LeaderWatch(10.0, 60.0, clock=clock), settle_s=5.0, read_rows=read_rows,
                     workload_for=workload_for, run="run", vouchers=lambda: (progress, 2.0),
-                    refusals=lambda: refusals or {})
+                    statuses=lambda: {**(statuses or {}), **{p: PeerStatus(refused=e) for p, e in (refusals or {}).items()}})
 
 
 def test_a_member_that_is_no_checker_follows_on_its_checkers_word_and_checks_itself_without_it(world):
@@ -154,6 +154,22 @@ def test_a_member_that_is_no_checker_follows_on_its_checkers_word_and_checks_its
     assert not gate.accept(bad, records, known, first=True) and not checks
     clock.now += 1
     assert not gate.accept(bad, records, known, first=True) and checks == [me] and gate.refused(bad)
+
+    # past the budget, while a checker's heartbeat answers say it still takes the plan's epoch up (its search of it
+    # runs), we wait on, up to CHECKING_WAIT times the budget: the checkers' searches outlasted the budget on a loaded
+    # machine, and every other member then searched beside them (32 agents on two cores)
+    taking = {sorted(chosen)[0]: PeerStatus(TAKE, bad.epoch), me: PeerStatus(TAKE, bad.epoch)}
+    gate, checks[:] = gate_of(me, rows, clock, {}, checks, statuses=taking), []
+    assert not gate.accept(bad, records, known, first=True) and not checks
+    clock.now += 30 * CHECKING_WAIT - 1
+    assert not gate.accept(bad, records, known, first=True) and not checks
+    clock.now += 1  # the most we wait
+    assert not gate.accept(bad, records, known, first=True) and checks == [me] and gate.refused(bad)
+    for said in (PeerStatus(TAKE, bad.epoch + 1), PeerStatus("train", bad.epoch)):  # another epoch's, or no check
+        gate, checks[:] = gate_of(me, rows, clock, {}, checks, statuses={sorted(chosen)[0]: said}), []
+        assert not gate.accept(bad, records, known, first=True) and not checks
+        clock.now += 30
+        assert not gate.accept(bad, records, known, first=True) and checks == [me]
 
     # a checker names another plan of the epoch: the leader showed its checkers another one; we check at once
     gate, checks[:] = gate_of(me, rows, clock, {c: saying(bad, digest=plan.digest()) for c in chosen}, checks), []

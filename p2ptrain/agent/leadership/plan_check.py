@@ -1,33 +1,32 @@
 """Open runs, protected as far as they can be: a plan is checked before it is followed, and a leader that
 publishes no valid plan in time is passed over. Pure (no I/O; clocks are arguments).
 
-Lowest-ID election lets anyone lead who generates keys until one sorts first (closed runs refuse such
-peers at admission, ``dht.admission``; an admitted peer can still be broken). So a follower does not take
-the leader's word for a plan:
+Lowest-ID election lets anyone lead who generates keys until one sorts first (closed runs refuse such peers at
+admission, ``dht.admission``; an admitted peer can still be broken). So a follower does not take the leader's
+word for a plan:
 
-* ``membership_problem``: the plan names only peers the follower sees live, and a first plan leaves out
-  none that the follower has seen for a while (a later plan may: peers that did not halt in time, or
-  joiners who wait for the next re-plan point).
-* the stage count (``run_stages``): a plan has the run's S, or with ``stages = "auto"`` one within the
-  run's bounds whose stage for this follower fits its device's memory, and once the run's S is pinned (the
-  first plan the follower trained, or its own copies on disk) that one.
-* ``cost_problem``: the follower plans the same records itself (the scheduler is deterministic with the
-  run's seed; stopped after ``plan.verify_device_evaluations`` over the devices, ``plan_maker.check_search``, so
-  that its work is bounded at any size), scores the leader's assignment and its own with the same objective on the
+* ``membership_problem``: the plan names only peers the follower sees live, and a first plan leaves out none
+  that the follower has seen for a while (a later plan may: peers that did not halt in time, or joiners who wait
+  for the next re-plan point).
+* the stage count (``run_stages``): a plan has the run's S, or with ``stages = "auto"`` one within the run's
+  bounds whose stage for this follower fits its device's memory, and once the run's S is pinned (the first plan
+  the follower trained, or its own copies on disk) that one.
+* ``cost_problem``: the follower plans the same records itself (the scheduler is deterministic with the run's
+  seed; stopped after ``plan.verify_device_evaluations`` over the devices, ``plan_maker.check_search``, so that
+  its work is bounded at any size), scores the leader's assignment and its own with the same objective on the
   same measured links (the rows as they stood when the leader planned, ``PlanRecord.rows`` and
   ``rows_as_planned``; from a leader that does not say, for the run's first plan, the rows its own search read
-  when the plan fell due, ``Watching.rows_to_check``), and refuses the leader's if it is more than ``tolerance`` (a fraction) plus
-  ``slack_s`` slower. Both are scored on the follower's inputs, so links re-measured since the leader
-  planned move both figures alike; the slack covers short steps (loopback), where link noise alone moves
-  the two plans' costs by more than the tolerance. Only the plan's checkers make that search
-  (``checkers``: ``plan.checkers`` members chosen by the run and the leader); the other members follow once every
-  checker's progress record names the plan, and check it themselves when that does not come in time.
-* ``LeaderWatch``: once a plan is *due* (from the follower's own view: the plan trigger fired and the
-  links are measured, or an epoch it trained halted), the leader has ``grace_s`` (plus the search budget)
-  to publish a plan that passes both checks; otherwise the follower passes it over: it leaves the
-  follower's view of the members for a back-off that doubles with each repeat, so the next-lowest peer
-  leads and the plans leave it out. A peer passed over by mistake (a slow honest leader) rejoins after its
-  back-off like any joiner.
+  when the plan fell due, ``Watching.rows_to_check``), and refuses the leader's if it is more than ``tolerance``
+  (a fraction) plus ``slack_s`` slower. Both are scored on the follower's inputs, so links re-measured since the
+  leader planned move both figures alike; the slack covers short steps (loopback), where link noise alone moves
+  the two plans' costs by more than the tolerance. Only the plan's checkers make that search (``checkers``:
+  ``plan.checkers`` members chosen by the run and the leader); the other members follow once every checker's
+  progress record names the plan, and check it themselves when that does not come in time.
+* ``LeaderWatch``: once a plan is *due* (from the follower's own view: the plan trigger fired and the links are
+  measured, or an epoch it trained halted), the leader has ``grace_s`` (plus the search budget) to publish a
+  plan that passes both checks; otherwise the follower passes it over: it leaves the follower's view of the
+  members for a back-off that doubles with each repeat, so the next-lowest peer leads and the plans leave it
+  out. A peer passed over by mistake (a slow honest leader) rejoins after its back-off like any joiner.
 """
 
 from __future__ import annotations
@@ -60,6 +59,7 @@ from p2ptrain.agent.leadership.run_stages import RunStages, at_stages, memory_pr
 from p2ptrain.agent.leadership.standing import Standing
 from p2ptrain.net.dht.records import LinksRecord, PeerRecord, PlanRecord, ProgressRecord
 from p2ptrain.net.dht.row_history import RowHistory
+from p2ptrain.net.transport.status import TAKE, PeerStatus
 from p2ptrain.planning import Cluster, LayeredWorkload, Workload, even_layers, make_objective
 from p2ptrain.runtime.config import TrainConfig
 from p2ptrain.verify.attest import judge_evidence
@@ -306,6 +306,7 @@ def newer_plan_excuses(newest: PlanRecord | None, followed_epoch: int, leader: s
 
 
 GRACE_READS = 4.0  # a leader's grace: this many of our slowest recent DHT reads (``LeaderWatch.grace_s``)
+CHECKING_WAIT = 4.0  # a member waits up to this many ``plan.time_budget_s`` for checkers that say they still check
 READS_KEPT = 16
 
 
@@ -411,12 +412,12 @@ class PlanGate:
                  rows_for: Callable[[PlanRecord], Mapping[str, LinksRecord] | None] = lambda plan: None,
                  history: RowHistory | None = None, run: str = "",
                  vouchers: Callable[[], tuple[Mapping[str, ProgressRecord], float]] | None = None,
-                 refusals: Callable[[], Mapping[str, int]] = dict):
+                 statuses: Callable[[], Mapping[str, PeerStatus]] = dict):
         self.me, self.train, self.plan, self.emulation = me, train, plan, emulation
         self.run = run  # the run's name: whom each plan's checkers are (``checkers``)
         # the progress records read last, and how often they are read (None: we check every plan ourselves)
         self.vouchers = vouchers
-        self.refusals = refusals  # the epoch of the newest plan each peer we ping says it refused (``PeerStatus``)
+        self.statuses = statuses  # what each peer we ping says in its answers (``PeerStatus``: refused, take)
         self._vouch_since: dict[bytes, float] = {}  # a plan we leave to its checkers -> when we first saw it
         self._own_check: set[bytes] = set()  # plans we check ourselves after all
         self.stages = stages or RunStages(train)  # the run's S (the agent's, shared with its leader's side)
@@ -533,19 +534,19 @@ class PlanGate:
         self.pass_over(plan.leader, f"its plan epoch {plan.epoch} was refused")
 
     def _vouched(self, plan: PlanRecord, key: bytes) -> bool | None:
-        """Whether ``plan``'s checkers vouch for it (``checkers``): True once every one says it trains it; None
-        while we wait for that; False where we check it ourselves: we are a checker, none are chosen, we checked it
-        already, we waited ``plan.time_budget_s``, a checker names another plan of its epoch and signer, or a checker's
-        heartbeat answer says it refused a plan of its epoch (``PeerStatus.refused``)."""
+        """True once every one of ``plan``'s checkers says it trains it; None while we wait; False where we check it
+        ourselves: we are a checker, none are chosen, we checked it already, a checker names another plan of its
+        epoch and signer or its heartbeat answer says it refused one (``PeerStatus.refused``), or we waited
+        ``plan.time_budget_s``: up to ``CHECKING_WAIT`` times that while one says it still takes the epoch up (its
+        search runs; 32 agents on two cores: the checkers outlasted the budget, and 27 members searched beside them)."""
         if self.vouchers is None or key in self._costs or key in self._own_check:
             return False
         chosen = checkers(plan.membership, plan.leader, self.run, self.plan.checkers)
         if self.me in chosen or not chosen:
             return False
-        verdict = vouched(plan, self.vouchers()[0], chosen)
-        refusing = sorted(c for c in chosen if self.refusals().get(c, -1) >= plan.epoch) if verdict is None else []
-        if refusing:
-            verdict = False  # a checker's heartbeat says it refused a plan of this epoch: no wait for its word
+        verdict, said = vouched(plan, self.vouchers()[0], chosen), self.statuses()
+        refusing = sorted(c for c in chosen if c in said and said[c].refused >= plan.epoch) if verdict is None else []
+        verdict = False if refusing else verdict  # a checker's heartbeat says it refused a plan of this epoch
         since = self._vouch_since.setdefault(key, self.leaders.clock())
         if verdict:
             self._costs[key], self._check_short[key] = None, True  # no search of ours: a leader gets the budget
@@ -553,13 +554,15 @@ class PlanGate:
             logger.info("plan epoch %d signed by %s followed on the word of its %d checkers (%s)", plan.epoch,
                         plan.leader, len(chosen), ", ".join(sorted(chosen)))
             return True
-        if verdict is None and self.leaders.clock() - since < self.plan.time_budget_s:
+        waited_s, budget_s = self.leaders.clock() - since, self.plan.time_budget_s
+        if verdict is None and (waited_s < budget_s or (waited_s < CHECKING_WAIT * budget_s and any(
+                said[c].state == TAKE and said[c].epoch == plan.epoch for c in chosen if c in said))):
             return None
         self._own_check.add(key)
         logger.info("checking plan epoch %d signed by %s ourselves: %s", plan.epoch, plan.leader,
                     f"its checker {refusing[0]} says it refused a plan of epoch {plan.epoch}" if refusing else
                     "a checker names another plan" if verdict is False else
-                    f"its checkers did not all say they train it within {self.plan.time_budget_s:.0f} s")
+                    f"its checkers did not all say they train it within {waited_s:.0f} s")
         return False
 
     def _cost_problem(self, plan: PlanRecord, live: Mapping[str, PeerRecord], key: bytes) -> str | None:
