@@ -322,15 +322,18 @@ def _follow(config: SwarmConfig, group: ProcessGroup, state: SwarmState, stop: S
             on_update: Callable[[SwarmState], None] | None, faults: FaultInjector) -> str | None:
     """Watch the agents until all exited; the reason for failing, or None."""
     deadline = time.monotonic() + startup_deadline_s(config)
-    steps_seen = 0
+    seen = (0, 0)  # steps done, agents with a role: either growing is progress
     while True:
         changed = any([bool(agent.events.poll()) for agent in state.agents])
         if changed and on_update is not None:
             on_update(state)
         faults.tick()
-        steps_now = state.steps_done()
-        if steps_now > steps_seen:
-            steps_seen, deadline = steps_now, time.monotonic() + config.step_timeout_s
+        steps, roles = state.steps_done(), len(state.roles())
+        if steps > seen[0]:
+            deadline = time.monotonic() + config.step_timeout_s
+        elif roles > seen[1]:  # an agent took its role: the plan's checks go on (32 agents: minutes on two cores)
+            deadline = max(deadline, time.monotonic() + config.step_timeout_s)
+        seen = (max(seen[0], steps), max(seen[1], roles))
         running = [a for a in state.agents if group.children[a.name].poll() is None]
         failed = [a for a in state.agents if group.children[a.name].poll() not in (None, 0) and not state.is_out(a.index)]
         if failed and (why := _failed_start(config, group, state, failed)) is not None:
@@ -450,7 +453,8 @@ def _shared_cores_factor(agents: int) -> int:
 
 
 def startup_deadline_s(config: SwarmConfig) -> float:
-    """From launch until every agent has its role: ``startup_timeout_s``, and beyond 16 agents half
+    """From launch until an agent has its role (each one after gives the others at least ``step_timeout_s`` more,
+    ``_follow``): ``startup_timeout_s``, and beyond 16 agents half
     ``_shared_cores_factor`` times that (32 agents on 2 cores measured their links for over two minutes)."""
     return config.startup_timeout_s * max(1.0, _shared_cores_factor(config.agents) / 2)
 

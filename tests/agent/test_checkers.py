@@ -165,6 +165,16 @@ def test_a_member_that_is_no_checker_follows_on_its_checkers_word_and_checks_its
     assert not gate.accept(bad, records, known, first=True) and not checks
     clock.now += 1  # the most we wait
     assert not gate.accept(bad, records, known, first=True) and checks == [me] and gate.refused(bad)
+    # a checker that stops taking the epoch up gets two reads of the progress records (2 s apart here) for its word
+    gate, checks[:] = gate_of(me, rows, clock, {}, checks, statuses=taking), []
+    assert not gate.accept(bad, records, known, first=True) and not checks
+    clock.now += 50
+    assert not gate.accept(bad, records, known, first=True) and not checks
+    taking[sorted(chosen)[0]] = PeerStatus("train", bad.epoch)
+    clock.now += 3.9
+    assert not gate.accept(bad, records, known, first=True) and not checks
+    clock.now += 0.1
+    assert not gate.accept(bad, records, known, first=True) and checks == [me]
     for said in (PeerStatus(TAKE, bad.epoch + 1), PeerStatus("train", bad.epoch)):  # another epoch's, or no check
         gate, checks[:] = gate_of(me, rows, clock, {}, checks, statuses={sorted(chosen)[0]: said}), []
         assert not gate.accept(bad, records, known, first=True) and not checks

@@ -420,15 +420,12 @@ class PlanGate:
         self.statuses = statuses  # what each peer we ping says in its answers (``PeerStatus``: refused, take)
         self._vouch_since: dict[bytes, float] = {}  # a plan we leave to its checkers -> when we first saw it
         self._own_check: set[bytes] = set()  # plans we check ourselves after all
+        self._taking_at: dict[bytes, float] = {}  # a plan -> when a checker last said it takes its epoch up
         self.stages = stages or RunStages(train)  # the run's S (the agent's, shared with its leader's side)
-        self.leaders = leaders
-        self.settle_s = settle_s
-        self.read_rows = read_rows
+        self.leaders, self.settle_s, self.read_rows = leaders, settle_s, read_rows
         self.rows_for = rows_for  # the rows to check a plan on, where not read afresh (``Watching.rows_to_check``)
         self.history = history  # the rows read lately, by version (``SwarmDHT.rows_read``)
-        self.workload_for = workload_for
-        self.on_refusal = on_refusal
-        self.pass_over = pass_over
+        self.workload_for, self.on_refusal, self.pass_over = workload_for, on_refusal, pass_over
         self.needed = needed  # members the run waits for before its first plan (``first_plan_problem``)
         self._costs: dict[bytes, str | None] = {}  # a plan's encoding -> why its cost is refused (None: fine)
         self._refused: set[tuple[bytes, str]] = set()
@@ -555,8 +552,10 @@ class PlanGate:
                         plan.leader, len(chosen), ", ".join(sorted(chosen)))
             return True
         waited_s, budget_s = self.leaders.clock() - since, self.plan.time_budget_s
-        if verdict is None and (waited_s < budget_s or (waited_s < CHECKING_WAIT * budget_s and any(
-                said[c].state == TAKE and said[c].epoch == plan.epoch for c in chosen if c in said))):
+        if any(said[c].state == TAKE and said[c].epoch == plan.epoch for c in chosen if c in said):
+            self._taking_at[key] = self.leaders.clock()  # then two reads of the progress records for its word
+        if verdict is None and (waited_s < budget_s or (waited_s < CHECKING_WAIT * budget_s and self.leaders.clock()
+                                                        - self._taking_at.get(key, -math.inf) < 2 * self.vouchers()[1])):
             return None
         self._own_check.add(key)
         logger.info("checking plan epoch %d signed by %s ourselves: %s", plan.epoch, plan.leader,
