@@ -11,8 +11,9 @@ import psutil
 import pytest
 
 _WATCHED_NAMES = ("p2pd",)
-# torch starts one shared-memory manager per process on first use (hivemind's MPFuture shares torch memory);
-# it lives as long as the process that started it, so it is not something a test leaked.
+# torch starts one shared-memory manager per process that makes a hivemind future under hivemind's own sharing
+# strategy (a test's process; ours share by file descriptor, ``net.p2p_fixes``); it lives as long as that process,
+# so it is not something a test leaked.
 _PROCESS_LIFETIME_HELPERS = ("torch_shm_manager",)
 
 

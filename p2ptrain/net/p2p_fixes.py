@@ -1,4 +1,5 @@
-"""A fix to hivemind's libp2p daemon client that every process of ours needs before it starts a P2P client.
+"""Fixes to hivemind that every process of ours needs before it starts a P2P client: its daemon client's reading
+loop, and how its futures share memory.
 
 hivemind 1.1's ``ControlClient`` carries every unary call (ours: heartbeats, the direct plane's hello; the
 DHT's: every store and find) over one persistent connection to the daemon, read by one task. A reply that
@@ -13,14 +14,23 @@ that very iteration: it could then ping nobody and nobody could ping it, and it 
 survives any one malformed message (logged), and, when the daemon closes the connection, fails the calls
 still waiting at once instead of leaving them to their deadlines. Idempotent; the DHT's process is forked
 from ours (``hivemind.DHT`` is a ``ForkProcess``) and inherits it.
+
+Importing hivemind sets torch's sharing strategy to ``file_system`` (unless ``HIVEMIND_MEMORY_SHARING_STRATEGY``
+says otherwise), so each process's first future (a shared byte, ``hivemind.utils.mpfuture.SharedBytes``) starts a
+``torch_shm_manager`` process that lives as long as it: 0.2 s of CPU and one more process per agent, its DHT
+process and every worker. Our futures' shared bytes cross only to processes forked from their maker, and torch
+tensors go by the wire, never through a queue: ``apply()`` sets ``file_descriptor``, which needs no manager
+(unless that variable is set: a user's choice stands).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from uuid import UUID
 
+import torch.multiprocessing
 from hivemind.p2p.p2p_daemon_bindings import control
 from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError, P2PHandlerError, read_pbmsg_safe
 from hivemind.proto import p2pd_pb2
@@ -78,7 +88,11 @@ async def _read_from_persistent_conn(self: control.ControlClient, reader: asynci
 
 def apply() -> None:
     """Install the fixed reading loop on hivemind's ``ControlClient`` (every client created afterwards, and
-    every one whose reading task starts afterwards, uses it)."""
+    every one whose reading task starts afterwards, uses it), and share futures' memory by file descriptor."""
+    import hivemind.utils.mpfuture  # noqa: F401  (sets the strategy we replace, once per process)
+
+    if "HIVEMIND_MEMORY_SHARING_STRATEGY" not in os.environ:
+        torch.multiprocessing.set_sharing_strategy("file_descriptor")
     if getattr(control.ControlClient._read_from_persistent_conn, "_p2ptrain_fixed", False):  # noqa: SLF001
         return
     _read_from_persistent_conn._p2ptrain_fixed = True  # type: ignore[attr-defined]

@@ -88,3 +88,42 @@ def _answer(transport: Transport, peer: str, within_s: float):
     while not isinstance(answer := transport.ping_all([peer], 10.0)[peer], PeerStatus) and time.monotonic() < deadline:
         time.sleep(0.5)
     return answer
+
+
+_FUTURE_CHILDREN = """
+import json, os, sys
+import psutil
+from p2ptrain.net import p2p_fixes
+p2p_fixes.apply()
+import hivemind, torch
+from hivemind.utils.mpfuture import MPFuture
+dht = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"], nat_port_map=False)
+dht.store("k", b"v", hivemind.utils.get_dht_time() + 30)  # futures made here, fulfilled in the forked DHT process
+value = dht.get("k", latest=True).value
+future = MPFuture()
+names = sorted(c.name() for c in psutil.Process().children(recursive=True))
+dht.shutdown()
+print(json.dumps({"strategy": torch.multiprocessing.get_sharing_strategy(), "children": names, "value": value.decode()}))
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("variable, strategy, manager", [(None, "file_descriptor", False),
+                                                          ("file_system", "file_system", True)])
+def test_futures_share_memory_without_a_manager_process_unless_the_user_says_otherwise(variable, strategy, manager):
+    """hivemind's own default starts a ``torch_shm_manager`` per process on its first future; after ``apply()`` a
+    process's DHT works with none, and a strategy the user set through hivemind's variable stands."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "HIVEMIND_MEMORY_SHARING_STRATEGY"}
+    if variable:
+        env["HIVEMIND_MEMORY_SHARING_STRATEGY"] = variable
+    out = subprocess.run([sys.executable, "-c", _FUTURE_CHILDREN], env=env, capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["strategy"] == strategy and result["value"] == "v", result
+    assert ("torch_shm_manager" in result["children"]) == manager, result
+    assert "p2pd" in result["children"]  # the DHT was up when its children were listed
