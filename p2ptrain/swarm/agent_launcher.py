@@ -411,7 +411,7 @@ def _agent_toml(config: SwarmConfig, train: TrainConfig, run: str, maddrs: list[
     tables: dict[str, Any] = {
         "run": run, "initial_peers": maddrs, "events_file": str(agent.events.path),
         "train": {k: v for k, v in asdict(train).items() if v is not None and k != "replicas"},
-        "membership": {"expect": config.agents, "poll_s": 0.5 * _shared_cores_factor(config.agents),
+        "membership": {"expect": config.agents, "poll_s": _shared_cores_pause_s(config.agents),
                        "plan_timeout_s": startup_deadline_s(config),
                        "join_deadline_s": config.join_deadline_s or startup_deadline_s(config) / 2,
                        "min_peers": config.stages if isinstance(config.stages, int) else 1,
@@ -419,7 +419,7 @@ def _agent_toml(config: SwarmConfig, train: TrainConfig, run: str, maddrs: list[
         "plan": {"strategy": config.strategy, "seed": config.seed, "objective": config.objective,
                  "time_budget_s": config.plan_budget_s},
         # agents on one machine share its loopback, no home's line: an emulated device publishes its network's
-        "links": {"settle_s": 1.5 if cluster_path else 0.0, "round_pause_s": 0.5, "measure_access": False,
+        "links": {"settle_s": 1.5 if cluster_path else 0.0, "round_pause_s": _shared_cores_pause_s(config.agents), "measure_access": False,
                   "min_rounds": 1, "probe": asdict(probe), "partners": config.link_partners},
         "dht": {"host_maddrs": [LOOPBACK], "identity_path": str(root / f"agent-{agent.index}.id"), "check_identity": False,
                 "peer_ttl_s": config.peer_ttl_s * max(1.0, _shared_cores_factor(config.agents) / 2)},
@@ -450,6 +450,15 @@ def _shared_cores_factor(agents: int) -> int:
     that many times longer: 32 agents polling and refreshing at the defaults kept the few DHT processes that hold
     the run's records so busy that stores of peer records timed out and live agents' records expired."""
     return -(-agents // AGENTS_PER_LIVENESS_TIMEOUT)
+
+
+def _shared_cores_pause_s(agents: int) -> float:
+    """How often an agent reads the run's records while it waits, and pauses between its rounds of link
+    measurements: 0.25 s up to ``AGENTS_PER_LIVENESS_TIMEOUT`` agents (a 4-agent swarm's start and re-plans wait on
+    these reads: every half second more cost a tenth of its run), half a second per ``_shared_cores_factor``
+    beyond (more agents reading faster load the few DHT processes that hold the run's records)."""
+    factor = _shared_cores_factor(agents)
+    return 0.25 if factor == 1 else 0.5 * factor
 
 
 def startup_deadline_s(config: SwarmConfig) -> float:

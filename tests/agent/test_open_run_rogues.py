@@ -9,7 +9,8 @@ the leader the election rule names. Each mode is a real agent with one bad habit
 * ``other_data``: its peer record claims another dataset; nobody exits, it is simply not a member;
 * ``int4``: its plans switch the fp32 run to int4; refused at once (the run's settings are pinned).
 
-Four honest agents (the run expects four: the rogue is an uninvited fifth) finish with the single-process
+``silent``, ``other_data`` and ``int4`` are ``extended`` (out of the default run: the tests each names check
+the same refusal more cheaply). Four honest agents (the run expects four: the rogue is an uninvited fifth) finish with the single-process
 reference losses, every step trained with the run's settings under an honest leader. The same five,
 with the default grace and search budget, beside the run without a rogue: ``benchmarks/rogue.py``.
 """
@@ -34,7 +35,18 @@ RUN_SETTINGS = {"wire": "fp32", "schedule": "gpipe", "overlap": True, "bucket_el
 
 
 @pytest.mark.timeout(480)
-@pytest.mark.parametrize("mode", ["silent", "leaves_out", "idle_stage", "other_data", "int4"])
+@pytest.mark.parametrize("mode", [
+    pytest.param("silent", marks=pytest.mark.extended(
+        "tests/agent/test_open_run_leaders.py::test_a_bad_plan_is_refused_and_leaders_that_give_none_are_passed_over",
+        "tests/agent/test_plan_check.py::test_leader_watch_passes_over_after_grace_and_backs_off_doubling")),
+    "leaves_out", "idle_stage",
+    pytest.param("other_data", marks=pytest.mark.extended(
+        "tests/agent/test_data_mismatch.py::test_peers_with_other_data_are_left_out_and_only_several_of_them_refuse_this_agent",
+        "tests/agent/test_data_mismatch.py::test_an_agent_with_another_dataset_is_refused_in_one_line")),
+    pytest.param("int4", marks=pytest.mark.extended(
+        "tests/agent/test_settings.py::test_a_plan_with_settings_unknown_or_other_than_the_runs_is_refused_even_unverified",
+        "tests/agent/test_settings.py::test_a_run_trains_with_its_pinned_settings_and_an_agent_with_others_refuses_in_one_line")),
+])
 def test_a_rogue_sorting_lowest_cannot_take_an_open_run(tmp_path, mode):
     sorted_identities(tmp_path, 5)  # agent-0 sorts lowest: the rogue
     config = SwarmConfig(agents=5, stages=2, steps=6, scenario=None, workdir=str(tmp_path), run=f"rogue-{mode}",
