@@ -3,7 +3,7 @@
     python rogue_leader.py bad CONFIG     publishes a structurally valid plan with the worst assignment of its
                                           trainers (every permutation scored; it claims the honest cost)
     python rogue_leader.py silent CONFIG  never plans while it leads (it answers pings, measures links)
-    python rogue_leader.py leaves_out CONFIG   its first plan plans itself and the next two peers only
+    python rogue_leader.py leaves_out CONFIG   its plans plan itself and the next two peers only
     python rogue_leader.py idle_stage CONFIG   plans honestly with itself as a trainer (the planner's own
                                           assignment: a plan as cheap as any follower's), then never computes
                                           (it takes tensors, and halts once another peer did)
@@ -73,9 +73,10 @@ class WorstPlanner(Agent):
 class LeavesOutLeading(Leader):
     def _start_planning(self, membership, trainers, spares, rows, trigger, replan, start_step, sources,
                         step_s=0.0) -> None:
-        if replan is None:  # the run's first plan: itself and the next two peers, two live honest agents left out
-            membership = Membership({p: membership.peers[p] for p in membership.ids[:3]})
-            trainers, spares = trainers_and_spares(cluster_order(membership.peers), self.config.train)
+        # every plan: itself and the next two peers, two live honest agents left out (an honest plan right after a
+        # bad one is followed by those that never read the bad one and refused by those that did: the run splits)
+        membership = Membership({p: membership.peers[p] for p in membership.ids[:3]})
+        trainers, spares = trainers_and_spares(cluster_order(membership.peers), self.config.train)
         super()._start_planning(membership, trainers, spares, rows, trigger, replan, start_step, sources, step_s)
 
 

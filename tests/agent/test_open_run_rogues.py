@@ -2,8 +2,8 @@
 the leader the election rule names. Each mode is a real agent with one bad habit (``rogue_leader.py``):
 
 * ``silent``: never plans; passed over once the grace ends (silence is only known by waiting);
-* ``leaves_out``: its first plan leaves two live honest agents out; refused at once, by those it names
-  and those it leaves out;
+* ``leaves_out``: its plans leave two live honest agents out; refused at once, by those they name and
+  those they leave out;
 * ``idle_stage``: an honest-looking plan in which it holds a stage, then it never computes; the failed
   epoch's blames end at it, and its followers pass it over at once;
 * ``other_data``: its peer record claims another dataset; nobody exits, it is simply not a member;
@@ -72,10 +72,13 @@ def test_a_rogue_sorting_lowest_cannot_take_an_open_run(tmp_path, mode):
         else:
             assert [e["peer"] for e in passed] == [rogue.peer_id], (agent.name, passed)
     reasons = {e["reason"] for a in honest for e in events(a.events.path) if e["event"] == "passed_over"}
-    expected = {"silent": "no plan we accept came within", "leaves_out": "its plan epoch 0 was refused",
-                "idle_stage": "failed at its own stage", "int4": "its plan epoch 0 was refused"}
+    # a member that read none of its plans in time (each new one replaces the last) passes it over by the grace
+    grace = "no plan we accept came within"
+    expected = {"silent": (grace,), "leaves_out": ("was refused", grace), "idle_stage": ("failed at its own stage",),
+                "int4": ("its plan epoch 0 was refused",)}
     if mode in expected:
-        assert reasons and all(expected[mode] in r for r in reasons), reasons
+        assert reasons and all(any(said in r for said in expected[mode]) for r in reasons), reasons
+        assert any(expected[mode][0] in r for r in reasons), reasons
     plans = [e for a in honest for e in events(a.events.path) if e["event"] == "plan"]  # by the honest leaders
     assert plans and all(p["settings"] == RUN_SETTINGS for p in plans)
     assert all(rogue.peer_id not in p["devices"] + p["spares"] for p in plans)

@@ -150,7 +150,8 @@ class Following:
         heartbeats always; by the others after their leader changed, while its answers are late, at least every
         ``PLANS_READ_S`` times the reader's spacing, and when a peer we ping knows of a plan newer than any we read
         (``PeerStatus.plan``: its leader published it, or it read it; ``HEARD_READS`` reads for each such epoch,
-        which a record that expired since would otherwise cost every poll)."""
+        which a record that expired since would otherwise cost every poll): newer than our leader's newest plan
+        read, whatever other signers' plans we read."""
         agent = self.agent
         leader, liveness = agent._membership.leader, agent.liveness
         if liveness is None or leader is None or leader == self.peer_id or leader != self._plans_leader:
@@ -161,7 +162,9 @@ class Following:
         if now - self._plans_read_at >= period or leader not in statuses or answered is None or now - answered > late_s:
             return True
         heard = max(s.plan for s in statuses.values())
-        if heard <= self.max_epoch_seen:
+        # against our leader's newest plan read, not any signer's: a passed-over leader's plan of the same epoch,
+        # read first, must not hide the new leader's (its trainers would find us not taking it up)
+        if heard <= (self._plans[leader].epoch if leader in self._plans else -1):
             return False
         epoch, reads = self._heard if self._heard[0] == heard else (heard, 0)
         self._heard = (epoch, reads + 1)
