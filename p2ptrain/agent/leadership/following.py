@@ -9,7 +9,7 @@ the poller's), the plan it follows (``Agent._following``, the main thread's) and
 leader's side, the heartbeats).
 
 - ``next_plan``: read the plan records (``_plans_due``: every poll by the leader; by a follower when a peer it
-  pings knows of a plan newer than any it read, ``PeerStatus.plan``, else every ``PLANS_READ_S``: n followers of
+  pings knows of a plan newer than any of its leader's it read, ``PeerStatus.plan``, else every ``PLANS_READ_S``: n followers of
   an idle run no longer read n plan records a second); the highest epoch signed by the leader in
   our view that names us and that the plan gate accepts (``election.latest_plan``, ``plan_check.PlanGate``); meanwhile what the run's
   progress says of who may lead (``standing``), read on a thread of its own every ``STANDING_READ_S`` once the run
@@ -148,7 +148,7 @@ class Following:
     def _plans_due(self, now: float) -> bool:
         """Whether the plan records are read this poll (module docstring): by the leader and by agents without
         heartbeats always; by the others after their leader changed, while its answers are late, at least every
-        ``PLANS_READ_S`` times the reader's spacing, and when a peer we ping knows of a plan newer than any we read
+        ``PLANS_READ_S`` times the reader's spacing, and when a peer we ping knows of a plan newer than any of our leader's we read
         (``PeerStatus.plan``: its leader published it, or it read it; ``HEARD_READS`` reads for each such epoch,
         which a record that expired since would otherwise cost every poll): newer than our leader's newest plan
         read, whatever other signers' plans we read."""
