@@ -43,6 +43,8 @@ def rejected(box: Mailbox, sender: str, h: Header) -> str:
     with pytest.raises(MessageRejected) as info:
         box.admit(sender, h)
     assert info.value.peer == sender
+    # beyond the window is "ahead" (its sender may wait for us), anything else a refusal of its own
+    assert (info.value.code is Refusal.AHEAD) == ("too far ahead" in str(info.value)), info.value
     return str(info.value)
 
 

@@ -19,7 +19,7 @@ from net_recorders import RecordingEmulator
 
 from p2ptrain.errors import MessageRejected, PeerFailed, PeerTimeoutError
 from p2ptrain.net.transport.endpoint import Transport, TransportConfig
-from p2ptrain.net.transport.messages import Header, MessageKind, Tag
+from p2ptrain.net.transport.messages import Header, MessageKind, Refusal, Tag
 from p2ptrain.net.transport.replies import is_ok, parse_reply
 from p2ptrain.net.transport.servicer import Pieces, TensorServicer
 
@@ -139,7 +139,6 @@ def _refusal_cases(step: int):
         "wrong dtype": ("b", tag, torch.zeros(4, 4, dtype=torch.float16)),
         "wrong sender": ("c", tag, torch.zeros(4, 4)),
         "stale step": ("b", Tag(RUN, 0, step - 1, MessageKind.ACTIVATION), torch.zeros(4, 4)),
-        "step too far ahead": ("b", Tag(RUN, 0, step + 3, MessageKind.ACTIVATION), torch.zeros(4, 4)),
         "wrong run": ("b", Tag("otherrun", 0, step, MessageKind.ACTIVATION), torch.zeros(4, 4)),
         "oversized": ("b", Tag(RUN, 0, step, MessageKind.ACTIVATION, micro_batch=1), torch.zeros(8 * MIB // 4 + 1)),
     }
@@ -159,6 +158,32 @@ def test_refused_messages_are_logged_and_never_delivered(trio, step, refusals, c
     assert a.mailbox.held_bytes == 0  # nothing of it was kept
     b.send(a.peer_id, right, torch.ones(4, 4))  # the right message still gets through
     assert torch.equal(a.recv(right, b.peer_id, (4, 4), torch.float32), torch.ones(4, 4))
+
+
+def test_a_training_message_ahead_of_its_receiver_waits_for_it_within_its_deadline(trio, step, refusals):
+    a, b, _ = trio
+    ahead = Tag(RUN, 0, step + 3, MessageKind.ACTIVATION)  # the receiver accepts 2 steps ahead
+    started = time.monotonic()
+    with pytest.raises(MessageRejected) as info:
+        b.send(a.peer_id, ahead, torch.zeros(4, 4), timeout_s=1.5)  # it never gets there
+    assert info.value.code is Refusal.AHEAD and "too far ahead" in str(info.value), info.value
+    assert info.value.peer == str(a.peer_id) and time.monotonic() - started >= 1.0  # sent again meanwhile
+    assert sum("too far ahead" in m for m in refusals.messages) == 1  # once per sender, not per attempt
+
+    # a receiver that gets there before the deadline (it took the plan up) takes the message
+    later = Tag(RUN, 0, step + 4, MessageKind.ACTIVATION)
+    pending = b.send_async(a.peer_id, later, torch.ones(4, 4), timeout_s=20)
+    time.sleep(1.0)
+    assert not pending.done()
+    a.set_window(RUN, 0, step + 4)
+    pending.result(timeout=20)
+    assert torch.equal(a.recv(later, b.peer_id, (4, 4), torch.float32), torch.ones(4, 4))
+
+    # a background hand-over (not a training message) is told at once: its sender retries on its own schedule
+    started = time.monotonic()
+    with pytest.raises(MessageRejected) as info:
+        b.send(a.peer_id, Tag(RUN, 2, 0, MessageKind.STATE), torch.zeros(4), timeout_s=5)
+    assert info.value.code is Refusal.AHEAD and time.monotonic() - started < 4.0
 
 
 def test_duplicates_and_a_full_buffer_are_refused(trio, step, refusals):

@@ -219,7 +219,7 @@ def send_retrying(transport: Transport, peer: str, tag: Tag, tensor: torch.Tenso
 
         def done(f: Future) -> None:
             error = f.exception()
-            if isinstance(error, MessageRejected) and error.code == Refusal.REFUSED:
+            if isinstance(error, MessageRejected) and error.code in (Refusal.REFUSED, Refusal.AHEAD):
                 refusals.note(error)
                 if time.monotonic() < deadline - 0.5:
                     logger.info("peer %s refused %s (%s); sending again", peer, tag, error)

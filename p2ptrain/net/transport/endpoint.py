@@ -58,7 +58,7 @@ from p2ptrain.net.transport.messages import Header, MessageKind, Refusal, Tag, d
 from p2ptrain.net.transport.pacing import Pacer
 from p2ptrain.net.transport.probe_gate import ProbeGate
 from p2ptrain.net.transport.probe_session import ProbeSession
-from p2ptrain.net.transport.replies import parse_reply
+from p2ptrain.net.transport.replies import Reply, parse_reply
 from p2ptrain.net.transport.servicer import NAMESPACE, TensorServicer
 from p2ptrain.net.transport.status import Announced, PeerStatus
 from p2ptrain.net.transport.streamio import BufferPool, within
@@ -70,6 +70,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 PeerLike = PeerID | str
 LOOPBACK_MADDRS = ("/ip4/127.0.0.1/tcp/0",)
+AHEAD_RETRY_MAX_S = 1.0  # the longest pause between sends of a training message a receiver refused as ahead
 @dataclasses.dataclass(frozen=True)
 class TransportConfig:
     """Limits and deadlines of the tensor transport (every timeout in seconds, every size in bytes)."""
@@ -252,6 +253,7 @@ class Transport:
         call = self._calls.current()
         if call is not None:
             call.deadline_s += emulated_s  # the link's modelled time is no wait on the peer
+        ahead, lost = 0, False  # refusals "ahead" so far; whether a reply was lost (a copy may have arrived)
         for attempt in itertools.count():
             try:
                 response = await within(self._push(peer, header, payload, reservation), deadline - loop.time())
@@ -266,6 +268,7 @@ class Transport:
                     raise PeerTimeoutError(f"sending {header.tag}: the connection kept closing", peer=peer) from None
                 logger.info("the reply to %s from peer %s was lost; sending again (attempt %d)", header.tag, peer,
                             attempt + 2)
+                lost = True
                 await asyncio.sleep(self.config.dial_retry_s)
                 continue
             reply = parse_reply(response)
@@ -274,23 +277,21 @@ class Transport:
                 self._calls.count_sent(call)
             if reply.error is None and attempt == 0 and copied is not None:
                 self._send_buffers.give_back(copied)  # every byte was read: no stream holds a view of it
-            if reply.error is None or (attempt > 0 and reply.code in (Refusal.DUPLICATE, Refusal.STALE)):
+            if reply.error is None or (lost and reply.code in (Refusal.DUPLICATE, Refusal.STALE)):
                 break
-            if attempt > 0 and reply.code is Refusal.ARRIVING and deadline - loop.time() > self.config.dial_retry_s:
-                await asyncio.sleep(self.config.dial_retry_s)  # our copy on the broken stream is not released yet
-                continue
-            raise MessageRejected(f"the receiver refused {header.tag}: {reply.error}", peer=peer, code=reply.code)
+            pause_s = _resend_pause_s(reply, lost, ahead, call is not None and call.training,
+                                      deadline - loop.time(), self.config.dial_retry_s)
+            if pause_s is None:
+                raise MessageRejected(f"the receiver refused {header.tag}: {reply.error}", peer=peer, code=reply.code)
+            if reply.code is Refusal.AHEAD and not ahead:
+                logger.info("peer %s is not at %s yet (%s); sending again until it is", peer, header.tag, reply.error)
+            ahead += reply.code is Refusal.AHEAD
+            await asyncio.sleep(pause_s)
         logger.debug("sent %s (%d bytes) to peer %s", header.tag, len(payload), peer)
 
     async def _push(self, peer: str, header: Header, payload: bytes, reservation) -> Any:
-        channel = self._channels.pick(peer)  # at once: messages keep the order of their link reservations
-        while True:
-            try:
-                return await channel.push(header, payload, reservation)
-            except (P2PDaemonError, ConnectionError, OSError) as e:  # the peer cannot be dialled (yet)
-                logger.debug("cannot open a stream to peer %s yet: %s", peer, e)
-            await asyncio.sleep(self.config.dial_retry_s)  # the caller's deadline ends the retries
-            channel = self._channels.pick(peer)
+        # the first channel is picked at once: messages keep the order of their link reservations
+        return await self.open_stream(peer, lambda: self._channels.pick(peer).push(header, payload, reservation))
 
     def connect(self, peer: PeerLike, maddrs: Sequence[str], timeout_s: float | None = None) -> None:
         """Open a libp2p connection to ``peer`` at ``maddrs`` (full multiaddrs, with or without ``/p2p/ID``).
@@ -530,3 +531,20 @@ async def _attempt(what: str, coroutine: Coroutine[Any, Any, Any], timeout_s: fl
         await asyncio.wait_for(coroutine, timeout_s)
     except Exception as e:
         logger.warning("transport shutdown could not %s: %r", what, e)
+
+
+def _resend_pause_s(reply: Reply, lost: bool, ahead: int, training: bool, left_s: float,
+                    dial_retry_s: float) -> float | None:
+    """How long to pause before sending a refused message again; None: the refusal is final.
+
+    A resend after a lost reply told the earlier copy is still arriving sends again shortly. A training
+    message refused as ``ahead`` (``ahead`` times so far) waits for its receiver, still halting its last epoch
+    or checking the plan it takes up, as for one slow to answer: pauses from ``dial_retry_s`` doubling to
+    ``AHEAD_RETRY_MAX_S``, within the deadline; an abort meanwhile blames the receiver as a call stuck on it
+    (``calls``). Background hand-overs are told at once and retry on their own schedule."""
+    if lost and reply.code is Refusal.ARRIVING and left_s > dial_retry_s:
+        return dial_retry_s  # our copy on the broken stream is not released yet
+    pause_s = min(AHEAD_RETRY_MAX_S, dial_retry_s * 2 ** min(ahead, 8))
+    if reply.code is Refusal.AHEAD and training and left_s > pause_s:
+        return pause_s
+    return None

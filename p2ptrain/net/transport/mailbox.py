@@ -10,7 +10,8 @@ Acceptance rules, for a receiver whose window is (run, epoch, step):
 
 - ``tag.run == run``;
 - ``epoch <= tag.epoch <= epoch + epoch_window`` and ``step <= tag.step <= step + step_window``
-  (older is stale, further is too far ahead; steps count globally across epochs); kinds in
+  (older is stale, further is too far ahead: refusal code ``ahead``, which a training message's sender waits
+  out under its deadline; steps count globally across epochs); kinds in
   ``EPOCH_ONLY_KINDS`` (state backups, sent in the background) are judged by their epoch alone, and so is every
   message before the receiver takes its first epoch up (``set_window``): a run resumed at step s starts its
   epoch 0 there, and a peer that takes the plan up a moment later than its sender takes the first messages;
@@ -116,6 +117,17 @@ class Mailbox:
             return tag.run == w.run and tag.epoch < w.epoch
         return tag.run == w.run and (tag.epoch < w.epoch or (tag.epoch == w.epoch and tag.step < w.step))
 
+    def _is_ahead(self, tag: Tag) -> bool:
+        w = self.window
+        steps_ahead = (w.taken_up and tag.epoch == w.epoch and tag.step > w.step + self.step_window
+                       and tag.kind not in EPOCH_ONLY_KINDS)
+        return tag.epoch > w.epoch + self.epoch_window or steps_ahead
+
+    def _refusal(self, problem: str, sender: str, tag: Tag) -> MessageRejected:
+        """The refusal for ``problem``: code ``ahead`` when ``tag`` is beyond the window (the sender may wait)."""
+        code = Refusal.AHEAD if tag.run == self.window.run and self._is_ahead(tag) else Refusal.REFUSED
+        return MessageRejected(problem, peer=sender, code=code)
+
     def window_problem(self, tag: Tag) -> str | None:
         """Why ``tag`` is outside the window, or None when it is inside."""
         w = self.window
@@ -125,9 +137,7 @@ class Mailbox:
         # are compared within one epoch only.
         if self._is_stale(tag):
             return f"stale: epoch {tag.epoch} step {tag.step} is behind the receiver's epoch {w.epoch} step {w.step}"
-        steps_ahead = (w.taken_up and tag.epoch == w.epoch and tag.step > w.step + self.step_window
-                       and tag.kind not in EPOCH_ONLY_KINDS)
-        if tag.epoch > w.epoch + self.epoch_window or steps_ahead:
+        if self._is_ahead(tag):
             return (f"too far ahead: epoch {tag.epoch} step {tag.step}, the receiver is at epoch {w.epoch} step "
                     f"{w.step} and accepts {self.epoch_window} epoch(s) and {self.step_window} step(s) ahead")
         return None
@@ -158,7 +168,7 @@ class Mailbox:
             problem = (f"receiver buffer full: {self.shared_bytes} bytes held, {header.nbytes} more would exceed "
                        f"{self.max_buffered_bytes}")
         if problem is not None:
-            raise MessageRejected(problem, peer=sender)
+            raise self._refusal(problem, sender, header.tag)
         self._in_flight.add(key)
         self._hold(sender, header.nbytes, shared)
         return Admission(key, header, shared)
@@ -197,7 +207,7 @@ class Mailbox:
         problem = self._problem(key, header)
         if problem is not None:
             self._hold(key[1], -header.nbytes, admission.shared)
-            raise MessageRejected(problem, peer=key[1])
+            raise self._refusal(problem, key[1], header.tag)
         waiter = self._waiters.pop(key, None)
         if waiter is not None and not waiter.done():
             self._consumed.add(key)

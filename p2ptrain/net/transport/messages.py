@@ -76,6 +76,9 @@ class Refusal(StrEnum):
     REFUSED = "refused"  # anything else: malformed, or not what the receiver expects (run, shape, size, ...)
     DUPLICATE = "duplicate"  # the receiver already holds this message from this sender
     STALE = "stale"  # the receiver has moved past the message's step
+    # the receiver has not reached the message's epoch or step yet (it still halts an older epoch, or checks the
+    # plan it is taking up): a training message waits for it under its call deadline (``Transport.send``)
+    AHEAD = "ahead"
     # the sender is in none of the receiver's plans and not a live peer, or the plan of the tag's epoch does
     # not have it send that tag (``agent.tag_senders``)
     NOT_SENDER = "not_sender"

@@ -573,10 +573,11 @@ def refusal(sender: str, error: Exception) -> runtime_pb2.ExpertResponse:
     if code == Refusal.BUSY:  # a probe at a moment we measure: routine
         logger.debug("refused a probe from peer %s: %s", sender, reason)
         return make_reply(error=reason, code=code)
-    if code != Refusal.NOT_SENDER:
+    if code not in (Refusal.NOT_SENDER, Refusal.AHEAD):
         logger.warning("refused a message from peer %s: %s", sender, reason)
         return make_reply(error=reason, code=code)
-    # a peer outside the run that keeps sending gets one line per REFUSAL_LOG_EVERY_S, with the count
+    # a peer outside the run that keeps sending, or one ahead of us that sends again until we catch up, gets
+    # one line per REFUSAL_LOG_EVERY_S, with the count
     now = time.monotonic()
     last, unlogged = _refusals_logged.get((sender, code), (-REFUSAL_LOG_EVERY_S, 0))
     if now - last >= REFUSAL_LOG_EVERY_S:
