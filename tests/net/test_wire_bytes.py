@@ -25,7 +25,7 @@ from p2ptrain.runtime.wire import Codec
 
 KINDS = ["activation", "activation_grad", "reduce_shard", "gather_shard", "grad_norm", "probe", "state", "backup",
          "bench", "commit", "sketch", "pipe_commit", "reveal", "evidence"]
-CODES = ["refused", "duplicate", "stale", "not_sender", "too_slow", "arriving", "busy"]
+CODES = ["refused", "duplicate", "stale", "ahead", "not_sender", "too_slow", "arriving", "busy"]
 
 
 def test_every_message_kind_and_refusal_code_has_its_bytes_here():

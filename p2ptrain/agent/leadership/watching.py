@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
+from p2ptrain.agent.churn.liveness import no_show_window_s
 from p2ptrain.agent.config import AgentConfig
 from p2ptrain.agent.events import EventLog
 from p2ptrain.agent.leadership import probe_set
@@ -115,7 +116,8 @@ class Watching:
             settled = self._replan_settled(view, membership)
             if settled is not None:  # every live trainer halted: what is left is the search and the publishing
                 since = self._leaders.due_since(membership.leader, time.monotonic())
-                allowance = min(allowance, max(0.0, settled - since) + self._replan_search_s(view))
+                allowance = min(allowance, max(0.0, settled - since) + self._replan_search_s(view)
+                                + self._judging_s(view))
         grace = self._leaders.grace_s
         leader = self._leaders.waiting(membership.leader, due, allowance)
         if leader is None:
@@ -191,6 +193,17 @@ class Watching:
             self._settled.pop(key, None)
             return None
         return self._settled.setdefault(key, time.monotonic())
+
+    def _judging_s(self, view: AgentView) -> float:
+        """What a re-plan may take beyond its search when we saw a trainer stay away from the epoch (or one's
+        time still ran): the leader judges it on its own heartbeats first (``leader.Leader``: "judging whether
+        … took it up"), a verdict that comes within about the no-show window we judged by, counted from its own
+        start of the epoch (``liveness.no_show_window_s``), and a heartbeat interval."""
+        if not (view.no_shows or view.unjudged):
+            return 0.0
+        cfg = self.config
+        window_s = no_show_window_s(cfg.liveness.interval_s, self._leaders.grace_s, cfg.membership.poll_s, math.inf)
+        return window_s + cfg.liveness.interval_s
 
     def _replan_search_s(self, view: AgentView) -> float:
         """What a re-plan's search and publishing may take: twice our own search of the run's plans (the first
