@@ -83,6 +83,7 @@ from p2ptrain.agent.leadership.following import Following
 from p2ptrain.agent.leadership.leader import AgentView, Leader
 from p2ptrain.agent.leadership.membership import Membership, MembershipTracker
 from p2ptrain.agent.leadership.plan_check import LeaderWatch, PlanGate, trainers_of
+from p2ptrain.agent.leadership.plan_wait import PlanWait
 from p2ptrain.agent.leadership.run_stages import RunStages, stages_on_disk
 from p2ptrain.agent.links import LinkProber
 from p2ptrain.agent.membership_reader import MembershipReader
@@ -315,6 +316,7 @@ class Agent:
         self._run = run = Following(self)
         self._gate = _plan_gate(self, run)
         self._started = time.monotonic()
+        self._plan_wait = PlanWait(self._started)  # the first plan's wait since the run last moved toward one
         self._inbox = EvidenceInbox(self.peer_id, self.transport, self.dht.keys.run_id)
         self._leading = self._leading_class(cfg, self.dht, self.events, self.peer_id, self._leaders, view=self._view,
                                             note_waiting=self._note_waiting, boundary_s=self._poll_s,
@@ -352,11 +354,13 @@ class Agent:
             else:
                 self._note_waiting(f"waiting for a plan from the leader {membership.leader} ({len(membership)} peers live)")
                 self._membership = self._leading.watch_leader(membership)
-            if self._following is None and time.monotonic() - self._started > cfg.membership.plan_timeout_s:
+            waited_s = self._plan_wait.observe(membership.ids, self._view().statuses, self.transport.announced.search,
+                                               run.max_epoch_seen, self._leading.planning)
+            if self._following is None and waited_s > cfg.membership.plan_timeout_s:
                 raise AgentError(
-                    f"no plan for the live membership ({len(membership)} peers, leader {membership.leader}) "
-                    f"within plan_timeout_s={cfg.membership.plan_timeout_s:.0f}; check the leader's log"
-                )
+                    f"no plan for the live membership ({len(membership)} peers, leader {membership.leader}) within "
+                    f"plan_timeout_s={cfg.membership.plan_timeout_s:.0f} of the run's last move toward one "
+                    f"({self._plan_wait.why}); check the leader's log")
             self.stop.wait(cfg.membership.poll_s)
         logger.info("stopping (%s)", self.stop.reason)
         self.events.write("stopped", reason=self.stop.reason)
@@ -539,7 +543,8 @@ def _plan_gate(agent: Agent, run: Following) -> PlanGate:
 
     return PlanGate(agent.peer_id, cfg.train, cfg.plan, cfg.emulation, agent._leaders, cfg.dht.peer_ttl_s,
                     agent.dht.read_links,
-                    lambda _, trainers, peers, train: agent._leading.plan_workload(trainers, Membership(dict(peers)), train),
+                    lambda _, trainers, peers, train: agent._leading.pricing.plan_workload(trainers, Membership(dict(peers)),
+                                                                                          train),
                     refused, run.pass_over, run=cfg.run, vouchers=lambda: (run.progress_seen, run.progress_period_s()),
                     needed=cfg.membership.expect or cfg.membership.min_peers, stages=agent.stages,
                     rows_for=lambda plan: agent._leading.rows_to_check(plan), history=agent.dht.rows_read,

@@ -63,7 +63,9 @@ class MembershipConfig:
     # loaded or large run come slowest (``plan_maker.links_enough``). Off by default: 32 agents on two cores
     # planned beside the measurements still running, and the leader's search took minutes instead of 25 s
     links_missing: float = 0.0
-    plan_timeout_s: float = 900.0  # follower: give up if no plan for the live membership comes within this
+    # give up if no plan for the live membership comes within this of the run's last move toward one: peers
+    # joining or leaving, a plan read, a search of the first plan running (ours, the leader's, a pinged peer's)
+    plan_timeout_s: float = 900.0
     poll_s: float = 1.0  # how often to read the run's records while waiting
     # in a run of n members beyond this, an agent other than the leader and the next in line reads the peer and
     # progress records every n / read_all_up_to polls (at most every dht.peer_ttl_s), and at once when a newer

@@ -17,6 +17,8 @@
 - ``checkers``: the members that check each plan by a search of their own; when the others follow on their word.
 - ``following``: ``Following``, an agent's plan tracking: the plan to follow next, the records read last, when
   to pass its leader over or step aside, whether the run finished without it.
+- ``plan_wait``: ``PlanWait``, how long an agent has waited for the first plan since the run last moved toward
+  one (what ``membership.plan_timeout_s`` bounds).
 - ``claims``: a device's compute claims, bounded by its calibration and replaced by what it shows.
 - ``settings``: the run settings every agent pins and every plan carries.
 - ``run_stages``: the run's stage count, fixed by the config or chosen by the leader (``stages = "auto"``).

@@ -196,6 +196,11 @@ class Leader:
         """The last plan this agent published as leader."""
         return self._published
 
+    @property
+    def planning(self) -> bool:
+        """Whether our planner computes a plan now."""
+        return self._planning is not None
+
     def close(self) -> None:
         """Stop the planner's and the judge's threads; a plan being computed, or a judgement, is dropped."""
         self._planner.shutdown(wait=False, cancel_futures=True)
@@ -210,12 +215,6 @@ class Leader:
     def pass_over(self, leader: str, why: str) -> None:
         """Leave ``leader`` out for its back-off (``Watching.pass_over``)."""
         self._watching.pass_over(leader, why)
-
-    # ---- the workload a plan is priced with (the leader's, and the followers' check of it) ---------------
-
-    def plan_workload(self, trainers: list[str], membership: Membership, train: TrainConfig) -> Workload:
-        """The workload a plan of ``trainers`` is scored with under ``train`` (``PlanPricing.plan_workload``)."""
-        return self.pricing.plan_workload(trainers, membership, train)
 
     # ---- leading ----------------------------------------------------------------------------------------
 

@@ -5,7 +5,7 @@
     workload, layers = pricing.split_workload(trainers, membership, train)  # ... and the split a re-plan keeps
     costs = pricing.measured_costs(membership)                            # message and boundary costs, measured
 
-The leader (``leader.Leader``) owns one; the agent's plan check asks it through ``Leader.plan_workload``.
+The leader (``leader.Leader``) owns one; the agent's plan check asks it through ``Leader.pricing``.
 Under the ``simulated`` objective the workload carries the trainers' calibrated step profile
 (``runtime.calibration``), in the (emulated) network's units; once the run trains with a layer split, every
 re-plan keeps it (stage states are handed over per stage).
