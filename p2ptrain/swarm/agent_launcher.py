@@ -322,18 +322,20 @@ def _follow(config: SwarmConfig, group: ProcessGroup, state: SwarmState, stop: S
             on_update: Callable[[SwarmState], None] | None, faults: FaultInjector) -> str | None:
     """Watch the agents until all exited; the reason for failing, or None."""
     deadline = time.monotonic() + startup_deadline_s(config)
-    seen = (0, 0)  # steps done, agents with a role: either growing is progress
+    seen = (0, 0, 0)  # steps done, agents with a role, the run's moves toward its first plan: each is progress
     while True:
         changed = any([bool(agent.events.poll()) for agent in state.agents])
         if changed and on_update is not None:
             on_update(state)
         faults.tick()
-        steps, roles = state.steps_done(), len(state.roles())
+        steps, roles, moves = state.steps_done(), len(state.roles()), _plan_moves(state)
         if steps > seen[0]:
             deadline = time.monotonic() + config.step_timeout_s
         elif roles > seen[1]:  # an agent took its role: the plan's checks go on (32 agents: minutes on two cores)
             deadline = max(deadline, time.monotonic() + config.step_timeout_s)
-        seen = (max(seen[0], steps), max(seen[1], roles))
+        elif moves > seen[2]:  # the agents' own plan_timeout_s counts from such a move (``leadership.plan_wait``)
+            deadline = max(deadline, time.monotonic() + startup_deadline_s(config))
+        seen = (max(seen[0], steps), max(seen[1], roles), max(seen[2], moves))
         running = [a for a in state.agents if group.children[a.name].poll() is None]
         failed = [a for a in state.agents if group.children[a.name].poll() not in (None, 0) and not state.is_out(a.index)]
         if failed and (why := _failed_start(config, group, state, failed)) is not None:
@@ -359,6 +361,12 @@ def _follow(config: SwarmConfig, group: ProcessGroup, state: SwarmState, stop: S
             phase = "step" if state.all_have_roles() else "plan"
             return f"no progress within the {phase} deadline; see the agents' logs in {state.workdir}"
         stop.wait(0.2)
+
+
+def _plan_moves(state: SwarmState) -> int:
+    """How far the run has come toward its first plan, as the agents' events say: agents up, agents that
+    published their links, plans published (64 agents on two cores: 5 minutes of links, then a 6-minute search)."""
+    return sum(bool(a.events.last("started")) + bool(a.events.last("links")) for a in state.agents) + len(state.plans())
 
 
 def _failed_start(config: SwarmConfig, group: ProcessGroup, state: SwarmState,
@@ -462,8 +470,8 @@ def _shared_cores_pause_s(agents: int) -> float:
 
 
 def startup_deadline_s(config: SwarmConfig) -> float:
-    """From launch until an agent has its role (each one after gives the others at least ``step_timeout_s`` more,
-    ``_follow``): ``startup_timeout_s``, and beyond 16 agents half
+    """From launch, or the run's last move toward its first plan, until an agent has its role (each one after gives
+    the others at least ``step_timeout_s`` more, ``_follow``): ``startup_timeout_s``, and beyond 16 agents half
     ``_shared_cores_factor`` times that (32 agents on 2 cores measured their links for over two minutes)."""
     return config.startup_timeout_s * max(1.0, _shared_cores_factor(config.agents) / 2)
 

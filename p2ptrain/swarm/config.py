@@ -72,7 +72,8 @@ class SwarmConfig:
     # None: a new temporary directory (kept: it holds the logs)
     workdir: str | None = option(None, "Logs, configs and status here.", path="dir", default_text="a new temp dir")
     run: str | None = option(None, "Run name (DHT keys).", default_text="swarm-<random>")
-    # from launch until every agent has its role (each role taken gives the others at least step_timeout_s more)
+    # from launch, or the run's last move toward its first plan (an agent up, a links row, a plan published), until
+    # every agent has its role (each role taken gives the others at least step_timeout_s more)
     startup_timeout_s: float = 240.0
     # the leader plans without the agents not live this long after its start (one that failed to start: the
     # swarm reports it and goes on); None: half of startup_timeout_s

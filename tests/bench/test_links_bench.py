@@ -68,3 +68,22 @@ def test_a_local_swarm_of_many_agents_gives_heartbeats_longer_deadlines():
                                          "timeout_s": 2 * defaults.timeout_s}
     assert _shared_cores_liveness(64)["timeout_s"] == 8 * defaults.timeout_s
     LivenessConfig(**_shared_cores_liveness(64))  # a valid configuration
+
+
+def test_a_local_swarm_counts_the_runs_moves_toward_its_first_plan():
+    """What restarts the swarm's start deadline before any role is taken (``agent_launcher._plan_moves``): an agent
+    up, an agent's links row, a plan published; the same record seen again is no move."""
+    from types import SimpleNamespace
+
+    from p2ptrain.swarm.agent_launcher import _plan_moves
+
+    def agent(*kinds):
+        return SimpleNamespace(events=SimpleNamespace(last=lambda kind: {"event": kind} if kind in kinds else None))
+
+    agents = [agent("started", "links"), agent("started"), agent()]
+    state = SimpleNamespace(agents=agents, plans=lambda: [])
+    assert _plan_moves(state) == 3
+    agents[2] = agent("started")
+    assert _plan_moves(state) == 4
+    state.plans = lambda: [(0, {"epoch": 0})]
+    assert _plan_moves(state) == 5 and _plan_moves(state) == 5
