@@ -6,13 +6,16 @@ other links (``planning.estimated``). In rounds: each round measures the link to
 (so that two agents rarely probe each other at the same moment), with ``transport.probe.measure_link`` over
 the transport, so link emulation applies. A peer serves one probe at a time, none from the peer it measures,
 and none while it measures its own line (``net.transport.probe_gate``): a peer that cannot serve ours says
-``busy``, and the round ends with a pause
+``busy`` (a peer that measures us right now we leave for later ourselves, rather than wait for it: the other
+peers of the round first), and the round ends with a pause
 of 0.1-1 s (``BUSY_PAUSE_S``, random: two agents that start on each other at once part) instead of
 ``round_pause_s``, after which that peer is measured again; the access measurement likewise. Estimates are smoothed across rounds (``LinkTable``, an EWMA); a peer enters the published row
 (``LinksRecord``, key ``{run}.links``) once it has been measured ``min_rounds`` times with samples that
 agreed (``LinkEstimate.agreed``), or, on a machine too busy for that, after one more measurement as a best
 guess (it is replaced once an agreed one comes). The row is
-re-published whenever it changes, under a higher version (``LinksRecord.version``) with the version each peer
+re-published whenever it changes, by a thread of its own (the prober measures on while a store is under way; only
+the newest row waiting is stored; a failed store is tried again after ``PUBLISH_RETRY_S`` or once the row
+changes), under a higher version (``LinksRecord.version``) with the version each peer
 first appeared in (``since``: a plan names the version its leader planned with). A failed measurement is logged
 and retried next round.
 
@@ -31,6 +34,10 @@ covers every peer is published: the leader plans once every row covers the other
 by then (a peer busy in another measurement: again after its pause, ``_first_access``). A direction it finds replaces the one
 known; an unknown one leaves it (it only says that this measurement could not tell). ``on_access`` gets the
 known capacities (bytes/s) whenever they change.
+
+Once the row covers every peer, the log says where the prober's time went since it last did (``spent``:
+measuring, refused by busy peers, waiting for probes we served, pausing after a busy round, publishing, our
+own line): the link phase a first plan waits for, taken apart.
 
 ``pause()`` stops probing (training traffic must not queue behind probes on the same links): a
 measurement in progress ends after its current round trip, without a result; ``resume()`` starts again (a
@@ -60,7 +67,12 @@ logger = logging.getLogger(__name__)
 
 BUSY_PAUSE_S = (0.1, 1.0)  # a round that met a peer in another measurement ends with a pause drawn from this
 GATE_WAIT_S = 0.5  # waiting for a probe we serve to end, we look at our pause this often
+PUBLISH_RETRY_S = 2.0  # a row whose store failed is stored again after this long (sooner if it changes)
 MIN_BANDWIDTH_GBPS = 1e-6  # 1 kbit/s: the least we publish (a record's bandwidth must be positive)
+# what the prober's time goes to (``LinkProber.spent``): measurements that gave a result, attempts a busy peer
+# refused, waiting for a probe we serve from the peer to end, storing the row, measuring our own line, pausing
+# after a round that met a busy peer
+SPENT = ("measuring", "refused", "gate", "publishing", "access", "paused")
 
 
 class LinkProber:
@@ -100,10 +112,18 @@ class LinkProber:
         self._paused = False
         self._measuring = False
         self._stopped = False
+        # where the prober's time went since its row last covered every peer (``_account``, ``_said_complete``)
+        self.spent: dict[str, float] = dict.fromkeys(SPENT, 0.0)
+        self._refusals = 0
+        self._spent_lock = threading.Lock()  # the prober's thread and the publisher's both count
+        self._complete = False
+        self._to_publish: dict[str, LinkMeasurement] | None = None  # the newest row not yet stored (``_publishing``)
         self._thread = threading.Thread(target=self._run, name="p2ptrain-link-prober", daemon=True)
+        self._publisher = threading.Thread(target=self._publishing, name="p2ptrain-links-publisher", daemon=True)
 
     def start(self) -> LinkProber:
         self._thread.start()
+        self._publisher.start()
         return self
 
     def set_peers(self, peers: Iterable[str]) -> None:
@@ -129,8 +149,10 @@ class LinkProber:
         with self._wake:
             self._stopped = True
             self._wake.notify_all()
-        if self._thread.is_alive():
-            self._thread.join(timeout_s)
+        until_s = time.monotonic() + timeout_s
+        for thread in (self._thread, self._publisher):
+            if thread.is_alive():
+                thread.join(max(0.0, until_s - time.monotonic()))
 
     def row(self) -> dict[str, LinkMeasurement]:
         """What we publish: the smoothed estimate of every current peer measured well enough (module docstring),
@@ -169,8 +191,11 @@ class LinkProber:
             if self._access_due() and not self._measure_access():
                 return
             pause_s = self._rng.uniform(*BUSY_PAUSE_S) if self._busy else self.config.round_pause_s
+            began_s = time.monotonic()
             with self._wake:
                 self._wake.wait_for(lambda: self._stopped, timeout=pause_s)
+            if self._busy:
+                self._account("paused", time.monotonic() - began_s)
 
     def _due(self) -> list[str]:
         """The peers this round measures (module docstring); call with the lock held."""
@@ -233,6 +258,7 @@ class LinkProber:
         estimates = self.table.snapshot()
         paths = {p: estimates[p].bandwidth_gbps * 1e9 / 8 for p in peers if p in estimates}
         gated = False
+        began_s = time.monotonic()
         try:
             if not (gated := self._take_gate(EVERY_PEER)):
                 return True
@@ -251,6 +277,7 @@ class LinkProber:
             return True
         finally:
             self._end_measuring(gated)
+            self._account("access", time.monotonic() - began_s)
         if found is None:  # paused or stopped midway: due again once resumed
             return True
         self._access_peers = min(len(paths), self.config.access.max_peers)
@@ -281,15 +308,23 @@ class LinkProber:
                 return False
             if self._paused or peer not in self._peers:
                 return True
+            if self._gate.serves(peer):  # it measures us now: the others first, this one after the round's pause
+                self._busy = True
+                return True
             self._measuring = True
         gated = False
+        began_s = time.monotonic()
         try:
             if not (gated := self._take_gate(peer)):
                 return True
+            measured_s = time.monotonic()
+            self._account("gate", measured_s - began_s)
             estimate = measure_link(self.transport, peer, self.config.probe, stop=self._interrupted)
+            self._account("measuring", time.monotonic() - measured_s)
         except Exception as e:  # a peer that left, a timeout, the transport shutting down: never kill the thread
             if _busy(e):  # in another measurement: measured again after a short pause
                 logger.debug("measuring the link to peer %s: %s", peer, e)
+                self._account("refused", time.monotonic() - measured_s)
                 self._busy = True
                 return True
             with self._lock:
@@ -328,20 +363,74 @@ class LinkProber:
         return self._paused or self._stopped  # read without the lock: a flag, re-read before every round trip
 
     def _publish(self) -> None:
+        """Hand the row to the publisher thread if it changed: the prober measures on while a store is under way
+        (a store into a loaded DHT can take its whole request timeout, 10 s, and 64 agents on two cores saw
+        many): only the newest row waiting is stored."""
         row = self.row()
-        if row == self._published:
-            return
+        with self._wake:
+            if row != (self._to_publish if self._to_publish is not None else self._published):
+                self._to_publish = row
+                self._wake.notify_all()
+
+    def _publishing(self) -> None:
+        """The publisher thread: stores each newest row handed over (``_publish``), again after
+        ``PUBLISH_RETRY_S`` when a store failed and nothing newer came."""
+        while True:
+            with self._wake:
+                self._wake.wait_for(lambda: self._stopped or self._to_publish is not None)
+                if self._stopped:
+                    return
+                row = self._to_publish
+            if row == self._published:
+                stored = True
+            else:
+                stored = self._store(row)
+            with self._wake:
+                if self._to_publish is row and stored:
+                    self._to_publish = None
+                if not stored:
+                    self._wake.wait_for(lambda tried=row: self._stopped or self._to_publish is not tried,
+                                        timeout=PUBLISH_RETRY_S)
+
+    def _store(self, row: dict[str, LinkMeasurement]) -> bool:
+        """Store ``row`` under our next version (module docstring); False where the store failed."""
         version = max(self.version + 1, int(time.time()))  # higher than our last, also across restarts
         since = {p: self._since.get(p, version) for p in row}
+        began_s = time.monotonic()
         try:
             self.dht.publish_links(LinksRecord.from_peers(row, version, since))
         except ProtocolError as e:
-            logger.warning("publishing our links row failed: %s; retrying after the next measurement", e)
-            return
+            logger.warning("publishing our links row failed: %s; retrying in %.0f s unless it changes first", e,
+                           PUBLISH_RETRY_S)
+            return False
+        finally:
+            self._account("publishing", time.monotonic() - began_s)
         self._published, self.version, self._since = row, version, since
         logger.info("published links to %d peers", len(row))
+        self._said_complete(row)
         if self._on_publish is not None:
             self._on_publish(row)
+        return True
+
+    def _account(self, spent_on: str, seconds: float) -> None:
+        with self._spent_lock:
+            self.spent[spent_on] += seconds
+            self._refusals += spent_on == "refused"
+
+    def _said_complete(self, row: dict[str, LinkMeasurement]) -> None:
+        """Once our row covers every current peer: say where the prober's time went since it last did (the link
+        phase a first plan waits for), and start counting afresh."""
+        with self._lock:
+            complete = bool(self._peers) and set(self._peers) <= set(row)
+        if complete and not self._complete:
+            with self._spent_lock:
+                spent, refusals = self.spent, self._refusals
+                self.spent, self._refusals = dict.fromkeys(SPENT, 0.0), 0
+            logger.info("links to all %d peers measured: %.1f s measuring, %.1f s refused by busy peers (%d times), "
+                        "%.1f s waiting for probes we served, %.1f s pausing after them, %.1f s publishing, %.1f s "
+                        "on our own line", len(row), spent["measuring"], spent["refused"], refusals,
+                        spent["gate"], spent["paused"], spent["publishing"], spent["access"])
+        self._complete = complete
 
 
 def _busy(error: Exception) -> bool:

@@ -19,7 +19,7 @@ from p2ptrain.errors import MessageRejected
 from p2ptrain.net.transport.emulation import LinkEmulator
 from p2ptrain.net.transport.endpoint import TransportConfig
 from p2ptrain.net.transport.messages import Refusal
-from p2ptrain.net.transport.probe import ProbeConfig, measure_link
+from p2ptrain.net.transport.probe import LinkEstimate, ProbeConfig, measure_link
 from p2ptrain.net.transport.probe_gate import EVERY_PEER, ProbeGate
 
 QUICK = ProbeConfig(pings=6, transfers=3, rtt_multiple=3.0, min_transfer_s=0.4, max_transfer_s=1.0, deadline_s=30.0)
@@ -37,7 +37,7 @@ class Clock:
 def test_a_peer_serves_one_probe_at_a_time_and_none_from_the_peer_it_measures():
     gate = ProbeGate()
     token = gate.try_serve("b")
-    assert token is not None and gate.busy
+    assert token is not None and gate.busy and gate.serves("b") and not gate.serves("c")
     assert gate.try_serve("c") is None  # a second probe while one is served: our downlink would carry both
     assert gate.acquire("c", 0.05)  # but we may measure a third peer meanwhile
     assert gate.try_serve("c") is None  # ... and serve nothing from it
@@ -78,7 +78,7 @@ def test_a_probe_stream_served_past_its_deadline_no_longer_holds_the_gate():
     assert gate.try_serve("b") is not None  # a peer that opens a probe stream and never ends it
     assert gate.try_serve("c") is None and not gate.acquire("b", 0.0)
     clock.now += 61.0
-    assert gate.acquire("b", 0.0)  # a minute later our own measurement goes ahead
+    assert not gate.serves("b") and gate.acquire("b", 0.0)  # a minute later our own measurement goes ahead
     gate.release()
     assert gate.try_serve("c") is not None
 
@@ -146,3 +146,32 @@ def _first_with(rows: queue.Queue, peer: str, timeout_s: float = 60.0):
     while peer not in (row := rows.get(timeout=max(deadline - time.monotonic(), 0.01))):
         pass
     return row[peer]
+
+
+def test_the_prober_leaves_a_peer_that_measures_it_for_after_the_others(monkeypatch):
+    """Rather than wait for a peer's probe of us to end (a whole measurement), the prober measures its other
+    peers first, and that one once its probe ended."""
+    measured: list[str] = []
+
+    def measure(transport, peer, config, stop):
+        measured.append(peer)
+        return LinkEstimate(10.0, 1.0, 20)
+
+    monkeypatch.setattr("p2ptrain.agent.links.measure_link", measure)
+    prober = LinkProber(None, Board(), LinksConfig(min_rounds=1, round_pause_s=0.05, measure_access=False),
+                        rng=random.Random(0))
+    token = prober._gate.try_serve("x")  # x measures us
+    prober.start()
+    try:
+        prober.set_peers(["x", "y"])
+        deadline = time.monotonic() + 10
+        while not measured and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)  # a round's pause or two: x is still measuring us, so it is left alone
+        assert measured == ["y"]
+        prober._gate.served(token)
+        while len(measured) < 2 and time.monotonic() < deadline + 10:
+            time.sleep(0.01)
+        assert measured == ["y", "x"]
+    finally:
+        prober.stop(timeout_s=10)

@@ -93,6 +93,11 @@ class ProbeGate:
             self._measuring = None
             self._changed.notify_all()
 
+    def serves(self, peer: str) -> bool:
+        """Whether we serve a probe stream from ``peer`` now (our measurement of it would wait for it to end)."""
+        with self._changed:
+            return self._held_s(peer) is not None and any(prober == peer for prober, _ in self._serving.values())
+
     @property
     def busy(self) -> bool:
         """Whether we measure, wait to, or serve a probe."""
