@@ -4,14 +4,17 @@ Measuring every pair costs each peer n − 1 bulk probes through its own line (4
 million at 1,000). Instead each peer measures the links of its **probe graph** and the planner estimates
 the others from what was measured.
 
-The probe graph (``probe_graph``, ``probe_partners``): the members own points on a ring, placed by a hash
-of the run's salt and their peer IDs (``RING_POINTS`` each, so that about as many fingers land on each);
-each member takes ``degree // 2`` fingers, the owners of the points that follow hashes of its own ID, and
-measures them, and they measure it: the graph is symmetric (both ends measure each pair, and each checks the
-other's claim, ``agent.leadership.plan_maker.build_cluster``), about ``degree`` pairs a member, a random
-graph (connected, every group a few measured hops from every other). A join moves only the fingers that
-land on the newcomer's points. Members sharing a label (``labels``: where a member says it is, its host,
-its region) also form a ring of their own, with about ``near`` partners each, every one when the label has
+The probe graph (``probe_graph``, ``probe_partners``): ``degree // 2`` rings, each the members in the order of
+a hash of the run's salt, the ring's number and their peer IDs; each member measures its two neighbours on
+every ring, and they measure it: the graph is symmetric (both ends measure each pair, and each checks the
+other's claim, ``agent.leadership.plan_maker.build_cluster``), ``degree`` pairs a member (fewer where two
+rings put the same two side by side), a random regular graph (connected, every group a few measured hops
+from every other). Every member has as many partners as every other: the link phase a first plan waits
+for lasts as long as its busiest member's measurements, one after another (16 agents: 5 to 12 partners
+each with fingers on one ring, where each member took ``degree // 2`` and as many landed on it by chance).
+A join moves two pairs a ring: the newcomer sits between two neighbours there. Members sharing a label
+(``labels``: where a member says it is, its host, its region) also form rings of their own, with about ``near``
+partners each, every one when the label has
 at most ``near + 1`` members: the links of one machine and one region, which a random graph would mostly
 miss, and which the estimate needs to find the groups. A label is a hint of whom to measure, never a link's
 value: a peer lying about its place is measured by the peers it named, and that is all. Every member
@@ -47,16 +50,14 @@ peer's estimated links follow from its group, which needs both ends' agreement, 
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-DEFAULT_DEGREE = 8  # partners per member on the whole ring (about: its own fingers and those landing on it)
-DEFAULT_NEAR = 8  # partners per member on the ring of each label it shares (its host, its region)
-RING_POINTS = 16  # points each member owns on a ring: fingers land about evenly (one point each: up to 5x)
+DEFAULT_DEGREE = 8  # partners per member among all (two on each of DEGREE // 2 rings; fewer where rings coincide)
+DEFAULT_NEAR = 8  # partners per member among those of each label it shares (its host, its region), alike
 TWIN_RATIO = 1.5  # a twin edge's latency and bandwidth are within this factor of the best of either end
 TWIN_SLACK_MS = 1.0  # latency slack of a twin edge (0 ms links of a data centre, jitter of a few 100 µs)
 
@@ -67,19 +68,19 @@ def _hash(*parts: object) -> int:
 
 def probe_graph(members: Iterable[str], degree: int = DEFAULT_DEGREE, salt: str = "",
                 labels: Mapping[str, Iterable[str]] | None = None, near: int = DEFAULT_NEAR) -> dict[str, frozenset[str]]:
-    """Each member's partners in the probe graph (module docstring): symmetric; about ``degree`` on the
-    whole ring, plus about ``near`` on the ring of each label it shares with others (``labels[p]``: the places
-    ``p`` says it is, its host, its region: a hint of whom to measure, never a link's value)."""
+    """Each member's partners in the probe graph (module docstring): symmetric; ``degree`` among all members
+    (at most), plus ``near`` among those of each label it shares with others (``labels[p]``: the places ``p``
+    says it is, its host, its region: a hint of whom to measure, never a link's value)."""
     members = sorted(set(members))
     partners: dict[str, set[str]] = {p: set() for p in members}
-    _fingers(members, degree, salt, "", partners)
+    _rings(members, degree, salt, "", partners)
     by_label: dict[str, list[str]] = {}
     for p in members:
         for label in set((labels or {}).get(p, ())):
             if label:
                 by_label.setdefault(label, []).append(p)
     for label in sorted(by_label):
-        _fingers(by_label[label], near, salt, label, partners)
+        _rings(by_label[label], near, salt, label, partners)
     return {p: frozenset(s) for p, s in partners.items()}
 
 
@@ -89,25 +90,17 @@ def probe_partners(me: str, members: Iterable[str], degree: int = DEFAULT_DEGREE
     return probe_graph(set(members) | {me}, degree, salt, labels, near)[me]
 
 
-def _fingers(members: Sequence[str], degree: int, salt: str, tag: str, partners: dict[str, set[str]]) -> None:
-    """Add a ring's pairs to ``partners`` (in place): every pair when the ring has at most ``degree + 1``
-    members, else each member's ``degree // 2`` fingers (the owners of the points after hashes of its ID on
-    the ring, where each member owns ``RING_POINTS`` points: about as many fingers land on each), both ways."""
+def _rings(members: Sequence[str], degree: int, salt: str, tag: str, partners: dict[str, set[str]]) -> None:
+    """Add a label's pairs to ``partners`` (in place): every pair when it has at most ``degree + 1`` members,
+    else each member's two neighbours on each of ``degree // 2`` rings, the members in the order of a hash of
+    the salt, the label, the ring's number and their IDs."""
     if len(members) <= degree + 1:
         for p in members:
             partners[p].update(q for q in members if q != p)
         return
-    ring = sorted((_hash(salt, tag, p, point), p) for p in members for point in range(RING_POINTS))
-    keys = [k for k, _ in ring]
-    for p in members:
-        chosen: set[str] = set()
-        j = 0
-        while len(chosen) < degree // 2 and j < 8 * degree:
-            q = ring[bisect.bisect(keys, _hash(salt, tag, p, j)) % len(ring)][1]
-            if q != p:
-                chosen.add(q)
-            j += 1
-        for q in chosen:
+    for ring in range(degree // 2):
+        order = sorted(members, key=lambda p: _hash(salt, tag, ring, p))
+        for p, q in zip(order, order[1:] + order[:1], strict=True):
             partners[p].add(q)
             partners[q].add(p)
 

@@ -35,7 +35,9 @@ def test_the_probe_graph_is_symmetric_bounded_and_the_same_for_everyone(n):
     if n <= 9:  # a run of at most partners + 1 peers measures every pair
         assert degrees == [n - 1] * n
     else:
-        assert min(degrees) >= 4 and max(degrees) <= 24 and np.mean(degrees) <= 9, (min(degrees), max(degrees))
+        # as many partners each (two on each of 4 rings, fewer where rings coincide): the link phase lasts as long
+        # as the busiest member's measurements
+        assert min(degrees) >= 4 and max(degrees) <= 8 and np.mean(degrees) >= 6, (min(degrees), max(degrees))
     assert probe_graph(list(reversed(peers)), 8, "run-a") == graph  # order of the listing does not matter
     assert probe_partners(peers[0], peers[1:], 8, "run-a") == graph[peers[0]]
     if n > 9:
@@ -51,7 +53,8 @@ def test_a_join_moves_few_pairs_of_the_probe_graph():
     peers = names(200)
     before = {frozenset((p, q)) for p, qs in probe_graph(peers, 8, "run").items() for q in qs}
     after = {frozenset((p, q)) for p, qs in probe_graph(peers + ["newcomer"], 8, "run").items() for q in qs}
-    assert len(before - after) <= 16 and len(after - before) <= 32, (len(before - after), len(after - before))
+    # the newcomer sits between two neighbours on each of the 4 rings: their pair goes, two of its own come
+    assert len(before - after) <= 4 and len(after - before) <= 8, (len(before - after), len(after - before))
 
 
 def test_peers_sharing_a_place_measure_each_other_when_the_place_is_small():
