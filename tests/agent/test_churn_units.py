@@ -451,3 +451,18 @@ def test_a_progress_record_leaves_out_an_mfu_no_device_reaches():
     for wrong in (10.34, -0.1, math.inf, math.nan):
         assert record_mfu(wrong) is None
     assert ProgressRecord(0, 3, 4.2, 0.5, mfu=record_mfu(10.34)).mfu is None
+
+
+def test_most_trainers_not_halting_are_not_all_culprits_but_a_few_are():
+    """Honest peers are the many: when most of an epoch's trainers never halt (59 of 64 agents on two cores still
+    checked the plan themselves when the leader's no-show window ended), the failure is the run's, and they stay
+    members; one or two of them are left out and are the culprits."""
+    plan = plan_of(1, PEERS[:6], [[A, B], [C, D], [E, F]])
+    watch = ReplanWatch(ChurnConfig(halt_timeout_s=5))
+    absent = [B, C, D, E, F]
+    replan = watch.check(plan, PEERS[:6], {A: halted(0)}, steps=10, checkpoints=[], now=0.0, absent=absent)
+    assert replan.kind == FAILURE and replan.members == tuple(PEERS[:6]) and replan.culprits == ()
+    assert "too many not halted to be at fault" in replan.reason
+    few = ReplanWatch(ChurnConfig(halt_timeout_s=5)).check(plan, PEERS[:6], {p: halted(0) for p in (A, B, C, D)},
+                                                          steps=10, checkpoints=[], now=0.0, absent=[E, F])
+    assert few.members == (A, B, C, D) and few.culprits == (E, F)  # two of six: theirs

@@ -2,7 +2,8 @@
 
 A failure re-plan names its likely causes (``Replan.culprits``): trainers that died, trainers that neither
 trained nor halted within ``churn.halt_timeout_s`` (the leader never waits on a peer's own cooperation
-longer than that), and peers a halted trainer blamed for its failed call. Each is left out of the plans for
+longer than that; unless they are more than half the trainers: honest peers being the many, such a failure is
+the run's, ``churn.replan``), and peers a halted trainer blamed for its failed call. Each is left out of the plans for
 ``quarantine_s``, doubled at every repeat up to ``quarantine_max_s``, so a peer that keeps failing runs
 costs the run one failed epoch, then fewer and fewer; a peer that failed once (an honest transient
 failure: a reboot, a lost connection) comes back as a joiner when its back-off ends. Repeats are forgotten

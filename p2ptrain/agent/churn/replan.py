@@ -12,7 +12,9 @@ Given the plan being trained (epoch e), the live peers and the heartbeats it rea
   the leader's heartbeat pings (``liveness``) already says it halted the epoch: then only its halted record
   is on its way (a DHT store under load can take seconds) and it gets ``halt_timeout_s`` like any trainer.
   A trainer the leader's own heartbeats saw stay away from the epoch (it never took it up: ``absent``) is not
-  waited for at all: it has nothing of the epoch to halt.
+  waited for at all: it has nothing of the epoch to halt. Those left out are the failure's culprits
+  (quarantined), unless they are more than half the trainers: honest peers being the many, the failure is
+  then the run's (an overloaded machine), and they stay members.
   The new epoch starts at ``restart.restart_point`` over what the halted trainers keep and the complete
   checkpoints; every live peer but those left out is a member.
 * **a spare keeping warm copies left**: training goes on; the next epoch (with other backup peers) starts
@@ -172,6 +174,12 @@ class ReplanWatch:
             why += f"; never took up the epoch (the leader's heartbeats): {', '.join(sorted(waiting & absent))}"
         if waiting & said:
             why += f"; halted by their heartbeats, but no halted record came: {', '.join(sorted(waiting & said))}"
+        if len(waiting) * 2 > len(trainers):
+            # honest peers are the many (docs/trust.md): most of the epoch's trainers cannot all be at fault; the
+            # run was (a machine or network too loaded for them to take the epoch up: 59 of 64 agents on two
+            # cores checked the plan themselves for minutes). They stay members, none of them a culprit.
+            why += "; too many not halted to be at fault (more than half the trainers): kept, none quarantined"
+            waiting = set()
         culprits = tuple(sorted(set(dead) | waiting))
         edges = {p: r.blame for p, r in halted.items() if r.blame in plan.membership and r.blame != p}
         accused = tuple(sorted(blame_roots(edges, refusals_of(halted)) - set(culprits)))
