@@ -107,19 +107,28 @@ class MembershipReader:
         self._first_two = {p for p in (leader, membership.without(leader).leader) if p is not None} if leader else set()
         self._leader = leader
         for peer, record in membership.peers.items():
-            if peer == self.peer_id:
-                continue
-            self._shaping.shape_link(peer, record)
-            if peer not in self._dialled:
-                try:
-                    self.transport.connect(peer, record.maddrs, self.config.links.connect_timeout_s)
-                    self._dialled.add(peer)
-                except Exception as e:  # the daemon raises its own error types for an unreachable peer
-                    logger.warning("cannot dial peer %s at %s: %s; retrying", peer, " ".join(record.maddrs), e)
+            if peer != self.peer_id:
+                self._shaping.shape_link(peer, record)
+        self._dial({p: r.maddrs for p, r in membership.peers.items() if p != self.peer_id and p not in self._dialled})
         self.prober.set_peers(
             p for p in partners if p in self._dialled and tracker.known_for_s(p) >= self.config.links.settle_s
         )
         return seen, membership
+
+    def _dial(self, new: dict[str, Any]) -> None:
+        """Dial the peers not dialled yet (peer -> its maddrs), all at once; one that cannot be reached is tried
+        again at the next read."""
+        if not new:
+            return
+        try:
+            errors = self.transport.connect_all(new, self.config.links.connect_timeout_s)
+        except Exception as e:  # the daemon raises its own error types; a shut transport, a loop past its deadline
+            errors = dict.fromkeys(new, e)
+        for peer, error in errors.items():
+            if error is None:
+                self._dialled.add(peer)
+            else:
+                logger.warning("cannot dial peer %s at %s: %s; retrying", peer, " ".join(new[peer]), error)
 
     def _due(self, spacing: float) -> bool:
         """Whether the peer records are read this poll (module docstring): every ``spacing`` polls by the leader,

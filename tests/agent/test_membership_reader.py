@@ -50,7 +50,7 @@ class Board:
 def reader_of(me: str, board: Board, read_all_up_to: int = 4, checker_count: int = 0) -> MembershipReader:
     config = AgentConfig(initial_peers=(BOOTSTRAP,), plan=PlanConfig(checkers=checker_count),
                          membership=MembershipConfig(expect=len(PEERS), poll_s=POLL_S, read_all_up_to=read_all_up_to))
-    transport = SimpleNamespace(connect=lambda *a: None, counters=ControlCounters(), announced=Announced())
+    transport = SimpleNamespace(connect_all=lambda peers, *a: dict.fromkeys(peers), counters=ControlCounters(), announced=Announced())
     return MembershipReader(config, me, MembershipTracker(me), board, transport, SimpleNamespace(set_peers=lambda p: None),
                             None, LeaderWatch(10.0, 300.0), LinkShaping(config), EventLog(None))
 

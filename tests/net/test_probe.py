@@ -15,7 +15,14 @@ from net_recorders import RecordingEmulator, RecordingPacer
 
 from p2ptrain.errors import PeerTimeoutError
 from p2ptrain.net.transport.endpoint import Transport, TransportConfig
-from p2ptrain.net.transport.probe import LinkEstimate, LinkTable, ProbeConfig, ameasure_session, measure_link
+from p2ptrain.net.transport.probe import (
+    MAX_GROWTH,
+    LinkEstimate,
+    LinkTable,
+    ProbeConfig,
+    ameasure_session,
+    measure_link,
+)
 from p2ptrain.net.transport.probe_session import ProbeSession, RoundTrip
 
 # Sized so that a measurement takes a second or two: transfers of n/β ≥ max(3 RTT, 0.15 s), the fastest of 3.
@@ -286,3 +293,22 @@ def test_bad_probe_configs_are_refused():
             ProbeConfig(**kwargs)
     with pytest.raises(ValueError):
         LinkTable(weight=0.0)
+
+
+def test_a_transfer_lost_in_the_timers_noise_grows_the_next_a_bounded_step():
+    # the first transfer times as fast as a ping (a loaded machine's noise): its "rate" is unbounded, and the next
+    # transfer once grew to 64 MiB, 100 s of this 5 Mbit/s link; it grows at most MAX_GROWTH times a step
+    session = ModelSession(0.005, 0.625e6, lambda: 0.0)
+    timed = session.roundtrip
+
+    async def first_transfer_unseen(request_bytes: int, reply_bytes: int = 0, timeout_s: float | None = None):
+        trip = await timed(request_bytes, reply_bytes, timeout_s)
+        if request_bytes and session.sizes.count(request_bytes) == 1 and len(set(session.sizes)) == 2:
+            return RoundTrip(0.010, 0.005, same_clock=True)  # timed as a ping
+        return trip
+
+    session.roundtrip = first_transfer_unseen
+    estimate = asyncio.run(ameasure_session(session, QUICK))
+    transfers = [n for n in session.sizes if n > 0]
+    assert transfers[1] == MAX_GROWTH * transfers[0]
+    assert estimate.bandwidth_gbps == pytest.approx(0.005, rel=1e-6)

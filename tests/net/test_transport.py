@@ -18,7 +18,7 @@ from hivemind.utils import get_dht_time
 from net_recorders import RecordingEmulator
 
 from p2ptrain.errors import MessageRejected, PeerFailed, PeerTimeoutError
-from p2ptrain.net.transport.endpoint import Transport, TransportConfig
+from p2ptrain.net.transport.endpoint import Transport, TransportConfig, awaiting
 from p2ptrain.net.transport.messages import Header, MessageKind, Refusal, Tag
 from p2ptrain.net.transport.replies import is_ok, parse_reply
 from p2ptrain.net.transport.servicer import Pieces, TensorServicer
@@ -504,3 +504,40 @@ def test_a_downlink_delivers_two_senders_messages_one_after_the_other(make_trans
     delivered_s = sorted(done.result(timeout=20) - sent_s for done in times)
     assert delivered_s[0] >= serial_s and delivered_s[1] >= 2 * serial_s, delivered_s
     assert delivered_s[1] <= 1.25 * 2 * serial_s + ACCESS_SLACK_S, delivered_s
+
+
+def test_a_membership_is_dialled_at_once_and_an_unreachable_peer_fails_alone(make_transport):
+    """``connect_all`` dials every new peer in one go (a reader of 16 records spent seconds dialling them one after
+    another before its first probe): the reachable ones are connected and take messages, the one at an address
+    nobody listens on comes back as its own error."""
+    receivers = [make_transport(), make_transport()]
+    gone = make_transport()
+    dialler = make_transport()
+    peers = {str(r.peer_id): r.visible_maddrs for r in receivers} | {str(gone.peer_id): ["/ip4/127.0.0.1/tcp/1"]}
+    errors = dialler.connect_all(peers, timeout_s=5.0)
+    assert [errors[str(r.peer_id)] for r in receivers] == [None, None]
+    assert isinstance(errors[str(gone.peer_id)], Exception)
+    for receiver in receivers:
+        dialler.send(receiver.peer_id, Tag(RUN, 0, 0, "hello"), torch.ones(2))
+        assert receiver.recv(Tag(RUN, 0, 0, "hello"), dialler.peer_id, (2,), torch.float32).tolist() == [1.0, 1.0]
+    with pytest.raises(Exception):  # noqa: B017 - the daemon raises its own error types for an unreachable address
+        dialler.connect(gone.peer_id, ["/ip4/127.0.0.1/tcp/1"], timeout_s=5.0)
+
+
+def test_a_call_past_its_deadline_says_what_it_waited_on():
+    async def inner():
+        await asyncio.sleep(10)
+
+    async def outer():
+        await inner()
+
+    async def main():
+        coroutine = outer()
+        task = asyncio.ensure_future(coroutine)
+        await asyncio.sleep(0.05)
+        try:
+            return awaiting(coroutine)
+        finally:
+            task.cancel()
+
+    assert asyncio.run(main()).startswith("outer:") and " > inner:" in asyncio.run(main())

@@ -34,7 +34,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
 import hivemind
@@ -295,25 +295,22 @@ class Transport:
 
     def connect(self, peer: PeerLike, maddrs: Sequence[str], timeout_s: float | None = None) -> None:
         """Open a libp2p connection to ``peer`` at ``maddrs`` (full multiaddrs, with or without ``/p2p/ID``).
+        Dial a peer this way before the first message to it: finding it by ID alone through libp2p's routing
+        intermittently stalls. PeerTimeoutError naming the peer past ``timeout_s`` (default
+        ``TransportConfig.call_timeout_s``); a daemon error (no address answers) is raised as is."""
+        if (error := self.connect_all({str(peer): maddrs}, timeout_s)[str(peer)]) is not None:
+            raise error
 
-        Dial a peer this way before the first message to it: finding it by ID alone through libp2p's
-        routing intermittently stalls. PeerTimeoutError naming the peer past ``timeout_s`` (default
-        ``TransportConfig.call_timeout_s``); a daemon error (no address answers) is raised as is.
-        """
+    def connect_all(self, peers: Mapping[str, Sequence[str]],
+                    timeout_s: float | None = None) -> dict[str, Exception | None]:
+        """``connect`` to every peer at once (peer -> its maddrs): per peer None, or the error dialling it raised.
+        n new peers take one dial's time, not n (16 agents on two cores spent seconds dialling one after another)."""
         timeout_s = timeout_s or self.config.call_timeout_s
-        # the daemon wants addresses without the peer's own /p2p/ID; a relay's /p2p/<relay> part stays
-        addresses = [multiaddr_bytes(str(m).rsplit("/p2p/", 1)[0]) for m in maddrs]
-        if not addresses:
-            raise ValueError(f"no address to dial peer {peer}")
+        if empty := [peer for peer, maddrs in peers.items() if not maddrs]:
+            raise ValueError(f"no address to dial peer {empty[0]}")
         client = self._p2p._client  # noqa: SLF001 - hivemind exposes no public connect
-        try:
-            self._call(asyncio.wait_for(client.connect(PeerID.from_base58(str(peer)), addresses), timeout_s),
-                       timeout_s + 1.0)
-        except (asyncio.TimeoutError, TimeoutError):
-            raise PeerTimeoutError(f"could not connect within {timeout_s:.1f} s to {' '.join(map(str, addresses))}",
-                                   peer=str(peer)) from None
-        if self.direct is not None:  # whether it can be reached directly, found out before its first message
-            self._loop.call_soon_threadsafe(self.direct.probe, str(peer))
+        dials = [_dial(client, self.direct, peer, maddrs, timeout_s) for peer, maddrs in peers.items()]
+        return dict(zip(peers, self._call(_gathered(dials), timeout_s + 1.0), strict=True))
 
     def stub(self, peer: PeerLike) -> Any:
         """The rpc stub of ``peer``'s transport (for protocol code such as ProbeSession)."""
@@ -457,8 +454,10 @@ class Transport:
         try:
             return future.result(timeout=timeout_s or self.config.call_timeout_s)
         except concurrent.futures.TimeoutError:
-            future.cancel()
-            raise TimeoutError(f"the transport's loop did not finish in {timeout_s or self.config.call_timeout_s} s") from None
+            where, limit_s = awaiting(coroutine), timeout_s or self.config.call_timeout_s  # where it waits, before
+            future.cancel()  # the cancel unwinds it
+            logger.warning("a call on the transport's loop did not finish in %s s; it waited in %s", limit_s, where)
+            raise TimeoutError(f"the transport's loop did not finish in {limit_s} s") from None
 
     @staticmethod
     async def _in_loop(function, *args):
@@ -548,3 +547,38 @@ def _resend_pause_s(reply: Reply, lost: bool, ahead: int, training: bool, left_s
     if reply.code is Refusal.AHEAD and training and left_s > pause_s:
         return pause_s
     return None
+
+
+def awaiting(coroutine: Any) -> str:
+    """Where a coroutine waits, outermost first (function:line of each frame down its await chain), read from
+    another thread for a log line: a call that hung past its deadline says what it waited on."""
+    frames, node = [], coroutine
+    for _ in range(64):
+        frame = getattr(node, "cr_frame", None) or getattr(node, "ag_frame", None) or getattr(node, "gi_frame", None)
+        if frame is None:
+            break
+        frames.append(f"{frame.f_code.co_name}:{frame.f_lineno}")
+        node = getattr(node, "cr_await", None) or getattr(node, "ag_await", None) or getattr(node, "gi_yieldfrom", None)
+        if node is None:
+            break
+    if node is not None and not frames[-1:] == [None]:
+        frames.append(type(node).__name__)
+    return " > ".join(frames) or "(not started or done)"
+
+
+async def _gathered(coroutines: Sequence[Coroutine[Any, Any, None]]) -> list[Exception | None]:
+    return list(await asyncio.gather(*coroutines, return_exceptions=True))
+
+
+async def _dial(client: Any, direct: DirectPlane | None, peer: str, maddrs: Sequence[str], timeout_s: float) -> None:
+    """``Transport.connect`` inside the loop."""
+    # the daemon wants addresses without the peer's own /p2p/ID; a relay's /p2p/<relay> part stays
+    addresses = [multiaddr_bytes(str(m).rsplit("/p2p/", 1)[0]) for m in maddrs]
+    try:
+        await asyncio.wait_for(client.connect(PeerID.from_base58(peer), addresses), timeout_s)
+    except (asyncio.TimeoutError, TimeoutError):
+        raise PeerTimeoutError(f"could not connect within {timeout_s:.1f} s to {' '.join(map(str, addresses))}",
+                               peer=peer) from None
+    if direct is not None:  # whether it can be reached directly, found out before its first message
+        direct.probe(peer)
+

@@ -15,7 +15,8 @@ arrivals, else the round trip.
    on other machines the clocks' offset cancels in that difference. The size adapts: starting at
    ``first_transfer_bytes`` it grows until a transfer's n/β takes at least ``rtt_multiple`` × RTT and
    ``min_transfer_s`` (so RTT and timer noise are small against it), but not beyond ``max_transfer_s`` or
-   ``max_transfer_bytes``, so a slow link does not take forever.
+   ``max_transfer_bytes``, so a slow link does not take forever, and at most ``MAX_GROWTH`` times at a step
+   (a transfer lost in the timer's noise gives no rate to size the next by).
 3. Then at least ``transfers`` transfers of that size, each followed by a ping; the fastest counts. A busy
    machine delays many samples (half of them, on two cores running eight agents), by different amounts:
    undisturbed samples agree, disturbed ones rarely do. So while the fastest ``transfers`` transfers, or
@@ -51,6 +52,10 @@ logger = logging.getLogger(__name__)
 
 BITS_PER_BYTE = 8
 MIN_SERIAL_S = 1e-6  # a transfer faster than this is below what we can time
+# a transfer is at most this many times the last (step 2): a last one lost in the timer's noise says only that the
+# link is fast, not how fast (64 KiB timed at a microsecond on a loaded machine once grew to 64 MiB, 100 s of a
+# 5 Mbit/s link, and the measurement hung past its deadline)
+MAX_GROWTH = 4
 
 
 @dataclass(frozen=True)
@@ -150,7 +155,7 @@ async def _measure(session: ProbeSession, config: ProbeConfig, stop: Callable[[]
         if serial_s >= 0.8 * target_s or size >= config.max_transfer_bytes:
             break
         rate = size / serial_s
-        grown = max(2 * size, int(rate * target_s * 1.1))
+        grown = min(max(2 * size, int(rate * target_s * 1.1)), MAX_GROWTH * size)
         size = min(grown, config.max_transfer_bytes, max(int(rate * config.max_transfer_s), size + 1))
     transfers = [transfer]
     while len(transfers) < config.transfers or (

@@ -14,6 +14,7 @@ see. Use it inside the transport's loop::
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
 
 # a pull's pieces all come within its deadline and this much time per byte more (a piece may not stall the rest)
 MIN_PULL_BYTES_PER_S = 10e6
+logger = logging.getLogger(__name__)
+CLOSE_S = 5.0  # a probe session's stream is closed within this (``_closed``)
 
 
 @dataclass(frozen=True)
@@ -93,11 +96,11 @@ class ProbeSession:
         if self._connection is not None:
             if self._writing is not None:
                 self._writing.cancel()
-            await self._responses.aclose()
+            await _closed(self._responses, self.peer)
             self._connection.close()
             return
         if self._responses is not None:
-            await self._responses.aclose()
+            await _closed(self._responses, self.peer)
 
     async def _requests(self):
         while (message := await self._queue.get()) is not None:
@@ -182,6 +185,15 @@ class ProbeSession:
         if reply.error is not None:
             raise MessageRejected(f"the peer refused a probe: {reply.error}", peer=self.peer, code=reply.code)
         return reply
+
+
+async def _closed(responses, peer: str) -> None:
+    """Close a session's replies within ``CLOSE_S``: a stream whose other end went silent is let go, not waited on
+    past the measurement's deadline (a probe of a loaded swarm once hung to its caller's 65 s)."""
+    try:
+        await asyncio.wait_for(responses.aclose(), CLOSE_S)
+    except asyncio.TimeoutError:
+        logger.warning("closing the probe stream to peer %s took over %.0f s; left to the daemon", peer, CLOSE_S)
 
 
 async def _direct_replies(reader):
