@@ -7,8 +7,7 @@ other links (``planning.estimated``). In rounds: each round measures the link to
 the transport, so link emulation applies. A peer serves one probe at a time, none from the peer it measures,
 and none while it measures its own line (``net.transport.probe_gate``): a peer that cannot serve ours says
 ``busy`` (a peer that measures us right now we leave for later ourselves, rather than wait for it: the other
-peers of the round first; once its probe of us ends, what we timed of it is our measurement of that link,
-``_on_served``, so each pair is measured once), and the round ends with a pause
+peers of the round first), and the round ends with a pause
 of 0.1-1 s (``BUSY_PAUSE_S``, random: two agents that start on each other at once part) instead of
 ``round_pause_s``, after which that peer is measured again; the access measurement likewise. Estimates are smoothed across rounds (``LinkTable``, an EWMA); a peer enters the published row
 (``LinksRecord``, key ``{run}.links``) once it has been measured ``min_rounds`` times with samples that
@@ -61,9 +60,8 @@ from p2ptrain.net.dht.records import LinkMeasurement, LinksRecord
 from p2ptrain.net.transport.access_probe import Direction, measure_access
 from p2ptrain.net.transport.endpoint import Transport
 from p2ptrain.net.transport.messages import Refusal
-from p2ptrain.net.transport.probe import LinkEstimate, LinkTable, measure_link, served_estimate
+from p2ptrain.net.transport.probe import LinkTable, measure_link
 from p2ptrain.net.transport.probe_gate import EVERY_PEER, ProbeGate
-from p2ptrain.net.transport.served import ServedSamples
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +118,6 @@ class LinkProber:
         self._spent_lock = threading.Lock()  # the prober's thread and the publisher's both count
         self._complete = False
         self._to_publish: dict[str, LinkMeasurement] | None = None  # the newest row not yet stored (``_publishing``)
-        self._gate.on_served = self._on_served  # a measurement of us gives our figure of that link too
         self._thread = threading.Thread(target=self._run, name="p2ptrain-link-prober", daemon=True)
         self._publisher = threading.Thread(target=self._publishing, name="p2ptrain-links-publisher", daemon=True)
 
@@ -309,8 +306,8 @@ class LinkProber:
         with self._lock:
             if self._stopped:
                 return False
-            if self._paused or peer not in self._peers or (self._settled_at(peer) or 0.0) > time.monotonic():
-                return True  # gone, or measured since the round began (its probe of us: ``_on_served``)
+            if self._paused or peer not in self._peers:
+                return True
             if self._gate.serves(peer):  # it measures us now: the others first, this one after the round's pause
                 self._busy = True
                 return True
@@ -338,32 +335,14 @@ class LinkProber:
             return True
         finally:
             self._end_measuring(gated)
-        if estimate is not None:  # else paused or stopped midway
-            with self._lock:
-                self._take(peer, estimate)
-        return True
-
-    def _take(self, peer: str, estimate: LinkEstimate) -> None:
-        """A measurement of the link to ``peer``, ours or its of us; call with the lock held."""
+        if estimate is None:  # paused or stopped midway
+            return True
         self.table.update(peer, estimate)
         self.measured_at[peer] = time.monotonic()
         self.attempts[peer] = self.attempts.get(peer, 0) + 1
         if estimate.agreed:
             self.rounds[peer] = self.rounds.get(peer, 0) + 1
-
-    def _on_served(self, peer: str, timed: ServedSamples) -> None:
-        """A peer's probe stream to us ended (``ProbeGate.on_served``, in the transport's loop): what we timed of it
-        is our measurement of that link (``probe.served_estimate``), so one measurement serves both ends of a pair
-        and we do not measure it again until ``refresh_s``. Only for a peer we measure, never blocking."""
-        estimate = served_estimate(timed, self.config.probe)
-        with self._lock:
-            if estimate is None or self._stopped or peer not in self._peers:
-                return
-            self._take(peer, estimate)
-        logger.info("link to peer %s as its probe of us timed it: %.2f ms, %.4f Gbit/s (%d round trips, %s, %s)", peer,
-                    estimate.latency_ms, estimate.bandwidth_gbps, estimate.samples,
-                    "agreed" if estimate.agreed else "a best guess", "one-way" if estimate.one_way else "round trips")
-        self._publish()
+        return True
 
     def _take_gate(self, peer: str) -> bool:
         """Wait for the probe gate to measure ``peer`` (``EVERY_PEER``: our line): for a probe we serve from it to

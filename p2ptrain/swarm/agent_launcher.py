@@ -427,7 +427,7 @@ def _agent_toml(config: SwarmConfig, train: TrainConfig, run: str, maddrs: list[
         "plan": {"strategy": config.strategy, "seed": config.seed, "objective": config.objective,
                  "time_budget_s": config.plan_budget_s},
         # agents on one machine share its loopback, no home's line: an emulated device publishes its network's
-        "links": {"settle_s": 0.0, "round_pause_s": _shared_cores_pause_s(config.agents), "measure_access": False,
+        "links": {"settle_s": 1.5 if cluster_path else 0.0, "round_pause_s": _shared_cores_pause_s(config.agents), "measure_access": False,
                   "min_rounds": 1, "probe": asdict(probe), "partners": config.link_partners},
         "dht": {"host_maddrs": [LOOPBACK], "identity_path": str(root / f"agent-{agent.index}.id"), "check_identity": False,
                 "peer_ttl_s": config.peer_ttl_s * max(1.0, _shared_cores_factor(config.agents) / 2)},

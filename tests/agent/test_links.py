@@ -31,10 +31,8 @@ from p2ptrain.errors import MessageRejected
 from p2ptrain.net.dht.records import LinkMeasurement, LinksRecord, PeerRecord, peer_tag
 from p2ptrain.net.transport.access_probe import AccessConfig, AccessEstimate, Direction
 from p2ptrain.net.transport.endpoint import Transport, TransportConfig
-from p2ptrain.net.transport.messages import Refusal, Stamp
-from p2ptrain.net.transport.pacing import clock_domain
+from p2ptrain.net.transport.messages import Refusal
 from p2ptrain.net.transport.probe import LinkEstimate, ProbeConfig
-from p2ptrain.net.transport.served import ServedSamples
 from p2ptrain.planning import Workload, make_objective, scenario, schedule
 from p2ptrain.planning.cluster import Cluster
 from p2ptrain.runtime.config import TrainConfig
@@ -491,54 +489,3 @@ def test_the_prober_measures_on_while_a_store_of_its_row_hangs_and_stores_only_t
         prober.stop(timeout_s=10)
     counts = [len(row.resolve(peers)) for row in board.rows]  # the hanging store's row: whatever was newest then
     assert len(counts) <= 2 and counts[-1] == 3
-
-
-def test_a_peers_probe_of_us_is_our_measurement_of_that_link_and_we_do_not_probe_it_again(monkeypatch):
-    """The other end of a pair measured us first: what we timed of its probe stream (``ProbeGate.served``) is our
-    figure of that link, published without a probe of ours; the peer we were not probed by we measure ourselves, and
-    a stream from a peer that is not ours to measure, or one cut short, adds nothing."""
-    rng = random.Random(11)
-    prober_peer, other, stranger = (base58.b58encode(b"\x12\x20" + rng.randbytes(32)).decode() for _ in range(3))
-    measured: list[str] = []
-    started = threading.Event()
-
-    def measure_link(transport, peer, config, stop):
-        started.wait(10)  # our own round begins once the served stream has ended
-        measured.append(peer)
-        return LinkEstimate(20.0, 0.5, 20)
-
-    monkeypatch.setattr("p2ptrain.agent.links.measure_link", measure_link)
-    rows: queue.Queue = queue.Queue()
-    config = LinksConfig(min_rounds=1, round_pause_s=0.05, measure_access=False,
-                         probe=ProbeConfig(pings=10, transfers=3, rtt_multiple=3.0, min_transfer_s=0.15))
-    prober = LinkProber(None, Board(), config, on_publish=rows.put, rng=random.Random(0))
-    gate = prober._gate  # noqa: SLF001 - what the servicer holds; the prober listens on it
-    prober.set_peers([prober_peer, other])
-    for peer, sizes in ((prober_peer, SERVED_SIZES), (stranger, SERVED_SIZES), (other, SERVED_SIZES[:12])):
-        token = gate.try_serve(peer)
-        gate.served(token, served_samples(sizes))
-    prober.start()
-    try:
-        assert prober.rounds == {prober_peer: 1} and prober.attempts == {prober_peer: 1}
-        started.set()
-        row = rows.get(timeout=10)
-        while set(row) != {prober_peer, other}:
-            row = rows.get(timeout=10)
-        assert measured == [other]  # the peer that probed us, never
-        assert row[prober_peer].latency_ms == pytest.approx(5.0, rel=FLOAT32_REL)
-        assert row[prober_peer].bandwidth_gbps == pytest.approx(0.020, rel=FLOAT32_REL)
-    finally:
-        prober.stop(timeout_s=10)
-
-
-SERVED_SIZES = [0] * 10 + [65536, 0, 375000, 0, 375000, 0, 375000, 0]
-
-
-def served_samples(sizes):
-    """A probe stream of ``sizes`` over a 5 ms, 20 Mbit/s link, as its served end times it on the prober's clock."""
-    timed, sent_s = ServedSamples(), 100.0
-    for size in sizes:
-        in_s = sent_s + 0.005 + size / 2.5e6
-        timed.add(size, in_s, Stamp(clock_domain(), sent_s), 0)
-        sent_s = in_s + 0.006
-    return timed

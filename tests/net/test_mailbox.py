@@ -156,7 +156,7 @@ def test_header_round_trip_and_malformed_headers():
     for bad in [b"\xff\xfe", b"[1]", b"{}", json.dumps(good | {"v": 99}).encode(),
                 json.dumps(good | {"nbytes": 13}).encode(), json.dumps(good | {"shape": [-1]}).encode(),
                 json.dumps(good | {"dtype": "complex64"}).encode(), json.dumps(good | {"kind": "Bad Kind"}).encode(),
-                json.dumps(good | {"step": "3"}).encode(), json.dumps(good | {"at": [1]}).encode(), json.dumps(good | {"sent": ["boot", "x"]}).encode(),
+                json.dumps(good | {"step": "3"}).encode(), json.dumps(good | {"at": [1]}).encode(),
                 b" " * 5000]:
         with pytest.raises(ValueError):
             Header.decode(bad)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import queue
 import random
 import time
 from types import SimpleNamespace
@@ -16,8 +15,6 @@ from net_recorders import RecordingEmulator, RecordingPacer
 
 from p2ptrain.errors import PeerTimeoutError
 from p2ptrain.net.transport.endpoint import Transport, TransportConfig
-from p2ptrain.net.transport.messages import Stamp
-from p2ptrain.net.transport.pacing import clock_domain
 from p2ptrain.net.transport.probe import (
     MAX_GROWTH,
     LinkEstimate,
@@ -25,10 +22,8 @@ from p2ptrain.net.transport.probe import (
     ProbeConfig,
     ameasure_session,
     measure_link,
-    served_estimate,
 )
 from p2ptrain.net.transport.probe_session import ProbeSession, RoundTrip
-from p2ptrain.net.transport.served import ServedSamples
 
 # Sized so that a measurement takes a second or two: transfers of n/β ≥ max(3 RTT, 0.15 s), the fastest of 3.
 QUICK = ProbeConfig(pings=10, transfers=3, rtt_multiple=3.0, min_transfer_s=0.15, deadline_s=30.0)
@@ -317,58 +312,3 @@ def test_a_transfer_lost_in_the_timers_noise_grows_the_next_a_bounded_step():
     transfers = [n for n in session.sizes if n > 0]
     assert transfers[1] == MAX_GROWTH * transfers[0]
     assert estimate.bandwidth_gbps == pytest.approx(0.005, rel=1e-6)
-
-
-@pytest.mark.integration
-@pytest.mark.timeout(60)
-def test_the_served_end_of_a_measurement_times_the_link_as_its_prober_does(make_transport):
-    """One measurement gives both ends their figure: the served end times each probe's way in (on one clock, from
-    the prober's stamp of its send), and its estimate is the prober's, sample for sample."""
-    prober = make_transport(CONFIG, emulator=RecordingEmulator())
-    served = make_transport(CONFIG, join=prober, emulator=RecordingEmulator())
-    shape(prober, served, *SLOW)
-    timed: queue.Queue = queue.Queue()
-    served.probe_gate.on_served = lambda peer, samples: timed.put((peer, samples))
-    estimate = measure_link(prober, served.peer_id, QUICK)
-    peer, samples = timed.get(timeout=10)
-    assert peer == str(prober.peer_id)
-    mirrored = served_estimate(samples, QUICK)
-    assert mirrored.one_way and mirrored.samples == estimate.samples and mirrored.agreed == estimate.agreed
-    assert mirrored.latency_ms == pytest.approx(estimate.latency_ms, rel=1e-9)
-    assert mirrored.bandwidth_gbps == pytest.approx(estimate.bandwidth_gbps, rel=1e-9)
-
-
-def served_samples(sizes, latency_s: float, bandwidth_bytes_per_s: float, turnaround_s, same_clock: bool):
-    """What a served end times of probes of ``sizes`` over a modelled link: each in α + n/β after it left, the
-    next sent ``turnaround_s(k)`` after our reply (α back) reached the prober."""
-    timed, sent_s = ServedSamples(), 100.0
-    for k, size in enumerate(sizes):
-        in_s = sent_s + latency_s + size / bandwidth_bytes_per_s
-        timed.add(size, in_s, Stamp(clock_domain() if same_clock else "another machine", sent_s), 0)
-        sent_s = in_s + latency_s + turnaround_s(k)
-    return timed
-
-
-SIZES = [0] * 10 + [65536, 0, 375000, 0, 375000, 0, 375000, 0]  # pings, a transfer grown, three of the last size
-
-
-def test_the_served_end_estimates_from_its_own_clock_where_the_prober_is_on_another():
-    one_way = served_estimate(served_samples(SIZES, 0.005, 2.5e6, lambda k: 0.001, same_clock=True), QUICK)
-    assert one_way.one_way and one_way.latency_ms == pytest.approx(5.0) and one_way.agreed
-    assert one_way.bandwidth_gbps == pytest.approx(0.020)
-    # on another machine's clock: from one probe in to the next, the prober's 1 ms turnaround in the round trip
-    trips = served_estimate(served_samples(SIZES, 0.005, 2.5e6, lambda k: 0.001, same_clock=False), QUICK)
-    assert not trips.one_way and trips.latency_ms == pytest.approx(5.5) and trips.bandwidth_gbps == pytest.approx(0.020)
-    assert trips.samples == one_way.samples - 1 == len(SIZES) - 2  # the first probe in starts the first round trip
-    # (and as on the prober's side, the transfer the size grew from is not among the samples counted)
-    # a prober slow to turn around only makes the link look slower
-    slow = served_estimate(served_samples(SIZES, 0.005, 2.5e6, lambda k: 0.050, same_clock=False), QUICK)
-    assert slow.latency_ms > trips.latency_ms
-
-
-def test_a_stream_cut_short_or_pulling_bytes_back_gives_the_served_end_no_figure():
-    assert served_estimate(served_samples(SIZES[:12], 0.005, 2.5e6, lambda k: 0.0, True), QUICK) is None
-    pulled = served_samples(SIZES, 0.005, 2.5e6, lambda k: 0.0, True)
-    pulled.add(0, 200.0, None, reply_bytes=1 << 20)  # an access probe's pull: flows at once, not this link's
-    assert served_estimate(pulled, QUICK) is None
-    assert served_estimate(ServedSamples(), QUICK) is None

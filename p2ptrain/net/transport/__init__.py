@@ -12,5 +12,5 @@
 - ``emulation`` and ``pacing``: emulated links and access lines, and keeping emulated time.
 - ``probe`` and ``probe_session``: a link's latency and bandwidth, measured over the transport's own rpc;
   ``access_probe``: this peer's own line, from flows to several peers at once; ``probe_gate``: which link
-  measurements run through a peer at once; ``served``: what the served end of a measurement times of it.
+  measurements run through a peer at once.
 """

@@ -186,7 +186,6 @@ class Header:
     shape: tuple[int, ...]
     reply_bytes: int = 0
     arrival: Stamp | None = None  # on emulated links: when the message arrives (see pacing.py)
-    sent: Stamp | None = None  # probes: when the prober sent it (the served end times the link too, ``served_probe``)
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -195,8 +194,8 @@ class Header:
             raise ValueError(f"shape must be at most {MAX_RANK} non-negative integers, got {self.shape!r}")
         if isinstance(self.reply_bytes, bool) or not isinstance(self.reply_bytes, int) or self.reply_bytes < 0:
             raise ValueError(f"reply_bytes must be a non-negative integer, got {self.reply_bytes!r}")
-        if any(s is not None and not isinstance(s, Stamp) for s in (self.arrival, self.sent)):
-            raise ValueError("arrival and sent must be Stamps")
+        if self.arrival is not None and not isinstance(self.arrival, Stamp):
+            raise ValueError("arrival must be a Stamp")
 
     @property
     def nbytes(self) -> int:
@@ -210,8 +209,6 @@ class Header:
             fields["reply"] = self.reply_bytes
         if self.arrival is not None:
             fields["at"] = self.arrival.to_json()
-        if self.sent is not None:
-            fields["sent"] = self.sent.to_json()
         return json.dumps(fields, separators=(",", ":")).encode()
 
     @classmethod
@@ -233,8 +230,7 @@ class Header:
             if not isinstance(shape, list):
                 raise ValueError("shape is not a list")
             arrival = Stamp.from_json(fields["at"]) if "at" in fields else None
-            sent = Stamp.from_json(fields["sent"]) if "sent" in fields else None
-            header = cls(tag, fields["dtype"], tuple(shape), fields.get("reply", 0), arrival, sent)
+            header = cls(tag, fields["dtype"], tuple(shape), fields.get("reply", 0), arrival)
         except KeyError as e:
             raise ValueError(f"header lacks field {e.args[0]!r}") from None
         except TypeError as e:

@@ -43,12 +43,10 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from p2ptrain.errors import PeerTimeoutError
-from p2ptrain.net.transport.probe_session import RoundTrip
-from p2ptrain.net.transport.served import ServedSamples
 
 if TYPE_CHECKING:
     from p2ptrain.net.transport.endpoint import PeerLike, Transport
-    from p2ptrain.net.transport.probe_session import ProbeSession
+    from p2ptrain.net.transport.probe_session import ProbeSession, RoundTrip
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +93,6 @@ class LinkEstimate:
     bandwidth_gbps: float
     samples: int  # round trips behind the estimate (summed over smoothed measurements)
     agreed: bool = True  # the fastest samples agreed (see the module docstring); else a best guess
-    one_way: bool = False  # timed one way (both ends on one clock), else from round trips
 
 
 def measure_link(
@@ -166,51 +163,24 @@ async def _measure(session: ProbeSession, config: ProbeConfig, stop: Callable[[]
     ):
         transfers.append(await probe(size))
         pings.append(await probe(0))
-    estimate = _estimate(pings, transfers, size, config)
-    logger.info("link to peer %s: %s, %.2f s", peer, described(estimate, len(transfers), size, config),
-                time.monotonic() - begin_s)
-    return estimate
-
-
-def _estimate(pings: Sequence[RoundTrip], transfers: Sequence[RoundTrip], size: int,
-              config: ProbeConfig) -> LinkEstimate:
-    """Steps 1-3 of the module docstring, from the samples taken: the fastest ping and the fastest transfer."""
-    samples = [*pings, *transfers]
+    agreed = _agree(transfers, pings, config)
+    samples = pings + transfers
     floor_s = min(_delay(p, samples) for p in pings)
     serial_s = max(min(_delay(t, samples) for t in transfers) - floor_s, MIN_SERIAL_S)
     one_way = all(s.one_way_s is not None and s.same_clock for s in samples)
     latency_s = floor_s if one_way else min(p.rtt_s for p in pings) / 2
-    return LinkEstimate(latency_ms=latency_s * 1e3, bandwidth_gbps=size / serial_s * BITS_PER_BYTE / 1e9,
-                        samples=len(samples), agreed=_agree(transfers, pings, config), one_way=one_way)
-
-
-def described(estimate: LinkEstimate, transfers: int, size: int, config: ProbeConfig) -> str:
-    """An estimate for the log: the link, and the samples behind it."""
-    agreement = f"within {tolerance(config, transfers):.1%}" if estimate.agreed else "that disagreed"
-    return (f"{estimate.latency_ms:.2f} ms, {estimate.bandwidth_gbps:.4f} Gbit/s ({estimate.samples} round trips, "
-            f"{transfers} transfers of {size} bytes {agreement}, {'one-way' if estimate.one_way else 'round trips'})")
-
-
-def served_estimate(served: ServedSamples, config: ProbeConfig) -> LinkEstimate | None:
-    """The link to the prober as the served end timed it, by the method of the module docstring: on one clock
-    (the prober stamps its sends), each probe's one-way delay, as the prober times it; else the time from one probe
-    in to the next, our reply's way back and the prober's turnaround included (a round trip). The transfers
-    counted are those of the last size sent; None where too few samples came (a stream cut short, a pull). The
-    other end can distort this figure as much as a served end can distort a prober's, no more: a latency never
-    shorter than the path's round trips, but pings held back (or, on one clock, stamps forged) make a bandwidth
-    look higher either way; the two ends' figures are compared as before (``plan_maker.build_cluster``)."""
-    samples = served.samples
-    if served.pulls or not samples:
-        return None
-    one_way = all(sent_s is not None for _, _, sent_s in samples)
-    trips = [(n, in_s - sent_s) if one_way else (n, in_s - samples[k - 1][1])
-             for k, (n, in_s, sent_s) in enumerate(samples) if one_way or k > 0]
-    size = next((n for n, _ in reversed(trips) if n), 0)
-    pings = [RoundTrip(d, d if one_way else None, one_way) for n, d in trips if n == 0]
-    transfers = [RoundTrip(d, d if one_way else None, one_way) for n, d in trips if n == size and size]
-    if len(pings) < 2 or len(transfers) < config.transfers:
-        return None
-    return _estimate(pings, transfers, size, config)
+    estimate = LinkEstimate(
+        latency_ms=latency_s * 1e3,
+        bandwidth_gbps=size / serial_s * BITS_PER_BYTE / 1e9,
+        samples=len(samples),
+        agreed=agreed,
+    )
+    logger.info("link to peer %s: %.2f ms, %.4f Gbit/s (%d round trips, %d transfers of %d bytes %s, %s, %.2f s)",
+                peer, estimate.latency_ms, estimate.bandwidth_gbps, estimate.samples, len(transfers), size,
+                f"within {tolerance(config, len(transfers)):.1%}" if agreed else "that disagreed",
+                "one-way" if one_way else "round trips",
+                time.monotonic() - begin_s)
+    return estimate
 
 
 def _delay(sample: RoundTrip, samples: Sequence[RoundTrip]) -> float:

@@ -24,9 +24,6 @@ into a slow home then share that home's uplink with its own probe, which the gat
 
 A stream served longer than ``max_serve_s`` (a probe's deadline) no longer holds the gate: a peer that opens
 one and leaves it idle delays others' probes of us that long at most.
-
-What the served end timed of a stream goes to ``on_served`` as it ends (``probe.served_estimate``): one
-measurement gives both ends of the pair their figure, and the other end need not measure it again.
 """
 
 from __future__ import annotations
@@ -34,8 +31,6 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
 
 MAX_SERVE_S = 60.0  # ``ProbeConfig.deadline_s``: no measurement of us takes longer
 EVERY_PEER = "*"  # what ``acquire`` measures for our own line: flows to several peers at once
@@ -54,9 +49,6 @@ class ProbeGate:
         self._waiting: dict[str, int] = {}  # our measurements waiting for a probe we serve to end, by peer
         self._serving: dict[int, tuple[str, float]] = {}  # probe streams served: their prober, when they began
         self._tokens = itertools.count()
-        # told of each probe stream served, with what we timed of it (``served``): the link prober's figure of that
-        # link without a measurement of its own; called in the servicer's loop, so it must not block
-        self.on_served: Callable[[str, Any], None] | None = None
 
     def try_serve(self, peer: str) -> int | None:
         """Take the gate to serve one probe stream from ``peer``: a token for ``served``; None (refuse it: busy)
@@ -69,14 +61,11 @@ class ProbeGate:
             self._serving[token] = (peer, self._clock())
             return token
 
-    def served(self, token: int, timed: object = None) -> None:
-        """The probe stream ``try_serve`` let in with ``token`` has ended; ``timed``: what we timed of it
-        (``probe.ServedSamples``), handed to ``on_served`` (the link prober's, once it listens) with the prober."""
+    def served(self, token: int) -> None:
+        """The probe stream ``try_serve`` let in with ``token`` has ended."""
         with self._changed:
-            prober = self._serving.pop(token, (None, 0.0))[0]
+            self._serving.pop(token, None)
             self._changed.notify_all()
-        if timed is not None and prober is not None and (listener := self.on_served) is not None:
-            listener(prober, timed)
 
     def acquire(self, peer: str, timeout_s: float) -> bool:
         """Take the gate for our measurement of ``peer`` (``EVERY_PEER``: of our line), waiting up to ``timeout_s``

@@ -144,8 +144,7 @@ class ProbeSession:
         timeout_s = timeout_s or config.call_timeout_s
         sent_s = self.transport.pacer.clock()  # the clock of arrival stamps, as the replier reports them
         start_s = time.perf_counter()
-        header = Header(Tag(self.transport.run, 0, 0, MessageKind.PROBE), "uint8", (request_bytes,), reply_bytes,
-                        sent=self.transport.pacer.stamp(sent_s))
+        header = Header(Tag(self.transport.run, 0, 0, MessageKind.PROBE), "uint8", (request_bytes,), reply_bytes)
         reservation = emulator.reserve(self.peer, request_bytes)
         emulated_s = max(0.0, reservation.arrive_s - emulator.clock()) if reservation else 0.0
         if reservation is not None:

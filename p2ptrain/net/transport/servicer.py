@@ -61,7 +61,6 @@ from p2ptrain.net.transport.messages import (
 from p2ptrain.net.transport.pacing import TAIL_LEAD_S, Pacer
 from p2ptrain.net.transport.probe_gate import ProbeGate
 from p2ptrain.net.transport.replies import MAX_ERROR_CHARS, make_reply
-from p2ptrain.net.transport.served import ServedSamples
 from p2ptrain.net.transport.status import Announced, PeerStatus
 from p2ptrain.net.transport.streamio import BufferPool, DirectReader, within
 
@@ -260,7 +259,7 @@ class TensorServicer(ServicerBase):
         (``probe_gate``): refused ``busy`` at its first message then."""
         sender = context.remote_id.to_base58()
         pieces = Pieces(requests, self.idle_timeout_s)
-        token, timed = None, ServedSamples()  # what we time of the stream: the link's figure at our end too
+        token = None
         try:
             while True:
                 try:
@@ -284,14 +283,13 @@ class TensorServicer(ServicerBase):
                     await pieces.drain()
                     return
                 # when the probe arrived, on our clock: the prober times the link one way with it (net.probe)
-                in_s = self.pacer.arrived_s(header.arrival, read_s)
-                in_s = in_s if through_s is None else max(in_s, through_s)
-                timed.add(header.nbytes, in_s, header.sent, header.reply_bytes)
-                async for reply in self._probe_reply(sender, header.reply_bytes, self.pacer.stamp(in_s)):
+                arrived_s = self.pacer.arrived_s(header.arrival, read_s)
+                received = self.pacer.stamp(arrived_s if through_s is None else max(arrived_s, through_s))
+                async for reply in self._probe_reply(sender, header.reply_bytes, received):
                     yield reply
         finally:
             if token is not None:
-                self.probe_gate.served(token, timed)
+                self.probe_gate.served(token)
 
     async def _probe_reply(
         self, sender: str, reply_bytes: int, received: Stamp | None
