@@ -2,6 +2,7 @@
 then all reading the run's keys at once, as a swarm's agents poll; hivemind's defaults side by side with ours.
 
     python benchmarks/dht_load.py [--peers 16] [--rounds 10] [--variants hivemind,ours]
+    python benchmarks/dht_load.py --stores --peers 48 --rounds 3 --hogs 24 --variants ours@all,ours
 
 Per variant: the reads' seconds (median, 90th percentile, slowest), failed reads, and the CPU seconds all the
 peers' DHT processes and p2pd daemons spent on the rounds, a round being every peer reading ``peers`` and
@@ -10,6 +11,10 @@ peers' DHT processes and p2pd daemons spent on the rounds, a round being every p
 one after the other on fresh peers: ``hivemind`` (its defaults), ``nocache`` (our options, its beam), ``narrow``
 (its options, our beam), ``unremembered`` (ours, every signature checked afresh), ``ours``; ``ours@6``: ours with
 a beam of 6.
+
+``--stores``: each round is every peer storing a new links row at once instead (a swarm's link phase), beside
+``--hogs`` busy processes (a loaded machine); ``@all``: the store waits for all five replicas (hivemind's
+``await_all_replicas``, its default) instead of the first (``net.dht.node.STORE_OPTIONS``, ours).
 """
 
 from __future__ import annotations
@@ -17,13 +22,14 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import statistics
+import subprocess
 import sys
 import time
 
 import psutil
 
 from p2ptrain.net.dht import validators
-from p2ptrain.net.dht.node import NODE_OPTIONS, DHTConfig, SwarmDHT
+from p2ptrain.net.dht.node import NODE_OPTIONS, STORE_OPTIONS, DHTConfig, SwarmDHT
 from p2ptrain.net.dht.records import LinkMeasurement, LinksRecord, PeerRecord
 
 RUN = "dhtload"
@@ -87,20 +93,40 @@ def _read(dht: SwarmDHT) -> tuple[float, bool, int]:
         return time.monotonic() - started, False, 0
 
 
-def run_variant(name: str, n: int, rounds: int) -> dict:
-    options, beam, remembered = VARIANTS[name.split("@")[0]]
-    beam = int(name.split("@")[1]) if "@" in name else beam
+def _store(dht: SwarmDHT, ids: list[str], version: int) -> tuple[float, bool, int]:
+    """A new links row of ``dht`` (to its next 12 peers), stored; its seconds and whether it was."""
+    me = ids.index(dht.peer_id)
+    row = {p: LinkMeasurement(0.01 + 0.001 * j + version * 1e-4, 100.0 + j) for j, p in enumerate(ids)
+           if 0 < (j - me) % len(ids) <= 12}
+    started = time.monotonic()
+    try:
+        stored = dht.publish_links(LinksRecord.from_peers(row, version, dict.fromkeys(row, 1)))
+    except Exception:  # a timeout counts as a failed store
+        stored = False
+    return time.monotonic() - started, stored, len(ids) if stored else 0
+
+
+def run_variant(name: str, n: int, rounds: int, stores: bool = False, hogs: int = 0) -> dict:
+    base, _, tail = name.partition("@")
+    options, beam, remembered = VARIANTS[base]
+    beam = int(tail) if tail.isdigit() else beam
     validators.VERDICTS_KEPT = 4096 if remembered else 0  # read by the DHT processes forked from here
     peers = _start(n, options, beam)
+    busy: list[subprocess.Popen] = []
     try:
+        for dht in peers:
+            dht.store_options = {**STORE_OPTIONS, "await_all_replicas": tail == "all"}
         _publish(peers)
         time.sleep(2.0)
+        ids = [dht.peer_id for dht in peers]
+        busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(hogs)]
         processes = _processes(peers)
         cpu0, seconds, failed, short = _cpu_s(processes), [], 0, 0
         wall0 = time.monotonic()
         with concurrent.futures.ThreadPoolExecutor(n) as pool:
             for r in range(rounds):
-                for took, ok, seen in pool.map(_read, peers):
+                calls = pool.map(lambda d, v=r + 2: _store(d, ids, v), peers) if stores else pool.map(_read, peers)
+                for took, ok, seen in calls:
                     seconds.append(took)
                     failed += not ok
                     short += ok and seen < n
@@ -108,6 +134,8 @@ def run_variant(name: str, n: int, rounds: int) -> dict:
         print(file=sys.stderr)
         wall, cpu = time.monotonic() - wall0, _cpu_s(processes) - cpu0
     finally:
+        for proc in busy:
+            proc.kill()
         for dht in peers:
             dht.shutdown()
     seconds.sort()
@@ -121,9 +149,12 @@ def main() -> None:
     parser.add_argument("--peers", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--variants", default="hivemind,ours")
+    parser.add_argument("--stores", action="store_true", help="every peer stores a new links row each round")
+    parser.add_argument("--hogs", type=int, default=0, help="busy processes beside the rounds (a loaded machine)")
     args = parser.parse_args()
-    rows = [run_variant(name, args.peers, args.rounds) for name in args.variants.split(",")]
-    print(f"{args.peers} peers, {args.rounds} rounds of every peer reading `peers` and `links`")
+    rows = [run_variant(name, args.peers, args.rounds, args.stores, args.hogs) for name in args.variants.split(",")]
+    what = "storing a new links row" if args.stores else "reading `peers` and `links`"
+    print(f"{args.peers} peers, {args.rounds} rounds of every peer {what}, {args.hogs} busy processes beside")
     print(f"{'variant':>9} {'beam':>5} {'median s':>9} {'p90 s':>7} {'max s':>7} {'failed':>7} {'short':>6} "
           f"{'DHT CPU s':>10} {'wall s':>7}")
     for r in rows:
@@ -131,7 +162,8 @@ def main() -> None:
               f"{r['failed']:>7} {r['incomplete']:>6} {r['cpu_s']:>10.1f} {r['wall_s']:>7.1f}")
     if len(rows) > 1:
         print(f"CPU {rows[0]['variant']}/{rows[-1]['variant']}: {rows[0]['cpu_s'] / max(rows[-1]['cpu_s'], 1e-9):.2f}x, "
-              f"median read {rows[0]['median_s'] / max(rows[-1]['median_s'], 1e-9):.2f}x")
+              f"median {'store' if args.stores else 'read'} {rows[0]['median_s'] / max(rows[-1]['median_s'], 1e-9):.2f}x, "
+              f"p90 {rows[0]['p90_s'] / max(rows[-1]['p90_s'], 1e-9):.2f}x")
 
 
 if __name__ == "__main__":

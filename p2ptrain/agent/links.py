@@ -14,8 +14,8 @@ of 0.1-1 s (``BUSY_PAUSE_S``, random: two agents that start on each other at onc
 agreed (``LinkEstimate.agreed``), or, on a machine too busy for that, after one more measurement as a best
 guess (it is replaced once an agreed one comes). The row is
 re-published whenever it changes, by a thread of its own (the prober measures on while a store is under way; only
-the newest row waiting is stored; a failed store is tried again after ``PUBLISH_RETRY_S`` or once the row
-changes), under a higher version (``LinksRecord.version``) with the version each peer
+the newest row waiting is stored; a failed store is tried again once the row changes, or after a back-off from
+``PUBLISH_RETRY_S`` that doubles with each failure in a row, ``net.dht.retry.backoff_s``), under a higher version (``LinksRecord.version``) with the version each peer
 first appeared in (``since``: a plan names the version its leader planned with). A failed measurement is logged
 and retried next round.
 
@@ -57,6 +57,7 @@ from p2ptrain.errors import MessageRejected, ProtocolError
 from p2ptrain.net.dht.node import SwarmDHT
 from p2ptrain.net.dht.record_base import MAX_BANDWIDTH_GBPS, MAX_LATENCY_MS
 from p2ptrain.net.dht.records import LinkMeasurement, LinksRecord
+from p2ptrain.net.dht.retry import backoff_s
 from p2ptrain.net.transport.access_probe import Direction, measure_access
 from p2ptrain.net.transport.endpoint import Transport
 from p2ptrain.net.transport.messages import Refusal
@@ -67,7 +68,7 @@ logger = logging.getLogger(__name__)
 
 BUSY_PAUSE_S = (0.1, 1.0)  # a round that met a peer in another measurement ends with a pause drawn from this
 GATE_WAIT_S = 0.5  # waiting for a probe we serve to end, we look at our pause this often
-PUBLISH_RETRY_S = 2.0  # a row whose store failed is stored again after this long (sooner if it changes)
+PUBLISH_RETRY_S = 2.0  # a row whose store failed is stored again after this long, doubling (sooner if it changes)
 MIN_BANDWIDTH_GBPS = 1e-6  # 1 kbit/s: the least we publish (a record's bandwidth must be positive)
 # what the prober's time goes to (``LinkProber.spent``): measurements that gave a result, attempts a busy peer
 # refused, waiting for a probe we serve from the peer to end, storing the row, measuring our own line, pausing
@@ -373,8 +374,9 @@ class LinkProber:
                 self._wake.notify_all()
 
     def _publishing(self) -> None:
-        """The publisher thread: stores each newest row handed over (``_publish``), again after
-        ``PUBLISH_RETRY_S`` when a store failed and nothing newer came."""
+        """The publisher thread: stores each newest row handed over (``_publish``), again after a back-off
+        (``PUBLISH_RETRY_S``, doubling with each failure in a row) when a store failed and nothing newer came."""
+        failures = 0
         while True:
             with self._wake:
                 self._wake.wait_for(lambda: self._stopped or self._to_publish is not None)
@@ -384,24 +386,26 @@ class LinkProber:
             if row == self._published:
                 stored = True
             else:
-                stored = self._store(row)
+                stored = self._store(row, failures)
+            failures = 0 if stored else failures + 1
             with self._wake:
                 if self._to_publish is row and stored:
                     self._to_publish = None
                 if not stored:
                     self._wake.wait_for(lambda tried=row: self._stopped or self._to_publish is not tried,
-                                        timeout=PUBLISH_RETRY_S)
+                                        timeout=backoff_s(failures, PUBLISH_RETRY_S))
 
-    def _store(self, row: dict[str, LinkMeasurement]) -> bool:
-        """Store ``row`` under our next version (module docstring); False where the store failed."""
+    def _store(self, row: dict[str, LinkMeasurement], failures: int = 0) -> bool:
+        """Store ``row`` under our next version (module docstring); False where the store failed (``failures``:
+        how many did before it in a row, for the log)."""
         version = max(self.version + 1, int(time.time()))  # higher than our last, also across restarts
         since = {p: self._since.get(p, version) for p in row}
         began_s = time.monotonic()
         try:
             self.dht.publish_links(LinksRecord.from_peers(row, version, since))
         except ProtocolError as e:
-            logger.warning("publishing our links row failed: %s; retrying in %.0f s unless it changes first", e,
-                           PUBLISH_RETRY_S)
+            logger.warning("publishing our links row failed (%d time(s) in a row): %s; retrying after a back-off from "
+                           "%.0f s unless it changes first", failures + 1, e, PUBLISH_RETRY_S)
             return False
         finally:
             self._account("publishing", time.monotonic() - began_s)

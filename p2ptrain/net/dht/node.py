@@ -78,6 +78,12 @@ JOIN_PAUSE_S = 2.0  # between two tries to reach the initial peers (``join``)
 # written by every peer and read with ``latest`` (all replicas merged), so those copies were a whole value sent
 # per read, and no read was answered from them
 NODE_OPTIONS: dict[str, Any] = {"num_replicas": 5, "cache_nearest": 0, "cache_refresh_before_expiry": 0}
+# a store returns once the first of the replicas has it; the others get it in the background. hivemind waits for all
+# five by default, so on a machine too loaded to answer in time the slowest of five decides whether a store "failed"
+# and is sent to all five again (a 64-agent swarm on two cores: 92 % of its stores timed out, one agent's links row
+# 157 times of 158). ``benchmarks/dht_load.py --stores`` (48 peers beside 24 busy processes) tells the two apart
+# only within its noise.
+STORE_OPTIONS: dict[str, Any] = {"await_all_replicas": False}
 
 
 class BootstrapUnreachable(PeerTimeoutError):
@@ -176,7 +182,7 @@ class SwarmDHT:
         self.counters = DHTCounters()
         self.rows_read = RowHistory()  # the links rows read lately, by version: a plan is checked on its leader's
         self._store_s: collections.deque[float] = collections.deque(maxlen=16)  # our last stores' seconds
-        self.node_options = dict(NODE_OPTIONS)  # hivemind's DHTNode options (``benchmarks/dht_load.py`` varies them)
+        self.node_options, self.store_options = dict(NODE_OPTIONS), dict(STORE_OPTIONS)  # ``dht_load.py`` varies them
 
     # ---- lifecycle -------------------------------------------------------------------------------------
 
@@ -414,9 +420,9 @@ class SwarmDHT:
         results = [False] * len(values)
         try:
             self._check_running(f"store of {values[0][0]}")
+            options = dict(subkey=self._identity.owner_mark, beam_size=self.config.beam_size, **self.store_options)
             with self._pipe_lock:
-                futures = [self.hivemind_dht.store(key, value, expiration_time, subkey=self._identity.owner_mark,
-                                                   return_future=True, beam_size=self.config.beam_size)
+                futures = [self.hivemind_dht.store(key, value, expiration_time, return_future=True, **options)
                            for key, value in values]
             for i, ((key, _), future) in enumerate(zip(values, futures, strict=True)):
                 results[i] = bool(self._result(future, f"store of {key}"))
@@ -428,7 +434,7 @@ class SwarmDHT:
             if not ok:
                 self._log.warning(
                     (key, "store"),
-                    "DHT store of our %s record got no acceptance from the last replica "
+                    "DHT store of our %s record got no acceptance from the first replica "
                     "to answer (or none answered); other replicas may hold it",
                     key,
                 )

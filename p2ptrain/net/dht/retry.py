@@ -1,8 +1,10 @@
-"""Trying a DHT call again while a crowd joins: ``retrying`` (an agent's first stores, ``agent``)."""
+"""Trying a DHT call again while a crowd joins: ``retrying`` (an agent's first stores, ``agent``); how long to wait
+before the next try after failures in a row (``backoff_s``: the refresher's and the links row's stores)."""
 
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Callable
 from typing import Any
@@ -10,6 +12,17 @@ from typing import Any
 from p2ptrain.errors import ProtocolError
 
 logger = logging.getLogger(__name__)
+
+
+MAX_BACKOFF_S = 60.0
+JITTER = 0.25  # each back-off drawn from ±this share around its mean: a crowd that failed together parts
+
+
+def backoff_s(failures: int, first_s: float, max_s: float = MAX_BACKOFF_S, rng: random.Random | None = None) -> float:
+    """Seconds to wait after ``failures`` (≥ 1) failed tries in a row: ``first_s`` doubled with each failure after
+    the first, at most ``max_s``, jittered by ±``JITTER``."""
+    mean_s = min(max_s, first_s * 2.0 ** max(0, min(failures, 64) - 1))
+    return mean_s * (rng or random).uniform(1 - JITTER, 1 + JITTER)
 
 
 def retrying(what: str, call: Callable[[], Any], within_s: float, wait: Callable[[float], bool] | None = None,
