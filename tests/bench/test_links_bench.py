@@ -72,18 +72,26 @@ def test_a_local_swarm_of_many_agents_gives_heartbeats_longer_deadlines():
 
 def test_a_local_swarm_counts_the_runs_moves_toward_its_first_plan():
     """What restarts the swarm's start deadline before any role is taken (``agent_launcher._plan_moves``): an agent
-    up, an agent's links row, a plan published; the same record seen again is no move."""
+    up, an agent's links row, a leader's search begun (each one: a leader passed over and the next one's), a plan
+    published; the same record seen again is no move."""
     from types import SimpleNamespace
 
     from p2ptrain.swarm.agent_launcher import _plan_moves
 
     def agent(*kinds):
-        return SimpleNamespace(events=SimpleNamespace(last=lambda kind: {"event": kind} if kind in kinds else None))
+        events = [{"event": kind} for kind in kinds]
+        return SimpleNamespace(events=SimpleNamespace(
+            last=lambda kind: next((e for e in reversed(events) if e["event"] == kind), None),
+            all=lambda kind: [e for e in events if e["event"] == kind]))
 
     agents = [agent("started", "links"), agent("started"), agent()]
     state = SimpleNamespace(agents=agents, plans=lambda: [])
     assert _plan_moves(state) == 3
     agents[2] = agent("started")
     assert _plan_moves(state) == 4
+    agents[0] = agent("started", "links", "links", "planning")  # a row stored again is no move; a search is
+    assert _plan_moves(state) == 5
+    agents[1] = agent("started", "planning", "planning")  # passed over, it searched again as the next leader
+    assert _plan_moves(state) == 7
     state.plans = lambda: [(0, {"epoch": 0})]
-    assert _plan_moves(state) == 5 and _plan_moves(state) == 5
+    assert _plan_moves(state) == 8 and _plan_moves(state) == 8

@@ -422,6 +422,7 @@ class Leader:
                     self._next_epoch, len(membership), trigger, stages, len(trainers) // stages, len(spares),
                     self.config.plan.strategy)
         epoch = max(self._next_epoch, self._view().max_epoch_seen + 1)
+        self.events.write("planning", epoch=epoch, peers=len(membership), trainers=len(trainers), trigger=trigger)
         future = self._planner.submit(make_plan, cluster, workload, stages, self.config.plan)
         self._planning = _Planning(epoch, membership.ids, trainers, spares, cluster, workload, trigger, future,
                                    replan, start_step, sources, members, step_s, slowdowns, layers,
