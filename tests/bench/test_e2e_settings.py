@@ -3,6 +3,9 @@ DiLoCo run's step is measured (whole rounds, the round's all-reduce spread over 
 
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
 import pytest
 
 from p2ptrain.bench.e2e import E2EConfig, _swarm_config, parse_setting, round_period, subspace, sync_every
@@ -55,7 +58,11 @@ def test_the_emulated_prober_fits_its_first_transfer_to_the_slowest_line():
     assert 4 << 10 <= first <= max(4 << 10, line * EMULATED_PROBE.min_transfer_s) < EMULATED_PROBE.first_transfer_bytes
     world = SwarmConfig(agents=8, stages=4, steps=12, scenario="worldwide")
     _, network, time_scale, size_factor = plan_swarm(world)
-    assert _probe(world, network, time_scale, size_factor) == EMULATED_PROBE  # fast lines: probes as before
+    off = ~np.eye(network.num_devices, dtype=bool)
+    line = scaled_bandwidth(float(network.bandwidth_gbps[off].min()), EmulationConfig(time_scale, size_factor))
+    probe = _probe(world, network, time_scale, size_factor)
+    assert probe.first_transfer_bytes == int(min(EMULATED_PROBE.first_transfer_bytes, line * EMULATED_PROBE.min_transfer_s))
+    assert dataclasses.replace(probe, first_transfer_bytes=EMULATED_PROBE.first_transfer_bytes) == EMULATED_PROBE
 
 
 def test_the_swarms_messages_wait_for_the_followers_checks_of_the_plan():
